@@ -1,0 +1,407 @@
+"""The Triton kernel of the fused QK-norm + RoPE (private; the launcher is in qk_norm_rope.py).
+
+One program handles one token and a group of heads of it, for Q and then K:
+
+    load (one read) -> norm statistics (fp32) -> normalise, weight, bias -> [round to the
+    activation dtype] -> rotate with the token's cos/sin row -> cast -> store (one write)
+
+The token's cos/sin row is loaded once per program and shared by every head (unless the
+table is per head). A group of heads is held as at most two power-of-two pieces
+(40 = 32 + 8, 24 = 16 + 8, 48 = 32 + 16) so that no lanes are wasted on padding heads.
+A rotary pair is (a, b): interleaved (2i, 2i+1), loaded as one contiguous row and split in
+registers, or rotate-half (i, i + r/2), loaded as two contiguous halves; channels past the
+rotary width pass through the norm only.
+
+Floating-point contraction is switched off at launch (``enable_fp_fusion=False``) so the
+rotation rounds exactly as eager PyTorch does: round(round(a*c) - round(b*s)).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._runtime import INTERPRET
+
+# Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest even; under
+# it, round in integer arithmetic first so the CPU results match the GPU's cvt.rn.bf16.
+_SOFT_BF16 = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def _rnd(x, DT: tl.constexpr):
+    """``x`` (fp32) rounded to dtype ``DT`` (round to nearest even), returned as fp32."""
+    if _SOFT_BF16 and DT == tl.bfloat16:
+        u = x.to(tl.uint32, bitcast=True)
+        u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+        return u.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _cast_out(x, DT: tl.constexpr):
+    """``x`` (fp32) cast to the output dtype ``DT``."""
+    if _SOFT_BF16 and DT == tl.bfloat16:
+        return _rnd(x, DT).to(DT)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _tanh(x):
+    # libdevice is not available under the interpreter; keep full fp32 accuracy near 0,
+    # where 1 - exp(-2|x|) would cancel, with the odd Taylor series up to x^9.
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    poly = 62.0 / 2835.0
+    poly = poly * x2 - 17.0 / 315.0
+    poly = poly * x2 + 2.0 / 15.0
+    poly = poly * x2 - 1.0 / 3.0
+    small = ax + ax * (x2 * poly)
+    t = tl.where(ax < 0.25, small, big)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
+                NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
+                INTERLEAVED: tl.constexpr):
+    """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD]."""
+    if INTERLEAVED:
+        j = tl.arange(0, 2 * HALF_PAD)[None, :]
+        m = hmask & (j < 2 * R2)
+        x = tl.load(ptr + base + hh * stride_h + j * stride_d, mask=m, other=0.0).to(tl.float32)
+        xa, xb = tl.split(tl.reshape(x, (NH, HALF_PAD, 2)))
+    else:
+        i = tl.arange(0, HALF_PAD)[None, :]
+        m = hmask & (i < R2)
+        p = ptr + base + hh * stride_h + i * stride_d
+        xa = tl.load(p, mask=m, other=0.0).to(tl.float32)
+        xb = tl.load(p + R2 * stride_d, mask=m, other=0.0).to(tl.float32)
+    return xa, xb
+
+
+@triton.jit
+def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
+                 NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
+                 INTERLEAVED: tl.constexpr):
+    if INTERLEAVED:
+        j = tl.arange(0, 2 * HALF_PAD)[None, :]
+        m = hmask & (j < 2 * R2)
+        y = tl.reshape(tl.join(ya, yb), (NH, 2 * HALF_PAD))
+        tl.store(ptr + base + hh * stride_h + j * stride_d, _cast_out(y, ptr.dtype.element_ty), mask=m)
+    else:
+        i = tl.arange(0, HALF_PAD)[None, :]
+        m = hmask & (i < R2)
+        p = ptr + base + hh * stride_h + i * stride_d
+        tl.store(p, _cast_out(ya, ptr.dtype.element_ty), mask=m)
+        tl.store(p + R2 * stride_d, _cast_out(yb, ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _load_table(ptr, base, hh, stride_h, stride_w,
+                NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
+                INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr):
+    """cos (or sin) for the a and b channel of each pair, fp32 tiles [NH, HALF_PAD]."""
+    if TABLE_HALF:  # unique frequencies: one value per pair
+        i = tl.arange(0, HALF_PAD)[None, :]
+        c = tl.load(ptr + base + hh * stride_h + i * stride_w, mask=(hh >= 0) & (i < R2),
+                    other=0.0).to(tl.float32)
+        ca = c
+        cb = c
+    else:
+        ca, cb = _load_pairs(ptr, base, hh, hh >= 0, stride_h, stride_w, NH, R2, HALF_PAD,
+                             INTERLEAVED)
+    return ca, cb
+
+
+@triton.jit
+def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, stride_ch, stride_cw, stride_sh,
+                      stride_sw, NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
+                      INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr):
+    ca, cb = _load_table(cos_ptr, cbase, hh, stride_ch, stride_cw, NH, R2, HALF_PAD,
+                         INTERLEAVED, TABLE_HALF)
+    sa, sb = _load_table(sin_ptr, sbase, hh, stride_sh, stride_sw, NH, R2, HALF_PAD,
+                         INTERLEAVED, TABLE_HALF)
+    return ca, cb, sa, sb
+
+
+@triton.jit
+def _norm_affine(x, m, chan, mean, rstd, alpha, w_ptr, b_ptr,
+                 NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                 ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
+    """Normalise one tile; ``chan`` indexes the weight/bias of each element."""
+    if NORM == 1:
+        y = x * rstd
+    elif NORM == 2:
+        y = (x - mean) * rstd
+    elif NORM == 3:
+        y = _tanh(alpha * x)
+    else:
+        y = x
+    if ROUND_PRE_W:
+        y = _rnd(y, ACT)
+    if HAS_W:
+        y = y * tl.load(w_ptr + chan, mask=m, other=0.0).to(tl.float32)
+    if HAS_B:
+        y = y + tl.load(b_ptr + chan, mask=m, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _piece_sums(xa, xb, xp, ma, mp, mean, SPAN_ALL: tl.constexpr, CENTER: tl.constexpr):
+    """Sum (or sum of squares about ``mean``) per head [NH, 1], or over the piece (scalar)."""
+    if CENTER:
+        xa = tl.where(ma, xa - mean, 0.0)
+        xb = tl.where(ma, xb - mean, 0.0)
+        xp = tl.where(mp, xp - mean, 0.0)
+    sq = tl.sum(xa * xa, 1) + tl.sum(xb * xb, 1) + tl.sum(xp * xp, 1)
+    if SPAN_ALL:
+        return tl.sum(sq, 0)
+    else:
+        return sq[:, None]
+
+
+@triton.jit
+def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
+    s = tl.sum(xa, 1) + tl.sum(xb, 1) + tl.sum(xp, 1)
+    if SPAN_ALL:
+        return tl.sum(s, 0)
+    else:
+        return s[:, None]
+
+
+@triton.jit
+def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
+                  xa, xb, xp, ma, mp, mean, rstd, alpha, w_ptr, b_ptr,
+                  ca, cb, sa, sb,
+                  D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
+                  HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
+                  NH: tl.constexpr, NORM: tl.constexpr, SPAN_ALL: tl.constexpr,
+                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                  ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  ACT: tl.constexpr):
+    i = tl.arange(0, HALF_PAD)[None, :]
+    jp = tl.arange(0, PASS_PAD)[None, :]
+    if INTERLEAVED:
+        da = 2 * i
+        db = 2 * i + 1
+    else:
+        da = i
+        db = i + R2
+    dp = 2 * R2 + jp
+    if SPAN_ALL:  # weight spans all heads of the token: channel h * D + d
+        ca_ch = hh * D + da
+        cb_ch = hh * D + db
+        cp_ch = hh * D + dp
+    else:
+        ca_ch = da
+        cb_ch = db
+        cp_ch = dp
+    ya = _norm_affine(xa, ma, ca_ch, mean, rstd, alpha, w_ptr, b_ptr, NORM, HAS_W, HAS_B,
+                      ROUND_PRE_W, ACT)
+    yb = _norm_affine(xb, ma, cb_ch, mean, rstd, alpha, w_ptr, b_ptr, NORM, HAS_W, HAS_B,
+                      ROUND_PRE_W, ACT)
+    if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
+        ya = _rnd(ya, ACT)
+        yb = _rnd(yb, ACT)
+    if ROPE:
+        oa = ya * ca - yb * sa
+        ob = yb * cb + ya * sb
+    else:
+        oa = ya
+        ob = yb
+    _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od, oa, ob, NH, R2, HALF_PAD,
+                 INTERLEAVED)
+    if P > 0:
+        yp = _norm_affine(xp, mp, cp_ch, mean, rstd, alpha, w_ptr, b_ptr, NORM, HAS_W, HAS_B,
+                          ROUND_PRE_W, ACT)
+        tl.store(o_ptr + obase + hh * stride_oh + dp * stride_od,
+                 _cast_out(yp, o_ptr.dtype.element_ty), mask=mp)
+
+
+@triton.jit
+def _load_pass(ptr, base, hh, hmask, stride_h, stride_d,
+               R2: tl.constexpr, P: tl.constexpr, PASS_PAD: tl.constexpr):
+    jp = tl.arange(0, PASS_PAD)[None, :]
+    mp = hmask & (jp < P)
+    xp = tl.load(ptr + base + hh * stride_h + (2 * R2 + jp) * stride_d, mask=mp,
+                 other=0.0).to(tl.float32)
+    return xp, mp
+
+
+@triton.jit
+def _norm_rope_tensor(x_ptr, o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps,
+                      xbase, obase, stride_xh, stride_xd, stride_oh, stride_od,
+                      h_start, h_end, n_norm,
+                      ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                      D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
+                      HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
+                      P0: tl.constexpr, P1: tl.constexpr,
+                      NORM: tl.constexpr, SPAN_ALL: tl.constexpr, HAS_W: tl.constexpr,
+                      HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
+                      ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
+                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
+    hm0 = hh0 < h_end
+    ia = tl.arange(0, HALF_PAD)[None, :]
+    xa0, xb0 = _load_pairs(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, P0, R2, HALF_PAD,
+                           INTERLEAVED)
+    xp0, mp0 = _load_pass(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2, P, PASS_PAD)
+    ma0 = hm0 & (ia < R2)
+    if P1 > 0:
+        hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
+        hm1 = hh1 < h_end
+        xa1, xb1 = _load_pairs(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, P1, R2, HALF_PAD,
+                               INTERLEAVED)
+        xp1, mp1 = _load_pass(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2, P, PASS_PAD)
+        ma1 = hm1 & (ia < R2)
+
+    # --- statistics (fp32) ---------------------------------------------------------
+    mean0 = 0.0
+    mean1 = 0.0
+    rstd0 = 1.0
+    rstd1 = 1.0
+    alpha = 0.0
+    if NORM == 3:
+        if ALPHA_FROM_PTR:
+            alpha = tl.load(alpha_ptr).to(tl.float32)
+        else:
+            alpha = alpha_val
+    if NORM == 2:
+        s0 = _piece_plain_sums(xa0, xb0, xp0, SPAN_ALL)
+        if P1 > 0:
+            s1 = _piece_plain_sums(xa1, xb1, xp1, SPAN_ALL)
+            if SPAN_ALL:
+                s0 = s0 + s1
+        mean0 = s0 / n_norm
+        if P1 > 0:
+            if SPAN_ALL:
+                mean1 = mean0
+            else:
+                mean1 = s1 / n_norm
+    if NORM == 1 or NORM == 2:
+        q0 = _piece_sums(xa0, xb0, xp0, ma0, mp0, mean0, SPAN_ALL, NORM == 2)
+        if P1 > 0:
+            q1 = _piece_sums(xa1, xb1, xp1, ma1, mp1, mean1, SPAN_ALL, NORM == 2)
+            if SPAN_ALL:
+                q0 = q0 + q1
+        rstd0 = 1.0 / tl.sqrt(q0 / n_norm + eps)
+        if P1 > 0:
+            if SPAN_ALL:
+                rstd1 = rstd0
+            else:
+                rstd1 = 1.0 / tl.sqrt(q1 / n_norm + eps)
+
+    # --- normalise, rotate, store --------------------------------------------------
+    _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, ma0, mp0,
+                  mean0, rstd0, alpha, w_ptr, b_ptr, ca0, cb0, sa0, sb0, D, R2, P, HALF_PAD,
+                  PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
+                  INTERLEAVED, ACT)
+    if P1 > 0:
+        _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, ma1, mp1,
+                      mean1, rstd1, alpha, w_ptr, b_ptr, ca1, cb1, sa1, sb1, D, R2, P,
+                      HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
+                      ROUND_NORM, ROPE, INTERLEAVED, ACT)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr, qo_ptr,            # Q in / out (may be the same memory: in place)
+    k_ptr, ko_ptr,            # K in / out (unused when HAS_K is false)
+    cos_ptr, sin_ptr,         # rotary tables, any float dtype
+    pos_ptr,                  # int positions (B, S) gathering table rows (HAS_POS)
+    qw_ptr, qb_ptr, qa_ptr,   # Q norm weight, bias, DyT alpha
+    kw_ptr, kb_ptr, ka_ptr,   # K norm weight, bias, DyT alpha
+    q_alpha, k_alpha,         # DyT alpha when given as a Python float
+    q_eps, k_eps,
+    q_n, k_n,                 # channels one norm statistic spans (D or H*D), as float
+    S, H,                     # tokens per batch entry, heads
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_qob, stride_qos, stride_qoh, stride_qod,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_kob, stride_kos, stride_koh, stride_kod,
+    stride_cb, stride_cs, stride_ch, stride_cw,
+    stride_sb, stride_ss, stride_sh, stride_sw,
+    stride_pb, stride_ps,
+    D: tl.constexpr,          # head_dim
+    R2: tl.constexpr,         # rotary_dim // 2 (0 without RoPE)
+    P: tl.constexpr,          # pass-through channels: D - rotary_dim
+    HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
+    HG: tl.constexpr,         # heads per program
+    P0: tl.constexpr, P1: tl.constexpr,  # HG as two power-of-two pieces (P1 may be 0)
+    Q_NORM: tl.constexpr, Q_SPAN_ALL: tl.constexpr, Q_HAS_W: tl.constexpr,
+    Q_HAS_B: tl.constexpr, Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
+    K_NORM: tl.constexpr, K_SPAN_ALL: tl.constexpr, K_HAS_W: tl.constexpr,
+    K_HAS_B: tl.constexpr, K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+    HAS_K: tl.constexpr,
+    ROPE: tl.constexpr,        # 0 none, 1 rotary on
+    INTERLEAVED: tl.constexpr, # pairs (2i, 2i+1) rather than (i, i + r/2)
+    TABLE_HALF: tl.constexpr,  # table width r/2 (unique frequencies) rather than r
+    TABLE_PER_HEAD: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    h_start = tl.program_id(1).to(tl.int64) * HG
+    h_end = tl.minimum(h_start + HG, H)
+    b = tok // S
+    s = tok - b * S
+
+    ca0 = 0.0
+    cb0 = 0.0
+    sa0 = 0.0
+    sb0 = 0.0
+    ca1 = 0.0
+    cb1 = 0.0
+    sa1 = 0.0
+    sb1 = 0.0
+    if ROPE:
+        if HAS_POS:
+            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
+        else:
+            row = s
+        cbase = b * stride_cb + row * stride_cs
+        sbase = b * stride_sb + row * stride_ss
+        if TABLE_PER_HEAD:
+            hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
+            hh0 = tl.minimum(hh0, H - 1)  # padding heads read a valid row; never stored
+            ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh0,
+                                                   stride_ch, stride_cw, stride_sh, stride_sw,
+                                                   P0, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
+            if P1 > 0:
+                hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
+                hh1 = tl.minimum(hh1, H - 1)
+                ca1, cb1, sa1, sb1 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh1,
+                                                       stride_ch, stride_cw, stride_sh,
+                                                       stride_sw, P1, R2, HALF_PAD,
+                                                       INTERLEAVED, TABLE_HALF)
+        else:
+            # one row per token, shared by every head of Q and of K
+            z = tl.zeros((1, 1), dtype=tl.int64)
+            ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, z,
+                                                   0, stride_cw, 0, stride_sw,
+                                                   1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
+            ca1 = ca0
+            cb1 = cb0
+            sa1 = sa0
+            sb1 = sb0
+
+    _norm_rope_tensor(q_ptr, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
+                      b * stride_qb + s * stride_qs, b * stride_qob + s * stride_qos,
+                      stride_qh, stride_qd, stride_qoh, stride_qod, h_start, h_end, q_n,
+                      ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                      D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                      Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                      ROUND_NORM, ROPE, INTERLEAVED)
+    if HAS_K:
+        _norm_rope_tensor(k_ptr, ko_ptr, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                          b * stride_kb + s * stride_ks, b * stride_kob + s * stride_kos,
+                          stride_kh, stride_kd, stride_koh, stride_kod, h_start, h_end, k_n,
+                          ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                          D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                          K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                          ROUND_NORM, ROPE, INTERLEAVED)

@@ -1,0 +1,112 @@
+"""Norm descriptions: ditfuse's own :class:`NormSpec`, and reading one off a model's module.
+
+A fused kernel needs the numbers of a norm (kind, weight, bias, eps, DyT's alpha), not the
+module. :func:`resolve_norm` accepts the modules the target models use and turns them into
+a :class:`NormSpec`; users without those modules build a ``NormSpec`` directly.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+NORM_KINDS = ("rms", "layer", "dyt")
+_KIND_CODE = {None: 0, "rms": 1, "layer": 2, "dyt": 3}
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """A normalisation applied over the last ``size`` channels of each token or head.
+
+    kind:
+        ``"rms"``: ``x * rsqrt(mean(x^2) + eps) * weight + bias``;
+        ``"layer"``: ``(x - mean) * rsqrt(var + eps) * weight + bias``;
+        ``"dyt"``: ``tanh(alpha * x) * weight + bias`` (Dynamic Tanh, no reduction).
+    size:
+        the number of channels one statistic spans: ``head_dim`` (per head) or
+        ``num_heads * head_dim`` (across all heads of a token, Wan's
+        ``rms_norm_across_heads``). ``None``: taken from ``weight.numel()``, else per head.
+    eps:
+        ``None`` means ``torch.finfo(x.dtype).eps`` (``torch.nn.RMSNorm``'s default).
+    alpha:
+        DyT's scale: a float or a one-element tensor (read on the device, no sync).
+    round_before_weight:
+        round the normalised value to the activation dtype before the weight multiply,
+        as diffusers' ``RMSNorm`` does when its weight is fp16/bf16.
+    """
+
+    kind: str
+    weight: Optional[torch.Tensor] = None
+    bias: Optional[torch.Tensor] = None
+    eps: Optional[float] = 1e-6
+    alpha: Union[float, torch.Tensor, None] = None
+    size: Optional[int] = None
+    round_before_weight: bool = False
+
+    def __post_init__(self):
+        if self.kind not in NORM_KINDS:
+            raise ValueError(f"NormSpec.kind must be one of {NORM_KINDS}, got {self.kind!r}")
+        if self.kind == "dyt" and self.alpha is None:
+            raise ValueError("NormSpec(kind='dyt') needs alpha (a float or a one-element tensor)")
+        if self.kind != "dyt" and self.alpha is not None:
+            raise ValueError(f"NormSpec.alpha is only used by kind='dyt', not {self.kind!r}")
+        if self.eps is not None and not (self.eps >= 0 and math.isfinite(self.eps)):
+            raise ValueError(f"NormSpec.eps must be a finite number >= 0, got {self.eps!r}")
+
+    @property
+    def code(self) -> int:
+        return _KIND_CODE[self.kind]
+
+    def span(self) -> Optional[int]:
+        if self.size is not None:
+            return int(self.size)
+        if self.weight is not None:
+            return int(self.weight.numel())
+        if self.bias is not None:
+            return int(self.bias.numel())
+        return None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def resolve_norm(norm, arg: str) -> Optional[NormSpec]:
+    """Turn ``norm`` (a module, a :class:`NormSpec` or ``None``) into a ``NormSpec``.
+
+    Recognised modules: ``torch.nn.RMSNorm``, ``torch.nn.LayerNorm`` (and subclasses such
+    as diffusers' ``FP32LayerNorm``), diffusers' ``RMSNorm``, ``StableAudio3RMSNorm``,
+    SAME's ``DynamicTanh``, and ``torch.nn.Identity`` (no norm).
+    """
+    if norm is None or isinstance(norm, NormSpec):
+        return norm
+    if isinstance(norm, torch.nn.Identity):
+        return None
+    if isinstance(norm, torch.nn.RMSNorm):
+        return NormSpec("rms", weight=norm.weight, eps=norm.eps, size=_numel(norm.normalized_shape))
+    if isinstance(norm, torch.nn.LayerNorm):
+        return NormSpec("layer", weight=norm.weight, bias=norm.bias, eps=norm.eps,
+                        size=_numel(norm.normalized_shape))
+    name = type(norm).__name__
+    if name == "DynamicTanh" and hasattr(norm, "alpha") and hasattr(norm, "gamma"):
+        return NormSpec("dyt", weight=norm.gamma, bias=getattr(norm, "beta", None), eps=None,
+                        alpha=norm.alpha, size=norm.gamma.numel())
+    if name == "StableAudio3RMSNorm" and hasattr(norm, "gamma"):
+        if not getattr(norm, "force_fp32", True):
+            raise TypeError(f"{arg}: StableAudio3RMSNorm(force_fp32=False) computes in the activation "
+                            "dtype; ditfuse computes in fp32 only")
+        return NormSpec("rms", weight=norm.gamma, eps=norm.eps, size=norm.gamma.numel())
+    if name == "RMSNorm" and hasattr(norm, "eps") and hasattr(norm, "dim"):  # diffusers' RMSNorm
+        w = getattr(norm, "weight", None)
+        return NormSpec("rms", weight=w, bias=getattr(norm, "bias", None), eps=norm.eps,
+                        size=_numel(norm.dim),
+                        round_before_weight=w is not None and w.dtype in (torch.float16, torch.bfloat16))
+    raise TypeError(
+        f"{arg}: cannot read a norm from {type(norm).__module__}.{name}; pass torch.nn.RMSNorm, "
+        "torch.nn.LayerNorm, diffusers RMSNorm/FP32LayerNorm, StableAudio3RMSNorm, DynamicTanh, "
+        "a ditfuse.NormSpec, or None")

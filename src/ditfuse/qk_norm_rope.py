@@ -1,0 +1,490 @@
+"""Fused QK-norm + RoPE: validate -> allocate -> launch, and the public function.
+
+The kernel lives in ``_qk_kernel.py``; the pure-PyTorch reference (also the fallback for
+devices Triton cannot run on) in ``reference.py``; the ``torch.library`` op in ``_ops.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _runtime
+from .norms import NormSpec, resolve_norm
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+ROPE_STYLES = ("interleaved", "half")
+LAYOUTS = ("bshd", "bhsd")
+
+
+@dataclass
+class _Norm:
+    """A resolved norm: everything the kernel needs, checked against the input's shape."""
+
+    code: int
+    weight: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    alpha_tensor: Optional[torch.Tensor]
+    alpha_value: float
+    eps: float
+    span_all: bool
+    round_pre_w: bool
+    n: int  # channels one statistic spans
+
+
+@dataclass
+class Plan:
+    """Every argument of one call, checked, as (B, S, H, D) views (no data copied)."""
+
+    q: torch.Tensor           # (B, S, H, D) view of the caller's q
+    k: Optional[torch.Tensor]
+    cos: Optional[torch.Tensor]  # (B, rows, H, W) broadcast view (stride 0 where shared)
+    sin: Optional[torch.Tensor]
+    positions: Optional[torch.Tensor]  # (B, S) broadcast view
+    q_norm: Optional[_Norm]
+    k_norm: Optional[_Norm]
+    rotary_dim: int
+    interleaved: bool
+    table_half: bool
+    table_per_head: bool
+    round_after_norm: bool
+    q_shape: tuple
+    layout: str
+    num_heads_3d: Optional[int]
+
+
+def _heads_view(x: torch.Tensor, name: str, num_heads: Optional[int], layout: str) -> torch.Tensor:
+    """(B, S, H, D) view of a (B, S, H, D), (B, H, S, D) or (B, S, H*D) tensor; never a copy."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() == 3:
+        if num_heads is None:
+            raise ValueError(f"{name} is 3-D {tuple(x.shape)} = (B, S, H*D): pass num_heads=")
+        if not isinstance(num_heads, int) or num_heads <= 0 or x.shape[2] % num_heads:
+            raise ValueError(f"num_heads={num_heads!r} must be a positive int dividing "
+                             f"{name}.shape[2] = {x.shape[2]}")
+        return x.unflatten(2, (num_heads, x.shape[2] // num_heads))
+    if x.dim() == 4:
+        v = x if layout == "bshd" else x.transpose(1, 2)
+        if num_heads is not None and v.shape[2] != num_heads:
+            raise ValueError(f"num_heads={num_heads} but {name} of layout {layout!r} has "
+                             f"{v.shape[2]} heads (shape {tuple(x.shape)})")
+        return v
+    raise ValueError(f"{name} must be 4-D (B, S, H, D) / (B, H, S, D) or 3-D (B, S, H*D) with "
+                     f"num_heads, got shape {tuple(x.shape)}")
+
+
+def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
+    spec = resolve_norm(norm, arg)
+    if spec is None:
+        return None
+    B, S, H, D = x.shape
+    span = spec.span()
+    if span is None:
+        span = D
+    if span not in (D, H * D):
+        raise ValueError(f"{arg} spans {span} channels; expected head_dim = {D} (per head) or "
+                         f"num_heads * head_dim = {H * D} (across heads)")
+    for pname, p in (("weight", spec.weight), ("bias", spec.bias)):
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+            raise TypeError(f"{arg}.{pname} must be a floating-point tensor")
+        if p.numel() != span:
+            raise ValueError(f"{arg}.{pname} has {p.numel()} elements; expected {span}")
+        if p.device != x.device:
+            raise ValueError(f"{arg}.{pname} is on {p.device}, q is on {x.device}")
+        if not p.is_contiguous():
+            raise ValueError(f"{arg}.{pname} must be contiguous (ditfuse makes no hidden copy)")
+    alpha_t, alpha_v = None, 0.0
+    if spec.kind == "dyt":
+        a = spec.alpha
+        if isinstance(a, torch.Tensor):
+            if a.numel() != 1 or not a.is_floating_point():
+                raise ValueError(f"{arg}.alpha must be a one-element float tensor, got shape "
+                                 f"{tuple(a.shape)} {a.dtype}")
+            if a.device != x.device:
+                raise ValueError(f"{arg}.alpha is on {a.device}, q is on {x.device}")
+            alpha_t = a
+        else:
+            alpha_v = float(a)
+    eps = spec.eps
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps if spec.kind != "dyt" else 0.0
+    round_pre_w = bool(spec.round_before_weight and spec.weight is not None
+                       and spec.weight.dtype == x.dtype and x.dtype != torch.float32)
+    return _Norm(spec.code, spec.weight, spec.bias, alpha_t, alpha_v, float(eps),
+                 span == H * D and H > 1, round_pre_w, span)
+
+
+def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Optional[int]):
+    """(B, rows, H, W) broadcast view of a cos/sin table, and whether it is per head.
+
+    ``rows`` is the sequence length to match, or None when positions gather the rows.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float32, bfloat16 or float16, got {t.dtype}")
+    shp = tuple(t.shape)
+    want = f"(S, W), (B, S, W), (S, H, W), (1|B, S, 1|H, W) with S = {rows if rows else 'any'}, B = {B}, H = {H}"
+
+    def rows_ok(n):
+        return rows is None or n == rows
+
+    if t.dim() == 2:
+        if not rows_ok(shp[0]):
+            raise ValueError(f"{name} has shape {shp}: {shp[0]} rows for {rows} tokens; expected {want}")
+        v = t[None, :, None, :]
+    elif t.dim() == 3:
+        bsw = shp[0] in (1, B) and rows_ok(shp[1])
+        shw = rows_ok(shp[0]) and shp[1] == H and H > 1
+        if bsw and shw:
+            raise ValueError(f"{name} of shape {shp} is ambiguous between (B, S, W) and (S, H, W); "
+                             "pass it 4-D as (B, S, 1, W) or (1, S, H, W)")
+        if bsw:
+            v = t[:, :, None, :]
+        elif shw:
+            v = t[None]
+        else:
+            raise ValueError(f"{name} has shape {shp}; expected {want}")
+    elif t.dim() == 4:
+        if shp[0] not in (1, B) or not rows_ok(shp[1]) or shp[2] not in (1, H):
+            raise ValueError(f"{name} has shape {shp}; expected {want}")
+        v = t
+    else:
+        raise ValueError(f"{name} has shape {shp}; expected {want}")
+    per_head = v.shape[2] == H and H > 1
+    v = v.expand(B, v.shape[1], H, v.shape[3])
+    return v, per_head
+
+
+def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
+         rope_style="interleaved", rotary_dim=None, positions=None, round_after_norm=True,
+         layout="bshd", check_positions=True) -> Plan:
+    """Check every argument and describe the call; raises before anything runs."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if rope_style not in ROPE_STYLES:
+        raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {rope_style!r}")
+    q4 = _heads_view(q, "q", num_heads, layout)
+    B, S, H, D = q4.shape
+    if D % 2 or D == 0 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D} (q shape "
+                         f"{tuple(q.shape)})")
+    k4 = None
+    if k is not None:
+        k4 = _heads_view(k, "k", num_heads, layout)
+        if k.dtype != q.dtype:
+            raise TypeError(f"k.dtype {k.dtype} must equal q.dtype {q.dtype}")
+        if k.device != q.device:
+            raise ValueError(f"k is on {k.device}, q is on {q.device}")
+        if tuple(k.shape) != tuple(q.shape):
+            raise ValueError(f"k.shape {tuple(k.shape)} must equal q.shape {tuple(q.shape)}")
+        if k.numel() and k.data_ptr() == q.data_ptr():
+            raise ValueError("q and k are the same memory; pass distinct tensors")
+
+    qn = _resolve_norm(q_norm, "q_norm", q4)
+    kn = _resolve_norm(k_norm, "k_norm", q4) if k is not None else None
+    if k is None and k_norm is not None:
+        raise ValueError("k_norm given but k is None")
+
+    if (cos is None) != (sin is None):
+        raise ValueError("pass both cos and sin, or neither (no RoPE)")
+    pos2 = None
+    cos4 = sin4 = None
+    R = 0
+    table_half = per_head = False
+    if cos is None:
+        if rotary_dim is not None:
+            raise ValueError("rotary_dim given without cos/sin")
+        if positions is not None:
+            raise ValueError("positions given without cos/sin")
+    else:
+        for name, t in (("cos", cos), ("sin", sin)):
+            if isinstance(t, torch.Tensor) and t.device != q.device:
+                raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+        if positions is not None:
+            if not isinstance(positions, torch.Tensor) or positions.dtype not in (
+                    torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+                raise TypeError("positions must be an integer tensor of shape (S,) or (B, S)")
+            if positions.device != q.device:
+                raise ValueError(f"positions is on {positions.device}, q is on {q.device}")
+            if positions.dim() == 1 and positions.shape[0] == S:
+                pos2 = positions[None].expand(B, S)
+            elif positions.dim() == 2 and positions.shape[0] in (1, B) and positions.shape[1] == S:
+                pos2 = positions.expand(B, S)
+            else:
+                raise ValueError(f"positions has shape {tuple(positions.shape)}; expected ({S},) or "
+                                 f"({B}, {S})")
+        rows = None if positions is not None else S
+        try:
+            cos4, per_head = _table_view(cos, "cos", B, S, H, rows)
+            sin4, per_head_s = _table_view(sin, "sin", B, S, H, rows)
+        except ValueError as e:
+            if layout == "bshd" and q.dim() == 4 and rows is not None and cos.dim() >= 2 and \
+                    q.shape[2] in tuple(cos.shape) and q.shape[1] not in tuple(cos.shape):
+                raise ValueError(f"{e}. q looks like (B, H, S, D): pass layout='bhsd'") from None
+            raise
+        if tuple(cos.shape) != tuple(sin.shape):
+            raise ValueError(f"cos.shape {tuple(cos.shape)} must equal sin.shape {tuple(sin.shape)}")
+        W = cos4.shape[3]
+        if rotary_dim is None:
+            if W == D:
+                R = D
+            elif 2 * W == D:
+                raise ValueError(
+                    f"cos has width {W} = head_dim / 2: pass rotary_dim={D} if the table holds "
+                    f"unique frequencies, or rotary_dim={W} for partial rotary over the first {W} "
+                    "channels (a cat-duplicated / repeat-interleaved table)")
+            else:
+                R = W
+        else:
+            R = rotary_dim
+        if not isinstance(R, int) or R <= 0 or R % 2 or R > D:
+            raise ValueError(f"rotary_dim must be an even int in [2, head_dim={D}], got {R!r}")
+        if W == R:
+            table_half = False
+        elif 2 * W == R:
+            table_half = True
+        else:
+            raise ValueError(f"cos/sin width {W} fits neither rotary_dim={R} (full) nor "
+                             f"{R // 2} (unique frequencies)")
+        if check_positions and positions is not None and positions.numel():
+            n_rows = cos4.shape[1]
+            if not torch.compiler.is_compiling() and not (
+                    positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+                lo, hi = int(positions.min()), int(positions.max())
+                if lo < 0 or hi >= n_rows:
+                    raise ValueError(f"positions must lie in [0, {n_rows}) (the table's rows), "
+                                     f"got values in [{lo}, {hi}]")
+    return Plan(q4, k4, cos4, sin4, pos2, qn, kn, R, rope_style == "interleaved", table_half,
+                per_head, bool(round_after_norm), tuple(q.shape), layout,
+                num_heads if q.dim() == 3 else None)
+
+
+# ---------------------------------------------------------------------------------------
+# launch settings: an analytical table, no autotuning (the kernel is memory-bound)
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _pieces(hg: int):
+    p0 = 1 << (hg.bit_length() - 1)
+    rest = hg - p0
+    return p0, (_next_pow2(rest) if rest else 0)
+
+
+def launch_settings(H: int, D: int, span_all: bool, has_k: bool):
+    """(heads per program, piece sizes, num_warps) for one (H, D) problem.
+
+    A program takes all heads of a token when the norm spans them or the row is small;
+    otherwise groups of heads holding at most 4096 channels each. num_warps gives each
+    thread 8-32 live fp32 values per tensor.
+    """
+    if span_all or H * D <= 8192:
+        hg = H
+    else:
+        hg = max(1, 4096 // _next_pow2(D))
+    p0, p1 = _pieces(hg)
+    elems = (p0 + p1) * _next_pow2(D) * (2 if has_k else 1)
+    num_warps = min(16, max(1, _next_pow2(elems // 1024)))
+    return hg, p0, p1, num_warps
+
+
+def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
+    if n is None:
+        return dict(w=dummy, b=dummy, a=dummy, alpha=0.0, eps=0.0, n=1.0,
+                    NORM=0, SPAN_ALL=False, HAS_W=False, HAS_B=False, ALPHA_PTR=False, PRE=False)
+    return dict(w=n.weight if n.weight is not None else dummy,
+                b=n.bias if n.bias is not None else dummy,
+                a=n.alpha_tensor if n.alpha_tensor is not None else dummy,
+                alpha=n.alpha_value, eps=n.eps, n=float(n.n), NORM=n.code, SPAN_ALL=n.span_all,
+                HAS_W=n.weight is not None, HAS_B=n.bias is not None,
+                ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
+
+
+def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> None:
+    """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``."""
+    from ._qk_kernel import _qk_norm_rope_kernel
+
+    B, S, H, D = p.q.shape
+    if B * S == 0 or H == 0:
+        return
+    has_k = p.k is not None
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
+    R2 = p.rotary_dim // 2
+    P = D - p.rotary_dim
+    dummy = p.q
+    qa = _norm_args(p.q_norm, dummy)
+    ka = _norm_args(p.k_norm, dummy)
+    k, ko = (p.k, k_out) if has_k else (p.q, q_out)
+    if p.cos is not None:
+        cos, sin = p.cos, p.sin
+        cst, sst = cos.stride(), sin.stride()
+    else:
+        cos = sin = dummy
+        cst = sst = (0, 0, 0, 0)
+    if p.positions is not None:
+        pos, pst = p.positions, p.positions.stride()
+    else:
+        pos, pst = dummy, (0, 0)
+    grid = (B * S, triton_cdiv(H, hg))
+    _qk_norm_rope_kernel[grid](
+        p.q, q_out, k, ko, cos, sin, pos,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
+        S, H,
+        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
+        *cst, *sst, *pst,
+        D=D, R2=R2, P=P, HALF_PAD=_next_pow2(max(R2, 1)), PASS_PAD=_next_pow2(max(P, 1)),
+        HG=hg, P0=p0, P1=p1,
+        Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_SPAN_ALL=ka["SPAN_ALL"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
+        TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
+        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm,
+        num_warps=num_warps, enable_fp_fusion=False,
+    )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _out_like(x: torch.Tensor, p: Plan) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _as_heads(out: torch.Tensor, p: Plan) -> torch.Tensor:
+    """(B, S, H, D) view of an output allocated in the caller's shape."""
+    if out.dim() == 3:
+        return out.unflatten(2, (p.q.shape[2], p.q.shape[3]))
+    return out if p.layout == "bshd" else out.transpose(1, 2)
+
+
+def run(p: Plan, q, k, inplace: bool):
+    """Allocate (unless in place) and compute; returns outputs in the caller's shapes."""
+    if inplace:
+        q_out, k_out = q, k
+    else:
+        q_out = _out_like(q, p)
+        k_out = _out_like(k, p) if k is not None else None
+    qo4 = _as_heads(q_out, p)
+    ko4 = _as_heads(k_out, p) if k_out is not None else None
+    if _runtime.kernel_device_ok(p.q):
+        launch(p, qo4, ko4)
+    else:
+        from .reference import qk_norm_rope_core
+        rq, rk = qk_norm_rope_core(p, torch.float32)
+        qo4.copy_(rq)
+        if ko4 is not None:
+            ko4.copy_(rk)
+    return q_out, k_out
+
+
+def _check_grad(*ts):
+    if torch.is_grad_enabled():
+        for t in ts:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise RuntimeError("ditfuse.qk_norm_rope is inference-only (no backward): call it "
+                                   "under torch.no_grad() or torch.inference_mode()")
+
+
+def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
+                 rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
+                 round_after_norm=True, layout="bshd"):
+    r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
+
+    .. math::
+
+        \hat x = \mathrm{norm}(x)\odot w + b, \qquad
+        \begin{pmatrix} y_a \\ y_b \end{pmatrix} =
+        \begin{pmatrix} \hat x_a \cos_a - \hat x_b \sin_a \\
+                        \hat x_b \cos_b + \hat x_a \sin_b \end{pmatrix}
+
+    for every rotary pair (a, b) of every head of every token; channels past
+    ``rotary_dim`` get the norm only. One read and one write of Q and K; the token's
+    cos/sin row is read once and shared by all heads.
+
+    Parameters
+    ----------
+    q, k : Tensor
+        ``(B, S, H, D)`` (``layout="bshd"``), ``(B, H, S, D)`` (``layout="bhsd"``) or
+        ``(B, S, H*D)`` with ``num_heads``; fp16, bf16 or fp32; any strides (Q/K slices of
+        a packed QKV projection are read in place, never copied). ``k`` may be ``None``.
+        Same shape and dtype. ``D`` even, at most 256.
+    cos, sin : Tensor, optional
+        The rotary tables, fp32/bf16/fp16: ``(S, W)``, ``(B, S, W)``, ``(1|B, S, 1, W)``
+        shared by all heads, or per head ``(S, H, W)`` / ``(1|B, S, H, W)``. ``W`` is the
+        rotary width (repeat-interleaved for ``"interleaved"``, cat-duplicated for
+        ``"half"``, as diffusers builds them) or half of it (unique frequencies). Both
+        ``None``: no RoPE.
+    q_norm, k_norm : module or NormSpec, optional
+        ``torch.nn.RMSNorm``, ``torch.nn.LayerNorm``/``FP32LayerNorm``, diffusers'
+        ``RMSNorm``, ``StableAudio3RMSNorm``, SAME's ``DynamicTanh`` or a
+        :class:`ditfuse.NormSpec`. A weight of ``D`` elements normalises each head; one
+        of ``H*D`` normalises across all heads of a token (Wan).
+    num_heads : int, optional
+        Needed for 3-D ``(B, S, H*D)`` inputs.
+    rope_style : {"interleaved", "half"}
+        Pairs ``(2i, 2i+1)`` (Wan, FLUX, Qwen, HunyuanVideo) or ``(i, i + r/2)``
+        (rotate-half / NeoX: Stable Audio, SAME).
+    rotary_dim : int, optional
+        Channels that rotate (the first ``rotary_dim``); the rest pass through. Default:
+        the table width, or ``D`` when the table is ``D`` wide. Required when the table is
+        ``D/2`` wide (partial rotary and unique frequencies are otherwise ambiguous).
+    positions : int Tensor, optional
+        ``(S,)`` or ``(B, S)`` row index into the tables for each token. The range is
+        checked (one device sync) except under ``torch.compile`` or CUDA-graph capture.
+    inplace : bool
+        Write the results into ``q`` and ``k`` (elements outside them are not touched,
+        e.g. the V slice of a packed QKV). Otherwise new contiguous tensors are returned.
+    round_after_norm : bool
+        ``True`` (default): the normalised value is rounded to the activation dtype before
+        the rotation, where diffusers' eager code rounds; ``False``: fp32 through to the
+        single rounding at the store.
+    layout : {"bshd", "bhsd"}
+        How a 4-D ``q``/``k`` is laid out.
+
+    Returns
+    -------
+    (q_out, k_out) : tuple of Tensor
+        In the input's shape and dtype (``k_out`` is ``None`` when ``k`` is).
+
+    Notes
+    -----
+    Numerical contract: all arithmetic in fp32; the rotation is computed without fused
+    multiply-add, exactly as eager PyTorch evaluates ``x * cos + rotate(x) * sin``. Shared
+    and per-head-expanded tables give bitwise identical results. Against diffusers' eager
+    modules the output is within one rounding of the activation dtype (the norm's
+    reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
+    evaluated in fp32 where a bf16 model would round between its steps).
+    Inference only: no autograd.
+
+    Examples
+    --------
+    >>> norm_q = torch.nn.RMSNorm(40 * 128, eps=1e-6)       # Wan: across all heads
+    >>> q_out, k_out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm_q, k_norm=norm_k,
+    ...                                     num_heads=40)    # q, k: (B, S, 5120)
+    """
+    _check_grad(q, k)
+    if torch.compiler.is_compiling():
+        from . import _ops
+        return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
+                                        num_heads=num_heads, rope_style=rope_style,
+                                        rotary_dim=rotary_dim, positions=positions,
+                                        inplace=inplace, round_after_norm=round_after_norm,
+                                        layout=layout)
+    p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
+             rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
+             round_after_norm=round_after_norm, layout=layout)
+    return run(p, q, k, inplace)

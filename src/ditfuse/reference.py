@@ -1,0 +1,109 @@
+"""Pure-PyTorch references of every ditfuse op, in one place.
+
+They serve twice: as the oracle of the tests (run in float64, rounding only where the
+kernel's contract says it rounds) and as the fallback on devices Triton cannot run on
+(run in float32).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _norm(x: torch.Tensor, n, act_dtype, cd) -> torch.Tensor:
+    """x: (B, S, H, D) in the compute dtype ``cd``; ``n``: a resolved norm or None."""
+    if n is None:
+        return x
+    B, S, H, D = x.shape
+    xs = x.reshape(B, S, H * D) if n.span_all else x
+    if n.code == 1:
+        y = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + n.eps)
+    elif n.code == 2:
+        mu = xs.mean(-1, keepdim=True)
+        y = (xs - mu) * torch.rsqrt((xs - mu).pow(2).mean(-1, keepdim=True) + n.eps)
+    elif n.code == 3:
+        alpha = n.alpha_tensor.to(cd).reshape(()) if n.alpha_tensor is not None else n.alpha_value
+        y = torch.tanh(alpha * xs)
+    else:  # pragma: no cover
+        raise AssertionError(n.code)
+    if n.round_pre_w:
+        y = y.to(act_dtype).to(cd)
+    shape = (H * D,) if n.span_all else (D,)
+    if n.weight is not None:
+        y = y * n.weight.reshape(shape).to(cd)
+    if n.bias is not None:
+        y = y + n.bias.reshape(shape).to(cd)
+    return y.reshape(B, S, H, D)
+
+
+def _pairs(x: torch.Tensor, R: int, interleaved: bool):
+    xr = x[..., :R]
+    if interleaved:
+        return xr[..., 0::2], xr[..., 1::2]
+    return xr[..., : R // 2], xr[..., R // 2:]
+
+
+def _unpair(a: torch.Tensor, b: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        return torch.stack((a, b), dim=-1).flatten(-2)
+    return torch.cat((a, b), dim=-1)
+
+
+def _rows(t: torch.Tensor, p) -> torch.Tensor:
+    """(B, S, H, W) rows of a (B, rows, H, W) table view, gathered by positions."""
+    B, S = p.q.shape[:2]
+    if p.positions is None:
+        return t
+    idx = p.positions.long()
+    return t[torch.arange(B, device=t.device)[:, None], idx]
+
+
+def qk_norm_rope_core(p, compute_dtype=torch.float32):
+    """Reference of :func:`ditfuse.qk_norm_rope` on a checked plan (see ``qk_norm_rope.plan``).
+
+    Returns (q, k) as (B, S, H, D) tensors in the activation dtype.
+    """
+    cd = compute_dtype
+    act = p.q.dtype
+    R = p.rotary_dim
+    outs = []
+    for x, n in ((p.q, p.q_norm), (p.k, p.k_norm)):
+        if x is None:
+            outs.append(None)
+            continue
+        y = _norm(x.to(cd), n, act, cd)
+        if p.round_after_norm:
+            y = y.to(act).to(cd)
+        if p.cos is not None:
+            c = _rows(p.cos, p).to(cd)
+            s = _rows(p.sin, p).to(cd)
+            if p.table_half:
+                ca = cb = c
+                sa = sb = s
+            else:
+                ca, cb = _pairs(c, R, p.interleaved)
+                sa, sb = _pairs(s, R, p.interleaved)
+            ya, yb = _pairs(y, R, p.interleaved)
+            rot = _unpair(ya * ca - yb * sa, yb * cb + ya * sb, p.interleaved)
+            y = torch.cat((rot, y[..., R:]), dim=-1)
+        outs.append(y.to(act))
+    return outs[0], outs[1]
+
+
+def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.float32, **kwargs):
+    """Pure-PyTorch :func:`ditfuse.qk_norm_rope` (same arguments; ``inplace`` not taken).
+
+    Outputs are new tensors in the caller's shapes.
+    """
+    from .qk_norm_rope import plan
+
+    p = plan(q, k, cos, sin, **kwargs)
+    rq, rk = qk_norm_rope_core(p, compute_dtype)
+
+    def back(r, like):
+        if r is None:
+            return None
+        if like.dim() == 3:
+            return r.flatten(2)
+        return r if p.layout == "bshd" else r.transpose(1, 2)
+
+    return back(rq, q), back(rk, k)
