@@ -29,7 +29,8 @@ class NormSpec:
         ``num_heads * head_dim`` (across all heads of a token, Wan's
         ``rms_norm_across_heads``). ``None``: taken from ``weight.numel()``, else per head.
     eps:
-        ``None`` means ``torch.finfo(x.dtype).eps`` (``torch.nn.RMSNorm``'s default).
+        ``None`` means ``torch.finfo(torch.float32).eps``, as ``torch.nn.RMSNorm(eps=None)``
+        computes in fp32 and takes that type's epsilon for every activation dtype.
     alpha:
         DyT's scale: a float or a one-element tensor (read on the device, no sync).
     round_before_weight:

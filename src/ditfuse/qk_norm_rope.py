@@ -114,7 +114,8 @@ def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
             alpha_v = float(a)
     eps = spec.eps
     if eps is None:
-        eps = torch.finfo(x.dtype).eps if spec.kind != "dyt" else 0.0
+        # torch.nn.RMSNorm(eps=None) takes the epsilon of its fp32 compute type
+        eps = torch.finfo(torch.float32).eps if spec.kind != "dyt" else 0.0
     round_pre_w = bool(spec.round_before_weight and spec.weight is not None
                        and spec.weight.dtype == x.dtype and x.dtype != torch.float32)
     return _Norm(spec.code, spec.weight, spec.bias, alpha_t, alpha_v, float(eps),
@@ -142,7 +143,7 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
         v = t[None, :, None, :]
     elif t.dim() == 3:
         bsw = shp[0] in (1, B) and rows_ok(shp[1])
-        shw = rows_ok(shp[0]) and shp[1] == H and H > 1
+        shw = rows_ok(shp[0]) and shp[1] == H
         if bsw and shw:
             raise ValueError(f"{name} of shape {shp} is ambiguous between (B, S, W) and (S, H, W); "
                              "pass it 4-D as (B, S, 1, W) or (1, S, H, W)")

@@ -1,0 +1,61 @@
+"""Shared test settings: tolerances written once, input builders, poisoned outputs."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import ditfuse  # noqa: E402  (after the interpreter is set up)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Two roundings of the activation dtype: the kernel rounds twice (after the norm, at the
+# store) and the float64 reference rounds at the same points, so a tie flipped by fp32 vs
+# fp64 arithmetic at the first rounding can move the result by one more ulp. (Relative ulp
+# at the bottom of a binade is 2^-m.) The absolute floor covers results that cancel to ~0.
+TOL = {
+    torch.bfloat16: dict(rtol=2.0**-6, atol=2.0**-12),
+    torch.float16: dict(rtol=2.0**-9, atol=2.0**-14),
+    torch.float32: dict(rtol=2e-6, atol=2e-6),
+}
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def assert_close_report(out, ref, dtype, what=""):
+    """Within one rounding of ``dtype``; returns the share of bitwise-equal elements."""
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype], msg=lambda m: f"{what}: {m}")
+    return (out == ref).float().mean().item()
+
+
+@pytest.fixture
+def poison_outputs(monkeypatch):
+    """Make every output ditfuse allocates start as NaN, so an unwritten element fails."""
+    import sys
+
+    mod = sys.modules["ditfuse.qk_norm_rope"]
+
+    def _nan_like(x, p):
+        return torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+
+    monkeypatch.setattr(mod, "_out_like", _nan_like)
+    yield
+
+
+def rope_tables(S, W, dtype=torch.float32, style="interleaved", unique=False, device=DEVICE,
+                base=10000.0):
+    """cos/sin as diffusers builds them: repeat-interleaved ('interleaved') or cat-duplicated
+    ('half'); ``unique`` gives the W/2 unique frequencies only."""
+    half = W // 2
+    inv = 1.0 / base ** (torch.arange(half, dtype=torch.float64) * 2 / W)
+    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None] + torch.rand(S, 1, dtype=torch.float64)
+    c, s = ang.cos(), ang.sin()
+    if not unique:
+        if style == "interleaved":
+            c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+        else:
+            c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    return c.to(dtype).to(device), s.to(dtype).to(device)
