@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .norms import NormSpec, resolve_norm
-from . import qk_norm_rope as _qk
+from .qk_norm_rope import plan as _plan, run as _run
 
 _KINDS = {0: None, 1: "rms", 2: "layer", 3: "dyt"}
 
@@ -56,8 +56,8 @@ def qk_norm_rope_op(
     kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                  (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
                  num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    p = _qk.plan(q, k, cos, sin, **kw)
-    qo, ko = _qk.run(p, q, k, inplace=False)
+    p = _plan(q, k, cos, sin, **kw)
+    qo, ko = _run(p, q, k, inplace=False)
     return [qo] if ko is None else [qo, ko]
 
 
@@ -68,7 +68,7 @@ def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_s
     kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                  (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
                  num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    _qk.plan(q, k, cos, sin, check_positions=False, **kw)
+    _plan(q, k, cos, sin, runtime_checks=False, **kw)
     outs = [torch.empty(q.shape, dtype=q.dtype, device=q.device)]
     if k is not None:
         outs.append(torch.empty(k.shape, dtype=k.dtype, device=k.device))
@@ -88,8 +88,8 @@ def qk_norm_rope_inplace_op(
     kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                  (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
                  num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    p = _qk.plan(q, k, cos, sin, **kw)
-    _qk.run(p, q, k, inplace=True)
+    p = _plan(q, k, cos, sin, **kw)
+    _run(p, q, k, inplace=True)
 
 
 @qk_norm_rope_inplace_op.register_fake

@@ -130,9 +130,10 @@ SPECS: List[Spec] = [
     # unique frequencies, a (S, D/2) table with rotary_dim=D
     Spec("qwen", model="Qwen-Image 1328^2", H=24, D=128, S=83 * 83, round_before_weight=True,
          table_width=64, layout="bshd"),
-    # HunyuanVideo: diffusers RMSNorm(D) per head, (B, H, S, D) layout, interleaved table
-    Spec("hunyuan", model="HunyuanVideo 720p", H=24, D=128, S=33 * 45 * 80,
-         round_before_weight=True, layout="bhsd"),
+    # HunyuanVideo: diffusers RMSNorm(D) per head (rounds before its bf16 weight),
+    # interleaved (S, D) table over the video tokens
+    Spec("hunyuan", model="HunyuanVideo 720p 129f", H=24, D=128, S=33 * 45 * 80,
+         round_before_weight=True, layout="bshd"),
     # Stable Audio 3: StableAudio3RMSNorm(64), partial rotate-half RoPE over 32 channels,
     # q1/k1 chunks of the differential [q1|q2|k1|k2|v] to_qkv output
     Spec("sa3", model="Stable Audio 3", H=24, D=64, S=1024, rope_style="half", rotary_dim=32,
@@ -351,8 +352,7 @@ def run_ptxas(ptx: str, options, kernel_name: str) -> Dict:
     return dict(regs=int(regs.group(1)), stack=int(props.group(1)),
                 spill_stores=int(props.group(2)), spill_loads=int(props.group(3)),
                 ptxas_log=[ln.strip() for ln in log.splitlines() if ln.strip()],
-                ptxas_cmd=" ".join(Path(c).name if i == 0 else c for i, c in enumerate(cmd)
-                                   if not c.endswith((".ptx", ".cubin"))))
+                ptxas_cmd=" ".join(["ptxas", *_ptxas_flags(options), "<ptx>"]))
 
 
 def run_cuobjdump(cubin: bytes, kernel_name: str) -> Dict:
@@ -383,7 +383,12 @@ def occupancy_warps(regs: int, num_warps: int, smem_bytes: int) -> int:
     return max(blocks, 0) * num_warps
 
 
-def inspect_spec(spec: Spec) -> Dict:
+def other_s_class(S: int) -> int:
+    """A token count in the other divisibility class (Triton specializes ints on % 16)."""
+    return S + 1 if S % 16 == 0 else S + (16 - S % 16)
+
+
+def _build(spec: Spec) -> Dict:
     """Build ``spec`` exactly as shipped, compile it for sm_90 and measure it."""
     import importlib
     import triton
@@ -392,7 +397,6 @@ def inspect_spec(spec: Spec) -> Dict:
     from ._qk_kernel import _qk_norm_rope_kernel as kernel
 
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
-    t0 = time.perf_counter()
     grid, args, kwargs = capture_launch(spec)
     target = GPUTarget("cuda", ARCH, WARP_SIZE)
     signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
@@ -409,21 +413,43 @@ def inspect_spec(spec: Spec) -> Dict:
     if (hg, p0, p1, nw) != table:
         raise RuntimeError(f"{spec.name}: launch used HG/P0/P1/num_warps {(hg, p0, p1, nw)}, "
                            f"launch_settings gives {table}")
-    row = dict(
-        name=spec.name, model=spec.model, config=spec.describe(), H=spec.H, D=spec.D, S=spec.S,
-        dtype=spec.dtype, grid=list(grid), hg=hg, p0=p0, p1=p1,
-        num_warps=ck.metadata.num_warps, smem=ck.metadata.shared, **{
-            k: ptxas[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
+    return dict(
+        S=spec.S, grid=list(grid), hg=hg, p0=p0, p1=p1,
+        num_warps=ck.metadata.num_warps, smem=ck.metadata.shared,
+        **{k: ptxas[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
         **sass,
         occupancy_warps=occupancy_warps(ptxas["regs"], ck.metadata.num_warps,
                                         ck.metadata.shared + sass["smem_static"]),
         constexprs={kernel.arg_names[k[0]]: v for k, v in sorted(constexprs.items())},
         signature={k: v for k, v in signature.items() if v != "constexpr"},
+        attrs={kernel.arg_names[k[0]]: v for k, v in sorted(attrs.items()) if v},
         enable_fp_fusion=options.enable_fp_fusion, arch=f"sm_{ARCH}a", hash=ck.hash,
         ptxas_cmd=ptxas["ptxas_cmd"], ptxas_log=ptxas["ptxas_log"],
-        spec=asdict(spec), seconds=round(time.perf_counter() - t0, 2),
     )
+
+
+_VARIANT_KEYS = ("S", "hash", "regs", "spill_stores", "spill_loads", "stack", "ldl", "stl",
+                 "cubin_regs", "cubin_local", "smem", "num_warps")
+
+
+def inspect_spec(spec: Spec, s_variants: bool = True) -> Dict:
+    """Measure ``spec``; with ``s_variants`` also its build for a token count in the other
+    ``% 16`` class (a separate binary of the same specialization, listed in ``variants``
+    and held to the same gate)."""
+    import dataclasses
+
+    t0 = time.perf_counter()
+    row = dict(name=spec.name, model=spec.model, config=spec.describe(), H=spec.H, D=spec.D,
+               dtype=spec.dtype, **_build(spec))
+    row["variants"] = []
+    if s_variants:
+        alt = _build(dataclasses.replace(spec, S=other_s_class(spec.S)))
+        row["variants"].append({k: alt[k] for k in _VARIANT_KEYS})
+    row["spec"] = asdict(spec)
+    row["seconds"] = round(time.perf_counter() - t0, 2)
     row["violations"] = violations(row)
+    for v in row["variants"]:
+        row["violations"] += [f"(S={v['S']} build) {msg}" for msg in violations(v)]
     return row
 
 
@@ -452,19 +478,19 @@ def _select(names: Optional[Sequence[str]]) -> List[Spec]:
     return [s for s in SPECS if s.name in names]
 
 
-def _report_here(names) -> List[Dict]:
+def _report_here(names, s_variants: bool) -> List[Dict]:
     missing = missing_tools()
     if missing:
         raise RuntimeError(f"the Triton wheel has no {' / '.join(missing)} "
                            f"(looked in {wheel_tool_path('')})")
-    return [inspect_spec(s) for s in _select(names)]
+    return [inspect_spec(s, s_variants) for s in _select(names)]
 
 
 def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
-def _report_subprocess(names, timeout: Optional[float] = None) -> List[Dict]:
+def _report_subprocess(names, s_variants: bool, timeout: Optional[float] = None) -> List[Dict]:
     env = dict(os.environ, TRITON_INTERPRET="0", **{_CHILD_ENV: "1"})
     env["PYTHONPATH"] = os.pathsep.join([_package_root()] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -473,6 +499,8 @@ def _report_subprocess(names, timeout: Optional[float] = None) -> List[Dict]:
         cmd = [sys.executable, "-m", "ditfuse.inspect_kernels", "--quiet", "--json", str(out)]
         if names:
             cmd += ["--only", *names]
+        if not s_variants:
+            cmd.append("--no-s-variants")
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
         if r.returncode or not out.exists():
             raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n"
@@ -480,22 +508,24 @@ def _report_subprocess(names, timeout: Optional[float] = None) -> List[Dict]:
         return json.loads(out.read_text())["kernels"]
 
 
-def report(names: Optional[Sequence[str]] = None) -> List[Dict]:
+def report(names: Optional[Sequence[str]] = None, s_variants: bool = True) -> List[Dict]:
     """One dict per shipped specialization (``names`` selects some): resources on sm_90.
 
     Keys include ``name``, ``regs``, ``spill_stores``, ``spill_loads`` (bytes), ``stack``
     (bytes), ``smem`` (bytes of shared memory the launch requests), ``num_warps``,
-    ``ldl``/``stl`` (local-memory instructions in the SASS) and ``violations``.
+    ``ldl``/``stl`` (local-memory instructions in the SASS), ``variants`` (the same
+    specialization built for a token count in the other ``% 16`` class, when
+    ``s_variants``) and ``violations`` (empty: the resource gate holds, variants included).
     Runs in a ``TRITON_INTERPRET=0`` subprocess when this process cannot compile.
     """
     _select(names)  # validate early
     if can_compile_here():
-        return _report_here(names)
+        return _report_here(names, s_variants)
     if os.environ.get(_CHILD_ENV):
         raise RuntimeError("ditfuse's kernels are interpreted in this process although "
                            "TRITON_INTERPRET=0 was asked for (was triton imported earlier "
                            "with TRITON_INTERPRET=1?)")
-    return _report_subprocess(names)
+    return _report_subprocess(names, s_variants)
 
 
 # ---------------------------------------------------------------------------------------
@@ -520,6 +550,15 @@ def format_table(rows: Sequence[Dict]) -> str:
     out += [line(cells(r)) for r in rows]
     bad = [r for r in rows if r["violations"]]
     out.append("")
+    keys = ("regs", "spill_stores", "spill_loads", "stack", "ldl", "stl")
+    with_var = [r for r in rows if r.get("variants")]
+    if with_var:
+        differ = [f"{r['name']} (S={v['S']}: {v['regs']} regs, spill {v['spill_stores']}/"
+                  f"{v['spill_loads']}, stack {v['stack']}, LDL/STL {v['ldl']}/{v['stl']})"
+                  for r in with_var for v in r["variants"] if any(v[k] != r[k] for k in keys)]
+        out.append(f"each specialization also built for a token count S in the other %16 class: "
+                   + ("same registers, spills, stack and LDL/STL for all"
+                      if not differ else "differs for " + "; ".join(differ)))
     if bad:
         out.append(f"RESOURCE GATE FAILED for {len(bad)} of {len(rows)} specializations:")
         out += [f"  {r['name']}: {'; '.join(r['violations'])}" for r in bad]
@@ -541,6 +580,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="exit with status 1 if any specialization spills, has a stack frame "
                         "or LDL/STL in its SASS")
+    p.add_argument("--no-s-variants", action="store_true",
+                   help="skip the second build of each specialization for a token count in "
+                        "the other %%16 class")
     p.add_argument("--list", action="store_true", help="list the specializations and exit")
     p.add_argument("--quiet", action="store_true", help="print no table")
     return p
@@ -553,7 +595,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{s.name:22} {s.model:32} {s.H}x{s.D} {s.dtype}  {s.describe()}")
         return 0
     t0 = time.perf_counter()
-    rows = report(args.only)
+    rows = report(args.only, s_variants=not args.no_s_variants)
     if args.json:
         doc = json.dumps(dict(kernel="_qk_norm_rope_kernel", arch=f"sm_{ARCH}a", kernels=rows),
                          indent=1)

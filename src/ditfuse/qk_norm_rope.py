@@ -166,8 +166,12 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
 
 def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
          rope_style="interleaved", rotary_dim=None, positions=None, round_after_norm=True,
-         layout="bshd", check_positions=True) -> Plan:
-    """Check every argument and describe the call; raises before anything runs."""
+         layout="bshd", runtime_checks=True) -> Plan:
+    """Check every argument and describe the call; raises before anything runs.
+
+    ``runtime_checks=False`` skips the checks that read data or addresses (positions range,
+    q/k aliasing), for fake tensors during tracing.
+    """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if rope_style not in ROPE_STYLES:
@@ -186,7 +190,7 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             raise ValueError(f"k is on {k.device}, q is on {q.device}")
         if tuple(k.shape) != tuple(q.shape):
             raise ValueError(f"k.shape {tuple(k.shape)} must equal q.shape {tuple(q.shape)}")
-        if k.numel() and k.data_ptr() == q.data_ptr():
+        if runtime_checks and k.numel() and k.data_ptr() == q.data_ptr():
             raise ValueError("q and k are the same memory; pass distinct tensors")
 
     qn = _resolve_norm(q_norm, "q_norm", q4)
@@ -246,7 +250,7 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                 R = W
         else:
             R = rotary_dim
-        if not isinstance(R, int) or R <= 0 or R % 2 or R > D:
+        if not isinstance(R, (int, torch.SymInt)) or R <= 0 or R % 2 or R > D:
             raise ValueError(f"rotary_dim must be an even int in [2, head_dim={D}], got {R!r}")
         if W == R:
             table_half = False
@@ -255,7 +259,7 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
         else:
             raise ValueError(f"cos/sin width {W} fits neither rotary_dim={R} (full) nor "
                              f"{R // 2} (unique frequencies)")
-        if check_positions and positions is not None and positions.numel():
+        if runtime_checks and positions is not None and positions.numel():
             n_rows = cos4.shape[1]
             if not torch.compiler.is_compiling() and not (
                     positions.is_cuda and torch.cuda.is_current_stream_capturing()):
@@ -395,7 +399,18 @@ def run(p: Plan, q, k, inplace: bool):
 def _check_grad(*ts):
     if torch.is_grad_enabled():
         for t in ts:
-            if isinstance(t, torch.Tensor) and t.requires_grad:
+            if isinstance(t, torch.nn.Module):
+                if any(p.requires_grad for p in t.parameters()):
+                    t = None
+                else:
+                    continue
+            elif isinstance(t, NormSpec):
+                if any(isinstance(v, torch.Tensor) and v.requires_grad
+                       for v in (t.weight, t.bias, t.alpha)):
+                    t = None
+                else:
+                    continue
+            if t is None or (isinstance(t, torch.Tensor) and t.requires_grad):
                 raise RuntimeError("ditfuse.qk_norm_rope is inference-only (no backward): call it "
                                    "under torch.no_grad() or torch.inference_mode()")
 
@@ -477,7 +492,7 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     >>> q_out, k_out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm_q, k_norm=norm_k,
     ...                                     num_heads=40)    # q, k: (B, S, 5120)
     """
-    _check_grad(q, k)
+    _check_grad(q, k, cos, sin, q_norm, k_norm)
     if torch.compiler.is_compiling():
         from . import _ops
         return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
