@@ -1,0 +1,171 @@
+"""``ditfuse check``: the parity gates of every op, ending in a pass/fail table.
+
+On a GPU the gates run at the registry's production shapes; without one, through Triton's
+interpreter with a few tokens per shape (same heads and head_dim).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import _runtime
+from .norms import NormSpec
+from .qk_norm_rope import qk_norm_rope
+from .reference import qk_norm_rope_reference
+from .shapes import QK_SHAPES
+from .workloads import eager_fn, qk_inputs, rope_table
+
+# Within two roundings of the activation dtype: the kernel rounds after the norm and at the
+# store, and the float64 reference rounds at the same points, so one tie flipped at the
+# first rounding can add an ulp. The absolute term covers results that cancel to ~0.
+TOL = {
+    torch.bfloat16: (2.0**-6, 2.0**-12),
+    torch.float16: (2.0**-9, 2.0**-14),
+    torch.float32: (2e-6, 2e-6),
+}
+
+
+def _err(out: torch.Tensor, ref: torch.Tensor, loose: float = 1.0) -> float:
+    """Largest |out - ref| / (rtol |ref| + atol); <= 1 passes.
+
+    ``loose`` > 1 also scales the absolute term by the data's mean magnitude: for chains
+    that round between steps whose terms cancel (DyT's gamma * t + beta).
+    """
+    rtol, atol = TOL[out.dtype]
+    o, r = out.double(), ref.double()
+    if loose != 1.0:
+        atol = max(atol, rtol * r.abs().mean().item())
+    return ((o - r).abs() / (loose * (rtol * r.abs() + atol))).max().item()
+
+
+class Gates:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, gate, case, ok, detail):
+        self.rows.append((gate, case, "PASS" if ok else "FAIL", detail))
+        print(f"  {'PASS' if ok else 'FAIL'}  {gate:24s} {case:28s} {detail}", flush=True)
+
+    def table(self) -> str:
+        w = [max(len(str(r[i])) for r in self.rows + [("gate", "case", "result", "detail")])
+             for i in range(4)]
+        lines = [" | ".join(h.ljust(w[i]) for i, h in enumerate(("gate", "case", "result", "detail")))]
+        lines.append("-+-".join("-" * x for x in w))
+        lines += [" | ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) for r in self.rows]
+        return "\n".join(lines)
+
+    @property
+    def ok(self) -> bool:
+        return all(r[2] == "PASS" for r in self.rows)
+
+
+@torch.no_grad()
+def qk_accuracy(g: Gates, device, small: bool, dtypes):
+    for shape in QK_SHAPES.values():
+        if small:
+            shape = shape.small()
+        for dtype in dtypes:
+            inp = qk_inputs(shape, device, dtype)
+            kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
+            rq, rk = qk_norm_rope_reference(inp["q"], inp["k"], inp["cos"], inp["sin"],
+                                            compute_dtype=torch.float64, **kw)
+            eq, ek = eager_fn(shape)(inp)
+            inplace = inp["buf"] is not None
+            oq, ok_ = qk_norm_rope(inp["q"], inp["k"], inp["cos"], inp["sin"], inplace=inplace, **kw)
+            if oq.dim() != rq.dim():
+                rq, rk = rq.reshape(oq.shape), rk.reshape(ok_.shape)
+            eq, ek = eq.reshape(oq.shape), ek.reshape(ok_.shape)
+            # the eager DyT chain rounds after each of its four steps in half precision
+            loose = 4.0 if shape.norm == "dyt" and dtype != torch.float32 else 1.0
+            e = max(_err(oq, rq), _err(ok_, rk))
+            e_e = max(_err(oq, eq, loose), _err(ok_, ek, loose))
+            share = min((oq == rq).float().mean().item(), (ok_ == rk).float().mean().item())
+            share_e = min((oq == eq).float().mean().item(), (ok_ == ek).float().mean().item())
+            ok = e <= 1 and e_e <= 1 and (share >= 0.97 or dtype == torch.float32)
+            name = str(dtype).replace("torch.", "")
+            g.add("qk accuracy", f"{shape.name} {name}", ok,
+                  f"S={shape.S}; vs fp64 ref: err/tol {e:.2f}, {100 * share:.2f}% bitwise; "
+                  f"vs eager model code: err/tol {e_e:.2f}, {100 * share_e:.2f}% bitwise")
+            del inp, rq, rk, eq, ek, oq, ok_
+
+
+@torch.no_grad()
+def qk_layout_bitwise(g: Gates, device, small: bool):
+    S = 3 if small else 4096
+    for style in ("interleaved", "half"):
+        for H, D in ((24, 64), (24, 128), (40, 128)):
+            gen = torch.Generator(device=device).manual_seed(H + D)
+            buf = torch.randn(1, S, 3 * H * D, generator=gen, device=device).to(torch.bfloat16)
+            w = (torch.randn(H * D, generator=gen, device=device) + 1).to(torch.bfloat16)
+            norm = NormSpec("rms", weight=w, eps=1e-6)
+            cos, sin = rope_table(S, D, style, device)
+            expanded = cos[:, None].expand(S, H, D).contiguous(), sin[:, None].expand(S, H, D).contiguous()
+            outs, v_ok = [], True
+            for c, s in ((cos, sin), expanded):
+                b = buf.clone()
+                qk_norm_rope(b[..., : H * D], b[..., H * D: 2 * H * D], c, s, q_norm=norm,
+                             k_norm=norm, num_heads=H, rope_style=style, inplace=True)
+                v_ok &= torch.equal(b[..., 2 * H * D:], buf[..., 2 * H * D:])
+                outs.append(b)
+            same = torch.equal(outs[0], outs[1])
+            g.add("qk shared==expanded", f"{style} {H}x{D}", same and v_ok,
+                  f"S={S} rtol=0 atol=0: {'identical' if same else 'DIFFERENT'}; "
+                  f"V slice {'unchanged' if v_ok else 'CHANGED'}")
+
+
+@torch.no_grad()
+def qk_int64_offsets(g: Gates, device):
+    """A packed QKV of more than 2^31 elements, checked at its last tokens."""
+    H, D = 40, 128
+    S = (2**31) // (3 * H * D) + 64
+    buf = torch.empty(1, S, 3 * H * D, device=device, dtype=torch.bfloat16)
+    buf.normal_()
+    q, k = buf[..., : H * D], buf[..., H * D: 2 * H * D]
+    w = torch.randn(H * D, device=device).to(torch.bfloat16) + 1
+    norm = NormSpec("rms", weight=w, eps=1e-6)
+    cos, sin = rope_table(S, D, "interleaved", device)
+    tail = slice(S - 8, S)
+    rq, rk = qk_norm_rope_reference(q[:, tail], k[:, tail], cos[tail], sin[tail], q_norm=norm,
+                                    k_norm=norm, num_heads=H, compute_dtype=torch.float64)
+    v_before = buf[:, tail, 2 * H * D:].clone()
+    qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H, inplace=True)
+    e = max(_err(q[:, tail], rq), _err(k[:, tail], rk))
+    v_ok = torch.equal(buf[:, tail, 2 * H * D:], v_before)
+    g.add("qk int64 offsets", f"packed {buf.numel() / 2**31:.2f}x2^31 el", e <= 1 and v_ok,
+          f"last 8 tokens err/tol {e:.2f}; V {'unchanged' if v_ok else 'CHANGED'}")
+    del buf
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ditfuse check", description=__doc__)
+    ap.add_argument("--small", action="store_true", help="few tokens per shape even on a GPU")
+    ap.add_argument("--out", help="also write the table to this file")
+    args = ap.parse_args(argv)
+    gpu = torch.cuda.is_available() and not _runtime.INTERPRET
+    device = "cuda" if gpu else "cpu"
+    small = args.small or not gpu
+    print(f"ditfuse check on {_runtime.describe_backend()}; "
+          f"{'interpreter-sized shapes' if small else 'production shapes'}", flush=True)
+    t0 = time.time()
+    g = Gates()
+    dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    qk_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
+    qk_layout_bitwise(g, device, small)
+    if gpu and not args.small:
+        qk_int64_offsets(g, device)
+    table = g.table()
+    n_fail = sum(r[2] == "FAIL" for r in g.rows)
+    summary = (f"{len(g.rows) - n_fail}/{len(g.rows)} gates passed in {time.time() - t0:.0f} s "
+               f"on {_runtime.describe_backend()}")
+    print("\n" + table + "\n\n" + summary)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n\n" + summary + "\n")
+    return 0 if g.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

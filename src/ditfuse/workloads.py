@@ -1,0 +1,135 @@
+"""Inputs for a registry shape, and the eager code the models run today (as diffusers writes
+it), shared by ``ditfuse check`` and ``ditfuse bench``."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .norms import NormSpec
+from .shapes import QKShape
+
+
+def rope_table(S: int, D: int, style: str, device, dtype=torch.float32, base: float = 10000.0):
+    """(S, D) cos/sin as diffusers builds them: repeat-interleaved for interleaved pairs,
+    cat-duplicated for rotate-half."""
+    inv = 1.0 / base ** (torch.arange(0, D, 2, device=device, dtype=torch.float64) / D)
+    ang = torch.arange(S, device=device, dtype=torch.float64)[:, None] * inv[None]
+    c, s = ang.cos(), ang.sin()
+    if style == "interleaved":
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+    else:
+        c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    return c.to(dtype), s.to(dtype)
+
+
+def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
+    """Random inputs (never zeros) for one registry shape.
+
+    Returns a dict: ``buf`` (the packed projection, for "flat"), ``q``, ``k``, ``cos``,
+    ``sin``, ``q_norm``, ``k_norm`` (NormSpecs) and ``kwargs`` for ``qk_norm_rope``.
+    """
+    g = torch.Generator(device=device).manual_seed(seed)
+    B, S, H, D = shape.B, shape.S, shape.H, shape.D
+
+    def randn(*sz, scale=1.0, shift=0.0):
+        return (torch.randn(*sz, generator=g, device=device, dtype=torch.float32) * scale + shift).to(dtype)
+
+    out = {"buf": None}
+    if shape.form == "flat":
+        buf = randn(B, S, 3 * H * D)
+        out.update(buf=buf, q=buf[..., : H * D], k=buf[..., H * D: 2 * H * D])
+        kwargs = {"num_heads": H}
+    elif shape.form == "bhsd":
+        out.update(q=randn(B, H, S, D), k=randn(B, H, S, D))
+        kwargs = {"layout": "bhsd"}
+    else:
+        out.update(q=randn(B, S, H, D), k=randn(B, S, H, D))
+        kwargs = {}
+    n = H * D if shape.span == "all" else D
+    norms = []
+    for _ in range(2):
+        if shape.norm == "dyt":
+            norms.append(NormSpec("dyt", weight=randn(n, scale=0.5, shift=1.0),
+                                  bias=randn(n, scale=0.1),
+                                  alpha=torch.full((1,), 0.8, device=device, dtype=dtype), eps=None))
+        else:
+            norms.append(NormSpec("rms", weight=randn(n, scale=0.5, shift=1.0), eps=1e-6))
+    out["q_norm"], out["k_norm"] = norms
+    R = shape.rotary_dim or D
+    c, s = rope_table(S, R, shape.style, device)
+    if shape.name.startswith("wan"):  # Wan passes (1, S, 1, D) tables
+        c, s = c[None, :, None], s[None, :, None]
+    out["cos"], out["sin"] = c, s
+    kwargs.update(rope_style=shape.style, rotary_dim=R)
+    out["kwargs"] = kwargs
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# eager code as the models write it (diffusers 0.42), the baseline users run today
+
+def _rms_eager(x, w, eps):  # diffusers RMSNorm / torch.nn.RMSNorm arithmetic, fp32 math
+    dt = x.dtype
+    v = x.float().pow(2).mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(v + eps) * w.float()).to(dt)
+
+
+def _dyt_eager(x, norm):  # SAME DynamicTanh: gamma * tanh(alpha * x) + beta
+    return norm.weight * torch.tanh(norm.alpha * x) + norm.bias
+
+
+def _rope_interleaved(x, cos, sin):  # diffusers apply_rotary_emb(use_real_unbind_dim=-1)
+    xr, xi = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    xrot = torch.stack([-xi, xr], dim=-1).flatten(-2)
+    return (x.float() * cos + xrot.float() * sin).to(x.dtype)
+
+
+def _rope_half_partial(x, cos, sin, R):  # Stable Audio 3 / SAME _apply_rotary_partial
+    xr, xp = x[..., :R].float(), x[..., R:]
+    x1, x2 = xr.unflatten(-1, (2, -1)).unbind(-2)
+    rot = torch.cat((-x2, x1), dim=-1)
+    return torch.cat(((xr * cos + rot * sin).to(x.dtype), xp), dim=-1)
+
+
+def eager_fn(shape: QKShape):
+    """``f(inputs) -> (q, k)``: the model's own eager chain for this shape."""
+    H, D = shape.H, shape.D
+    R = shape.rotary_dim or D
+
+    def f(inp):
+        q, k, cos, sin = inp["q"], inp["k"], inp["cos"], inp["sin"]
+        qn, kn = inp["q_norm"], inp["k_norm"]
+        if shape.form == "flat":  # Wan: RMSNorm over all heads, unflatten, inline RoPE
+            q = F.rms_norm(q, (H * D,), qn.weight, qn.eps).unflatten(2, (H, -1))
+            k = F.rms_norm(k, (H * D,), kn.weight, kn.eps).unflatten(2, (H, -1))
+            c, s = cos[..., 0::2], sin[..., 1::2]
+            outs = []
+            for x in (q, k):
+                x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+                o = torch.empty_like(x)
+                o[..., 0::2] = x1 * c - x2 * s
+                o[..., 1::2] = x1 * s + x2 * c
+                outs.append(o)
+            return outs[0], outs[1]
+        if shape.norm == "dyt":
+            q, k = _dyt_eager(q, qn), _dyt_eager(k, kn)
+        else:
+            q, k = _rms_eager(q, qn.weight, qn.eps), _rms_eager(k, kn.weight, kn.eps)
+        if shape.style == "half":
+            c, s = cos[:, None], sin[:, None]
+            return _rope_half_partial(q, c, s, R), _rope_half_partial(k, c, s, R)
+        if shape.form == "bhsd":
+            c, s = cos[None, None], sin[None, None]
+        else:
+            c, s = cos[None, :, None], sin[None, :, None]
+        return _rope_interleaved(q, c, s), _rope_interleaved(k, c, s)
+
+    return f
+
+
+def qk_bytes(shape: QKShape, dtype=torch.bfloat16, table_dtype=torch.float32) -> int:
+    """Fewest bytes the op must move: Q and K read and written once, cos/sin once per token."""
+    el = torch.empty((), dtype=dtype).element_size()
+    tel = torch.empty((), dtype=table_dtype).element_size()
+    R = shape.rotary_dim or shape.D
+    return 4 * shape.B * shape.S * shape.H * shape.D * el + 2 * shape.S * R * tel
