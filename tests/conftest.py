@@ -27,7 +27,11 @@ def assert_close_report(out, ref, dtype, what=""):
     """Within one rounding of ``dtype``; returns the share of bitwise-equal elements."""
     assert out.shape == ref.shape, (out.shape, ref.shape)
     assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
-    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype], msg=lambda m: f"{what}: {m}")
+    tol = dict(TOL[dtype])
+    # a tie flipped at the intermediate rounding moves the result by up to an ulp of the
+    # normalised input, whatever the size of the (possibly cancelled) result
+    tol["atol"] = max(tol["atol"], tol["rtol"] * ref.float().pow(2).mean().sqrt().item())
+    torch.testing.assert_close(out.float(), ref.float(), **tol, msg=lambda m: f"{what}: {m}")
     return (out == ref).float().mean().item()
 
 

@@ -67,19 +67,32 @@ def _tanh(x):
 @triton.jit
 def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
                 NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                INTERLEAVED: tl.constexpr):
-    """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD]."""
+                INTERLEAVED: tl.constexpr, DUP: tl.constexpr):
+    """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD].
+
+    Every operand of the rotation (x, weights, bias, cos, sin) is loaded through this one
+    function with pointers of the same [NH, ...] shape, so all of them land in the same
+    register layout and the arithmetic needs no layout conversion. ``DUP``: the source
+    holds one value per pair (a half-width table), given to both a and b.
+    """
     if INTERLEAVED:
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         m = hmask & (j < 2 * R2)
-        x = tl.load(ptr + base + hh * stride_h + j * stride_d, mask=m, other=0.0).to(tl.float32)
+        if DUP:
+            off = (j // 2) * stride_d
+        else:
+            off = j * stride_d
+        x = tl.load(ptr + base + hh * stride_h + off, mask=m, other=0.0).to(tl.float32)
         xa, xb = tl.split(tl.reshape(x, (NH, HALF_PAD, 2)))
     else:
         i = tl.arange(0, HALF_PAD)[None, :]
         m = hmask & (i < R2)
         p = ptr + base + hh * stride_h + i * stride_d
         xa = tl.load(p, mask=m, other=0.0).to(tl.float32)
-        xb = tl.load(p + R2 * stride_d, mask=m, other=0.0).to(tl.float32)
+        if DUP:
+            xb = xa
+        else:
+            xb = tl.load(p + R2 * stride_d, mask=m, other=0.0).to(tl.float32)
     return xa, xb
 
 
@@ -101,38 +114,24 @@ def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
 
 
 @triton.jit
-def _load_table(ptr, base, hh, stride_h, stride_w,
-                NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr):
-    """cos (or sin) for the a and b channel of each pair, fp32 tiles [NH, HALF_PAD]."""
-    if TABLE_HALF:  # unique frequencies: one value per pair
-        i = tl.arange(0, HALF_PAD)[None, :]
-        c = tl.load(ptr + base + hh * stride_h + i * stride_w, mask=(hh >= 0) & (i < R2),
-                    other=0.0).to(tl.float32)
-        ca = c
-        cb = c
-    else:
-        ca, cb = _load_pairs(ptr, base, hh, hh >= 0, stride_h, stride_w, NH, R2, HALF_PAD,
-                             INTERLEAVED)
-    return ca, cb
-
-
-@triton.jit
-def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, stride_ch, stride_cw, stride_sh,
-                      stride_sw, NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                      INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr):
-    ca, cb = _load_table(cos_ptr, cbase, hh, stride_ch, stride_cw, NH, R2, HALF_PAD,
+def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, hmask, stride_ch, stride_cw,
+                      stride_sh, stride_sw, NH: tl.constexpr, R2: tl.constexpr,
+                      HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
+                      TABLE_HALF: tl.constexpr):
+    """cos/sin of the a and b channel of each pair, fp32 [NH, HALF_PAD] tiles. A table
+    shared by all heads has head stride 0: every head reads the same row (from L1)."""
+    ca, cb = _load_pairs(cos_ptr, cbase, hh, hmask, stride_ch, stride_cw, NH, R2, HALF_PAD,
                          INTERLEAVED, TABLE_HALF)
-    sa, sb = _load_table(sin_ptr, sbase, hh, stride_sh, stride_sw, NH, R2, HALF_PAD,
+    sa, sb = _load_pairs(sin_ptr, sbase, hh, hmask, stride_sh, stride_sw, NH, R2, HALF_PAD,
                          INTERLEAVED, TABLE_HALF)
     return ca, cb, sa, sb
 
 
 @triton.jit
-def _norm_affine(x, m, chan, mean, rstd, alpha, w_ptr, b_ptr,
+def _norm_affine(x, w, b, mean, rstd, alpha,
                  NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                  ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
-    """Normalise one tile; ``chan`` indexes the weight/bias of each element."""
+    """Normalise one tile; ``w`` / ``b`` are weight and bias tiles of the same layout."""
     if NORM == 1:
         y = x * rstd
     elif NORM == 2:
@@ -141,12 +140,14 @@ def _norm_affine(x, m, chan, mean, rstd, alpha, w_ptr, b_ptr,
         y = _tanh(alpha * x)
     else:
         y = x
-    if ROUND_PRE_W:
+    if ROUND_PRE_W:  # diffusers' RMSNorm: from here on in the (half) weight dtype
         y = _rnd(y, ACT)
     if HAS_W:
-        y = y * tl.load(w_ptr + chan, mask=m, other=0.0).to(tl.float32)
+        y = y * w
+        if ROUND_PRE_W and HAS_B:
+            y = _rnd(y, ACT)
     if HAS_B:
-        y = y + tl.load(b_ptr + chan, mask=m, other=0.0).to(tl.float32)
+        y = y + b
     return y
 
 
@@ -175,7 +176,7 @@ def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
 
 @triton.jit
 def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
-                  xa, xb, xp, ma, mp, mean, rstd, alpha, w_ptr, b_ptr,
+                  xa, xb, xp, mp, mean, rstd, alpha, w_ptr, b_ptr,
                   ca, cb, sa, sb,
                   D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
                   HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
@@ -183,27 +184,22 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                   ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
                   ACT: tl.constexpr):
-    i = tl.arange(0, HALF_PAD)[None, :]
-    jp = tl.arange(0, PASS_PAD)[None, :]
-    if INTERLEAVED:
-        da = 2 * i
-        db = 2 * i + 1
+    # weight/bias: per head (same D channels for every head: head stride 0, L1 hits) or
+    # across heads (channel h * D + d)
+    if SPAN_ALL:
+        w_sh = D
     else:
-        da = i
-        db = i + R2
-    dp = 2 * R2 + jp
-    if SPAN_ALL:  # weight spans all heads of the token: channel h * D + d
-        ca_ch = hh * D + da
-        cb_ch = hh * D + db
-        cp_ch = hh * D + dp
-    else:
-        ca_ch = da
-        cb_ch = db
-        cp_ch = dp
-    ya = _norm_affine(xa, ma, ca_ch, mean, rstd, alpha, w_ptr, b_ptr, NORM, HAS_W, HAS_B,
-                      ROUND_PRE_W, ACT)
-    yb = _norm_affine(xb, ma, cb_ch, mean, rstd, alpha, w_ptr, b_ptr, NORM, HAS_W, HAS_B,
-                      ROUND_PRE_W, ACT)
+        w_sh = 0
+    wa = 1.0
+    wb = 1.0
+    ba = 0.0
+    bb = 0.0
+    if HAS_W:
+        wa, wb = _load_pairs(w_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False)
+    if HAS_B:
+        ba, bb = _load_pairs(b_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False)
+    ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
         ya = _rnd(ya, ACT)
         yb = _rnd(yb, ACT)
@@ -216,9 +212,15 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
     _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od, oa, ob, NH, R2, HALF_PAD,
                  INTERLEAVED)
     if P > 0:
-        yp = _norm_affine(xp, mp, cp_ch, mean, rstd, alpha, w_ptr, b_ptr, NORM, HAS_W, HAS_B,
-                          ROUND_PRE_W, ACT)
-        tl.store(o_ptr + obase + hh * stride_oh + dp * stride_od,
+        jp = tl.arange(0, PASS_PAD)[None, :]
+        wp = 1.0
+        bp = 0.0
+        if HAS_W:
+            wp = tl.load(w_ptr + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(tl.float32)
+        if HAS_B:
+            bp = tl.load(b_ptr + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(tl.float32)
+        yp = _norm_affine(xp, wp, bp, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+        tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
                  _cast_out(yp, o_ptr.dtype.element_ty), mask=mp)
 
 
@@ -249,14 +251,14 @@ def _norm_rope_tensor(x_ptr, o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps,
     hm0 = hh0 < h_end
     ia = tl.arange(0, HALF_PAD)[None, :]
     xa0, xb0 = _load_pairs(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, P0, R2, HALF_PAD,
-                           INTERLEAVED)
+                           INTERLEAVED, False)
     xp0, mp0 = _load_pass(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2, P, PASS_PAD)
     ma0 = hm0 & (ia < R2)
     if P1 > 0:
         hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
         hm1 = hh1 < h_end
         xa1, xb1 = _load_pairs(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, P1, R2, HALF_PAD,
-                               INTERLEAVED)
+                               INTERLEAVED, False)
         xp1, mp1 = _load_pass(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2, P, PASS_PAD)
         ma1 = hm1 & (ia < R2)
 
@@ -297,12 +299,12 @@ def _norm_rope_tensor(x_ptr, o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps,
                 rstd1 = 1.0 / tl.sqrt(q1 / n_norm + eps)
 
     # --- normalise, rotate, store --------------------------------------------------
-    _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, ma0, mp0,
+    _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, mp0,
                   mean0, rstd0, alpha, w_ptr, b_ptr, ca0, cb0, sa0, sb0, D, R2, P, HALF_PAD,
                   PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
                   INTERLEAVED, ACT)
     if P1 > 0:
-        _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, ma1, mp1,
+        _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, mp1,
                       mean1, rstd1, alpha, w_ptr, b_ptr, ca1, cb1, sa1, sb1, D, R2, P,
                       HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
                       ROUND_NORM, ROPE, INTERLEAVED, ACT)
@@ -367,28 +369,20 @@ def _qk_norm_rope_kernel(
         cbase = b * stride_cb + row * stride_cs
         sbase = b * stride_sb + row * stride_ss
         if TABLE_PER_HEAD:
-            hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
-            hh0 = tl.minimum(hh0, H - 1)  # padding heads read a valid row; never stored
-            ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh0,
-                                                   stride_ch, stride_cw, stride_sh, stride_sw,
-                                                   P0, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
-            if P1 > 0:
-                hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
-                hh1 = tl.minimum(hh1, H - 1)
-                ca1, cb1, sa1, sb1 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh1,
-                                                       stride_ch, stride_cw, stride_sh,
-                                                       stride_sw, P1, R2, HALF_PAD,
-                                                       INTERLEAVED, TABLE_HALF)
-        else:
-            # one row per token, shared by every head of Q and of K
-            z = tl.zeros((1, 1), dtype=tl.int64)
-            ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, z,
-                                                   0, stride_cw, 0, stride_sw,
-                                                   1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
-            ca1 = ca0
-            cb1 = cb0
-            sa1 = sa0
-            sb1 = sb0
+            t_ch = stride_ch
+            t_sh = stride_sh
+        else:  # one row per token, read by every head of Q and K
+            t_ch = 0
+            t_sh = 0
+        hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
+        ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh0, hh0 < H,
+                                               t_ch, stride_cw, t_sh, stride_sw,
+                                               P0, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
+        if P1 > 0:
+            hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
+            ca1, cb1, sa1, sb1 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh1,
+                                                   hh1 < H, t_ch, stride_cw, t_sh, stride_sw,
+                                                   P1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
 
     _norm_rope_tensor(q_ptr, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
                       b * stride_qb + s * stride_qs, b * stride_qob + s * stride_qos,

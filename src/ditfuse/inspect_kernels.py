@@ -191,12 +191,8 @@ def can_compile_here() -> bool:
 _TORCH_DT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-class _Captured(Exception):
-    pass
-
-
 class _LaunchStub:
-    """Stands in for the kernel: ``kernel[grid](*args, **kwargs)`` records and stops."""
+    """Stands in for the kernel: ``kernel[grid](*args, **kwargs)`` is recorded, not run."""
 
     def __init__(self):
         self.calls = []

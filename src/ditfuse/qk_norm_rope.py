@@ -314,8 +314,11 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
                 ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
 
 
-def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> None:
-    """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``."""
+def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None) -> None:
+    """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
+
+    ``settings`` = (heads per program, num_warps) overrides the table (for tuning sweeps).
+    """
     from ._qk_kernel import _qk_norm_rope_kernel
 
     B, S, H, D = p.q.shape
@@ -324,6 +327,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> None:
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
+    if settings is not None:
+        hg, num_warps = settings
+        p0, p1 = _pieces(hg)
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
     dummy = p.q

@@ -30,6 +30,8 @@ def _norm(x: torch.Tensor, n, act_dtype, cd) -> torch.Tensor:
     shape = (H * D,) if n.span_all else (D,)
     if n.weight is not None:
         y = y * n.weight.reshape(shape).to(cd)
+        if n.round_pre_w and n.bias is not None:  # diffusers: the product is a half tensor
+            y = y.to(act_dtype).to(cd)
     if n.bias is not None:
         y = y + n.bias.reshape(shape).to(cd)
     return y.reshape(B, S, H, D)

@@ -1,0 +1,230 @@
+"""``ditfuse bench``: time every op at the registry's production shapes on the GPU.
+
+For each (op, shape, dtype), in one run: a copy of the op's bytes, the eager code the
+model runs (as diffusers writes it), ``torch.compile`` of that code, ditfuse, and peers
+when importable (Liger-Kernel). Times are ``triton.testing.do_bench`` medians on random
+data; do_bench zeroes a 256 MB buffer before every call, so no input starts in L2, and
+inputs are also rotated over several copies when one set would fit in L2. The copy
+ceiling is a 2 GiB device-to-device copy measured in the same run.
+
+Writes ``benchmarks/results/<gpu>-<date>.csv`` (columns op, shape, impl, dtype, us, gbps,
+pct_copy, gpu, torch, triton, date) and a PNG chart next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import os
+import sys
+import time
+
+import torch
+
+from .shapes import QK_SHAPES
+
+L2_BYTES = 60 * 2**20
+_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit")
+
+
+def _median_us(fn, warmup=25, rep=100) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
+
+
+def copy_ceiling_gbps(device="cuda") -> float:
+    x = torch.randn(2**30, device=device, dtype=torch.bfloat16)  # 2 GiB
+    y = torch.empty_like(x)
+    us = _median_us(lambda: y.copy_(x), rep=200)
+    del x, y
+    return 2 * 2**31 / (us * 1e-6) / 1e9
+
+
+def _rotating(make, nbytes: int):
+    """A callable cycling over copies of the inputs so that together they exceed 3x L2."""
+    n = max(1, min(8, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
+    sets = [make(i) for i in range(n)]
+    state = {"i": 0}
+
+    def next_set():
+        state["i"] = (state["i"] + 1) % n
+        return sets[state["i"]]
+
+    return next_set, sets
+
+
+def _liger_fn(shape):
+    """Liger-Kernel's RMSNorm on the per-head rows, then the eager RoPE (where it applies)."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except Exception:
+        return None
+    if shape.norm != "rms" or shape.span != "head" or shape.style != "interleaved" or shape.form != "bshd":
+        return None
+    from .workloads import _rope_interleaved
+
+    def f(inp):
+        q, k, cos, sin = inp["q"], inp["k"], inp["cos"], inp["sin"]
+        qn = LigerRMSNormFunction.apply(q, inp["q_norm"].weight, inp["q_norm"].eps, 0.0, "llama", False)
+        kn = LigerRMSNormFunction.apply(k, inp["k_norm"].weight, inp["k_norm"].eps, 0.0, "llama", False)
+        c, s = cos[None, :, None], sin[None, :, None]
+        return _rope_interleaved(qn, c, s), _rope_interleaved(kn, c, s)
+
+    return f
+
+
+def bench_qk(shape, dtype, ceiling, emit, impls):
+    import ditfuse
+    from .workloads import eager_fn, qk_bytes, qk_inputs
+
+    nbytes = qk_bytes(shape, dtype)
+    next_set, sets = _rotating(lambda i: qk_inputs(shape, "cuda", dtype, seed=i), nbytes)
+
+    def row(impl, us):
+        gbps = nbytes / (us * 1e-6) / 1e9
+        emit("qk_norm_rope", shape.name, impl, dtype, us, gbps, 100 * gbps / ceiling)
+
+    if "copy" in impls:
+        src = [(s["q"], s["k"]) for s in sets]
+        dst = [(torch.empty_like(q), torch.empty_like(k)) for q, k in src]
+        st = {"i": 0}
+
+        def copy():
+            st["i"] = (st["i"] + 1) % len(src)
+            (q, k), (a, b) = src[st["i"]], dst[st["i"]]
+            a.copy_(q)
+            b.copy_(k)
+
+        row("copy", _median_us(copy))
+        del dst
+    eager = eager_fn(shape)
+    with torch.no_grad():
+        if "eager" in impls:
+            row("eager", _median_us(lambda: eager(next_set())))
+        if "compile" in impls:
+            torch._dynamo.reset()
+            comp = torch.compile(eager, dynamic=False)
+            comp(next_set())
+            torch.cuda.synchronize()
+            row("compile", _median_us(lambda: comp(next_set())))
+            del comp
+        if "ditfuse" in impls:
+            inplace = shape.form == "flat"  # Wan normalises its packed projection in place
+
+            def fused():
+                s = next_set()
+                return ditfuse.qk_norm_rope(s["q"], s["k"], s["cos"], s["sin"], q_norm=s["q_norm"],
+                                            k_norm=s["k_norm"], inplace=inplace, **s["kwargs"])
+
+            fused()
+            row("ditfuse", _median_us(fused))
+        lig = _liger_fn(shape) if "liger" in impls else None
+        if lig is not None:
+            lig(next_set())
+            row("liger", _median_us(lambda: lig(next_set())))
+    del sets
+
+
+def _chart(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # pragma: no cover
+        print(f"(no chart: {e})")
+        return
+    keys = sorted({(r["shape"], r["dtype"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    impls = [i for i in ("copy", "ditfuse", "liger", "compile", "eager") if any(r["impl"] == i for r in rows)]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(keys)), 5))
+    w = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        vals = []
+        for k in keys:
+            m = [r for r in rows if (r["shape"], r["dtype"]) == k and r["impl"] == impl]
+            vals.append(m[0]["pct_copy"] if m else 0)
+        ax.bar([i + j * w for i in range(len(keys))], vals, w, label=impl)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
+    ax.set_xticklabels([f"{s}\n{d}" for s, d in keys], rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel("% of copy ceiling (higher is better)")
+    ax.axhline(100, color="k", lw=0.5)
+    ax.set_title(f"qk_norm_rope on {rows[0]['gpu']} ({rows[0]['date']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"chart: {path}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", default="qk_norm_rope", choices=["qk_norm_rope"])
+    ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
+    ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
+    ap.add_argument("--extra-dtypes", default="fp16,fp32",
+                    help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)}")
+    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,liger")
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("ditfuse bench: no CUDA GPU here; benchmarks need one (use `ditfuse check` on the CPU)",
+              file=sys.stderr)
+        return 2
+    import triton
+
+    names = list(QK_SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    for n in names:
+        if n not in QK_SHAPES:
+            print(f"unknown shape {n!r}; known: {', '.join(QK_SHAPES)}", file=sys.stderr)
+            return 2
+    jobs = [(n, d) for d in args.dtypes.split(",") for n in names]
+    if args.extra_dtypes:
+        jobs += [(n, d) for d in args.extra_dtypes.split(",") for n in DEFAULT_EXTRA_DTYPE_SHAPES
+                 if n in names and (n, d) not in jobs]
+    impls = set(args.impls.split(","))
+    torch._dynamo.config.cache_size_limit = 256
+    gpu = torch.cuda.get_device_name()
+    date = _dt.date.today().isoformat()
+    ceiling = copy_ceiling_gbps()
+    print(f"{gpu}: copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device); torch "
+          f"{torch.__version__}, triton {triton.__version__}")
+    print(f"{'op':14s} {'shape':20s} {'dtype':5s} {'impl':8s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s}")
+    rows = []
+
+    def emit(op, shape, impl, dtype, us, gbps, pct):
+        dname = {v: k for k, v in _DT.items()}[dtype]
+        rows.append(dict(op=op, shape=shape, impl=impl, dtype=dname, us=us, gbps=gbps, pct_copy=pct,
+                         gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date))
+        print(f"{op:14s} {shape:20s} {dname:5s} {impl:8s} {us:10.1f} {gbps:8.0f} {pct:6.1f}", flush=True)
+
+    t0 = time.time()
+    for i, (n, d) in enumerate(jobs):
+        print(f"[{i + 1}/{len(jobs)}] {n} {d} ({time.time() - t0:.0f} s)", flush=True)
+        bench_qk(QK_SHAPES[n], _DT[d], ceiling, emit, impls)
+        torch.cuda.empty_cache()
+
+    print("\nsummary (ditfuse):")
+    print(f"{'shape':20s} {'dtype':5s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} {'x compile':>9s}")
+    for r in rows:
+        if r["impl"] != "ditfuse":
+            continue
+        ref = {x["impl"]: x["us"] for x in rows if (x["shape"], x["dtype"]) == (r["shape"], r["dtype"])}
+        xe = ref.get("eager", float("nan")) / r["us"]
+        xc = ref.get("compile", float("nan")) / r["us"]
+        print(f"{r['shape']:20s} {r['dtype']:5s} {r['us']:9.1f} {r['pct_copy']:6.1f} {xe:8.1f} {xc:9.1f}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, f"{gpu.replace(' ', '-')}-{date}")
+    with open(stem + ".csv", "w") as f:
+        cols = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton", "date"]
+        f.write(",".join(cols) + "\n")
+        for r in rows:
+            f.write(",".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + "\n")
+    print(f"csv: {stem}.csv")
+    _chart(rows, stem + ".png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Resource gate: no shipped QK-norm + RoPE specialization may spill on sm_90.
+
+Every shipped specialization (``ditfuse.inspect_kernels.SPECS``) is compiled for sm_90a
+with the ptxas of the Triton wheel -- no GPU needed -- in a subprocess with
+``TRITON_INTERPRET=0`` (this test session runs the interpreter), and must have no spill
+stores/loads, no stack frame and no LDL/STL (local memory) in its SASS.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ditfuse.inspect_kernels import SPEC_NAMES, missing_tools, wheel_tool_path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+pytestmark = pytest.mark.skipif(
+    bool(missing_tools()),
+    reason=f"the Triton wheel has no {', '.join(missing_tools())} "
+           f"(looked in {wheel_tool_path('')}): cannot compile for sm_90 without a GPU")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("inspect") / "report.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    cmd = [sys.executable, "-m", "ditfuse.inspect_kernels", "--quiet", "--json", str(out)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and out.exists(), (
+        f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}")
+    return {row["name"]: row for row in json.loads(out.read_text())["kernels"]}
+
+
+def test_report_names_every_specialization(rows):
+    assert list(rows) == SPEC_NAMES
+    assert len(set(SPEC_NAMES)) == len(SPEC_NAMES)
+
+
+def test_registers_sane(rows):
+    for name, r in rows.items():
+        assert 0 < r["regs"] <= 255, (name, r["regs"])
+        # ptxas -v (re-run with Triton's flags) describes the very cubin Triton built
+        assert r["cubin_regs"] == r["regs"], (name, r["regs"], r["cubin_regs"])
+        assert r["sass_instructions"] > 0, name
+        assert r["num_warps"] in (1, 2, 4, 8, 16), (name, r["num_warps"])
+        assert r["arch"] == "sm_90a" and r["enable_fp_fusion"] is False, name
+        for v in r["variants"]:
+            assert 0 < v["regs"] <= 255, (name, v)
+
+
+def test_packed_qkv_is_the_same_binary(rows):
+    """Q/K slices of a fused QKV projection (in place) reuse the contiguous build."""
+    assert rows["wan14b-packed"]["hash"] == rows["wan14b"]["hash"]
+
+
+@pytest.mark.parametrize("name", SPEC_NAMES)
+def test_no_spills_no_stack_no_local_memory(rows, name):
+    r = rows[name]
+    detail = (f"{name} ({r['model']}: {r['H']}x{r['D']} {r['dtype']}, {r['config']}; "
+              f"HG={r['hg']}={r['p0']}+{r['p1']}, num_warps={r['num_warps']}): "
+              f"{r['regs']} registers, spill stores {r['spill_stores']} B, spill loads "
+              f"{r['spill_loads']} B, stack {r['stack']} B, LDL {r['ldl']}, STL {r['stl']}")
+    assert not r["violations"], f"{detail}\n  " + "\n  ".join(r["violations"])
