@@ -27,12 +27,12 @@ for name, shape in QK_SHAPES.items():
     hgs = [shape.H] if span_all else sorted({shape.H, 8, 16} - {0})
     default = mod.launch_settings(shape.H, shape.D, span_all, True)
     res = []
-    for hg, nw, bc in [(h, n, b) for h in hgs for n in (2, 4, 8, 16) for b in (True, False)]:
-        if nw * 32 * 4 > hg * shape.D * 2 * 2:  # fewer than 4 elements a thread
+    for hg, nw, bc in [(h, n, b) for h in hgs for n in (2, 4, 8, 16) for b in (False, True)]:
+        if nw * 32 * 4 > hg * shape.D * 2:  # fewer than 4 elements a thread
             continue
         if True:
             try:
-                f = lambda: mod.launch(p, qo, ko, settings=(hg, nw, bc))
+                f = lambda: mod.launch(p, qo, ko, settings=(hg, nw, False, bc))
                 f()
                 us = _median_us(f)
             except Exception as e:  # noqa: BLE001
@@ -40,9 +40,9 @@ for name, shape in QK_SHAPES.items():
                 continue
             pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
             res.append((us, hg, nw, pct, bc))
-            mark = " <- table" if (hg, nw, bc) == (default[0], default[3], True) else ""
-            print(f"{name:20s} hg={hg:3d} nw={nw:2d} bcast={bc:d} {us:9.1f} us {pct:6.1f}%{mark}", flush=True)
+            mark = " <- table" if (hg, nw, bc) == (default[0], default[3], False) else ""
+            print(f"{name:20s} hg={hg:3d} nw={nw:2d} split={bc:d} {us:9.1f} us {pct:6.1f}%{mark}", flush=True)
     best = min(res)
-    print(f"BEST {name:20s} hg={best[1]} nw={best[2]} bcast={best[4]} {best[0]:.1f} us {best[3]:.1f}%  (table: hg={default[0]} nw={default[3]})")
+    print(f"BEST {name:20s} hg={best[1]} nw={best[2]} split={best[4]} {best[0]:.1f} us {best[3]:.1f}%  (table: hg={default[0]} nw={default[3]})")
     del inp, p, qo, ko
     torch.cuda.empty_cache()

@@ -388,6 +388,7 @@ def _qk_norm_rope_kernel(
     HAS_POS: tl.constexpr,
     ROUND_NORM: tl.constexpr,
     BCAST: tl.constexpr,       # rows shared by all heads (table, per-head weights): read once
+    SPLIT_QK: tl.constexpr,    # grid axis 2 (size 2) selects Q or K
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -428,27 +429,51 @@ def _qk_norm_rope_kernel(
                                                    P1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF,
                                                    BCAST and not TABLE_PER_HEAD)
 
-    # Issue every load of Q and K before the first store: the compiler may not move a load
-    # of K above a store to Q (they could alias), and one memory latency per program is
-    # what the kernel can afford.
-    q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, b * stride_qb + s * stride_qs, stride_qh,
-                                                stride_qd, h_start, h_end, R2, P, HALF_PAD,
-                                                PASS_PAD, P0, P1, INTERLEAVED)
-    if HAS_K:
-        k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, b * stride_kb + s * stride_ks,
-                                                    stride_kh, stride_kd, h_start, h_end, R2, P,
-                                                    HALF_PAD, PASS_PAD, P0, P1, INTERLEAVED)
-    _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
-                      b * stride_qob + s * stride_qos, stride_qoh, stride_qod, h_start, h_end, q_n,
-                      ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
-                      D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                      Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, BCAST)
-    if HAS_K:
-        _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr, k_alpha,
-                          k_eps, b * stride_kob + s * stride_kos, stride_koh, stride_kod,
-                          h_start, h_end, k_n,
+    qbase = b * stride_qb + s * stride_qs
+    qobase = b * stride_qob + s * stride_qos
+    kbase = b * stride_kb + s * stride_ks
+    kobase = b * stride_kob + s * stride_kos
+    if SPLIT_QK:  # grid axis 2 picks Q or K: half the registers per program, twice the programs
+        if tl.program_id(2) == 0:
+            t0a, t0b, t0p, t1a, t1b, t1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
+                                                        h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                                                        INTERLEAVED)
+            _norm_rope_tensor(t0a, t0b, t0p, t1a, t1b, t1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
+                              q_eps, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
+                              ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                              D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                              Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                              ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, BCAST)
+        else:
+            t0a, t0b, t0p, t1a, t1b, t1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd, h_start,
+                                                        h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                                                        INTERLEAVED)
+            _norm_rope_tensor(t0a, t0b, t0p, t1a, t1b, t1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr, k_alpha,
+                              k_eps, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
+                              ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                              D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                              K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                              ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, BCAST)
+    else:
+        # Issue every load of Q and K before the first store: the compiler may not move a
+        # load of K above a store to Q (they could alias).
+        q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
+                                                    h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                                                    INTERLEAVED)
+        if HAS_K:
+            k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd,
+                                                        h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
+                                                        P0, P1, INTERLEAVED)
+        _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
+                          q_eps, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
                           ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
                           D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                          K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, BCAST)
+                          Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                          ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, BCAST)
+        if HAS_K:
+            _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
+                              k_alpha, k_eps, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
+                              ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                              D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                              K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                              ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, BCAST)

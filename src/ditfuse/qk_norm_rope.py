@@ -317,7 +317,7 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
 def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
 
-    ``settings`` = (heads per program, num_warps, bcast) overrides the table (for tuning sweeps).
+    ``settings`` = (heads per program, num_warps, bcast, split_qk) overrides the table (for tuning sweeps).
     """
     from ._qk_kernel import _qk_norm_rope_kernel
 
@@ -327,9 +327,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
-    bcast = True
+    bcast, split = False, False
     if settings is not None:
-        hg, num_warps, bcast = settings
+        hg, num_warps, bcast, split = settings
         p0, p1 = _pieces(hg)
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
@@ -347,7 +347,8 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         pos, pst = p.positions, p.positions.stride()
     else:
         pos, pst = dummy, (0, 0)
-    grid = (B * S, triton_cdiv(H, hg))
+    split = split and has_k
+    grid = (B * S, triton_cdiv(H, hg), 2 if split else 1)
     _qk_norm_rope_kernel[grid](
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
@@ -364,6 +365,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, BCAST=bcast,
+        SPLIT_QK=split,
         num_warps=num_warps, enable_fp_fusion=False,
     )
 
