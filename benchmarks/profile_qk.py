@@ -18,5 +18,5 @@ for i in range(0, len(a), 3):
                  k_norm=inp["k_norm"], **inp["kwargs"])
     qo, ko = (p.q, p.k) if inp["buf"] is not None else (torch.empty_like(p.q), torch.empty_like(p.k))
     for _ in range(3):
-        mod.launch(p, qo, ko, settings=(hg, nw, False, True))
+        mod.launch(p, qo, ko, settings=(hg, nw))
     torch.cuda.synchronize()

@@ -242,3 +242,29 @@ def test_single_token_and_eps_default():
     c, s = cos[None, :, None, 0::2], sin[None, :, None, 1::2]
     want = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), -1).flatten(-2).to(dtype).flatten(2)
     assert_close_report(out_q, want, dtype)
+
+
+@pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder"])
+@torch.no_grad()
+def test_launch_settings_do_not_change_bits(name):
+    """Heads per program and num_warps are performance knobs only: identical output."""
+    import sys
+
+    from ditfuse.shapes import QK_SHAPES
+    from ditfuse.workloads import qk_inputs
+
+    mod = sys.modules["ditfuse.qk_norm_rope"]
+    shape = QK_SHAPES[name].small(3)
+    inp = qk_inputs(shape, DEVICE, torch.bfloat16)
+    p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
+                 k_norm=inp["k_norm"], **inp["kwargs"])
+    outs = []
+    variants = [None, (shape.H, 2), (shape.H, 8)]
+    if shape.span != "all":
+        variants += [(8, 4), (5, 2)]
+    for st in variants:
+        qo, ko = torch.empty_like(p.q), torch.empty_like(p.k)
+        mod.launch(p, qo, ko, settings=st)
+        outs.append((qo, ko))
+    for qo, ko in outs[1:]:
+        assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])

@@ -67,48 +67,33 @@ def _tanh(x):
 @triton.jit
 def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
                 NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                INTERLEAVED: tl.constexpr, DUP: tl.constexpr, ROW: tl.constexpr):
+                INTERLEAVED: tl.constexpr, DUP: tl.constexpr):
     """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD].
 
     Every operand of the rotation (x, weights, bias, cos, sin) is loaded through this one
     function with pointers of the same [NH, ...] shape, so all of them land in the same
-    register layout and the arithmetic needs no layout conversion. ``DUP``: the source
-    holds one value per pair (a half-width table), given to both a and b. ``ROW``: the
-    source is one row shared by every head (``stride_h`` ignored): it is read once, by the
-    first head's lanes, and spread over the heads by a reduction, which returns it in the
-    layout of x as [1, HALF_PAD] tiles that broadcast for free.
+    register layout and the arithmetic needs no layout conversion (a row shared by all
+    heads has head stride 0 and is re-read from L1). ``DUP``: the source holds one value
+    per pair (a half-width table), given to both a and b.
     """
-    if ROW:
-        first = tl.arange(0, NH)[:, None] == 0
-        hstride = 0
-    else:
-        first = hmask
-        hstride = stride_h
     if INTERLEAVED:
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
-        m = first & (j < 2 * R2)
+        m = hmask & (j < 2 * R2)
         if DUP:
             off = (j // 2) * stride_d
         else:
             off = j * stride_d
-        x = tl.load(ptr + base + hh * hstride + off, mask=m, other=0.0).to(tl.float32)
-        if ROW:
-            x = tl.sum(x, 0)[None, :]
-            xa, xb = tl.split(tl.reshape(x, (1, HALF_PAD, 2)))
-        else:
-            xa, xb = tl.split(tl.reshape(x, (NH, HALF_PAD, 2)))
+        x = tl.load(ptr + base + hh * stride_h + off, mask=m, other=0.0).to(tl.float32)
+        xa, xb = tl.split(tl.reshape(x, (NH, HALF_PAD, 2)))
     else:
         i = tl.arange(0, HALF_PAD)[None, :]
-        m = first & (i < R2)
-        p = ptr + base + hh * hstride + i * stride_d
+        m = hmask & (i < R2)
+        p = ptr + base + hh * stride_h + i * stride_d
         xa = tl.load(p, mask=m, other=0.0).to(tl.float32)
         if DUP:
             xb = xa
         else:
             xb = tl.load(p + R2 * stride_d, mask=m, other=0.0).to(tl.float32)
-        if ROW:
-            xa = tl.sum(xa, 0)[None, :]
-            xb = tl.sum(xb, 0)[None, :]
     return xa, xb
 
 
@@ -133,13 +118,13 @@ def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
 def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, hmask, stride_ch, stride_cw,
                       stride_sh, stride_sw, NH: tl.constexpr, R2: tl.constexpr,
                       HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      TABLE_HALF: tl.constexpr, ROW: tl.constexpr):
+                      TABLE_HALF: tl.constexpr):
     """cos/sin of the a and b channel of each pair, fp32 [NH, HALF_PAD] tiles. A table
     shared by all heads has head stride 0: every head reads the same row (from L1)."""
     ca, cb = _load_pairs(cos_ptr, cbase, hh, hmask, stride_ch, stride_cw, NH, R2, HALF_PAD,
-                         INTERLEAVED, TABLE_HALF, ROW)
+                         INTERLEAVED, TABLE_HALF)
     sa, sb = _load_pairs(sin_ptr, sbase, hh, hmask, stride_sh, stride_sw, NH, R2, HALF_PAD,
-                         INTERLEAVED, TABLE_HALF, ROW)
+                         INTERLEAVED, TABLE_HALF)
     return ca, cb, sa, sb
 
 
@@ -199,24 +184,21 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
                   NH: tl.constexpr, NORM: tl.constexpr, SPAN_ALL: tl.constexpr,
                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                   ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  ACT: tl.constexpr, BCAST: tl.constexpr):
+                  ACT: tl.constexpr):
     # weight/bias: per head (same D channels for every head: head stride 0, L1 hits) or
     # across heads (channel h * D + d)
     if SPAN_ALL:
         w_sh = D
     else:
         w_sh = 0
-    W_ROW: tl.constexpr = BCAST and not SPAN_ALL
     wa = 1.0
     wb = 1.0
     ba = 0.0
     bb = 0.0
     if HAS_W:
-        wa, wb = _load_pairs(w_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False,
-                             W_ROW)
+        wa, wb = _load_pairs(w_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False)
     if HAS_B:
-        ba, bb = _load_pairs(b_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False,
-                             W_ROW)
+        ba, bb = _load_pairs(b_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False)
     ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
@@ -262,7 +244,7 @@ def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
     hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
     hm0 = hh0 < h_end
     xa0, xb0 = _load_pairs(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, P0, R2, HALF_PAD,
-                           INTERLEAVED, False, False)
+                           INTERLEAVED, False)
     xp0, mp0 = _load_pass(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2, P, PASS_PAD)
     xa1 = 0.0
     xb1 = 0.0
@@ -271,7 +253,7 @@ def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
         hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
         hm1 = hh1 < h_end
         xa1, xb1 = _load_pairs(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, P1, R2, HALF_PAD,
-                               INTERLEAVED, False, False)
+                               INTERLEAVED, False)
         xp1, mp1 = _load_pass(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2, P, PASS_PAD)
     return xa0, xb0, xp0, xa1, xb1, xp1
 
@@ -288,8 +270,7 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       NORM: tl.constexpr, SPAN_ALL: tl.constexpr, HAS_W: tl.constexpr,
                       HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
                       ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
-                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
-                      BCAST: tl.constexpr):
+                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr):
     """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
     ia = tl.arange(0, HALF_PAD)[None, :]
     jp = tl.arange(0, PASS_PAD)[None, :]
@@ -343,12 +324,12 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
     _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, mp0,
                   mean0, rstd0, alpha, w_ptr, b_ptr, ca0, cb0, sa0, sb0, D, R2, P, HALF_PAD,
                   PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
-                  INTERLEAVED, ACT, BCAST)
+                  INTERLEAVED, ACT)
     if P1 > 0:
         _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, mp1,
                       mean1, rstd1, alpha, w_ptr, b_ptr, ca1, cb1, sa1, sb1, D, R2, P,
                       HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, ACT, BCAST)
+                      ROUND_NORM, ROPE, INTERLEAVED, ACT)
 
 
 @triton.jit
@@ -387,8 +368,6 @@ def _qk_norm_rope_kernel(
     TABLE_PER_HEAD: tl.constexpr,
     HAS_POS: tl.constexpr,
     ROUND_NORM: tl.constexpr,
-    BCAST: tl.constexpr,       # rows shared by all heads (table, per-head weights): read once
-    SPLIT_QK: tl.constexpr,    # grid axis 2 (size 2) selects Q or K
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -420,60 +399,37 @@ def _qk_norm_rope_kernel(
         hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
         ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh0, hh0 < H,
                                                t_ch, stride_cw, t_sh, stride_sw,
-                                               P0, R2, HALF_PAD, INTERLEAVED, TABLE_HALF,
-                                               BCAST and not TABLE_PER_HEAD)
+                                               P0, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
         if P1 > 0:
             hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
             ca1, cb1, sa1, sb1 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh1,
                                                    hh1 < H, t_ch, stride_cw, t_sh, stride_sw,
-                                                   P1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF,
-                                                   BCAST and not TABLE_PER_HEAD)
+                                                   P1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
 
     qbase = b * stride_qb + s * stride_qs
     qobase = b * stride_qob + s * stride_qos
     kbase = b * stride_kb + s * stride_ks
     kobase = b * stride_kob + s * stride_kos
-    if SPLIT_QK:  # grid axis 2 picks Q or K: half the registers per program, twice the programs
-        if tl.program_id(2) == 0:
-            t0a, t0b, t0p, t1a, t1b, t1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
-                                                        h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                                                        INTERLEAVED)
-            _norm_rope_tensor(t0a, t0b, t0p, t1a, t1b, t1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
-                              q_eps, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
-                              ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
-                              D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                              Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                              ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, BCAST)
-        else:
-            t0a, t0b, t0p, t1a, t1b, t1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd, h_start,
-                                                        h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                                                        INTERLEAVED)
-            _norm_rope_tensor(t0a, t0b, t0p, t1a, t1b, t1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr, k_alpha,
-                              k_eps, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
-                              ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
-                              D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                              K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                              ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, BCAST)
-    else:
-        # Issue every load of Q and K before the first store: the compiler may not move a
-        # load of K above a store to Q (they could alias).
-        q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
-                                                    h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                                                    INTERLEAVED)
-        if HAS_K:
-            k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd,
-                                                        h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
-                                                        P0, P1, INTERLEAVED)
-        _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
-                          q_eps, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
+    # Issue every load of Q and K before the first store: the compiler may not move a load
+    # of K above a store to Q (they could alias), and one memory latency per program is
+    # what the kernel can afford.
+    q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
+                                                h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                                                INTERLEAVED)
+    if HAS_K:
+        k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd,
+                                                    h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
+                                                    P0, P1, INTERLEAVED)
+    _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
+                      q_eps, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
+                      ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                      D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                      Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty)
+    if HAS_K:
+        _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
+                          k_alpha, k_eps, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
                           ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
                           D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                          Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, BCAST)
-        if HAS_K:
-            _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
-                              k_alpha, k_eps, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
-                              ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
-                              D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                              K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                              ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, BCAST)
+                          K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty)

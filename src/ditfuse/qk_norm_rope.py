@@ -5,6 +5,7 @@ devices Triton cannot run on) in ``reference.py``; the ``torch.library`` op in `
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -288,9 +289,10 @@ def _pieces(hg: int):
 def launch_settings(H: int, D: int, span_all: bool, has_k: bool):
     """(heads per program, piece sizes, num_warps) for one (H, D) problem.
 
-    A program takes all heads of a token when the norm spans them or the row is small;
-    otherwise groups of heads holding at most 4096 channels each. num_warps gives each
-    thread 8-32 live fp32 values per tensor.
+    A program takes all heads of a token when the norm spans them or the row is small
+    (at most 8192 channels); otherwise groups of heads holding 4096 channels. num_warps
+    gives each thread about 48 live values of Q and K (measured on the H200 over the
+    registry shapes, benchmarks/NOTES.md), at least 4 and at most 16 warps.
     """
     if span_all or H * D <= 8192:
         hg = H
@@ -298,7 +300,9 @@ def launch_settings(H: int, D: int, span_all: bool, has_k: bool):
         hg = max(1, 4096 // _next_pow2(D))
     p0, p1 = _pieces(hg)
     elems = (p0 + p1) * _next_pow2(D) * (2 if has_k else 1)
-    num_warps = min(16, max(1, _next_pow2(elems // 1024)))
+    target = elems / (32 * 48)
+    num_warps = 1 << max(0, round(math.log2(max(target, 1e-9))))
+    num_warps = min(16, max(4, num_warps))
     return hg, p0, p1, num_warps
 
 
@@ -317,7 +321,7 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
 def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
 
-    ``settings`` = (heads per program, num_warps, bcast, split_qk) overrides the table (for tuning sweeps).
+    ``settings`` = (heads per program, num_warps) overrides the table (for tuning sweeps).
     """
     from ._qk_kernel import _qk_norm_rope_kernel
 
@@ -327,9 +331,8 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
-    bcast, split = False, False
     if settings is not None:
-        hg, num_warps, bcast, split = settings
+        hg, num_warps = settings
         p0, p1 = _pieces(hg)
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
@@ -347,8 +350,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         pos, pst = p.positions, p.positions.stride()
     else:
         pos, pst = dummy, (0, 0)
-    split = split and has_k
-    grid = (B * S, triton_cdiv(H, hg), 2 if split else 1)
+    grid = (B * S, triton_cdiv(H, hg))
     _qk_norm_rope_kernel[grid](
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
@@ -364,8 +366,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
         HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
-        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, BCAST=bcast,
-        SPLIT_QK=split,
+        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm,
         num_warps=num_warps, enable_fp_fusion=False,
     )
 
