@@ -157,6 +157,16 @@ def _chart(rows, path):
     print(f"chart: {path}")
 
 
+COLUMNS = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton", "date"]
+
+
+def _write_csv(rows, path):
+    with open(path, "w") as f:
+        f.write(",".join(COLUMNS) + "\n")
+        for r in rows:
+            f.write(",".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,11 +209,14 @@ def main(argv=None) -> int:
                          gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date))
         print(f"{op:14s} {shape:20s} {dname:5s} {impl:8s} {us:10.1f} {gbps:8.0f} {pct:6.1f}", flush=True)
 
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, f"{gpu.replace(' ', '-')}-{date}")
     t0 = time.time()
     for i, (n, d) in enumerate(jobs):
         print(f"[{i + 1}/{len(jobs)}] {n} {d} ({time.time() - t0:.0f} s)", flush=True)
         bench_qk(QK_SHAPES[n], _DT[d], ceiling, emit, impls)
         torch.cuda.empty_cache()
+        _write_csv(rows, stem + ".csv")  # after every job: a cut-short run keeps its rows
 
     print("\nsummary (ditfuse):")
     print(f"{'shape':20s} {'dtype':5s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} {'x compile':>9s}")
@@ -214,13 +227,6 @@ def main(argv=None) -> int:
         xe = ref.get("eager", float("nan")) / r["us"]
         xc = ref.get("compile", float("nan")) / r["us"]
         print(f"{r['shape']:20s} {r['dtype']:5s} {r['us']:9.1f} {r['pct_copy']:6.1f} {xe:8.1f} {xc:9.1f}")
-    os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"{gpu.replace(' ', '-')}-{date}")
-    with open(stem + ".csv", "w") as f:
-        cols = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton", "date"]
-        f.write(",".join(cols) + "\n")
-        for r in rows:
-            f.write(",".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + "\n")
     print(f"csv: {stem}.csv")
     _chart(rows, stem + ".png")
     return 0
