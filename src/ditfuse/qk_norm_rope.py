@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import _runtime
+from . import _launch, _runtime
 from .norms import NormSpec, resolve_norm
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -351,13 +351,15 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     else:
         pos, pst = dummy, (0, 0)
     grid = (B * S, triton_cdiv(H, hg))
-    _qk_norm_rope_kernel[grid](
+    args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
         S, H,
         *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
         *cst, *sst, *pst,
+    )
+    constexprs = dict(
         D=D, R2=R2, P=P, HALF_PAD=_next_pow2(max(R2, 1)), PASS_PAD=_next_pow2(max(P, 1)),
         HG=hg, P0=p0, P1=p1,
         Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
@@ -367,8 +369,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm,
-        num_warps=num_warps, enable_fp_fusion=False,
     )
+    _launch.launch(_qk_norm_rope_kernel, grid, args, constexprs, num_warps=num_warps,
+                   enable_fp_fusion=False)
 
 
 def triton_cdiv(a: int, b: int) -> int:
