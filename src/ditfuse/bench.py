@@ -86,8 +86,8 @@ def bench_qk(shape, dtype, ceiling, emit, impls):
         gbps = nbytes / (us * 1e-6) / 1e9
         emit("qk_norm_rope", shape.name, impl, dtype, us, gbps, 100 * gbps / ceiling)
 
-    if "copy" in impls:
-        src = [(s["q"], s["k"]) for s in sets]
+    if "copy" in impls:  # the op's Q/K bytes, read and written once, as contiguous copies
+        src = [(s["q"].contiguous(), s["k"].contiguous()) for s in sets]
         dst = [(torch.empty_like(q), torch.empty_like(k)) for q, k in src]
         st = {"i": 0}
 
@@ -120,6 +120,22 @@ def bench_qk(shape, dtype, ceiling, emit, impls):
 
             fused()
             row("ditfuse", _median_us(fused))
+            if "ditfuse-graph" in impls:  # the same call replayed from a CUDA graph: GPU time only
+                graphs = []
+                for _ in range(len(sets)):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        fused()
+                    graphs.append(g)
+                gi = {"i": 0}
+
+                def replay():
+                    gi["i"] = (gi["i"] + 1) % len(graphs)
+                    graphs[gi["i"]].replay()
+
+                replay()
+                row("ditfuse-graph", _median_us(replay))
+                del graphs
         lig = _liger_fn(shape) if "liger" in impls else None
         if lig is not None:
             lig(next_set())
@@ -137,7 +153,8 @@ def _chart(rows, path):
         print(f"(no chart: {e})")
         return
     keys = sorted({(r["shape"], r["dtype"]) for r in rows}, key=lambda k: (k[1], k[0]))
-    impls = [i for i in ("copy", "ditfuse", "liger", "compile", "eager") if any(r["impl"] == i for r in rows)]
+    impls = [i for i in ("copy", "ditfuse-graph", "ditfuse", "liger", "compile", "eager")
+             if any(r["impl"] == i for r in rows)]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(keys)), 5))
     w = 0.8 / len(impls)
     for j, impl in enumerate(impls):
@@ -175,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
                     help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)}")
-    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,liger")
+    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger")
     ap.add_argument("--out-dir", default="benchmarks/results")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -218,15 +235,16 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         _write_csv(rows, stem + ".csv")  # after every job: a cut-short run keeps its rows
 
-    print("\nsummary (ditfuse):")
-    print(f"{'shape':20s} {'dtype':5s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} {'x compile':>9s}")
+    print("\nsummary (ditfuse eager call; ditfuse-graph: the same call replayed from a CUDA graph):")
+    print(f"{'shape':20s} {'dtype':5s} {'impl':13s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} {'x compile':>9s}")
     for r in rows:
-        if r["impl"] != "ditfuse":
+        if r["impl"] not in ("ditfuse", "ditfuse-graph"):
             continue
         ref = {x["impl"]: x["us"] for x in rows if (x["shape"], x["dtype"]) == (r["shape"], r["dtype"])}
         xe = ref.get("eager", float("nan")) / r["us"]
         xc = ref.get("compile", float("nan")) / r["us"]
-        print(f"{r['shape']:20s} {r['dtype']:5s} {r['us']:9.1f} {r['pct_copy']:6.1f} {xe:8.1f} {xc:9.1f}")
+        print(f"{r['shape']:20s} {r['dtype']:5s} {r['impl']:13s} {r['us']:9.1f} {r['pct_copy']:6.1f} "
+              f"{xe:8.1f} {xc:9.1f}")
     print(f"csv: {stem}.csv")
     _chart(rows, stem + ".png")
     return 0
