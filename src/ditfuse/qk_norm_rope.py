@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import _launch, _runtime
+from . import _runtime
 from .norms import NormSpec, resolve_norm
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -370,8 +370,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm,
     )
-    _launch.launch(_qk_norm_rope_kernel, grid, args, constexprs, num_warps=num_warps,
-                   enable_fp_fusion=False)
+    _qk_norm_rope_kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
 
 
 def triton_cdiv(a: int, b: int) -> int:
