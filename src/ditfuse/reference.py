@@ -109,3 +109,53 @@ def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.floa
         return r if p.layout == "bshd" else r.transpose(1, 2)
 
     return back(rq, q), back(rk, k)
+
+
+# --------------------------------------------------------------------------------------
+# AdaLN modulation and the gated residual (ditfuse.adaln)
+
+def _adaln_norm(x, norm, weight, bias, eps, cd):
+    if norm == "layer":
+        mu = x.mean(-1, keepdim=True)
+        y = (x - mu) * torch.rsqrt((x - mu).pow(2).mean(-1, keepdim=True) + eps)
+    elif norm == "rms":
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        y = x
+    if weight is not None:
+        y = y * weight.to(cd)
+    if bias is not None:
+        y = y + bias.to(cd)
+    return y
+
+
+def adaln_reference(x, shift=None, scale=None, *, norm="layer", weight=None, bias=None, eps=1e-6,
+                    rounding="once", residual=None, gate=None, compute_dtype=torch.float32):
+    """Reference of :func:`ditfuse.adaln_modulate` and, with ``residual`` given, of
+    :func:`ditfuse.gated_residual_adaln` (returns ``(x_new, modulated)`` then).
+
+    ``rounding="once"``: fp32 (here ``compute_dtype``) math, rounded to x's dtype at each
+    stored result. ``"per_op"``: every elementwise step rounded to x's dtype, as a
+    half-precision eager chain does.
+    """
+    cd = compute_dtype
+    act = x.dtype
+
+    def r(t):
+        return t.to(act).to(cd) if rounding == "per_op" else t
+
+    xs = x.to(cd)
+    x_new = None
+    if residual is not None:
+        y = residual.to(cd)
+        p = r(y * gate.to(cd)) if gate is not None else y
+        xs = (xs + p).to(act).to(cd)  # the new residual stream is stored, then normalised
+        x_new = xs.to(act)
+    n = _adaln_norm(xs, norm, weight, bias, eps, cd) if norm else xs
+    n = r(n)
+    if scale is not None:
+        n = r(n * r(1 + scale.to(cd)))
+    if shift is not None:
+        n = r(n + shift.to(cd))
+    out = n.to(act)
+    return (x_new, out) if residual is not None else out

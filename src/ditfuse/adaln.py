@@ -1,0 +1,441 @@
+"""Fused AdaLN modulation and gated residual: kernel, launcher, public functions, ops.
+
+One program per token row: [x + y * gate ->] norm -> * (1 + scale) + shift -> cast, one
+read of every input and one write of every output. Rows of up to 8192 channels stay in
+registers (two-pass statistics there); longer rows take a chunked path that combines
+per-chunk (count, mean, M2) with Chan's formula and reads the row a second time.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _runtime
+from ._qk_kernel import _cast_out, _rnd
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+NORMS = {None: 0, "layer": 1, "rms": 2}
+ROUNDINGS = ("once", "per_op")
+MAX_ONE_PASS = 8192
+CHUNK = 4096
+
+
+@triton.jit
+def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, stride_gd,
+             RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
+             ACT: tl.constexpr):
+    """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it)."""
+    x = tl.load(x_ptr + xb + d * stride_xd, mask=m, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        y = tl.load(y_ptr + yb + d * stride_yd, mask=m, other=0.0).to(tl.float32)
+        if HAS_GATE:
+            y = y * tl.load(gate_ptr + gb + d * stride_gd, mask=m, other=0.0).to(tl.float32)
+            if PER_OP:
+                y = _rnd(y, ACT)
+        x = _rnd(x + y, ACT)
+    return x
+
+
+@triton.jit
+def _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd, stride_scd,
+              HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+              HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr, ACT: tl.constexpr):
+    if HAS_W:
+        n = n * tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
+    if HAS_B:
+        n = n + tl.load(b_ptr + d, mask=m, other=0.0).to(tl.float32)
+    if PER_OP:
+        n = _rnd(n, ACT)
+    if HAS_SCALE:
+        t = 1.0 + tl.load(scale_ptr + scb + d * stride_scd, mask=m, other=0.0).to(tl.float32)
+        if PER_OP:
+            t = _rnd(t, ACT)
+        n = n * t
+        if PER_OP:
+            n = _rnd(n, ACT)
+    if HAS_SHIFT:
+        n = n + tl.load(shift_ptr + shb + d * stride_shd, mask=m, other=0.0).to(tl.float32)
+    return n
+
+
+@triton.jit
+def _adaln_kernel(
+    x_ptr,                     # residual stream in, (B, S, D) any strides
+    y_ptr, gate_ptr,           # branch output and its gate (RESIDUAL / HAS_GATE)
+    shift_ptr, scale_ptr,      # modulation, broadcast by stride 0
+    w_ptr, b_ptr,              # norm affine (D,)
+    xnew_ptr,                  # new residual stream out (RESIDUAL; may be x itself)
+    out_ptr,                   # modulated output
+    S, D, eps,
+    stride_xb, stride_xs, stride_xd,
+    stride_yb, stride_ys, stride_yd,
+    stride_gb, stride_gs, stride_gd,
+    stride_shb, stride_shs, stride_shd,
+    stride_scb, stride_scs, stride_scd,
+    stride_nb, stride_ns, stride_nd,
+    stride_ob, stride_os, stride_od,
+    NORM: tl.constexpr,        # 0 none, 1 LayerNorm, 2 RMSNorm
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr,
+    PER_OP: tl.constexpr,      # round every step to x's dtype (a half-precision eager chain)
+    BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+):
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    row = tl.program_id(0).to(tl.int64)
+    b = row // S
+    s = row - b * S
+    xb = b * stride_xb + s * stride_xs
+    yb = b * stride_yb + s * stride_ys
+    gb = b * stride_gb + s * stride_gs
+    shb = b * stride_shb + s * stride_shs
+    scb = b * stride_scb + s * stride_scs
+    nb = b * stride_nb + s * stride_ns
+    ob = b * stride_ob + s * stride_os
+    dd = tl.arange(0, BLOCK_D)
+    if NUM_CHUNKS == 1:
+        m = dd < D
+        x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, dd, m, stride_xd, stride_yd, stride_gd,
+                     RESIDUAL, HAS_GATE, PER_OP, ACT)
+        if RESIDUAL:
+            tl.store(xnew_ptr + nb + dd * stride_nd, _cast_out(x, ACT), mask=m)
+        if NORM == 1:
+            mean = tl.sum(x, 0) / D
+            xc = tl.where(m, x - mean, 0.0)
+            n = xc * (1.0 / tl.sqrt(tl.sum(xc * xc, 0) / D + eps))
+        elif NORM == 2:
+            n = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps))
+        else:
+            n = x
+        n = _modulate(n, m, dd, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
+                      stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+        tl.store(out_ptr + ob + dd * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
+    else:
+        # pass 1: statistics by chunks (Chan's combination of count, mean, M2), storing the
+        # new residual stream on the way; pass 2 re-reads the row (from L2) and applies.
+        cnt = 0.0
+        mean = 0.0
+        m2 = 0.0
+        for c in range(NUM_CHUNKS):
+            d = c * BLOCK_D + dd
+            m = d < D
+            x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd,
+                         stride_gd, RESIDUAL, HAS_GATE, PER_OP, ACT)
+            if RESIDUAL:
+                tl.store(xnew_ptr + nb + d * stride_nd, _cast_out(x, ACT), mask=m)
+            nc = tl.sum(m.to(tl.float32), 0)
+            if NORM == 1:
+                mc = tl.sum(x, 0) / nc
+                xc = tl.where(m, x - mc, 0.0)
+                m2c = tl.sum(xc * xc, 0)
+                tot = cnt + nc
+                delta = mc - mean
+                mean = mean + delta * (nc / tot)
+                m2 = m2 + m2c + delta * delta * (cnt * nc / tot)
+                cnt = tot
+            else:
+                m2 = m2 + tl.sum(x * x, 0)
+                cnt = cnt + nc
+        rstd = 1.0 / tl.sqrt(m2 / D + eps)  # m2: sum of squared deviations (layer) or squares
+        for c in range(NUM_CHUNKS):
+            d = c * BLOCK_D + dd
+            m = d < D
+            if RESIDUAL:
+                x = tl.load(xnew_ptr + nb + d * stride_nd, mask=m, other=0.0).to(tl.float32)
+            else:
+                x = tl.load(x_ptr + xb + d * stride_xd, mask=m, other=0.0).to(tl.float32)
+            if NORM == 1:
+                n = (x - mean) * rstd
+            elif NORM == 2:
+                n = x * rstd
+            else:
+                n = x
+            n = _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
+                          stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+            tl.store(out_ptr + ob + d * stride_od, _cast_out(n, out_ptr.dtype.element_ty),
+                     mask=m)
+
+
+# ---------------------------------------------------------------------------------------
+# validation -> allocation -> launch
+
+def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 2:
+        return x[:, None, :]
+    if x.dim() == 3:
+        return x
+    raise ValueError(f"{name} must be (B, S, D) or (B, D), got shape {tuple(x.shape)}")
+
+
+def _mod_view(t, name: str, x3: torch.Tensor, x_dim: int):
+    """(B, S, D) broadcast view of shift / scale / gate, or None."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor")
+    if t.device != x3.device:
+        raise ValueError(f"{name} is on {t.device}, x is on {x3.device}")
+    B, S, D = x3.shape
+    if t.dim() == 1:
+        v = t[None, None]
+    elif t.dim() == 2:
+        v = t[:, None]
+    elif t.dim() == 3:
+        v = t
+    else:
+        v = None
+    if v is None or v.shape[0] not in (1, B) or v.shape[1] not in (1, S) or v.shape[2] != D:
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}; expected (D,), (1|B, D), (1|B, 1, D) or "
+            f"(1|B, S, D) with B={B}, S={S}, D={D} (a chunk of temb such as "
+            f"temb.chunk(6, dim=1)[i] is fine as it is)")
+    return v.expand(B, S, D)
+
+
+def _affine(p, name: str, D: int, x: torch.Tensor):
+    if p is None:
+        return None
+    if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor")
+    if p.numel() != D:
+        raise ValueError(f"{name} has {p.numel()} elements; expected D = {D}")
+    if p.device != x.device:
+        raise ValueError(f"{name} is on {p.device}, x is on {x.device}")
+    if not p.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (ditfuse makes no hidden copy)")
+    return p
+
+
+def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
+    x3 = _rows_view(x, "x")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"x.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be 'layer', 'rms' or None, got {norm!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    B, S, D = x3.shape
+    y3 = None
+    if y is not None:
+        y3 = _rows_view(y, "y")
+        if not y.is_floating_point():
+            raise TypeError(f"y.dtype must be floating point, got {y.dtype}")
+        if tuple(y3.shape) != tuple(x3.shape):
+            raise ValueError(f"y.shape {tuple(y.shape)} must equal x.shape {tuple(x.shape)}")
+        if y.device != x.device:
+            raise ValueError(f"y is on {y.device}, x is on {x.device}")
+    g3 = _mod_view(gate, "gate", x3, x.dim())
+    sh3 = _mod_view(shift, "shift", x3, x.dim())
+    sc3 = _mod_view(scale, "scale", x3, x.dim())
+    w = _affine(weight, "weight", D, x)
+    bb = _affine(bias, "bias", D, x)
+    if norm is None and (w is not None or bb is not None):
+        raise ValueError("weight/bias given with norm=None")
+    if rounding == "per_op":
+        for name, t in (("shift", shift), ("scale", scale), ("gate", gate), ("y", y)):
+            if t is not None and t.dtype != x.dtype:
+                raise ValueError(f"rounding='per_op' emulates a chain computed in x's dtype: "
+                                 f"{name}.dtype {t.dtype} must equal x.dtype {x.dtype}")
+    return x3, y3, g3, sh3, sc3, w, bb
+
+
+def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
+    B, S, D = x3.shape
+    if B * S == 0 or D == 0:
+        return
+    block = triton.next_power_of_2(D) if D <= MAX_ONE_PASS else CHUNK
+    chunks = triton.cdiv(D, block)
+    num_warps = min(16, max(1, block // 512))
+    dummy = x3
+
+    def st(t):
+        return t.stride() if t is not None else (0, 0, 0)
+
+    _adaln_kernel[(B * S,)](
+        x3, y3 if y3 is not None else dummy, g3 if g3 is not None else dummy,
+        sh3 if sh3 is not None else dummy, sc3 if sc3 is not None else dummy,
+        w if w is not None else dummy, bb if bb is not None else dummy,
+        xn3 if xn3 is not None else dummy, o3,
+        S, D, float(eps),
+        *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride(),
+        NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
+        RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
+        HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
+        BLOCK_D=block, NUM_CHUNKS=chunks, num_warps=num_warps, enable_fp_fusion=False,
+    )
+
+
+def _new(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out):
+    x3, y3, g3, sh3, sc3, w, bb = _plan(x, y, gate, shift, scale, norm, weight, bias, eps,
+                                        rounding)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype \
+                or out.device != x.device:
+            raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
+                             f"{x.device}")
+    o = out if out is not None else _new(x)
+    x_new = None
+    if y is not None:
+        x_new = x if inplace else _new(x)
+    o3 = _rows_view(o, "out")
+    xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
+    if _runtime.kernel_device_ok(x3):
+        _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op")
+    else:
+        from .reference import adaln_reference
+        res = adaln_reference(x, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
+                              rounding=rounding, residual=y, gate=gate)
+        if y is not None:
+            x_new.copy_(res[0])
+            res = res[1]
+        o.copy_(res)
+    return x_new, o
+
+
+def _no_grad_check(*ts):
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts):
+        raise RuntimeError("ditfuse AdaLN ops are inference-only (no backward): call them under "
+                           "torch.no_grad() or torch.inference_mode()")
+
+
+def adaln_modulate(x, shift=None, scale=None, *, norm="layer", weight=None, bias=None, eps=1e-6,
+                   rounding="once", out=None):
+    r"""Normalise each token and modulate it: ``y = norm(x) * (1 + scale) + shift``.
+
+    .. math:: y = \left(\frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot w + b\right)
+              \odot (1 + \mathrm{scale}) + \mathrm{shift}
+
+    Parameters
+    ----------
+    x : Tensor
+        ``(B, S, D)`` or ``(B, D)``, fp16 / bf16 / fp32, any strides.
+    shift, scale : Tensor, optional
+        ``(B, D)``, ``(B, 1, D)``, per token ``(B, S, D)`` (Wan 2.2 TI2V) or ``(1, D)`` /
+        ``(D,)``, any float dtype, any strides: chunks of a temb (Wan's
+        ``(table + temb.float()).chunk(6, 1)``, FLUX's ``emb.chunk(6, dim=1)``) are read in
+        place. ``None`` skips that step.
+    norm : {"layer", "rms", None}
+        LayerNorm (Wan's ``FP32LayerNorm``, FLUX's ``LayerNorm(elementwise_affine=False)``),
+        RMSNorm, or none (modulate only).
+    weight, bias : Tensor, optional
+        The norm's affine parameters, ``(D,)``.
+    rounding : {"once", "per_op"}
+        ``"once"`` (default): fp32 math, one rounding to x's dtype at the store — Wan's
+        arithmetic, which computes the chain in fp32. ``"per_op"``: every step rounded to
+        x's dtype as a half-precision eager chain does (FLUX's ``AdaLayerNormZero`` on bf16
+        activations and a bf16 temb); shift/scale must then be in x's dtype.
+    out : Tensor, optional
+        Where to write ``y`` (x's shape and dtype).
+
+    Notes
+    -----
+    Contract: no fused multiply-add, so every step rounds as eager PyTorch does; the
+    statistics' reduction order differs from PyTorch's, so the result is within one
+    rounding of the eager code (bitwise for most elements: ``ditfuse check``). Inference
+    only.
+
+    Examples
+    --------
+    >>> shift, scale, gate, c_shift, c_scale, c_gate = (table + temb.float()).chunk(6, 1)
+    >>> y = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
+    """
+    _no_grad_check(x, shift, scale, weight, bias)
+    if torch.compiler.is_compiling():
+        return torch.ops.ditfuse.adaln(x, None, None, shift, scale, weight, bias,
+                                       NORMS[norm], float(eps), rounding == "per_op")[0]
+    return _run(x, None, None, shift, scale, norm, weight, bias, eps, rounding, False, out)[1]
+
+
+def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer", weight=None,
+                         bias=None, eps=1e-6, rounding="once", inplace=False):
+    r"""The gated residual and the next norm + modulation, in one pass.
+
+    .. math:: x' = x + y \odot \mathrm{gate}, \qquad
+              m = \mathrm{norm}(x') \odot (1 + \mathrm{scale}) + \mathrm{shift}
+
+    ``x'`` is computed in fp32 and stored in x's dtype (as Wan does); ``m`` is computed
+    from the stored (rounded) ``x'``, as the model's next norm sees it. ``gate=None`` is a
+    plain residual ``x + y``; ``shift=scale=None`` gives the norm without modulation
+    (Wan's affine ``norm2`` before cross-attention, with ``weight``/``bias``).
+
+    Parameters
+    ----------
+    x : Tensor
+        The residual stream ``(B, S, D)`` / ``(B, D)``.
+    y : Tensor
+        The branch output (attention or FFN), x's shape, any float dtype.
+    gate, shift, scale : Tensor, optional
+        As ``shift`` in :func:`adaln_modulate`.
+    inplace : bool
+        Write ``x'`` into ``x``.
+    norm, weight, bias, eps, rounding
+        As in :func:`adaln_modulate`.
+
+    Returns
+    -------
+    (x_new, modulated) : tuple of Tensor
+    """
+    if y is None:
+        raise ValueError("y (the branch output) is required; use adaln_modulate without it")
+    _no_grad_check(x, y, gate, shift, scale, weight, bias)
+    if torch.compiler.is_compiling():
+        if inplace:
+            m = torch.ops.ditfuse.gated_residual_adaln_(x, y, gate, shift, scale, weight, bias,
+                                                        NORMS[norm], float(eps),
+                                                        rounding == "per_op")
+            return x, m
+        xn, m = torch.ops.ditfuse.adaln(x, y, gate, shift, scale, weight, bias, NORMS[norm],
+                                        float(eps), rounding == "per_op")
+        return xn, m
+    return _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, None)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library ops (used under torch.compile; eager calls launch directly)
+
+_NORM_NAMES = {v: k for k, v in NORMS.items()}
+
+
+@torch.library.custom_op("ditfuse::adaln", mutates_args=())
+def _adaln_op(x: torch.Tensor, y: Optional[torch.Tensor], gate: Optional[torch.Tensor],
+              shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
+              weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
+              eps: float, per_op: bool) -> list[torch.Tensor]:
+    xn, o = _run(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+                 "per_op" if per_op else "once", False, None)
+    return [o] if xn is None else [xn, o]
+
+
+@_adaln_op.register_fake
+def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
+    _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+          "per_op" if per_op else "once")
+    o = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return [o] if y is None else [torch.empty_like(o), o]
+
+
+@torch.library.custom_op("ditfuse::gated_residual_adaln_", mutates_args=("x",))
+def _gated_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
+                      shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
+                      weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
+                      eps: float, per_op: bool) -> torch.Tensor:
+    return _run(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+                "per_op" if per_op else "once", True, None)[1]
+
+
+@_gated_inplace_op.register_fake
+def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
+    _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+          "per_op" if per_op else "once")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -1,0 +1,214 @@
+"""ditfuse.adaln_modulate / gated_residual_adaln: fp64 reference, diffusers' own blocks,
+bad input, torch.library."""
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ditfuse
+from ditfuse.reference import adaln_reference
+from conftest import DEVICE, DTYPES, TOL, assert_close_report
+
+SHAPES = [(2, 5, 64), (1, 1, 1000), (3, 4, 48), (1, 2, 9000)]  # S = 1, odd D, chunked D
+MODS = ["chunk_b6d", "b1d", "per_token", "1d", "d", None]
+
+
+def _mod(kind, B, S, D, dtype, g, k=0):
+    """shift/scale/gate as the models build them (views of one temb, no copies)."""
+    if kind is None:
+        return None
+    if kind == "chunk_b6d":  # Wan 2.1: (table + temb.float()).chunk(6, dim=1) -> (B, 1, D)
+        return (torch.randn(B, 6, D, generator=g) * 0.3).to(dtype).to(DEVICE).chunk(6, 1)[k]
+    if kind == "b1d":  # FLUX: emb.chunk(6, dim=1) of (B, 6D) -> (B, D) strided
+        return (torch.randn(B, 6 * D, generator=g) * 0.3).to(dtype).to(DEVICE).chunk(6, 1)[k]
+    if kind == "per_token":  # Wan 2.2 TI2V: (B, S, 6, D).chunk(6, dim=2)[i].squeeze(2)
+        return (torch.randn(B, S, 6, D, generator=g) * 0.3).to(dtype).to(DEVICE).chunk(6, 2)[k].squeeze(2)
+    if kind == "1d":
+        return (torch.randn(1, D, generator=g) * 0.3).to(dtype).to(DEVICE)
+    if kind == "d":
+        return (torch.randn(D, generator=g) * 0.3).to(dtype).to(DEVICE)
+    raise AssertionError(kind)
+
+
+def _cases():
+    out = []
+    for i, (norm, dtype, mod) in enumerate(itertools.product(["layer", "rms", None], DTYPES, MODS)):
+        shape = SHAPES[i % len(SHAPES)]
+        affine = i % 3 == 0 and norm is not None
+        per_op = i % 4 == 1 and dtype != torch.float32
+        residual = ["none", "gated", "plain"][i % 3]
+        out.append(pytest.param(norm, dtype, mod, shape, affine, per_op, residual,
+                                id=f"{norm}-{str(dtype)[6:]}-{mod}-{'x'.join(map(str, shape))}"
+                                   f"{'-affine' if affine else ''}{'-per_op' if per_op else ''}-{residual}"))
+    return out
+
+
+@pytest.mark.parametrize("norm,dtype,mod,shape,affine,per_op,residual", _cases())
+@torch.no_grad()
+def test_against_fp64_reference(norm, dtype, mod, shape, affine, per_op, residual):
+    B, S, D = shape
+    g = torch.Generator().manual_seed(B * 1000 + D + len(str(mod)))
+    x = (torch.randn(B, S, D, generator=g) * 2 + 0.5).to(dtype).to(DEVICE)
+    mdt = dtype if per_op else torch.float32
+    shift = _mod(mod, B, S, D, mdt, g, 0)
+    scale = _mod(mod, B, S, D, mdt, g, 1)
+    gate = _mod(mod if mod else "b1d", B, S, D, mdt, g, 2) if residual == "gated" else None
+    w = (torch.randn(D, generator=g) * 0.3 + 1).to(DEVICE) if affine else None
+    b = (torch.randn(D, generator=g) * 0.3).to(DEVICE) if affine else None
+    rounding = "per_op" if per_op else "once"
+    kw = dict(norm=norm, weight=w, bias=b, eps=1e-6, rounding=rounding)
+    if residual == "none":
+        out = torch.full_like(x, float("nan"))  # poisoned: every element must be written
+        got = ditfuse.adaln_modulate(x, shift, scale, out=out, **kw)
+        assert got is out
+        want = adaln_reference(x, shift, scale, compute_dtype=torch.float64, **kw)
+        share = assert_close_report(got, want, dtype)
+    else:
+        y = torch.randn(B, S, D, generator=g).to(dtype if per_op else torch.float32).to(DEVICE)
+        x0 = x.clone()
+        xn, m = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, inplace=residual == "plain", **kw)
+        rxn, rm = adaln_reference(x0, shift, scale, residual=y, gate=gate, compute_dtype=torch.float64, **kw)
+        if residual == "plain":
+            assert xn.data_ptr() == x.data_ptr()
+        else:
+            assert torch.equal(x, x0), "x changed without inplace"
+        assert_close_report(xn, rxn, dtype, "x_new")
+        share = assert_close_report(m, rm, dtype, "modulated")
+    if dtype != torch.float32:
+        assert share >= 0.97, share
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.no_grad()
+def test_wan_block_arithmetic(dtype):
+    """WanTransformerBlock's inline chain with diffusers' FP32LayerNorm modules."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    g = torch.Generator().manual_seed(1)
+    B, S, D = 1, 7, 96
+    x = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
+    attn = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
+    table = torch.randn(1, 6, D, generator=g).to(DEVICE) / D**0.5
+    temb = torch.randn(B, 6, D, generator=g).to(dtype).to(DEVICE)
+    shift, scale, gate, c_shift, c_scale, c_gate = (table + temb.float()).chunk(6, dim=1)
+    norm1 = FP32LayerNorm(D, 1e-6, elementwise_affine=False).to(DEVICE)
+    norm2 = FP32LayerNorm(D, 1e-6, elementwise_affine=True).to(DEVICE)
+    norm2.weight.normal_(1, 0.2)
+    norm2.bias.normal_(0, 0.2)
+    want1 = (norm1(x.float()) * (1 + scale) + shift).type_as(x)
+    got1 = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
+    s1 = assert_close_report(got1, want1, dtype, "norm1 modulate")
+    want_x = (x.float() + attn * gate).type_as(x)
+    want2 = norm2(want_x.float()).type_as(x)
+    got_x, got2 = ditfuse.gated_residual_adaln(x, attn, gate, norm="layer", weight=norm2.weight,
+                                               bias=norm2.bias, eps=1e-6)
+    assert torch.equal(got_x, want_x), "the gated residual must be bitwise Wan's"
+    s2 = assert_close_report(got2, want2, dtype, "norm2")
+    # FFN residual with fp32 branch output, then the next block's norm1 modulation
+    ff = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
+    want_x3 = (x.float() + ff.float() * c_gate).type_as(x)
+    want3 = (norm1(want_x3.float()) * (1 + c_scale) + c_shift).type_as(x)
+    got_x3, got3 = ditfuse.gated_residual_adaln(x, ff.float(), c_gate, c_shift, c_scale, norm="layer")
+    assert torch.equal(got_x3, want_x3)
+    s3 = assert_close_report(got3, want3, dtype, "ffn residual + modulate")
+    print(f"Wan {dtype}: bitwise share norm1 {s1:.4f} norm2 {s2:.4f} ffn+mod {s3:.4f}")
+    if dtype != torch.float32:
+        assert min(s1, s2, s3) >= 0.97
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@torch.no_grad()
+def test_flux_adalayernormzero_per_op(dtype):
+    """diffusers' AdaLayerNormZero (FLUX) run in half precision: rounding='per_op'."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    g = torch.Generator().manual_seed(2)
+    B, S, D = 2, 6, 128
+    mod = AdaLayerNormZero(D).to(DEVICE, dtype)
+    x = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
+    emb = torch.randn(B, D, generator=g).to(dtype).to(DEVICE)
+    want, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod(x, emb=emb)
+    shift, scale = mod.linear(mod.silu(emb)).chunk(6, dim=1)[:2]
+    got = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6, rounding="per_op")
+    share = assert_close_report(got, want, dtype)
+    # FLUX's gated residual and norm2 modulation, in the activation dtype
+    attn = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
+    want_x = x + gate_msa.unsqueeze(1) * attn
+    norm2 = torch.nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
+    want_m = norm2(want_x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+    got_x, got_m = ditfuse.gated_residual_adaln(x, attn, gate_msa, shift_mlp, scale_mlp,
+                                                norm="layer", eps=1e-6, rounding="per_op")
+    assert torch.equal(got_x, want_x)
+    share2 = assert_close_report(got_m, want_m, dtype)
+    print(f"FLUX {dtype}: bitwise share modulate {share:.4f}, residual+modulate {share2:.4f}")
+    assert min(share, share2) >= 0.97
+
+
+@torch.no_grad()
+def test_against_torch_norm_modules():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 200, generator=g).to(DEVICE)
+    ln = torch.nn.LayerNorm(200, eps=1e-5).to(DEVICE)
+    ln.weight.normal_(1, 0.3)
+    ln.bias.normal_(0, 0.3)
+    rms = torch.nn.RMSNorm(200, eps=1e-6).to(DEVICE)
+    rms.weight.normal_(1, 0.3)
+    torch.testing.assert_close(ditfuse.adaln_modulate(x, norm="layer", weight=ln.weight, bias=ln.bias, eps=1e-5), ln(x),
+                               **TOL[torch.float32])
+    torch.testing.assert_close(ditfuse.adaln_modulate(x, norm="rms", weight=rms.weight, eps=1e-6), rms(x),
+                               **TOL[torch.float32])
+
+
+def _bad():
+    x = torch.randn(2, 3, 16, device=DEVICE)
+    v = torch.randn(2, 16, device=DEVICE)
+    return [
+        ("x int", lambda: ditfuse.adaln_modulate(x.int(), v, v), TypeError, "x.dtype"),
+        ("x 4-D", lambda: ditfuse.adaln_modulate(x[None], v, v), ValueError, "x must be"),
+        ("shift D", lambda: ditfuse.adaln_modulate(x, v[:, :8], v), ValueError, "shift"),
+        ("scale batch", lambda: ditfuse.adaln_modulate(x, v, torch.randn(3, 16, device=DEVICE)), ValueError, "scale"),
+        ("scale int", lambda: ditfuse.adaln_modulate(x, v, v.int()), TypeError, "scale"),
+        ("norm", lambda: ditfuse.adaln_modulate(x, v, v, norm="group"), ValueError, "norm"),
+        ("rounding", lambda: ditfuse.adaln_modulate(x, v, v, rounding="twice"), ValueError, "rounding"),
+        ("per_op dtype", lambda: ditfuse.adaln_modulate(x.bfloat16(), v, v, rounding="per_op"), ValueError, "per_op"),
+        ("weight size", lambda: ditfuse.adaln_modulate(x, v, v, weight=torch.ones(15, device=DEVICE)), ValueError, "weight"),
+        ("weight without norm", lambda: ditfuse.adaln_modulate(x, v, v, norm=None, weight=torch.ones(16, device=DEVICE)), ValueError, "weight"),
+        ("eps", lambda: ditfuse.adaln_modulate(x, v, v, eps=-1.0), ValueError, "eps"),
+        ("y shape", lambda: ditfuse.gated_residual_adaln(x, x[:, :2], v), ValueError, "y.shape"),
+        ("y missing", lambda: ditfuse.gated_residual_adaln(x, None, v), ValueError, "y"),
+        ("gate shape", lambda: ditfuse.gated_residual_adaln(x, x.clone(), torch.randn(2, 2, 16, device=DEVICE)), ValueError, "gate"),
+        ("out shape", lambda: ditfuse.adaln_modulate(x, v, v, out=torch.empty(2, 3, 8, device=DEVICE)), ValueError, "out"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad(), ids=lambda c: c[0])
+@torch.no_grad()
+def test_bad_input(case):
+    name, call, exc, text = case
+    with pytest.raises(exc) as info:
+        call()
+    assert text in str(info.value), (name, str(info.value))
+
+
+def test_opcheck_and_compile():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 32, generator=g).bfloat16().to(DEVICE)
+    y = torch.randn(2, 3, 32, generator=g).bfloat16().to(DEVICE)
+    temb = torch.randn(2, 6, 32, generator=g).to(DEVICE)
+    sh, sc, gt = temb.chunk(6, 1)[:3]
+    torch.library.opcheck(torch.ops.ditfuse.adaln.default, (x, None, None, sh, sc, None, None, 1, 1e-6, False))
+    torch.library.opcheck(torch.ops.ditfuse.adaln.default, (x, y, gt, sh, sc, None, None, 2, 1e-6, False))
+    torch.library.opcheck(torch.ops.ditfuse.gated_residual_adaln_.default,
+                          (x.clone(), y, gt, sh, sc, None, None, 1, 1e-6, False))
+
+    def f(x, y, temb):
+        sh, sc, gt = temb.chunk(6, 1)[:3]
+        xn, m = ditfuse.gated_residual_adaln(x, y, gt, sh, sc)
+        return ditfuse.adaln_modulate(xn, sh, sc) + m
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = f(x, y, temb)
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, y, temb)
+    assert torch.equal(got, want)
