@@ -143,6 +143,64 @@ def qk_int64_offsets(g: Gates, device):
     del buf
 
 
+@torch.no_grad()
+def adaln_accuracy(g: Gates, device, small: bool, dtypes):
+    """AdaLN modulate and gated residual + modulate vs fp64 and vs the models' eager code."""
+    import torch.nn.functional as F
+
+    from .adaln import adaln_modulate, gated_residual_adaln
+    from .reference import adaln_reference
+    from .shapes import ADALN_SHAPES
+
+    for shape in ADALN_SHAPES.values():
+        if small:
+            shape = shape.small()
+        B, S, D = shape.B, shape.S, shape.D
+        for dtype in dtypes:
+            gen = torch.Generator(device=device).manual_seed(D + S)
+            x = torch.randn(B, S, D, generator=gen, device=device).to(dtype)
+            y = torch.randn(B, S, D, generator=gen, device=device).to(dtype)
+            flux = shape.model == "flux"
+            if flux:  # emb.chunk(6, dim=1) in the activation dtype
+                temb = (torch.randn(B, 6 * D, generator=gen, device=device) * 0.3).to(dtype)
+                sh, sc, gt = [t for t in temb.chunk(6, 1)[:3]]
+                rounding = "per_op"
+            elif shape.per_token:  # (B, S, 6, D) fp32
+                temb = torch.randn(B, S, 6, D, generator=gen, device=device) * 0.3
+                sh, sc, gt = [t.squeeze(2) for t in temb.chunk(6, 2)[:3]]
+                rounding = "once"
+            else:  # (table + temb.float()).chunk(6, dim=1)
+                temb = torch.randn(B, 6, D, generator=gen, device=device) * 0.3
+                sh, sc, gt = temb.chunk(6, 1)[:3]
+                rounding = "once"
+            if flux:
+                s3, c3, g3 = sh[:, None], sc[:, None], gt[:, None]
+                eager_m = F.layer_norm(x, (D,), eps=1e-6) * (1 + c3) + s3
+                eager_x = x + g3 * y
+                eager_m2 = F.layer_norm(eager_x, (D,), eps=1e-6) * (1 + c3) + s3
+            else:
+                eager_m = (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + sc) + sh).type_as(x)
+                eager_x = (x.float() + y * gt).type_as(x)
+                eager_m2 = (F.layer_norm(eager_x.float(), (D,), eps=1e-6) * (1 + sc) + sh).type_as(x)
+            m = adaln_modulate(x, sh, sc, eps=1e-6, rounding=rounding)
+            xn, m2 = gated_residual_adaln(x, y, gt, sh, sc, eps=1e-6, rounding=rounding)
+            rm = adaln_reference(x, sh, sc, eps=1e-6, rounding=rounding, compute_dtype=torch.float64)
+            rxn, rm2 = adaln_reference(x, sh, sc, eps=1e-6, rounding=rounding, residual=y, gate=gt,
+                                       compute_dtype=torch.float64)
+            e = max(_err(m, rm), _err(m2, rm2), _err(xn, rxn))
+            e_e = max(_err(m, eager_m), _err(m2, eager_m2), _err(xn, eager_x))
+            share = min((m == rm).float().mean().item(), (m2 == rm2).float().mean().item())
+            share_e = min((m == eager_m).float().mean().item(), (m2 == eager_m2).float().mean().item())
+            x_bitwise = torch.equal(xn, eager_x)
+            ok = e <= 1 and e_e <= 1 and x_bitwise and (share >= 0.97 or dtype == torch.float32)
+            name = str(dtype).replace("torch.", "")
+            g.add("adaln accuracy", f"{shape.name} {name}", ok,
+                  f"S={S} {rounding}; vs fp64: err/tol {e:.2f}, {100 * share:.2f}% bitwise; vs eager: "
+                  f"err/tol {e_e:.2f}, {100 * share_e:.2f}% bitwise; residual "
+                  f"{'bitwise' if x_bitwise else 'DIFFERS'}")
+            del x, y, m, m2, xn, rm, rm2, rxn, eager_m, eager_m2, eager_x
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse check", description=__doc__)
     ap.add_argument("--small", action="store_true", help="few tokens per shape even on a GPU")
@@ -158,6 +216,13 @@ def main(argv=None) -> int:
     dtypes = [torch.bfloat16, torch.float16, torch.float32]
     qk_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
     qk_layout_bitwise(g, device, small)
+    adaln_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
+    try:
+        from .group_norm import check_gates as group_norm_gates
+    except ImportError:  # pragma: no cover
+        group_norm_gates = None
+    if group_norm_gates is not None:
+        group_norm_gates(g, device, small)
     if gpu and not args.small:
         qk_int64_offsets(g, device)
     table = g.table()

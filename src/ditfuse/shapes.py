@@ -42,3 +42,28 @@ QK_SHAPES = {s.name: s for s in [
     QKShape("same-l-decoder", "SAME-L decoder (3 min)", 17 * 1938, 24, 64, norm="dyt", style="half",
             rotary_dim=32),
 ]}
+
+
+@dataclass(frozen=True)
+class AdaLNShape:
+    """One AdaLN call: x (B, S, D). ``model`` "wan": fp32 temb chunks, rounding once;
+    "flux": temb in the activation dtype, rounding per op (AdaLayerNormZero)."""
+
+    name: str
+    model: str
+    S: int
+    D: int
+    B: int = 1
+    per_token: bool = False  # Wan 2.2 TI2V: shift/scale per token
+
+    def small(self, S: int = 4) -> "AdaLNShape":
+        return replace(self, S=min(S, self.S))
+
+
+ADALN_SHAPES = {s.name: s for s in [
+    AdaLNShape("wan14b-480p", "wan", 21 * 30 * 52, 5120),
+    AdaLNShape("wan14b-720p", "wan", 21 * 45 * 80, 5120),
+    AdaLNShape("wan5b-ti2v-704p", "wan", 31 * 44 * 78 // 4, 3072, per_token=True),
+    AdaLNShape("flux1-1024", "flux", 4096 + 512, 3072),
+    AdaLNShape("flux2-1024", "flux", 4096 + 512, 6144),
+]}
