@@ -25,7 +25,7 @@ from .shapes import QK_SHAPES
 
 L2_BYTES = 60 * 2**20
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit")
+DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit")  # any registry
 
 
 def _median_us(fn, warmup=25, rep=100) -> float:
@@ -75,57 +75,54 @@ def _liger_fn(shape):
     return f
 
 
-def bench_qk(shape, dtype, ceiling, emit, impls):
-    import ditfuse
-    from .workloads import eager_fn, qk_bytes, qk_inputs
+def bench_case(op, shape_name, dtype, nbytes, make, eager, fused, copy_of, ceiling, emit, impls,
+               peers=(), device="cuda", timer=None):
+    """Time one (op, shape, dtype) for every implementation in ``impls``.
 
-    nbytes = qk_bytes(shape, dtype)
-    next_set, sets = _rotating(lambda i: qk_inputs(shape, "cuda", dtype, seed=i), nbytes)
+    ``make(i)`` builds input set i; ``eager(inp)`` / ``fused(inp)`` run the model's code /
+    ditfuse; ``copy_of(inp)`` lists the tensors whose bytes the op must move (the copy
+    row); ``peers``: (name, fn) pairs. ``timer(fn) -> us`` (default: do_bench median).
+    """
+    timer = timer or _median_us
+    gpu = device != "cpu"
+    next_set, sets = _rotating(make, nbytes)
 
     def row(impl, us):
         gbps = nbytes / (us * 1e-6) / 1e9
-        emit("qk_norm_rope", shape.name, impl, dtype, us, gbps, 100 * gbps / ceiling)
+        emit(op, shape_name, impl, dtype, us, gbps, 100 * gbps / ceiling)
 
-    if "copy" in impls:  # the op's Q/K bytes, read and written once, as contiguous copies
-        src = [(s["q"].contiguous(), s["k"].contiguous()) for s in sets]
-        dst = [(torch.empty_like(q), torch.empty_like(k)) for q, k in src]
+    if "copy" in impls:  # the op's bytes, read and written once, as contiguous copies
+        src = [[t.contiguous() for t in copy_of(s)] for s in sets]
+        dst = [[torch.empty_like(t) for t in ts] for ts in src]
         st = {"i": 0}
 
         def copy():
             st["i"] = (st["i"] + 1) % len(src)
-            (q, k), (a, b) = src[st["i"]], dst[st["i"]]
-            a.copy_(q)
-            b.copy_(k)
+            for a, b in zip(dst[st["i"]], src[st["i"]]):
+                a.copy_(b)
 
-        row("copy", _median_us(copy))
-        del dst
-    eager = eager_fn(shape)
+        row("copy", timer(copy))
+        del src, dst
     with torch.no_grad():
         if "eager" in impls:
-            row("eager", _median_us(lambda: eager(next_set())))
+            row("eager", timer(lambda: eager(next_set())))
         if "compile" in impls:
             torch._dynamo.reset()
             comp = torch.compile(eager, dynamic=False)
             comp(next_set())
-            torch.cuda.synchronize()
-            row("compile", _median_us(lambda: comp(next_set())))
+            if gpu:
+                torch.cuda.synchronize()
+            row("compile", timer(lambda: comp(next_set())))
             del comp
         if "ditfuse" in impls:
-            inplace = shape.form == "flat"  # Wan normalises its packed projection in place
-
-            def fused():
-                s = next_set()
-                return ditfuse.qk_norm_rope(s["q"], s["k"], s["cos"], s["sin"], q_norm=s["q_norm"],
-                                            k_norm=s["k_norm"], inplace=inplace, **s["kwargs"])
-
-            fused()
-            row("ditfuse", _median_us(fused))
-            if "ditfuse-graph" in impls:  # the same call replayed from a CUDA graph: GPU time only
+            fused(next_set())
+            row("ditfuse", timer(lambda: fused(next_set())))
+            if "ditfuse-graph" in impls and gpu:  # replayed from a CUDA graph: GPU time only
                 graphs = []
-                for _ in range(len(sets)):
+                for s in sets:
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g):
-                        fused()
+                        fused(s)
                     graphs.append(g)
                 gi = {"i": 0}
 
@@ -134,13 +131,54 @@ def bench_qk(shape, dtype, ceiling, emit, impls):
                     graphs[gi["i"]].replay()
 
                 replay()
-                row("ditfuse-graph", _median_us(replay))
+                row("ditfuse-graph", timer(replay))
                 del graphs
-        lig = _liger_fn(shape) if "liger" in impls else None
-        if lig is not None:
-            lig(next_set())
-            row("liger", _median_us(lambda: lig(next_set())))
+        for name, fn in peers:
+            if name in impls and fn is not None:
+                fn(next_set())
+                row(name, timer(lambda: fn(next_set())))
     del sets
+
+
+def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    import ditfuse
+    from .workloads import eager_fn, qk_bytes, qk_inputs
+
+    inplace = shape.form == "flat"  # Wan normalises its packed projection in place
+
+    def fused(s):
+        return ditfuse.qk_norm_rope(s["q"], s["k"], s["cos"], s["sin"], q_norm=s["q_norm"],
+                                    k_norm=s["k_norm"], inplace=inplace, **s["kwargs"])
+
+    bench_case("qk_norm_rope", shape.name, dtype, qk_bytes(shape, dtype),
+               lambda i: qk_inputs(shape, device, dtype, seed=i), eager_fn(shape), fused,
+               lambda s: (s["q"], s["k"]), ceiling, emit, impls,
+               peers=[("liger", _liger_fn(shape) if "liger" in impls else None)],
+               device=device, timer=timer)
+
+
+def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    """Both AdaLN ops at one shape: modulate, and gated residual + norm + modulate."""
+    import ditfuse
+    from .workloads import adaln_eager, adaln_inputs
+
+    per_op = "per_op" if shape.model == "flux" else "once"
+    el = torch.empty((), dtype=dtype).element_size()
+    n = shape.B * shape.S * shape.D
+    mod_bytes = 2 * n * el  # x read, y written (temb rows are negligible unless per token)
+    if shape.per_token:
+        mod_bytes += 2 * n * 4
+    res_bytes = 4 * n * el + (3 * n * 4 if shape.per_token else 0)
+    eager_mod, eager_res = adaln_eager(shape)
+    make = lambda i: adaln_inputs(shape, device, dtype, seed=i)  # noqa: E731
+    bench_case("adaln_modulate", shape.name, dtype, mod_bytes, make, eager_mod,
+               lambda s: ditfuse.adaln_modulate(s["x"], s["shift"], s["scale"], eps=1e-6,
+                                                rounding=per_op),
+               lambda s: (s["x"],), ceiling, emit, impls, device=device, timer=timer)
+    bench_case("gated_residual_adaln", shape.name, dtype, res_bytes, make, eager_res,
+               lambda s: ditfuse.gated_residual_adaln(s["x"], s["y"], s["gate"], s["shift"],
+                                                      s["scale"], eps=1e-6, rounding=per_op),
+               lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
 
 
 def _chart(rows, path):
@@ -152,7 +190,7 @@ def _chart(rows, path):
     except Exception as e:  # pragma: no cover
         print(f"(no chart: {e})")
         return
-    keys = sorted({(r["shape"], r["dtype"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    keys = sorted({(r["op"], r["shape"], r["dtype"]) for r in rows})
     impls = [i for i in ("copy", "ditfuse-graph", "ditfuse", "liger", "compile", "eager")
              if any(r["impl"] == i for r in rows)]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(keys)), 5))
@@ -160,14 +198,14 @@ def _chart(rows, path):
     for j, impl in enumerate(impls):
         vals = []
         for k in keys:
-            m = [r for r in rows if (r["shape"], r["dtype"]) == k and r["impl"] == impl]
+            m = [r for r in rows if (r["op"], r["shape"], r["dtype"]) == k and r["impl"] == impl]
             vals.append(m[0]["pct_copy"] if m else 0)
         ax.bar([i + j * w for i in range(len(keys))], vals, w, label=impl)
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
-    ax.set_xticklabels([f"{s}\n{d}" for s, d in keys], rotation=45, ha="right", fontsize=7)
+    ax.set_xticklabels([f"{o} {s}\n{d}" for o, s, d in keys], rotation=60, ha="right", fontsize=6)
     ax.set_ylabel("% of copy ceiling (higher is better)")
     ax.axhline(100, color="k", lw=0.5)
-    ax.set_title(f"qk_norm_rope on {rows[0]['gpu']} ({rows[0]['date']})")
+    ax.set_title(f"ditfuse on {rows[0]['gpu']} ({rows[0]['date']})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -187,7 +225,7 @@ def _write_csv(rows, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", default="qk_norm_rope", choices=["qk_norm_rope"])
+    ap.add_argument("--op", default="all", choices=["all", "qk_norm_rope", "adaln"])
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
@@ -201,15 +239,24 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    names = list(QK_SHAPES) if args.shapes == "all" else args.shapes.split(",")
-    for n in names:
-        if n not in QK_SHAPES:
-            print(f"unknown shape {n!r}; known: {', '.join(QK_SHAPES)}", file=sys.stderr)
-            return 2
-    jobs = [(n, d) for d in args.dtypes.split(",") for n in names]
-    if args.extra_dtypes:
-        jobs += [(n, d) for d in args.extra_dtypes.split(",") for n in DEFAULT_EXTRA_DTYPE_SHAPES
-                 if n in names and (n, d) not in jobs]
+    from .shapes import ADALN_SHAPES
+
+    registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln)}
+    ops = list(registries) if args.op == "all" else [args.op]
+    jobs = []
+    for op in ops:
+        reg, _ = registries[op]
+        names = list(reg) if args.shapes == "all" else [n for n in args.shapes.split(",") if n in reg]
+        if args.shapes != "all":
+            unknown = [n for n in args.shapes.split(",") if not any(n in registries[o][0] for o in ops)]
+            if unknown:
+                print(f"unknown shape(s) {unknown}; known: {', '.join(n for o in ops for n in registries[o][0])}",
+                      file=sys.stderr)
+                return 2
+        jobs += [(op, n, d) for d in args.dtypes.split(",") for n in names]
+        if args.extra_dtypes:
+            jobs += [(op, n, d) for d in args.extra_dtypes.split(",") for n in DEFAULT_EXTRA_DTYPE_SHAPES
+                     if n in names and (op, n, d) not in jobs]
     impls = set(args.impls.split(","))
     torch._dynamo.config.cache_size_limit = 256
     gpu = torch.cuda.get_device_name()
@@ -217,33 +264,36 @@ def main(argv=None) -> int:
     ceiling = copy_ceiling_gbps()
     print(f"{gpu}: copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device); torch "
           f"{torch.__version__}, triton {triton.__version__}")
-    print(f"{'op':14s} {'shape':20s} {'dtype':5s} {'impl':8s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s}")
+    print(f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s}")
     rows = []
 
     def emit(op, shape, impl, dtype, us, gbps, pct):
         dname = {v: k for k, v in _DT.items()}[dtype]
         rows.append(dict(op=op, shape=shape, impl=impl, dtype=dname, us=us, gbps=gbps, pct_copy=pct,
                          gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date))
-        print(f"{op:14s} {shape:20s} {dname:5s} {impl:8s} {us:10.1f} {gbps:8.0f} {pct:6.1f}", flush=True)
+        print(f"{op:20s} {shape:20s} {dname:5s} {impl:13s} {us:10.1f} {gbps:8.0f} {pct:6.1f}", flush=True)
 
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, f"{gpu.replace(' ', '-')}-{date}")
     t0 = time.time()
-    for i, (n, d) in enumerate(jobs):
-        print(f"[{i + 1}/{len(jobs)}] {n} {d} ({time.time() - t0:.0f} s)", flush=True)
-        bench_qk(QK_SHAPES[n], _DT[d], ceiling, emit, impls)
+    for i, (op, n, d) in enumerate(jobs):
+        print(f"[{i + 1}/{len(jobs)}] {op} {n} {d} ({time.time() - t0:.0f} s)", flush=True)
+        reg, fn = registries[op]
+        fn(reg[n], _DT[d], ceiling, emit, impls)
         torch.cuda.empty_cache()
         _write_csv(rows, stem + ".csv")  # after every job: a cut-short run keeps its rows
 
     print("\nsummary (ditfuse eager call; ditfuse-graph: the same call replayed from a CUDA graph):")
-    print(f"{'shape':20s} {'dtype':5s} {'impl':13s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} {'x compile':>9s}")
+    print(f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} "
+          f"{'x compile':>9s}")
     for r in rows:
         if r["impl"] not in ("ditfuse", "ditfuse-graph"):
             continue
-        ref = {x["impl"]: x["us"] for x in rows if (x["shape"], x["dtype"]) == (r["shape"], r["dtype"])}
+        ref = {x["impl"]: x["us"] for x in rows
+               if (x["op"], x["shape"], x["dtype"]) == (r["op"], r["shape"], r["dtype"])}
         xe = ref.get("eager", float("nan")) / r["us"]
         xc = ref.get("compile", float("nan")) / r["us"]
-        print(f"{r['shape']:20s} {r['dtype']:5s} {r['impl']:13s} {r['us']:9.1f} {r['pct_copy']:6.1f} "
+        print(f"{r['op']:20s} {r['shape']:20s} {r['dtype']:5s} {r['impl']:13s} {r['us']:9.1f} {r['pct_copy']:6.1f} "
               f"{xe:8.1f} {xc:9.1f}")
     print(f"csv: {stem}.csv")
     _chart(rows, stem + ".png")

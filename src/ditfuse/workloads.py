@@ -133,3 +133,45 @@ def qk_bytes(shape: QKShape, dtype=torch.bfloat16, table_dtype=torch.float32) ->
     tel = torch.empty((), dtype=table_dtype).element_size()
     R = shape.rotary_dim or shape.D
     return 4 * shape.B * shape.S * shape.H * shape.D * el + 2 * shape.S * R * tel
+
+
+# --------------------------------------------------------------------------------------
+# AdaLN: inputs and the blocks' eager chains
+
+def adaln_inputs(shape, device, dtype=torch.bfloat16, seed: int = 0):
+    """x, y (branch output) and shift/scale/gate views of a temb, as the model builds them."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    B, S, D = shape.B, shape.S, shape.D
+    x = torch.randn(B, S, D, generator=g, device=device).to(dtype)
+    y = torch.randn(B, S, D, generator=g, device=device).to(dtype)
+    if shape.model == "flux":  # emb.chunk(6, dim=1) in the activation dtype
+        temb = (torch.randn(B, 6 * D, generator=g, device=device) * 0.3).to(dtype)
+        shift, scale, gate = temb.chunk(6, 1)[:3]
+    elif shape.per_token:  # Wan 2.2 TI2V: (B, S, 6, D) fp32
+        temb = torch.randn(B, S, 6, D, generator=g, device=device) * 0.3
+        shift, scale, gate = [t.squeeze(2) for t in temb.chunk(6, 2)[:3]]
+    else:  # Wan: (table + temb.float()).chunk(6, dim=1)
+        temb = torch.randn(B, 6, D, generator=g, device=device) * 0.3
+        shift, scale, gate = temb.chunk(6, 1)[:3]
+    return dict(x=x, y=y, shift=shift, scale=scale, gate=gate)
+
+
+def adaln_eager(shape):
+    """(modulate, gated residual + modulate) as the block writes them."""
+    D = shape.D
+    if shape.model == "flux":  # AdaLayerNormZero / the FLUX block, in the activation dtype
+        def mod(s):
+            return F.layer_norm(s["x"], (D,), eps=1e-6) * (1 + s["scale"][:, None]) + s["shift"][:, None]
+
+        def res(s):
+            x = s["x"] + s["gate"][:, None] * s["y"]
+            return x, F.layer_norm(x, (D,), eps=1e-6) * (1 + s["scale"][:, None]) + s["shift"][:, None]
+    else:  # WanTransformerBlock: fp32 chain, one cast
+        def mod(s):
+            x = s["x"]
+            return (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]).type_as(x)
+
+        def res(s):
+            x = (s["x"].float() + s["y"] * s["gate"]).type_as(s["x"])
+            return x, (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]).type_as(x)
+    return mod, res

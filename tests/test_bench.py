@@ -1,0 +1,41 @@
+"""The benchmark machinery on the CPU (a stub timer): every op, shape and impl produces a
+row, and `ditfuse bench` without a GPU says so and exits non-zero."""
+import torch
+
+from ditfuse import bench
+from ditfuse.shapes import ADALN_SHAPES, QK_SHAPES
+
+
+def test_bench_cases_run_on_cpu():
+    rows = []
+
+    def emit(op, shape, impl, dtype, us, gbps, pct):
+        rows.append((op, shape, impl))
+        assert us > 0 and gbps > 0 and pct > 0
+
+    calls = {"n": 0}
+
+    def timer(fn):  # runs the timed function once, as do_bench would, and reports 10 us
+        fn()
+        calls["n"] += 1
+        return 10.0
+
+    impls = {"copy", "eager", "ditfuse"}
+    bench.bench_qk(QK_SHAPES["flux1-1024"].small(2), torch.float32, 4000.0, emit, impls, device="cpu", timer=timer)
+    bench.bench_qk(QK_SHAPES["wan14b-480p"].small(2), torch.bfloat16, 4000.0, emit, impls, device="cpu", timer=timer)
+    bench.bench_adaln(ADALN_SHAPES["wan5b-ti2v-704p"].small(2), torch.bfloat16, 4000.0, emit, impls,
+                      device="cpu", timer=timer)
+    bench.bench_adaln(ADALN_SHAPES["flux1-1024"].small(2), torch.bfloat16, 4000.0, emit, impls,
+                      device="cpu", timer=timer)
+    ops = {(o, i) for o, _, i in rows}
+    for op in ("qk_norm_rope", "adaln_modulate", "gated_residual_adaln"):
+        for impl in impls:
+            assert (op, impl) in ops, (op, impl)
+    assert calls["n"] == len(rows)
+
+
+def test_bench_without_gpu_exits_nonzero(capsys):
+    if torch.cuda.is_available():
+        return
+    assert bench.main([]) != 0
+    assert "no CUDA GPU" in capsys.readouterr().err
