@@ -268,3 +268,23 @@ def test_launch_settings_do_not_change_bits(name):
         outs.append((qo, ko))
     for qo, ko in outs[1:]:
         assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
+
+
+@torch.no_grad()
+def test_out_slices_of_a_concatenated_buffer():
+    """FLUX's text+image concat: each stream written into its slice of one buffer."""
+    g = torch.Generator().manual_seed(21)
+    B, T, S, H, D, dtype = 2, 3, 5, 2, 32, torch.bfloat16
+    tq, tk, iq, ik = [torch.randn(B, n, H, D, generator=g).to(dtype).to(DEVICE) for n in (T, T, S, S)]
+    cos, sin = rope_tables(T + S, D)
+    n_txt = NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
+    n_img = NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
+    qc = torch.full((B, T + S, H, D), float("nan"), dtype=dtype, device=DEVICE)
+    kc = torch.full_like(qc, float("nan"))
+    ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], q_norm=n_txt, k_norm=n_txt, out=(qc[:, :T], kc[:, :T]))
+    ditfuse.qk_norm_rope(iq, ik, cos[T:], sin[T:], q_norm=n_img, k_norm=n_img, out=(qc[:, T:], kc[:, T:]))
+    wt = ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], q_norm=n_txt, k_norm=n_txt)
+    wi = ditfuse.qk_norm_rope(iq, ik, cos[T:], sin[T:], q_norm=n_img, k_norm=n_img)
+    assert torch.equal(qc, torch.cat((wt[0], wi[0]), 1)) and torch.equal(kc, torch.cat((wt[1], wi[1]), 1))
+    with pytest.raises(ValueError, match="out"):
+        ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], out=(qc[:, :T + 1], kc[:, :T]))

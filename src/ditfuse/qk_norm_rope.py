@@ -388,9 +388,28 @@ def _as_heads(out: torch.Tensor, p: Plan) -> torch.Tensor:
     return out if p.layout == "bshd" else out.transpose(1, 2)
 
 
-def run(p: Plan, q, k, inplace: bool):
-    """Allocate (unless in place) and compute; returns outputs in the caller's shapes."""
+def _check_out(out, q, k, inplace):
     if inplace:
+        raise ValueError("pass out= or inplace=True, not both")
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError("out must be a pair (q_out, k_out)")
+    for name, o, x in (("out[0]", out[0], q), ("out[1]", out[1], k)):
+        if x is None:
+            if o is not None:
+                raise ValueError(f"{name} given but k is None")
+            continue
+        if not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(x.shape) or \
+                o.dtype != x.dtype or o.device != x.device:
+            raise ValueError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
+                             f"{x.device} (any strides)")
+
+
+def run(p: Plan, q, k, inplace: bool, out=None):
+    """Allocate (unless in place or given ``out``) and compute; returns outputs in the
+    caller's shapes."""
+    if out is not None:
+        q_out, k_out = out
+    elif inplace:
         q_out, k_out = q, k
     else:
         q_out = _out_like(q, p)
@@ -429,7 +448,7 @@ def _check_grad(*ts):
 
 def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                  rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
-                 round_after_norm=True, layout="bshd"):
+                 round_after_norm=True, layout="bshd", out=None):
     r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
 
     .. math::
@@ -482,6 +501,9 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
         single rounding at the store.
     layout : {"bshd", "bhsd"}
         How a 4-D ``q``/``k`` is laid out.
+    out : (Tensor, Tensor), optional
+        Where to write the results: tensors of q's / k's shape and dtype, any strides (e.g.
+        slices of a concatenated text+image buffer). Not with ``inplace``.
 
     Returns
     -------
@@ -505,7 +527,20 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     ...                                     num_heads=40)    # q, k: (B, S, 5120)
     """
     _check_grad(q, k, cos, sin, q_norm, k_norm)
+    if out is not None:
+        _check_out(out, q, k, inplace)
     if torch.compiler.is_compiling():
+        if out is not None:  # the functional op, then a copy into the caller's buffers
+            from . import _ops
+            rq, rk = _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
+                                              num_heads=num_heads, rope_style=rope_style,
+                                              rotary_dim=rotary_dim, positions=positions,
+                                              inplace=False, round_after_norm=round_after_norm,
+                                              layout=layout)
+            out[0].copy_(rq)
+            if rk is not None:
+                out[1].copy_(rk)
+            return out[0], out[1]
         from . import _ops
         return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
                                         num_heads=num_heads, rope_style=rope_style,
@@ -515,4 +550,4 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
              rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
              round_after_norm=round_after_norm, layout=layout)
-    return run(p, q, k, inplace)
+    return run(p, q, k, inplace, out)
