@@ -1,0 +1,135 @@
+"""``ditfuse.patch``: install fused processors and blocks into diffusers models.
+
+A table maps each model class to the function that patches its modules. Every patch is
+per module (a processor instance replaced, a ``forward`` bound on an instance), recorded
+on the module so :func:`unpatch` restores exactly what was there. Nothing global (no
+``F.scaled_dot_product_attention`` monkey-patch).
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List
+
+import torch
+
+_ORIG_PROC = "_ditfuse_orig_processor"
+_PATCHED_FWD = "_ditfuse_patched_forward"
+
+
+@dataclass
+class PatchReport:
+    """What :func:`patch` did: one line per model, counts per kind of replacement."""
+
+    lines: List[str] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, n: int = 1):
+        self.counts[kind] = self.counts.get(kind, 0) + n
+
+    def __str__(self):
+        return "\n".join(self.lines)
+
+    def __repr__(self):
+        return f"PatchReport({self.counts})"
+
+
+def set_processor(attn, new_proc) -> bool:
+    """Replace ``attn``'s processor by ``new_proc`` (keeping the attention backend and the
+    context-parallel config of the old one); False if it already is a ditfuse one."""
+    old = attn.processor
+    if getattr(old, "_ditfuse", False):
+        return False
+    new_proc.__dict__.update({k: v for k, v in old.__dict__.items() if k not in new_proc.__dict__})
+    setattr(attn, _ORIG_PROC, old)
+    attn.processor = new_proc
+    return True
+
+
+def bind_forward(module, fn: Callable) -> bool:
+    """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched."""
+    if _PATCHED_FWD in module.__dict__:
+        return False
+    module.forward = types.MethodType(fn, module)
+    module.__dict__[_PATCHED_FWD] = True
+    return True
+
+
+def _registry():
+    from . import _flux, _wan
+
+    return {
+        "WanTransformer3DModel": _wan.patch_model,
+        "FluxTransformer2DModel": _flux.patch_model,
+    }
+
+
+def _models(obj):
+    if isinstance(obj, torch.nn.Module):
+        return [("model", obj)]
+    comps = getattr(obj, "components", None)
+    if isinstance(comps, dict):
+        return [(k, v) for k, v in comps.items() if isinstance(v, torch.nn.Module)]
+    raise TypeError(f"patch() takes a diffusers model or pipeline, got {type(obj).__name__}")
+
+
+def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool = True) -> PatchReport:
+    """Install ditfuse's fused kernels into a diffusers model or pipeline, in place.
+
+    Parameters
+    ----------
+    obj : torch.nn.Module or DiffusionPipeline
+        A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``) or a pipeline, in
+        which every component of a known class is patched (Wan 2.2's ``transformer`` and
+        ``transformer_2`` both).
+    qk_norm_rope, adaln, attention : bool
+        Which fusions to install. ``attention`` is reserved for the sliding-window
+        attention of the SAME autoencoder.
+
+    Returns
+    -------
+    PatchReport
+        One line per component: what was replaced, or why it was left untouched.
+
+    Patching twice is harmless; :func:`unpatch` restores the original processors and
+    forwards. Patch before ``enable_parallelism`` / ``torch.compile``.
+    """
+    report = PatchReport()
+    reg = _registry()
+    for name, model in _models(obj):
+        fn = reg.get(type(model).__name__)
+        if fn is None:
+            report.lines.append(f"{name}: {type(model).__name__} left untouched (ditfuse has no "
+                                f"patch for this class)")
+            continue
+        before = dict(report.counts)
+        fn(model, report, qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention)
+        done = {k: v - before.get(k, 0) for k, v in report.counts.items() if v - before.get(k, 0)}
+        what = ", ".join(f"{v} {k}" for k, v in done.items()) or "nothing new (already patched)"
+        report.lines.append(f"{name}: {type(model).__name__}: {what}")
+    return report
+
+
+def unpatch(obj) -> int:
+    """Restore every processor and forward that :func:`patch` replaced; returns how many."""
+    n = 0
+    for _, model in _models(obj):
+        for m in model.modules():
+            if _ORIG_PROC in m.__dict__:
+                m.processor = m.__dict__.pop(_ORIG_PROC)
+                n += 1
+            if m.__dict__.pop(_PATCHED_FWD, False):
+                del m.__dict__["forward"]
+                n += 1
+    return n
+
+
+def grad_needed(*tensors) -> bool:
+    """True when autograd would need gradients through these tensors (the fused kernels
+    are inference-only, so the original code runs)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def params_need_grad(module) -> bool:
+    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())

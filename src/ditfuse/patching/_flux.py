@@ -1,0 +1,144 @@
+"""FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single)."""
+from __future__ import annotations
+
+import torch
+
+from ..adaln import adaln_modulate
+from ..qk_norm_rope import qk_norm_rope
+from . import bind_forward, grad_needed, params_need_grad, set_processor
+
+
+def _norm_ok(m) -> bool:
+    return isinstance(m, (torch.nn.RMSNorm, torch.nn.Identity)) or type(m).__name__ == "RMSNorm"
+
+
+def _make_processor():
+    from diffusers.models.transformers import transformer_flux as tf
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    class DitfuseFluxAttnProcessor(tf.FluxAttnProcessor):
+        """FluxAttnProcessor with the per-head QK-norm and the RoPE of each stream fused into
+        one kernel; the text and image streams are written straight into their slices of the
+        concatenated Q/K (no separate concat copy of Q and K).
+
+        Falls back to ``FluxAttnProcessor.__call__`` when autograd needs gradients, when a
+        q/k norm is not an RMSNorm (torch's or diffusers'), or when ``image_rotary_emb`` is
+        not a (cos, sin) pair of (S_total, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
+            ok = (_norm_ok(attn.norm_q) and _norm_ok(attn.norm_k)
+                  and (not joint or (_norm_ok(attn.norm_added_q) and _norm_ok(attn.norm_added_k)))
+                  and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == total)
+            if not ok or (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            query, key, value, encoder_query, encoder_key, encoder_value = tf._get_qkv_projections(
+                attn, hidden_states, encoder_hidden_states)
+            D = attn.head_dim
+            query = query.unflatten(-1, (-1, D))
+            key = key.unflatten(-1, (-1, D))
+            value = value.unflatten(-1, (-1, D))
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            if joint:
+                encoder_query = encoder_query.unflatten(-1, (-1, D))
+                encoder_key = encoder_key.unflatten(-1, (-1, D))
+                encoder_value = encoder_value.unflatten(-1, (-1, D))
+                T = encoder_query.shape[1]
+                B, S, H = query.shape[:3]
+                q_all = query.new_empty(B, T + S, H, D)
+                k_all = key.new_empty(B, T + S, H, D)
+                qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T),
+                             q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
+                             out=(q_all[:, :T], k_all[:, :T]))
+                qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q,
+                             k_norm=attn.norm_k, out=(q_all[:, T:], k_all[:, T:]))
+                query, key = q_all, k_all
+                value = torch.cat([encoder_value, value], dim=1)
+            else:
+                query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
+                                          k_norm=attn.norm_k)
+
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if encoder_hidden_states is not None:
+                encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                    [encoder_hidden_states.shape[1],
+                     hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+                hidden_states = attn.to_out[0](hidden_states.contiguous())
+                hidden_states = attn.to_out[1](hidden_states)
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+                return hidden_states, encoder_hidden_states
+            return hidden_states
+
+    return DitfuseFluxAttnProcessor
+
+
+def _rows(cos, sin, a, b):
+    if cos is None:
+        return None, None
+    return cos[a:b], sin[a:b]
+
+
+def _ada_ok(self, x, emb_dtype) -> bool:
+    from diffusers.models.normalization import FP32LayerNorm
+
+    n = self.norm
+    return (isinstance(n, (torch.nn.LayerNorm, FP32LayerNorm)) and n.weight is None
+            and n.bias is None and emb_dtype == x.dtype and x.dim() == 3
+            and not grad_needed(x) and not params_need_grad(self))
+
+
+def _ada_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+    """AdaLayerNormZero.forward with norm + modulate fused; rounding per op, as the module
+    computes in the activation dtype (bitwise for most elements)."""
+    if self.emb is not None:
+        emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+    emb = self.linear(self.silu(emb))
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+    if _ada_ok(self, x, emb.dtype):
+        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
+                           rounding="per_op")
+    else:
+        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+def _ada_zero_single_forward(self, x, emb=None):
+    emb = self.linear(self.silu(emb))
+    shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+    if _ada_ok(self, x, emb.dtype):
+        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
+                           rounding="per_op")
+    else:
+        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    return x, gate_msa
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+    from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
+
+    proc_cls = _make_processor() if qk_norm_rope else None
+    for m in model.modules():
+        if proc_cls is not None and isinstance(m, FluxAttention) and \
+                type(m.processor) is FluxAttnProcessor:
+            if set_processor(m, proc_cls()):
+                report.add("attention processors (QK-norm + RoPE)")
+        if adaln and type(m) is AdaLayerNormZero:
+            if bind_forward(m, _ada_zero_forward):
+                report.add("AdaLayerNormZero (modulate)")
+        if adaln and type(m) is AdaLayerNormZeroSingle:
+            if bind_forward(m, _ada_zero_single_forward):
+                report.add("AdaLayerNormZeroSingle (modulate)")

@@ -1,0 +1,154 @@
+"""Wan 2.x (WanTransformer3DModel: T2V, I2V with ``norm_added_k``, TI2V per-token temb)."""
+from __future__ import annotations
+
+import torch
+
+from ..adaln import adaln_modulate, gated_residual_adaln
+from ..qk_norm_rope import qk_norm_rope
+from . import bind_forward, grad_needed, params_need_grad, set_processor
+
+
+def _norm_ok(m) -> bool:
+    return isinstance(m, (torch.nn.RMSNorm, torch.nn.Identity))
+
+
+def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
+    """Norm (+ Wan's RoPE) of q (and k) as (B, S, H*D), in place on the projections."""
+    if cos is None and isinstance(norm, torch.nn.Identity) and (k is None or isinstance(k_norm, torch.nn.Identity)):
+        return x, k
+    D = x.shape[-1] // H
+    if cos is not None:
+        # Wan rotates with cos[..., 0::2] and sin[..., 1::2] for both channels of a pair:
+        # pass exactly those half-width views (unique frequencies), so any table gives Wan's
+        # arithmetic, repeat-interleaved or not.
+        cos, sin = cos[..., 0::2], sin[..., 1::2]
+    return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
+                        rotary_dim=D if cos is not None else None, inplace=True)
+
+
+def _make_processor():
+    from diffusers.models.transformers import transformer_wan as tw
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    class DitfuseWanAttnProcessor(tw.WanAttnProcessor):
+        """WanAttnProcessor with QK-norm (across heads) + RoPE fused into one kernel, and the
+        I2V ``norm_added_k`` through the same kernel.
+
+        Falls back to ``WanAttnProcessor.__call__`` when autograd needs gradients, when a
+        q/k norm is not ``torch.nn.RMSNorm`` / ``Identity``, or when ``rotary_emb`` is not a
+        (cos, sin) pair of (1, S, 1, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     rotary_emb=None):
+            ok = (_norm_ok(attn.norm_q) and _norm_ok(attn.norm_k)
+                  and (attn.add_k_proj is None or _norm_ok(attn.norm_added_k))
+                  and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and rotary_emb is not None:
+                ok = (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2
+                      and rotary_emb[0].dim() == 4 and rotary_emb[0].shape[2] == 1)
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        rotary_emb)
+            encoder_hidden_states_img = None
+            if attn.add_k_proj is not None:
+                image_context_length = encoder_hidden_states.shape[1] - 512
+                encoder_hidden_states_img = encoder_hidden_states[:, :image_context_length]
+                encoder_hidden_states = encoder_hidden_states[:, image_context_length:]
+
+            query, key, value = tw._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+            H = attn.heads
+            if rotary_emb is not None and query.shape == key.shape:
+                query, key = _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k)
+            else:
+                query, _ = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)))
+                key, _ = _qk(key, attn.norm_k, H)
+            query = query.unflatten(2, (H, -1))
+            key = key.unflatten(2, (H, -1))
+            value = value.unflatten(2, (H, -1))
+
+            hidden_states_img = None
+            if encoder_hidden_states_img is not None:
+                key_img, value_img = tw._get_added_kv_projections(attn, encoder_hidden_states_img)
+                key_img, _ = _qk(key_img, attn.norm_added_k, H)
+                key_img = key_img.unflatten(2, (H, -1))
+                value_img = value_img.unflatten(2, (H, -1))
+                hidden_states_img = dispatch_attention_fn(
+                    query, key_img, value_img, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    backend=self._attention_backend, parallel_config=None)
+                hidden_states_img = hidden_states_img.flatten(2, 3).type_as(query)
+
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend,
+                parallel_config=(self._parallel_config if encoder_hidden_states is None else None))
+            hidden_states = hidden_states.flatten(2, 3).type_as(query)
+            if hidden_states_img is not None:
+                hidden_states = hidden_states + hidden_states_img
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+            return hidden_states
+
+    return DitfuseWanAttnProcessor
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    """WanTransformerBlock.forward with the three AdaLN chains fused (same arithmetic: fp32
+    math, the model's casts): norm1 + modulate; gated residual + norm2; residual + norm3 +
+    modulate. The FFN's gated residual stays eager (it feeds the next block)."""
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    if grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self):
+        return WanTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+    if temb.ndim == 4:  # (B, S, 6, D): Wan 2.2 TI2V, per-token modulation
+        mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
+        mods = [m.squeeze(2) for m in mods]
+    else:
+        mods = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
+
+    norm_hidden_states = adaln_modulate(hidden_states, shift_msa, scale_msa, norm="layer",
+                                        eps=self.norm1.eps)
+    attn_output = self.attn1(norm_hidden_states, None, None, rotary_emb)
+    if isinstance(self.norm2, torch.nn.Identity):
+        hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
+        norm_hidden_states = hidden_states
+    else:
+        hidden_states, norm_hidden_states = gated_residual_adaln(
+            hidden_states, attn_output, gate_msa, norm="layer", weight=self.norm2.weight,
+            bias=self.norm2.bias, eps=self.norm2.eps)
+    attn_output = self.attn2(norm_hidden_states, encoder_hidden_states, None, None)
+    hidden_states, norm_hidden_states = gated_residual_adaln(
+        hidden_states, attn_output, None, c_shift_msa, c_scale_msa, norm="layer", eps=self.norm3.eps)
+    ff_output = self.ffn(norm_hidden_states)
+    hidden_states = (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
+    return hidden_states
+
+
+def _block_ok(block) -> bool:
+    """The block's norms are the FP32LayerNorms the fused chain reproduces."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    n1, n2, n3 = block.norm1, block.norm2, block.norm3
+    plain = all(isinstance(n, FP32LayerNorm) and n.weight is None and n.bias is None for n in (n1, n3))
+    n2_ok = isinstance(n2, torch.nn.Identity) or (
+        isinstance(n2, FP32LayerNorm) and n2.weight is not None)
+    return plain and n2_ok
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+    from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor,
+                                                               WanTransformerBlock)
+
+    proc_cls = _make_processor() if qk_norm_rope else None
+    for m in model.modules():
+        if proc_cls is not None and isinstance(m, WanAttention) and \
+                type(m.processor) is WanAttnProcessor:
+            if set_processor(m, proc_cls()):
+                report.add("attention processors (QK-norm + RoPE)")
+        if adaln and isinstance(m, WanTransformerBlock) and _block_ok(m):
+            if bind_forward(m, _block_forward):
+                report.add("blocks (AdaLN)")

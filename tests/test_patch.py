@@ -1,0 +1,154 @@
+"""ditfuse.patch on diffusers' models (tiny configs): patched vs unpatched outputs,
+unpatch restores exactly, patching twice is harmless, unknown classes are left alone."""
+import pytest
+import torch
+
+import ditfuse
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers import FluxTransformer2DModel, WanTransformer3DModel  # noqa: E402
+
+# outputs of a whole (tiny) model: a few roundings of the activation dtype through the
+# blocks, relative to the output's scale
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
+
+
+def _randomize(m, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for p in m.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return m.eval()
+
+
+def _wan(i2v=False):
+    kw = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+              out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2,
+              cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    if i2v:
+        kw.update(image_dim=8, added_kv_proj_dim=24)
+    return _randomize(WanTransformer3DModel(**kw))
+
+
+def _wan_inputs(dtype, i2v=False, per_token=False):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 4, 1, 8, 8, generator=g).to(dtype)
+    e = torch.randn(1, 6, 16, generator=g).to(dtype)
+    kw = dict(hidden_states=x, encoder_hidden_states=e, return_dict=False)
+    if per_token:  # Wan 2.2 TI2V: one timestep per token
+        kw["timestep"] = torch.full((1, 16), 500.0).to(dtype)
+    else:
+        kw["timestep"] = torch.tensor([500.0]).to(dtype)
+    if i2v:
+        kw["encoder_hidden_states_image"] = torch.randn(1, 3, 8, generator=g).to(dtype)
+    return kw
+
+
+def _flux():
+    return _randomize(FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8]))
+
+
+def _flux_inputs(dtype):
+    g = torch.Generator().manual_seed(2)
+    S, T = 16, 8
+    return dict(hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
+                pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
+                timestep=torch.tensor([0.5]).to(dtype), img_ids=torch.randn(S, 3, generator=g),
+                txt_ids=torch.randn(T, 3, generator=g), return_dict=False)
+
+
+def _close(out, ref, dtype):
+    scale = ref.float().abs().max().item()
+    err = (out.float() - ref.float()).abs().max().item()
+    share = (out == ref).float().mean().item()
+    print(f"{dtype}: max |patched - unpatched| {err:.3g} (output scale {scale:.3g}), "
+          f"{100 * share:.1f}% bitwise")
+    assert err <= TOL[dtype] * scale, (err, scale)
+    return share
+
+
+CASES = [
+    ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    ("wan-ti2v", lambda: _wan(), lambda dt: _wan_inputs(dt, per_token=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 2, "AdaLayerNormZero (modulate)": 2,
+                                    "AdaLayerNormZeroSingle (modulate)": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
+@torch.no_grad()
+def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
+    model = make().to(dtype)
+    kw = inputs(dtype)
+    ref = model(**kw)[0]
+    report = ditfuse.patch(model)
+    for kind, n in expected.items():
+        assert report.counts.get(kind) == n, (report.counts, kind)
+    out = model(**kw)[0]
+    share = _close(out, ref, dtype)
+    if name.startswith("flux") and dtype == torch.bfloat16:
+        assert share == 1.0, "FLUX in bf16: the patched model is bitwise the unpatched one"
+    again = ditfuse.patch(model)
+    assert not again.counts, "patching twice replaced something again"
+    assert torch.equal(model(**kw)[0], out)
+    assert ditfuse.unpatch(model) == sum(expected.values())
+    assert torch.equal(model(**kw)[0], ref), "unpatch must restore the original outputs exactly"
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+    for m in model.modules():
+        if hasattr(m, "processor"):
+            assert type(m.processor) in (WanAttnProcessor, FluxAttnProcessor)
+        assert "forward" not in m.__dict__
+
+
+def test_pipeline_components_and_unknown_classes():
+    class Pipe:  # what patch() uses of a DiffusionPipeline: .components
+        def __init__(self):
+            self.components = {"transformer": _wan(), "transformer_2": _wan(),
+                               "vae": torch.nn.Linear(2, 2), "scheduler": object()}
+
+    pipe = Pipe()
+    report = ditfuse.patch(pipe)
+    text = str(report)
+    assert "transformer: WanTransformer3DModel" in text and "transformer_2: WanTransformer3DModel" in text
+    assert "vae: Linear left untouched" in text
+    assert "forward" not in pipe.components["vae"].__dict__
+    assert ditfuse.unpatch(pipe) == 2 * 6
+    with pytest.raises(TypeError, match="patch"):
+        ditfuse.patch(object())
+
+
+def test_processor_keeps_backend_and_parallel_config():
+    model = _wan()
+    attn = model.blocks[0].attn1
+    attn.processor._attention_backend = "native"
+    attn.processor._parallel_config = "sentinel"
+    ditfuse.patch(model)
+    assert attn.processor._attention_backend == "native"
+    assert attn.processor._parallel_config == "sentinel"
+    ditfuse.unpatch(model)
+
+
+def test_grad_mode_falls_back_to_the_original_code():
+    model = _wan()
+    kw = _wan_inputs(torch.float32)
+    ref = model(**kw)[0]
+    ditfuse.patch(model)
+    out = model(**kw)[0]  # grad enabled, parameters require grad: the original code runs
+    assert torch.equal(out, ref) and out.requires_grad
+
+
+def test_compile_fullgraph_patched_flux():
+    model = _flux()
+    kw = _flux_inputs(torch.float32)
+    ditfuse.patch(model)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(**kw)[0]
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
