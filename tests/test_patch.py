@@ -6,7 +6,7 @@ import torch
 import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
-from diffusers import FluxTransformer2DModel, WanTransformer3DModel  # noqa: E402
+from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, WanTransformer3DModel  # noqa: E402
 
 # outputs of a whole (tiny) model: a few roundings of the activation dtype through the
 # blocks, relative to the output's scale
@@ -70,12 +70,30 @@ def _close(out, ref, dtype):
     return share
 
 
+def _flux2():
+    return _randomize(Flux2Transformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
+        axes_dims_rope=(4, 4, 4, 4)))
+
+
+def _flux2_inputs(dtype):
+    g = torch.Generator().manual_seed(3)
+    S, T = 16, 8
+    return dict(hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
+                timestep=torch.tensor([0.5]).to(dtype), img_ids=torch.randn(1, S, 4, generator=g),
+                txt_ids=torch.randn(1, T, 4, generator=g), guidance=torch.tensor([3.5]).to(dtype),
+                return_dict=False)
+
+
 CASES = [
     ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-ti2v", lambda: _wan(), lambda dt: _wan_inputs(dt, per_token=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 2, "AdaLayerNormZero (modulate)": 2,
                                     "AdaLayerNormZeroSingle (modulate)": 1}),
+    ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 2}),
 ]
 
 
@@ -92,7 +110,7 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
     out = model(**kw)[0]
     share = _close(out, ref, dtype)
     if name.startswith("flux") and dtype == torch.bfloat16:
-        assert share == 1.0, "FLUX in bf16: the patched model is bitwise the unpatched one"
+        assert share == 1.0, "FLUX.1/.2 in bf16: the patched model is bitwise the unpatched one"
     again = ditfuse.patch(model)
     assert not again.counts, "patching twice replaced something again"
     assert torch.equal(model(**kw)[0], out)
@@ -100,9 +118,12 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
     assert torch.equal(model(**kw)[0], ref), "unpatch must restore the original outputs exactly"
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+    from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor,
+                                                                 Flux2ParallelSelfAttnProcessor)
+    originals = (WanAttnProcessor, FluxAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor)
     for m in model.modules():
         if hasattr(m, "processor"):
-            assert type(m.processor) in (WanAttnProcessor, FluxAttnProcessor)
+            assert type(m.processor) in originals
         assert "forward" not in m.__dict__
 
 

@@ -56,11 +56,12 @@ def bind_forward(module, fn: Callable) -> bool:
 
 
 def _registry():
-    from . import _flux, _wan
+    from . import _flux, _flux2, _wan
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
         "FluxTransformer2DModel": _flux.patch_model,
+        "Flux2Transformer2DModel": _flux2.patch_model,
     }
 
 
@@ -79,7 +80,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     Parameters
     ----------
     obj : torch.nn.Module or DiffusionPipeline
-        A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``) or a pipeline, in
+        A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
+        ``Flux2Transformer2DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention : bool

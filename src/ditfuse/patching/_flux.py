@@ -31,42 +31,14 @@ def _make_processor():
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
             joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
-            ok = (_norm_ok(attn.norm_q) and _norm_ok(attn.norm_k)
-                  and (not joint or (_norm_ok(attn.norm_added_q) and _norm_ok(attn.norm_added_k)))
-                  and not grad_needed(hidden_states, encoder_hidden_states)
-                  and not params_need_grad(attn))
-            total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)
-            if ok and image_rotary_emb is not None:
-                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
-                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == total)
+            ok = qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint)
             if not ok or (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                         image_rotary_emb)
             query, key, value, encoder_query, encoder_key, encoder_value = tf._get_qkv_projections(
                 attn, hidden_states, encoder_hidden_states)
-            D = attn.head_dim
-            query = query.unflatten(-1, (-1, D))
-            key = key.unflatten(-1, (-1, D))
-            value = value.unflatten(-1, (-1, D))
-            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
-            if joint:
-                encoder_query = encoder_query.unflatten(-1, (-1, D))
-                encoder_key = encoder_key.unflatten(-1, (-1, D))
-                encoder_value = encoder_value.unflatten(-1, (-1, D))
-                T = encoder_query.shape[1]
-                B, S, H = query.shape[:3]
-                q_all = query.new_empty(B, T + S, H, D)
-                k_all = key.new_empty(B, T + S, H, D)
-                qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T),
-                             q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
-                             out=(q_all[:, :T], k_all[:, :T]))
-                qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q,
-                             k_norm=attn.norm_k, out=(q_all[:, T:], k_all[:, T:]))
-                query, key = q_all, k_all
-                value = torch.cat([encoder_value, value], dim=1)
-            else:
-                query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
-                                          k_norm=attn.norm_k)
+            query, key, value = joint_qk(attn, query, key, value, encoder_query, encoder_key,
+                                         encoder_value, image_rotary_emb, joint)
 
             hidden_states = dispatch_attention_fn(
                 query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
@@ -89,6 +61,46 @@ def _rows(cos, sin, a, b):
     if cos is None:
         return None, None
     return cos[a:b], sin[a:b]
+
+
+def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -> bool:
+    """Whether the fused Q/K path reproduces the processor: RMS q/k norms, no gradients,
+    a (cos, sin) pair of (S_total, D) tables (or no RoPE)."""
+    ok = (_norm_ok(attn.norm_q) and _norm_ok(attn.norm_k)
+          and (not joint or (_norm_ok(attn.norm_added_q) and _norm_ok(attn.norm_added_k)))
+          and not grad_needed(hidden_states, encoder_hidden_states)
+          and not params_need_grad(attn))
+    total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)
+    if ok and image_rotary_emb is not None:
+        ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+              and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == total)
+    return ok
+
+
+def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint):
+    """Per-head norm + RoPE of the (text +) image streams, as the FLUX processors do before
+    attention: unflatten to heads, norm each stream with its own norms, concatenate text
+    first, rotate the whole sequence. Each stream is written into its slice of the joint Q/K
+    by one kernel call; returns (query, key, value) as (B, S_total, H, D)."""
+    D = attn.head_dim
+    query = query.unflatten(-1, (-1, D))
+    key = key.unflatten(-1, (-1, D))
+    value = value.unflatten(-1, (-1, D))
+    cos, sin = rope if rope is not None else (None, None)
+    if not joint:
+        return (*qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k), value)
+    encoder_query = encoder_query.unflatten(-1, (-1, D))
+    encoder_key = encoder_key.unflatten(-1, (-1, D))
+    encoder_value = encoder_value.unflatten(-1, (-1, D))
+    T = encoder_query.shape[1]
+    B, S, H = query.shape[:3]
+    q_all = query.new_empty(B, T + S, H, D)
+    k_all = key.new_empty(B, T + S, H, D)
+    qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T), q_norm=attn.norm_added_q,
+                 k_norm=attn.norm_added_k, out=(q_all[:, :T], k_all[:, :T]))
+    qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q, k_norm=attn.norm_k,
+                 out=(q_all[:, T:], k_all[:, T:]))
+    return q_all, k_all, torch.cat([encoder_value, value], dim=1)
 
 
 def _ada_ok(self, x, emb_dtype) -> bool:
