@@ -6,7 +6,8 @@ import torch
 import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
-from diffusers import Flux2Transformer2DModel, FluxTransformer2DModel, WanTransformer3DModel  # noqa: E402
+from diffusers import (Flux2Transformer2DModel, FluxTransformer2DModel,  # noqa: E402
+                       HunyuanVideoTransformer3DModel, WanTransformer3DModel)
 
 # outputs of a whole (tiny) model: a few roundings of the activation dtype through the
 # blocks, relative to the output's scale
@@ -87,6 +88,23 @@ def _flux2_inputs(dtype):
                 return_dict=False)
 
 
+def _hunyuan():
+    return _randomize(HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1,
+        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)))
+
+
+def _hunyuan_inputs(dtype):
+    g = torch.Generator().manual_seed(4)
+    return dict(hidden_states=torch.randn(1, 4, 1, 4, 4, generator=g).to(dtype),
+                timestep=torch.tensor([3]).to(dtype),
+                encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(dtype),
+                encoder_attention_mask=torch.ones(1, 5).to(dtype),
+                pooled_projections=torch.randn(1, 8, generator=g).to(dtype),
+                guidance=torch.tensor([3.0]).to(dtype), return_dict=False)
+
+
 CASES = [
     ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
@@ -94,6 +112,7 @@ CASES = [
     ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 2, "AdaLayerNormZero (modulate)": 2,
                                     "AdaLayerNormZeroSingle (modulate)": 1}),
     ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 2}),
+    ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2}),
 ]
 
 
@@ -109,8 +128,8 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
         assert report.counts.get(kind) == n, (report.counts, kind)
     out = model(**kw)[0]
     share = _close(out, ref, dtype)
-    if name.startswith("flux") and dtype == torch.bfloat16:
-        assert share == 1.0, "FLUX.1/.2 in bf16: the patched model is bitwise the unpatched one"
+    if (name.startswith("flux") or name.startswith("hunyuan")) and dtype == torch.bfloat16:
+        assert share == 1.0, "in bf16 the patched model is bitwise the unpatched one"
     again = ditfuse.patch(model)
     assert not again.counts, "patching twice replaced something again"
     assert torch.equal(model(**kw)[0], out)
@@ -120,7 +139,10 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
     from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
     from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor,
                                                                  Flux2ParallelSelfAttnProcessor)
-    originals = (WanAttnProcessor, FluxAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor)
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+    from diffusers.models.attention_processor import AttnProcessor2_0
+    originals = (WanAttnProcessor, FluxAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
+                 HunyuanVideoAttnProcessor2_0, AttnProcessor2_0)
     for m in model.modules():
         if hasattr(m, "processor"):
             assert type(m.processor) in originals

@@ -1,0 +1,93 @@
+"""HunyuanVideo (HunyuanVideoTransformer3DModel): per-head QK-norm + RoPE on the image
+tokens, QK-norm only on the text tokens, in place on the fresh projections."""
+from __future__ import annotations
+
+import torch
+
+from ..qk_norm_rope import qk_norm_rope
+from . import grad_needed, params_need_grad, set_processor
+
+
+def _norm_ok(m) -> bool:
+    return m is None or isinstance(m, (torch.nn.RMSNorm, torch.nn.LayerNorm)) or \
+        type(m).__name__ in ("RMSNorm",)
+
+
+def _make_processor():
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_hunyuan_video as th
+
+    class DitfuseHunyuanVideoAttnProcessor(th.HunyuanVideoAttnProcessor2_0):
+        """HunyuanVideoAttnProcessor2_0 with QK-norm + RoPE fused: image tokens are normalised
+        and rotated by one kernel, text tokens normalised by one kernel, in place.
+
+        Falls back to the original when autograd needs gradients, a q/k norm is not an
+        RMSNorm/LayerNorm, or the RoPE is not a (cos, sin) pair of (S_image, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            norms = (attn.norm_q, attn.norm_k, getattr(attn, "norm_added_q", None),
+                     getattr(attn, "norm_added_k", None))
+            single = attn.add_q_proj is None and encoder_hidden_states is not None
+            T = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
+            n_img = hidden_states.shape[1]
+            ok = (all(_norm_ok(n) for n in norms) and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == n_img)
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            if single:
+                hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+            query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+            key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+            value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            img = slice(0, n_img)
+            qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
+                         k_norm=attn.norm_k, inplace=True)
+            if single:  # the text tail is normalised but not rotated
+                txt = slice(n_img, n_img + T)
+                qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q, k_norm=attn.norm_k,
+                             inplace=True)
+            if attn.add_q_proj is not None and encoder_hidden_states is not None:
+                encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
+                             k_norm=attn.norm_added_k, inplace=True)
+                query = torch.cat([query, encoder_query], dim=1)
+                key = torch.cat([key, encoder_key], dim=1)
+                value = torch.cat([value, encoder_value], dim=1)
+
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if encoder_hidden_states is not None:
+                hidden_states, encoder_hidden_states = (hidden_states[:, :-T], hidden_states[:, -T:])
+                if getattr(attn, "to_out", None) is not None:
+                    hidden_states = attn.to_out[0](hidden_states)
+                    hidden_states = attn.to_out[1](hidden_states)
+                if getattr(attn, "to_add_out", None) is not None:
+                    encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+            return hidden_states, encoder_hidden_states
+
+    return DitfuseHunyuanVideoAttnProcessor
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+
+    if not qk_norm_rope:
+        return
+    cls = _make_processor()
+    for m in model.modules():
+        if type(getattr(m, "processor", None)) is HunyuanVideoAttnProcessor2_0:
+            if set_processor(m, cls()):
+                report.add("attention processors (QK-norm + RoPE)")
