@@ -105,6 +105,23 @@ def _hunyuan_inputs(dtype):
                 guidance=torch.tensor([3.0]).to(dtype), return_dict=False)
 
 
+def _sa3():
+    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3DiTModel
+
+    return _randomize(StableAudio3DiTModel(
+        io_channels=8, embed_dim=32, depth=1, num_heads=2, cond_token_dim=8, global_cond_dim=8,
+        local_add_cond_dim=4, timestep_features_dim=16, num_memory_tokens=2))
+
+
+def _sa3_inputs(dtype):
+    g = torch.Generator().manual_seed(5)
+    return dict(hidden_states=torch.randn(1, 8, 6, generator=g).to(dtype),
+                timestep=torch.tensor([0.3]).to(dtype),
+                encoder_hidden_states=torch.randn(1, 3, 8, generator=g).to(dtype),
+                global_hidden_states=torch.randn(1, 8, generator=g).to(dtype),
+                local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype), return_dict=False)
+
+
 CASES = [
     ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
@@ -113,6 +130,7 @@ CASES = [
                                     "AdaLayerNormZeroSingle (modulate)": 1}),
     ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 2}),
     ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2}),
+    ("sa3-dit", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1}),
 ]
 
 
@@ -128,7 +146,7 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
         assert report.counts.get(kind) == n, (report.counts, kind)
     out = model(**kw)[0]
     share = _close(out, ref, dtype)
-    if (name.startswith("flux") or name.startswith("hunyuan")) and dtype == torch.bfloat16:
+    if not name.startswith("wan") and dtype == torch.bfloat16:
         assert share == 1.0, "in bf16 the patched model is bitwise the unpatched one"
     again = ditfuse.patch(model)
     assert not again.counts, "patching twice replaced something again"
@@ -141,8 +159,10 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
                                                                  Flux2ParallelSelfAttnProcessor)
     from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
     from diffusers.models.attention_processor import AttnProcessor2_0
+    from diffusers.models.transformers import transformer_stable_audio3 as ts
     originals = (WanAttnProcessor, FluxAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
-                 HunyuanVideoAttnProcessor2_0, AttnProcessor2_0)
+                 HunyuanVideoAttnProcessor2_0, AttnProcessor2_0, ts.StableAudio3SelfAttnProcessor,
+                 ts.StableAudio3CrossAttnProcessor)
     for m in model.modules():
         if hasattr(m, "processor"):
             assert type(m.processor) in originals

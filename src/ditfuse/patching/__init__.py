@@ -56,13 +56,14 @@ def bind_forward(module, fn: Callable) -> bool:
 
 
 def _registry():
-    from . import _flux, _flux2, _hunyuan, _wan
+    from . import _flux, _flux2, _hunyuan, _sa3, _wan
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
         "FluxTransformer2DModel": _flux.patch_model,
         "Flux2Transformer2DModel": _flux2.patch_model,
         "HunyuanVideoTransformer3DModel": _hunyuan.patch_model,
+        "StableAudio3DiTModel": _sa3.patch_model,
     }
 
 
@@ -82,7 +83,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     ----------
     obj : torch.nn.Module or DiffusionPipeline
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
-        ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``) or a pipeline, in
+        ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
+        ``StableAudio3DiTModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention : bool
