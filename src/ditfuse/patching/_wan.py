@@ -37,6 +37,11 @@ def _make_processor():
         Falls back to ``WanAttnProcessor.__call__`` when autograd needs gradients, when a
         q/k norm is not ``torch.nn.RMSNorm`` / ``Identity``, or when ``rotary_emb`` is not a
         (cos, sin) pair of (1, S, 1, D) tables.
+
+        Bitwise the eager processor when the RoPE tables are fp32 (as ``from_pretrained``
+        keeps them, ``_keep_in_fp32_modules``); a model cast whole with ``.to(bfloat16)``
+        has bf16 tables, where eager Wan rounds every RoPE product in bf16 and the kernel
+        rounds once (within a rounding).
         """
 
         _ditfuse = True
