@@ -136,6 +136,22 @@ def _sa3_inputs(dtype):
                 local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype), return_dict=False)
 
 
+def _qwen():
+    from diffusers import QwenImageTransformer2DModel
+
+    return _randomize(QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4)))
+
+
+def _qwen_inputs(dtype):
+    g = torch.Generator().manual_seed(6)
+    return dict(hidden_states=torch.randn(1, 16, 16, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype),
+                encoder_hidden_states_mask=torch.ones(1, 7, dtype=torch.bool),
+                timestep=torch.tensor([1.0]).to(dtype), img_shapes=[(1, 4, 4)], return_dict=False)
+
+
 CASES = [
     ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
@@ -145,6 +161,7 @@ CASES = [
     ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 2}),
     ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2}),
     ("sa3-dit", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1}),
+    ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1}),
 ]
 
 
@@ -177,6 +194,8 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
     originals = (WanAttnProcessor, FluxAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
                  HunyuanVideoAttnProcessor2_0, AttnProcessor2_0, ts.StableAudio3SelfAttnProcessor,
                  ts.StableAudio3CrossAttnProcessor)
+    from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+    originals = originals + (QwenDoubleStreamAttnProcessor2_0,)
     for m in model.modules():
         if hasattr(m, "processor"):
             assert type(m.processor) in originals

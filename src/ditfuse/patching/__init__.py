@@ -56,7 +56,7 @@ def bind_forward(module, fn: Callable) -> bool:
 
 
 def _registry():
-    from . import _flux, _flux2, _hunyuan, _sa3, _wan
+    from . import _flux, _flux2, _hunyuan, _qwen, _sa3, _wan
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
@@ -64,6 +64,7 @@ def _registry():
         "Flux2Transformer2DModel": _flux2.patch_model,
         "HunyuanVideoTransformer3DModel": _hunyuan.patch_model,
         "StableAudio3DiTModel": _sa3.patch_model,
+        "QwenImageTransformer2DModel": _qwen.patch_model,
     }
 
 
@@ -84,7 +85,7 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     obj : torch.nn.Module or DiffusionPipeline
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
         ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
-        ``StableAudio3DiTModel``) or a pipeline, in
+        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention : bool

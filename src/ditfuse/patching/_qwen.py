@@ -1,0 +1,103 @@
+"""Qwen-Image (QwenImageTransformer2DModel): per-head QK-norm + RoPE of the text and image
+streams, each written into its slice of the joint Q/K. Qwen's RoPE is a complex multiply;
+``x * (c + i s)`` on pairs (2i, 2i+1) is the interleaved rotation with the unique-frequency
+tables ``c = freqs.real``, ``s = freqs.imag`` (strided views, no copy)."""
+from __future__ import annotations
+
+import torch
+
+from ..qk_norm_rope import qk_norm_rope
+from . import grad_needed, params_need_grad, set_processor
+
+
+def _norm_ok(m) -> bool:
+    return m is None or isinstance(m, torch.nn.RMSNorm) or type(m).__name__ == "RMSNorm"
+
+
+def _cs(freqs):
+    ri = torch.view_as_real(freqs)
+    return ri[..., 0], ri[..., 1]
+
+
+def _make_processor():
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_qwenimage as tq
+
+    class DitfuseQwenDoubleStreamAttnProcessor(tq.QwenDoubleStreamAttnProcessor2_0):
+        """QwenDoubleStreamAttnProcessor2_0 with each stream's QK-norm + RoPE in one kernel.
+
+        Falls back to the original when autograd needs gradients, a q/k norm is not an
+        RMSNorm, or the RoPE is not an (image, text) pair of complex (S, D/2) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None,
+                     encoder_hidden_states_mask=None, attention_mask=None, image_rotary_emb=None):
+            norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
+            ok = (encoder_hidden_states is not None and attention_mask is None
+                  and all(_norm_ok(n) for n in norms)
+                  and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and all(f.is_complex() and f.dim() == 2 for f in image_rotary_emb)
+                      and image_rotary_emb[0].shape[0] == hidden_states.shape[1]
+                      and image_rotary_emb[1].shape[0] == encoder_hidden_states.shape[1])
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states,
+                                        encoder_hidden_states_mask, attention_mask, image_rotary_emb)
+            if encoder_hidden_states_mask is not None:
+                image_mask = torch.ones((hidden_states.shape[0], hidden_states.shape[1]),
+                                        dtype=torch.bool, device=hidden_states.device)
+                attention_mask = torch.cat([encoder_hidden_states_mask, image_mask], dim=1)
+                attention_mask = attention_mask[:, None, None, :]
+            T = encoder_hidden_states.shape[1]
+            D = attn.inner_dim // attn.heads
+
+            def heads(x):
+                return x.unflatten(-1, (-1, D))
+
+            img_q, img_k, img_v = map(heads, (attn.to_q(hidden_states), attn.to_k(hidden_states),
+                                              attn.to_v(hidden_states)))
+            txt_q, txt_k, txt_v = map(heads, (attn.add_q_proj(encoder_hidden_states),
+                                              attn.add_k_proj(encoder_hidden_states),
+                                              attn.add_v_proj(encoder_hidden_states)))
+            B, S, H = img_q.shape[:3]
+            q = img_q.new_empty(B, T + S, H, D)
+            k = img_k.new_empty(B, T + S, H, D)
+            if image_rotary_emb is not None:
+                (ic, is_), (tc, ts) = _cs(image_rotary_emb[0]), _cs(image_rotary_emb[1])
+                rot = dict(rotary_dim=D)
+            else:
+                ic = is_ = tc = ts = None
+                rot = {}
+            qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
+                         out=(q[:, :T], k[:, :T]), **rot)
+            qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                         out=(q[:, T:], k[:, T:]), **rot)
+            v = torch.cat([txt_v, img_v], dim=1)
+            joint = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
+                                          is_causal=False, backend=self._attention_backend,
+                                          parallel_config=self._parallel_config)
+            joint = joint.flatten(2, 3).to(q.dtype)
+            txt_out, img_out = joint[:, :T, :], joint[:, T:, :]
+            img_out = attn.to_out[0](img_out.contiguous())
+            if len(attn.to_out) > 1:
+                img_out = attn.to_out[1](img_out)
+            txt_out = attn.to_add_out(txt_out.contiguous())
+            return img_out, txt_out
+
+    return DitfuseQwenDoubleStreamAttnProcessor
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+    from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+
+    if not qk_norm_rope:
+        return
+    cls = _make_processor()
+    for m in model.modules():
+        if type(getattr(m, "processor", None)) is QwenDoubleStreamAttnProcessor2_0:
+            if set_processor(m, cls()):
+                report.add("attention processors (QK-norm + RoPE)")
