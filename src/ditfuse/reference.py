@@ -159,3 +159,67 @@ def adaln_reference(x, shift=None, scale=None, *, norm="layer", weight=None, bia
         n = r(n + shift.to(cd))
     out = n.to(act)
     return (x_new, out) if residual is not None else out
+
+
+# --------------------------------------------------------------------------------------
+# GroupNorm + SiLU and Wan's channel RMS norm + SiLU (ditfuse.group_norm)
+
+def _channel_shape(p, x):
+    """A per-channel parameter (C elements, any (C,)/(C, 1, 1)-like shape) broadcast to x."""
+    return p.reshape((1, x.shape[1]) + (1,) * (x.dim() - 2))
+
+
+def _silu_ref(y):
+    return y / (1 + torch.exp(-y))
+
+
+def group_norm_silu_reference(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                              round_after_norm=False, compute_dtype=torch.float32):
+    """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, no ``out``; does not
+    validate them). x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one
+    rounding to x's dtype at the end (and after the affine with ``round_after_norm``)."""
+    cd = compute_dtype
+    N, C = x.shape[:2]
+    xs = x.to(cd).reshape(N, num_groups, -1)
+    mu = xs.mean(-1, keepdim=True)
+    var = (xs - mu).pow(2).mean(-1, keepdim=True)
+    y = ((xs - mu) * torch.rsqrt(var + eps)).reshape(x.shape)
+    if weight is not None:
+        y = y * _channel_shape(weight, x).to(cd)
+    if bias is not None:
+        y = y + _channel_shape(bias, x).to(cd)
+    if round_after_norm:
+        y = y.to(x.dtype).to(cd)
+    if silu:
+        y = _silu_ref(y)
+    return y.to(x.dtype)
+
+
+def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, scale=None,
+                                     silu=True, round_after_norm=False,
+                                     compute_dtype=torch.float32):
+    """Pure-PyTorch :func:`ditfuse.rms_norm_silu_channels`: diffusers' ``WanRMS_norm``
+    (``F.normalize(x, dim=1) * sqrt(C) * gamma + bias``) then SiLU, in ``compute_dtype``.
+    ``round_after_norm`` rounds to x's dtype after each step, as the eager chain in half
+    precision does. Does not validate its arguments."""
+    cd = compute_dtype
+    act = x.dtype
+    C = x.shape[1]
+    if scale is None:
+        scale = C ** 0.5
+    if isinstance(bias, (int, float)) and bias == 0:
+        bias = None
+
+    def r(t):
+        return t.to(act).to(cd) if round_after_norm else t
+
+    xs = x.to(cd)
+    y = r(xs / xs.pow(2).sum(1, keepdim=True).sqrt().clamp_min(eps))
+    y = r(y * scale)
+    if gamma is not None:
+        y = r(y * _channel_shape(gamma, x).to(cd))
+    if bias is not None:
+        y = r(y + _channel_shape(bias, x).to(cd))
+    if silu:
+        y = _silu_ref(y)
+    return y.to(act)

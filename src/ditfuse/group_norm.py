@@ -1,0 +1,981 @@
+"""Fused GroupNorm + SiLU for the VAEs' ResNet blocks, and Wan's channel RMS norm + SiLU.
+
+Three layers, as in ``qk_norm_rope``: the private Triton kernels (``_gn_fit_kernel``,
+``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_rms_ch_kernel``); launchers that validate ->
+allocate -> launch with settings from a small analytical table (``gn_settings``,
+``rms_settings``); and the public functions :func:`group_norm_silu` and
+:func:`rms_norm_silu_channels`. Their ``torch.library`` ops (``ditfuse::group_norm_silu``,
+``ditfuse::rms_norm_silu_channels``, with fake implementations) are registered at the end of
+this module; eager calls launch directly, only code being compiled goes through the ops.
+The pure-PyTorch references (the fp64 test oracle and the fallback for devices Triton
+cannot run on) are in ``reference.py``.
+
+Input is channels-first ``(N, C, *spatial)`` of rank >= 3, addressed as ``(N, C, S)`` with
+one stride per axis, so any view whose spatial dimensions collapse into one stride is read
+in place: a channel or batch slice of a bigger tensor, a channels-last(-3d) tensor, a time
+slice of a video. Views whose spatial dimensions cannot be addressed with one stride (a
+spatial crop) raise ``ValueError`` naming ``x``; there is never a hidden ``.contiguous()``.
+
+Bytes model (the floor the kernels are measured against): GroupNorm reads ``x`` once and
+writes ``y`` once when one program holds a whole group in registers (the *fit* path), and
+reads ``x`` twice when a group is too large for that (the *split* path: a statistics pass,
+then an apply pass); the per-group partial statistics it exchanges are a few KB. The RMS
+norm over channels reads ``x`` once (a column of ``C`` channels is held on chip).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, replace
+from typing import Dict, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _runtime
+from ._qk_kernel import _cast_out, _rnd
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# the VAE decoder shapes this op is built for (check gates; benchmarks)
+
+@dataclass(frozen=True)
+class GNShape:
+    """One norm + SiLU call of a VAE decoder: x of ``shape`` = (N, C, *spatial).
+
+    ``op``: "gn" (GroupNorm(groups, C, eps=1e-6, affine) then SiLU: AutoencoderKL of
+    FLUX.1 / FLUX.2, HunyuanVideo's 3-D VAE) or "rms" (Wan's ``WanRMS_norm`` then SiLU).
+    """
+
+    name: str
+    model: str
+    shape: Tuple[int, ...]
+    op: str = "gn"
+    groups: int = 32
+
+    @property
+    def C(self) -> int:
+        return self.shape[1]
+
+    def small(self, side: int = 6) -> "GNShape":
+        """Same channels and groups with a few positions, for the interpreter."""
+        spatial = tuple(min(d, 2) for d in self.shape[2:-2]) + tuple(
+            min(d, side) for d in self.shape[-2:])
+        return replace(self, shape=(self.shape[0], self.C) + spatial)
+
+
+GN_SHAPES: Dict[str, GNShape] = {s.name: s for s in [
+    # AutoencoderKL decoder at 1024^2 (FLUX.1 / FLUX.2: block_out_channels 128/256/512/512)
+    GNShape("flux-vae-mid-128", "FLUX.1/2 VAE decoder, 1024^2, mid block", (1, 512, 128, 128)),
+    GNShape("flux-vae-up1-256", "FLUX.1/2 VAE decoder, 1024^2, up block 1", (1, 512, 256, 256)),
+    GNShape("flux-vae-up2-512", "FLUX.1/2 VAE decoder, 1024^2, up block 2", (1, 256, 512, 512)),
+    GNShape("flux-vae-out-1024", "FLUX.1/2 VAE decoder, 1024^2, norm_out", (1, 128, 1024, 1024)),
+    # HunyuanVideo causal 3-D VAE decoder, one tile (latent 32x32, 9 frames after upsampling)
+    GNShape("hunyuan-vae-mid", "HunyuanVideo VAE decoder tile, mid block", (1, 512, 5, 32, 32)),
+    GNShape("hunyuan-vae-up-9f", "HunyuanVideo VAE decoder tile, 9 frames", (1, 128, 9, 128, 128)),
+    # Wan 2.1 VAE decoder (480p, one latent frame / four frames at a time, causal cache)
+    GNShape("wan-vae-mid-480p", "Wan2.1 VAE decoder 480p, mid block", (1, 384, 1, 60, 104),
+            op="rms"),
+    GNShape("wan-vae-out-480p", "Wan2.1 VAE decoder 480p, norm_out", (1, 96, 4, 480, 832),
+            op="rms"),
+]}
+
+
+# ---------------------------------------------------------------------------------------
+# kernels (private)
+
+@triton.jit
+def _silu(y):
+    """SiLU in fp32, as PyTorch evaluates it: y / (1 + exp(-y))."""
+    return y / (1.0 + tl.exp(-y))
+
+
+@triton.jit
+def _gn_finish(y_ptr, yoff, m, y, w, b, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+               SILU: tl.constexpr, ROUND_NORM: tl.constexpr, ACT: tl.constexpr):
+    """Affine, [round], SiLU, one rounding at the store."""
+    if HAS_W:
+        y = y * w
+    if HAS_B:
+        y = y + b
+    if ROUND_NORM:  # where torch's eager GroupNorm -> SiLU chain rounds
+        y = _rnd(y, ACT)
+    if SILU:
+        y = _silu(y)
+    tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gn_fit_kernel(
+    x_ptr, y_ptr,             # input / output, addressed as (N, C, S)
+    w_ptr, b_ptr,             # per-channel weight / bias, any float dtype (dummies if absent)
+    G, cpg, S,                # groups, channels per group, spatial positions
+    count,                    # cpg * S as a float
+    eps,
+    stride_xn, stride_xc, stride_xs,
+    stride_yn, stride_yc, stride_ys,
+    stride_w, stride_b,       # element stride of weight / bias along their channel axis
+    BC: tl.constexpr,         # >= cpg (power of two)
+    BS: tl.constexpr,         # >= S (power of two)
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+):
+    """One program per (n, group): the whole group is loaded once into registers."""
+    pid = tl.program_id(0).to(tl.int64)
+    n = pid // G
+    g = pid - n * G
+    c = tl.arange(0, BC)[:, None].to(tl.int64)
+    s = tl.arange(0, BS)[None, :].to(tl.int64)
+    m = (c < cpg) & (s < S)
+    ch = g * cpg + c
+    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
+                other=0.0).to(tl.float32)
+    # two passes over registers: the mean, then deviations from it; the deviations' own
+    # sum corrects the mean (Chan, Golub & LeVeque's corrected two-pass algorithm)
+    m1 = tl.sum(x) / count
+    d = tl.where(m, x - m1, 0.0)
+    s1 = tl.sum(d)
+    s2 = tl.sum(d * d)
+    corr = s1 / count
+    var = tl.maximum(s2 - s1 * corr, 0.0) / count
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    y = (d - corr) * rstd
+    w = 1.0
+    b = 0.0
+    cm = c < cpg
+    if HAS_W:
+        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
+               HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _gn_stats_kernel(
+    x_ptr,                    # input, addressed as (N, C, S)
+    part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
+    G, cpg, S,
+    n_ts,                     # spatial tiles per channel block: cdiv(S, BS)
+    T,                        # tiles per group: cdiv(cpg, BC) * n_ts
+    P,                        # statistics programs per group
+    NGP,                      # N * G * P (row length of the partials)
+    stride_xn, stride_xc, stride_xs,
+    BC: tl.constexpr, BS: tl.constexpr,  # one tile: BC channels x BS positions
+    TPP: tl.constexpr,        # tiles per program
+):
+    """Partial (count, mean, M2) of TPP consecutive tiles of one group.
+
+    Each tile's statistics come from a corrected two-pass reduction over registers; tiles
+    are merged with Chan's parallel formula (no E[x^2] - E[x]^2 anywhere). The data are
+    shifted by the group's first element K (read by every program of the group, from
+    cache), so that the partial means stay of the order of the spread, not of the offset:
+    their fp32 rounding then costs nothing however large the offset.
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    ng = pid // P
+    k = pid - ng * P
+    n = ng // G
+    g = ng - n * G
+    base = n * stride_xn + g * cpg * stride_xc
+    K = tl.load(x_ptr + base).to(tl.float32)
+    ci = tl.arange(0, BC)[:, None].to(tl.int64)
+    si = tl.arange(0, BS)[None, :].to(tl.int64)
+    cnt = tl.zeros((), tl.float32)
+    mean = tl.zeros((), tl.float32)
+    m2 = tl.zeros((), tl.float32)
+    for i in range(TPP):
+        t = k * TPP + i
+        tc = t // n_ts
+        ts = t - tc * n_ts
+        c = tc * BC + ci
+        s = ts * BS + si
+        msk = (c < cpg) & (s < S) & (t < T)
+        x = tl.load(x_ptr + base + c * stride_xc + s * stride_xs, mask=msk,
+                    other=0.0).to(tl.float32)
+        x = tl.where(msk, x - K, 0.0)
+        nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
+                      0).to(tl.float32)
+        nb1 = tl.maximum(nb, 1.0)
+        mb = tl.sum(x) / nb1
+        d = tl.where(msk, x - mb, 0.0)
+        s1 = tl.sum(d)
+        s2 = tl.sum(d * d)
+        mb = mb + s1 / nb1
+        m2b = s2 - s1 * (s1 / nb1)
+        tot = cnt + nb
+        frac = nb / tl.maximum(tot, 1.0)
+        delta = mb - mean
+        mean = mean + delta * frac
+        m2 = m2 + m2b + delta * delta * (cnt * frac)
+        cnt = tot
+    idx = ng * P + k
+    tl.store(part_ptr + idx, cnt)
+    tl.store(part_ptr + NGP + idx, mean)
+    tl.store(part_ptr + 2 * NGP + idx, m2)
+    tl.store(part_ptr + 3 * NGP + idx, K)  # for the apply pass: x may be overwritten (in place)
+
+
+@triton.jit
+def _gn_apply_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr,
+    part_ptr,                 # partials written by _gn_stats_kernel
+    G, cpg, S, n_ts, T, P, NGP,
+    eps,
+    stride_xn, stride_xc, stride_xs,
+    stride_yn, stride_yc, stride_ys,
+    stride_w, stride_b,
+    BC: tl.constexpr, BS: tl.constexpr,
+    P_PAD: tl.constexpr,      # >= P (power of two)
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+):
+    """One tile per program: merge the group's P partials (statistics of x - K, K the
+    group's first element), then normalise the tile."""
+    pid = tl.program_id(0).to(tl.int64)
+    ng = pid // T
+    t = pid - ng * T
+    n = ng // G
+    g = ng - n * G
+    kk = tl.arange(0, P_PAD).to(tl.int64)
+    pm = kk < P
+    pidx = ng * P + kk
+    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
+    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
+    count = tl.sum(pc)
+    mhi = tl.sum(pc * pmu) / count
+    dm = tl.where(pm, pmu - mhi, 0.0)
+    s1 = tl.sum(pc * dm)
+    corr = s1 / count              # the mean is mhi + corr, kept as two floats
+    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
+    var = tl.maximum(m2, 0.0) / count
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    K = tl.load(part_ptr + 3 * NGP + ng * P)
+
+    tc = t // n_ts
+    ts = t - tc * n_ts
+    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
+    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+    cm = c < cpg
+    m = cm & (s < S)
+    ch = g * cpg + c
+    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
+                other=0.0).to(tl.float32)
+    y = (((x - K) - mhi) - corr) * rstd
+    w = 1.0
+    b = 0.0
+    if HAS_W:
+        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
+               HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _rms_finish(y_ptr, yoff, m, x, inv, gm, b, scale,
+                HAS_G: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr,
+                ROUND_NORM: tl.constexpr, ACT: tl.constexpr):
+    if ROUND_NORM:  # diffusers' WanRMS_norm in half precision: every op returns a half tensor
+        y = _rnd(x * inv, ACT)
+        y = _rnd(y * scale, ACT)
+        if HAS_G:
+            y = _rnd(y * gm, ACT)
+        if HAS_B:
+            y = _rnd(y + b, ACT)
+    else:
+        if HAS_G:
+            y = (x * inv) * (gm * scale)
+        else:
+            y = (x * inv) * scale
+        if HAS_B:
+            y = y + b
+    if SILU:
+        y = _silu(y)
+    tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _rms_ch_kernel(
+    x_ptr, y_ptr,             # input / output, addressed as (N, C, S)
+    g_ptr, b_ptr,             # per-channel gamma / bias (dummies if absent)
+    C, S,
+    n_sb,                     # spatial blocks per batch entry: cdiv(S, BS)
+    eps, scale,
+    stride_xn, stride_xc, stride_xs,
+    stride_yn, stride_yc, stride_ys,
+    stride_g, stride_b,
+    BC: tl.constexpr,         # channels per chunk (power of two)
+    BS: tl.constexpr,         # positions per program (power of two)
+    NCH: tl.constexpr,        # chunks: cdiv(C, BC); 1 = the column is held in registers
+    HAS_G: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+):
+    """x / max(||x||_2 over channels, eps) * scale * gamma + bias [then SiLU], per position."""
+    pid = tl.program_id(0).to(tl.int64)
+    n = pid // n_sb
+    sb = pid - n * n_sb
+    s = sb * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+    sm = s < S
+    ci = tl.arange(0, BC)[:, None].to(tl.int64)
+    xb = n * stride_xn + s * stride_xs
+    yb = n * stride_yn + s * stride_ys
+    if NCH == 1:
+        cm = ci < C
+        m = cm & sm
+        x = tl.load(x_ptr + xb + ci * stride_xc, mask=m, other=0.0).to(tl.float32)
+        ss = tl.sum(x * x, 0)[None, :]
+        inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
+        gm = 1.0
+        b = 0.0
+        if HAS_G:
+            gm = tl.load(g_ptr + ci * stride_g, mask=cm, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + ci * stride_b, mask=cm, other=0.0).to(tl.float32)
+        _rms_finish(y_ptr, yb + ci * stride_yc, m, x, inv, gm, b, scale,
+                    HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    else:
+        # a column too tall for registers: sum of squares over channel chunks (one pass
+        # loses nothing here: every term is positive), then re-read (from L1/L2) and apply
+        ss = tl.zeros((1, BS), tl.float32)
+        for k in range(NCH):
+            c = k * BC + ci
+            m = (c < C) & sm
+            x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
+            ss += tl.sum(x * x, 0)[None, :]
+        inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
+        for k in range(NCH):
+            c = k * BC + ci
+            cm = c < C
+            m = cm & sm
+            x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
+            gm = 1.0
+            b = 0.0
+            if HAS_G:
+                gm = tl.load(g_ptr + c * stride_g, mask=cm, other=0.0).to(tl.float32)
+            if HAS_B:
+                b = tl.load(b_ptr + c * stride_b, mask=cm, other=0.0).to(tl.float32)
+            _rms_finish(y_ptr, yb + c * stride_yc, m, x, inv, gm, b, scale,
+                        HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+
+
+# ---------------------------------------------------------------------------------------
+# launch settings: analytical tables, no autotuning (the kernels are memory-bound)
+
+#: padded elements (next_pow2(C/G) * next_pow2(spatial)) of a group one program holds in
+#: registers (16 warps x 32 fp32 values a thread); larger groups take the split path
+FIT_MAX = 16384
+#: elements of one tile of the split path (8 warps x 16 values a thread)
+SPLIT_TILE = 4096
+#: statistics programs the split path aims for in total (about 8 per SM of a 132-SM H100 /
+#: H200), spread over the N * G groups ...
+STATS_PROGRAMS = 1024
+#: ... but at most this many per group: every apply program merges its group's partials
+MAX_PARTIALS = 128
+#: channel elements x positions one program of the channel-RMS kernel holds
+RMS_TILE = 8192
+#: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
+RMS_MIN_BS = 16
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _warps(elems: int, per_thread: int, lo: int = 1, hi: int = 16) -> int:
+    w = elems / (32 * per_thread)
+    return min(hi, max(lo, 1 << max(0, round(math.log2(max(w, 1e-9))))))
+
+
+@dataclass(frozen=True)
+class GNSettings:
+    """How one GroupNorm call is launched.
+
+    ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
+    ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
+    ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
+    """
+
+    path: str
+    BC: int
+    BS: int
+    num_warps: int
+    n_ts: int = 1
+    T: int = 1
+    P: int = 1
+    TPP: int = 1
+    P_PAD: int = 1
+    stats_warps: int = 1
+
+
+def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
+                fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
+                stats_programs: int = STATS_PROGRAMS,
+                max_partials: int = MAX_PARTIALS) -> GNSettings:
+    """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
+
+    A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
+    otherwise twice (split path). The split path gives each group
+    ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
+    that each takes a power-of-two number of tiles). A split tile spans the positions
+    (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
+    (``c_inner``: channels-last), so that its rows are whole sectors of memory.
+    """
+    cp, sp = _next_pow2(cpg), _next_pow2(S)
+    if cp * sp <= fit_max:
+        return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
+    if c_inner:
+        BC = min(cp, tile)
+        BS = min(sp, max(1, tile // BC))
+    else:
+        BS = min(sp, tile)
+        BC = min(cp, max(1, tile // BS))
+    n_ts = _cdiv(S, BS)
+    T = _cdiv(cpg, BC) * n_ts
+    P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
+    TPP = _next_pow2(_cdiv(T, P0))
+    P = _cdiv(T, TPP)
+    nw = _warps(BC * BS, 16, hi=8)
+    return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw)
+
+
+@dataclass(frozen=True)
+class RMSSettings:
+    BC: int
+    BS: int
+    NCH: int
+    num_warps: int
+
+
+def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_BS) -> RMSSettings:
+    """Launch settings for the channel RMS norm: a program takes BS positions and all C
+    channels, in ``NCH`` chunks of BC when the column does not fit ``tile`` elements."""
+    cp = _next_pow2(C)
+    BS = min(_next_pow2(S), max(min_bs, _next_pow2(max(1, tile // cp))))
+    if cp * BS <= tile:
+        BC, NCH = cp, 1
+    else:
+        BC = max(1, tile // BS)
+        NCH = _cdiv(C, BC)
+    return RMSSettings(BC, BS, NCH, _warps(BC * BS, 32))
+
+
+# ---------------------------------------------------------------------------------------
+# validation -> a plan (views and numbers only; nothing is copied or launched)
+
+@dataclass
+class Plan:
+    x: torch.Tensor
+    N: int
+    C: int
+    S: int
+    xs: Tuple[int, int, int]                   # x's (n, c, s) element strides
+    weight: Optional[torch.Tensor]
+    w_stride: int
+    bias: Optional[torch.Tensor]
+    b_stride: int
+    eps: float
+    silu: bool
+    round_after_norm: bool
+    groups: int = 1                             # GroupNorm only
+    scale: float = 1.0                          # channel RMS only
+
+
+def _ncs(t: torch.Tensor, name: str) -> Tuple[int, int, int, Tuple[int, int, int]]:
+    """(N, C, S, (stride_n, stride_c, stride_s)) of a (N, C, *spatial) view, or ValueError."""
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    N, C = shape[0], shape[1]
+    dims = [(d, st) for d, st in zip(shape[2:], strides[2:]) if d != 1]
+    S = 1
+    for d, _ in dims:
+        S *= d
+    ss = dims[-1][1] if dims else 1
+    for (d0, s0), (d1, s1) in zip(dims, dims[1:]):
+        if s0 != s1 * d1:
+            raise ValueError(
+                f"{name} of shape {shape} has strides {strides}: its spatial dimensions "
+                f"{shape[2:]} cannot be addressed with one stride (a spatial crop or "
+                f"transposed spatial axes); ditfuse makes no hidden copy: pass "
+                f"{name}.contiguous() (channel/batch slices and channels-last tensors are "
+                f"read in place)")
+    return N, C, S, (strides[0], strides[1], ss)
+
+
+def _check_x(x, name="x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() < 3:
+        raise ValueError(f"{name} must be channels-first (N, C, *spatial) with at least one "
+                         f"spatial dimension, e.g. (N, C, H, W) or (N, C, T, H, W); got shape "
+                         f"{tuple(x.shape)}")
+
+
+def _channel_param(p, name: str, C: int, x: torch.Tensor):
+    """(tensor, element stride along its channel axis) of a per-channel parameter.
+
+    Any shape with C elements along one axis and 1 elsewhere: (C,), (C, 1, 1), (C, 1, 1, 1).
+    """
+    if p is None:
+        return None, 0
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(p).__name__}")
+    if p.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {p.dtype}")
+    shape = tuple(p.shape)
+    big = [i for i, d in enumerate(shape) if d != 1]
+    if p.numel() != C or len(big) > 1:
+        raise ValueError(f"{name} has shape {shape}; expected {C} elements along one axis: "
+                         f"({C},), ({C}, 1, 1) or ({C}, 1, 1, 1) for x with C = {C} channels")
+    if p.device != x.device:
+        raise ValueError(f"{name} is on {p.device}, x is on {x.device}")
+    return p, (p.stride(big[0]) if big else 1)
+
+
+def _check_eps(eps, name="eps") -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
+            or not math.isfinite(eps):
+        raise ValueError(f"{name} must be a finite float >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_flag(v, name) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    return v
+
+
+def plan_group_norm(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                    round_after_norm=False) -> Plan:
+    """Check every argument of :func:`group_norm_silu`; raises before anything runs."""
+    _check_x(x)
+    N, C, S, xs = _ncs(x, "x")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0 \
+            or C % num_groups:
+        raise ValueError(f"num_groups={num_groups!r} must be a positive int dividing the "
+                         f"channels C = {C} (x shape {tuple(x.shape)})")
+    w, ws = _channel_param(weight, "weight", C, x)
+    b, bs = _channel_param(bias, "bias", C, x)
+    return Plan(x, N, C, S, xs, w, ws, b, bs, _check_eps(eps),
+                _check_flag(silu, "silu"), _check_flag(round_after_norm, "round_after_norm"),
+                groups=num_groups)
+
+
+def plan_rms_channels(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True,
+                      round_after_norm=False) -> Plan:
+    """Check every argument of :func:`rms_norm_silu_channels`; raises before anything runs."""
+    _check_x(x)
+    N, C, S, xs = _ncs(x, "x")
+    g, gs = _channel_param(gamma, "gamma", C, x)
+    if isinstance(bias, (int, float)) and not isinstance(bias, bool) and bias == 0:
+        bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0
+    b, bs = _channel_param(bias, "bias", C, x)
+    if scale is None:
+        scale = math.sqrt(C) if isinstance(C, int) else C ** 0.5  # symbolic C when tracing
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite float (default sqrt(C)), got {scale!r}")
+    else:
+        scale = float(scale)
+    return Plan(x, N, C, S, xs, g, gs, b, bs, _check_eps(eps), _check_flag(silu, "silu"),
+                _check_flag(round_after_norm, "round_after_norm"), scale=scale)
+
+
+def _check_out(out, x: torch.Tensor, runtime_checks: bool = True):
+    """out's (n, c, s) strides; ``out`` may be ``x`` itself (in place) but no other alias."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"out.dtype {out.dtype} must equal x.dtype {x.dtype}")
+    if tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out.shape {tuple(out.shape)} must equal x.shape {tuple(x.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out is on {out.device}, x is on {x.device}")
+    _, _, _, os_ = _ncs(out, "out")
+    if runtime_checks and out.numel():
+        if torch._debug_has_internal_overlap(out) == 1 or any(
+                st == 0 and d > 1 for d, st in zip(out.shape, out.stride())):
+            raise ValueError("out has overlapping elements (an expanded view?); pass a tensor "
+                             "whose elements are distinct memory")
+        same_view = out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
+        if not same_view and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            def span(t):
+                lo = t.data_ptr()
+                return lo, lo + (sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1) \
+                    * t.element_size()
+            (a0, a1), (b0, b1) = span(out), span(x)
+            if a0 < b1 and b0 < a1:
+                raise ValueError("out overlaps x's memory without being x itself; pass out=x "
+                                 "to normalise in place, or memory disjoint from x")
+    return os_
+
+
+def _check_grad(*ts):
+    if torch.is_grad_enabled():
+        for t in ts:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise RuntimeError("ditfuse's group_norm_silu / rms_norm_silu_channels are "
+                                   "inference-only (no backward): call them under "
+                                   "torch.no_grad() or torch.inference_mode()")
+
+
+# ---------------------------------------------------------------------------------------
+# allocate -> launch
+
+def _out_like(x: torch.Tensor) -> torch.Tensor:
+    """The output of a call without ``out=``: x's strides when x is dense, else contiguous."""
+    return torch.empty_like(x, memory_format=torch.preserve_format)
+
+
+def _partials(n: int, device) -> torch.Tensor:
+    """fp32 scratch for the split path's partial statistics (every slot is written)."""
+    return torch.empty(4 * n, dtype=torch.float32, device=device)
+
+
+def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
+                      **table) -> GNSettings:
+    """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``)."""
+    N, C, S, G = p.N, p.C, p.S, p.groups
+    cpg = C // G
+    c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
+    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
+    if N * C * S == 0:
+        return st
+    dummy = p.x
+    w = p.weight if p.weight is not None else dummy
+    b = p.bias if p.bias is not None else dummy
+    flags = dict(HAS_W=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
+                 ROUND_NORM=p.round_after_norm)
+    if st.path == "fit":
+        _gn_fit_kernel[(N * G,)](
+            p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps, *p.xs, *os_,
+            p.w_stride, p.b_stride, BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps)
+        return st
+    ngp = N * G * st.P
+    part = _partials(ngp, p.x.device)
+    _gn_stats_kernel[(ngp,)](
+        p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs,
+        BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps)
+    _gn_apply_kernel[(N * G * st.T,)](
+        p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
+        p.w_stride, p.b_stride, BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags,
+        num_warps=st.num_warps)
+    return st
+
+
+def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
+                        **table) -> RMSSettings:
+    N, C, S = p.N, p.C, p.S
+    st = settings or rms_settings(C, S, **table)
+    if N * C * S == 0:
+        return st
+    dummy = p.x
+    n_sb = _cdiv(S, st.BS)
+    _rms_ch_kernel[(N * n_sb,)](
+        p.x, out, p.weight if p.weight is not None else dummy,
+        p.bias if p.bias is not None else dummy, C, S, n_sb, p.eps, p.scale, *p.xs, *os_,
+        p.w_stride, p.b_stride, BC=st.BC, BS=st.BS, NCH=st.NCH,
+        HAS_G=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
+        ROUND_NORM=p.round_after_norm, num_warps=st.num_warps)
+    return st
+
+
+def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None):
+    if out is None:
+        out = _out_like(p.x)
+        os_ = _ncs(out, "out")[3]
+    else:
+        os_ = _check_out(out, p.x)
+    if _runtime.kernel_device_ok(p.x):
+        if rms:
+            launch_rms_channels(p, out, os_, **(launch_kw or {}))
+        else:
+            launch_group_norm(p, out, os_, **(launch_kw or {}))
+    else:  # a device Triton cannot run on here: the fp32 reference
+        from .reference import group_norm_silu_reference, rms_norm_silu_channels_reference
+        if rms:
+            r = rms_norm_silu_channels_reference(p.x, p.weight, p.bias, p.eps, scale=p.scale,
+                                                 silu=p.silu, round_after_norm=p.round_after_norm)
+        else:
+            r = group_norm_silu_reference(p.x, p.groups, p.weight, p.bias, p.eps, silu=p.silu,
+                                          round_after_norm=p.round_after_norm)
+        out.copy_(r)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# public functions
+
+def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                    round_after_norm=False, out=None, _launch=None):
+    r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
+
+    .. math::
+
+        \hat x = \frac{x - \mu_{n,g}}{\sqrt{\sigma^2_{n,g} + \epsilon}}\,w_c + b_c, \qquad
+        y = \hat x \cdot \sigma(\hat x) = \frac{\hat x}{1 + e^{-\hat x}}
+
+    with the mean :math:`\mu` and biased variance :math:`\sigma^2` of each group ``g`` of
+    ``C / num_groups`` consecutive channels over all spatial positions of sample ``n``:
+    ``torch.nn.GroupNorm(num_groups, C, eps)`` then ``torch.nn.functional.silu``, as the
+    ResNet blocks of the AutoencoderKL VAEs (FLUX.1, FLUX.2, HunyuanVideo: 32 groups,
+    eps=1e-6, affine) compute it.
+
+    Parameters
+    ----------
+    x : Tensor
+        Channels-first ``(N, C, *spatial)``, rank >= 3: ``(N, C, H, W)``, ``(N, C, T, H, W)``
+        ...; fp16, bf16 or fp32. Any strides whose spatial dimensions collapse into one
+        (contiguous, channels-last, a channel / batch / time slice of a bigger tensor) are
+        read in place; other views (a spatial crop) raise ``ValueError``: no hidden copy.
+    num_groups : int
+        Divides ``C``.
+    weight, bias : Tensor, optional
+        Per-channel affine parameters with ``C`` elements (``(C,)``, or ``(C, 1, 1)``-like),
+        any float dtype, on ``x``'s device; e.g. ``norm.weight``, ``norm.bias``.
+    eps : float
+        Added to the variance (VAEs: 1e-6; ``torch.nn.GroupNorm``'s default is 1e-5).
+    silu : bool
+        ``False``: GroupNorm only (the VAE attention blocks' norm).
+    round_after_norm : bool
+        ``True``: round the normalised, affine value to ``x.dtype`` before the SiLU, where
+        eager ``GroupNorm -> SiLU`` in bf16/fp16 rounds. Default ``False``: one rounding.
+    out : Tensor, optional
+        Written and returned: ``x``'s shape, dtype and device, strides as for ``x``; may be
+        ``x`` itself (in place), must not otherwise overlap it.
+
+    Returns
+    -------
+    Tensor
+        ``out``, or a new tensor in ``x``'s dtype (``x``'s strides when ``x`` is dense,
+        else contiguous).
+
+    Notes
+    -----
+    Numerical contract: statistics and arithmetic in fp32; the statistics are two-pass
+    (mean, then squared deviations from it, with the corrected-two-pass mean correction):
+    over registers when a group of at most ``FIT_MAX`` padded elements fits one program,
+    else per tile of data shifted by the group's first element, merged with Chan's
+    parallel formula (``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
+    large offset costs no accuracy (fp32 data at 1e5 +- 1 normalises to fp32 accuracy).
+    The two paths may differ in the last fp32 bits (different summation order).
+    The result is rounded once, at the store, so it is within one rounding of the exact
+    (fp64) result, and within one rounding of eager ``GroupNorm`` then ``SiLU`` in
+    bf16/fp16 (which rounds between the two; ``round_after_norm=True`` rounds there too).
+    In fp32 it agrees with the eager chain to a few fp32 ulps. Inference only: no autograd.
+
+    Examples
+    --------
+    >>> norm = vae.decoder.mid_block.resnets[0].norm1   # GroupNorm(32, 512, eps=1e-6)
+    >>> h = ditfuse.group_norm_silu(h, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    """
+    _check_grad(x, weight, bias)
+    if torch.compiler.is_compiling():
+        y = torch.ops.ditfuse.group_norm_silu(x, num_groups, weight, bias, float(eps), silu,
+                                              round_after_norm)
+        if out is None:
+            return y
+        return out.copy_(y)
+    p = plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
+                        round_after_norm=round_after_norm)
+    return _run(p, out, rms=False, launch_kw=_launch)
+
+
+def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=True,
+                           round_after_norm=False, out=None, _launch=None):
+    r"""Wan's channel RMS norm (``WanRMS_norm``) then SiLU, in one kernel.
+
+    .. math::
+
+        \hat x = \frac{x}{\max(\lVert x_{n,:,s}\rVert_2,\ \epsilon)}\cdot s\cdot\gamma_c + b_c,
+        \qquad y = \hat x \cdot \sigma(\hat x)
+
+    per sample ``n`` and spatial position ``s``, over the ``C`` channels, with
+    :math:`s = \sqrt{C}` by default: diffusers' ``WanRMS_norm`` (channel-first)
+    ``F.normalize(x, dim=1) * scale * gamma + bias`` then ``SiLU``, as in the Wan VAE.
+
+    Parameters
+    ----------
+    x : Tensor
+        Channels-first ``(N, C, *spatial)`` as for :func:`group_norm_silu`.
+    gamma : Tensor or None
+        ``C`` elements: ``(C,)``, ``(C, 1, 1)`` or ``(C, 1, 1, 1)`` (``norm.gamma``).
+    bias : Tensor, 0.0 or None
+        ``C`` elements like ``gamma``; ``0.0`` / ``None``: none (``norm.bias`` of a
+        ``WanRMS_norm(bias=False)`` is the float ``0.0``).
+    eps : float
+        ``F.normalize``'s floor of the norm (1e-12).
+    scale : float, optional
+        Default ``sqrt(C)`` (``norm.scale``).
+    silu, round_after_norm, out
+        As for :func:`group_norm_silu`; ``round_after_norm=True`` rounds after each of the
+        eager chain's steps in half precision (normalize, * scale, * gamma, + bias).
+
+    Returns
+    -------
+    Tensor
+        As for :func:`group_norm_silu`.
+
+    Notes
+    -----
+    Numerical contract: fp32 throughout (sum of squares in fp32 -- every term positive,
+    one pass loses nothing), one rounding at the store: within one rounding of the exact
+    result. Eager ``WanRMS_norm`` in bf16/fp16 rounds after normalize, after ``* scale``
+    and after ``* gamma`` before the SiLU rounds again, so it is within a few roundings of
+    this (``round_after_norm=True`` rounds where it does: within one rounding). In fp32 (the
+    Wan VAE's usual dtype) the two agree to a few fp32 ulps. Inference only.
+
+    Examples
+    --------
+    >>> norm = vae.decoder.mid_block.resnets[0].norm1   # WanRMS_norm(384, images=False)
+    >>> h = ditfuse.rms_norm_silu_channels(h, norm.gamma, norm.bias)  # h: (N, 384, T, H, W)
+    """
+    _check_grad(x, gamma, bias)
+    if torch.compiler.is_compiling():
+        b = None if (isinstance(bias, (int, float)) and bias == 0) else bias
+        y = torch.ops.ditfuse.rms_norm_silu_channels(
+            x, gamma, b, float(eps), None if scale is None else float(scale), silu,
+            round_after_norm)
+        if out is None:
+            return y
+        return out.copy_(y)
+    p = plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
+                          round_after_norm=round_after_norm)
+    return _run(p, out, rms=True, launch_kw=_launch)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library ops (torch.compile(fullgraph=True), CUDA graphs)
+
+@torch.library.custom_op("ditfuse::group_norm_silu", mutates_args=())
+def _group_norm_silu_op(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor], eps: float, silu: bool,
+                        round_after_norm: bool) -> torch.Tensor:
+    p = plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
+                        round_after_norm=round_after_norm)
+    return _run(p, None, rms=False)
+
+
+@_group_norm_silu_op.register_fake
+def _(x, num_groups, weight, bias, eps, silu, round_after_norm):
+    plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
+                    round_after_norm=round_after_norm)
+    return _out_like(x)
+
+
+@torch.library.custom_op("ditfuse::rms_norm_silu_channels", mutates_args=())
+def _rms_norm_silu_channels_op(x: torch.Tensor, gamma: Optional[torch.Tensor],
+                               bias: Optional[torch.Tensor], eps: float,
+                               scale: Optional[float], silu: bool,
+                               round_after_norm: bool) -> torch.Tensor:
+    p = plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
+                          round_after_norm=round_after_norm)
+    return _run(p, None, rms=True)
+
+
+@_rms_norm_silu_channels_op.register_fake
+def _(x, gamma, bias, eps, scale, silu, round_after_norm):
+    plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
+                      round_after_norm=round_after_norm)
+    return _out_like(x)
+
+
+# ---------------------------------------------------------------------------------------
+# ditfuse check: parity gates at the VAE shapes
+
+# within one rounding of the activation dtype (relative ulp at the bottom of a binade),
+# with an absolute floor for results near 0
+_GATE_TOL = {
+    torch.bfloat16: (2.0**-7, 2.0**-12),
+    torch.float16: (2.0**-10, 2.0**-14),
+    torch.float32: (2e-6, 2e-6),
+}
+
+
+def _err_over_tol(out: torch.Tensor, ref: torch.Tensor, roundings: float = 1.0) -> float:
+    """Largest |out - ref| / (roundings * (rtol |ref| + atol)); <= 1 passes."""
+    rtol, atol = _GATE_TOL[out.dtype]
+    o, r = out.double(), ref.double()
+    return ((o - r).abs() / (roundings * (rtol * r.abs() + atol))).max().item()
+
+
+def _eager_chain(s: GNShape, x, w, b, eps):
+    """The models' own eager code: torch GroupNorm -> SiLU, or diffusers' WanRMS_norm -> SiLU."""
+    F = torch.nn.functional
+    if s.op == "gn":
+        return F.silu(F.group_norm(x, s.groups, w, b, eps))
+    shape = (s.C,) + (1,) * (x.dim() - 2)
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    normed = F.normalize(x.float() if half else x, dim=1).to(x.dtype)  # as WanRMS_norm.forward
+    bias = 0.0 if b is None else b.reshape(shape)
+    return F.silu(normed * (s.C ** 0.5) * w.reshape(shape) + bias)
+
+
+@torch.no_grad()
+def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
+    """Parity gates of group_norm_silu / rms_norm_silu_channels at the VAE shapes.
+
+    For each shape and dtype: the kernel against the fp64 reference (within one rounding)
+    and against the models' eager chain (within two roundings: the eager chain rounds
+    between norm and SiLU; three more for Wan's chain in half precision), with the share
+    of bitwise-equal elements. ``gates.add(gate, case, ok, detail)`` as in ``check.py``.
+    """
+    from .reference import group_norm_silu_reference, rms_norm_silu_channels_reference
+
+    if dtypes is None:
+        dtypes = [torch.bfloat16, torch.float16, torch.float32] if small else \
+            [torch.bfloat16, torch.float32]
+    if shapes is None:
+        shapes = list(GN_SHAPES.values()) if small else [
+            GN_SHAPES[n] for n in ("flux-vae-mid-128", "flux-vae-out-1024", "hunyuan-vae-mid",
+                                   "hunyuan-vae-up-9f", "wan-vae-mid-480p", "wan-vae-out-480p")]
+        if not small:  # a shape whose groups fit one program (the fit path) on the GPU too
+            shapes.append(GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2",
+                                  (1, 512, 32, 32)))
+    runs = [(s.small() if small else s, None) for s in shapes]
+    if small:  # interpreter-sized groups all fit: force the split path on one of them too
+        first = next((s for s, _ in runs if s.op == "gn"), None)
+        if first is not None:
+            runs.append((first, dict(fit_max=0, tile=256)))
+    for s, launch in runs:
+        for dtype in dtypes:
+            gen = torch.Generator(device=device).manual_seed(zlib.crc32(s.name.encode()))
+            x = (torch.randn(s.shape, generator=gen, device=device) * 2 + 0.5).to(dtype)
+            pshape = (s.C,) if s.op == "gn" else (s.C,) + (1,) * (len(s.shape) - 2)
+            w = (torch.randn(pshape, generator=gen, device=device) * 0.5 + 1).to(dtype)
+            b = (torch.randn(pshape, generator=gen, device=device) * 0.2).to(dtype)
+            if s.op == "gn":
+                eps = 1e-6
+                y = group_norm_silu(x, s.groups, w, b, eps, _launch=launch)
+                ref = group_norm_silu_reference(x, s.groups, w, b, eps,
+                                                compute_dtype=torch.float64)
+                path = gn_settings(s.shape[0], s.groups, s.C // s.groups,
+                                   math.prod(s.shape[2:]), **(launch or {})).path
+                eager_r = 2.0
+            else:
+                eps = 1e-12
+                b = None  # WanRMS_norm(bias=False), as in the Wan VAE
+                y = rms_norm_silu_channels(x, w, b, eps)
+                ref = rms_norm_silu_channels_reference(x, w, b, eps, compute_dtype=torch.float64)
+                path = "rms"
+                eager_r = 4.0 if dtype != torch.float32 else 2.0
+            eager = _eager_chain(s, x, w, b, eps)
+            e = _err_over_tol(y, ref)
+            e_e = _err_over_tol(y, eager, eager_r)
+            share = (y == ref).float().mean().item()
+            share_e = (y == eager).float().mean().item()
+            ok = e <= 1 and e_e <= 1 and not torch.isnan(y).any().item()
+            name = str(dtype).replace("torch.", "")
+            gate = "group_norm_silu" if s.op == "gn" else "rms_norm_silu_channels"
+            shp = "x".join(map(str, s.shape))
+            gates.add(gate, f"{s.name}{' (split forced)' if launch else ''} {name}", ok,
+                      f"{shp} {path}; vs fp64 ref: err/tol {e:.2f}, {100 * share:.2f}% bitwise; "
+                      f"vs eager: err/({eager_r:.0f} roundings) {e_e:.2f}, "
+                      f"{100 * share_e:.2f}% bitwise")
+            del x, y, ref, eager
