@@ -39,8 +39,12 @@ def _params(C, dtype, seed, shape=None):
     return _rand(shape, dtype, seed + 1, 0.5, 1.0), _rand(shape, dtype, seed + 2, 0.2, 0.0)
 
 
-def within(out, ref, dtype, roundings=1.0, what=""):
-    """|out - ref| <= roundings * (rtol |ref| + atol); returns the bitwise-equal share."""
+def within(out, ref, dtype, roundings=2.0, what=""):
+    """|out - ref| <= roundings * (rtol |ref| + atol); returns the bitwise-equal share.
+
+    Default two roundings: by default the op rounds after the norm and at the store, and
+    the fp64 reference rounds at the same points, so a tie flipped at the first rounding
+    by fp32 vs fp64 arithmetic can add an ulp."""
     assert out.shape == ref.shape and out.dtype == ref.dtype, (out.shape, ref.shape, out.dtype)
     assert not torch.isnan(out).any(), f"{what}: NaN in the output"
     rtol, atol = ONE[dtype]

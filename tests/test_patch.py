@@ -6,73 +6,12 @@ import torch
 import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
-from diffusers import (Flux2Transformer2DModel, FluxTransformer2DModel,  # noqa: E402
-                       HunyuanVideoTransformer3DModel, WanTransformer3DModel)
+from ditfuse.patching.tiny_models import (CASES, _flux, _flux_inputs, _wan,  # noqa: E402
+                                          _wan_inputs, to_dtype)
 
 # outputs of a whole (tiny) model: a few roundings of the activation dtype through the
 # blocks, relative to the output's scale
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
-
-
-def _to_dtype(model, dtype):
-    """model.to(dtype) keeping ``_keep_in_fp32_modules`` in fp32, as from_pretrained does
-    (Wan computes its RoPE tables and modulation in fp32)."""
-    model = model.to(dtype)
-    keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    for name, mod in model.named_modules():
-        if any(k in name.split(".") for k in keep):
-            mod.float()
-    for name, p in model.named_parameters(recurse=True):
-        if any(k in name.split(".") for k in keep):
-            p.data = p.data.float()
-    return model
-
-
-def _randomize(m, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    for p in m.parameters():
-        p.data.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return m.eval()
-
-
-def _wan(i2v=False):
-    kw = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-              out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2,
-              cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-    if i2v:
-        kw.update(image_dim=8, added_kv_proj_dim=24)
-    return _randomize(WanTransformer3DModel(**kw))
-
-
-def _wan_inputs(dtype, i2v=False, per_token=False):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(1, 4, 1, 8, 8, generator=g).to(dtype)
-    e = torch.randn(1, 6, 16, generator=g).to(dtype)
-    kw = dict(hidden_states=x, encoder_hidden_states=e, return_dict=False)
-    if per_token:  # Wan 2.2 TI2V: one timestep per token
-        kw["timestep"] = torch.full((1, 16), 500.0).to(dtype)
-    else:
-        kw["timestep"] = torch.tensor([500.0]).to(dtype)
-    if i2v:
-        kw["encoder_hidden_states_image"] = torch.randn(1, 3, 8, generator=g).to(dtype)
-    return kw
-
-
-def _flux():
-    return _randomize(FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
-        axes_dims_rope=[4, 4, 8]))
-
-
-def _flux_inputs(dtype):
-    g = torch.Generator().manual_seed(2)
-    S, T = 16, 8
-    return dict(hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
-                pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
-                timestep=torch.tensor([0.5]).to(dtype), img_ids=torch.randn(S, 3, generator=g),
-                txt_ids=torch.randn(T, 3, generator=g), return_dict=False)
 
 
 def _close(out, ref, dtype):
@@ -85,91 +24,11 @@ def _close(out, ref, dtype):
     return share
 
 
-def _flux2():
-    return _randomize(Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
-        axes_dims_rope=(4, 4, 4, 4)))
-
-
-def _flux2_inputs(dtype):
-    g = torch.Generator().manual_seed(3)
-    S, T = 16, 8
-    return dict(hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
-                timestep=torch.tensor([0.5]).to(dtype), img_ids=torch.randn(1, S, 4, generator=g),
-                txt_ids=torch.randn(1, T, 4, generator=g), guidance=torch.tensor([3.5]).to(dtype),
-                return_dict=False)
-
-
-def _hunyuan():
-    return _randomize(HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1,
-        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)))
-
-
-def _hunyuan_inputs(dtype):
-    g = torch.Generator().manual_seed(4)
-    return dict(hidden_states=torch.randn(1, 4, 1, 4, 4, generator=g).to(dtype),
-                timestep=torch.tensor([3]).to(dtype),
-                encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(dtype),
-                encoder_attention_mask=torch.ones(1, 5).to(dtype),
-                pooled_projections=torch.randn(1, 8, generator=g).to(dtype),
-                guidance=torch.tensor([3.0]).to(dtype), return_dict=False)
-
-
-def _sa3():
-    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3DiTModel
-
-    return _randomize(StableAudio3DiTModel(
-        io_channels=8, embed_dim=32, depth=1, num_heads=2, cond_token_dim=8, global_cond_dim=8,
-        local_add_cond_dim=4, timestep_features_dim=16, num_memory_tokens=2))
-
-
-def _sa3_inputs(dtype):
-    g = torch.Generator().manual_seed(5)
-    return dict(hidden_states=torch.randn(1, 8, 6, generator=g).to(dtype),
-                timestep=torch.tensor([0.3]).to(dtype),
-                encoder_hidden_states=torch.randn(1, 3, 8, generator=g).to(dtype),
-                global_hidden_states=torch.randn(1, 8, generator=g).to(dtype),
-                local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype), return_dict=False)
-
-
-def _qwen():
-    from diffusers import QwenImageTransformer2DModel
-
-    return _randomize(QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4)))
-
-
-def _qwen_inputs(dtype):
-    g = torch.Generator().manual_seed(6)
-    return dict(hidden_states=torch.randn(1, 16, 16, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype),
-                encoder_hidden_states_mask=torch.ones(1, 7, dtype=torch.bool),
-                timestep=torch.tensor([1.0]).to(dtype), img_shapes=[(1, 4, 4)], return_dict=False)
-
-
-CASES = [
-    ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("wan-ti2v", lambda: _wan(), lambda dt: _wan_inputs(dt, per_token=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 2, "AdaLayerNormZero (modulate)": 2,
-                                    "AdaLayerNormZeroSingle (modulate)": 1}),
-    ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 2}),
-    ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2}),
-    ("sa3-dit", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1}),
-    ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1}),
-]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
-    model = _to_dtype(make(), dtype)
+    model = to_dtype(make(), dtype)
     kw = inputs(dtype)
     ref = model(**kw)[0]
     report = ditfuse.patch(model)

@@ -201,6 +201,36 @@ def adaln_accuracy(g: Gates, device, small: bool, dtypes):
             del x, y, m, m2, xn, rm, rm2, rxn, eager_m, eager_m2, eager_x
 
 
+@torch.no_grad()
+def patch_gates(g: Gates, device):
+    """Every model ditfuse.patch covers (tiny configs, random weights): patched vs
+    unpatched outputs in bf16 (bitwise expected) and fp32, and unpatch restoring them."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        g.add("patch", "diffusers", True, "skipped: diffusers is not installed")
+        return
+    from .patching import patch, unpatch
+    from .patching.tiny_models import CASES, close, to_dtype
+
+    for name, make, inputs, expected in CASES:
+        for dtype in (torch.bfloat16, torch.float32):
+            model = to_dtype(make(), dtype).to(device)
+            kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs(dtype).items()}
+            ref = model(**kw)[0]
+            report = patch(model)
+            out = model(**kw)[0]
+            err, scale, share = close(out, ref, dtype)
+            unpatch(model)
+            restored = torch.equal(model(**kw)[0], ref)
+            n = sum(report.counts.values())
+            ok = restored and n == sum(expected.values()) and (
+                share == 1.0 if dtype == torch.bfloat16 else err <= 1e-5 * scale)
+            g.add("patch (tiny model)", f"{name} {str(dtype)[6:]}", ok,
+                  f"{n} replacements; patched vs unpatched: {100 * share:.1f}% bitwise, max diff "
+                  f"{err:.2g} of {scale:.2g}; unpatch {'restores' if restored else 'DOES NOT restore'}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse check", description=__doc__)
     ap.add_argument("--small", action="store_true", help="few tokens per shape even on a GPU")
@@ -223,6 +253,7 @@ def main(argv=None) -> int:
         group_norm_gates = None
     if group_norm_gates is not None:
         group_norm_gates(g, device, small)
+    patch_gates(g, device)
     if gpu and not args.small:
         qk_int64_offsets(g, device)
     table = g.table()

@@ -552,7 +552,7 @@ def _check_flag(v, name) -> bool:
 
 
 def plan_group_norm(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                    round_after_norm=False) -> Plan:
+                    round_after_norm=True) -> Plan:
     """Check every argument of :func:`group_norm_silu`; raises before anything runs."""
     _check_x(x)
     N, C, S, xs = _ncs(x, "x")
@@ -568,7 +568,7 @@ def plan_group_norm(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
 
 
 def plan_rms_channels(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True,
-                      round_after_norm=False) -> Plan:
+                      round_after_norm=True) -> Plan:
     """Check every argument of :func:`rms_norm_silu_channels`; raises before anything runs."""
     _check_x(x)
     N, C, S, xs = _ncs(x, "x")
@@ -713,7 +713,7 @@ def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[di
 # public functions
 
 def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                    round_after_norm=False, out=None, _launch=None):
+                    round_after_norm=True, out=None, _launch=None):
     r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
 
     .. math::
@@ -744,8 +744,9 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     silu : bool
         ``False``: GroupNorm only (the VAE attention blocks' norm).
     round_after_norm : bool
-        ``True``: round the normalised, affine value to ``x.dtype`` before the SiLU, where
-        eager ``GroupNorm -> SiLU`` in bf16/fp16 rounds. Default ``False``: one rounding.
+        ``True`` (default): round the normalised, affine value to ``x.dtype`` before the SiLU,
+        where eager ``GroupNorm -> SiLU`` in bf16/fp16 rounds, so a patched VAE computes what
+        the unpatched one does (bitwise in bf16). ``False``: one rounding, at the store.
     out : Tensor, optional
         Written and returned: ``x``'s shape, dtype and device, strides as for ``x``; may be
         ``x`` itself (in place), must not otherwise overlap it.
@@ -765,9 +766,10 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     parallel formula (``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
     large offset costs no accuracy (fp32 data at 1e5 +- 1 normalises to fp32 accuracy).
     The two paths may differ in the last fp32 bits (different summation order).
-    The result is rounded once, at the store, so it is within one rounding of the exact
-    (fp64) result, and within one rounding of eager ``GroupNorm`` then ``SiLU`` in
-    bf16/fp16 (which rounds between the two; ``round_after_norm=True`` rounds there too).
+    By default the result rounds where the eager chain does (after the norm, and at the
+    store): within one rounding of eager ``GroupNorm`` then ``SiLU`` in bf16/fp16.
+    ``round_after_norm=False`` rounds once, at the store: within one rounding of the exact
+    (fp64) result.
     In fp32 it agrees with the eager chain to a few fp32 ulps. Inference only: no autograd.
 
     Examples
@@ -788,7 +790,7 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
 
 
 def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=True,
-                           round_after_norm=False, out=None, _launch=None):
+                           round_after_norm=True, out=None, _launch=None):
     r"""Wan's channel RMS norm (``WanRMS_norm``) then SiLU, in one kernel.
 
     .. math::

@@ -174,7 +174,7 @@ def _silu_ref(y):
 
 
 def group_norm_silu_reference(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                              round_after_norm=False, compute_dtype=torch.float32):
+                              round_after_norm=True, compute_dtype=torch.float32):
     """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, no ``out``; does not
     validate them). x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one
     rounding to x's dtype at the end (and after the affine with ``round_after_norm``)."""
@@ -196,7 +196,7 @@ def group_norm_silu_reference(x, num_groups, weight=None, bias=None, eps=1e-6, *
 
 
 def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, scale=None,
-                                     silu=True, round_after_norm=False,
+                                     silu=True, round_after_norm=True,
                                      compute_dtype=torch.float32):
     """Pure-PyTorch :func:`ditfuse.rms_norm_silu_channels`: diffusers' ``WanRMS_norm``
     (``F.normalize(x, dim=1) * sqrt(C) * gamma + bias``) then SiLU, in ``compute_dtype``.
