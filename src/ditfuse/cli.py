@@ -1,13 +1,15 @@
-"""The ``ditfuse`` command: check (parity gates), bench (speed), inspect (resources)."""
+"""The ``ditfuse`` command: check (parity), bench (speed), inspect (resources), export (AOT)."""
 from __future__ import annotations
 
 import sys
 
-USAGE = """usage: ditfuse {check,bench,inspect} [options]
+USAGE = """usage: ditfuse {check,bench,inspect,export} [options]
 
   check     parity gates of every op (GPU: production shapes; else the interpreter)
   bench     time every op at the registry's production shapes (GPU only)
   inspect   registers, spills, local memory of every shipped kernel (no GPU needed)
+  export    AOT package of one op: PTX + cubin + manifest for TensorRT / C (no GPU needed):
+            ditfuse export qk_norm_rope -o DIR [--target sm_90] (ditfuse export --list)
 """
 
 
@@ -23,6 +25,8 @@ def main(argv=None) -> int:
         from .bench import main as run
     elif cmd == "inspect":
         from .inspect_kernels import main as run
+    elif cmd == "export":
+        from .aot.cli import main as run
     else:
         print(f"ditfuse: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         return 2

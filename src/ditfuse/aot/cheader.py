@@ -1,0 +1,205 @@
+"""The C route: a package as ``kernel.h`` / ``kernel.c`` over the CUDA driver API.
+
+``kernel.c`` embeds the cubin as a byte array; ``kernel.h`` declares
+
+* ``<entry>_load(CUmodule *, CUfunction *)`` -- ``cuModuleLoadData`` +
+  ``cuModuleGetFunction`` (+ the dynamic shared memory attribute above 48 KB), in the
+  current context;
+* ``<entry>_launch(CUfunction, CUstream, <inputs>, <extras>, <outputs>, <other grid
+  symbols>)`` -- a typed signature: ``CUdeviceptr`` per tensor (its dtype, shape and
+  alignment in the comment), ``int32_t`` per extra, then any grid symbol that is not an
+  extra (the batch ``B``); it computes the grid from the manifest's formula in 64-bit,
+  checks CUDA's grid limits and calls ``cuLaunchKernel`` with the parameters in the
+  kernel's order.
+
+The header includes ``<cuda.h>`` when the compiler finds it; otherwise it declares the few
+driver types and functions it uses itself (same ABI as cuda.h), behind ``#ifndef
+__cuda_cuda_h__`` -- so it compiles on a machine without the CUDA toolkit. Link with
+``-lcuda``.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Dict, List, Tuple
+
+
+_FALLBACK = """\
+#ifndef __cuda_cuda_h__
+/* <cuda.h> was not found: the driver API declarations this file uses, as cuda.h declares
+   them (64-bit). Define DITFUSE_AOT_NO_CUDA_H to use these even when cuda.h exists. */
+typedef int CUresult;                          /* enum cudaError_enum */
+typedef unsigned long long CUdeviceptr;        /* CUdeviceptr_v2 */
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef int CUfunction_attribute;              /* enum CUfunction_attribute_enum */
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
+CUresult cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value);
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                        void **kernelParams, void **extra);
+#endif
+"""
+
+
+def formula_to_c(expr: str) -> str:
+    """A manifest formula as a C ``int64_t`` expression over the symbols."""
+    def c(node):
+        if isinstance(node, ast.Expression):
+            return c(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return f"INT64_C({node.value})"
+        if isinstance(node, ast.Name):
+            return f"(int64_t){node.id}"
+        if isinstance(node, ast.BinOp):
+            op = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/"}[type(node.op)]
+            return f"({c(node.left)} {op} {c(node.right)})"
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "cdiv":
+            a, b = (c(x) for x in node.args)
+            return f"(({a} + {b} - 1) / {b})"
+        raise ValueError(f"unsupported formula {expr!r}")
+
+    return c(ast.parse(str(expr), mode="eval"))
+
+
+def _names(expr: str) -> List[str]:
+    return [n.id for n in ast.walk(ast.parse(str(expr), mode="eval"))
+            if isinstance(n, ast.Name) and n.id != "cdiv"]
+
+
+def _ident(s: str) -> str:
+    return re.sub(r"\W", "_", s)
+
+
+def emit(manifest: Dict, cubin: bytes) -> Tuple[str, str]:
+    """(kernel.h, kernel.c) for a package."""
+    m = manifest
+    name = _ident(m["entry"])
+    guard = f"DITFUSE_AOT_{name.upper()}_H"
+    params = m["parameters"]
+    extras = [p["name"] for p in params if p["kind"] == "extra"]
+    grid_syms = []
+    for g in m["grid"]:
+        for n in _names(g):
+            if n not in extras and n not in grid_syms:
+                grid_syms.append(n)
+    block, smem = m["block"][0], int(m["shared_mem"])
+
+    def shape(p):
+        return "(" + ", ".join(str(d) for d in p["shape"]) + ")"
+
+    args, docs = [], []
+    for p in params:
+        if p["kind"] == "extra":
+            args.append(f"int32_t {p['name']}")
+            docs.append(f" *   {p['name']:10} int32 extra = {m['symbols'].get(p['name'], p['name'])}")
+        else:
+            args.append(f"CUdeviceptr {p['name']}")
+            al = f", the same memory as {p['aliases']}" if p.get("aliases") else ""
+            docs.append(f" *   {p['name']:10} {p['kind']:6} {p['dtype']} {shape(p)} contiguous, "
+                        f"{p.get('align', 16)}-byte aligned{al}")
+    for s in grid_syms:
+        args.append(f"int32_t {s}")
+        docs.append(f" *   {s:10} grid symbol = {m['symbols'].get(s, s)} (not a kernel argument)")
+    sig = ",\n    ".join(["CUfunction function", "CUstream stream"] + args)
+
+    h = f"""/* Generated by ditfuse.aot (ditfuse export {m['op']}): do not edit.
+ *
+ * {m['summary']}
+ * entry {m['entry']}, target {m['target']}, Triton {m['triton_version']};
+ * {m['registers']} registers, {m['spill_stores']} B spill stores, block ({block}, 1, 1),
+ * {smem} B dynamic shared memory. ptx sha256 {m['sha256']['ptx']}
+ */
+#ifndef {guard}
+#define {guard}
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if !defined(DITFUSE_AOT_NO_CUDA_H) && defined(__has_include)
+#  if __has_include(<cuda.h>)
+#    include <cuda.h>
+#  endif
+#endif
+{_FALLBACK}
+#ifdef __cplusplus
+extern "C" {{
+#endif
+
+#define {name.upper()}_BLOCK_X {block}
+#define {name.upper()}_SHARED_MEM {smem}
+
+/* The cubin ({m['target']}) and its size in bytes. */
+extern const unsigned char {name}_cubin[];
+extern const size_t {name}_cubin_size;
+
+/* Load the cubin into the current context and find the kernel. */
+CUresult {name}_load(CUmodule *module, CUfunction *function);
+
+/* Launch on `stream`: grid ({', '.join(m['grid'])}), block ({block}, 1, 1).
+{chr(10).join(docs)}
+ * Returns CUDA_ERROR_INVALID_VALUE if the grid exceeds CUDA's limits.
+ */
+CUresult {name}_launch(
+    {sig});
+
+#ifdef __cplusplus
+}}
+#endif
+#endif /* {guard} */
+"""
+    rows = []
+    for i in range(0, len(cubin), 16):
+        rows.append("    " + ", ".join(f"0x{b:02x}" for b in cubin[i:i + 16]) + ",")
+    gx, gy, gz = (formula_to_c(g) for g in m["grid"])
+    pnames = [p["name"] for p in params]
+    set_smem = ""
+    if smem > 48 * 1024:
+        set_smem = (f"    err = cuFuncSetAttribute(*function, "
+                    f"CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, {smem});\n"
+                    "    if (err != CUDA_SUCCESS) return err;\n")
+    c = f"""/* Generated by ditfuse.aot (ditfuse export {m['op']}): do not edit. */
+#include "kernel.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#  define DITFUSE_AOT_ALIGNED __attribute__((aligned(16)))
+#else
+#  define DITFUSE_AOT_ALIGNED
+#endif
+
+const unsigned char {name}_cubin[] DITFUSE_AOT_ALIGNED = {{
+{chr(10).join(rows)}
+}};
+const size_t {name}_cubin_size = sizeof({name}_cubin);
+
+CUresult {name}_load(CUmodule *module, CUfunction *function)
+{{
+    CUresult err = cuModuleLoadData(module, {name}_cubin);
+    if (err != CUDA_SUCCESS) return err;
+    err = cuModuleGetFunction(function, *module, "{m['entry']}");
+    if (err != CUDA_SUCCESS) return err;
+{set_smem}    return CUDA_SUCCESS;
+}}
+
+CUresult {name}_launch(
+    {sig})
+{{
+    const int64_t gx = {gx};
+    const int64_t gy = {gy};
+    const int64_t gz = {gz};
+    void *params[{len(pnames)}];
+    if (gx < 0 || gx > INT64_C(2147483647) || gy < 0 || gy > 65535 || gz < 0 || gz > 65535)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (gx == 0 || gy == 0 || gz == 0) return CUDA_SUCCESS;
+{chr(10).join(f'    params[{i}] = (void *)&{n};' for i, n in enumerate(pnames))}
+    return cuLaunchKernel(function, (unsigned int)gx, (unsigned int)gy, (unsigned int)gz,
+                          {block}u, 1u, 1u, {smem}u, stream, params, NULL);
+}}
+"""
+    return h, c
