@@ -223,3 +223,74 @@ def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, sca
     if silu:
         y = _silu_ref(y)
     return y.to(act)
+
+
+# --------------------------------------------------------------------------------------
+# Sliding-window (and differential) attention (ditfuse.sliding_window_attention)
+
+def band_keep(n: int, left: int, right: int, device=None) -> torch.Tensor:
+    """(n, n) bool mask: query i keeps key j iff i - left <= j <= i + right (-1: unbounded).
+
+    ``band_keep(n, w, w)`` is SAME's ``_band_mask(n, w)`` (``|j - i| <= w``) as booleans.
+    """
+    idx = torch.arange(n, device=device)
+    delta = idx[None, :] - idx[:, None]  # j - i
+    keep = torch.ones(n, n, dtype=torch.bool, device=device)
+    if left >= 0:
+        keep &= delta >= -left
+    if right >= 0:
+        keep &= delta <= right
+    return keep
+
+
+def _masked_attention(q, k, v, bias, scale, cd):
+    """softmax(q k^T * scale + bias) v per (batch, head); (B, N, H, D) in, compute dtype
+    ``cd`` out. Heads go in groups so the (N, N) scores stay below ~2^28 elements."""
+    B, N, H, D = q.shape
+    out = torch.empty(B, N, H, D, dtype=cd, device=q.device)
+    hc = max(1, (1 << 28) // max(1, B * N * N))
+    for h0 in range(0, H, hc):
+        h1 = min(H, h0 + hc)
+        qs, ks, vs = (t[:, :, h0:h1].to(cd).transpose(1, 2) for t in (q, k, v))
+        s = (qs @ ks.transpose(-1, -2)) * scale + bias
+        out[:, :, h0:h1] = (torch.softmax(s, dim=-1) @ vs).transpose(1, 2)
+        del s
+    return out
+
+
+def sliding_window_attention_core(p, compute_dtype=torch.float32):
+    """Reference of :func:`ditfuse.sliding_window_attention` on a checked plan
+    (``attention.plan``): the dense-mask formula. Returns (B, N, H, D) in the input dtype.
+
+    The prologue (norm, RoPE) is ``qk_norm_rope``'s reference, rounded to the activation
+    dtype where the kernel rounds; the attention itself is exact in ``compute_dtype``
+    (float64 for the tests: no tf32, no rounding of the probabilities).
+    """
+    import dataclasses
+
+    cd = compute_dtype
+    act = p.q.dtype
+    q, k, q2, k2 = p.q, p.k, p.q2, p.k2
+    if p.qk is not None:
+        q, k = qk_norm_rope_core(p.qk, cd)
+        if q2 is not None:
+            q2, k2 = qk_norm_rope_core(dataclasses.replace(p.qk, q=p.q2, k=p.k2), cd)
+    B, N, H, D = p.q.shape
+    keep = band_keep(N, p.left, p.right, p.q.device)
+    bias = torch.zeros(N, N, dtype=cd, device=p.q.device).masked_fill(~keep, float("-inf"))
+    out = _masked_attention(q, k, p.v, bias, p.scale, cd)
+    if q2 is not None:
+        lam = p.lam_value if p.lam_tensor is None else p.lam_tensor.to(cd).reshape(1, 1, H, 1)
+        out = out - lam * _masked_attention(q2, k2, p.v, bias, p.scale, cd)
+    return out.to(act)
+
+
+def sliding_window_attention_reference(q, k, v, window, *, compute_dtype=torch.float32,
+                                       **kwargs):
+    """Pure-PyTorch :func:`ditfuse.sliding_window_attention` (same arguments): SDPA with a
+    dense (N, N) band mask. Output in the caller's layout, contiguous."""
+    from .attention import plan
+
+    p = plan(q, k, v, window, **kwargs)
+    out = sliding_window_attention_core(p, compute_dtype)
+    return out if p.layout == "bshd" else out.transpose(1, 2).contiguous()

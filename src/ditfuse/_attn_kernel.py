@@ -1,0 +1,421 @@
+"""The Triton kernel of sliding-window (and differential) attention (private; the launcher
+and the public function are in attention.py).
+
+One program computes one tile of BLOCK_M queries of one (batch, head), flash-attention
+style (online softmax, fp32 running max / sum, the probabilities rescaled with exp2 of
+log2(e)-scaled scores), over only the key tiles that intersect the band
+
+    i - LEFT <= j <= i + RIGHT    (FlashAttention's window_size=(left, right))
+
+of its queries: key tiles from ``max(0, start_m - LEFT) // BLOCK_N * BLOCK_N`` up to
+``min(N, start_m + BLOCK_M + RIGHT)``, masked per element (band and ``j < N``). Both
+matrix products run on tensor cores (``tl.dot``): bf16/fp16 operands (the probabilities
+are rounded to the input dtype before P @ V, as FlashAttention does) or, for fp32
+inputs, tf32 operands; fp32 accumulation throughout.
+
+Differential mode (``DIFF``): a second query/key pair shares the V tile, which is loaded
+once per key tile and multiplied by both probability tiles; the output is
+``acc1 / l1 - lambda * acc2 / l2`` in fp32, rounded once at the store.
+
+Prologue (``Q_NORM`` / ``K_NORM`` / ``ROPE``): each Q/K tile is normalised per head (RMS,
+LayerNorm or Dynamic-Tanh), rounded to the activation dtype, rotated (rotate-half or
+interleaved pairs over the first ``R`` channels) and rounded again, with exactly the
+arithmetic of ``ditfuse.qk_norm_rope`` (its helpers; the launcher turns fp contraction off
+when the prologue is on, as qk_norm_rope does). With RoPE a tile is held as qk_norm_rope
+holds it -- the a and b channel of every rotary pair and the pass-through channels, three
+pieces -- and the scores are the sum of one dot per piece, so the rotation needs neither
+a register shuffle nor a second load. K tiles go through the prologue once per query tile
+that visits them (about twice at SAME's window).
+
+Loop: ``range(lo, hi, BLOCK_N)`` on the GPU (software-pipelined); under Triton's
+interpreter the same tiles in the same order as a ``while`` loop (the interpreter's
+scalars are 1-element arrays that numpy >= 2.3 will not turn into range bounds).
+
+Offsets: every tile's base (batch, head, first row) is an int64 scalar; offsets inside a
+tile are int32 unless ``OFF64`` (strides so large that BLOCK * stride could pass 2^31).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._qk_kernel import _cast_out, _norm_affine, _rnd
+from ._runtime import INTERPRET
+
+# Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor
+# cores drop the low 13 bits of each operand. Under the interpreter the operands are
+# truncated the same way, so CPU results carry the GPU's tf32 error.
+_SOFT_TF32 = tl.constexpr(INTERPRET)
+_INTERP_LOOP = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def _as_tf32(x):
+    """fp32 ``x`` as the tensor cores read it in tf32 mode (interpreter only; identity on
+    the GPU, where the mma instruction itself ignores the low mantissa bits)."""
+    if _SOFT_TF32:
+        u = x.to(tl.uint32, bitcast=True) & 0xFFFFE000
+        return u.to(tl.float32, bitcast=True)
+    else:
+        return x
+
+
+@triton.jit
+def _dot_operand(x, ACT: tl.constexpr):
+    """A tile as a tensor-core operand: in the activation dtype (fp32 values such as the
+    probabilities rounded to nearest even), or tf32 for fp32 activations."""
+    if ACT == tl.float32:
+        return _as_tf32(x.to(tl.float32))
+    elif _SOFT_TF32:
+        # the interpreter keeps bf16 as raw uint16 bits, which its matmul cannot read: the
+        # operand stays fp32 holding exactly the (rounded) value of the input dtype
+        return _rnd(x.to(tl.float32), ACT)
+    else:
+        return x.to(ACT)
+
+
+@triton.jit
+def _tile_ptrs(ptr, base, start, stride_s, stride_d, cols,
+               BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Pointers of rows ``start .. start + BLOCK`` and columns ``cols`` of a (N, D) slice;
+    ``base`` is the int64 offset of the slice, the tile's first row is added in int64."""
+    r = tl.arange(0, BLOCK)
+    if OFF64:
+        r = r.to(tl.int64)
+        cols = cols.to(tl.int64)
+    row0 = base + start.to(tl.int64) * stride_s
+    return ptr + row0 + (r * stride_s)[:, None] + (cols * stride_d)[None, :]
+
+
+@triton.jit
+def _load_cols(ptr, base, start, rmask, stride_s, stride_d, cols, cmask,
+               BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Columns ``cols`` of rows ``start .. start + BLOCK`` as fp32, zero where masked."""
+    m = rmask[:, None] & cmask[None, :]
+    return tl.load(_tile_ptrs(ptr, base, start, stride_s, stride_d, cols, BLOCK, OFF64),
+                   mask=m, other=0.0).to(tl.float32), m
+
+
+@triton.jit
+def _norm_piece(x, m, w_ptr, b_ptr, cols, cmask, mean, rstd, alpha,
+                NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
+    """Normalise one piece (channels ``cols``), rounded to the activation dtype; zero in
+    padding columns (a DyT bias would otherwise leak into the scores)."""
+    w = 1.0
+    b = 0.0
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    return tl.where(m, _rnd(y, ACT), 0.0)
+
+
+@triton.jit
+def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
+             w_ptr, b_ptr, a_ptr, alpha_val, eps,
+             cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+             D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
+             BLOCK: tl.constexpr,
+             NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+             ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+             ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+             ACT: tl.constexpr, OFF64: tl.constexpr):
+    """A Q or K tile of BLOCK rows, ready for tl.dot: [norm -> round] [-> rotate -> round].
+
+    Without RoPE: one [BLOCK, D] tile (and two unused zeros). With RoPE: three pieces, as
+    ``qk_norm_rope`` holds them: the a and b channels of every rotary pair, [BLOCK,
+    HALF_PAD] each, and the pass-through channels [BLOCK, PASS_PAD] (zero-width when
+    R == D). The scores are then the sum of three dots, q_a.k_a + q_b.k_b + q_p.k_p: the
+    rotation needs no register shuffle and no channel is loaded twice.
+    """
+    alpha = 0.0
+    if NORM == 3:
+        if ALPHA_PTR:
+            alpha = tl.load(a_ptr).to(tl.float32)
+        else:
+            alpha = alpha_val
+    if not ROPE:
+        d = tl.arange(0, D)
+        dm = d < D
+        if NORM == 0:
+            x = tl.load(_tile_ptrs(x_ptr, base, start, stride_s, stride_d, d, BLOCK, OFF64),
+                        mask=rmask[:, None], other=0.0)
+            return _dot_operand(x, ACT), 0.0, 0.0
+        x, m = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, d, dm, BLOCK, OFF64)
+        mean = 0.0
+        rstd = 1.0
+        if NORM == 2:
+            mean = (tl.sum(x, 1) / D)[:, None]
+            xc = x - mean
+            rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / D + eps))[:, None]
+        elif NORM == 1:
+            rstd = (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
+        y = _norm_piece(x, m, w_ptr, b_ptr, d, dm, mean, rstd, alpha,
+                        NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+        return _dot_operand(y, ACT), 0.0, 0.0
+    else:
+        R2: tl.constexpr = R // 2
+        P: tl.constexpr = D - R
+        i = tl.arange(0, HALF_PAD)
+        im = i < R2
+        if INTERLEAVED:  # pairs (2i, 2i+1)
+            ca_col = 2 * i
+            cb_col = 2 * i + 1
+        else:  # rotate-half: pairs (i, i + R/2)
+            ca_col = i
+            cb_col = i + R2
+        xa, ma = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, ca_col, im,
+                            BLOCK, OFF64)
+        xb, mb = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, cb_col, im,
+                            BLOCK, OFF64)
+        j = R + tl.arange(0, PASS_PAD)
+        jm = j < D
+        xp = 0.0
+        if P > 0:
+            xp, mp = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, j, jm,
+                                BLOCK, OFF64)
+        if NORM != 0:
+            mean = 0.0
+            rstd = 1.0
+            if NORM == 2:
+                tot = tl.sum(xa, 1) + tl.sum(xb, 1)
+                if P > 0:
+                    tot += tl.sum(xp, 1)
+                mean = (tot / D)[:, None]
+            if NORM == 1 or NORM == 2:
+                da = tl.where(ma, xa - mean, 0.0)
+                db = tl.where(mb, xb - mean, 0.0)
+                sq = tl.sum(da * da, 1) + tl.sum(db * db, 1)
+                if P > 0:
+                    dp = tl.where(mp, xp - mean, 0.0)
+                    sq += tl.sum(dp * dp, 1)
+                rstd = (1.0 / tl.sqrt(sq / D + eps))[:, None]
+            xa = _norm_piece(xa, ma, w_ptr, b_ptr, ca_col, im, mean, rstd, alpha,
+                             NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+            xb = _norm_piece(xb, mb, w_ptr, b_ptr, cb_col, im, mean, rstd, alpha,
+                             NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+            if P > 0:
+                xp = _norm_piece(xp, mp, w_ptr, b_ptr, j, jm, mean, rstd, alpha,
+                                 NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+        # cos/sin of the a and b channel of each pair (a half-width table: one column each)
+        if TABLE_HALF:
+            ta_col = i
+            tb_col = i
+        else:
+            ta_col = ca_col
+            tb_col = cb_col
+        c_a, _ = _load_cols(cos_ptr, cbase, start, rmask, stride_cs, stride_cw, ta_col, im,
+                            BLOCK, OFF64)
+        s_a, _ = _load_cols(sin_ptr, sbase, start, rmask, stride_ss, stride_sw, ta_col, im,
+                            BLOCK, OFF64)
+        if TABLE_HALF:
+            c_b = c_a
+            s_b = s_a
+        else:
+            c_b, _ = _load_cols(cos_ptr, cbase, start, rmask, stride_cs, stride_cw, tb_col, im,
+                                BLOCK, OFF64)
+            s_b, _ = _load_cols(sin_ptr, sbase, start, rmask, stride_ss, stride_sw, tb_col, im,
+                                BLOCK, OFF64)
+        # eager: x * cos + rotate_half(x) * sin, no fused multiply-add (qk_norm_rope's order)
+        oa = _rnd(xa * c_a - xb * s_a, ACT)
+        ob = _rnd(xb * c_b + xa * s_b, ACT)
+        return _dot_operand(oa, ACT), _dot_operand(ob, ACT), _dot_operand(xp, ACT)
+
+
+@triton.jit
+def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr):
+    """Raw scores q . k over all channels: one dot, or one per piece (RoPE)."""
+    s = tl.dot(qa, tl.trans(ka), input_precision="tf32")
+    if ROPE:
+        s = tl.dot(qb, tl.trans(kb), s, input_precision="tf32")
+        if HAS_PASS:
+            s = tl.dot(qp, tl.trans(kp), s, input_precision="tf32")
+    return s
+
+
+@triton.jit
+def _softmax_step(s, band, m_i, l_i, qk_scale):
+    """One online-softmax step on raw scores ``s`` [BM, BN]: returns the unnormalised
+    probabilities, the accumulator's rescale factor and the new running max / sum."""
+    s = tl.where(band, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, offs_m,
+              k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
+              stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
+              kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+              cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+              qk_scale, N, LEFT, RIGHT,
+              D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
+              PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
+              K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+              K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+              ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+              ACT: tl.constexpr, OFF64: tl.constexpr):
+    """One key tile: scores, online-softmax update and P @ V for one or both maps."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kmask = offs_n < N
+    band = (offs_n[None, :] >= offs_m[:, None] - LEFT) & \
+           (offs_n[None, :] <= offs_m[:, None] + RIGHT) & kmask[None, :]
+    ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
+                          kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
+                          stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_N,
+                          K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
+    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+    if DIFF:
+        k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
+                                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
+                                 stride_ss, stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_N,
+                                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+    # V: one load per key tile, shared by both attention maps
+    dd = tl.arange(0, D)
+    v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
+                mask=kmask[:, None], other=0.0)
+    v = _dot_operand(v, ACT)
+    acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT), v, input_precision="tf32")
+    if DIFF:
+        acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT), v, input_precision="tf32")
+    return acc1, m1, l1, acc2, m2, l2
+
+
+@triton.jit
+def _swa_fwd_kernel(
+    q_ptr, k_ptr, v_ptr,      # (B, N, H, D) views, any strides
+    q2_ptr, k2_ptr,           # second query/key (DIFF), same shape
+    o_ptr,                    # output (B, N, H, D) view
+    lam_ptr,                  # per-head lambda (LAM_PTR), any float dtype
+    qw_ptr, qb_ptr, qa_ptr,   # Q norm weight, bias, DyT alpha tensor (Q_NORM)
+    kw_ptr, kb_ptr, ka_ptr,   # K norm weight, bias, DyT alpha tensor (K_NORM)
+    cos_ptr, sin_ptr,         # rotary tables, (B, N, H, W) broadcast views (ROPE)
+    lam,                      # lambda as a Python float (not LAM_PTR)
+    qk_scale,                 # softmax scale * log2(e)
+    q_alpha, k_alpha,         # DyT alpha as Python floats
+    q_eps, k_eps,
+    N, H, LEFT, RIGHT,        # tokens, heads, window (unbounded sides passed as N)
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_q2b, stride_q2s, stride_q2h, stride_q2d,
+    stride_k2b, stride_k2s, stride_k2h, stride_k2d,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lam,
+    stride_cb, stride_cs, stride_ch, stride_cw,
+    stride_sb, stride_ss, stride_sh, stride_sw,
+    D: tl.constexpr,          # head_dim (32, 64 or 128)
+    R: tl.constexpr,          # rotary channels (ROPE), even, <= D
+    HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
+    PASS_PAD: tl.constexpr,   # D - R padded likewise
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
+    LAM_PTR: tl.constexpr,
+    Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
+    Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
+    K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+    K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+    OFF64: tl.constexpr,
+):
+    ACT: tl.constexpr = q_ptr.dtype.element_ty
+    # one flat grid: query tiles of one (batch, head) are consecutive programs, so the
+    # key/value tiles neighbouring programs share are still in L2
+    n_m = tl.cdiv(N, BLOCK_M)
+    pid = tl.program_id(0)
+    bh = pid // n_m
+    start_m = (pid - bh * n_m) * BLOCK_M
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    qmask = offs_m < N
+    cbase = b * stride_cb + h * stride_ch
+    sbase = b * stride_sb + h * stride_sh
+
+    qa, qb, qp = _load_qk(q_ptr, b * stride_qb + h * stride_qh, start_m, qmask, stride_qs,
+                          stride_qd, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
+                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
+                          stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_M,
+                          Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, D], tl.float32)
+    q2a = 0.0
+    q2b = 0.0
+    q2p = 0.0
+    m2 = 0.0
+    l2 = 0.0
+    acc2 = 0.0
+    if DIFF:
+        q2a, q2b, q2p = _load_qk(q2_ptr, b * stride_q2b + h * stride_q2h, start_m, qmask,
+                                 stride_q2s, stride_q2d, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
+                                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
+                                 stride_ss, stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_M,
+                                 Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+        m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l2 = tl.zeros([BLOCK_M], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, D], tl.float32)
+
+    k_base = b * stride_kb + h * stride_kh
+    k2_base = b * stride_k2b + h * stride_k2h
+    v_base = b * stride_vb + h * stride_vh
+
+    # only the key tiles that intersect the band of this query tile
+    lo = (tl.maximum(start_m - LEFT, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.minimum(start_m + BLOCK_M + RIGHT, N)
+    if _INTERP_LOOP:
+        # Triton's interpreter cannot take tensor bounds in range() under numpy >= 2.3 (its
+        # scalars are 1-element arrays): the same tiles in the same order, as a while loop
+        start_n = lo
+        while start_n < hi:
+            acc1, m1, l1, acc2, m2, l2 = _key_tile(
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, offs_m,
+                k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
+                stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
+                kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+                qk_scale, N, LEFT, RIGHT, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            acc1, m1, l1, acc2, m2, l2 = _key_tile(
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, offs_m,
+                k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
+                stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
+                kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+                qk_scale, N, LEFT, RIGHT, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+
+    # query rows past N have l = 0; they are not stored
+    out = acc1 / tl.where(l1 == 0.0, 1.0, l1)[:, None]
+    if DIFF:
+        if LAM_PTR:
+            lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
+        else:
+            lam_h = lam
+        out = out - lam_h * (acc2 / tl.where(l2 == 0.0, 1.0, l2)[:, None])
+    dd = tl.arange(0, D)
+    o_ptrs = _tile_ptrs(o_ptr, b * stride_ob + h * stride_oh, start_m, stride_os, stride_od, dd,
+                        BLOCK_M, OFF64)
+    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty), mask=qmask[:, None])

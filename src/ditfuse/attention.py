@@ -1,0 +1,737 @@
+"""Sliding-window (and differential) attention: validate -> allocate -> launch, the public
+function, its ``torch.library`` op, and its ``ditfuse check`` gates.
+
+The kernel lives in ``_attn_kernel.py``; the pure-PyTorch reference (the dense-mask
+formula, also the fallback for devices Triton cannot run on) in ``reference.py``.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _runtime
+from .norms import NormSpec
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HEAD_DIMS = (32, 64, 128)
+LAYOUTS = ("bshd", "bhsd")
+ROPE_STYLES = ("half", "interleaved")
+LOG2E = 1.4426950408889634
+#: Accuracy against the fp64 formula, as a share of ``|ref| + (1 + |lam|) rms(v)``.
+ACCURACY = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-8}
+
+
+@dataclass
+class Plan:
+    """Every argument of one call, checked, as (B, N, H, D) views (no data copied)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q2: Optional[Tensor]
+    k2: Optional[Tensor]
+    left: int                   # -1: unbounded
+    right: int                  # -1: unbounded
+    lam_value: float
+    lam_tensor: Optional[Tensor]  # (H,) view (stride 0 when one value for all heads)
+    scale: float
+    layout: str
+    qk: Optional[object]        # qk_norm_rope.Plan of the prologue on (q, k), or None
+
+    @property
+    def differential(self) -> bool:
+        return self.q2 is not None
+
+
+def parse_window(window):
+    """``window`` as (left, right): an int w is (w, w); -1 on a side is unbounded."""
+    if isinstance(window, bool):
+        raise TypeError(f"window must be an int or a (left, right) pair, got {window!r}")
+    if isinstance(window, (tuple, list)):
+        if len(window) != 2:
+            raise ValueError(f"window must be an int w or a (left, right) pair, got {window!r}")
+        pair = tuple(window)
+    else:
+        pair = (window, window)
+    out = []
+    for side, w in zip(("left", "right"), pair):
+        if isinstance(w, bool):
+            raise TypeError(f"window {side} must be an int, got {w!r}")
+        try:
+            w = operator.index(w)
+        except TypeError:
+            raise TypeError(f"window {side} must be an int (>= 0, or -1 for unbounded), got "
+                            f"{type(w).__name__} {w!r}") from None
+        if w < -1:
+            raise ValueError(f"window {side} = {w}: must be >= 0 (keys that far from the query "
+                             "on that side), or -1 for unbounded")
+        out.append(int(w))
+    return out[0], out[1]
+
+
+def _heads(x, name: str, layout: str) -> Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() != 4:
+        want = "(B, N, H, D)" if layout == "bshd" else "(B, H, N, D)"
+        raise ValueError(f"{name} must be 4-D {want} (layout={layout!r}), got shape "
+                         f"{tuple(x.shape)}; unflatten packed heads with "
+                         f"x.unflatten(-1, (heads, head_dim))")
+    return x if layout == "bshd" else x.transpose(1, 2)
+
+
+def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd",
+         q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half",
+         rotary_dim=None) -> Plan:
+    """Check every argument and describe the call; raises before anything runs. Reads no
+    tensor data (works on fake / meta tensors)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if rope_style not in ROPE_STYLES:
+        raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {rope_style!r}")
+    if (q2 is None) != (k2 is None):
+        given, missing = ("q2", "k2") if q2 is not None else ("k2", "q2")
+        raise ValueError(f"{given} given without {missing}: differential attention needs both "
+                         "(out = Attn(q, k, v) - lam * Attn(q2, k2, v))")
+    names = ["q", "k", "v"] + (["q2", "k2"] if q2 is not None else [])
+    raw = dict(q=q, k=k, v=v, q2=q2, k2=k2)
+    views = {n: _heads(raw[n], n, layout) for n in names}
+    q4 = views["q"]
+    for n in names[1:]:
+        t = raw[n]
+        if t.dtype != q.dtype:
+            raise TypeError(f"{n}.dtype {t.dtype} must equal q.dtype {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{n} is on {t.device}, q is on {q.device}")
+    B, N, H, D = q4.shape
+    for n in names[1:]:
+        if views[n].shape[3] != D:
+            raise ValueError(f"head_dim mismatch: {n} has head_dim {views[n].shape[3]}, q has "
+                             f"{D} (shapes {tuple(raw[n].shape)} vs {tuple(q.shape)})")
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {D} (q shape "
+                         f"{tuple(q.shape)}); use the reference "
+                         "ditfuse.reference.sliding_window_attention_reference for others")
+    for n in names[1:]:
+        if tuple(views[n].shape) != (B, N, H, D):
+            raise ValueError(f"{n}.shape {tuple(raw[n].shape)} must equal q.shape "
+                             f"{tuple(q.shape)} (self-attention over one sequence: same batch, "
+                             "tokens and heads)")
+    if N >= 2**30:
+        raise ValueError(f"q has {N} tokens; the kernel's token indices are int32 (at most "
+                         f"2^30 - 1 tokens)")
+    left, right = parse_window(window)
+
+    lam_t = None
+    lam_v = 1.0
+    if isinstance(lam, torch.Tensor):
+        if q2 is None:
+            raise ValueError("lam is a tensor but q2/k2 are not given: lam is the weight of the "
+                             "second attention map of differential attention")
+        if not lam.is_floating_point():
+            raise TypeError(f"lam.dtype must be floating point, got {lam.dtype}")
+        if lam.device != q.device:
+            raise ValueError(f"lam is on {lam.device}, q is on {q.device}")
+        if lam.dim() > 1 or lam.numel() not in (1, H):
+            raise ValueError(f"lam must be a float, a one-element tensor or a per-head tensor of "
+                             f"shape ({H},), got shape {tuple(lam.shape)}")
+        lam_t = lam.reshape(-1).expand(H) if lam.numel() == 1 else lam
+    else:
+        if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
+            raise TypeError(f"lam must be a finite float or a ({H},) tensor, got {lam!r}")
+        lam_v = float(lam)
+        if q2 is None and lam_v != 1.0:
+            raise ValueError(f"lam={lam_v} given without q2/k2: lam is the weight of the second "
+                             "attention map of differential attention")
+
+    if scale is None:
+        sc = 1.0 / math.sqrt(D)
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+                not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a positive finite float (default 1/sqrt(head_dim)), "
+                             f"got {scale!r}")
+        sc = float(scale)
+
+    qkp = None
+    if q_norm is not None or k_norm is not None or cos is not None or sin is not None or \
+            rotary_dim is not None:
+        from .qk_norm_rope import plan as qk_plan
+
+        qkp = qk_plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, rope_style=rope_style,
+                      rotary_dim=rotary_dim, layout=layout, runtime_checks=False)
+        for arg, n in (("q_norm", qkp.q_norm), ("k_norm", qkp.k_norm)):
+            if n is not None and n.span_all:
+                raise ValueError(f"{arg} normalises across all {H} heads ({H * D} channels); the "
+                                 "fused prologue normalises per head: apply "
+                                 "ditfuse.qk_norm_rope first and pass q_norm/k_norm=None")
+    return Plan(q4, views["k"], views["v"], views.get("q2"), views.get("k2"), left, right,
+                lam_v, lam_t, sc, layout, qkp)
+
+
+# ---------------------------------------------------------------------------------------
+# launch settings: a small analytical table
+
+def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
+                    differential: bool, prologue: bool):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for one call: a small table, no autotuning.
+
+    A program holds, per map (two when differential), a [BLOCK_M, D] fp32 accumulator, the
+    Q tile and [BLOCK_M, BLOCK_N] fp32 scores/probabilities; the prologue adds the K tile's
+    norm/rotation operands. The table keeps every specialization under ~200 registers a
+    thread with no spills on sm_90 (``ptxas -v`` of the CPU-side sm_90 build, tests and
+    ``build_report``):
+
+    * BLOCK_M = 64: the M of one Hopper wgmma (one warpgroup of 4 warps).
+    * BLOCK_N = 32 for a narrow band (left + right + 1 <= 64; SAME's window 17 spans 35
+      keys): a query tile visits ``(64 + left + right + BLOCK_N - 1) / BLOCK_N`` key tiles on
+      average, ~129 keys per 64 queries, where 64-key tiles would visit ~161 and double the
+      score registers. 16 at head_dim 128 when differential (two maps of [64, 128] state).
+      A wide band without differential/prologue (16-bit up to head_dim 64, fp32 at 32)
+      takes 64-key tiles and a 3-stage pipeline.
+    * num_warps = 8 (two warpgroups splitting the tile) where 4 warps would pass ~200
+      registers: head_dim 64 differential with the prologue or fp32 operands; head_dim 128
+      differential or with the prologue. Otherwise 4.
+    * num_stages = 2 otherwise: a narrow band makes 3-5 loop trips; deeper pipelines only
+      fill shared memory (at most 112 KB here, below the 227 KB of an H100/H200 block).
+    """
+    span = (N if left < 0 else left) + (N if right < 0 else right) + 1
+    fp32 = dtype == torch.float32
+    if D >= 128:
+        block_n = 16 if differential else 32
+        warps = 8 if (differential or prologue) else 4
+    elif D >= 64:
+        block_n = 32
+        warps = 8 if differential and (prologue or fp32) else 4
+    else:
+        block_n, warps = 32, 4
+    stages = 2
+    if span > 64 and not differential and not prologue and D <= (32 if fp32 else 64):
+        block_n, stages = 64, 3
+    return 64, block_n, warps, stages
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _norm_args(n, dummy):
+    from .qk_norm_rope import _norm_args as qk_norm_args
+
+    return qk_norm_args(n, dummy)
+
+
+def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
+    """Offsets inside one tile (BLOCK rows, D columns) fit int32 for every operand."""
+    lim = 2**31 - 1
+    ts = [p.q, p.k, p.v, o4] + [t for t in (p.q2, p.k2) if t is not None]
+    if p.qk is not None and p.qk.cos is not None:
+        ts += [p.qk.cos, p.qk.sin]
+    for t in ts:
+        st = t.stride()
+        if (block - 1) * st[1] + (t.shape[3] - 1) * st[3] > lim:
+            return False
+    return True
+
+
+def launch(p: Plan, o4: Tensor, settings=None) -> None:
+    """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
+
+    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the table.
+    """
+    from ._attn_kernel import _swa_fwd_kernel
+
+    B, N, H, D = p.q.shape
+    if B * N * H == 0:
+        return
+    diff = p.differential
+    bm, bn, num_warps, num_stages = settings or launch_settings(
+        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None)
+    # an unbounded side reaches every token; clamp to N so int32 sums cannot overflow
+    left = N if p.left < 0 else min(p.left, N)
+    right = N if p.right < 0 else min(p.right, N)
+    dummy = p.q
+    qk = p.qk
+    qa = _norm_args(qk.q_norm if qk is not None else None, dummy)
+    ka = _norm_args(qk.k_norm if qk is not None else None, dummy)
+    rope = qk is not None and qk.cos is not None
+    if rope:
+        cos, sin = qk.cos, qk.sin
+        cst, sst = cos.stride(), sin.stride()
+        R = qk.rotary_dim
+    else:
+        cos = sin = dummy
+        cst = sst = (0, 0, 0, 0)
+        R = 0
+    q2, k2 = (p.q2, p.k2) if diff else (p.q, p.k)
+    lam_t = p.lam_tensor if p.lam_tensor is not None else dummy
+    lam_st = p.lam_tensor.stride(0) if p.lam_tensor is not None else 0
+    n_m = -(-N // bm)
+    grid = (n_m * B * H,)
+    args = (
+        p.q, p.k, p.v, q2, k2, o4, lam_t,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"], cos, sin,
+        p.lam_value, p.scale * LOG2E, qa["alpha"], ka["alpha"], qa["eps"], ka["eps"],
+        N, H, left, right,
+        *p.q.stride(), *p.k.stride(), *p.v.stride(), *q2.stride(), *k2.stride(), *o4.stride(),
+        lam_st, *cst, *sst,
+    )
+    constexprs = dict(
+        D=D, R=R, HALF_PAD=max(16, _next_pow2(R // 2)), PASS_PAD=max(16, _next_pow2(D - R)),
+        BLOCK_M=bm, BLOCK_N=bn, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
+        Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        ROPE=rope, INTERLEAVED=bool(rope and qk.interleaved),
+        TABLE_HALF=bool(rope and qk.table_half),
+        OFF64=not _fits_int32(p, o4, max(bm, bn)),
+    )
+    prologue = qk is not None
+    # the prologue rounds as eager PyTorch (and qk_norm_rope) does: no fused multiply-add
+    _swa_fwd_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
+                          enable_fp_fusion=not prologue)
+
+
+def _new_out(shape, dtype, device) -> Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def run(p: Plan, settings=None) -> Tensor:
+    """Allocate the output (contiguous, in the caller's layout) and compute it."""
+    B, N, H, D = p.q.shape
+    shape = (B, N, H, D) if p.layout == "bshd" else (B, H, N, D)
+    out = _new_out(shape, p.q.dtype, p.q.device)
+    o4 = out if p.layout == "bshd" else out.transpose(1, 2)
+    if _runtime.kernel_device_ok(p.q):
+        launch(p, o4, settings)
+    else:
+        from .reference import sliding_window_attention_core
+        o4.copy_(sliding_window_attention_core(p, torch.float32))
+    return out
+
+
+def _check_grad(*ts):
+    if not torch.is_grad_enabled():
+        return
+    for t in ts:
+        if isinstance(t, torch.nn.Module):
+            bad = any(x.requires_grad for x in t.parameters())
+        elif isinstance(t, NormSpec):
+            bad = any(isinstance(x, Tensor) and x.requires_grad
+                      for x in (t.weight, t.bias, t.alpha))
+        else:
+            bad = isinstance(t, Tensor) and t.requires_grad
+        if bad:
+            raise RuntimeError("ditfuse.sliding_window_attention is inference-only (no backward): "
+                               "call it under torch.no_grad() or torch.inference_mode()")
+
+
+def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None,
+                             layout="bshd", q_norm=None, k_norm=None, cos=None, sin=None,
+                             rope_style="half", rotary_dim=None):
+    r"""Attention restricted to a band of keys around each query, optionally differential,
+    optionally with the QK-norm + RoPE prologue fused in.
+
+    .. math::
+
+        \mathrm{Attn}(Q, K, V)_i = \sum_{j \in W(i)}
+            \frac{e^{s\, q_i \cdot k_j}}{\sum_{j' \in W(i)} e^{s\, q_i \cdot k_{j'}}} v_j,
+        \qquad W(i) = \{\, j : i - \ell \le j \le i + r,\ 0 \le j < N \,\}
+
+        \mathrm{out} = \mathrm{Attn}(Q, K, V)
+            \;\big[\, - \lambda_h\, \mathrm{Attn}(Q_2, K_2, V) \,\big]
+
+    with :math:`s` = ``scale``. It equals SDPA with the dense additive band mask (SAME's
+    ``_band_mask``) but visits only the key tiles that intersect the band: O(N (l + r))
+    work and no (N, N) mask. The differential form (Stable Audio 3 / SAME:
+    ``to_qkv(x).chunk(5)`` = q1, q2, k1, k2, v) is one kernel that reads each V tile once.
+
+    Parameters
+    ----------
+    q, k, v : Tensor
+        ``(B, N, H, D)`` (``layout="bshd"``) or ``(B, H, N, D)`` (``"bhsd"``); fp16, bf16 or
+        fp32, one dtype and device; ``D`` in {32, 64, 128}. Any strides: the chunks of a
+        packed projection, ``to_qkv(x).chunk(5, -1)[i].unflatten(-1, (H, D))``, are read in
+        place with no copy.
+    window : int or (int, int)
+        ``w``: keys with ``|i - j| <= w`` (SAME's ``_band_mask(N, w)``). ``(left, right)``:
+        keys ``i - left <= j <= i + right`` (FlashAttention's ``window_size``); ``-1`` on a
+        side is unbounded, so ``(-1, 0)`` is causal and ``(-1, -1)`` (or ``-1``) full
+        attention.
+    q2, k2 : Tensor, optional
+        The second query/key of differential attention (shape, dtype of ``q``); both or
+        neither.
+    lam : float or Tensor
+        :math:`\lambda`: a float, or a per-head tensor ``(H,)`` (or one element) of any float
+        dtype, read on the device. Only with ``q2``/``k2``.
+    scale : float, optional
+        Softmax scale, default ``1 / sqrt(D)``.
+    layout : {"bshd", "bhsd"}
+        How the 4-D inputs (and the output) are laid out.
+    q_norm, k_norm : module or NormSpec, optional
+        Per-head norm of the Q (and Q2) / K (and K2) tiles as they load: SAME's
+        ``DynamicTanh``, ``torch.nn.RMSNorm(D)``, LayerNorm, diffusers' ``RMSNorm``,
+        ``StableAudio3RMSNorm`` or a :class:`ditfuse.NormSpec` (weights of ``D`` elements).
+    cos, sin : Tensor, optional
+        RoPE tables applied to the Q/K tiles after the norm, as :func:`ditfuse.qk_norm_rope`
+        takes them: ``(N, W)``, ``(B, N, W)``, ``(1|B, N, 1|H, W)``; ``W`` = ``rotary_dim``
+        (cat-duplicated for ``"half"``, as SAME builds ``freqs.cos()`` of
+        ``cat((freqs, freqs), -1)``; repeat-interleaved for ``"interleaved"``) or half of it.
+    rope_style : {"half", "interleaved"}
+        Rotate-half pairs ``(i, i + r/2)`` (SAME, Stable Audio) or ``(2i, 2i + 1)``.
+    rotary_dim : int, optional
+        Channels that rotate (the first ``rotary_dim``; SAME-L: 32 of 64); as in
+        :func:`ditfuse.qk_norm_rope` (required when the table is ``D/2`` wide).
+
+    Returns
+    -------
+    Tensor
+        ``(B, N, H, D)`` (``"bhsd"``: ``(B, H, N, D)``), contiguous, in the input dtype.
+
+    Notes
+    -----
+    Numerical contract. Both products run on tensor cores with fp32 accumulation; the
+    softmax (running max and sum, exp2 of log2(e)-scaled scores) is fp32; the output is
+    ``acc / l`` (minus ``lam * acc2 / l2``) in fp32, rounded once to the input dtype.
+    Against an fp64 evaluation of the dense-mask formula on the same inputs, with
+    ``scale_i = |ref_i| + (1 + |lam|) rms(v)`` (the output is a convex combination of V
+    rows, one per map), ``|out - ref| <= ACCURACY[dtype] * scale``:
+
+    * bf16 / fp16 (``2^-7`` / ``2^-10``): the output's rounding plus the probabilities
+      rounded to the input dtype before ``P @ V`` (as FlashAttention does); Q, K, V are
+      used as given. Measured: <= 5.2e-3 / 6.5e-4.
+    * fp32 (``2^-8``): tf32 tensor-core operands (10 mantissa bits; the GPU drops the low
+      13 bits of each operand). About 1e-3 relative for logits of order one (measured
+      <= 1.4e-3); a logit's error is bounded by ``2^-9 * scale * sum_d |q_d k_d|``, so it
+      grows with the logits' magnitude (~1e-2 at logits of ~10). Not fp32-exact: use the
+      reference for that.
+    * Differential: one rounding of the difference; diffusers' eager code rounds each
+      map and then the difference, so the fused result is nearer the exact value.
+    * Prologue: the arithmetic of :func:`ditfuse.qk_norm_rope` (fp32, rounded to the
+      activation dtype after the norm and after the rotation, no fused multiply-add), so
+      the tiles fed to the tensor cores are those ``qk_norm_rope`` would write (bitwise
+      for DyT and RoPE; RMS/LayerNorm statistics may differ in reduction order in the
+      last fp32 bit). Against SAME's bf16 eager chain (DyT rounded after each of its four
+      steps) the output is within four roundings.
+
+    Inference only (no autograd). Rows never see an empty band (the diagonal is always in
+    it). Bad input raises ``ValueError`` / ``TypeError`` naming the argument before any
+    kernel runs; there are no hidden copies.
+
+    Examples
+    --------
+    >>> q1, q2, k1, k2, v = (t.unflatten(-1, (24, 64)) for t in attn.to_qkv(x).chunk(5, -1))
+    >>> freqs = attn.rope(N, x.device)                       # SAME: (N, 32)
+    >>> out = ditfuse.sliding_window_attention(
+    ...     q1, k1, v, 17, q2=q2, k2=k2, q_norm=attn.q_norm, k_norm=attn.k_norm,
+    ...     cos=freqs.cos(), sin=freqs.sin(), rotary_dim=32)  # (B, N, 24, 64)
+    """
+    _check_grad(q, k, v, q2, k2, lam, q_norm, k_norm, cos, sin)
+    if torch.compiler.is_compiling():
+        return _via_op(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
+                       q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
+                       rotary_dim=rotary_dim)
+    p = plan(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
+             q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
+             rotary_dim=rotary_dim)
+    return run(p)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library op (used under torch.compile; eager calls launch directly)
+
+def _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout, qn, kn, cos, sin, rope_style,
+               rotary_dim):
+    from ._ops import _unflatten_norm
+
+    return dict(q2=q2, k2=k2, lam=lam_t if lam_t is not None else lam, scale=scale,
+                layout=layout, q_norm=_unflatten_norm(*qn), k_norm=_unflatten_norm(*kn),
+                cos=cos, sin=sin, rope_style=rope_style, rotary_dim=rotary_dim or None)
+
+
+@torch.library.custom_op("ditfuse::sliding_window_attention", mutates_args=())
+def sliding_window_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, q2: Optional[Tensor], k2: Optional[Tensor],
+    lam_t: Optional[Tensor], lam: float, left: int, right: int, scale: Optional[float],
+    layout: str,
+    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
+    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
+    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
+    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
+    cos: Optional[Tensor], sin: Optional[Tensor], rope_style: str, rotary_dim: int,
+) -> Tensor:
+    kw = _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout,
+                    (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                    (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                    cos, sin, rope_style, rotary_dim)
+    return run(plan(q, k, v, (left, right), **kw))
+
+
+@sliding_window_attention_op.register_fake
+def _(q, k, v, q2, k2, lam_t, lam, left, right, scale, layout, q_weight, q_bias, q_alpha_t,
+      q_kind, q_eps, q_size, q_alpha, q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size,
+      k_alpha, k_pre, cos, sin, rope_style, rotary_dim):
+    kw = _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout,
+                    (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                    (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                    cos, sin, rope_style, rotary_dim)
+    p = plan(q, k, v, (left, right), **kw)
+    B, N, H, D = p.q.shape
+    shape = (B, N, H, D) if layout == "bshd" else (B, H, N, D)
+    return torch.empty(shape, dtype=q.dtype, device=q.device)
+
+
+def op_args(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd",
+            q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half", rotary_dim=None):
+    """The arguments of ``torch.ops.ditfuse.sliding_window_attention`` for a public call."""
+    from ._ops import _flatten_norm
+
+    left, right = parse_window(window)
+    lam_t = lam if isinstance(lam, Tensor) else None
+    if lam_t is None and (isinstance(lam, bool) or not isinstance(lam, (int, float))):
+        raise TypeError(f"lam must be a finite float or a per-head tensor, got {lam!r}")
+    lam_v = 1.0 if lam_t is not None else float(lam)
+    if scale is not None and not isinstance(scale, bool) and isinstance(scale, (int, float)):
+        scale = float(scale)
+    return (q, k, v, q2, k2, lam_t, lam_v, left, right, scale, layout,
+            *_flatten_norm(q_norm, "q_norm"), *_flatten_norm(k_norm, "k_norm"),
+            cos, sin, rope_style, int(rotary_dim or 0))
+
+
+def _via_op(q, k, v, window, **kw):
+    return torch.ops.ditfuse.sliding_window_attention(*op_args(q, k, v, window, **kw))
+
+
+# ---------------------------------------------------------------------------------------
+# sm_90 builds on the CPU (no GPU): tensor-core instructions, registers, spills, smem
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """One production call, built for sm_90 as a real call would build it."""
+
+    name: str
+    dtype: str = "bf16"        # "bf16" | "fp16" | "fp32"
+    H: int = 24
+    D: int = 64
+    N: int = 8704
+    differential: bool = True
+    prologue: bool = True      # DyT q/k norm + rotate-half RoPE over D/2 channels (SAME)
+    window: object = 17
+    trt: bool = False          # the seed's TensorRT contract: q/k of 2H heads [q1 | q2]
+
+
+BUILD_SPECS = [
+    BuildSpec("same-l-bf16"),
+    BuildSpec("same-l-fp32", dtype="fp32"),
+    BuildSpec("same-l-bf16-attn", prologue=False),
+    BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
+    BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
+    BuildSpec("sa3-dit-bf16-full", N=4096, window=-1),
+    BuildSpec("d128-bf16-causal", D=128, N=4608, differential=False, prologue=False,
+              window=(-1, 0)),
+    BuildSpec("d128-fp32-diff-prologue", dtype="fp32", D=128, N=4096),
+    BuildSpec("d32-fp16-window", dtype="fp16", D=32, N=4096, differential=False,
+              prologue=False, window=(8, 8)),
+]
+BUILD_NAMES = [s.name for s in BUILD_SPECS]
+_CHILD_ENV = "DITFUSE_ATTN_BUILD_CHILD"
+
+
+def _meta_call(spec: BuildSpec):
+    """``sliding_window_attention`` on meta tensors of ``spec`` (views of the packed
+    ``to_qkv`` output, as SAME passes them)."""
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
+    H, D, N = spec.H, spec.D, spec.N
+    meta = dict(device="meta", dtype=dt)
+    if spec.trt:
+        q12 = torch.empty(1, N, 2 * H, D, **meta)
+        k12 = torch.empty(1, N, 2 * H, D, **meta)
+        v = torch.empty(1, N, H, D, **meta)
+        q1, q2, k1, k2 = q12[:, :, :H], q12[:, :, H:], k12[:, :, :H], k12[:, :, H:]
+    else:
+        buf = torch.empty(1, N, 5 * H * D, **meta)
+        q1, q2, k1, k2, v = (t.unflatten(-1, (H, D)) for t in buf.chunk(5, -1))
+    kw = {}
+    if spec.differential:
+        kw.update(q2=q2, k2=k2)
+    if spec.prologue:
+        def dyt():
+            return NormSpec("dyt", weight=torch.empty(D, **meta), bias=torch.empty(D, **meta),
+                            alpha=torch.empty(1, **meta), eps=None)
+        R = D // 2
+        kw.update(q_norm=dyt(), k_norm=dyt(), cos=torch.empty(N, R, device="meta"),
+                  sin=torch.empty(N, R, device="meta"), rotary_dim=R)
+    return lambda: sliding_window_attention(q1, k1, v, spec.window, **kw)
+
+
+class _LaunchStub:
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch_(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+        return launch_
+
+
+def capture_launch(spec: BuildSpec):
+    """The (grid, args, kwargs) with which the public call launches the kernel."""
+    from . import _attn_kernel
+
+    stub = _LaunchStub()
+    saved = (_attn_kernel._swa_fwd_kernel, _runtime.kernel_device_ok)
+    _attn_kernel._swa_fwd_kernel = stub
+    _runtime.kernel_device_ok = lambda t: True
+    try:
+        with torch.no_grad():
+            _meta_call(spec)()
+    finally:
+        _attn_kernel._swa_fwd_kernel, _runtime.kernel_device_ok = saved
+    if len(stub.calls) != 1:
+        raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(stub.calls)}")
+    return stub.calls[0]
+
+
+def can_compile_here() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from ._attn_kernel import _swa_fwd_kernel as k
+    return isinstance(k, JITFunction) and not isinstance(k, InterpretedFunction)
+
+
+def build(spec: BuildSpec) -> dict:
+    """Compile ``spec`` for sm_90 (``triton.compile`` of Triton's own specialization of the
+    captured launch), run the wheel's ``ptxas -v`` and ``cuobjdump``; count the tensor-core
+    instructions in the PTX."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from . import inspect_kernels as ik
+    from ._attn_kernel import _swa_fwd_kernel as kernel
+
+    grid, args, kwargs = capture_launch(spec)
+    target = GPUTarget("cuda", ik.ARCH, ik.WARP_SIZE)
+    signature, constexprs, attrs, options = ik.specialize(kernel, args, kwargs, target)
+    ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                        options=options.__dict__)
+    ptx = ck.asm["ptx"]
+    name = ck.metadata.name
+    pt = ik.run_ptxas(ptx, options, name)
+    sass = ik.run_cuobjdump(ck.asm["cubin"], name)
+    row = dict(
+        name=spec.name, dtype=spec.dtype, H=spec.H, D=spec.D, N=spec.N,
+        differential=spec.differential, prologue=spec.prologue, window=str(spec.window),
+        block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], num_warps=ck.metadata.num_warps,
+        num_stages=kwargs["num_stages"], grid=list(grid), smem=ck.metadata.shared,
+        wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
+        mma=len(re.findall(r"\bmma\.sync\b", ptx)),
+        **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
+        ldl=sass["ldl"], stl=sass["stl"], cubin_local=sass["cubin_local"],
+        enable_fp_fusion=options.enable_fp_fusion, arch=f"sm_{ik.ARCH}a",
+    )
+    bad = []
+    if not (row["wgmma"] or row["mma"]):
+        bad.append("no mma/wgmma in the PTX")
+    if row["spill_stores"] or row["spill_loads"]:
+        bad.append(f"spills {row['spill_stores']} B / {row['spill_loads']} B")
+    if row["stack"] or row["ldl"] or row["stl"] or row["cubin_local"]:
+        bad.append(f"stack {row['stack']} B, LDL {row['ldl']}, STL {row['stl']}")
+    if row["smem"] > 227 * 1024:
+        bad.append(f"shared memory {row['smem']} B > 227 KB")
+    row["violations"] = bad
+    return row
+
+
+def build_report(names=None) -> list:
+    """One row per :data:`BUILD_SPECS` entry (``names`` selects). Compiles in a
+    ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    specs = [s for s in BUILD_SPECS if not names or s.name in names]
+    unknown = set(names or ()) - set(BUILD_NAMES)
+    if unknown:
+        raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {BUILD_NAMES}")
+    if can_compile_here():
+        return [build(s) for s in specs]
+    if os.environ.get(_CHILD_ENV):
+        raise RuntimeError("the attention kernel is interpreted although TRITON_INTERPRET=0")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, TRITON_INTERPRET="0", **{_CHILD_ENV: "1"})
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                  else []))
+    with tempfile.TemporaryDirectory(prefix="ditfuse-attn-") as d:
+        out = Path(d) / "rows.json"
+        code = ("import json, sys; from ditfuse.attention import build_report; "
+                f"json.dump(build_report({[s.name for s in specs]!r}), open({str(out)!r}, 'w'))")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if r.returncode or not out.exists():
+            raise RuntimeError(f"sm_90 build failed ({r.returncode}):\n"
+                               f"{(r.stdout + r.stderr)[-6000:]}")
+        return json.loads(out.read_text())
+
+
+# ---------------------------------------------------------------------------------------
+# ``ditfuse check`` gates
+
+@torch.no_grad()
+def check_gates(g, device, small: bool):
+    """SAME-L attention (24 heads x 64, window 17) against the fp64 dense-mask reference:
+    fp32 and bf16; plain, and differential with SAME's prologue (DyT q/k norm, rotate-half
+    RoPE over 32 of 64 channels) on views of one packed ``to_qkv`` projection. N = 8704
+    (SAME-L decoder, 512 latents) on a GPU, 56 tokens through the interpreter.
+
+    ``g.add(gate, case, ok, detail)``; passes when ``|out - ref| <= ACCURACY[dtype] *
+    (|ref| + (1 + lam) rms(v))`` everywhere and the output is finite.
+    """
+    from .reference import sliding_window_attention_reference
+
+    H, D, W, R = 24, 64, 17, 32
+    N = 56 if small else 17 * 512
+    for dtype in (torch.float32, torch.bfloat16):
+        for diff in (False, True):
+            gen = torch.Generator(device=device).manual_seed(1000 * diff + N)
+            buf = torch.randn(1, N, 5 * H * D, generator=gen, device=device).to(dtype)
+            q1, q2, k1, k2, v = (t.unflatten(-1, (H, D)) for t in buf.chunk(5, -1))
+            kw = {}
+            if diff:
+                def dyt():
+                    w = 1 + 0.3 * torch.randn(D, generator=gen, device=device)
+                    b = 0.1 * torch.randn(D, generator=gen, device=device)
+                    return NormSpec("dyt", weight=w.to(dtype), bias=b.to(dtype), eps=None,
+                                    alpha=torch.tensor([0.8], device=device, dtype=dtype))
+                inv = 1.0 / 10000 ** (torch.arange(0, R, 2, device=device, dtype=torch.float32) / R)
+                freqs = torch.outer(torch.arange(N, device=device, dtype=torch.float32), inv)
+                freqs = torch.cat((freqs, freqs), -1)
+                kw = dict(q2=q2, k2=k2, q_norm=dyt(), k_norm=dyt(), cos=freqs.cos(),
+                          sin=freqs.sin(), rotary_dim=R)
+            out = sliding_window_attention(q1, k1, v, W, **kw)
+            ref = sliding_window_attention_reference(q1, k1, v, W, compute_dtype=torch.float64,
+                                                     **kw)
+            o, r = out.double(), ref.double()
+            scale = r.abs() + (1 + diff) * v.double().pow(2).mean().sqrt()
+            rel = ((o - r).abs() / scale).max().item()
+            tol = ACCURACY[dtype]
+            finite = bool(torch.isfinite(o).all())
+            name = str(dtype).replace("torch.", "")
+            case = f"same-l {'diff+dyt+rope' if diff else 'plain'} {name}"
+            g.add("swa accuracy", case, finite and rel <= tol,
+                  f"N={N} H={H} D={D} w={W} vs fp64 dense mask: err {rel:.2e} of |ref|+rms(v) "
+                  f"(tol {tol:.2e}, err/tol {rel / tol:.2f}){'' if finite else '; NON-FINITE'}")
+            del buf, out, ref, o, r, scale
