@@ -107,3 +107,32 @@ def test_compile_fullgraph_patched_flux():
         want = model(**kw)[0]
         got = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw)[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_same_autoencoder_band_attention_without_dense_mask(dtype, monkeypatch):
+    """AutoencoderSAME: band attention on the tensor-core kernel (tf32 for fp32), and the
+    dense (N, N) mask is never built once patched."""
+    from diffusers.models.autoencoders import autoencoder_same as am
+    from ditfuse.patching.tiny_models import _same, _same_inputs
+
+    model = to_dtype(_same(), dtype)
+    kw = _same_inputs(dtype)
+    ref = model(**kw)[0]
+    report = ditfuse.patch(model)
+    assert report.counts == {"attention processors (band attention)": 2,
+                             "resampling blocks (no dense mask)": 2}, report.counts
+
+    def no_dense_mask(*a, **k):
+        raise AssertionError("the patched model built a dense band mask")
+
+    monkeypatch.setattr(am, "_band_mask", no_dense_mask)
+    out = model(**kw)[0]
+    monkeypatch.undo()
+    scale = ref.float().abs().max().item()
+    err = (out.float() - ref.float()).abs().max().item()
+    # attention's contract: tf32 (fp32 inputs) ~1e-3, bf16 a few roundings, through the model
+    assert err <= (2e-3 if dtype == torch.float32 else 2.0**-5) * scale, (err, scale)
+    assert ditfuse.unpatch(model) == 4
+    assert torch.equal(model(**kw)[0], ref)

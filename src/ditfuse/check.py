@@ -253,6 +253,8 @@ def main(argv=None) -> int:
         group_norm_gates = None
     if group_norm_gates is not None:
         group_norm_gates(g, device, small)
+    from .attention import check_gates as attention_gates
+    attention_gates(g, device, small)
     patch_gates(g, device)
     if gpu and not args.small:
         qk_int64_offsets(g, device)

@@ -56,7 +56,7 @@ def bind_forward(module, fn: Callable) -> bool:
 
 
 def _registry():
-    from . import _flux, _flux2, _hunyuan, _qwen, _sa3, _wan
+    from . import _flux, _flux2, _hunyuan, _qwen, _sa3, _same, _wan
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
@@ -65,6 +65,7 @@ def _registry():
         "HunyuanVideoTransformer3DModel": _hunyuan.patch_model,
         "StableAudio3DiTModel": _sa3.patch_model,
         "QwenImageTransformer2DModel": _qwen.patch_model,
+        "AutoencoderSAME": _same.patch_model,
     }
 
 
@@ -85,12 +86,13 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     obj : torch.nn.Module or DiffusionPipeline
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
         ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
-        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``) or a pipeline, in
+        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``) or a
+        pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention : bool
-        Which fusions to install. ``attention`` is reserved for the sliding-window
-        attention of the SAME autoencoder.
+        Which fusions to install. ``attention``: the SAME autoencoder's band attention on
+        ``sliding_window_attention`` (no dense mask).
 
     Returns
     -------

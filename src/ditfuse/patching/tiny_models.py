@@ -162,3 +162,17 @@ def close(out, ref, dtype):
     scale = ref.float().abs().max().item()
     err = (out.float() - ref.float()).abs().max().item()
     return err, scale, (out == ref).float().mean().item()
+
+
+def _same():
+    from diffusers import AutoencoderSAME
+
+    return _randomize(AutoencoderSAME(
+        audio_channels=2, patch_size=4, encoder_channels=32, encoder_c_mults=(2,),
+        encoder_strides=(2,), encoder_transformer_depths=(1,), latent_dim=8, dim_heads=32,
+        ff_mult=1, sliding_window=1))
+
+
+def _same_inputs(dtype):
+    g = torch.Generator().manual_seed(7)
+    return dict(sample=torch.randn(1, 2, 48, generator=g).to(dtype), return_dict=False)
