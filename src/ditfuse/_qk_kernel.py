@@ -260,7 +260,7 @@ def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
 
 @triton.jit
 def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
-                      o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps,
+                      o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps, stats_ptr, tok,
                       obase, stride_oh, stride_od,
                       h_start, h_end, n_norm,
                       ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
@@ -270,7 +270,8 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       NORM: tl.constexpr, SPAN_ALL: tl.constexpr, HAS_W: tl.constexpr,
                       HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
                       ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
-                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr):
+                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
+                      STATS: tl.constexpr):
     """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
     ia = tl.arange(0, HALF_PAD)[None, :]
     jp = tl.arange(0, PASS_PAD)[None, :]
@@ -313,6 +314,10 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
             q1 = _piece_sums(xa1, xb1, xp1, ma1, mp1, mean1, SPAN_ALL, NORM == 2)
             if SPAN_ALL:
                 q0 = q0 + q1
+        if STATS == 1:  # head parallel, pass 1: this rank's sum of squares, nothing else
+            tl.store(stats_ptr + tok, q0)
+        if STATS == 2:  # head parallel, pass 2: the all-reduced sum over every rank's heads
+            q0 = tl.load(stats_ptr + tok)
         rstd0 = 1.0 / tl.sqrt(q0 / n_norm + eps)
         if P1 > 0:
             if SPAN_ALL:
@@ -321,15 +326,16 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                 rstd1 = 1.0 / tl.sqrt(q1 / n_norm + eps)
 
     # --- normalise, rotate, store --------------------------------------------------
-    _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, mp0,
-                  mean0, rstd0, alpha, w_ptr, b_ptr, ca0, cb0, sa0, sb0, D, R2, P, HALF_PAD,
-                  PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
-                  INTERLEAVED, ACT)
-    if P1 > 0:
-        _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, mp1,
-                      mean1, rstd1, alpha, w_ptr, b_ptr, ca1, cb1, sa1, sb1, D, R2, P,
-                      HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, ACT)
+    if STATS != 1:
+        _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, mp0,
+                      mean0, rstd0, alpha, w_ptr, b_ptr, ca0, cb0, sa0, sb0, D, R2, P, HALF_PAD,
+                      PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
+                      INTERLEAVED, ACT)
+        if P1 > 0:
+            _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, mp1,
+                          mean1, rstd1, alpha, w_ptr, b_ptr, ca1, cb1, sa1, sb1, D, R2, P,
+                          HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
+                          ROUND_NORM, ROPE, INTERLEAVED, ACT)
 
 
 @triton.jit
@@ -343,7 +349,8 @@ def _qk_norm_rope_kernel(
     q_alpha, k_alpha,         # DyT alpha when given as a Python float
     q_eps, k_eps,
     q_n, k_n,                 # channels one norm statistic spans (D or H*D), as float
-    S, H,                     # tokens per batch entry, heads
+    stats_ptr,                # fp32 (2, B*S): per-token sums of squares of Q, K (STATS)
+    S, H, n_tok,              # tokens per batch entry, heads, B*S
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_qob, stride_qos, stride_qoh, stride_qod,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -368,6 +375,7 @@ def _qk_norm_rope_kernel(
     TABLE_PER_HEAD: tl.constexpr,
     HAS_POS: tl.constexpr,
     ROUND_NORM: tl.constexpr,
+    STATS: tl.constexpr,       # 0 normal; 1 write the sums of squares only; 2 read them
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -421,15 +429,15 @@ def _qk_norm_rope_kernel(
                                                     h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
                                                     P0, P1, INTERLEAVED)
     _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
-                      q_eps, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
+                      q_eps, stats_ptr, tok, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
                       ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty)
+                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS)
     if HAS_K:
         _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
-                          k_alpha, k_eps, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
+                          k_alpha, k_eps, stats_ptr + n_tok, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
                           ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
                           D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty)
+                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS)

@@ -54,6 +54,7 @@ class Plan:
     q_shape: tuple
     layout: str
     num_heads_3d: Optional[int]
+    process_group: object = None
 
 
 def _heads_view(x: torch.Tensor, name: str, num_heads: Optional[int], layout: str) -> torch.Tensor:
@@ -167,7 +168,7 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
 
 def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
          rope_style="interleaved", rotary_dim=None, positions=None, round_after_norm=True,
-         layout="bshd", runtime_checks=True) -> Plan:
+         layout="bshd", runtime_checks=True, process_group=None) -> Plan:
     """Check every argument and describe the call; raises before anything runs.
 
     ``runtime_checks=False`` skips the checks that read data or addresses (positions range,
@@ -268,9 +269,23 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                 if lo < 0 or hi >= n_rows:
                     raise ValueError(f"positions must lie in [0, {n_rows}) (the table's rows), "
                                      f"got values in [{lo}, {hi}]")
+    if process_group is not None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("process_group given but torch.distributed is not initialized")
+        world = dist.get_world_size(process_group)
+        for name, n in (("q_norm", qn), ("k_norm", kn)):
+            if n is not None and not (n.code == 1 and (n.span_all or H == 1) and n.n == H * D):
+                raise ValueError(f"{name}: with process_group the norm must be an RMSNorm across "
+                                 f"this rank's heads (weight of H_local*D = {H * D} elements); "
+                                 "per-head norms need no process group")
+            if n is not None:
+                n.n = world * H * D  # the statistic spans every rank's heads
+                n.span_all = True
     return Plan(q4, k4, cos4, sin4, pos2, qn, kn, R, rope_style == "interleaved", table_half,
                 per_head, bool(round_after_norm), tuple(q.shape), layout,
-                num_heads if q.dim() == 3 else None)
+                num_heads if q.dim() == 3 else None, process_group)
 
 
 # ---------------------------------------------------------------------------------------
@@ -318,7 +333,8 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
                 ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
 
 
-def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None) -> None:
+def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
+           stats: Optional[torch.Tensor] = None, stats_mode: int = 0) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
 
     ``settings`` = (heads per program, num_warps) overrides the table (for tuning sweeps).
@@ -355,7 +371,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
-        S, H,
+        stats if stats is not None else p.q, S, H, B * S,
         *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
         *cst, *sst, *pst,
     )
@@ -368,7 +384,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
         HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
-        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm,
+        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
     )
     _qk_norm_rope_kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
 
@@ -417,14 +433,33 @@ def run(p: Plan, q, k, inplace: bool, out=None):
     qo4 = _as_heads(q_out, p)
     ko4 = _as_heads(k_out, p) if k_out is not None else None
     if _runtime.kernel_device_ok(p.q):
-        launch(p, qo4, ko4)
+        if p.process_group is not None:
+            _launch_head_parallel(p, qo4, ko4)
+        else:
+            launch(p, qo4, ko4)
     else:
+        if p.process_group is not None:
+            raise ValueError("process_group needs the Triton kernels (a CUDA device, or CPU "
+                             "tensors under the interpreter)")
         from .reference import qk_norm_rope_core
         rq, rk = qk_norm_rope_core(p, torch.float32)
         qo4.copy_(rq)
         if ko4 is not None:
             ko4.copy_(rk)
     return q_out, k_out
+
+
+def _launch_head_parallel(p: Plan, qo4, ko4) -> None:
+    """Heads split over ranks (tensor parallel) with an RMSNorm across all heads: each
+    rank's per-token sums of squares (kernel 1), one all-reduce, then normalise and rotate
+    with the global statistic (kernel 2)."""
+    import torch.distributed as dist
+
+    B, S = p.q.shape[:2]
+    stats = torch.empty(2, B * S, dtype=torch.float32, device=p.q.device)
+    launch(p, qo4, ko4, stats=stats, stats_mode=1)
+    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=p.process_group)
+    launch(p, qo4, ko4, stats=stats, stats_mode=2)
 
 
 def _check_grad(*ts):
@@ -448,7 +483,7 @@ def _check_grad(*ts):
 
 def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                  rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
-                 round_after_norm=True, layout="bshd", out=None):
+                 round_after_norm=True, layout="bshd", out=None, process_group=None):
     r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
 
     .. math::
@@ -504,6 +539,12 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     out : (Tensor, Tensor), optional
         Where to write the results: tensors of q's / k's shape and dtype, any strides (e.g.
         slices of a concatenated text+image buffer). Not with ``inplace``.
+    process_group : torch.distributed.ProcessGroup, optional
+        Heads split across the ranks of this group (tensor parallel) while the norm spans
+        all heads of a token (Wan's ``rms_norm_across_heads``): q/k hold this rank's heads,
+        the norm weight is this rank's shard (``H_local * D``). Each rank's sums of squares
+        are all-reduced before normalising: two kernels and one all-reduce of 8 bytes a
+        token, equal to the single-GPU result up to the reduction order. Eager only.
 
     Returns
     -------
@@ -529,6 +570,9 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     _check_grad(q, k, cos, sin, q_norm, k_norm)
     if out is not None:
         _check_out(out, q, k, inplace)
+    if torch.compiler.is_compiling() and process_group is not None:
+        raise ValueError("process_group is supported in eager mode only (call qk_norm_rope "
+                         "outside the compiled region, or without process_group)")
     if torch.compiler.is_compiling():
         if out is not None:  # the functional op, then a copy into the caller's buffers
             from . import _ops
@@ -549,5 +593,5 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
                                         layout=layout)
     p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
              rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
-             round_after_norm=round_after_norm, layout=layout)
+             round_after_norm=round_after_norm, layout=layout, process_group=process_group)
     return run(p, q, k, inplace, out)
