@@ -46,6 +46,15 @@ def set_processor(attn, new_proc) -> bool:
     return True
 
 
+def replace_processors(model, report, table, label: str) -> None:
+    """Give every module whose processor's class is a key of ``table`` a new instance of
+    the mapped ditfuse class; counted in ``report`` under ``label``."""
+    for m in model.modules():
+        new = table.get(type(getattr(m, "processor", None)))
+        if new is not None and set_processor(m, new()):
+            report.add(label)
+
+
 def bind_forward(module, fn: Callable) -> bool:
     """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched."""
     if _PATCHED_FWD in module.__dict__:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..qk_norm_rope import qk_norm_rope
-from . import set_processor
+from . import replace_processors
 from ._flux import joint_qk, qk_ok
 
 
@@ -83,10 +83,5 @@ def _make_processors():
 
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
-    if not qk_norm_rope:
-        return
-    table = _make_processors()
-    for m in model.modules():
-        new = table.get(type(getattr(m, "processor", None)))
-        if new is not None and set_processor(m, new()):
-            report.add("attention processors (QK-norm + RoPE)")
+    if qk_norm_rope:
+        replace_processors(model, report, _make_processors(), "attention processors (QK-norm + RoPE)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, params_need_grad, set_processor
+from . import grad_needed, params_need_grad, replace_processors
 
 
 def _norm_ok(m) -> bool:
@@ -94,10 +94,6 @@ def _make_processor():
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
     from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
-    if not qk_norm_rope:
-        return
-    cls = _make_processor()
-    for m in model.modules():
-        if type(getattr(m, "processor", None)) is QwenDoubleStreamAttnProcessor2_0:
-            if set_processor(m, cls()):
-                report.add("attention processors (QK-norm + RoPE)")
+    if qk_norm_rope:
+        replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()},
+                           "attention processors (QK-norm + RoPE)")

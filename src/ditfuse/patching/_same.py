@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import HEAD_DIMS, sliding_window_attention
-from . import bind_forward, grad_needed, params_need_grad, set_processor
+from . import bind_forward, grad_needed, params_need_grad, replace_processors
 
 
 @dataclass(frozen=True)
@@ -110,11 +110,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
 
     if not attention:
         return
-    cls = _make_processor()
+    replace_processors(model, report, {SAMEAttnProcessor: _make_processor()},
+                       "attention processors (band attention)")
     for m in model.modules():
-        if type(getattr(m, "processor", None)) is SAMEAttnProcessor:
-            if set_processor(m, cls()):
-                report.add("attention processors (band attention)")
         if isinstance(m, SAMETransformerResamplingBlock):
             if bind_forward(m, _block_forward):
                 report.add("resampling blocks (no dense mask)")
