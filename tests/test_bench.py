@@ -39,3 +39,17 @@ def test_bench_without_gpu_exits_nonzero(capsys):
         return
     assert bench.main([]) != 0
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_group_norm_bench_case_on_cpu():
+    from ditfuse.group_norm import GN_SHAPES
+
+    rows = []
+
+    def emit(op, shape, impl, dtype, us, gbps, pct):
+        rows.append((op, impl))
+
+    for name in ("flux-vae-mid-128", "wan-vae-mid-480p"):
+        bench.bench_group_norm(GN_SHAPES[name].small(3), torch.bfloat16, 4000.0, emit,
+                               {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
+    assert {("group_norm_silu", "ditfuse"), ("rms_norm_silu", "eager"), ("rms_norm_silu", "copy")} <= set(rows)

@@ -181,6 +181,49 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
                lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
 
 
+def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    """GroupNorm + SiLU (or Wan's channel RMS norm + SiLU) at one VAE shape. The floor
+    counts one read of x when a group fits on chip (the fit path) and two when it cannot
+    (the split path), plus one write (see gn_settings)."""
+    import math
+
+    import torch.nn.functional as F
+
+    import ditfuse
+    from .group_norm import gn_settings
+
+    N, C = shape.shape[:2]
+    sp = math.prod(shape.shape[2:])
+    el = torch.empty((), dtype=dtype).element_size()
+    reads = 1 if shape.op == "rms" or gn_settings(N, shape.groups, C // shape.groups, sp).path == "fit" else 2
+    nbytes = (reads + 1) * N * C * sp * el
+    pshape = (C,) + (1,) * (len(shape.shape) - 2)
+
+    def make(i):
+        g = torch.Generator(device=device).manual_seed(i)
+        x = (torch.randn(shape.shape, generator=g, device=device) * 2 + 0.5).to(dtype)
+        w = (torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.5 + 1).to(dtype)
+        b = (torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.2).to(dtype)
+        return dict(x=x, w=w, b=b)
+
+    if shape.op == "rms":  # diffusers' WanRMS_norm then SiLU
+        def eager(s):
+            return F.silu(F.normalize(s["x"], dim=1) * C**0.5 * s["w"] + s["b"])
+
+        def fused(s):
+            return ditfuse.rms_norm_silu_channels(s["x"], s["w"], s["b"])
+    else:
+        def eager(s):
+            return F.silu(F.group_norm(s["x"], shape.groups, s["w"], s["b"], 1e-6))
+
+        def fused(s):
+            return ditfuse.group_norm_silu(s["x"], shape.groups, s["w"], s["b"], 1e-6)
+
+    bench_case("group_norm_silu" if shape.op == "gn" else "rms_norm_silu", f"{shape.name}",
+               dtype, nbytes, make, eager, fused, lambda s: (s["x"],), ceiling, emit, impls,
+               device=device, timer=timer)
+
+
 def _chart(rows, path):
     try:
         import matplotlib
@@ -225,7 +268,7 @@ def _write_csv(rows, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", default="all", choices=["all", "qk_norm_rope", "adaln"])
+    ap.add_argument("--op", default="all", choices=["all", "qk_norm_rope", "adaln", "group_norm"])
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
@@ -239,9 +282,11 @@ def main(argv=None) -> int:
         return 2
     import triton
 
+    from .group_norm import GN_SHAPES
     from .shapes import ADALN_SHAPES
 
-    registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln)}
+    registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln),
+                  "group_norm": (GN_SHAPES, bench_group_norm)}
     ops = list(registries) if args.op == "all" else [args.op]
     jobs = []
     for op in ops:
