@@ -349,8 +349,8 @@ def _qk_norm_rope_kernel(
     q_alpha, k_alpha,         # DyT alpha when given as a Python float
     q_eps, k_eps,
     q_n, k_n,                 # channels one norm statistic spans (D or H*D), as float
-    stats_ptr,                # fp32 (2, B*S): per-token sums of squares of Q, K (STATS)
-    S, H, n_tok,              # tokens per batch entry, heads, B*S
+    q_stats_ptr, k_stats_ptr,  # fp32 (B*S,) each: per-token sums of squares of Q, K (STATS)
+    S, H,                     # tokens per batch entry, heads
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_qob, stride_qos, stride_qoh, stride_qod,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -429,14 +429,14 @@ def _qk_norm_rope_kernel(
                                                     h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
                                                     P0, P1, INTERLEAVED)
     _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
-                      q_eps, stats_ptr, tok, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
+                      q_eps, q_stats_ptr, tok, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
                       ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                       ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS)
     if HAS_K:
         _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
-                          k_alpha, k_eps, stats_ptr + n_tok, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
+                          k_alpha, k_eps, k_stats_ptr, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
                           ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
                           D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,

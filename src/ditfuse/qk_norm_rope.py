@@ -371,7 +371,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
-        stats if stats is not None else p.q, S, H, B * S,
+        stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q, S, H,
         *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
         *cst, *sst, *pst,
     )
