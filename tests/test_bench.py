@@ -53,3 +53,18 @@ def test_group_norm_bench_case_on_cpu():
         bench.bench_group_norm(GN_SHAPES[name].small(3), torch.bfloat16, 4000.0, emit,
                                {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
     assert {("group_norm_silu", "ditfuse"), ("rms_norm_silu", "eager"), ("rms_norm_silu", "copy")} <= set(rows)
+
+
+def test_attention_bench_case_on_cpu():
+    from ditfuse.shapes import ATTN_SHAPES
+
+    rows = []
+
+    def emit(op, shape, impl, dtype, us, gbps, pct):
+        rows.append((op, impl))
+
+    for name in ("same-l-8704", "same-l-8704-plain"):
+        bench.bench_attention(ATTN_SHAPES[name].small(20), torch.float32, 4000.0, emit,
+                              {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
+    assert rows.count(("sliding_window_attention", "ditfuse")) == 2
+    assert ("sliding_window_attention", "eager") in rows

@@ -25,7 +25,8 @@ from .shapes import QK_SHAPES
 
 L2_BYTES = 60 * 2**20
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit")  # any registry
+DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit",  # any registry
+                              "same-l-8704", "same-l-trt")
 
 
 def _median_us(fn, warmup=25, rep=100) -> float:
@@ -224,6 +225,69 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
                device=device, timer=timer)
 
 
+def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    """Band (differential) attention: dense-mask SDPA as diffusers' SAME runs it,
+    FlexAttention with a sliding-window block mask, and ditfuse. Floor: q/k (both halves when
+    differential) and v read once, the output written once."""
+    import torch.nn.functional as F
+
+    import ditfuse
+
+    B, N, H, D, w = shape.B, shape.N, shape.H, shape.D, shape.window
+    el = torch.empty((), dtype=dtype).element_size()
+    n_in = 5 if shape.differential else 3
+    nbytes = (n_in + 1) * B * N * H * D * el
+
+    def make(i):
+        g = torch.Generator(device=device).manual_seed(i)
+        proj = torch.randn(B, N, n_in * H * D, generator=g, device=device).to(dtype)
+        parts = [t.unflatten(-1, (H, D)) for t in proj.chunk(n_in, dim=-1)]  # SAME's to_qkv views
+        return dict(proj=proj, parts=parts)
+
+    mask = None
+    if "eager" in impls:
+        idx = torch.arange(N, device=device)
+        keep = (idx[None, :] - idx[:, None]).abs() <= w
+        mask = torch.zeros(N, N, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+
+    def eager(s):  # SAMEAttnProcessor with diffusers' dense _band_mask
+        p = [t.transpose(1, 2) for t in s["parts"]]
+        if shape.differential:
+            q1, q2, k1, k2, v = p
+            return (F.scaled_dot_product_attention(q1, k1, v, attn_mask=mask)
+                    - F.scaled_dot_product_attention(q2, k2, v, attn_mask=mask))
+        q, k, v = p
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def fused(s):
+        p = s["parts"]
+        if shape.differential:
+            q1, q2, k1, k2, v = p
+            return ditfuse.sliding_window_attention(q1, k1, v, w, q2=q2, k2=k2)
+        q, k, v = p
+        return ditfuse.sliding_window_attention(q, k, v, w)
+
+    flex = None
+    if "flex" in impls and device != "cpu":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        bm = create_block_mask(lambda b, h, qi, ki: (qi - ki).abs() <= w, None, None, N, N,
+                               device=device)
+        fa = torch.compile(flex_attention)
+
+        def flex(s):
+            p = [t.transpose(1, 2) for t in s["parts"]]
+            if shape.differential:
+                q1, q2, k1, k2, v = p
+                return fa(q1, k1, v, block_mask=bm) - fa(q2, k2, v, block_mask=bm)
+            q, k, v = p
+            return fa(q, k, v, block_mask=bm)
+
+    bench_case("sliding_window_attention", shape.name, dtype, nbytes, make, eager, fused,
+               lambda s: s["parts"] + [s["parts"][-1]], ceiling, emit,
+               impls - {"compile"}, peers=[("flex", flex)], device=device, timer=timer)
+
+
 def _chart(rows, path):
     try:
         import matplotlib
@@ -268,12 +332,13 @@ def _write_csv(rows, path):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", default="all", choices=["all", "qk_norm_rope", "adaln", "group_norm"])
+    ap.add_argument("--op", default="all",
+                    choices=["all", "qk_norm_rope", "adaln", "group_norm", "attention"])
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
                     help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)}")
-    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger")
+    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex")
     ap.add_argument("--out-dir", default="benchmarks/results")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -283,10 +348,11 @@ def main(argv=None) -> int:
     import triton
 
     from .group_norm import GN_SHAPES
-    from .shapes import ADALN_SHAPES
+    from .shapes import ADALN_SHAPES, ATTN_SHAPES
 
     registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln),
-                  "group_norm": (GN_SHAPES, bench_group_norm)}
+                  "group_norm": (GN_SHAPES, bench_group_norm),
+                  "attention": (ATTN_SHAPES, bench_attention)}
     ops = list(registries) if args.op == "all" else [args.op]
     jobs = []
     for op in ops:

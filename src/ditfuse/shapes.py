@@ -67,3 +67,29 @@ ADALN_SHAPES = {s.name: s for s in [
     AdaLNShape("flux1-1024", "flux", 4096 + 512, 3072),
     AdaLNShape("flux2-1024", "flux", 4096 + 512, 6144),
 ]}
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """One band attention call: q/k/v (B, N, H, D), |i - j| <= window; ``differential``:
+    out = Attn(q1, k1, v) - Attn(q2, k2, v) (SAME / SA3: q/k as [q1 | q2] heads)."""
+
+    name: str
+    model: str
+    N: int
+    H: int = 24
+    D: int = 64
+    window: int = 17
+    differential: bool = True
+    B: int = 1
+
+    def small(self, N: int = 40) -> "AttnShape":
+        return replace(self, N=min(N, self.N), H=min(self.H, 2))
+
+
+ATTN_SHAPES = {s.name: s for s in [
+    AttnShape("same-l-8704", "SAME-L decoder, 512 latents (48 s)", 17 * 512),
+    AttnShape("same-l-32946", "SAME-L decoder, 3 min of audio", 17 * 1938),
+    AttnShape("same-l-8704-plain", "SAME-L decoder, non-differential", 17 * 512, differential=False),
+    AttnShape("same-l-trt", "the seed's TensorRT contract (1, 4352, 48, 64) fp32", 4352),
+]}
