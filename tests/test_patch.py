@@ -136,3 +136,17 @@ def test_same_autoencoder_band_attention_without_dense_mask(dtype, monkeypatch):
     assert err <= (2e-3 if dtype == torch.float32 else 2.0**-5) * scale, (err, scale)
     assert ditfuse.unpatch(model) == 4
     assert torch.equal(model(**kw)[0], ref)
+
+
+def test_compile_repeated_blocks_patched_wan():
+    """diffusers' regional compilation of the patched (fused-forward) Wan blocks, fullgraph."""
+    model = _wan()
+    kw = _wan_inputs(torch.float32)
+    ditfuse.patch(model)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(**kw)[0]
+        model.compile_repeated_blocks(fullgraph=True, backend="aot_eager")
+        got = model(**kw)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
