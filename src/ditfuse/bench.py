@@ -340,7 +340,15 @@ def main(argv=None) -> int:
                     help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)}")
     ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex")
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--e2e", action="store_true",
+                    help="whole transformers (random weights): unpatched/patched x eager/compile, "
+                         "and a 20-step trajectory comparison")
+    ap.add_argument("--models", default="all", help="with --e2e: wan14b-480p,flux1-1024,flux2-1024")
+    ap.add_argument("--layers", type=int, default=2, help="with --e2e: double-stream blocks")
     args = ap.parse_args(argv)
+    if args.e2e:
+        from .e2e import main as e2e_main
+        return e2e_main(args)
     if not torch.cuda.is_available():
         print("ditfuse bench: no CUDA GPU here; benchmarks need one (use `ditfuse check` on the CPU)",
               file=sys.stderr)
