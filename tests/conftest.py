@@ -7,7 +7,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import ditfuse  # noqa: E402  (after the interpreter is set up)
+import ditfuse  # noqa: E402,F401  (imported after the interpreter is set up)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -4,7 +4,6 @@ import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import ditfuse
 from ditfuse.reference import adaln_reference

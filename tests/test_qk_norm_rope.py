@@ -7,7 +7,7 @@ import torch
 
 import ditfuse
 from ditfuse import NormSpec
-from conftest import DEVICE, DTYPES, TOL, assert_close_report, rope_tables
+from conftest import DEVICE, DTYPES, assert_close_report, rope_tables
 
 NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
 SPANS = ["head", "all"]

@@ -552,7 +552,7 @@ def format_table(rows: Sequence[Dict]) -> str:
         differ = [f"{r['name']} (S={v['S']}: {v['regs']} regs, spill {v['spill_stores']}/"
                   f"{v['spill_loads']}, stack {v['stack']}, LDL/STL {v['ldl']}/{v['stl']})"
                   for r in with_var for v in r["variants"] if any(v[k] != r[k] for k in keys)]
-        out.append(f"each specialization also built for a token count S in the other %16 class: "
+        out.append("each specialization also built for a token count S in the other %16 class: "
                    + ("same registers, spills, stack and LDL/STL for all"
                       if not differ else "differs for " + "; ".join(differ)))
     if bad:

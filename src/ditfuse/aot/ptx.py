@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 #: TensorRT's limit for dynamic shared memory without an opt-in (see aot.md).
 SMEM_LIMIT = 48 * 1024

@@ -2,7 +2,6 @@
 RoPE of the (differential) self-attention, in place on the chunks of ``to_qkv``."""
 from __future__ import annotations
 
-import torch
 
 from ..qk_norm_rope import qk_norm_rope
 from . import grad_needed, params_need_grad, replace_processors
