@@ -39,7 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._qk_kernel import _cast_out, _norm_affine, _rnd
+from ._kernel_utils import _cast_out, _rnd
+from ._qk_kernel import _norm_affine
 from ._runtime import INTERPRET
 
 # Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from . import _runtime
-from ._qk_kernel import _cast_out, _rnd
+from ._kernel_utils import _cast_out, _rnd
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -1,0 +1,49 @@
+"""Element helpers shared by every ditfuse kernel: rounding to an activation dtype exactly
+as the GPU does (also under the interpreter), and an fp32-accurate tanh."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._runtime import INTERPRET
+
+# Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest even; under
+# it, round in integer arithmetic first so the CPU results match the GPU's cvt.rn.bf16.
+_SOFT_BF16 = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def _rnd(x, DT: tl.constexpr):
+    """``x`` (fp32) rounded to dtype ``DT`` (round to nearest even), returned as fp32."""
+    if _SOFT_BF16 and DT == tl.bfloat16:
+        u = x.to(tl.uint32, bitcast=True)
+        u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+        return u.to(tl.float32, bitcast=True)
+    else:
+        return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _cast_out(x, DT: tl.constexpr):
+    """``x`` (fp32) cast to the output dtype ``DT``."""
+    if _SOFT_BF16 and DT == tl.bfloat16:
+        return _rnd(x, DT).to(DT)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _tanh(x):
+    # libdevice is not available under the interpreter; keep full fp32 accuracy near 0,
+    # where 1 - exp(-2|x|) would cancel, with the odd Taylor series up to x^9.
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    big = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    poly = 62.0 / 2835.0
+    poly = poly * x2 - 17.0 / 315.0
+    poly = poly * x2 + 2.0 / 15.0
+    poly = poly * x2 - 1.0 / 3.0
+    small = ax + ax * (x2 * poly)
+    t = tl.where(ax < 0.25, small, big)
+    return tl.where(x < 0, -t, t)
