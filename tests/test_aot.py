@@ -369,8 +369,11 @@ def test_loader_binds_in_runtime_order(pkgs):
     temb = torch.empty(3, 6, 5120, device="meta")
     bg = g.bind(x, x, temb)
     assert bg.grid == (15, 1, 1) and len(bg.outputs) == 2  # outputs allocated
-    with pytest.raises(ImportError, match="cuda-python"):
-        g(x, x, temb)  # launching needs cuda-python (and a GPU)
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="cuda-python"):
+            g(x, x, temb)  # launching needs cuda-python (and a GPU)
 
 
 @needs_tools
