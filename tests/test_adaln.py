@@ -211,3 +211,44 @@ def test_opcheck_and_compile():
         want = f(x, y, temb)
         got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, y, temb)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rows", [2, 4])
+@pytest.mark.parametrize("mod", ["chunk_b6d", "b1d", "per_token", "d", None])
+def test_rows_per_program_change_no_bits(monkeypatch, rows, mod):
+    """Several token rows per program (the modulation vectors read once per program), with
+    S not a multiple of the rows and batch > 1, give bitwise the one-row result, x_new too."""
+    from ditfuse import adaln
+
+    g = torch.Generator().manual_seed(rows)
+    B, S, D = 2, 7, 96
+    x = torch.randn(B, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
+    y = torch.randn(B, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
+    gate, shift, scale = (_mod(mod, B, S, D, torch.float32, g, k) for k in (2, 0, 1))
+    with torch.no_grad():
+        want = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
+        want_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms")
+        base = adaln.adaln_settings
+        seen = []
+
+        def forced(*a, **k):
+            block, chunks, _, warps = base(*a, **k)
+            seen.append(rows)
+            return block, chunks, rows, warps
+
+        monkeypatch.setattr(adaln, "adaln_settings", forced)
+        got = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
+        got_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms")
+    assert seen, "the launcher did not consult adaln_settings"
+    for a, b in zip((*got, got_m), (*want, want_m)):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_settings_table():
+    from ditfuse.adaln import adaln_settings
+
+    assert adaln_settings(1, 32760, 5120, False) == (8192, 1, 4, 16)   # Wan 14B 480p
+    assert adaln_settings(1, 32760, 5120, True)[2] == 1                 # per-token temb
+    assert adaln_settings(1, 4608, 3072, False)[2] >= 2                 # FLUX.1
+    assert adaln_settings(1, 7, 64, False)[2] == 1                      # too few tokens
+    assert adaln_settings(1, 100, 9000, False)[1:3] == (3, 1)           # chunked: one row

@@ -52,6 +52,8 @@ try:  # being written concurrently: exported when it is importable
     HAVE_ATTENTION = True
     # SAME-L: 24 heads x 64, window 17, fp32, differential; its default target (sm_80)
     EXAMPLES.append(("swa", "sliding_window_attention", None, {}, True))
+    # the Hopper build (wgmma; .target sm_90a kept): the one an H200 JIT-compiles itself
+    EXAMPLES.append(("swa_sm90a", "sliding_window_attention", "sm_90a", {}, False))
 except ImportError:
     HAVE_ATTENTION = False
 needs_attention = pytest.mark.skipif(not HAVE_ATTENTION, reason="ditfuse.attention not written yet")
@@ -144,7 +146,9 @@ def test_adaln_manifests(pkgs):
         ("x", "input"), ("y", "input"), ("temb", "input"), ("N", "extra"), ("x_new", "output"),
         ("out", "output")]
     assert g["bindings"]["gate_ptr"] == "temb + 10240" and g["bindings"]["xnew_ptr"] == "x_new"
-    assert g["grid"] == ["B * N", "1", "1"]
+    for mm in (m, g):  # token blocks x batch; the rows per program are a constexpr
+        assert mm["grid"] == [f"cdiv(N, {mm['constexprs']['ROWS']})", "B", "1"]
+        assert mm["constexprs"]["ROWS"] == 4 and mm["constexprs"]["MOD_PER_ROW"] is False
 
 
 @needs_tools
@@ -185,7 +189,8 @@ def test_target_and_alignment_as_promised(pkgs):
         m = _manifest(d)
         text = (d / "kernel.ptx").read_text()
         assert P.target(text) == m["target"], name
-        assert not P.arch_specific_instructions(text), name
+        # an sm_90a package keeps its wgmma (it runs on sm_90a GPUs only: the H100 / H200)
+        assert bool(P.arch_specific_instructions(text)) == m["target"].endswith("a"), name
         if m["target"] == "sm_90":
             assert m["triton_target"] == "sm_90a"
             assert ".target sm_90a -> sm_90 (no arch-specific instruction present)" in m["rewrites"]
@@ -368,7 +373,7 @@ def test_loader_binds_in_runtime_order(pkgs):
     x = torch.empty(3, 5, 5120, dtype=torch.bfloat16, device="meta")
     temb = torch.empty(3, 6, 5120, device="meta")
     bg = g.bind(x, x, temb)
-    assert bg.grid == (15, 1, 1) and len(bg.outputs) == 2  # outputs allocated
+    assert bg.grid == (2, 3, 1) and len(bg.outputs) == 2  # (cdiv(N, 4), B): outputs allocated
     try:
         from cuda.bindings import driver  # noqa: F401
     except ImportError:
@@ -388,7 +393,7 @@ spec.loader.exec_module(mod)
 k = mod.load({str(pkgs['adaln'])!r})
 x = torch.empty(1, 9, 5120, dtype=torch.bfloat16, device="meta")
 b = k.bind(x, torch.empty(1, 6, 5120, device="meta"))
-assert b.grid == (9, 1, 1), b.grid
+assert b.grid == (3, 1, 1), b.grid  # cdiv(9, 4) token blocks x B
 assert "triton" not in {{m.split(".")[0] for m in sys.modules if sys.modules[m] is not None}}
 print("ok")
 """
@@ -796,6 +801,31 @@ def _outs(m, t):
     return [t[p["name"]] for p in m["parameters"] if p["kind"] == "output"]
 
 
+def _same_code_as_jit(m) -> bool:
+    """Whether the JIT kernel on this GPU is the package's code. The elementwise kernels
+    compile to the same arithmetic for every target; a tensor-core package built for
+    another architecture is not (sm_80's mma.sync vs the sm_90a wgmma the JIT uses on
+    Hopper: the same products, another fp32 accumulation order)."""
+    if m["op"] != "sliding_window_attention":
+        return True
+    cap = torch.cuda.get_device_capability()
+    return m["target"].rstrip("a") == f"sm_{cap[0]}{cap[1]}"
+
+
+def _assert_matches_jit(m, got, want, what):
+    """Bitwise where the package is the JIT's code; else within the kernel's tf32 contract
+    (and reported)."""
+    if _same_code_as_jit(m):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
+            (*what, (got.float() - want.float()).abs().max())
+    else:
+        err = (got.float() - want.float()).abs().max().item()
+        scale = want.float().abs().max().item()
+        assert err <= 1e-5 * scale, (*what, err, scale)  # fp32 sums re-associated
+        print(f"{what}: {m['target']} package vs the JIT's sm_90a kernel: max |diff| {err:.3g} "
+              f"(max |out| {scale:.3g}); not bitwise by construction")
+
+
 @gpu
 @needs_tools
 @pytest.mark.parametrize("image", ["ptx", "auto"])
@@ -813,8 +843,7 @@ def test_gpu_driver_launch_is_bitwise_the_jit(pkgs, image):
             torch.cuda.synchronize()
             for p, got, want in zip([p for p in m["parameters"] if p["kind"] == "output"],
                                     _outs(m, t), _outs(m, ref)):
-                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
-                    (name, image, B, N, p["name"], (got.float() - want.float()).abs().max())
+                _assert_matches_jit(m, got, want, (name, image, B, N, p["name"]))
 
 
 @gpu
@@ -853,7 +882,7 @@ def test_gpu_cuda_graph_replay(pkgs):
                 ref = _jit(m, new)
                 torch.cuda.synchronize()
                 for got, want in zip(_outs(m, static), _outs(m, ref)):
-                    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (name, i)
+                    _assert_matches_jit(m, got, want, (name, i))
 
 
 @gpu
