@@ -6,6 +6,8 @@ kernel's contract says it rounds) and as the fallback on devices Triton cannot r
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -173,26 +175,109 @@ def _silu_ref(y):
     return y / (1 + torch.exp(-y))
 
 
-def group_norm_silu_reference(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                              round_after_norm=True, compute_dtype=torch.float32):
-    """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, no ``out``; does not
-    validate them). x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one
-    rounding to x's dtype at the end (and after the affine with ``round_after_norm``)."""
+class RoundedChain(NamedTuple):
+    """A reference result with what the numerical contract needs to know about its chain.
+
+    The GroupNorm / channel-RMS chains round to x's dtype between steps (``round_after_norm``),
+    as the models' eager code does; a rounding *before* the last one is an intermediate
+    rounding. ``steps`` lists one ``(t, gain)`` per intermediate rounding: ``t`` the rounded
+    value (compute dtype, x's shape), ``gain`` a bound of ``|d v / d t|`` (a tensor that
+    broadcasts to x, or a float), ``v`` the value entering the last stage: the SiLU's input
+    ``silu_in`` (compute dtype; ``None`` without a SiLU), or the value the output rounds.
+    ``stats``: GroupNorm's per-group ``mean`` and ``rstd`` (compute dtype, broadcast shape
+    ``(N, C, 1, ...)``); empty for the channel RMS norm.
+    """
+
+    out: torch.Tensor
+    steps: list
+    silu_in: torch.Tensor | None
+    stats: dict
+
+
+def group_norm_silu_chain(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                          round_after_norm=True, compute_dtype=torch.float64,
+                          record=True) -> RoundedChain:
+    """:func:`group_norm_silu_reference` with its intermediate rounding exposed (see
+    :class:`RoundedChain`): with ``round_after_norm`` and ``silu`` the normalised, affine
+    value ``y`` is rounded to x's dtype before the SiLU (gain 1); without SiLU that rounding
+    is the output's own. ``record=False``: the output only (no steps, stats, silu_in)."""
     cd = compute_dtype
     N, C = x.shape[:2]
     xs = x.to(cd).reshape(N, num_groups, -1)
     mu = xs.mean(-1, keepdim=True)
     var = (xs - mu).pow(2).mean(-1, keepdim=True)
-    y = ((xs - mu) * torch.rsqrt(var + eps)).reshape(x.shape)
+    rstd = torch.rsqrt(var + eps)
+    y = ((xs - mu) * rstd).reshape(x.shape)
     if weight is not None:
         y = y * _channel_shape(weight, x).to(cd)
     if bias is not None:
         y = y + _channel_shape(bias, x).to(cd)
     if round_after_norm:
         y = y.to(x.dtype).to(cd)
+    steps = [(y, 1.0)] if (round_after_norm and silu and record) else []
+    pre = y if (silu and record) else None
     if silu:
         y = _silu_ref(y)
-    return y.to(x.dtype)
+    if not record:
+        return RoundedChain(y.to(x.dtype), [], None, {})
+    bshape = (N, C) + (1,) * (x.dim() - 2)
+
+    def per_channel(t):  # (N, G, 1) -> (N, C, 1, ...)
+        return t.expand(N, num_groups, C // num_groups).reshape(bshape)
+
+    return RoundedChain(y.to(x.dtype), steps, pre,
+                        {"mean": per_channel(mu), "rstd": per_channel(rstd)})
+
+
+def group_norm_silu_reference(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                              round_after_norm=True, compute_dtype=torch.float32):
+    """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, no ``out``; does not
+    validate them). x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one
+    rounding to x's dtype at the end (and after the affine with ``round_after_norm``)."""
+    return group_norm_silu_chain(x, num_groups, weight, bias, eps, silu=silu,
+                                 round_after_norm=round_after_norm, compute_dtype=compute_dtype,
+                                 record=False).out
+
+
+def rms_norm_silu_channels_chain(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True,
+                                 round_after_norm=True, compute_dtype=torch.float64,
+                                 record=True) -> RoundedChain:
+    """:func:`rms_norm_silu_channels_reference` with its intermediate roundings exposed (see
+    :class:`RoundedChain`). With ``round_after_norm`` each step rounds: ``r1`` = normalize,
+    ``r2 = r1 * scale``, ``r3 = r2 * gamma``, ``r4 = r3 + bias``; a change of ``r1`` reaches
+    the last value times ``scale * |gamma|``, of ``r2`` times ``|gamma|``, of ``r3`` and
+    ``r4`` times 1. Without SiLU the last of them is the output's own rounding.
+    ``record=False``: the output only."""
+    cd = compute_dtype
+    act = x.dtype
+    C = x.shape[1]
+    if scale is None:
+        scale = C ** 0.5
+    if isinstance(bias, (int, float)) and bias == 0:
+        bias = None
+    g = None if gamma is None else _channel_shape(gamma, x).to(cd)
+    rounded = []  # (value after a rounding, gain of that value to the last value)
+
+    def r(t, gain):
+        if round_after_norm:
+            t = t.to(act).to(cd)
+            if record:
+                rounded.append((t, gain))
+        return t
+
+    xs = x.to(cd)
+    ga = 1.0 if g is None else g.abs()
+    y = r(xs / xs.pow(2).sum(1, keepdim=True).sqrt().clamp_min(eps), abs(scale) * ga)
+    y = r(y * scale, ga)
+    if g is not None:
+        y = r(y * g, 1.0)
+    if bias is not None:
+        y = r(y + _channel_shape(bias, x).to(cd), 1.0)
+    pre = y
+    if silu:
+        y = _silu_ref(y)
+    steps = rounded if silu else rounded[:-1]
+    return RoundedChain(y.to(act), steps, pre if (silu and record) else None, {})
 
 
 def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, scale=None,
@@ -202,27 +287,9 @@ def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, sca
     (``F.normalize(x, dim=1) * sqrt(C) * gamma + bias``) then SiLU, in ``compute_dtype``.
     ``round_after_norm`` rounds to x's dtype after each step, as the eager chain in half
     precision does. Does not validate its arguments."""
-    cd = compute_dtype
-    act = x.dtype
-    C = x.shape[1]
-    if scale is None:
-        scale = C ** 0.5
-    if isinstance(bias, (int, float)) and bias == 0:
-        bias = None
-
-    def r(t):
-        return t.to(act).to(cd) if round_after_norm else t
-
-    xs = x.to(cd)
-    y = r(xs / xs.pow(2).sum(1, keepdim=True).sqrt().clamp_min(eps))
-    y = r(y * scale)
-    if gamma is not None:
-        y = r(y * _channel_shape(gamma, x).to(cd))
-    if bias is not None:
-        y = r(y + _channel_shape(bias, x).to(cd))
-    if silu:
-        y = _silu_ref(y)
-    return y.to(act)
+    return rms_norm_silu_channels_chain(x, gamma, bias, eps, scale=scale, silu=silu,
+                                        round_after_norm=round_after_norm,
+                                        compute_dtype=compute_dtype, record=False).out
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,45 @@
+"""Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
+num_warps, num_stages) at the SAME-L shapes, bf16 and fp32, CUDA-graph device time (L2
+flushed by do_bench). Prints us and % of the byte floor; informs launch_settings()."""
+import torch
+
+from ditfuse import attention as A
+from ditfuse.bench import _median_us, copy_ceiling_gbps
+from ditfuse.shapes import ATTN_SHAPES
+
+CONFIGS = [(64, 32, 4, 2), (64, 32, 4, 3), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2),
+           (64, 16, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (128, 32, 4, 2), (32, 32, 4, 2)]
+ceil = copy_ceiling_gbps()
+print(f"copy ceiling {ceil:.0f} GB/s")
+for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32),
+                 ("same-l-trt", torch.float32), ("same-l-32946", torch.bfloat16)):
+    sh = ATTN_SHAPES[name]
+    B, N, H, D, w = sh.B, sh.N, sh.H, sh.D, sh.window
+    n_in = 5 if sh.differential else 3
+    g = torch.Generator(device="cuda").manual_seed(0)
+    proj = torch.randn(B, N, n_in * H * D, generator=g, device="cuda").to(dt)
+    q1, q2, k1, k2, v = [t.unflatten(-1, (H, D)) for t in proj.chunk(n_in, dim=-1)]
+    p = A.plan(q1, k1, v, w, q2=q2, k2=k2)
+    nbytes = (n_in + 1) * B * N * H * D * proj.element_size()
+    table = A.launch_settings(D, dt, w, w, N, True, False)
+    ref = A.run(p)
+    res = []
+    for cfg in CONFIGS:
+        try:
+            out = A.run(p, cfg)
+            torch.cuda.synchronize()
+            err = (out.float() - ref.float()).abs().max().item()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                A.run(p, cfg)
+            us = _median_us(graph.replay)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name} {dt} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
+        res.append((us, cfg, pct))
+        mark = " <- table" if cfg == tuple(table) else ""
+        print(f"{name:14s} {str(dt)[6:]:8s} {cfg} {us:8.1f} us {pct:6.1f}% of floor  "
+              f"max|d| vs table {err:.2g}{mark}", flush=True)
+    best = min(res)
+    print(f"BEST {name} {dt}: {best[1]} {best[0]:.1f} us {best[2]:.1f}% (table {table})", flush=True)

@@ -1,0 +1,59 @@
+"""Launch-settings sweep for group_norm_silu / rms_norm_silu_channels on the GPU: the split
+path's tile and statistics programs, the fit threshold, the RMS tile, at the VAE shapes
+(bf16), CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the floor of
+``bench_group_norm`` (one read when a group fits, two when it does not, one write);
+informs gn_settings() / rms_settings()."""
+import math
+
+import torch
+
+import ditfuse
+from ditfuse.bench import _median_us, copy_ceiling_gbps
+from ditfuse.group_norm import GN_SHAPES, gn_settings
+
+GN_VARIANTS = [{}, {"tile": 2048}, {"tile": 8192}, {"stats_programs": 512}, {"stats_programs": 2048},
+               {"tile": 8192, "stats_programs": 512}, {"fit_max": 32768}, {"fit_max": 65536}]
+RMS_VARIANTS = [{}, {"tile": 4096}, {"tile": 16384}, {"min_bs": 32}, {"min_bs": 64}]
+ceil = copy_ceiling_gbps()
+print(f"copy ceiling {ceil:.0f} GB/s")
+for name, sh in GN_SHAPES.items():
+    C = sh.shape[1]
+    sp = math.prod(sh.shape[2:])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(sh.shape, generator=g, device="cuda") * 2 + 0.5).to(torch.bfloat16)
+    pshape = (C,) + (1,) * (len(sh.shape) - 2) if sh.op == "rms" else (C,)
+    w = (torch.randn(pshape, generator=g, device="cuda") * 0.5 + 1).to(torch.bfloat16)
+    b = (torch.randn(pshape, generator=g, device="cuda") * 0.2).to(torch.bfloat16)
+    if sh.op == "rms":
+        reads = 1
+        variants = RMS_VARIANTS
+    else:
+        reads = 1 if gn_settings(sh.shape[0], sh.groups, C // sh.groups, sp).path == "fit" else 2
+        variants = GN_VARIANTS
+    nbytes = (reads + 1) * x.numel() * 2
+    ref = None
+    res = []
+    for v in variants:
+        def f(v=v, x=x, w=w, b=b, sh=sh):
+            if sh.op == "rms":
+                return ditfuse.rms_norm_silu_channels(x, w, None, 1e-12, _launch=v or None)
+            return ditfuse.group_norm_silu(x, sh.groups, w, b, 1e-6, _launch=v or None)
+        try:
+            out = f()
+            torch.cuda.synchronize()
+            same = ref is None or torch.equal(out, ref)
+            ref = out if ref is None else ref
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                f()
+            us = _median_us(graph.replay)
+        except Exception as e:  # noqa: BLE001
+            print(f"{name} {v}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
+        res.append((us, str(v), pct))
+        print(f"{name:20s} {v!s:44} {us:8.1f} us {pct:6.1f}% of floor "
+              f"{'bitwise = default' if same else 'DIFFERS from default'}", flush=True)
+    best = min(res)
+    print(f"BEST {name}: {best[1]} {best[0]:.1f} us {best[2]:.1f}%", flush=True)
+    torch.cuda.empty_cache()
