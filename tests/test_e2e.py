@@ -1,27 +1,217 @@
-"""The --e2e machinery on tiny models (CPU, stub timer): four timed variants, trajectory
-PSNR (patched vs unpatched bitwise in bf16 here: infinite PSNR)."""
+"""The --e2e machinery on the CPU (interpreter), through the builders the GPU run uses:
+every model of E2E_MODELS at its tiny config and sizes (rows printed, CSV written,
+patched vs unpatched compared), the real-size input builders (dtypes and shapes of the
+diffusers pipelines) and real-size forwards on the meta device, the SAME OOM row, and the
+from_pretrained-like cast."""
+import csv
+import io
 import math
+import tempfile
 
 import pytest
 import torch
 
 pytest.importorskip("diffusers")
 
-from ditfuse import e2e  # noqa: E402
-from ditfuse.patching import tiny_models as tm  # noqa: E402
+from conftest import DEVICE
+
+import ditfuse
+from ditfuse import e2e
+
+TRANSFORMERS = [n for n, s in e2e.E2E_MODELS.items() if s.kind == "transformer"]
 
 
-def test_run_model_tiny_flux():
+def test_run_e2e_tiny_every_model(tmp_path):
+    """run_e2e end to end on every model (the tiny configs through the real builders): the
+    rows print as they finish, the CSV holds every row, transformers' trajectories are
+    bitwise equal patched vs unpatched in bf16, SAME's decode agrees within rounding.
+    (No compile rows here: test_run_model_compile_rows has them.)"""
+    out, path = io.StringIO(), tmp_path / "e2e.csv"
+    failed = e2e.run_e2e(list(e2e.E2E_MODELS), DEVICE, 1, str(path), timer=lambda f: (f(), 1.0)[1],
+                         slow_timer=lambda f: (f(), 2.0)[1], compile_backend=None, steps=1, tiny=True,
+                         out=out)
+    log = out.getvalue()
+    assert failed == 0, log
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    printed = [ln for ln in log.splitlines() if ln.split()[:1] and ln.split()[0] in e2e.E2E_MODELS]
+    assert len(rows) == len(printed) == 2 * len(TRANSFORMERS) + 12, log
+    for name in TRANSFORMERS:
+        mine = [r for r in rows if r["model"] == name]
+        assert [r["impl"] for r in mine] == ["unpatched eager", "patched eager"], log
+        assert float(mine[1]["max_abs_diff"]) == 0.0 and math.isinf(float(mine[1]["psnr"])), mine
+    same = [r for r in rows if r["model"] == "same-l"]
+    timed, vs32 = same[:8], same[8:]
+    assert len(timed) == 2 * 2 * 2  # dtypes x lengths x impls
+    for r in timed:
+        assert float(r["ms"]) == 2.0 and not r["note"], r
+        if r["impl"] == "patched":
+            # tf32 operands for fp32 (the kernel's contract), a few bf16 roundings through 2 layers
+            assert float(r["psnr"]) > (58 if r["dtype"] == "float32" else 38), r
+    # bf16 decodes against the fp32 one: patched as close as unpatched (rounding, not error)
+    assert [(r["impl"], r["dtype"], r["shape"]) for r in vs32] == [
+        (i, "bfloat16", f"{n} latents") for n in (4, 9) for i in ("unpatched vs fp32", "patched vs fp32")]
+    for unp, pat in zip(vs32[::2], vs32[1::2]):
+        assert float(pat["psnr"]) > float(unp["psnr"]) - 3, (unp, pat)
+
+
+def test_run_model_compile_rows():
+    """The four timed variants with torch.compile (dynamo, eager backend) on tiny FLUX.1."""
     rows = []
     spec = e2e.E2E_MODELS["flux1-1024"]
-    _, quality, report = e2e.run_model(
-        spec, "cpu", torch.bfloat16, 1, timer=lambda f: (f(), 1.0)[1], emit=rows.append,
-        compile_backend="eager", steps=2, build=lambda layers: tm._flux(),
-        inputs=lambda device, dtype: {k: v for k, v in tm._flux_inputs(dtype).items()})
+    _, quality, report = e2e.run_model(spec, DEVICE, torch.bfloat16, 1, timer=lambda f: (f(), 1.0)[1],
+                                       emit=rows.append, compile_backend="eager", steps=1,
+                                       config=spec.tiny_config, sizes=spec.tiny_sizes)
     assert [r["impl"] for r in rows] == ["unpatched eager", "unpatched compile", "patched eager",
-                                          "patched compile"]
-    assert report.counts
+                                         "patched compile"]
+    assert report.counts and rows[2]["psnr"] == quality["psnr"]
     assert quality["max_abs_diff"] == 0.0 and math.isinf(quality["psnr"])
+
+
+@pytest.mark.parametrize("name", list(e2e.E2E_MODELS))
+def test_real_size_inputs_and_forward_on_meta(name):
+    """The GPU run's own inputs (real config, default sizes) built on the CPU, then the
+    real-size model (one block) run on the meta device: the input builders' dtype/shape
+    mistakes and any config/input mismatch fail here, not on the GPU."""
+    spec = e2e.E2E_MODELS[name]
+    with torch.device("meta"):
+        model = spec.build(1)
+    e2e.as_loaded(model, torch.bfloat16)
+    cfg = model.config
+    if spec.kind == "vae-decode":
+        counts = [e2e.same_latent_count(s, cfg) for s in spec.sizes["seconds"]]
+        assert counts == [646, 1938]  # 1 and 3 minutes at 44.1 kHz, 4096 samples per latent
+        kw = spec.inputs("cpu", torch.bfloat16, latents=counts[-1], cfg=cfg)
+        assert kw["latents"].shape == (1, 256, 1938) and kw["latents"].dtype == torch.bfloat16
+        blk = model.decoder.blocks[0]
+        assert (blk.transformers[0].attn.heads, blk.transformers[0].attn.dim_heads) == (24, 64)
+        assert 1938 * (blk.stride + 1) == 32946 and blk.sliding_window * (blk.stride + 1) == 17
+        with torch.no_grad():
+            out = model.decode(kw["latents"].to("meta")).sample
+        assert out.shape == (1, 2, 1938 * 4096)
+        ditfuse.patch(model)  # the patched decode's shapes too (fake kernels on meta)
+        with torch.no_grad():
+            assert model.decode(kw["latents"].to("meta")).sample.shape == out.shape
+        return
+    kw = spec.inputs("cpu", torch.bfloat16, cfg=cfg, **spec.sizes)
+    meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in kw.items()}
+    with torch.no_grad():
+        out = model(**meta)[0]
+    assert out.shape == kw[spec.latent_key].shape and out.dtype == torch.bfloat16
+
+
+def test_inputs_match_the_pipelines():
+    """ids / timestep / guidance dtypes and layouts as diffusers 0.42.1's pipelines make
+    them (a non-square grid so rows and columns cannot be swapped unnoticed)."""
+    bf = torch.bfloat16
+    kw = e2e._flux1_inputs("cpu", bf, height=3, width=5, text_len=7, cfg=e2e.FLUX1_DEV)
+    # FluxPipeline._prepare_latent_image_ids: (h*w, 3) = (0, row, col) in the latents' dtype
+    want = torch.tensor([[0, r, c] for r in range(3) for c in range(5)], dtype=bf)
+    assert kw["img_ids"].dtype == bf and torch.equal(kw["img_ids"], want)
+    assert kw["txt_ids"].dtype == bf and kw["txt_ids"].shape == (7, 3) and not kw["txt_ids"].any()
+    assert kw["timestep"].dtype == bf and kw["guidance"].dtype == torch.float32
+    assert kw["hidden_states"].shape == (1, 15, 64) and kw["encoder_hidden_states"].shape == (1, 7, 4096)
+    assert kw["pooled_projections"].shape == (1, 768)
+
+    kw = e2e._flux2_inputs("cpu", bf, height=3, width=5, text_len=7, cfg=e2e.FLUX2_DEV)
+    # Flux2Pipeline._prepare_latent_ids / _prepare_text_ids: int64 (B, L, 4) over (t, h, w, l)
+    want = torch.tensor([[[0, r, c, 0] for r in range(3) for c in range(5)]])
+    assert kw["img_ids"].dtype == torch.int64 and torch.equal(kw["img_ids"], want)
+    want = torch.tensor([[[0, 0, 0, i] for i in range(7)]])
+    assert kw["txt_ids"].dtype == torch.int64 and torch.equal(kw["txt_ids"], want)
+    assert kw["timestep"].dtype == bf and kw["guidance"].dtype == torch.float32
+    assert kw["hidden_states"].shape == (1, 15, 128) and kw["encoder_hidden_states"].shape == (1, 7, 15360)
+
+    kw = e2e._wan_inputs("cpu", bf, frames=2, h=4, w=6, text_len=5)
+    assert kw["hidden_states"].shape == (1, 16, 2, 4, 6) and kw["hidden_states"].dtype == bf
+    assert kw["timestep"].dtype == torch.int64 and kw["encoder_hidden_states"].shape == (1, 5, 4096)
+
+
+@pytest.mark.parametrize("name", list(e2e.E2E_MODELS))
+def test_as_loaded_matches_from_pretrained(name, monkeypatch):
+    """as_loaded(model, bf16) leaves every parameter and buffer in the dtype
+    from_pretrained(torch_dtype=bf16) gives: _keep_in_fp32_modules and non-persistent
+    buffers (SAME's rope inv_freq) stay fp32; and it does not warn."""
+    from diffusers.models import modeling_utils
+
+    spec = e2e.E2E_MODELS[name]
+    warned = []
+    monkeypatch.setattr(modeling_utils.logger, "warning", lambda msg, *a, **k: warned.append(msg))
+    model = e2e.build_model(spec, 1, "cpu", torch.bfloat16, **spec.tiny_config)
+    assert not warned, warned
+    got = {n: t.dtype for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    keep = type(model)._keep_in_fp32_modules or []
+    if keep:  # from_pretrained needs accelerate here; its rule, written out
+        persistent = set(model.state_dict())
+        for n, dt in got.items():
+            fp32 = any(k in n.split(".") for k in keep) or n not in persistent
+            assert dt == (torch.float32 if fp32 else torch.bfloat16), (n, dt)
+        assert any(dt == torch.float32 for dt in got.values())
+        return
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        ref = type(model).from_pretrained(d, torch_dtype=torch.bfloat16)
+    want = {n: t.dtype for n, t in [*ref.named_parameters(), *ref.named_buffers()]}
+    assert got == want
+    if name == "same-l":
+        assert got["decoder.blocks.0.transformers.0.attn.rope.inv_freq"] == torch.float32
+
+
+@torch.no_grad()
+def test_same_oom_row_and_agreement(monkeypatch):
+    """An out-of-memory in the unpatched decode (the dense (N, N) mask) becomes an OOM row
+    and the patched decode still runs; where both ran they agree within rounding."""
+    from diffusers.models.autoencoders import autoencoder_same as am
+
+    spec = e2e.E2E_MODELS["same-l"]
+    band_mask = am._band_mask
+
+    def mask_or_oom(seq_len, *a, **k):
+        if seq_len > 20:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.04 GiB. GPU 0 ...")
+        return band_mask(seq_len, *a, **k)
+
+    monkeypatch.setattr(am, "_band_mask", mask_or_oom)
+    rows = []
+    res = e2e.run_same(spec, DEVICE, lambda f: (f(), 3.0)[1], rows.append, dtypes=(torch.float32,),
+                       config=spec.tiny_config, sizes={"latents": (5, 9)}, single_call_s=None)
+    assert [(r["impl"], r["ms"], r["note"]) for r in rows] == [
+        ("unpatched", 3.0, None), ("patched", 3.0, None),
+        ("unpatched", None, "OOM (tried to allocate 4.04 GiB)"), ("patched", 3.0, None)]
+    assert res[(torch.float32, 9)] == {"unpatched": None, "patched": 3.0}
+    assert rows[1]["psnr"] > 58 and rows[3]["psnr"] is None
+    line = e2e.format_row(rows[2])
+    assert " OOM " in line and "27 tokens" in line and "window 3" in line, line
+
+    # an unpatched first call slower than single_call_s is its row's one timed call (the
+    # 3-minute dense path); the patched row always has its warm-up (Triton JIT) untimed
+    rows = []
+    e2e.run_same(spec, DEVICE, lambda f: (f(), 4.0)[1], rows.append, dtypes=(torch.float32,),
+                 config=spec.tiny_config, sizes={"latents": (5,)}, single_call_s=0.0)
+    assert [r["note"] for r in rows] == ["one call (no warm-up)", None]
+    assert rows[0]["ms"] > 0 and rows[0]["ms"] != 4.0 and rows[1]["ms"] == 4.0
+
+    # the comparison itself, directly: same weights, same latents, decode unpatched / patched
+    for dtype, tol in [(torch.float32, 5e-3), (torch.bfloat16, 2.0**-5)]:
+        model = e2e.build_model(spec, 0, DEVICE, dtype, **spec.tiny_config)
+        lat = spec.inputs(DEVICE, dtype, latents=6, cfg=model.config)["latents"]
+        monkeypatch.setattr(am, "_band_mask", band_mask)
+        ref = model.decode(lat).sample
+        ditfuse.patch(model)
+        out = model.decode(lat).sample
+        scale = ref.float().abs().max().item()
+        assert scale > 0.1 and (out.float() - ref.float()).abs().max().item() <= tol * scale
+
+
+def test_cli_parses_e2e_flags(capsys):
+    from ditfuse import bench
+
+    if torch.cuda.is_available():
+        pytest.skip("would run the GPU benchmark")
+    assert bench.main(["--e2e", "--models", "flux1-1024,same-l", "--no-compile", "--layers", "1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert bench.main(["--e2e", "--models", "flux1,same-l"]) == 2
+    assert "unknown model(s) ['flux1']" in capsys.readouterr().err
 
 
 def test_psnr():

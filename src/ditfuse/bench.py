@@ -340,9 +340,11 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex")
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--e2e", action="store_true",
-                    help="whole transformers (random weights): unpatched/patched x eager/compile, "
-                         "and a 20-step trajectory comparison")
-    ap.add_argument("--models", default="all", help="with --e2e: wan14b-480p,flux1-1024,flux2-1024")
+                    help="whole models (random weights): transformers unpatched/patched x eager/compile "
+                         "and a 20-step trajectory comparison; SAME-L decode of 1 and 3 minutes")
+    ap.add_argument("--models", default="all",
+                    help="with --e2e: comma-separated, from wan14b-480p,flux1-1024,flux2-1024,same-l")
+    ap.add_argument("--no-compile", action="store_true", help="with --e2e: skip the torch.compile rows")
     ap.add_argument("--layers", type=int, default=2, help="with --e2e: double-stream blocks")
     args = ap.parse_args(argv)
     if args.e2e:
