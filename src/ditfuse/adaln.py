@@ -24,21 +24,15 @@ CHUNK = 4096
 
 
 @triton.jit
-def _vec(ptr, base, d, m, stride, ON: tl.constexpr):
-    """A row of a (broadcast) vector operand as fp32, or a placeholder when absent."""
-    if ON:
-        return tl.load(ptr + base + d * stride, mask=m, other=0.0).to(tl.float32)
-    else:
-        return 0.0
-
-
-@triton.jit
-def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
-              ACT: tl.constexpr):
-    """x, or the new residual x + y * gate rounded to x's dtype as the model stores it."""
+def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, stride_gd,
+             RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
+             ACT: tl.constexpr):
+    """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it)."""
+    x = tl.load(x_ptr + xb + d * stride_xd, mask=m, other=0.0).to(tl.float32)
     if RESIDUAL:
+        y = tl.load(y_ptr + yb + d * stride_yd, mask=m, other=0.0).to(tl.float32)
         if HAS_GATE:
-            y = y * g
+            y = y * tl.load(gate_ptr + gb + d * stride_gd, mask=m, other=0.0).to(tl.float32)
             if PER_OP:
                 y = _rnd(y, ACT)
         x = _rnd(x + y, ACT)
@@ -46,24 +40,24 @@ def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: t
 
 
 @triton.jit
-def _modulate(n, w, bb, sh, sc, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-              HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
-              ACT: tl.constexpr):
+def _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd, stride_scd,
+              HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
+              HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr, ACT: tl.constexpr):
     if HAS_W:
-        n = n * w
+        n = n * tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
     if HAS_B:
-        n = n + bb
+        n = n + tl.load(b_ptr + d, mask=m, other=0.0).to(tl.float32)
     if PER_OP:
         n = _rnd(n, ACT)
     if HAS_SCALE:
-        t = 1.0 + sc
+        t = 1.0 + tl.load(scale_ptr + scb + d * stride_scd, mask=m, other=0.0).to(tl.float32)
         if PER_OP:
             t = _rnd(t, ACT)
         n = n * t
         if PER_OP:
             n = _rnd(n, ACT)
     if HAS_SHIFT:
-        n = n + sh
+        n = n + tl.load(shift_ptr + shb + d * stride_shd, mask=m, other=0.0).to(tl.float32)
     return n
 
 
@@ -88,73 +82,48 @@ def _adaln_kernel(
     RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
     HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr,
     PER_OP: tl.constexpr,      # round every step to x's dtype (a half-precision eager chain)
-    MOD_PER_ROW: tl.constexpr,  # gate/shift/scale vary along S (else read once per program)
-    ROWS: tl.constexpr,        # token rows per program (one-pass path)
     BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
 ):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    b = tl.program_id(1).to(tl.int64)
-    s0 = tl.program_id(0).to(tl.int64) * ROWS
+    row = tl.program_id(0).to(tl.int64)
+    b = row // S
+    s = row - b * S
+    xb = b * stride_xb + s * stride_xs
+    yb = b * stride_yb + s * stride_ys
+    gb = b * stride_gb + s * stride_gs
+    shb = b * stride_shb + s * stride_shs
+    scb = b * stride_scb + s * stride_scs
+    nb = b * stride_nb + s * stride_ns
+    ob = b * stride_ob + s * stride_os
     dd = tl.arange(0, BLOCK_D)
     if NUM_CHUNKS == 1:
-        md = dd < D
-        # The row-invariant vectors are read once per program and kept in registers: at
-        # Wan's shapes fp32 shift/scale/gate rows are 2-3x the bytes of a bf16 token row,
-        # and re-reading them for every token made the kernel L2-bound.
-        w = _vec(w_ptr, 0, dd, md, 1, HAS_W)
-        bb = _vec(b_ptr, 0, dd, md, 1, HAS_B)
-        if not MOD_PER_ROW:
-            g = _vec(gate_ptr, b * stride_gb, dd, md, stride_gd, HAS_GATE)
-            sh = _vec(shift_ptr, b * stride_shb, dd, md, stride_shd, HAS_SHIFT)
-            sc = _vec(scale_ptr, b * stride_scb, dd, md, stride_scd, HAS_SCALE)
-        for r in tl.static_range(ROWS):
-            s = s0 + r
-            m = md & (s < S)
-            if MOD_PER_ROW:
-                g = _vec(gate_ptr, b * stride_gb + s * stride_gs, dd, m, stride_gd, HAS_GATE)
-                sh = _vec(shift_ptr, b * stride_shb + s * stride_shs, dd, m, stride_shd,
-                          HAS_SHIFT)
-                sc = _vec(scale_ptr, b * stride_scb + s * stride_scs, dd, m, stride_scd,
-                          HAS_SCALE)
-            x = _vec(x_ptr, b * stride_xb + s * stride_xs, dd, m, stride_xd, True)
-            y = _vec(y_ptr, b * stride_yb + s * stride_ys, dd, m, stride_yd, RESIDUAL)
-            x = _residual(x, y, g, RESIDUAL, HAS_GATE, PER_OP, ACT)
-            if RESIDUAL:
-                tl.store(xnew_ptr + b * stride_nb + s * stride_ns + dd * stride_nd,
-                         _cast_out(x, ACT), mask=m)
-            if NORM == 1:
-                mean = tl.sum(x, 0) / D
-                xc = tl.where(m, x - mean, 0.0)
-                n = xc * (1.0 / tl.sqrt(tl.sum(xc * xc, 0) / D + eps))
-            elif NORM == 2:
-                n = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps))
-            else:
-                n = x
-            n = _modulate(n, w, bb, sh, sc, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
-            tl.store(out_ptr + b * stride_ob + s * stride_os + dd * stride_od,
-                     _cast_out(n, out_ptr.dtype.element_ty), mask=m)
+        m = dd < D
+        x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, dd, m, stride_xd, stride_yd, stride_gd,
+                     RESIDUAL, HAS_GATE, PER_OP, ACT)
+        if RESIDUAL:
+            tl.store(xnew_ptr + nb + dd * stride_nd, _cast_out(x, ACT), mask=m)
+        if NORM == 1:
+            mean = tl.sum(x, 0) / D
+            xc = tl.where(m, x - mean, 0.0)
+            n = xc * (1.0 / tl.sqrt(tl.sum(xc * xc, 0) / D + eps))
+        elif NORM == 2:
+            n = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps))
+        else:
+            n = x
+        n = _modulate(n, m, dd, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
+                      stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+        tl.store(out_ptr + ob + dd * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
     else:
-        # One row per program (ROWS == 1). Pass 1: statistics by chunks (Chan's combination
-        # of count, mean, M2), storing the new residual stream on the way; pass 2 re-reads
-        # the row (from L2) and applies.
-        s = s0
-        xb = b * stride_xb + s * stride_xs
-        yb = b * stride_yb + s * stride_ys
-        gb = b * stride_gb + s * stride_gs
-        shb = b * stride_shb + s * stride_shs
-        scb = b * stride_scb + s * stride_scs
-        nb = b * stride_nb + s * stride_ns
-        ob = b * stride_ob + s * stride_os
+        # pass 1: statistics by chunks (Chan's combination of count, mean, M2), storing the
+        # new residual stream on the way; pass 2 re-reads the row (from L2) and applies.
         cnt = 0.0
         mean = 0.0
         m2 = 0.0
         for c in range(NUM_CHUNKS):
             d = c * BLOCK_D + dd
             m = d < D
-            x = _vec(x_ptr, xb, d, m, stride_xd, True)
-            y = _vec(y_ptr, yb, d, m, stride_yd, RESIDUAL)
-            g = _vec(gate_ptr, gb, d, m, stride_gd, HAS_GATE)
-            x = _residual(x, y, g, RESIDUAL, HAS_GATE, PER_OP, ACT)
+            x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd,
+                         stride_gd, RESIDUAL, HAS_GATE, PER_OP, ACT)
             if RESIDUAL:
                 tl.store(xnew_ptr + nb + d * stride_nd, _cast_out(x, ACT), mask=m)
             nc = tl.sum(m.to(tl.float32), 0)
@@ -175,39 +144,19 @@ def _adaln_kernel(
             d = c * BLOCK_D + dd
             m = d < D
             if RESIDUAL:
-                x = _vec(xnew_ptr, nb, d, m, stride_nd, True)
+                x = tl.load(xnew_ptr + nb + d * stride_nd, mask=m, other=0.0).to(tl.float32)
             else:
-                x = _vec(x_ptr, xb, d, m, stride_xd, True)
+                x = tl.load(x_ptr + xb + d * stride_xd, mask=m, other=0.0).to(tl.float32)
             if NORM == 1:
                 n = (x - mean) * rstd
             elif NORM == 2:
                 n = x * rstd
             else:
                 n = x
-            n = _modulate(n, _vec(w_ptr, 0, d, m, 1, HAS_W), _vec(b_ptr, 0, d, m, 1, HAS_B),
-                          _vec(shift_ptr, shb, d, m, stride_shd, HAS_SHIFT),
-                          _vec(scale_ptr, scb, d, m, stride_scd, HAS_SCALE),
-                          HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+            n = _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
+                          stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
             tl.store(out_ptr + ob + d * stride_od, _cast_out(n, out_ptr.dtype.element_ty),
                      mask=m)
-
-
-def adaln_settings(B: int, S: int, D: int, mod_per_row: bool, num_sms: int = 132):
-    """(BLOCK_D, NUM_CHUNKS, ROWS, num_warps) from the shape: rows of up to 8192 channels in
-    registers (16 values a thread at most), the rest chunked. ROWS > 1 reuses the
-    row-invariant modulation vectors across tokens; it is kept low enough that the grid
-    still covers every SM several times over."""
-    block = triton.next_power_of_2(D) if D <= MAX_ONE_PASS else CHUNK
-    chunks = triton.cdiv(D, block)
-    num_warps = min(16, max(1, block // 512))
-    rows = 1
-    if chunks == 1 and not mod_per_row:
-        progs_per_sm = max(1, 32 // num_warps)  # resident programs at half the warp slots
-        for r in (4, 2):
-            if B * triton.cdiv(S, r) >= 4 * num_sms * progs_per_sm:
-                rows = r
-                break
-    return block, chunks, rows, num_warps
 
 
 # ---------------------------------------------------------------------------------------
@@ -297,18 +246,19 @@ def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
     return x3, y3, g3, sh3, sc3, w, bb
 
 
-def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op, _settings=None):
+def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     B, S, D = x3.shape
     if B * S == 0 or D == 0:
         return
-    mod_per_row = any(t is not None and S > 1 and t.stride(1) != 0 for t in (g3, sh3, sc3))
-    block, chunks, rows, num_warps = _settings or adaln_settings(B, S, D, mod_per_row)
+    block = triton.next_power_of_2(D) if D <= MAX_ONE_PASS else CHUNK
+    chunks = triton.cdiv(D, block)
+    num_warps = min(16, max(1, block // 512))
     dummy = x3
 
     def st(t):
         return t.stride() if t is not None else (0, 0, 0)
 
-    _adaln_kernel[(triton.cdiv(S, rows), B)](
+    _adaln_kernel[(B * S,)](
         x3, y3 if y3 is not None else dummy, g3 if g3 is not None else dummy,
         sh3 if sh3 is not None else dummy, sc3 if sc3 is not None else dummy,
         w if w is not None else dummy, bb if bb is not None else dummy,
@@ -318,7 +268,6 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op, _settings=N
         NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
         RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
         HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
-        MOD_PER_ROW=mod_per_row, ROWS=rows,
         BLOCK_D=block, NUM_CHUNKS=chunks, num_warps=num_warps, enable_fp_fusion=False,
     )
 

@@ -201,6 +201,9 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
       differential or with the prologue. Otherwise 4.
     * num_stages = 2 otherwise: a narrow band makes 3-5 loop trips; deeper pipelines only
       fill shared memory (at most 112 KB here, below the 227 KB of an H100/H200 block).
+    * Measured exception (H200 sweep, ``benchmarks/sweep_attention.py``): head_dim 64,
+      differential, no prologue, narrow band (SAME-L's attention): 4 warps, 3 stages, in
+      bf16 and fp32 (8 warps, 2 stages took 1.7x as long in fp32).
     """
     span = (N if left < 0 else left) + (N if right < 0 else right) + 1
     fp32 = dtype == torch.float32
@@ -215,6 +218,10 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     stages = 2
     if span > 64 and not differential and not prologue and D <= (32 if fp32 else 64):
         block_n, stages = 64, 3
+    if span <= 64 and differential and not prologue and 64 <= D < 128:
+        # measured on the H200 (benchmarks/logs/sweeps.log, SAME-L window 17): 4 warps and a
+        # 3-stage pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits
+        warps, stages = 4, 3
     return 64, block_n, warps, stages
 
 

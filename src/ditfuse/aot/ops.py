@@ -231,7 +231,7 @@ ADALN_MODULATE = OpExport(
     tensors=_adaln_tensors,
     call=_adaln_call,
     writes={"out_ptr": "out"},
-    grid=lambda o, c: (f"cdiv(N, {c.kwargs['ROWS']})", "B", "1"),
+    grid=lambda o, c: ("B * N", "1", "1"),
     tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.adaln_modulate(x, temb[:, shift_chunk:+1], "
              "temb[:, scale_chunk:+1], norm=..., eps=...)",
@@ -246,7 +246,7 @@ GATED_RESIDUAL_ADALN = OpExport(
     tensors=_gated_tensors,
     call=_gated_call,
     writes={"xnew_ptr": "x_new", "out_ptr": "out"},
-    grid=lambda o, c: (f"cdiv(N, {c.kwargs['ROWS']})", "B", "1"),
+    grid=lambda o, c: ("B * N", "1", "1"),
     tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.gated_residual_adaln(x, y, gate, shift, scale, ...) "
              "with gate / shift / scale the temb chunks",
