@@ -9,7 +9,8 @@ import torch
 
 import ditfuse
 from ditfuse.bench import _median_us, copy_ceiling_gbps
-from ditfuse.group_norm import GN_SHAPES, gn_settings
+from ditfuse.group_norm import gn_settings
+from ditfuse.shapes import GN_SHAPES
 
 GN_VARIANTS = [{}, {"tile": 2048}, {"tile": 8192}, {"stats_programs": 512}, {"stats_programs": 2048},
                {"tile": 8192, "stats_programs": 512}, {"fit_max": 32768}, {"fit_max": 65536}]

@@ -42,7 +42,7 @@ def test_bench_without_gpu_exits_nonzero(capsys):
 
 
 def test_group_norm_bench_case_on_cpu():
-    from ditfuse.group_norm import GN_SHAPES
+    from ditfuse.shapes import GN_SHAPES
 
     rows = []
 

@@ -356,8 +356,7 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    from .group_norm import GN_SHAPES
-    from .shapes import ADALN_SHAPES, ATTN_SHAPES
+    from .shapes import ADALN_SHAPES, ATTN_SHAPES, GN_SHAPES
 
     registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln),
                   "group_norm": (GN_SHAPES, bench_group_norm),

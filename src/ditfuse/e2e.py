@@ -97,26 +97,10 @@ def _randomize_same(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """Cast in place as ``from_pretrained(torch_dtype=dtype)`` leaves a model: floating
-    parameters and persistent buffers to ``dtype``, except those under a
-    ``_keep_in_fp32_modules`` name (fp32); non-persistent buffers (RoPE tables, SAME's
-    ``inv_freq``) are not in the checkpoint and keep the dtype ``__init__`` gave them.
-    (``ModelMixin.to(dtype)`` would cast those too, and warns.)"""
-    keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    persistent = set(model.state_dict().keys())
+    """``from_pretrained(torch_dtype=dtype)``'s dtypes (see ``tiny_models.to_dtype``)."""
+    from .patching.tiny_models import to_dtype
 
-    def target(name):
-        return torch.float32 if any(k in name.split(".") for k in keep) else dtype
-
-    for mname, mod in model.named_modules():
-        prefix = mname + "." if mname else ""
-        for pname, p in mod.named_parameters(recurse=False):
-            if p.is_floating_point():
-                p.data = p.data.to(target(prefix + pname))
-        for bname, b in list(mod.named_buffers(recurse=False)):
-            if b is not None and b.is_floating_point() and prefix + bname in persistent:
-                mod._buffers[bname] = b.to(target(prefix + bname))
-    return model
+    return to_dtype(model, dtype)
 
 
 # ---------------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, replace
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -35,53 +35,9 @@ import triton.language as tl
 
 from . import _runtime
 from ._kernel_utils import _cast_out, _rnd
+from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-# ---------------------------------------------------------------------------------------
-# the VAE decoder shapes this op is built for (check gates; benchmarks)
-
-@dataclass(frozen=True)
-class GNShape:
-    """One norm + SiLU call of a VAE decoder: x of ``shape`` = (N, C, *spatial).
-
-    ``op``: "gn" (GroupNorm(groups, C, eps=1e-6, affine) then SiLU: AutoencoderKL of
-    FLUX.1 / FLUX.2, HunyuanVideo's 3-D VAE) or "rms" (Wan's ``WanRMS_norm`` then SiLU).
-    """
-
-    name: str
-    model: str
-    shape: Tuple[int, ...]
-    op: str = "gn"
-    groups: int = 32
-
-    @property
-    def C(self) -> int:
-        return self.shape[1]
-
-    def small(self, side: int = 6) -> "GNShape":
-        """Same channels and groups with a few positions, for the interpreter."""
-        spatial = tuple(min(d, 2) for d in self.shape[2:-2]) + tuple(
-            min(d, side) for d in self.shape[-2:])
-        return replace(self, shape=(self.shape[0], self.C) + spatial)
-
-
-GN_SHAPES: Dict[str, GNShape] = {s.name: s for s in [
-    # AutoencoderKL decoder at 1024^2 (FLUX.1 / FLUX.2: block_out_channels 128/256/512/512)
-    GNShape("flux-vae-mid-128", "FLUX.1/2 VAE decoder, 1024^2, mid block", (1, 512, 128, 128)),
-    GNShape("flux-vae-up1-256", "FLUX.1/2 VAE decoder, 1024^2, up block 1", (1, 512, 256, 256)),
-    GNShape("flux-vae-up2-512", "FLUX.1/2 VAE decoder, 1024^2, up block 2", (1, 256, 512, 512)),
-    GNShape("flux-vae-out-1024", "FLUX.1/2 VAE decoder, 1024^2, norm_out", (1, 128, 1024, 1024)),
-    # HunyuanVideo causal 3-D VAE decoder, one tile (latent 32x32, 9 frames after upsampling)
-    GNShape("hunyuan-vae-mid", "HunyuanVideo VAE decoder tile, mid block", (1, 512, 5, 32, 32)),
-    GNShape("hunyuan-vae-up-9f", "HunyuanVideo VAE decoder tile, 9 frames", (1, 128, 9, 128, 128)),
-    # Wan 2.1 VAE decoder (480p, one latent frame / four frames at a time, causal cache)
-    GNShape("wan-vae-mid-480p", "Wan2.1 VAE decoder 480p, mid block", (1, 384, 1, 60, 104),
-            op="rms"),
-    GNShape("wan-vae-out-480p", "Wan2.1 VAE decoder 480p, norm_out", (1, 96, 4, 480, 832),
-            op="rms"),
-]}
 
 
 # ---------------------------------------------------------------------------------------

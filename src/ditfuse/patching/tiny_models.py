@@ -5,16 +5,26 @@ from __future__ import annotations
 import torch
 
 def to_dtype(model, dtype):
-    """model.to(dtype) keeping ``_keep_in_fp32_modules`` in fp32, as from_pretrained does
-    (Wan computes its RoPE tables and modulation in fp32)."""
-    model = model.to(dtype)
+    """Cast in place as ``from_pretrained(torch_dtype=dtype)`` leaves a model: floating
+    parameters and persistent buffers to ``dtype``, except those under a
+    ``_keep_in_fp32_modules`` name (fp32: Wan computes its RoPE tables and modulation in
+    fp32); non-persistent buffers (RoPE tables, SAME's ``inv_freq``) are not in a checkpoint
+    and keep the dtype ``__init__`` gave them. (``ModelMixin.to(dtype)`` would cast those
+    too, and warns.) Shared by the tests, ``ditfuse check`` and ``ditfuse bench --e2e``."""
     keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    for name, mod in model.named_modules():
-        if any(k in name.split(".") for k in keep):
-            mod.float()
-    for name, p in model.named_parameters(recurse=True):
-        if any(k in name.split(".") for k in keep):
-            p.data = p.data.float()
+    persistent = set(model.state_dict().keys())
+
+    def target(name):
+        return torch.float32 if any(k in name.split(".") for k in keep) else dtype
+
+    for mname, mod in model.named_modules():
+        prefix = mname + "." if mname else ""
+        for pname, p in mod.named_parameters(recurse=False):
+            if p.is_floating_point():
+                p.data = p.data.to(target(prefix + pname))
+        for bname, b in list(mod.named_buffers(recurse=False)):
+            if b is not None and b.is_floating_point() and prefix + bname in persistent:
+                mod._buffers[bname] = b.to(target(prefix + bname))
     return model
 
 
