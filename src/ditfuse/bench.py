@@ -288,6 +288,8 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
 
 
 def _chart(rows, path):
+    """One panel per op: % of the copy ceiling per (shape, dtype) and implementation. Bars
+    above 150% (copies of inputs small enough to stay in L2) are clipped and labelled."""
     try:
         import matplotlib
 
@@ -296,25 +298,39 @@ def _chart(rows, path):
     except Exception as e:  # pragma: no cover
         print(f"(no chart: {e})")
         return
-    keys = sorted({(r["op"], r["shape"], r["dtype"]) for r in rows})
-    impls = [i for i in ("copy", "ditfuse-graph", "ditfuse", "liger", "compile", "eager")
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    impls = [i for i in ("copy", "ditfuse-graph", "ditfuse", "liger", "flex", "compile", "eager")
              if any(r["impl"] == i for r in rows)]
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(keys)), 5))
-    w = 0.8 / len(impls)
-    for j, impl in enumerate(impls):
-        vals = []
-        for k in keys:
-            m = [r for r in rows if (r["op"], r["shape"], r["dtype"]) == k and r["impl"] == impl]
-            vals.append(m[0]["pct_copy"] if m else 0)
-        ax.bar([i + j * w for i in range(len(keys))], vals, w, label=impl)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
-    ax.set_xticklabels([f"{o} {s}\n{d}" for o, s, d in keys], rotation=60, ha="right", fontsize=6)
-    ax.set_ylabel("% of copy ceiling (higher is better)")
-    ax.axhline(100, color="k", lw=0.5)
-    ax.set_title(f"ditfuse on {rows[0]['gpu']} ({rows[0]['date']})")
-    ax.legend()
+    colors = dict(zip(impls, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    widest = max(len({(r["shape"], r["dtype"]) for r in rows if r["op"] == op}) for op in ops)
+    fig, axes = plt.subplots(len(ops), 1, figsize=(max(8, 0.75 * widest + 2), 3.2 * len(ops)),
+                             squeeze=False)
+    top = 150
+    for ax, op in zip(axes[:, 0], ops):
+        keys = list(dict.fromkeys((r["shape"], r["dtype"]) for r in rows if r["op"] == op))
+        here = [i for i in impls if any(r["impl"] == i and r["op"] == op for r in rows)]
+        w = 0.8 / len(here)
+        for j, impl in enumerate(here):
+            for i, k in enumerate(keys):
+                m = [r for r in rows if (r["op"], r["shape"], r["dtype"]) == (op, *k) and r["impl"] == impl]
+                if not m:
+                    continue
+                v = float(m[0]["pct_copy"])
+                x = i + j * w
+                ax.bar(x, min(v, top), w, color=colors[impl], label=impl if i == 0 else None)
+                if v > top:
+                    ax.text(x, top, f"{v:.0f}", ha="center", va="bottom", fontsize=5, rotation=90)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(keys))])
+        ax.set_xticklabels([f"{sh}\n{d}" for sh, d in keys], fontsize=6)
+        ax.set_ylim(0, top + 15)
+        ax.axhline(100, color="k", lw=0.5)
+        ax.set_ylabel("% of copy ceiling", fontsize=7)
+        ax.set_title(op, fontsize=8, loc="left")
+        ax.legend(fontsize=6, ncol=len(here), loc="upper right")
+    fig.suptitle(f"ditfuse on {rows[0]['gpu']} ({rows[0]['date']}): higher is better", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
     print(f"chart: {path}")
 
 
