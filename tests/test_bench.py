@@ -1,5 +1,6 @@
 """The benchmark machinery on the CPU (a stub timer): every op, shape and impl produces a
 row, and `ditfuse bench` without a GPU says so and exits non-zero."""
+import pytest
 import torch
 
 from ditfuse import bench
@@ -68,3 +69,16 @@ def test_attention_bench_case_on_cpu():
                               {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
     assert rows.count(("sliding_window_attention", "ditfuse")) == 2
     assert ("sliding_window_attention", "eager") in rows
+
+
+def test_chart_one_panel_per_op(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ditfuse import bench
+
+    rows = [dict(op=op, shape=s, impl=i, dtype="bf16", us=1.0, gbps=1.0, pct_copy=p, gpu="G",
+                 torch="t", triton="t", date="d")
+            for op in ("qk_norm_rope", "adaln_modulate") for s in ("a", "b")
+            for i, p in (("copy", 260.0), ("ditfuse-graph", 60.0), ("compile", 30.0))]
+    path = tmp_path / "c.png"
+    bench._chart(rows, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
