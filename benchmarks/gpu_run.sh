@@ -12,3 +12,5 @@ timeout 170 python3 -m pytest tests/test_aot.py tests/test_launch_cache.py tests
   tests/test_group_norm.py tests/test_no_half_fma.py -q -p no:cacheprovider -rs --tb=short > $OUT/pytest_gpu.log 2>&1
 tail -25 $OUT/pytest_gpu.log
 timeout 100 python3 -m ditfuse check --out $OUT/check_table.txt > /dev/null 2>&1; grep -c "| PASS" $OUT/check_table.txt; grep "| FAIL" $OUT/check_table.txt
+timeout 150 python3 benchmarks/sweep_adaln.py > $OUT/sweeps.log 2>&1
+timeout 90 python3 benchmarks/sweep_gn.py >> $OUT/sweeps.log 2>&1; grep BEST $OUT/sweeps.log

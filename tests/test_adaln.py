@@ -211,3 +211,39 @@ def test_opcheck_and_compile():
         want = f(x, y, temb)
         got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, y, temb)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rows,D", [(1, 96), (2, 80), (4, 1000), (4, 64)])
+@pytest.mark.parametrize("mod", ["chunk_b6d", "b1d", "d", "per_token", None])
+def test_tile_kernel_opt_in(monkeypatch, rows, D, mod):
+    """The opt-in v3 tile kernel (rows per program, D as two power-of-two pieces): within
+    the one-row kernel's contract for both ops, norms layer / rms, gated residual x_new
+    bitwise (no reduction involved), S not a multiple of the rows, batch > 1; per-token
+    modulation falls back to the one-row kernel."""
+    from ditfuse import adaln
+
+    g = torch.Generator().manual_seed(rows * D)
+    B, S = 2, 7
+    x = torch.randn(B, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
+    y = torch.randn(B, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
+    gate, shift, scale = (_mod(mod, B, S, D, torch.float32, g, k) for k in (2, 0, 1))
+    w = (torch.randn(D, generator=g) * 0.2 + 1).to(DEVICE)
+    with torch.no_grad():
+        want = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
+        want_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms", weight=w)
+        monkeypatch.setattr(adaln, "TILE_SETTINGS", (rows, 4))
+        grids, real = [], adaln._adaln_tile_kernel
+
+        class Spy:
+            def __getitem__(self, grid):
+                grids.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(adaln, "_adaln_tile_kernel", Spy())
+        got = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
+        got_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms", weight=w)
+    assert grids == ([] if mod == "per_token" else [(-(-S // rows), B)] * 2)
+    assert torch.equal(got[0], want[0])
+    for a, b in ((got[1], want[1]), (got_m, want_m)):
+        share = assert_close_report(a, b, torch.bfloat16, "tile vs one-row")
+        assert share > 0.95, share

@@ -159,6 +159,160 @@ def _adaln_kernel(
                      mask=m)
 
 
+@triton.jit
+def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
+              ACT: tl.constexpr):
+    """``_rows_in`` on loaded values: the new residual x + y * gate, rounded as stored."""
+    if RESIDUAL:
+        if HAS_GATE:
+            y = y * g
+            if PER_OP:
+                y = _rnd(y, ACT)
+        x = _rnd(x + y, ACT)
+    return x
+
+
+@triton.jit
+def _piece_load(ptr, rows_off, d, m, stride_d):
+    return tl.load(ptr + rows_off + d * stride_d, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _vec_load(ptr, base, d, m, stride_d, ON: tl.constexpr):
+    """A [1, BLOCK] row-invariant operand (broadcast over the program's rows)."""
+    if ON:
+        return tl.load(ptr + base + d * stride_d, mask=m, other=0.0).to(tl.float32)
+    else:
+        return 0.0
+
+
+@triton.jit
+def _tile_modulate(n, w, bb, sh, sc, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
+                   ACT: tl.constexpr):
+    # the same steps, in the same order, as _modulate (bitwise the one-row kernel)
+    if HAS_W:
+        n = n * w
+    if HAS_B:
+        n = n + bb
+    if PER_OP:
+        n = _rnd(n, ACT)
+    if HAS_SCALE:
+        t = 1.0 + sc
+        if PER_OP:
+            t = _rnd(t, ACT)
+        n = n * t
+        if PER_OP:
+            n = _rnd(n, ACT)
+    if HAS_SHIFT:
+        n = n + sh
+    return n
+
+
+@triton.jit
+def _adaln_tile_kernel(
+    x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, xnew_ptr, out_ptr,
+    S, D, eps,
+    stride_xb, stride_xs, stride_xd,
+    stride_yb, stride_ys, stride_yd,
+    stride_gb, stride_gs, stride_gd,
+    stride_shb, stride_shs, stride_shd,
+    stride_scb, stride_scs, stride_scd,
+    stride_nb, stride_ns, stride_nd,
+    stride_ob, stride_os, stride_od,
+    NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+    RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
+    ROWS: tl.constexpr,        # token rows per program, one [ROWS, D] tile
+    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
+):
+    """v3 (opt-in, ``tile_settings``): ROWS rows of one batch entry as a 2-D tile, every
+    row's loads issued before any store (so they overlap), the row held as two
+    power-of-two pieces (5120 = 4096 + 1024: no masked lanes). Gate/shift/scale must not
+    vary along S (they are read once per program as [1, BLOCK] vectors). The steps of
+    ``_adaln_kernel``'s one-pass path in the same order; the row sums are taken in another
+    order (two pieces), so results are within one rounding of it, not bitwise."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    b = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(tl.int64)
+    rm = s < S
+    da = tl.arange(0, BLOCK_A)[None, :]
+    va = da < D
+    ma = rm & va
+    xo = b * stride_xb + s * stride_xs
+    yo = b * stride_yb + s * stride_ys
+    xa = _piece_load(x_ptr, xo, da, ma, stride_xd)
+    if RESIDUAL:
+        ya = _piece_load(y_ptr, yo, da, ma, stride_yd)
+    if BLOCK_B > 0:
+        db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
+        vb = db < D
+        mb = rm & vb
+        xb = _piece_load(x_ptr, xo, db, mb, stride_xd)
+        if RESIDUAL:
+            yb = _piece_load(y_ptr, yo, db, mb, stride_yd)
+    if RESIDUAL:
+        ga = _vec_load(gate_ptr, b * stride_gb, da, va, stride_gd, HAS_GATE)
+        xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
+        no = b * stride_nb + s * stride_ns
+        tl.store(xnew_ptr + no + da * stride_nd, _cast_out(xa, ACT), mask=ma)
+        if BLOCK_B > 0:
+            gbv = _vec_load(gate_ptr, b * stride_gb, db, vb, stride_gd, HAS_GATE)
+            xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
+            tl.store(xnew_ptr + no + db * stride_nd, _cast_out(xb, ACT), mask=mb)
+    if NORM == 1:
+        tot = tl.sum(xa, 1)
+        if BLOCK_B > 0:
+            tot += tl.sum(xb, 1)
+        mean = (tot / D)[:, None]
+        ca = tl.where(ma, xa - mean, 0.0)
+        q = tl.sum(ca * ca, 1)
+        if BLOCK_B > 0:
+            cb = tl.where(mb, xb - mean, 0.0)
+            q += tl.sum(cb * cb, 1)
+        rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
+        na = ca * rstd
+        if BLOCK_B > 0:
+            nb = cb * rstd
+    elif NORM == 2:
+        q = tl.sum(xa * xa, 1)
+        if BLOCK_B > 0:
+            q += tl.sum(xb * xb, 1)
+        rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
+        na = xa * rstd
+        if BLOCK_B > 0:
+            nb = xb * rstd
+    else:
+        na = xa
+        if BLOCK_B > 0:
+            nb = xb
+    oo = b * stride_ob + s * stride_os
+    na = _tile_modulate(na, _vec_load(w_ptr, 0, da, va, 1, HAS_W), _vec_load(b_ptr, 0, da, va, 1, HAS_B),
+                        _vec_load(shift_ptr, b * stride_shb, da, va, stride_shd, HAS_SHIFT),
+                        _vec_load(scale_ptr, b * stride_scb, da, va, stride_scd, HAS_SCALE),
+                        HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+    tl.store(out_ptr + oo + da * stride_od, _cast_out(na, out_ptr.dtype.element_ty), mask=ma)
+    if BLOCK_B > 0:
+        nb = _tile_modulate(nb, _vec_load(w_ptr, 0, db, vb, 1, HAS_W), _vec_load(b_ptr, 0, db, vb, 1, HAS_B),
+                            _vec_load(shift_ptr, b * stride_shb, db, vb, stride_shd, HAS_SHIFT),
+                            _vec_load(scale_ptr, b * stride_scb, db, vb, stride_scd, HAS_SCALE),
+                            HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+        tl.store(out_ptr + oo + db * stride_od, _cast_out(nb, out_ptr.dtype.element_ty), mask=mb)
+
+
+def tile_pieces(D: int):
+    """D as (BLOCK_A, BLOCK_B): the largest power of two <= D, then the rest rounded up
+    to a power of two (0 when D is a power of two)."""
+    a = 1 << (D.bit_length() - 1)
+    rest = D - a
+    return a, (triton.next_power_of_2(rest) if rest else 0)
+
+
+#: (ROWS, num_warps) for the v3 tile kernel, or None for the one-row kernel (the default:
+#: v3 is not measured yet; ``benchmarks/sweep_adaln.py`` sets this to time it).
+TILE_SETTINGS = None
+
+
 # ---------------------------------------------------------------------------------------
 # validation -> allocation -> launch
 
@@ -258,6 +412,23 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     def st(t):
         return t.stride() if t is not None else (0, 0, 0)
 
+    per_row = any(t is not None and S > 1 and t.stride(1) != 0 for t in (g3, sh3, sc3))
+    if TILE_SETTINGS is not None and chunks == 1 and not per_row:
+        rows, warps = TILE_SETTINGS
+        ba, bb_ = tile_pieces(D)
+        _adaln_tile_kernel[(triton.cdiv(S, rows), B)](
+            x3, y3 if y3 is not None else dummy, g3 if g3 is not None else dummy,
+            sh3 if sh3 is not None else dummy, sc3 if sc3 is not None else dummy,
+            w if w is not None else dummy, bb if bb is not None else dummy,
+            xn3 if xn3 is not None else dummy, o3,
+            S, D, float(eps),
+            *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride(),
+            NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
+            RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
+            HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
+            ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps, enable_fp_fusion=False,
+        )
+        return
     _adaln_kernel[(B * S,)](
         x3, y3 if y3 is not None else dummy, g3 if g3 is not None else dummy,
         sh3 if sh3 is not None else dummy, sc3 if sc3 is not None else dummy,

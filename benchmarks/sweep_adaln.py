@@ -1,0 +1,58 @@
+"""Sweep of the AdaLN kernels on the GPU: the shipped one-row kernel (v1) against the opt-in
+tile kernel (v3, ``adaln.TILE_SETTINGS`` = (rows, num_warps)) at the registry's shapes,
+bf16, both ops, CUDA-graph replay with L2 flushed by do_bench. Prints us, % of the copy
+ceiling and the largest |difference| from v1; informs the table (NOTES.md, AdaLN v3)."""
+import torch
+
+import ditfuse
+from ditfuse import adaln
+from ditfuse.bench import _median_us, copy_ceiling_gbps
+from ditfuse.shapes import ADALN_SHAPES
+from ditfuse.workloads import adaln_inputs
+
+CONFIGS = [None, (1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (2, 16), (4, 8)]
+
+
+def _calls(s, per_op):
+    def mod():
+        return ditfuse.adaln_modulate(s["x"], s["shift"], s["scale"], eps=1e-6, rounding=per_op)
+
+    def gated():
+        return ditfuse.gated_residual_adaln(s["x"], s["y"], s["gate"], s["shift"], s["scale"], eps=1e-6,
+                                            rounding=per_op)[1]
+
+    return (("modulate", 2, mod), ("gated", 4, gated))
+
+
+ceil = copy_ceiling_gbps()
+print(f"copy ceiling {ceil:.0f} GB/s")
+for name, shape in ADALN_SHAPES.items():
+    if shape.per_token:
+        continue  # per-token modulation always takes the one-row kernel
+    s = adaln_inputs(shape, "cuda", torch.bfloat16, seed=0)
+    n = shape.B * shape.S * shape.D * 2
+    per_op = "per_op" if shape.model == "flux" else "once"
+    for op, k, fn in _calls(s, per_op):
+        res, ref = [], None
+        for cfg in CONFIGS:
+            adaln.TILE_SETTINGS = cfg
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                ref = out if ref is None else ref
+                err = (out.float() - ref.float()).abs().max().item()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fn()
+                us = _median_us(g.replay)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name} {op} {cfg}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+                continue
+            finally:
+                adaln.TILE_SETTINGS = None
+            pct = 100 * k * n / (us * 1e-6) / 1e9 / ceil
+            res.append((us, str(cfg), pct))
+            print(f"{name:14s} {op:9s} {'v1' if cfg is None else f'v3 rows,warps={cfg}':22s} {us:8.1f} us "
+                  f"{pct:6.1f}%  max|d| vs v1 {err:.3g}", flush=True)
+        best = min(res)
+        print(f"BEST {name} {op}: {best[1]} {best[0]:.1f} us {best[2]:.1f}%", flush=True)
