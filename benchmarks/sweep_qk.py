@@ -4,8 +4,7 @@ import sys
 
 import torch
 
-import ditfuse
-from ditfuse import qk_norm_rope as _f  # noqa: F401
+from ditfuse import qk_norm_rope as _f  # noqa: F401  (imports the module)
 from ditfuse.bench import _median_us, copy_ceiling_gbps
 from ditfuse.shapes import QK_SHAPES
 from ditfuse.workloads import qk_bytes, qk_inputs
@@ -32,7 +31,8 @@ for name, shape in QK_SHAPES.items():
             continue
         if True:
             try:
-                f = lambda: mod.launch(p, qo, ko, settings=(hg, nw))
+                def f(p=p, qo=qo, ko=ko, hg=hg, nw=nw):
+                    return mod.launch(p, qo, ko, settings=(hg, nw))
                 f()
                 us = _median_us(f)
             except Exception as e:  # noqa: BLE001
@@ -44,5 +44,4 @@ for name, shape in QK_SHAPES.items():
             print(f"{name:20s} hg={hg:3d} nw={nw:2d} split={bc:d} {us:9.1f} us {pct:6.1f}%{mark}", flush=True)
     best = min(res)
     print(f"BEST {name:20s} hg={best[1]} nw={best[2]} split={best[4]} {best[0]:.1f} us {best[3]:.1f}%  (table: hg={default[0]} nw={default[3]})")
-    del inp, p, qo, ko
     torch.cuda.empty_cache()
