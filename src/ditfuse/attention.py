@@ -301,10 +301,13 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         TABLE_HALF=bool(rope and qk.table_half),
         OFF64=not _fits_int32(p, o4, max(bm, bn)),
     )
-    prologue = qk is not None
-    # the prologue rounds as eager PyTorch (and qk_norm_rope) does: no fused multiply-add
+    # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
+    # an AOT package (lam, scale bound as constants) must compute what this build does —
+    # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
+    # product of ``acc1 / l1 - lam * (acc2 / l2)`` instead (seen on the H200: the sm_90a
+    # package differed from this kernel in the last bit). Costs ~2% more instructions.
     _swa_fwd_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
-                          enable_fp_fusion=not prologue)
+                          enable_fp_fusion=False)
 
 
 def _new_out(shape, dtype, device) -> Tensor:

@@ -304,9 +304,9 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     default_target="sm_80",
     default_num_stages=1,
     same_float_ops=False,
-    float_ops_note="lam is a compile-time 1.0 here, so LLVM folds the JIT's "
-                   "fma(-lam, acc2 / l2, acc1 / l1) into acc1 / l1 - acc2 / l2: one rounding "
-                   "of the same exact value either way",
+    float_ops_note="lam is a compile-time 1.0 here: the JIT's multiply lam * (acc2 / l2) "
+                   "folds away (exact), and with fp contraction off in this kernel the "
+                   "subtraction rounds the same two operands in both builds",
     contract="bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
              "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam) for N > window (for N <= "
              "window the JIT clamps the window to N, which selects the same keys)",
