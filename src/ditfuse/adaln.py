@@ -24,15 +24,22 @@ CHUNK = 4096
 
 
 @triton.jit
-def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, stride_gd,
-             RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
-             ACT: tl.constexpr):
-    """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it)."""
-    x = tl.load(x_ptr + xb + d * stride_xd, mask=m, other=0.0).to(tl.float32)
+def _vec(ptr, base, d, m, stride_d, ON: tl.constexpr):
+    """An operand tile as fp32 (any shape ``base + d * stride_d`` broadcasts to), or a
+    placeholder when the operand is absent."""
+    if ON:
+        return tl.load(ptr + base + d * stride_d, mask=m, other=0.0).to(tl.float32)
+    else:
+        return 0.0
+
+
+@triton.jit
+def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
+              ACT: tl.constexpr):
+    """x, or the new residual x + y * gate rounded to x's dtype as the model stores it."""
     if RESIDUAL:
-        y = tl.load(y_ptr + yb + d * stride_yd, mask=m, other=0.0).to(tl.float32)
         if HAS_GATE:
-            y = y * tl.load(gate_ptr + gb + d * stride_gd, mask=m, other=0.0).to(tl.float32)
+            y = y * g
             if PER_OP:
                 y = _rnd(y, ACT)
         x = _rnd(x + y, ACT)
@@ -40,24 +47,38 @@ def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, str
 
 
 @triton.jit
+def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, stride_gd,
+             RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
+             ACT: tl.constexpr):
+    """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it)."""
+    x = _vec(x_ptr, xb, d, m, stride_xd, True)
+    y = _vec(y_ptr, yb, d, m, stride_yd, RESIDUAL)
+    g = _vec(gate_ptr, gb, d, m, stride_gd, RESIDUAL and HAS_GATE)
+    return _residual(x, y, g, RESIDUAL, HAS_GATE, PER_OP, ACT)
+
+
+@triton.jit
 def _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd, stride_scd,
               HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
               HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr, ACT: tl.constexpr):
+    """The affine and the modulation in the eager chain's order and roundings (both kernels).
+    Each operand is loaded where it is used: loading them all first costs the one-row
+    kernel 8 registers a thread at Wan's shape, one resident program per SM."""
     if HAS_W:
-        n = n * tl.load(w_ptr + d, mask=m, other=0.0).to(tl.float32)
+        n = n * _vec(w_ptr, 0, d, m, 1, True)
     if HAS_B:
-        n = n + tl.load(b_ptr + d, mask=m, other=0.0).to(tl.float32)
+        n = n + _vec(b_ptr, 0, d, m, 1, True)
     if PER_OP:
         n = _rnd(n, ACT)
     if HAS_SCALE:
-        t = 1.0 + tl.load(scale_ptr + scb + d * stride_scd, mask=m, other=0.0).to(tl.float32)
+        t = 1.0 + _vec(scale_ptr, scb, d, m, stride_scd, True)
         if PER_OP:
             t = _rnd(t, ACT)
         n = n * t
         if PER_OP:
             n = _rnd(n, ACT)
     if HAS_SHIFT:
-        n = n + tl.load(shift_ptr + shb + d * stride_shd, mask=m, other=0.0).to(tl.float32)
+        n = n + _vec(shift_ptr, shb, d, m, stride_shd, True)
     return n
 
 
@@ -160,56 +181,6 @@ def _adaln_kernel(
 
 
 @triton.jit
-def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
-              ACT: tl.constexpr):
-    """``_rows_in`` on loaded values: the new residual x + y * gate, rounded as stored."""
-    if RESIDUAL:
-        if HAS_GATE:
-            y = y * g
-            if PER_OP:
-                y = _rnd(y, ACT)
-        x = _rnd(x + y, ACT)
-    return x
-
-
-@triton.jit
-def _piece_load(ptr, rows_off, d, m, stride_d):
-    return tl.load(ptr + rows_off + d * stride_d, mask=m, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _vec_load(ptr, base, d, m, stride_d, ON: tl.constexpr):
-    """A [1, BLOCK] row-invariant operand (broadcast over the program's rows)."""
-    if ON:
-        return tl.load(ptr + base + d * stride_d, mask=m, other=0.0).to(tl.float32)
-    else:
-        return 0.0
-
-
-@triton.jit
-def _tile_modulate(n, w, bb, sh, sc, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                   HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
-                   ACT: tl.constexpr):
-    # the same steps, in the same order, as _modulate (bitwise the one-row kernel)
-    if HAS_W:
-        n = n * w
-    if HAS_B:
-        n = n + bb
-    if PER_OP:
-        n = _rnd(n, ACT)
-    if HAS_SCALE:
-        t = 1.0 + sc
-        if PER_OP:
-            t = _rnd(t, ACT)
-        n = n * t
-        if PER_OP:
-            n = _rnd(n, ACT)
-    if HAS_SHIFT:
-        n = n + sh
-    return n
-
-
-@triton.jit
 def _adaln_tile_kernel(
     x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, xnew_ptr, out_ptr,
     S, D, eps,
@@ -241,23 +212,23 @@ def _adaln_tile_kernel(
     ma = rm & va
     xo = b * stride_xb + s * stride_xs
     yo = b * stride_yb + s * stride_ys
-    xa = _piece_load(x_ptr, xo, da, ma, stride_xd)
+    xa = _vec(x_ptr, xo, da, ma, stride_xd, True)
     if RESIDUAL:
-        ya = _piece_load(y_ptr, yo, da, ma, stride_yd)
+        ya = _vec(y_ptr, yo, da, ma, stride_yd, True)
     if BLOCK_B > 0:
         db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
         vb = db < D
         mb = rm & vb
-        xb = _piece_load(x_ptr, xo, db, mb, stride_xd)
+        xb = _vec(x_ptr, xo, db, mb, stride_xd, True)
         if RESIDUAL:
-            yb = _piece_load(y_ptr, yo, db, mb, stride_yd)
+            yb = _vec(y_ptr, yo, db, mb, stride_yd, True)
     if RESIDUAL:
-        ga = _vec_load(gate_ptr, b * stride_gb, da, va, stride_gd, HAS_GATE)
+        ga = _vec(gate_ptr, b * stride_gb, da, va, stride_gd, HAS_GATE)
         xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
         no = b * stride_nb + s * stride_ns
         tl.store(xnew_ptr + no + da * stride_nd, _cast_out(xa, ACT), mask=ma)
         if BLOCK_B > 0:
-            gbv = _vec_load(gate_ptr, b * stride_gb, db, vb, stride_gd, HAS_GATE)
+            gbv = _vec(gate_ptr, b * stride_gb, db, vb, stride_gd, HAS_GATE)
             xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
             tl.store(xnew_ptr + no + db * stride_nd, _cast_out(xb, ACT), mask=mb)
     if NORM == 1:
@@ -287,16 +258,14 @@ def _adaln_tile_kernel(
         if BLOCK_B > 0:
             nb = xb
     oo = b * stride_ob + s * stride_os
-    na = _tile_modulate(na, _vec_load(w_ptr, 0, da, va, 1, HAS_W), _vec_load(b_ptr, 0, da, va, 1, HAS_B),
-                        _vec_load(shift_ptr, b * stride_shb, da, va, stride_shd, HAS_SHIFT),
-                        _vec_load(scale_ptr, b * stride_scb, da, va, stride_scd, HAS_SCALE),
-                        HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+    na = _modulate(na, va, da, w_ptr, b_ptr, shift_ptr, scale_ptr, b * stride_shb,
+                   b * stride_scb, stride_shd, stride_scd, HAS_W, HAS_B, HAS_SHIFT,
+                   HAS_SCALE, PER_OP, ACT)
     tl.store(out_ptr + oo + da * stride_od, _cast_out(na, out_ptr.dtype.element_ty), mask=ma)
     if BLOCK_B > 0:
-        nb = _tile_modulate(nb, _vec_load(w_ptr, 0, db, vb, 1, HAS_W), _vec_load(b_ptr, 0, db, vb, 1, HAS_B),
-                            _vec_load(shift_ptr, b * stride_shb, db, vb, stride_shd, HAS_SHIFT),
-                            _vec_load(scale_ptr, b * stride_scb, db, vb, stride_scd, HAS_SCALE),
-                            HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+        nb = _modulate(nb, vb, db, w_ptr, b_ptr, shift_ptr, scale_ptr, b * stride_shb,
+                       b * stride_scb, stride_shd, stride_scd, HAS_W, HAS_B, HAS_SHIFT,
+                       HAS_SCALE, PER_OP, ACT)
         tl.store(out_ptr + oo + db * stride_od, _cast_out(nb, out_ptr.dtype.element_ty), mask=mb)
 
 
@@ -412,35 +381,25 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     def st(t):
         return t.stride() if t is not None else (0, 0, 0)
 
-    per_row = any(t is not None and S > 1 and t.stride(1) != 0 for t in (g3, sh3, sc3))
-    if TILE_SETTINGS is not None and chunks == 1 and not per_row:
+    def opt(t):
+        return t if t is not None else dummy
+
+    args = (x3, opt(y3), opt(g3), opt(sh3), opt(sc3), opt(w), opt(bb), opt(xn3), o3,
+            S, D, float(eps),
+            *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride())
+    flags = dict(NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
+                 RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
+                 HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op)
+    if TILE_SETTINGS is not None and chunks == 1 and not any(
+            t is not None and S > 1 and t.stride(1) != 0 for t in (g3, sh3, sc3)):
         rows, warps = TILE_SETTINGS
         ba, bb_ = tile_pieces(D)
         _adaln_tile_kernel[(triton.cdiv(S, rows), B)](
-            x3, y3 if y3 is not None else dummy, g3 if g3 is not None else dummy,
-            sh3 if sh3 is not None else dummy, sc3 if sc3 is not None else dummy,
-            w if w is not None else dummy, bb if bb is not None else dummy,
-            xn3 if xn3 is not None else dummy, o3,
-            S, D, float(eps),
-            *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride(),
-            NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
-            RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
-            HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
-            ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps, enable_fp_fusion=False,
-        )
+            *args, **flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
+            enable_fp_fusion=False)
         return
-    _adaln_kernel[(B * S,)](
-        x3, y3 if y3 is not None else dummy, g3 if g3 is not None else dummy,
-        sh3 if sh3 is not None else dummy, sc3 if sc3 is not None else dummy,
-        w if w is not None else dummy, bb if bb is not None else dummy,
-        xn3 if xn3 is not None else dummy, o3,
-        S, D, float(eps),
-        *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride(),
-        NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
-        RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
-        HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
-        BLOCK_D=block, NUM_CHUNKS=chunks, num_warps=num_warps, enable_fp_fusion=False,
-    )
+    _adaln_kernel[(B * S,)](*args, **flags, BLOCK_D=block, NUM_CHUNKS=chunks,
+                            num_warps=num_warps, enable_fp_fusion=False)
 
 
 def _new(x):
