@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import ditfuse  # noqa: F401  (sets up the interpreter)
+from ditfuse import _gn_contract as gc
 from ditfuse import group_norm as gn
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain
@@ -38,15 +39,15 @@ def _params(C, dtype, seed, shape=None):
 
 
 def within(out, chain, what="", against=None, extra=(), sides=1):
-    """``out`` within the op's numerical contract (``gn.parity``, the helper ``ditfuse check``
-    uses): every element within ``gn.contract_tolerance`` of the fp64 reference ``chain``
+    """``out`` within the op's numerical contract (``gc.parity``, the helper ``ditfuse check``
+    uses): every element within ``gc.contract_tolerance`` of the fp64 reference ``chain``
     (``reference.*_chain``, rounding where the kernel rounds) and, in half precision, at most
-    ``gn.differ_limit`` of them differing from it. ``against``: compare with another
+    ``gc.differ_limit`` of them differing from it. ``against``: compare with another
     implementation that rounds at the same points instead (``sides=2``: it computes in fp32
     too; ``extra``: roundings only it makes, then no share limit). Returns the bitwise-equal
     share."""
     against = chain.out if against is None else against
-    p = gn.parity(out, against, chain, extra, sides=sides, gate_differ=not extra)
+    p = gc.parity(out, against, chain, extra, sides=sides, gate_differ=not extra)
     assert p.ok, f"{what}: {p.describe()}; {p.n_differ} of {p.numel} differ (allowed {p.allowed})"
     return p.bitwise
 
@@ -61,7 +62,7 @@ def _path_of(x, G, launch):
 
 
 # ---------------------------------------------------------------------------------------
-# against the fp64 reference: within the contract (gn.contract_tolerance, gn.differ_limit)
+# against the fp64 reference: within the contract (gc.contract_tolerance, gc.differ_limit)
 
 GN_CASES = [  # (name, shape, groups)
     ("4d G32 cpg2", (2, 64, 3, 5), 32),
@@ -166,8 +167,8 @@ def test_vs_torch_groupnorm_silu(shape, path, dtype):
     # same contract; plus eager's rounding of the group statistics where torch makes it
     ref = gn_chain(x, 32, norm.weight, norm.bias, norm.eps)
     within(y, ref, f"{shape} {path} vs fp64")
-    extra = gn.eager_gn_stat_steps(ref, x, norm.weight) \
-        if gn._eager_gn_rounds_stats(x.device, dtype) else ()
+    extra = gc.eager_gn_stat_steps(ref, x, norm.weight) \
+        if gc._eager_gn_rounds_stats(x.device, dtype) else ()
     share = within(y, ref, f"{shape} {path} vs eager", against=eager, extra=extra, sides=2)
     _note(f"gn vs eager torch {dtype}", share)
     if dtype != torch.float32 and not extra:
@@ -411,20 +412,20 @@ def _bump_ulps(t, i, k):
 
 
 def test_contract_helpers():
-    yc = gn._SILU_YC
+    yc = gc._SILU_YC
     assert abs(yc * math.tanh(yc / 2) - 2) < 1e-12  # silu'' = 0 there
     lo = torch.linspace(-9, 7, 65, dtype=torch.float64)
     for width in (1e-3, 0.3, 3.0, 12.0):
         hi = lo + width
         t = lo[:, None] + width * torch.linspace(0, 1, 4001, dtype=torch.float64)[None, :]
-        brute = gn._silu_slope(t).abs().amax(1)
-        got = gn.silu_slope_max(lo, hi)
+        brute = gc._silu_slope(t).abs().amax(1)
+        got = gc.silu_slope_max(lo, hi)
         assert (got >= brute - 1e-15).all() and (got <= brute + 1e-6).all(), width
     # one rounding per side in fp32 straddles a bf16 / fp16 midpoint at most this often
-    assert gn.differ_limit(torch.bfloat16, 2) == pytest.approx(2 * 2 * 2e-6 * 2**7)  # 0.10%
-    assert gn.differ_limit(torch.float16, 1, sides=2) == pytest.approx(2 * 2 * 2e-6 * 2**10)
-    assert gn.differ_limit(torch.float32, 2) is None
-    assert gn.differ_allowed(0.0, 10) == 1.0 and gn.differ_allowed(1e-3, 10**6) < 1100
+    assert gc.differ_limit(torch.bfloat16, 2) == pytest.approx(2 * 2 * 2e-6 * 2**7)  # 0.10%
+    assert gc.differ_limit(torch.float16, 1, sides=2) == pytest.approx(2 * 2 * 2e-6 * 2**10)
+    assert gc.differ_limit(torch.float32, 2) is None
+    assert gc.differ_allowed(0.0, 10) == 1.0 and gc.differ_allowed(1e-3, 10**6) < 1100
 
 
 @torch.no_grad()
@@ -445,7 +446,7 @@ def test_intermediate_flip_group_norm():
     ref = gn_chain(x, 1, w)
     off = gn_chain(x, 1, w * (1 + 2.0**-22))  # as if rstd were 2^-22 higher
     assert ref.silu_in.flatten()[i] == -4.0 and off.silu_in.flatten()[i] == -4.03125
-    p = gn.parity(off.out, ref.out, ref)
+    p = gc.parity(off.out, ref.out, ref)
     assert p.n_differ == 1 and p.err_one > 1.5, p.describe()  # the old gate fails
     assert p.ok, p.describe()  # err/tol 0.58
 
@@ -475,7 +476,7 @@ def test_intermediate_flips_wan_chain():
     out = (v / (1 + torch.exp(-v))).to(bf)
     assert ref.steps[0][0][0, 0, 0] == -0.734375 and r1[0, 0, 0] == -0.73046875
     assert ref.silu_in[0, 0, 0] == -4.9375 and v[0, 0, 0] == -4.90625
-    p = gn.parity(out, ref.out, ref)
+    p = gc.parity(out, ref.out, ref)
     assert p.n_differ == 1 and p.err_one > 1.5, p.describe()
     assert p.ok, p.describe()
     within(gn.rms_norm_silu_channels(x, g), ref, "kernel on the same column")
@@ -488,30 +489,30 @@ def test_contract_catches_wrong_outputs():
     w, b = _params(64, bf, 31)
     ref = gn_chain(x, 32, w, b)
     y = gn.group_norm_silu(x, 32, w, b)
-    assert gn.parity(y, ref.out, ref).ok
+    assert gc.parity(y, ref.out, ref).ok
     # one element 2 ulps off where the pre-activation is nearest silu's minimum (-1.2785):
     # a flip of y barely moves the output there, so the bound is ~1.25 output roundings.
     # (Where |silu'(y)| spacing(y) >= an output ulp -- y ~ 0 or y > 0, most of the range --
     # a flip of y plus the output's rounding legitimately make 2 ulps; the bound there is
     # 2-3 ulps, and only the share of differing elements sees a systematic 1-2 ulp error.)
     i = (ref.silu_in.flatten() + 1.2785).abs().argmin().item()
-    tol = gn.contract_tolerance(ref, ref.out).flatten()[i].item()
+    tol = gc.contract_tolerance(ref, ref.out).flatten()[i].item()
     ulp = 2.0 ** (math.floor(math.log2(abs(ref.out.flatten()[i].item()))) - 7)
     assert tol < 1.3 * ulp
-    p = gn.parity(_bump_ulps(y, i, 2), ref.out, ref)
+    p = gc.parity(_bump_ulps(y, i, 2), ref.out, ref)
     assert not p.ok and p.err > 1, p.describe()
     # the rounding after the norm skipped: every element stays within a flip of y (passes
     # per element), but a quarter of them differ: the share limit (0.10%) catches it
-    p = gn.parity(gn.group_norm_silu(x, 32, w, b, round_after_norm=False), ref.out, ref)
+    p = gc.parity(gn.group_norm_silu(x, 32, w, b, round_after_norm=False), ref.out, ref)
     assert p.err <= 1 and p.differ > 0.05 and not p.ok, p.describe()
     # unbiased instead of biased variance (y * sqrt((n - 1) / n), n = 128: 2^-8 relative)
     n = 2 * 8 * 8
-    p = gn.parity(gn_chain(x, 32, w.double() * math.sqrt((n - 1) / n), b).out, ref.out, ref)
+    p = gc.parity(gn_chain(x, 32, w.double() * math.sqrt((n - 1) / n), b).out, ref.out, ref)
     assert p.differ > 0.05 and not p.ok, p.describe()
     # the same for Wan's chain: an r1 rounding skipped
     g = w[:, None, None]
     ref = rms_chain(x, g)
-    p = gn.parity(rms_chain(x, g, round_after_norm=False).out, ref.out, ref)
+    p = gc.parity(rms_chain(x, g, round_after_norm=False).out, ref.out, ref)
     assert not p.ok, p.describe()
 
 
@@ -530,11 +531,11 @@ def test_eager_rounded_statistics():
          + b.double().view(1, -1, 1, 1)).to(bf).double()
     eager = (v / (1 + torch.exp(-v))).to(bf)
     y = gn.group_norm_silu(x, 32, w, b)
-    assert not gn.parity(y, eager, ref, sides=2).ok
-    p = gn.parity(y, eager, ref, gn.eager_gn_stat_steps(ref, x, w), sides=2, gate_differ=False)
+    assert not gc.parity(y, eager, ref, sides=2).ok
+    p = gc.parity(y, eager, ref, gc.eager_gn_stat_steps(ref, x, w), sides=2, gate_differ=False)
     assert p.ok and p.differ > 0.05, p.describe()
     if DEVICE == "cpu":  # torch's CPU GroupNorm keeps its statistics in fp32
-        assert not gn._eager_gn_rounds_stats("cpu", bf)
+        assert not gc._eager_gn_rounds_stats("cpu", bf)
 
 
 # ---------------------------------------------------------------------------------------
