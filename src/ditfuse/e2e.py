@@ -32,6 +32,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .patching.tiny_models import (
+    to_dtype as as_loaded,  # from_pretrained(torch_dtype=...)
+)
+
 # ---------------------------------------------------------------------------------------
 # Model configs (diffusers 0.42 class arguments of the released checkpoints)
 
@@ -94,13 +98,6 @@ def _randomize_same(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
             std = 0.02
         p.data.copy_(torch.randn(p.shape, generator=g, device=dev) * std)
     return m.eval()
-
-
-def as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``from_pretrained(torch_dtype=dtype)``'s dtypes (see ``tiny_models.to_dtype``)."""
-    from .patching.tiny_models import to_dtype
-
-    return to_dtype(model, dtype)
 
 
 # ---------------------------------------------------------------------------------------
