@@ -6,7 +6,7 @@ import torch
 
 import ditfuse
 from ditfuse import adaln
-from ditfuse.bench import _median_us, copy_ceiling_gbps
+from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.shapes import ADALN_SHAPES
 from ditfuse.workloads import adaln_inputs
 
@@ -38,13 +38,9 @@ for name, shape in ADALN_SHAPES.items():
             adaln.TILE_SETTINGS = cfg
             try:
                 out = fn()
-                torch.cuda.synchronize()
                 ref = out if ref is None else ref
                 err = (out.float() - ref.float()).abs().max().item()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    fn()
-                us = _median_us(g.replay)
+                us = graph_us(fn)
             except Exception as e:  # noqa: BLE001
                 print(f"{name} {op} {cfg}: {type(e).__name__}: {str(e)[:160]}", flush=True)
                 continue

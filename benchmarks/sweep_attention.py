@@ -4,7 +4,7 @@ flushed by do_bench). Prints us and % of the byte floor; informs launch_settings
 import torch
 
 from ditfuse import attention as A
-from ditfuse.bench import _median_us, copy_ceiling_gbps
+from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.shapes import ATTN_SHAPES
 
 CONFIGS = [(64, 32, 4, 2), (64, 32, 4, 3), (64, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2),
@@ -27,12 +27,8 @@ for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32)
     for cfg in CONFIGS:
         try:
             out = A.run(p, cfg)
-            torch.cuda.synchronize()
             err = (out.float() - ref.float()).abs().max().item()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                A.run(p, cfg)
-            us = _median_us(graph.replay)
+            us = graph_us(lambda cfg=cfg, p=p: A.run(p, cfg))
         except Exception as e:  # noqa: BLE001
             print(f"{name} {dt} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue

@@ -8,7 +8,7 @@ import math
 import torch
 
 import ditfuse
-from ditfuse.bench import _median_us, copy_ceiling_gbps
+from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.group_norm import gn_settings
 from ditfuse.shapes import GN_SHAPES
 
@@ -41,13 +41,9 @@ for name, sh in GN_SHAPES.items():
             return ditfuse.group_norm_silu(x, sh.groups, w, b, 1e-6, _launch=v or None)
         try:
             out = f()
-            torch.cuda.synchronize()
             same = ref is None or torch.equal(out, ref)
             ref = out if ref is None else ref
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                f()
-            us = _median_us(graph.replay)
+            us = graph_us(f)
         except Exception as e:  # noqa: BLE001
             print(f"{name} {v}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue

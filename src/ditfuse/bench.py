@@ -35,6 +35,17 @@ def _median_us(fn, warmup=25, rep=100) -> float:
     return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 
+def graph_us(fn) -> float:
+    """GPU time of ``fn`` (one call, warmed up) captured in a CUDA graph and replayed:
+    do_bench median, L2 flushed before every replay. The sweeps' timer."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return _median_us(g.replay)
+
+
 def copy_ceiling_gbps(device="cuda") -> float:
     x = torch.randn(2**30, device=device, dtype=torch.bfloat16)  # 2 GiB
     y = torch.empty_like(x)
