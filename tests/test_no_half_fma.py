@@ -19,21 +19,12 @@ _PROBE = r'''
 import re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ditfuse import _runtime, adaln, group_norm as gn
-from ditfuse.inspect_kernels import _LaunchStub, specialize
+from ditfuse import adaln, group_norm as gn
+from ditfuse.inspect_kernels import intercept_launches, specialize
 
 def ptx_of(mod, name, call):
-    stub, real = _LaunchStub(), getattr(mod, name)
-    setattr(mod, name, stub)
-    ok = _runtime.kernel_device_ok
-    _runtime.kernel_device_ok = lambda t: True
-    try:
-        with torch.no_grad():
-            call()
-    finally:
-        setattr(mod, name, real)
-        _runtime.kernel_device_ok = ok
-    grid, args, kw = stub.calls[0]
+    real = getattr(mod, name)
+    [(grid, args, kw)] = intercept_launches([(mod, name)], call)
     t = GPUTarget("cuda", 90, 32)
     sig, cex, attrs, opts = specialize(real, args, kw, t)
     return triton.compile(ASTSource(real, sig, cex, attrs), target=t, options=opts.__dict__).asm["ptx"]

@@ -582,40 +582,15 @@ def _meta_call(spec: BuildSpec):
     return lambda: sliding_window_attention(q1, k1, v, spec.window, **kw)
 
 
-class _LaunchStub:
-    def __init__(self):
-        self.calls = []
-
-    def __getitem__(self, grid):
-        def launch_(*args, **kwargs):
-            self.calls.append((grid, args, kwargs))
-        return launch_
-
-
 def capture_launch(spec: BuildSpec):
     """The (grid, args, kwargs) with which the public call launches the kernel."""
     from . import _attn_kernel
+    from .inspect_kernels import intercept_launches
 
-    stub = _LaunchStub()
-    saved = (_attn_kernel._swa_fwd_kernel, _runtime.kernel_device_ok)
-    _attn_kernel._swa_fwd_kernel = stub
-    _runtime.kernel_device_ok = lambda t: True
-    try:
-        with torch.no_grad():
-            _meta_call(spec)()
-    finally:
-        _attn_kernel._swa_fwd_kernel, _runtime.kernel_device_ok = saved
-    if len(stub.calls) != 1:
-        raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(stub.calls)}")
-    return stub.calls[0]
-
-
-def can_compile_here() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    from ._attn_kernel import _swa_fwd_kernel as k
-    return isinstance(k, JITFunction) and not isinstance(k, InterpretedFunction)
+    calls = intercept_launches([(_attn_kernel, "_swa_fwd_kernel")], _meta_call(spec))
+    if len(calls) != 1:
+        raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
+    return calls[0]
 
 
 def build(spec: BuildSpec) -> dict:
@@ -678,6 +653,8 @@ def build_report(names=None) -> list:
     unknown = set(names or ()) - set(BUILD_NAMES)
     if unknown:
         raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {BUILD_NAMES}")
+    from .inspect_kernels import can_compile_here
+
     if can_compile_here():
         return [build(s) for s in specs]
     if os.environ.get(_CHILD_ENV):

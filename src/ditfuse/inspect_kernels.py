@@ -203,6 +203,30 @@ class _LaunchStub:
         return launch
 
 
+def intercept_launches(places, call) -> list:
+    """Run ``call()`` (under no_grad) with each kernel at ``places`` — ``(module,
+    attribute)`` pairs — replaced by a recorder and every device treated as one the kernels
+    run on, so that meta tensors pass; the recorded ``(grid, args, kwargs)`` launches.
+    Everything patched is restored, also when ``call`` raises."""
+    import torch
+    from . import _runtime
+
+    stub = _LaunchStub()
+    saved = [(m, a, getattr(m, a)) for m, a in places]
+    ok = _runtime.kernel_device_ok
+    for m, a, _ in saved:
+        setattr(m, a, stub)
+    _runtime.kernel_device_ok = lambda t: True
+    try:
+        with torch.no_grad():
+            call()
+    finally:
+        _runtime.kernel_device_ok = ok
+        for m, a, v in saved:
+            setattr(m, a, v)
+    return stub.calls
+
+
 def _call_args(spec: Spec):
     """(positional args, keyword args) of ``ditfuse.qk_norm_rope`` for ``spec``, on meta."""
     import torch
@@ -264,23 +288,15 @@ def _call_args(spec: Spec):
 def capture_launch(spec: Spec):
     """The (grid, args, kwargs) with which ``ditfuse.qk_norm_rope`` launches the kernel."""
     import importlib
-    import torch
-    from . import _qk_kernel, _runtime
+    from . import _qk_kernel
 
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
     args, kw = _call_args(spec)
-    stub = _LaunchStub()
-    saved = (_qk_kernel._qk_norm_rope_kernel, _runtime.kernel_device_ok)
-    _qk_kernel._qk_norm_rope_kernel = stub
-    _runtime.kernel_device_ok = lambda t: True
-    try:
-        with torch.no_grad():
-            qkr.qk_norm_rope(*args, **kw)
-    finally:
-        _qk_kernel._qk_norm_rope_kernel, _runtime.kernel_device_ok = saved
-    if len(stub.calls) != 1:
-        raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(stub.calls)}")
-    return stub.calls[0]
+    calls = intercept_launches([(_qk_kernel, "_qk_norm_rope_kernel")],
+                               lambda: qkr.qk_norm_rope(*args, **kw))
+    if len(calls) != 1:
+        raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
+    return calls[0]
 
 
 def specialize(kernel, args, kwargs, target):

@@ -141,31 +141,16 @@ def _kernel(entry: OpExport):
 
 def capture(entry: OpExport, opts, B: int, N: int) -> Capture:
     """The launch the op's public function makes for these (meta) tensors."""
-    import torch
-    from .. import _runtime
-    from ..inspect_kernels import _LaunchStub
+    from ..inspect_kernels import intercept_launches
 
     tensors = _meta_tensors(entry, opts, B, N)
-    stub = _LaunchStub()
-    saved = []
-    for place in entry.lookups or (entry.kernel,):
-        mod, attr = place.split(":")
-        m = importlib.import_module(mod)
-        saved.append((m, attr, getattr(m, attr)))
-        setattr(m, attr, stub)
-    ok = _runtime.kernel_device_ok
-    _runtime.kernel_device_ok = lambda t: True
-    try:
-        with torch.no_grad():
-            entry.call(opts, tensors)
-    finally:
-        _runtime.kernel_device_ok = ok
-        for m, attr, v in saved:
-            setattr(m, attr, v)
-    if len(stub.calls) != 1:
-        raise P.AotRefusal("capture", f"{entry.op} launched {len(stub.calls)} kernels for "
+    places = [(importlib.import_module(p.split(":")[0]), p.split(":")[1])
+              for p in entry.lookups or (entry.kernel,)]
+    calls = intercept_launches(places, lambda: entry.call(opts, tensors))
+    if len(calls) != 1:
+        raise P.AotRefusal("capture", f"{entry.op} launched {len(calls)} kernels for "
                                       f"(B, N) = ({B}, {N}); a package holds exactly one")
-    grid, args, kwargs = stub.calls[0]
+    grid, args, kwargs = calls[0]
     if callable(grid):
         kernel = _kernel(entry)
         grid = grid({**dict(zip(kernel.arg_names, args)), **kwargs})
