@@ -150,3 +150,24 @@ def test_compile_repeated_blocks_patched_wan():
         got = model(**kw)[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
+
+
+@torch.no_grad()
+def test_unreadable_norm_falls_back_to_the_original_code():
+    """A processor whose q/k norm qk_norm_rope cannot read (here SA3's half-precision
+    StableAudio3RMSNorm) runs diffusers' own code: the output is the unpatched one, bitwise."""
+    from ditfuse.norms import norm_readable
+    from ditfuse.patching.tiny_models import _sa3, _sa3_inputs
+
+    model = _sa3()
+    norms = [m for m in model.modules() if type(m).__name__ == "StableAudio3RMSNorm"]
+    assert norms and all(norm_readable(n) for n in norms)
+    for n in norms:
+        n.force_fp32 = False
+    assert not any(norm_readable(n) for n in norms)
+    assert not norm_readable(torch.nn.GroupNorm(2, 4)) and norm_readable(None)
+    assert norm_readable(torch.nn.Identity()) and norm_readable(torch.nn.LayerNorm(8))
+    kw = _sa3_inputs(torch.float32)
+    ref = model(**kw)[0]
+    assert ditfuse.patch(model).counts  # the processors are replaced ...
+    assert torch.equal(model(**kw)[0], ref)  # ... and fall back call by call

@@ -77,6 +77,32 @@ def _numel(shape) -> int:
     return n
 
 
+def _kind(norm) -> Optional[str]:
+    """Which recognised norm ``norm`` is, or None (the one place that recognises them)."""
+    if norm is None or isinstance(norm, torch.nn.Identity):
+        return "none"
+    if isinstance(norm, NormSpec):
+        return "spec"
+    if isinstance(norm, torch.nn.RMSNorm):
+        return "rms"
+    if isinstance(norm, torch.nn.LayerNorm):
+        return "layer"
+    name = type(norm).__name__
+    if name == "DynamicTanh" and hasattr(norm, "alpha") and hasattr(norm, "gamma"):
+        return "dyt"
+    if name == "StableAudio3RMSNorm" and hasattr(norm, "gamma"):
+        return "sa3" if getattr(norm, "force_fp32", True) else "sa3-half"
+    if name == "RMSNorm" and hasattr(norm, "eps") and hasattr(norm, "dim"):
+        return "diffusers-rms"
+    return None
+
+
+def norm_readable(norm) -> bool:
+    """Whether :func:`resolve_norm` accepts ``norm`` (no exception, no NormSpec built:
+    cheap enough for a processor to ask on every call, and traceable by torch.compile)."""
+    return _kind(norm) not in (None, "sa3-half")
+
+
 def resolve_norm(norm, arg: str) -> Optional[NormSpec]:
     """Turn ``norm`` (a module, a :class:`NormSpec` or ``None``) into a ``NormSpec``.
 
@@ -84,29 +110,30 @@ def resolve_norm(norm, arg: str) -> Optional[NormSpec]:
     as diffusers' ``FP32LayerNorm``), diffusers' ``RMSNorm``, ``StableAudio3RMSNorm``,
     SAME's ``DynamicTanh``, and ``torch.nn.Identity`` (no norm).
     """
-    if norm is None or isinstance(norm, NormSpec):
-        return norm
-    if isinstance(norm, torch.nn.Identity):
+    kind = _kind(norm)
+    if kind == "none":
         return None
-    if isinstance(norm, torch.nn.RMSNorm):
+    if kind == "spec":
+        return norm
+    if kind == "rms":
         return NormSpec("rms", weight=norm.weight, eps=norm.eps, size=_numel(norm.normalized_shape))
-    if isinstance(norm, torch.nn.LayerNorm):
+    if kind == "layer":
         return NormSpec("layer", weight=norm.weight, bias=norm.bias, eps=norm.eps,
                         size=_numel(norm.normalized_shape))
-    name = type(norm).__name__
-    if name == "DynamicTanh" and hasattr(norm, "alpha") and hasattr(norm, "gamma"):
+    if kind == "dyt":
         return NormSpec("dyt", weight=norm.gamma, bias=getattr(norm, "beta", None), eps=None,
                         alpha=norm.alpha, size=norm.gamma.numel())
-    if name == "StableAudio3RMSNorm" and hasattr(norm, "gamma"):
-        if not getattr(norm, "force_fp32", True):
-            raise TypeError(f"{arg}: StableAudio3RMSNorm(force_fp32=False) computes in the activation "
-                            "dtype; ditfuse computes in fp32 only")
+    if kind == "sa3-half":
+        raise TypeError(f"{arg}: StableAudio3RMSNorm(force_fp32=False) computes in the activation "
+                        "dtype; ditfuse computes in fp32 only")
+    if kind == "sa3":
         return NormSpec("rms", weight=norm.gamma, eps=norm.eps, size=norm.gamma.numel())
-    if name == "RMSNorm" and hasattr(norm, "eps") and hasattr(norm, "dim"):  # diffusers' RMSNorm
+    if kind == "diffusers-rms":
         w = getattr(norm, "weight", None)
         return NormSpec("rms", weight=w, bias=getattr(norm, "bias", None), eps=norm.eps,
                         size=_numel(norm.dim),
                         round_before_weight=w is not None and w.dtype in (torch.float16, torch.bfloat16))
+    name = type(norm).__name__
     raise TypeError(
         f"{arg}: cannot read a norm from {type(norm).__module__}.{name}; pass torch.nn.RMSNorm, "
         "torch.nn.LayerNorm, diffusers RMSNorm/FP32LayerNorm, StableAudio3RMSNorm, DynamicTanh, "

@@ -150,3 +150,11 @@ def grad_needed(*tensors) -> bool:
 
 def params_need_grad(module) -> bool:
     return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
+def norms_ok(*modules) -> bool:
+    """Whether ``qk_norm_rope`` reads every one of these norm modules (``None`` and
+    ``Identity``: no norm) exactly as the model computes it (``norms.norm_readable``)."""
+    from ..norms import norm_readable
+
+    return all(norm_readable(m) for m in modules)

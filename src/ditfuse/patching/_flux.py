@@ -5,11 +5,7 @@ import torch
 
 from ..adaln import adaln_modulate
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forward, grad_needed, params_need_grad, set_processor
-
-
-def _norm_ok(m) -> bool:
-    return isinstance(m, (torch.nn.RMSNorm, torch.nn.Identity)) or type(m).__name__ == "RMSNorm"
+from . import bind_forward, grad_needed, norms_ok, params_need_grad, set_processor
 
 
 def _make_processor():
@@ -64,10 +60,10 @@ def _rows(cos, sin, a, b):
 
 
 def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -> bool:
-    """Whether the fused Q/K path reproduces the processor: RMS q/k norms, no gradients,
+    """Whether the fused Q/K path reproduces the processor: q/k norms qk_norm_rope reads, no gradients,
     a (cos, sin) pair of (S_total, D) tables (or no RoPE)."""
-    ok = (_norm_ok(attn.norm_q) and _norm_ok(attn.norm_k)
-          and (not joint or (_norm_ok(attn.norm_added_q) and _norm_ok(attn.norm_added_k)))
+    ok = (norms_ok(attn.norm_q, attn.norm_k)
+          and (not joint or norms_ok(attn.norm_added_q, attn.norm_added_k))
           and not grad_needed(hidden_states, encoder_hidden_states)
           and not params_need_grad(attn))
     total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)

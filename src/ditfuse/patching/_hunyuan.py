@@ -5,12 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, params_need_grad, replace_processors
-
-
-def _norm_ok(m) -> bool:
-    return m is None or isinstance(m, (torch.nn.RMSNorm, torch.nn.LayerNorm)) or \
-        type(m).__name__ in ("RMSNorm",)
+from . import grad_needed, norms_ok, params_need_grad, replace_processors
 
 
 def _make_processor():
@@ -34,7 +29,7 @@ def _make_processor():
             single = attn.add_q_proj is None and encoder_hidden_states is not None
             T = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
             n_img = hidden_states.shape[1]
-            ok = (all(_norm_ok(n) for n in norms) and not grad_needed(hidden_states, encoder_hidden_states)
+            ok = (norms_ok(*norms) and not grad_needed(hidden_states, encoder_hidden_states)
                   and not params_need_grad(attn))
             if ok and image_rotary_emb is not None:
                 ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2

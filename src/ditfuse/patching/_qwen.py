@@ -7,11 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, params_need_grad, replace_processors
-
-
-def _norm_ok(m) -> bool:
-    return m is None or isinstance(m, torch.nn.RMSNorm) or type(m).__name__ == "RMSNorm"
+from . import grad_needed, norms_ok, params_need_grad, replace_processors
 
 
 def _cs(freqs):
@@ -36,7 +32,7 @@ def _make_processor():
                      encoder_hidden_states_mask=None, attention_mask=None, image_rotary_emb=None):
             norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
             ok = (encoder_hidden_states is not None and attention_mask is None
-                  and all(_norm_ok(n) for n in norms)
+                  and norms_ok(*norms)
                   and not grad_needed(hidden_states, encoder_hidden_states)
                   and not params_need_grad(attn))
             if ok and image_rotary_emb is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, params_need_grad, replace_processors
+from . import grad_needed, norms_ok, params_need_grad, replace_processors
 
 
 def _make_processor():
@@ -15,15 +15,14 @@ def _make_processor():
         """StableAudio3SelfAttnProcessor with q/k norm + partial RoPE fused (one kernel per
         q/k pair: (q1, k1), (q2, k2) when differential), in place on the projection chunks.
 
-        Falls back to the original when autograd needs gradients or a norm is not
-        ``StableAudio3RMSNorm(force_fp32=True)``.
+        Falls back to the original when autograd needs gradients or ``qk_norm_rope`` does not
+        read a norm (``StableAudio3RMSNorm(force_fp32=False)`` computes in the activation dtype).
         """
 
         _ditfuse = True
 
         def __call__(self, attn, hidden_states, rope):
-            ok = (all(type(n).__name__ == "StableAudio3RMSNorm" and getattr(n, "force_fp32", True)
-                      for n in (attn.q_norm, attn.k_norm))
+            ok = (norms_ok(attn.q_norm, attn.k_norm)
                   and not grad_needed(hidden_states) and not params_need_grad(attn)
                   and rope is not None and rope.dim() == 2)
             if not ok:

@@ -5,11 +5,7 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forward, grad_needed, params_need_grad, set_processor
-
-
-def _norm_ok(m) -> bool:
-    return isinstance(m, (torch.nn.RMSNorm, torch.nn.Identity))
+from . import bind_forward, grad_needed, norms_ok, params_need_grad, set_processor
 
 
 def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
@@ -48,8 +44,8 @@ def _make_processor():
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      rotary_emb=None):
-            ok = (_norm_ok(attn.norm_q) and _norm_ok(attn.norm_k)
-                  and (attn.add_k_proj is None or _norm_ok(attn.norm_added_k))
+            ok = (norms_ok(attn.norm_q, attn.norm_k)
+                  and (attn.add_k_proj is None or norms_ok(attn.norm_added_k))
                   and not grad_needed(hidden_states, encoder_hidden_states)
                   and not params_need_grad(attn))
             if ok and rotary_emb is not None:
