@@ -213,15 +213,16 @@ def test_opcheck_and_compile():
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("rows,D", [(1, 96), (2, 80), (4, 1000), (4, 64)])
+@pytest.mark.parametrize("settings,D", [((1, 4), 96), ((2, 2), 80), ((4, 8), 1000), ((16, 1), 64)])
 @pytest.mark.parametrize("mod", ["chunk_b6d", "b1d", "d", "per_token", None])
-def test_tile_kernel_opt_in(monkeypatch, rows, D, mod):
-    """The opt-in v3 tile kernel (rows per program, D as two power-of-two pieces): within
-    the one-row kernel's contract for both ops, norms layer / rms, gated residual x_new
-    bitwise (no reduction involved), S not a multiple of the rows, batch > 1; per-token
-    modulation falls back to the one-row kernel."""
+def test_tile_settings_agree(monkeypatch, settings, D, mod):
+    """The tile kernel under launch settings other than the table's (rows per program,
+    warps): x_new bitwise, the outputs within one rounding (the row sums' order depends on
+    the warps), both ops, norms layer / rms, S not a multiple of the rows, batch > 1,
+    per-token modulation; and the grid is the one the settings imply."""
     from ditfuse import adaln
 
+    rows = settings[0]
     g = torch.Generator().manual_seed(rows * D)
     B, S = 2, 7
     x = torch.randn(B, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
@@ -231,7 +232,7 @@ def test_tile_kernel_opt_in(monkeypatch, rows, D, mod):
     with torch.no_grad():
         want = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
         want_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms", weight=w)
-        monkeypatch.setattr(adaln, "TILE_SETTINGS", (rows, 4))
+        monkeypatch.setattr(adaln, "TILE_SETTINGS", settings)
         grids, real = [], adaln._adaln_tile_kernel
 
         class Spy:
@@ -242,8 +243,59 @@ def test_tile_kernel_opt_in(monkeypatch, rows, D, mod):
         monkeypatch.setattr(adaln, "_adaln_tile_kernel", Spy())
         got = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
         got_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms", weight=w)
-    assert grids == ([] if mod == "per_token" else [(-(-S // rows), B)] * 2)
+    assert grids == [(-(-S // rows), B)] * 2
     assert torch.equal(got[0], want[0])
     for a, b in ((got[1], want[1]), (got_m, want_m)):
-        share = assert_close_report(a, b, torch.bfloat16, "tile vs one-row")
+        share = assert_close_report(a, b, torch.bfloat16, "settings vs table")
         assert share > 0.95, share
+
+
+@pytest.mark.parametrize("D", [5120, 1000, 9000])  # Wan; odd; the one-row kernel's chunks
+@pytest.mark.parametrize("mod", ["chunk_b6d", "per_token", "b1d", None])
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.no_grad()
+def test_gated_residual_is_the_eager_chain(D, mod, dtype):
+    """gated_residual: bitwise Wan's ``(x.float() + ff.float() * c_gate).type_as(x)`` (and
+    ``x + y`` without a gate), every element written (poisoned out), in place via out=x."""
+    g = torch.Generator().manual_seed(D + len(str(mod)))
+    B, S = 2, 3
+    x = (torch.randn(B, S, D, generator=g) * 2).to(dtype).to(DEVICE)
+    y = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
+    gate = _mod(mod, B, S, D, torch.float32, g, 5)
+    gb = gate.unsqueeze(1) if gate is not None and gate.dim() == 2 else gate  # FLUX's (B, D)
+    want = (x.float() + y.float() * gb).type_as(x) if gate is not None else (x.float() + y.float()).type_as(x)
+    out = torch.full_like(x, float("nan"))
+    assert ditfuse.gated_residual(x, y, gate, out=out) is out
+    assert torch.equal(out, want)
+    x2 = x.clone()
+    ditfuse.gated_residual(x2, y, gate, out=x2)
+    assert torch.equal(x2, want)
+
+
+@torch.no_grad()
+def test_gated_residual_per_op_is_fluxs_chain():
+    """rounding="per_op": FLUX's bf16 ``x + gate.unsqueeze(1) * ff`` bitwise."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 9, 3072, generator=g).to(torch.bfloat16).to(DEVICE)
+    ff = torch.randn(2, 9, 3072, generator=g).to(torch.bfloat16).to(DEVICE)
+    gate = (torch.randn(2, 6 * 3072, generator=g) * 0.3).to(torch.bfloat16).to(DEVICE).chunk(6, 1)[5]
+    want = x + gate.unsqueeze(1) * ff
+    assert torch.equal(ditfuse.gated_residual(x, ff, gate, rounding="per_op"), want)
+
+
+def test_gated_residual_bad_input_and_compile():
+    x = torch.randn(1, 4, 64).to(DEVICE)
+    with pytest.raises(ValueError, match="y.shape"):
+        ditfuse.gated_residual(x, torch.randn(1, 4, 32).to(DEVICE))
+    with pytest.raises(ValueError, match="gate has shape"):
+        ditfuse.gated_residual(x, x, torch.randn(3, 64).to(DEVICE))
+    with pytest.raises(ValueError, match="per_op"):
+        ditfuse.gated_residual(x.bfloat16(), x.bfloat16(), torch.randn(1, 64).to(DEVICE), rounding="per_op")
+    y, gate = torch.randn(1, 4, 64).to(DEVICE), torch.randn(1, 6, 64).to(DEVICE).chunk(6, 1)[2]
+    torch.library.opcheck(torch.ops.ditfuse.gated_residual.default, (x, y, gate, False))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = ditfuse.gated_residual(x, y, gate)
+        got = torch.compile(lambda a, b, c: ditfuse.gated_residual(a, b, c), fullgraph=True,
+                            backend="aot_eager")(x, y, gate)
+    assert torch.equal(got, want)

@@ -146,7 +146,7 @@ def test_adaln_manifests(pkgs):
         ("x", "input"), ("y", "input"), ("temb", "input"), ("N", "extra"), ("x_new", "output"),
         ("out", "output")]
     assert g["bindings"]["gate_ptr"] == "temb + 10240" and g["bindings"]["xnew_ptr"] == "x_new"
-    assert m["grid"] == g["grid"] == ["B * N", "1", "1"]
+    assert m["grid"] == g["grid"] == ["N", "B", "1"]
 
 
 @needs_tools
@@ -374,7 +374,7 @@ def test_loader_binds_in_runtime_order(pkgs):
     x = torch.empty(3, 5, 5120, dtype=torch.bfloat16, device="meta")
     temb = torch.empty(3, 6, 5120, device="meta")
     bg = g.bind(x, x, temb)
-    assert bg.grid == (15, 1, 1) and len(bg.outputs) == 2  # outputs allocated
+    assert bg.grid == (5, 3, 1) and len(bg.outputs) == 2  # outputs allocated
     try:
         from cuda.bindings import driver  # noqa: F401
     except ImportError:

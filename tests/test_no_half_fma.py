@@ -34,7 +34,7 @@ for dt in (torch.bfloat16, torch.float16):
     ptxs = {
         "rms+bias": ptx_of(gn, "_rms_ch_kernel", lambda: gn.rms_norm_silu_channels(
             m(2, 40, 3, 5, dt=dt), m(40, 1, 1, dt=dt), m(40, 1, 1, dt=dt))),
-        "adaln per_op": ptx_of(adaln, "_adaln_kernel", lambda: adaln.gated_residual_adaln(
+        "adaln per_op": ptx_of(adaln, "_adaln_tile_kernel", lambda: adaln.gated_residual_adaln(
             m(1, 4608, 3072, dt=dt), m(1, 4608, 3072, dt=dt), m(1, 3072, dt=dt), m(1, 3072, dt=dt),
             m(1, 3072, dt=dt), rounding="per_op")),
     }

@@ -7,7 +7,7 @@ from . import _runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET wh
 from .norms import NormSpec
 from .qk_norm_rope import qk_norm_rope
 from .reference import qk_norm_rope_reference
-from .adaln import adaln_modulate, gated_residual_adaln
+from .adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from .group_norm import group_norm_silu, rms_norm_silu_channels
 from .attention import sliding_window_attention
 from .patching import patch, unpatch
@@ -16,5 +16,5 @@ from . import _ops  # noqa: F401  (registers the torch.library ops)
 __version__ = "0.1.0"
 
 __all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "adaln_modulate",
-           "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels", "sliding_window_attention", "patch",
+           "gated_residual", "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels", "sliding_window_attention", "patch",
            "unpatch", "__version__"]

@@ -1,9 +1,11 @@
-"""Fused AdaLN modulation and gated residual: kernel, launcher, public functions, ops.
+"""Fused AdaLN modulation and gated residual: kernels, launcher, public functions, ops.
 
-One program per token row: [x + y * gate ->] norm -> * (1 + scale) + shift -> cast, one
-read of every input and one write of every output. Rows of up to 8192 channels stay in
-registers (two-pass statistics there); longer rows take a chunked path that combines
-per-chunk (count, mean, M2) with Chan's formula and reads the row a second time.
+[x + y * gate ->] norm -> * (1 + scale) + shift -> cast, one read of every input and one
+write of every output. Rows of up to 8192 channels stay in registers (two-pass statistics
+there), a few rows per 4-warp program (``_adaln_tile_kernel``); longer rows take the
+one-row kernel's chunked path (``_adaln_kernel``), which combines per-chunk (count, mean,
+M2) with Chan's formula and reads the row a second time. ``gated_residual`` is the first
+step alone (Wan's FFN residual, which feeds the next block).
 """
 from __future__ import annotations
 
@@ -103,6 +105,7 @@ def _adaln_kernel(
     RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
     HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr,
     PER_OP: tl.constexpr,      # round every step to x's dtype (a half-precision eager chain)
+    HAS_OUT: tl.constexpr,     # False: the gated residual alone (no norm, no modulated output)
     BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
 ):
     ACT: tl.constexpr = x_ptr.dtype.element_ty
@@ -123,17 +126,25 @@ def _adaln_kernel(
                      RESIDUAL, HAS_GATE, PER_OP, ACT)
         if RESIDUAL:
             tl.store(xnew_ptr + nb + dd * stride_nd, _cast_out(x, ACT), mask=m)
-        if NORM == 1:
-            mean = tl.sum(x, 0) / D
-            xc = tl.where(m, x - mean, 0.0)
-            n = xc * (1.0 / tl.sqrt(tl.sum(xc * xc, 0) / D + eps))
-        elif NORM == 2:
-            n = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps))
-        else:
-            n = x
-        n = _modulate(n, m, dd, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
-                      stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
-        tl.store(out_ptr + ob + dd * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
+        if HAS_OUT:
+            if NORM == 1:
+                mean = tl.sum(x, 0) / D
+                xc = tl.where(m, x - mean, 0.0)
+                n = xc * (1.0 / tl.sqrt(tl.sum(xc * xc, 0) / D + eps))
+            elif NORM == 2:
+                n = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps))
+            else:
+                n = x
+            n = _modulate(n, m, dd, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
+                          stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+            tl.store(out_ptr + ob + dd * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
+    elif not HAS_OUT:
+        for c in range(NUM_CHUNKS):
+            d = c * BLOCK_D + dd
+            m = d < D
+            x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd,
+                         stride_gd, RESIDUAL, HAS_GATE, PER_OP, ACT)
+            tl.store(xnew_ptr + nb + d * stride_nd, _cast_out(x, ACT), mask=m)
     else:
         # pass 1: statistics by chunks (Chan's combination of count, mean, M2), storing the
         # new residual stream on the way; pass 2 re-reads the row (from L2) and applies.
@@ -194,79 +205,82 @@ def _adaln_tile_kernel(
     NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
     HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
+    HAS_OUT: tl.constexpr,
     ROWS: tl.constexpr,        # token rows per program, one [ROWS, D] tile
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
 ):
-    """v3 (opt-in, ``tile_settings``): ROWS rows of one batch entry as a 2-D tile, every
-    row's loads issued before any store (so they overlap), the row held as two
-    power-of-two pieces (5120 = 4096 + 1024: no masked lanes). Gate/shift/scale must not
-    vary along S (they are read once per program as [1, BLOCK] vectors). The steps of
-    ``_adaln_kernel``'s one-pass path in the same order; the row sums are taken in another
-    order (two pieces), so results are within one rounding of it, not bitwise."""
+    """v3, the shipped kernel for rows of up to 8192 channels: ROWS rows of one batch entry
+    as a 2-D tile, every row's loads issued before any store (so they overlap), the row
+    held as two power-of-two pieces (5120 = 4096 + 1024: no masked lanes), few warps per
+    program so that many rows are in flight per SM. The steps of ``_adaln_kernel``'s
+    one-pass path in the same order; the row sums are taken in another order (two pieces),
+    so the two kernels agree within one rounding, not bitwise (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     b = tl.program_id(1).to(tl.int64)
     s = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(tl.int64)
     rm = s < S
     da = tl.arange(0, BLOCK_A)[None, :]
-    va = da < D
-    ma = rm & va
+    ma = rm & (da < D)
     xo = b * stride_xb + s * stride_xs
     yo = b * stride_yb + s * stride_ys
+    # per-row bases of the modulation rows: stride 0 along S unless per token (TI2V)
+    go = b * stride_gb + s * stride_gs
+    sho = b * stride_shb + s * stride_shs
+    sco = b * stride_scb + s * stride_scs
     xa = _vec(x_ptr, xo, da, ma, stride_xd, True)
     if RESIDUAL:
         ya = _vec(y_ptr, yo, da, ma, stride_yd, True)
     if BLOCK_B > 0:
         db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
-        vb = db < D
-        mb = rm & vb
+        mb = rm & (db < D)
         xb = _vec(x_ptr, xo, db, mb, stride_xd, True)
         if RESIDUAL:
             yb = _vec(y_ptr, yo, db, mb, stride_yd, True)
     if RESIDUAL:
-        ga = _vec(gate_ptr, b * stride_gb, da, va, stride_gd, HAS_GATE)
+        ga = _vec(gate_ptr, go, da, ma, stride_gd, HAS_GATE)
         xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
         no = b * stride_nb + s * stride_ns
         tl.store(xnew_ptr + no + da * stride_nd, _cast_out(xa, ACT), mask=ma)
         if BLOCK_B > 0:
-            gbv = _vec(gate_ptr, b * stride_gb, db, vb, stride_gd, HAS_GATE)
+            gbv = _vec(gate_ptr, go, db, mb, stride_gd, HAS_GATE)
             xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
             tl.store(xnew_ptr + no + db * stride_nd, _cast_out(xb, ACT), mask=mb)
-    if NORM == 1:
-        tot = tl.sum(xa, 1)
+    if HAS_OUT:
+        if NORM == 1:
+            tot = tl.sum(xa, 1)
+            if BLOCK_B > 0:
+                tot += tl.sum(xb, 1)
+            mean = (tot / D)[:, None]
+            ca = tl.where(ma, xa - mean, 0.0)
+            q = tl.sum(ca * ca, 1)
+            if BLOCK_B > 0:
+                cb = tl.where(mb, xb - mean, 0.0)
+                q += tl.sum(cb * cb, 1)
+            rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
+            na = ca * rstd
+            if BLOCK_B > 0:
+                nb = cb * rstd
+        elif NORM == 2:
+            q = tl.sum(xa * xa, 1)
+            if BLOCK_B > 0:
+                q += tl.sum(xb * xb, 1)
+            rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
+            na = xa * rstd
+            if BLOCK_B > 0:
+                nb = xb * rstd
+        else:
+            na = xa
+            if BLOCK_B > 0:
+                nb = xb
+        oo = b * stride_ob + s * stride_os
+        na = _modulate(na, ma, da, w_ptr, b_ptr, shift_ptr, scale_ptr, sho, sco, stride_shd,
+                       stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+        tl.store(out_ptr + oo + da * stride_od, _cast_out(na, out_ptr.dtype.element_ty), mask=ma)
         if BLOCK_B > 0:
-            tot += tl.sum(xb, 1)
-        mean = (tot / D)[:, None]
-        ca = tl.where(ma, xa - mean, 0.0)
-        q = tl.sum(ca * ca, 1)
-        if BLOCK_B > 0:
-            cb = tl.where(mb, xb - mean, 0.0)
-            q += tl.sum(cb * cb, 1)
-        rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
-        na = ca * rstd
-        if BLOCK_B > 0:
-            nb = cb * rstd
-    elif NORM == 2:
-        q = tl.sum(xa * xa, 1)
-        if BLOCK_B > 0:
-            q += tl.sum(xb * xb, 1)
-        rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
-        na = xa * rstd
-        if BLOCK_B > 0:
-            nb = xb * rstd
-    else:
-        na = xa
-        if BLOCK_B > 0:
-            nb = xb
-    oo = b * stride_ob + s * stride_os
-    na = _modulate(na, va, da, w_ptr, b_ptr, shift_ptr, scale_ptr, b * stride_shb,
-                   b * stride_scb, stride_shd, stride_scd, HAS_W, HAS_B, HAS_SHIFT,
-                   HAS_SCALE, PER_OP, ACT)
-    tl.store(out_ptr + oo + da * stride_od, _cast_out(na, out_ptr.dtype.element_ty), mask=ma)
-    if BLOCK_B > 0:
-        nb = _modulate(nb, vb, db, w_ptr, b_ptr, shift_ptr, scale_ptr, b * stride_shb,
-                       b * stride_scb, stride_shd, stride_scd, HAS_W, HAS_B, HAS_SHIFT,
-                       HAS_SCALE, PER_OP, ACT)
-        tl.store(out_ptr + oo + db * stride_od, _cast_out(nb, out_ptr.dtype.element_ty), mask=mb)
+            nb = _modulate(nb, mb, db, w_ptr, b_ptr, shift_ptr, scale_ptr, sho, sco, stride_shd,
+                           stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
+            tl.store(out_ptr + oo + db * stride_od, _cast_out(nb, out_ptr.dtype.element_ty),
+                     mask=mb)
 
 
 def tile_pieces(D: int):
@@ -277,9 +291,21 @@ def tile_pieces(D: int):
     return a, (triton.next_power_of_2(rest) if rest else 0)
 
 
-#: (ROWS, num_warps) for the v3 tile kernel, or None for the one-row kernel (the default:
-#: v3 is not measured yet; ``benchmarks/sweep_adaln.py`` sets this to time it).
+#: Override of ``tile_settings`` as (ROWS, num_warps), for sweeps (``benchmarks/sweep_adaln.py``).
 TILE_SETTINGS = None
+
+
+def tile_settings(D: int):
+    """(ROWS, num_warps) of the tile kernel for rows of D channels. Measured on the H200
+    (``benchmarks/logs/s3/sweep_adaln.log``): 4 warps beat 8 and 16 at every registry shape
+    (Wan 5120: 196 vs 253 / 348 us) because more, smaller programs keep more rows' loads in
+    flight per SM; one row a program at D >= 3072 (Wan, FLUX.1/2 within 6%). Narrow rows get
+    several rows a program (about 4096 elements a program)."""
+    if TILE_SETTINGS is not None:
+        return TILE_SETTINGS
+    a, b = tile_pieces(D)
+    rows = max(1, min(16, 4096 // (a + b)))
+    return 1 << (rows.bit_length() - 1), 4
 
 
 # ---------------------------------------------------------------------------------------
@@ -370,6 +396,7 @@ def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
 
 
 def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
+    """``o3=None``: the gated residual alone (x_new only)."""
     B, S, D = x3.shape
     if B * S == 0 or D == 0:
         return
@@ -377,6 +404,8 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     chunks = triton.cdiv(D, block)
     num_warps = min(16, max(1, block // 512))
     dummy = x3
+    has_out = o3 is not None
+    o3 = o3 if has_out else dummy
 
     def st(t):
         return t.stride() if t is not None else (0, 0, 0)
@@ -389,10 +418,10 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
             *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride())
     flags = dict(NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
                  RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
-                 HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op)
-    if TILE_SETTINGS is not None and chunks == 1 and not any(
-            t is not None and S > 1 and t.stride(1) != 0 for t in (g3, sh3, sc3)):
-        rows, warps = TILE_SETTINGS
+                 HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
+                 HAS_OUT=has_out)
+    if chunks == 1:
+        rows, warps = tile_settings(D)
         ba, bb_ = tile_pieces(D)
         _adaln_tile_kernel[(triton.cdiv(S, rows), B)](
             *args, **flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
@@ -531,6 +560,59 @@ def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer
     return _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, None)
 
 
+def gated_residual(x, y, gate=None, *, rounding="once", out=None):
+    r"""The gated residual alone: ``x_new = x + y * gate``, stored in x's dtype.
+
+    .. math:: x' = \mathrm{round}(x + y \odot \mathrm{gate})
+
+    Wan's FFN residual ``(x.float() + ff.float() * c_gate).type_as(x)`` in one pass (eager
+    PyTorch makes five: two fp32 copies, a multiply, an add and a cast). No norm follows:
+    the result feeds the next block.
+
+    Parameters
+    ----------
+    x : Tensor
+        The residual stream ``(B, S, D)`` / ``(B, D)``, fp16 / bf16 / fp32, any strides.
+    y : Tensor
+        The branch output, x's shape, any float dtype.
+    gate : Tensor, optional
+        As ``shift`` in :func:`adaln_modulate` (per batch entry or per token, any strides);
+        ``None`` is a plain residual ``x + y``.
+    rounding : {"once", "per_op"}
+        ``"once"``: fp32 math, one rounding (Wan). ``"per_op"``: ``y * gate`` rounded to
+        x's dtype first, as a half-precision eager chain (FLUX's ``x + gate * ff``).
+    out : Tensor, optional
+        Where to write ``x_new`` (x's shape and dtype); ``out=x`` updates x in place.
+
+    Notes
+    -----
+    Contract: bitwise equal to the eager chain (no reduction, no fused multiply-add).
+    Inference only.
+    """
+    if y is None:
+        raise ValueError("y (the branch output) is required")
+    _no_grad_check(x, y, gate)
+    if torch.compiler.is_compiling():
+        return torch.ops.ditfuse.gated_residual(x, y, gate, rounding == "per_op")
+    return _run_residual(x, y, gate, rounding, out)
+
+
+def _run_residual(x, y, gate, rounding, out):
+    x3, y3, g3, _, _, _, _ = _plan(x, y, gate, None, None, None, None, None, 0.0, rounding)
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape
+                            or out.dtype != x.dtype or out.device != x.device):
+        raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}")
+    x_new = out if out is not None else _new(x)
+    if _runtime.kernel_device_ok(x3):
+        _launch(x3, y3, g3, None, None, None, None, _rows_view(x_new, "out"), None, None, 0.0,
+                rounding == "per_op")
+    else:
+        from .reference import adaln_reference
+        x_new.copy_(adaln_reference(x, None, None, norm=None, rounding=rounding, residual=y,
+                                    gate=gate)[0])
+    return x_new
+
+
 # ---------------------------------------------------------------------------------------
 # torch.library ops (used under torch.compile; eager calls launch directly)
 
@@ -568,4 +650,16 @@ def _gated_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Ten
 def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
     _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
           "per_op" if per_op else "once")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("ditfuse::gated_residual", mutates_args=())
+def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
+                       per_op: bool) -> torch.Tensor:
+    return _run_residual(x, y, gate, "per_op" if per_op else "once", None)
+
+
+@_gated_residual_op.register_fake
+def _(x, y, gate, per_op):
+    _plan(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once")
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -212,6 +212,12 @@ def _gated_call(o, t: Dict) -> None:
         t["out"].copy_(out)
 
 
+def _tile_grid(c):
+    """The tile kernel's grid: (rows of N per program, B) programs."""
+    rows = int(c.kwargs["ROWS"])
+    return ("N" if rows == 1 else f"cdiv(N, {rows})", "B", "1")
+
+
 _ADALN_OPTS = (
     Opt("dim", int, 5120, "model width D"),
     Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
@@ -226,12 +232,12 @@ ADALN_MODULATE = OpExport(
     op="adaln_modulate",
     summary="norm(x) * (1 + scale) + shift with fp32 (B, 1, D) chunk views of temb "
             "(default: Wan 14B, D = 5120, bf16, LayerNorm eps 1e-6)",
-    kernel="ditfuse.adaln:_adaln_kernel",
+    kernel="ditfuse.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS,
     tensors=_adaln_tensors,
     call=_adaln_call,
     writes={"out_ptr": "out"},
-    grid=lambda o, c: ("B * N", "1", "1"),
+    grid=lambda o, c: _tile_grid(c),
     tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.adaln_modulate(x, temb[:, shift_chunk:+1], "
              "temb[:, scale_chunk:+1], norm=..., eps=...)",
@@ -241,12 +247,12 @@ GATED_RESIDUAL_ADALN = OpExport(
     op="gated_residual_adaln",
     summary="x_new = x + y * gate; out = norm(x_new) * (1 + scale) + shift, fp32 (B, 1, D) "
             "chunk views of temb (default: Wan 14B, D = 5120, bf16)",
-    kernel="ditfuse.adaln:_adaln_kernel",
+    kernel="ditfuse.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS + (Opt("gate_chunk", int, 2, "temb chunk holding gate", range(6)),),
     tensors=_gated_tensors,
     call=_gated_call,
     writes={"xnew_ptr": "x_new", "out_ptr": "out"},
-    grid=lambda o, c: ("B * N", "1", "1"),
+    grid=lambda o, c: _tile_grid(c),
     tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.gated_residual_adaln(x, y, gate, shift, scale, ...) "
              "with gate / shift / scale the temb chunks",

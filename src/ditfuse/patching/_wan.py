@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..adaln import adaln_modulate, gated_residual_adaln
+from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
 from . import bind_forward, grad_needed, norms_ok, params_need_grad, set_processor
 
@@ -99,7 +99,7 @@ def _make_processor():
 def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     """WanTransformerBlock.forward with the three AdaLN chains fused (same arithmetic: fp32
     math, the model's casts): norm1 + modulate; gated residual + norm2; residual + norm3 +
-    modulate. The FFN's gated residual stays eager (it feeds the next block)."""
+    modulate; the FFN's gated residual (which feeds the next block) alone."""
     from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
     if grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self):
@@ -125,8 +125,7 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     hidden_states, norm_hidden_states = gated_residual_adaln(
         hidden_states, attn_output, None, c_shift_msa, c_scale_msa, norm="layer", eps=self.norm3.eps)
     ff_output = self.ffn(norm_hidden_states)
-    hidden_states = (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
-    return hidden_states
+    return gated_residual(hidden_states, ff_output, c_gate_msa)
 
 
 def _block_ok(block) -> bool:
