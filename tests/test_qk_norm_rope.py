@@ -270,6 +270,37 @@ def test_launch_settings_do_not_change_bits(name):
         assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
 
 
+@pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024"])
+@torch.no_grad()
+def test_64_bit_token_offsets_same_bits(monkeypatch, name):
+    """Offsets within a token are 32-bit unless a head stride makes them reach 2^31; the
+    64-bit variant computes the same. ``_needs_off64`` decides by the strides (a (B, H, S, D)
+    view at 2^26 tokens x 32 heads x 128 needs it, Wan's packed layout never does)."""
+    import sys
+
+    from ditfuse.shapes import QK_SHAPES
+    from ditfuse.workloads import qk_inputs
+
+    mod = sys.modules["ditfuse.qk_norm_rope"]
+    meta = torch.empty(1, 32, 2**26, 128, device="meta").transpose(1, 2)  # (B, S, H, D) view
+    packed = torch.empty(1, 2**26, 3 * 40 * 128, device="meta")[..., :5120].unflatten(-1, (40, 128))
+    no_table = (0, 0, 0, 0)
+    assert mod._needs_off64(32, 128, [meta], no_table, no_table)
+    assert not mod._needs_off64(40, 128, [packed], no_table, no_table)
+    shape = QK_SHAPES[name].small(3)
+    inp = qk_inputs(shape, DEVICE, torch.bfloat16)
+    p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
+                 k_norm=inp["k_norm"], **inp["kwargs"])
+    outs = []
+    for wide in (False, True):
+        monkeypatch.setattr(mod, "_needs_off64", lambda *a, wide=wide: wide)
+        qo, ko = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
+        mod.launch(p, qo, ko)
+        outs.append((qo, ko))
+    assert not outs[0][0].isnan().any() and not outs[0][1].isnan().any()
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
 @torch.no_grad()
 def test_out_slices_of_a_concatenated_buffer():
     """FLUX's text+image concat: each stream written into its slice of one buffer."""

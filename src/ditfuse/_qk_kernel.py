@@ -5,8 +5,10 @@ One program handles one token and a group of heads of it, for Q and then K:
     load (one read) -> norm statistics (fp32) -> normalise, weight, bias -> [round to the
     activation dtype] -> rotate with the token's cos/sin row -> cast -> store (one write)
 
-The token's cos/sin row is loaded once per program and shared by every head (unless the
-table is per head). A group of heads is held as at most two power-of-two pieces
+The token's cos/sin row is shared by every head (unless the table is per head) and loaded
+where the rotation needs it, once per tensor (K's load hits L1): holding it from the start
+cost the Wan kernel 36 registers a thread. Offsets within a token are 32-bit, added to the
+token's 64-bit base (``OFF64`` when a head stride makes them reach 2^31). A group of heads is held as at most two power-of-two pieces
 (40 = 32 + 8, 24 = 16 + 8, 48 = 32 + 16) so that no lanes are wasted on padding heads.
 A rotary pair is (a, b): interleaved (2i, 2i+1), loaded as one contiguous row and split in
 registers, or rotate-half (i, i + r/2), loaded as two contiguous halves; channels past the
@@ -135,9 +137,10 @@ def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
 
 
 @triton.jit
-def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
+def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
                   xa, xb, xp, mp, mean, rstd, alpha, w_ptr, b_ptr,
-                  ca, cb, sa, sb,
+                  cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                  TABLE_HALF: tl.constexpr,
                   D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
                   HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
                   NH: tl.constexpr, NORM: tl.constexpr, SPAN_ALL: tl.constexpr,
@@ -155,15 +158,24 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
     ba = 0.0
     bb = 0.0
     if HAS_W:
-        wa, wb = _load_pairs(w_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False)
+        wa, wb = _load_pairs(w_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH, R2, HALF_PAD,
+                             INTERLEAVED, False)
     if HAS_B:
-        ba, bb = _load_pairs(b_ptr, 0, hh, hmask, w_sh, 1, NH, R2, HALF_PAD, INTERLEAVED, False)
+        ba, bb = _load_pairs(b_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH, R2, HALF_PAD,
+                             INTERLEAVED, False)
     ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
         ya = _rnd(ya, ACT)
         yb = _rnd(yb, ACT)
     if ROPE:
+        # the token's table row, loaded here rather than with x: it is live only for the
+        # rotation (the second tensor's load hits L1), which keeps the registers of a
+        # whole-token program low enough for more programs per SM
+        ca, cb, sa, sb = _load_rope_tables(cos_ptr, sin_ptr, cbase + h_start * t_ch,
+                                           sbase + h_start * t_sh, hh, hmask, t_ch,
+                                           stride_cw, t_sh, stride_sw, NH, R2, HALF_PAD,
+                                           INTERLEAVED, TABLE_HALF)
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
     else:
@@ -176,12 +188,25 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od,
         wp = 1.0
         bp = 0.0
         if HAS_W:
-            wp = tl.load(w_ptr + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(tl.float32)
+            wp = tl.load(w_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp,
+                         other=0.0).to(tl.float32)
         if HAS_B:
-            bp = tl.load(b_ptr + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(tl.float32)
+            bp = tl.load(b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp,
+                         other=0.0).to(tl.float32)
         yp = _norm_affine(xp, wp, bp, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
         tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
                  _cast_out(yp, o_ptr.dtype.element_ty), mask=mp)
+
+
+@triton.jit
+def _local_heads(h_start, h_end, FIRST: tl.constexpr, NH: tl.constexpr, OFF64: tl.constexpr):
+    """Head indices of one piece relative to the program's first head, [NH, 1], and their
+    mask. Offsets within a token are 32-bit (one multiply per element instead of a 64-bit
+    one; the launcher checks they fit) and added to the token's 64-bit base, unless OFF64."""
+    hl = FIRST + tl.arange(0, NH)[:, None]
+    if OFF64:
+        hl = hl.to(tl.int64)
+    return hl, hl < (h_end - h_start).to(tl.int32)
 
 
 @triton.jit
@@ -198,10 +223,10 @@ def _load_pass(ptr, base, hh, hmask, stride_h, stride_d,
 def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
                  R2: tl.constexpr, P: tl.constexpr, HALF_PAD: tl.constexpr,
                  PASS_PAD: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, OFF64: tl.constexpr):
     """All of one tensor's channels for the program's heads, as fp32 tiles."""
-    hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
-    hm0 = hh0 < h_end
+    xbase = xbase + h_start * stride_xh
+    hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
     xa0, xb0 = _load_pairs(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, P0, R2, HALF_PAD,
                            INTERLEAVED, False)
     xp0, mp0 = _load_pass(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2, P, PASS_PAD)
@@ -209,8 +234,7 @@ def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
     xb1 = 0.0
     xp1 = 0.0
     if P1 > 0:
-        hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
-        hm1 = hh1 < h_end
+        hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
         xa1, xb1 = _load_pairs(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, P1, R2, HALF_PAD,
                                INTERLEAVED, False)
         xp1, mp1 = _load_pass(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2, P, PASS_PAD)
@@ -222,7 +246,8 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps, stats_ptr, tok,
                       obase, stride_oh, stride_od,
                       h_start, h_end, n_norm,
-                      ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                      TABLE_HALF: tl.constexpr,
                       D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
                       HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
                       P0: tl.constexpr, P1: tl.constexpr,
@@ -230,17 +255,16 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
                       ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
                       ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
-                      STATS: tl.constexpr):
+                      STATS: tl.constexpr, OFF64: tl.constexpr):
     """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
     ia = tl.arange(0, HALF_PAD)[None, :]
     jp = tl.arange(0, PASS_PAD)[None, :]
-    hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
-    hm0 = hh0 < h_end
+    obase = obase + h_start * stride_oh
+    hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
     ma0 = hm0 & (ia < R2)
     mp0 = hm0 & (jp < P)
     if P1 > 0:
-        hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
-        hm1 = hh1 < h_end
+        hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
         ma1 = hm1 & (ia < R2)
         mp1 = hm1 & (jp < P)
 
@@ -286,13 +310,15 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
 
     # --- normalise, rotate, store --------------------------------------------------
     if STATS != 1:
-        _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, xa0, xb0, xp0, mp0,
-                      mean0, rstd0, alpha, w_ptr, b_ptr, ca0, cb0, sa0, sb0, D, R2, P, HALF_PAD,
+        _finish_piece(o_ptr, obase, hh0, hm0, stride_oh, stride_od, h_start, xa0, xb0, xp0, mp0,
+                      mean0, rstd0, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase, t_ch,
+                      stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P, HALF_PAD,
                       PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
                       INTERLEAVED, ACT)
         if P1 > 0:
-            _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, xa1, xb1, xp1, mp1,
-                          mean1, rstd1, alpha, w_ptr, b_ptr, ca1, cb1, sa1, sb1, D, R2, P,
+            _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, h_start, xa1, xb1, xp1, mp1,
+                          mean1, rstd1, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase,
+                          t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P,
                           HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
                           ROUND_NORM, ROPE, INTERLEAVED, ACT)
 
@@ -335,6 +361,7 @@ def _qk_norm_rope_kernel(
     HAS_POS: tl.constexpr,
     ROUND_NORM: tl.constexpr,
     STATS: tl.constexpr,       # 0 normal; 1 write the sums of squares only; 2 read them
+    OFF64: tl.constexpr,       # offsets within a token need 64 bits (huge head strides)
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -342,14 +369,8 @@ def _qk_norm_rope_kernel(
     b = tok // S
     s = tok - b * S
 
-    ca0 = 0.0
-    cb0 = 0.0
-    sa0 = 0.0
-    sb0 = 0.0
-    ca1 = 0.0
-    cb1 = 0.0
-    sa1 = 0.0
-    sb1 = 0.0
+    cbase = 0
+    sbase = 0
     if ROPE:
         if HAS_POS:
             row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
@@ -357,21 +378,12 @@ def _qk_norm_rope_kernel(
             row = s
         cbase = b * stride_cb + row * stride_cs
         sbase = b * stride_sb + row * stride_ss
-        if TABLE_PER_HEAD:
-            t_ch = stride_ch
-            t_sh = stride_sh
-        else:  # one row per token, read by every head of Q and K
-            t_ch = 0
-            t_sh = 0
-        hh0 = h_start + tl.arange(0, P0)[:, None].to(tl.int64)
-        ca0, cb0, sa0, sb0 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh0, hh0 < H,
-                                               t_ch, stride_cw, t_sh, stride_sw,
-                                               P0, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
-        if P1 > 0:
-            hh1 = h_start + P0 + tl.arange(0, P1)[:, None].to(tl.int64)
-            ca1, cb1, sa1, sb1 = _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh1,
-                                                   hh1 < H, t_ch, stride_cw, t_sh, stride_sw,
-                                                   P1, R2, HALF_PAD, INTERLEAVED, TABLE_HALF)
+    if TABLE_PER_HEAD:
+        t_ch = stride_ch
+        t_sh = stride_sh
+    else:  # one row per token, read by every head of Q and K
+        t_ch = 0
+        t_sh = 0
 
     qbase = b * stride_qb + s * stride_qs
     qobase = b * stride_qob + s * stride_qos
@@ -382,21 +394,21 @@ def _qk_norm_rope_kernel(
     # what the kernel can afford.
     q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
                                                 h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                                                INTERLEAVED)
+                                                INTERLEAVED, OFF64)
     if HAS_K:
         k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd,
                                                     h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
-                                                    P0, P1, INTERLEAVED)
+                                                    P0, P1, INTERLEAVED, OFF64)
     _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
                       q_eps, q_stats_ptr, tok, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
-                      ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
+                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF,
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS)
+                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS, OFF64)
     if HAS_K:
         _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
                           k_alpha, k_eps, k_stats_ptr, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
-                          ca0, cb0, sa0, sb0, ca1, cb1, sa1, sb1,
-                          D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                          cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                          TABLE_HALF, D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS)
+                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS, OFF64)

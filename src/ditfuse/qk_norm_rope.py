@@ -385,8 +385,17 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
+        OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
     _qk_norm_rope_kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
+
+
+def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
+    """Whether an offset within one token's program (up to ``heads`` heads of D channels,
+    masked lanes included) can pass 2^31 elements: then the kernel computes them in 64 bits."""
+    reach = [heads * abs(t.stride(2)) + D * abs(t.stride(3)) for t in tensors]
+    reach += [heads * abs(st[2]) + D * abs(st[3]) for st in (cst, sst)]
+    return max(reach) >= 2**31
 
 
 def triton_cdiv(a: int, b: int) -> int:
