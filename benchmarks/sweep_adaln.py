@@ -1,7 +1,9 @@
-"""Sweep of the AdaLN kernels on the GPU: the shipped one-row kernel (v1) against the opt-in
-tile kernel (v3, ``adaln.TILE_SETTINGS`` = (rows, num_warps)) at the registry's shapes,
-bf16, both ops, CUDA-graph replay with L2 flushed by do_bench. Prints us, % of the copy
-ceiling and the largest |difference| from v1; informs the table (NOTES.md, AdaLN v3)."""
+"""Sweep of the AdaLN tile kernel's launch settings on the GPU: the table
+(``adaln.tile_settings``) against other (rows, num_warps) (``adaln.TILE_SETTINGS``) at the
+registry's shapes, bf16, both ops, CUDA-graph replay with L2 flushed by do_bench. Prints
+us, % of the copy ceiling and the largest |difference| from the table's output."""
+import sys
+
 import torch
 
 import ditfuse
@@ -10,7 +12,9 @@ from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.shapes import ADALN_SHAPES
 from ditfuse.workloads import adaln_inputs
 
-CONFIGS = [None, (1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (2, 16), (4, 8)]
+# None: the table (adaln.tile_settings); argv: "rows,warps rows,warps ..." to sweep others
+CONFIGS = [None] + ([tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or
+                    [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 4)])
 
 
 def _calls(s, per_op):
@@ -27,8 +31,6 @@ def _calls(s, per_op):
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name, shape in ADALN_SHAPES.items():
-    if shape.per_token:
-        continue  # per-token modulation always takes the one-row kernel
     s = adaln_inputs(shape, "cuda", torch.bfloat16, seed=0)
     n = shape.B * shape.S * shape.D * 2
     per_op = "per_op" if shape.model == "flux" else "once"
@@ -48,7 +50,7 @@ for name, shape in ADALN_SHAPES.items():
                 adaln.TILE_SETTINGS = None
             pct = 100 * k * n / (us * 1e-6) / 1e9 / ceil
             res.append((us, str(cfg), pct))
-            print(f"{name:14s} {op:9s} {'v1' if cfg is None else f'v3 rows,warps={cfg}':22s} {us:8.1f} us "
-                  f"{pct:6.1f}%  max|d| vs v1 {err:.3g}", flush=True)
+            print(f"{name:14s} {op:9s} {'table' if cfg is None else f'rows,warps={cfg}':22s} {us:8.1f} us "
+                  f"{pct:6.1f}%  max|d| vs table {err:.3g}", flush=True)
         best = min(res)
         print(f"BEST {name} {op}: {best[1]} {best[0]:.1f} us {best[2]:.1f}%", flush=True)

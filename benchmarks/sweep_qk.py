@@ -1,5 +1,7 @@
 """Launch-settings sweep for qk_norm_rope on the GPU: heads per program x num_warps, per
-registry shape (bf16). Prints us and % of the copy ceiling; informs launch_settings()."""
+registry shape (bf16). Prints us and % of the copy ceiling; informs launch_settings().
+
+usage: python benchmarks/sweep_qk.py [SHAPE,SHAPE,...] [WARPS,WARPS,...]  (default: all, 2,4,8,16)"""
 import sys
 
 import torch
@@ -10,9 +12,12 @@ from ditfuse.shapes import QK_SHAPES
 from ditfuse.workloads import qk_bytes, qk_inputs
 
 mod = sys.modules["ditfuse.qk_norm_rope"]
+names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(QK_SHAPES)
+warps = [int(w) for w in sys.argv[2].split(",")] if len(sys.argv) > 2 else [2, 4, 8, 16]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
-for name, shape in QK_SHAPES.items():
+for name in names:
+    shape = QK_SHAPES[name]
     inp = qk_inputs(shape, "cuda", torch.bfloat16)
     kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
     p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], **kw)
@@ -26,7 +31,7 @@ for name, shape in QK_SHAPES.items():
     hgs = [shape.H] if span_all else sorted({shape.H, 8, 16} - {0})
     default = mod.launch_settings(shape.H, shape.D, span_all, True)
     res = []
-    for hg, nw, bc in [(h, n, b) for h in hgs for n in (2, 4, 8, 16) for b in (False,)]:
+    for hg, nw, bc in [(h, n, b) for h in hgs for n in warps for b in (False,)]:
         if nw * 32 * 4 > hg * shape.D * 2:  # fewer than 4 elements a thread
             continue
         if True:

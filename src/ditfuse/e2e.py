@@ -19,6 +19,7 @@ guidance). Rows print as they finish and the CSV is rewritten after every row.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import gc
 import math
@@ -299,9 +300,10 @@ def _row(spec, impl, dtype, **kw) -> dict:
 
 def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, timer, emit,
               compile_backend: str | None = "inductor", steps: int = 20, config=None, sizes=None,
-              mem=None):
-    """Time one step four ways (two without ``compile_backend``) and compare trajectories;
-    calls ``emit(row)`` as each row finishes. Returns (rows, quality, patch report)."""
+              mem=None, rounds: int = 3):
+    """Time one step four ways (two without ``compile_backend``; an unpatched model and a
+    patched copy, timed in ``rounds`` interleaved rounds) and compare trajectories; calls
+    ``emit(row)`` for each way. Returns (rows, quality, patch report)."""
     import ditfuse
 
     model = build_model(spec, layers, device, dtype, **(config or {}))
@@ -311,33 +313,42 @@ def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, time
     shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
     rows, quality = {}, {}
 
-    def timed(impl, fn, **extra):
-        if mem:
-            mem.reset()
-        ms = timer(fn)
-        rows[impl] = ms
-        emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
-                  peak_gib=mem.peak() if mem else None, shape=shape, **extra))
-
-    def compiled():
-        torch._dynamo.reset()
-        comp = torch.compile(model, backend=compile_backend)
+    def compiled(m):
+        comp = torch.compile(m, backend=compile_backend)
         comp(**kw)
         return lambda: comp(**kw)
 
+    torch._dynamo.reset()
     with torch.no_grad():
-        timed("unpatched eager", lambda: model(**kw))
-        if compile_backend:
-            timed("unpatched compile", compiled())
         ref_traj = trajectory(model, kw, spec, steps)
-        report = ditfuse.patch(model)
-        traj = trajectory(model, kw, spec, steps)
+        patched = copy.deepcopy(model)  # the same weights; both stay built for the interleaving
+        report = ditfuse.patch(patched)
+        traj = trajectory(patched, kw, spec, steps)
         quality = _compare(traj, ref_traj)
-        timed("patched eager", lambda: model(**kw), note=f"{steps}-step trajectory vs unpatched", **quality)
+        fns = {"unpatched eager": lambda: model(**kw)}
         if compile_backend:
-            timed("patched compile", compiled())
+            fns["unpatched compile"] = compiled(model)
+        fns["patched eager"] = lambda: patched(**kw)
+        if compile_backend:
+            fns["patched compile"] = compiled(patched)
+        # Rounds over the four ways, so that the GPU's clock (it drifts down as the chip
+        # heats over a run) weighs on each the same; a row is the median of its rounds.
+        times = {impl: [] for impl in fns}
+        peaks = {impl: [] for impl in fns}
+        for _ in range(rounds):
+            for impl, fn in fns.items():
+                if mem:
+                    mem.reset()
+                times[impl].append(timer(fn))
+                peaks[impl].append(mem.peak() if mem else None)
+        for impl in fns:
+            ms = statistics.median(times[impl])
+            rows[impl] = ms
+            extra = dict(note=f"{steps}-step trajectory vs unpatched", **quality) if impl == "patched eager" else {}
+            emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
+                      peak_gib=max(peaks[impl]) if mem else None, shape=shape, **extra))
         torch._dynamo.reset()
-        ditfuse.unpatch(model)
+        del patched
     return rows, quality, report
 
 
@@ -544,7 +555,7 @@ def main(args) -> int:
                                       f"{_dt.date.today().isoformat()}.csv")
     t0 = time.time()
     failed = run_e2e(names, "cuda", args.layers, path,
-                     timer=lambda fn: _median_us(fn, warmup=5, rep=50) / 1e3,  # ms
+                     timer=lambda fn: _median_us(fn, warmup=3, rep=20) / 1e3,  # ms, per round
                      slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend)
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0
