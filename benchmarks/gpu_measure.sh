@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# A session's measuring device call after kernel changes: the changed ops re-benchmarked
-# first the GPU-only tests with one line per test, then the changed ops re-benchmarked (OPS,
-# default qk_norm_rope and adaln; merged into BASE's CSV and chart) and their launch-settings
-# sweeps. Every step bounded by what
-# remains of BUDGET seconds. Carry .whl; copy $OUT into benchmarks/results and benchmarks/logs.
+# A session's measuring device call after kernel changes: first the GPU-only tests with one
+# line per test, then the changed ops re-benchmarked (OPS, default qk_norm_rope and adaln;
+# merged into BASE's CSV and chart) and their launch-settings sweeps. Every step bounded by
+# what remains of BUDGET seconds. Carry .whl; copy $OUT into benchmarks/results and benchmarks/logs.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
 export PYTHONUNBUFFERED=1
@@ -15,7 +14,7 @@ step() {  # step SECONDS CMD...: run CMD for at most SECONDS, less if the budget
   timeout "$t" "$@"
 }
 step 190 python3 -m pytest tests/test_aot.py tests/test_patch_cuda_graph.py tests/test_no_half_fma.py \
-  tests/test_launch_cache.py -v -p no:cacheprovider --tb=short -rs -k "gpu or cuda_graph or launch or half" \
+  -v -p no:cacheprovider --tb=short -rs -k "gpu or cuda_graph or half" \
   > $OUT/pytest_gpu.log 2>&1; grep -E "PASS|FAIL|ERROR|SKIP|passed|failed" $OUT/pytest_gpu.log | tail -30
 BASE=${BASE:-benchmarks/results/NVIDIA-H200-2026-11-29.csv}
 for op in ${OPS:-qk_norm_rope adaln}; do

@@ -47,16 +47,10 @@ EXAMPLES = [
     ("qk_variant", "qk_norm_rope", "sm_90",
      dict(heads=12, dtype="fp16", norm_span="head", rope="half"), False),
 ]
-try:  # being written concurrently: exported when it is importable
-    import ditfuse.attention  # noqa: F401
-    HAVE_ATTENTION = True
-    # SAME-L: 24 heads x 64, window 17, fp32, differential; its default target (sm_80)
-    EXAMPLES.append(("swa", "sliding_window_attention", None, {}, True))
-    # the Hopper build (wgmma; .target sm_90a kept): the one an H200 JIT-compiles itself
-    EXAMPLES.append(("swa_sm90a", "sliding_window_attention", "sm_90a", {}, False))
-except ImportError:
-    HAVE_ATTENTION = False
-needs_attention = pytest.mark.skipif(not HAVE_ATTENTION, reason="ditfuse.attention not written yet")
+# SAME-L: 24 heads x 64, window 17, fp32, differential; its default target (sm_80)
+EXAMPLES.append(("swa", "sliding_window_attention", None, {}, True))
+# the Hopper build (wgmma; .target sm_90a kept): the one an H200 JIT-compiles itself
+EXAMPLES.append(("swa_sm90a", "sliding_window_attention", "sm_90a", {}, False))
 
 _DRIVER = """
 import json, sys
@@ -293,7 +287,7 @@ int main(void)
 
 @needs_tools
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
-@pytest.mark.parametrize("name", ["adaln", "gated", pytest.param("swa", marks=needs_attention)])
+@pytest.mark.parametrize("name", ["adaln", "gated", "swa"])
 def test_c_header_pair(pkgs, name, tmp_path):
     d = pkgs[name]
     m = _manifest(d)
@@ -622,7 +616,6 @@ def test_refuses_tensor_core_op_without_mma():
 
 
 @needs_tools
-@needs_attention
 def test_attention_package_and_its_mma_refusal(pkgs):
     """SAME-L's differential attention: packaged for sm_80 (mma.sync, which Hopper runs; its
     sm_90 PTX uses sm_90a-only wgmma), one pipeline stage to stay under 48 KB; the same
@@ -658,7 +651,6 @@ def test_attention_package_and_its_mma_refusal(pkgs):
 
 
 @needs_tools
-@needs_attention
 def test_attention_for_sm90_is_refused_with_its_reason(tmp_path):
     """Its sm_90 PTX uses wgmma: .target sm_90a cannot become sm_90."""
     r = subprocess.run([sys.executable, "-m", "ditfuse", "export", "sliding_window_attention",

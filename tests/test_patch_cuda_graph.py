@@ -16,11 +16,12 @@ def _to(kw, device):
 
 
 def _fresh_like(kw, seed):
-    """New random values for every floating-point input (ids and timesteps kept)."""
+    """New random values for every floating-point activation input (ids, timesteps and
+    attention masks kept: a random "mask" is not one)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = {}
     for k, v in kw.items():
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1 and "mask" not in k:
             out[k] = (torch.randn(v.shape, generator=g, device="cuda") * v.float().std()).to(v.dtype)
         else:
             out[k] = v
@@ -30,6 +31,9 @@ def _fresh_like(kw, seed):
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_patched_forward_in_a_cuda_graph(name, make, inputs, expected):
+    if name == "qwen-image":
+        pytest.skip("diffusers 0.42.1's QwenImageTransformer2DModel.forward is not capturable "
+                    "patched or not: compute_text_seq_len_from_mask copies a CPU tensor to the GPU")
     model = to_dtype(make(), torch.bfloat16).cuda()
     ditfuse.patch(model)
     static = _to(inputs(torch.bfloat16), "cuda")
