@@ -323,8 +323,11 @@ def _rms_ch_kernel(
 #: padded elements (next_pow2(C/G) * next_pow2(spatial)) of a group one program holds in
 #: registers (16 warps x 32 fp32 values a thread); larger groups take the split path
 FIT_MAX = 16384
-#: elements of one tile of the split path (8 warps x 16 values a thread)
-SPLIT_TILE = 4096
+#: elements of one tile of the split path (8 warps x 32 values a thread): 8192 beat 4096 and
+#: 2048 at every split-path registry shape on the H200 (FLUX VAE up2-512 136.6 vs 164.9 us,
+#: out-1024 258.6 vs 309.8 us; benchmarks/logs/s3/sweep_gn.log): twice the bytes in flight
+#: per program
+SPLIT_TILE = 8192
 #: statistics programs the split path aims for in total (about 8 per SM of a 132-SM H100 /
 #: H200), spread over the N * G groups ...
 STATS_PROGRAMS = 1024
