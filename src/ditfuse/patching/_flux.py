@@ -1,9 +1,10 @@
-"""FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single)."""
+"""FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single), and
+the blocks' gated residuals with the norm + modulation that follows them."""
 from __future__ import annotations
 
 import torch
 
-from ..adaln import adaln_modulate
+from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
 from . import bind_forward, grad_needed, norms_ok, params_need_grad, set_processor
 
@@ -134,9 +135,87 @@ def _ada_zero_single_forward(self, x, emb=None):
     return x, gate_msa
 
 
+def _plain_ln(n) -> bool:
+    return isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
+
+
+def _block_ok(self, x, c, temb) -> bool:
+    """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
+    fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
+    the gates and modulations in that dtype too: ``temb``'s dtype after the AdaLN linear)."""
+    return (_plain_ln(self.norm2) and _plain_ln(self.norm2_context) and x.dim() == 3
+            and c.dim() == 3 and x.dtype == c.dtype == self.norm1.linear.weight.dtype
+            and not grad_needed(x, c, temb) and not params_need_grad(self))
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                   joint_attention_kwargs=None):
+    """FluxTransformerBlock.forward with, per stream, ``x + gate * attn`` -> norm2 ->
+    ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (the eager
+    block's bf16 per-op rounding: ``rounding="per_op"``). Falls back to the block's own
+    forward when autograd is on or the norms / dtypes differ (``_block_ok``)."""
+    from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
+
+    if not _block_ok(self, hidden_states, encoder_hidden_states, temb):
+        return FluxTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                            image_rotary_emb, joint_attention_kwargs)
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+        encoder_hidden_states, emb=temb)
+    attention_outputs = self.attn(hidden_states=norm_hidden_states,
+                                  encoder_hidden_states=norm_encoder_hidden_states,
+                                  image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+    attn_output, context_attn_output = attention_outputs[:2]
+
+    hidden_states, norm_hidden_states = gated_residual_adaln(
+        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, norm="layer",
+        eps=self.norm2.eps, rounding="per_op")
+    hidden_states = gated_residual(hidden_states, self.ff(norm_hidden_states), gate_mlp,
+                                   rounding="per_op")
+    if len(attention_outputs) == 3:  # IP-adapter output, added as the block does
+        hidden_states = hidden_states + attention_outputs[2]
+
+    encoder_hidden_states, norm_encoder_hidden_states = gated_residual_adaln(
+        encoder_hidden_states, context_attn_output, c_gate_msa, c_shift_mlp, c_scale_mlp,
+        norm="layer", eps=self.norm2_context.eps, rounding="per_op")
+    encoder_hidden_states = gated_residual(encoder_hidden_states,
+                                           self.ff_context(norm_encoder_hidden_states), c_gate_mlp,
+                                           rounding="per_op")
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
+def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                          joint_attention_kwargs=None):
+    """FluxSingleTransformerBlock.forward with ``residual + gate * proj_out(...)`` as one
+    kernel (per-op rounding, as the block computes it in the activation dtype)."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
+
+    if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
+            hidden_states.dtype != encoder_hidden_states.dtype or \
+            hidden_states.dtype != self.norm.linear.weight.dtype:
+        return FluxSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                                  image_rotary_emb, joint_attention_kwargs)
+    text_seq_len = encoder_hidden_states.shape[1]
+    hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    residual = hidden_states
+    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
+    mlp_hidden_states = self.act_mlp(self.proj_mlp(norm_hidden_states))
+    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                            **(joint_attention_kwargs or {}))
+    hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
+    hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
     from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
-    from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
+    from diffusers.models.transformers.transformer_flux import (FluxAttention, FluxAttnProcessor,
+                                                                FluxSingleTransformerBlock,
+                                                                FluxTransformerBlock)
 
     proc_cls = _make_processor() if qk_norm_rope else None
     for m in model.modules():
@@ -150,3 +229,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
         if adaln and type(m) is AdaLayerNormZeroSingle:
             if bind_forward(m, _ada_zero_single_forward):
                 report.add("AdaLayerNormZeroSingle (modulate)")
+        if adaln and type(m) is FluxTransformerBlock:
+            if bind_forward(m, _block_forward):
+                report.add("blocks (gated residuals + norm2)")
+        if adaln and type(m) is FluxSingleTransformerBlock:
+            if bind_forward(m, _single_block_forward):
+                report.add("single blocks (gated residual)")
