@@ -1,12 +1,15 @@
 """FLUX.2 (Flux2Transformer2DModel): per-head QK-norm + RoPE in the double-stream processor
 and, in place on the strided Q/K views of the fused ``to_qkv_mlp_proj`` output, in the
-single-stream (parallel) processor."""
+single-stream (parallel) processor; in the blocks, every norm + modulation and gated
+residual of the eager code as the AdaLN kernels (per-op rounding, as the blocks compute in
+the activation dtype)."""
 from __future__ import annotations
 
 import torch
 
+from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import replace_processors
+from . import bind_forward, grad_needed, params_need_grad, replace_processors
 from ._flux import joint_qk, qk_ok
 
 
@@ -82,6 +85,89 @@ def _make_processors():
             t2.Flux2ParallelSelfAttnProcessor: DitfuseFlux2ParallelSelfAttnProcessor}
 
 
+def _plain_ln(*norms) -> bool:
+    return all(isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
+               for n in norms)
+
+
+def _fusable(block, norms, x, *ts) -> bool:
+    """Affine-free LayerNorms, no autograd, and every tensor of the chain in x's dtype (the
+    eager block rounds each step to it: ``rounding="per_op"``)."""
+    return (_plain_ln(*norms) and x.dim() == 3 and not grad_needed(x, *ts)
+            and not params_need_grad(block) and all(t.dtype == x.dtype for t in ts))
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
+                   image_rotary_emb=None, joint_attention_kwargs=None):
+    """Flux2TransformerBlock.forward with, per stream, norm1 + modulate, ``x + gate * attn``
+    + norm2 + modulate, and ``x + gate * ff`` each as one kernel."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2Modulation, Flux2TransformerBlock
+
+    if not _fusable(self, (self.norm1, self.norm1_context, self.norm2, self.norm2_context),
+                    hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt):
+        return Flux2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod_img,
+                                             temb_mod_txt, image_rotary_emb, joint_attention_kwargs)
+    (shift_msa, scale_msa, gate_msa), (shift_mlp, scale_mlp, gate_mlp) = Flux2Modulation.split(temb_mod_img, 2)
+    (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = Flux2Modulation.split(
+        temb_mod_txt, 2)
+    kw = dict(norm="layer", rounding="per_op")
+    norm_hidden_states = adaln_modulate(hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, **kw)
+    norm_encoder_hidden_states = adaln_modulate(encoder_hidden_states, c_shift_msa, c_scale_msa,
+                                                eps=self.norm1_context.eps, **kw)
+    attn_output, context_attn_output = self.attn(
+        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+        image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+
+    hidden_states, norm_hidden_states = gated_residual_adaln(
+        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, eps=self.norm2.eps, **kw)
+    hidden_states = gated_residual(hidden_states, self.ff(norm_hidden_states), gate_mlp, rounding="per_op")
+
+    encoder_hidden_states, norm_encoder_hidden_states = gated_residual_adaln(
+        encoder_hidden_states, context_attn_output, c_gate_msa, c_shift_mlp, c_scale_mlp,
+        eps=self.norm2_context.eps, **kw)
+    encoder_hidden_states = gated_residual(encoder_hidden_states, self.ff_context(norm_encoder_hidden_states),
+                                           c_gate_mlp, rounding="per_op")
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
+def _single_block_forward(self, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb=None,
+                          joint_attention_kwargs=None, split_hidden_states=False, text_seq_len=None):
+    """Flux2SingleTransformerBlock.forward with norm + modulate and ``x + gate * attn`` each
+    as one kernel."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2Modulation, Flux2SingleTransformerBlock
+
+    ts = (temb_mod,) + ((encoder_hidden_states,) if encoder_hidden_states is not None else ())
+    if not _fusable(self, (self.norm,), hidden_states, *ts):
+        return Flux2SingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod,
+                                                   image_rotary_emb, joint_attention_kwargs,
+                                                   split_hidden_states, text_seq_len)
+    if encoder_hidden_states is not None:
+        text_seq_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    mod_shift, mod_scale, mod_gate = Flux2Modulation.split(temb_mod, 1)[0]
+    norm_hidden_states = adaln_modulate(hidden_states, mod_shift, mod_scale, norm="layer",
+                                        eps=self.norm.eps, rounding="per_op")
+    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                            **(joint_attention_kwargs or {}))
+    hidden_states = gated_residual(hidden_states, attn_output, mod_gate, rounding="per_op")
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    if split_hidden_states:
+        return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+    return hidden_states
+
+
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+    from diffusers.models.transformers.transformer_flux2 import (Flux2SingleTransformerBlock,
+                                                                 Flux2TransformerBlock)
+
     if qk_norm_rope:
         replace_processors(model, report, _make_processors(), "attention processors (QK-norm + RoPE)")
+    if adaln:
+        for m in model.modules():
+            if type(m) is Flux2TransformerBlock and bind_forward(m, _block_forward):
+                report.add("blocks (AdaLN + gated residuals)")
+            if type(m) is Flux2SingleTransformerBlock and bind_forward(m, _single_block_forward):
+                report.add("single blocks (AdaLN + gated residual)")
