@@ -1,11 +1,15 @@
 """HunyuanVideo (HunyuanVideoTransformer3DModel): per-head QK-norm + RoPE on the image
-tokens, QK-norm only on the text tokens, in place on the fresh projections."""
+tokens, QK-norm only on the text tokens, in place on the fresh projections; in the
+double- and single-stream blocks, AdaLayerNormZero(Single)'s norm + modulate and the gated
+residuals (with the norm2 + modulate that follows) as the AdaLN kernels."""
 from __future__ import annotations
 
 import torch
 
+from ..adaln import gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, norms_ok, params_need_grad, replace_processors
+from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors
+from ._flux import _ada_zero_forward, _ada_zero_single_forward, _plain_ln
 
 
 def _make_processor():
@@ -76,9 +80,78 @@ def _make_processor():
     return DitfuseHunyuanVideoAttnProcessor
 
 
+def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                   freqs_cis=None, *args, **kwargs):
+    """HunyuanVideoTransformerBlock.forward with, per stream, ``x + attn * gate`` -> norm2 ->
+    ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (per-op rounding,
+    as the block computes in the activation dtype). Falls back to the block's own forward
+    when autograd is on or the norms / dtypes differ."""
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoTransformerBlock
+
+    x, c = hidden_states, encoder_hidden_states
+    if not (_plain_ln(self.norm2) and _plain_ln(self.norm2_context) and x.dim() == 3
+            and x.dtype == c.dtype == self.norm1.linear.weight.dtype
+            and not grad_needed(x, c, temb) and not params_need_grad(self)):
+        return HunyuanVideoTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                                    attention_mask, freqs_cis, *args, **kwargs)
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+        encoder_hidden_states, emb=temb)
+    attn_output, context_attn_output = self.attn(
+        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+        attention_mask=attention_mask, image_rotary_emb=freqs_cis)
+    kw = dict(norm="layer", rounding="per_op")
+    hidden_states, norm_hidden_states = gated_residual_adaln(
+        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, eps=self.norm2.eps, **kw)
+    encoder_hidden_states, norm_encoder_hidden_states = gated_residual_adaln(
+        encoder_hidden_states, context_attn_output, c_gate_msa, c_shift_mlp, c_scale_mlp,
+        eps=self.norm2_context.eps, **kw)
+    hidden_states = gated_residual(hidden_states, self.ff(norm_hidden_states), gate_mlp, rounding="per_op")
+    encoder_hidden_states = gated_residual(encoder_hidden_states, self.ff_context(norm_encoder_hidden_states),
+                                           c_gate_mlp, rounding="per_op")
+    return hidden_states, encoder_hidden_states
+
+
+def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                          image_rotary_emb=None, *args, **kwargs):
+    """HunyuanVideoSingleTransformerBlock.forward with ``gate * proj_out(...) + residual`` as
+    one kernel (per-op rounding)."""
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoSingleTransformerBlock
+
+    if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
+            not (hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype):
+        return HunyuanVideoSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                                          attention_mask, image_rotary_emb, *args, **kwargs)
+    text_seq_length = encoder_hidden_states.shape[1]
+    hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+    residual = hidden_states
+    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
+    mlp_hidden_states = self.act_mlp(self.proj_mlp(norm_hidden_states))
+    attn_output, context_attn_output = self.attn(
+        hidden_states=norm_hidden_states[:, :-text_seq_length, :],
+        encoder_hidden_states=norm_hidden_states[:, -text_seq_length:, :],
+        attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+    attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+    hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
+    hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
+    return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
+
+
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+    from diffusers.models.transformers.transformer_hunyuan_video import (
+        HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
 
     if qk_norm_rope:
         replace_processors(model, report, {HunyuanVideoAttnProcessor2_0: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
+    if adaln:
+        for m in model.modules():
+            if type(m) is AdaLayerNormZero and bind_forward(m, _ada_zero_forward):
+                report.add("AdaLayerNormZero (modulate)")
+            if type(m) is AdaLayerNormZeroSingle and bind_forward(m, _ada_zero_single_forward):
+                report.add("AdaLayerNormZeroSingle (modulate)")
+            if type(m) is HunyuanVideoTransformerBlock and bind_forward(m, _block_forward):
+                report.add("blocks (gated residuals + norm2)")
+            if type(m) is HunyuanVideoSingleTransformerBlock and bind_forward(m, _single_block_forward):
+                report.add("single blocks (gated residual)")

@@ -163,7 +163,9 @@ CASES = [
                                     "single blocks (gated residual)": 1}),
     ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 2, "blocks (AdaLN + gated residuals)": 1,
                                       "single blocks (AdaLN + gated residual)": 1}),
-    ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2}),
+    ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2,
+                                                  "AdaLayerNormZero (modulate)": 2, "AdaLayerNormZeroSingle (modulate)": 1,
+                                                  "blocks (gated residuals + norm2)": 1, "single blocks (gated residual)": 1}),
     ("sa3-dit", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1}),
     ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1}),
 ]
