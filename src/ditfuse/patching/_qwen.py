@@ -1,13 +1,17 @@
 """Qwen-Image (QwenImageTransformer2DModel): per-head QK-norm + RoPE of the text and image
 streams, each written into its slice of the joint Q/K. Qwen's RoPE is a complex multiply;
 ``x * (c + i s)`` on pairs (2i, 2i+1) is the interleaved rotation with the unique-frequency
-tables ``c = freqs.real``, ``s = freqs.imag`` (strided views, no copy)."""
+tables ``c = freqs.real``, ``s = freqs.imag`` (strided views, no copy). In the blocks, each
+stream's norm1 + modulate, gated residual + norm2 + modulate and MLP gated residual as the
+AdaLN kernels (per-op rounding, as the block computes in the activation dtype)."""
 from __future__ import annotations
 
 import torch
 
+from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, norms_ok, params_need_grad, replace_processors
+from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors
+from ._flux import _plain_ln
 
 
 def _cs(freqs):
@@ -87,9 +91,63 @@ def _make_processor():
     return DitfuseQwenDoubleStreamAttnProcessor
 
 
+def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
+                   image_rotary_emb=None, joint_attention_kwargs=None, modulate_index=None):
+    """QwenImageTransformerBlock.forward with the AdaLN chains fused. Falls back to the
+    block's own forward for ``modulate_index`` (the edit models' per-token choice of
+    modulation), autograd, other norms, or dtypes that differ from the activations'."""
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
+
+    x, c = hidden_states, encoder_hidden_states
+    norms = (self.img_norm1, self.img_norm2, self.txt_norm1, self.txt_norm2)
+    if modulate_index is not None or not (
+            all(_plain_ln(n) for n in norms) and x.dim() == 3 and c.dim() == 3
+            and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
+            and not grad_needed(x, c, temb) and not params_need_grad(self)):
+        return QwenImageTransformerBlock.forward(self, hidden_states, encoder_hidden_states,
+                                                 encoder_hidden_states_mask, temb, image_rotary_emb,
+                                                 joint_attention_kwargs, modulate_index)
+    img_mod_params = self.img_mod(temb)
+    if self.zero_cond_t:
+        temb = torch.chunk(temb, 2, dim=0)[0]
+    txt_mod_params = self.txt_mod(temb)
+    img_mod1, img_mod2 = img_mod_params.chunk(2, dim=-1)
+    txt_mod1, txt_mod2 = txt_mod_params.chunk(2, dim=-1)
+    kw = dict(norm="layer", rounding="per_op")
+
+    def mods(p):  # (shift, scale, gate), each (B, D)
+        return p.chunk(3, dim=-1)
+
+    (i_sh1, i_sc1, i_g1), (i_sh2, i_sc2, i_g2) = mods(img_mod1), mods(img_mod2)
+    (t_sh1, t_sc1, t_g1), (t_sh2, t_sc2, t_g2) = mods(txt_mod1), mods(txt_mod2)
+    img_modulated = adaln_modulate(hidden_states, i_sh1, i_sc1, eps=self.img_norm1.eps, **kw)
+    txt_modulated = adaln_modulate(encoder_hidden_states, t_sh1, t_sc1, eps=self.txt_norm1.eps, **kw)
+    img_attn_output, txt_attn_output = self.attn(
+        hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
+        encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}))
+    hidden_states, img_modulated2 = gated_residual_adaln(
+        hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, eps=self.img_norm2.eps, **kw)
+    encoder_hidden_states, txt_modulated2 = gated_residual_adaln(
+        encoder_hidden_states, txt_attn_output, t_g1, t_sh2, t_sc2, eps=self.txt_norm2.eps, **kw)
+    hidden_states = gated_residual(hidden_states, self.img_mlp(img_modulated2), i_g2, rounding="per_op")
+    encoder_hidden_states = gated_residual(encoder_hidden_states, self.txt_mlp(txt_modulated2), t_g2,
+                                           rounding="per_op")
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
-    from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+    from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
+                                                                     QwenImageTransformerBlock)
 
     if qk_norm_rope:
         replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
+    if adaln:
+        for m in model.modules():
+            if type(m) is QwenImageTransformerBlock and bind_forward(m, _block_forward):
+                report.add("blocks (AdaLN + gated residuals)")

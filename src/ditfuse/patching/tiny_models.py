@@ -167,7 +167,7 @@ CASES = [
                                                   "AdaLayerNormZero (modulate)": 2, "AdaLayerNormZeroSingle (modulate)": 1,
                                                   "blocks (gated residuals + norm2)": 1, "single blocks (gated residual)": 1}),
     ("sa3-dit", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1}),
-    ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1}),
+    ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1}),
 ]
 
 
