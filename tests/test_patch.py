@@ -27,14 +27,20 @@ def _close(out, ref, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
-def test_patched_matches_unpatched(name, make, inputs, expected, dtype):
+def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypatch):
+    from ditfuse import adaln
+
     model = to_dtype(make(), dtype)
     kw = inputs(dtype)
     ref = model(**kw)[0]
     report = ditfuse.patch(model)
     for kind, n in expected.items():
         assert report.counts.get(kind) == n, (report.counts, kind)
+    launches, real = [], adaln._launch
+    monkeypatch.setattr(adaln, "_launch", lambda *a: (launches.append(a), real(*a))[1])
     out = model(**kw)[0]
+    if any("AdaLN" in k or "adaln" in k.lower() or "residual" in k or "modulate" in k for k in expected):
+        assert launches, "the patched blocks fell back to their own forward"
     share = _close(out, ref, dtype)
     if dtype == torch.bfloat16:
         assert share == 1.0, "in bf16 the patched model is bitwise the unpatched one"

@@ -1,10 +1,14 @@
 """Stable Audio 3 DiT (StableAudio3DiTModel): per-head RMS QK-norm + partial rotate-half
-RoPE of the (differential) self-attention, in place on the chunks of ``to_qkv``."""
+RoPE of the (differential) self-attention, in place on the chunks of ``to_qkv``; in the
+blocks, each RMS norm with the AdaLN modulation and the gated residual before it as the AdaLN
+kernels (per-op rounding, as the block computes in the activation dtype)."""
 from __future__ import annotations
 
+import torch
 
+from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import grad_needed, norms_ok, params_need_grad, replace_processors
+from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors
 
 
 def _make_processor():
@@ -57,9 +61,58 @@ def _make_processor():
     return DitfuseStableAudio3SelfAttnProcessor
 
 
+def _fp32_rms(n) -> bool:
+    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3RMSNorm
+
+    return type(n) is StableAudio3RMSNorm and n.force_fp32 and n.gamma.is_contiguous()
+
+
+def _block_forward(self, hidden_states, context, global_modulation, rope, context_mask=None,
+                   local_seq=None, num_memory_tokens=0):
+    """StableAudio3DiTBlock.forward as four AdaLN kernels around the attentions and the FF:
+    pre_norm + modulate; ``x + attn * sigmoid(1 - gate)`` + cross_attend_norm; ``x + cross``
+    + ff_norm + modulate; ``x + ff * sigmoid(1 - gate)`` (with inpainting's ``local_seq``,
+    the cross-attention residual and ff_norm + modulate are two kernels around the block's
+    own local addition). The RMS norms compute in fp32 and round after ``* gamma``, the rest
+    rounds per op, as the eager block does. Falls back to the block's own forward for
+    autograd, norms that do not force fp32, or a modulation in another dtype than the
+    activations."""
+    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3DiTBlock
+
+    modulation = self.to_scale_shift_gate + global_modulation
+    if hidden_states.dim() != 3 or modulation.dtype != hidden_states.dtype or \
+            not all(_fp32_rms(n) for n in (self.pre_norm, self.cross_attend_norm, self.ff_norm)) or \
+            grad_needed(hidden_states, context, global_modulation) or params_need_grad(self):
+        return StableAudio3DiTBlock.forward(self, hidden_states, context, global_modulation, rope,
+                                            context_mask, local_seq, num_memory_tokens)
+    scale_attn, shift_attn, gate_attn, scale_ff, shift_ff, gate_ff = modulation.chunk(6, dim=-1)
+    rms = dict(norm="rms", rounding="per_op")
+    norm_hidden = adaln_modulate(hidden_states, shift_attn, scale_attn, weight=self.pre_norm.gamma,
+                                 eps=self.pre_norm.eps, **rms)
+    attn_out = self.self_attn(norm_hidden, rope=rope)
+    hidden_states, normed = gated_residual_adaln(
+        hidden_states, attn_out, torch.sigmoid(1 - gate_attn), weight=self.cross_attend_norm.gamma,
+        eps=self.cross_attend_norm.eps, **rms)
+    cross = self.cross_attn(normed, context=context, context_mask=context_mask)
+    ff_kw = dict(weight=self.ff_norm.gamma, eps=self.ff_norm.eps, **rms)
+    if local_seq is None:
+        hidden_states, norm_hidden = gated_residual_adaln(hidden_states, cross, None, shift_ff, scale_ff, **ff_kw)
+    else:
+        hidden_states = gated_residual(hidden_states, cross, None, rounding="per_op")
+        audio = hidden_states[:, num_memory_tokens:] + self.to_local_embed(local_seq)
+        hidden_states = torch.cat([hidden_states[:, :num_memory_tokens], audio], dim=1)
+        norm_hidden = adaln_modulate(hidden_states, shift_ff, scale_ff, **ff_kw)
+    return gated_residual(hidden_states, self.ff(norm_hidden), torch.sigmoid(1 - gate_ff), rounding="per_op")
+
+
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
-    from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3SelfAttnProcessor
+    from diffusers.models.transformers.transformer_stable_audio3 import (StableAudio3DiTBlock,
+                                                                         StableAudio3SelfAttnProcessor)
 
     if qk_norm_rope:
         replace_processors(model, report, {StableAudio3SelfAttnProcessor: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
+    if adaln:
+        for m in model.modules():
+            if type(m) is StableAudio3DiTBlock and bind_forward(m, _block_forward):
+                report.add("blocks (AdaLN + gated residuals)")

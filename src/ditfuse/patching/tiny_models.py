@@ -129,13 +129,17 @@ def _sa3():
         local_add_cond_dim=4, timestep_features_dim=16, num_memory_tokens=2))
 
 
-def _sa3_inputs(dtype):
+def _sa3_inputs(dtype, inpaint=True):
+    """Text-to-audio inputs, plus the inpainting pipeline's ``local_add_cond`` (``inpaint``)."""
     g = torch.Generator().manual_seed(5)
-    return dict(hidden_states=torch.randn(1, 8, 6, generator=g).to(dtype),
-                timestep=torch.tensor([0.3]).to(dtype),
-                encoder_hidden_states=torch.randn(1, 3, 8, generator=g).to(dtype),
-                global_hidden_states=torch.randn(1, 8, generator=g).to(dtype),
-                local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype), return_dict=False)
+    kw = dict(hidden_states=torch.randn(1, 8, 6, generator=g).to(dtype),
+              timestep=torch.tensor([0.3]).to(dtype),
+              encoder_hidden_states=torch.randn(1, 3, 8, generator=g).to(dtype),
+              global_hidden_states=torch.randn(1, 8, generator=g).to(dtype),
+              local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype), return_dict=False)
+    if not inpaint:
+        del kw["local_add_cond"]
+    return kw
 
 
 def _qwen():
@@ -166,7 +170,10 @@ CASES = [
     ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2,
                                                   "AdaLayerNormZero (modulate)": 2, "AdaLayerNormZeroSingle (modulate)": 1,
                                                   "blocks (gated residuals + norm2)": 1, "single blocks (gated residual)": 1}),
-    ("sa3-dit", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1}),
+    ("sa3-dit", _sa3, lambda dt: _sa3_inputs(dt, inpaint=False),
+     {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1}),
+    ("sa3-dit-inpaint", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1,
+                                            "blocks (AdaLN + gated residuals)": 1}),
     ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1}),
 ]
 
