@@ -270,6 +270,37 @@ def test_launch_settings_do_not_change_bits(name):
         assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
 
 
+@pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder", "qwen-image-1328"])
+@pytest.mark.parametrize("per_sm", [1, 3])
+@torch.no_grad()
+def test_persistent_walk_same_bits(name, per_sm):
+    """The persistent grid (programs walk the tokens, prefetching the next one) computes
+    exactly what one token per program does: every token written once (poisoned outputs),
+    G not dividing the token count, in place too."""
+    import sys
+
+    from ditfuse.shapes import QK_SHAPES
+    from ditfuse.workloads import qk_inputs
+
+    mod = sys.modules["ditfuse.qk_norm_rope"]
+    shape = QK_SHAPES[name].small(7)
+    inp = qk_inputs(shape, DEVICE, torch.bfloat16)
+    p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
+                 k_norm=inp["k_norm"], **inp["kwargs"])
+    hg, _, _, nw = mod.launch_settings(shape.H, shape.D, shape.span == "all", True)
+    want_q, want_k = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
+    mod.launch(p, want_q, want_k)
+    got_q, got_k = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
+    mod.launch(p, got_q, got_k, settings=(hg, nw, per_sm))
+    assert not want_q.isnan().any() and not want_k.isnan().any()
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    q2, k2 = p.q.clone(), p.k.clone()
+    p2 = mod.plan(q2, k2, inp["cos"], inp["sin"], q_norm=inp["q_norm"], k_norm=inp["k_norm"],
+                  **inp["kwargs"])
+    mod.launch(p2, p2.q, p2.k, settings=(hg, nw, per_sm))
+    assert torch.equal(p2.q, want_q) and torch.equal(p2.k, want_k)
+
+
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024"])
 @torch.no_grad()
 def test_64_bit_token_offsets_same_bits(monkeypatch, name):
