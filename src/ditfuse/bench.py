@@ -169,7 +169,8 @@ def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
 
 
 def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
-    """Both AdaLN ops at one shape: modulate, and gated residual + norm + modulate."""
+    """The AdaLN ops at one shape: modulate; gated residual + norm + modulate; the gated
+    residual alone (bytes: x and y read, x_new written; the copy row copies x and y)."""
     import ditfuse
     from .workloads import adaln_eager, adaln_inputs
 
@@ -180,7 +181,7 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     if shape.per_token:
         mod_bytes += 2 * n * 4
     res_bytes = 4 * n * el + (3 * n * 4 if shape.per_token else 0)
-    eager_mod, eager_res = adaln_eager(shape)
+    eager_mod, eager_res, eager_gr = adaln_eager(shape)
     make = lambda i: adaln_inputs(shape, device, dtype, seed=i)  # noqa: E731
     bench_case("adaln_modulate", shape.name, dtype, mod_bytes, make, eager_mod,
                lambda s: ditfuse.adaln_modulate(s["x"], s["shift"], s["scale"], eps=1e-6,
@@ -189,6 +190,9 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     bench_case("gated_residual_adaln", shape.name, dtype, res_bytes, make, eager_res,
                lambda s: ditfuse.gated_residual_adaln(s["x"], s["y"], s["gate"], s["shift"],
                                                       s["scale"], eps=1e-6, rounding=per_op),
+               lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
+    bench_case("gated_residual", shape.name, dtype, 3 * n * el + (n * 4 if shape.per_token else 0), make,
+               eager_gr, lambda s: ditfuse.gated_residual(s["x"], s["y"], s["gate"], rounding=per_op),
                lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
 
 

@@ -157,7 +157,7 @@ def adaln_inputs(shape, device, dtype=torch.bfloat16, seed: int = 0):
 
 
 def adaln_eager(shape):
-    """(modulate, gated residual + modulate) as the block writes them."""
+    """(modulate, gated residual + modulate, gated residual alone) as the blocks write them."""
     D = shape.D
     if shape.model == "flux":  # AdaLayerNormZero / the FLUX block, in the activation dtype
         def mod(s):
@@ -166,6 +166,9 @@ def adaln_eager(shape):
         def res(s):
             x = s["x"] + s["gate"][:, None] * s["y"]
             return x, F.layer_norm(x, (D,), eps=1e-6) * (1 + s["scale"][:, None]) + s["shift"][:, None]
+
+        def residual(s):  # the FF residual: hidden_states + gate_mlp.unsqueeze(1) * ff_output
+            return s["x"] + s["gate"][:, None] * s["y"]
     else:  # WanTransformerBlock: fp32 chain, one cast
         def mod(s):
             x = s["x"]
@@ -174,4 +177,7 @@ def adaln_eager(shape):
         def res(s):
             x = (s["x"].float() + s["y"] * s["gate"]).type_as(s["x"])
             return x, (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]).type_as(x)
-    return mod, res
+
+        def residual(s):  # the FFN residual: (x.float() + ff.float() * c_gate).type_as(x)
+            return (s["x"].float() + s["y"].float() * s["gate"]).type_as(s["x"])
+    return mod, res, residual
