@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
 # The last device call of a session with little device time left: every step bounded by
-# what remains of BUDGET seconds, in order of what the open issues need. Carry .whl; copy
-# $OUT into benchmarks/results and benchmarks/logs.
+# what remains of BUDGET seconds, in order of what the open issues need. Session 3: patched
+# models in CUDA graphs; e2e at 2 and 4 blocks (the difference is the per-block cost, free of
+# the step's fixed prologue); the qk persistent-grid sweep; GroupNorm (split tile) and AdaLN
+# (gated_residual rows) re-benchmarked and merged into BASE's CSV; attention if time is left.
+# Carry .whl; copy $OUT into benchmarks/results and benchmarks/logs.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
 export PYTHONUNBUFFERED=1
 T0=$SECONDS
 step() {  # step SECONDS CMD...: run CMD for at most SECONDS, less if the budget is nearly spent
-  local t=$1 l=$(( ${BUDGET:-575} - (SECONDS - T0) )); shift
+  local t=$1 l=$(( ${BUDGET:-570} - (SECONDS - T0) )); shift
   if (( l < 15 )); then echo "skipped (budget): $*"; return; fi
   (( t > l )) && t=$l
   timeout "$t" "$@"
 }
-step 140 python3 -m pytest tests/test_aot.py tests/test_group_norm.py tests/test_adaln.py tests/test_no_half_fma.py \
-  -q -p no:cacheprovider --tb=short -rs -s -k "gpu or loader_binds or random_inputs or wan_rms or rows or settings or no_half" \
-  > $OUT/pytest_gpu.log 2>&1; tail -3 $OUT/pytest_gpu.log
-# the ops changed this session (AdaLN: rows per program; RMS norm: no contraction), merged
-# into the session's first full bench (qk_norm_rope and attention unchanged since)
-step 70 python3 -m ditfuse bench --op adaln --out-dir /tmp/a > $OUT/bench.log 2>&1
-step 35 python3 -m ditfuse bench --op group_norm --out-dir /tmp/g >> $OUT/bench.log 2>&1
-grep -E "ditfuse-graph|compile " $OUT/bench.log | grep -E "bf16" | head -40
-python3 benchmarks/merge_results.py $OUT/NVIDIA-H200-$(date +%F).csv benchmarks/results/NVIDIA-H200-2026-11-29.csv /tmp/a/*.csv /tmp/g/*.csv
-step 200 python3 -m ditfuse bench --e2e ${E2E_ARGS:---models same-l,flux1-1024,flux2-1024 --layers 2} --out-dir $OUT > $OUT/e2e.log 2>&1; grep -v Warn $OUT/e2e.log | tail -32
-step 75 python3 -m ditfuse check --out $OUT/check_table.txt > /dev/null 2>&1; grep -c "| PASS" $OUT/check_table.txt; grep "| FAIL" $OUT/check_table.txt
-step 110 python3 benchmarks/sweep_attention.py > $OUT/sweeps.log 2>&1
-step 60 python3 benchmarks/sweep_adaln.py >> $OUT/sweeps.log 2>&1
-grep BEST $OUT/sweeps.log
+BASE=${BASE:-benchmarks/results/NVIDIA-H200-2026-11-29.csv}
+M=${MODELS:-wan14b-480p,flux1-1024,flux2-1024}
+step 40 python3 -m pytest tests/test_patch_cuda_graph.py -q -p no:cacheprovider --tb=short -rs > $OUT/pytest_cuda_graph.log 2>&1; tail -2 $OUT/pytest_cuda_graph.log
+step 170 python3 -m ditfuse bench --e2e --models $M --layers 2 --out-dir $OUT/l2 2>&1 | grep -v Warn > $OUT/e2e_l2.log; grep -E "eager|compile" $OUT/e2e_l2.log
+step 190 python3 -m ditfuse bench --e2e --models $M --layers 4 --out-dir $OUT/l4 2>&1 | grep -v Warn > $OUT/e2e_l4.log; grep -E "eager|compile" $OUT/e2e_l4.log
+step 70 python3 benchmarks/sweep_qk.py ${QK_SWEEP:-wan14b-480p,flux1-1024,hunyuan-video-544p,sa3-dit,same-l-decoder} > $OUT/sweep_qk.log 2>&1; grep BEST $OUT/sweep_qk.log
+NEW=()  # only the benches that finished are merged (a cut-off one would drop a case's rows)
+bench() {  # bench SECONDS DIR ARGS...
+  local t=$1 d=$2; shift 2
+  step $t python3 -m ditfuse bench "$@" --out-dir $d >> $OUT/bench.log 2>&1 && NEW+=($d/*.csv)
+}
+bench 45 /tmp/b_gn --op group_norm --dtypes bf16 --extra-dtypes ""
+bench 45 /tmp/b_ad --op adaln --shapes wan14b-480p,wan14b-720p,flux1-1024,flux2-1024 --dtypes bf16 --extra-dtypes ""
+bench 70 /tmp/b_at --op attention --dtypes bf16 --extra-dtypes ""
+grep -E "ditfuse-graph|compile |flex " $OUT/bench.log | head -60
+(( ${#NEW[@]} )) && python3 benchmarks/merge_results.py $OUT/NVIDIA-H200-$(date +%F).csv $BASE "${NEW[@]}"
 echo "seconds used by the steps: $(( SECONDS - T0 ))"
