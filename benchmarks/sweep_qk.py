@@ -1,11 +1,10 @@
-"""Launch-settings sweep for qk_norm_rope on the GPU: heads per program x num_warps x the
-persistent grid (programs per SM walking the tokens with a prefetch; 0 = one token per
-program), per registry shape (bf16), CUDA-graph device time with L2 flushed (bench.graph_us).
-Prints us, % of the copy ceiling and whether the output equals the table's bitwise;
-informs launch_settings() / PERSIST_PER_SM.
+"""Launch-settings sweep for qk_norm_rope on the GPU: heads per program x num_warps, per
+registry shape (bf16), CUDA-graph device time with L2 flushed (bench.graph_us). Prints us,
+% of the copy ceiling and whether the output equals the table's bitwise (the warps set the
+order of the cross-warp sums); informs launch_settings().
 
-usage: python benchmarks/sweep_qk.py [SHAPE,SHAPE,...] [WARPS,...] [PER_SM,...]
-       (defaults: every registry shape; the table's warps and twice them; 0,1,2,4)"""
+usage: python benchmarks/sweep_qk.py [SHAPE,SHAPE,...] [WARPS,...]
+       (defaults: every registry shape; half, once and twice the table's warps)"""
 import sys
 
 import torch
@@ -18,7 +17,6 @@ from ditfuse.workloads import qk_bytes, qk_inputs
 mod = sys.modules["ditfuse.qk_norm_rope"]
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(QK_SHAPES)
 warps = [int(w) for w in sys.argv[2].split(",")] if len(sys.argv) > 2 else None
-per_sms = [int(w) for w in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2, 4]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name in names:
@@ -33,20 +31,19 @@ for name in names:
     mod.launch(p, qo, ko)
     ref = (qo.clone(), ko.clone())
     res = []
-    for nw in warps or sorted({nw0, min(16, 2 * nw0)}):
-        for per_sm in per_sms:
-            st = (hg0, nw, per_sm)
-            try:
-                us = graph_us(lambda st=st: mod.launch(p, qo, ko, settings=st))
-                same = torch.equal(qo, ref[0]) and torch.equal(ko, ref[1])
-            except Exception as e:  # noqa: BLE001
-                print(f"{name} {st}: {type(e).__name__} {str(e)[:200]}", flush=True)
-                continue
-            pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
-            res.append((us, st, pct))
-            mark = " <- table" if st == (hg0, nw0, 0) else ""
-            print(f"{name:20s} hg={hg0:3d} nw={nw:2d} per_sm={per_sm} {us:9.1f} us {pct:6.1f}% "
-                  f"{'bitwise = table' if same else 'DIFFERS'}{mark}", flush=True)
+    for nw in warps or sorted({max(1, nw0 // 2), nw0, min(16, 2 * nw0)}):
+        st = (hg0, nw)
+        try:
+            us = graph_us(lambda st=st: mod.launch(p, qo, ko, settings=st))
+            same = torch.equal(qo, ref[0]) and torch.equal(ko, ref[1])
+        except Exception as e:  # noqa: BLE001
+            print(f"{name} {st}: {type(e).__name__} {str(e)[:200]}", flush=True)
+            continue
+        pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
+        res.append((us, st, pct))
+        mark = " <- table" if st == (hg0, nw0) else ""
+        print(f"{name:20s} hg={hg0:3d} nw={nw:2d} {us:9.1f} us {pct:6.1f}% "
+              f"{'bitwise = table' if same else 'DIFFERS'}{mark}", flush=True)
     best = min(res)
-    print(f"BEST {name:20s} hg,nw,per_sm={best[1]} {best[0]:.1f} us {best[2]:.1f}%  (table: hg={hg0} nw={nw0} per_sm=0)")
+    print(f"BEST {name:20s} hg,nw={best[1]} {best[0]:.1f} us {best[2]:.1f}%  (table: hg={hg0} nw={nw0})")
     torch.cuda.empty_cache()

@@ -247,7 +247,10 @@ def test_single_token_and_eps_default():
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder"])
 @torch.no_grad()
 def test_launch_settings_do_not_change_bits(name):
-    """Heads per program and num_warps are performance knobs only: identical output."""
+    """Heads per program and num_warps only split the work: identical output here (the
+    interpreter sums in one order). On a GPU the warps also set the order of the cross-warp
+    sums of an across-heads norm, so other warps there agree within a rounding, not bitwise
+    (``benchmarks/logs/s3/final_sweep_qk.log``); heads per program never change the bits."""
     import sys
 
     from ditfuse.shapes import QK_SHAPES
@@ -268,37 +271,6 @@ def test_launch_settings_do_not_change_bits(name):
         outs.append((qo, ko))
     for qo, ko in outs[1:]:
         assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
-
-
-@pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder", "qwen-image-1328"])
-@pytest.mark.parametrize("per_sm", [1, 3])
-@torch.no_grad()
-def test_persistent_walk_same_bits(name, per_sm):
-    """The persistent grid (programs walk the tokens, prefetching the next one) computes
-    exactly what one token per program does: every token written once (poisoned outputs),
-    G not dividing the token count, in place too."""
-    import sys
-
-    from ditfuse.shapes import QK_SHAPES
-    from ditfuse.workloads import qk_inputs
-
-    mod = sys.modules["ditfuse.qk_norm_rope"]
-    shape = QK_SHAPES[name].small(7)
-    inp = qk_inputs(shape, DEVICE, torch.bfloat16)
-    p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
-                 k_norm=inp["k_norm"], **inp["kwargs"])
-    hg, _, _, nw = mod.launch_settings(shape.H, shape.D, shape.span == "all", True)
-    want_q, want_k = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
-    mod.launch(p, want_q, want_k)
-    got_q, got_k = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
-    mod.launch(p, got_q, got_k, settings=(hg, nw, per_sm))
-    assert not want_q.isnan().any() and not want_k.isnan().any()
-    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-    q2, k2 = p.q.clone(), p.k.clone()
-    p2 = mod.plan(q2, k2, inp["cos"], inp["sin"], q_norm=inp["q_norm"], k_norm=inp["k_norm"],
-                  **inp["kwargs"])
-    mod.launch(p2, p2.q, p2.k, settings=(hg, nw, per_sm))
-    assert torch.equal(p2.q, want_q) and torch.equal(p2.k, want_k)
 
 
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024"])

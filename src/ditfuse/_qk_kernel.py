@@ -324,82 +324,6 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
 
 
 @triton.jit
-def _load_token(q_ptr, k_ptr, tok, S, h_start, h_end, stride_qb, stride_qs, stride_qh, stride_qd,
-                stride_kb, stride_ks, stride_kh, stride_kd,
-                R2: tl.constexpr, P: tl.constexpr, HALF_PAD: tl.constexpr,
-                PASS_PAD: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
-                INTERLEAVED: tl.constexpr, OFF64: tl.constexpr, HAS_K: tl.constexpr):
-    """Q's and K's tiles of one token (K's: placeholders without K)."""
-    b = tok // S
-    s = tok - b * S
-    q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, b * stride_qb + s * stride_qs, stride_qh,
-                                                stride_qd, h_start, h_end, R2, P, HALF_PAD,
-                                                PASS_PAD, P0, P1, INTERLEAVED, OFF64)
-    k0a = 0.0
-    k0b = 0.0
-    k0p = 0.0
-    k1a = 0.0
-    k1b = 0.0
-    k1p = 0.0
-    if HAS_K:
-        k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, b * stride_kb + s * stride_ks,
-                                                    stride_kh, stride_kd, h_start, h_end, R2, P,
-                                                    HALF_PAD, PASS_PAD, P0, P1, INTERLEAVED, OFF64)
-    return q0a, q0b, q0p, q1a, q1b, q1p, k0a, k0b, k0p, k1a, k1b, k1p
-
-
-@triton.jit
-def _finish_token(q0a, q0b, q0p, q1a, q1b, q1p, k0a, k0b, k0p, k1a, k1b, k1p, tok, S,
-                  h_start, h_end, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
-                  qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha, q_eps, k_eps,
-                  q_n, k_n, q_stats_ptr, k_stats_ptr,
-                  stride_qob, stride_qos, stride_qoh, stride_qod,
-                  stride_kob, stride_kos, stride_koh, stride_kod,
-                  stride_cb, stride_cs, stride_cw, stride_sb, stride_ss, stride_sw,
-                  stride_pb, stride_ps, t_ch, t_sh,
-                  D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
-                  HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
-                  P0: tl.constexpr, P1: tl.constexpr,
-                  Q_NORM: tl.constexpr, Q_SPAN_ALL: tl.constexpr, Q_HAS_W: tl.constexpr,
-                  Q_HAS_B: tl.constexpr, Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
-                  K_NORM: tl.constexpr, K_SPAN_ALL: tl.constexpr, K_HAS_W: tl.constexpr,
-                  K_HAS_B: tl.constexpr, K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
-                  HAS_K: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  TABLE_HALF: tl.constexpr, HAS_POS: tl.constexpr, ROUND_NORM: tl.constexpr,
-                  STATS: tl.constexpr, OFF64: tl.constexpr, Q_ACT: tl.constexpr,
-                  K_ACT: tl.constexpr):
-    """Norm, rotate and store one token's loaded Q and K tiles (``h_end == h_start``: a
-    token past the end, every lane masked)."""
-    b = tok // S
-    s = tok - b * S
-    cbase = 0
-    sbase = 0
-    if ROPE:
-        if HAS_POS:
-            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps, mask=h_end > h_start,
-                          other=0).to(tl.int64)
-        else:
-            row = s
-        cbase = b * stride_cb + row * stride_cs
-        sbase = b * stride_sb + row * stride_ss
-    _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
-                      q_eps, q_stats_ptr, tok, b * stride_qob + s * stride_qos, stride_qoh,
-                      stride_qod, h_start, h_end, q_n,
-                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF,
-                      D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                      Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, Q_ACT, STATS, OFF64)
-    if HAS_K:
-        _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
-                          k_alpha, k_eps, k_stats_ptr, tok, b * stride_kob + s * stride_kos,
-                          stride_koh, stride_kod, h_start, h_end, k_n,
-                          cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
-                          TABLE_HALF, D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                          K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, K_ACT, STATS, OFF64)
-
-
-@triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, qo_ptr,            # Q in / out (may be the same memory: in place)
     k_ptr, ko_ptr,            # K in / out (unused when HAS_K is false)
@@ -412,7 +336,6 @@ def _qk_norm_rope_kernel(
     q_n, k_n,                 # channels one norm statistic spans (D or H*D), as float
     q_stats_ptr, k_stats_ptr,  # fp32 (B*S,) each: per-token sums of squares of Q, K (STATS)
     S, H,                     # tokens per batch entry, heads
-    n_tok,                    # B * S (PERSIST; else 0)
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_qob, stride_qos, stride_qoh, stride_qod,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -439,69 +362,53 @@ def _qk_norm_rope_kernel(
     ROUND_NORM: tl.constexpr,
     STATS: tl.constexpr,       # 0 normal; 1 write the sums of squares only; 2 read them
     OFF64: tl.constexpr,       # offsets within a token need 64 bits (huge head strides)
-    PERSIST: tl.constexpr,     # 0: one token per program; 1: programs walk tokens, prefetching
 ):
+    tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
     h_end = tl.minimum(h_start + HG, H)
+    b = tok // S
+    s = tok - b * S
+
+    cbase = 0
+    sbase = 0
+    if ROPE:
+        if HAS_POS:
+            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
+        else:
+            row = s
+        cbase = b * stride_cb + row * stride_cs
+        sbase = b * stride_sb + row * stride_ss
     if TABLE_PER_HEAD:
         t_ch = stride_ch
         t_sh = stride_sh
     else:  # one row per token, read by every head of Q and K
         t_ch = 0
         t_sh = 0
-    tok = tl.program_id(0).to(tl.int64)
-    if PERSIST == 0:
-        # one token per program. Every load of Q and K is issued before the first store:
-        # the compiler may not move a load of K above a store to Q (they could alias).
-        q0a, q0b, q0p, q1a, q1b, q1p, k0a, k0b, k0p, k1a, k1b, k1p = _load_token(
-            q_ptr, k_ptr, tok, S, h_start, h_end, stride_qb, stride_qs, stride_qh, stride_qd,
-            stride_kb, stride_ks, stride_kh, stride_kd, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-            INTERLEAVED, OFF64, HAS_K)
-        _finish_token(q0a, q0b, q0p, q1a, q1b, q1p, k0a, k0b, k0p, k1a, k1b, k1p, tok, S,
-                      h_start, h_end, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
-                      qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha, q_eps, k_eps,
-                      q_n, k_n, q_stats_ptr, k_stats_ptr,
-                      stride_qob, stride_qos, stride_qoh, stride_qod,
-                      stride_kob, stride_kos, stride_koh, stride_kod,
-                      stride_cb, stride_cs, stride_cw, stride_sb, stride_ss, stride_sw,
-                      stride_pb, stride_ps, t_ch, t_sh,
+
+    qbase = b * stride_qb + s * stride_qs
+    qobase = b * stride_qob + s * stride_qos
+    kbase = b * stride_kb + s * stride_ks
+    kobase = b * stride_kob + s * stride_kos
+    # Issue every load of Q and K before the first store: the compiler may not move a load
+    # of K above a store to Q (they could alias), and one memory latency per program is
+    # what the kernel can afford.
+    q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
+                                                h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
+                                                INTERLEAVED, OFF64)
+    if HAS_K:
+        k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd,
+                                                    h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
+                                                    P0, P1, INTERLEAVED, OFF64)
+    _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
+                      q_eps, q_stats_ptr, tok, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
+                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF,
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                      K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                      HAS_K, ROPE, INTERLEAVED, TABLE_HALF, HAS_POS, ROUND_NORM, STATS, OFF64,
-                      q_ptr.dtype.element_ty, k_ptr.dtype.element_ty)
-    else:
-        # persistent: a program walks tokens tok, tok + G, ... and issues the next token's
-        # loads before the current token's arithmetic and stores, so that one token's loads
-        # are in flight while the other computes (loop-carried registers; tokens do not
-        # alias each other, in place or not). Past the last token every lane is masked.
-        G = tl.num_programs(0)
-        he = tl.where(tok < n_tok, h_end, h_start)
-        q0a, q0b, q0p, q1a, q1b, q1p, k0a, k0b, k0p, k1a, k1b, k1p = _load_token(
-            q_ptr, k_ptr, tok, S, h_start, he, stride_qb, stride_qs, stride_qh, stride_qd,
-            stride_kb, stride_ks, stride_kh, stride_kd, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-            INTERLEAVED, OFF64, HAS_K)
-        # a while loop: Triton's interpreter cannot take tensor bounds in range()
-        while tok < n_tok:
-            nxt = tok + G
-            hn = tl.where(nxt < n_tok, h_end, h_start)
-            n0a, n0b, n0p, n1a, n1b, n1p, m0a, m0b, m0p, m1a, m1b, m1p = _load_token(
-                q_ptr, k_ptr, nxt, S, h_start, hn, stride_qb, stride_qs, stride_qh, stride_qd,
-                stride_kb, stride_ks, stride_kh, stride_kd, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                INTERLEAVED, OFF64, HAS_K)
-            _finish_token(q0a, q0b, q0p, q1a, q1b, q1p, k0a, k0b, k0p, k1a, k1b, k1p, tok, S,
-                          h_start, h_end, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
-                          qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha, q_eps,
-                          k_eps, q_n, k_n, q_stats_ptr, k_stats_ptr,
-                          stride_qob, stride_qos, stride_qoh, stride_qod,
-                          stride_kob, stride_kos, stride_koh, stride_kod,
-                          stride_cb, stride_cs, stride_cw, stride_sb, stride_ss, stride_sw,
-                          stride_pb, stride_ps, t_ch, t_sh,
-                          D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                          Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS, OFF64)
+    if HAS_K:
+        _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
+                          k_alpha, k_eps, k_stats_ptr, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
+                          cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                          TABLE_HALF, D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          HAS_K, ROPE, INTERLEAVED, TABLE_HALF, HAS_POS, ROUND_NORM, STATS, OFF64,
-                          q_ptr.dtype.element_ty, k_ptr.dtype.element_ty)
-            q0a, q0b, q0p, q1a, q1b, q1p = n0a, n0b, n0p, n1a, n1b, n1p
-            k0a, k0b, k0p, k1a, k1b, k1p = m0a, m0b, m0p, m1a, m1b, m1p
-            tok = nxt
+                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS, OFF64)

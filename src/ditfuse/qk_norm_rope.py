@@ -333,18 +333,11 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
                 ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
 
 
-#: Programs per SM of the persistent grid (``PERSIST``), or None for one token per program
-#: (the default until measured: ``benchmarks/sweep_qk.py`` sets it).
-PERSIST_PER_SM: Optional[int] = None
-
-
 def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
            stats: Optional[torch.Tensor] = None, stats_mode: int = 0) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
 
-    ``settings`` = (heads per program, num_warps[, programs per SM]) overrides the table (for
-    tuning sweeps); with programs per SM the grid is persistent (``PERSIST``): that many
-    programs per SM walk the tokens, each prefetching its next token.
+    ``settings`` = (heads per program, num_warps) overrides the table (for tuning sweeps).
     """
     from ._qk_kernel import _qk_norm_rope_kernel
 
@@ -354,10 +347,8 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
-    per_sm = PERSIST_PER_SM or 0
     if settings is not None:
-        hg, num_warps = settings[:2]
-        per_sm = settings[2] if len(settings) > 2 else 0
+        hg, num_warps = settings
         p0, p1 = _pieces(hg)
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
@@ -375,14 +366,12 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         pos, pst = p.positions, p.positions.stride()
     else:
         pos, pst = dummy, (0, 0)
-    n_tok = B * S
-    grid = (min(n_tok, per_sm * _sm_count(p.q.device)) if per_sm else n_tok, triton_cdiv(H, hg))
+    grid = (B * S, triton_cdiv(H, hg))
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
         stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q, S, H,
-        n_tok if per_sm else 0,
         *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
         *cst, *sst, *pst,
     )
@@ -396,16 +385,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
         TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
-        OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst), PERSIST=int(bool(per_sm)),
+        OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
     _qk_norm_rope_kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
-
-
-def _sm_count(device) -> int:
-    """Streaming multiprocessors of ``device`` (the interpreter: 4, to exercise the walk)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
