@@ -3,9 +3,7 @@
 # whole transformers unpatched/patched x eager/compile in interleaved rounds, 20-step
 # trajectory PSNR (MODELS, default Wan-14B 480p, FLUX.1, FLUX.2; 2 blocks). Carry .whl
 # (diffusers); copy $OUT into benchmarks/results and benchmarks/logs.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
-export PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 timeout 90 python3 -m pytest tests/test_patch_cuda_graph.py -v -p no:cacheprovider --tb=short -rs \
   > $OUT/pytest_cuda_graph.log 2>&1; grep -E "PASS|FAIL|SKIP|passed|failed" $OUT/pytest_cuda_graph.log | tail -12
 timeout ${E2E_S:-450} python3 -m ditfuse bench --e2e --models ${MODELS:-wan14b-480p,flux1-1024,flux2-1024} \

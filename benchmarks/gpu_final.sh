@@ -5,16 +5,7 @@
 # the step's fixed prologue); the qk persistent-grid sweep; GroupNorm (split tile) and AdaLN
 # (gated_residual rows) re-benchmarked and merged into BASE's CSV; attention if time is left.
 # Carry .whl; copy $OUT into benchmarks/results and benchmarks/logs.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
-export PYTHONUNBUFFERED=1
-T0=$SECONDS
-step() {  # step SECONDS CMD...: run CMD for at most SECONDS, less if the budget is nearly spent
-  local t=$1 l=$(( ${BUDGET:-570} - (SECONDS - T0) )); shift
-  if (( l < 15 )); then echo "skipped (budget): $*"; return; fi
-  (( t > l )) && t=$l
-  timeout "$t" "$@"
-}
+source benchmarks/device_env.sh
 BASE=${BASE:-benchmarks/results/NVIDIA-H200-2026-11-29.csv}
 M=${MODELS:-wan14b-480p,flux1-1024,flux2-1024}
 step 40 python3 -m pytest tests/test_patch_cuda_graph.py -q -p no:cacheprovider --tb=short -rs > $OUT/pytest_cuda_graph.log 2>&1; tail -2 $OUT/pytest_cuda_graph.log

@@ -3,16 +3,7 @@
 # line per test, then the changed ops re-benchmarked (OPS, default qk_norm_rope and adaln;
 # merged into BASE's CSV and chart) and their launch-settings sweeps. Every step bounded by
 # what remains of BUDGET seconds. Carry .whl; copy $OUT into benchmarks/results and benchmarks/logs.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
-export PYTHONUNBUFFERED=1
-T0=$SECONDS
-step() {  # step SECONDS CMD...: run CMD for at most SECONDS, less if the budget is nearly spent
-  local t=$1 l=$(( ${BUDGET:-565} - (SECONDS - T0) )); shift
-  if (( l < 15 )); then echo "skipped (budget): $*"; return; fi
-  (( t > l )) && t=$l
-  timeout "$t" "$@"
-}
+source benchmarks/device_env.sh
 step 190 python3 -m pytest tests/test_aot.py tests/test_patch_cuda_graph.py tests/test_no_half_fma.py \
   -v -p no:cacheprovider --tb=short -rs -k "gpu or cuda_graph or half" \
   > $OUT/pytest_gpu.log 2>&1; grep -E "PASS|FAIL|ERROR|SKIP|passed|failed" $OUT/pytest_gpu.log | tail -30

@@ -2,9 +2,7 @@
 # The 2 x H200 device call (issues 6, 7, 8): the AOT GPU tests, sequence-parallel Wan under
 # diffusers' ContextParallelConfig (Ulysses, ring), head-parallel across-heads norm, the
 # end-to-end table. Carry .whl; copy $OUT into benchmarks/logs and benchmarks/results.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
-export PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 nvidia-smi -L
 timeout 150 python3 -m pytest tests/test_aot.py -q -p no:cacheprovider --tb=short -rs -s -k "gpu or loader_binds or random_inputs" > $OUT/pytest_aot_gpu.log 2>&1; tail -4 $OUT/pytest_aot_gpu.log
 timeout 200 torchrun --nproc-per-node 2 -m ditfuse.examples.wan_context_parallel --mode both --out $OUT/context_parallel.txt > $OUT/context_parallel.log 2>&1; tail -15 $OUT/context_parallel.log

@@ -1,18 +1,9 @@
 #!/usr/bin/env bash
 # A session's first device call: the GPU-only tests (AOT packages bitwise vs the JIT, patched
-# models in CUDA graphs, launch cache, no half-precision FMA), where a patched Wan step's
+# models in CUDA graphs, no half-precision FMA), where a patched Wan step's
 # time goes (profile_e2e.py), the AdaLN v1/v3 sweep, the GroupNorm sweep; every step bounded
 # by what remains of BUDGET seconds. Carry .whl; copy $OUT into benchmarks/logs.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
-export PYTHONUNBUFFERED=1
-T0=$SECONDS
-step() {  # step SECONDS CMD...: run CMD for at most SECONDS, less if the budget is nearly spent
-  local t=$1 l=$(( ${BUDGET:-570} - (SECONDS - T0) )); shift
-  if (( l < 15 )); then echo "skipped (budget): $*"; return; fi
-  (( t > l )) && t=$l
-  timeout "$t" "$@"
-}
+source benchmarks/device_env.sh
 step 170 python3 -m pytest tests/test_aot.py tests/test_patch_cuda_graph.py \
   tests/test_no_half_fma.py -q -p no:cacheprovider --tb=short -rs -k "gpu or cuda_graph or half" \
   > $OUT/pytest_gpu.log 2>&1; tail -15 $OUT/pytest_gpu.log

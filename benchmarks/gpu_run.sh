@@ -4,9 +4,7 @@
 # graphs) and the kernels' GPU tests, the parity gates at production shapes. Carry .whl
 # (diffusers, liger-kernel, importlib_metadata wheels; see the device README) and copy $OUT
 # into benchmarks/results and benchmarks/logs.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
-export PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 timeout ${BENCH_S:-300} python3 -m ditfuse bench --out-dir $OUT ${BENCH_ARGS:-} > $OUT/bench.log 2>&1; grep -A200 "^summary" $OUT/bench.log | head -80
 timeout 170 python3 -m pytest tests/test_aot.py tests/test_patch_cuda_graph.py \
   tests/test_group_norm.py tests/test_no_half_fma.py -q -p no:cacheprovider -rs --tb=short > $OUT/pytest_gpu.log 2>&1

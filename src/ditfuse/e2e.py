@@ -348,7 +348,6 @@ def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, time
             emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
                       peak_gib=max(peaks[impl]) if mem else None, shape=shape, **extra))
         torch._dynamo.reset()
-        del patched
     return rows, quality, report
 
 

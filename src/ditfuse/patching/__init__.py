@@ -64,6 +64,16 @@ def bind_forward(module, fn: Callable) -> bool:
     return True
 
 
+def bind_forwards(model, report, table) -> None:
+    """Bind a fused forward to every module whose class is exactly a key of ``table``
+    (``{cls: (forward, label)}``; subclasses may compute something else), counted in
+    ``report`` under the label."""
+    for m in model.modules():
+        fn, label = table.get(type(m), (None, None))
+        if fn is not None and bind_forward(m, fn):
+            report.add(label)
+
+
 def _registry():
     from . import _flux, _flux2, _hunyuan, _qwen, _sa3, _same, _wan
 

@@ -6,7 +6,7 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forward, grad_needed, norms_ok, params_need_grad, set_processor
+from . import bind_forwards, grad_needed, norms_ok, params_need_grad, set_processor
 
 
 def _make_processor():
@@ -223,15 +223,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
                 type(m.processor) is FluxAttnProcessor:
             if set_processor(m, proc_cls()):
                 report.add("attention processors (QK-norm + RoPE)")
-        if adaln and type(m) is AdaLayerNormZero:
-            if bind_forward(m, _ada_zero_forward):
-                report.add("AdaLayerNormZero (modulate)")
-        if adaln and type(m) is AdaLayerNormZeroSingle:
-            if bind_forward(m, _ada_zero_single_forward):
-                report.add("AdaLayerNormZeroSingle (modulate)")
-        if adaln and type(m) is FluxTransformerBlock:
-            if bind_forward(m, _block_forward):
-                report.add("blocks (gated residuals + norm2)")
-        if adaln and type(m) is FluxSingleTransformerBlock:
-            if bind_forward(m, _single_block_forward):
-                report.add("single blocks (gated residual)")
+    if adaln:
+        bind_forwards(model, report, {
+            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
+            FluxTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
+            FluxSingleTransformerBlock: (_single_block_forward, "single blocks (gated residual)")})

@@ -9,7 +9,7 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forward, grad_needed, params_need_grad, replace_processors
+from . import bind_forwards, grad_needed, params_need_grad, replace_processors
 from ._flux import joint_qk, qk_ok
 
 
@@ -166,8 +166,6 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
     if qk_norm_rope:
         replace_processors(model, report, _make_processors(), "attention processors (QK-norm + RoPE)")
     if adaln:
-        for m in model.modules():
-            if type(m) is Flux2TransformerBlock and bind_forward(m, _block_forward):
-                report.add("blocks (AdaLN + gated residuals)")
-            if type(m) is Flux2SingleTransformerBlock and bind_forward(m, _single_block_forward):
-                report.add("single blocks (AdaLN + gated residual)")
+        bind_forwards(model, report, {
+            Flux2TransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)"),
+            Flux2SingleTransformerBlock: (_single_block_forward, "single blocks (AdaLN + gated residual)")})

@@ -8,7 +8,7 @@ import torch
 
 from ..adaln import gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors
+from . import bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors
 from ._flux import _ada_zero_forward, _ada_zero_single_forward, _plain_ln
 
 
@@ -146,12 +146,8 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
         replace_processors(model, report, {HunyuanVideoAttnProcessor2_0: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
     if adaln:
-        for m in model.modules():
-            if type(m) is AdaLayerNormZero and bind_forward(m, _ada_zero_forward):
-                report.add("AdaLayerNormZero (modulate)")
-            if type(m) is AdaLayerNormZeroSingle and bind_forward(m, _ada_zero_single_forward):
-                report.add("AdaLayerNormZeroSingle (modulate)")
-            if type(m) is HunyuanVideoTransformerBlock and bind_forward(m, _block_forward):
-                report.add("blocks (gated residuals + norm2)")
-            if type(m) is HunyuanVideoSingleTransformerBlock and bind_forward(m, _single_block_forward):
-                report.add("single blocks (gated residual)")
+        bind_forwards(model, report, {
+            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
+            HunyuanVideoTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
+            HunyuanVideoSingleTransformerBlock: (_single_block_forward, "single blocks (gated residual)")})

@@ -10,7 +10,7 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors
+from . import bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors
 from ._flux import _plain_ln
 
 
@@ -148,6 +148,4 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
         replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
     if adaln:
-        for m in model.modules():
-            if type(m) is QwenImageTransformerBlock and bind_forward(m, _block_forward):
-                report.add("blocks (AdaLN + gated residuals)")
+        bind_forwards(model, report, {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
