@@ -104,15 +104,19 @@ def test_grad_mode_falls_back_to_the_original_code():
     assert torch.equal(out, ref) and out.requires_grad
 
 
-def test_compile_fullgraph_patched_flux():
-    model = _flux()
-    kw = _flux_inputs(torch.float32)
+@pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
+def test_compile_fullgraph_patched(name, make, inputs, expected):
+    """Every patched model (fused processors and blocks) traces whole: torch.compile with
+    fullgraph=True, no graph break, the eager patched output."""
+    model = make()
+    kw = inputs(torch.float32)
     ditfuse.patch(model)
     torch._dynamo.reset()
     with torch.no_grad():
         want = model(**kw)[0]
         got = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw)[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
