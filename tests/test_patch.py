@@ -6,7 +6,7 @@ import torch
 import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
-from ditfuse.patching.tiny_models import (CASES, _flux, _flux_inputs, _wan,  # noqa: E402
+from ditfuse.patching.tiny_models import (CASES, _wan,  # noqa: E402
                                           _wan_inputs, to_dtype)
 
 # outputs of a whole (tiny) model: a few roundings of the activation dtype through the
