@@ -55,6 +55,13 @@ def replace_processors(model, report, table, label: str) -> None:
             report.add(label)
 
 
+def plain_layer_norms(*norms) -> bool:
+    """Whether every module is a ``torch.nn.LayerNorm`` without affine parameters (the norm2 /
+    norm1 of the DiT blocks whose chains the AdaLN kernels reproduce with ``norm="layer"``)."""
+    return all(isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
+               for n in norms)
+
+
 def bind_forward(module, fn: Callable) -> bool:
     """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched."""
     if _PATCHED_FWD in module.__dict__:

@@ -6,7 +6,8 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forwards, grad_needed, norms_ok, params_need_grad, set_processor
+from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, plain_layer_norms,
+               set_processor)
 
 
 def _make_processor():
@@ -135,15 +136,11 @@ def _ada_zero_single_forward(self, x, emb=None):
     return x, gate_msa
 
 
-def _plain_ln(n) -> bool:
-    return isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
-
-
 def _block_ok(self, x, c, temb) -> bool:
     """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
     fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
     the gates and modulations in that dtype too: ``temb``'s dtype after the AdaLN linear)."""
-    return (_plain_ln(self.norm2) and _plain_ln(self.norm2_context) and x.dim() == 3
+    return (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
             and c.dim() == 3 and x.dtype == c.dtype == self.norm1.linear.weight.dtype
             and not grad_needed(x, c, temb) and not params_need_grad(self))
 

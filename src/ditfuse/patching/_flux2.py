@@ -9,7 +9,7 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forwards, grad_needed, params_need_grad, replace_processors
+from . import bind_forwards, grad_needed, params_need_grad, plain_layer_norms, replace_processors
 from ._flux import joint_qk, qk_ok
 
 
@@ -85,15 +85,10 @@ def _make_processors():
             t2.Flux2ParallelSelfAttnProcessor: DitfuseFlux2ParallelSelfAttnProcessor}
 
 
-def _plain_ln(*norms) -> bool:
-    return all(isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
-               for n in norms)
-
-
 def _fusable(block, norms, x, *ts) -> bool:
     """Affine-free LayerNorms, no autograd, and every tensor of the chain in x's dtype (the
     eager block rounds each step to it: ``rounding="per_op"``)."""
-    return (_plain_ln(*norms) and x.dim() == 3 and not grad_needed(x, *ts)
+    return (plain_layer_norms(*norms) and x.dim() == 3 and not grad_needed(x, *ts)
             and not params_need_grad(block) and all(t.dtype == x.dtype for t in ts))
 
 
@@ -107,7 +102,8 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, tem
                     hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt):
         return Flux2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod_img,
                                              temb_mod_txt, image_rotary_emb, joint_attention_kwargs)
-    (shift_msa, scale_msa, gate_msa), (shift_mlp, scale_mlp, gate_mlp) = Flux2Modulation.split(temb_mod_img, 2)
+    (shift_msa, scale_msa, gate_msa), (shift_mlp, scale_mlp, gate_mlp) = Flux2Modulation.split(
+        temb_mod_img, 2)
     (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = Flux2Modulation.split(
         temb_mod_txt, 2)
     kw = dict(norm="layer", rounding="per_op")

@@ -8,8 +8,9 @@ import torch
 
 from ..adaln import gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors
-from ._flux import _ada_zero_forward, _ada_zero_single_forward, _plain_ln
+from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, plain_layer_norms,
+               replace_processors)
+from ._flux import _ada_zero_forward, _ada_zero_single_forward
 
 
 def _make_processor():
@@ -89,7 +90,7 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_m
     from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoTransformerBlock
 
     x, c = hidden_states, encoder_hidden_states
-    if not (_plain_ln(self.norm2) and _plain_ln(self.norm2_context) and x.dim() == 3
+    if not (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
             and x.dtype == c.dtype == self.norm1.linear.weight.dtype
             and not grad_needed(x, c, temb) and not params_need_grad(self)):
         return HunyuanVideoTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,

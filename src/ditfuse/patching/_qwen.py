@@ -10,8 +10,8 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors
-from ._flux import _plain_ln
+from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, plain_layer_norms,
+               replace_processors)
 
 
 def _cs(freqs):
@@ -101,7 +101,7 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
     x, c = hidden_states, encoder_hidden_states
     norms = (self.img_norm1, self.img_norm2, self.txt_norm1, self.txt_norm2)
     if modulate_index is not None or not (
-            all(_plain_ln(n) for n in norms) and x.dim() == 3 and c.dim() == 3
+            plain_layer_norms(*norms) and x.dim() == 3 and c.dim() == 3
             and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
             and not grad_needed(x, c, temb) and not params_need_grad(self)):
         return QwenImageTransformerBlock.forward(self, hidden_states, encoder_hidden_states,
@@ -148,4 +148,5 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
         replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
     if adaln:
-        bind_forwards(model, report, {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+        bind_forwards(model, report,
+                      {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})

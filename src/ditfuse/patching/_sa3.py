@@ -96,7 +96,8 @@ def _block_forward(self, hidden_states, context, global_modulation, rope, contex
     cross = self.cross_attn(normed, context=context, context_mask=context_mask)
     ff_kw = dict(weight=self.ff_norm.gamma, eps=self.ff_norm.eps, **rms)
     if local_seq is None:
-        hidden_states, norm_hidden = gated_residual_adaln(hidden_states, cross, None, shift_ff, scale_ff, **ff_kw)
+        hidden_states, norm_hidden = gated_residual_adaln(hidden_states, cross, None, shift_ff,
+                                                          scale_ff, **ff_kw)
     else:
         hidden_states = gated_residual(hidden_states, cross, None, rounding="per_op")
         audio = hidden_states[:, num_memory_tokens:] + self.to_local_embed(local_seq)
@@ -113,4 +114,5 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
         replace_processors(model, report, {StableAudio3SelfAttnProcessor: _make_processor()},
                            "attention processors (QK-norm + RoPE)")
     if adaln:
-        bind_forwards(model, report, {StableAudio3DiTBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+        bind_forwards(model, report,
+                      {StableAudio3DiTBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
