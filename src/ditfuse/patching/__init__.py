@@ -117,8 +117,18 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention : bool
-        Which fusions to install. ``attention``: the SAME autoencoder's band attention on
-        ``sliding_window_attention`` (no dense mask).
+        Which fusions to install. ``qk_norm_rope``: the attention processors' QK-norm + RoPE
+        as one kernel. ``adaln``: the blocks' norm + modulate and gated-residual chains as
+        the AdaLN kernels (Wan: norm1 + modulate, gated residual + norm2, residual + norm3
+        + modulate, the FFN residual; FLUX.1 / HunyuanVideo: AdaLayerNormZero(Single), the
+        gated residual + norm2 + modulate and the FF residuals; FLUX.2 / Qwen-Image: every
+        norm + modulate and gated residual of both streams; the SA3 DiT: its RMS norms +
+        modulate and gated residuals). ``attention``: the SAME autoencoder's band attention
+        on ``sliding_window_attention`` (no dense mask).
+
+    Each fused forward / processor runs the original code instead when autograd needs
+    gradients, or when a norm, dtype or input differs from what the kernels reproduce (its
+    docstring says which), so a patched model never computes something else.
 
     Returns
     -------
