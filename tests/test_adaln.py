@@ -299,3 +299,35 @@ def test_gated_residual_bad_input_and_compile():
         got = torch.compile(lambda a, b, c: ditfuse.gated_residual(a, b, c), fullgraph=True,
                             backend="aot_eager")(x, y, gate)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("D", [1, 3, 7, 33, 4097])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+@torch.no_grad()
+def test_tile_kernel_odd_widths_and_strides(D, layout):
+    """Rows of 1, 3, 7, 33 and 4097 channels (pieces 1+0, 2+1, 4+4, 32+1, 4096+1), S = 1 and
+    S = 5, x / y as transposed or sliced views (no copy, element stride != 1): the norms
+    within the contract of the fp64 reference, the residuals bitwise the fp32 eager chain,
+    every element written."""
+    g = torch.Generator().manual_seed(D)
+    for S in (1, 5):
+        def make():
+            if layout == "transposed":  # (B, S, D) view of a (B, D, S) buffer: stride_d = S
+                return torch.randn(2, D, S, generator=g).to(torch.bfloat16).to(DEVICE).transpose(1, 2)
+            if layout == "sliced":  # every other channel of a wider row
+                return torch.randn(2, S, 2 * D, generator=g).to(torch.bfloat16).to(DEVICE)[..., ::2]
+            return torch.randn(2, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
+
+        x, y = make(), make()
+        shift, scale, gate = (torch.randn(2, 6, D, generator=g) * 0.3).to(DEVICE).chunk(6, 1)[:3]
+        out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=DEVICE)
+        m = ditfuse.adaln_modulate(x, shift, scale, out=out)
+        assert_close_report(m, adaln_reference(x, shift, scale, compute_dtype=torch.float64),
+                            torch.bfloat16, "modulate")
+        xn, m2 = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="rms")
+        _, rm2 = adaln_reference(x, shift, scale, norm="rms", residual=y, gate=gate,
+                                 compute_dtype=torch.float64)
+        eager_x = (x.float() + y.float() * gate).to(torch.bfloat16)  # fp32 math, one rounding
+        assert torch.equal(xn, eager_x)
+        assert_close_report(m2, rm2, torch.bfloat16, "gated")
+        assert torch.equal(ditfuse.gated_residual(x, y, gate), eager_x)
