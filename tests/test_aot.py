@@ -42,6 +42,7 @@ def _env(interpret: str):
 EXAMPLES = [
     ("adaln", "adaln_modulate", "sm_90", {}, True),
     ("gated", "gated_residual_adaln", "sm_90", {}, True),
+    ("residual", "gated_residual", "sm_90", {}, False),
     ("qk_sm80", "qk_norm_rope", "sm_80", {}, False),
     ("adaln_sm89", "adaln_modulate", "sm_89", {}, False),
     ("qk_variant", "qk_norm_rope", "sm_90",

@@ -259,6 +259,41 @@ GATED_RESIDUAL_ADALN = OpExport(
 )
 
 
+def _residual_tensors(o) -> List[TensorSpec]:
+    return [
+        TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="residual stream"),
+        TensorSpec("y", "input", ("B", "N", o.dim), o.dtype, doc="branch output (Wan: the FFN's)"),
+        TensorSpec("temb", "input", ("B", 6, o.dim), "fp32",
+                   doc="(scale_shift_table + temb.float()): its gate chunk"),
+        TensorSpec("x_new", "output", ("B", "N", o.dim), o.dtype, doc="x + y * gate"),
+    ]
+
+
+def _residual_call(o, t: Dict) -> None:
+    from ..adaln import gated_residual
+
+    (gate,) = _mod_chunks(o, t, "gate")
+    gated_residual(t["x"], t["y"], gate, out=t["x_new"])
+
+
+GATED_RESIDUAL = OpExport(
+    op="gated_residual",
+    summary="x_new = x + y * gate in fp32, stored in x's dtype, gate an fp32 (B, 1, D) chunk "
+            "view of temb (default: Wan 14B's FFN residual, D = 5120, bf16, c_gate_msa)",
+    kernel="ditfuse.adaln:_adaln_tile_kernel",
+    options=(Opt("dim", int, 5120, "model width D"),
+             Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
+             Opt("gate_chunk", int, 5, "temb chunk holding gate", range(6))),
+    tensors=_residual_tensors,
+    call=_residual_call,
+    writes={"xnew_ptr": "x_new"},
+    grid=lambda o, c: _tile_grid(c),
+    tag=lambda o: f"d{o.dim}_{o.dtype}",
+    contract="bitwise equal to ditfuse.gated_residual(x, y, temb[:, gate_chunk:+1]), i.e. "
+             "Wan's (x.float() + ff.float() * c_gate_msa).type_as(x)",
+)
+
+
 # ---------------------------------------------------------------------------------------
 # sliding-window attention: SAME-L's differential attention
 
@@ -328,7 +363,7 @@ def _have(*modules: str) -> bool:
 
 
 REGISTRY: Dict[str, OpExport] = {e.op: e for e in (QK_NORM_ROPE, ADALN_MODULATE,
-                                                      GATED_RESIDUAL_ADALN)}
+                                                      GATED_RESIDUAL_ADALN, GATED_RESIDUAL)}
 if _have("ditfuse.attention", "ditfuse._attn_kernel"):
     REGISTRY[SLIDING_WINDOW_ATTENTION.op] = SLIDING_WINDOW_ATTENTION
 
