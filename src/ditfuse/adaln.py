@@ -296,10 +296,11 @@ TILE_SETTINGS = None
 
 
 def tile_settings(D: int):
-    """(ROWS, num_warps) of the tile kernel for rows of D channels. Measured on the H200
-    (``benchmarks/logs/s3/sweep_adaln.log``): 4 warps beat 8 and 16 at every registry shape
-    (Wan 5120: 196 vs 253 / 348 us) because more, smaller programs keep more rows' loads in
-    flight per SM; one row a program at D >= 3072 (Wan, FLUX.1/2 within 6%). Narrow rows get
+    """(ROWS, num_warps) of the tile kernel for rows of D channels. Measured on the H200,
+    Wan 480p modulate: 4 / 8 / 16 warps 197 / 253 / 348 us in one run
+    (``benchmarks/logs/s3/probe_sweep_adaln.log``), 4 / 2 warps 172 / 197 us in another
+    (``sweep_adaln.log``): more, smaller programs keep more rows' loads in flight per SM.
+    One row a program at D >= 3072 (Wan, FLUX.1/2: within 6% of the best); narrow rows get
     several rows a program (about 4096 elements a program)."""
     if TILE_SETTINGS is not None:
         return TILE_SETTINGS
