@@ -1,8 +1,10 @@
 """Where a patched step's GPU time goes: torch.profiler over one step of an e2e model
-(default Wan-14B 480p, 2 blocks, bf16), unpatched eager / patched eager / unpatched compile,
-the top CUDA kernels by total time. Informs what issue 7 still has to fuse.
+(default Wan-14B 480p, 2 blocks, bf16): unpatched eager, unpatched compile, patched eager
+and (with a third argument "compile") patched + compile; the top CUDA kernels by total time
+and the kernels' sum (its gap to the e2e step time is host-side idle GPU). Informs what
+issue 7 still has to fuse.
 
-usage: python benchmarks/profile_e2e.py [MODEL] [LAYERS]"""
+usage: python benchmarks/profile_e2e.py [MODEL] [LAYERS] [compile]"""
 import sys
 from collections import defaultdict
 
@@ -44,3 +46,6 @@ with torch.no_grad():
     torch._dynamo.reset()
     ditfuse.patch(model)
     profile("patched eager", lambda: model(**kw))
+    if len(sys.argv) > 3 and sys.argv[3] == "compile":
+        comp = torch.compile(model)
+        profile("patched compile", lambda: comp(**kw))
