@@ -108,6 +108,8 @@ def _adaln_kernel(
     HAS_OUT: tl.constexpr,     # False: the gated residual alone (no norm, no modulated output)
     BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
 ):
+    """Rows longer than the tile kernel holds (D > 8192), one row a program, in NUM_CHUNKS
+    chunks of BLOCK_D."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -120,25 +122,7 @@ def _adaln_kernel(
     nb = b * stride_nb + s * stride_ns
     ob = b * stride_ob + s * stride_os
     dd = tl.arange(0, BLOCK_D)
-    if NUM_CHUNKS == 1:
-        m = dd < D
-        x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, dd, m, stride_xd, stride_yd, stride_gd,
-                     RESIDUAL, HAS_GATE, PER_OP, ACT)
-        if RESIDUAL:
-            tl.store(xnew_ptr + nb + dd * stride_nd, _cast_out(x, ACT), mask=m)
-        if HAS_OUT:
-            if NORM == 1:
-                mean = tl.sum(x, 0) / D
-                xc = tl.where(m, x - mean, 0.0)
-                n = xc * (1.0 / tl.sqrt(tl.sum(xc * xc, 0) / D + eps))
-            elif NORM == 2:
-                n = x * (1.0 / tl.sqrt(tl.sum(x * x, 0) / D + eps))
-            else:
-                n = x
-            n = _modulate(n, m, dd, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
-                          stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
-            tl.store(out_ptr + ob + dd * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
-    elif not HAS_OUT:
+    if not HAS_OUT:  # the gated residual alone
         for c in range(NUM_CHUNKS):
             d = c * BLOCK_D + dd
             m = d < D
@@ -212,9 +196,10 @@ def _adaln_tile_kernel(
     """v3, the shipped kernel for rows of up to 8192 channels: ROWS rows of one batch entry
     as a 2-D tile, every row's loads issued before any store (so they overlap), the row
     held as two power-of-two pieces (5120 = 4096 + 1024: no masked lanes), few warps per
-    program so that many rows are in flight per SM. The steps of ``_adaln_kernel``'s
-    one-pass path in the same order; the row sums are taken in another order (two pieces),
-    so the two kernels agree within one rounding, not bitwise (x_new: bitwise)."""
+    program so that many rows are in flight per SM. The steps of the eager chain in its
+    order and roundings (``_residual``, ``_modulate``); the row statistics are two-pass,
+    summed in the kernel's own order, so the output is within one rounding of eager code
+    (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     b = tl.program_id(1).to(tl.int64)
     s = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(tl.int64)
@@ -401,9 +386,6 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     B, S, D = x3.shape
     if B * S == 0 or D == 0:
         return
-    block = triton.next_power_of_2(D) if D <= MAX_ONE_PASS else CHUNK
-    chunks = triton.cdiv(D, block)
-    num_warps = min(16, max(1, block // 512))
     dummy = x3
     has_out = o3 is not None
     o3 = o3 if has_out else dummy
@@ -421,22 +403,25 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
                  RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
                  HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
                  HAS_OUT=has_out)
-    if chunks == 1:
+    if D <= MAX_ONE_PASS:
         rows, warps = tile_settings(D)
         ba, bb_ = tile_pieces(D)
         _adaln_tile_kernel[(triton.cdiv(S, rows), B)](
             *args, **flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
             enable_fp_fusion=False)
-        return
-    _adaln_kernel[(B * S,)](*args, **flags, BLOCK_D=block, NUM_CHUNKS=chunks,
-                            num_warps=num_warps, enable_fp_fusion=False)
+    else:
+        _adaln_kernel[(B * S,)](*args, **flags, BLOCK_D=CHUNK, NUM_CHUNKS=triton.cdiv(D, CHUNK),
+                                num_warps=CHUNK // 512, enable_fp_fusion=False)
 
 
 def _new(x):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out):
+def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out,
+         modulated=True):
+    """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
+    ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes."""
     x3, y3, g3, sh3, sc3, w, bb = _plan(x, y, gate, shift, scale, norm, weight, bias, eps,
                                         rounding)
     if out is not None:
@@ -444,11 +429,14 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
                 or out.device != x.device:
             raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
                              f"{x.device}")
-    o = out if out is not None else _new(x)
-    x_new = None
-    if y is not None:
-        x_new = x if inplace else _new(x)
-    o3 = _rows_view(o, "out")
+    o = x_new = None
+    if modulated:
+        o = out if out is not None else _new(x)
+        if y is not None:
+            x_new = x if inplace else _new(x)
+    else:
+        x_new = out if out is not None else _new(x)
+    o3 = _rows_view(o, "out") if o is not None else None
     xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
     if _runtime.kernel_device_ok(x3):
         _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op")
@@ -459,7 +447,8 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
         if y is not None:
             x_new.copy_(res[0])
             res = res[1]
-        o.copy_(res)
+        if o is not None:
+            o.copy_(res)
     return x_new, o
 
 
@@ -595,23 +584,8 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
     _no_grad_check(x, y, gate)
     if torch.compiler.is_compiling():
         return torch.ops.ditfuse.gated_residual(x, y, gate, rounding == "per_op")
-    return _run_residual(x, y, gate, rounding, out)
-
-
-def _run_residual(x, y, gate, rounding, out):
-    x3, y3, g3, _, _, _, _ = _plan(x, y, gate, None, None, None, None, None, 0.0, rounding)
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != x.shape
-                            or out.dtype != x.dtype or out.device != x.device):
-        raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}")
-    x_new = out if out is not None else _new(x)
-    if _runtime.kernel_device_ok(x3):
-        _launch(x3, y3, g3, None, None, None, None, _rows_view(x_new, "out"), None, None, 0.0,
-                rounding == "per_op")
-    else:
-        from .reference import adaln_reference
-        x_new.copy_(adaln_reference(x, None, None, norm=None, rounding=rounding, residual=y,
-                                    gate=gate)[0])
-    return x_new
+    return _run(x, y, gate, None, None, None, None, None, 0.0, rounding, False, out,
+                modulated=False)[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -657,7 +631,8 @@ def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
 @torch.library.custom_op("ditfuse::gated_residual", mutates_args=())
 def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
                        per_op: bool) -> torch.Tensor:
-    return _run_residual(x, y, gate, "per_op" if per_op else "once", None)
+    return _run(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once",
+                False, None, modulated=False)[0]
 
 
 @_gated_residual_op.register_fake
