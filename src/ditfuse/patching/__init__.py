@@ -62,6 +62,18 @@ def plain_layer_norms(*norms) -> bool:
                for n in norms)
 
 
+def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate_mlp):
+    """The second half of a FLUX-style stream computing in the activation dtype:
+    ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
+    shift_mlp`` -> ``ff`` -> ``x + gate_mlp * ff(...)``, as two AdaLN kernels around the FF
+    (``rounding="per_op"``: every step rounded as the eager block rounds it)."""
+    from ..adaln import gated_residual, gated_residual_adaln
+
+    x, n = gated_residual_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer",
+                                eps=norm2.eps, rounding="per_op")
+    return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
+
+
 def bind_forward(module, fn: Callable) -> bool:
     """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched."""
     if _PATCHED_FWD in module.__dict__:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..adaln import gated_residual, gated_residual_adaln
+from ..adaln import gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, plain_layer_norms,
-               replace_processors)
+from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail,
+               plain_layer_norms, replace_processors)
 from ._flux import _ada_zero_forward, _ada_zero_single_forward
 
 
@@ -101,15 +101,11 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_m
     attn_output, context_attn_output = self.attn(
         hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
         attention_mask=attention_mask, image_rotary_emb=freqs_cis)
-    kw = dict(norm="layer", rounding="per_op")
-    hidden_states, norm_hidden_states = gated_residual_adaln(
-        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, eps=self.norm2.eps, **kw)
-    encoder_hidden_states, norm_encoder_hidden_states = gated_residual_adaln(
-        encoder_hidden_states, context_attn_output, c_gate_msa, c_shift_mlp, c_scale_mlp,
-        eps=self.norm2_context.eps, **kw)
-    hidden_states = gated_residual(hidden_states, self.ff(norm_hidden_states), gate_mlp, rounding="per_op")
-    encoder_hidden_states = gated_residual(encoder_hidden_states, self.ff_context(norm_encoder_hidden_states),
-                                           c_gate_mlp, rounding="per_op")
+    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
+                                    self.norm2, self.ff, gate_mlp)
+    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
+                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
+                                            self.ff_context, c_gate_mlp)
     return hidden_states, encoder_hidden_states
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
+from ..adaln import adaln_modulate
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, plain_layer_norms,
-               replace_processors)
+from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail,
+               plain_layer_norms, replace_processors)
 
 
 def _cs(freqs):
@@ -126,13 +126,10 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
         hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
         encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
         **(joint_attention_kwargs or {}))
-    hidden_states, img_modulated2 = gated_residual_adaln(
-        hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, eps=self.img_norm2.eps, **kw)
-    encoder_hidden_states, txt_modulated2 = gated_residual_adaln(
-        encoder_hidden_states, txt_attn_output, t_g1, t_sh2, t_sc2, eps=self.txt_norm2.eps, **kw)
-    hidden_states = gated_residual(hidden_states, self.img_mlp(img_modulated2), i_g2, rounding="per_op")
-    encoder_hidden_states = gated_residual(encoder_hidden_states, self.txt_mlp(txt_modulated2), t_g2,
-                                           rounding="per_op")
+    hidden_states = per_op_mlp_tail(hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, self.img_norm2,
+                                    self.img_mlp, i_g2)
+    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, txt_attn_output, t_g1, t_sh2, t_sc2,
+                                            self.txt_norm2, self.txt_mlp, t_g2)
     if encoder_hidden_states.dtype == torch.float16:
         encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
     if hidden_states.dtype == torch.float16:
