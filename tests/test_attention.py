@@ -206,9 +206,10 @@ def test_poisoned_output_fully_written(small_tiles, monkeypatch):
 
 @torch.no_grad()
 def test_visits_only_key_tiles_in_the_band(monkeypatch):
-    """A NaN in one V row reaches exactly the query tiles whose loop covers its key tile:
-    ``[max(0, start - left) // BN * BN, min(N, start + BM + right))``. A kernel that visits
-    every key tile would poison every row (0 * NaN is NaN in P @ V)."""
+    """A NaN in one V row reaches exactly the query tiles whose loop covers its key: BN-key
+    tiles from ``lo = max(0, start - left)`` while the tile starts below
+    ``min(N, start + BM + right)``. A kernel that visits every key tile would poison every
+    row (0 * NaN is NaN in P @ V)."""
     BM = BN = 16
     monkeypatch.setattr(A, "launch_settings", lambda *a, **k: (BM, BN, 4, 1))
     g = torch.Generator().manual_seed(14)
@@ -216,12 +217,12 @@ def test_visits_only_key_tiles_in_the_band(monkeypatch):
     q, k, v = qkv(g, 1, N, 1, 32, torch.float32)
     v[0, j0] = float("nan")
     out = SWA(q, k, v, (left, right))
-    tile = j0 // BN * BN
     want = torch.zeros(N, dtype=torch.bool)
     for start in range(0, N, BM):
-        lo = max(0, start - left) // BN * BN
+        lo = max(0, start - left)
         hi = min(N, start + BM + right)
-        if lo <= tile < hi:
+        end = lo + -(-(hi - lo) // BN) * BN  # the last visited tile's end
+        if lo <= j0 < end:
             want[start:start + BM] = True
     got = torch.isnan(out[0, :, 0]).any(-1).cpu()
     assert torch.equal(got, want), (got.nonzero().flatten().tolist(), want.nonzero().flatten().tolist())
@@ -551,3 +552,21 @@ def test_sm90_build_uses_tensor_cores_without_spills(tmp_path):
                                  17, 17, row["N"], row["differential"], row["prologue"])
         assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == want, detail
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_grid_order_does_not_change_bits(layout):
+    """The grid order (query tile outer for bshd, head outer for bhsd) only changes which
+    program computes a tile, never the tile's arithmetic: both orders, both layouts, batch 2
+    and a ragged last tile give the same bits."""
+    g = torch.Generator().manual_seed(21)
+    B, N, H, D = 2, 37, 3, 32
+    q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
+    if layout == "bhsd":
+        q, k, v, q2, k2 = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, q2, k2))
+    p = A.plan(q, k, v, 5, q2=q2, k2=k2)
+    outs = [A.run(p, (16, 16, 4, 1, tm)) for tm in (True, False)]
+    assert torch.equal(outs[0], outs[1])
+    ref = A.run(p, (16, 16, 4, 1))  # the default order for this layout
+    assert torch.equal(ref, outs[0])

@@ -7,8 +7,8 @@ log2(e)-scaled scores), over only the key tiles that intersect the band
 
     i - LEFT <= j <= i + RIGHT    (FlashAttention's window_size=(left, right))
 
-of its queries: key tiles from ``max(0, start_m - LEFT) // BLOCK_N * BLOCK_N`` up to
-``min(N, start_m + BLOCK_M + RIGHT)``, masked per element (band and ``j < N``). Both
+of its queries: key tiles from ``max(0, start_m - LEFT)`` (the tile's first key, not
+aligned to BLOCK_N) up to ``min(N, start_m + BLOCK_M + RIGHT)``, masked per element (band and ``j < N``). Both
 matrix products run on tensor cores (``tl.dot``): bf16/fp16 operands (the probabilities
 are rounded to the input dtype before P @ V, as FlashAttention does) or, for fp32
 inputs, tf32 operands; fp32 accumulation throughout.
@@ -319,6 +319,7 @@ def _swa_fwd_kernel(
     stride_lam,
     stride_cb, stride_cs, stride_ch, stride_cw,
     stride_sb, stride_ss, stride_sh, stride_sw,
+    B,                        # batch (read by the TOKEN_MAJOR grid order only)
     D: tl.constexpr,          # head_dim (32, 64 or 128)
     R: tl.constexpr,          # rotary channels (ROPE), even, <= D
     HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
@@ -332,14 +333,22 @@ def _swa_fwd_kernel(
     K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
     OFF64: tl.constexpr,
+    TOKEN_MAJOR: tl.constexpr,  # grid order: query tile outer, (batch, head) inner
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
-    # one flat grid: query tiles of one (batch, head) are consecutive programs, so the
-    # key/value tiles neighbouring programs share are still in L2
-    n_m = tl.cdiv(N, BLOCK_M)
     pid = tl.program_id(0)
-    bh = pid // n_m
-    start_m = (pid - bh * n_m) * BLOCK_M
+    if TOKEN_MAJOR:
+        # the programs running together hold every head of a few query tiles: with heads
+        # interleaved in each token's row (bshd), they read whole rows, not one head's
+        # 2*D-byte piece of each; the key/value tiles a tile shares with its neighbour are
+        # still read by programs only B*H apart
+        bh = pid % (B * H)
+        start_m = (pid // (B * H)) * BLOCK_M
+    else:
+        # query tiles of one (batch, head) consecutive (bhsd: one head's rows contiguous)
+        n_m = tl.cdiv(N, BLOCK_M)
+        bh = pid // n_m
+        start_m = (pid - bh * n_m) * BLOCK_M
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
 
@@ -378,8 +387,10 @@ def _swa_fwd_kernel(
     k2_base = b * stride_k2b + h * stride_k2h
     v_base = b * stride_vb + h * stride_vh
 
-    # only the key tiles that intersect the band of this query tile
-    lo = (tl.maximum(start_m - LEFT, 0) // BLOCK_N) * BLOCK_N
+    # only the keys of the band of this query tile, in BLOCK_N tiles from its first key
+    # (not aligned to BLOCK_N: 64 queries at window 17 span 98 keys, two 64-key trips
+    # where aligned tiles would take three)
+    lo = tl.maximum(start_m - LEFT, 0)
     hi = tl.minimum(start_m + BLOCK_M + RIGHT, N)
     if _INTERP_LOOP:
         # Triton's interpreter cannot take tensor bounds in range() under numpy >= 2.3 (its

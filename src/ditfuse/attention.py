@@ -251,7 +251,9 @@ def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
 def launch(p: Plan, o4: Tensor, settings=None) -> None:
     """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
 
-    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the table.
+    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major]) overrides the
+    table. ``token_major`` (default: the head stride is below the token stride, as in bshd)
+    orders the grid query tile first, every (batch, head) of it next.
     """
     from ._attn_kernel import _swa_fwd_kernel
 
@@ -259,8 +261,10 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     if B * N * H == 0:
         return
     diff = p.differential
-    bm, bn, num_warps, num_stages = settings or launch_settings(
-        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None)
+    settings = tuple(settings or launch_settings(
+        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None))
+    bm, bn, num_warps, num_stages = settings[:4]
+    token_major = bool(settings[4]) if len(settings) > 4 else p.q.stride(2) < p.q.stride(1)
     # an unbounded side reaches every token; clamp to N so int32 sums cannot overflow
     left = N if p.left < 0 else min(p.left, N)
     right = N if p.right < 0 else min(p.right, N)
@@ -288,7 +292,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         p.lam_value, p.scale * LOG2E, qa["alpha"], ka["alpha"], qa["eps"], ka["eps"],
         N, H, left, right,
         *p.q.stride(), *p.k.stride(), *p.v.stride(), *q2.stride(), *k2.stride(), *o4.stride(),
-        lam_st, *cst, *sst,
+        lam_st, *cst, *sst, B,
     )
     constexprs = dict(
         D=D, R=R, HALF_PAD=max(16, _next_pow2(R // 2)), PASS_PAD=max(16, _next_pow2(D - R)),
@@ -300,6 +304,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         ROPE=rope, INTERLEAVED=bool(rope and qk.interleaved),
         TABLE_HALF=bool(rope and qk.table_half),
         OFF64=not _fits_int32(p, o4, max(bm, bn)),
+        TOKEN_MAJOR=token_major,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does —

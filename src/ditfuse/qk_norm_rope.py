@@ -192,7 +192,7 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             raise ValueError(f"k is on {k.device}, q is on {q.device}")
         if tuple(k.shape) != tuple(q.shape):
             raise ValueError(f"k.shape {tuple(k.shape)} must equal q.shape {tuple(q.shape)}")
-        if runtime_checks and k.numel() and k.data_ptr() == q.data_ptr():
+        if runtime_checks and k.numel() and not k.is_meta and k.data_ptr() == q.data_ptr():
             raise ValueError("q and k are the same memory; pass distinct tensors")
 
     qn = _resolve_norm(q_norm, "q_norm", q4)

@@ -293,6 +293,31 @@ def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, sca
 
 
 # --------------------------------------------------------------------------------------
+# MLP activations (ditfuse.activations)
+
+def swiglu_reference(x, *, compute_dtype=torch.float32):
+    """Pure-PyTorch :func:`ditfuse.swiglu` (no ``out``; does not validate): Flux2SwiGLU's two
+    eager ops, ``a = silu(x1)`` then ``a * x2``, each computed in ``compute_dtype`` and
+    rounded to x's dtype."""
+    cd = compute_dtype
+    H = x.shape[-1] // 2
+    a = _silu_ref(x[..., :H].to(cd)).to(x.dtype).to(cd)
+    return (a * x[..., H:].to(cd)).to(x.dtype)
+
+
+def gelu_reference(x, approximate="tanh", *, compute_dtype=torch.float32):
+    """Pure-PyTorch :func:`ditfuse.gelu`: PyTorch's formula in ``compute_dtype``, one
+    rounding to x's dtype."""
+    xs = x.to(compute_dtype)
+    if approximate == "tanh":
+        inner = (2 / torch.pi) ** 0.5 * (xs + 0.044715 * xs * xs * xs)
+        y = 0.5 * xs * (1 + torch.tanh(inner))
+    else:
+        y = xs * 0.5 * (1 + torch.erf(xs * 0.5 ** 0.5))
+    return y.to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------
 # Sliding-window (and differential) attention (ditfuse.sliding_window_attention)
 
 def band_keep(n: int, left: int, right: int, device=None) -> torch.Tensor:
