@@ -243,33 +243,11 @@ def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
 
 
 @triton.jit
-def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
-                      o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps, stats_ptr, tok,
-                      obase, stride_oh, stride_od,
-                      h_start, h_end, n_norm,
-                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
-                      TABLE_HALF: tl.constexpr,
-                      D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
-                      HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
-                      P0: tl.constexpr, P1: tl.constexpr,
-                      NORM: tl.constexpr, SPAN_ALL: tl.constexpr, HAS_W: tl.constexpr,
-                      HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
-                      ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
-                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
-                      STATS: tl.constexpr, OFF64: tl.constexpr):
-    """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
-    ia = tl.arange(0, HALF_PAD)[None, :]
-    jp = tl.arange(0, PASS_PAD)[None, :]
-    obase = obase + h_start * stride_oh
-    hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
-    ma0 = hm0 & (ia < R2)
-    mp0 = hm0 & (jp < P)
-    if P1 > 0:
-        hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
-        ma1 = hm1 & (ia < R2)
-        mp1 = hm1 & (jp < P)
-
-    # --- statistics (fp32) ---------------------------------------------------------
+def _norm_stats(xa0, xb0, xp0, xa1, xb1, xp1, ma0, mp0, ma1, mp1, alpha_ptr, alpha_val, eps,
+                stats_ptr, tok, n_norm, P1: tl.constexpr, NORM: tl.constexpr,
+                SPAN_ALL: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr, STATS: tl.constexpr):
+    """fp32 (mean, rstd) of each piece (shared when the norm spans all heads) and the DyT
+    alpha: what ``_norm_affine`` needs."""
     mean0 = 0.0
     mean1 = 0.0
     rstd0 = 1.0
@@ -308,6 +286,43 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                 rstd1 = rstd0
             else:
                 rstd1 = 1.0 / tl.sqrt(q1 / n_norm + eps)
+
+    return mean0, rstd0, mean1, rstd1, alpha
+
+
+@triton.jit
+def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
+                      o_ptr, w_ptr, b_ptr, alpha_ptr, alpha_val, eps, stats_ptr, tok,
+                      obase, stride_oh, stride_od,
+                      h_start, h_end, n_norm,
+                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                      TABLE_HALF: tl.constexpr,
+                      D: tl.constexpr, R2: tl.constexpr, P: tl.constexpr,
+                      HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
+                      P0: tl.constexpr, P1: tl.constexpr,
+                      NORM: tl.constexpr, SPAN_ALL: tl.constexpr, HAS_W: tl.constexpr,
+                      HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
+                      ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
+                      ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
+                      STATS: tl.constexpr, OFF64: tl.constexpr):
+    """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
+    ia = tl.arange(0, HALF_PAD)[None, :]
+    jp = tl.arange(0, PASS_PAD)[None, :]
+    obase = obase + h_start * stride_oh
+    hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
+    ma0 = hm0 & (ia < R2)
+    mp0 = hm0 & (jp < P)
+    ma1 = ma0
+    mp1 = mp0
+    if P1 > 0:
+        hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
+        ma1 = hm1 & (ia < R2)
+        mp1 = hm1 & (jp < P)
+
+    # --- statistics (fp32) ---------------------------------------------------------
+    mean0, rstd0, mean1, rstd1, alpha = _norm_stats(
+        xa0, xb0, xp0, xa1, xb1, xp1, ma0, mp0, ma1, mp1, alpha_ptr, alpha_val, eps,
+        stats_ptr, tok, n_norm, P1, NORM, SPAN_ALL, ALPHA_FROM_PTR, STATS)
 
     # --- normalise, rotate, store --------------------------------------------------
     if STATS != 1:

@@ -290,9 +290,12 @@ def capture_launch(spec: Spec):
     import importlib
     from . import _qk_kernel
 
+    from . import _qk_tma_kernel
+
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
     args, kw = _call_args(spec)
-    calls = intercept_launches([(_qk_kernel, "_qk_norm_rope_kernel")],
+    calls = intercept_launches([(_qk_kernel, "_qk_norm_rope_kernel"),
+                                (_qk_tma_kernel, "_qk_norm_rope_tma_kernel")],
                                lambda: qkr.qk_norm_rope(*args, **kw))
     if len(calls) != 1:
         raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
@@ -406,10 +409,13 @@ def _build(spec: Spec) -> Dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from ._qk_kernel import _qk_norm_rope_kernel as kernel
+    from ._qk_kernel import _qk_norm_rope_kernel
+    from ._qk_tma_kernel import _qk_norm_rope_tma_kernel
 
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
     grid, args, kwargs = capture_launch(spec)
+    # the persistent TMA kernel where it applies (its launch has STAGES), else per token
+    kernel = _qk_norm_rope_tma_kernel if "STAGES" in kwargs else _qk_norm_rope_kernel
     target = GPUTarget("cuda", ARCH, WARP_SIZE)
     signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
     ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
@@ -426,7 +432,7 @@ def _build(spec: Spec) -> Dict:
         raise RuntimeError(f"{spec.name}: launch used HG/P0/P1/num_warps {(hg, p0, p1, nw)}, "
                            f"launch_settings gives {table}")
     return dict(
-        S=spec.S, grid=list(grid), hg=hg, p0=p0, p1=p1,
+        S=spec.S, kernel=kernel.fn.__name__, grid=list(grid), hg=hg, p0=p0, p1=p1,
         num_warps=ck.metadata.num_warps, smem=ck.metadata.shared,
         **{k: ptxas[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
         **sass,

@@ -344,6 +344,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     B, S, H, D = p.q.shape
     if B * S == 0 or H == 0:
         return
+    if stats is None and settings is None and USE_TMA and tma_applies(p):
+        launch_tma(p, q_out, k_out)
+        return
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
@@ -388,6 +391,134 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
     _qk_norm_rope_kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
+
+
+# The persistent TMA-fed kernel (``_qk_tma_kernel``) where it applies, else the per-token one.
+USE_TMA = True
+
+
+def _tma_operand_ok(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+            and all(st > 0 and (st * es) % 16 == 0 for st, n in zip(t.stride()[:3], t.shape[:3])
+                    if n > 1))
+
+
+def tma_applies(p: Plan) -> bool:
+    """Whether the TMA kernel computes plan ``p``: rotary over the whole head (a power of
+    two, 16-byte rows), one table row for all heads, no position gather, no head-parallel
+    statistics, Q/K with unit channel stride and 16-byte aligned base and strides, sm_90+
+    (the TMA) or the interpreter."""
+    B, S, H, D = p.q.shape
+    if p.cos is None or p.rotary_dim != D or D & (D - 1) or D > 256 or p.table_per_head \
+            or p.positions is not None or p.process_group is not None:
+        return False
+    if D * p.q.element_size() < 16:
+        return False
+    if p.q.is_cuda and torch.cuda.get_device_capability(p.q.device)[0] < 9:
+        return False
+    return (all(_tma_operand_ok(t) for t in (p.q, p.k) if t is not None)
+            and _table_ok(p.cos) and _table_ok(p.sin))
+
+
+def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
+    """(heads per item, pieces, num_warps, stages, programs per SM) of the TMA kernel: the
+    per-token kernel's heads, at least 8 warps (a program stays resident for the whole
+    grid: 4-warp builds ran out of registers at 24 heads x 128); three items in flight per
+    program; as many programs per SM as ~200 KB of shared memory holds, at most 2 (8 warps of up to 128
+    registers)."""
+    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
+    num_warps = max(8, num_warps)
+    stages = 3
+    stage_bytes = (p0 + p1) * D * elem * (2 if has_k else 1)
+    per_sm = max(1, min(2, (200 * 1024) // (stages * stage_bytes)))
+    return hg, p0, p1, num_warps, stages, per_sm
+
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 3  # the interpreter: a few programs, each walking several items
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SM_COUNT:
+        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SM_COUNT[i]
+
+
+def _table_desc(t: torch.Tensor, B: int):
+    """A (B, S, 1, W) table view as a (Bt, S, W) TMA descriptor, one row a box, and whether
+    rows differ per batch entry (Bt = B) or not (Bt = 1)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    per_batch = B > 1 and t.stride(0) != 0
+    W = t.shape[3]
+    st = [t.stride(0) if per_batch else t.shape[1] * t.stride(1), t.stride(1), 1]
+    if t.shape[1] == 1:
+        st[1] = W
+    return TensorDescriptor(t[:, :, 0], [B if per_batch else 1, t.shape[1], W], st,
+                            [1, 1, W]), int(per_batch)
+
+
+def _table_ok(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    W = t.shape[3]
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (W * es) % 16 == 0
+            and W & (W - 1) == 0 and (t.shape[1] == 1 or (t.stride(1) * es) % 16 == 0)
+            and (t.shape[0] == 1 or t.stride(0) == 0 or (t.stride(0) * es) % 16 == 0))
+
+
+def launch_tma(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+               settings=None) -> None:
+    """The TMA kernel for plan ``p`` (``tma_applies(p)``). ``settings`` = (heads per item,
+    num_warps, stages, programs per SM) overrides :func:`tma_settings`."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ._qk_tma_kernel import _qk_norm_rope_tma_kernel
+
+    B, S, H, D = p.q.shape
+    has_k = p.k is not None
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    hg, p0, p1, num_warps, stages, per_sm = tma_settings(H, D, p.q.element_size(), has_k,
+                                                         span_all)
+    if settings is not None:
+        hg, num_warps, stages, per_sm = settings
+        p0, p1 = _pieces(hg)
+
+    def descs(t):
+        # a dimension of extent 1 may have any stride; the TMA wants 16-byte multiples
+        st = [st if n > 1 else D * H for st, n in zip(t.stride()[:3], t.shape[:3])] + [1]
+        d0 = TensorDescriptor(t, list(t.shape), st, [1, 1, p0, D])
+        d1 = TensorDescriptor(t, list(t.shape), st, [1, 1, p1, D]) if p1 else d0
+        return d0, d1
+
+    q0, q1 = descs(p.q)
+    k0, k1 = descs(p.k) if has_k else (q0, q1)
+    ko = k_out if has_k else q_out
+    qa = _norm_args(p.q_norm, p.q)
+    ka = _norm_args(p.k_norm, p.q)
+    cd, table_batch = _table_desc(p.cos, B)
+    sd, _ = _table_desc(p.sin, B)
+    cst, sst = p.cos.stride(), p.sin.stride()
+    n_hg = triton_cdiv(H, hg)
+    n_items = B * S * n_hg
+    grid = (max(1, min(n_items, per_sm * _sm_count(p.q.device))),)
+    _qk_norm_rope_tma_kernel[grid](
+        q0, q1, k0, k1, cd, sd, q_out, ko,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
+        n_items, n_hg, S, H, table_batch,
+        *q_out.stride(), *ko.stride(),
+        D=D, HG=hg, P0=p0, P1=p1,
+        Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_SPAN_ALL=ka["SPAN_ALL"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        HAS_K=has_k, INTERLEAVED=p.interleaved, TABLE_HALF=p.table_half,
+        ROUND_NORM=p.round_after_norm,
+        OFF64=_needs_off64(p0 + p1, D, (q_out, ko), cst, sst), STAGES=stages,
+        num_warps=num_warps, enable_fp_fusion=False)
 
 
 def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:

@@ -1,0 +1,151 @@
+"""The persistent TMA-fed QK-norm + RoPE kernel: where it applies (and where it must not),
+bitwise against the per-token kernel under the interpreter (same arithmetic, same order),
+every item written once (poisoned outputs), in place with V untouched, several head groups
+per token and several items per program."""
+import itertools
+import sys
+import zlib
+
+import pytest
+import torch
+
+import ditfuse
+from conftest import DEVICE
+from test_qk_norm_rope import make_norm, make_qk, make_tables
+
+mod = sys.modules["ditfuse.qk_norm_rope"]
+
+NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw"]
+CASES = list(itertools.product(
+    NORMS, ["head", "all"], ["interleaved", "half"],
+    [(3, 64), (5, 32), (6, 16), (1, 128)],
+    ["S,W", "1,S,1,W", "B,S,1,W", "unique", "bf16"],
+    ["bshd", "flat", "packed", "bhsd"]))
+# one case per combination of the axes that matter most, rotating through the rest
+PICK = [c for i, c in enumerate(CASES) if i % 29 == 0]
+
+
+def _plan_and_ref(norm, span, style, hd, table, form, dtype=torch.bfloat16, B=2, S=5):
+    H, D = hd
+    g = torch.Generator().manual_seed(zlib.crc32(f"{norm}{span}{style}{hd}{table}{form}".encode()))
+    q, k, kw, buf = make_qk(form, B, S, H, D, dtype, g)
+    qn = make_norm(norm, span, H, D, dtype, g)
+    kn = make_norm(norm, span, H, D, dtype, g)
+    cos, sin, tkw = make_tables(table, B, S, H, D, style, g)
+    if "num_heads" not in kw:
+        kw["num_heads"] = None
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, rope_style=style, **kw, **tkw)
+    return p
+
+
+@pytest.mark.parametrize("norm,span,style,hd,table,form", PICK)
+@torch.no_grad()
+def test_tma_equals_per_token_kernel(norm, span, style, hd, table, form):
+    p = _plan_and_ref(norm, span, style, hd, table, form)
+    assert mod.tma_applies(p), "case meant for the TMA kernel"
+    hg, _, _, nw = mod.launch_settings(p.q.shape[2], p.q.shape[3], span == "all", True)
+    ref_q, ref_k = torch.empty_like(p.q), torch.empty_like(p.k)
+    mod.launch(p, ref_q, ref_k, settings=(hg, nw))  # settings: the per-token kernel
+    qo = torch.full_like(p.q, float("nan"))
+    ko = torch.full_like(p.k, float("nan"))
+    mod.launch_tma(p, qo, ko)
+    assert torch.equal(qo, ref_q) and torch.equal(ko, ref_k)
+
+
+@pytest.mark.parametrize("settings", [(2, 8, 3, 1), (3, 8, 2, 2), (5, 8, 4, 1), (1, 4, 1, 3)])
+@torch.no_grad()
+def test_head_groups_and_items_per_program(settings):
+    """Heads split into groups (the last one ragged, a second piece hanging over H), a few
+    programs each walking many items: the same bits as the per-token kernel."""
+    p = _plan_and_ref("rms", "head", "interleaved", (5, 32), "S,W", "bshd", B=2, S=7)
+    hg = settings[0]
+    ref_q, ref_k = torch.empty_like(p.q), torch.empty_like(p.k)
+    mod.launch(p, ref_q, ref_k, settings=(hg, 4))
+    qo = torch.full_like(p.q, float("nan"))
+    ko = torch.full_like(p.k, float("nan"))
+    mod.launch_tma(p, qo, ko, settings=settings)
+    assert torch.equal(qo, ref_q) and torch.equal(ko, ref_k)
+
+
+@torch.no_grad()
+def test_public_call_takes_tma_in_place_q_only():
+    """The public function routes to the TMA kernel (in place on a packed projection: V and
+    the pad channels untouched; Q only), with the per-token kernel's bits."""
+    calls = []
+    orig = mod.launch_tma
+    g = torch.Generator().manual_seed(5)
+    H, D, S = 4, 32, 6
+    buf = torch.randn(1, S, 3 * H * D + 8, generator=g).to(torch.bfloat16).to(DEVICE)
+    cos, sin, _ = make_tables("S,W", 1, S, H, D, "interleaved", g)
+    norm = make_norm("rms", "all", H, D, torch.bfloat16, g)
+    want = buf.clone()
+    ditfuse.qk_norm_rope(want[..., :H * D], want[..., H * D:2 * H * D], cos, sin, q_norm=norm,
+                         k_norm=norm, num_heads=H, inplace=True)
+    try:
+        mod.launch_tma = lambda *a, **k: (calls.append(1), orig(*a, **k))
+        mod.USE_TMA = False
+        per_token = buf.clone()
+        ditfuse.qk_norm_rope(per_token[..., :H * D], per_token[..., H * D:2 * H * D], cos, sin,
+                             q_norm=norm, k_norm=norm, num_heads=H, inplace=True)
+        assert not calls
+        mod.USE_TMA = True
+        got = buf.clone()
+        ditfuse.qk_norm_rope(got[..., :H * D], got[..., H * D:2 * H * D], cos, sin, q_norm=norm,
+                             k_norm=norm, num_heads=H, inplace=True)
+        assert calls
+        qonly = ditfuse.qk_norm_rope(buf[..., :H * D], None, cos, sin, q_norm=norm, num_heads=H)[0]
+        assert len(calls) == 2
+    finally:
+        mod.launch_tma = orig
+        mod.USE_TMA = True
+    assert torch.equal(got, per_token) and torch.equal(got, want)
+    assert torch.equal(got[..., 2 * H * D:], buf[..., 2 * H * D:])
+    assert torch.equal(qonly, got[..., :H * D])
+
+
+@pytest.mark.parametrize("why", ["D=80", "partial", "positions", "per-head table",
+                                 "channel stride", "misaligned base", "row stride",
+                                 "misaligned table"])
+@torch.no_grad()
+def test_where_tma_does_not_apply(why):
+    """Cases the TMA cannot take go to the per-token kernel (and still compute correctly)."""
+    g = torch.Generator().manual_seed(9)
+    H, D, S, B = 3, 32, 5, 1
+    dt = torch.bfloat16
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(dt).to(DEVICE)
+
+    q, k = rnd(B, S, H, D), rnd(B, S, H, D)
+    cos, sin, kw = make_tables("S,W", B, S, H, D, "interleaved", g)
+    if why == "D=80":
+        D = 80
+        q, k = rnd(B, S, H, D), rnd(B, S, H, D)
+        cos, sin, kw = make_tables("S,W", B, S, H, D, "interleaved", g)
+    elif why == "partial":
+        cos, sin, kw = make_tables("S,W", B, S, H, D // 2, "interleaved", g)
+    elif why == "positions":
+        cos, sin, kw = make_tables("pos", B, S, H, D, "interleaved", g)
+    elif why == "per-head table":
+        cos, sin, kw = make_tables("S,H,W", B, S, H, D, "interleaved", g)
+    elif why == "channel stride":
+        q, k = rnd(B, S, H, 2 * D)[..., ::2], rnd(B, S, H, 2 * D)[..., ::2]
+    elif why == "misaligned base":
+        q = rnd(B * S * H * D + 1)[1:].view(B, S, H, D)
+    elif why == "row stride":  # 3*D + 1 elements a head: not a 16-byte multiple
+        q = rnd(B, S, H, D + 1)[..., :D]
+    elif why == "misaligned table":
+        c2 = torch.randn(S * D + 1, generator=g)[1:].view(S, D).to(DEVICE)
+        cos, sin = c2, sin
+    norm = make_norm("rms", "head", H, D, dt, g)
+    p = mod.plan(q, k, cos, sin, q_norm=norm, k_norm=norm, **kw)
+    assert not mod.tma_applies(p)
+    calls = []
+    orig = mod.launch_tma
+    try:
+        mod.launch_tma = lambda *a, **k: calls.append(1)
+        out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, **kw)
+    finally:
+        mod.launch_tma = orig
+    assert not calls
+    assert torch.isfinite(out[0].float()).all() and torch.isfinite(out[1].float()).all()
