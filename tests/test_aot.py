@@ -630,7 +630,9 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     assert [(p["name"], p["kind"], p.get("shape")) for p in m["parameters"]] == [
         ("q", "input", ["B", "N", 48, 64]), ("k", "input", ["B", "N", 48, 64]),
         ("v", "input", ["B", "N", 24, 64]), ("N", "extra", None), ("out", "output", ["B", "N", 24, 64])]
-    assert m["grid"] == [f"cdiv(N, {m['constexprs']['BLOCK_M']}) * B * 24", "1", "1"]
+    # token-major (the operands are (B, N, H, D)): every (batch, head) of a query tile first
+    assert m["constexprs"]["TOKEN_MAJOR"] is True
+    assert m["grid"] == ["B * 24", f"cdiv(N, {m['constexprs']['BLOCK_M']})", "1"]
     assert m["constexprs"]["DIFF"] is True and m["bindings"]["LEFT"] == 17
     assert m["bindings"]["q2_ptr"] == "q + 1536" and m["bindings"]["k2_ptr"] == "k + 1536"
     assert m["compile_options"]["num_stages"] == 1 and m["shared_mem"] <= P.SMEM_LIMIT
@@ -648,7 +650,7 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     k = load(d)
     q = torch.empty(2, 100, 48, 64, device="meta")
     b = k.bind(q, q, torch.empty(2, 100, 24, 64, device="meta"))
-    assert b.grid == (2 * 2 * 24, 1, 1) and b.args[3] == ("N", "i32", 100)
+    assert b.grid == (2 * 24, 2, 1) and b.args[3] == ("N", "i32", 100)
 
 
 @needs_tools

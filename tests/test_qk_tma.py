@@ -69,12 +69,13 @@ def test_head_groups_and_items_per_program(settings):
 
 @torch.no_grad()
 def test_public_call_takes_tma_in_place_q_only():
-    """The public function routes to the TMA kernel (in place on a packed projection: V and
-    the pad channels untouched; Q only), with the per-token kernel's bits."""
+    """The public function routes to the TMA kernel where it pays (a norm across >= 4096
+    channels: in place on a packed projection, V and the pad channels untouched; Q only),
+    with the per-token kernel's bits."""
     calls = []
     orig = mod.launch_tma
     g = torch.Generator().manual_seed(5)
-    H, D, S = 4, 32, 6
+    H, D, S = 32, 128, 3
     buf = torch.randn(1, S, 3 * H * D + 8, generator=g).to(torch.bfloat16).to(DEVICE)
     cos, sin, _ = make_tables("S,W", 1, S, H, D, "interleaved", g)
     norm = make_norm("rms", "all", H, D, torch.bfloat16, g)
@@ -149,3 +150,16 @@ def test_where_tma_does_not_apply(why):
         mod.launch_tma = orig
     assert not calls
     assert torch.isfinite(out[0].float()).all() and torch.isfinite(out[1].float()).all()
+
+
+def test_tma_pays_only_for_wide_norms_across_heads():
+    from ditfuse.shapes import QK_SHAPES
+    from ditfuse.workloads import qk_inputs
+
+    want = {"wan14b-480p": True, "wan14b-720p": True, "wan1.3b-480p": False, "flux1-1024": False,
+            "flux2-1024": False, "qwen-image-1328": False, "hunyuan-video-544p": False}
+    for name, pays in want.items():
+        inp = qk_inputs(QK_SHAPES[name].small(2), "cpu", torch.bfloat16)
+        p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
+                     k_norm=inp["k_norm"], **inp["kwargs"])
+        assert mod.tma_pays(p) is pays, name

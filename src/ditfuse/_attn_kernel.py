@@ -319,7 +319,6 @@ def _swa_fwd_kernel(
     stride_lam,
     stride_cb, stride_cs, stride_ch, stride_cw,
     stride_sb, stride_ss, stride_sh, stride_sw,
-    B,                        # batch (read by the TOKEN_MAJOR grid order only)
     D: tl.constexpr,          # head_dim (32, 64 or 128)
     R: tl.constexpr,          # rotary channels (ROPE), even, <= D
     HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
@@ -333,22 +332,21 @@ def _swa_fwd_kernel(
     K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
     OFF64: tl.constexpr,
-    TOKEN_MAJOR: tl.constexpr,  # grid order: query tile outer, (batch, head) inner
+    TOKEN_MAJOR: tl.constexpr,  # grid (B*H, query tiles) rather than (query tiles, B*H)
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
-    pid = tl.program_id(0)
+    # programs start in grid order, axis 0 fastest
     if TOKEN_MAJOR:
         # the programs running together hold every head of a few query tiles: with heads
         # interleaved in each token's row (bshd), they read whole rows, not one head's
         # 2*D-byte piece of each; the key/value tiles a tile shares with its neighbour are
         # still read by programs only B*H apart
-        bh = pid % (B * H)
-        start_m = (pid // (B * H)) * BLOCK_M
+        bh = tl.program_id(0)
+        start_m = tl.program_id(1) * BLOCK_M
     else:
         # query tiles of one (batch, head) consecutive (bhsd: one head's rows contiguous)
-        n_m = tl.cdiv(N, BLOCK_M)
-        bh = pid // n_m
-        start_m = (pid - bh * n_m) * BLOCK_M
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
 

@@ -265,6 +265,12 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None))
     bm, bn, num_warps, num_stages = settings[:4]
     token_major = bool(settings[4]) if len(settings) > 4 else p.q.stride(2) < p.q.stride(1)
+    n_m = -(-N // bm)
+    if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
+        token_major = False
+    if not token_major and B * H > 65535:
+        raise ValueError(f"batch x heads = {B * H} exceeds 65535 (a CUDA grid axis) with "
+                         f"{N} tokens; split the batch")
     # an unbounded side reaches every token; clamp to N so int32 sums cannot overflow
     left = N if p.left < 0 else min(p.left, N)
     right = N if p.right < 0 else min(p.right, N)
@@ -284,15 +290,14 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     q2, k2 = (p.q2, p.k2) if diff else (p.q, p.k)
     lam_t = p.lam_tensor if p.lam_tensor is not None else dummy
     lam_st = p.lam_tensor.stride(0) if p.lam_tensor is not None else 0
-    n_m = -(-N // bm)
-    grid = (n_m * B * H,)
+    grid = (B * H, n_m) if token_major else (n_m, B * H)
     args = (
         p.q, p.k, p.v, q2, k2, o4, lam_t,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"], cos, sin,
         p.lam_value, p.scale * LOG2E, qa["alpha"], ka["alpha"], qa["eps"], ka["eps"],
         N, H, left, right,
         *p.q.stride(), *p.k.stride(), *p.v.stride(), *q2.stride(), *k2.stride(), *o4.stride(),
-        lam_st, *cst, *sst, B,
+        lam_st, *cst, *sst,
     )
     constexprs = dict(
         D=D, R=R, HALF_PAD=max(16, _next_pow2(R // 2)), PASS_PAD=max(16, _next_pow2(D - R)),

@@ -344,7 +344,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     B, S, H, D = p.q.shape
     if B * S == 0 or H == 0:
         return
-    if stats is None and settings is None and USE_TMA and tma_applies(p):
+    if stats is None and settings is None and USE_TMA and tma_pays(p) and tma_applies(p):
         launch_tma(p, q_out, k_out)
         return
     has_k = p.k is not None
@@ -421,18 +421,24 @@ def tma_applies(p: Plan) -> bool:
             and _table_ok(p.cos) and _table_ok(p.sin))
 
 
+def tma_pays(p: Plan) -> bool:
+    """Where the TMA kernel is faster (H200, ``benchmarks/logs/s4/sweep_qk_tma.log``): a
+    norm across heads of at least 4096 channels (Wan 14B: 396.5 -> 380 us at 480p, 899 ->
+    866 us at 720p, fp32 728 -> 705 us). With fewer channels a token (FLUX.1, Qwen-Image,
+    HunyuanVideo: 3072; Wan 1.3B: 1536) each item's fixed cost dominates and the per-token
+    kernel wins by 15-45%; FLUX.2 (6144, per-head norm) ties."""
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    return span_all and p.q.shape[2] * p.q.shape[3] >= 4096
+
+
 def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
     """(heads per item, pieces, num_warps, stages, programs per SM) of the TMA kernel: the
     per-token kernel's heads, at least 8 warps (a program stays resident for the whole
-    grid: 4-warp builds ran out of registers at 24 heads x 128); three items in flight per
-    program; as many programs per SM as ~200 KB of shared memory holds, at most 2 (8 warps of up to 128
-    registers)."""
+    grid: 4-warp builds ran out of registers at 24 heads x 128), three stages (two items
+    in flight while one is computed), two programs per SM (8 warps of up to 128 registers;
+    one or three took 1.1-1.4x as long at Wan, four stages gained nothing)."""
     hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
-    num_warps = max(8, num_warps)
-    stages = 3
-    stage_bytes = (p0 + p1) * D * elem * (2 if has_k else 1)
-    per_sm = max(1, min(2, (200 * 1024) // (stages * stage_bytes)))
-    return hg, p0, p1, num_warps, stages, per_sm
+    return hg, p0, p1, max(8, num_warps), 3, 2
 
 
 _SM_COUNT: dict = {}
