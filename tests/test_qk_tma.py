@@ -43,13 +43,27 @@ def _plan_and_ref(norm, span, style, hd, table, form, dtype=torch.bfloat16, B=2,
 def test_tma_equals_per_token_kernel(norm, span, style, hd, table, form):
     p = _plan_and_ref(norm, span, style, hd, table, form)
     assert mod.tma_applies(p), "case meant for the TMA kernel"
-    hg, _, _, nw = mod.launch_settings(p.q.shape[2], p.q.shape[3], span == "all", True)
+    hg, _, _, nw, _, _ = mod.tma_settings(p.q.shape[2], p.q.shape[3], p.q.element_size(), True,
+                                          span == "all")
     ref_q, ref_k = torch.empty_like(p.q), torch.empty_like(p.k)
     mod.launch(p, ref_q, ref_k, settings=(hg, nw))  # settings: the per-token kernel
     qo = torch.full_like(p.q, float("nan"))
     ko = torch.full_like(p.k, float("nan"))
     mod.launch_tma(p, qo, ko)
-    assert torch.equal(qo, ref_q) and torch.equal(ko, ref_k)
+    _same_or_one_rounding(qo, ref_q)
+    _same_or_one_rounding(ko, ref_k)
+
+
+def _same_or_one_rounding(got, want):
+    """Bitwise under the interpreter (one summation order). On a GPU the register layout of
+    a tile (TMA box vs pointer load) may order a norm's sums differently: then within one
+    rounding of the activation dtype, every element finite."""
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+        return
+    assert torch.isfinite(got.float()).all()
+    ulp = torch.finfo(got.dtype).eps * want.float().abs().clamp_min(1e-3)
+    assert ((got.float() - want.float()).abs() <= ulp).all()
 
 
 @pytest.mark.parametrize("settings", [(2, 8, 3, 1), (3, 8, 2, 2), (5, 8, 4, 1), (1, 4, 1, 3)])
@@ -64,7 +78,8 @@ def test_head_groups_and_items_per_program(settings):
     qo = torch.full_like(p.q, float("nan"))
     ko = torch.full_like(p.k, float("nan"))
     mod.launch_tma(p, qo, ko, settings=settings)
-    assert torch.equal(qo, ref_q) and torch.equal(ko, ref_k)
+    _same_or_one_rounding(qo, ref_q)
+    _same_or_one_rounding(ko, ref_k)
 
 
 @torch.no_grad()
@@ -99,7 +114,8 @@ def test_public_call_takes_tma_in_place_q_only():
     finally:
         mod.launch_tma = orig
         mod.USE_TMA = True
-    assert torch.equal(got, per_token) and torch.equal(got, want)
+    _same_or_one_rounding(got, per_token)
+    assert torch.equal(got, want)
     assert torch.equal(got[..., 2 * H * D:], buf[..., 2 * H * D:])
     assert torch.equal(qonly, got[..., :H * D])
 
