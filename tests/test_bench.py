@@ -56,6 +56,21 @@ def test_group_norm_bench_case_on_cpu():
     assert {("group_norm_silu", "ditfuse"), ("rms_norm_silu", "eager"), ("rms_norm_silu", "copy")} <= set(rows)
 
 
+def test_activation_bench_case_on_cpu():
+    from ditfuse.shapes import ACT_SHAPES
+
+    rows = []
+
+    def emit(op, shape, impl, dtype, us, gbps, pct):
+        rows.append((op, shape, impl))
+
+    for shape in ACT_SHAPES.values():
+        bench.bench_activation(shape.small(2), torch.bfloat16, 4000.0, emit,
+                               {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
+    assert {("swiglu", "flux2-1024", "ditfuse"), ("swiglu", "flux2-1024-ff", "eager"),
+            ("gelu_tanh", "flux1-1024", "copy"), ("gelu_tanh", "flux1-1024", "ditfuse")} <= set(rows)
+
+
 def test_attention_bench_case_on_cpu():
     from ditfuse.shapes import ATTN_SHAPES
 

@@ -196,6 +196,44 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
                lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
 
 
+def bench_activation(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    """SwiGLU (FLUX.2) or GELU tanh (FLUX.1) at one shape; eager as diffusers writes it
+    (``F.silu(x[..., :H]) * x[..., H:]``: two kernels, 5N elements moved; ``F.gelu``),
+    ``torch.compile`` of that, ditfuse. Floor: x read, y written (SwiGLU 3N, GELU 2N
+    elements); the copy row copies x. x is the projection's column slice where the model
+    reads one (``shape.offset``)."""
+    import torch.nn.functional as F
+
+    import ditfuse
+
+    B, S, N, W = shape.B, shape.S, shape.N, shape.W
+    el = torch.empty((), dtype=dtype).element_size()
+    nbytes = B * S * (W + N) * el
+
+    def make(i):
+        g = torch.Generator(device=device).manual_seed(i)
+        proj = torch.randn(B, S, shape.offset + W, generator=g, device=device).to(dtype)
+        return dict(x=proj[..., shape.offset:])
+
+    if shape.op == "swiglu":
+        def eager(s):  # Flux2SwiGLU.forward
+            x = s["x"]
+            half = x.shape[-1] // 2
+            return F.silu(x[..., :half]) * x[..., half:]
+
+        def fused(s):
+            return ditfuse.swiglu(s["x"])
+    else:
+        def eager(s):  # FluxSingleTransformerBlock.act_mlp
+            return F.gelu(s["x"], approximate="tanh")
+
+        def fused(s):
+            return ditfuse.gelu(s["x"], "tanh")
+
+    bench_case(shape.op, shape.name, dtype, nbytes, make, eager, fused, lambda s: (s["x"],),
+               ceiling, emit, impls, device=device, timer=timer)
+
+
 def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """GroupNorm + SiLU (or Wan's channel RMS norm + SiLU) at one VAE shape. The floor
     counts one read of x when a group fits on chip (the fit path) and two when it cannot
@@ -363,7 +401,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", default="all",
-                    choices=["all", "qk_norm_rope", "adaln", "group_norm", "attention"])
+                    choices=["all", "qk_norm_rope", "adaln", "activations", "group_norm", "attention"])
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
@@ -387,9 +425,10 @@ def main(argv=None) -> int:
         return 2
     import triton
 
-    from .shapes import ADALN_SHAPES, ATTN_SHAPES, GN_SHAPES
+    from .shapes import ACT_SHAPES, ADALN_SHAPES, ATTN_SHAPES, GN_SHAPES
 
     registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln),
+                  "activations": (ACT_SHAPES, bench_activation),
                   "group_norm": (GN_SHAPES, bench_group_norm),
                   "attention": (ATTN_SHAPES, bench_attention)}
     ops = list(registries) if args.op == "all" else [args.op]

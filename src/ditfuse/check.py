@@ -204,6 +204,59 @@ def adaln_accuracy(g: Gates, device, small: bool, dtypes):
 
 
 @torch.no_grad()
+def activation_accuracy(g: Gates, device, small: bool, dtypes):
+    """SwiGLU / GELU (tanh) at the FLUX shapes, x read in place as the model's column slice:
+    vs fp64 (the contract's bound: ``reference.swiglu_bound`` / ``gelu_bound``) and vs the
+    models' eager code (SwiGLU on the GPU: the same arithmetic, bitwise); written into a
+    column slice of a wider buffer, bitwise the plain result, other columns untouched."""
+    import torch.nn.functional as F
+
+    from .activations import gelu, swiglu
+    from .reference import gelu_bound, swiglu_bound
+    from .shapes import ACT_SHAPES
+
+    gpu = device != "cpu"
+    for shape in ACT_SHAPES.values():
+        if small:
+            shape = shape.small()
+        B, S, N = shape.B, shape.S, shape.N
+        sw = shape.op == "swiglu"
+        for dtype in dtypes:
+            gen = torch.Generator(device=device).manual_seed(N + S)
+            proj = (torch.randn(B, S, shape.offset + shape.W, generator=gen, device=device) * 2).to(dtype)
+            x = proj[..., shape.offset:]
+            if sw:
+                y, eager = swiglu(x), F.silu(x[..., :N]) * x[..., N:]
+                exact, tol = swiglu_bound(x)
+                tol_e = tol
+            else:
+                y, eager = gelu(x, "tanh"), F.gelu(x, approximate="tanh")
+                exact, tol = gelu_bound(x)
+                # torch's vectorised CPU tanh / erf are less accurate than CUDA's in the tail
+                tol_e = gelu_bound(x, loose=1.0 if gpu else 2.0)[1]
+            e = ((y.double() - exact).abs() / tol).max().item()
+            e_e = ((eager.double() - exact).abs() / tol_e).max().item()
+            share_e = (y == eager).float().mean().item()
+            buf = torch.randn(B, S, N + 8, generator=gen, device=device).to(dtype)
+            keep = buf[..., :8].clone()
+            if sw:
+                swiglu(x, out=buf[..., 8:])
+            else:
+                gelu(x, "tanh", out=buf[..., 8:])
+            into = torch.equal(buf[..., 8:], y) and torch.equal(buf[..., :8], keep)
+            if sw:  # the eager ops' arithmetic: bitwise on the GPU; interpreter: exp's last bit
+                want = 1.0 if gpu else (0.999 if dtype != torch.float32 else 0.9)
+            else:  # bitwise not promised: reported; high in half precision
+                want = 0.98 if dtype != torch.float32 else 0.0
+            ok = e <= 1 and e_e <= 1 and into and share_e >= want
+            g.add("activation accuracy", f"{shape.op} {shape.name} {str(dtype)[6:]}", ok,
+                  f"S={S}; vs fp64: err/bound {e:.2f} (eager {e_e:.2f}); vs eager: "
+                  f"{100 * share_e:.2f}% bitwise (gate {100 * want:.1f}%); into a buffer "
+                  f"slice {'bitwise' if into else 'DIFFERS'}")
+            del proj, x, y, eager, exact, tol, tol_e, buf
+
+
+@torch.no_grad()
 def patch_gates(g: Gates, device):
     """Every model ditfuse.patch covers (tiny configs, random weights): patched vs
     unpatched outputs in bf16 (bitwise expected) and fp32, and unpatch restoring them."""
@@ -249,6 +302,7 @@ def main(argv=None) -> int:
     qk_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
     qk_layout_bitwise(g, device, small)
     adaln_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
+    activation_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
     try:
         from .group_norm import check_gates as group_norm_gates
     except ImportError:  # pragma: no cover

@@ -305,16 +305,45 @@ def swiglu_reference(x, *, compute_dtype=torch.float32):
     return (a * x[..., H:].to(cd)).to(x.dtype)
 
 
-def gelu_reference(x, approximate="tanh", *, compute_dtype=torch.float32):
+def gelu_reference(x, approximate="tanh", *, compute_dtype=torch.float32, round_output=True):
     """Pure-PyTorch :func:`ditfuse.gelu`: PyTorch's formula in ``compute_dtype``, one
     rounding to x's dtype."""
     xs = x.to(compute_dtype)
     if approximate == "tanh":
-        inner = (2 / torch.pi) ** 0.5 * (xs + 0.044715 * xs * xs * xs)
+        inner = (2 / torch.pi) ** 0.5 * (xs + 0.044715 * (xs * xs * xs))  # torch's order
         y = 0.5 * xs * (1 + torch.tanh(inner))
     else:
         y = xs * 0.5 * (1 + torch.erf(xs * 0.5 ** 0.5))
-    return y.to(x.dtype)
+    return y.to(x.dtype) if round_output else y
+
+
+#: Unit roundoff (half an ulp, relative) and half the smallest subnormal spacing per dtype:
+#: "one rounding" of v is |error| <= u |v| + tiny.
+ROUNDING = {torch.bfloat16: (2.0**-8, 2.0**-134), torch.float16: (2.0**-11, 2.0**-25),
+            torch.float32: (2.0**-24, 2.0**-150)}
+#: fp32 evaluation error of the activations (2^-22 = four fp32 units): SwiGLU's
+#: x / (1 + exp(-x)) relative; GELU's 1 + tanh / 1 + erf *absolute* (tanhf / erff are
+#: 1-2 ulp), times 0.5 |x|, so where 1 + tanh cancels (x below about -3) it exceeds the
+#: output's own rounding, in eager PyTorch as well.
+ACT_EVAL = 2.0**-22
+
+
+def swiglu_bound(x):
+    """(fp64 ``silu(x1) * x2``, the contract's bound on |y - it|): two eager ops, each
+    rounded once to x's dtype, plus the fp32 evaluation of silu."""
+    u, tiny = ROUNDING[x.dtype]
+    H = x.shape[-1] // 2
+    x1, x2 = x[..., :H].double(), x[..., H:].double()
+    exact = x1 / (1 + torch.exp(-x1)) * x2
+    return exact, (2 * u + u * u + ACT_EVAL) * exact.abs() + tiny * (x2.abs() * (1 + u) + 1)
+
+
+def gelu_bound(x, approximate="tanh", loose=1.0):
+    """(fp64 GELU, the contract's bound on |y - it|): one rounding to x's dtype plus
+    ``loose`` times the fp32 evaluation error (``ACT_EVAL`` of |x| + |y|)."""
+    u, tiny = ROUNDING[x.dtype]
+    exact = gelu_reference(x, approximate, compute_dtype=torch.float64, round_output=False)
+    return exact, u * exact.abs() + tiny + loose * ACT_EVAL * (x.double().abs() + exact.abs())
 
 
 # --------------------------------------------------------------------------------------

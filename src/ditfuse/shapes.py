@@ -71,6 +71,39 @@ ADALN_SHAPES = {s.name: s for s in [
 
 
 @dataclass(frozen=True)
+class ActShape:
+    """One MLP activation call: x (B, S, W) -> y (B, S, N). ``op`` "swiglu" (W = 2N:
+    FLUX.2's ``Flux2SwiGLU``) or "gelu_tanh" (W = N: FLUX.1's single-stream ``act_mlp``).
+    ``offset`` > 0: x is the column slice ``proj[..., offset:]`` of a wider projection (the
+    MLP columns of FLUX.2's fused ``to_qkv_mlp_proj``, after Q, K and V)."""
+
+    name: str
+    model: str
+    op: str
+    S: int
+    N: int
+    offset: int = 0
+    B: int = 1
+
+    @property
+    def W(self) -> int:
+        return 2 * self.N if self.op == "swiglu" else self.N
+
+    def small(self, S: int = 3) -> "ActShape":
+        return replace(self, S=min(S, self.S))
+
+
+ACT_SHAPES = {s.name: s for s in [
+    ActShape("flux2-1024", "FLUX.2-dev 1024^2, single-stream block (MLP columns of the fused "
+             "projection)", "swiglu", 4096 + 512, 18432, offset=3 * 6144),
+    ActShape("flux2-1024-ff", "FLUX.2-dev 1024^2, double-stream block FF (image stream)",
+             "swiglu", 4096, 18432),
+    ActShape("flux1-1024", "FLUX.1-dev 1024^2, single-stream block act_mlp", "gelu_tanh",
+             4096 + 512, 12288),
+]}
+
+
+@dataclass(frozen=True)
 class AttnShape:
     """One band attention call: q/k/v (B, N, H, D), |i - j| <= window; ``differential``:
     out = Attn(q1, k1, v) - Attn(q2, k2, v) (SAME / SA3: q/k as [q1 | q2] heads)."""

@@ -74,6 +74,26 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate
     return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
 
 
+def cat_activation(first, h, act, width: int):
+    """``torch.cat([first, act(h)], dim=-1)`` with the activation written straight into the
+    concat buffer (``act(h, out=buf[..., D:])``, a ditfuse activation of ``width`` output
+    channels): ``first`` is copied once, the activation's output is never a separate tensor."""
+    D = first.shape[-1]
+    buf = first.new_empty(*first.shape[:-1], D + width)
+    buf[..., :D].copy_(first)
+    act(h, out=buf[..., D:])
+    return buf
+
+
+def cat_fusable(first, h, op: str) -> bool:
+    """Whether :func:`cat_activation` computes ``torch.cat([first, act(h)], -1)``: same dtype
+    (cat would promote), same leading shape, and an ``h`` the kernel takes as it is."""
+    from ..activations import supported
+
+    return (isinstance(first, torch.Tensor) and first.dtype == h.dtype
+            and first.shape[:-1] == h.shape[:-1] and supported(h, op))
+
+
 def bind_forward(module, fn: Callable) -> bool:
     """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched."""
     if _PATCHED_FWD in module.__dict__:
@@ -116,7 +136,8 @@ def _models(obj):
     raise TypeError(f"patch() takes a diffusers model or pipeline, got {type(obj).__name__}")
 
 
-def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool = True) -> PatchReport:
+def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool = True,
+          activations: bool = True) -> PatchReport:
     """Install ditfuse's fused kernels into a diffusers model or pipeline, in place.
 
     Parameters
@@ -128,7 +149,7 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
-    qk_norm_rope, adaln, attention : bool
+    qk_norm_rope, adaln, attention, activations : bool
         Which fusions to install. ``qk_norm_rope``: the attention processors' QK-norm + RoPE
         as one kernel. ``adaln``: the blocks' norm + modulate and gated-residual chains as
         the AdaLN kernels (Wan: norm1 + modulate, gated residual + norm2, residual + norm3
@@ -136,7 +157,11 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         gated residual + norm2 + modulate and the FF residuals; FLUX.2 / Qwen-Image: every
         norm + modulate and gated residual of both streams; the SA3 DiT: its RMS norms +
         modulate and gated residuals). ``attention``: the SAME autoencoder's band attention
-        on ``sliding_window_attention`` (no dense mask).
+        on ``sliding_window_attention`` (no dense mask). ``activations``: the MLP
+        activations as one kernel, written straight into the concat buffer the output
+        projection reads (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream
+        processor, which ``qk_norm_rope`` installs; FLUX.1: the single-stream blocks' GELU,
+        in the block forward that ``adaln`` installs).
 
     Each fused forward / processor runs the original code instead when autograd needs
     gradients, or when a norm, dtype or input differs from what the kernels reproduce (its
@@ -159,7 +184,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
                                 f"patch for this class)")
             continue
         before = dict(report.counts)
-        fn(model, report, qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention)
+        fn(model, report, qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention,
+           activations=activations)
         done = {k: v - before.get(k, 0) for k, v in report.counts.items() if v - before.get(k, 0)}
         what = ", ".join(f"{v} {k}" for k, v in done.items()) or "nothing new (already patched)"
         report.lines.append(f"{name}: {type(model).__name__}: {what}")

@@ -1,13 +1,15 @@
-"""FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single), and
-the blocks' gated residuals with the norm + modulation that follows them."""
+"""FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single), the
+blocks' gated residuals with the norm + modulation that follows them, and the single-stream
+blocks' GELU written straight into the buffer ``proj_out`` reads (no ``torch.cat``)."""
 from __future__ import annotations
 
 import torch
 
+from ..activations import GELU_KINDS, gelu
 from ..adaln import adaln_modulate, gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail,
-               plain_layer_norms, set_processor)
+from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, norms_ok,
+               params_need_grad, per_op_mlp_tail, plain_layer_norms, set_processor)
 
 
 def _make_processor():
@@ -177,9 +179,11 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotar
 
 
 def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                          joint_attention_kwargs=None):
+                          joint_attention_kwargs=None, fuse_act=False):
     """FluxSingleTransformerBlock.forward with ``residual + gate * proj_out(...)`` as one
-    kernel (per-op rounding, as the block computes it in the activation dtype)."""
+    kernel (per-op rounding, as the block computes it in the activation dtype) and, with
+    ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written into the MLP half of the concat
+    buffer (the same values as ``torch.cat([attn, act_mlp(mlp)], dim=2)``)."""
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
 
     if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
@@ -191,17 +195,31 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, imag
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    mlp_hidden_states = self.act_mlp(self.proj_mlp(norm_hidden_states))
+    mlp_hidden_states = self.proj_mlp(norm_hidden_states)
     attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
                             **(joint_attention_kwargs or {}))
-    hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
+    act = self.act_mlp
+    if fuse_act and type(act) is torch.nn.GELU and act.approximate in GELU_KINDS and \
+            attn_output.dim() == 3 and cat_fusable(attn_output, mlp_hidden_states, "gelu"):
+        hidden_states = cat_activation(attn_output, mlp_hidden_states,
+                                       lambda h, out: gelu(h, act.approximate, out=out),
+                                       mlp_hidden_states.shape[-1])
+    else:
+        hidden_states = torch.cat([attn_output, act(mlp_hidden_states)], dim=2)
     hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
+                              image_rotary_emb=None, joint_attention_kwargs=None):
+    return _single_block_forward(self, hidden_states, encoder_hidden_states, temb,
+                                 image_rotary_emb, joint_attention_kwargs, fuse_act=True)
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
     from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
     from diffusers.models.transformers.transformer_flux import (FluxAttention, FluxAttnProcessor,
                                                                 FluxSingleTransformerBlock,
@@ -218,4 +236,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True)
             AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
             AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
             FluxTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
-            FluxSingleTransformerBlock: (_single_block_forward, "single blocks (gated residual)")})
+            FluxSingleTransformerBlock: (
+                (_single_block_forward_act,
+                 "single blocks (gated residual, GELU into the concat buffer)")
+                if activations else (_single_block_forward, "single blocks (gated residual)"))})

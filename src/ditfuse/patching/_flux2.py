@@ -2,19 +2,43 @@
 and, in place on the strided Q/K views of the fused ``to_qkv_mlp_proj`` output, in the
 single-stream (parallel) processor; in the blocks, every norm + modulation and gated
 residual of the eager code as the AdaLN kernels (per-op rounding, as the blocks compute in
-the activation dtype)."""
+the activation dtype); every ``Flux2SwiGLU`` as one kernel, and in the single-stream
+processor the SwiGLU written straight into the buffer ``to_out`` reads (no ``torch.cat``)."""
 from __future__ import annotations
 
 import torch
 
+from ..activations import supported, swiglu
 from ..adaln import adaln_modulate, gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, grad_needed, params_need_grad, per_op_mlp_tail,
-               plain_layer_norms, replace_processors)
+from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, params_need_grad,
+               per_op_mlp_tail, plain_layer_norms, replace_processors)
 from ._flux import joint_qk, qk_ok
 
+_PROC_LABEL = "attention processors (QK-norm + RoPE)"
+_PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
 
-def _make_processors():
+
+def _is_swiglu(m) -> bool:
+    """A Flux2SwiGLU whose gate is the plain SiLU the kernel computes."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2SwiGLU
+
+    return type(m) is Flux2SwiGLU and type(m.gate_fn) is torch.nn.SiLU
+
+
+def _swiglu_forward(self, x):
+    """Flux2SwiGLU.forward (``silu(x[..., :H]) * x[..., H:]``) as one kernel with the eager
+    ops' arithmetic and roundings (``ditfuse.swiglu``); the original forward when autograd
+    needs gradients or the kernel does not take ``x`` as it is (dtype, device, strides,
+    odd width)."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2SwiGLU
+
+    if not _is_swiglu(self) or not supported(x, "swiglu"):
+        return Flux2SwiGLU.forward(self, x)
+    return swiglu(x)
+
+
+def _make_processors(fuse_act: bool = True):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_flux2 as t2
 
@@ -53,10 +77,19 @@ def _make_processors():
 
     class DitfuseFlux2ParallelSelfAttnProcessor(t2.Flux2ParallelSelfAttnProcessor):
         """Flux2ParallelSelfAttnProcessor with QK-norm + RoPE done in place on the Q/K views
-        of the fused QKV+MLP projection (V and the MLP half are never touched). Falls back to
-        the original in the same cases as the double-stream processor."""
+        of the fused QKV+MLP projection (V and the MLP half are never touched) and, with
+        ``fuse_act``, the SwiGLU of the MLP columns written into the MLP half of the buffer
+        ``to_out`` reads (the attention output copied into the other half): the same
+        values as ``torch.cat([attn, mlp_act_fn(mlp)], -1)`` without the activation's own
+        tensor and the cat's second copy. Falls back to the original in the same cases as
+        the double-stream processor; to ``mlp_act_fn`` + cat when it is not a Flux2SwiGLU
+        or the kernel cannot take the input."""
 
         _ditfuse = True
+
+        def __init__(self, fuse_act: bool = fuse_act):  # default: patch(activations=...)
+            super().__init__()
+            self._fuse_act = fuse_act
 
         def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
             if not qk_ok(attn, hidden_states, None, image_rotary_emb, False):
@@ -78,6 +111,10 @@ def _make_processors():
                 query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
                 parallel_config=self._parallel_config)
             hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if self._fuse_act and _is_swiglu(attn.mlp_act_fn) and \
+                    cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
+                return attn.to_out(cat_activation(hidden_states, mlp_hidden_states, swiglu,
+                                                  mlp_hidden_states.shape[-1] // 2))
             mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
             hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
             return attn.to_out(hidden_states)
@@ -152,12 +189,22 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb_mod, 
     return hidden_states
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
+    from diffusers.models.transformers import transformer_flux2 as t2
     from diffusers.models.transformers.transformer_flux2 import (Flux2SingleTransformerBlock,
                                                                  Flux2TransformerBlock)
 
     if qk_norm_rope:
-        replace_processors(model, report, _make_processors(), "attention processors (QK-norm + RoPE)")
+        procs = _make_processors(activations)
+        replace_processors(model, report, {t2.Flux2AttnProcessor: procs[t2.Flux2AttnProcessor]},
+                           _PROC_LABEL)
+        replace_processors(model, report, {t2.Flux2ParallelSelfAttnProcessor:
+                                           procs[t2.Flux2ParallelSelfAttnProcessor]},
+                           _PARALLEL_ACT_LABEL if activations else _PROC_LABEL)
+    if activations:
+        bind_forwards(model, report, {
+            t2.Flux2SwiGLU: (_swiglu_forward, "SwiGLU activations (one kernel)")})
     if adaln:
         bind_forwards(model, report, {
             Flux2TransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)"),

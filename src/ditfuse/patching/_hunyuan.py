@@ -134,7 +134,8 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, atte
     return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
     from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
     from diffusers.models.transformers.transformer_hunyuan_video import (
         HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)

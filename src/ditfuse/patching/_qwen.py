@@ -137,7 +137,8 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
     return encoder_hidden_states, hidden_states
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
     from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
                                                                      QwenImageTransformerBlock)
 

@@ -106,7 +106,8 @@ def _block_forward(self, hidden_states, context, global_modulation, rope, contex
     return gated_residual(hidden_states, self.ff(norm_hidden), torch.sigmoid(1 - gate_ff), rounding="per_op")
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
     from diffusers.models.transformers.transformer_stable_audio3 import (StableAudio3DiTBlock,
                                                                          StableAudio3SelfAttnProcessor)
 

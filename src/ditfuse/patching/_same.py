@@ -104,7 +104,8 @@ def _block_forward(self, x):
     return _encode(self, x) if self.mode == "encoder" else _decode(self, x)
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
     from diffusers.models.autoencoders.autoencoder_same import (SAMEAttnProcessor,
                                                                 SAMETransformerResamplingBlock)
 

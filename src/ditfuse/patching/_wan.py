@@ -139,7 +139,8 @@ def _block_ok(block) -> bool:
     return plain and n2_ok
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
     from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor,
                                                                WanTransformerBlock)
 
