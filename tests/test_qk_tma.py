@@ -152,7 +152,7 @@ def test_where_tma_does_not_apply(why):
     elif why == "row stride":  # 3*D + 1 elements a head: not a 16-byte multiple
         q = rnd(B, S, H, D + 1)[..., :D]
     elif why == "misaligned table":
-        c2 = torch.randn(S * D + 1, generator=g)[1:].view(S, D).to(DEVICE)
+        c2 = torch.randn(S * D + 1, generator=g).to(DEVICE)[1:].view(S, D)  # 4 bytes off
         cos, sin = c2, sin
     norm = make_norm("rms", "head", H, D, dt, g)
     p = mod.plan(q, k, cos, sin, q_norm=norm, k_norm=norm, **kw)

@@ -179,8 +179,9 @@ def _new(x, N):
     return torch.empty(tuple(x.shape[:-1]) + (N,), dtype=x.dtype, device=x.device)
 
 
-def _run(x, kind: int, out=None):
-    """Validate, allocate, launch (or the reference where Triton cannot run)."""
+def _run(x, kind: int, out=None, settings=None):
+    """Validate, allocate, launch (or the reference where Triton cannot run).
+    ``settings`` = (ROWS, BLOCK, num_warps) overrides the table (sweeps)."""
     R, N, sx = _plan(x, kind)
     so = N
     if out is not None:
@@ -190,7 +191,7 @@ def _run(x, kind: int, out=None):
     if R == 0 or N == 0:
         return out
     if _runtime.kernel_device_ok(x):
-        rows, block, warps = launch_settings(N)
+        rows, block, warps = settings or launch_settings(N)
         _act_kernel[(triton.cdiv(R, rows), triton.cdiv(N, block))](
             x, out, R, N, sx, so, KIND=kind, ROWS=rows, BLOCK=block, num_warps=warps)
     else:

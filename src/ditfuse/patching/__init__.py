@@ -85,12 +85,21 @@ def cat_activation(first, h, act, width: int):
     return buf
 
 
+def compiling() -> bool:
+    """Inside torch.compile: elementwise work is inductor's (it fuses an activation into the
+    concat buffer itself; ditfuse's op there would add a copy into the buffer)."""
+    return torch.compiler.is_compiling()
+
+
 def cat_fusable(first, h, op: str) -> bool:
     """Whether :func:`cat_activation` computes ``torch.cat([first, act(h)], -1)``: same dtype
-    (cat would promote), same leading shape, and an ``h`` the kernel takes as it is."""
+    (cat would promote), same leading shape, an ``h`` the kernel takes as it is, and eager
+    execution (under torch.compile the original code: inductor fuses the activation into
+    the concat itself, where an opaque op would need a copy into the buffer —
+    ``logs/s4/measure/profile_flux1.log``: 67 us a FLUX.1 single block)."""
     from ..activations import supported
 
-    return (isinstance(first, torch.Tensor) and first.dtype == h.dtype
+    return (not compiling() and isinstance(first, torch.Tensor) and first.dtype == h.dtype
             and first.shape[:-1] == h.shape[:-1] and supported(h, op))
 
 
