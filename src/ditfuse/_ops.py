@@ -11,6 +11,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from . import _library
 from .norms import NormSpec, resolve_norm
 from .qk_norm_rope import plan as _plan, run as _run
 
@@ -43,7 +44,7 @@ def _kwargs(positions, qn, kn, num_heads, rope_style, rotary_dim, round_after_no
                 round_after_norm=round_after_norm, layout=layout)
 
 
-@torch.library.custom_op("ditfuse::qk_norm_rope", mutates_args=())
+@_library.op("ditfuse::qk_norm_rope", mutates_args=())
 def qk_norm_rope_op(
     q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
     positions: Optional[Tensor],
@@ -75,7 +76,7 @@ def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_s
     return outs
 
 
-@torch.library.custom_op("ditfuse::qk_norm_rope_", mutates_args=("q", "k"))
+@_library.op("ditfuse::qk_norm_rope_", mutates_args=("q", "k"))
 def qk_norm_rope_inplace_op(
     q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
     positions: Optional[Tensor],

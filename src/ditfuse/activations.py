@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from . import _runtime
+from . import _library, _runtime
 from ._kernel_utils import _cast_out, _rnd, _tanh
 from ._runtime import INTERPRET
 
@@ -99,13 +99,13 @@ def _act_kernel(
 def launch_settings(N: int):
     """(ROWS, BLOCK, num_warps) for rows of N output columns: a tile of up to 2048 columns
     (18432 = 9 x 2048, 12288 = 6 x 2048: no masked lanes at the FLUX widths), rows added
-    until a program holds about 4096 outputs, 16 a thread at 8 warps (a 16-byte load or two
-    per operand in flight). sm_90 build, not measured: 57-63 registers at 8 warps (SwiGLU,
-    bf16 / fp32), 95-120 at 4, so 8 keeps 32 warps resident per SM; fewer warps for
-    smaller tiles."""
+    until a program holds about 2048 outputs, 4 warps (16 a thread). Measured on the H200
+    (``benchmarks/logs/s4/final/sweep_act.log``, 10 settings x 3 shapes): (1, 2048, 4)
+    fastest at every FLUX shape — SwiGLU 128.4 / 114.9 us, GELU 72.1 us; the first table
+    (2, 2048, 8) took 132.8 / 118.9 / 73.9 us, 4096-column tiles 80% of the ceiling."""
     block = min(2048, triton.next_power_of_2(max(N, 1)))
-    rows = max(1, min(64, 4096 // block))
-    warps = max(1, min(8, rows * block // 512))
+    rows = max(1, min(64, 2048 // block))
+    warps = max(1, min(4, rows * block // 512))
     return rows, block, warps
 
 
@@ -307,7 +307,7 @@ def gelu(x, approximate: str = "tanh", *, out=None):
 # ---------------------------------------------------------------------------------------
 # torch.library ops (used under torch.compile; eager calls launch directly)
 
-@torch.library.custom_op("ditfuse::swiglu", mutates_args=())
+@_library.op("ditfuse::swiglu", mutates_args=())
 def _swiglu_op(x: torch.Tensor) -> torch.Tensor:
     return _run(x, SWIGLU)
 
@@ -318,7 +318,7 @@ def _(x):
     return _new(x, N)
 
 
-@torch.library.custom_op("ditfuse::gelu", mutates_args=())
+@_library.op("ditfuse::gelu", mutates_args=())
 def _gelu_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
     return _run(x, GELU_KINDS[approximate])
 

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _runtime
+from . import _library, _runtime
 from ._kernel_utils import _cast_out, _rnd
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -594,7 +594,7 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
 _NORM_NAMES = {v: k for k, v in NORMS.items()}
 
 
-@torch.library.custom_op("ditfuse::adaln", mutates_args=())
+@_library.op("ditfuse::adaln", mutates_args=())
 def _adaln_op(x: torch.Tensor, y: Optional[torch.Tensor], gate: Optional[torch.Tensor],
               shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
               weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
@@ -612,7 +612,7 @@ def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
     return [o] if y is None else [torch.empty_like(o), o]
 
 
-@torch.library.custom_op("ditfuse::gated_residual_adaln_", mutates_args=("x",))
+@_library.op("ditfuse::gated_residual_adaln_", mutates_args=("x",))
 def _gated_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
                       shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
                       weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
@@ -628,7 +628,7 @@ def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("ditfuse::gated_residual", mutates_args=())
+@_library.op("ditfuse::gated_residual", mutates_args=())
 def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
                        per_op: bool) -> torch.Tensor:
     return _run(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once",

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _runtime
+from . import _library, _runtime
 from .norms import NormSpec
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -477,7 +477,7 @@ def _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout, qn, kn, cos, sin,
                 cos=cos, sin=sin, rope_style=rope_style, rotary_dim=rotary_dim or None)
 
 
-@torch.library.custom_op("ditfuse::sliding_window_attention", mutates_args=())
+@_library.op("ditfuse::sliding_window_attention", mutates_args=())
 def sliding_window_attention_op(
     q: Tensor, k: Tensor, v: Tensor, q2: Optional[Tensor], k2: Optional[Tensor],
     lam_t: Optional[Tensor], lam: float, left: int, right: int, scale: Optional[float],

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _runtime
+from . import _library, _runtime
 from ._kernel_utils import _cast_out, _rnd
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
@@ -864,7 +864,7 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
 # ---------------------------------------------------------------------------------------
 # torch.library ops (torch.compile(fullgraph=True), CUDA graphs)
 
-@torch.library.custom_op("ditfuse::group_norm_silu", mutates_args=())
+@_library.op("ditfuse::group_norm_silu", mutates_args=())
 def _group_norm_silu_op(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor], eps: float, silu: bool,
                         round_after_norm: bool) -> torch.Tensor:
@@ -880,7 +880,7 @@ def _(x, num_groups, weight, bias, eps, silu, round_after_norm):
     return _out_like(x)
 
 
-@torch.library.custom_op("ditfuse::rms_norm_silu_channels", mutates_args=())
+@_library.op("ditfuse::rms_norm_silu_channels", mutates_args=())
 def _rms_norm_silu_channels_op(x: torch.Tensor, gamma: Optional[torch.Tensor],
                                bias: Optional[torch.Tensor], eps: float,
                                scale: Optional[float], silu: bool,
