@@ -85,12 +85,12 @@ def test_head_groups_and_items_per_program(settings):
 @torch.no_grad()
 def test_public_call_takes_tma_in_place_q_only():
     """The public function routes to the TMA kernel where it pays (a norm across >= 4096
-    channels: in place on a packed projection, V and the pad channels untouched; Q only),
-    with the per-token kernel's bits."""
+    channels with 8 per-token warps: in place on a packed projection, V and the pad channels
+    untouched), with the per-token kernel's bits; Q alone stays per token."""
     calls = []
     orig = mod.launch_tma
     g = torch.Generator().manual_seed(5)
-    H, D, S = 32, 128, 3
+    H, D, S = 40, 128, 2
     buf = torch.randn(1, S, 3 * H * D + 8, generator=g).to(torch.bfloat16).to(DEVICE)
     cos, sin, _ = make_tables("S,W", 1, S, H, D, "interleaved", g)
     norm = make_norm("rms", "all", H, D, torch.bfloat16, g)
@@ -109,15 +109,16 @@ def test_public_call_takes_tma_in_place_q_only():
         ditfuse.qk_norm_rope(got[..., :H * D], got[..., H * D:2 * H * D], cos, sin, q_norm=norm,
                              k_norm=norm, num_heads=H, inplace=True)
         assert calls
+        # Q alone: the per-token table runs 4 warps there, so the per-token kernel (tma_pays)
         qonly = ditfuse.qk_norm_rope(buf[..., :H * D], None, cos, sin, q_norm=norm, num_heads=H)[0]
-        assert len(calls) == 2
+        assert len(calls) == 1
     finally:
         mod.launch_tma = orig
         mod.USE_TMA = True
     _same_or_one_rounding(got, per_token)
     assert torch.equal(got, want)
     assert torch.equal(got[..., 2 * H * D:], buf[..., 2 * H * D:])
-    assert torch.equal(qonly, got[..., :H * D])
+    _same_or_one_rounding(qonly, got[..., :H * D])
 
 
 @pytest.mark.parametrize("why", ["D=80", "partial", "positions", "per-head table",

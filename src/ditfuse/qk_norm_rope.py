@@ -426,9 +426,14 @@ def tma_pays(p: Plan) -> bool:
     norm across heads of at least 4096 channels (Wan 14B: 396.5 -> 380 us at 480p, 899 ->
     866 us at 720p, fp32 728 -> 705 us). With fewer channels a token (FLUX.1, Qwen-Image,
     HunyuanVideo: 3072; Wan 1.3B: 1536) each item's fixed cost dominates and the per-token
-    kernel wins by 15-45%; FLUX.2 (6144, per-head norm) ties."""
+    kernel wins by 15-45%; FLUX.2 (6144, per-head norm) ties. Only where the per-token
+    table also runs 8 warps: the warps order the cross-warp sums of the norm, and with the
+    same warps the two kernels gave the same bits on the H200 (Wan, bf16 and fp32), so a
+    shared table (TMA) and a per-head-expanded one (per-token) still agree bitwise."""
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    return span_all and p.q.shape[2] * p.q.shape[3] >= 4096
+    H, D = p.q.shape[2], p.q.shape[3]
+    return (span_all and H * D >= 4096
+            and launch_settings(H, D, True, p.k is not None)[3] == 8)
 
 
 def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
@@ -701,7 +706,9 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     -----
     Numerical contract: all arithmetic in fp32; the rotation is computed without fused
     multiply-add, exactly as eager PyTorch evaluates ``x * cos + rotate(x) * sin``. Shared
-    and per-head-expanded tables give bitwise identical results. Against diffusers' eager
+    and per-head-expanded tables give bitwise identical results (where a shared table takes
+    the TMA kernel — Wan-14B's across-heads norm — both kernels run 8 warps: the same bits
+    on the H200). Against diffusers' eager
     modules the output is within one rounding of the activation dtype (the norm's
     reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
     evaluated in fp32 where a bf16 model would round between its steps).
