@@ -96,12 +96,12 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypa
         assert "forward" not in m.__dict__
 
 
-@pytest.mark.parametrize("name", ["flux1", "flux2"])
+@pytest.mark.parametrize("name", ["flux1", "flux2", "hunyuan-video"])
 @torch.no_grad()
 def test_activations_off_and_fallbacks(name, monkeypatch):
     """patch(activations=False) leaves act + torch.cat (and Flux2SwiGLU) alone; with them on,
     an activation the kernel does not compute (FLUX.2: a SwiGLU whose gate is not a SiLU;
-    FLUX.1: act_mlp not an nn.GELU) runs the module's own code, bitwise."""
+    FLUX.1 / HunyuanVideo: act_mlp not an nn.GELU) runs the module's own code, bitwise."""
     make, inputs = {c[0]: (c[1], c[2]) for c in CASES}[name]
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)

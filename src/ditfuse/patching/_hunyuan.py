@@ -1,15 +1,18 @@
 """HunyuanVideo (HunyuanVideoTransformer3DModel): per-head QK-norm + RoPE on the image
 tokens, QK-norm only on the text tokens, in place on the fresh projections; in the
 double- and single-stream blocks, AdaLayerNormZero(Single)'s norm + modulate and the gated
-residuals (with the norm2 + modulate that follows) as the AdaLN kernels."""
+residuals (with the norm2 + modulate that follows) as the AdaLN kernels; the single-stream
+blocks' GELU written straight into the buffer ``proj_out`` reads, next to the image and
+text attention outputs (both ``torch.cat`` copies of the block gone)."""
 from __future__ import annotations
 
 import torch
 
+from ..activations import GELU_KINDS, gelu, supported
 from ..adaln import gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail,
-               plain_layer_norms, replace_processors)
+from . import (bind_forwards, compiling, grad_needed, norms_ok, params_need_grad,
+               per_op_mlp_tail, plain_layer_norms, replace_processors)
 from ._flux import _ada_zero_forward, _ada_zero_single_forward
 
 
@@ -109,10 +112,32 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_m
     return hidden_states, encoder_hidden_states
 
 
+def _act_into_buffer(act, mlp, attn_output, context_attn_output):
+    """``torch.cat([torch.cat([attn, context], 1), act(mlp)], 2)`` built in one buffer: the
+    two attention outputs copied once, the GELU (an ``nn.GELU``) written by the kernel into
+    the MLP columns; None when the eager code must run (under torch.compile inductor fuses
+    the activation into the concat itself)."""
+    if compiling() or type(act) is not torch.nn.GELU or act.approximate not in GELU_KINDS:
+        return None
+    if not (attn_output.dim() == context_attn_output.dim() == mlp.dim() == 3
+            and attn_output.dtype == context_attn_output.dtype == mlp.dtype
+            and attn_output.shape[1] + context_attn_output.shape[1] == mlp.shape[1]
+            and attn_output.shape[2] == context_attn_output.shape[2]
+            and supported(mlp, "gelu")):
+        return None
+    S, D = attn_output.shape[1], attn_output.shape[2]
+    buf = mlp.new_empty(mlp.shape[0], mlp.shape[1], D + mlp.shape[2])
+    buf[:, :S, :D].copy_(attn_output)
+    buf[:, S:, :D].copy_(context_attn_output)
+    gelu(mlp, act.approximate, out=buf[..., D:])
+    return buf
+
+
 def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
-                          image_rotary_emb=None, *args, **kwargs):
+                          image_rotary_emb=None, *args, fuse_act=False, **kwargs):
     """HunyuanVideoSingleTransformerBlock.forward with ``gate * proj_out(...) + residual`` as
-    one kernel (per-op rounding)."""
+    one kernel (per-op rounding) and, with ``fuse_act``, the GELU and both concatenations as
+    one buffer (:func:`_act_into_buffer`)."""
     from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoSingleTransformerBlock
 
     if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
@@ -123,15 +148,26 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, atte
     hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    mlp_hidden_states = self.act_mlp(self.proj_mlp(norm_hidden_states))
+    mlp_hidden_states = self.proj_mlp(norm_hidden_states)
     attn_output, context_attn_output = self.attn(
         hidden_states=norm_hidden_states[:, :-text_seq_length, :],
         encoder_hidden_states=norm_hidden_states[:, -text_seq_length:, :],
         attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-    attn_output = torch.cat([attn_output, context_attn_output], dim=1)
-    hidden_states = torch.cat([attn_output, mlp_hidden_states], dim=2)
+    hidden_states = None
+    if fuse_act:
+        hidden_states = _act_into_buffer(self.act_mlp, mlp_hidden_states, attn_output,
+                                         context_attn_output)
+    if hidden_states is None:
+        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+        hidden_states = torch.cat([attn_output, self.act_mlp(mlp_hidden_states)], dim=2)
     hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
     return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
+
+
+def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
+                              attention_mask=None, image_rotary_emb=None, *args, **kwargs):
+    return _single_block_forward(self, hidden_states, encoder_hidden_states, temb,
+                                 attention_mask, image_rotary_emb, *args, fuse_act=True, **kwargs)
 
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -148,4 +184,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
             AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
             AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
             HunyuanVideoTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
-            HunyuanVideoSingleTransformerBlock: (_single_block_forward, "single blocks (gated residual)")})
+            HunyuanVideoSingleTransformerBlock: (
+                (_single_block_forward_act,
+                 "single blocks (gated residual, GELU into the concat buffer)")
+                if activations else (_single_block_forward, "single blocks (gated residual)"))})
