@@ -24,7 +24,7 @@ _LIB = torch.library.Library("ditfuse", "DEF")  # noqa: TOR901 (kept alive for t
 class _Op:
     def __init__(self, qualname: str, fn: Callable):
         self._qualname = qualname
-        self._fn = fn
+        self._packet = getattr(torch.ops.ditfuse, qualname.split("::")[1])
         self.__doc__ = fn.__doc__
 
     def register_fake(self, fake: Callable) -> Callable:
@@ -32,8 +32,7 @@ class _Op:
         return fake
 
     def __call__(self, *args, **kwargs):
-        ns, name = self._qualname.split("::")
-        return getattr(getattr(torch.ops, ns), name)(*args, **kwargs)
+        return self._packet(*args, **kwargs)
 
 
 def op(qualname: str, *, mutates_args: Iterable[str] = ()) -> Callable[[Callable], _Op]:

@@ -415,7 +415,7 @@ def tma_applies(p: Plan) -> bool:
         return False
     if D * p.q.element_size() < 16:
         return False
-    if p.q.is_cuda and torch.cuda.get_device_capability(p.q.device)[0] < 9:
+    if p.q.is_cuda and _device_info(p.q.device)[0] < 9:
         return False
     return (all(_tma_operand_ok(t) for t in (p.q, p.k) if t is not None)
             and _table_ok(p.cos) and _table_ok(p.sin))
@@ -446,16 +446,23 @@ def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
     return hg, p0, p1, max(8, num_warps), 3, 2
 
 
-_SM_COUNT: dict = {}
+_DEVICE_INFO: dict = {}
+
+
+def _device_info(device: torch.device):
+    """(compute capability major, SM count) of a CUDA device, queried once (per call on the
+    eager path it would cost host time)."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _DEVICE_INFO:
+        props = torch.cuda.get_device_properties(i)
+        _DEVICE_INFO[i] = (props.major, props.multi_processor_count)
+    return _DEVICE_INFO[i]
 
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 3  # the interpreter: a few programs, each walking several items
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _SM_COUNT:
-        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
-    return _SM_COUNT[i]
+    return _device_info(device)[1]
 
 
 def _table_desc(t: torch.Tensor, B: int):

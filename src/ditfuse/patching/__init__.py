@@ -74,13 +74,26 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate
     return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
 
 
+def _parts(first):
+    return tuple(first) if isinstance(first, (tuple, list)) else (first,)
+
+
 def cat_activation(first, h, act, width: int):
     """``torch.cat([first, act(h)], dim=-1)`` with the activation written straight into the
     concat buffer (``act(h, out=buf[..., D:])``, a ditfuse activation of ``width`` output
-    channels): ``first`` is copied once, the activation's output is never a separate tensor."""
-    D = first.shape[-1]
-    buf = first.new_empty(*first.shape[:-1], D + width)
-    buf[..., :D].copy_(first)
+    channels): ``first`` is copied once, the activation's output is never a separate tensor.
+    ``first`` may be a sequence of (B, S_i, D) tensors standing for their concatenation along
+    the tokens (HunyuanVideo's image and text attention outputs): each lands in its rows."""
+    parts = _parts(first)
+    D = parts[0].shape[-1]
+    buf = h.new_empty(*h.shape[:-1], D + width)
+    if len(parts) == 1:
+        buf[..., :D].copy_(parts[0])
+    else:
+        row = 0
+        for t in parts:
+            buf[:, row:row + t.shape[1], :D].copy_(t)
+            row += t.shape[1]
     act(h, out=buf[..., D:])
     return buf
 
@@ -93,14 +106,24 @@ def compiling() -> bool:
 
 def cat_fusable(first, h, op: str) -> bool:
     """Whether :func:`cat_activation` computes ``torch.cat([first, act(h)], -1)``: same dtype
-    (cat would promote), same leading shape, an ``h`` the kernel takes as it is, and eager
-    execution (under torch.compile the original code: inductor fuses the activation into
-    the concat itself, where an opaque op would need a copy into the buffer —
-    ``logs/s4/measure/profile_flux1.log``: 67 us a FLUX.1 single block)."""
+    (cat would promote), same leading shape (the parts' tokens adding up to h's), an ``h``
+    the kernel takes as it is, and eager execution (under torch.compile the original code:
+    inductor fuses the activation into the concat itself, where an opaque op would need a
+    copy into the buffer — ``logs/s4/measure/profile_flux1.log``: 67 us a FLUX.1 single
+    block)."""
     from ..activations import supported
 
-    return (not compiling() and isinstance(first, torch.Tensor) and first.dtype == h.dtype
-            and first.shape[:-1] == h.shape[:-1] and supported(h, op))
+    parts = _parts(first)
+    if compiling() or not all(isinstance(t, torch.Tensor) and t.dtype == h.dtype for t in parts):
+        return False
+    if len(parts) > 1:
+        if not (h.dim() == 3 and all(t.dim() == 3 and t.shape[0] == h.shape[0]
+                                     and t.shape[2] == parts[0].shape[2] for t in parts)
+                and sum(t.shape[1] for t in parts) == h.shape[1]):
+            return False
+    elif parts[0].shape[:-1] != h.shape[:-1]:
+        return False
+    return supported(h, op)
 
 
 def bind_forward(module, fn: Callable) -> bool:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from ..activations import GELU_KINDS, gelu, supported
+from ..activations import GELU_KINDS, gelu
 from ..adaln import gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, compiling, grad_needed, norms_ok, params_need_grad,
-               per_op_mlp_tail, plain_layer_norms, replace_processors)
+from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, norms_ok,
+               params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors)
 from ._flux import _ada_zero_forward, _ada_zero_single_forward
 
 
@@ -113,24 +113,15 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_m
 
 
 def _act_into_buffer(act, mlp, attn_output, context_attn_output):
-    """``torch.cat([torch.cat([attn, context], 1), act(mlp)], 2)`` built in one buffer: the
-    two attention outputs copied once, the GELU (an ``nn.GELU``) written by the kernel into
-    the MLP columns; None when the eager code must run (under torch.compile inductor fuses
-    the activation into the concat itself)."""
-    if compiling() or type(act) is not torch.nn.GELU or act.approximate not in GELU_KINDS:
+    """``torch.cat([torch.cat([attn, context], 1), act(mlp)], 2)`` built in one buffer
+    (:func:`cat_activation`: the attention outputs copied once, the GELU of an ``nn.GELU``
+    written by the kernel into the MLP columns); None when the eager code must run."""
+    parts = (attn_output, context_attn_output)
+    if type(act) is not torch.nn.GELU or act.approximate not in GELU_KINDS or \
+            not cat_fusable(parts, mlp, "gelu"):
         return None
-    if not (attn_output.dim() == context_attn_output.dim() == mlp.dim() == 3
-            and attn_output.dtype == context_attn_output.dtype == mlp.dtype
-            and attn_output.shape[1] + context_attn_output.shape[1] == mlp.shape[1]
-            and attn_output.shape[2] == context_attn_output.shape[2]
-            and supported(mlp, "gelu")):
-        return None
-    S, D = attn_output.shape[1], attn_output.shape[2]
-    buf = mlp.new_empty(mlp.shape[0], mlp.shape[1], D + mlp.shape[2])
-    buf[:, :S, :D].copy_(attn_output)
-    buf[:, S:, :D].copy_(context_attn_output)
-    gelu(mlp, act.approximate, out=buf[..., D:])
-    return buf
+    return cat_activation(parts, mlp, lambda h, out: gelu(h, act.approximate, out=out),
+                          mlp.shape[-1])
 
 
 def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
