@@ -1,8 +1,10 @@
 """Registering ditfuse's ops with the dispatcher at low host cost.
 
 ``torch.library.custom_op`` wraps every call in Python (an autograd kernel, per-argument
-handling, an output-aliasing check): ~100 us a call for qk_norm_rope's 26 arguments,
-measured on the CPU with the launch stubbed (the eager public function: 42 us). Inside a
+handling, an output-aliasing check): for qk_norm_rope's 26 arguments, on the CPU with the
+launch stubbed, 79-80 us a call through a custom_op against 56-57 us through this module's
+registration and 41-42 us for the eager public function
+(``benchmarks/op_host_cost.py``, ``benchmarks/logs/s4/op_host_cost.log``). Inside a
 compiled graph every ditfuse kernel is reached through its op, so at FLUX.1's 12 blocks a
 step's host time passed its GPU time (32.5 vs 24.0 ms, ``benchmarks/logs/s4/final/
 diag_compile_flux1.log``) and the patched + compiled model ran slower than patched eager.
