@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import _library
 from .norms import NormSpec, resolve_norm
-from .qk_norm_rope import plan as _plan, run as _run
+from .qk_norm_rope import call as _call, plan as _plan
 
 _KINDS = {0: None, 1: "rms", 2: "layer", 3: "dyt"}
 
@@ -57,8 +57,7 @@ def qk_norm_rope_op(
     kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                  (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
                  num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    p = _plan(q, k, cos, sin, **kw)
-    qo, ko = _run(p, q, k, inplace=False)
+    qo, ko = _call(q, k, cos, sin, inplace=False, **kw)
     return [qo] if ko is None else [qo, ko]
 
 
@@ -89,8 +88,7 @@ def qk_norm_rope_inplace_op(
     kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                  (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
                  num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    p = _plan(q, k, cos, sin, **kw)
-    _run(p, q, k, inplace=True)
+    _call(q, k, cos, sin, inplace=True, **kw)
 
 
 @qk_norm_rope_inplace_op.register_fake

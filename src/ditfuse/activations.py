@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from . import _library, _runtime
+from . import _fastpath, _library, _runtime
 from ._kernel_utils import _cast_out, _rnd, _tanh
 from ._runtime import INTERPRET
 
@@ -179,9 +179,25 @@ def _new(x, N):
     return torch.empty(tuple(x.shape[:-1]) + (N,), dtype=x.dtype, device=x.device)
 
 
+_CACHE = _fastpath.Cache()
+
+
 def _run(x, kind: int, out=None, settings=None):
     """Validate, allocate, launch (or the reference where Triton cannot run).
-    ``settings`` = (ROWS, BLOCK, num_warps) overrides the table (sweeps)."""
+    ``settings`` = (ROWS, BLOCK, num_warps) overrides the table (sweeps). A call whose
+    signature was seen before replays its launch (``_fastpath``)."""
+    key = None
+    if _fastpath.usable(x):
+        try:
+            key = (kind, settings, launch_settings, _fastpath.sig(x), _fastpath.sig(out))
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError):
+            key = replay = None
+        if replay is not None:
+            o = out if out is not None else _new(x, x.shape[-1] // 2 if kind == SWIGLU
+                                                 else x.shape[-1])
+            if replay((x, o)):
+                return o
     R, N, sx = _plan(x, kind)
     so = N
     if out is not None:
@@ -192,8 +208,12 @@ def _run(x, kind: int, out=None, settings=None):
         return out
     if _runtime.kernel_device_ok(x):
         rows, block, warps = settings or launch_settings(N)
-        _act_kernel[(triton.cdiv(R, rows), triton.cdiv(N, block))](
-            x, out, R, N, sx, so, KIND=kind, ROWS=rows, BLOCK=block, num_warps=warps)
+        with _fastpath.Recorder() as rec:
+            _fastpath.launch(_act_kernel, (triton.cdiv(R, rows), triton.cdiv(N, block)),
+                             (x, out, R, N, sx, so),
+                             dict(KIND=kind, ROWS=rows, BLOCK=block, num_warps=warps))
+        if key is not None:
+            _CACHE.put(key, rec.replay((x, out)))
     else:
         from .reference import gelu_reference, swiglu_reference
         out.copy_(swiglu_reference(x) if kind == SWIGLU else

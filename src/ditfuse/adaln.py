@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _library, _runtime
+from . import _fastpath, _library, _runtime
 from ._kernel_utils import _cast_out, _rnd
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -406,29 +406,21 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     if D <= MAX_ONE_PASS:
         rows, warps = tile_settings(D)
         ba, bb_ = tile_pieces(D)
-        _adaln_tile_kernel[(triton.cdiv(S, rows), B)](
-            *args, **flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
-            enable_fp_fusion=False)
+        _fastpath.launch(_adaln_tile_kernel, (triton.cdiv(S, rows), B), args,
+                         dict(flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
+                              enable_fp_fusion=False))
     else:
-        _adaln_kernel[(B * S,)](*args, **flags, BLOCK_D=CHUNK, NUM_CHUNKS=triton.cdiv(D, CHUNK),
-                                num_warps=CHUNK // 512, enable_fp_fusion=False)
+        _fastpath.launch(_adaln_kernel, (B * S,), args,
+                         dict(flags, BLOCK_D=CHUNK, NUM_CHUNKS=triton.cdiv(D, CHUNK),
+                              num_warps=CHUNK // 512, enable_fp_fusion=False))
 
 
 def _new(x):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out,
-         modulated=True):
-    """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
-    ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes."""
-    x3, y3, g3, sh3, sc3, w, bb = _plan(x, y, gate, shift, scale, norm, weight, bias, eps,
-                                        rounding)
-    if out is not None:
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype \
-                or out.device != x.device:
-            raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
-                             f"{x.device}")
+def _outputs(x, y, inplace, out, modulated):
+    """(x_new, modulated output) as the call returns them (``out`` checked by the caller)."""
     o = x_new = None
     if modulated:
         o = out if out is not None else _new(x)
@@ -436,10 +428,52 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
             x_new = x if inplace else _new(x)
     else:
         x_new = out if out is not None else _new(x)
+    return x_new, o
+
+
+_CACHE = _fastpath.Cache()
+
+
+def _slots(x, y, gate, shift, scale, weight, bias, x_new, o):
+    # an output that is x itself (inplace, out=x: in the key) is x's slot
+    return (x, y, gate, shift, scale, weight, bias, None if x_new is x else x_new,
+            None if o is x else o)
+
+
+def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out,
+         modulated=True):
+    """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
+    ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes.
+    A call whose signature was seen before replays its launches (``_fastpath``)."""
+    key = None
+    if _fastpath.usable(x):
+        try:
+            sig = _fastpath.sig
+            key = (norm, eps, rounding, bool(inplace), modulated, out is x, TILE_SETTINGS,
+                   sig(x), sig(y), sig(gate), sig(shift), sig(scale), sig(weight), sig(bias),
+                   sig(out))
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError):  # not tensors / unhashable: the checks explain
+            key = replay = None
+        if replay is not None:
+            x_new, o = _outputs(x, y, inplace, out, modulated)
+            if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
+                return x_new, o
+    x3, y3, g3, sh3, sc3, w, bb = _plan(x, y, gate, shift, scale, norm, weight, bias, eps,
+                                        rounding)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype \
+                or out.device != x.device:
+            raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
+                             f"{x.device}")
+    x_new, o = _outputs(x, y, inplace, out, modulated)
     o3 = _rows_view(o, "out") if o is not None else None
     xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
     if _runtime.kernel_device_ok(x3):
-        _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op")
+        with _fastpath.Recorder() as rec:
+            _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op")
+        if key is not None:
+            _CACHE.put(key, rec.replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)))
     else:
         from .reference import adaln_reference
         res = adaln_reference(x, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from . import _runtime
+from . import _fastpath, _runtime
 from .norms import NormSpec, resolve_norm
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -390,7 +390,8 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
-    _qk_norm_rope_kernel[grid](*args, **constexprs, num_warps=num_warps, enable_fp_fusion=False)
+    _fastpath.launch(_qk_norm_rope_kernel, grid, args,
+                     dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
 
 
 # The persistent TMA-fed kernel (``_qk_tma_kernel``) where it applies, else the per-token one.
@@ -522,12 +523,13 @@ def launch_tma(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     n_hg = triton_cdiv(H, hg)
     n_items = B * S * n_hg
     grid = (max(1, min(n_items, per_sm * _sm_count(p.q.device))),)
-    _qk_norm_rope_tma_kernel[grid](
+    # through _fastpath.launch so a recording sees it (its descriptors keep it uncached)
+    _fastpath.launch(_qk_norm_rope_tma_kernel, grid, (
         q0, q1, k0, k1, cd, sd, q_out, ko,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
         n_items, n_hg, S, H, table_batch,
-        *q_out.stride(), *ko.stride(),
+        *q_out.stride(), *ko.stride()), dict(
         D=D, HG=hg, P0=p0, P1=p1,
         Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
         Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
@@ -536,7 +538,7 @@ def launch_tma(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         HAS_K=has_k, INTERLEAVED=p.interleaved, TABLE_HALF=p.table_half,
         ROUND_NORM=p.round_after_norm,
         OFF64=_needs_off64(p0 + p1, D, (q_out, ko), cst, sst), STAGES=stages,
-        num_warps=num_warps, enable_fp_fusion=False)
+        num_warps=num_warps, enable_fp_fusion=False))
 
 
 def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
@@ -618,6 +620,70 @@ def _launch_head_parallel(p: Plan, qo4, ko4) -> None:
     launch(p, qo4, ko4, stats=stats, stats_mode=1)
     dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=p.process_group)
     launch(p, qo4, ko4, stats=stats, stats_mode=2)
+
+
+_CACHE = _fastpath.Cache()
+
+
+def _norm_key(n: Optional[NormSpec]):
+    if n is None:
+        return None
+    a = n.alpha
+    return (n.kind, n.eps, n.size, n.round_before_weight, _fastpath.sig(n.weight),
+            _fastpath.sig(n.bias), _fastpath.sig(a) if isinstance(a, torch.Tensor) else a)
+
+
+def _slots(q, k, cos, sin, q_out, k_out, qs, ks, inplace):
+    def tensors(n):
+        if n is None:
+            return None, None, None
+        return n.weight, n.bias, n.alpha if isinstance(n.alpha, torch.Tensor) else None
+
+    # in place (in the key): the outputs are q's and k's slots
+    return (q, k, cos, sin, None if inplace else q_out, None if inplace else k_out,
+            *tensors(qs), *tensors(ks))
+
+
+def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
+         rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
+         round_after_norm=True, layout="bshd", out=None, process_group=None):
+    """The eager call behind :func:`qk_norm_rope` and its ops: check, allocate, launch. A
+    call whose signature (every tensor's shape, strides, dtype, device and alignment, the
+    norms' numbers, every option) was seen before replays its launch (``_fastpath``);
+    calls with ``positions`` (their range is checked on the data) or a process group
+    always take the checked path."""
+    key = None
+    if positions is None and process_group is None and _fastpath.usable(q):
+        try:
+            q_norm = resolve_norm(q_norm, "q_norm")
+            k_norm = resolve_norm(k_norm, "k_norm")
+            sig = _fastpath.sig
+            key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
+                   USE_TMA, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
+                   _norm_key(k_norm), None if out is None else tuple(map(sig, out)))
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError):  # the checked path says what is wrong
+            key = replay = None
+        if replay is not None and not (k is not None and k.data_ptr() == q.data_ptr()):
+            if out is not None:
+                q_out, k_out = out
+            elif inplace:
+                q_out, k_out = q, k
+            else:
+                q_out = _out_like(q, None)
+                k_out = None if k is None else _out_like(k, None)
+            if replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)):
+                return q_out, k_out
+    if out is not None:
+        _check_out(out, q, k, inplace)
+    p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
+             rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
+             round_after_norm=round_after_norm, layout=layout, process_group=process_group)
+    with _fastpath.Recorder() as rec:
+        q_out, k_out = run(p, q, k, inplace, out)
+    if key is not None:
+        _CACHE.put(key, rec.replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)))
+    return q_out, k_out
 
 
 def _check_grad(*ts):
@@ -728,13 +794,12 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     ...                                     num_heads=40)    # q, k: (B, S, 5120)
     """
     _check_grad(q, k, cos, sin, q_norm, k_norm)
-    if out is not None:
-        _check_out(out, q, k, inplace)
     if torch.compiler.is_compiling() and process_group is not None:
         raise ValueError("process_group is supported in eager mode only (call qk_norm_rope "
                          "outside the compiled region, or without process_group)")
     if torch.compiler.is_compiling():
         if out is not None:  # the functional op, then a copy into the caller's buffers
+            _check_out(out, q, k, inplace)
             from . import _ops
             rq, rk = _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
                                               num_heads=num_heads, rope_style=rope_style,
@@ -751,7 +816,7 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
                                         rotary_dim=rotary_dim, positions=positions,
                                         inplace=inplace, round_after_norm=round_after_norm,
                                         layout=layout)
-    p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
-             rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
-             round_after_norm=round_after_norm, layout=layout, process_group=process_group)
-    return run(p, q, k, inplace, out)
+    return call(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
+                rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
+                inplace=inplace, round_after_norm=round_after_norm, layout=layout, out=out,
+                process_group=process_group)

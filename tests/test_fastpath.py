@@ -1,0 +1,265 @@
+"""Replayed calls (``ditfuse/_fastpath.py``): a call whose signature was seen before reuses
+the recorded launches with its own tensors. Each case calls an op twice with fresh data of
+one signature, checks the second call was a replay and that it equals the checked path
+(the cache off) bitwise, with NaN-poisoned outputs; aliasing at record time, in-place
+outputs, changed signatures and nested recordings are covered."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import ditfuse
+import sys
+
+from ditfuse import _fastpath, activations, adaln
+from conftest import DEVICE, rope_tables
+
+qk_mod = sys.modules["ditfuse.qk_norm_rope"]
+CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE)
+
+
+@pytest.fixture
+def replays(monkeypatch):
+    """Counts replays; clears the caches before and after."""
+    for c in CACHES:
+        c.clear()
+    n = [0]
+    orig = _fastpath.Replay.__call__
+
+    def counted(self, tensors):
+        n[0] += 1
+        return orig(self, tensors)
+
+    monkeypatch.setattr(_fastpath.Replay, "__call__", counted)
+    yield n
+    for c in CACHES:
+        c.clear()
+
+
+def _checked(fn):
+    """fn() with the cache off: the checked path."""
+    _fastpath.ENABLED = False
+    try:
+        return fn()
+    finally:
+        _fastpath.ENABLED = True
+
+
+def _equal(a, b):
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    assert len(a) == len(b)
+    for u, v in zip(a, b):
+        if u is None:
+            assert v is None
+            continue
+        assert not torch.isnan(u).any()
+        assert torch.equal(u, v)
+
+
+def _rand(*shape, dtype=torch.bfloat16, g=None):
+    return (torch.randn(*shape, generator=g) * 1.5 + 0.2).to(dtype).to(DEVICE)
+
+
+def _clone(ins):
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in ins)
+
+
+def _twice(make, op, replays, expect_replay=True):
+    """op(*make()) twice with fresh inputs of one signature; the second must be a replay
+    (when expected); each equals the checked path on a copy of its inputs, bitwise."""
+    g = torch.Generator().manual_seed(1)
+    outs = []
+    for i in range(2):
+        ins = make(g)
+        copy = _clone(ins)  # before an in-place op changes ins
+        before = replays[0]
+        got = op(*ins)
+        if i == 1:
+            assert (replays[0] > before) == expect_replay
+        _equal(got, _checked(lambda: op(*copy)))
+        outs.append(got)
+    return outs
+
+
+ADALN_CASES = {
+    "modulate-flux": (lambda g: (_rand(2, 7, 48, g=g), *_rand(2, 6 * 48, g=g).chunk(6, 1)[:2]),
+                      lambda x, sh, sc: ditfuse.adaln_modulate(x, sh, sc, rounding="per_op")),
+    "modulate-2d-rms-affine": (
+        lambda g: (_rand(5, 40, g=g), _rand(40, dtype=torch.float32, g=g),
+                   _rand(5, 40, dtype=torch.float32, g=g), _rand(40, dtype=torch.float32, g=g)),
+        lambda x, sh, sc, w: ditfuse.adaln_modulate(x, sh, sc, norm="rms", weight=w)),
+    "gated-adaln-per-token": (
+        lambda g: (_rand(1, 6, 64, g=g), _rand(1, 6, 64, g=g),
+                   *_rand(1, 6, 3, 64, dtype=torch.float32, g=g).unbind(2)),
+        lambda x, y, ga, sh, sc: ditfuse.gated_residual_adaln(x, y, ga, sh, sc)),
+    "gated-residual": (lambda g: (_rand(2, 5, 32, g=g), _rand(2, 5, 32, g=g), _rand(2, 32, g=g)),
+                       lambda x, y, ga: ditfuse.gated_residual(x, y, ga, rounding="per_op")),
+    "chunked-d": (lambda g: (_rand(1, 2, 9000, g=g), _rand(1, 9000, dtype=torch.float32, g=g)),
+                  lambda x, sh: ditfuse.adaln_modulate(x, sh, None, norm="layer")),
+}
+
+
+@pytest.mark.parametrize("case", list(ADALN_CASES))
+@torch.no_grad()
+def test_adaln_replay(case, replays):
+    make, op = ADALN_CASES[case]
+    _twice(make, op, replays)
+    assert len(adaln._CACHE) == 1
+
+
+@torch.no_grad()
+def test_adaln_inplace_and_out_x(replays):
+    def inplace(x, y, ga, sh, sc):
+        x0 = x.clone()
+        xn, m = ditfuse.gated_residual_adaln(x, y, ga, sh, sc, inplace=True)
+        assert xn is x and not torch.equal(x, x0)
+        return x, m
+
+    def make(g):
+        return (_rand(2, 4, 32, g=g), _rand(2, 4, 32, g=g), *_rand(2, 3 * 32, g=g).chunk(3, 1))
+
+    _twice(make, inplace, replays)
+
+    def out_x(x, y, ga):
+        r = ditfuse.gated_residual(x, y, ga, out=x)
+        assert r is x
+        return x.clone()
+
+    _twice(lambda g: (_rand(2, 4, 32, g=g), _rand(2, 4, 32, g=g), _rand(2, 32, g=g)), out_x,
+           replays)
+    # a later call with a distinct out of the same signature must not write into x
+    g = torch.Generator().manual_seed(5)
+    x, y, ga = _rand(2, 4, 32, g=g), _rand(2, 4, 32, g=g), _rand(2, 32, g=g)
+    x0, out = x.clone(), torch.full_like(x, float("nan"))
+    ditfuse.gated_residual(x, y, ga, out=out)
+    assert torch.equal(x, x0)
+    _equal(out, _checked(lambda: ditfuse.gated_residual(x, y, ga)))
+
+
+@torch.no_grad()
+def test_aliased_record_then_distinct(replays):
+    """y is x when the signature is first seen: nothing is cached (slots ambiguous); a
+    distinct call then records, and an aliased call replays correctly from it."""
+    g = torch.Generator().manual_seed(2)
+    x, ga = _rand(2, 3, 16, g=g), _rand(2, 16, g=g)
+    r1 = ditfuse.gated_residual(x, x, ga)
+    assert len(adaln._CACHE) == 0
+    _equal(r1, _checked(lambda: ditfuse.gated_residual(x, x, ga)))
+    y = _rand(2, 3, 16, g=g)
+    ditfuse.gated_residual(x, y, ga)
+    assert len(adaln._CACHE) == 1
+    n = replays[0]
+    r2 = ditfuse.gated_residual(y, y, ga)
+    assert replays[0] == n + 1
+    _equal(r2, _checked(lambda: ditfuse.gated_residual(y, y, ga)))
+
+
+@torch.no_grad()
+def test_signature_change_misses(replays):
+    g = torch.Generator().manual_seed(3)
+    base = _rand(2, 6, 40, g=g)
+    sh = _rand(2, 40, g=g)
+    ditfuse.adaln_modulate(base, sh, None)
+    n = replays[0]
+    for x in (base[:, :5], base.transpose(0, 1).contiguous().transpose(0, 1), base.float(),
+              _rand(2, 6, 41, g=g)[..., 1:]):  # fewer tokens, strides, dtype, alignment
+        s = sh if x.dtype == sh.dtype else sh.float()
+        r = ditfuse.adaln_modulate(x, s, None)
+        _equal(r, _checked(lambda: ditfuse.adaln_modulate(x, s, None)))
+    assert replays[0] == n
+    assert len(adaln._CACHE) == 5
+
+
+@torch.no_grad()
+def test_activation_replay(replays):
+    def gelu_into(h, first):
+        buf = torch.full((*h.shape[:-1], first.shape[-1] + h.shape[-1]), float("nan"),
+                         dtype=h.dtype, device=h.device)
+        buf[..., :first.shape[-1]].copy_(first)
+        ditfuse.gelu(h, "tanh", out=buf[..., first.shape[-1]:])
+        return buf
+
+    _twice(lambda g: (_rand(2, 5, 96, g=g), _rand(2, 5, 32, g=g)), gelu_into, replays)
+    _twice(lambda g: (_rand(3, 7, 64, g=g),), ditfuse.swiglu, replays)
+    _twice(lambda g: (_rand(4, 50, g=g),), lambda h: ditfuse.gelu(h, "none"), replays)
+
+
+def _qk_make(H, D, S, norm_kind, form):
+    def make(g):
+        q, k = _rand(2, S, H, D, g=g), _rand(2, S, H, D, g=g)
+        c, s = rope_tables(S, D)
+        if form == "flat":
+            q, k = q.flatten(2), k.flatten(2)
+        return q, k, c, s
+    return make
+
+
+@pytest.mark.parametrize("form", ["bshd", "flat"])
+@torch.no_grad()
+def test_qk_replay(form, replays, poison_outputs):
+    H, D, S = 3, 32, 5
+    g = torch.Generator().manual_seed(4)
+    nq = torch.nn.RMSNorm(D, eps=1e-6).to(DEVICE, torch.bfloat16)
+    nk = torch.nn.RMSNorm(D, eps=1e-6).to(DEVICE, torch.bfloat16)
+    nq.weight.data.copy_(_rand(D, g=g))
+    nk.weight.data.copy_(_rand(D, g=g))
+    kw = dict(q_norm=nq, k_norm=nk, num_heads=H if form == "flat" else None)
+    _twice(_qk_make(H, D, S, "rms", form),
+           lambda q, k, c, s: ditfuse.qk_norm_rope(q, k, c, s, **kw), replays)
+    # a new weight tensor on the module: still the module's current weight
+    nq.weight = torch.nn.Parameter(_rand(D, g=g), requires_grad=False)
+    _twice(_qk_make(H, D, S, "rms", form),
+           lambda q, k, c, s: ditfuse.qk_norm_rope(q, k, c, s, **kw), replays)
+
+    def into(q, k, c, s):  # slices of a text + image buffer, as the FLUX patch writes
+        buf_q = torch.full((2, S + 2, *q.shape[2:]), float("nan"), dtype=q.dtype, device=q.device)
+        buf_k = torch.full_like(buf_q, float("nan"))
+        ditfuse.qk_norm_rope(q, k, c, s, out=(buf_q[:, 2:], buf_k[:, 2:]), **kw)
+        return buf_q[:, 2:], buf_k[:, 2:]
+
+    _twice(_qk_make(H, D, S, "rms", form), into, replays)
+
+    def inplace(q, k, c, s):
+        ditfuse.qk_norm_rope(q, k, c, s, inplace=True, **kw)
+        return q, k
+
+    _twice(_qk_make(H, D, S, "rms", form), inplace, replays)
+
+
+@torch.no_grad()
+def test_qk_without_k_and_norms(replays):
+    _twice(lambda g: (_rand(1, 4, 2, 16, g=g), *rope_tables(4, 16)),
+           lambda q, c, s: ditfuse.qk_norm_rope(q, None, c, s), replays)
+
+
+@torch.no_grad()
+def test_cache_off_records_nothing(replays):
+    g = torch.Generator().manual_seed(6)
+    x, y = _rand(1, 3, 16, g=g), _rand(1, 3, 16, g=g)
+    _checked(lambda: (ditfuse.gated_residual(x, y), ditfuse.gated_residual(x, y)))
+    assert len(adaln._CACHE) == 0 and replays[0] == 0
+
+
+@torch.no_grad()
+def test_nested_recording_keeps_inner_launches(replays):
+    """An op run inside another op's recording adds its launches to the outer one and does
+    not replay (a replay would hide them from the outer recording)."""
+    g = torch.Generator().manual_seed(7)
+    x, y = _rand(1, 3, 16, g=g), _rand(1, 3, 16, g=g)
+    ditfuse.gated_residual(x, y)  # cached
+    with _fastpath.Recorder() as outer:
+        ditfuse.gated_residual(x, y)
+        ditfuse.gelu(y)
+    assert replays[0] == 0
+    assert len(outer.launches) == 2
+
+
+def test_every_cached_launch_is_recorded():
+    """The ops with a cache launch kernels only through _fastpath.launch: a direct
+    ``kernel[grid](...)`` inside a recorded call would be missing from its replay."""
+    src = Path(ditfuse.__file__).parent
+    for name in ("adaln.py", "activations.py", "qk_norm_rope.py"):
+        text = (src / name).read_text()
+        assert not re.search(r"_kernel\s*\[", text), name
