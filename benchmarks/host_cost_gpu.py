@@ -87,7 +87,7 @@ def main():
     torch.manual_seed(0)
     dev, dt = "cuda", torch.bfloat16
     B, D = 1, 3072
-    S_img, S_all = 4096, 4608
+    S_all = 4096 + 512  # image + text tokens
     x = torch.randn(B, S_all, D, device=dev, dtype=dt)
     y = torch.randn_like(x)
     emb = torch.randn(B, 6 * D, device=dev, dtype=dt)
