@@ -218,3 +218,17 @@ def test_psnr():
     a = torch.ones(4)
     assert math.isinf(e2e.psnr(a, a))
     assert abs(e2e.psnr(a * 1.1, a) - 20.0) < 1e-4
+
+
+def test_loop_timer_runs_steps_back_to_back():
+    """loop_timer: warm-up calls, then enough consecutive calls for min_ms, ms per call."""
+    import time as _time
+    calls = []
+
+    def step():
+        calls.append(1)
+        _time.sleep(0.01)
+
+    ms = e2e.loop_timer(min_ms=50, warmup=2, min_steps=3)(step)
+    assert 9 <= ms < 30, ms
+    assert 2 + 4 <= len(calls) <= 2 + 6, len(calls)

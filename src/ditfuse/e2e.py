@@ -2,7 +2,8 @@
 
 Transformers (Wan 2.1 14B, FLUX.1-dev, FLUX.2-dev): real-size configs with random weights
 (no downloads), cut to a few blocks (the count is printed), one denoising step timed four
-ways: unpatched eager, unpatched ``torch.compile``, patched eager, patched + compile; then a
+ways -- unpatched eager, unpatched ``torch.compile``, patched eager, patched + compile --
+with steps run back to back as a pipeline's loop runs them (:func:`loop_timer`); then a
 20-step Euler trajectory patched vs unpatched (PSNR and max |diff| of the final latents,
 on the "patched eager" row).
 
@@ -455,6 +456,31 @@ def _emit_vs_fp32(spec, kept, dtypes, emit):
                               note=f"reference: fp32 {ref_impl}", **_compare(kept[(dtype, n, impl)], ref)))
 
 
+def loop_timer(min_ms: float = 200.0, warmup: int = 2, min_steps: int = 3):
+    """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: ``warmup``
+    calls, then n calls (at least ``min_steps``, enough for ``min_ms``) launched one after
+    the other, one sync at the end. The host prepares a step while the GPU runs the one
+    before, so a step's host cost counts only where it exceeds its GPU time. (Until session
+    5 each step was timed alone by do_bench, after an L2 flush, from an idle GPU: every step
+    also paid its host latency up to the first kernel, up to 2.6 ms of a 26 ms FLUX.1 step
+    for the compiled models' guards, ``benchmarks/logs/s5/diag_compile_variants.log``.)"""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def timer(fn):
+        t = time.perf_counter()
+        for _ in range(warmup):
+            fn()
+        sync()
+        est = (time.perf_counter() - t) / warmup * 1e3
+        n = max(min_steps, math.ceil(min_ms / max(est, 1e-3)))
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / n * 1e3
+    return timer
+
+
 def adaptive_timer(budget_s: float = 2.0, max_reps: int = 10):
     """Median ms of ``fn`` over as many calls as fit in ``budget_s`` (at least one, at most
     ``max_reps``), for rows of seconds each; the caller has made a warm-up call."""
@@ -542,8 +568,6 @@ def main(args) -> int:
     if not torch.cuda.is_available():
         print("ditfuse bench --e2e: no CUDA GPU here", file=sys.stderr)
         return 2
-    from .bench import _median_us
-
     compile_backend = None if getattr(args, "no_compile", False) else "inductor"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; random "
           f"weights. Transformers: bf16, {args.layers} double-stream blocks (FLUX: + 2x single)"
@@ -554,7 +578,7 @@ def main(args) -> int:
                                       f"{_dt.date.today().isoformat()}.csv")
     t0 = time.time()
     failed = run_e2e(names, "cuda", args.layers, path,
-                     timer=lambda fn: _median_us(fn, warmup=3, rep=20) / 1e3,  # ms, per round
+                     timer=loop_timer(),  # ms a step, per round
                      slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend)
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0
