@@ -39,6 +39,7 @@ def test_run_e2e_tiny_every_model(tmp_path):
     for name in TRANSFORMERS:
         mine = [r for r in rows if r["model"] == name]
         assert [r["impl"] for r in mine] == ["unpatched eager", "patched eager"], log
+        assert mine[0]["note"] == "rounds 1.00/1.00/1.00", mine  # every round's ms
         assert float(mine[1]["max_abs_diff"]) == 0.0 and math.isinf(float(mine[1]["psnr"])), mine
     same = [r for r in rows if r["model"] == "same-l"]
     timed, vs32 = same[:8], same[8:]

@@ -345,7 +345,9 @@ def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, time
         for impl in fns:
             ms = statistics.median(times[impl])
             rows[impl] = ms
-            extra = dict(note=f"{steps}-step trajectory vs unpatched", **quality) if impl == "patched eager" else {}
+            spread = "rounds " + "/".join(f"{t:.2f}" for t in times[impl])
+            extra = (dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
+                     if impl == "patched eager" else dict(note=spread))
             emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
                       peak_gib=max(peaks[impl]) if mem else None, shape=shape, **extra))
         torch._dynamo.reset()
@@ -521,7 +523,7 @@ def write_csv(path: str, rows) -> None:
 
 def run_e2e(names, device: str, layers: int, csv_path: str, timer, slow_timer, mem=None,
             compile_backend: str | None = "inductor", steps: int = 20, tiny: bool = False,
-            out=sys.stdout) -> int:
+            out=sys.stdout, rounds: int = 3) -> int:
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
     test's configs and sizes through the same builders. Returns the number of failures."""
@@ -542,7 +544,8 @@ def run_e2e(names, device: str, layers: int, csv_path: str, timer, slow_timer, m
                 run_same(spec, device, slow_timer, emit, mem=mem, **kw)
             else:
                 _, _, report = run_model(spec, device, torch.bfloat16, layers, timer, emit,
-                                         compile_backend=compile_backend, steps=steps, mem=mem, **kw)
+                                         compile_backend=compile_backend, steps=steps, mem=mem,
+                                         rounds=rounds, **kw)
                 print(f"  ditfuse.patch: {report}", file=out, flush=True)
         except Exception:  # noqa: BLE001 -- report it, keep the other models' rows
             failed += 1
@@ -579,6 +582,7 @@ def main(args) -> int:
     t0 = time.time()
     failed = run_e2e(names, "cuda", args.layers, path,
                      timer=loop_timer(),  # ms a step, per round
-                     slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend)
+                     slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend,
+                     rounds=5)
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0

@@ -74,6 +74,35 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate
     return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
 
 
+def join_tokens(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([first, second], dim=1)`` of two (B, T, D) / (B, S, D) tensors, without a
+    copy when they are adjacent token ranges of one buffer -- as FLUX.1's single blocks hand
+    each other their output, ``out[:, :T], out[:, T:]``, which the next block concatenates
+    again (a copy of every activation a block, 28 MB at 1024^2). Then the result is a view
+    of that buffer (equal values; the patched blocks only read it). Eager only: under
+    torch.compile the cat is inductor's."""
+    if not compiling() and _adjacent(first, second):
+        B, T, D = first.shape
+        return first.as_strided((B, T + second.shape[1], D),
+                                (first.stride(0) if B > 1 else (T + second.shape[1]) * D, D, 1))
+    return torch.cat([first, second], dim=1)
+
+
+def _adjacent(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 3
+            and a.dtype == b.dtype and a.device == b.device and a.shape[0] == b.shape[0]
+            and a.shape[2] == b.shape[2] and a.shape[1] > 0 and b.shape[1] > 0):
+        return False
+    B, T, D = a.shape
+    N = T + b.shape[1]
+    if a.stride()[1:] != (D, 1) or b.stride()[1:] != (D, 1):
+        return False
+    if B > 1 and not (a.stride(0) == b.stride(0) == N * D):
+        return False
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and b.data_ptr() == a.data_ptr() + T * D * a.element_size())
+
+
 def _parts(first):
     return tuple(first) if isinstance(first, (tuple, list)) else (first,)
 

@@ -8,8 +8,8 @@ import torch
 from ..activations import GELU_KINDS, gelu
 from ..adaln import adaln_modulate, gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, norms_ok,
-               params_need_grad, per_op_mlp_tail, plain_layer_norms, set_processor)
+from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, join_tokens,
+               norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, set_processor)
 
 
 def _make_processor():
@@ -192,7 +192,7 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, imag
         return FluxSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
                                                   image_rotary_emb, joint_attention_kwargs)
     text_seq_len = encoder_hidden_states.shape[1]
-    hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    hidden_states = join_tokens(encoder_hidden_states, hidden_states)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
     mlp_hidden_states = self.proj_mlp(norm_hidden_states)

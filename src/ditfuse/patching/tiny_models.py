@@ -66,7 +66,7 @@ def _flux():
 
 
     return _randomize(FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
         axes_dims_rope=[4, 4, 8]))
 
@@ -87,7 +87,7 @@ def _flux2():
     from diffusers import Flux2Transformer2DModel
 
     return _randomize(Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
         axes_dims_rope=(4, 4, 4, 4)))
 
@@ -162,9 +162,9 @@ CASES = [
     ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-ti2v", lambda: _wan(), lambda dt: _wan_inputs(dt, per_token=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 2, "AdaLayerNormZero (modulate)": 2,
-                                    "AdaLayerNormZeroSingle (modulate)": 1, "blocks (gated residuals + norm2)": 1,
-                                    "single blocks (gated residual, GELU into the concat buffer)": 1}),
+    ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 3, "AdaLayerNormZero (modulate)": 2,
+                                    "AdaLayerNormZeroSingle (modulate)": 2, "blocks (gated residuals + norm2)": 1,
+                                    "single blocks (gated residual, GELU into the concat buffer)": 2}),
     ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 1,
                                       "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)": 1,
                                       "SwiGLU activations (one kernel)": 3, "blocks (AdaLN + gated residuals)": 1,
