@@ -335,17 +335,21 @@ def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, time
         # Rounds over the four ways, so that the GPU's clock (it drifts down as the chip
         # heats over a run) weighs on each the same; a row is the median of its rounds.
         times = {impl: [] for impl in fns}
+        hosts = {impl: [] for impl in fns}
         peaks = {impl: [] for impl in fns}
         for _ in range(rounds):
             for impl, fn in fns.items():
                 if mem:
                     mem.reset()
                 times[impl].append(timer(fn))
+                hosts[impl].append(getattr(timer, "host_ms", None))
                 peaks[impl].append(mem.peak() if mem else None)
         for impl in fns:
             ms = statistics.median(times[impl])
             rows[impl] = ms
             spread = "rounds " + "/".join(f"{t:.2f}" for t in times[impl])
+            if all(h is not None for h in hosts[impl]):
+                spread += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
             extra = (dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
                      if impl == "patched eager" else dict(note=spread))
             emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
@@ -461,7 +465,8 @@ def _emit_vs_fp32(spec, kept, dtypes, emit):
 def loop_timer(min_ms: float = 200.0, warmup: int = 2, min_steps: int = 3):
     """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: ``warmup``
     calls, then n calls (at least ``min_steps``, enough for ``min_ms``) launched one after
-    the other, one sync at the end. The host prepares a step while the GPU runs the one
+    the other, one sync at the end; ``timer.host_ms`` is the last timing's host time a step
+    (the loop before the sync: near the step time when the host is the bottleneck). The host prepares a step while the GPU runs the one
     before, so a step's host cost counts only where it exceeds its GPU time. (Until session
     5 each step was timed alone by do_bench, after an L2 flush, from an idle GPU: every step
     also paid its host latency up to the first kernel, up to 2.6 ms of a 26 ms FLUX.1 step
@@ -478,8 +483,10 @@ def loop_timer(min_ms: float = 200.0, warmup: int = 2, min_steps: int = 3):
         t = time.perf_counter()
         for _ in range(n):
             fn()
+        timer.host_ms = (time.perf_counter() - t) / n * 1e3  # launching only, before the sync
         sync()
         return (time.perf_counter() - t) / n * 1e3
+    timer.host_ms = None
     return timer
 
 
