@@ -3,13 +3,16 @@
     python benchmarks/tables.py results/NVIDIA-H200-2026-11-29.csv [OP ...]
 
 Columns: floor us (bytes model / the run's copy ceiling), the median us of every impl the
-CSV has for the op, % of the ceiling and the speed-up over torch.compile (over FlexAttention
-for attention), both from the CUDA-graph time."""
+CSV has for the op -- "copy" is a contiguous copy of the op's main tensors (Q and K, x, or
+x and y), what moving them takes at this size (at tens of MB it stays well under the 2 GiB
+copy's rate) --, % of the
+ceiling and the speed-up over torch.compile (over FlexAttention for attention), both from
+the CUDA-graph time."""
 import csv
 import sys
 from collections import defaultdict
 
-ORDER = ["eager", "compile", "liger", "flex", "ditfuse", "ditfuse-graph"]
+ORDER = ["copy", "eager", "compile", "liger", "flex", "ditfuse", "ditfuse-graph"]
 NAMES = {"compile": "torch.compile", "ditfuse": "ditfuse call", "ditfuse-graph": "ditfuse graph"}
 
 
