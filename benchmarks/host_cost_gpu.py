@@ -55,8 +55,14 @@ class Capture:
 
 
 def pieces(fn):
-    with Capture() as cap:
-        fn()
+    from ditfuse import _fastpath
+
+    _fastpath.ENABLED = False  # a replay would not pass through JITFunction.run
+    try:
+        with Capture() as cap:
+            fn()
+    finally:
+        _fastpath.ENABLED = True
     jit, args, grid, kwargs = cap.last
     if callable(grid):
         grid = grid(None)

@@ -263,3 +263,27 @@ def test_every_cached_launch_is_recorded():
     for name in ("adaln.py", "activations.py", "qk_norm_rope.py"):
         text = (src / name).read_text()
         assert not re.search(r"_kernel\s*\[", text), name
+
+
+@torch.no_grad()
+def test_recording_is_per_thread(replays):
+    """A recording on one thread neither sees another thread's launches nor stops its
+    replays."""
+    import threading
+
+    g = torch.Generator().manual_seed(8)
+    x, y = _rand(1, 3, 16, g=g), _rand(1, 3, 16, g=g)
+    ditfuse.gated_residual(x, y)  # cached
+    seen = {}
+
+    def other():
+        n = replays[0]
+        seen["out"] = ditfuse.gated_residual(x, y)
+        seen["replayed"] = replays[0] == n + 1
+
+    with _fastpath.Recorder() as rec:
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+    assert rec.launches == [] and seen["replayed"]
+    _equal(seen["out"], _checked(lambda: ditfuse.gated_residual(x, y)))

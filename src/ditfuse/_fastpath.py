@@ -16,11 +16,13 @@ dtype), and the compiled kernel is launched through its C launcher. Calls whose 
 take anything else (a tensor the op allocated itself, a TMA descriptor) or whose tensors
 alias one another at record time are not cached: they keep the slow path.
 
+Recording is per thread (threads running models at once each record their own calls).
 Under Triton's interpreter (the CPU tests) a replay launches through the interpreter with
 the same substituted arguments, so every test that repeats a signature exercises replay.
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional
 
 import torch
@@ -32,7 +34,11 @@ from ._runtime import INTERPRET
 ENABLED = True
 MAX_ENTRIES = 512
 
-_recording: Optional[list] = None
+_tls = threading.local()  # .rec: the launches being recorded on this thread, or None
+
+
+def _rec() -> Optional[list]:
+    return getattr(_tls, "rec", None)
 
 
 def usable(x) -> bool:
@@ -53,10 +59,11 @@ def sig(t) -> tuple | None:
 def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
     """``kernel[grid](*args, **kwargs)``, noted by the active :class:`Recorder`, if any."""
     compiled = kernel[grid](*args, **kwargs)
-    if _recording is not None:
+    rec = _rec()
+    if rec is not None:
         if hasattr(compiled, "result"):  # Triton's asynchronous compile mode
             compiled = compiled.result()
-        _recording.append((kernel, grid, args, kwargs, compiled))
+        rec.append((kernel, grid, args, kwargs, compiled))
 
 
 class Recorder:
@@ -65,14 +72,12 @@ class Recorder:
     arguments are ``tensors`` (None where absent), or None when it cannot."""
 
     def __enter__(self):
-        global _recording
-        self._outer = _recording
-        _recording = self.launches = []
+        self._outer = _rec()
+        _tls.rec = self.launches = []
         return self
 
     def __exit__(self, *exc):
-        global _recording
-        _recording = self._outer
+        _tls.rec = self._outer
         if self._outer is not None:  # an op recorded inside another op's slow path
             self._outer.extend(self.launches)
 
@@ -161,7 +166,7 @@ class Cache:
 
     def get(self, key):
         # while another op records, replays would hide launches from it: no hits then
-        return self._d.get(key) if ENABLED and _recording is None else None
+        return self._d.get(key) if ENABLED and _rec() is None else None
 
     def put(self, key, replay: Optional[Replay]) -> None:
         if replay is None or not ENABLED:
