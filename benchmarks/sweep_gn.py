@@ -15,9 +15,18 @@ from ditfuse.shapes import GN_SHAPES
 GN_VARIANTS = [{}, {"tile": 2048}, {"tile": 8192}, {"stats_programs": 512}, {"stats_programs": 2048},
                {"tile": 8192, "stats_programs": 512}, {"fit_max": 32768}, {"fit_max": 65536}]
 RMS_VARIANTS = [{}, {"tile": 4096}, {"tile": 16384}, {"min_bs": 32}, {"min_bs": 64}]
+# session 5: longer contiguous runs per channel row (BS positions, the column in chunks)
+RMS_LONG = [{}, {"min_bs": 128}, {"min_bs": 256}, {"min_bs": 512}, {"min_bs": 1024},
+            {"min_bs": 256, "tile": 4096}, {"min_bs": 512, "tile": 4096},
+            {"min_bs": 1024, "tile": 16384}]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
+import sys  # noqa: E402
+
+only_rms = "--rms" in sys.argv  # session 5: the RMS shapes with RMS_LONG
 for name, sh in GN_SHAPES.items():
+    if only_rms and sh.op != "rms":
+        continue
     C = sh.shape[1]
     sp = math.prod(sh.shape[2:])
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -27,7 +36,7 @@ for name, sh in GN_SHAPES.items():
     b = (torch.randn(pshape, generator=g, device="cuda") * 0.2).to(torch.bfloat16)
     if sh.op == "rms":
         reads = 1
-        variants = RMS_VARIANTS
+        variants = RMS_LONG if only_rms else RMS_VARIANTS
     else:
         reads = 1 if gn_settings(sh.shape[0], sh.groups, C // sh.groups, sp).path == "fit" else 2
         variants = GN_VARIANTS
@@ -51,6 +60,15 @@ for name, sh in GN_SHAPES.items():
         res.append((us, str(v), pct))
         print(f"{name:20s} {v!s:44} {us:8.1f} us {pct:6.1f}% of floor "
               f"{'bitwise = default' if same else 'DIFFERS from default'}", flush=True)
+    if only_rms:  # torch.compile of the Wan VAE's eager code, same timer, same run
+        import torch.nn.functional as F
+
+        def eager(x=x, w=w, C=C):
+            return F.silu(F.normalize(x, dim=1) * C**0.5 * w)
+        comp = torch.compile(eager)
+        us = graph_us(comp)
+        print(f"{name:20s} {'torch.compile':44} {us:8.1f} us "
+              f"{100 * nbytes / (us * 1e-6) / 1e9 / ceil:6.1f}% of floor", flush=True)
     best = min(res)
     print(f"BEST {name}: {best[1]} {best[0]:.1f} us {best[2]:.1f}%", flush=True)
     torch.cuda.empty_cache()
