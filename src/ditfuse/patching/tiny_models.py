@@ -87,7 +87,7 @@ def _flux2():
     from diffusers import Flux2Transformer2DModel
 
     return _randomize(Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
         axes_dims_rope=(4, 4, 4, 4)))
 
