@@ -580,16 +580,19 @@ def _check_out(out, q, k, inplace):
                              f"{x.device} (any strides)")
 
 
+def _outputs(q, k, inplace: bool, out, p: Optional[Plan] = None):
+    """(q_out, k_out) in the caller's shapes: ``out``, q and k themselves, or new tensors."""
+    if out is not None:
+        return out[0], out[1]
+    if inplace:
+        return q, k
+    return _out_like(q, p), (_out_like(k, p) if k is not None else None)
+
+
 def run(p: Plan, q, k, inplace: bool, out=None):
     """Allocate (unless in place or given ``out``) and compute; returns outputs in the
     caller's shapes."""
-    if out is not None:
-        q_out, k_out = out
-    elif inplace:
-        q_out, k_out = q, k
-    else:
-        q_out = _out_like(q, p)
-        k_out = _out_like(k, p) if k is not None else None
+    q_out, k_out = _outputs(q, k, inplace, out, p)
     qo4 = _as_heads(q_out, p)
     ko4 = _as_heads(k_out, p) if k_out is not None else None
     if _runtime.kernel_device_ok(p.q):
@@ -665,13 +668,7 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
         except (AttributeError, TypeError):  # the checked path says what is wrong
             key = replay = None
         if replay is not None and not (k is not None and k.data_ptr() == q.data_ptr()):
-            if out is not None:
-                q_out, k_out = out
-            elif inplace:
-                q_out, k_out = q, k
-            else:
-                q_out = _out_like(q, None)
-                k_out = None if k is None else _out_like(k, None)
+            q_out, k_out = _outputs(q, k, inplace, out)
             if replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)):
                 return q_out, k_out
     if out is not None:
