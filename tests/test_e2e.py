@@ -230,6 +230,9 @@ def test_loop_timer_runs_steps_back_to_back():
         calls.append(1)
         _time.sleep(0.01)
 
-    ms = e2e.loop_timer(min_ms=50, warmup=2, min_steps=3)(step)
+    timer = e2e.loop_timer(min_ms=50, warmup=2, min_steps=3)
+    assert timer.host_ms is None
+    ms = timer(step)
     assert 9 <= ms < 30, ms
+    assert 0 < timer.host_ms <= ms  # the loop before the (here empty) sync
     assert 2 + 4 <= len(calls) <= 2 + 6, len(calls)
