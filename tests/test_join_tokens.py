@@ -39,17 +39,27 @@ def test_otherwise_a_real_cat(name, a, b):
                                                   b.untyped_storage().data_ptr())
 
 
+def _models():
+    from ditfuse.patching import tiny_models as tm
+
+    return {"flux1": (tm._flux, tm._flux_inputs),  # two single blocks
+            "hunyuan-video": (lambda: tm._hunyuan(single_layers=2), tm._hunyuan_inputs)}
+
+
+@pytest.mark.parametrize("name", ["flux1", "hunyuan-video"])
 @torch.no_grad()
-def test_flux1_single_blocks_join_without_copy(monkeypatch):
-    """In a patched FLUX.1 the first single block concatenates the double blocks' separate
-    outputs; every later one gets its predecessor's halves and joins them as a view."""
+def test_single_blocks_join_without_copy(name, monkeypatch):
+    """In a patched FLUX.1 / HunyuanVideo the first single block concatenates the double
+    blocks' separate outputs; every later one gets its predecessor's halves and joins them
+    as a view; the output stays bitwise the unpatched one."""
     pytest.importorskip("diffusers")
     import ditfuse
     from ditfuse import patching
-    from ditfuse.patching.tiny_models import _flux, _flux_inputs, to_dtype
+    from ditfuse.patching.tiny_models import to_dtype
 
-    model = to_dtype(_flux(), torch.bfloat16)
-    kw = _flux_inputs(torch.bfloat16)
+    make, inputs = _models()[name]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
     ref = model(**kw)[0]
     ditfuse.patch(model)
     seen, real = [], patching._adjacent

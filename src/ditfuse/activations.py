@@ -141,6 +141,11 @@ def _rows(t: torch.Tensor, name: str) -> int:
     return rs
 
 
+def _width(W: int, kind: int) -> int:
+    """Output channels for ``W`` input channels (SwiGLU halves them)."""
+    return W // 2 if kind == SWIGLU else W
+
+
 def _plan(x, kind: int):
     """Check x; returns (rows, output columns, x's row stride)."""
     if not isinstance(x, torch.Tensor):
@@ -153,8 +158,7 @@ def _plan(x, kind: int):
     if kind == SWIGLU and W % 2:
         raise ValueError(f"swiglu: x.shape[-1] must be even ([gate input | value] halves), "
                          f"got {W} (shape {tuple(x.shape)})")
-    N = W // 2 if kind == SWIGLU else W
-    return x.numel() // W if W else 0, N, _rows(x, "x")
+    return x.numel() // W if W else 0, _width(W, kind), _rows(x, "x")
 
 
 def _check_out(out, x, N: int, R: int) -> int:
@@ -194,8 +198,7 @@ def _run(x, kind: int, out=None, settings=None):
         except (AttributeError, TypeError):
             key = replay = None
         if replay is not None:
-            o = out if out is not None else _new(x, x.shape[-1] // 2 if kind == SWIGLU
-                                                 else x.shape[-1])
+            o = out if out is not None else _new(x, _width(x.shape[-1], kind))
             if replay((x, o)):
                 return o
     R, N, sx = _plan(x, kind)

@@ -76,8 +76,9 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate
 
 def join_tokens(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     """``torch.cat([first, second], dim=1)`` of two (B, T, D) / (B, S, D) tensors, without a
-    copy when they are adjacent token ranges of one buffer -- as FLUX.1's single blocks hand
-    each other their output, ``out[:, :T], out[:, T:]``, which the next block concatenates
+    copy when they are adjacent token ranges of one buffer -- as FLUX.1's and HunyuanVideo's
+    single blocks hand each other their output, ``out[:, :T], out[:, T:]``, which the next
+    block concatenates
     again (a copy of every activation a block, 28 MB at 1024^2). Then the result is a view
     of that buffer (equal values; the patched blocks only read it). Eager only: under
     torch.compile the cat is inductor's."""

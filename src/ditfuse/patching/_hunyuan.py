@@ -11,7 +11,7 @@ import torch
 from ..activations import GELU_KINDS, gelu
 from ..adaln import gated_residual
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, norms_ok,
+from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, join_tokens, norms_ok,
                params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors)
 from ._flux import _ada_zero_forward, _ada_zero_single_forward
 
@@ -136,7 +136,8 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, atte
         return HunyuanVideoSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
                                                           attention_mask, image_rotary_emb, *args, **kwargs)
     text_seq_length = encoder_hidden_states.shape[1]
-    hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+    # the previous single block's output halves: joined as a view, not copied again
+    hidden_states = join_tokens(hidden_states, encoder_hidden_states)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
     mlp_hidden_states = self.proj_mlp(norm_hidden_states)

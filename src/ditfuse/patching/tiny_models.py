@@ -102,12 +102,12 @@ def _flux2_inputs(dtype):
                 return_dict=False)
 
 
-def _hunyuan():
+def _hunyuan(single_layers=1):
     from diffusers import HunyuanVideoTransformer3DModel
 
     return _randomize(HunyuanVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1,
+        num_single_layers=single_layers, num_refiner_layers=1, patch_size=1, patch_size_t=1,
         guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)))
 
 
