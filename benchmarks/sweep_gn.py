@@ -19,13 +19,18 @@ RMS_VARIANTS = [{}, {"tile": 4096}, {"tile": 16384}, {"min_bs": 32}, {"min_bs": 
 RMS_LONG = [{}, {"min_bs": 128}, {"min_bs": 256}, {"min_bs": 512}, {"min_bs": 1024},
             {"min_bs": 256, "tile": 4096}, {"min_bs": 512, "tile": 4096},
             {"min_bs": 1024, "tile": 16384}]
+# session 6: the one-launch split path (the default now) against the two-launch one, and
+# its lag / tile
+GN_FUSED = [{}, {"fused": False}, {"lag_tiles": 0}, {"lag_tiles": 64}, {"lag_tiles": 1024},
+            {"lag_tiles": 4096}, {"tile": 4096}, {"tile": 16384}]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 import sys  # noqa: E402
 
 only_rms = "--rms" in sys.argv  # session 5: the RMS shapes with RMS_LONG
+only_fused = "--fused" in sys.argv  # session 6: the GroupNorm shapes with GN_FUSED
 for name, sh in GN_SHAPES.items():
-    if only_rms and sh.op != "rms":
+    if only_rms and sh.op != "rms" or only_fused and sh.op != "gn":
         continue
     C = sh.shape[1]
     sp = math.prod(sh.shape[2:])
@@ -39,7 +44,7 @@ for name, sh in GN_SHAPES.items():
         variants = RMS_LONG if only_rms else RMS_VARIANTS
     else:
         reads = 1 if gn_settings(sh.shape[0], sh.groups, C // sh.groups, sp).path == "fit" else 2
-        variants = GN_VARIANTS
+        variants = GN_FUSED if only_fused else GN_VARIANTS
     nbytes = (reads + 1) * x.numel() * 2
     ref = None
     res = []
@@ -60,10 +65,12 @@ for name, sh in GN_SHAPES.items():
         res.append((us, str(v), pct))
         print(f"{name:20s} {v!s:44} {us:8.1f} us {pct:6.1f}% of floor "
               f"{'bitwise = default' if same else 'DIFFERS from default'}", flush=True)
-    if only_rms:  # torch.compile of the Wan VAE's eager code, same timer, same run
+    if only_rms or only_fused:  # torch.compile of the models' eager code, same timer
         import torch.nn.functional as F
 
-        def eager(x=x, w=w, C=C):
+        def eager(x=x, w=w, b=b, C=C, sh=sh):
+            if sh.op == "gn":
+                return F.silu(F.group_norm(x, sh.groups, w, b, 1e-6))
             return F.silu(F.normalize(x, dim=1) * C**0.5 * w)
         comp = torch.compile(eager)
         us = graph_us(comp)

@@ -13,10 +13,11 @@ import ditfuse
 import sys
 
 from ditfuse import _fastpath, activations, adaln
+from ditfuse import group_norm as gn
 from conftest import DEVICE, rope_tables
 
 qk_mod = sys.modules["ditfuse.qk_norm_rope"]
-CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE)
+CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE, gn._CACHE)
 
 
 @pytest.fixture
@@ -186,6 +187,47 @@ def test_activation_replay(replays):
     _twice(lambda g: (_rand(4, 50, g=g),), lambda h: ditfuse.gelu(h, "none"), replays)
 
 
+GN_LAUNCH = {"fit": None, "fused": dict(fit_max=0, tile=16),
+             "split": dict(fit_max=0, tile=16, fused=False)}
+
+
+@pytest.mark.parametrize("path", list(GN_LAUNCH))
+@torch.no_grad()
+def test_group_norm_replay(path, replays, monkeypatch):
+    """Every path, its scratch (partials, zeroed counters) made afresh for each replay: NaN
+    partials and NaN outputs; out= a channel slice; the channel RMS norm too."""
+    def nan_workspace(n_part, n_sync, device):
+        part = torch.full((n_part,), float("nan"), dtype=torch.float32, device=device)
+        return part, torch.zeros(n_sync, dtype=torch.int32, device=device)
+
+    monkeypatch.setattr(gn, "_workspace", nan_workspace)
+    monkeypatch.setattr(gn, "_partials", lambda n, device: torch.full(
+        (4 * n,), float("nan"), dtype=torch.float32, device=device))
+    monkeypatch.setattr(gn, "_out_like", lambda x: torch.full_like(x, float("nan")))
+    launch = GN_LAUNCH[path]
+    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, g=g), _rand(8, g=g)),
+           lambda x, w, b: ditfuse.group_norm_silu(x, 4, w, b, _launch=launch), replays)
+    _twice(lambda g: (_rand(1, 6, 2, 3, 4, dtype=torch.float16, g=g),),
+           lambda x: ditfuse.group_norm_silu(x, 2, eps=1e-5, silu=False, _launch=launch),
+           replays)
+
+    def into(x, w):
+        buf = torch.full((2, 12, 3, 5), float("nan"), dtype=x.dtype, device=x.device)
+        ditfuse.group_norm_silu(x, 4, w, None, out=buf[:, 2:10], _launch=launch)
+        assert torch.isnan(buf[:, :2]).all() and torch.isnan(buf[:, 10:]).all()
+        return buf[:, 2:10]
+
+    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, dtype=torch.float32, g=g)), into,
+           replays)
+    assert len(gn._CACHE) == 3
+    # in place: x and out alias, never cached
+    _twice(lambda g: (_rand(2, 8, 3, 5, g=g),),
+           lambda x: ditfuse.group_norm_silu(x, 4, out=x, _launch=launch), replays,
+           expect_replay=False)
+    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, 1, 1, g=g)),
+           lambda x, gm: ditfuse.rms_norm_silu_channels(x, gm, 0.0), replays)
+
+
 def _qk_make(H, D, S, norm_kind, form):
     def make(g):
         q, k = _rand(2, S, H, D, g=g), _rand(2, S, H, D, g=g)
@@ -260,7 +302,7 @@ def test_every_cached_launch_is_recorded():
     """The ops with a cache launch kernels only through _fastpath.launch: a direct
     ``kernel[grid](...)`` inside a recorded call would be missing from its replay."""
     src = Path(ditfuse.__file__).parent
-    for name in ("adaln.py", "activations.py", "qk_norm_rope.py"):
+    for name in ("adaln.py", "activations.py", "qk_norm_rope.py", "group_norm.py"):
         text = (src / name).read_text()
         assert not re.search(r"_kernel\s*\[", text), name
 

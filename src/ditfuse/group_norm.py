@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _library, _runtime
+from . import _fastpath, _library, _runtime
 from ._kernel_utils import _cast_out, _rnd
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
@@ -111,6 +111,18 @@ def _gn_fit_kernel(
 
 
 @triton.jit
+def _tile_moments(x, msk, nb):
+    """(mean, M2) of the ``nb`` unmasked values of tile ``x`` (masked lanes hold 0): the
+    corrected two-pass reduction over registers."""
+    nb1 = tl.maximum(nb, 1.0)
+    mb = tl.sum(x) / nb1
+    d = tl.where(msk, x - mb, 0.0)
+    s1 = tl.sum(d)
+    s2 = tl.sum(d * d)
+    return mb + s1 / nb1, s2 - s1 * (s1 / nb1)
+
+
+@triton.jit
 def _gn_stats_kernel(
     x_ptr,                    # input, addressed as (N, C, S)
     part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
@@ -155,13 +167,7 @@ def _gn_stats_kernel(
         x = tl.where(msk, x - K, 0.0)
         nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
                       0).to(tl.float32)
-        nb1 = tl.maximum(nb, 1.0)
-        mb = tl.sum(x) / nb1
-        d = tl.where(msk, x - mb, 0.0)
-        s1 = tl.sum(d)
-        s2 = tl.sum(d * d)
-        mb = mb + s1 / nb1
-        m2b = s2 - s1 * (s1 / nb1)
+        mb, m2b = _tile_moments(x, msk, nb)
         tot = cnt + nb
         frac = nb / tl.maximum(tot, 1.0)
         delta = mb - mean
@@ -229,6 +235,131 @@ def _gn_apply_kernel(
         b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
     _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
                HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _gn_fused_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr,
+    part_ptr,                 # fp32 [3 * NGT] per-tile count, mean, M2 (of x - K), then
+                              # [4 * NG] per group: K, mean (hi), mean (correction), rstd
+    sync_ptr,                 # int32, zeroed by the launcher: [0] the ticket counter,
+                              # [1 + ng] group ng's tiles counted, [1 + NG + ng] ng ready
+    G, cpg, S, n_ts,
+    T,                        # tiles per group
+    NG,                       # N * G groups
+    L,                        # lag: statistics tiles issued before the first apply (>= T)
+    eps,
+    stride_xn, stride_xc, stride_xs,
+    stride_yn, stride_yc, stride_ys,
+    stride_w, stride_b,
+    BC: tl.constexpr, BS: tl.constexpr,
+    MERGE: tl.constexpr,      # partials merged a step by a group's last statistics program
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+):
+    """Both passes of the split path in one launch of 2 * NG * T programs.
+
+    Each program takes a ticket (the order programs actually start) that names one work
+    item: the statistics of a tile, or the normalisation of a tile. Items are issued as
+    S_0 .. S_{L-1}, then S_{L+j}, A_j alternating, then the remaining A_j: a tile is
+    normalised about 2L tickets after its statistics were taken, while it is still in L2,
+    so x is read from DRAM about once. The program that counts a group's last tile merges
+    the group's partials and publishes the statistics; a normalising program waits for them
+    (spinning). It only ever waits on programs holding earlier tickets (L >= T puts every
+    statistics item of a group before that group's first normalisation), which have already
+    started and never wait themselves: no deadlock, whatever order or how many programs
+    the GPU runs at once.
+    """
+    NGT = NG * T
+    u = tl.atomic_add(sync_ptr, 1, sem="relaxed").to(tl.int64)
+    v = u - L
+    in_mix = (u >= L) & (u < 2 * NGT - L)
+    even = (v % 2) == 0
+    is_stats = (u < L) | (in_mix & even)
+    tile = tl.where(u < L, u, tl.where(in_mix, tl.where(even, L + v // 2, v // 2), u - NGT))
+
+    ng = tile // T
+    t = tile - ng * T
+    n = ng // G
+    g = ng - n * G
+    tc = t // n_ts
+    ts = t - tc * n_ts
+    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
+    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+    cm = c < cpg
+    m = cm & (s < S)
+    ch = g * cpg + c
+    fin = part_ptr + 3 * NGT + 4 * ng
+    if is_stats:
+        K = tl.load(x_ptr + n * stride_xn + g * cpg * stride_xc).to(tl.float32)
+        x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
+                    other=0.0).to(tl.float32)
+        x = tl.where(m, x - K, 0.0)
+        nb = (tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS)).to(tl.float32)
+        mb, m2b = _tile_moments(x, m, nb)
+        tl.store(part_ptr + tile, nb)
+        tl.store(part_ptr + NGT + tile, mb)
+        tl.store(part_ptr + 2 * NGT + tile, m2b)
+        tl.debug_barrier()
+        counted = tl.atomic_add(sync_ptr + 1 + ng, 1, sem="acq_rel")
+        if counted == T - 1:
+            # the group's last tile: merge its T partials (from L2: .cg) with the same
+            # corrected two-pass formula as the two-launch path, then publish
+            kk = tl.arange(0, MERGE)
+            acc_c = tl.zeros((MERGE,), tl.float32)
+            acc_s = tl.zeros((MERGE,), tl.float32)
+            i = 0
+            while i < T:  # (a while loop: the interpreter's scalars are no range bounds)
+                pm = i + kk < T
+                idx = ng * T + i + kk
+                pc = tl.load(part_ptr + idx, mask=pm, other=0.0, cache_modifier=".cg")
+                pmu = tl.load(part_ptr + NGT + idx, mask=pm, other=0.0, cache_modifier=".cg")
+                acc_c += pc
+                acc_s += pc * pmu
+                i += MERGE
+            count = tl.sum(acc_c)
+            mhi = tl.sum(acc_s) / count
+            acc_1 = tl.zeros((MERGE,), tl.float32)
+            acc_2 = tl.zeros((MERGE,), tl.float32)
+            i = 0
+            while i < T:
+                pm = i + kk < T
+                idx = ng * T + i + kk
+                pc = tl.load(part_ptr + idx, mask=pm, other=0.0, cache_modifier=".cg")
+                pmu = tl.load(part_ptr + NGT + idx, mask=pm, other=0.0, cache_modifier=".cg")
+                pm2 = tl.load(part_ptr + 2 * NGT + idx, mask=pm, other=0.0,
+                              cache_modifier=".cg")
+                dm = tl.where(pm, pmu - mhi, 0.0)
+                acc_1 += pc * dm
+                acc_2 += pm2 + pc * dm * dm
+                i += MERGE
+            s1 = tl.sum(acc_1)
+            corr = s1 / count
+            var = tl.maximum(tl.sum(acc_2) - s1 * corr, 0.0) / count
+            tl.store(fin, K)  # x's first element may be overwritten (in place) from now on
+            tl.store(fin + 1, mhi)
+            tl.store(fin + 2, corr)
+            tl.store(fin + 3, 1.0 / tl.sqrt_rn(var + eps))
+            tl.debug_barrier()
+            tl.atomic_xchg(sync_ptr + 1 + NG + ng, 1, sem="release")
+    else:
+        ready = tl.atomic_add(sync_ptr + 1 + NG + ng, 0, sem="acquire")
+        while ready == 0:
+            ready = tl.atomic_add(sync_ptr + 1 + NG + ng, 0, sem="acquire")
+        K = tl.load(fin, cache_modifier=".cg")
+        mhi = tl.load(fin + 1, cache_modifier=".cg")
+        corr = tl.load(fin + 2, cache_modifier=".cg")
+        rstd = tl.load(fin + 3, cache_modifier=".cg")
+        x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
+                    other=0.0).to(tl.float32)
+        y = (((x - K) - mhi) - corr) * rstd
+        w = 1.0
+        b = 0.0
+        if HAS_W:
+            w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
+        _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
+                   HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -333,6 +464,15 @@ SPLIT_TILE = 8192
 STATS_PROGRAMS = 1024
 #: ... but at most this many per group: every apply program merges its group's partials
 MAX_PARTIALS = 128
+#: the split path's two passes in one launch (``_gn_fused_kernel``); False: two launches
+FUSED = True
+#: statistics tiles the one-launch split path issues before its first normalisation, at
+#: least (and at least a group's tiles): the distance, in tiles, from a tile's statistics
+#: to its normalisation is about twice this, and about 3 x 16 KB x this many bytes move in
+#: between: 256 keeps that near 12 MB, well inside the H200's 50 MB L2
+LAG_TILES = 256
+#: partials the group's last statistics program merges a step
+MERGE = 512
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -359,6 +499,9 @@ class GNSettings:
     ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
     ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
+    ``path`` "fused": the same tiles, both passes in one launch (``_gn_fused_kernel``):
+    a statistics and a normalising program a tile, the first ``lag`` tiles' statistics
+    issued before the first normalisation.
     """
 
     path: str
@@ -371,16 +514,21 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
+    lag: int = 0
+    merge: int = MERGE
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS) -> GNSettings:
+                max_partials: int = MAX_PARTIALS, fused: bool = None,
+                lag_tiles: int = LAG_TILES, merge: int = MERGE) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
-    otherwise twice (split path). The split path gives each group
+    otherwise twice: in one launch (``fused``, default ``FUSED``: the second read comes
+    from L2 while the lag, ``max(T, lag_tiles)`` tiles, is small enough) or in two (split
+    path). The split path gives each group
     ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
     that each takes a power-of-two number of tiles). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
@@ -397,10 +545,13 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BC = min(cp, max(1, tile // BS))
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
+    nw = _warps(BC * BS, 16, hi=8)
+    if FUSED if fused is None else fused:
+        return GNSettings("fused", BC, BS, nw, n_ts, T, lag=min(N * G * T, max(T, lag_tiles)),
+                          merge=merge)
     P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
-    nw = _warps(BC * BS, 16, hi=8)
     return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw)
 
 
@@ -598,35 +749,62 @@ def _partials(n: int, device) -> torch.Tensor:
     return torch.empty(4 * n, dtype=torch.float32, device=device)
 
 
+def _workspace(n_part: int, n_sync: int, device):
+    """The one-launch path's scratch: fp32 partials (every slot read is written first) and
+    int32 counters that must start at zero, in one zeroed allocation (one memset)."""
+    nf = _cdiv(n_part, 4) * 4  # the counters 16-byte aligned too
+    ws = torch.zeros(nf + n_sync, dtype=torch.int32, device=device)
+    return ws[:nf].view(torch.float32), ws[nf:]
+
+
+def _scratch(st: GNSettings, NG: int, device) -> tuple:
+    """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes."""
+    if st.path == "fused":
+        return _workspace(3 * NG * st.T + 4 * NG, 1 + 2 * NG, device)
+    if st.path == "split":
+        return (_partials(NG * st.P, device),)
+    return ()
+
+
 def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
-                      **table) -> GNSettings:
-    """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``)."""
+                      **table) -> Tuple[GNSettings, tuple]:
+    """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``); returns the
+    settings and the scratch tensors the launches took."""
     N, C, S, G = p.N, p.C, p.S, p.groups
     cpg = C // G
     c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
     st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
     if N * C * S == 0:
-        return st
+        return st, ()
     dummy = p.x
     w = p.weight if p.weight is not None else dummy
     b = p.bias if p.bias is not None else dummy
     flags = dict(HAS_W=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
                  ROUND_NORM=p.round_after_norm)
+    launch = _fastpath.launch
     if st.path == "fit":
-        _gn_fit_kernel[(N * G,)](
+        launch(_gn_fit_kernel, (N * G,), (
             p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps, *p.xs, *os_,
-            p.w_stride, p.b_stride, BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps)
-        return st
-    ngp = N * G * st.P
-    part = _partials(ngp, p.x.device)
-    _gn_stats_kernel[(ngp,)](
-        p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs,
-        BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps)
-    _gn_apply_kernel[(N * G * st.T,)](
+            p.w_stride, p.b_stride), dict(BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps))
+        return st, ()
+    NG = N * G
+    scratch = _scratch(st, NG, p.x.device)
+    if st.path == "fused":
+        part, sync = scratch
+        launch(_gn_fused_kernel, (2 * NG * st.T,), (
+            p.x, out, w, b, part, sync, G, cpg, S, st.n_ts, st.T,
+            NG, st.lag, p.eps, *p.xs, *os_, p.w_stride, p.b_stride),
+            dict(BC=st.BC, BS=st.BS, MERGE=st.merge, **flags, num_warps=st.num_warps))
+        return st, scratch
+    (part,) = scratch
+    ngp = NG * st.P
+    launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
+           dict(BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps))
+    launch(_gn_apply_kernel, (NG * st.T,), (
         p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
-        p.w_stride, p.b_stride, BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags,
-        num_warps=st.num_warps)
-    return st
+        p.w_stride, p.b_stride),
+        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps))
+    return st, scratch
 
 
 def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
@@ -637,30 +815,71 @@ def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSS
         return st
     dummy = p.x
     n_sb = _cdiv(S, st.BS)
-    _rms_ch_kernel[(N * n_sb,)](
+    _fastpath.launch(_rms_ch_kernel, (N * n_sb,), (
         p.x, out, p.weight if p.weight is not None else dummy,
         p.bias if p.bias is not None else dummy, C, S, n_sb, p.eps, p.scale, *p.xs, *os_,
-        p.w_stride, p.b_stride, BC=st.BC, BS=st.BS, NCH=st.NCH,
+        p.w_stride, p.b_stride), dict(
+        BC=st.BC, BS=st.BS, NCH=st.NCH,
         HAS_G=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
         ROUND_NORM=p.round_after_norm, num_warps=st.num_warps,
         # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
         # bf16 ops and fuses them into one fma.rn.bf16, dropping the rounding after * gamma
         # that WanRMS_norm's half-precision chain performs
-        enable_fp_fusion=False)
+        enable_fp_fusion=False))
     return st
 
 
-def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None):
+_CACHE = _fastpath.Cache()
+
+
+def _key(kind, x, weight, bias, out, opts, launch):
+    """The signature a call is recorded / replayed under, or None (not cached: no kernel
+    device, an argument the checks will explain, an ``out`` sharing x's memory)."""
+    if not _fastpath.usable(x):
+        return None
+    try:
+        if out is not None and out.untyped_storage().data_ptr() == \
+                x.untyped_storage().data_ptr():
+            return None
+        sig = _fastpath.sig
+        return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
+                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, FUSED, LAG_TILES, MERGE,
+                RMS_TILE, RMS_MIN_BS, sig(x), sig(weight), sig(bias), sig(out))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _replayed(key, x, weight, bias, out):
+    """A repeat call of a recorded signature (``_fastpath``): its output, or None."""
+    hit = _CACHE.get(key)
+    if hit is None:
+        return None
+    replay, st, NG = hit
+    o = out if out is not None else _out_like(x)
+    scratch = _scratch(st, NG, x.device) if st is not None else ()
+    return o if replay((x, weight, bias, o) + scratch) else None
+
+
+def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None,
+         key=None):
+    """Allocate -> launch for a checked plan. ``key``: the call's signature, under which its
+    launches are recorded for replay (``_fastpath``); None: not recorded."""
     if out is None:
         out = _out_like(p.x)
         os_ = _ncs(out, "out")[3]
     else:
         os_ = _check_out(out, p.x)
     if _runtime.kernel_device_ok(p.x):
-        if rms:
-            launch_rms_channels(p, out, os_, **(launch_kw or {}))
-        else:
-            launch_group_norm(p, out, os_, **(launch_kw or {}))
+        with _fastpath.Recorder() as rec:
+            if rms:
+                launch_rms_channels(p, out, os_, **(launch_kw or {}))
+                st, scratch = None, ()
+            else:
+                st, scratch = launch_group_norm(p, out, os_, **(launch_kw or {}))
+        if key is not None and p.N * p.C * p.S:
+            replay = rec.replay((p.x, p.weight, p.bias, out) + scratch)
+            if replay is not None:
+                _CACHE.put(key, (replay, st, p.N * p.groups))
     else:  # a device Triton cannot run on here: the fp32 reference
         from .reference import group_norm_silu_reference, rms_norm_silu_channels_reference
         if rms:
@@ -671,6 +890,29 @@ def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[di
                                           round_after_norm=p.round_after_norm)
         out.copy_(r)
     return out
+
+
+def _gn_call(x, num_groups, weight, bias, eps, silu, round_after_norm, out=None, launch=None):
+    """A replay of the call's signature, else check -> allocate -> launch (recorded)."""
+    key = _key("gn", x, weight, bias, out, (num_groups, eps, silu, round_after_norm), launch)
+    y = _replayed(key, x, weight, bias, out) if key is not None else None
+    if y is not None:
+        return y
+    p = plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
+                        round_after_norm=round_after_norm)
+    return _run(p, out, rms=False, launch_kw=launch, key=key)
+
+
+def _rms_call(x, gamma, bias, eps, scale, silu, round_after_norm, out=None, launch=None):
+    if isinstance(bias, (int, float)) and not isinstance(bias, bool) and bias == 0:
+        bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0
+    key = _key("rms", x, gamma, bias, out, (eps, scale, silu, round_after_norm), launch)
+    y = _replayed(key, x, gamma, bias, out) if key is not None else None
+    if y is not None:
+        return y
+    p = plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
+                          round_after_norm=round_after_norm)
+    return _run(p, out, rms=True, launch_kw=launch, key=key)
 
 
 # ---------------------------------------------------------------------------------------
@@ -773,9 +1015,7 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
         if out is None:
             return y
         return out.copy_(y)
-    p = plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
-                        round_after_norm=round_after_norm)
-    return _run(p, out, rms=False, launch_kw=_launch)
+    return _gn_call(x, num_groups, weight, bias, eps, silu, round_after_norm, out, _launch)
 
 
 def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=True,
@@ -856,9 +1096,7 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
         if out is None:
             return y
         return out.copy_(y)
-    p = plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
-                          round_after_norm=round_after_norm)
-    return _run(p, out, rms=True, launch_kw=_launch)
+    return _rms_call(x, gamma, bias, eps, scale, silu, round_after_norm, out, _launch)
 
 
 # ---------------------------------------------------------------------------------------
@@ -868,9 +1106,7 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
 def _group_norm_silu_op(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor], eps: float, silu: bool,
                         round_after_norm: bool) -> torch.Tensor:
-    p = plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
-                        round_after_norm=round_after_norm)
-    return _run(p, None, rms=False)
+    return _gn_call(x, num_groups, weight, bias, eps, silu, round_after_norm)
 
 
 @_group_norm_silu_op.register_fake
@@ -885,9 +1121,7 @@ def _rms_norm_silu_channels_op(x: torch.Tensor, gamma: Optional[torch.Tensor],
                                bias: Optional[torch.Tensor], eps: float,
                                scale: Optional[float], silu: bool,
                                round_after_norm: bool) -> torch.Tensor:
-    p = plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
-                          round_after_norm=round_after_norm)
-    return _run(p, None, rms=True)
+    return _rms_call(x, gamma, bias, eps, scale, silu, round_after_norm)
 
 
 @_rms_norm_silu_channels_op.register_fake
@@ -939,10 +1173,13 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
             shapes.append(GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2",
                                   (1, 512, 32, 32)))
     runs = [(s.small() if small else s, None) for s in shapes]
-    if small:  # interpreter-sized groups all fit: force the split path on one of them too
+    if small:  # interpreter-sized groups all fit: force both split paths on one of them too
         first = next((s for s, _ in runs if s.op == "gn"), None)
         if first is not None:
             runs.append((first, dict(fit_max=0, tile=256)))
+            runs.append((first, dict(fit_max=0, tile=256, fused=False)))
+    elif any(s.op == "gn" for s in shapes):  # the two-launch split path on the GPU too
+        runs.append((next(s for s in shapes if s.op == "gn"), dict(fused=False)))
     for s, launch in runs:
         for dtype in dtypes:
             gen = torch.Generator(device=device).manual_seed(zlib.crc32(s.name.encode()))
@@ -972,6 +1209,6 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
             name = str(dtype).replace("torch.", "")
             gate = "group_norm_silu" if s.op == "gn" else "rms_norm_silu_channels"
             shp = "x".join(map(str, s.shape))
-            gates.add(gate, f"{s.name}{' (split forced)' if launch else ''} {name}", p.ok and p_e.ok,
+            gates.add(gate, f"{s.name}{f' ({path} forced)' if launch else ''} {name}", p.ok and p_e.ok,
                       f"{shp} {path}; vs fp64 ref: {p.describe()}; vs eager{note}: {p_e.describe()}")
             del x, y, chain, eager, extra
