@@ -21,8 +21,9 @@ RMS_LONG = [{}, {"min_bs": 128}, {"min_bs": 256}, {"min_bs": 512}, {"min_bs": 10
             {"min_bs": 1024, "tile": 16384}]
 # session 6: the one-launch split path (the default now) against the two-launch one, and
 # its lag / tile
-GN_FUSED = [{}, {"fused": False}, {"lag_tiles": 0}, {"lag_tiles": 64}, {"lag_tiles": 1024},
-            {"lag_tiles": 4096}, {"tile": 4096}, {"tile": 16384}]
+GN_FUSED = [{}, {"fused": False}, {"lag_tiles": 0}, {"lag_tiles": 1024}, {"lag_tiles": 2048},
+            {"tile": 4096}, {"tile": 4096, "lag_tiles": 1024}, {"warps": 16},
+            {"tile": 16384, "warps": 16}]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 import sys  # noqa: E402

@@ -238,6 +238,22 @@ def _gn_apply_kernel(
 
 
 @triton.jit
+def _gn_tile(t, G, cpg, S, n_ts, T, BC: tl.constexpr, BS: tl.constexpr):
+    """Coordinates of split-path tile ``t``: (n, g, ng, channel block, row mask of the
+    channels, mask, channels, positions)."""
+    ng = t // T
+    r = t - ng * T
+    n = ng // G
+    g = ng - n * G
+    tc = r // n_ts
+    ts = r - tc * n_ts
+    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
+    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+    cm = c < cpg
+    return n, g, ng, tc, ts, cm, cm & (s < S), g * cpg + c, s
+
+
+@triton.jit
 def _gn_fused_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr,
     part_ptr,                 # fp32 [3 * NGT] per-tile count, mean, M2 (of x - K), then
@@ -247,7 +263,7 @@ def _gn_fused_kernel(
     G, cpg, S, n_ts,
     T,                        # tiles per group
     NG,                       # N * G groups
-    L,                        # lag: statistics tiles issued before the first apply (>= T)
+    L,                        # lag, in tiles, from a tile's statistics to its normalisation
     eps,
     stride_xn, stride_xc, stride_xs,
     stride_yn, stride_yc, stride_ys,
@@ -256,49 +272,40 @@ def _gn_fused_kernel(
     MERGE: tl.constexpr,      # partials merged a step by a group's last statistics program
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
 ):
-    """Both passes of the split path in one launch of 2 * NG * T programs.
+    """Both passes of the split path in one launch of NG * T + L programs.
 
-    Each program takes a ticket (the order programs actually start) that names one work
-    item: the statistics of a tile, or the normalisation of a tile. Items are issued as
-    S_0 .. S_{L-1}, then S_{L+j}, A_j alternating, then the remaining A_j: a tile is
-    normalised about 2L tickets after its statistics were taken, while it is still in L2,
-    so x is read from DRAM about once. The program that counts a group's last tile merges
-    the group's partials and publishes the statistics; a normalising program waits for them
-    (spinning). It only ever waits on programs holding earlier tickets (L >= T puts every
-    statistics item of a group before that group's first normalisation), which have already
-    started and never wait themselves: no deadlock, whatever order or how many programs
-    the GPU runs at once.
+    Each program takes a ticket ``u`` (the order programs actually start): it takes the
+    statistics of tile ``u`` (if ``u < NG * T``) and normalises tile ``u - L`` (if
+    ``u >= L``), both tiles' loads issued at once. A tile is normalised L tickets after its
+    statistics were taken, while it is still in L2, so x is read from DRAM about once. The
+    program that counts a group's last tile merges the group's partials and publishes the
+    statistics; a normalising program waits for them (spinning) after publishing its own
+    partial. It waits only on programs with earlier tickets (``L >= T`` puts a group's
+    statistics on tickets before its first normalisation), which have already started and
+    publish their partials before they wait: no deadlock, whatever order or how many
+    programs the GPU runs at once.
     """
     NGT = NG * T
     u = tl.atomic_add(sync_ptr, 1, sem="relaxed").to(tl.int64)
-    v = u - L
-    in_mix = (u >= L) & (u < 2 * NGT - L)
-    even = (v % 2) == 0
-    is_stats = (u < L) | (in_mix & even)
-    tile = tl.where(u < L, u, tl.where(in_mix, tl.where(even, L + v // 2, v // 2), u - NGT))
-
-    ng = tile // T
-    t = tile - ng * T
-    n = ng // G
-    g = ng - n * G
-    tc = t // n_ts
-    ts = t - tc * n_ts
-    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
-    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
-    cm = c < cpg
-    m = cm & (s < S)
-    ch = g * cpg + c
-    fin = part_ptr + 3 * NGT + 4 * ng
-    if is_stats:
+    has_s = u < NGT
+    has_a = u >= L
+    # both tiles' loads first
+    n, g, ng, tc, ts, cm, m, ch, s = _gn_tile(u, G, cpg, S, n_ts, T, BC, BS)
+    m = m & has_s
+    xs = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
+                 other=0.0).to(tl.float32)
+    na, ga, nga, tca, tsa, cma, ma, cha, sa = _gn_tile(u - L, G, cpg, S, n_ts, T, BC, BS)
+    ma = ma & has_a
+    xa = tl.load(x_ptr + na * stride_xn + cha * stride_xc + sa * stride_xs, mask=ma,
+                 other=0.0).to(tl.float32)
+    if has_s:
         K = tl.load(x_ptr + n * stride_xn + g * cpg * stride_xc).to(tl.float32)
-        x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
-                    other=0.0).to(tl.float32)
-        x = tl.where(m, x - K, 0.0)
+        xs = tl.where(m, xs - K, 0.0)
         nb = (tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS)).to(tl.float32)
-        mb, m2b = _tile_moments(x, m, nb)
-        tl.store(part_ptr + tile, nb)
-        tl.store(part_ptr + NGT + tile, mb)
-        tl.store(part_ptr + 2 * NGT + tile, m2b)
+        mb, m2b = _tile_moments(xs, m, nb)
+        tl.store(part_ptr + u, nb)
+        tl.store(part_ptr + NGT + u, mb)
+        tl.store(part_ptr + 2 * NGT + u, m2b)
         tl.debug_barrier()
         counted = tl.atomic_add(sync_ptr + 1 + ng, 1, sem="acq_rel")
         if counted == T - 1:
@@ -335,30 +342,30 @@ def _gn_fused_kernel(
             s1 = tl.sum(acc_1)
             corr = s1 / count
             var = tl.maximum(tl.sum(acc_2) - s1 * corr, 0.0) / count
+            fin = part_ptr + 3 * NGT + 4 * ng
             tl.store(fin, K)  # x's first element may be overwritten (in place) from now on
             tl.store(fin + 1, mhi)
             tl.store(fin + 2, corr)
             tl.store(fin + 3, 1.0 / tl.sqrt_rn(var + eps))
             tl.debug_barrier()
             tl.atomic_xchg(sync_ptr + 1 + NG + ng, 1, sem="release")
-    else:
-        ready = tl.atomic_add(sync_ptr + 1 + NG + ng, 0, sem="acquire")
+    if has_a:
+        ready = tl.atomic_add(sync_ptr + 1 + NG + nga, 0, sem="acquire")
         while ready == 0:
-            ready = tl.atomic_add(sync_ptr + 1 + NG + ng, 0, sem="acquire")
+            ready = tl.atomic_add(sync_ptr + 1 + NG + nga, 0, sem="acquire")
+        fin = part_ptr + 3 * NGT + 4 * nga
         K = tl.load(fin, cache_modifier=".cg")
         mhi = tl.load(fin + 1, cache_modifier=".cg")
         corr = tl.load(fin + 2, cache_modifier=".cg")
         rstd = tl.load(fin + 3, cache_modifier=".cg")
-        x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
-                    other=0.0).to(tl.float32)
-        y = (((x - K) - mhi) - corr) * rstd
+        y = (((xa - K) - mhi) - corr) * rstd
         w = 1.0
         b = 0.0
         if HAS_W:
-            w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + cha * stride_w, mask=cma, other=0.0).to(tl.float32)
         if HAS_B:
-            b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
-        _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
+            b = tl.load(b_ptr + cha * stride_b, mask=cma, other=0.0).to(tl.float32)
+        _gn_finish(y_ptr, na * stride_yn + cha * stride_yc + sa * stride_ys, ma, y, w, b,
                    HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
@@ -466,11 +473,10 @@ STATS_PROGRAMS = 1024
 MAX_PARTIALS = 128
 #: the split path's two passes in one launch (``_gn_fused_kernel``); False: two launches
 FUSED = True
-#: statistics tiles the one-launch split path issues before its first normalisation, at
-#: least (and at least a group's tiles): the distance, in tiles, from a tile's statistics
-#: to its normalisation is about twice this, and about 3 x 16 KB x this many bytes move in
-#: between: 256 keeps that near 12 MB, well inside the H200's 50 MB L2
-LAG_TILES = 256
+#: the one-launch split path's lag, in tiles, from a tile's statistics to its normalisation,
+#: at least (and at least a group's tiles): about 3 x 16 KB x this many bytes move in
+#: between; 512 keeps that near 24 MB, inside the H200's 50 MB L2
+LAG_TILES = 512
 #: partials the group's last statistics program merges a step
 MERGE = 512
 #: channel elements x positions one program of the channel-RMS kernel holds
@@ -500,8 +506,7 @@ class GNSettings:
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
     ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
     ``path`` "fused": the same tiles, both passes in one launch (``_gn_fused_kernel``):
-    a statistics and a normalising program a tile, the first ``lag`` tiles' statistics
-    issued before the first normalisation.
+    a program takes the statistics of a tile and normalises the tile ``lag`` before it.
     """
 
     path: str
@@ -522,7 +527,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
                 max_partials: int = MAX_PARTIALS, fused: bool = None,
-                lag_tiles: int = LAG_TILES, merge: int = MERGE) -> GNSettings:
+                lag_tiles: int = LAG_TILES, merge: int = MERGE,
+                warps: Optional[int] = None) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -545,7 +551,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BC = min(cp, max(1, tile // BS))
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
-    nw = _warps(BC * BS, 16, hi=8)
+    nw = warps or _warps(BC * BS, 16, hi=8)
     if FUSED if fused is None else fused:
         return GNSettings("fused", BC, BS, nw, n_ts, T, lag=min(N * G * T, max(T, lag_tiles)),
                           merge=merge)
@@ -791,7 +797,7 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     scratch = _scratch(st, NG, p.x.device)
     if st.path == "fused":
         part, sync = scratch
-        launch(_gn_fused_kernel, (2 * NG * st.T,), (
+        launch(_gn_fused_kernel, (NG * st.T + st.lag,), (
             p.x, out, w, b, part, sync, G, cpg, S, st.n_ts, st.T,
             NG, st.lag, p.eps, *p.xs, *os_, p.w_stride, p.b_stride),
             dict(BC=st.BC, BS=st.BS, MERGE=st.merge, **flags, num_warps=st.num_warps))
