@@ -19,17 +19,24 @@ RMS_VARIANTS = [{}, {"tile": 4096}, {"tile": 16384}, {"min_bs": 32}, {"min_bs": 
 RMS_LONG = [{}, {"min_bs": 128}, {"min_bs": 256}, {"min_bs": 512}, {"min_bs": 1024},
             {"min_bs": 256, "tile": 4096}, {"min_bs": 512, "tile": 4096},
             {"min_bs": 1024, "tile": 16384}]
-# session 6: the one-launch split path (the default now) against the two-launch one, and
-# its lag / tile
+# session 6: the one-launch split path (_gn_fused_kernel, LOST and removed: see NOTES.md)
+# against the two-launch one, its lag / tile / warps; these settings no longer exist
 GN_FUSED = [{}, {"fused": False}, {"lag_tiles": 0}, {"lag_tiles": 1024}, {"lag_tiles": 2048},
             {"tile": 4096}, {"tile": 4096, "lag_tiles": 1024}, {"warps": 16},
             {"tile": 16384, "warps": 16}]
+# session 6: apply tiles larger than the statistics tiles (one merge of the partials per
+# 32-64 KB instead of 16 KB), and larger tiles for both passes
+GN_APPLY = [{}, {"apply_tile": 16384}, {"apply_tile": 16384, "apply_warps": 16},
+            {"apply_tile": 32768, "apply_warps": 16}, {"apply_tile": 4096},
+            {"tile": 16384}, {"tile": 16384, "apply_warps": 16}]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 import sys  # noqa: E402
 
 only_rms = "--rms" in sys.argv  # session 5: the RMS shapes with RMS_LONG
 only_fused = "--fused" in sys.argv  # session 6: the GroupNorm shapes with GN_FUSED
+only_apply = "--apply" in sys.argv  # session 6: the GroupNorm shapes with GN_APPLY
+only_fused = only_fused or only_apply
 for name, sh in GN_SHAPES.items():
     if only_rms and sh.op != "rms" or only_fused and sh.op != "gn":
         continue
@@ -45,7 +52,7 @@ for name, sh in GN_SHAPES.items():
         variants = RMS_LONG if only_rms else RMS_VARIANTS
     else:
         reads = 1 if gn_settings(sh.shape[0], sh.groups, C // sh.groups, sp).path == "fit" else 2
-        variants = GN_FUSED if only_fused else GN_VARIANTS
+        variants = GN_APPLY if only_apply else GN_FUSED if only_fused else GN_VARIANTS
     nbytes = (reads + 1) * x.numel() * 2
     ref = None
     res = []

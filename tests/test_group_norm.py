@@ -20,14 +20,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:Runt
 
 # Launch-table overrides that force each path at small shapes:
 FIT = None                                    # the default table: these groups fit
-FUSED = dict(fit_max=0, tile=16)              # both passes in one launch, 16-element tiles
-FUSED_MERGE = dict(fit_max=0, tile=16, lag_tiles=0, merge=4)  # the smallest lag (a group);
-                                              # the last tile's program merges in steps of 4
-SPLIT = dict(fit_max=0, tile=16, fused=False)  # two launches, one partial a tile
-SPLIT_LOOP = dict(SPLIT, max_partials=3)      # several tiles a statistics program,
+SPLIT = dict(fit_max=0, tile=16)              # split: 16-element tiles, one partial a tile
+SPLIT_LOOP = dict(fit_max=0, tile=16, max_partials=3)  # several tiles a statistics program,
                                               # masked tail tiles past the group's end
-PATHS = {"fit": FIT, "fused": FUSED, "fused-merge": FUSED_MERGE, "split": SPLIT,
-         "split-loop": SPLIT_LOOP}
+SPLIT_WIDE = dict(fit_max=0, tile=16, apply_tile=64)  # apply tiles 4x the statistics tiles
+PATHS = {"fit": FIT, "split": SPLIT, "split-loop": SPLIT_LOOP, "split-wide": SPLIT_WIDE}
 
 SHARES = {}  # bitwise shares seen, printed at the end (pytest -s)
 
@@ -97,7 +94,7 @@ def test_fit_path_vs_fp64(case, affine, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("path", ["fused", "fused-merge", "split", "split-loop"])
+@pytest.mark.parametrize("path", ["split", "split-loop", "split-wide"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c[0])
 @torch.no_grad()
 def test_split_path_vs_fp64(case, path, dtype):
@@ -106,9 +103,9 @@ def test_split_path_vs_fp64(case, path, dtype):
     w, b = _params(shape[1], dtype, 2)
     launch = PATHS[path]
     st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]), **launch)
-    assert st.path == path.split("-")[0] and st.T > 1
-    if path == "fused-merge":  # the merge loop takes several steps; lag = one group
-        assert st.T > st.merge and st.lag == st.T
+    assert st.path == "split" and st.T > 1
+    if path == "split-wide":
+        assert st.ABC * st.ABS == 4 * st.BC * st.BS and st.AT < st.T
     if path == "split-loop":
         assert st.TPP > 1 and st.P * st.TPP > st.T  # tiles past the end are masked
     y = gn.group_norm_silu(x, G, w, b, 1e-6, _launch=launch)
@@ -157,7 +154,7 @@ def test_paths_agree():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape,path", [((1, 64, 6, 6), "fit"), ((2, 64, 2, 3, 4), "fit"),
-                                        ((1, 64, 3, 4), "fused"), ((1, 64, 3, 4), "split")])
+                                        ((1, 64, 3, 4), "split")])
 @torch.no_grad()
 def test_vs_torch_groupnorm_silu(shape, path, dtype):
     """The VAEs' ResNet norm: torch.nn.GroupNorm(32, C, eps=1e-6) then F.silu."""
@@ -167,7 +164,7 @@ def test_vs_torch_groupnorm_silu(shape, path, dtype):
     norm.bias.copy_(_rand((C,), torch.float32, 7, 0.2, 0.0))
     x = _rand(shape, dtype, 8)
     eager = F.silu(norm(x))
-    launch = PATHS[path]
+    launch = PATHS[path] if path == "split" else None
     y = gn.group_norm_silu(x, norm.num_groups, norm.weight, norm.bias, norm.eps, _launch=launch)
     # eager rounds where the kernel does (after the norm, at the store), both in fp32: the
     # same contract; plus eager's rounding of the group statistics where torch makes it
@@ -244,7 +241,7 @@ def _strided_cases():
     ]
 
 
-@pytest.mark.parametrize("path", ["fit", "fused", "split"])
+@pytest.mark.parametrize("path", ["fit", "split", "split-wide"])
 @pytest.mark.parametrize("case", _strided_cases(), ids=lambda c: c[0])
 @torch.no_grad()
 def test_strided_input_read_in_place(case, path):
@@ -273,7 +270,7 @@ def test_uncollapsible_view_raises():
             gn.rms_norm_silu_channels(v, None)
 
 
-@pytest.mark.parametrize("path", ["fit", "fused", "split"])
+@pytest.mark.parametrize("path", ["fit", "split", "split-wide"])
 @torch.no_grad()
 def test_out_into_channel_slice_and_in_place(path):
     x = _rand((2, 8, 5, 6), torch.bfloat16, 19)
@@ -305,13 +302,8 @@ def poison(monkeypatch):
     def nan_partials(n, device):
         return torch.full((4 * n,), float("nan"), dtype=torch.float32, device=device)
 
-    def nan_workspace(n_part, n_sync, device):
-        part = torch.full((n_part,), float("nan"), dtype=torch.float32, device=device)
-        return part, torch.zeros(n_sync, dtype=torch.int32, device=device)
-
     monkeypatch.setattr(gn, "_out_like", nan_like)
     monkeypatch.setattr(gn, "_partials", nan_partials)
-    monkeypatch.setattr(gn, "_workspace", nan_workspace)
 
 
 @pytest.mark.parametrize("path", list(PATHS))
@@ -553,24 +545,18 @@ def test_eager_rounded_statistics():
 # launch table, registry, check gates
 
 def test_launch_table():
-    # the VAE shapes: groups of 16 ch x 128^2 (and larger) take the one-launch split path
+    # the VAE shapes: groups of 16 ch x 128^2 (and larger) take the split path
     for s in gn.GN_SHAPES.values():
         if s.op != "gn":
             continue
-        args = (s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]))
-        st = gn.gn_settings(*args)
-        assert st.path == "fused", s
-        assert st.BC * st.BS <= gn.SPLIT_TILE and st.T == -(-(s.C // 32) // st.BC) * st.n_ts
-        assert st.T <= st.lag <= max(st.T, gn.LAG_TILES) and st.lag <= s.shape[0] * 32 * st.T
-        st = gn.gn_settings(*args, fused=False)
+        st = gn.gn_settings(s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]))
         assert st.path == "split", s
         assert st.BC * st.BS <= gn.SPLIT_TILE and st.P <= gn.MAX_PARTIALS
         assert st.TPP & (st.TPP - 1) == 0 and (st.P - 1) * st.TPP < st.T <= st.P * st.TPP
         assert st.P_PAD >= st.P
     fit = gn.gn_settings(1, 32, 16, 32 * 32)  # 16 ch x 32^2 = 16K elements: one program
     assert fit.path == "fit" and fit.BC * fit.BS <= gn.FIT_MAX and fit.num_warps == 16
-    assert gn.gn_settings(1, 32, 16, 32 * 33).path == "fused"
-    assert gn.gn_settings(1, 32, 16, 32 * 33, fused=False).path == "split"
+    assert gn.gn_settings(1, 32, 16, 32 * 33).path == "split"
     r = gn.rms_settings(384, 60 * 104)
     assert r.NCH == 1 and r.BC * r.BS <= gn.RMS_TILE
     assert gn.rms_settings(4096, 100).NCH > 1
@@ -588,9 +574,8 @@ def test_check_gates_small():
     shapes = [gn.GN_SHAPES["hunyuan-vae-up-9f"], gn.GN_SHAPES["flux-vae-mid-128"],
               gn.GN_SHAPES["wan-vae-mid-480p"]]
     gn.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
-    assert len(g.rows) == 10  # 3 shapes + the first one on both forced split paths, 2 dtypes
-    assert sum(" fused;" in r[3] for r in g.rows) == 2
-    assert sum(" split;" in r[3] for r in g.rows) == 2
+    assert len(g.rows) == 8  # 3 shapes + the first one on the forced split path, 2 dtypes
+    assert sum("split" in r[3] for r in g.rows) == 2
     assert all(r[2] for r in g.rows), [r for r in g.rows if not r[2]]
 
 

@@ -185,7 +185,10 @@ def _gn_stats_kernel(
 def _gn_apply_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr,
     part_ptr,                 # partials written by _gn_stats_kernel
-    G, cpg, S, n_ts, T, P, NGP,
+    G, cpg, S,
+    n_ts, T,                  # the apply tiles (BC x BS, not the statistics tiles): along
+                              # space, per group
+    P, NGP,
     eps,
     stride_xn, stride_xc, stride_xs,
     stride_yn, stride_yc, stride_ys,
@@ -235,138 +238,6 @@ def _gn_apply_kernel(
         b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
     _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
                HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _gn_tile(t, G, cpg, S, n_ts, T, BC: tl.constexpr, BS: tl.constexpr):
-    """Coordinates of split-path tile ``t``: (n, g, ng, channel block, row mask of the
-    channels, mask, channels, positions)."""
-    ng = t // T
-    r = t - ng * T
-    n = ng // G
-    g = ng - n * G
-    tc = r // n_ts
-    ts = r - tc * n_ts
-    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
-    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
-    cm = c < cpg
-    return n, g, ng, tc, ts, cm, cm & (s < S), g * cpg + c, s
-
-
-@triton.jit
-def _gn_fused_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    part_ptr,                 # fp32 [3 * NGT] per-tile count, mean, M2 (of x - K), then
-                              # [4 * NG] per group: K, mean (hi), mean (correction), rstd
-    sync_ptr,                 # int32, zeroed by the launcher: [0] the ticket counter,
-                              # [1 + ng] group ng's tiles counted, [1 + NG + ng] ng ready
-    G, cpg, S, n_ts,
-    T,                        # tiles per group
-    NG,                       # N * G groups
-    L,                        # lag, in tiles, from a tile's statistics to its normalisation
-    eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    BC: tl.constexpr, BS: tl.constexpr,
-    MERGE: tl.constexpr,      # partials merged a step by a group's last statistics program
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-):
-    """Both passes of the split path in one launch of NG * T + L programs.
-
-    Each program takes a ticket ``u`` (the order programs actually start): it takes the
-    statistics of tile ``u`` (if ``u < NG * T``) and normalises tile ``u - L`` (if
-    ``u >= L``), both tiles' loads issued at once. A tile is normalised L tickets after its
-    statistics were taken, while it is still in L2, so x is read from DRAM about once. The
-    program that counts a group's last tile merges the group's partials and publishes the
-    statistics; a normalising program waits for them (spinning) after publishing its own
-    partial. It waits only on programs with earlier tickets (``L >= T`` puts a group's
-    statistics on tickets before its first normalisation), which have already started and
-    publish their partials before they wait: no deadlock, whatever order or how many
-    programs the GPU runs at once.
-    """
-    NGT = NG * T
-    u = tl.atomic_add(sync_ptr, 1, sem="relaxed").to(tl.int64)
-    has_s = u < NGT
-    has_a = u >= L
-    # both tiles' loads first
-    n, g, ng, tc, ts, cm, m, ch, s = _gn_tile(u, G, cpg, S, n_ts, T, BC, BS)
-    m = m & has_s
-    xs = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
-                 other=0.0).to(tl.float32)
-    na, ga, nga, tca, tsa, cma, ma, cha, sa = _gn_tile(u - L, G, cpg, S, n_ts, T, BC, BS)
-    ma = ma & has_a
-    xa = tl.load(x_ptr + na * stride_xn + cha * stride_xc + sa * stride_xs, mask=ma,
-                 other=0.0).to(tl.float32)
-    if has_s:
-        K = tl.load(x_ptr + n * stride_xn + g * cpg * stride_xc).to(tl.float32)
-        xs = tl.where(m, xs - K, 0.0)
-        nb = (tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS)).to(tl.float32)
-        mb, m2b = _tile_moments(xs, m, nb)
-        tl.store(part_ptr + u, nb)
-        tl.store(part_ptr + NGT + u, mb)
-        tl.store(part_ptr + 2 * NGT + u, m2b)
-        tl.debug_barrier()
-        counted = tl.atomic_add(sync_ptr + 1 + ng, 1, sem="acq_rel")
-        if counted == T - 1:
-            # the group's last tile: merge its T partials (from L2: .cg) with the same
-            # corrected two-pass formula as the two-launch path, then publish
-            kk = tl.arange(0, MERGE)
-            acc_c = tl.zeros((MERGE,), tl.float32)
-            acc_s = tl.zeros((MERGE,), tl.float32)
-            i = 0
-            while i < T:  # (a while loop: the interpreter's scalars are no range bounds)
-                pm = i + kk < T
-                idx = ng * T + i + kk
-                pc = tl.load(part_ptr + idx, mask=pm, other=0.0, cache_modifier=".cg")
-                pmu = tl.load(part_ptr + NGT + idx, mask=pm, other=0.0, cache_modifier=".cg")
-                acc_c += pc
-                acc_s += pc * pmu
-                i += MERGE
-            count = tl.sum(acc_c)
-            mhi = tl.sum(acc_s) / count
-            acc_1 = tl.zeros((MERGE,), tl.float32)
-            acc_2 = tl.zeros((MERGE,), tl.float32)
-            i = 0
-            while i < T:
-                pm = i + kk < T
-                idx = ng * T + i + kk
-                pc = tl.load(part_ptr + idx, mask=pm, other=0.0, cache_modifier=".cg")
-                pmu = tl.load(part_ptr + NGT + idx, mask=pm, other=0.0, cache_modifier=".cg")
-                pm2 = tl.load(part_ptr + 2 * NGT + idx, mask=pm, other=0.0,
-                              cache_modifier=".cg")
-                dm = tl.where(pm, pmu - mhi, 0.0)
-                acc_1 += pc * dm
-                acc_2 += pm2 + pc * dm * dm
-                i += MERGE
-            s1 = tl.sum(acc_1)
-            corr = s1 / count
-            var = tl.maximum(tl.sum(acc_2) - s1 * corr, 0.0) / count
-            fin = part_ptr + 3 * NGT + 4 * ng
-            tl.store(fin, K)  # x's first element may be overwritten (in place) from now on
-            tl.store(fin + 1, mhi)
-            tl.store(fin + 2, corr)
-            tl.store(fin + 3, 1.0 / tl.sqrt_rn(var + eps))
-            tl.debug_barrier()
-            tl.atomic_xchg(sync_ptr + 1 + NG + ng, 1, sem="release")
-    if has_a:
-        ready = tl.atomic_add(sync_ptr + 1 + NG + nga, 0, sem="acquire")
-        while ready == 0:
-            ready = tl.atomic_add(sync_ptr + 1 + NG + nga, 0, sem="acquire")
-        fin = part_ptr + 3 * NGT + 4 * nga
-        K = tl.load(fin, cache_modifier=".cg")
-        mhi = tl.load(fin + 1, cache_modifier=".cg")
-        corr = tl.load(fin + 2, cache_modifier=".cg")
-        rstd = tl.load(fin + 3, cache_modifier=".cg")
-        y = (((xa - K) - mhi) - corr) * rstd
-        w = 1.0
-        b = 0.0
-        if HAS_W:
-            w = tl.load(w_ptr + cha * stride_w, mask=cma, other=0.0).to(tl.float32)
-        if HAS_B:
-            b = tl.load(b_ptr + cha * stride_b, mask=cma, other=0.0).to(tl.float32)
-        _gn_finish(y_ptr, na * stride_yn + cha * stride_yc + sa * stride_ys, ma, y, w, b,
-                   HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -471,14 +342,6 @@ SPLIT_TILE = 8192
 STATS_PROGRAMS = 1024
 #: ... but at most this many per group: every apply program merges its group's partials
 MAX_PARTIALS = 128
-#: the split path's two passes in one launch (``_gn_fused_kernel``); False: two launches
-FUSED = True
-#: the one-launch split path's lag, in tiles, from a tile's statistics to its normalisation,
-#: at least (and at least a group's tiles): about 3 x 16 KB x this many bytes move in
-#: between; 512 keeps that near 24 MB, inside the H200's 50 MB L2
-LAG_TILES = 512
-#: partials the group's last statistics program merges a step
-MERGE = 512
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -504,9 +367,8 @@ class GNSettings:
 
     ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
-    ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
-    ``path`` "fused": the same tiles, both passes in one launch (``_gn_fused_kernel``):
-    a program takes the statistics of a tile and normalises the tile ``lag`` before it.
+    ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program per
+    apply tile ``ABC x ABS`` (``AT`` a group, ``a_n_ts`` along space, ``apply_warps``).
     """
 
     path: str
@@ -519,46 +381,50 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
-    lag: int = 0
-    merge: int = MERGE
+    ABC: int = 1
+    ABS: int = 1
+    a_n_ts: int = 1
+    AT: int = 1
+    apply_warps: int = 1
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS, fused: bool = None,
-                lag_tiles: int = LAG_TILES, merge: int = MERGE,
-                warps: Optional[int] = None) -> GNSettings:
+                max_partials: int = MAX_PARTIALS, apply_tile: Optional[int] = None,
+                apply_warps: Optional[int] = None) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
-    otherwise twice: in one launch (``fused``, default ``FUSED``: the second read comes
-    from L2 while the lag, ``max(T, lag_tiles)`` tiles, is small enough) or in two (split
-    path). The split path gives each group
+    otherwise twice (split path). The split path gives each group
     ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
     that each takes a power-of-two number of tiles). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
-    (``c_inner``: channels-last), so that its rows are whole sectors of memory.
+    (``c_inner``: channels-last), so that its rows are whole sectors of memory. The apply
+    pass may take larger tiles (``apply_tile`` elements; default ``tile``).
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
         return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
-    if c_inner:
-        BC = min(cp, tile)
-        BS = min(sp, max(1, tile // BC))
-    else:
-        BS = min(sp, tile)
-        BC = min(cp, max(1, tile // BS))
+
+    def dims(n):
+        if c_inner:
+            bc = min(cp, n)
+            return bc, min(sp, max(1, n // bc))
+        bs = min(sp, n)
+        return min(cp, max(1, n // bs)), bs
+
+    BC, BS = dims(tile)
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
-    nw = warps or _warps(BC * BS, 16, hi=8)
-    if FUSED if fused is None else fused:
-        return GNSettings("fused", BC, BS, nw, n_ts, T, lag=min(N * G * T, max(T, lag_tiles)),
-                          merge=merge)
+    nw = _warps(BC * BS, 16, hi=8)
     P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
-    return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw)
+    ABC, ABS = dims(apply_tile or tile)
+    a_n_ts = _cdiv(S, ABS)
+    return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw, ABC, ABS, a_n_ts,
+                      _cdiv(cpg, ABC) * a_n_ts, apply_warps or _warps(ABC * ABS, 16, hi=8))
 
 
 @dataclass(frozen=True)
@@ -755,18 +621,8 @@ def _partials(n: int, device) -> torch.Tensor:
     return torch.empty(4 * n, dtype=torch.float32, device=device)
 
 
-def _workspace(n_part: int, n_sync: int, device):
-    """The one-launch path's scratch: fp32 partials (every slot read is written first) and
-    int32 counters that must start at zero, in one zeroed allocation (one memset)."""
-    nf = _cdiv(n_part, 4) * 4  # the counters 16-byte aligned too
-    ws = torch.zeros(nf + n_sync, dtype=torch.int32, device=device)
-    return ws[:nf].view(torch.float32), ws[nf:]
-
-
 def _scratch(st: GNSettings, NG: int, device) -> tuple:
     """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes."""
-    if st.path == "fused":
-        return _workspace(3 * NG * st.T + 4 * NG, 1 + 2 * NG, device)
     if st.path == "split":
         return (_partials(NG * st.P, device),)
     return ()
@@ -795,21 +651,14 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
         return st, ()
     NG = N * G
     scratch = _scratch(st, NG, p.x.device)
-    if st.path == "fused":
-        part, sync = scratch
-        launch(_gn_fused_kernel, (NG * st.T + st.lag,), (
-            p.x, out, w, b, part, sync, G, cpg, S, st.n_ts, st.T,
-            NG, st.lag, p.eps, *p.xs, *os_, p.w_stride, p.b_stride),
-            dict(BC=st.BC, BS=st.BS, MERGE=st.merge, **flags, num_warps=st.num_warps))
-        return st, scratch
     (part,) = scratch
     ngp = NG * st.P
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps))
-    launch(_gn_apply_kernel, (NG * st.T,), (
-        p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
+    launch(_gn_apply_kernel, (NG * st.AT,), (
+        p.x, out, w, b, part, G, cpg, S, st.a_n_ts, st.AT, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
-        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps))
+        dict(BC=st.ABC, BS=st.ABS, P_PAD=st.P_PAD, **flags, num_warps=st.apply_warps))
     return st, scratch
 
 
@@ -849,8 +698,7 @@ def _key(kind, x, weight, bias, out, opts, launch):
             return None
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
-                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, FUSED, LAG_TILES, MERGE,
-                RMS_TILE, RMS_MIN_BS, sig(x), sig(weight), sig(bias), sig(out))
+                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
@@ -1179,13 +1027,10 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
             shapes.append(GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2",
                                   (1, 512, 32, 32)))
     runs = [(s.small() if small else s, None) for s in shapes]
-    if small:  # interpreter-sized groups all fit: force both split paths on one of them too
+    if small:  # interpreter-sized groups all fit: force the split path on one of them too
         first = next((s for s, _ in runs if s.op == "gn"), None)
         if first is not None:
             runs.append((first, dict(fit_max=0, tile=256)))
-            runs.append((first, dict(fit_max=0, tile=256, fused=False)))
-    elif any(s.op == "gn" for s in shapes):  # the two-launch split path on the GPU too
-        runs.append((next(s for s in shapes if s.op == "gn"), dict(fused=False)))
     for s, launch in runs:
         for dtype in dtypes:
             gen = torch.Generator(device=device).manual_seed(zlib.crc32(s.name.encode()))
