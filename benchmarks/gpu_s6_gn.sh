@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 6: GroupNorm on the H200 (first call: the one-launch path, LOST; then the apply
-# the GroupNorm / fast-path tests on CUDA (real concurrency: tickets, spinning, in place),
-# the check gates at the VAE shapes, a sweep (fused vs two launches, lag, tile) against
-# torch.compile, and the bench rows of every GroupNorm shape. Carry .whl.
+# Session 6: GroupNorm on the H200. The GroupNorm / fast-path tests on CUDA, the check gates
+# at the VAE shapes, a sweep against torch.compile (calls 1-2: --fused, the one-launch path,
+# LOST and removed; call 3: --apply, wider apply tiles), the bench rows of every GroupNorm
+# shape. Carry .whl.
 source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 step 200 python3 -m pytest tests/test_group_norm.py tests/test_fastpath.py -p no:cacheprovider -q -x --tb=short -k "split or replay or poison or strided or slice or agree" \
@@ -15,6 +15,6 @@ class G:
 gn.check_gates(G(), "cuda", False)
 PY
 grep -c PASS $OUT/check_gn.log; grep -E "FAIL|Error" $OUT/check_gn.log | head
-step 200 python3 benchmarks/sweep_gn.py --apply > $OUT/sweep_gn_apply.log 2>&1; grep -v Warn $OUT/sweep_gn_fused.log | grep -E "BEST|compile|\{\}|fused" | head -40
+step 200 python3 benchmarks/sweep_gn.py --apply > $OUT/sweep_gn_apply.log 2>&1; grep -v Warn $OUT/sweep_gn_apply.log | grep -E "BEST|compile" | head -40
 step 150 python3 -m ditfuse bench --op group_norm --dtypes bf16 --extra-dtypes "" --out-dir $OUT/bench_gn > $OUT/bench_gn.log 2>&1; grep -E "ditfuse" $OUT/bench_gn.log | head -20
 echo "seconds used by the steps: $(( SECONDS - T0 ))"
