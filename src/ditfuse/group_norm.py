@@ -185,10 +185,7 @@ def _gn_stats_kernel(
 def _gn_apply_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr,
     part_ptr,                 # partials written by _gn_stats_kernel
-    G, cpg, S,
-    n_ts, T,                  # the apply tiles (BC x BS, not the statistics tiles): along
-                              # space, per group
-    P, NGP,
+    G, cpg, S, n_ts, T, P, NGP,
     eps,
     stride_xn, stride_xc, stride_xs,
     stride_yn, stride_yc, stride_ys,
@@ -367,8 +364,7 @@ class GNSettings:
 
     ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
-    ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program per
-    apply tile ``ABC x ABS`` (``AT`` a group, ``a_n_ts`` along space, ``apply_warps``).
+    ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
     """
 
     path: str
@@ -381,18 +377,12 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
-    ABC: int = 1
-    ABS: int = 1
-    a_n_ts: int = 1
-    AT: int = 1
-    apply_warps: int = 1
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS, apply_tile: Optional[int] = None,
-                apply_warps: Optional[int] = None) -> GNSettings:
+                max_partials: int = MAX_PARTIALS) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -400,31 +390,24 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
     that each takes a power-of-two number of tiles). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
-    (``c_inner``: channels-last), so that its rows are whole sectors of memory. The apply
-    pass may take larger tiles (``apply_tile`` elements; default ``tile``).
+    (``c_inner``: channels-last), so that its rows are whole sectors of memory.
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
         return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
-
-    def dims(n):
-        if c_inner:
-            bc = min(cp, n)
-            return bc, min(sp, max(1, n // bc))
-        bs = min(sp, n)
-        return min(cp, max(1, n // bs)), bs
-
-    BC, BS = dims(tile)
+    if c_inner:
+        BC = min(cp, tile)
+        BS = min(sp, max(1, tile // BC))
+    else:
+        BS = min(sp, tile)
+        BC = min(cp, max(1, tile // BS))
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
-    nw = _warps(BC * BS, 16, hi=8)
     P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
-    ABC, ABS = dims(apply_tile or tile)
-    a_n_ts = _cdiv(S, ABS)
-    return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw, ABC, ABS, a_n_ts,
-                      _cdiv(cpg, ABC) * a_n_ts, apply_warps or _warps(ABC * ABS, 16, hi=8))
+    nw = _warps(BC * BS, 16, hi=8)
+    return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw)
 
 
 @dataclass(frozen=True)
@@ -655,10 +638,10 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     ngp = NG * st.P
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps))
-    launch(_gn_apply_kernel, (NG * st.AT,), (
-        p.x, out, w, b, part, G, cpg, S, st.a_n_ts, st.AT, st.P, ngp, p.eps, *p.xs, *os_,
+    launch(_gn_apply_kernel, (NG * st.T,), (
+        p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
-        dict(BC=st.ABC, BS=st.ABS, P_PAD=st.P_PAD, **flags, num_warps=st.apply_warps))
+        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps))
     return st, scratch
 
 
