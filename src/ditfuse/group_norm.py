@@ -123,6 +123,21 @@ def _tile_moments(x, msk, nb):
 
 
 @triton.jit
+def _gn_stats_tile(x_ptr, base, t, n_ts, T, cpg, S, ci, si, stride_xc, stride_xs,
+                   BC: tl.constexpr, BS: tl.constexpr):
+    """Tile ``t`` of a group as stored (masked past the group), its mask and its count."""
+    tc = t // n_ts
+    ts = t - tc * n_ts
+    c = tc * BC + ci
+    s = ts * BS + si
+    msk = (c < cpg) & (s < S) & (t < T)
+    x = tl.load(x_ptr + base + c * stride_xc + s * stride_xs, mask=msk, other=0.0)
+    nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
+                  0).to(tl.float32)
+    return x, msk, nb
+
+
+@triton.jit
 def _gn_stats_kernel(
     x_ptr,                    # input, addressed as (N, C, S)
     part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
@@ -155,18 +170,15 @@ def _gn_stats_kernel(
     cnt = tl.zeros((), tl.float32)
     mean = tl.zeros((), tl.float32)
     m2 = tl.zeros((), tl.float32)
-    for i in range(TPP):
-        t = k * TPP + i
-        tc = t // n_ts
-        ts = t - tc * n_ts
-        c = tc * BC + ci
-        s = ts * BS + si
-        msk = (c < cpg) & (s < S) & (t < T)
-        x = tl.load(x_ptr + base + c * stride_xc + s * stride_xs, mask=msk,
-                    other=0.0).to(tl.float32)
-        x = tl.where(msk, x - K, 0.0)
-        nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
-                      0).to(tl.float32)
+    # the next tile's load is issued before this tile's reductions (two tiles in flight)
+    xn, mn, nbn = _gn_stats_tile(x_ptr, base, k * TPP, n_ts, T, cpg, S, ci, si,
+                                 stride_xc, stride_xs, BC, BS)
+    for i in tl.static_range(TPP):
+        xr, msk, nb = xn, mn, nbn
+        if i + 1 < TPP:
+            xn, mn, nbn = _gn_stats_tile(x_ptr, base, k * TPP + i + 1, n_ts, T, cpg, S, ci, si,
+                                         stride_xc, stride_xs, BC, BS)
+        x = tl.where(msk, xr.to(tl.float32) - K, 0.0)
         mb, m2b = _tile_moments(x, msk, nb)
         tot = cnt + nb
         frac = nb / tl.maximum(tot, 1.0)
@@ -201,6 +213,21 @@ def _gn_apply_kernel(
     t = pid - ng * T
     n = ng // G
     g = ng - n * G
+    # the tile's loads first: in flight while the partials are merged
+    tc = t // n_ts
+    ts = t - tc * n_ts
+    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
+    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+    cm = c < cpg
+    m = cm & (s < S)
+    ch = g * cpg + c
+    xr = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m, other=0.0)
+    w = 1.0
+    b = 0.0
+    if HAS_W:
+        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
     kk = tl.arange(0, P_PAD).to(tl.int64)
     pm = kk < P
     pidx = ng * P + kk
@@ -216,23 +243,7 @@ def _gn_apply_kernel(
     var = tl.maximum(m2, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
     K = tl.load(part_ptr + 3 * NGP + ng * P)
-
-    tc = t // n_ts
-    ts = t - tc * n_ts
-    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
-    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
-    cm = c < cpg
-    m = cm & (s < S)
-    ch = g * cpg + c
-    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
-                other=0.0).to(tl.float32)
-    y = (((x - K) - mhi) - corr) * rstd
-    w = 1.0
-    b = 0.0
-    if HAS_W:
-        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
-    if HAS_B:
-        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
+    y = (((xr.to(tl.float32) - K) - mhi) - corr) * rstd
     _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
                HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
