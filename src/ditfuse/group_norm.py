@@ -213,21 +213,6 @@ def _gn_apply_kernel(
     t = pid - ng * T
     n = ng // G
     g = ng - n * G
-    # the tile's loads first: in flight while the partials are merged
-    tc = t // n_ts
-    ts = t - tc * n_ts
-    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
-    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
-    cm = c < cpg
-    m = cm & (s < S)
-    ch = g * cpg + c
-    xr = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m, other=0.0)
-    w = 1.0
-    b = 0.0
-    if HAS_W:
-        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
-    if HAS_B:
-        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
     kk = tl.arange(0, P_PAD).to(tl.int64)
     pm = kk < P
     pidx = ng * P + kk
@@ -243,7 +228,23 @@ def _gn_apply_kernel(
     var = tl.maximum(m2, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
     K = tl.load(part_ptr + 3 * NGP + ng * P)
-    y = (((xr.to(tl.float32) - K) - mhi) - corr) * rstd
+
+    tc = t // n_ts
+    ts = t - tc * n_ts
+    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
+    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+    cm = c < cpg
+    m = cm & (s < S)
+    ch = g * cpg + c
+    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
+                other=0.0).to(tl.float32)
+    y = (((x - K) - mhi) - corr) * rstd
+    w = 1.0
+    b = 0.0
+    if HAS_W:
+        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
     _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
                HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
