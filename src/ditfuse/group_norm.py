@@ -123,21 +123,6 @@ def _tile_moments(x, msk, nb):
 
 
 @triton.jit
-def _gn_stats_tile(x_ptr, base, t, n_ts, T, cpg, S, ci, si, stride_xc, stride_xs,
-                   BC: tl.constexpr, BS: tl.constexpr):
-    """Tile ``t`` of a group as stored (masked past the group), its mask and its count."""
-    tc = t // n_ts
-    ts = t - tc * n_ts
-    c = tc * BC + ci
-    s = ts * BS + si
-    msk = (c < cpg) & (s < S) & (t < T)
-    x = tl.load(x_ptr + base + c * stride_xc + s * stride_xs, mask=msk, other=0.0)
-    nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
-                  0).to(tl.float32)
-    return x, msk, nb
-
-
-@triton.jit
 def _gn_stats_kernel(
     x_ptr,                    # input, addressed as (N, C, S)
     part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
@@ -170,15 +155,18 @@ def _gn_stats_kernel(
     cnt = tl.zeros((), tl.float32)
     mean = tl.zeros((), tl.float32)
     m2 = tl.zeros((), tl.float32)
-    # the next tile's load is issued before this tile's reductions (two tiles in flight)
-    xn, mn, nbn = _gn_stats_tile(x_ptr, base, k * TPP, n_ts, T, cpg, S, ci, si,
-                                 stride_xc, stride_xs, BC, BS)
-    for i in tl.static_range(TPP):
-        xr, msk, nb = xn, mn, nbn
-        if i + 1 < TPP:
-            xn, mn, nbn = _gn_stats_tile(x_ptr, base, k * TPP + i + 1, n_ts, T, cpg, S, ci, si,
-                                         stride_xc, stride_xs, BC, BS)
-        x = tl.where(msk, xr.to(tl.float32) - K, 0.0)
+    for i in range(TPP):
+        t = k * TPP + i
+        tc = t // n_ts
+        ts = t - tc * n_ts
+        c = tc * BC + ci
+        s = ts * BS + si
+        msk = (c < cpg) & (s < S) & (t < T)
+        x = tl.load(x_ptr + base + c * stride_xc + s * stride_xs, mask=msk,
+                    other=0.0).to(tl.float32)
+        x = tl.where(msk, x - K, 0.0)
+        nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
+                      0).to(tl.float32)
         mb, m2b = _tile_moments(x, msk, nb)
         tot = cnt + nb
         frac = nb / tl.maximum(tot, 1.0)
