@@ -12,9 +12,11 @@ device and 16-byte alignment, and every scalar option. Everything the slow path 
 function of the signature, so the first call of a signature runs the slow path while
 :class:`Recorder` notes its launches, and later calls reuse them: each tensor argument of
 a launch is replaced by the call's tensor it was at record time (matched by address and
-dtype), and the compiled kernel is launched through its C launcher. Calls whose launches
-take anything else (a tensor the op allocated itself, a TMA descriptor) or whose tensors
-alias one another at record time are not cached: they keep the slow path.
+dtype), and the compiled kernel is launched through its C launcher. An op whose launches
+take scratch it allocates (GroupNorm's partials) passes that scratch as call tensors too,
+allocated afresh for each replay. Calls whose launches take anything else (a tensor that
+is none of the call's, a TMA descriptor) or whose tensors alias one another at record time
+are not cached: they keep the slow path.
 
 Recording is per thread (threads running models at once each record their own calls).
 Under Triton's interpreter (the CPU tests) a replay launches through the interpreter with
