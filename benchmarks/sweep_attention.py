@@ -13,6 +13,14 @@ CONFIGS = [(64, 32, 4, 3, False), (64, 32, 4, 3, True), (64, 32, 4, 2, True),
            (64, 32, 8, 3, True), (64, 64, 4, 2, True), (64, 64, 4, 3, True),
            (64, 64, 8, 2, True), (64, 64, 8, 3, True), (64, 128, 8, 2, True),
            (128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 32, 8, 3, True)]
+import sys  # noqa: E402
+
+if "--s6" in sys.argv:
+    # session 6: 16-key tiles (98 keys of a 64-query tile at window 17: 7 x 16 = 112 key
+    # slots instead of 4 x 32 = 128; fp32 173 registers instead of 236) and 32-query tiles
+    # (mma.sync), against the table
+    CONFIGS = [(64, 32, 4, 3, True), (64, 16, 4, 3, True), (64, 16, 4, 4, True),
+               (32, 32, 4, 3, True), (32, 16, 4, 3, True), (64, 32, 4, 4, True)]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32),
