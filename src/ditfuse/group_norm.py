@@ -35,7 +35,6 @@ import triton.language as tl
 
 from . import _fastpath, _library, _runtime
 from ._kernel_utils import _cast_out, _rnd
-from ._runtime import INTERPRET
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
 
@@ -45,30 +44,10 @@ ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # ---------------------------------------------------------------------------------------
 # kernels (private)
 
-# on the GPU, SiLU's exp2 and division as single approximate instructions with flush to
-# zero (see _silu); the interpreter has no inline PTX
-_FAST_SILU = tl.constexpr(not INTERPRET)
-
-
 @triton.jit
 def _silu(y):
-    """SiLU in fp32: y / (1 + exp(-y)), exp as exp2(-y log2 e).
-
-    On the GPU the exp2 and the quotient are ``ex2.approx.ftz`` and ``div.approx.ftz``: the
-    values of the ``ex2.approx`` / ``div.full`` that ``tl.exp`` and ``/`` give, without
-    their range handling (3 instructions an element each, where the apply pass is bound by
-    instruction issue). They differ only where exp(-y) < 2^-126 (y > 87: 1 + exp(-y) is 1
-    either way) or 1 + exp(-y) > 2^126 (y < -87: the quotient is -0 instead of |y| e^y
-    < 1e-36, far below every dtype's contract tolerance).
-    """
-    t = y * -1.4426950408889634
-    if _FAST_SILU:
-        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [t],
-                                      dtype=tl.float32, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise("div.approx.ftz.f32 $0, $1, $2;", "=r,r,r",
-                                         [y, 1.0 + e], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        return y / (1.0 + tl.exp2(t))
+    """SiLU in fp32, as PyTorch evaluates it: y / (1 + exp(-y))."""
+    return y / (1.0 + tl.exp(-y))
 
 
 @triton.jit
@@ -119,6 +98,7 @@ def _gn_fit_kernel(
     corr = s1 / count
     var = tl.maximum(s2 - s1 * corr, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
+    y = (d - corr) * rstd
     w = 1.0
     b = 0.0
     cm = c < cpg
@@ -126,9 +106,8 @@ def _gn_fit_kernel(
         w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
-    y = (d - corr) * (rstd * w)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, 1.0, b,
-               False, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
+               HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -247,16 +226,15 @@ def _gn_apply_kernel(
     ch = g * cpg + c
     x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
                 other=0.0).to(tl.float32)
+    y = (((x - K) - mhi) - corr) * rstd
     w = 1.0
     b = 0.0
     if HAS_W:
         w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
-    # rstd * w once per channel row, not per element (the kernel is issue-bound)
-    y = (((x - K) - mhi) - corr) * (rstd * w)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, 1.0, b,
-               False, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
+               HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
