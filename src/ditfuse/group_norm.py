@@ -681,7 +681,8 @@ def _key(kind, x, weight, bias, out, opts, launch):
             return None
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
-                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS, sig(x), sig(weight), sig(bias), sig(out))
+                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS,
+                sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
@@ -729,27 +730,18 @@ def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[di
     return out
 
 
-def _gn_call(x, num_groups, weight, bias, eps, silu, round_after_norm, out=None, launch=None):
-    """A replay of the call's signature, else check -> allocate -> launch (recorded)."""
-    key = _key("gn", x, weight, bias, out, (num_groups, eps, silu, round_after_norm), launch)
+def _call(rms: bool, x, weight, bias, out, launch, **opts):
+    """A replay of the call's signature, else check -> allocate -> launch (recorded).
+    ``opts``: the rest of ``plan_group_norm`` / ``plan_rms_channels``'s arguments."""
+    if rms and isinstance(bias, (int, float)) and not isinstance(bias, bool) and bias == 0:
+        bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0: cacheable as None
+    key = _key("rms" if rms else "gn", x, weight, bias, out, tuple(opts.items()), launch)
     y = _replayed(key, x, weight, bias, out) if key is not None else None
     if y is not None:
         return y
-    p = plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
-                        round_after_norm=round_after_norm)
-    return _run(p, out, rms=False, launch_kw=launch, key=key)
-
-
-def _rms_call(x, gamma, bias, eps, scale, silu, round_after_norm, out=None, launch=None):
-    if isinstance(bias, (int, float)) and not isinstance(bias, bool) and bias == 0:
-        bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0
-    key = _key("rms", x, gamma, bias, out, (eps, scale, silu, round_after_norm), launch)
-    y = _replayed(key, x, gamma, bias, out) if key is not None else None
-    if y is not None:
-        return y
-    p = plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
-                          round_after_norm=round_after_norm)
-    return _run(p, out, rms=True, launch_kw=launch, key=key)
+    p = plan_rms_channels(x, gamma=weight, bias=bias, **opts) if rms else \
+        plan_group_norm(x, weight=weight, bias=bias, **opts)
+    return _run(p, out, rms=rms, launch_kw=launch, key=key)
 
 
 # ---------------------------------------------------------------------------------------
@@ -852,7 +844,8 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
         if out is None:
             return y
         return out.copy_(y)
-    return _gn_call(x, num_groups, weight, bias, eps, silu, round_after_norm, out, _launch)
+    return _call(False, x, weight, bias, out, _launch, num_groups=num_groups, eps=eps, silu=silu,
+                 round_after_norm=round_after_norm)
 
 
 def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=True,
@@ -933,7 +926,8 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
         if out is None:
             return y
         return out.copy_(y)
-    return _rms_call(x, gamma, bias, eps, scale, silu, round_after_norm, out, _launch)
+    return _call(True, x, gamma, bias, out, _launch, eps=eps, scale=scale, silu=silu,
+                 round_after_norm=round_after_norm)
 
 
 # ---------------------------------------------------------------------------------------
@@ -943,7 +937,8 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
 def _group_norm_silu_op(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor], eps: float, silu: bool,
                         round_after_norm: bool) -> torch.Tensor:
-    return _gn_call(x, num_groups, weight, bias, eps, silu, round_after_norm)
+    return _call(False, x, weight, bias, None, None, num_groups=num_groups, eps=eps, silu=silu,
+                 round_after_norm=round_after_norm)
 
 
 @_group_norm_silu_op.register_fake
@@ -958,7 +953,8 @@ def _rms_norm_silu_channels_op(x: torch.Tensor, gamma: Optional[torch.Tensor],
                                bias: Optional[torch.Tensor], eps: float,
                                scale: Optional[float], silu: bool,
                                round_after_norm: bool) -> torch.Tensor:
-    return _rms_call(x, gamma, bias, eps, scale, silu, round_after_norm)
+    return _call(True, x, gamma, bias, None, None, eps=eps, scale=scale, silu=silu,
+                 round_after_norm=round_after_norm)
 
 
 @_rms_norm_silu_channels_op.register_fake
