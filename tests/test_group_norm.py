@@ -109,6 +109,63 @@ def test_split_path_vs_fp64(case, path, dtype):
     _note(f"gn split vs fp64 {dtype}", within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {path}"))
 
 
+@pytest.mark.parametrize("case", [((2, 8, 4, 8), 4, {}), ((2, 8, 4, 8), 4, dict(max_partials=2)),
+                                  ((1, 4, 6, 8), 4, dict(max_partials=2))],
+                         ids=["even", "even-loop", "even-tiles-masked-tail"])
+@torch.no_grad()
+def test_split_path_maskless_whole_tiles(case, monkeypatch):
+    """Whole tiles (BC | C/G, BS | spatial) skip their masks, the statistics pass too when
+    its programs' tiles all lie in the group: the same bits as the masked kernels."""
+    shape, G, extra = case
+    launch = dict(SPLIT, **extra)
+    st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]), **launch)
+    assert (shape[1] // G) % st.BC == 0 and math.prod(shape[2:]) % st.BS == 0
+    x = _rand(shape, torch.float16, 32)
+    w, b = _params(shape[1], torch.float16, 32)
+    y = gn.group_norm_silu(x, G, w, b, _launch=launch)
+    monkeypatch.setattr(gn, "MASKLESS", False)
+    assert torch.equal(y, gn.group_norm_silu(x, G, w, b, _launch=launch))
+    within(y, gn_chain(x, G, w, b), str(case))
+
+
+@pytest.mark.parametrize("shape", [(2, 12, 4, 16), (1, 12, 2, 4, 8), (2, 13, 4, 16),
+                                   (2, 12, 5, 7)], ids=["even", "even-5d", "odd-C", "odd-S"])
+@torch.no_grad()
+def test_rms_column_pieces_masks_and_offsets(shape, monkeypatch):
+    """The channel-RMS column as two power-of-two pieces (12 = 8 + 4): unmasked when they
+    cover C and BS divides the positions, int32 offsets inside the block; the same bits as
+    the masked kernel with int64 offsets."""
+    x = _rand(shape, torch.bfloat16, 33)
+    C = shape[1]
+    st = gn.rms_settings(C, math.prod(shape[2:]))
+    assert st.NCH == 1 and st.BC + st.BC1 >= C
+    g = _rand((C, 1, 1) + (1,) * (len(shape) - 4), torch.bfloat16, 34, 0.5, 1.0)
+    bias = _rand(g.shape, torch.bfloat16, 35, 0.2, 0.0)
+    y = gn.rms_norm_silu_channels(x, g, bias)
+    monkeypatch.setattr(gn, "MASKLESS", False)
+    monkeypatch.setattr(gn, "OFF32_LIMIT", 0)
+    assert torch.equal(y, gn.rms_norm_silu_channels(x, g, bias))
+    within(y, rms_chain(x, g, bias), str(shape))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "channel_slice"])
+@torch.no_grad()
+def test_split_path_int64_tile_offsets(layout, monkeypatch):
+    """Offsets inside a split-path tile are int32 from its int64 corner; past OFF32_LIMIT
+    they are int64: the same elements, the same bits."""
+    x = _rand((2, 12, 5, 7), torch.bfloat16, 31)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "channel_slice":
+        x = _rand((2, 20, 5, 7), torch.bfloat16, 31)[:, 4:16]
+    w, b = _params(12, torch.bfloat16, 31)
+    y32 = gn.group_norm_silu(x, 3, w, b, _launch=SPLIT)
+    monkeypatch.setattr(gn, "OFF32_LIMIT", 0)
+    y64 = gn.group_norm_silu(x, 3, w, b, _launch=SPLIT)
+    assert torch.equal(y32, y64)
+    within(y64, gn_chain(x.contiguous(), 3, w, b), layout)
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @torch.no_grad()

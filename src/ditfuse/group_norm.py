@@ -35,6 +35,7 @@ import triton.language as tl
 
 from . import _fastpath, _library, _runtime
 from ._kernel_utils import _cast_out, _rnd
+from ._runtime import INTERPRET
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
 
@@ -44,10 +45,30 @@ ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # ---------------------------------------------------------------------------------------
 # kernels (private)
 
+# on the GPU, SiLU's exp2 and division as single approximate instructions with flush to
+# zero (see _silu); the interpreter has no inline PTX
+_FAST_SILU = tl.constexpr(not INTERPRET)
+
+
 @triton.jit
 def _silu(y):
-    """SiLU in fp32, as PyTorch evaluates it: y / (1 + exp(-y))."""
-    return y / (1.0 + tl.exp(-y))
+    """SiLU in fp32: y / (1 + exp(-y)), exp as exp2(-y log2 e).
+
+    On the GPU the exp2 and the quotient are ``ex2.approx.ftz`` and ``div.approx.ftz``: the
+    values of the ``ex2.approx`` / ``div.full`` that ``tl.exp`` and ``/`` give, without
+    their range handling (3 instructions an element each, where the apply pass is bound by
+    instruction issue). They differ only where exp(-y) < 2^-126 (y > 87: 1 + exp(-y) is 1
+    either way) or 1 + exp(-y) > 2^126 (y < -87: the quotient is -0 instead of |y| e^y
+    < 1e-36, far below every dtype's contract tolerance).
+    """
+    t = y * -1.4426950408889634
+    if _FAST_SILU:
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [t],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("div.approx.ftz.f32 $0, $1, $2;", "=r,r,r",
+                                         [y, 1.0 + e], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return y / (1.0 + tl.exp2(t))
 
 
 @triton.jit
@@ -98,7 +119,6 @@ def _gn_fit_kernel(
     corr = s1 / count
     var = tl.maximum(s2 - s1 * corr, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
-    y = (d - corr) * rstd
     w = 1.0
     b = 0.0
     cm = c < cpg
@@ -106,20 +126,33 @@ def _gn_fit_kernel(
         w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
-               HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    y = (d - corr) * (rstd * w)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, 1.0, b,
+               False, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
-def _tile_moments(x, msk, nb):
+def _tile_moments(x, msk, nb, EVEN: tl.constexpr = False):
     """(mean, M2) of the ``nb`` unmasked values of tile ``x`` (masked lanes hold 0): the
-    corrected two-pass reduction over registers."""
+    corrected two-pass reduction over registers. ``EVEN``: no lane is masked."""
     nb1 = tl.maximum(nb, 1.0)
     mb = tl.sum(x) / nb1
-    d = tl.where(msk, x - mb, 0.0)
+    if EVEN:
+        d = x - mb
+    else:
+        d = tl.where(msk, x - mb, 0.0)
     s1 = tl.sum(d)
     s2 = tl.sum(d * d)
     return mb + s1 / nb1, s2 - s1 * (s1 / nb1)
+
+
+@triton.jit
+def _tile_offsets(ci, si, stride_c, stride_s, OFF64: tl.constexpr):
+    """Element offsets inside a tile from its corner: int32 unless ``OFF64``."""
+    if OFF64:
+        return ci.to(tl.int64) * stride_c + si.to(tl.int64) * stride_s
+    else:
+        return ci * stride_c + si * stride_s
 
 
 @triton.jit
@@ -134,6 +167,8 @@ def _gn_stats_kernel(
     stride_xn, stride_xc, stride_xs,
     BC: tl.constexpr, BS: tl.constexpr,  # one tile: BC channels x BS positions
     TPP: tl.constexpr,        # tiles per program
+    OFF64: tl.constexpr,      # offsets inside a tile need int64
+    EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
 ):
     """Partial (count, mean, M2) of TPP consecutive tiles of one group.
 
@@ -150,8 +185,9 @@ def _gn_stats_kernel(
     g = ng - n * G
     base = n * stride_xn + g * cpg * stride_xc
     K = tl.load(x_ptr + base).to(tl.float32)
-    ci = tl.arange(0, BC)[:, None].to(tl.int64)
-    si = tl.arange(0, BS)[None, :].to(tl.int64)
+    ci = tl.arange(0, BC)[:, None]
+    si = tl.arange(0, BS)[None, :]
+    inner = _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
     cnt = tl.zeros((), tl.float32)
     mean = tl.zeros((), tl.float32)
     m2 = tl.zeros((), tl.float32)
@@ -159,15 +195,21 @@ def _gn_stats_kernel(
         t = k * TPP + i
         tc = t // n_ts
         ts = t - tc * n_ts
-        c = tc * BC + ci
-        s = ts * BS + si
-        msk = (c < cpg) & (s < S) & (t < T)
-        x = tl.load(x_ptr + base + c * stride_xc + s * stride_xs, mask=msk,
-                    other=0.0).to(tl.float32)
-        x = tl.where(msk, x - K, 0.0)
-        nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
-                      0).to(tl.float32)
-        mb, m2b = _tile_moments(x, msk, nb)
+        # the tile's corner in int64, offsets inside it in int32 (unless OFF64), bounds as
+        # int32 scalars: no 64-bit arithmetic per element (the passes are issue-bound)
+        corner = base + (tc * BC) * stride_xc + (ts * BS) * stride_xs
+        if EVEN:  # every tile whole, every program's tiles inside the group: no masks
+            msk = None
+            x = tl.load(x_ptr + corner + inner).to(tl.float32) - K
+            nb = tl.full((), BC * BS, tl.float32)
+        else:
+            msk = (ci < (cpg - tc * BC).to(tl.int32)) & (si < (S - ts * BS).to(tl.int32)) \
+                & (t < T)
+            x = tl.load(x_ptr + corner + inner, mask=msk, other=0.0).to(tl.float32)
+            x = tl.where(msk, x - K, 0.0)
+            nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
+                          0).to(tl.float32)
+        mb, m2b = _tile_moments(x, msk, nb, EVEN)
         tot = cnt + nb
         frac = nb / tl.maximum(tot, 1.0)
         delta = mb - mean
@@ -192,6 +234,8 @@ def _gn_apply_kernel(
     stride_w, stride_b,
     BC: tl.constexpr, BS: tl.constexpr,
     P_PAD: tl.constexpr,      # >= P (power of two)
+    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
+    EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
 ):
     """One tile per program: merge the group's P partials (statistics of x - K, K the
@@ -219,22 +263,37 @@ def _gn_apply_kernel(
 
     tc = t // n_ts
     ts = t - tc * n_ts
-    c = tc * BC + tl.arange(0, BC)[:, None].to(tl.int64)
-    s = ts * BS + tl.arange(0, BS)[None, :].to(tl.int64)
-    cm = c < cpg
-    m = cm & (s < S)
-    ch = g * cpg + c
-    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
-                other=0.0).to(tl.float32)
-    y = (((x - K) - mhi) - corr) * rstd
+    ci = tl.arange(0, BC)[:, None]
+    si = tl.arange(0, BS)[None, :]
+    if EVEN:  # BC | cpg and BS | S: whole tiles, no masks
+        cm = None
+        m = None
+    else:
+        cm = ci < (cpg - tc * BC).to(tl.int32)
+        m = cm & (si < (S - ts * BS).to(tl.int32))
+    c0 = g * cpg + tc * BC          # the tile's first channel and position, int64 scalars
+    s0 = ts * BS
+    x_ptrs = x_ptr + (n * stride_xn + c0 * stride_xc + s0 * stride_xs) \
+        + _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
     w = 1.0
     b = 0.0
-    if HAS_W:
-        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
-    if HAS_B:
-        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, w, b,
-               HAS_W, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    if EVEN:
+        x = tl.load(x_ptrs).to(tl.float32)
+        if HAS_W:
+            w = tl.load(w_ptr + c0 * stride_w + ci * stride_w).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + c0 * stride_b + ci * stride_b).to(tl.float32)
+    else:
+        x = tl.load(x_ptrs, mask=m, other=0.0).to(tl.float32)
+        if HAS_W:
+            w = tl.load(w_ptr + c0 * stride_w + ci * stride_w, mask=cm, other=0.0).to(tl.float32)
+        if HAS_B:
+            b = tl.load(b_ptr + c0 * stride_b + ci * stride_b, mask=cm, other=0.0).to(tl.float32)
+    # rstd * w once per channel row, not per element (the kernel is issue-bound)
+    y = (((x - K) - mhi) - corr) * (rstd * w)
+    _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
+               _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, 1.0, b,
+               False, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -261,6 +320,15 @@ def _rms_finish(y_ptr, yoff, m, x, inv, gm, b, scale,
 
 
 @triton.jit
+def _load_channels(p, c, stride, cm, EVEN: tl.constexpr):
+    """A per-channel parameter for channel rows ``c``, as fp32."""
+    if EVEN:
+        return tl.load(p + c * stride).to(tl.float32)
+    else:
+        return tl.load(p + c * stride, mask=cm, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _rms_ch_kernel(
     x_ptr, y_ptr,             # input / output, addressed as (N, C, S)
     g_ptr, b_ptr,             # per-channel gamma / bias (dummies if absent)
@@ -270,37 +338,79 @@ def _rms_ch_kernel(
     stride_xn, stride_xc, stride_xs,
     stride_yn, stride_yc, stride_ys,
     stride_g, stride_b,
-    BC: tl.constexpr,         # channels per chunk (power of two)
+    BC: tl.constexpr,         # channels per chunk (power of two); NCH == 1: the first piece
+    BC1: tl.constexpr,        # NCH == 1: the second piece of the column (power of two, or 0)
     BS: tl.constexpr,         # positions per program (power of two)
     NCH: tl.constexpr,        # chunks: cdiv(C, BC); 1 = the column is held in registers
     HAS_G: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+    OFF64: tl.constexpr,      # NCH == 1: offsets inside the column block need int64
+    EVEN: tl.constexpr,       # NCH == 1: BC + BC1 == C and BS | S: no masks
 ):
-    """x / max(||x||_2 over channels, eps) * scale * gamma + bias [then SiLU], per position."""
+    """x / max(||x||_2 over channels, eps) * scale * gamma + bias [then SiLU], per position.
+
+    A column held in registers is two power-of-two pieces, channels [0, BC) and [BC, BC +
+    BC1): 96 channels as 64 + 32 rather than 128 with a quarter masked (the kernel is bound
+    by instruction issue: masked lanes cost as much as real ones)."""
     pid = tl.program_id(0).to(tl.int64)
     n = pid // n_sb
     sb = pid - n * n_sb
-    s = sb * BS + tl.arange(0, BS)[None, :].to(tl.int64)
-    sm = s < S
-    ci = tl.arange(0, BC)[:, None].to(tl.int64)
-    xb = n * stride_xn + s * stride_xs
-    yb = n * stride_yn + s * stride_ys
     if NCH == 1:
-        cm = ci < C
-        m = cm & sm
-        x = tl.load(x_ptr + xb + ci * stride_xc, mask=m, other=0.0).to(tl.float32)
+        # int64 corner, int32 offsets inside the column block (unless OFF64); no masks when
+        # the pieces cover C exactly and BS divides S (EVEN): the kernel is issue-bound
+        c0 = tl.arange(0, BC)[:, None]
+        si = tl.arange(0, BS)[None, :]
+        x0p = x_ptr + (n * stride_xn + (sb * BS) * stride_xs)
+        y0p = y_ptr + (n * stride_yn + (sb * BS) * stride_ys)
+        xo = _tile_offsets(c0, si, stride_xc, stride_xs, OFF64)
+        yo = _tile_offsets(c0, si, stride_yc, stride_ys, OFF64)
+        if EVEN:
+            cm = None
+            m = None
+            x = tl.load(x0p + xo).to(tl.float32)
+        else:
+            cm = c0 < C
+            m = cm & (si < (S - sb * BS).to(tl.int32))
+            x = tl.load(x0p + xo, mask=m, other=0.0).to(tl.float32)
         ss = tl.sum(x * x, 0)[None, :]
+        if BC1 > 0:
+            c1 = BC + tl.arange(0, BC1)[:, None]
+            xo1 = _tile_offsets(c1, si, stride_xc, stride_xs, OFF64)
+            yo1 = _tile_offsets(c1, si, stride_yc, stride_ys, OFF64)
+            if EVEN:
+                cm1 = None
+                m1 = None
+                x1 = tl.load(x0p + xo1).to(tl.float32)
+            else:
+                cm1 = c1 < C
+                m1 = cm1 & (si < (S - sb * BS).to(tl.int32))
+                x1 = tl.load(x0p + xo1, mask=m1, other=0.0).to(tl.float32)
+            ss += tl.sum(x1 * x1, 0)[None, :]
         inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
         gm = 1.0
         b = 0.0
         if HAS_G:
-            gm = tl.load(g_ptr + ci * stride_g, mask=cm, other=0.0).to(tl.float32)
+            gm = _load_channels(g_ptr, c0, stride_g, cm, EVEN)
         if HAS_B:
-            b = tl.load(b_ptr + ci * stride_b, mask=cm, other=0.0).to(tl.float32)
-        _rms_finish(y_ptr, yb + ci * stride_yc, m, x, inv, gm, b, scale,
+            b = _load_channels(b_ptr, c0, stride_b, cm, EVEN)
+        _rms_finish(y0p, yo, m, x, inv, gm, b, scale,
                     HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+        if BC1 > 0:
+            gm1 = 1.0
+            b1 = 0.0
+            if HAS_G:
+                gm1 = _load_channels(g_ptr, c1, stride_g, cm1, EVEN)
+            if HAS_B:
+                b1 = _load_channels(b_ptr, c1, stride_b, cm1, EVEN)
+            _rms_finish(y0p, yo1, m1, x1, inv, gm1, b1, scale,
+                        HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
     else:
         # a column too tall for registers: sum of squares over channel chunks (one pass
         # loses nothing here: every term is positive), then re-read (from L1/L2) and apply
+        s = sb * BS + tl.arange(0, BS)[None, :].to(tl.int64)
+        sm = s < S
+        ci = tl.arange(0, BC)[:, None].to(tl.int64)
+        xb = n * stride_xn + s * stride_xs
+        yb = n * stride_yn + s * stride_ys
         ss = tl.zeros((1, BS), tl.float32)
         for k in range(NCH):
             c = k * BC + ci
@@ -339,6 +449,10 @@ SPLIT_TILE = 8192
 STATS_PROGRAMS = 1024
 #: ... but at most this many per group: every apply program merges its group's partials
 MAX_PARTIALS = 128
+#: offsets inside a split-path tile are int32 below this (the tile's corner is int64)
+OFF32_LIMIT = 2**31
+#: whole split-path tiles skip their masks (False: always masked, for tests)
+MASKLESS = True
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -416,6 +530,7 @@ class RMSSettings:
     BS: int
     NCH: int
     num_warps: int
+    BC1: int = 0   # NCH == 1: the column's second power-of-two piece (0: one piece)
 
 
 def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_BS) -> RMSSettings:
@@ -424,10 +539,12 @@ def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_
     cp = _next_pow2(C)
     BS = min(_next_pow2(S), max(min_bs, _next_pow2(max(1, tile // cp))))
     if cp * BS <= tile:
-        BC, NCH = cp, 1
-    else:
-        BC = max(1, tile // BS)
-        NCH = _cdiv(C, BC)
+        # the column as two power-of-two pieces: 96 = 64 + 32, 384 = 256 + 128
+        BC = cp // 2 if C <= cp // 2 + cp // 4 and cp >= 4 else cp
+        BC1 = _next_pow2(C - BC) if C > BC else 0
+        return RMSSettings(BC, BS, 1, _warps(cp * BS, 32), BC1)
+    BC = max(1, tile // BS)
+    NCH = _cdiv(C, BC)
     return RMSSettings(BC, BS, NCH, _warps(BC * BS, 32))
 
 
@@ -611,6 +728,11 @@ def _scratch(st: GNSettings, NG: int, device) -> tuple:
     return ()
 
 
+def _tile_span(st: GNSettings, strides) -> int:
+    """The largest element offset inside one split-path tile, for (n, c, s) ``strides``."""
+    return (st.BC - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
+
+
 def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
                       **table) -> Tuple[GNSettings, tuple]:
     """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``); returns the
@@ -636,13 +758,22 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     scratch = _scratch(st, NG, p.x.device)
     (part,) = scratch
     ngp = NG * st.P
+    off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
+    even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
-           dict(BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps))
+           dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
+                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
     launch(_gn_apply_kernel, (NG * st.T,), (
         p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
-        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps))
+        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
+             num_warps=st.num_warps))
     return st, scratch
+
+
+def _col_span(st: RMSSettings, strides) -> int:
+    """The largest element offset inside one channel-RMS column block (NCH == 1)."""
+    return (st.BC + st.BC1 - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
 
 
 def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
@@ -657,7 +788,9 @@ def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSS
         p.x, out, p.weight if p.weight is not None else dummy,
         p.bias if p.bias is not None else dummy, C, S, n_sb, p.eps, p.scale, *p.xs, *os_,
         p.w_stride, p.b_stride), dict(
-        BC=st.BC, BS=st.BS, NCH=st.NCH,
+        BC=st.BC, BC1=st.BC1, BS=st.BS, NCH=st.NCH,
+        OFF64=max(_col_span(st, p.xs), _col_span(st, os_)) >= OFF32_LIMIT,
+        EVEN=st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0 and MASKLESS,
         HAS_G=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
         ROUND_NORM=p.round_after_norm, num_warps=st.num_warps,
         # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
@@ -682,7 +815,7 @@ def _key(kind, x, weight, bias, out, opts, launch):
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
                 FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS,
-                sig(x), sig(weight), sig(bias), sig(out))
+                OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
