@@ -1,8 +1,12 @@
 """CUDA-graph time (us) of GroupNorm + SiLU / channel RMS + SiLU at a few registry shapes.
 
 Run with PYTHONPATH pointing at the ditfuse tree to time (an A/B of two trees: run it once
-per tree, alternating); prints one line per shape: tag, shape, microseconds.
+per tree, alternating); prints one line per shape: tag, shape, microseconds. RMS_TILE=n in
+the environment times the channel RMS with that tile (elements a program) instead of the
+table's.
 """
+import functools
+import os
 import sys
 
 import torch
@@ -11,9 +15,12 @@ import ditfuse
 from ditfuse.bench import graph_us
 from ditfuse.shapes import GN_SHAPES
 
+if os.environ.get("RMS_TILE"):
+    from ditfuse import group_norm as gn
+    gn.rms_settings = functools.partial(gn.rms_settings, tile=int(os.environ["RMS_TILE"]))
 tag = sys.argv[1] if len(sys.argv) > 1 else "tree"
 names = sys.argv[2:] or ["flux-vae-out-1024", "flux-vae-up1-256", "hunyuan-vae-up-9f",
-                         "wan-vae-out-480p", "flux-vae-mid-128"]
+                         "wan-vae-out-480p", "wan-vae-mid-480p", "flux-vae-mid-128"]
 for name in names:
     sh = GN_SHAPES[name]
     C = sh.shape[1]

@@ -129,12 +129,13 @@ def test_split_path_maskless_whole_tiles(case, monkeypatch):
 
 
 @pytest.mark.parametrize("shape", [(2, 12, 4, 16), (1, 12, 2, 4, 8), (2, 13, 4, 16),
-                                   (2, 12, 5, 7)], ids=["even", "even-5d", "odd-C", "odd-S"])
+                                   (2, 12, 5, 7), (2, 10, 4, 8), (1, 20, 3, 5)],
+                         ids=["even", "even-5d", "odd-C", "odd-S", "pieces-8+2", "pieces-16+4-odd"])
 @torch.no_grad()
 def test_rms_column_pieces_masks_and_offsets(shape, monkeypatch):
-    """The channel-RMS column as two power-of-two pieces (12 = 8 + 4): unmasked when they
-    cover C and BS divides the positions, int32 offsets inside the block; the same bits as
-    the masked kernel with int64 offsets."""
+    """The channel-RMS column as two power-of-two pieces (12 = 8 + 4; 10 = 8 + 2 and 20 = 16
+    + 4, folded 4:1 for the sum): unmasked when they cover C and BS divides the positions,
+    int32 offsets inside the block; the same bits as the masked kernel with int64 offsets."""
     x = _rand(shape, torch.bfloat16, 33)
     C = shape[1]
     st = gn.rms_settings(C, math.prod(shape[2:]))
