@@ -35,17 +35,21 @@ def run(name):
     for label, kw in (("table", {}), ("one partial a group (P=1)", dict(max_partials=1)),
                       ("4096 stats programs", dict(stats_programs=4096))):
         st = gn.gn_settings(N, G, C // G, S, **kw)
-        part = gn._partials(N * G * st.P, x.device)
+        (part,) = gn._scratch(st, N * G, x.device)
         ngp = N * G * st.P
+        even = (C // G) % st.BC == 0 and S % st.BS == 0 and gn.MASKLESS
+        off = dict(OFF64=max(gn._tile_span(st, p.xs), gn._tile_span(st, os_)) >= gn.OFF32_LIMIT)
 
         def stats(st=st, part=part, ngp=ngp):
             gn._gn_stats_kernel[(ngp,)](x, part, G, C // G, S, st.n_ts, st.T, st.P, ngp, *p.xs,
-                                        BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps)
+                                        BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps,
+                                        **off, EVEN=even and st.P * st.TPP == st.T)
 
         def apply(st=st, part=part, ngp=ngp):
             gn._gn_apply_kernel[(N * G * st.T,)](
                 x, y, w, b, part, G, C // G, S, st.n_ts, st.T, st.P, ngp, 1e-6, *p.xs, *os_,
-                1, 1, BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps)
+                1, 1, BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps,
+                **off, EVEN=even)
 
         stats()
         row(f"stats [{label}: P={st.P} TPP={st.TPP}]", graph_us(stats), nb)
