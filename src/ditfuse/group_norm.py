@@ -471,6 +471,12 @@ MASKLESS = True
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
 RMS_MIN_BS = 16
+#: elements a thread of the split path's apply pass and of the in-register channel RMS
+#: holds (sets num_warps): with the fast SiLU, 64 (4 warps a 8192 tile) beat 32 and 16 on
+#: the H200: GroupNorm flux-vae-out-1024 215.9 vs 223.2 (8 warps) vs 278.1 us (16); channel
+#: RMS wan-vae-out-480p 196.4 vs 236.7 us (benchmarks/logs/s7/sweep3): more independent
+#: loads a thread in flight
+APPLY_PER_THREAD = 64
 
 
 def _next_pow2(n: int) -> int:
@@ -534,8 +540,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
-    nw = _warps(BC * BS, 16, hi=8)
-    return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw)
+    return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
+                      _next_pow2(P), _warps(BC * BS, 16, hi=8))
 
 
 @dataclass(frozen=True)
@@ -556,7 +562,7 @@ def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_
         # the column as two power-of-two pieces: 96 = 64 + 32, 384 = 256 + 128
         BC = cp // 2 if C <= cp // 2 + cp // 4 and cp >= 4 else cp
         BC1 = _next_pow2(C - BC) if C > BC else 0
-        return RMSSettings(BC, BS, 1, _warps(cp * BS, 32), BC1)
+        return RMSSettings(BC, BS, 1, _warps(cp * BS, APPLY_PER_THREAD), BC1)
     BC = max(1, tile // BS)
     NCH = _cdiv(C, BC)
     return RMSSettings(BC, BS, NCH, _warps(BC * BS, 32))
