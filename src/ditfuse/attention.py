@@ -251,9 +251,10 @@ def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
 def launch(p: Plan, o4: Tensor, settings=None) -> None:
     """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
 
-    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major]) overrides the
-    table. ``token_major`` (default: the head stride is below the token stride, as in bshd)
-    orders the grid query tile first, every (batch, head) of it next.
+    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major[, maxnreg]])
+    overrides the table. ``token_major`` (default: the head stride is below the token
+    stride, as in bshd) orders the grid query tile first, every (batch, head) of it next;
+    ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap).
     """
     from ._attn_kernel import _swa_fwd_kernel
 
@@ -264,7 +265,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     settings = tuple(settings or launch_settings(
         D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None))
     bm, bn, num_warps, num_stages = settings[:4]
-    token_major = bool(settings[4]) if len(settings) > 4 else p.q.stride(2) < p.q.stride(1)
+    token_major = bool(settings[4]) if len(settings) > 4 and settings[4] is not None \
+        else p.q.stride(2) < p.q.stride(1)
+    cap = {"maxnreg": int(settings[5])} if len(settings) > 5 and settings[5] else {}
     n_m = -(-N // bm)
     if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
         token_major = False
@@ -317,7 +320,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     # product of ``acc1 / l1 - lam * (acc2 / l2)`` instead (seen on the H200: the sm_90a
     # package differed from this kernel in the last bit). Costs ~2% more instructions.
     _swa_fwd_kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages,
-                          enable_fp_fusion=False)
+                          enable_fp_fusion=False, **cap)
 
 
 def _new_out(shape, dtype, device) -> Tensor:
