@@ -28,6 +28,11 @@ if "--s7" in sys.argv:
     CONFIGS = [(64, 32, 4, 3, True), (64, 32, 4, 3, True, 128), (64, 32, 4, 2, True),
                (64, 32, 4, 2, True, 168), (64, 32, 4, 3, True, 168), (64, 16, 4, 3, True, 128),
                (64, 16, 4, 2, True, 168), (64, 16, 4, 2, True)]
+if "--s7b" in sys.argv:
+    # session 7, second sweep: the cap's value around 168 (bf16 table tiles), fp32 16-key tiles
+    CONFIGS = [(64, 32, 4, 3, True)] + [(64, 32, 4, 3, True, r) for r in (152, 160, 168, 176, 192, 224)] \
+        + [(64, 16, 4, 2, True, r) for r in (160, 168, 176, 192)] \
+        + [(64, 16, 4, 3, True, r) for r in (168, 192)] + [(64, 32, 4, 2, True, 224)]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32),
