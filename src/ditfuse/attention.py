@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -179,9 +179,22 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
 # ---------------------------------------------------------------------------------------
 # launch settings: a small analytical table
 
+class Settings(NamedTuple):
+    """One launch: the tile, warps and pipeline depth; ``token_major`` None = by layout (see
+    :func:`launch`); ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    token_major: Optional[bool] = None
+    maxnreg: Optional[int] = None
+
+
 def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
-                    differential: bool, prologue: bool):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for one call: a small table, no autotuning.
+                    differential: bool, prologue: bool) -> Settings:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major, maxnreg]) for one call: a
+    small table, no autotuning.
 
     A program holds, per map (two when differential), a [BLOCK_M, D] fp32 accumulator, the
     Q tile and [BLOCK_M, BLOCK_N] fp32 scores/probabilities; the prologue adds the K tile's
@@ -204,6 +217,12 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     * Measured exception (H200 sweep, ``benchmarks/sweep_attention.py``): head_dim 64,
       differential, no prologue, narrow band (SAME-L's attention): 4 warps, 3 stages, in
       bf16 and fp32 (8 warps, 2 stages took 1.7x as long in fp32).
+    * Register cap (session 7 sweep, ``benchmarks/logs/s7/attn*``), same case: ptxas capped
+      at 168 registers schedules the loop better at the same 3 programs a SM (bf16: 167
+      registers instead of 141, 1416 SASS instructions instead of 1480; 72.7 vs 77.3 us at
+      SAME-L 8704, 244.4 vs 263.0 at 32946, the same bits; a cap of 176+ leaves 2 programs
+      a SM: 85 us); fp32 with 16-key tiles under the cap (fp32 173 registers uncapped):
+      164.8 vs 181.8 us at 8704, 90.3 vs 98.5 at the TensorRT contract shape.
     """
     span = (N if left < 0 else left) + (N if right < 0 else right) + 1
     fp32 = dtype == torch.float32
@@ -220,9 +239,12 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
         block_n, stages = 64, 3
     if span <= 64 and differential and not prologue and 64 <= D < 128:
         # measured on the H200 (benchmarks/logs/sweeps.log, SAME-L window 17): 4 warps and a
-        # 3-stage pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits
+        # 3-stage pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits;
+        # a 168-register cap another 6% (bf16) / 9% (fp32 with 16-key tiles), logs/s7
+        if D == 64:
+            return Settings(64, 16 if fp32 else 32, 4, 3, None, 168)
         warps, stages = 4, 3
-    return 64, block_n, warps, stages
+    return Settings(64, block_n, warps, stages)
 
 
 def _next_pow2(n: int) -> int:
@@ -637,7 +659,8 @@ def build(spec: BuildSpec) -> dict:
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
         **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
         ldl=sass["ldl"], stl=sass["stl"], cubin_local=sass["cubin_local"],
-        enable_fp_fusion=options.enable_fp_fusion, arch=f"sm_{ik.ARCH}a",
+        enable_fp_fusion=options.enable_fp_fusion, maxnreg=options.maxnreg,
+        arch=f"sm_{ik.ARCH}a",
     )
     bad = []
     if not (row["wgmma"] or row["mma"]):
