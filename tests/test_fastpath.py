@@ -13,11 +13,13 @@ import ditfuse
 import sys
 
 from ditfuse import _fastpath, activations, adaln
+from ditfuse import attention as attn_mod
+from ditfuse.norms import NormSpec
 from ditfuse import group_norm as gn
 from conftest import DEVICE, rope_tables
 
 qk_mod = sys.modules["ditfuse.qk_norm_rope"]
-CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE, gn._CACHE)
+CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE, gn._CACHE, attn_mod._CACHE)
 
 
 @pytest.fixture
@@ -296,7 +298,7 @@ def test_every_cached_launch_is_recorded():
     """The ops with a cache launch kernels only through _fastpath.launch: a direct
     ``kernel[grid](...)`` inside a recorded call would be missing from its replay."""
     src = Path(ditfuse.__file__).parent
-    for name in ("adaln.py", "activations.py", "qk_norm_rope.py", "group_norm.py"):
+    for name in ("adaln.py", "activations.py", "qk_norm_rope.py", "group_norm.py", "attention.py"):
         text = (src / name).read_text()
         assert not re.search(r"_kernel\s*\[", text), name
 
@@ -323,3 +325,53 @@ def test_recording_is_per_thread(replays):
         t.join()
     assert rec.launches == [] and seen["replayed"]
     _equal(seen["out"], _checked(lambda: ditfuse.gated_residual(x, y)))
+
+
+def _same_proj(B, N, H, D):
+    """q1, q2, k1, k2, v as views of one packed projection (SAME's ``to_qkv(x).chunk(5)``)."""
+    def make(g):
+        proj = _rand(B, N, 5 * H * D, g=g)
+        return tuple(t.unflatten(-1, (H, D)) for t in proj.chunk(5, dim=-1))
+    return make
+
+
+def _dyt(D, g):
+    return NormSpec("dyt", weight=_rand(D, g=g) * 0.3 + 1, bias=_rand(D, g=g) * 0.1,
+                    alpha=torch.tensor([0.7], dtype=torch.bfloat16, device=DEVICE), eps=None)
+
+
+@torch.no_grad()
+def test_attention_replay(replays, monkeypatch):
+    """sliding_window_attention: differential on views of a packed projection (SAME-L's
+    table entry, with its register cap), bhsd with an asymmetric window, the DyT + RoPE
+    prologue with a per-head lam; outputs NaN-poisoned. A changed lam, window or launch
+    table misses."""
+    monkeypatch.setattr(attn_mod, "_new_out", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
+    B, N, H, D = 2, 21, 2, 64
+    _twice(_same_proj(B, N, H, D),
+           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+               q1, k1, v, 17, q2=q2, k2=k2, lam=0.8), replays)
+    _twice(lambda g: tuple(_rand(1, 3, 13, 32, g=g) for _ in range(3)),
+           lambda q, k, v: ditfuse.sliding_window_attention(q, k, v, (3, -1), layout="bhsd"),
+           replays)
+    g = torch.Generator().manual_seed(9)
+    qn, kn = _dyt(D, g), _dyt(D, g)
+    lam = _rand(H, dtype=torch.float32, g=g)
+    c, s = rope_tables(N, 32, style="half")
+    kw = dict(q_norm=qn, k_norm=kn, cos=c, sin=s, rotary_dim=32)
+    _twice(_same_proj(1, N, H, D),
+           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+               q1, k1, v, 5, q2=q2, k2=k2, lam=lam, **kw), replays)
+    # same tensors, another lam / window / table: new signatures, no replay
+    q1, q2, k1, k2, v = _same_proj(B, N, H, D)(g)
+    for call in (lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2, lam=0.5),
+                 lambda: ditfuse.sliding_window_attention(q1, k1, v, 16, q2=q2, k2=k2, lam=0.8)):
+        n = replays[0]
+        _equal(call(), _checked(call))
+        assert replays[0] == n
+    monkeypatch.setattr(attn_mod, "launch_settings", lambda *a, **k: attn_mod.Settings(64, 16, 4, 1))
+    call = lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2, lam=0.8)  # noqa: E731
+    n = replays[0]
+    _equal(call(), _checked(call))
+    assert replays[0] == n
