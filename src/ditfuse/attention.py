@@ -470,7 +470,10 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
 
     Inference only (no autograd). Rows never see an empty band (the diagonal is always in
     it). Bad input raises ``ValueError`` / ``TypeError`` naming the argument before any
-    kernel runs; there are no hidden copies.
+    kernel runs; there are no hidden copies. A repeat call whose signature (every tensor's
+    shape, strides, dtype, device and alignment; every scalar, the norms' included) passed
+    the checks before replays that call's recorded launch with its own tensors: the same
+    kernel and arguments, so the same bits.
 
     Examples
     --------
