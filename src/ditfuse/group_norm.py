@@ -471,6 +471,8 @@ MASKLESS = True
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
 RMS_MIN_BS = 16
+#: a statistics program summing at most this many tiles runs 4 warps (else 8)
+STATS_FEW_TILES = 4
 #: elements a thread of the split path's apply pass and of the in-register channel RMS
 #: holds (sets num_warps): with the fast SiLU, 64 (4 warps a 8192 tile) beat 32 and 16 on
 #: the H200: GroupNorm flux-vae-out-1024 215.9 vs 223.2 (8 warps) vs 278.1 us (16); channel
@@ -540,8 +542,12 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
+    # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
+    # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
+    # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
+    sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
     return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
-                      _next_pow2(P), _warps(BC * BS, 16, hi=8))
+                      _next_pow2(P), sw)
 
 
 @dataclass(frozen=True)
