@@ -196,15 +196,16 @@ def _gn_stats_kernel(
         tc = t // n_ts
         ts = t - tc * n_ts
         # the tile's corner in int64, offsets inside it in int32 (unless OFF64), bounds as
-        # int32 scalars: no 64-bit arithmetic per element (the passes are issue-bound)
+        # int32 scalars clamped to the tile first (S may pass 2^31): no 64-bit arithmetic
+        # per element (the passes are issue-bound)
         corner = base + (tc * BC) * stride_xc + (ts * BS) * stride_xs
         if EVEN:  # every tile whole, every program's tiles inside the group: no masks
             msk = None
             x = tl.load(x_ptr + corner + inner).to(tl.float32) - K
             nb = tl.full((), BC * BS, tl.float32)
         else:
-            msk = (ci < (cpg - tc * BC).to(tl.int32)) & (si < (S - ts * BS).to(tl.int32)) \
-                & (t < T)
+            msk = (ci < (cpg - tc * BC).to(tl.int32)) \
+                & (si < tl.minimum(S - ts * BS, BS).to(tl.int32)) & (t < T)
             x = tl.load(x_ptr + corner + inner, mask=msk, other=0.0).to(tl.float32)
             x = tl.where(msk, x - K, 0.0)
             nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
@@ -270,7 +271,7 @@ def _gn_apply_kernel(
         m = None
     else:
         cm = ci < (cpg - tc * BC).to(tl.int32)
-        m = cm & (si < (S - ts * BS).to(tl.int32))
+        m = cm & (si < tl.minimum(S - ts * BS, BS).to(tl.int32))
     c0 = g * cpg + tc * BC          # the tile's first channel and position, int64 scalars
     s0 = ts * BS
     x_ptrs = x_ptr + (n * stride_xn + c0 * stride_xc + s0 * stride_xs) \
@@ -374,10 +375,10 @@ def _rms_ch_kernel(
             m1 = None
         else:
             cm = c0 < C
-            m = cm & (si < (S - sb * BS).to(tl.int32))
+            m = cm & (si < tl.minimum(S - sb * BS, BS).to(tl.int32))
             if BC1 > 0:
                 cm1 = c1 < C
-                m1 = cm1 & (si < (S - sb * BS).to(tl.int32))
+                m1 = cm1 & (si < tl.minimum(S - sb * BS, BS).to(tl.int32))
         # every load of the program ahead of the sum's barrier, gamma / bias first: a load
         # placed after a sum (or after a use of x) waits for it, and each such wait is one
         # more memory round trip a program (two pieces loaded across the first piece's sum:
