@@ -18,13 +18,7 @@ for i in 1 2; do
   BUDGET=200 step 60 python3 benchmarks/gn_times.py branch >> $OUT/silu_times.log 2>&1
 done
 cat $OUT/silu_times.log | grep " us"
-BUDGET=280 step 40 python3 - > $OUT/check_gn.log 2>&1 <<'PY'
-import torch, ditfuse
-from ditfuse import group_norm as gn
-class G:
-    def add(self, gate, case, ok, detail): print("PASS" if ok else "FAIL", gate, case, detail, flush=True)
-gn.check_gates(G(), "cuda", False)
-PY
+BUDGET=280 step 40 python3 benchmarks/gn_gates.py > $OUT/check_gn.log 2>&1
 grep -c PASS $OUT/check_gn.log; grep -E "FAIL|Error" $OUT/check_gn.log | head
 BUDGET=430 step 150 python3 -m pytest tests/test_group_norm.py tests/test_fastpath.py -p no:cacheprovider -q -x --tb=short \
   > $OUT/pytest_gn.log 2>&1; tail -2 $OUT/pytest_gn.log

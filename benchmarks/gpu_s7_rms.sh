@@ -12,13 +12,7 @@ for t in 4096 16384; do
   RMS_TILE=$t BUDGET=250 step 40 python3 benchmarks/gn_times.py tile$t wan-vae-out-480p wan-vae-mid-480p >> $OUT/times.log 2>&1
 done
 grep " us" $OUT/times.log
-BUDGET=300 step 40 python3 - > $OUT/check_gn.log 2>&1 <<'PY'
-import torch, ditfuse
-from ditfuse import group_norm as gn
-class G:
-    def add(self, gate, case, ok, detail): print("PASS" if ok else "FAIL", gate, case, detail, flush=True)
-gn.check_gates(G(), "cuda", False)
-PY
+BUDGET=300 step 40 python3 benchmarks/gn_gates.py > $OUT/check_gn.log 2>&1
 grep -c PASS $OUT/check_gn.log; grep -E "FAIL|Error" $OUT/check_gn.log | head
 BUDGET=400 step 100 python3 -m pytest tests/test_group_norm.py tests/test_fastpath.py -p no:cacheprovider -q -x --tb=short \
   > $OUT/pytest_gn.log 2>&1; tail -2 $OUT/pytest_gn.log

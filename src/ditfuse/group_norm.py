@@ -321,9 +321,12 @@ def _rms_finish(y_ptr, yoff, m, x, inv, gm, b, scale,
 
 
 @triton.jit
-def _load_channels(p, c, stride, cm, EVEN: tl.constexpr):
-    """A per-channel parameter for channel rows ``c``, as fp32."""
-    if EVEN:
+def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr,
+                   ABSENT: tl.constexpr):
+    """A per-channel parameter for channel rows ``c``, as fp32 (``ABSENT`` without one)."""
+    if not HAS:
+        return ABSENT
+    elif EVEN:
         return tl.load(p + c * stride).to(tl.float32)
     else:
         return tl.load(p + c * stride, mask=cm, other=0.0).to(tl.float32)
@@ -383,19 +386,11 @@ def _rms_ch_kernel(
         # placed after a sum (or after a use of x) waits for it, and each such wait is one
         # more memory round trip a program (two pieces loaded across the first piece's sum:
         # 321 vs 282 us measured at wan-vae-out-480p)
-        gm = 1.0
-        b = 0.0
-        if HAS_G:
-            gm = _load_channels(g_ptr, c0, stride_g, cm, EVEN)
-        if HAS_B:
-            b = _load_channels(b_ptr, c0, stride_b, cm, EVEN)
+        gm = _load_channels(g_ptr, c0, stride_g, cm, HAS_G, EVEN, 1.0)
+        b = _load_channels(b_ptr, c0, stride_b, cm, HAS_B, EVEN, 0.0)
         if BC1 > 0:
-            gm1 = 1.0
-            b1 = 0.0
-            if HAS_G:
-                gm1 = _load_channels(g_ptr, c1, stride_g, cm1, EVEN)
-            if HAS_B:
-                b1 = _load_channels(b_ptr, c1, stride_b, cm1, EVEN)
+            gm1 = _load_channels(g_ptr, c1, stride_g, cm1, HAS_G, EVEN, 1.0)
+            b1 = _load_channels(b_ptr, c1, stride_b, cm1, HAS_B, EVEN, 0.0)
         if EVEN:
             x = tl.load(x0p + xo).to(tl.float32)
         else:
