@@ -1,6 +1,8 @@
 """Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
-num_warps, num_stages) at the SAME-L shapes, bf16 and fp32, CUDA-graph device time (L2
-flushed by do_bench). Prints us and % of the byte floor; informs launch_settings()."""
+num_warps, num_stages[, token_major, maxnreg]) at the SAME-L shapes, bf16 and fp32,
+CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the byte floor; informs
+launch_settings(). Flags pick a config list (--s6, --s7, --s7b); --prologue runs SAME's own
+call (DyT q/k norm + RoPE fused)."""
 import torch
 
 from ditfuse import attention as A
@@ -33,6 +35,13 @@ if "--s7b" in sys.argv:
     CONFIGS = [(64, 32, 4, 3, True)] + [(64, 32, 4, 3, True, r) for r in (152, 160, 168, 176, 192, 224)] \
         + [(64, 16, 4, 2, True, r) for r in (160, 168, 176, 192)] \
         + [(64, 16, 4, 3, True, r) for r in (168, 192)] + [(64, 32, 4, 2, True, 224)]
+PROLOGUE = "--prologue" in sys.argv
+if PROLOGUE:
+    # (next) SAME's own call: DyT q/k norm + rotate-half RoPE over 32 of 64 channels fused
+    # in; the table takes 8 warps / 2 stages there (bf16 168 registers), never swept with a cap
+    CONFIGS = [(64, 32, 8, 2, True), (64, 32, 4, 3, True, 168), (64, 32, 4, 2, True, 168),
+               (64, 16, 4, 3, True, 168), (64, 32, 8, 2, True, 128), (64, 32, 8, 3, True),
+               (64, 32, 4, 3, True)]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32),
@@ -43,9 +52,21 @@ for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32)
     g = torch.Generator(device="cuda").manual_seed(0)
     proj = torch.randn(B, N, n_in * H * D, generator=g, device="cuda").to(dt)
     q1, q2, k1, k2, v = [t.unflatten(-1, (H, D)) for t in proj.chunk(n_in, dim=-1)]
-    p = A.plan(q1, k1, v, w, q2=q2, k2=k2)
+    kw = {}
+    if PROLOGUE:
+        from ditfuse.norms import NormSpec
+
+        def dyt():
+            return NormSpec("dyt", weight=torch.randn(D, generator=g, device="cuda").to(dt) * 0.3 + 1,
+                            bias=torch.randn(D, generator=g, device="cuda").to(dt) * 0.1,
+                            alpha=torch.full((1,), 0.7, dtype=dt, device="cuda"), eps=None)
+        inv = 1.0 / 10000.0 ** (torch.arange(0, 32, 2, device="cuda", dtype=torch.float32) / 32)
+        fr = torch.outer(torch.arange(N, device="cuda", dtype=torch.float32), inv)
+        fr = torch.cat((fr, fr), -1)
+        kw = dict(q_norm=dyt(), k_norm=dyt(), cos=fr.cos(), sin=fr.sin(), rotary_dim=32)
+    p = A.plan(q1, k1, v, w, q2=q2, k2=k2, **kw)
     nbytes = (n_in + 1) * B * N * H * D * proj.element_size()
-    table = A.launch_settings(D, dt, w, w, N, True, False)
+    table = A.launch_settings(D, dt, w, w, N, True, PROLOGUE)
     ref = A.run(p)
     res = []
     for cfg in CONFIGS:
@@ -58,7 +79,9 @@ for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32)
             continue
         pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
         res.append((us, cfg, pct))
-        mark = " <- table" if cfg[:4] == tuple(table)[:4] and cfg[4] and len(cfg) < 6 else ""
+        cap = cfg[5] if len(cfg) > 5 else None
+        mark = " <- table" if tuple(cfg[:4]) == tuple(table[:4]) and cfg[4] and \
+            cap == (table[5] if len(table) > 5 else None) else ""
         print(f"{name:14s} {str(dt)[6:]:8s} {cfg} {us:8.1f} us {pct:6.1f}% of floor  "
               f"max|d| vs table {err:.2g}{mark}", flush=True)
     best = min(res)
