@@ -344,7 +344,8 @@ def _dyt(D, g):
 def test_attention_replay(replays, monkeypatch):
     """sliding_window_attention: differential on views of a packed projection (SAME-L's
     table entry, with its register cap), bhsd with an asymmetric window, the DyT + RoPE
-    prologue with a per-head lam; outputs NaN-poisoned. A changed lam, window or launch
+    prologue with a per-head lam, RMSNorm modules with a one-element lam; outputs
+    NaN-poisoned. A changed lam, window or launch
     table misses."""
     monkeypatch.setattr(attn_mod, "_new_out", lambda shape, dtype, device: torch.full(
         shape, float("nan"), dtype=dtype, device=device))
@@ -363,6 +364,14 @@ def test_attention_replay(replays, monkeypatch):
     _twice(_same_proj(1, N, H, D),
            lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
                q1, k1, v, 5, q2=q2, k2=k2, lam=lam, **kw), replays)
+    # norms as modules (torch's RMSNorm per head), a one-element lam tensor
+    nq, nk = (torch.nn.RMSNorm(D, eps=1e-6).to(DEVICE, torch.bfloat16) for _ in range(2))
+    nq.weight.data.copy_(_rand(D, g=g))
+    nk.weight.data.copy_(_rand(D, g=g))
+    lam1 = _rand(1, dtype=torch.float32, g=g)
+    _twice(_same_proj(B, N, H, D),
+           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+               q1, k1, v, (4, 9), q2=q2, k2=k2, lam=lam1, q_norm=nq, k_norm=nk), replays)
     # same tensors, another lam / window / table: new signatures, no replay
     q1, q2, k1, k2, v = _same_proj(B, N, H, D)(g)
     for call in (lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2, lam=0.5),
