@@ -72,11 +72,10 @@ def _silu(y):
 
 
 @triton.jit
-def _gn_finish(y_ptr, yoff, m, y, w, b, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+def _gn_finish(y_ptr, yoff, m, y, b, HAS_B: tl.constexpr,
                SILU: tl.constexpr, ROUND_NORM: tl.constexpr, ACT: tl.constexpr):
-    """Affine, [round], SiLU, one rounding at the store."""
-    if HAS_W:
-        y = y * w
+    """+ bias (the weight is folded into rstd by the callers), [round], SiLU, one rounding
+    at the store."""
     if HAS_B:
         y = y + b
     if ROUND_NORM:  # where torch's eager GroupNorm -> SiLU chain rounds
@@ -84,6 +83,26 @@ def _gn_finish(y_ptr, yoff, m, y, w, b, HAS_W: tl.constexpr, HAS_B: tl.constexpr
     if SILU:
         y = _silu(y)
     tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _load_f32(ptrs, m, EVEN: tl.constexpr):
+    """The values at ``ptrs`` as fp32: unmasked when ``EVEN`` (whole tiles), else 0 where
+    ``m`` is false."""
+    if EVEN:
+        return tl.load(ptrs).to(tl.float32)
+    else:
+        return tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr,
+                   ABSENT: tl.constexpr):
+    """A per-channel parameter for channel rows ``c``, as fp32 (``ABSENT`` without one)."""
+    if not HAS:
+        return ABSENT
+    else:
+        return _load_f32(p + c * stride, cm, EVEN)
 
 
 @triton.jit
@@ -119,16 +138,12 @@ def _gn_fit_kernel(
     corr = s1 / count
     var = tl.maximum(s2 - s1 * corr, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
-    w = 1.0
-    b = 0.0
     cm = c < cpg
-    if HAS_W:
-        w = tl.load(w_ptr + ch * stride_w, mask=cm, other=0.0).to(tl.float32)
-    if HAS_B:
-        b = tl.load(b_ptr + ch * stride_b, mask=cm, other=0.0).to(tl.float32)
+    w = _load_channels(w_ptr, ch, stride_w, cm, HAS_W, False, 1.0)
+    b = _load_channels(b_ptr, ch, stride_b, cm, HAS_B, False, 0.0)
     y = (d - corr) * (rstd * w)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, 1.0, b,
-               False, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, b,
+               HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -276,25 +291,14 @@ def _gn_apply_kernel(
     s0 = ts * BS
     x_ptrs = x_ptr + (n * stride_xn + c0 * stride_xc + s0 * stride_xs) \
         + _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
-    w = 1.0
-    b = 0.0
-    if EVEN:
-        x = tl.load(x_ptrs).to(tl.float32)
-        if HAS_W:
-            w = tl.load(w_ptr + c0 * stride_w + ci * stride_w).to(tl.float32)
-        if HAS_B:
-            b = tl.load(b_ptr + c0 * stride_b + ci * stride_b).to(tl.float32)
-    else:
-        x = tl.load(x_ptrs, mask=m, other=0.0).to(tl.float32)
-        if HAS_W:
-            w = tl.load(w_ptr + c0 * stride_w + ci * stride_w, mask=cm, other=0.0).to(tl.float32)
-        if HAS_B:
-            b = tl.load(b_ptr + c0 * stride_b + ci * stride_b, mask=cm, other=0.0).to(tl.float32)
+    x = _load_f32(x_ptrs, m, EVEN)
+    w = _load_channels(w_ptr + c0 * stride_w, ci, stride_w, cm, HAS_W, EVEN, 1.0)
+    b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
     y = (((x - K) - mhi) - corr) * (rstd * w)
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
-               _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, 1.0, b,
-               False, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+               _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b,
+               HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -318,18 +322,6 @@ def _rms_finish(y_ptr, yoff, m, x, inv, gm, b, scale,
     if SILU:
         y = _silu(y)
     tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr,
-                   ABSENT: tl.constexpr):
-    """A per-channel parameter for channel rows ``c``, as fp32 (``ABSENT`` without one)."""
-    if not HAS:
-        return ABSENT
-    elif EVEN:
-        return tl.load(p + c * stride).to(tl.float32)
-    else:
-        return tl.load(p + c * stride, mask=cm, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -391,16 +383,9 @@ def _rms_ch_kernel(
         if BC1 > 0:
             gm1 = _load_channels(g_ptr, c1, stride_g, cm1, HAS_G, EVEN, 1.0)
             b1 = _load_channels(b_ptr, c1, stride_b, cm1, HAS_B, EVEN, 0.0)
-        if EVEN:
-            x = tl.load(x0p + xo).to(tl.float32)
-        else:
-            x = tl.load(x0p + xo, mask=m, other=0.0).to(tl.float32)
+        x = _load_f32(x0p + xo, m, EVEN)
         if BC1 > 0:
-            if EVEN:
-                x1 = tl.load(x0p + xo1).to(tl.float32)
-            else:
-                x1 = tl.load(x0p + xo1, mask=m1, other=0.0).to(tl.float32)
-        if BC1 > 0:
+            x1 = _load_f32(x0p + xo1, m1, EVEN)
             # one cross-warp reduction, not two: fold the first piece onto the second's
             # height (BC1 divides BC; in-thread adds when the layout repeats along rows)
             sq = tl.sum(tl.reshape(x * x, (BC // BC1, BC1, BS)), 0) + x1 * x1
@@ -433,12 +418,8 @@ def _rms_ch_kernel(
             cm = c < C
             m = cm & sm
             x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
-            gm = 1.0
-            b = 0.0
-            if HAS_G:
-                gm = tl.load(g_ptr + c * stride_g, mask=cm, other=0.0).to(tl.float32)
-            if HAS_B:
-                b = tl.load(b_ptr + c * stride_b, mask=cm, other=0.0).to(tl.float32)
+            gm = _load_channels(g_ptr, c, stride_g, cm, HAS_G, False, 1.0)
+            b = _load_channels(b_ptr, c, stride_b, cm, HAS_B, False, 0.0)
             _rms_finish(y_ptr, yb + c * stride_yc, m, x, inv, gm, b, scale,
                         HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
