@@ -10,7 +10,9 @@ warps, ditfuse's per-token and TMA kernels, and a torch copy of the same bytes. 
 shipped kernel: the arithmetic is diffusers' (RMS across heads, weight, interleaved RoPE)
 but only checked against ditfuse to 1 bf16 ulp, to be sure the timed work is the same.
 
-    python benchmarks/calib_qk.py [--ncu] [wan14b-480p ...]   (--ncu: launches only)
+    python benchmarks/calib_qk.py [--ncu] [--all] [--fp32] [wan14b-480p ...]
+    (--ncu: launches only; --all: every plain variant and a torch copy; ditfuse's flat-row
+    kernel at 4 / 8 / 16 warps where it applies)
 """
 import importlib
 import sys
@@ -23,6 +25,7 @@ from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.shapes import QK_SHAPES
 from ditfuse.workloads import qk_inputs
 
+DTYPE = torch.float32 if "--fp32" in sys.argv else torch.bfloat16
 Q = importlib.import_module("ditfuse.qk_norm_rope")  # the package exports a function of that name
 
 
@@ -75,18 +78,20 @@ def _plain_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr
 
 
 def main(names, ncu=False):
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ncu = ncu or dev == "cpu"  # the CPU (interpreter): a dry run of every case at 3 tokens
     ceil = 4270.0 if ncu else copy_ceiling_gbps()
     print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
     for name in names:
-        sh = QK_SHAPES[name]
-        inp = qk_inputs(sh, "cuda", torch.bfloat16)
+        sh = QK_SHAPES[name] if dev == "cuda" else QK_SHAPES[name].small(3)
+        inp = qk_inputs(sh, dev, DTYPE)
         q, k = inp["q"], inp["k"]
         B, S, C = q.shape
         cos, sin = inp["cos"], inp["sin"]
         R = cos.shape[-1]
         qn, kn = inp["q_norm"], inp["k_norm"]
-        nbytes = 4 * B * S * C * 2 + 2 * S * R * 4
-        qo = torch.empty(B, S, C, device="cuda", dtype=q.dtype)
+        nbytes = 4 * B * S * C * q.element_size() + 2 * S * R * 4
+        qo = torch.empty(B, S, C, device=dev, dtype=q.dtype)
         ko = torch.empty_like(qo)
 
         def plain(warps, split):
@@ -98,29 +103,43 @@ def main(names, ncu=False):
 
         ref = {}
 
-        def dfuse(tma):
+        def dfuse(tma, flat=True):
             def f():
-                Q.USE_TMA = tma
+                Q.USE_TMA, Q.USE_FLAT = tma, flat
                 try:
                     return Q.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn,
                                           **inp["kwargs"])
                 finally:
-                    Q.USE_TMA = True
+                    Q.USE_TMA = Q.USE_FLAT = True
             return f
 
-        rq, rk = dfuse(True)()
+        p = Q.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **inp["kwargs"])
+        H = sh.H
+
+        def flat(warps):
+            Q.launch_flat(p, qo.unflatten(2, (H, C // H)), ko.unflatten(2, (H, C // H)),
+                          num_warps=warps)
+
+        rq, rk = dfuse(False, False)()
         ref["q"], ref["k"] = rq.reshape(B, S, C).float(), rk.reshape(B, S, C).float()
 
         def copy():
             qo.copy_(q)
             ko.copy_(k)
 
-        cases = [("ditfuse per-token", dfuse(False), False), ("ditfuse TMA", dfuse(True), False),
-                 ("torch copy of q,k", copy, False)]
-        for w in (4, 8, 16):
-            cases.append((f"plain q+k {w} warps", lambda w=w: plain(w, False), True))
-        for w in (4, 8):
-            cases.append((f"plain split {w} warps", lambda w=w: plain(w, True), True))
+        cases = [("ditfuse per-token", dfuse(False, False), False),
+                 ("ditfuse TMA", dfuse(True, False), False),
+                 ("ditfuse default", dfuse(True, True), False)]
+        if Q.flat_applies(p, p.q, p.k):
+            cases += [(f"ditfuse flat {w} warps", lambda w=w: flat(w), True) for w in (4, 8, 16)]
+        if "--all" in sys.argv:
+            cases.append(("torch copy of q,k", copy, False))
+            for w in (4, 8, 16):
+                cases.append((f"plain q+k {w} warps", lambda w=w: plain(w, False), True))
+            for w in (4, 8):
+                cases.append((f"plain split {w} warps", lambda w=w: plain(w, True), True))
+        elif C == 5120 and DTYPE == torch.bfloat16:
+            cases.append(("plain q+k 8 warps", lambda: plain(8, False), True))
         for label, fn, check in cases:
             try:
                 if check:
@@ -135,17 +154,17 @@ def main(names, ncu=False):
                 if ncu:  # under Nsight Compute: two plain launches a case, no timing
                     fn()
                     fn()
-                    torch.cuda.synchronize()
+                    print(f"{name} {label}: ran {note}", flush=True)
                     continue
                 us = graph_us(fn)
             except Exception as e:  # noqa: BLE001
                 print(f"{name} {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
             pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
-            print(f"{name:14s} {label:24s} {us:8.1f} us  {pct:5.1f}% of ceiling  {note}",
+            print(f"{name:14s} {str(DTYPE)[6:]:8s} {label:24s} {us:8.1f} us  {pct:5.1f}% of ceiling  {note}",
                   flush=True)
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--ncu"]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     main(args or ["wan14b-480p", "wan14b-720p"], ncu="--ncu" in sys.argv)

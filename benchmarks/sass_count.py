@@ -56,15 +56,12 @@ def count(kernel, grid, args, kw, label):
 
 def qk_rows(names=("flux1", "flux2", "qwen-image")):
     """QK-norm + RoPE at the shipped specializations of ``ditfuse inspect``."""
-    from ditfuse import _qk_kernel, _qk_tma_kernel
-    from ditfuse.inspect_kernels import SPECS, capture_launch
+    from ditfuse.inspect_kernels import SPECS, capture_launch, qk_kernel_of
 
     for spec in SPECS:
         if spec.name in names:
             grid, args, kw = capture_launch(spec)
-            plain = _qk_kernel._qk_norm_rope_kernel  # or the TMA kernel: told by arity
-            kernel = plain if len(args) == sum(not p.is_constexpr for p in plain.params) \
-                else _qk_tma_kernel._qk_norm_rope_tma_kernel
+            kernel = qk_kernel_of(kw)
             yield count(kernel, grid, args, kw, (spec.name, kernel.fn.__name__))
 
 

@@ -35,6 +35,8 @@ if "--s7b" in sys.argv:
     CONFIGS = [(64, 32, 4, 3, True)] + [(64, 32, 4, 3, True, r) for r in (152, 160, 168, 176, 192, 224)] \
         + [(64, 16, 4, 2, True, r) for r in (160, 168, 176, 192)] \
         + [(64, 16, 4, 3, True, r) for r in (168, 192)] + [(64, 32, 4, 2, True, 224)]
+if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
+    CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
 if PROLOGUE:
     # (next) SAME's own call: DyT q/k norm + rotate-half RoPE over 32 of 64 channels fused
@@ -79,6 +81,8 @@ for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32)
             continue
         pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
         res.append((us, cfg, pct))
+        if cfg is None:
+            cfg = tuple(table)
         cap = cfg[5] if len(cfg) > 5 else None
         mark = " <- table" if tuple(cfg[:4]) == tuple(table[:4]) and cfg[4] and \
             cap == (table[5] if len(table) > 5 else None) else ""

@@ -84,7 +84,7 @@ def test_head_groups_and_items_per_program(settings):
 
 @torch.no_grad()
 def test_public_call_takes_tma_in_place_q_only():
-    """The public function routes to the TMA kernel where it pays (a norm across >= 4096
+    """Without the flat-row kernel, the public function routes to the TMA kernel where it pays (a norm across >= 4096
     channels with 8 per-token warps: in place on a packed projection, V and the pad channels
     untouched), with the per-token kernel's bits; Q alone stays per token."""
     calls = []
@@ -94,6 +94,7 @@ def test_public_call_takes_tma_in_place_q_only():
     buf = torch.randn(1, S, 3 * H * D + 8, generator=g).to(torch.bfloat16).to(DEVICE)
     cos, sin, _ = make_tables("S,W", 1, S, H, D, "interleaved", g)
     norm = make_norm("rms", "all", H, D, torch.bfloat16, g)
+    mod.USE_FLAT = False  # the flat-row kernel takes these calls first (test_qk_flat.py)
     want = buf.clone()
     ditfuse.qk_norm_rope(want[..., :H * D], want[..., H * D:2 * H * D], cos, sin, q_norm=norm,
                          k_norm=norm, num_heads=H, inplace=True)
@@ -115,6 +116,7 @@ def test_public_call_takes_tma_in_place_q_only():
     finally:
         mod.launch_tma = orig
         mod.USE_TMA = True
+        mod.USE_FLAT = True
     _same_or_one_rounding(got, per_token)
     assert torch.equal(got, want)
     assert torch.equal(got[..., 2 * H * D:], buf[..., 2 * H * D:])

@@ -39,7 +39,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernel_utils import _cast_out, _rnd
+from ._kernel_utils import _cast_out, _ex2, _rnd
 from ._qk_kernel import _norm_affine
 from ._runtime import INTERPRET
 
@@ -239,24 +239,26 @@ def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr):
 @triton.jit
 def _softmax_step(s, band, m_i, l_i, qk_scale):
     """One online-softmax step on raw scores ``s`` [BM, BN]: returns the unnormalised
-    probabilities, the accumulator's rescale factor and the new running max / sum."""
+    probabilities, the accumulator's rescale factor and the new running max / sum. exp2 is
+    one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below 2^-126 of the row's
+    running max counts as 0, which no rounded output can see."""
     s = tl.where(band, s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_use)
-    p = tl.exp2(s - m_use[:, None])
+    alpha = _ex2(m_i - m_use)
+    p = _ex2(s - m_use[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
 @triton.jit
-def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, offs_m,
+def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, row_lo, row_span,
               k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
               stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
               kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
               cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-              qk_scale, N, LEFT, RIGHT,
+              qk_scale, N,
               D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
               PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
               K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
@@ -266,8 +268,9 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, of
     """One key tile: scores, online-softmax update and P @ V for one or both maps."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < N
-    band = (offs_n[None, :] >= offs_m[:, None] - LEFT) & \
-           (offs_n[None, :] <= offs_m[:, None] + RIGHT) & kmask[None, :]
+    # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i]
+    band = (offs_n[None, :] - row_lo[:, None]).to(tl.uint32, bitcast=True) <= \
+        row_span[:, None].to(tl.uint32, bitcast=True)
     ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
                           kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                           cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
@@ -390,30 +393,35 @@ def _swa_fwd_kernel(
     # where aligned tiles would take three)
     lo = tl.maximum(start_m - LEFT, 0)
     hi = tl.minimum(start_m + BLOCK_M + RIGHT, N)
+    # each query row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width:
+    # the key bound j < N folded in (rows past N are never stored; their width may be
+    # "negative", any key then counts, and their scores stay finite: K rows past N load 0)
+    row_lo = offs_m - LEFT
+    row_span = tl.minimum(offs_m + RIGHT, N - 1) - row_lo
     if _INTERP_LOOP:
         # Triton's interpreter cannot take tensor bounds in range() under numpy >= 2.3 (its
         # scalars are 1-element arrays): the same tiles in the same order, as a while loop
         start_n = lo
         while start_n < hi:
             acc1, m1, l1, acc2, m2, l2 = _key_tile(
-                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, offs_m,
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, row_lo, row_span,
                 k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, LEFT, RIGHT, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
             acc1, m1, l1, acc2, m2, l2 = _key_tile(
-                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, offs_m,
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, row_lo, row_span,
                 k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, LEFT, RIGHT, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 

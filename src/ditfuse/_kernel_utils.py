@@ -1,5 +1,6 @@
 """Element helpers shared by every ditfuse kernel: rounding to an activation dtype exactly
-as the GPU does (also under the interpreter), and an fp32-accurate tanh."""
+as the GPU does (also under the interpreter), a one-instruction exp2, and an fp32-accurate
+tanh."""
 from __future__ import annotations
 
 import triton
@@ -10,6 +11,8 @@ from ._runtime import INTERPRET
 # Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest even; under
 # it, round in integer arithmetic first so the CPU results match the GPU's cvt.rn.bf16.
 _SOFT_BF16 = tl.constexpr(INTERPRET)
+# on the GPU, exp2 as the single ex2.approx.ftz instruction; the interpreter has no PTX
+_FAST_EX2 = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
@@ -30,6 +33,18 @@ def _cast_out(x, DT: tl.constexpr):
         return _rnd(x, DT).to(DT)
     else:
         return x.to(DT)
+
+
+@triton.jit
+def _ex2(x):
+    """2^x in fp32. On the GPU one ``ex2.approx.ftz.f32``: the value of the ``ex2.approx.f32``
+    that ``tl.exp2`` emits, without its subnormal range handling (three more instructions an
+    element); results below 2^-126 flush to zero (and subnormal inputs count as 0)."""
+    if _FAST_EX2:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
 
 
 @triton.jit

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from . import _fastpath, _library, _runtime
-from ._kernel_utils import _cast_out, _rnd
+from ._kernel_utils import _cast_out, _ex2, _rnd
 from ._runtime import INTERPRET
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
@@ -61,14 +61,12 @@ def _silu(y):
     either way) or 1 + exp(-y) > 2^126 (y < -87: the quotient is -0 instead of |y| e^y
     < 1e-36, far below every dtype's contract tolerance).
     """
-    t = y * -1.4426950408889634
+    e = _ex2(y * -1.4426950408889634)
     if _FAST_SILU:
-        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [t],
-                                      dtype=tl.float32, is_pure=True, pack=1)
         return tl.inline_asm_elementwise("div.approx.ftz.f32 $0, $1, $2;", "=r,r,r",
                                          [y, 1.0 + e], dtype=tl.float32, is_pure=True, pack=1)
     else:
-        return y / (1.0 + tl.exp2(t))
+        return y / (1.0 + e)
 
 
 @triton.jit

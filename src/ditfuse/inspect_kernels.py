@@ -290,12 +290,13 @@ def capture_launch(spec: Spec):
     import importlib
     from . import _qk_kernel
 
-    from . import _qk_tma_kernel
+    from . import _qk_flat_kernel, _qk_tma_kernel
 
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
     args, kw = _call_args(spec)
     calls = intercept_launches([(_qk_kernel, "_qk_norm_rope_kernel"),
-                                (_qk_tma_kernel, "_qk_norm_rope_tma_kernel")],
+                                (_qk_tma_kernel, "_qk_norm_rope_tma_kernel"),
+                                (_qk_flat_kernel, "_qk_norm_rope_flat_kernel")],
                                lambda: qkr.qk_norm_rope(*args, **kw))
     if len(calls) != 1:
         raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
@@ -403,19 +404,31 @@ def other_s_class(S: int) -> int:
     return S + 1 if S % 16 == 0 else S + (16 - S % 16)
 
 
+def qk_kernel_of(kwargs) -> object:
+    """Which QK kernel a captured launch is for, by its constexprs: the flat-row kernel
+    (``N0``), the persistent TMA kernel (``STAGES``) or the per-token kernel."""
+    from ._qk_flat_kernel import _qk_norm_rope_flat_kernel
+    from ._qk_kernel import _qk_norm_rope_kernel
+    from ._qk_tma_kernel import _qk_norm_rope_tma_kernel
+
+    if "N0" in kwargs:
+        return _qk_norm_rope_flat_kernel
+    return _qk_norm_rope_tma_kernel if "STAGES" in kwargs else _qk_norm_rope_kernel
+
+
 def _build(spec: Spec) -> Dict:
     """Build ``spec`` exactly as shipped, compile it for sm_90 and measure it."""
     import importlib
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from ._qk_flat_kernel import _qk_norm_rope_flat_kernel
     from ._qk_kernel import _qk_norm_rope_kernel
     from ._qk_tma_kernel import _qk_norm_rope_tma_kernel
 
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
     grid, args, kwargs = capture_launch(spec)
-    # the persistent TMA kernel where it applies (its launch has STAGES), else per token
-    kernel = _qk_norm_rope_tma_kernel if "STAGES" in kwargs else _qk_norm_rope_kernel
+    kernel = qk_kernel_of(kwargs)
     target = GPUTarget("cuda", ARCH, WARP_SIZE)
     signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
     ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
@@ -425,12 +438,21 @@ def _build(spec: Spec) -> Dict:
     sass = run_cuobjdump(ck.asm["cubin"], name)
 
     # the launch settings the call used, against the analytical table
-    hg, p0, p1, nw = kwargs["HG"], kwargs["P0"], kwargs["P1"], kwargs["num_warps"]
-    span_all = bool(kwargs.get("Q_SPAN_ALL") or kwargs.get("K_SPAN_ALL"))
-    table = tuple(qkr.launch_settings(spec.H, spec.D, span_all, bool(kwargs.get("HAS_K", True))))
-    if (hg, p0, p1, nw) != table:
-        raise RuntimeError(f"{spec.name}: launch used HG/P0/P1/num_warps {(hg, p0, p1, nw)}, "
-                           f"launch_settings gives {table}")
+    nw = kwargs["num_warps"]
+    has_k = bool(kwargs.get("HAS_K", True))
+    if kernel is _qk_norm_rope_flat_kernel:  # a whole token a program, no head groups
+        hg, p0, p1 = spec.H, kwargs["N0"], kwargs["N1"]
+        table = qkr.flat_settings(spec.H, spec.D, has_k)
+        if (p0, p1, nw) != (table[0], table[1], table[4]):
+            raise RuntimeError(f"{spec.name}: flat launch used pieces / warps {(p0, p1, nw)}, "
+                               f"flat_settings gives {table}")
+    else:
+        hg, p0, p1 = kwargs["HG"], kwargs["P0"], kwargs["P1"]
+        span_all = bool(kwargs.get("Q_SPAN_ALL") or kwargs.get("K_SPAN_ALL"))
+        table = tuple(qkr.launch_settings(spec.H, spec.D, span_all, has_k))
+        if kernel is _qk_norm_rope_kernel and (hg, p0, p1, nw) != table:
+            raise RuntimeError(f"{spec.name}: launch used HG/P0/P1/num_warps "
+                               f"{(hg, p0, p1, nw)}, launch_settings gives {table}")
     return dict(
         S=spec.S, kernel=kernel.fn.__name__, grid=list(grid), hg=hg, p0=p0, p1=p1,
         num_warps=ck.metadata.num_warps, smem=ck.metadata.shared,

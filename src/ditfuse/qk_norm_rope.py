@@ -344,6 +344,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     B, S, H, D = p.q.shape
     if B * S == 0 or H == 0:
         return
+    if stats is None and settings is None and USE_FLAT and flat_applies(p, q_out, k_out):
+        launch_flat(p, q_out, k_out)
+        return
     if stats is None and settings is None and USE_TMA and tma_pays(p) and tma_applies(p):
         launch_tma(p, q_out, k_out)
         return
@@ -394,8 +397,93 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
                      dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
 
 
-# The persistent TMA-fed kernel (``_qk_tma_kernel``) where it applies, else the per-token one.
+# The flat-row kernel (``_qk_flat_kernel``) where it applies; else the persistent TMA-fed
+# kernel (``_qk_tma_kernel``) where it applies and pays; else the per-token one.
+USE_FLAT = True
 USE_TMA = True
+FLAT_MAX_CHANNELS = 12288  # H*D of one token: at most 48 fp32 values a thread at 16 warps
+
+
+def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
+    """Whether the flat-row kernel computes plan ``p``: every norm spans the token's heads
+    (or there is none), the rotation (if any) is interleaved over whole heads, head_dim
+    a power of two, at most
+    ``FLAT_MAX_CHANNELS`` channels a token, no head-parallel statistics, and offsets within
+    a token fit 32 bits."""
+    B, S, H, D = p.q.shape
+    if p.process_group is not None or H * D > FLAT_MAX_CHANNELS:
+        return False
+    if any(n is not None and n.n != H * D for n in (p.q_norm, p.k_norm)):
+        return False
+    if p.cos is not None and (p.rotary_dim != D or not p.interleaved):
+        return False
+    if D & (D - 1):  # channel -> (head, channel in head) by shifts
+        return False
+    tensors = [t for t in (p.q, q_out, p.k, k_out) if t is not None]
+    cst = p.cos.stride() if p.cos is not None else (0, 0, 0, 0)
+    sst = p.sin.stride() if p.sin is not None else (0, 0, 0, 0)
+    return not _needs_off64(H, D, tensors, cst, sst)
+
+
+def flat_settings(H: int, D: int, has_k: bool):
+    """(piece 0, piece 1, mask 0, mask 1, num_warps) of the flat kernel: the token's H*D
+    channels as a power of two and the power of two covering the rest (5120 = 4096 + 1024,
+    3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes), and warps for about 40 live
+    values of Q and K a thread (Wan 14B: 8; the H200 calibration ran 4 and 8 warps alike,
+    16 at 1.14x the time), 4 to 16 warps."""
+    nc = H * D
+    n0 = 1 << (nc.bit_length() - 1)
+    rest = nc - n0
+    n1 = _next_pow2(rest) if rest else 0
+    lanes = (n0 + n1) * (2 if has_k else 1)
+    num_warps = min(16, max(4, _next_pow2(lanes // (32 * 48))))
+    return n0, n1, False, n1 > rest, num_warps
+
+
+def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+                num_warps: Optional[int] = None) -> None:
+    """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps`` overrides
+    :func:`flat_settings` (sweeps)."""
+    from ._qk_flat_kernel import _qk_norm_rope_flat_kernel
+
+    B, S, H, D = p.q.shape
+    has_k = p.k is not None
+    k, ko = (p.k, k_out) if has_k else (p.q, q_out)
+    dummy = p.q
+    qa = _norm_args(p.q_norm, dummy)
+    ka = _norm_args(p.k_norm, dummy)
+    if p.cos is not None:
+        cos, sin = p.cos, p.sin
+        cst, sst = cos.stride(), sin.stride()
+    else:
+        cos = sin = dummy
+        cst = sst = (0, 0, 0, 0)
+    if p.positions is not None:
+        pos, pst = p.positions, p.positions.stride()
+    else:
+        pos, pst = dummy, (0, 0)
+    row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
+                     for t in (p.q, q_out, k, ko))
+    n0, n1, mask0, mask1, warps = flat_settings(H, D, has_k)
+    args = (
+        p.q, q_out, k, ko, cos, sin, pos,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], S, H * D,
+        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(), *cst, *sst, *pst,
+    )
+    constexprs = dict(
+        D=D, N0=n0, N1=n1, MASK0=mask0, MASK1=mask1,
+        Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        HAS_K=has_k, ROPE=p.cos is not None, TABLE_HALF=p.table_half,
+        TABLE_PER_HEAD=p.table_per_head, HAS_POS=p.positions is not None,
+        ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
+    )
+    _fastpath.launch(_qk_norm_rope_flat_kernel, (B * S,), args,
+                     dict(constexprs, num_warps=num_warps or warps,
+                          enable_fp_fusion=False))
 
 
 def _tma_operand_ok(t: torch.Tensor) -> bool:
@@ -662,7 +750,7 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             k_norm = resolve_norm(k_norm, "k_norm")
             sig = _fastpath.sig
             key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
-                   USE_TMA, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
+                   USE_FLAT, USE_TMA, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
                    _norm_key(k_norm), None if out is None else tuple(map(sig, out)))
             replay = _CACHE.get(key)
         except (AttributeError, TypeError):  # the checked path says what is wrong

@@ -1,0 +1,235 @@
+"""The flat-row kernel of the fused QK-norm + RoPE (private; the launcher is in
+qk_norm_rope.py): one token a program, its H*D channels held as flat rows.
+
+Used where the norm spans every head of the token (Wan's RMSNorm across 40 x 128 channels),
+or there is no norm, and the interleaved rotation covers whole heads. The per-token kernel
+(``_qk_kernel``) holds a token as [heads, pairs] tiles so that per-head statistics are one
+reduction each; with one statistic for the whole token that structure only costs
+instructions. H200 calibration (``benchmarks/logs/s8/diag/calib_qk.log``): a plain flat
+kernel ran Wan 480p in 340.6 us (95% of the copy ceiling) where the per-token kernel took
+399 and the TMA kernel 380; this kernel is bound by instruction issue as much as by bytes
+(``benchmarks/NOTES.md``), so the row is held as at most two power-of-two pieces with no
+dead lanes (5120 = 4096 + 1024 channels; a power-of-two tile would carry 8192 lanes).
+
+Lane c of a piece is channel c = h * D + d of the token; with the token's heads contiguous
+(``ROW_CONTIG``) its offset is c itself, so loads and stores vectorise. Rotary pairs are
+interleaved, (2i, 2i+1) (Wan, FLUX, Qwen-Image, HunyuanVideo), split from a [pairs, 2]
+view of the piece in registers; rotate-half pairs go to the per-token kernel. Arithmetic
+per element is the per-token kernel's (``_norm_affine``, the same rotation, the same
+roundings); only the order of the fp32 sums differs (over the whole token instead of per
+head, then over heads). Offsets within a token are 32-bit, added to the token's 64-bit
+base.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._kernel_utils import _cast_out, _rnd
+from ._qk_kernel import _norm_affine
+
+
+@triton.jit
+def _piece(C0: tl.constexpr, N: tl.constexpr, NC, MASKED: tl.constexpr):
+    """Channels of one piece (``N`` from ``C0``) and their liveness (``c < NC``)."""
+    c = C0 + tl.arange(0, N)
+    if MASKED:
+        live = c < NC
+    else:
+        live = c >= 0  # all live: the compiler drops the predicate
+    return c, live
+
+
+@triton.jit
+def _offsets(c, stride_h, stride_d, D: tl.constexpr, ROW_CONTIG: tl.constexpr):
+    """Offsets of the token's channels ``c`` (h * D + d) in a tensor with these strides."""
+    if ROW_CONTIG:
+        return c  # visibly contiguous: the loads and stores vectorise
+    else:
+        h = c // D
+        return h * stride_h + (c - h * D) * stride_d
+
+
+@triton.jit
+def _load_piece(ptr, base, c, live, stride_h, stride_d, D: tl.constexpr,
+                ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr):
+    p = ptr + base + _offsets(c, stride_h, stride_d, D, ROW_CONTIG)
+    if MASKED:
+        return tl.load(p, mask=live, other=0.0).to(tl.float32)
+    else:
+        return tl.load(p).to(tl.float32)
+
+
+@triton.jit
+def _finish_piece(x, c, live, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
+                  mean, rstd, alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh,
+                  stride_sw, D: tl.constexpr, N: tl.constexpr, NORM: tl.constexpr,
+                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                  ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                  ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr, ACT: tl.constexpr):
+    """Weight, bias, rotate and store one piece with the token's statistics."""
+    w = 1.0
+    b = 0.0
+    if HAS_W:  # the norm spans the token: one weight per channel of it
+        w = tl.load(w_ptr + c, mask=live, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(b_ptr + c, mask=live, other=0.0).to(tl.float32)
+    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    if ROUND_NORM:
+        y = _rnd(y, ACT)
+    if ROPE:
+        h = c // D
+        d = c - h * D
+        if TABLE_HALF:  # one column per pair
+            col = d // 2
+        else:
+            col = d
+        cs = tl.load(cos_ptr + cbase + h * t_ch + col * stride_cw, mask=live,
+                     other=0.0).to(tl.float32)
+        sn = tl.load(sin_ptr + sbase + h * t_sh + col * stride_sw, mask=live,
+                     other=0.0).to(tl.float32)
+        # interleaved pairs (2i, 2i+1): a [pairs, 2] view of the piece, split in registers
+        ya, yb = tl.split(tl.reshape(y, (N // 2, 2)))
+        ca, cb = tl.split(tl.reshape(cs, (N // 2, 2)))
+        sa, sb = tl.split(tl.reshape(sn, (N // 2, 2)))
+        # eager: x * cos + rotate(x) * sin, no fused multiply-add (the per-token kernel's order)
+        oa = ya * ca - yb * sa
+        ob = yb * cb + ya * sb
+        y = tl.reshape(tl.join(oa, ob), (N,))
+    p = o_ptr + obase + _offsets(c, stride_oh, stride_od, D, ROW_CONTIG)
+    if MASKED:
+        tl.store(p, _cast_out(y, o_ptr.dtype.element_ty), mask=live)
+    else:
+        tl.store(p, _cast_out(y, o_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
+                 w_ptr, b_ptr, a_ptr, alpha_val, eps, n_norm,
+                 cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                 D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, MASK0: tl.constexpr,
+                 MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
+                 HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                 ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                 ROW_CONTIG: tl.constexpr, ACT: tl.constexpr):
+    """One statistic for the token (fp32), then each piece normalised, rotated, stored."""
+    mean = 0.0
+    rstd = 1.0
+    alpha = 0.0
+    if NORM == 3:
+        if ALPHA_PTR:
+            alpha = tl.load(a_ptr).to(tl.float32)
+        else:
+            alpha = alpha_val
+    if NORM == 2:
+        tot = tl.sum(x0, 0)
+        if N1 > 0:
+            tot += tl.sum(x1, 0)
+        mean = tot / n_norm
+    if NORM == 1 or NORM == 2:
+        d0 = x0
+        d1 = x1
+        if NORM == 2:
+            d0 = tl.where(l0, x0 - mean, 0.0)
+            if N1 > 0:
+                d1 = tl.where(l1, x1 - mean, 0.0)
+        sq = tl.sum(d0 * d0, 0)
+        if N1 > 0:
+            sq += tl.sum(d1 * d1, 0)
+        rstd = 1.0 / tl.sqrt(sq / n_norm + eps)
+    _finish_piece(x0, c0, l0, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr, mean, rstd,
+                  alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                  D, N0, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
+                  ROW_CONTIG, MASK0, ACT)
+    if N1 > 0:
+        _finish_piece(x1, c1, l1, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr, mean, rstd,
+                      alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                      D, N1, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
+                      ROW_CONTIG, MASK1, ACT)
+
+
+@triton.jit
+def _qk_norm_rope_flat_kernel(
+    q_ptr, qo_ptr,            # Q in / out (may be the same memory: in place)
+    k_ptr, ko_ptr,            # K in / out (unused when HAS_K is false)
+    cos_ptr, sin_ptr,         # rotary tables, any float dtype
+    pos_ptr,                  # int positions (B, S) gathering table rows (HAS_POS)
+    qw_ptr, qb_ptr, qa_ptr,   # Q norm weight, bias, DyT alpha (H*D channels)
+    kw_ptr, kb_ptr, ka_ptr,   # K norm weight, bias, DyT alpha
+    q_alpha, k_alpha,         # DyT alpha when given as a Python float
+    q_eps, k_eps,
+    q_n, k_n,                 # channels the statistic spans (H*D), as float
+    S, NC,                    # tokens per batch entry; channels of a token (H*D)
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_qob, stride_qos, stride_qoh, stride_qod,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_kob, stride_kos, stride_koh, stride_kod,
+    stride_cb, stride_cs, stride_ch, stride_cw,
+    stride_sb, stride_ss, stride_sh, stride_sw,
+    stride_pb, stride_ps,
+    D: tl.constexpr,          # head_dim (the rotary width when ROPE), a power of two
+    N0: tl.constexpr,         # channels of piece 0 (a power of two, from channel 0)
+    N1: tl.constexpr,         # channels of piece 1 (a power of two from N0; 0: none)
+    MASK0: tl.constexpr,      # piece 0 reaches past the token (a token under N0 channels)
+    MASK1: tl.constexpr,      # piece 1 reaches past the token
+    Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
+    Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
+    K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+    K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+    HAS_K: tl.constexpr,
+    ROPE: tl.constexpr,
+    TABLE_HALF: tl.constexpr,   # table width D/2 (unique frequencies) rather than D
+    TABLE_PER_HEAD: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    ROW_CONTIG: tl.constexpr,   # every tensor's token row is its H*D channels, contiguous
+):
+    tok = tl.program_id(0).to(tl.int64)
+    b = tok // S
+    s = tok - b * S
+    c0, l0 = _piece(0, N0, NC, MASK0)
+    c1 = c0
+    l1 = l0
+    if N1 > 0:
+        c1, l1 = _piece(N0, N1, NC, MASK1)
+
+    cbase = 0
+    sbase = 0
+    if ROPE:
+        if HAS_POS:
+            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
+        else:
+            row = s
+        cbase = b * stride_cb + row * stride_cs
+        sbase = b * stride_sb + row * stride_ss
+    if TABLE_PER_HEAD:
+        t_ch = stride_ch
+        t_sh = stride_sh
+    else:  # one row per token, read by every head
+        t_ch = 0
+        t_sh = 0
+
+    # both tensors' loads before the first store (a store to Q may alias K for the compiler)
+    qbase = b * stride_qb + s * stride_qs
+    q0 = _load_piece(q_ptr, qbase, c0, l0, stride_qh, stride_qd, D, ROW_CONTIG, MASK0)
+    q1 = 0.0
+    if N1 > 0:
+        q1 = _load_piece(q_ptr, qbase, c1, l1, stride_qh, stride_qd, D, ROW_CONTIG, MASK1)
+    if HAS_K:
+        kbase = b * stride_kb + s * stride_ks
+        k0 = _load_piece(k_ptr, kbase, c0, l0, stride_kh, stride_kd, D, ROW_CONTIG, MASK0)
+        k1 = 0.0
+        if N1 > 0:
+            k1 = _load_piece(k_ptr, kbase, c1, l1, stride_kh, stride_kd, D, ROW_CONTIG, MASK1)
+    _flat_tensor(q0, q1, c0, l0, c1, l1, qo_ptr, b * stride_qob + s * stride_qos, stride_qoh,
+                 stride_qod, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
+                 cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                 D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                 ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG, q_ptr.dtype.element_ty)
+    if HAS_K:
+        _flat_tensor(k0, k1, c0, l0, c1, l1, ko_ptr, b * stride_kob + s * stride_kos,
+                     stride_koh, stride_kod, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
+                     cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                     D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
+                     K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                     k_ptr.dtype.element_ty)
