@@ -25,6 +25,9 @@ from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.shapes import QK_SHAPES
 from ditfuse.workloads import qk_inputs
 
+# (num_warps, Q and K in programs of their own, ptxas register cap) of the flat kernel
+FLAT_VARIANTS = [(4, False, None), (8, False, None), (8, False, 64), (4, True, None),
+                 (8, True, None), (2, True, None), (4, False, 96)]
 DTYPE = torch.float32 if "--fp32" in sys.argv else torch.bfloat16
 Q = importlib.import_module("ditfuse.qk_norm_rope")  # the package exports a function of that name
 
@@ -37,27 +40,38 @@ def _load(x_ptr, base, i, C: tl.constexpr):
 
 @triton.jit
 def _finish(x, o_ptr, obase, w_ptr, cos_ptr, sin_ptr, tbase, i, eps,
-            C: tl.constexpr, R: tl.constexpr):
+            C: tl.constexpr, R: tl.constexpr, EXACT: tl.constexpr):
     off = 2 * i[:, None] + tl.arange(0, 2)[None, :]
     m = off < C
     ss = tl.sum(tl.sum(x * x, 1), 0)
     rstd = 1.0 / tl.sqrt(ss / C + eps)
     w = tl.load(w_ptr + off, mask=m, other=0.0).to(tl.float32)
-    y = (x * rstd).to(tl.bfloat16).to(tl.float32) * w
-    y = y.to(tl.bfloat16).to(tl.float32)
-    a, b = tl.split(y)
-    t = (2 * i) % R
-    c = tl.load(cos_ptr + tbase + t)
-    s = tl.load(sin_ptr + tbase + t + 1)
-    oa = a * c - b * s
-    ob = a * s + b * c
+    if EXACT:  # torch.nn.RMSNorm's arithmetic (fp32 weight product, one rounding) and a
+        # table read per channel, as ditfuse must: the timed work of the shipped kernels
+        y = (x * rstd * w).to(tl.bfloat16).to(tl.float32)
+        a, b = tl.split(y)
+        t = off % R
+        ca, cb = tl.split(tl.load(cos_ptr + tbase + t, mask=m, other=0.0))
+        sa, sb = tl.split(tl.load(sin_ptr + tbase + t, mask=m, other=0.0))
+        oa = a * ca - b * sa
+        ob = b * cb + a * sb
+    else:
+        y = (x * rstd).to(tl.bfloat16).to(tl.float32) * w
+        y = y.to(tl.bfloat16).to(tl.float32)
+        a, b = tl.split(y)
+        t = (2 * i) % R
+        c = tl.load(cos_ptr + tbase + t)
+        s = tl.load(sin_ptr + tbase + t + 1)
+        oa = a * c - b * s
+        ob = a * s + b * c
     tl.store(o_ptr + obase + off, tl.join(oa, ob).to(o_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _plain_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr,
                   stride_in, stride_out, stride_t, eps,
-                  C: tl.constexpr, BP: tl.constexpr, R: tl.constexpr, SPLIT: tl.constexpr):
+                  C: tl.constexpr, BP: tl.constexpr, R: tl.constexpr, SPLIT: tl.constexpr,
+                  EXACT: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BP)
     base = t * stride_in
@@ -66,15 +80,15 @@ def _plain_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr
     if SPLIT:
         if tl.program_id(1) == 0:
             x = _load(q_ptr, base, i, C)
-            _finish(x, qo_ptr, obase, wq_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R)
+            _finish(x, qo_ptr, obase, wq_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R, EXACT)
         else:
             x = _load(k_ptr, base, i, C)
-            _finish(x, ko_ptr, obase, wk_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R)
+            _finish(x, ko_ptr, obase, wk_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R, EXACT)
     else:
         xq = _load(q_ptr, base, i, C)
         xk = _load(k_ptr, base, i, C)
-        _finish(xq, qo_ptr, obase, wq_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R)
-        _finish(xk, ko_ptr, obase, wk_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R)
+        _finish(xq, qo_ptr, obase, wq_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R, EXACT)
+        _finish(xk, ko_ptr, obase, wk_ptr, cos_ptr, sin_ptr, tbase, i, eps, C, R, EXACT)
 
 
 def main(names, ncu=False):
@@ -94,12 +108,12 @@ def main(names, ncu=False):
         qo = torch.empty(B, S, C, device=dev, dtype=q.dtype)
         ko = torch.empty_like(qo)
 
-        def plain(warps, split):
+        def plain(warps, split, exact=False, fusion=True):
             grid = (B * S, 2 if split else 1)
             _plain_kernel[grid](q, k, qo, ko, qn.weight, kn.weight, cos, sin,
                                 q.stride(1), qo.stride(1), cos.stride(1), qn.eps,
                                 C=C, BP=triton.next_power_of_2(C // 2), R=R, SPLIT=split,
-                                num_warps=warps)
+                                EXACT=exact, num_warps=warps, enable_fp_fusion=fusion)
 
         ref = {}
 
@@ -116,9 +130,9 @@ def main(names, ncu=False):
         p = Q.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **inp["kwargs"])
         H = sh.H
 
-        def flat(warps):
+        def flat(warps, split=False, cap=None):
             Q.launch_flat(p, qo.unflatten(2, (H, C // H)), ko.unflatten(2, (H, C // H)),
-                          num_warps=warps)
+                          num_warps=warps, split=split, maxnreg=cap)
 
         rq, rk = dfuse(False, False)()
         ref["q"], ref["k"] = rq.reshape(B, S, C).float(), rk.reshape(B, S, C).float()
@@ -131,7 +145,9 @@ def main(names, ncu=False):
                  ("ditfuse TMA", dfuse(True, False), False),
                  ("ditfuse default", dfuse(True, True), False)]
         if Q.flat_applies(p, p.q, p.k):
-            cases += [(f"ditfuse flat {w} warps", lambda w=w: flat(w), True) for w in (4, 8, 16)]
+            for w, split, cap in FLAT_VARIANTS:
+                label = f"flat {w}w" + (" split" if split else "") + (f" cap {cap}" if cap else "")
+                cases.append((label, lambda w=w, split=split, cap=cap: flat(w, split, cap), True))
         if "--all" in sys.argv:
             cases.append(("torch copy of q,k", copy, False))
             for w in (4, 8, 16):
@@ -140,6 +156,9 @@ def main(names, ncu=False):
                 cases.append((f"plain split {w} warps", lambda w=w: plain(w, True), True))
         elif C == 5120 and DTYPE == torch.bfloat16:
             cases.append(("plain q+k 8 warps", lambda: plain(8, False), True))
+            for w in (4, 8):
+                cases.append((f"plain exact {w}w no-fma", lambda w=w: plain(w, False, True, False),
+                              True))
         for label, fn, check in cases:
             try:
                 if check:

@@ -55,9 +55,20 @@ def _load_piece(ptr, base, c, live, stride_h, stride_d, D: tl.constexpr,
                 ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr):
     p = ptr + base + _offsets(c, stride_h, stride_d, D, ROW_CONTIG)
     if MASKED:
-        return tl.load(p, mask=live, other=0.0).to(tl.float32)
+        return tl.load(p, mask=live, other=0.0)
     else:
-        return tl.load(p).to(tl.float32)
+        return tl.load(p)
+
+
+@triton.jit
+def _f32_again(x):
+    """``x`` (as loaded) in fp32, written so that the compiler does not merge it with the
+    ``.to(tl.float32)`` of the statistics: the loaded 16-bit pairs stay packed, one register
+    per two channels, until the normalisation (registers set the programs a SM)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit
@@ -74,7 +85,8 @@ def _finish_piece(x, c, live, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
         w = tl.load(w_ptr + c, mask=live, other=0.0).to(tl.float32)
     if HAS_B:
         b = tl.load(b_ptr + c, mask=live, other=0.0).to(tl.float32)
-    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    y = _norm_affine(_f32_again(x), w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W,
+                     ACT)
     if ROUND_NORM:
         y = _rnd(y, ACT)
     if ROPE:
@@ -113,6 +125,10 @@ def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
                  ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
                  ROW_CONTIG: tl.constexpr, ACT: tl.constexpr):
     """One statistic for the token (fp32), then each piece normalised, rotated, stored."""
+    f0 = x0.to(tl.float32)
+    f1 = x1
+    if N1 > 0:
+        f1 = x1.to(tl.float32)
     mean = 0.0
     rstd = 1.0
     alpha = 0.0
@@ -122,17 +138,17 @@ def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
         else:
             alpha = alpha_val
     if NORM == 2:
-        tot = tl.sum(x0, 0)
+        tot = tl.sum(f0, 0)
         if N1 > 0:
-            tot += tl.sum(x1, 0)
+            tot += tl.sum(f1, 0)
         mean = tot / n_norm
     if NORM == 1 or NORM == 2:
-        d0 = x0
-        d1 = x1
+        d0 = f0
+        d1 = f1
         if NORM == 2:
-            d0 = tl.where(l0, x0 - mean, 0.0)
+            d0 = tl.where(l0, f0 - mean, 0.0)
             if N1 > 0:
-                d1 = tl.where(l1, x1 - mean, 0.0)
+                d1 = tl.where(l1, f1 - mean, 0.0)
         sq = tl.sum(d0 * d0, 0)
         if N1 > 0:
             sq += tl.sum(d1 * d1, 0)
@@ -146,6 +162,26 @@ def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
                       alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                       D, N1, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
                       ROW_CONTIG, MASK1, ACT)
+
+
+@triton.jit
+def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase, stride_oh,
+                stride_od, w_ptr, b_ptr, a_ptr, alpha_val, eps, n_norm,
+                cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, MASK0: tl.constexpr,
+                MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
+                HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                ROW_CONTIG: tl.constexpr):
+    x0 = _load_piece(x_ptr, xbase, c0, l0, stride_xh, stride_xd, D, ROW_CONTIG, MASK0)
+    x1 = 0.0
+    if N1 > 0:
+        x1 = _load_piece(x_ptr, xbase, c1, l1, stride_xh, stride_xd, D, ROW_CONTIG, MASK1)
+    _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
+                 a_ptr, alpha_val, eps, n_norm, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw,
+                 t_sh, stride_sw, D, N0, N1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
+                 ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                 x_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -183,6 +219,7 @@ def _qk_norm_rope_flat_kernel(
     HAS_POS: tl.constexpr,
     ROUND_NORM: tl.constexpr,
     ROW_CONTIG: tl.constexpr,   # every tensor's token row is its H*D channels, contiguous
+    SPLIT_QK: tl.constexpr,     # grid (tokens, 2): Q and K in programs of their own
 ):
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
@@ -209,27 +246,46 @@ def _qk_norm_rope_flat_kernel(
         t_ch = 0
         t_sh = 0
 
-    # both tensors' loads before the first store (a store to Q may alias K for the compiler)
     qbase = b * stride_qb + s * stride_qs
-    q0 = _load_piece(q_ptr, qbase, c0, l0, stride_qh, stride_qd, D, ROW_CONTIG, MASK0)
-    q1 = 0.0
-    if N1 > 0:
-        q1 = _load_piece(q_ptr, qbase, c1, l1, stride_qh, stride_qd, D, ROW_CONTIG, MASK1)
-    if HAS_K:
-        kbase = b * stride_kb + s * stride_ks
-        k0 = _load_piece(k_ptr, kbase, c0, l0, stride_kh, stride_kd, D, ROW_CONTIG, MASK0)
-        k1 = 0.0
+    kbase = b * stride_kb + s * stride_ks
+    if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K: half the live values a program
+        if tl.program_id(1) == 0:
+            _one_tensor(q_ptr, qbase, stride_qh, stride_qd, c0, l0, c1, l1, qo_ptr,
+                        b * stride_qob + s * stride_qos, stride_qoh, stride_qod,
+                        qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
+                        cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                        D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR,
+                        Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG)
+        else:
+            _one_tensor(k_ptr, kbase, stride_kh, stride_kd, c0, l0, c1, l1, ko_ptr,
+                        b * stride_kob + s * stride_kos, stride_koh, stride_kod,
+                        kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
+                        cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                        D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
+                        K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG)
+    else:
+        # both tensors' loads before the first store (a store to Q may alias K for the
+        # compiler: one memory latency a program, not two)
+        q0 = _load_piece(q_ptr, qbase, c0, l0, stride_qh, stride_qd, D, ROW_CONTIG, MASK0)
+        q1 = 0.0
         if N1 > 0:
-            k1 = _load_piece(k_ptr, kbase, c1, l1, stride_kh, stride_kd, D, ROW_CONTIG, MASK1)
-    _flat_tensor(q0, q1, c0, l0, c1, l1, qo_ptr, b * stride_qob + s * stride_qos, stride_qoh,
-                 stride_qod, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
-                 cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
-                 D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                 ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG, q_ptr.dtype.element_ty)
-    if HAS_K:
-        _flat_tensor(k0, k1, c0, l0, c1, l1, ko_ptr, b * stride_kob + s * stride_kos,
-                     stride_koh, stride_kod, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
+            q1 = _load_piece(q_ptr, qbase, c1, l1, stride_qh, stride_qd, D, ROW_CONTIG, MASK1)
+        if HAS_K:
+            k0 = _load_piece(k_ptr, kbase, c0, l0, stride_kh, stride_kd, D, ROW_CONTIG, MASK0)
+            k1 = 0.0
+            if N1 > 0:
+                k1 = _load_piece(k_ptr, kbase, c1, l1, stride_kh, stride_kd, D, ROW_CONTIG,
+                                 MASK1)
+        _flat_tensor(q0, q1, c0, l0, c1, l1, qo_ptr, b * stride_qob + s * stride_qos,
+                     stride_qoh, stride_qod, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
-                     D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
-                     K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
-                     k_ptr.dtype.element_ty)
+                     D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR,
+                     Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                     q_ptr.dtype.element_ty)
+        if HAS_K:
+            _flat_tensor(k0, k1, c0, l0, c1, l1, ko_ptr, b * stride_kob + s * stride_kos,
+                         stride_koh, stride_kod, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
+                         cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                         D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
+                         K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                         k_ptr.dtype.element_ty)

@@ -441,8 +441,10 @@ def flat_settings(H: int, D: int, has_k: bool):
 
 
 def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-                num_warps: Optional[int] = None) -> None:
-    """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps`` overrides
+                num_warps: Optional[int] = None, split: Optional[bool] = None,
+                maxnreg: Optional[int] = None) -> None:
+    """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps``, ``split`` (Q
+    and K in programs of their own) and ``maxnreg`` (a ptxas register cap) override
     :func:`flat_settings` (sweeps)."""
     from ._qk_flat_kernel import _qk_norm_rope_flat_kernel
 
@@ -480,10 +482,13 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         HAS_K=has_k, ROPE=p.cos is not None, TABLE_HALF=p.table_half,
         TABLE_PER_HEAD=p.table_per_head, HAS_POS=p.positions is not None,
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
+        SPLIT_QK=bool(split) and has_k,
     )
-    _fastpath.launch(_qk_norm_rope_flat_kernel, (B * S,), args,
-                     dict(constexprs, num_warps=num_warps or warps,
-                          enable_fp_fusion=False))
+    opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    grid = (B * S, 2 if constexprs["SPLIT_QK"] else 1)
+    _fastpath.launch(_qk_norm_rope_flat_kernel, grid, args, dict(constexprs, **opts))
 
 
 def _tma_operand_ok(t: torch.Tensor) -> bool:
