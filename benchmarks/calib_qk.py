@@ -26,8 +26,8 @@ from ditfuse.shapes import QK_SHAPES
 from ditfuse.workloads import qk_inputs
 
 # (num_warps, Q and K in programs of their own, ptxas register cap) of the flat kernel
-FLAT_VARIANTS = [(4, False, None), (8, False, None), (8, False, 64), (4, True, None),
-                 (8, True, None), (2, True, None), (4, False, 96)]
+FLAT_VARIANTS = [(1, True, None), (2, True, None), (4, True, None), (2, False, None),
+                 (4, False, None), (8, False, None)]
 DTYPE = torch.float32 if "--fp32" in sys.argv else torch.bfloat16
 Q = importlib.import_module("ditfuse.qk_norm_rope")  # the package exports a function of that name
 

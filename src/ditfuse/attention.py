@@ -350,13 +350,65 @@ def _new_out(shape, dtype, device) -> Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def run(p: Plan, settings=None) -> Tensor:
-    """Allocate the output (contiguous, in the caller's layout) and compute it."""
+# The prologue as its own pass where that measured faster (see prologue_apart); False: always
+# fused (the sm_90 build report of the fused specializations sets it so).
+PROLOGUE_APART = True
+
+
+def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: bool) -> bool:
+    """Whether the QK-norm + RoPE prologue runs as ``qk_norm_rope`` into scratch before a
+    prologue-free attention launch instead of fused into the attention kernel.
+
+    Measured on the H200 (``benchmarks/logs/s8/measure/attn_prologue_ab.log``, SAME's own
+    call: DyT + rotate-half RoPE over 32 of 64 channels, differential, window 17): the fused
+    kernel normalises and rotates every K tile once per query tile that visits it (about
+    twice at this window), with DyT's tanh and three dots a score, and took 221-248 us at
+    N = 8704 bf16 (the best fused settings), where qk_norm_rope twice (106 us) plus the
+    attention without prologue (72 us) took 175 us; fp32 283 vs 340, N = 32946 bf16 613 vs
+    777; the same bits on the GPU at the same attention settings. So: head_dim 64,
+    differential, a narrow band (SAME-L); elsewhere fused (not measured apart)."""
+    span = (left if left >= 0 else 1 << 30) + (right if right >= 0 else 1 << 30) + 1
+    return PROLOGUE_APART and prologue and differential and D == 64 and span <= 64
+
+
+def prologue_scratch(q: Tensor, layout: str, differential: bool) -> tuple:
+    """Scratch for the prologue's output where it runs apart: normalised, rotated Q and K
+    (and Q2, K2), (B, N, H, D) contiguous in the activation dtype; every element written."""
+    B, N, H, D = q.shape if layout == "bshd" else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+    return tuple(torch.empty(B, N, H, D, dtype=q.dtype, device=q.device)
+                 for _ in range(4 if differential else 2))
+
+
+def _apart(p: Plan, scratch: tuple) -> Plan:
+    """Run the prologue into ``scratch`` (qk_norm_rope's launcher: its kernels, its bits) and
+    return the plan of the attention that reads it."""
+    import dataclasses
+    import importlib
+
+    # the module: the package's attribute of that name is the function
+    qkr = importlib.import_module(__package__ + ".qk_norm_rope")
+    qkr.launch(p.qk, scratch[0], scratch[1])
+    q2 = k2 = None
+    if p.differential:
+        qkr.launch(dataclasses.replace(p.qk, q=p.q2, k=p.k2), scratch[2], scratch[3])
+        q2, k2 = scratch[2], scratch[3]
+    return dataclasses.replace(p, q=scratch[0], k=scratch[1], q2=q2, k2=k2, qk=None)
+
+
+def run(p: Plan, settings=None, scratch: Optional[tuple] = None) -> Tensor:
+    """Allocate the output (contiguous, in the caller's layout) and compute it. Where the
+    prologue runs apart (:func:`prologue_apart`) it writes ``scratch`` (from
+    :func:`prologue_scratch`; allocated here if not given)."""
     B, N, H, D = p.q.shape
     shape = (B, N, H, D) if p.layout == "bshd" else (B, H, N, D)
     out = _new_out(shape, p.q.dtype, p.q.device)
     o4 = out if p.layout == "bshd" else out.transpose(1, 2)
     if _runtime.kernel_device_ok(p.q):
+        if p.qk is not None and settings is None and \
+                prologue_apart(D, p.left, p.right, p.differential, True):
+            if scratch is None:
+                scratch = prologue_scratch(p.q, "bshd", p.differential)
+            p = _apart(p, scratch)
         launch(p, o4, settings)
     else:
         from .reference import sliding_window_attention_core
@@ -498,17 +550,29 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
             key = replay = None
         if replay is not None:
             out = _new_out(q.shape, q.dtype, q.device)  # q's shape in the caller's layout
-            if replay(slots + (out,)):
+            scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
+            if replay(slots + (out,) + scratch):
                 return out
     p = plan(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
              q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
              rotary_dim=rotary_dim)
     if key is None:  # (a key implies a device the kernel runs on: _fastpath.usable)
         return run(p)
+    scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
     with _fastpath.Recorder() as rec:
-        out = run(p)
-    _CACHE.put(key, rec.replay(slots + (out,)))
+        out = run(p, scratch=scratch)
+    _CACHE.put(key, rec.replay(slots + (out,) + scratch))
     return out
+
+
+def _call_scratch(q, window, q2, layout, q_norm, k_norm, cos) -> tuple:
+    """The prologue's scratch of a call whose arguments passed the checks (a recorded
+    signature): empty unless the prologue runs apart."""
+    left, right = parse_window(window)
+    prologue = q_norm is not None or k_norm is not None or cos is not None
+    if not prologue_apart(q.shape[-1], left, right, q2 is not None, prologue):
+        return ()
+    return prologue_scratch(q, layout, q2 is not None)
 
 
 _CACHE = _fastpath.Cache()
@@ -534,7 +598,7 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
     tensors = (q, k, v, q2, k2, lam_t, *qn[:3], *kn[:3], cos, sin)
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, *(sig(t) for t in tensors))
+           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, *(sig(t) for t in tensors))
     hash(key)
     return key, tensors
 
@@ -667,11 +731,18 @@ def _meta_call(spec: BuildSpec):
 
 
 def capture_launch(spec: BuildSpec):
-    """The (grid, args, kwargs) with which the public call launches the kernel."""
+    """The (grid, args, kwargs) with which the public call launches the kernel (with the
+    prologue fused: the specialization a call takes where the prologue does not run apart,
+    :func:`prologue_apart`)."""
     from . import _attn_kernel
     from .inspect_kernels import intercept_launches
 
-    calls = intercept_launches([(_attn_kernel, "_swa_fwd_kernel")], _meta_call(spec))
+    global PROLOGUE_APART
+    apart, PROLOGUE_APART = PROLOGUE_APART, False
+    try:
+        calls = intercept_launches([(_attn_kernel, "_swa_fwd_kernel")], _meta_call(spec))
+    finally:
+        PROLOGUE_APART = apart
     if len(calls) != 1:
         raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
     return calls[0]
