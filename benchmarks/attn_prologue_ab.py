@@ -7,7 +7,8 @@ the GPU, two ways (session 8):
            without the prologue (more bytes: Q and K written and read again)
 
 at the same attention launch settings, so the two give the same bits (checked). CUDA-graph
-device time, L2 flushed; also the prologue-free attention alone on the same data.
+device time, L2 flushed; also the prologue-free attention alone on the same data, and the
+public call as it routes (eager and replayed from a graph).
 
     python benchmarks/attn_prologue_ab.py [--cfg BM,BN,W,S,TM,CAP ...]
 """
@@ -68,6 +69,17 @@ def main():
             ditfuse.qk_norm_rope(q2, k2, cos, sin, q_norm=qn, k_norm=kn,
                                  out=(scratch[2], scratch[3]), **rope)
 
+        def call():
+            return ditfuse.sliding_window_attention(q1, k1, v, w, q2=q2, k2=k2, q_norm=qn,
+                                                    k_norm=kn, cos=cos, sin=sin, **rope)
+
+        if dev == "cuda":
+            from triton.testing import do_bench
+            call()
+            t_call = do_bench(call, warmup=25, rep=200, return_mode="median") * 1e3
+            print(f"{name:13s} {str(dt)[6:]:8s} the public call (prologue apart: "
+                  f"{A.prologue_apart(D, w, w, True, True)}): eager {t_call:7.1f} us, "
+                  f"graph {graph_us(call):7.1f} us", flush=True)
         for cfg in CFGS:
             a = A.run(fused, cfg)
             pre()

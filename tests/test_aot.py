@@ -73,7 +73,7 @@ def pkgs(tmp_path_factory):
                         str(root / "qk")], env=_env("1"), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "ditfuse_qk_norm_rope" in r.stdout and "grid (B * N, 1, 1)" in r.stdout, r.stdout
+    assert "ditfuse_qk_norm_rope" in r.stdout and "grid (B * N, 2, 1)" in r.stdout, r.stdout
     r = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(EXAMPLES), str(root)],
                        env=_env("0"), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
@@ -113,14 +113,16 @@ def test_wan_qk_default_manifest(pkgs):
     assert p["qkv"]["shape"] == ["B", "N", 15360] and p["cos"]["shape"] == [1, "N", 1, 128]
     assert p["q_weight"]["shape"] == [5120] and p["qkv_out"]["aliases"] == "qkv"
     assert m["symbols"] == {"B": "qkv.shape[0]", "N": "qkv.shape[1]"}
-    assert m["grid"] == ["B * N", "1", "1"]
+    # the flat-row kernel (a norm across heads): Q and K in programs of their own
+    assert m["kernel"] == "ditfuse._qk_flat_kernel:_qk_norm_rope_flat_kernel"
+    assert m["grid"] == ["B * N", "2", "1"]
     assert m["block"] == [m["num_warps"] * 32, 1, 1]
     c = m["constexprs"]
-    assert (c["D"], c["HG"], c["P0"], c["P1"], c["Q_SPAN_ALL"], c["INTERLEAVED"]) == \
-        (128, 40, 32, 8, True, True)
+    assert (c["D"], c["N0"], c["N1"], c["SPLIT_QK"], c["ROW_CONTIG"], c["TABLE_HALF"]) == \
+        (128, 4096, 1024, True, True, False)
     b = m["bindings"]
     # every scalar a constant of the specialization; strides that grow with N from N
-    assert b["S"] == "N" and b["H"] == 40 and b["q_eps"] == 1e-6 and b["q_n"] == 5120.0
+    assert b["S"] == "N" and b["NC"] == 5120 and b["q_eps"] == 1e-6 and b["q_n"] == 5120.0
     assert b["stride_qs"] == 15360 and b["stride_qb"] == "15360 * N"
     assert b["k_ptr"] == "qkv + 5120" and b["ko_ptr"] == "qkv_out + 5120"
     assert m["compile_options"]["enable_fp_fusion"] is False
@@ -344,7 +346,7 @@ def test_loader_binds_in_runtime_order(pkgs):
     sin = torch.empty(1, N, 1, 128, device="meta")
     w = torch.empty(5120, dtype=torch.bfloat16, device="meta")
     b = k.bind(qkv, cos, sin, w, w)
-    assert b.grid == (B * N, 1, 1) and b.block == (k.manifest["block"][0], 1, 1)
+    assert b.grid == (B * N, 2, 1) and b.block == (k.manifest["block"][0], 1, 1)
     assert [(n, kind) for n, kind, _ in b.args] == [
         ("qkv", "ptr"), ("cos", "ptr"), ("sin", "ptr"), ("q_weight", "ptr"), ("k_weight", "ptr"),
         ("N", "i32"), ("qkv_out", "ptr")]
@@ -502,7 +504,7 @@ def test_trt_plugin_registration(pkgs, monkeypatch):
     name, ptx, launch, extras = fns["aot_impl"](qkv, tab, tab, w, w, (out,), 0)
     assert name == m["entry"] and ptx == (pkgs["qk"] / "kernel.ptx").read_text()
     assert launch.grid_x.s == "(B * N)" and launch.grid_x.v == 200
-    assert (launch.grid_y, launch.grid_z) == (1, 1)
+    assert (launch.grid_y, launch.grid_z) == (2, 1)  # Q and K programs
     assert launch.block_x == m["block"][0] and launch.shared_mem == m["shared_mem"]
     assert list(extras) == [("SymInt32", "N")]
 

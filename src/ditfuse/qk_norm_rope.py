@@ -426,18 +426,26 @@ def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) ->
 
 
 def flat_settings(H: int, D: int, has_k: bool):
-    """(piece 0, piece 1, mask 0, mask 1, num_warps) of the flat kernel: the token's H*D
-    channels as a power of two and the power of two covering the rest (5120 = 4096 + 1024,
-    3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes), and warps for about 40 live
-    values of Q and K a thread (Wan 14B: 8; the H200 calibration ran 4 and 8 warps alike,
-    16 at 1.14x the time), 4 to 16 warps."""
+    """(piece 0, piece 1, mask 0, mask 1, num_warps, split) of the flat kernel.
+
+    Pieces: the token's H*D channels as a power of two and the power of two covering the
+    rest (5120 = 4096 + 1024, 3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes).
+    Split: Q and K in programs of their own when a token has 4096 channels or more. Warps:
+    about 80 live channels a thread (the loaded 16-bit values stay packed): Wan 14B 2 warps
+    a tensor, Wan 1.3B 2 warps for Q and K. H200 sweep (``benchmarks/logs/s8/flat/``, bf16):
+    Wan 14B 480p 2 warps split 356.8 us, 4 warps together 368.3, 8 warps 417.9, 1 warp
+    split 402.5; 720p 790.1 / 837.0 / 949.8 / 899.9; Wan 1.3B 2 warps together 113.2,
+    1 warp split 119.4, 4 warps 129.9; fp32 within 1% of the best everywhere. The
+    programs a SM that the registers allow set the bytes in flight; register caps that
+    would allow more spill (a shipped QK build must not: ``ditfuse inspect``)."""
     nc = H * D
     n0 = 1 << (nc.bit_length() - 1)
     rest = nc - n0
     n1 = _next_pow2(rest) if rest else 0
-    lanes = (n0 + n1) * (2 if has_k else 1)
-    num_warps = min(16, max(4, _next_pow2(lanes // (32 * 48))))
-    return n0, n1, False, n1 > rest, num_warps
+    split = has_k and nc >= 4096
+    lanes = (n0 + n1) * (2 if has_k and not split else 1)
+    num_warps = min(8, max(1, _next_pow2(-(-lanes // (32 * 80)))))
+    return n0, n1, False, n1 > rest, num_warps, split
 
 
 def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
@@ -466,7 +474,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         pos, pst = dummy, (0, 0)
     row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
                      for t in (p.q, q_out, k, ko))
-    n0, n1, mask0, mask1, warps = flat_settings(H, D, has_k)
+    n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k)
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
@@ -482,7 +490,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         HAS_K=has_k, ROPE=p.cos is not None, TABLE_HALF=p.table_half,
         TABLE_PER_HEAD=p.table_per_head, HAS_POS=p.positions is not None,
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
-        SPLIT_QK=bool(split) and has_k,
+        SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
     opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
     if maxnreg:

@@ -39,10 +39,11 @@ ditfuse.aot.cli`` in a subprocess (as ``ditfuse inspect`` does).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import math
 import importlib
 import importlib.util
+import math
 import json
 import os
 import re
@@ -132,6 +133,13 @@ def _meta_tensors(entry: OpExport, opts, B: int, N: int) -> Dict[str, Any]:
         shape = [B if d == "B" else N if d == "N" else int(d) for d in s.shape]
         t[s.name] = torch.empty(shape, dtype=_torch_dtype(s.dtype), device="meta")
     return t
+
+
+def resolve_kernel(entry: OpExport, opts) -> OpExport:
+    """``entry`` with the kernel its public call launches for ``opts`` (``kernel_for``)."""
+    if entry.kernel_for is None:
+        return entry
+    return dataclasses.replace(entry, kernel=entry.kernel_for(opts))
 
 
 def _kernel(entry: OpExport):
@@ -438,6 +446,7 @@ def export_here(entry: OpExport, opts, out_dir, target: Optional[str] = None,
         raise RuntimeError(f"the Triton wheel has no {', '.join(missing_tools())}")
     cc, target = parse_target(target or entry.default_target)
     out = Path(out_dir)
+    entry = resolve_kernel(entry, opts)
     kernel = _kernel(entry)
 
     # no line info: the PTX (and its sha256) then depends on Triton and the kernel sources

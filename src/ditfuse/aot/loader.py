@@ -10,7 +10,7 @@ cuda-python).
 
 >>> k = load("wan_qk")                        # ditfuse export qk_norm_rope -o wan_qk
 >>> k(qkv, cos, sin, q_weight, k_weight)      # in place: qkv_out is qkv
->>> k.bind(qkv, cos, sin, q_weight, k_weight).grid   # (B * N, 1, 1): no GPU needed
+>>> k.bind(qkv, cos, sin, q_weight, k_weight).grid   # (B * N, 2, 1): no GPU needed
 
 ``bind`` checks every tensor against the manifest (dtype, shape with its symbols B / N,
 the contiguous layout the strides were compiled for, 16-byte alignment, the in-place

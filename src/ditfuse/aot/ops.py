@@ -73,6 +73,8 @@ class OpExport:
     float_ops_note: str = ""                     # why they may differ (same_float_ops=False)
     default_num_stages: Optional[int] = None     # None: the JIT call's
     contract: str = ""
+    kernel_for: Optional[Callable[[Any], str]] = None  # opts -> "module:attr" where the public
+    #                                                    call picks the kernel by its options
 
     def defaults(self) -> argparse.Namespace:
         return argparse.Namespace(**{o.name: o.default for o in self.options})
@@ -134,6 +136,17 @@ def _qk_call(o, t: Dict) -> None:
                  num_heads=o.heads, rope_style=o.rope, inplace=True)
 
 
+def _qk_kernel_for(o) -> str:
+    """The kernel qk_norm_rope launches for these options: the flat-row kernel for a norm
+    across heads with interleaved RoPE over whole heads (``flat_applies``), else per token."""
+    from ..qk_norm_rope import FLAT_MAX_CHANNELS
+    D = o.head_dim
+    if o.norm_span == "all" and o.rope == "interleaved" and D & (D - 1) == 0 and \
+            o.heads * D <= FLAT_MAX_CHANNELS:
+        return "ditfuse._qk_flat_kernel:_qk_norm_rope_flat_kernel"
+    return "ditfuse._qk_kernel:_qk_norm_rope_kernel"
+
+
 QK_NORM_ROPE = OpExport(
     op="qk_norm_rope",
     summary="fused QK RMSNorm + RoPE on a packed QKV projection, in place (default: Wan 14B, "
@@ -159,6 +172,7 @@ QK_NORM_ROPE = OpExport(
     contract="bitwise equal to ditfuse.qk_norm_rope(qkv[..., :H*D], qkv[..., H*D:2*H*D], cos, "
              "sin, q_norm=RMSNorm, k_norm=RMSNorm, num_heads=H, inplace=True) (the same kernel "
              "body, the same constexprs, with the strides as compile-time constants)",
+    kernel_for=_qk_kernel_for,
 )
 
 
