@@ -10,7 +10,7 @@ warps, ditfuse's per-token and TMA kernels, and a torch copy of the same bytes. 
 shipped kernel: the arithmetic is diffusers' (RMS across heads, weight, interleaved RoPE)
 but only checked against ditfuse to 1 bf16 ulp, to be sure the timed work is the same.
 
-    python benchmarks/calib_qk.py [--ncu] [--all] [--fp32] [wan14b-480p ...]
+    python benchmarks/calib_qk.py [--ncu] [--all] [--fp32 | --fp16] [wan14b-480p ...]
     (--ncu: launches only; --all: every plain variant and a torch copy; ditfuse's flat-row
     kernel at 4 / 8 / 16 warps where it applies)
 """
@@ -26,9 +26,9 @@ from ditfuse.shapes import QK_SHAPES
 from ditfuse.workloads import qk_inputs
 
 # (num_warps, Q and K in programs of their own, ptxas register cap) of the flat kernel
-FLAT_VARIANTS = [(1, True, None), (2, True, None), (4, True, None), (2, False, None),
-                 (4, False, None), (8, False, None)]
-DTYPE = torch.float32 if "--fp32" in sys.argv else torch.bfloat16
+FLAT_VARIANTS = [(2, True, None), (4, False, None)]
+DTYPE = torch.float32 if "--fp32" in sys.argv else (
+    torch.float16 if "--fp16" in sys.argv else torch.bfloat16)
 Q = importlib.import_module("ditfuse.qk_norm_rope")  # the package exports a function of that name
 
 
@@ -141,9 +141,16 @@ def main(names, ncu=False):
             qo.copy_(q)
             ko.copy_(k)
 
+        buf_in = inp["buf"]
+
+        def dfuse_inplace():  # Wan normalises its packed projection in place (the bench does)
+            return Q.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, inplace=True,
+                                  **inp["kwargs"])
+
         cases = [("ditfuse per-token", dfuse(False, False), False),
                  ("ditfuse TMA", dfuse(True, False), False),
                  ("ditfuse default", dfuse(True, True), False)]
+
         if Q.flat_applies(p, p.q, p.k):
             for w, split, cap in FLAT_VARIANTS:
                 label = f"flat {w}w" + (" split" if split else "") + (f" cap {cap}" if cap else "")
@@ -159,6 +166,8 @@ def main(names, ncu=False):
             for w in (4, 8):
                 cases.append((f"plain exact {w}w no-fma", lambda w=w: plain(w, False, True, False),
                               True))
+        if buf_in is not None:  # last: it rewrites q and k
+            cases.append(("ditfuse default in place", dfuse_inplace, False))
         for label, fn, check in cases:
             try:
                 if check:

@@ -27,6 +27,9 @@ import triton.language as tl
 
 from ._kernel_utils import _cast_out, _rnd
 from ._qk_kernel import _norm_affine
+from ._runtime import INTERPRET
+
+_PTX = tl.constexpr(not INTERPRET)  # inline PTX on the GPU; the interpreter has none
 
 
 @triton.jit
@@ -67,6 +70,9 @@ def _f32_again(x):
     per two channels, until the normalisation (registers set the programs a SM)."""
     if x.dtype == tl.bfloat16:
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif x.dtype == tl.float16 and _PTX:
+        return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
         return x.to(tl.float32)
 
