@@ -1,0 +1,167 @@
+"""The flat-row QK-norm + RoPE kernel (norms across heads, interleaved RoPE over whole heads):
+where it applies (and where it must not), against the fp64 reference, within one rounding of
+the per-token kernel (only the order of the fp32 sum of squares differs), Q/K split and
+together bitwise, every element written (poisoned outputs), in place with V untouched,
+strided (non-contiguous rows) and padded pieces."""
+import itertools
+import sys
+import zlib
+
+import pytest
+import torch
+
+import ditfuse
+from conftest import DEVICE, DTYPES, assert_close_report
+from test_qk_norm_rope import make_norm, make_qk, make_tables
+
+mod = sys.modules["ditfuse.qk_norm_rope"]
+
+NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
+TABLES = ["S,W", "1,S,1,W", "B,S,1,W", "S,H,W", "unique", "pos_b", "bf16", None]
+FORMS = ["flat", "packed", "bshd", "bhsd", "strided_d"]
+# H*D: 192 = 128 + 64, 160 = 128 + 32, 224 = 128 + 128 (a masked second piece), 64 (one
+# piece), 5120 (Wan 14B: 4096 + 1024, Q and K split), 96 = 64 + 32 with D = 16
+HEAD_SHAPES = [(3, 64), (5, 32), (7, 32), (1, 64), (40, 128), (6, 16)]
+
+
+def _cases():
+    out = []
+    for i, (kind, dtype, hd) in enumerate(itertools.product(NORMS, DTYPES, HEAD_SHAPES)):
+        table = TABLES[i % len(TABLES)]
+        form = FORMS[(i // 3) % len(FORMS)]
+        B = 1 + i % 2
+        inplace = i % 4 == 1
+        out.append(pytest.param(kind, dtype, hd, table, form, B, inplace,
+                                id=f"{kind}-{str(dtype)[6:]}-{hd[0]}x{hd[1]}-{table}-{form}-B{B}"
+                                   f"{'-inplace' if inplace else ''}"))
+    return out
+
+
+def _inputs(kind, dtype, hd, table, form, B, S=3):
+    H, D = hd
+    g = torch.Generator().manual_seed(zlib.crc32(f"{kind}{dtype}{hd}{table}{form}{B}".encode()))
+    q, k, kw, buf = make_qk(form, B, S, H, D, dtype, g)
+    qn = make_norm(kind, "all", H, D, dtype, g)
+    kn = make_norm(kind, "all", H, D, dtype, g)
+    cos = sin = None
+    if table is not None:
+        cos, sin, tkw = make_tables(table, B, S, H, D, "interleaved", g)
+        kw.update(tkw, rope_style="interleaved")
+    return q, k, cos, sin, qn, kn, kw, buf
+
+
+@pytest.fixture
+def flat_calls(monkeypatch):
+    calls = []
+    orig = mod.launch_flat
+    monkeypatch.setattr(mod, "launch_flat", lambda *a, **k: (calls.append(1), orig(*a, **k))[1])
+    return calls
+
+
+@pytest.mark.parametrize("kind,dtype,hd,table,form,B,inplace", _cases())
+@torch.no_grad()
+def test_flat_against_reference_and_per_token(kind, dtype, hd, table, form, B, inplace,
+                                              poison_outputs, flat_calls, monkeypatch):
+    q, k, cos, sin, qn, kn, kw, buf = _inputs(kind, dtype, hd, table, form, B)
+    ref_q, ref_k = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
+                                                  compute_dtype=torch.float64, **kw)
+    buf_before = buf.clone() if buf is not None else None
+    q_in, k_in = q.clone(), k.clone()
+    monkeypatch.setattr(mod, "USE_FLAT", False)
+    pt_q, pt_k = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    monkeypatch.setattr(mod, "USE_FLAT", True)
+    assert not flat_calls
+    out_q, out_k = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, inplace=inplace,
+                                        **kw)
+    assert flat_calls, "the flat-row kernel did not run"
+    if inplace:
+        assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
+        if buf is not None:  # V and the pad channels of the packed projection untouched
+            HD = hd[0] * hd[1]
+            assert torch.equal(buf[..., 2 * HD:], buf_before[..., 2 * HD:])
+    else:
+        assert torch.equal(q, q_in) and torch.equal(k, k_in), "inputs changed without inplace"
+    for got, ref, pt, name in ((out_q, ref_q, pt_q, "q"), (out_k, ref_k, pt_k, "k")):
+        assert not got.isnan().any(), f"{name}: an element was not written"
+        share = assert_close_report(got, ref, dtype, name)
+        if dtype != torch.float32:  # the fp64 reference rounds where the kernel rounds
+            assert share >= 0.97, (name, share)
+        # the per-token kernel: the same element arithmetic, the statistic summed in another
+        # order (fp32): equal but where that moves a rounding
+        same = assert_close_report(got, pt, dtype, f"{name} vs per-token")
+        if dtype != torch.float32:  # fp32 outputs carry rstd's last bit in every element
+            assert same >= 0.97, (name, same)
+
+
+@pytest.mark.parametrize("hd,dtype", [((40, 128), torch.bfloat16), ((7, 32), torch.float16),
+                                      ((3, 64), torch.float32)])
+@torch.no_grad()
+def test_split_and_warps_do_not_change_bits(hd, dtype):
+    """Q and K in programs of their own or together, any warps: the same bits (each tensor's
+    arithmetic is the same program body); every element written."""
+    q, k, cos, sin, qn, kn, kw, _ = _inputs("rms", dtype, hd, "1,S,1,W", "flat", 2)
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    assert mod.flat_applies(p, p.q, p.k)
+    outs = []
+    for split, warps in ((True, None), (False, None), (True, 4), (False, 2), (False, 8)):
+        qo = torch.full_like(p.q, float("nan"))
+        ko = torch.full_like(p.k, float("nan"))
+        mod.launch_flat(p, qo, ko, num_warps=warps, split=split)
+        assert not qo.isnan().any() and not ko.isnan().any()
+        outs.append((qo, ko))
+    for qo, ko in outs[1:]:
+        assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
+
+
+@torch.no_grad()
+def test_q_only_and_single_token():
+    """k=None (Q alone) and S = 1, B = 3."""
+    H, D, dtype = 5, 32, torch.bfloat16
+    q, k, cos, sin, qn, kn, kw, _ = _inputs("rms", dtype, (H, D), "S,W", "bshd", 3, S=1)
+    out, none = ditfuse.qk_norm_rope(q, None, cos, sin, q_norm=qn, **kw)
+    assert none is None
+    ref, _ = ditfuse.qk_norm_rope_reference(q, None, cos, sin, q_norm=qn,
+                                            compute_dtype=torch.float64, **kw)
+    assert_close_report(out, ref, dtype)
+
+
+@pytest.mark.parametrize("why", ["per-head norm", "rotate-half", "partial rotary", "D=80",
+                                 "too wide", "mixed spans"])
+@torch.no_grad()
+def test_flat_does_not_apply(why):
+    """Where the flat kernel does not compute the call, the per-token kernel does."""
+    H, D, style, span, R = 3, 64, "interleaved", "all", None
+    if why == "D=80":
+        D = 80
+    if why == "too wide":
+        H, D = 100, 128  # 12800 channels > FLAT_MAX_CHANNELS
+    if why == "rotate-half":
+        style = "half"
+    if why == "partial rotary":
+        R = 32
+    if why == "per-head norm":
+        span = "head"
+    g = torch.Generator().manual_seed(1)
+    dtype = torch.bfloat16
+    q = torch.randn(1, 2, H, D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(1, 2, H, D, generator=g).to(dtype).to(DEVICE)
+    qn = make_norm("rms", span, H, D, dtype, g)
+    kn = make_norm("rms", "head" if why == "mixed spans" else span, H, D, dtype, g)
+    cos, sin, tkw = make_tables("S,W", 1, 2, H, R or D, style, g)
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, rope_style=style, **tkw)
+    assert not mod.flat_applies(p, p.q, p.k)
+
+
+def test_flat_settings_table():
+    """Two power-of-two pieces covering the token (the second masked only where it passes
+    it), the Q/K split from 4096 channels, about 80 live channels a thread."""
+    assert mod.flat_settings(40, 128, True) == (4096, 1024, False, False, 2, True)
+    assert mod.flat_settings(12, 128, True) == (1024, 512, False, False, 2, False)
+    assert mod.flat_settings(7, 32, True) == (128, 128, False, True, 1, False)
+    assert mod.flat_settings(1, 64, False) == (64, 0, False, False, 1, False)
+    for H, D in itertools.product((1, 3, 5, 12, 24, 40, 48, 96), (16, 32, 64, 128)):
+        if H * D > mod.FLAT_MAX_CHANNELS:
+            continue
+        n0, n1, m0, m1, warps, split = mod.flat_settings(H, D, True)
+        assert n0 + n1 >= H * D > n0 - (n1 == 0) * n0 // 2 and not m0
+        assert m1 == (n0 + n1 > H * D) and 1 <= warps <= 8
