@@ -517,7 +517,11 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
       activation dtype after the norm and after the rotation, no fused multiply-add), so
       the tiles fed to the tensor cores are those ``qk_norm_rope`` would write (bitwise
       for DyT and RoPE; RMS/LayerNorm statistics may differ in reduction order in the
-      last fp32 bit). Against SAME's bf16 eager chain (DyT rounded after each of its four
+      last fp32 bit). Where it measured faster (:func:`prologue_apart`: head_dim 64,
+      differential, a window of at most 64 keys -- SAME-L) the prologue runs as
+      ``qk_norm_rope`` into scratch (Q and K, and Q2 and K2: four (B, N, H, D) tensors
+      of the activation dtype) and the attention kernel reads that: the same tiles, the
+      same bits as the fused kernel at the same launch settings on the H200. Against SAME's bf16 eager chain (DyT rounded after each of its four
       steps) the output is within four roundings.
 
     Inference only (no autograd). Rows never see an empty band (the diagonal is always in

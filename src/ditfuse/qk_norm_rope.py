@@ -1,7 +1,11 @@
 """Fused QK-norm + RoPE: validate -> allocate -> launch, and the public function.
 
-The kernel lives in ``_qk_kernel.py``; the pure-PyTorch reference (also the fallback for
-devices Triton cannot run on) in ``reference.py``; the ``torch.library`` op in ``_ops.py``.
+The kernels live in ``_qk_kernel.py`` (one token's heads as [heads, pairs] tiles: per-head
+norms, any rotary layout), ``_qk_flat_kernel.py`` (a token's channels as flat rows: norms
+across heads with interleaved RoPE over whole heads, Wan) and ``_qk_tma_kernel.py`` (a
+persistent TMA-fed kernel, used only with ``USE_FLAT = False`` now); the pure-PyTorch
+reference (also the fallback for devices Triton cannot run on) in ``reference.py``; the
+``torch.library`` op in ``_ops.py``.
 """
 from __future__ import annotations
 
@@ -877,9 +881,11 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     -----
     Numerical contract: all arithmetic in fp32; the rotation is computed without fused
     multiply-add, exactly as eager PyTorch evaluates ``x * cos + rotate(x) * sin``. Shared
-    and per-head-expanded tables give bitwise identical results (where a shared table takes
-    the TMA kernel — Wan-14B's across-heads norm — both kernels run 8 warps: the same bits
-    on the H200). Against diffusers' eager
+    and per-head-expanded tables give bitwise identical results (one kernel takes both: the
+    flat-row kernel for a norm across heads with interleaved RoPE, such as Wan's, the
+    per-token kernel otherwise; the two differ only in the order of the fp32 sum of
+    squares, so a norm across heads is within a rounding, not bitwise, of the per-token
+    kernel's). Against diffusers' eager
     modules the output is within one rounding of the activation dtype (the norm's
     reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
     evaluated in fp32 where a bf16 model would round between its steps).
