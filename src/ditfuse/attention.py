@@ -237,6 +237,13 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     stages = 2
     if span > 64 and not differential and not prologue and D <= (32 if fp32 else 64):
         block_n, stages = 64, 3
+    if span <= 64 and differential and prologue and D == 64 and not fp32:
+        # the fused prologue at SAME-L's shape (H200, benchmarks/logs/s8/diag/
+        # sweep_attention_prologue.log): bf16 16-key tiles, 4 warps, 3 stages, capped at 168
+        # registers: 222 us where 8 warps / 2 stages took 405. fp32 keeps 8 warps / 2 stages:
+        # its faster settings (320 and 455 us against 568) spill on sm_90. Where
+        # prologue_apart() holds, the call runs the prologue apart (the entry below)
+        return Settings(64, 16, 4, 3, None, 168)
     if span <= 64 and differential and not prologue and 64 <= D < 128:
         # measured on the H200 (benchmarks/logs/sweeps.log, SAME-L window 17): 4 warps and a
         # 3-stage pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits;

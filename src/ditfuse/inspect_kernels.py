@@ -424,7 +424,6 @@ def _build(spec: Spec) -> Dict:
     from triton.compiler import ASTSource
     from ._qk_flat_kernel import _qk_norm_rope_flat_kernel
     from ._qk_kernel import _qk_norm_rope_kernel
-    from ._qk_tma_kernel import _qk_norm_rope_tma_kernel
 
     qkr = importlib.import_module("ditfuse.qk_norm_rope")
     grid, args, kwargs = capture_launch(spec)
