@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._kernel_utils import _cast_out, _rnd
-from ._qk_kernel import _norm_affine
+from ._qk_kernel import _norm_affine, _table_row
 from ._runtime import INTERPRET
 
 _PTX = tl.constexpr(not INTERPRET)  # inline PTX on the GPU; the interpreter has none
@@ -236,21 +236,9 @@ def _qk_norm_rope_flat_kernel(
     if N1 > 0:
         c1, l1 = _piece(N0, N1, NC, MASK1)
 
-    cbase = 0
-    sbase = 0
-    if ROPE:
-        if HAS_POS:
-            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
-        else:
-            row = s
-        cbase = b * stride_cb + row * stride_cs
-        sbase = b * stride_sb + row * stride_ss
-    if TABLE_PER_HEAD:
-        t_ch = stride_ch
-        t_sh = stride_sh
-    else:  # one row per token, read by every head
-        t_ch = 0
-        t_sh = 0
+    cbase, sbase, t_ch, t_sh = _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb,
+                                          stride_cs, stride_ch, stride_sb, stride_ss,
+                                          stride_sh, ROPE, HAS_POS, TABLE_PER_HEAD)
 
     qbase = b * stride_qb + s * stride_qs
     kbase = b * stride_kb + s * stride_ks

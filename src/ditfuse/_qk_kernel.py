@@ -340,6 +340,30 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
 
 
 @triton.jit
+def _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb, stride_cs, stride_ch,
+               stride_sb, stride_ss, stride_sh, ROPE: tl.constexpr, HAS_POS: tl.constexpr,
+               TABLE_PER_HEAD: tl.constexpr):
+    """The int64 offsets of token (b, s)'s cos and sin rows (gathered by ``positions`` with
+    HAS_POS) and the head strides within them: 0 for a row shared by every head."""
+    cbase = 0
+    sbase = 0
+    if ROPE:
+        if HAS_POS:
+            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
+        else:
+            row = s
+        cbase = b * stride_cb + row * stride_cs
+        sbase = b * stride_sb + row * stride_ss
+    if TABLE_PER_HEAD:
+        t_ch = stride_ch
+        t_sh = stride_sh
+    else:  # one row per token, read by every head of Q and K
+        t_ch = 0
+        t_sh = 0
+    return cbase, sbase, t_ch, t_sh
+
+
+@triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, qo_ptr,            # Q in / out (may be the same memory: in place)
     k_ptr, ko_ptr,            # K in / out (unused when HAS_K is false)
@@ -385,21 +409,9 @@ def _qk_norm_rope_kernel(
     b = tok // S
     s = tok - b * S
 
-    cbase = 0
-    sbase = 0
-    if ROPE:
-        if HAS_POS:
-            row = tl.load(pos_ptr + b * stride_pb + s * stride_ps).to(tl.int64)
-        else:
-            row = s
-        cbase = b * stride_cb + row * stride_cs
-        sbase = b * stride_sb + row * stride_ss
-    if TABLE_PER_HEAD:
-        t_ch = stride_ch
-        t_sh = stride_sh
-    else:  # one row per token, read by every head of Q and K
-        t_ch = 0
-        t_sh = 0
+    cbase, sbase, t_ch, t_sh = _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb,
+                                          stride_cs, stride_ch, stride_sb, stride_ss,
+                                          stride_sh, ROPE, HAS_POS, TABLE_PER_HEAD)
 
     qbase = b * stride_qb + s * stride_qs
     qobase = b * stride_qob + s * stride_qos

@@ -337,6 +337,25 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
                 ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
 
 
+def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
+    """What the per-token and flat launches pass alike: K and its output (Q's when there
+    is no K: the kernel does not touch them), both norms' arguments, the tables and the
+    positions with their strides (q itself and zero strides where absent)."""
+    dummy = p.q
+    k, ko = (p.k, k_out) if p.k is not None else (p.q, q_out)
+    if p.cos is not None:
+        cos, sin, cst, sst = p.cos, p.sin, p.cos.stride(), p.sin.stride()
+    else:
+        cos = sin = dummy
+        cst = sst = (0, 0, 0, 0)
+    if p.positions is not None:
+        pos, pst = p.positions, p.positions.stride()
+    else:
+        pos, pst = dummy, (0, 0)
+    return (k, ko, _norm_args(p.q_norm, dummy), _norm_args(p.k_norm, dummy), cos, sin, cst,
+            sst, pos, pst)
+
+
 def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
            stats: Optional[torch.Tensor] = None, stats_mode: int = 0) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
@@ -362,20 +381,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         p0, p1 = _pieces(hg)
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
-    dummy = p.q
-    qa = _norm_args(p.q_norm, dummy)
-    ka = _norm_args(p.k_norm, dummy)
-    k, ko = (p.k, k_out) if has_k else (p.q, q_out)
-    if p.cos is not None:
-        cos, sin = p.cos, p.sin
-        cst, sst = cos.stride(), sin.stride()
-    else:
-        cos = sin = dummy
-        cst = sst = (0, 0, 0, 0)
-    if p.positions is not None:
-        pos, pst = p.positions, p.positions.stride()
-    else:
-        pos, pst = dummy, (0, 0)
+    k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
     grid = (B * S, triton_cdiv(H, hg))
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
@@ -462,20 +468,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
 
     B, S, H, D = p.q.shape
     has_k = p.k is not None
-    k, ko = (p.k, k_out) if has_k else (p.q, q_out)
-    dummy = p.q
-    qa = _norm_args(p.q_norm, dummy)
-    ka = _norm_args(p.k_norm, dummy)
-    if p.cos is not None:
-        cos, sin = p.cos, p.sin
-        cst, sst = cos.stride(), sin.stride()
-    else:
-        cos = sin = dummy
-        cst = sst = (0, 0, 0, 0)
-    if p.positions is not None:
-        pos, pst = p.positions, p.positions.stride()
-    else:
-        pos, pst = dummy, (0, 0)
+    k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
     row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
                      for t in (p.q, q_out, k, ko))
     n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k)
