@@ -570,6 +570,8 @@ def report(names: Optional[Sequence[str]] = None, s_variants: bool = True) -> Li
 # ---------------------------------------------------------------------------------------
 # CLI
 
+# HG=P0+P1: heads a program as power-of-two pieces (per-token kernel); a flat-row row shows
+# its channel pieces ("ch") and "/2" when Q and K run in programs of their own
 _COLUMNS = [("name", 22), ("HxD", 7), ("dtype", 5), ("HG=P0+P1", 9), ("regs", 4),
             ("spill st/ld", 11), ("stack", 5), ("smem", 6), ("warps", 5), ("LDL/STL", 7),
             ("warps/SM", 8)]
@@ -577,8 +579,11 @@ _COLUMNS = [("name", 22), ("HxD", 7), ("dtype", 5), ("HG=P0+P1", 9), ("regs", 4)
 
 def format_table(rows: Sequence[Dict]) -> str:
     def cells(r):
-        return [r["name"], f"{r['H']}x{r['D']}", r["dtype"],
-                f"{r['hg']}={r['p0']}+{r['p1']}", str(r["regs"]),
+        if r["kernel"] == "_qk_norm_rope_flat_kernel":
+            pieces = f"{r['p0']}+{r['p1']} ch" + ("/2" if r["grid"][1] == 2 else "")
+        else:
+            pieces = f"{r['hg']}={r['p0']}+{r['p1']}"
+        return [r["name"], f"{r['H']}x{r['D']}", r["dtype"], pieces, str(r["regs"]),
                 f"{r['spill_stores']}/{r['spill_loads']}", str(r["stack"]), str(r["smem"]),
                 str(r["num_warps"]), f"{r['ldl']}/{r['stl']}", str(r["occupancy_warps"])]
 
