@@ -37,9 +37,10 @@ def _cast_out(x, DT: tl.constexpr):
 
 @triton.jit
 def _ex2(x):
-    """2^x in fp32. On the GPU one ``ex2.approx.ftz.f32``: the value of the ``ex2.approx.f32``
-    that ``tl.exp2`` emits, without its subnormal range handling (three more instructions an
-    element); results below 2^-126 flush to zero (and subnormal inputs count as 0)."""
+    """2^x in fp32. On the GPU one ``ex2.approx.ftz.f32`` whatever Triton's lowering (for
+    fp32 ``tl.exp2`` gives the same on sm_90; ``tl.exp`` adds a multiply and ``ex2.approx``'s
+    subnormal range handling, three more instructions an element): results below 2^-126
+    flush to zero, subnormal inputs count as 0."""
     if _FAST_EX2:
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
                                          dtype=tl.float32, is_pure=True, pack=1)

@@ -528,8 +528,9 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
       differential, a window of at most 64 keys -- SAME-L) the prologue runs as
       ``qk_norm_rope`` into scratch (Q and K, and Q2 and K2: four (B, N, H, D) tensors
       of the activation dtype) and the attention kernel reads that: the same tiles, the
-      same bits as the fused kernel at the same launch settings on the H200. Against SAME's bf16 eager chain (DyT rounded after each of its four
-      steps) the output is within four roundings.
+      same bits as the fused kernel at the same launch settings on the H200. Against
+      SAME's bf16 eager chain (DyT rounded after each of its four steps) the output is
+      within four roundings.
 
     Inference only (no autograd). Rows never see an empty band (the diagonal is always in
     it). Bad input raises ``ValueError`` / ``TypeError`` naming the argument before any

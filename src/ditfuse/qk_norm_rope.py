@@ -411,15 +411,14 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
 # kernel (``_qk_tma_kernel``) where it applies and pays; else the per-token one.
 USE_FLAT = True
 USE_TMA = True
-FLAT_MAX_CHANNELS = 12288  # H*D of one token: at most 48 fp32 values a thread at 16 warps
+FLAT_MAX_CHANNELS = 12288  # H*D of a token: 8 warps a tensor hold 48 live channels a thread
 
 
 def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
     """Whether the flat-row kernel computes plan ``p``: every norm spans the token's heads
-    (or there is none), the rotation (if any) is interleaved over whole heads, head_dim
-    a power of two, at most
-    ``FLAT_MAX_CHANNELS`` channels a token, no head-parallel statistics, and offsets within
-    a token fit 32 bits."""
+    (or there is none), the rotation (if any) is interleaved over whole heads, head_dim a
+    power of two, at most ``FLAT_MAX_CHANNELS`` channels a token, no head-parallel
+    statistics, and offsets within a token fit 32 bits."""
     B, S, H, D = p.q.shape
     if p.process_group is not None or H * D > FLAT_MAX_CHANNELS:
         return False
