@@ -165,3 +165,15 @@ def test_flat_settings_table():
         n0, n1, m0, m1, warps, split = mod.flat_settings(H, D, True)
         assert n0 + n1 >= H * D > n0 - (n1 == 0) * n0 // 2 and not m0
         assert m1 == (n0 + n1 > H * D) and 1 <= warps <= 8
+
+
+def test_flat_falls_back_where_offsets_need_64_bits():
+    """A (B, H, S, D) view at 2^26 tokens x 32 heads x 128 has head offsets past 2^31: the
+    flat kernel (32-bit offsets within a token) does not take it; the per-token kernel's
+    64-bit variant does (``test_64_bit_token_offsets_same_bits``)."""
+    meta = torch.empty(1, 32, 2**26, 128, device="meta", dtype=torch.bfloat16)
+    p = mod.plan(meta, None, layout="bhsd")
+    assert not mod.flat_applies(p, p.q, None)
+    small = torch.empty(1, 32, 4, 128, device="meta", dtype=torch.bfloat16)
+    p = mod.plan(small, None, layout="bhsd")
+    assert mod.flat_applies(p, p.q, None)

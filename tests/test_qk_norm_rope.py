@@ -246,17 +246,19 @@ def test_single_token_and_eps_default():
 
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder"])
 @torch.no_grad()
-def test_launch_settings_do_not_change_bits(name):
-    """Heads per program and num_warps only split the work: identical output here (the
-    interpreter sums in one order). On a GPU the warps also set the order of the cross-warp
-    sums of an across-heads norm, so other warps there agree within a rounding, not bitwise
-    (``benchmarks/logs/s3/final_sweep_qk.log``); heads per program never change the bits."""
+def test_launch_settings_do_not_change_bits(name, monkeypatch):
+    """The per-token kernel's heads per program and num_warps only split the work: identical
+    output here (the interpreter sums in one order). On a GPU the warps also set the order
+    of the cross-warp sums of an across-heads norm, so other warps there agree within a
+    rounding, not bitwise (``benchmarks/logs/s3/final_sweep_qk.log``); heads per program
+    never change the bits. (Wan's default is the flat-row kernel: ``test_qk_flat.py``.)"""
     import sys
 
     from ditfuse.shapes import QK_SHAPES
     from ditfuse.workloads import qk_inputs
 
     mod = sys.modules["ditfuse.qk_norm_rope"]
+    monkeypatch.setattr(mod, "USE_FLAT", False)
     shape = QK_SHAPES[name].small(3)
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
     p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
@@ -294,7 +296,8 @@ def test_64_bit_token_offsets_same_bits(monkeypatch, name):
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
     p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
                  k_norm=inp["k_norm"], **inp["kwargs"])
-    outs = []
+    monkeypatch.setattr(mod, "USE_FLAT", False)  # the flat kernel has no 64-bit variant:
+    outs = []                                    # where offsets need one it is not used
     for wide in (False, True):
         monkeypatch.setattr(mod, "_needs_off64", lambda *a, wide=wide: wide)
         qo, ko = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
