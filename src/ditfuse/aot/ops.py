@@ -137,12 +137,25 @@ def _qk_call(o, t: Dict) -> None:
 
 
 def _qk_kernel_for(o) -> str:
-    """The kernel qk_norm_rope launches for these options: the flat-row kernel for a norm
-    across heads with interleaved RoPE over whole heads (``flat_applies``), else per token."""
-    from ..qk_norm_rope import FLAT_MAX_CHANNELS
-    D = o.head_dim
-    if o.norm_span == "all" and o.rope == "interleaved" and D & (D - 1) == 0 and \
-            o.heads * D <= FLAT_MAX_CHANNELS:
+    """The kernel qk_norm_rope launches for these options, as its launcher decides
+    (``flat_applies`` on the plan of a small meta call): the flat-row kernel or the
+    per-token one."""
+    import importlib
+
+    import torch
+
+    from ..norms import NormSpec
+
+    qkr = importlib.import_module("ditfuse.qk_norm_rope")
+    HD, dt = o.heads * o.head_dim, _torch_dtype(o.dtype)
+    qkv = torch.empty(1, 2, 3 * HD, dtype=dt, device="meta")
+    tab = torch.empty(1, 2, 1, o.head_dim, dtype=_torch_dtype(o.table_dtype), device="meta")
+    span = HD if o.norm_span == "all" else o.head_dim
+    norm = NormSpec("rms", weight=torch.empty(span, dtype=dt, device="meta"), eps=o.eps,
+                    size=span)
+    p = qkr.plan(qkv[..., :HD], qkv[..., HD:2 * HD], tab, tab, q_norm=norm, k_norm=norm,
+                 num_heads=o.heads, rope_style=o.rope, runtime_checks=False)
+    if qkr.USE_FLAT and qkr.flat_applies(p, p.q, p.k):
         return "ditfuse._qk_flat_kernel:_qk_norm_rope_flat_kernel"
     return "ditfuse._qk_kernel:_qk_norm_rope_kernel"
 
