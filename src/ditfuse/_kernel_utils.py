@@ -11,8 +11,9 @@ from ._runtime import INTERPRET
 # Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest even; under
 # it, round in integer arithmetic first so the CPU results match the GPU's cvt.rn.bf16.
 _SOFT_BF16 = tl.constexpr(INTERPRET)
-# on the GPU, exp2 as the single ex2.approx.ftz instruction; the interpreter has no PTX
-_FAST_EX2 = tl.constexpr(not INTERPRET)
+# inline PTX (single-instruction exp2 / division / conversions) on the GPU; the interpreter
+# has none and takes the plain Triton forms
+_PTX = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
@@ -41,7 +42,7 @@ def _ex2(x):
     fp32 ``tl.exp2`` gives the same on sm_90; ``tl.exp`` adds a multiply and ``ex2.approx``'s
     subnormal range handling, three more instructions an element): results below 2^-126
     flush to zero, subnormal inputs count as 0."""
-    if _FAST_EX2:
+    if _PTX:
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
                                          dtype=tl.float32, is_pure=True, pack=1)
     else:

@@ -25,22 +25,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernel_utils import _cast_out, _rnd
+from ._kernel_utils import _PTX, _cast_out, _rnd
 from ._qk_kernel import _norm_affine, _table_row
-from ._runtime import INTERPRET
-
-_PTX = tl.constexpr(not INTERPRET)  # inline PTX on the GPU; the interpreter has none
 
 
 @triton.jit
-def _piece(C0: tl.constexpr, N: tl.constexpr, NC, MASKED: tl.constexpr):
-    """Channels of one piece (``N`` from ``C0``) and their liveness (``c < NC``)."""
+def _piece(C0: tl.constexpr, N: tl.constexpr, NC):
+    """Channels of one piece (``N`` from ``C0``) and their liveness (``c < NC``, used only
+    by a piece that reaches past the token: ``MASKED``)."""
     c = C0 + tl.arange(0, N)
+    return c, c < NC
+
+
+@triton.jit
+def _ld(p, live, MASKED: tl.constexpr):
+    """fp32 values at ``p``, zero at dead lanes where the piece has any (``MASKED``)."""
     if MASKED:
-        live = c < NC
+        return tl.load(p, mask=live, other=0.0).to(tl.float32)
     else:
-        live = c >= 0  # all live: the compiler drops the predicate
-    return c, live
+        return tl.load(p).to(tl.float32)
 
 
 @triton.jit
@@ -88,9 +91,9 @@ def _finish_piece(x, c, live, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
     w = 1.0
     b = 0.0
     if HAS_W:  # the norm spans the token: one weight per channel of it
-        w = tl.load(w_ptr + c, mask=live, other=0.0).to(tl.float32)
+        w = _ld(w_ptr + c, live, MASKED)
     if HAS_B:
-        b = tl.load(b_ptr + c, mask=live, other=0.0).to(tl.float32)
+        b = _ld(b_ptr + c, live, MASKED)
     y = _norm_affine(_f32_again(x), w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W,
                      ACT)
     if ROUND_NORM:
@@ -102,10 +105,8 @@ def _finish_piece(x, c, live, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
             col = d // 2
         else:
             col = d
-        cs = tl.load(cos_ptr + cbase + h * t_ch + col * stride_cw, mask=live,
-                     other=0.0).to(tl.float32)
-        sn = tl.load(sin_ptr + sbase + h * t_sh + col * stride_sw, mask=live,
-                     other=0.0).to(tl.float32)
+        cs = _ld(cos_ptr + cbase + h * t_ch + col * stride_cw, live, MASKED)
+        sn = _ld(sin_ptr + sbase + h * t_sh + col * stride_sw, live, MASKED)
         # interleaved pairs (2i, 2i+1): a [pairs, 2] view of the piece, split in registers
         ya, yb = tl.split(tl.reshape(y, (N // 2, 2)))
         ca, cb = tl.split(tl.reshape(cs, (N // 2, 2)))
@@ -230,11 +231,11 @@ def _qk_norm_rope_flat_kernel(
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
     s = tok - b * S
-    c0, l0 = _piece(0, N0, NC, MASK0)
+    c0, l0 = _piece(0, N0, NC)
     c1 = c0
     l1 = l0
     if N1 > 0:
-        c1, l1 = _piece(N0, N1, NC, MASK1)
+        c1, l1 = _piece(N0, N1, NC)
 
     cbase, sbase, t_ch, t_sh = _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb,
                                           stride_cs, stride_ch, stride_sb, stride_ss,

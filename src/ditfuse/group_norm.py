@@ -34,8 +34,7 @@ import triton
 import triton.language as tl
 
 from . import _fastpath, _library, _runtime
-from ._kernel_utils import _cast_out, _ex2, _rnd
-from ._runtime import INTERPRET
+from ._kernel_utils import _PTX, _cast_out, _ex2, _rnd
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
 
@@ -45,9 +44,6 @@ ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # ---------------------------------------------------------------------------------------
 # kernels (private)
 
-# on the GPU, SiLU's exp2 and division as single approximate instructions with flush to
-# zero (see _silu); the interpreter has no inline PTX
-_FAST_SILU = tl.constexpr(not INTERPRET)
 
 
 @triton.jit
@@ -62,7 +58,7 @@ def _silu(y):
     < 1e-36, far below every dtype's contract tolerance).
     """
     e = _ex2(y * -1.4426950408889634)
-    if _FAST_SILU:
+    if _PTX:  # the GPU: one div.approx.ftz (see the docstring)
         return tl.inline_asm_elementwise("div.approx.ftz.f32 $0, $1, $2;", "=r,r,r",
                                          [y, 1.0 + e], dtype=tl.float32, is_pure=True, pack=1)
     else:
