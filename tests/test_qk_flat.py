@@ -163,7 +163,9 @@ def test_flat_settings_table():
         if H * D > mod.FLAT_MAX_CHANNELS:
             continue
         n0, n1, m0, m1, warps, split = mod.flat_settings(H, D, True)
-        assert n0 + n1 >= H * D > n0 - (n1 == 0) * n0 // 2 and not m0
+        # piece 0 the largest power of two in the token, piece 1 the rest rounded up
+        assert n0 & (n0 - 1) == 0 and n0 <= H * D <= n0 + n1 and not m0
+        assert (n1 == 0) == (n0 == H * D) and (n1 == 0 or n1 & (n1 - 1) == 0)
         assert m1 == (n0 + n1 > H * D) and 1 <= warps <= 8
 
 
