@@ -1,0 +1,41 @@
+"""Graph time of ``qk_norm_rope`` at registry shapes (session 9: an A/B of two source trees,
+run once with PYTHONPATH=src and once with an older copy). Prints us, % of the copy
+ceiling (bytes model of ``ditfuse bench``) and the output's max |diff| against the eager
+reference (fp64 math rounded to the dtype: a check that the timed call is right).
+
+    python benchmarks/qk_ab.py TAG [--fp32] same-l-decoder sa3-dit ...
+"""
+import sys
+
+import torch
+
+import ditfuse
+from ditfuse.reference import qk_norm_rope_reference
+from ditfuse.bench import copy_ceiling_gbps, graph_us
+from ditfuse.shapes import QK_SHAPES
+from ditfuse.workloads import qk_inputs
+
+tag = sys.argv[1]
+dt = torch.float32 if "--fp32" in sys.argv else torch.bfloat16
+names = [a for a in sys.argv[2:] if not a.startswith("--")]
+ceil = copy_ceiling_gbps()
+for name in names:
+    sh = QK_SHAPES[name]
+    inp = qk_inputs(sh, "cuda", dt)
+    q, k = inp["q"], inp["k"]
+    kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
+
+    def call():
+        return ditfuse.qk_norm_rope(q, k, inp["cos"], inp["sin"], **kw)
+
+    qo, ko = call()
+    ref = qk_norm_rope_reference(q, k, inp["cos"], inp["sin"], compute_dtype=torch.float64, **kw)
+    err = max((qo.double() - ref[0].double()).abs().max().item(),
+              (ko.double() - ref[1].double()).abs().max().item())
+    us = graph_us(call)
+    tab = inp["cos"]
+    nbytes = 2 * (q.numel() + k.numel()) * q.element_size() + \
+        2 * sh.B * sh.S * tab.shape[-1] * tab.element_size()
+    pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
+    print(f"{tag:6s} {name:18s} {str(dt)[6:]:8s} {us:8.1f} us {pct:5.1f}% of ceiling  "
+          f"max|d| vs fp64 {err:.3g}", flush=True)
