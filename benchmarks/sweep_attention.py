@@ -36,10 +36,10 @@ if "--s7b" in sys.argv:
         + [(64, 16, 4, 2, True, r) for r in (160, 168, 176, 192)] \
         + [(64, 16, 4, 3, True, r) for r in (168, 192)] + [(64, 32, 4, 2, True, 224)]
 if "--s9" in sys.argv:
-    # session 9: one key tile holding a query tile's whole band (ONE_TILE: 64 queries at
-    # window 17 need 98 keys, one 128-key tile; each map's softmax in one step, both maps'
-    # P @ V into one accumulator), uncapped (bf16 196 registers: 2 programs a SM) and capped
-    # (168: 3 programs, spills 68 bytes on sm_90), 8 warps; against the table
+    # session 9 (run at commit a958bee, whose kernel had a ONE_TILE path, since removed: with
+    # BLOCK_M + left + right <= BLOCK_N the band of a query tile in one key tile, each map's
+    # softmax in one step, both maps' P @ V into one accumulator): LOST, logs/s9/a. At this
+    # tree these settings run the loop kernel
     CONFIGS = [None, (64, 128, 4, 1, True), (64, 128, 4, 2, True), (64, 128, 4, 1, True, 168),
                (64, 128, 8, 1, True), (64, 128, 4, 1, True, 200)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)

@@ -3,8 +3,8 @@ registry shape (bf16), CUDA-graph device time with L2 flushed (bench.graph_us). 
 % of the copy ceiling and whether the output equals the table's bitwise (the warps set the
 order of the cross-warp sums); informs launch_settings().
 
-usage: python benchmarks/sweep_qk.py [SHAPE,SHAPE,...] [WARPS,...]
-       (defaults: every registry shape; half, once and twice the table's warps)"""
+usage: python benchmarks/sweep_qk.py [SHAPE,SHAPE,...] [WARPS,...] [bf16|fp16|fp32]
+       (defaults: every registry shape; half, once and twice the table's warps; bf16)"""
 import sys
 
 import torch
@@ -17,15 +17,17 @@ from ditfuse.workloads import qk_bytes, qk_inputs
 mod = sys.modules["ditfuse.qk_norm_rope"]
 names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(QK_SHAPES)
 warps = [int(w) for w in sys.argv[2].split(",")] if len(sys.argv) > 2 else None
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+    sys.argv[3] if len(sys.argv) > 3 else "bf16"]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name in names:
     shape = QK_SHAPES[name]
-    inp = qk_inputs(shape, "cuda", torch.bfloat16)
+    inp = qk_inputs(shape, "cuda", DT)
     kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
     p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], **kw)
     qo, ko = torch.empty_like(p.q), torch.empty_like(p.k)  # out of place: replays are idempotent
-    nbytes = qk_bytes(shape)
+    nbytes = qk_bytes(shape, DT)
     span_all = shape.span == "all"
     hg0, _, _, nw0 = mod.launch_settings(shape.H, shape.D, span_all, True)
     mod.launch(p, qo, ko)
@@ -42,7 +44,7 @@ for name in names:
         pct = 100 * nbytes / (us * 1e-6) / 1e9 / ceil
         res.append((us, st, pct))
         mark = " <- table" if st == (hg0, nw0) else ""
-        print(f"{name:20s} hg={hg0:3d} nw={nw:2d} {us:9.1f} us {pct:6.1f}% "
+        print(f"{name:20s} {str(DT)[6:]:8s} hg={hg0:3d} nw={nw:2d} {us:9.1f} us {pct:6.1f}% "
               f"{'bitwise = table' if same else 'DIFFERS'}{mark}", flush=True)
     best = min(res)
     print(f"BEST {name:20s} hg,nw={best[1]} {best[0]:.1f} us {best[2]:.1f}%  (table: hg={hg0} nw={nw0})")

@@ -242,14 +242,12 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
     probabilities, the accumulator's rescale factor and the new running max / sum. exp2 is
     one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below 2^-126 of the row's
     running max counts as 0, which no rounded output can see."""
-    s = tl.where(band, s, float("-inf"))
-    # the scale (> 0) applied to the row max, and to each score inside one fma with the
-    # max's subtraction (one instruction a score where a multiply and a subtraction took two)
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    s = tl.where(band, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = _ex2(m_i - m_use)
-    p = _ex2(tl.fma(s, qk_scale, -m_use[:, None]))
+    p = _ex2(s - m_use[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
@@ -302,50 +300,6 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
 
 
 @triton.jit
-def _lam(lam_ptr, h, stride_lam, lam, LAM_PTR: tl.constexpr):
-    """This head's lambda (fp32)."""
-    if LAM_PTR:
-        return tl.load(lam_ptr + h * stride_lam).to(tl.float32)
-    else:
-        return lam
-
-
-@triton.jit
-def _one_map(qa, qb, qp, start_n, kmask, row_lo, row_span, k_ptr, k_base, stride_ks, stride_kd,
-             kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-             cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-             qk_scale, coef, BLOCK_M: tl.constexpr,
-             D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
-             PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-             K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
-             K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
-             ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
-             ACT: tl.constexpr, OFF64: tl.constexpr):
-    """One attention map over a key tile that holds every key of the band (``ONE_TILE``):
-    the softmax in one step, normalised and times ``coef`` (fp32). Rows with no key in the
-    band are 0."""
-    ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
-                          kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
-                          stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_N,
-                          K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-    s = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
-    # the band test here, per map: held from one map to the next it took a register an
-    # element
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    band = (offs_n[None, :] - row_lo[:, None]).to(tl.uint32, bitcast=True) <= \
-        row_span[:, None].to(tl.uint32, bitcast=True)
-    s = tl.where(band, s, float("-inf"))
-    m = tl.max(s, 1) * qk_scale
-    # a row with no key in the band (rows past N) subtracts 0: p = 0, l = 0, no NaN
-    m = tl.where(m == float("-inf"), 0.0, m)
-    p = _ex2(tl.fma(s, qk_scale, -m[:, None]))
-    l = tl.sum(p, 1)
-    return p * (coef / tl.where(l == 0.0, 1.0, l))[:, None]
-
-
-@triton.jit
 def _swa_fwd_kernel(
     q_ptr, k_ptr, v_ptr,      # (B, N, H, D) views, any strides
     q2_ptr, k2_ptr,           # second query/key (DIFF), same shape
@@ -382,7 +336,6 @@ def _swa_fwd_kernel(
     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
     OFF64: tl.constexpr,
     TOKEN_MAJOR: tl.constexpr,  # grid (B*H, query tiles) rather than (query tiles, B*H)
-    ONE_TILE: tl.constexpr,   # BLOCK_M + LEFT + RIGHT <= BLOCK_N: one key tile, no loop
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     # programs start in grid order, axis 0 fastest
@@ -445,32 +398,7 @@ def _swa_fwd_kernel(
     # "negative", any key then counts, and their scores stay finite: K rows past N load 0)
     row_lo = offs_m - LEFT
     row_span = tl.minimum(offs_m + RIGHT, N - 1) - row_lo
-    if ONE_TILE:
-        # the band of the whole query tile in one key tile: each map's softmax in one step,
-        # normalised, and its P @ V into one accumulator (differential: the second map's
-        # probabilities times -lambda), map after map: one map's scores live at a time
-        kmask = lo + tl.arange(0, BLOCK_N) < hi
-        dd = tl.arange(0, D)
-        v = tl.load(_tile_ptrs(v_ptr, v_base, lo, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
-                    mask=kmask[:, None], other=0.0)
-        v = _dot_operand(v, ACT)
-        p = _one_map(qa, qb, qp, lo, kmask, row_lo, row_span, k_ptr, k_base, stride_ks,
-                     stride_kd, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                     cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
-                     stride_sw, qk_scale, 1.0, BLOCK_M, D, R, HALF_PAD, PASS_PAD, BLOCK_N,
-                     K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                     ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-        acc1 = tl.dot(_dot_operand(p, ACT), v, input_precision="tf32")
-        if DIFF:
-            p = _one_map(q2a, q2b, q2p, lo, kmask, row_lo, row_span, k2_ptr, k2_base,
-                         stride_k2s, stride_k2d, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                         cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
-                         stride_ss, stride_sw, qk_scale,
-                         -_lam(lam_ptr, h, stride_lam, lam, LAM_PTR), BLOCK_M, D, R, HALF_PAD,
-                         PASS_PAD, BLOCK_N, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
-                         K_ROUND_PRE_W, ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-            acc1 = tl.dot(_dot_operand(p, ACT), v, acc1, input_precision="tf32")
-    elif _INTERP_LOOP:
+    if _INTERP_LOOP:
         # Triton's interpreter cannot take tensor bounds in range() under numpy >= 2.3 (its
         # scalars are 1-element arrays): the same tiles in the same order, as a while loop
         start_n = lo
@@ -497,14 +425,14 @@ def _swa_fwd_kernel(
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
-    if ONE_TILE:
-        out = acc1
-    else:
-        # query rows past N have l = 0; they are not stored
-        out = acc1 / tl.where(l1 == 0.0, 1.0, l1)[:, None]
-        if DIFF:
-            out = out - _lam(lam_ptr, h, stride_lam, lam, LAM_PTR) * \
-                (acc2 / tl.where(l2 == 0.0, 1.0, l2)[:, None])
+    # query rows past N have l = 0; they are not stored
+    out = acc1 / tl.where(l1 == 0.0, 1.0, l1)[:, None]
+    if DIFF:
+        if LAM_PTR:
+            lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
+        else:
+            lam_h = lam
+        out = out - lam_h * (acc2 / tl.where(l2 == 0.0, 1.0, l2)[:, None])
     dd = tl.arange(0, D)
     o_ptrs = _tile_ptrs(o_ptr, b * stride_ob + h * stride_oh, start_m, stride_os, stride_od, dd,
                         BLOCK_M, OFF64)

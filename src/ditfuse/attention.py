@@ -342,7 +342,6 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         TABLE_HALF=bool(rope and qk.table_half),
         OFF64=not _fits_int32(p, o4, max(bm, bn)),
         TOKEN_MAJOR=token_major,
-        ONE_TILE=bm + left + right <= bn,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does —
