@@ -29,7 +29,8 @@ for name in names:
     qo, ko = torch.empty_like(p.q), torch.empty_like(p.k)  # out of place: replays are idempotent
     nbytes = qk_bytes(shape, DT)
     span_all = shape.span == "all"
-    hg0, _, _, nw0 = mod.launch_settings(shape.H, shape.D, span_all, True)
+    hg0, _, _, nw0 = mod.launch_settings(shape.H, shape.D, span_all, True,
+                                           torch.empty((), dtype=DT).element_size())
     mod.launch(p, qo, ko)
     ref = (qo.clone(), ko.clone())
     res = []

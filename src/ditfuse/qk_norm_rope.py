@@ -305,13 +305,16 @@ def _pieces(hg: int):
     return p0, (_next_pow2(rest) if rest else 0)
 
 
-def launch_settings(H: int, D: int, span_all: bool, has_k: bool):
+def launch_settings(H: int, D: int, span_all: bool, has_k: bool, itemsize: int = 2):
     """(heads per program, piece sizes, num_warps) for one (H, D) problem.
 
     A program takes all heads of a token when the norm spans them or the row is small
     (at most 8192 channels); otherwise groups of heads holding 4096 channels. num_warps
     gives each thread about 48 live values of Q and K (measured on the H200 over the
-    registry shapes, benchmarks/NOTES.md), at least 4 and at most 16 warps.
+    registry shapes, benchmarks/NOTES.md), at most 16 warps and at least 2 for 16-bit
+    activations (``itemsize`` 2), 4 for fp32. The floor of 2 warps measured at head_dim
+    64 x 24 heads (``benchmarks/logs/s9/b``): SAME-L 153 -> 136 us, SA3 24.8 -> 21.5 in
+    bf16 (fp16 alike); in fp32 SA3 took 34.8 us at 2 warps against 31.7 at 4.
     """
     if span_all or H * D <= 8192:
         hg = H
@@ -321,7 +324,7 @@ def launch_settings(H: int, D: int, span_all: bool, has_k: bool):
     elems = (p0 + p1) * _next_pow2(D) * (2 if has_k else 1)
     target = elems / (32 * 48)
     num_warps = 1 << max(0, round(math.log2(max(target, 1e-9))))
-    num_warps = min(16, max(4, num_warps))
+    num_warps = min(16, max(2 if itemsize <= 2 else 4, num_warps))
     return hg, p0, p1, num_warps
 
 
@@ -375,7 +378,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         return
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
+    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k, p.q.element_size())
     if settings is not None:
         hg, num_warps = settings
         p0, p1 = _pieces(hg)
