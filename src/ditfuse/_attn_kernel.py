@@ -258,7 +258,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
               stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
               kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
               cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-              qk_scale, k_end,
+              qk_scale, N,
               D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
               PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
               K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
@@ -267,9 +267,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
               ACT: tl.constexpr, OFF64: tl.constexpr):
     """One key tile: scores, online-softmax update and P @ V for one or both maps."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    # keys past the query tile's band (k_end = min(its last row + RIGHT + 1, N)) are not
-    # loaded: the last tile of a narrow band is mostly outside it (98 keys in 4 x 32)
-    kmask = offs_n < k_end
+    kmask = offs_n < N
     # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i]
     band = (offs_n[None, :] - row_lo[:, None]).to(tl.uint32, bitcast=True) <= \
         row_span[:, None].to(tl.uint32, bitcast=True)
@@ -397,8 +395,7 @@ def _swa_fwd_kernel(
     hi = tl.minimum(start_m + BLOCK_M + RIGHT, N)
     # each query row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width:
     # the key bound j < N folded in (rows past N are never stored; their width may be
-    # "negative", any key then counts, and their scores stay finite: K rows past the tile's
-    # last band key load 0)
+    # "negative", any key then counts, and their scores stay finite: K rows past N load 0)
     row_lo = offs_m - LEFT
     row_span = tl.minimum(offs_m + RIGHT, N - 1) - row_lo
     if _INTERP_LOOP:
@@ -412,7 +409,7 @@ def _swa_fwd_kernel(
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, hi, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
             start_n += BLOCK_N
@@ -424,7 +421,7 @@ def _swa_fwd_kernel(
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, hi, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
