@@ -178,6 +178,7 @@ def _gn_stats_kernel(
     TPP: tl.constexpr,        # tiles per program
     OFF64: tl.constexpr,      # offsets inside a tile need int64
     EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
+    PDL: tl.constexpr,        # the apply launch may start now (it waits for our writes)
 ):
     """Partial (count, mean, M2) of TPP consecutive tiles of one group.
 
@@ -187,6 +188,9 @@ def _gn_stats_kernel(
     cache), so that the partial means stay of the order of the spread, not of the offset:
     their fp32 rounding then costs nothing however large the offset.
     """
+    if PDL:
+        # every statistics program is running: the apply programs may take free slots
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     ng = pid // P
     k = pid - ng * P
@@ -247,30 +251,18 @@ def _gn_apply_kernel(
     OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
     EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+    PDL: tl.constexpr,        # launched dependent on the statistics launch
 ):
-    """One tile per program: merge the group's P partials (statistics of x - K, K the
-    group's first element), then normalise the tile."""
+    """One tile per program: load the tile, merge the group's P partials (statistics of
+    x - K, K the group's first element), then normalise the tile. With ``PDL`` the program
+    may start before the statistics launch has finished: x, weight and bias are not
+    written by it and are loaded first; the partials and K only after ``gdc_wait``, and the
+    output (which may be x itself) is stored after it too."""
     pid = tl.program_id(0).to(tl.int64)
     ng = pid // T
     t = pid - ng * T
     n = ng // G
     g = ng - n * G
-    kk = tl.arange(0, P_PAD).to(tl.int64)
-    pm = kk < P
-    pidx = ng * P + kk
-    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
-    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
-    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
-    count = tl.sum(pc)
-    mhi = tl.sum(pc * pmu) / count
-    dm = tl.where(pm, pmu - mhi, 0.0)
-    s1 = tl.sum(pc * dm)
-    corr = s1 / count              # the mean is mhi + corr, kept as two floats
-    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
-    var = tl.maximum(m2, 0.0) / count
-    rstd = 1.0 / tl.sqrt_rn(var + eps)
-    K = tl.load(part_ptr + 3 * NGP + ng * P)
-
     tc = t // n_ts
     ts = t - tc * n_ts
     ci = tl.arange(0, BC)[:, None]
@@ -288,6 +280,23 @@ def _gn_apply_kernel(
     x = _load_f32(x_ptrs, m, EVEN)
     w = _load_channels(w_ptr + c0 * stride_w, ci, stride_w, cm, HAS_W, EVEN, 1.0)
     b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    kk = tl.arange(0, P_PAD).to(tl.int64)
+    pm = kk < P
+    pidx = ng * P + kk
+    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
+    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
+    count = tl.sum(pc)
+    mhi = tl.sum(pc * pmu) / count
+    dm = tl.where(pm, pmu - mhi, 0.0)
+    s1 = tl.sum(pc * dm)
+    corr = s1 / count              # the mean is mhi + corr, kept as two floats
+    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
+    var = tl.maximum(m2, 0.0) / count
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    K = tl.load(part_ptr + 3 * NGP + ng * P)
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
     y = (((x - K) - mhi) - corr) * (rstd * w)
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
@@ -438,6 +447,11 @@ MAX_PARTIALS = 128
 OFF32_LIMIT = 2**31
 #: whole split-path tiles skip their masks (False: always masked, for tests)
 MASKLESS = True
+#: the split path's apply launch depends programmatically on the statistics launch (Hopper
+#: programmatic dependent launch): its programs start while the statistics' last programs
+#: run, load their x tile, and wait (``griddepcontrol.wait``) only before reading the
+#: partials. GPU only (the interpreter has no such launch)
+PDL = not _runtime.INTERPRET
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -759,12 +773,12 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
-                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
+                EVEN=even and st.P * st.TPP == st.T, PDL=PDL, num_warps=st.stats_warps))
     launch(_gn_apply_kernel, (NG * st.T,), (
         p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
-        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
-             num_warps=st.num_warps))
+        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags, PDL=PDL,
+             num_warps=st.num_warps, **({"launch_pdl": True} if PDL else {})))
     return st, scratch
 
 
@@ -812,7 +826,7 @@ def _key(kind, x, weight, bias, out, opts, launch):
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
                 FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS,
-                OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
+                OFF32_LIMIT, MASKLESS, PDL, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
