@@ -38,7 +38,7 @@ from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, r
 import subprocess, tempfile
 
 def _gdc(ptx, op):
-    """(count of ``op``, global vector loads before its first use) in the PTX."""
+    """(count of ``op``, global vector loads ahead of its first use) in the PTX."""
     at = ptx.find(op)
     return [ptx.count(op), len(re.findall(r"ld\.global\S*\.v[24]", ptx[:at])) if at >= 0 else 0]
 
@@ -104,8 +104,9 @@ def test_no_spills_no_stack_no_local_memory(rows):
 def test_split_path_programmatic_dependent_launch(rows):
     """On the GPU the split path's apply launch depends programmatically on the statistics
     launch: the statistics kernel lets it start (launch_dependents), the apply kernel
-    issues its x loads and then waits (griddepcontrol.wait) before it reads the partials.
-    The other kernels have neither."""
+    waits (griddepcontrol.wait) before any load (x loaded before the wait stayed live
+    through the partials' merge: 95 registers instead of 56, 6% slower on the H200). The
+    other kernels have neither."""
     split = [r for r in rows if r["kernel"] in ("_gn_stats_kernel", "_gn_apply_kernel")]
     assert split
     for r in rows:
@@ -113,7 +114,7 @@ def test_split_path_programmatic_dependent_launch(rows):
             assert r["pdl"] is True and r["gdc_launch"][0] == 1 and r["gdc_wait"][0] == 0, r
         elif r["kernel"] == "_gn_apply_kernel":
             assert r["pdl"] is True and r["gdc_wait"][0] == 1 and r["gdc_launch"][0] == 0, r
-            assert r["gdc_wait"][1] > 0, r  # x's vector loads come before the wait
+            assert r["gdc_wait"][1] == 0, r  # no vector load ahead of the wait
         else:
             assert r["gdc_wait"][0] == 0 and r["gdc_launch"][0] == 0, r
 
