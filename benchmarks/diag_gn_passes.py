@@ -43,13 +43,13 @@ def run(name):
         def stats(st=st, part=part, ngp=ngp):
             gn._gn_stats_kernel[(ngp,)](x, part, G, C // G, S, st.n_ts, st.T, st.P, ngp, *p.xs,
                                         BC=st.BC, BS=st.BS, TPP=st.TPP, num_warps=st.stats_warps,
-                                        **off, EVEN=even and st.P * st.TPP == st.T, PDL=False)
+                                        **off, EVEN=even and st.P * st.TPP == st.T)
 
         def apply(st=st, part=part, ngp=ngp):
             gn._gn_apply_kernel[(N * G * st.T,)](
                 x, y, w, b, part, G, C // G, S, st.n_ts, st.T, st.P, ngp, 1e-6, *p.xs, *os_,
                 1, 1, BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, **flags, num_warps=st.num_warps,
-                **off, EVEN=even, PDL=False)
+                **off, EVEN=even)
 
         stats()
         row(f"stats [{label}: P={st.P} TPP={st.TPP}]", graph_us(stats), nb)

@@ -4,7 +4,7 @@ Run with PYTHONPATH pointing at the ditfuse tree to time (an A/B of two trees: r
 per tree, alternating); prints one line per shape: tag, shape, microseconds. Launch-table
 overrides from the environment: LAUNCH='{"tile": 4096}' (keyword arguments of gn_settings /
 rms_settings, passed as ``_launch``), WARPS=n (num_warps of the RMS / GroupNorm apply
-launches), STATS_WARPS=n (the GroupNorm statistics pass's), PDL=0|1 (group_norm.PDL).
+launches), STATS_WARPS=n (the GroupNorm statistics pass's).
 """
 import dataclasses
 import json
@@ -28,8 +28,6 @@ if force:
             st = _f(*a, **k)
             return dataclasses.replace(st, **{f: v for f, v in force.items() if hasattr(st, f)})
         setattr(gn, fname, forced)
-if os.environ.get("PDL") is not None:  # PDL=0: the split path without the dependent launch
-    gn.PDL = bool(int(os.environ["PDL"]))
 tag = sys.argv[1] if len(sys.argv) > 1 else "tree"
 names = sys.argv[2:] or ["flux-vae-out-1024", "flux-vae-up1-256", "hunyuan-vae-up-9f",
                          "wan-vae-out-480p", "wan-vae-mid-480p", "flux-vae-mid-128"]

@@ -37,12 +37,6 @@ from ditfuse import group_norm as gn
 from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path
 import subprocess, tempfile
 
-def _gdc(ptx, op):
-    """(count of ``op``, global vector loads ahead of its first use) in the PTX."""
-    at = ptx.find(op)
-    return [ptx.count(op), len(re.findall(r"ld\.global\S*\.v[24]", ptx[:at])) if at >= 0 else 0]
-
-
 KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel"]
 t = GPUTarget("cuda", 90, 32)
 for label, op, shape, groups, dt in json.loads(sys.argv[1]):
@@ -77,9 +71,7 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
             local=cu["ldl"] + cu["stl"] + cu["cubin_local"],
             ex2=ck.asm["ptx"].count("ex2.approx.ftz.f32"), div=ck.asm["ptx"].count("div.approx.ftz.f32"),
             first_bar=bars[0] if bars else None, last_vec_load=vec[-1] if vec else None,
-            vec_loads=len(vec), pdl=kw.get("PDL"),
-            gdc_wait=_gdc(ck.asm["ptx"], "griddepcontrol.wait"),
-            gdc_launch=_gdc(ck.asm["ptx"], "griddepcontrol.launch_dependents"))), flush=True)
+            vec_loads=len(vec))), flush=True)
 '''
 
 
@@ -99,24 +91,6 @@ def rows():
 def test_no_spills_no_stack_no_local_memory(rows):
     bad = [r for r in rows if r["spills"] or r["stack"] or r["local"]]
     assert not bad, bad
-
-
-def test_split_path_programmatic_dependent_launch(rows):
-    """On the GPU the split path's apply launch depends programmatically on the statistics
-    launch: the statistics kernel lets it start (launch_dependents), the apply kernel
-    waits (griddepcontrol.wait) before any load (x loaded before the wait stayed live
-    through the partials' merge: 95 registers instead of 56, 6% slower on the H200). The
-    other kernels have neither."""
-    split = [r for r in rows if r["kernel"] in ("_gn_stats_kernel", "_gn_apply_kernel")]
-    assert split
-    for r in rows:
-        if r["kernel"] == "_gn_stats_kernel":
-            assert r["pdl"] is True and r["gdc_launch"][0] == 1 and r["gdc_wait"][0] == 0, r
-        elif r["kernel"] == "_gn_apply_kernel":
-            assert r["pdl"] is True and r["gdc_wait"][0] == 1 and r["gdc_launch"][0] == 0, r
-            assert r["gdc_wait"][1] == 0, r  # no vector load ahead of the wait
-        else:
-            assert r["gdc_wait"][0] == 0 and r["gdc_launch"][0] == 0, r
 
 
 def test_silu_is_one_ex2_and_one_approximate_division(rows):

@@ -178,7 +178,6 @@ def _gn_stats_kernel(
     TPP: tl.constexpr,        # tiles per program
     OFF64: tl.constexpr,      # offsets inside a tile need int64
     EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
-    PDL: tl.constexpr,        # the apply launch may start now (it waits for our writes)
 ):
     """Partial (count, mean, M2) of TPP consecutive tiles of one group.
 
@@ -188,9 +187,6 @@ def _gn_stats_kernel(
     cache), so that the partial means stay of the order of the spread, not of the offset:
     their fp32 rounding then costs nothing however large the offset.
     """
-    if PDL:
-        # every statistics program is running: the apply programs may take free slots
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0).to(tl.int64)
     ng = pid // P
     k = pid - ng * P
@@ -251,15 +247,9 @@ def _gn_apply_kernel(
     OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
     EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-    PDL: tl.constexpr,        # launched dependent on the statistics launch
 ):
     """One tile per program: merge the group's P partials (statistics of x - K, K the
-    group's first element), then normalise the tile. With ``PDL`` the program may start
-    before the statistics launch has finished, and waits (``gdc_wait``) before its first
-    load: loading x before the wait held the tile through the partials' merge (95 registers
-    instead of 56 at flux-vae-out-1024: 228 vs 216 us on the H200)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+    group's first element), then normalise the tile."""
     pid = tl.program_id(0).to(tl.int64)
     ng = pid // T
     t = pid - ng * T
@@ -448,11 +438,6 @@ MAX_PARTIALS = 128
 OFF32_LIMIT = 2**31
 #: whole split-path tiles skip their masks (False: always masked, for tests)
 MASKLESS = True
-#: the split path's apply launch depends programmatically on the statistics launch (Hopper
-#: programmatic dependent launch): its programs are launched while the statistics' last
-#: programs run and wait (``griddepcontrol.wait``) for their writes. GPU only (the
-#: interpreter has no such launch)
-PDL = not _runtime.INTERPRET
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -774,12 +759,12 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
-                EVEN=even and st.P * st.TPP == st.T, PDL=PDL, num_warps=st.stats_warps))
+                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
     launch(_gn_apply_kernel, (NG * st.T,), (
         p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
-        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags, PDL=PDL,
-             num_warps=st.num_warps, **({"launch_pdl": True} if PDL else {})))
+        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
+             num_warps=st.num_warps))
     return st, scratch
 
 
@@ -827,7 +812,7 @@ def _key(kind, x, weight, bias, out, opts, launch):
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
                 FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS,
-                OFF32_LIMIT, MASKLESS, PDL, sig(x), sig(weight), sig(bias), sig(out))
+                OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
