@@ -883,7 +883,8 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     kernel's). Against diffusers' eager
     modules the output is within one rounding of the activation dtype (the norm's
     reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
-    evaluated in fp32 where a bf16 model would round between its steps).
+    evaluated in fp32 to within 8 ulp -- the GPU's ``ex2`` / ``rcp`` approximations -- where
+    a bf16 model would round between its steps).
     Inference only: no autograd.
 
     Examples
