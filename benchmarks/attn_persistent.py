@@ -60,6 +60,7 @@ def _swa_persistent_kernel(
     BH, N_M, NUM_PROGRAMS,    # (batch, head) pairs, query tiles, programs
     TRIPS: tl.constexpr,      # key tiles a query tile: cdiv(BLOCK_M + LEFT + RIGHT, BLOCK_N)
     ITERS: tl.constexpr,      # tiles a program: cdiv(BH * N_M, NUM_PROGRAMS)
+    OUTER_STAGES: tl.constexpr,  # the tile loop's own pipelining (1: none)
     FLATTEN: tl.constexpr,
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
@@ -70,7 +71,7 @@ def _swa_persistent_kernel(
     # ITERS (constexpr) trips of every program; a program past the last tile recomputes the
     # last tile and stores nothing (the interpreter cannot take program_id as a range bound)
     total = BH * N_M
-    for it in tl.range(0, ITERS, flatten=FLATTEN):
+    for it in tl.range(0, ITERS, num_stages=OUTER_STAGES, flatten=FLATTEN, disable_licm=True):
         tile = tl.program_id(0) + it * NUM_PROGRAMS
         live = tile < total
         tile = tl.minimum(tile, total - 1)
@@ -166,7 +167,7 @@ class _Shim:
             trips = -(-(bm + left + right) // bn)
             return _swa_persistent_kernel[(P,)](*args, BH=bh, N_M=n_m, NUM_PROGRAMS=P,
                                                 TRIPS=trips, ITERS=-(-bh * n_m // P),
-                                                FLATTEN=self.flatten, **kw)
+                                                FLATTEN=self.flatten, OUTER_STAGES=1, **kw)
         return run
 
 
@@ -222,7 +223,7 @@ def build():
             bh, n_m = grid
             kw2 = dict(kw, TRIPS=-(-(kw["BLOCK_M"] + left + right) // kw["BLOCK_N"]),
                        FLATTEN=flatten, BH=bh, N_M=n_m, NUM_PROGRAMS=396,
-                       ITERS=-(-bh * n_m // 396), maxnreg=cap)
+                       ITERS=-(-bh * n_m // 396), maxnreg=cap, OUTER_STAGES=1)
             args2 = tuple(args)
             target = GPUTarget("cuda", 90, 32)
             try:
