@@ -32,7 +32,7 @@ for name, dt in cases:
     qo, ko = torch.empty_like(p.q), torch.empty_like(p.k)
     nbytes = qk_bytes(shape) * (2 if dt == torch.float32 else 1)
     span_all = shape.span == "all"
-    hg0, _, _, nw0 = mod.launch_settings(shape.H, shape.D, span_all, True)
+    hg0, _, _, nw0 = mod.launch_settings(shape.H, shape.D, span_all, True, p.q.element_size())
     mod.launch(p, qo, ko, settings=(hg0, nw0))  # the per-token kernel
     ref = (qo.clone(), ko.clone())
     us0 = graph_us(lambda: mod.launch(p, qo, ko, settings=(hg0, nw0)))

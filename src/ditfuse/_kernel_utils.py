@@ -61,13 +61,13 @@ def _rcp(x):
 
 @triton.jit
 def _tanh(x):
-    """tanh in fp32, within a few ulp (DyT's norm). |x| >= 0.25: 1 - 2 / (1 + e^{2|x|}) as
-    (1 - e) / (1 + e), e = 2^(-2 log2(e) |x|) by one ``ex2.approx`` and the quotient by one
-    ``rcp.approx`` (1 + e in [1, 2]) and a product (Triton's ``/``, ``div.full.f32``, adds
-    range checks; with Taylor's terms as separate products and sums, where fp contraction is
-    off, the QK kernel at SAME-L took 1312 SASS instructions a program, now 984);
-    below, where 1 - e would cancel, the odd Taylor series up to x^9 in fused multiply-adds
-    (its first omitted term is below 2^-27 of tanh there)."""
+    """tanh in fp32, within 8 ulp (DyT's norm). |x| >= 0.25: (1 - e) / (1 + e) with
+    e = 2^(-2 log2(e) |x|) (``tl.exp2``, one ``ex2.approx`` on sm_90: the measured build;
+    ``_ex2``'s flush-to-zero form gave 16 more instructions at SAME-L) and the quotient as
+    one ``rcp.approx`` of 1 + e, which lies in [1, 2], and a product (Triton's ``/`` adds
+    range checks: benchmarks/NOTES.md, qk_norm_rope v8); below 0.25, where 1 - e would
+    cancel, the odd Taylor series up to x^9 in fused multiply-adds (its first omitted term
+    is below 2^-27 of tanh there)."""
     ax = tl.abs(x)
     e = tl.exp2(ax * -2.8853900817779268)
     big = (1.0 - e) * _rcp(1.0 + e)

@@ -449,7 +449,7 @@ def _build(spec: Spec) -> Dict:
         hg, p0, p1 = kwargs["HG"], kwargs["P0"], kwargs["P1"]
         span_all = bool(kwargs.get("Q_SPAN_ALL") or kwargs.get("K_SPAN_ALL"))
         table = tuple(qkr.launch_settings(spec.H, spec.D, span_all, has_k,
-                                          4 if spec.dtype == "fp32" else 2))
+                                          args[0].element_size()))
         if kernel is _qk_norm_rope_kernel and (hg, p0, p1, nw) != table:
             raise RuntimeError(f"{spec.name}: launch used HG/P0/P1/num_warps "
                                f"{(hg, p0, p1, nw)}, launch_settings gives {table}")

@@ -305,7 +305,7 @@ def _pieces(hg: int):
     return p0, (_next_pow2(rest) if rest else 0)
 
 
-def launch_settings(H: int, D: int, span_all: bool, has_k: bool, itemsize: int = 2):
+def launch_settings(H: int, D: int, span_all: bool, has_k: bool, itemsize: int):
     """(heads per program, piece sizes, num_warps) for one (H, D) problem.
 
     A program takes all heads of a token when the norm spans them or the row is small
@@ -534,7 +534,7 @@ def tma_pays(p: Plan) -> bool:
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     H, D = p.q.shape[2], p.q.shape[3]
     return (span_all and H * D >= 4096
-            and launch_settings(H, D, True, p.k is not None)[3] == 8)
+            and launch_settings(H, D, True, p.k is not None, p.q.element_size())[3] == 8)
 
 
 def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
@@ -543,7 +543,7 @@ def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
     grid: 4-warp builds ran out of registers at 24 heads x 128), three stages (two items
     in flight while one is computed), two programs per SM (8 warps of up to 128 registers;
     one or three took 1.1-1.4x as long at Wan, four stages gained nothing)."""
-    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k)
+    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k, elem)
     return hg, p0, p1, max(8, num_warps), 3, 2
 
 
