@@ -37,7 +37,7 @@ def main(argv):
                 row = A.build(spec)
                 print(f"{name:18s} {str(tuple(st) if st else 'table'):32s} regs {row['regs']:3d} "
                       f"spill {row['spill_stores']}/{row['spill_loads']} smem {row['smem']:6d} "
-                      f"wgmma {row['wgmma']} mma {row['mma']} {row['violations']}", flush=True)
+                      f"wgmma {row['wgmma']} mma {row['mma']} sass {row['sass_instructions']} {row['violations']}", flush=True)
         finally:
             A.launch_settings = table
 

@@ -38,24 +38,27 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
     heads has head stride 0 and is re-read from L1). ``DUP``: the source holds one value
     per pair (a half-width table), given to both a and b.
     """
-    if INTERLEAVED:
+    if INTERLEAVED and not DUP:
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         m = hmask & (j < 2 * R2)
-        if DUP:
-            off = (j // 2) * stride_d
-        else:
-            off = j * stride_d
-        x = tl.load(ptr + base + hh * stride_h + off, mask=m, other=0.0).to(tl.float32)
+        x = tl.load(ptr + base + hh * stride_h + j * stride_d, mask=m,
+                    other=0.0).to(tl.float32)
         xa, xb = tl.split(tl.reshape(x, (NH, HALF_PAD, 2)))
+    elif DUP:
+        # one value a pair, in either rotary style: one [NH, HALF_PAD] load used for both a
+        # and b (a per-channel load of duplicated addresses split in registers held twice
+        # the values: 127 instead of 64 registers at Qwen-Image's 24 x 128 on sm_90)
+        i = tl.arange(0, HALF_PAD)[None, :]
+        m = hmask & (i < R2)
+        xa = tl.load(ptr + base + hh * stride_h + i * stride_d, mask=m,
+                     other=0.0).to(tl.float32)
+        xb = xa
     else:
         i = tl.arange(0, HALF_PAD)[None, :]
         m = hmask & (i < R2)
         p = ptr + base + hh * stride_h + i * stride_d
         xa = tl.load(p, mask=m, other=0.0).to(tl.float32)
-        if DUP:
-            xb = xa
-        else:
-            xb = tl.load(p + R2 * stride_d, mask=m, other=0.0).to(tl.float32)
+        xb = tl.load(p + R2 * stride_d, mask=m, other=0.0).to(tl.float32)
     return xa, xb
 
 

@@ -791,6 +791,7 @@ def build(spec: BuildSpec) -> dict:
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
         **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
         ldl=sass["ldl"], stl=sass["stl"], cubin_local=sass["cubin_local"],
+        sass_instructions=sass["sass_instructions"],
         enable_fp_fusion=options.enable_fp_fusion, maxnreg=options.maxnreg,
         arch=f"sm_{ik.ARCH}a",
     )

@@ -158,7 +158,7 @@ def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     inplace = shape.form == "flat"  # Wan normalises its packed projection in place
 
     def fused(s):
-        return ditfuse.qk_norm_rope(s["q"], s["k"], s["cos"], s["sin"], q_norm=s["q_norm"],
+        return ditfuse.qk_norm_rope(s["q"], s["k"], s["call_cos"], s["call_sin"], q_norm=s["q_norm"],
                                     k_norm=s["k_norm"], inplace=inplace, **s["kwargs"])
 
     bench_case("qk_norm_rope", shape.name, dtype, qk_bytes(shape, dtype),

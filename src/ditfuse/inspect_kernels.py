@@ -81,6 +81,8 @@ class Spec:
     table_width: Optional[int] = None  # None: rotary_dim (repeat-interleaved / cat-duplicated)
     table_dtype: str = "fp32"
     table_per_head: bool = False     # (1, S, H, W) table expanded per head
+    table_view: bool = False         # the table as every other column of one twice as wide
+                                     # (Wan's cos[..., 0::2]; Qwen's view_as_real halves)
     layout: str = "flat"             # "flat" (B, S, H*D) + num_heads | "bshd" | "bhsd"
     packed: int = 0                  # q, k are chunks of one fused projection of this many
     k_chunk: int = 1                 # chunks (in place); k is chunk number k_chunk
@@ -108,6 +110,8 @@ class Spec:
         rope = ("il" if self.rope_style == "interleaved" else "half") + f" r{self.R} w{self.W}"
         if self.table_per_head:
             rope += " per-head"
+        if self.table_view:
+            rope += " view"
         return f"{norm}, {rope}"
 
 
@@ -117,8 +121,15 @@ _FLUX2 = dict(model="FLUX.2 dev 1024^2", H=48, D=128, S=4096 + 512, layout="bshd
 
 #: Every shipped specialization, in report order.
 SPECS: List[Spec] = [
-    # Wan: torch.nn.RMSNorm(H*D) across heads; (1, S, 1, D) repeat-interleaved fp32 table
+    # Wan: torch.nn.RMSNorm(H*D) across heads; (1, S, 1, D) fp32 tables, as the patched
+    # processor passes them (the cos[..., 0::2] / sin[..., 1::2] columns repeated for both
+    # channels of a pair: patching.table_once); direct calls with the half-width columns,
+    # packed or as strided views: the next two
     Spec("wan14b", **_WAN14B),
+    Spec("wan14b-half-table", **{**_WAN14B, "model": "Wan2.1 14B, half-width tables"},
+         table_width=64),
+    Spec("wan14b-table-view", **{**_WAN14B, "model": "Wan2.1 14B, strided half tables"},
+         table_width=64, table_view=True),
     Spec("wan14b-packed", **{**_WAN14B, "model": "Wan2.1 14B, fused QKV, in place"},
          packed=3, k_chunk=1),
     Spec("wan1.3b", model="Wan2.1 1.3B 480p", H=12, D=128, S=21 * 30 * 52, norm="rms",
@@ -127,7 +138,7 @@ SPECS: List[Spec] = [
     Spec("flux1", model="FLUX.1 dev 1024^2", H=24, D=128, S=4096 + 512, layout="bshd"),
     Spec("flux2", **_FLUX2),
     # Qwen-Image: diffusers RMSNorm(D) (bf16 weight: rounds before it); complex freqs =
-    # unique frequencies, a (S, D/2) table with rotary_dim=D
+    # unique frequencies, the real / imaginary parts of the (S, D/2) complex table (packed)
     Spec("qwen", model="Qwen-Image 1328^2", H=24, D=128, S=83 * 83, round_before_weight=True,
          table_width=64, layout="bshd"),
     # HunyuanVideo: diffusers RMSNorm(D) per head (rounds before its bf16 weight),
@@ -275,6 +286,9 @@ def _call_args(spec: Spec):
     if spec.table_per_head:
         cos = torch.empty(1, S, 1, W, dtype=tdt, **meta).expand(1, S, H, W)
         sin = torch.empty(1, S, 1, W, dtype=tdt, **meta).expand(1, S, H, W)
+    elif spec.table_view:
+        cos = torch.empty(S, 2 * W, dtype=tdt, **meta)[:, 0::2]
+        sin = torch.empty(S, 2 * W, dtype=tdt, **meta)[:, 1::2]
     else:
         cos = torch.empty(S, W, dtype=tdt, **meta)
         sin = torch.empty(S, W, dtype=tdt, **meta)

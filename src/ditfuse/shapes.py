@@ -12,6 +12,11 @@ class QKShape:
 
     ``form``: how Q/K reach the op: "flat" (B, S, H*D) slices of a packed QKV projection,
     normalised in place (Wan); "bshd" / "bhsd" separate tensors.
+    ``table``: how the patched model passes its RoPE table to the op: "full" (S, D) cos/sin
+    (repeat-interleaved or cat-duplicated, FLUX / HunyuanVideo / Stable Audio); "wan" the
+    ``cos[..., 0::2]`` / ``sin[..., 1::2]`` columns of Wan's (1, S, 1, D) tables, repeated
+    for both channels of a pair; "complex" the real / imaginary parts of Qwen-Image's
+    complex (S, D/2) frequencies, packed (as the patched processors pass them).
     """
 
     name: str
@@ -25,6 +30,7 @@ class QKShape:
     rotary_dim: int | None = None
     form: str = "bshd"
     B: int = 1
+    table: str = "full"
 
     def small(self, S: int = 6) -> "QKShape":
         """The same call with few tokens, for the interpreter."""
@@ -32,12 +38,15 @@ class QKShape:
 
 
 QK_SHAPES = {s.name: s for s in [
-    QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, span="all", form="flat"),
-    QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, span="all", form="flat"),
-    QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, span="all", form="flat"),
+    QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, span="all", form="flat",
+            table="wan"),
+    QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, span="all", form="flat",
+            table="wan"),
+    QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, span="all", form="flat",
+            table="wan"),
     QKShape("flux1-1024", "FLUX.1-dev 1024^2", 4096 + 512, 24, 128),
     QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
-    QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128),
+    QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),
     QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128, form="bhsd"),
     QKShape("sa3-dit", "Stable Audio 3 DiT", 4096, 24, 64, style="half", rotary_dim=32),
     QKShape("same-l-decoder", "SAME-L decoder (3 min)", 17 * 1938, 24, 64, norm="dyt", style="half",

@@ -22,11 +22,29 @@ def rope_table(S: int, D: int, style: str, device, dtype=torch.float32, base: fl
     return c.to(dtype), s.to(dtype)
 
 
+def model_tables(shape: QKShape, cos: torch.Tensor, sin: torch.Tensor):
+    """The full cos/sin tables as the patched model's processor hands them to
+    ``qk_norm_rope`` (``shape.table``): as they are; Wan's ``cos[..., 0::2]`` /
+    ``sin[..., 1::2]`` columns repeated for both channels of a pair (``patching/_wan.py``);
+    or the real / imaginary parts of the complex frequencies Qwen-Image builds, packed
+    (``patching/_qwen.py``). The processors make these once per step's table
+    (``patching.table_once``)."""
+    if shape.table == "wan":
+        return (cos[..., 0::2].repeat_interleave(2, dim=-1),
+                sin[..., 1::2].repeat_interleave(2, dim=-1))
+    if shape.table == "complex":
+        ri = torch.view_as_real(torch.complex(cos[..., 0::2], sin[..., 0::2]))
+        return ri[..., 0].contiguous(), ri[..., 1].contiguous()
+    return cos, sin
+
+
 def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     """Random inputs (never zeros) for one registry shape.
 
     Returns a dict: ``buf`` (the packed projection, for "flat"), ``q``, ``k``, ``cos``,
-    ``sin``, ``q_norm``, ``k_norm`` (NormSpecs) and ``kwargs`` for ``qk_norm_rope``.
+    ``sin`` (full width, for the references), ``call_cos``, ``call_sin`` (the same tables
+    as the patched model passes them: ``model_tables``), ``q_norm``, ``k_norm`` (NormSpecs)
+    and ``kwargs`` for ``qk_norm_rope``.
     """
     g = torch.Generator(device=device).manual_seed(seed)
     B, S, H, D = shape.B, shape.S, shape.H, shape.D
@@ -60,6 +78,7 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     if shape.name.startswith("wan"):  # Wan passes (1, S, 1, D) tables
         c, s = c[None, :, None], s[None, :, None]
     out["cos"], out["sin"] = c, s
+    out["call_cos"], out["call_sin"] = model_tables(shape, c, s)
     kwargs.update(rope_style=shape.style, rotary_dim=R)
     out["kwargs"] = kwargs
     return out
@@ -128,11 +147,14 @@ def eager_fn(shape: QKShape):
 
 
 def qk_bytes(shape: QKShape, dtype=torch.bfloat16, table_dtype=torch.float32) -> int:
-    """Fewest bytes the op must move: Q and K read and written once, cos/sin once per token."""
+    """Fewest bytes the op must move: Q and K read and written once, the table row once per
+    token (as the model passes it, ``shape.table``)."""
     el = torch.empty((), dtype=dtype).element_size()
     tel = torch.empty((), dtype=table_dtype).element_size()
     R = shape.rotary_dim or shape.D
-    return 4 * shape.B * shape.S * shape.H * shape.D * el + 2 * shape.S * R * tel
+    # cos and sin, R values each a token; the patched Qwen-Image passes R/2 (one a pair)
+    table = shape.S * R * tel * (1 if shape.table == "complex" else 2)
+    return 4 * shape.B * shape.S * shape.H * shape.D * el + table
 
 
 # --------------------------------------------------------------------------------------

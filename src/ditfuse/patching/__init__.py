@@ -8,6 +8,7 @@ on the module so :func:`unpatch` restores exactly what was there. Nothing global
 from __future__ import annotations
 
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List
 
@@ -132,6 +133,30 @@ def compiling() -> bool:
     """Inside torch.compile: elementwise work is inductor's (it fuses an activation into the
     concat buffer itself; ditfuse's op there would add a copy into the buffer)."""
     return torch.compiler.is_compiling()
+
+
+_TABLES: Dict[tuple, tuple] = {}
+
+
+def table_once(src: torch.Tensor, tag: str, make: Callable[[torch.Tensor], torch.Tensor]):
+    """``make(src)`` for a rotary table ``src``, computed once per table: every block of a
+    step receives the same table objects, and the form ``qk_norm_rope`` reads fastest
+    (contiguous; for Wan full width) is a copy of them. Cached while ``src`` lives and is
+    not modified in place (its version counter); under torch.compile computed in the graph
+    (inductor deduplicates it across the blocks of a graph)."""
+    if compiling():
+        return make(src)
+    key = (id(src), tag)
+    hit = _TABLES.get(key)
+    if hit is not None:
+        ref, version, out = hit
+        if ref() is src and version == src._version:
+            return out
+    out = make(src)
+    for k in [k for k, (r, _, _) in _TABLES.items() if r() is None]:
+        del _TABLES[k]
+    _TABLES[key] = (weakref.ref(src), src._version, out)
+    return out
 
 
 def cat_fusable(first, h, op: str) -> bool:

@@ -1,7 +1,8 @@
 """Qwen-Image (QwenImageTransformer2DModel): per-head QK-norm + RoPE of the text and image
 streams, each written into its slice of the joint Q/K. Qwen's RoPE is a complex multiply;
 ``x * (c + i s)`` on pairs (2i, 2i+1) is the interleaved rotation with the unique-frequency
-tables ``c = freqs.real``, ``s = freqs.imag`` (strided views, no copy). In the blocks, each
+tables ``c = freqs.real``, ``s = freqs.imag`` (packed contiguous once per table:
+``table_once``). In the blocks, each
 stream's norm1 + modulate, gated residual + norm2 + modulate and MLP gated residual as the
 AdaLN kernels (per-op rounding, as the block computes in the activation dtype)."""
 from __future__ import annotations
@@ -10,13 +11,23 @@ import torch
 
 from ..adaln import adaln_modulate
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail,
-               plain_layer_norms, replace_processors)
+from . import (bind_forwards, grad_needed, norms_ok, params_need_grad,
+               per_op_mlp_tail, plain_layer_norms, replace_processors, table_once)
+
+
+def _real(f):
+    return torch.view_as_real(f)[..., 0].contiguous()
+
+
+def _imag(f):
+    return torch.view_as_real(f)[..., 1].contiguous()
 
 
 def _cs(freqs):
-    ri = torch.view_as_real(freqs)
-    return ri[..., 0], ri[..., 1]
+    """cos, sin of complex frequencies as contiguous (S, D/2) tables, made once per table:
+    the kernel's half-width path reads them with one load a pair (H200, Qwen-Image 1328^2:
+    52.3 us; the strided real / imaginary views 74.4 us; benchmarks/logs/s10/c)."""
+    return table_once(freqs, "real", _real), table_once(freqs, "imag", _imag)
 
 
 def _make_processor():
