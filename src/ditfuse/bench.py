@@ -155,7 +155,7 @@ def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     import ditfuse
     from .workloads import eager_fn, qk_bytes, qk_inputs
 
-    inplace = shape.form == "flat"  # Wan normalises its packed projection in place
+    inplace = shape.inplace  # as the patched processor calls it (Wan, HunyuanVideo)
 
     def fused(s):
         return ditfuse.qk_norm_rope(s["q"], s["k"], s["call_cos"], s["call_sin"], q_norm=s["q_norm"],

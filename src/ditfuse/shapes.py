@@ -31,6 +31,7 @@ class QKShape:
     form: str = "bshd"
     B: int = 1
     table: str = "full"
+    inplace: bool = False      # the patched processor normalises Q / K in place
 
     def small(self, S: int = 6) -> "QKShape":
         """The same call with few tokens, for the interpreter."""
@@ -39,15 +40,18 @@ class QKShape:
 
 QK_SHAPES = {s.name: s for s in [
     QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, span="all", form="flat",
-            table="wan"),
+            table="wan", inplace=True),
     QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, span="all", form="flat",
-            table="wan"),
+            table="wan", inplace=True),
     QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, span="all", form="flat",
-            table="wan"),
+            table="wan", inplace=True),
     QKShape("flux1-1024", "FLUX.1-dev 1024^2", 4096 + 512, 24, 128),
     QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
     QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),
-    QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128, form="bhsd"),
+    # diffusers 0.42's HunyuanVideo processor keeps (B, S, H, D) (apply_rotary_emb with
+    # sequence_dim=1); the patched one normalises those projections in place
+    QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128,
+            inplace=True),
     QKShape("sa3-dit", "Stable Audio 3 DiT", 4096, 24, 64, style="half", rotary_dim=32),
     QKShape("same-l-decoder", "SAME-L decoder (3 min)", 17 * 1938, 24, 64, norm="dyt", style="half",
             rotary_dim=32),
