@@ -182,3 +182,14 @@ def test_tma_pays_only_for_wide_norms_across_heads():
         p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
                      k_norm=inp["k_norm"], **inp["kwargs"])
         assert mod.tma_pays(p) is pays, name
+    # rotate-half pairs with a norm across heads: the per-token kernel (on the H200 the two
+    # kernels' bits differed there), with a table or without
+    from ditfuse.norms import NormSpec
+
+    H, D, S = 40, 128, 2
+    x = torch.randn(1, S, H * D).to(torch.bfloat16)
+    n = NormSpec("rms", weight=torch.ones(H * D, dtype=torch.bfloat16), eps=1e-6)
+    c, s_ = torch.randn(S, D), torch.randn(S, D)
+    half = mod.plan(x, x.clone(), c, s_, q_norm=n, k_norm=n, num_heads=H, rope_style="half")
+    assert not mod.tma_pays(half)
+    assert mod.tma_pays(mod.plan(x, x.clone(), None, None, q_norm=n, k_norm=n, num_heads=H))

@@ -28,21 +28,41 @@ TOL = {
 }
 
 
-def _err(out: torch.Tensor, ref: torch.Tensor, loose: float = 1.0) -> float:
+def _pair_magnitude(ref: torch.Tensor, style: str, R: int) -> torch.Tensor:
+    """|ref| where no rotation acts, and the magnitude of the element's rotary pair,
+    sqrt(a^2 + b^2) (a rotation keeps it), over the first ``R`` channels."""
+    r = ref.double()
+    m = r.abs()
+    if style == "interleaved":
+        pr = r[..., :R].unflatten(-1, (-1, 2))
+        m[..., :R] = pr.pow(2).sum(-1, keepdim=True).sqrt().expand_as(pr).flatten(-2)
+    else:
+        a, b = r[..., : R // 2], r[..., R // 2: R]
+        n = (a * a + b * b).sqrt()
+        m[..., :R] = torch.cat((n, n), -1)
+    return m
+
+
+def _err(out: torch.Tensor, ref: torch.Tensor, loose: float = 1.0, scale=None) -> float:
     """Largest |out - ref| / (rtol |ref| + atol); <= 1 passes.
 
     ``loose`` > 1 also scales the absolute term by the data's mean magnitude: for chains
-    that round between steps whose terms cancel (DyT's gamma * t + beta).
+    that round between steps whose terms cancel (DyT's gamma * t + beta). ``scale`` (a
+    tensor like ref) replaces |ref| in the relative term: for RoPE outputs the magnitude of
+    the element's rotary pair (``_pair_magnitude``) -- the rotation mixes the two rounded
+    normalised values, so one flipped rounding of either moves the output by up to an ulp
+    of the pair's magnitude, however much the element itself cancels.
     """
     rtol, atol = TOL[out.dtype]
     o, r = out.double(), ref.double()
+    mag = r.abs() if scale is None else scale
     # A tie flipped at the intermediate rounding moves the result by up to an ulp of the
     # normalised input, not of the (possibly cancelled, tiny) result: scale the absolute
     # term by the data's RMS.
     atol = max(atol, rtol * r.pow(2).mean().sqrt().item())
     if loose != 1.0:
         atol = max(atol, rtol * r.abs().mean().item())
-    return ((o - r).abs() / (loose * (rtol * r.abs() + atol))).max().item()
+    return ((o - r).abs() / (loose * (rtol * mag + atol))).max().item()
 
 
 class Gates:
@@ -85,8 +105,11 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
             eq, ek = eq.reshape(oq.shape), ek.reshape(ok_.shape)
             # the eager DyT chain rounds after each of its four steps in half precision
             loose = 4.0 if shape.norm == "dyt" and dtype != torch.float32 else 1.0
-            e = max(_err(oq, rq), _err(ok_, rk))
-            e_e = max(_err(oq, eq, loose), _err(ok_, ek, loose))
+            R = shape.rotary_dim or shape.D
+            mq, mk = (_pair_magnitude(t.reshape(*t.shape[:-1], -1, shape.D) if t.shape[-1] != shape.D
+                                      else t, shape.style, R).reshape(t.shape) for t in (rq, rk))
+            e = max(_err(oq, rq, scale=mq), _err(ok_, rk, scale=mk))
+            e_e = max(_err(oq, eq, loose, scale=mq), _err(ok_, ek, loose, scale=mk))
             share = min((oq == rq).float().mean().item(), (ok_ == rk).float().mean().item())
             share_e = min((oq == eq).float().mean().item(), (ok_ == ek).float().mean().item())
             ok = e <= 1 and e_e <= 1 and (share >= 0.97 or dtype == torch.float32)

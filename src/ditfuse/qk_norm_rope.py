@@ -530,10 +530,13 @@ def tma_pays(p: Plan) -> bool:
     kernel wins by 15-45%; FLUX.2 (6144, per-head norm) ties. Only where the per-token
     table also runs 8 warps: the warps order the cross-warp sums of the norm, and with the
     same warps the two kernels gave the same bits on the H200 (Wan, bf16 and fp32), so a
-    shared table (TMA) and a per-head-expanded one (per-token) still agree bitwise."""
+    shared table (TMA) and a per-head-expanded one (per-token) still agree bitwise. Only
+    interleaved pairs (what was measured): with rotate-half pairs the two kernels' bits
+    differed on the H200 (``ditfuse check``'s shared == expanded gate at 40 x 128,
+    ``benchmarks/logs/s10/f``), and no covered model normalises across heads with them."""
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
     H, D = p.q.shape[2], p.q.shape[3]
-    return (span_all and H * D >= 4096
+    return (span_all and H * D >= 4096 and (p.interleaved or p.cos is None)
             and launch_settings(H, D, True, p.k is not None, p.q.element_size())[3] == 8)
 
 
