@@ -102,11 +102,11 @@ def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_
         # interleaved pairs (2i, 2i+1): a [pairs, 2] view of the piece, split in registers
         ya, yb = tl.split(tl.reshape(y, (N // 2, 2)))
         if TABLE_HALF:
-            # one column per pair: one cos and one sin a pair, loaded at the pair's first
-            # channel (split from the channels as y is: no layout change) and used for both
-            # channels -- the values and arithmetic of the per-channel load below with
-            # ca == cb, sa == sb, at half the loads and live registers (Wan's patched call
-            # passes half-width tables: 167 -> 93 registers at 2 warps on sm_90)
+            # one column per pair: one cos and one sin a pair, addressed from the pair
+            # index (an arange, so a contiguous table's loads stay contiguous) and used for
+            # both channels -- the values and arithmetic of the per-channel load below with
+            # ca == cb, sa == sb, at half the loads and live registers (sm_90 at Wan 14B, 2
+            # warps: 84 registers; loading per channel and splitting, as before, 167)
             pi = C0 // 2 + tl.arange(0, N // 2)  # the token's pair index
             pl = pi >= 0  # unused unless MASKED
             if MASKED:
