@@ -30,11 +30,14 @@ def model_tables(shape: QKShape, cos: torch.Tensor, sin: torch.Tensor):
     (``patching/_qwen.py``). The processors make these once per step's table
     (``patching.table_once``)."""
     if shape.table == "wan":
-        return (cos[..., 0::2].repeat_interleave(2, dim=-1),
-                sin[..., 1::2].repeat_interleave(2, dim=-1))
+        from .patching._wan import _wan_columns0, _wan_columns1
+
+        return _wan_columns0(cos), _wan_columns1(sin)
     if shape.table == "complex":
-        ri = torch.view_as_real(torch.complex(cos[..., 0::2], sin[..., 0::2]))
-        return ri[..., 0].contiguous(), ri[..., 1].contiguous()
+        from .patching._qwen import _imag, _real
+
+        freqs = torch.complex(cos[..., 0::2], sin[..., 0::2])  # Qwen's (S, D/2) freqs
+        return _real(freqs), _imag(freqs)
     return cos, sin
 
 
