@@ -97,7 +97,7 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
             rq, rk = qk_norm_rope_reference(inp["q"], inp["k"], inp["cos"], inp["sin"],
                                             compute_dtype=torch.float64, **kw)
             eq, ek = eager_fn(shape)(inp)
-            inplace = inp["buf"] is not None
+            inplace = shape.inplace
             oq, ok_ = qk_norm_rope(inp["q"], inp["k"], inp["call_cos"], inp["call_sin"],
                                    inplace=inplace, **kw)
             if oq.dim() != rq.dim():

@@ -32,6 +32,8 @@ class QKShape:
     B: int = 1
     table: str = "full"
     inplace: bool = False      # the patched processor normalises Q / K in place
+    packed: int = 0            # Q and K are chunks of one projection of this many chunks
+    k_chunk: int = 1           # (Q chunk 0, K chunk k_chunk), as the model splits to_qkv
 
     def small(self, S: int = 6) -> "QKShape":
         """The same call with few tokens, for the interpreter."""
@@ -52,9 +54,13 @@ QK_SHAPES = {s.name: s for s in [
     # sequence_dim=1); the patched one normalises those projections in place
     QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128,
             inplace=True),
-    QKShape("sa3-dit", "Stable Audio 3 DiT", 4096, 24, 64, style="half", rotary_dim=32),
+    # Stable Audio 3 / SAME: q1, k1 are chunks 0 and 2 of the differential [q1|q2|k1|k2|v]
+    # to_qkv output; SA3's patched processor normalises them in place, SAME's attention call
+    # into scratch (its prologue run apart)
+    QKShape("sa3-dit", "Stable Audio 3 DiT", 4096, 24, 64, style="half", rotary_dim=32,
+            inplace=True, packed=5, k_chunk=2),
     QKShape("same-l-decoder", "SAME-L decoder (3 min)", 17 * 1938, 24, 64, norm="dyt", style="half",
-            rotary_dim=32),
+            rotary_dim=32, packed=5, k_chunk=2),
 ]}
 
 

@@ -44,7 +44,7 @@ def model_tables(shape: QKShape, cos: torch.Tensor, sin: torch.Tensor):
 def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     """Random inputs (never zeros) for one registry shape.
 
-    Returns a dict: ``buf`` (the packed projection, for "flat"), ``q``, ``k``, ``cos``,
+    Returns a dict: ``buf`` (the packed projection, for "flat" and ``packed``), ``q``, ``k``, ``cos``,
     ``sin`` (full width, for the references), ``call_cos``, ``call_sin`` (the same tables
     as the patched model passes them: ``model_tables``), ``q_norm``, ``k_norm`` (NormSpecs)
     and ``kwargs`` for ``qk_norm_rope``.
@@ -63,6 +63,13 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     elif shape.form == "bhsd":
         out.update(q=randn(B, H, S, D), k=randn(B, H, S, D))
         kwargs = {"layout": "bhsd"}
+    elif shape.packed:  # chunks of one fused projection, (B, S, H, D) views
+        HD = H * D
+        buf = randn(B, S, shape.packed * HD)
+        kc = shape.k_chunk
+        out.update(buf=buf, q=buf[..., :HD].unflatten(-1, (H, D)),
+                   k=buf[..., kc * HD:(kc + 1) * HD].unflatten(-1, (H, D)))
+        kwargs = {}
     else:
         out.update(q=randn(B, S, H, D), k=randn(B, S, H, D))
         kwargs = {}
