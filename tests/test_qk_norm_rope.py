@@ -181,7 +181,8 @@ def test_bitwise_shared_vs_expanded_table(style, H, D):
 @torch.no_grad()
 def test_bitwise_equivalent_table_forms(style):
     """Every way of passing the same table gives the same bits: 2-D, 4-D broadcast, batch
-    broadcast, unique-frequency half width, and rows gathered by positions."""
+    broadcast, unique-frequency half width (contiguous or strided views), and rows gathered
+    by positions."""
     g = torch.Generator().manual_seed(7)
     B, S, H, D, dtype = 2, 6, 3, 64, torch.float16
     q = torch.randn(B, S, H, D, generator=g).to(dtype).to(DEVICE)
@@ -202,6 +203,11 @@ def test_bitwise_equivalent_table_forms(style):
         ditfuse.qk_norm_rope(q, k, cu[3:], su[3:], rotary_dim=D, **kw),
         ditfuse.qk_norm_rope(q, k, cf, sf, positions=pos, **kw),
         ditfuse.qk_norm_rope(q, k, cf, sf, positions=pos[None].expand(B, S), **kw),
+        # half width as strided views (a complex table's real / imaginary parts: Qwen-Image)
+        # and gathered by positions
+        ditfuse.qk_norm_rope(q, k, *torch.view_as_real(torch.complex(cu, su))[3:].unbind(-1),
+                             rotary_dim=D, **kw),
+        ditfuse.qk_norm_rope(q, k, cu, su, rotary_dim=D, positions=pos, **kw),
     ]
     assert half * 2 == D
     for vq, vk in variants:
