@@ -120,7 +120,7 @@ def test_split_and_warps_do_not_change_bits(hd, dtype):
 
 @pytest.mark.parametrize("hd", [(40, 128), (7, 32), (6, 16), (3, 64)], ids=lambda h: f"{h[0]}x{h[1]}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("table", ["S,W/2", "wan-views", "B,S,1,W/2"])
+@pytest.mark.parametrize("table", ["S,W/2", "wan-views", "B,S,1,W/2", "S,H,W/2", "pos"])
 @torch.no_grad()
 def test_half_table_is_its_repeat_interleaved_table(hd, dtype, table, flat_calls, poison_outputs):
     """A half-width table (one column a pair: Wan's ``cos[..., 0::2]`` / ``sin[..., 1::2]``
@@ -143,6 +143,11 @@ def test_half_table_is_its_repeat_interleaved_table(hd, dtype, table, flat_calls
         ch, sh = cf[..., 0::2], sf[..., 1::2]
     elif table == "S,W/2":
         ch, sh = rnd(S, D // 2), rnd(S, D // 2)
+    elif table == "S,H,W/2":  # per head
+        ch, sh = rnd(S, H, D // 2), rnd(S, H, D // 2)
+    elif table == "pos":  # rows gathered by positions
+        ch, sh = rnd(S + 4, D // 2), rnd(S + 4, D // 2)
+        kw["positions"] = torch.randint(0, S + 4, (B, S), generator=g).to(DEVICE)
     else:
         ch, sh = rnd(B, S, 1, D // 2), rnd(B, S, 1, D // 2)
     full = [t.repeat_interleave(2, dim=-1) for t in (ch, sh)]
