@@ -43,6 +43,12 @@ def _pair_magnitude(ref: torch.Tensor, style: str, R: int) -> torch.Tensor:
     return m
 
 
+def _head_pair_magnitude(ref: torch.Tensor, shape) -> torch.Tensor:
+    """``_pair_magnitude`` of a QK output whose last axis is D or H*D (Wan's flat rows)."""
+    heads = ref.reshape(*ref.shape[:-1], -1, shape.D)
+    return _pair_magnitude(heads, shape.style, shape.rotary_dim or shape.D).reshape(ref.shape)
+
+
 def _err(out: torch.Tensor, ref: torch.Tensor, loose: float = 1.0, scale=None) -> float:
     """Largest |out - ref| / (rtol |ref| + atol); <= 1 passes.
 
@@ -105,9 +111,7 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
             eq, ek = eq.reshape(oq.shape), ek.reshape(ok_.shape)
             # the eager DyT chain rounds after each of its four steps in half precision
             loose = 4.0 if shape.norm == "dyt" and dtype != torch.float32 else 1.0
-            R = shape.rotary_dim or shape.D
-            mq, mk = (_pair_magnitude(t.reshape(*t.shape[:-1], -1, shape.D) if t.shape[-1] != shape.D
-                                      else t, shape.style, R).reshape(t.shape) for t in (rq, rk))
+            mq, mk = (_head_pair_magnitude(t, shape) for t in (rq, rk))
             e = max(_err(oq, rq, scale=mq), _err(ok_, rk, scale=mk))
             e_e = max(_err(oq, eq, loose, scale=mq), _err(ok_, ek, loose, scale=mk))
             share = min((oq == rq).float().mean().item(), (ok_ == rk).float().mean().item())
