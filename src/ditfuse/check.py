@@ -103,9 +103,8 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
             rq, rk = qk_norm_rope_reference(inp["q"], inp["k"], inp["cos"], inp["sin"],
                                             compute_dtype=torch.float64, **kw)
             eq, ek = eager_fn(shape)(inp)
-            inplace = shape.inplace
             oq, ok_ = qk_norm_rope(inp["q"], inp["k"], inp["call_cos"], inp["call_sin"],
-                                   inplace=inplace, **kw)
+                                   inplace=shape.inplace, **kw)
             if oq.dim() != rq.dim():
                 rq, rk = rq.reshape(oq.shape), rk.reshape(ok_.shape)
             eq, ek = eq.reshape(oq.shape), ek.reshape(ok_.shape)

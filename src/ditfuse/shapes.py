@@ -10,8 +10,10 @@ from typing import Tuple
 class QKShape:
     """One model's QK-norm + RoPE call.
 
-    ``form``: how Q/K reach the op: "flat" (B, S, H*D) slices of a packed QKV projection,
-    normalised in place (Wan); "bshd" / "bhsd" separate tensors.
+    ``form``: how Q/K reach the op: "flat" (B, S, H*D) rows with ``num_heads`` (Wan);
+    "bshd" / "bhsd" (B, S, H, D) / (B, H, S, D) tensors. ``packed``: Q and K are chunks of
+    one fused projection (Wan's QKV, Stable Audio's differential to_qkv) rather than
+    tensors of their own.
     ``table``: how the patched model passes its RoPE table to the op: "full" (S, D) cos/sin
     (repeat-interleaved or cat-duplicated, FLUX / HunyuanVideo / Stable Audio); "wan" the
     ``cos[..., 0::2]`` / ``sin[..., 1::2]`` columns of Wan's (1, S, 1, D) tables, repeated
@@ -42,11 +44,11 @@ class QKShape:
 
 QK_SHAPES = {s.name: s for s in [
     QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, span="all", form="flat",
-            table="wan", inplace=True),
+            table="wan", inplace=True, packed=3),
     QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, span="all", form="flat",
-            table="wan", inplace=True),
+            table="wan", inplace=True, packed=3),
     QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, span="all", form="flat",
-            table="wan", inplace=True),
+            table="wan", inplace=True, packed=3),
     QKShape("flux1-1024", "FLUX.1-dev 1024^2", 4096 + 512, 24, 128),
     QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
     QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),

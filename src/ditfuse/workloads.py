@@ -44,10 +44,10 @@ def model_tables(shape: QKShape, cos: torch.Tensor, sin: torch.Tensor):
 def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     """Random inputs (never zeros) for one registry shape.
 
-    Returns a dict: ``buf`` (the packed projection, for "flat" and ``packed``), ``q``, ``k``, ``cos``,
-    ``sin`` (full width, for the references), ``call_cos``, ``call_sin`` (the same tables
-    as the patched model passes them: ``model_tables``), ``q_norm``, ``k_norm`` (NormSpecs)
-    and ``kwargs`` for ``qk_norm_rope``.
+    Returns a dict: ``buf`` (the packed projection, ``shape.packed``), ``q``, ``k``,
+    ``cos``, ``sin`` (full width, for the references), ``call_cos``, ``call_sin`` (the
+    same tables as the patched model passes them: ``model_tables``), ``q_norm``,
+    ``k_norm`` (NormSpecs) and ``kwargs`` for ``qk_norm_rope``.
     """
     g = torch.Generator(device=device).manual_seed(seed)
     B, S, H, D = shape.B, shape.S, shape.H, shape.D
@@ -56,23 +56,23 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
         return (torch.randn(*sz, generator=g, device=device, dtype=torch.float32) * scale + shift).to(dtype)
 
     out = {"buf": None}
-    if shape.form == "flat":
-        buf = randn(B, S, 3 * H * D)
-        out.update(buf=buf, q=buf[..., : H * D], k=buf[..., H * D: 2 * H * D])
-        kwargs = {"num_heads": H}
-    elif shape.form == "bhsd":
+    if shape.form == "bhsd":
         out.update(q=randn(B, H, S, D), k=randn(B, H, S, D))
         kwargs = {"layout": "bhsd"}
-    elif shape.packed:  # chunks of one fused projection, (B, S, H, D) views
-        HD = H * D
-        buf = randn(B, S, shape.packed * HD)
-        kc = shape.k_chunk
-        out.update(buf=buf, q=buf[..., :HD].unflatten(-1, (H, D)),
-                   k=buf[..., kc * HD:(kc + 1) * HD].unflatten(-1, (H, D)))
-        kwargs = {}
-    else:
-        out.update(q=randn(B, S, H, D), k=randn(B, S, H, D))
-        kwargs = {}
+    else:  # (B, S, H*D) rows: chunks of one fused projection (packed) or tensors of their own
+        HD, kc = H * D, shape.k_chunk
+        if shape.packed:
+            buf = randn(B, S, shape.packed * HD)
+            q, k = buf[..., :HD], buf[..., kc * HD:(kc + 1) * HD]
+            out["buf"] = buf
+        else:
+            q, k = randn(B, S, HD), randn(B, S, HD)
+        if shape.form == "flat":
+            kwargs = {"num_heads": H}
+        else:
+            q, k = q.unflatten(-1, (H, D)), k.unflatten(-1, (H, D))
+            kwargs = {}
+        out.update(q=q, k=k)
     n = H * D if shape.span == "all" else D
     norms = []
     for _ in range(2):
