@@ -27,8 +27,9 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
         # pass exactly those columns, repeated for both channels of a pair (so any table
         # gives Wan's arithmetic, repeat-interleaved or not), made once per table. The
         # kernel reads a full-width contiguous table fastest (H200, Wan 14B 480p in place:
-        # 366 us; half-width columns 382-390 us, their strided views 486 us;
-        # benchmarks/logs/s10/c)
+        # 366 us; the half-width columns packed 382-390 us, benchmarks/logs/s10/c, d; as
+        # strided views they cost a layout change through shared memory: 118 registers
+        # instead of 84 on sm_90)
         cos = table_once(cos, "wan-cos", _wan_columns0)
         sin = table_once(sin, "wan-sin", _wan_columns1)
     return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
