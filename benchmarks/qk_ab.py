@@ -9,7 +9,7 @@ reference (fp64 math rounded to the dtype: a check that the timed call is right)
 the cos[..., 0::2] / sin[..., 1::2] columns repeated for both channels of a pair, or with
 ``--half`` those columns alone, packed; Qwen-Image: the complex table's real / imaginary
 parts, packed), built here so that both trees of an A/B get the same inputs; Wan in place,
-as the model and the bench run it. (The first A/B, ``logs/s10/c``, ran the half-width form
+as the model and the bench run it (``--out-of-place``: into new tensors). (The first A/B, ``logs/s10/c``, ran the half-width form
 for Wan, then the only model form.)
 """
 import sys
@@ -41,7 +41,7 @@ for name in names:
                 cos, sin = cos.contiguous(), sin.contiguous()
             else:
                 cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-            inplace = True
+            inplace = "--out-of-place" not in sys.argv
         elif name.startswith("qwen"):
             cos, sin = cos[..., 0::2].contiguous(), sin[..., 0::2].contiguous()
 
