@@ -70,6 +70,27 @@ def test_bad_input_raises_before_writing(case):
         assert torch.equal(before, t), f"{name}: input written before the error"
 
 
+@pytest.mark.parametrize("form", ["norm only", "q only", "rope only"])
+def test_grad_mode_without_grad_inputs_runs(form):
+    """Grad enabled but nothing requiring grad (absent tables, K or norms included): the op
+    runs and matches its result under no_grad (an absent input once raised the
+    inference-only error)."""
+    q, k, cos, sin = _base()
+    rms = NormSpec("rms", weight=torch.rand(D, device=DEVICE) + 0.5, eps=1e-6)
+    args = {"norm only": (q, k, None, None, {"q_norm": rms, "k_norm": rms}),
+            "q only": (q, None, cos, sin, {"q_norm": rms}),
+            "rope only": (q, k, cos, sin, {})}[form]
+    assert torch.is_grad_enabled()
+    got = ditfuse.qk_norm_rope(args[0], args[1], args[2], args[3], **args[4])
+    with torch.no_grad():
+        want = ditfuse.qk_norm_rope(args[0], args[1], args[2], args[3], **args[4])
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None
+        else:
+            assert torch.equal(g, w)
+
+
 def test_requires_grad_rejected():
     q, k, cos, sin = _base()
     norm = torch.nn.RMSNorm(D).to(DEVICE, torch.bfloat16)
