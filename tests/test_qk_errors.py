@@ -96,3 +96,18 @@ def test_requires_grad_rejected():
     norm = torch.nn.RMSNorm(D).to(DEVICE, torch.bfloat16)
     with pytest.raises(RuntimeError, match="inference-only"):
         ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm)
+
+
+@torch.no_grad()
+def test_three_d_table_readings():
+    """A 3-D table that reads as both (B, S, W) and (S, H, W) is refused unless it is one row
+    (S = H = 1: both readings give every token and head that row)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 2, 2, 16, generator=g).to(DEVICE)
+    cos, sin = rope_tables(2, 16)
+    with pytest.raises(ValueError, match="ambiguous"):
+        ditfuse.qk_norm_rope(q, q.clone(), cos[None].expand(2, 2, 16), sin[None].expand(2, 2, 16))
+    q1 = torch.randn(3, 1, 1, 16, generator=g).to(DEVICE)
+    got = ditfuse.qk_norm_rope(q1, None, cos[:1, None], sin[:1, None])[0]
+    want = ditfuse.qk_norm_rope(q1, None, cos[:1], sin[:1])[0]
+    assert torch.equal(got, want)

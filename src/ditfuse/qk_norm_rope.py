@@ -150,6 +150,8 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
     elif t.dim() == 3:
         bsw = shp[0] in (1, B) and rows_ok(shp[1])
         shw = rows_ok(shp[0]) and shp[1] == H
+        if bsw and shw and shp[:2] == (1, 1):
+            shw = False  # one row for every token and head: both readings are the same
         if bsw and shw:
             raise ValueError(f"{name} of shape {shp} is ambiguous between (B, S, W) and (S, H, W); "
                              "pass it 4-D as (B, S, 1, W) or (1, S, H, W)")
