@@ -121,7 +121,7 @@ def test_rms_column_loads_before_the_barrier(rows):
 def test_cache_hints(rows):
     """GroupNorm's split path re-reads x: the statistics loads are marked evict_last (what
     of x is in L2 when they end stays there for the apply pass), the apply pass's loads of
-    x evict_first, and y is stored streaming (H200, session 11: 2.5-7.5% faster at the
+    x evict_first, and y is stored streaming (H200, session 11: 2.4-7.5% faster at the
     <= 67 MB shapes, benchmarks/NOTES.md)."""
     by = {}
     for r in rows:

@@ -211,7 +211,7 @@ def _gn_stats_kernel(
         corner = base + (tc * BC) * stride_xc + (ts * BS) * stride_xs
         # evict_last: the apply pass reads x again; what of it is still in L2 when the
         # statistics end should stay there over the apply pass's first (DRAM) tiles
-        # (H200, session 11: -2.5 to -7.5% at the <= 67 MB shapes, +0.3% at 268 MB)
+        # (H200, session 11: -2.4 to -7.5% at the <= 67 MB shapes, +0.3% at 268 MB)
         if EVEN:  # every tile whole, every program's tiles inside the group: no masks
             msk = None
             x = tl.load(x_ptr + corner + inner, eviction_policy="evict_last").to(tl.float32)
