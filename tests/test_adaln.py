@@ -331,3 +331,27 @@ def test_tile_kernel_odd_widths_and_strides(D, layout):
         assert torch.equal(xn, eager_x)
         assert_close_report(m2, rm2, torch.bfloat16, "gated")
         assert torch.equal(ditfuse.gated_residual(x, y, gate), eager_x)
+
+
+@pytest.mark.parametrize("B,S", [(2, 2), (3, 5)])
+@torch.no_grad()
+def test_reference_and_fallback_read_2d_operands_per_batch(B, S, monkeypatch):
+    """A (B, D) shift / scale / gate is one row per batch entry in the reference and in the
+    fallback that runs it off the GPU, as in the kernel: the same result as its (B, 1, D)
+    view, also when B == S (where plain broadcasting would apply it per token)."""
+    from ditfuse import _runtime
+    g = torch.Generator().manual_seed(B * 10 + S)
+    D = 16
+    x = torch.randn(B, S, D, generator=g).to(DEVICE)
+    y = torch.randn(B, S, D, generator=g).to(DEVICE)
+    shift, scale, gate = (torch.randn(B, 6 * D, generator=g) * 0.3).to(DEVICE).chunk(6, 1)[:3]
+    want = adaln_reference(x, shift[:, None], scale[:, None], compute_dtype=torch.float64)
+    assert torch.equal(adaln_reference(x, shift, scale, compute_dtype=torch.float64), want)
+    wxn, wm = adaln_reference(x, shift[:, None], scale[:, None], residual=y, gate=gate[:, None])
+    kernel = ditfuse.adaln_modulate(x, shift, scale)
+    monkeypatch.setattr(_runtime, "kernel_device_ok", lambda *a: False)
+    fallback = ditfuse.adaln_modulate(x, shift, scale)
+    xn, m = ditfuse.gated_residual_adaln(x, y, gate, shift, scale)
+    assert_close_report(fallback, want, torch.float32, "fallback")
+    assert_close_report(kernel, want, torch.float32, "kernel")
+    assert torch.equal(xn, wxn) and torch.equal(m, wm)

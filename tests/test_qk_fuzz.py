@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ditfuse
-from conftest import DEVICE, DTYPES, assert_close_report
+from conftest import DTYPES, assert_close_report
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "40"))

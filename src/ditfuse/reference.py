@@ -139,27 +139,37 @@ def adaln_reference(x, shift=None, scale=None, *, norm="layer", weight=None, bia
     ``rounding="once"``: fp32 (here ``compute_dtype``) math, rounded to x's dtype at each
     stored result. ``"per_op"``: every elementwise step rounded to x's dtype, as a
     half-precision eager chain does.
+
+    Shapes as the op reads them: x (B, S, D) or (B, D); shift / scale / gate (D,), (1|B, D)
+    (one row per batch entry, not per token), (1|B, 1, D) or (1|B, S, D).
     """
     cd = compute_dtype
     act = x.dtype
+    shape = x.shape
+
+    def rows(t):  # (B, S, D) view: a 2-D operand is one row per batch entry
+        if t is None:
+            return None
+        return t[None, None] if t.dim() == 1 else t[:, None] if t.dim() == 2 else t
 
     def r(t):
         return t.to(act).to(cd) if rounding == "per_op" else t
 
-    xs = x.to(cd)
+    xs = rows(x).to(cd)
+    shift, scale, gate = rows(shift), rows(scale), rows(gate)
     x_new = None
     if residual is not None:
-        y = residual.to(cd)
+        y = rows(residual).to(cd)
         p = r(y * gate.to(cd)) if gate is not None else y
         xs = (xs + p).to(act).to(cd)  # the new residual stream is stored, then normalised
-        x_new = xs.to(act)
+        x_new = xs.to(act).reshape(shape)
     n = _adaln_norm(xs, norm, weight, bias, eps, cd) if norm else xs
     n = r(n)
     if scale is not None:
         n = r(n * r(1 + scale.to(cd)))
     if shift is not None:
         n = r(n + shift.to(cd))
-    out = n.to(act)
+    out = n.to(act).reshape(shape)
     return (x_new, out) if residual is not None else out
 
 
