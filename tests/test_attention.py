@@ -571,3 +571,32 @@ def test_grid_order_does_not_change_bits(layout):
     assert torch.equal(outs[0], outs[1])
     ref = A.run(p, (16, 16, 4, 1))  # the default order for this layout
     assert torch.equal(ref, outs[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@torch.no_grad()
+def test_d128_differential_prologue_runs_apart(dtype, monkeypatch):
+    """head_dim 128, differential, a norm and a partial rotary width, the production launch
+    table: the case whose fused sm_90 build gave wrong results on the H200 (session 11)
+    runs the prologue apart (qk_norm_rope, then the attention without one), within the
+    contract of the fp64 reference; head_dim 128 without the differential form and SAME's
+    head_dim 64 keep their routes."""
+    assert A.prologue_apart(128, 3, 3, True, True)
+    assert not A.prologue_apart(128, 3, 3, False, True)
+    assert not A.prologue_apart(128, 3, 3, True, False)
+    assert A.prologue_apart(64, 17, 17, True, True) and not A.prologue_apart(64, 40, 40, True, True)
+    g = torch.Generator().manual_seed(52)
+    B, N, H, D, R = 2, 70, 2, 128, 64
+    q, k, v, q2, k2 = (t.transpose(1, 2) for t in qkv(g, B, N, H, D, dtype, n=5))
+    cos, sin = same_tables(N, R)
+    cos, sin = (t[:, : R // 2].repeat_interleave(2, -1) for t in (cos, sin))
+    kw = dict(q2=q2, k2=k2, lam=0.8, layout="bhsd", q_norm=NormSpec("layer", eps=1e-5),
+              k_norm=NormSpec("layer", eps=1e-5), cos=cos, sin=sin, rope_style="interleaved",
+              rotary_dim=R)
+    launched = []
+    real = A._apart
+    monkeypatch.setattr(A, "_apart", lambda *a, **k: launched.append(1) or real(*a, **k))
+    out = SWA(q, k, v, 3, **kw)
+    assert launched, "the prologue did not run apart"
+    check(out, reference(q, k, v, 3, compute_dtype=torch.float64, **kw), v, dtype, "d128 apart",
+          lam=0.8)

@@ -373,9 +373,20 @@ def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: 
     N = 8704 bf16 (the best fused settings), where qk_norm_rope twice (106 us) plus the
     attention without prologue (72 us) took 175 us; fp32 283 vs 340, N = 32946 bf16 613 vs
     777; the same bits on the GPU at the same attention settings. So: head_dim 64,
-    differential, a narrow band (SAME-L); elsewhere fused (not measured apart)."""
+    differential, a narrow band (SAME-L).
+
+    Also head_dim 128 differential, for correctness: there the fused sm_90 build (8 warps,
+    16-key tiles) returned wrong results on the H200 with a norm and a partial rotary width
+    together (errors of 0.3-0.7 of the output scale, bf16; with only one of them, without
+    the differential form, in fp32 or with 16 x 16 tiles it was right; the interpreter is
+    right everywhere: ``benchmarks/logs/s11/h``, NOTES.md). Apart, the prologue runs as
+    ``qk_norm_rope`` and the attention without one. Elsewhere fused (not measured apart)."""
+    if not (PROLOGUE_APART and prologue):
+        return False
+    if D >= 128 and differential:
+        return True
     span = (left if left >= 0 else 1 << 30) + (right if right >= 0 else 1 << 30) + 1
-    return PROLOGUE_APART and prologue and differential and D == 64 and span <= 64
+    return differential and D == 64 and span <= 64
 
 
 def prologue_scratch(q: Tensor, layout: str, differential: bool) -> tuple:
@@ -525,10 +536,12 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
       the tiles fed to the tensor cores are those ``qk_norm_rope`` would write (bitwise
       for DyT and RoPE; RMS/LayerNorm statistics may differ in reduction order in the
       last fp32 bit). Where it measured faster (:func:`prologue_apart`: head_dim 64,
-      differential, a window of at most 64 keys -- SAME-L) the prologue runs as
+      differential, a window of at most 64 keys -- SAME-L), and at head_dim 128 with the
+      differential form (the fused build gave wrong results there on the H200), it runs as
       ``qk_norm_rope`` into scratch (Q and K, and Q2 and K2: four (B, N, H, D) tensors
-      of the activation dtype) and the attention kernel reads that: the same tiles, the
-      same bits as the fused kernel at the same launch settings on the H200. Against
+      of the activation dtype) and the attention kernel reads that: the same tiles (at
+      head_dim 64 the same bits as the fused kernel at the same launch settings on the
+      H200). Against
       SAME's bf16 eager chain (DyT rounded after each of its four steps) the output is
       within four roundings.
 
