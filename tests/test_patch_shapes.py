@@ -1,0 +1,108 @@
+"""ditfuse.patch on the tiny models at inputs the other patch tests do not use: batch 2,
+one text token, odd latent sizes, several frames, padded text masks (HunyuanVideo,
+Qwen-Image). Patched vs unpatched within a few roundings of the output scale (bitwise in
+bf16 where the fused ops reproduce the eager arithmetic, as in test_patch.py)."""
+import pytest
+import torch
+
+import ditfuse
+
+diffusers = pytest.importorskip("diffusers")
+from ditfuse.patching.tiny_models import (_flux, _flux2, _hunyuan, _qwen, _sa3,  # noqa: E402
+                                          _wan, to_dtype)
+from test_patch import _close  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="the tiny models run on the CPU through the interpreter")
+
+
+def _g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def wan_inputs(dtype, B, F, H, W, T):
+    g = _g(11)
+    return dict(hidden_states=torch.randn(B, 4, F, H, W, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
+                timestep=torch.tensor([500.0, 20.0][:B]).to(dtype), return_dict=False)
+
+
+def flux_inputs(dtype, B, S, T):
+    g = _g(12)
+    return dict(hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 32, generator=g).to(dtype),
+                pooled_projections=torch.randn(B, 32, generator=g).to(dtype),
+                timestep=torch.tensor([0.5, 0.25][:B]).to(dtype),
+                img_ids=torch.randn(S, 3, generator=g), txt_ids=torch.randn(T, 3, generator=g),
+                return_dict=False)
+
+
+def flux2_inputs(dtype, B, S, T):
+    g = _g(13)
+    return dict(hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 32, generator=g).to(dtype),
+                timestep=torch.tensor([0.5, 0.25][:B]).to(dtype),
+                img_ids=torch.randn(1, S, 4, generator=g), txt_ids=torch.randn(1, T, 4, generator=g),
+                guidance=torch.tensor([3.5, 2.0][:B]).to(dtype), return_dict=False)
+
+
+def hunyuan_inputs(dtype, B, F, H, W, T, pad):
+    g = _g(14)
+    mask = torch.ones(B, T)
+    if pad:
+        mask[-1, T - pad:] = 0  # the last prompt padded
+    return dict(hidden_states=torch.randn(B, 4, F, H, W, generator=g).to(dtype),
+                timestep=torch.tensor([3, 7][:B]).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
+                encoder_attention_mask=mask.to(dtype),
+                pooled_projections=torch.randn(B, 8, generator=g).to(dtype),
+                guidance=torch.tensor([3.0, 5.0][:B]).to(dtype), return_dict=False)
+
+
+def qwen_inputs(dtype, B, h, w, T, pad):
+    g = _g(15)
+    mask = torch.ones(B, T, dtype=torch.bool)
+    if pad:
+        mask[-1, T - pad:] = False
+    return dict(hidden_states=torch.randn(B, h * w, 16, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
+                encoder_hidden_states_mask=mask, timestep=torch.tensor([1.0, 0.5][:B]).to(dtype),
+                img_shapes=[(1, h, w)] * B, return_dict=False)
+
+
+def sa3_inputs(dtype, B, L, T):
+    g = _g(16)
+    return dict(hidden_states=torch.randn(B, 8, L, generator=g).to(dtype),
+                timestep=torch.tensor([0.3, 0.7][:B]).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 8, generator=g).to(dtype),
+                global_hidden_states=torch.randn(B, 8, generator=g).to(dtype), return_dict=False)
+
+
+CASES = [
+    ("wan-b2-3frames-odd", _wan, lambda dt: wan_inputs(dt, 2, 3, 6, 10, 5)),
+    ("wan-one-text-token", _wan, lambda dt: wan_inputs(dt, 1, 1, 4, 6, 1)),
+    ("flux1-b2-odd", _flux, lambda dt: flux_inputs(dt, 2, 11, 3)),
+    ("flux1-one-text-token", _flux, lambda dt: flux_inputs(dt, 1, 5, 1)),
+    ("flux2-b2-odd", _flux2, lambda dt: flux2_inputs(dt, 2, 9, 2)),
+    ("hunyuan-b2-padded-text", _hunyuan, lambda dt: hunyuan_inputs(dt, 2, 2, 3, 5, 6, 2)),
+    ("qwen-b2-padded-text", _qwen, lambda dt: qwen_inputs(dt, 2, 2, 6, 5, 2)),
+    ("sa3-b2-odd", _sa3, lambda dt: sa3_inputs(dt, 2, 7, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name,make,inputs", CASES, ids=[c[0] for c in CASES])
+@torch.no_grad()
+def test_patched_matches_unpatched_at_other_shapes(name, make, inputs, dtype):
+    model = to_dtype(make(), dtype)
+    kw = inputs(dtype)
+    ref = model(**kw)[0]
+    report = ditfuse.patch(model)
+    assert report.counts.get("attention processors (QK-norm + RoPE)", 0) > 0, report.counts
+    out = model(**kw)[0]
+    assert out.shape == ref.shape
+    share = _close(out, ref, dtype)
+    if dtype == torch.bfloat16:  # as in test_patch.py: the fused ops' arithmetic is eager's
+        assert share == 1.0, f"{name}: {100 * share:.2f}% bitwise"
+    ditfuse.unpatch(model)
+    assert torch.equal(model(**kw)[0], ref)
