@@ -27,6 +27,19 @@ def wan_inputs(dtype, B, F, H, W, T):
                 timestep=torch.tensor([500.0, 20.0][:B]).to(dtype), return_dict=False)
 
 
+def wan_i2v_inputs(dtype, B, F, H, W, T):
+    kw = wan_inputs(dtype, B, F, H, W, T)
+    kw["encoder_hidden_states_image"] = torch.randn(B, 3, 8, generator=_g(17)).to(dtype)
+    return kw
+
+
+def wan_ti2v_inputs(dtype, B, F, H, W, T):  # one timestep per token (Wan 2.2 TI2V)
+    kw = wan_inputs(dtype, B, F, H, W, T)
+    n = F * (H // 2) * (W // 2)
+    kw["timestep"] = (torch.rand(B, n, generator=_g(18)) * 900 + 50).to(dtype)
+    return kw
+
+
 def flux_inputs(dtype, B, S, T):
     g = _g(12)
     return dict(hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
@@ -81,6 +94,8 @@ def sa3_inputs(dtype, B, L, T):
 CASES = [
     ("wan-b2-3frames-odd", _wan, lambda dt: wan_inputs(dt, 2, 3, 6, 10, 5)),
     ("wan-one-text-token", _wan, lambda dt: wan_inputs(dt, 1, 1, 4, 6, 1)),
+    ("wan-i2v-b2", lambda: _wan(i2v=True), lambda dt: wan_i2v_inputs(dt, 2, 2, 4, 6, 5)),
+    ("wan-ti2v-b2", _wan, lambda dt: wan_ti2v_inputs(dt, 2, 2, 4, 6, 5)),
     ("flux1-b2-odd", _flux, lambda dt: flux_inputs(dt, 2, 11, 3)),
     ("flux1-one-text-token", _flux, lambda dt: flux_inputs(dt, 1, 5, 1)),
     ("flux2-b2-odd", _flux2, lambda dt: flux2_inputs(dt, 2, 9, 2)),
