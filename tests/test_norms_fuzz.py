@@ -1,5 +1,5 @@
-"""GroupNorm + SiLU, the channel RMS + SiLU and the AdaLN ops over randomly drawn
-combinations of what the parametrised tests hold apart: group counts and channels a group,
+"""GroupNorm + SiLU, the channel RMS + SiLU, the AdaLN ops and SwiGLU / GELU over randomly
+drawn combinations of what the parametrised tests hold apart: group counts and channels a group,
 spatial ranks 1-3 with sizes from 1, channels-last and sliced views of x, both GroupNorm
 paths (forced split tiles at these sizes), affine or not, SiLU on or off, outputs into
 poisoned buffers; for AdaLN odd widths, S = 1, strided x, every shift / scale / gate form
@@ -137,3 +137,43 @@ def test_adaln_fuzz(i):
         assert torch.equal(x, x0), what
     assert_close_report(xn, rxn, dtype, "x_new " + what)
     assert_close_report(m, rm, dtype, "modulated " + what)
+
+
+@pytest.mark.parametrize("i", range(N_CASES), ids=[f"case{i}" for i in range(N_CASES)])
+@torch.no_grad()
+def test_activations_fuzz(i):
+    """SwiGLU / GELU (tanh, erf) over ranks 1-4, odd widths, column slices of a wider
+    projection, out= into a column slice of a NaN-filled buffer (FLUX's concat buffer):
+    within the fp64 bounds of test_activations.py, every element written."""
+    from ditfuse import gelu, swiglu
+    from test_activations import assert_gelu_bound, assert_swiglu_bound
+
+    r = random.Random(10000 + i)
+    g = torch.Generator().manual_seed(r.randrange(2**31))
+    dtype = r.choice(DTYPES)
+    op = r.choice(["swiglu", "gelu-tanh", "gelu-none"])
+    lead = tuple(r.choice([1, 2, 3, 5]) for _ in range(r.choice([0, 1, 2, 3])))
+    W = r.choice([2, 6, 34, 130, 4098]) if op == "swiglu" else r.choice([1, 5, 33, 129, 4097])
+    off = r.choice([0, 0, 3, 16])
+    t = torch.randn(*lead, off + W + r.choice([0, 5]), generator=g, dtype=torch.float64) * 3
+    t = torch.where(t.abs() < 1e-3, torch.full_like(t, 1e-3), t)
+    x = t.to(dtype).to(DEVICE)[..., off:off + W]  # a column slice, as FLUX's MLP input
+    N = W // 2 if op == "swiglu" else W
+    out = None
+    if r.random() < 0.5:  # into the columns after D of a concat buffer, NaN first
+        D = r.choice([1, 7, 64])
+        buf = torch.full(lead + (D + N,), float("nan"), dtype=dtype, device=DEVICE)
+        out = buf[..., D:]
+    what = f"case{i} {op} {lead} W{W} off{off} {dtype} out={out is not None}"
+    x0 = x.clone()
+    if op == "swiglu":
+        y = swiglu(x, out=out)
+        assert_swiglu_bound(y, x)
+    else:
+        approx = "tanh" if op == "gelu-tanh" else "none"
+        y = gelu(x, approx, out=out)
+        assert_gelu_bound(y, x, approx)
+    assert torch.equal(x, x0), what
+    if out is not None:
+        assert y.data_ptr() == out.data_ptr(), what
+        assert torch.isnan(buf[..., :D]).all(), f"{what}: wrote outside out"
