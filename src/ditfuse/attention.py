@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from . import _fastpath, _library, _runtime
-from .norms import NormSpec
+from .norms import NormSpec, needs_grad
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = (32, 64, 128)
@@ -435,19 +435,9 @@ def run(p: Plan, settings=None, scratch: Optional[tuple] = None) -> Tensor:
 
 
 def _check_grad(*ts):
-    if not torch.is_grad_enabled():
-        return
-    for t in ts:
-        if isinstance(t, torch.nn.Module):
-            bad = any(x.requires_grad for x in t.parameters())
-        elif isinstance(t, NormSpec):
-            bad = any(isinstance(x, Tensor) and x.requires_grad
-                      for x in (t.weight, t.bias, t.alpha))
-        else:
-            bad = isinstance(t, Tensor) and t.requires_grad
-        if bad:
-            raise RuntimeError("ditfuse.sliding_window_attention is inference-only (no backward): "
-                               "call it under torch.no_grad() or torch.inference_mode()")
+    if torch.is_grad_enabled() and any(needs_grad(t) for t in ts):
+        raise RuntimeError("ditfuse.sliding_window_attention is inference-only (no backward): "
+                           "call it under torch.no_grad() or torch.inference_mode()")
 
 
 def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None,

@@ -138,3 +138,15 @@ def resolve_norm(norm, arg: str) -> Optional[NormSpec]:
         f"{arg}: cannot read a norm from {type(norm).__module__}.{name}; pass torch.nn.RMSNorm, "
         "torch.nn.LayerNorm, diffusers RMSNorm/FP32LayerNorm, StableAudio3RMSNorm, DynamicTanh, "
         "a ditfuse.NormSpec, or None")
+
+
+def needs_grad(t) -> bool:
+    """Whether autograd would need a backward through ``t``: a tensor that requires grad, a
+    module with such a parameter, or a :class:`NormSpec` holding such a tensor. ``None``
+    (an absent input) needs nothing. The ops' inference-only checks (with grad enabled)."""
+    if isinstance(t, torch.nn.Module):
+        return any(p.requires_grad for p in t.parameters())
+    if isinstance(t, NormSpec):
+        return any(isinstance(v, torch.Tensor) and v.requires_grad
+                   for v in (t.weight, t.bias, t.alpha))
+    return isinstance(t, torch.Tensor) and t.requires_grad

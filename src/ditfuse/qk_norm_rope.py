@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import _fastpath, _runtime
-from .norms import NormSpec, resolve_norm
+from .norms import NormSpec, needs_grad, resolve_norm
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -789,22 +789,11 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
 
 
 def _check_grad(*ts):
-    """Refuses inputs that autograd would need a backward for (the op has none): a tensor,
-    a norm module's parameter or a NormSpec tensor that requires grad, with grad enabled.
-    Absent inputs (``None``: no K, no tables, no norm) need nothing."""
-    if not torch.is_grad_enabled():
-        return
-    for t in ts:
-        if isinstance(t, torch.nn.Module):
-            needs = any(p.requires_grad for p in t.parameters())
-        elif isinstance(t, NormSpec):
-            needs = any(isinstance(v, torch.Tensor) and v.requires_grad
-                        for v in (t.weight, t.bias, t.alpha))
-        else:
-            needs = isinstance(t, torch.Tensor) and t.requires_grad
-        if needs:
-            raise RuntimeError("ditfuse.qk_norm_rope is inference-only (no backward): call it "
-                               "under torch.no_grad() or torch.inference_mode()")
+    """Refuses inputs that autograd would need a backward for (the op has none), with grad
+    enabled; absent inputs (no K, no tables, no norm) need nothing."""
+    if torch.is_grad_enabled() and any(needs_grad(t) for t in ts):
+        raise RuntimeError("ditfuse.qk_norm_rope is inference-only (no backward): call it "
+                           "under torch.no_grad() or torch.inference_mode()")
 
 
 def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
