@@ -1,5 +1,7 @@
 """HunyuanVideo (HunyuanVideoTransformer3DModel): per-head QK-norm + RoPE on the image
-tokens, QK-norm only on the text tokens, in place on the fresh projections; in the
+tokens, QK-norm only on the text tokens -- in place on the fresh projections in the
+single-stream blocks, into the rows of the joint Q / K in the dual-stream ones (no
+``torch.cat`` of Q and K); in the
 double- and single-stream blocks, AdaLayerNormZero(Single)'s norm + modulate and the gated
 residuals (with the norm2 + modulate that follows) as the AdaLN kernels; the single-stream
 blocks' GELU written straight into the buffer ``proj_out`` reads, next to the image and
@@ -22,7 +24,10 @@ def _make_processor():
 
     class DitfuseHunyuanVideoAttnProcessor(th.HunyuanVideoAttnProcessor2_0):
         """HunyuanVideoAttnProcessor2_0 with QK-norm + RoPE fused: image tokens are normalised
-        and rotated by one kernel, text tokens normalised by one kernel, in place.
+        and rotated by one kernel, text tokens normalised by one kernel -- in place in the
+        single-stream blocks; in the dual-stream blocks each stream is written into its rows
+        of the joint Q / K, which replaces the processor's ``torch.cat`` of Q and K (same
+        values).
 
         Falls back to the original when autograd needs gradients, a q/k norm is not an
         RMSNorm/LayerNorm, or the RoPE is not a (cos, sin) pair of (S_image, D) tables.
@@ -51,22 +56,30 @@ def _make_processor():
             key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
             value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
-            img = slice(0, n_img)
-            qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
-                         k_norm=attn.norm_k, inplace=True)
-            if single:  # the text tail is normalised but not rotated
-                txt = slice(n_img, n_img + T)
-                qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q, k_norm=attn.norm_k,
-                             inplace=True)
             if attn.add_q_proj is not None and encoder_hidden_states is not None:
+                # dual stream: each stream normalised (the image also rotated) straight into
+                # its rows of the joint Q / K the attention reads -- the eager processor
+                # normalises in place and then concatenates: two more passes over Q and K
                 encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                 encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                 encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                B, S, H, D = query.shape
+                q_all = query.new_empty(B, S + T, H, D)
+                k_all = key.new_empty(B, S + T, H, D)
+                qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                             out=(q_all[:, :S], k_all[:, :S]))
                 qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
-                             k_norm=attn.norm_added_k, inplace=True)
-                query = torch.cat([query, encoder_query], dim=1)
-                key = torch.cat([key, encoder_key], dim=1)
+                             k_norm=attn.norm_added_k, out=(q_all[:, S:], k_all[:, S:]))
+                query, key = q_all, k_all
                 value = torch.cat([value, encoder_value], dim=1)
+            else:
+                img = slice(0, n_img)
+                qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
+                             k_norm=attn.norm_k, inplace=True)
+                if single:  # the text tail is normalised but not rotated
+                    txt = slice(n_img, n_img + T)
+                    qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
+                                 k_norm=attn.norm_k, inplace=True)
 
             hidden_states = dispatch_attention_fn(
                 query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
