@@ -1,7 +1,8 @@
 """qk_norm_rope over randomly drawn combinations of the arguments that the parametrised
 tests hold apart: token counts from 1, odd head counts, head_dims that are not powers of
-two, Q and K with different norms, no K, partial rotary widths, every table form, outputs
-in place / new / into strided slices of a larger buffer, batch > 1, and grad mode on with
+two, Q and K with different norms, no K, partial rotary widths, every table form, the
+normalised value rounded or kept in fp32 (``round_after_norm``), outputs in place / new /
+into strided slices of a larger buffer, batch > 1, and grad mode on with
 nothing requiring grad. Each case against the float64 reference, every element, outputs
 poisoned first. ``DITFUSE_FUZZ_N`` cases (default 40), reproducible from the case number.
 """
@@ -33,7 +34,7 @@ def draw(i):
         style=r.choice(["interleaved", "half", None]), partial=r.random() < 0.3,
         table=r.choice(TABLES), form=r.choice(["bshd", "bhsd", "flat", "packed", "strided_d"]),
         dest=r.choice(["new", "inplace", "out_slices"]), grad_mode=r.random() < 0.3,
-        seed=r.randrange(2**31),
+        seed=r.randrange(2**31), round_after_norm=r.random() < 0.8,
     )
     if c["table"] in ("B,S,W", "S,H,W") and c["S"] == H:
         # a 3-D table that reads as both forms is refused (test_qk_errors): its 4-D form
@@ -67,6 +68,7 @@ def test_fuzz_against_fp64_reference(i, poison_outputs):
             R = max(2, (D // 2) // 2 * 2)
         cos, sin, tkw = make_tables(c["table"], B, S, H, R, c["style"], g)
         kw.update(tkw, rope_style=c["style"])
+    kw["round_after_norm"] = c["round_after_norm"]
     with torch.no_grad():
         ref_q, ref_k = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
                                                       compute_dtype=torch.float64, **kw)
