@@ -81,13 +81,13 @@ def _gn_finish(y_ptr, yoff, m, y, b, HAS_B: tl.constexpr,
 
 
 @triton.jit
-def _load_f32(ptrs, m, EVEN: tl.constexpr):
+def _load_f32(ptrs, m, EVEN: tl.constexpr, EVICT: tl.constexpr):
     """The values at ``ptrs`` as fp32: unmasked when ``EVEN`` (whole tiles), else 0 where
-    ``m`` is false."""
+    ``m`` is false. ``EVICT``: the L2 eviction policy ("", "evict_first", "evict_last")."""
     if EVEN:
-        return tl.load(ptrs).to(tl.float32)
+        return tl.load(ptrs, eviction_policy=EVICT).to(tl.float32)
     else:
-        return tl.load(ptrs, mask=m, other=0.0).to(tl.float32)
+        return tl.load(ptrs, mask=m, other=0.0, eviction_policy=EVICT).to(tl.float32)
 
 
 @triton.jit
@@ -97,7 +97,7 @@ def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr,
     if not HAS:
         return ABSENT
     else:
-        return _load_f32(p + c * stride, cm, EVEN)
+        return _load_f32(p + c * stride, cm, EVEN, "")
 
 
 @triton.jit
@@ -214,14 +214,12 @@ def _gn_stats_kernel(
         # (H200, session 11: -2.4 to -7.5% at the <= 67 MB shapes, +0.3% at 268 MB)
         if EVEN:  # every tile whole, every program's tiles inside the group: no masks
             msk = None
-            x = tl.load(x_ptr + corner + inner, eviction_policy="evict_last").to(tl.float32)
-            x = x - K
+            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - K
             nb = tl.full((), BC * BS, tl.float32)
         else:
             msk = (ci < (cpg - tc * BC).to(tl.int32)) \
                 & (si < tl.minimum(S - ts * BS, BS).to(tl.int32)) & (t < T)
-            x = tl.load(x_ptr + corner + inner, mask=msk, other=0.0,
-                        eviction_policy="evict_last").to(tl.float32)
+            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last")
             x = tl.where(msk, x - K, 0.0)
             nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
                           0).to(tl.float32)
@@ -291,10 +289,7 @@ def _gn_apply_kernel(
     s0 = ts * BS
     x_ptrs = x_ptr + (n * stride_xn + c0 * stride_xc + s0 * stride_xs) \
         + _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
-    if EVEN:  # x's last read: evict_first, so that it does not displace unread tiles
-        x = tl.load(x_ptrs, eviction_policy="evict_first").to(tl.float32)
-    else:
-        x = tl.load(x_ptrs, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    x = _load_f32(x_ptrs, m, EVEN, "evict_first")  # x's last read: leave L2 to unread tiles
     w = _load_channels(w_ptr + c0 * stride_w, ci, stride_w, cm, HAS_W, EVEN, 1.0)
     b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
@@ -386,9 +381,9 @@ def _rms_ch_kernel(
         if BC1 > 0:
             gm1 = _load_channels(g_ptr, c1, stride_g, cm1, HAS_G, EVEN, 1.0)
             b1 = _load_channels(b_ptr, c1, stride_b, cm1, HAS_B, EVEN, 0.0)
-        x = _load_f32(x0p + xo, m, EVEN)
+        x = _load_f32(x0p + xo, m, EVEN, "")
         if BC1 > 0:
-            x1 = _load_f32(x0p + xo1, m1, EVEN)
+            x1 = _load_f32(x0p + xo1, m1, EVEN, "")
             # one cross-warp reduction, not two: fold the first piece onto the second's
             # height (BC1 divides BC; in-thread adds when the layout repeats along rows)
             sq = tl.sum(tl.reshape(x * x, (BC // BC1, BC1, BS)), 0) + x1 * x1
