@@ -13,9 +13,8 @@ import sys
 
 import torch
 
-import ditfuse
 from ditfuse.bench import graph_us
-from ditfuse.shapes import GN_SHAPES
+from tree_times import gn_call  # benchmarks/ is the script's directory
 
 from ditfuse import group_norm as gn  # noqa: E402
 
@@ -31,18 +30,6 @@ if force:
 tag = sys.argv[1] if len(sys.argv) > 1 else "tree"
 names = sys.argv[2:] or ["flux-vae-out-1024", "flux-vae-up1-256", "hunyuan-vae-up-9f",
                          "wan-vae-out-480p", "wan-vae-mid-480p", "flux-vae-mid-128"]
-for name in names:
-    sh = GN_SHAPES[name]
-    C = sh.shape[1]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = (torch.randn(sh.shape, generator=g, device="cuda") * 2 + 0.5).to(torch.bfloat16)
-    ps = (C,) + (1,) * (len(sh.shape) - 2) if sh.op == "rms" else (C,)
-    w = (torch.randn(ps, generator=g, device="cuda") * 0.5 + 1).to(torch.bfloat16)
-    b = (torch.randn(ps, generator=g, device="cuda") * 0.2).to(torch.bfloat16)
-    if sh.op == "rms":
-        def f():
-            return ditfuse.rms_norm_silu_channels(x, w, b, _launch=launch)
-    else:
-        def f():
-            return ditfuse.group_norm_silu(x, sh.groups, w, b, 1e-6, _launch=launch)
+for name in names:  # the inputs and call of benchmarks/tree_times.py (same data)
+    f = gn_call(name, torch.bfloat16, launch)
     print(f"{tag:6s} {name:20s} {graph_us(f):8.1f} us", flush=True)

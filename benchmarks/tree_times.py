@@ -53,7 +53,9 @@ def attn_call(name, dt):
     return lambda: ditfuse.sliding_window_attention(p[0], p[1], p[2], sh.window)
 
 
-def gn_call(name, dt):
+def gn_call(name, dt, launch=None):
+    """GroupNorm + SiLU / the channel RMS + SiLU at a registry shape (``launch``: launch-table
+    overrides, ``_launch``; benchmarks/gn_times.py's sweeps)."""
     sh = GN_SHAPES[name]
     C = sh.shape[1]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -62,8 +64,8 @@ def gn_call(name, dt):
     w = (torch.randn(ps, generator=g, device="cuda") * 0.5 + 1).to(dt)
     b = (torch.randn(ps, generator=g, device="cuda") * 0.2).to(dt)
     if sh.op == "rms":
-        return lambda: ditfuse.rms_norm_silu_channels(x, w, b)
-    return lambda: ditfuse.group_norm_silu(x, sh.groups, w, b, 1e-6)
+        return lambda: ditfuse.rms_norm_silu_channels(x, w, b, _launch=launch)
+    return lambda: ditfuse.group_norm_silu(x, sh.groups, w, b, 1e-6, _launch=launch)
 
 
 def main():
