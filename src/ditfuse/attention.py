@@ -379,8 +379,10 @@ def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: 
     16-key tiles) returned wrong results on the H200 with a norm and a partial rotary width
     together (errors of 0.3-0.7 of the output scale, bf16; with only one of them, without
     the differential form, in fp32 or with 16 x 16 tiles it was right; the interpreter is
-    right everywhere: ``benchmarks/logs/s11/h``, NOTES.md). Apart, the prologue runs as
-    ``qk_norm_rope`` and the attention without one. Elsewhere fused (not measured apart)."""
+    right everywhere: ``benchmarks/logs/s11/h``, NOTES.md). Only that launch shape fails: with
+    32-key tiles or 4 warps the fused kernel was right in every case (``logs/s12/a``). Apart,
+    the prologue runs as ``qk_norm_rope`` and the attention without one. Elsewhere fused (not
+    measured apart)."""
     if not (PROLOGUE_APART and prologue):
         return False
     if D >= 128 and differential:
