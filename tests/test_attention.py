@@ -122,13 +122,42 @@ def test_production_launch_table(dtype):
     check(out, ref, v, dtype, "table", lam=1.0)
 
 
-@pytest.mark.parametrize("D", [32, 128])
+@pytest.mark.parametrize("D", [8, 16, 32, 48, 80, 96, 128])
 @torch.no_grad()
-def test_head_dims(D, small_tiles):
+def test_head_dims(D, small_tiles, monkeypatch):
+    """Power-of-two head dims fill the tiles; the others run on padded ones (columns past D
+    load 0 and are not stored; a NaN-poisoned output comes back finite: every element written)."""
+    monkeypatch.setattr(A, "_new_out", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
     g = torch.Generator().manual_seed(D)
     q, k, v = qkv(g, 1, 24, 2, D, torch.float16)
     out = SWA(q, k, v, (5, 2))
     check(out, reference(q, k, v, (5, 2), compute_dtype=torch.float64), v, torch.float16, f"D={D}")
+
+
+@pytest.mark.parametrize("route", ["fused", "apart"])
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("D", [48, 80, 96])
+@torch.no_grad()
+def test_padded_head_dims_differential_prologue(D, norm, route, small_tiles, monkeypatch):
+    """A head dim that is not a power of two with everything on: differential, a norm whose
+    statistics must ignore the padding columns (LayerNorm's mean), partial interleaved RoPE
+    and the pass-through channels; fused (16-row tiles) and the prologue apart agree with
+    the fp64 reference."""
+    monkeypatch.setattr(A, "PROLOGUE_APART", route == "apart")
+    assert A.prologue_apart(D, 4, 9, True, True) == (route == "apart")
+    g = torch.Generator().manual_seed(D + len(norm))
+    q, k, v, q2, k2 = qkv(g, 2, 37, 3, D, torch.bfloat16, n=5)
+    R = D // 2
+    cos, sin = same_tables(37, R)
+    cos, sin = (t[:, : R // 2].repeat_interleave(2, -1) for t in (cos, sin))
+    nspec = (NormSpec("layer", eps=1e-5) if norm == "layer" else
+             NormSpec("rms", weight=rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1, eps=1e-6))
+    kw = dict(q2=q2, k2=k2, lam=0.7, q_norm=nspec, k_norm=nspec, cos=cos, sin=sin,
+              rope_style="interleaved", rotary_dim=R)
+    out = SWA(q, k, v, (4, 9), **kw)
+    check(out, reference(q, k, v, (4, 9), compute_dtype=torch.float64, **kw), v, torch.bfloat16,
+          f"D={D} {norm} {route}", lam=0.7)
 
 
 @torch.no_grad()
@@ -430,8 +459,9 @@ def _bad_cases():
          TypeError, "lam.dtype"),
         ("head_dim mismatch k", (q, k[..., :32], v, 3), {}, ValueError, "head_dim mismatch: k"),
         ("head_dim mismatch v", (q, k, v[..., :32], 3), {}, ValueError, "head_dim mismatch: v"),
-        ("head_dim 80", (q[..., :40].repeat(1, 1, 1, 2), k[..., :40].repeat(1, 1, 1, 2),
-                         v[..., :40].repeat(1, 1, 1, 2), 3), {}, ValueError, "head_dim must be"),
+        ("head_dim 160", (q[..., :40].repeat(1, 1, 1, 4), k[..., :40].repeat(1, 1, 1, 4),
+                          v[..., :40].repeat(1, 1, 1, 4), 3), {}, ValueError,
+         "head_dim must be between 1 and 128, got 160"),
         ("dtype k", (q, k.float(), v, 3), {}, TypeError, "k.dtype"),
         ("dtype q2", (q, k, v, 3), dict(q2=q2.half(), k2=k2), TypeError, "q2.dtype"),
         ("int q", (q.to(torch.int32), k, v, 3), {}, TypeError, "q.dtype"),

@@ -2,7 +2,8 @@
 hold apart: token counts from 1 (below, at and above the tile), odd head counts, symmetric
 and (left, right) windows with unbounded sides, the differential form with a float or
 per-head lambda, both layouts, chunks of one packed projection, an explicit scale, the fused
-prologue (norm kinds x rotary style x partial / unique tables), 16-token and production
+prologue (norm kinds x rotary style x partial / unique tables), head dims that are not a
+power of two (padded tiles), 16-token and production
 tiles, grad mode on with nothing requiring grad. Each case against the float64 dense-mask
 reference with the tolerance of ``test_attention.py``. ``DITFUSE_FUZZ_N`` cases (default
 24), reproducible from the case number.
@@ -35,6 +36,8 @@ def draw(i):
         unique=r.random() < 0.3, small=r.random() < 0.7, grad_mode=r.random() < 0.3,
         seed=r.randrange(2**31),
     )
+    if r.random() < 0.3:  # a head dim that is not a power of two (padded tiles)
+        c["D"] = r.choice([8, 16, 48, 80, 96])
     return c
 
 

@@ -121,3 +121,27 @@ def test_patched_matches_unpatched_at_other_shapes(name, make, inputs, dtype):
         assert share == 1.0, f"{name}: {100 * share:.2f}% bitwise"
     ditfuse.unpatch(model)
     assert torch.equal(model(**kw)[0], ref)
+
+
+# the models whose fuse_qkv_projections() fuses (diffusers 0.42: on HunyuanVideo and
+# Qwen-Image it leaves every attention module unfused)
+FUSED = ["wan-b2-3frames-odd", "wan-i2v-b2", "flux1-b2-odd", "flux2-b2-odd"]
+
+
+@pytest.mark.parametrize("name,make,inputs", [c for c in CASES if c[0] in FUSED],
+                         ids=[c[0] for c in CASES if c[0] in FUSED])
+@torch.no_grad()
+def test_patched_after_fuse_qkv_projections(name, make, inputs):
+    """``model.fuse_qkv_projections()`` (one ``to_qkv`` / ``to_added_qkv`` GEMM a block, which
+    the processors read through diffusers' ``_get_qkv_projections``): patched after fusing,
+    bitwise the fused unpatched model in bf16."""
+    dtype = torch.bfloat16
+    model = to_dtype(make(), dtype)
+    model.fuse_qkv_projections()
+    assert any(getattr(m, "fused_projections", False) for m in model.modules()), name
+    kw = inputs(dtype)
+    ref = model(**kw)[0]
+    report = ditfuse.patch(model)
+    assert report.counts.get("attention processors (QK-norm + RoPE)", 0) > 0, report.counts
+    out = model(**kw)[0]
+    assert _close(out, ref, dtype) == 1.0, name

@@ -89,6 +89,16 @@ def _tile_ptrs(ptr, base, start, stride_s, stride_d, cols,
 
 
 @triton.jit
+def _cols_mask(rmask, cmask, D: tl.constexpr, D_PAD: tl.constexpr):
+    """Rows ``rmask`` x columns ``cmask`` as a load / store mask; the column test only where
+    the head dim is padded (D_PAD > D), so power-of-two head dims build as before."""
+    if D_PAD == D:
+        return rmask[:, None]
+    else:
+        return rmask[:, None] & cmask[None, :]
+
+
+@triton.jit
 def _load_cols(ptr, base, start, rmask, stride_s, stride_d, cols, cmask,
                BLOCK: tl.constexpr, OFF64: tl.constexpr):
     """Columns ``cols`` of rows ``start .. start + BLOCK`` as fp32, zero where masked."""
@@ -117,15 +127,16 @@ def _norm_piece(x, m, w_ptr, b_ptr, cols, cmask, mean, rstd, alpha,
 def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
              w_ptr, b_ptr, a_ptr, alpha_val, eps,
              cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-             D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
-             BLOCK: tl.constexpr,
+             D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
+             PASS_PAD: tl.constexpr, BLOCK: tl.constexpr,
              NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
              ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
              ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
              ACT: tl.constexpr, OFF64: tl.constexpr):
     """A Q or K tile of BLOCK rows, ready for tl.dot: [norm -> round] [-> rotate -> round].
 
-    Without RoPE: one [BLOCK, D] tile (and two unused zeros). With RoPE: three pieces, as
+    Without RoPE: one [BLOCK, D_PAD] tile, zero in the columns past D (and two unused
+    zeros). With RoPE: three pieces, as
     ``qk_norm_rope`` holds them: the a and b channels of every rotary pair, [BLOCK,
     HALF_PAD] each, and the pass-through channels [BLOCK, PASS_PAD] (zero-width when
     R == D). The scores are then the sum of three dots, q_a.k_a + q_b.k_b + q_p.k_p: the
@@ -138,11 +149,11 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
         else:
             alpha = alpha_val
     if not ROPE:
-        d = tl.arange(0, D)
+        d = tl.arange(0, D_PAD)
         dm = d < D
         if NORM == 0:
             x = tl.load(_tile_ptrs(x_ptr, base, start, stride_s, stride_d, d, BLOCK, OFF64),
-                        mask=rmask[:, None], other=0.0)
+                        mask=_cols_mask(rmask, dm, D, D_PAD), other=0.0)
             return _dot_operand(x, ACT), 0.0, 0.0
         x, m = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, d, dm, BLOCK, OFF64)
         mean = 0.0
@@ -150,6 +161,8 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
         if NORM == 2:
             mean = (tl.sum(x, 1) / D)[:, None]
             xc = x - mean
+            if D_PAD != D:  # padding columns hold 0, not the mean
+                xc = tl.where(m, xc, 0.0)
             rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / D + eps))[:, None]
         elif NORM == 1:
             rstd = (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
@@ -259,7 +272,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
               kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
               cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
               qk_scale, N,
-              D: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
+              D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
               PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
               K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
               K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
@@ -274,7 +287,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
     ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
                           kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                           cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
-                          stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_N,
+                          stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
                           K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                           ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
     s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
@@ -283,15 +296,15 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
         k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
                                  kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                                  cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
-                                 stride_ss, stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_N,
+                                 stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
                                  K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                                  ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
         s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
-    dd = tl.arange(0, D)
+    dd = tl.arange(0, D_PAD)
     v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
-                mask=kmask[:, None], other=0.0)
+                mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
     v = _dot_operand(v, ACT)
     acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT), v, input_precision="tf32")
     if DIFF:
@@ -322,7 +335,9 @@ def _swa_fwd_kernel(
     stride_lam,
     stride_cb, stride_cs, stride_ch, stride_cw,
     stride_sb, stride_ss, stride_sh, stride_sw,
-    D: tl.constexpr,          # head_dim (32, 64 or 128)
+    D: tl.constexpr,          # head_dim (1 .. 128)
+    D_PAD: tl.constexpr,      # D padded to a power of two >= 16 (tile width; columns past D
+                              # load 0 and are not stored)
     R: tl.constexpr,          # rotary channels (ROPE), even, <= D
     HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
     PASS_PAD: tl.constexpr,   # D - R padded likewise
@@ -361,12 +376,12 @@ def _swa_fwd_kernel(
     qa, qb, qp = _load_qk(q_ptr, b * stride_qb + h * stride_qh, start_m, qmask, stride_qs,
                           stride_qd, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
                           cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
-                          stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_M,
+                          stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
                           Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                           ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
     m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l1 = tl.zeros([BLOCK_M], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, D], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     q2a = 0.0
     q2b = 0.0
     q2p = 0.0
@@ -377,12 +392,12 @@ def _swa_fwd_kernel(
         q2a, q2b, q2p = _load_qk(q2_ptr, b * stride_q2b + h * stride_q2h, start_m, qmask,
                                  stride_q2s, stride_q2d, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
                                  cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
-                                 stride_ss, stride_sw, D, R, HALF_PAD, PASS_PAD, BLOCK_M,
+                                 stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
                                  Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                                  ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
         m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
-        acc2 = tl.zeros([BLOCK_M, D], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, D_PAD], tl.float32)
 
     k_base = b * stride_kb + h * stride_kh
     k2_base = b * stride_k2b + h * stride_k2h
@@ -409,7 +424,7 @@ def _swa_fwd_kernel(
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
             start_n += BLOCK_N
@@ -421,7 +436,7 @@ def _swa_fwd_kernel(
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, D, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
@@ -433,7 +448,8 @@ def _swa_fwd_kernel(
         else:
             lam_h = lam
         out = out - lam_h * (acc2 / tl.where(l2 == 0.0, 1.0, l2)[:, None])
-    dd = tl.arange(0, D)
+    dd = tl.arange(0, D_PAD)
     o_ptrs = _tile_ptrs(o_ptr, b * stride_ob + h * stride_oh, start_m, stride_os, stride_od, dd,
                         BLOCK_M, OFF64)
-    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty), mask=qmask[:, None])
+    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
+             mask=_cols_mask(qmask, dd < D, D, D_PAD))

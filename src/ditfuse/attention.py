@@ -18,7 +18,9 @@ from . import _fastpath, _library, _runtime
 from .norms import NormSpec, needs_grad
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-HEAD_DIMS = (32, 64, 128)
+#: the largest head_dim the kernel takes; any head_dim up to it works (tiles are padded to a
+#: power of two >= 16: 32, 64 and 128 run unpadded, e.g. 80 or 96 on 128-wide tiles)
+MAX_HEAD_DIM = 128
 LAYOUTS = ("bshd", "bhsd")
 ROPE_STYLES = ("half", "interleaved")
 LOG2E = 1.4426950408889634
@@ -115,8 +117,8 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
         if views[n].shape[3] != D:
             raise ValueError(f"head_dim mismatch: {n} has head_dim {views[n].shape[3]}, q has "
                              f"{D} (shapes {tuple(raw[n].shape)} vs {tuple(q.shape)})")
-    if D not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {D} (q shape "
+    if not head_dim_ok(D):
+        raise ValueError(f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {D} (q shape "
                          f"{tuple(q.shape)}); use the reference "
                          "ditfuse.reference.sliding_window_attention_reference for others")
     for n in names[1:]:
@@ -224,6 +226,7 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
       a SM: 85 us); fp32 with 16-key tiles under the cap (fp32 173 registers uncapped):
       164.8 vs 181.8 us at 8704, 90.3 vs 98.5 at the TensorRT contract shape.
     """
+    D = tile_dim(D)
     span = (N if left < 0 else left) + (N if right < 0 else right) + 1
     fp32 = dtype == torch.float32
     if D >= 128:
@@ -256,6 +259,18 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
 
 def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def head_dim_ok(D: int) -> bool:
+    """Whether the kernel takes head_dim ``D`` (1 .. MAX_HEAD_DIM)."""
+    return 1 <= D <= MAX_HEAD_DIM
+
+
+def tile_dim(D: int) -> int:
+    """The kernel's tile width for head_dim ``D``: D padded to a power of two >= 16 (a
+    dot's least K). Launch settings and routing go by it: a padded tile holds the registers
+    of its padded width."""
+    return max(16, _next_pow2(D))
 
 
 def _norm_args(n, dummy):
@@ -332,7 +347,8 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         lam_st, *cst, *sst,
     )
     constexprs = dict(
-        D=D, R=R, HALF_PAD=max(16, _next_pow2(R // 2)), PASS_PAD=max(16, _next_pow2(D - R)),
+        D=D, D_PAD=tile_dim(D), R=R, HALF_PAD=max(16, _next_pow2(R // 2)),
+        PASS_PAD=max(16, _next_pow2(D - R)),
         BLOCK_M=bm, BLOCK_N=bn, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
         Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
         Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
@@ -385,6 +401,7 @@ def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: 
     measured apart)."""
     if not (PROLOGUE_APART and prologue):
         return False
+    D = tile_dim(D)
     if D >= 128 and differential:
         return True
     span = (left if left >= 0 else 1 << 30) + (right if right >= 0 else 1 << 30) + 1
@@ -466,7 +483,8 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
     ----------
     q, k, v : Tensor
         ``(B, N, H, D)`` (``layout="bshd"``) or ``(B, H, N, D)`` (``"bhsd"``); fp16, bf16 or
-        fp32, one dtype and device; ``D`` in {32, 64, 128}. Any strides: the chunks of a
+        fp32, one dtype and device; ``D`` up to 128 (32, 64 and 128 fill the tiles; other
+        head dims run on tiles padded to the next power of two). Any strides: the chunks of a
         packed projection, ``to_qkv(x).chunk(5, -1)[i].unflatten(-1, (H, D))``, are read in
         place with no copy.
     window : int or (int, int)
@@ -714,6 +732,10 @@ BUILD_SPECS = [
               window=(-1, 0)),
     BuildSpec("d128-fp32-diff-prologue", dtype="fp32", D=128, N=4096),
     BuildSpec("d32-fp16-window", dtype="fp16", D=32, N=4096, differential=False,
+              prologue=False, window=(8, 8)),
+    # head dims that are not a power of two: tiles padded to 128
+    BuildSpec("d80-bf16-diff", D=80, N=4096, prologue=False),
+    BuildSpec("d96-fp32-window", dtype="fp32", D=96, N=4096, differential=False,
               prologue=False, window=(8, 8)),
 ]
 BUILD_NAMES = [s.name for s in BUILD_SPECS]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import HEAD_DIMS, sliding_window_attention
+from ..attention import head_dim_ok, sliding_window_attention
 from . import bind_forward, grad_needed, params_need_grad, replace_processors
 
 
@@ -28,13 +28,13 @@ def _make_processor():
 
         Runs the fused path when the mask is a :class:`Band` (from a patched resampling
         block) or None (full attention: ``window=-1``), head_dim is one the kernel supports
-        (32, 64, 128) and no gradients are needed; otherwise the original processor (with
+        (up to 128) and no gradients are needed; otherwise the original processor (with
         the dense mask built from the band)."""
 
         _ditfuse = True
 
         def __call__(self, attn, hidden_states, attn_mask=None):
-            ok = ((isinstance(attn_mask, Band) or attn_mask is None) and attn.dim_heads in HEAD_DIMS
+            ok = ((isinstance(attn_mask, Band) or attn_mask is None) and head_dim_ok(attn.dim_heads)
                   and not grad_needed(hidden_states) and not params_need_grad(attn))
             if not ok:
                 if isinstance(attn_mask, Band):  # the original code needs the dense mask
