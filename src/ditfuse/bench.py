@@ -412,7 +412,7 @@ def main(argv=None) -> int:
                     help="whole models (random weights): transformers unpatched/patched x eager/compile "
                          "and a 20-step trajectory comparison; SAME-L decode of 1 and 3 minutes")
     ap.add_argument("--models", default="all",
-                    help="with --e2e: comma-separated, from wan14b-480p,flux1-1024,flux2-1024,same-l")
+                    help="with --e2e: comma-separated, from wan14b-480p,flux1-1024,flux2-1024,qwen-image-1328,hunyuan-video-544p,same-l")
     ap.add_argument("--no-compile", action="store_true", help="with --e2e: skip the torch.compile rows")
     ap.add_argument("--layers", type=int, default=2, help="with --e2e: double-stream blocks")
     args = ap.parse_args(argv)

@@ -51,6 +51,14 @@ FLUX2_DEV = {"patch_size": 1, "in_channels": 128, "num_layers": 8, "num_single_l
              "attention_head_dim": 128, "num_attention_heads": 48, "joint_attention_dim": 15360,
              "timestep_guidance_channels": 256, "mlp_ratio": 3.0, "axes_dims_rope": (32, 32, 32, 32),
              "rope_theta": 2000, "eps": 1e-6, "guidance_embeds": True}
+QWEN_IMAGE = {"patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60,
+              "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 3584,
+              "guidance_embeds": False, "axes_dims_rope": (16, 56, 56)}
+HUNYUAN_VIDEO = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 24,
+                 "attention_head_dim": 128, "num_layers": 20, "num_single_layers": 40,
+                 "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2, "patch_size_t": 1,
+                 "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
+                 "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": (16, 56, 56)}
 # SAME-L (stabilityai/SAME-L, SA3 Medium's VAE): 852 M parameters; decoder: one resampling
 # block, stride 16, 12 layers of 1536 = 24 heads x 64, band half-width 1 x 17 tokens.
 SAME_L = {"audio_channels": 2, "patch_size": 256, "encoder_channels": 256, "encoder_c_mults": (6,),
@@ -185,6 +193,53 @@ def _flux2_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
     return kw
 
 
+def _qwen_image(layers: int, **config):
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel(**{**QWEN_IMAGE, "num_layers": layers, **config})
+
+
+def _qwen_image_inputs(device, dtype, height=83, width=83, text_len=512, cfg=None):
+    """QwenImagePipeline (1328x1328: 83 x 83 packed latents): latents and Qwen2.5-VL prompt
+    embeddings in the model dtype, the mask dropped (``prompt_embeds_mask.all()``: one
+    unpadded prompt), ``timestep = t / 1000`` in the latents' dtype, ``img_shapes`` one list
+    of (frames, h, w) per sample. Text: the registry's 512 tokens (the pipeline's maximum)."""
+    cfg = QWEN_IMAGE if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(4)
+    x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
+    return {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
+            "encoder_hidden_states_mask": None,
+            "timestep": torch.tensor([0.5], device=device).to(dtype),
+            "img_shapes": [[(1, height, width)]], "return_dict": False}
+
+
+def _hunyuan_video(layers: int, **config):
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    return HunyuanVideoTransformer3DModel(**{**HUNYUAN_VIDEO, "num_layers": layers,
+                                             "num_single_layers": 2 * layers, **config})
+
+
+def _hunyuan_video_inputs(device, dtype, frames=16, h=68, w=120, text_len=256, prompt=80,
+                          cfg=None):
+    """HunyuanVideoPipeline (544x960, 61 frames: latents 16 x 68 x 120): fp32 latents passed
+    as ``latents.to(transformer_dtype)``, ``timestep`` fp32 (0..1000), llama embeddings of
+    256 tokens of which the first ``prompt`` are the prompt (mask in the model dtype, the
+    rest padding), CLIP's pooled embedding, ``guidance = 6.0 * 1000`` in the model dtype."""
+    cfg = HUNYUAN_VIDEO if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(5)
+    x = torch.randn(1, cfg["in_channels"], frames, h, w, generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["text_embed_dim"], generator=g, device=device)
+    pooled = torch.randn(1, cfg["pooled_projection_dim"], generator=g, device=device)
+    mask = torch.zeros(1, text_len, device=device)
+    mask[:, :min(prompt, text_len)] = 1
+    return {"hidden_states": x.to(dtype), "timestep": torch.tensor([500.0], device=device),
+            "encoder_hidden_states": e.to(dtype), "encoder_attention_mask": mask.to(dtype),
+            "pooled_projections": pooled.to(dtype),
+            "guidance": torch.tensor([6.0], device=device).to(dtype) * 1000.0, "return_dict": False}
+
+
 def _same(layers: int = 0, **config):
     """The whole AutoencoderSAME (encoder too, as loaded); ``layers`` is ignored: full depth."""
     from diffusers import AutoencoderSAME
@@ -236,6 +291,15 @@ E2E_MODELS: dict[str, E2EModel] = {m.name: m for m in [
                           "joint_attention_dim": 32, "timestep_guidance_channels": 32,
                           "axes_dims_rope": (4, 4, 4, 4)},
              tiny_sizes={"height": 4, "width": 4, "text_len": 8}),
+    E2EModel("qwen-image-1328", _qwen_image, _qwen_image_inputs, time_scale=1.0,
+             tiny_config={"in_channels": 16, "out_channels": 4, "attention_head_dim": 16,
+                          "num_attention_heads": 2, "joint_attention_dim": 16, "axes_dims_rope": (8, 4, 4)},
+             tiny_sizes={"height": 4, "width": 4, "text_len": 7}),
+    E2EModel("hunyuan-video-544p", _hunyuan_video, _hunyuan_video_inputs, time_scale=1000.0,
+             tiny_config={"in_channels": 4, "out_channels": 4, "num_attention_heads": 2,
+                          "attention_head_dim": 10, "num_refiner_layers": 1, "patch_size": 1,
+                          "text_embed_dim": 16, "pooled_projection_dim": 8, "rope_axes_dim": (2, 4, 4)},
+             tiny_sizes={"frames": 2, "h": 4, "w": 4, "text_len": 6, "prompt": 4}),
     E2EModel("same-l", _same, _same_inputs, latent_key="latents", kind="vae-decode",
              randomize=_randomize_same, dtypes=(torch.bfloat16, torch.float32),
              sizes={"seconds": (60, 180)},
@@ -580,7 +644,7 @@ def main(args) -> int:
         return 2
     compile_backend = None if getattr(args, "no_compile", False) else "inductor"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; random "
-          f"weights. Transformers: bf16, {args.layers} double-stream blocks (FLUX: + 2x single)"
+          f"weights. Transformers: bf16, {args.layers} double-stream blocks (FLUX, HunyuanVideo: + 2x single)"
           f"{'' if compile_backend else ', no compile rows'}. SAME-L: full size, decode, bf16 and fp32; "
           f"peak GiB includes the weights.", flush=True)
     os.makedirs(args.out_dir, exist_ok=True)
