@@ -213,7 +213,7 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
       takes 64-key tiles and a 3-stage pipeline.
     * num_warps = 8 (two warpgroups splitting the tile) where 4 warps would pass ~200
       registers: head_dim 64 differential with the prologue or fp32 operands; head_dim 128
-      differential or with the prologue. Otherwise 4.
+      differential with the prologue (without it: the measured exception below). Otherwise 4.
     * num_stages = 2 otherwise: a narrow band makes 3-5 loop trips; deeper pipelines only
       fill shared memory (at most 112 KB here, below the 227 KB of an H100/H200 block).
     * Measured exception (H200 sweep, ``benchmarks/sweep_attention.py``): head_dim 64,
@@ -225,6 +225,10 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
       SAME-L 8704, 244.4 vs 263.0 at 32946, the same bits; a cap of 176+ leaves 2 programs
       a SM: 85 us); fp32 with 16-key tiles under the cap (fp32 173 registers uncapped):
       164.8 vs 181.8 us at 8704, 90.3 vs 98.5 at the TensorRT contract shape.
+    * Measured exception (H200, ``benchmarks/logs/s12/c``): head_dim 128 (and the head dims
+      padded to it), differential, no prologue: 4 warps (224 registers bf16, 255 fp32, no
+      spills), two programs a SM where the 8-warp entry fits one: 2.6x faster in bf16 (3
+      stages), 1.8x in fp32 (2 stages).
     """
     D = tile_dim(D)
     span = (N if left < 0 else left) + (N if right < 0 else right) + 1
@@ -247,6 +251,12 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
         # its faster settings (320 and 455 us against 568) spill on sm_90. Where
         # prologue_apart() holds, the call runs the prologue apart (the entry below)
         return Settings(64, 16, 4, 3, None, 168)
+    if differential and not prologue and D >= 128:
+        # measured on the H200 (benchmarks/logs/s12/c/attn_d128_sweep.log, N = 8704, window
+        # 17): the 8-warp entry above holds 142 registers, one program a SM: 365.6 us bf16,
+        # 632.6 fp32; two 4-warp programs (224 registers) 142.1 us bf16 with 3 stages, 342.1
+        # fp32 with 2 (its 3 stages: 408.2); the same bits (BLOCK_N unchanged)
+        return Settings(64, 16, 4, 2 if fp32 else 3)
     if span <= 64 and differential and not prologue and 64 <= D < 128:
         # measured on the H200 (benchmarks/logs/sweeps.log, SAME-L window 17): 4 warps and a
         # 3-stage pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits;
@@ -733,6 +743,7 @@ BUILD_SPECS = [
     BuildSpec("d128-fp32-diff-prologue", dtype="fp32", D=128, N=4096),
     BuildSpec("d32-fp16-window", dtype="fp16", D=32, N=4096, differential=False,
               prologue=False, window=(8, 8)),
+    BuildSpec("d128-fp32-diff", dtype="fp32", D=128, N=8704, prologue=False),
     # head dims that are not a power of two: tiles padded to 128
     BuildSpec("d80-bf16-diff", D=80, N=4096, prologue=False),
     BuildSpec("d96-fp32-window", dtype="fp32", D=96, N=4096, differential=False,
