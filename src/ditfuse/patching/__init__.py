@@ -205,9 +205,17 @@ def _registry():
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
+        # Wan VACE: Wan's blocks and attention plus VACE blocks (their attention processors
+        # are Wan's; their forwards are not replaced: the block tables match exact types)
+        "WanVACETransformer3DModel": _wan.patch_model,
         "FluxTransformer2DModel": _flux.patch_model,
+        # Chroma: FLUX.1's attention and processor (QK-norm + RoPE), its own pruned-AdaLN
+        # blocks (not replaced)
+        "ChromaTransformer2DModel": _flux.patch_model,
         "Flux2Transformer2DModel": _flux2.patch_model,
         "HunyuanVideoTransformer3DModel": _hunyuan.patch_model,
+        # FramePack: HunyuanVideo's blocks and attention over packed history latents
+        "HunyuanVideoFramepackTransformer3DModel": _hunyuan.patch_model,
         "StableAudio3DiTModel": _sa3.patch_model,
         "QwenImageTransformer2DModel": _qwen.patch_model,
         "AutoencoderSAME": _same.patch_model,
@@ -232,8 +240,9 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     obj : torch.nn.Module or DiffusionPipeline
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
         ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
-        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``) or a
-        pipeline, in
+        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``; and
+        the models built from their attention and blocks: ``WanVACETransformer3DModel``,
+        ``ChromaTransformer2DModel``, ``HunyuanVideoFramepackTransformer3DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention, activations : bool

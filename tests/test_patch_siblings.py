@@ -1,0 +1,126 @@
+"""ditfuse.patch on the diffusers models built from a covered model's attention and blocks:
+Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN blocks, a
+text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history latents with
+their own RoPE rows). Tiny configs: patched vs unpatched within a few roundings (bitwise in
+bf16), the fused kernels really launched, unpatch restores exactly."""
+from collections import Counter
+
+import pytest
+import torch
+
+import ditfuse
+from ditfuse import _fastpath
+
+diffusers = pytest.importorskip("diffusers")
+from ditfuse.patching.tiny_models import _randomize, to_dtype  # noqa: E402
+from test_patch import _close  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="the tiny models run on the CPU through the interpreter")
+
+
+def _g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def wan_vace():
+    from diffusers import WanVACETransformer3DModel
+
+    return _randomize(WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=3, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, vace_layers=[0, 2],
+        vace_in_channels=8))
+
+
+def wan_vace_inputs(dtype):
+    g = _g(21)
+    return dict(hidden_states=torch.randn(2, 4, 2, 6, 8, generator=g).to(dtype),
+                timestep=torch.tensor([500.0, 30.0]).to(dtype),
+                encoder_hidden_states=torch.randn(2, 5, 16, generator=g).to(dtype),
+                control_hidden_states=torch.randn(2, 8, 2, 6, 8, generator=g).to(dtype),
+                control_hidden_states_scale=torch.tensor([1.0, 0.5]).to(dtype), return_dict=False)
+
+
+def chroma():
+    from diffusers import ChromaTransformer2DModel
+
+    return _randomize(ChromaTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8),
+        approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1))
+
+
+def chroma_inputs(dtype):
+    g = _g(22)
+    S, T = 9, 5
+    mask = torch.ones(2, S + T, dtype=torch.bool)
+    mask[1, 3:T] = False  # the second prompt padded
+    return dict(hidden_states=torch.randn(2, S, 4, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(2, T, 32, generator=g).to(dtype),
+                timestep=torch.tensor([0.5, 0.2]).to(dtype), img_ids=torch.randn(S, 3, generator=g),
+                txt_ids=torch.randn(T, 3, generator=g), attention_mask=mask, return_dict=False)
+
+
+def framepack():
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    return _randomize(HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1,
+        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4),
+        image_condition_type=None, has_image_proj=True, image_proj_dim=8,
+        has_clean_x_embedder=True))
+
+
+def framepack_inputs(dtype):
+    g = _g(23)
+    F, H, W = 2, 4, 4
+    mask = torch.ones(1, 5)
+    mask[:, 3:] = 0
+    return dict(hidden_states=torch.randn(1, 4, F, H, W, generator=g).to(dtype),
+                timestep=torch.tensor([3.0]).to(dtype),
+                encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(dtype),
+                encoder_attention_mask=mask.to(dtype),
+                pooled_projections=torch.randn(1, 8, generator=g).to(dtype),
+                image_embeds=torch.randn(1, 3, 8, generator=g).to(dtype),
+                indices_latents=torch.arange(F) + 7,
+                latents_clean=torch.randn(1, 4, 1, H, W, generator=g).to(dtype),
+                indices_latents_clean=torch.tensor([0]),
+                latents_history_2x=torch.randn(1, 4, 2, H, W, generator=g).to(dtype),
+                indices_latents_history_2x=torch.tensor([1, 2]),
+                latents_history_4x=torch.randn(1, 4, 4, H, W, generator=g).to(dtype),
+                indices_latents_history_4x=torch.tensor([3, 4, 5, 6]),
+                guidance=torch.tensor([5.0]).to(dtype), return_dict=False)
+
+
+CASES = [
+    ("wan-vace", wan_vace, wan_vace_inputs,
+     {"attention processors (QK-norm + RoPE)": 10, "blocks (AdaLN)": 3}),
+    ("chroma", chroma, chroma_inputs, {"attention processors (QK-norm + RoPE)": 3}),
+    ("hunyuan-framepack", framepack, framepack_inputs,
+     {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
+@torch.no_grad()
+def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch):
+    model = to_dtype(make(), dtype)
+    kw = inputs(dtype)
+    ref = model(**kw)[0]
+    report = ditfuse.patch(model)
+    for kind, n in expected.items():
+        assert report.counts.get(kind) == n, (name, report.counts)
+    kernels, real = Counter(), _fastpath.launch
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    monkeypatch.setattr(_fastpath, "launch", lambda k, *a: (kernels.update([k.fn.__name__]),
+                                                             real(k, *a))[1])
+    out = model(**kw)[0]
+    assert any("qk_norm_rope" in k for k in kernels), (name, kernels)  # the fused path ran
+    share = _close(out, ref, dtype)
+    if dtype == torch.bfloat16:
+        assert share == 1.0, f"{name}: {100 * share:.2f}% bitwise"
+    ditfuse.unpatch(model)
+    assert torch.equal(model(**kw)[0], ref)
