@@ -181,9 +181,26 @@ def cat_fusable(first, h, op: str) -> bool:
     return supported(h, op)
 
 
-def bind_forward(module, fn: Callable) -> bool:
-    """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched."""
+HOOKED = "forwards left in place: hooks installed (patch before enable_cache / offloading)"
+
+
+def hooked(module) -> bool:
+    """Whether ``module.forward`` is wrapped by diffusers hooks (``enable_cache``, group
+    offloading, layerwise casting: ``module._diffusers_hook``) or accelerate's (CPU offload:
+    ``module._hf_hook``). Binding a forward over them would drop the hook (its onloading,
+    caching or casting); patched before them, the hooks wrap the fused forward."""
+    reg = getattr(module, "_diffusers_hook", None)
+    return bool(reg is not None and getattr(reg, "hooks", None)) or hasattr(module, "_hf_hook")
+
+
+def bind_forward(module, fn: Callable, report=None) -> bool:
+    """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched, or
+    if hooks wrap the module's forward (counted in ``report`` under :data:`HOOKED`)."""
     if _PATCHED_FWD in module.__dict__:
+        return False
+    if hooked(module):
+        if report is not None:
+            report.add(HOOKED)
         return False
     module.forward = types.MethodType(fn, module)
     module.__dict__[_PATCHED_FWD] = True
@@ -196,7 +213,7 @@ def bind_forwards(model, report, table) -> None:
     ``report`` under the label."""
     for m in model.modules():
         fn, label = table.get(type(m), (None, None))
-        if fn is not None and bind_forward(m, fn):
+        if fn is not None and bind_forward(m, fn, report):
             report.add(label)
 
 
@@ -269,7 +286,10 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         One line per component: what was replaced, or why it was left untouched.
 
     Patching twice is harmless; :func:`unpatch` restores the original processors and
-    forwards. Patch before ``enable_parallelism`` / ``torch.compile``.
+    forwards. Patch before ``enable_parallelism`` / ``torch.compile``, and before diffusers'
+    hooks (``enable_cache``, group offloading, layerwise casting) or accelerate's CPU offload:
+    those then wrap the fused forwards. A block whose forward is already hooked keeps it
+    (its processors are still replaced), counted under :data:`HOOKED` in the report.
     """
     report = PatchReport()
     reg = _registry()

@@ -115,5 +115,5 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                        "attention processors (band attention)")
     for m in model.modules():
         if isinstance(m, SAMETransformerResamplingBlock):
-            if bind_forward(m, _block_forward):
+            if bind_forward(m, _block_forward, report):
                 report.add("resampling blocks (no dense mask)")

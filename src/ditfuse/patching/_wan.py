@@ -165,5 +165,5 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
             if set_processor(m, proc_cls()):
                 report.add("attention processors (QK-norm + RoPE)")
         if adaln and isinstance(m, WanTransformerBlock) and _block_ok(m):
-            if bind_forward(m, _block_forward):
+            if bind_forward(m, _block_forward, report):
                 report.add("blocks (AdaLN)")
