@@ -106,7 +106,11 @@ def test_gelu(shape, dtype, approximate):
     _share(f"gelu({approximate}) {str(dtype)[6:]} vs fp64 formula, rounded", y,
            _gelu64(x, approximate).to(dtype))
     if dtype != torch.float32:
-        assert s_head >= 0.99 and s >= 0.9, (s_head, s)
+        assert s_head >= 0.99, (s_head, s)
+        # the tail's share depends on the host CPU's erf (vectorised paths differ between
+        # machines): asserted only where one element cannot move it by a tenth
+        if x.numel() >= 100:
+            assert s >= 0.9, (s_head, s)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
