@@ -19,10 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: (label, op, shape, groups or None, dtype)
 CASES = [
     ("flux-vae-out-1024", "gn", (1, 128, 1024, 1024), 32, "bfloat16"),
-    ("hunyuan-vae-up-9f", "gn", (1, 128, 9, 128, 128), 32, "bfloat16"),  # on-chip path
-    ("flux-vae-mid-128", "gn", (1, 512, 128, 128), 32, "bfloat16"),      # on-chip path
-    ("onchip-fp32-odd", "gn", (1, 96, 61, 67), 3, "float32"),            # on-chip, masked
-    ("flux-vae-up1-256", "gn", (1, 512, 256, 256), 32, "float16"),       # split (67 MB)
+    ("hunyuan-vae-up-9f", "gn", (1, 128, 9, 128, 128), 32, "bfloat16"),
     ("fit-path", "gn", (2, 64, 16, 16), 32, "float16"),
     ("gn-fp32-odd", "gn", (1, 96, 37, 53), 24, "float32"),
     ("wan-vae-out-480p", "rms", (1, 96, 4, 480, 832), None, "bfloat16"),
@@ -40,8 +37,7 @@ from ditfuse import group_norm as gn
 from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path
 import subprocess, tempfile
 
-KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_gn_onchip_kernel",
-           "_rms_ch_kernel"]
+KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel"]
 t = GPUTarget("cuda", 90, 32)
 for label, op, shape, groups, dt in json.loads(sys.argv[1]):
     dt = getattr(torch, dt)
@@ -55,8 +51,7 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
     launches = intercept_launches([(gn, k) for k in KERNELS], call)
     for grid, args, kw in launches:
         # which kernel, told by its constexprs
-        k = ("_rms_ch_kernel" if "NCH" in kw else "_gn_onchip_kernel" if "PHASE" in kw
-             else "_gn_stats_kernel" if "TPP" in kw
+        k = ("_rms_ch_kernel" if "NCH" in kw else "_gn_stats_kernel" if "TPP" in kw
              else "_gn_apply_kernel" if "P_PAD" in kw else "_gn_fit_kernel")
         real = getattr(gn, k)
         sig, cex, attrs, opts = specialize(real, args, kw, t)
@@ -78,11 +73,6 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
             first_bar=bars[0] if bars else None, last_vec_load=vec[-1] if vec else None,
             vec_loads=len(vec), evict_last=ck.asm["ptx"].count("evict_last"),
             evict_first=ck.asm["ptx"].count("evict_first"),
-            grid=list(grid), phase=kw.get("PHASE"),
-            cooperative=bool(getattr(ck.metadata, "launch_cooperative_grid", False)),
-            maxnreg=opts.maxnreg, num_warps=opts.num_warps,
-            release=len(re.findall(r"atom\.global\.gpu\.release\.add", ck.asm["ptx"])),
-            acquire=len(re.findall(r"ld\.global\.gpu\.acquire", ck.asm["ptx"])),
             st_cs=len(re.findall(r"st\.global\.cs", ck.asm["ptx"])))), flush=True)
 '''
 
@@ -141,28 +131,3 @@ def test_cache_hints(rows):
         assert r["evict_last"] > 0 and r["evict_first"] == 0, r
     for r in by["_gn_apply_kernel"]:
         assert r["evict_first"] > 0 and r["st_cs"] > 0, r
-
-
-def test_onchip_path_is_one_resident_cooperative_launch(rows):
-    """The <= 40 MB GroupNorm calls (FLUX VAE mid block, HunyuanVideo's 9-frame tile, an fp32
-    odd shape) build the one-launch kernel: both halves (PHASE 0), launched cooperatively
-    (the driver refuses a grid that cannot be resident at once instead of letting the
-    barrier hang), registers capped so that the grid the table sizes fits 132 SMs, one
-    release increment and acquire loads at the barrier, the halves' cache hints. The 67 MB
-    call keeps the two launches."""
-    from ditfuse import group_norm as gn
-
-    by = {}
-    for r in rows:
-        by.setdefault(r["label"], []).append(r)
-    for label in ("hunyuan-vae-up-9f", "flux-vae-mid-128", "onchip-fp32-odd"):
-        (r,) = by[label]
-        assert r["kernel"] == "_gn_onchip_kernel" and r["phase"] == 0, r
-        assert r["cooperative"] and r["maxnreg"] == gn.ONCHIP_MAXNREG >= r["regs"], r
-        per_sm = 65536 // (gn.ONCHIP_MAXNREG * 32 * r["num_warps"])
-        assert r["grid"][0] <= 132 * per_sm, r
-        assert r["release"] == 1 and r["acquire"] >= 1, r
-        assert r["evict_last"] > 0 and r["evict_first"] > 0 and r["st_cs"] > 0, r
-    assert [r["kernel"] for r in by["flux-vae-up1-256"]] == ["_gn_stats_kernel",
-                                                             "_gn_apply_kernel"]
-

@@ -20,15 +20,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:Runt
 
 # Launch-table overrides that force each path at small shapes:
 FIT = None                                    # the default table: these groups fit
-SPLIT = dict(fit_max=0, tile=16, resident=0)  # split: 16-element tiles, one partial a tile
-SPLIT_LOOP = dict(SPLIT, max_partials=3)      # several tiles a statistics program, masked
-                                              # tail tiles past the group's end
-# the split path as one launch with a grid barrier (the interpreter runs its two halves in
-# turn; the barrier itself is tested on the GPU)
-ONCHIP = dict(fit_max=0, tile=16, resident=4096)
-ONCHIP_LOOP = dict(ONCHIP, max_partials=3)
-PATHS = {"fit": FIT, "split": SPLIT, "split-loop": SPLIT_LOOP, "onchip": ONCHIP,
-         "onchip-loop": ONCHIP_LOOP}
+SPLIT = dict(fit_max=0, tile=16)              # split: 16-element tiles, one partial a tile
+SPLIT_LOOP = dict(fit_max=0, tile=16, max_partials=3)  # several tiles a statistics program,
+                                              # masked tail tiles past the group's end
+PATHS = {"fit": FIT, "split": SPLIT, "split-loop": SPLIT_LOOP}
 
 SHARES = {}  # bitwise shares seen, printed at the end (pytest -s)
 
@@ -98,7 +93,7 @@ def test_fit_path_vs_fp64(case, affine, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("path", ["split", "split-loop", "onchip", "onchip-loop"])
+@pytest.mark.parametrize("path", ["split", "split-loop"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c[0])
 @torch.no_grad()
 def test_split_path_vs_fp64(case, path, dtype):
@@ -107,8 +102,8 @@ def test_split_path_vs_fp64(case, path, dtype):
     w, b = _params(shape[1], dtype, 2)
     launch = PATHS[path]
     st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]), **launch)
-    assert st.path == path.split("-")[0] and st.T > 1
-    if path.endswith("-loop"):
+    assert st.path == "split" and st.T > 1
+    if path == "split-loop":
         assert st.TPP > 1 and st.P * st.TPP > st.T  # tiles past the end are masked
     y = gn.group_norm_silu(x, G, w, b, 1e-6, _launch=launch)
     _note(f"gn split vs fp64 {dtype}", within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {path}"))
@@ -196,45 +191,6 @@ def test_silu_off_and_round_after_norm(path):
                                    _launch=PATHS[path])
             ref = gn_chain(x, 2, w, b, 1e-5, silu=silu, round_after_norm=rr)
             within(y, ref, f"{path} silu={silu} round={rr}")
-
-
-@pytest.mark.parametrize("case", [((2, 6, 5, 7), 3, {}), ((2, 6, 5, 7), 3, dict(max_partials=3)),
-                                  ((1, 8, 4, 8), 2, {}), ((1, 10, 2, 3, 5), 2, dict(max_partials=2))],
-                         ids=["masked", "masked-loop", "whole-tiles", "5d-loop"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@torch.no_grad()
-def test_onchip_is_split_bitwise(case, dtype):
-    """The one-launch path computes the split path's partials, merge and tiles at the same
-    settings: the same bits, every element (in place too)."""
-    shape, G, extra = case
-    x = _rand(shape, dtype, 41)
-    w, b = _params(shape[1], dtype, 41)
-    ys = gn.group_norm_silu(x, G, w, b, _launch=dict(SPLIT, **extra))
-    yo = gn.group_norm_silu(x, G, w, b, _launch=dict(ONCHIP, **extra))
-    assert torch.equal(ys, yo)
-    xi = x.clone()
-    gn.group_norm_silu(xi, G, w, b, out=xi, _launch=dict(ONCHIP, **extra))
-    assert torch.equal(xi, ys)
-
-
-@pytest.mark.parametrize("resident", [1, 2, 3, 5])
-@torch.no_grad()
-def test_onchip_program_budget(resident):
-    """With fewer resident program slots than the split table's programs, the on-chip
-    path doubles the tiles a program takes until the grid fits (never more programs than
-    slots: a cooperative launch beyond them fails); a budget below one program a group
-    falls back to the split path. Every case against the fp64 reference."""
-    shape, G = (1, 6, 9, 10), 2
-    launch = dict(ONCHIP, resident=resident)
-    st = gn.gn_settings(1, G, 3, 90, **launch)
-    if resident < G:
-        assert st.path == "split"
-    else:
-        assert st.path == "onchip" and G * st.P <= resident and st.P * st.TPP >= st.T
-    x = _rand(shape, torch.bfloat16, 43)
-    w, b = _params(6, torch.bfloat16, 43)
-    within(gn.group_norm_silu(x, G, w, b, _launch=launch), gn_chain(x, G, w, b),
-           f"resident {resident}")
 
 
 @torch.no_grad()

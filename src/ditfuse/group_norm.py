@@ -1,8 +1,7 @@
 """Fused GroupNorm + SiLU for the VAEs' ResNet blocks, and Wan's channel RMS norm + SiLU.
 
 Three layers, as in ``qk_norm_rope``: the private Triton kernels (``_gn_fit_kernel``,
-``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_gn_onchip_kernel``, ``_rms_ch_kernel``);
-launchers that validate ->
+``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_rms_ch_kernel``); launchers that validate ->
 allocate -> launch with settings from a small analytical table (``gn_settings``,
 ``rms_settings``); and the public functions :func:`group_norm_silu` and
 :func:`rms_norm_silu_channels`. Their ``torch.library`` ops (``ditfuse::group_norm_silu``,
@@ -20,10 +19,8 @@ spatial crop) raise ``ValueError`` naming ``x``; there is never a hidden ``.cont
 Bytes model (the floor the kernels are measured against): GroupNorm reads ``x`` once and
 writes ``y`` once when one program holds a whole group in registers (the *fit* path), and
 reads ``x`` twice when a group is too large for that (the *split* path: a statistics pass,
-then an apply pass; for an x that L2 holds, both in one cooperative launch whose second
-read comes from L2: the *on-chip* path); the per-group partial statistics it exchanges are
-a few KB. The RMS norm over channels reads ``x`` once (a column of ``C`` channels is held
-on chip).
+then an apply pass); the per-group partial statistics it exchanges are a few KB. The RMS
+norm over channels reads ``x`` once (a column of ``C`` channels is held on chip).
 """
 from __future__ import annotations
 
@@ -169,12 +166,29 @@ def _tile_offsets(ci, si, stride_c, stride_s, OFF64: tl.constexpr):
 
 
 @triton.jit
-def _group_partial(x_ptr, part_ptr, pid, G, cpg, S, n_ts, T, P, NGP,
-                   stride_xn, stride_xc, stride_xs,
-                   BC: tl.constexpr, BS: tl.constexpr, TPP: tl.constexpr,
-                   OFF64: tl.constexpr, EVEN: tl.constexpr):
-    """Program ``pid``'s partial (count, mean, M2, K) of its TPP consecutive tiles of one
-    group, stored in the partials (the statistics pass; see ``_gn_stats_kernel``)."""
+def _gn_stats_kernel(
+    x_ptr,                    # input, addressed as (N, C, S)
+    part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
+    G, cpg, S,
+    n_ts,                     # spatial tiles per channel block: cdiv(S, BS)
+    T,                        # tiles per group: cdiv(cpg, BC) * n_ts
+    P,                        # statistics programs per group
+    NGP,                      # N * G * P (row length of the partials)
+    stride_xn, stride_xc, stride_xs,
+    BC: tl.constexpr, BS: tl.constexpr,  # one tile: BC channels x BS positions
+    TPP: tl.constexpr,        # tiles per program
+    OFF64: tl.constexpr,      # offsets inside a tile need int64
+    EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
+):
+    """Partial (count, mean, M2) of TPP consecutive tiles of one group.
+
+    Each tile's statistics come from a corrected two-pass reduction over registers; tiles
+    are merged with Chan's parallel formula (no E[x^2] - E[x]^2 anywhere). The data are
+    shifted by the group's first element K (read by every program of the group, from
+    cache), so that the partial means stay of the order of the spread, not of the offset:
+    their fp32 rounding then costs nothing however large the offset.
+    """
+    pid = tl.program_id(0).to(tl.int64)
     ng = pid // P
     k = pid - ng * P
     n = ng // G
@@ -224,44 +238,33 @@ def _group_partial(x_ptr, part_ptr, pid, G, cpg, S, n_ts, T, P, NGP,
 
 
 @triton.jit
-def _gn_stats_kernel(
-    x_ptr,                    # input, addressed as (N, C, S)
-    part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
-    G, cpg, S,
-    n_ts,                     # spatial tiles per channel block: cdiv(S, BS)
-    T,                        # tiles per group: cdiv(cpg, BC) * n_ts
-    P,                        # statistics programs per group
-    NGP,                      # N * G * P (row length of the partials)
+def _gn_apply_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr,
+    part_ptr,                 # partials written by _gn_stats_kernel
+    G, cpg, S, n_ts, T, P, NGP,
+    eps,
     stride_xn, stride_xc, stride_xs,
-    BC: tl.constexpr, BS: tl.constexpr,  # one tile: BC channels x BS positions
-    TPP: tl.constexpr,        # tiles per program
-    OFF64: tl.constexpr,      # offsets inside a tile need int64
-    EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
+    stride_yn, stride_yc, stride_ys,
+    stride_w, stride_b,
+    BC: tl.constexpr, BS: tl.constexpr,
+    P_PAD: tl.constexpr,      # >= P (power of two)
+    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
+    EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
 ):
-    """Partial (count, mean, M2) of TPP consecutive tiles of one group.
-
-    Each tile's statistics come from a corrected two-pass reduction over registers; tiles
-    are merged with Chan's parallel formula (no E[x^2] - E[x]^2 anywhere). The data are
-    shifted by the group's first element K (read by every program of the group, from
-    cache), so that the partial means stay of the order of the spread, not of the offset:
-    their fp32 rounding then costs nothing however large the offset.
-    """
-    _group_partial(x_ptr, part_ptr, tl.program_id(0).to(tl.int64), G, cpg, S, n_ts, T, P, NGP,
-                   stride_xn, stride_xc, stride_xs, BC, BS, TPP, OFF64, EVEN)
-
-
-@triton.jit
-def _group_stats(part_ptr, ng, P, NGP, eps, P_PAD: tl.constexpr, CG: tl.constexpr = False):
-    """Group ``ng``'s statistics from its P partials: (mhi, corr, rstd, K), the mean held as
-    mhi + corr. ``CG``: read the partials from L2 (``.cg``; written by other programs of
-    the same launch)."""
+    """One tile per program: merge the group's P partials (statistics of x - K, K the
+    group's first element), then normalise the tile."""
+    pid = tl.program_id(0).to(tl.int64)
+    ng = pid // T
+    t = pid - ng * T
+    n = ng // G
+    g = ng - n * G
     kk = tl.arange(0, P_PAD).to(tl.int64)
     pm = kk < P
     pidx = ng * P + kk
-    cm: tl.constexpr = ".cg" if CG else ""
-    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0, cache_modifier=cm)
-    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0, cache_modifier=cm)
-    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0, cache_modifier=cm)
+    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
+    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
     count = tl.sum(pc)
     mhi = tl.sum(pc * pmu) / count
     dm = tl.where(pm, pmu - mhi, 0.0)
@@ -270,18 +273,8 @@ def _group_stats(part_ptr, ng, P, NGP, eps, P_PAD: tl.constexpr, CG: tl.constexp
     m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
     var = tl.maximum(m2, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
-    K = tl.load(part_ptr + 3 * NGP + ng * P, cache_modifier=cm)
-    return mhi, corr, rstd, K
+    K = tl.load(part_ptr + 3 * NGP + ng * P)
 
-
-@triton.jit
-def _apply_tile(x_ptr, y_ptr, w_ptr, b_ptr, n, g, t, cpg, S, n_ts, mhi, corr, rstd, K,
-                stride_xn, stride_xc, stride_xs, stride_yn, stride_yc, stride_ys,
-                stride_w, stride_b,
-                BC: tl.constexpr, BS: tl.constexpr, OFF64: tl.constexpr, EVEN: tl.constexpr,
-                HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr,
-                ROUND_NORM: tl.constexpr):
-    """Normalise tile ``t`` of group ``g`` of sample ``n`` (+ SiLU) into y."""
     tc = t // n_ts
     ts = t - tc * n_ts
     ci = tl.arange(0, BC)[:, None]
@@ -304,104 +297,6 @@ def _apply_tile(x_ptr, y_ptr, w_ptr, b_ptr, n, g, t, cpg, S, n_ts, mhi, corr, rs
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
                _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b,
                HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _gn_apply_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    part_ptr,                 # partials written by _gn_stats_kernel
-    G, cpg, S, n_ts, T, P, NGP,
-    eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    BC: tl.constexpr, BS: tl.constexpr,
-    P_PAD: tl.constexpr,      # >= P (power of two)
-    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
-    EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-):
-    """One tile per program: merge the group's P partials (statistics of x - K, K the
-    group's first element), then normalise the tile."""
-    pid = tl.program_id(0).to(tl.int64)
-    ng = pid // T
-    t = pid - ng * T
-    n = ng // G
-    g = ng - n * G
-    mhi, corr, rstd, K = _group_stats(part_ptr, ng, P, NGP, eps, P_PAD)
-    _apply_tile(x_ptr, y_ptr, w_ptr, b_ptr, n, g, t, cpg, S, n_ts, mhi, corr, rstd, K,
-                stride_xn, stride_xc, stride_xs, stride_yn, stride_yc, stride_ys,
-                stride_w, stride_b, BC, BS, OFF64, EVEN, HAS_W, HAS_B, SILU, ROUND_NORM)
-
-
-@triton.jit
-def _grid_barrier(bar_ptr, nprog):
-    """Wait until all ``nprog`` programs of the (cooperatively launched: all resident) grid
-    have arrived. ``bar_ptr``: an int32 zeroed for this launch. The CTA barrier orders this
-    program's stores before its release; the acquire orders the other programs' stores
-    before what follows."""
-    tl.debug_barrier()
-    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-    seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    while seen < nprog:
-        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _gn_onchip_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    part_ptr,                 # fp32 partials [4, N*G*P], as the split path's
-    bar_ptr,                  # int32 arrival counter, zeroed for this launch
-    G, cpg, S, n_ts, T, P, NGP,
-    eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    BC: tl.constexpr, BS: tl.constexpr, TPP: tl.constexpr, P_PAD: tl.constexpr,
-    OFF64: tl.constexpr,
-    EVEN: tl.constexpr,       # BC | cpg and BS | S: whole tiles, no masks
-    FULL: tl.constexpr,       # P * TPP == T: every program's tiles inside its group
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-    PHASE: tl.constexpr,      # 0: statistics, grid barrier, apply (one cooperative launch);
-                              # 1 / 2: statistics / apply alone (Triton's interpreter, which
-                              # runs programs one after another, launches the two in turn)
-):
-    """The split path in one launch, for tensors L2 holds: every program computes the
-    partial statistics of its TPP tiles (as ``_gn_stats_kernel``), waits at a grid barrier
-    for all programs' partials, merges its group's and normalises the same tiles, last read
-    first (they are the likeliest still in L2). One launch instead of two, the second read
-    of x from L2."""
-    pid = tl.program_id(0).to(tl.int64)
-    if PHASE != 2:
-        if EVEN and FULL:
-            _group_partial(x_ptr, part_ptr, pid, G, cpg, S, n_ts, T, P, NGP,
-                           stride_xn, stride_xc, stride_xs, BC, BS, TPP, OFF64, True)
-        else:
-            _group_partial(x_ptr, part_ptr, pid, G, cpg, S, n_ts, T, P, NGP,
-                           stride_xn, stride_xc, stride_xs, BC, BS, TPP, OFF64, False)
-    if PHASE == 0:
-        _grid_barrier(bar_ptr, NGP)
-    if PHASE != 1:
-        ng = pid // P
-        k = pid - ng * P
-        n = ng // G
-        g = ng - n * G
-        mhi, corr, rstd, K = _group_stats(part_ptr, ng, P, NGP, eps, P_PAD, PHASE == 0)
-        for i in range(TPP):
-            t = k * TPP + (TPP - 1 - i)
-            if FULL:
-                _apply_tile(x_ptr, y_ptr, w_ptr, b_ptr, n, g, t, cpg, S, n_ts,
-                            mhi, corr, rstd, K,
-                            stride_xn, stride_xc, stride_xs, stride_yn, stride_yc, stride_ys,
-                            stride_w, stride_b, BC, BS, OFF64, EVEN,
-                            HAS_W, HAS_B, SILU, ROUND_NORM)
-            elif t < T:  # the group's last program may hold fewer than TPP tiles
-                _apply_tile(x_ptr, y_ptr, w_ptr, b_ptr, n, g, t, cpg, S, n_ts,
-                            mhi, corr, rstd, K,
-                            stride_xn, stride_xc, stride_xs, stride_yn, stride_yc, stride_ys,
-                            stride_w, stride_b, BC, BS, OFF64, EVEN,
-                            HAS_W, HAS_B, SILU, ROUND_NORM)
 
 
 @triton.jit
@@ -561,18 +456,6 @@ STATS_FEW_TILES = 4
 APPLY_PER_THREAD = 64
 
 
-#: the split path as one launch (statistics, a grid barrier, apply) for x of at most this
-#: many bytes: the apply half then re-reads x from L2 (50 MB on an H100 / H200)
-ONCHIP_MAX_BYTES = 40 * 2**20
-#: warps of an on-chip program for 16-bit x (an 8192-element tile: 64 values a thread, the
-#: apply pass's measured best) and fp32 x (32 a thread: 64 fp32 values spill under the cap),
-#: and the registers a thread is held to, so that 65536 / (ONCHIP_MAXNREG x threads)
-#: programs fit an SM (the cooperative launch needs every program resident at once)
-ONCHIP_WARPS = 4
-ONCHIP_WARPS_FP32 = 8
-ONCHIP_MAXNREG = 128
-
-
 def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -593,8 +476,6 @@ class GNSettings:
     ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
     ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
-    ``path`` "onchip": the split path's tiles and statistics programs in one cooperative
-    launch; each program then normalises its own ``TPP`` tiles (x re-read from L2).
     """
 
     path: str
@@ -612,8 +493,7 @@ class GNSettings:
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS, resident: int = 0,
-                onchip_warps: int = ONCHIP_WARPS) -> GNSettings:
+                max_partials: int = MAX_PARTIALS) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -622,11 +502,6 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     that each takes a power-of-two number of tiles). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
     (``c_inner``: channels-last), so that its rows are whole sectors of memory.
-
-    ``resident`` > 0 (the caller's x fits L2, ``ONCHIP_MAX_BYTES``; the value is how many
-    programs of ``onchip_warps`` warps the GPU holds at once): the split path as one
-    cooperative launch (path "onchip", ``_gn_onchip_kernel``) with at most that many
-    programs, the tiles a program takes doubled until they fit.
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
@@ -646,14 +521,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
     # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
     sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
-    aw = _warps(BC * BS, APPLY_PER_THREAD, hi=8)
-    if resident and N * G <= resident:
-        while N * G * _cdiv(T, TPP) > resident:
-            TPP *= 2
-        P = _cdiv(T, TPP)
-        return GNSettings("onchip", BC, BS, onchip_warps, n_ts, T, P, TPP, _next_pow2(P),
-                          onchip_warps)
-    return GNSettings("split", BC, BS, aw, n_ts, T, P, TPP, _next_pow2(P), sw)
+    return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
+                      _next_pow2(P), sw)
 
 
 @dataclass(frozen=True)
@@ -854,36 +723,10 @@ def _partials(n: int, device) -> torch.Tensor:
 
 
 def _scratch(st: GNSettings, NG: int, device) -> tuple:
-    """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes (the on-chip
-    path's barrier counter zeroed: one per launch, in stream order)."""
+    """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes."""
     if st.path == "split":
         return (_partials(NG * st.P, device),)
-    if st.path == "onchip":
-        return (_partials(NG * st.P, device), torch.zeros(1, dtype=torch.int32, device=device))
     return ()
-
-
-_SMS: dict = {}
-
-
-def _onchip_warps(x: torch.Tensor) -> int:
-    return ONCHIP_WARPS_FP32 if x.dtype == torch.float32 else ONCHIP_WARPS
-
-
-def _resident(x: torch.Tensor) -> int:
-    """How many on-chip programs (``_onchip_warps(x)`` warps, ``ONCHIP_MAXNREG`` registers
-    a thread) x's GPU holds at once; 0 (not that path) for x larger than
-    ``ONCHIP_MAX_BYTES``. Under Triton's interpreter and on meta tensors an H100 / H200's
-    132 SMs, so that the CPU tests and builds take the GPU's decisions."""
-    if ONCHIP_MAX_BYTES <= 0 or x.numel() * x.element_size() > ONCHIP_MAX_BYTES:
-        return 0
-    per_sm = 65536 // (ONCHIP_MAXNREG * 32 * _onchip_warps(x))
-    if _runtime.INTERPRET or x.device.type != "cuda":
-        return 132 * per_sm
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if dev not in _SMS:
-        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    return _SMS[dev] * per_sm
 
 
 def _tile_span(st: GNSettings, strides) -> int:
@@ -898,8 +741,6 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     N, C, S, G = p.N, p.C, p.S, p.groups
     cpg = C // G
     c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
-    table.setdefault("resident", _resident(p.x))
-    table.setdefault("onchip_warps", _onchip_warps(p.x))
     st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
     if N * C * S == 0:
         return st, ()
@@ -916,22 +757,10 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
         return st, ()
     NG = N * G
     scratch = _scratch(st, NG, p.x.device)
-    part = scratch[0]
+    (part,) = scratch
     ngp = NG * st.P
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
-    if st.path == "onchip":
-        args = (p.x, out, w, b, part, scratch[1], G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps,
-                *p.xs, *os_, p.w_stride, p.b_stride)
-        kw = dict(BC=st.BC, BS=st.BS, TPP=st.TPP, P_PAD=st.P_PAD, OFF64=off64, EVEN=even,
-                  FULL=st.P * st.TPP == st.T, **flags, num_warps=st.num_warps)
-        if _runtime.INTERPRET:  # programs run one after another there: the halves in turn
-            launch(_gn_onchip_kernel, (ngp,), args, dict(kw, PHASE=1))
-            launch(_gn_onchip_kernel, (ngp,), args, dict(kw, PHASE=2))
-        else:  # every program resident at once, or the launch fails (never a hang)
-            launch(_gn_onchip_kernel, (ngp,), args,
-                   dict(kw, PHASE=0, launch_cooperative_grid=True, maxnreg=ONCHIP_MAXNREG))
-        return st, scratch
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
                 EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
@@ -1054,8 +883,7 @@ def _call(rms: bool, x, weight, bias, out, launch, **opts):
 
 def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
                     round_after_norm=True, out=None, _launch=None):
-    r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip and x is
-    larger than L2).
+    r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
 
     .. math::
 
@@ -1106,9 +934,7 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     else per tile of data shifted by the group's first element, merged with Chan's
     parallel formula (``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
     large offset costs no accuracy (fp32 data at 1e5 +- 1 normalises to fp32 accuracy).
-    The fit and split paths may differ in the last fp32 bits (different summation order);
-    the on-chip path (x of at most ``ONCHIP_MAX_BYTES``: the split path's statistics and
-    tiles in one cooperative launch) gives the split path's bits at the same settings.
+    The two paths may differ in the last fp32 bits (different summation order).
     By default the result rounds where the eager chain does: the normalised, affine value
     :math:`\hat x` to ``x.dtype``, then SiLU in fp32 rounded at the store. Against the fp64
     reference that rounds at the same points (``reference.group_norm_silu_chain``) every
@@ -1314,11 +1140,9 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
             shapes.append(GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2",
                                   (1, 512, 32, 32)))
     runs = [(s.small() if small else s, None) for s in shapes]
-    if small:  # interpreter-sized groups all fit: force the split path (two launches, and
-        # one: the on-chip path) on one of them too
+    if small:  # interpreter-sized groups all fit: force the split path on one of them too
         first = next((s for s, _ in runs if s.op == "gn"), None)
         if first is not None:
-            runs.append((first, dict(fit_max=0, tile=256, resident=0)))
             runs.append((first, dict(fit_max=0, tile=256)))
     for s, launch in runs:
         for dtype in dtypes:
@@ -1332,10 +1156,8 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
                 eps = 1e-6
                 y = group_norm_silu(x, s.groups, w, b, eps, _launch=launch)
                 chain = group_norm_silu_chain(x, s.groups, w, b, eps, compute_dtype=torch.float64)
-                table = dict(dict(resident=_resident(x), onchip_warps=_onchip_warps(x)),
-                             **(launch or {}))
                 path = gn_settings(s.shape[0], s.groups, s.C // s.groups,
-                                   math.prod(s.shape[2:]), **table).path
+                                   math.prod(s.shape[2:]), **(launch or {})).path
                 if _eager_gn_rounds_stats(device, dtype):
                     extra = eager_gn_stat_steps(chain, x, w)
                     note = f" (eager rounds mean/rstd to {str(dtype)[6:]})"
