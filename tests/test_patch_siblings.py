@@ -97,7 +97,9 @@ def framepack_inputs(dtype):
 CASES = [
     ("wan-vace", wan_vace, wan_vace_inputs,
      {"attention processors (QK-norm + RoPE)": 10, "blocks (AdaLN)": 3}),
-    ("chroma", chroma, chroma_inputs, {"attention processors (QK-norm + RoPE)": 3}),
+    ("chroma", chroma, chroma_inputs, {"attention processors (QK-norm + RoPE)": 3,
+                                       "Chroma AdaLayerNormZeroPruned (modulate)": 2,
+                                       "Chroma AdaLayerNormZeroSinglePruned (modulate)": 2}),
     ("hunyuan-framepack", framepack, framepack_inputs,
      {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 1}),
 ]
@@ -119,6 +121,8 @@ def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch
                                                              real(k, *a))[1])
     out = model(**kw)[0]
     assert any("qk_norm_rope" in k for k in kernels), (name, kernels)  # the fused path ran
+    if any("modulate" in k or "AdaLN" in k for k in expected):
+        assert any("adaln" in k for k in kernels), (name, kernels)
     share = _close(out, ref, dtype)
     if dtype == torch.bfloat16:
         assert share == 1.0, f"{name}: {100 * share:.2f}% bitwise"

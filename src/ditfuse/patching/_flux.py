@@ -1,6 +1,8 @@
 """FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single), the
 blocks' gated residuals with the norm + modulation that follows them, and the single-stream
-blocks' GELU written straight into the buffer ``proj_out`` reads (no ``torch.cat``)."""
+blocks' GELU written straight into the buffer ``proj_out`` reads (no ``torch.cat``). Chroma
+(ChromaTransformer2DModel, FLUX.1's attention): the QK-norm + RoPE and its pruned
+AdaLayerNormZero(Single) modules' norm + modulate."""
 from __future__ import annotations
 
 import torch
@@ -138,6 +140,43 @@ def _ada_zero_single_forward(self, x, emb=None):
     return x, gate_msa
 
 
+def _chroma_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+    """Chroma's ChromaAdaLayerNormZeroPruned.forward (the modulation sliced from the
+    approximator's output instead of a linear) with norm + modulate fused, as
+    :func:`_ada_zero_forward`."""
+    if self.emb is not None:
+        emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.flatten(1, 2).chunk(6, dim=1)
+    if _ada_ok(self, x, emb.dtype):
+        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
+                           rounding="per_op")
+    else:
+        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+def _chroma_zero_single_forward(self, x, emb=None):
+    shift_msa, scale_msa, gate_msa = emb.flatten(1, 2).chunk(3, dim=1)
+    if _ada_ok(self, x, emb.dtype):
+        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
+                           rounding="per_op")
+    else:
+        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    return x, gate_msa
+
+
+def _chroma_norms():
+    """Chroma's pruned AdaLN-Zero modules -> fused forwards ({} without Chroma)."""
+    try:
+        from diffusers.models.transformers import transformer_chroma as tc
+    except ImportError:
+        return {}
+    return {tc.ChromaAdaLayerNormZeroPruned: (_chroma_zero_forward,
+                                              "Chroma AdaLayerNormZeroPruned (modulate)"),
+            tc.ChromaAdaLayerNormZeroSinglePruned: (
+                _chroma_zero_single_forward, "Chroma AdaLayerNormZeroSinglePruned (modulate)")}
+
+
 def _block_ok(self, x, c, temb) -> bool:
     """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
     fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
@@ -233,6 +272,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 report.add("attention processors (QK-norm + RoPE)")
     if adaln:
         bind_forwards(model, report, {
+            **_chroma_norms(),
             AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
             AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
             FluxTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
