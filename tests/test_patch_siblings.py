@@ -1,5 +1,6 @@
 """ditfuse.patch on the diffusers models built from a covered model's attention and blocks:
-Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN blocks, a
+SkyReels-V2 (Wan's architecture in its own classes; diffusion forcing's per-frame modulation
+and block-causal mask), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN blocks, a
 text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history latents with
 their own RoPE rows). Tiny configs: patched vs unpatched within a few roundings (bitwise in
 bf16), the fused kernels really launched, unpatch restores exactly."""
@@ -94,7 +95,35 @@ def framepack_inputs(dtype):
                 guidance=torch.tensor([5.0]).to(dtype), return_dict=False)
 
 
+def skyreels(**kw):
+    from diffusers import SkyReelsV2Transformer3DModel
+
+    return _randomize(SkyReelsV2Transformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **kw))
+
+
+def skyreels_inputs(dtype, df=False):
+    g = _g(24)
+    F = 4
+    kw = dict(hidden_states=torch.randn(1, 4, F, 4, 6, generator=g).to(dtype),
+              encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(dtype), return_dict=False)
+    if df:  # diffusion forcing: a timestep a frame, per-token modulation (B, 6, S, D)
+        kw.update(timestep=torch.tensor([[900.0, 700.0, 300.0, 100.0]]).to(dtype),
+                  enable_diffusion_forcing=True)
+    else:
+        kw["timestep"] = torch.tensor([500.0]).to(dtype)
+    return kw
+
+
 CASES = [
+    ("skyreels-v2", skyreels, skyreels_inputs,
+     {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    # diffusion forcing with blocks of 2 frames: the block-causal mask reaches self-attention
+    ("skyreels-v2-df", lambda: skyreels(num_frame_per_block=2),
+     lambda dt: skyreels_inputs(dt, df=True),
+     {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-vace", wan_vace, wan_vace_inputs,
      {"attention processors (QK-norm + RoPE)": 10, "blocks (AdaLN)": 3}),
     ("chroma", chroma, chroma_inputs, {"attention processors (QK-norm + RoPE)": 3,

@@ -225,6 +225,7 @@ def _registry():
         # Wan VACE: Wan's blocks and attention plus VACE blocks (their attention processors
         # are Wan's; their forwards are not replaced: the block tables match exact types)
         "WanVACETransformer3DModel": _wan.patch_model,
+        "SkyReelsV2Transformer3DModel": _wan.patch_skyreels,
         "FluxTransformer2DModel": _flux.patch_model,
         # Chroma: FLUX.1's attention and processor (QK-norm + RoPE), its own pruned-AdaLN
         # blocks (not replaced)
@@ -259,7 +260,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
         ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``; and
         the models built from their attention and blocks: ``WanVACETransformer3DModel``,
-        ``ChromaTransformer2DModel``, ``HunyuanVideoFramepackTransformer3DModel``) or a pipeline, in
+        ``ChromaTransformer2DModel``, ``HunyuanVideoFramepackTransformer3DModel``,
+        ``SkyReelsV2Transformer3DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).
     qk_norm_rope, adaln, attention, activations : bool

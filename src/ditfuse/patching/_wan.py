@@ -1,4 +1,6 @@
-"""Wan 2.x (WanTransformer3DModel: T2V, I2V with ``norm_added_k``, TI2V per-token temb)."""
+"""Wan 2.x (WanTransformer3DModel: T2V, I2V with ``norm_added_k``, TI2V per-token temb), and
+SkyReels-V2 (the same architecture in its own classes; diffusion forcing's per-frame temb
+and block-causal mask)."""
 from __future__ import annotations
 
 import torch
@@ -36,15 +38,24 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
                         rotary_dim=D if cos is not None else None, inplace=True)
 
 
-def _make_processor():
-    from diffusers.models.transformers import transformer_wan as tw
+def _make_processor(skyreels: bool = False):
+    """The fused subclass of Wan's processor, or (``skyreels``) of SkyReels-V2's: the same
+    code but for the context-parallel config, which SkyReels passes to every attention call
+    and Wan only to self-attention (diffusers PR 12909)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    class DitfuseWanAttnProcessor(tw.WanAttnProcessor):
-        """WanAttnProcessor with QK-norm (across heads) + RoPE fused into one kernel, and the
-        I2V ``norm_added_k`` through the same kernel.
+    if skyreels:
+        from diffusers.models.transformers import transformer_skyreels_v2 as tw
+        base = tw.SkyReelsV2AttnProcessor
+    else:
+        from diffusers.models.transformers import transformer_wan as tw
+        base = tw.WanAttnProcessor
 
-        Falls back to ``WanAttnProcessor.__call__`` when autograd needs gradients, when a
+    class DitfuseWanAttnProcessor(base):
+        """WanAttnProcessor (or SkyReelsV2AttnProcessor) with QK-norm (across heads) + RoPE
+        fused into one kernel, and the I2V ``norm_added_k`` through the same kernel.
+
+        Falls back to the base processor's ``__call__`` when autograd needs gradients, when a
         q/k norm is not ``torch.nn.RMSNorm`` / ``Identity``, or when ``rotary_emb`` is not a
         (cos, sin) pair of (1, S, 1, D) tables.
 
@@ -93,13 +104,15 @@ def _make_processor():
                 value_img = value_img.unflatten(2, (H, -1))
                 hidden_states_img = dispatch_attention_fn(
                     query, key_img, value_img, attn_mask=None, dropout_p=0.0, is_causal=False,
-                    backend=self._attention_backend, parallel_config=None)
+                    backend=self._attention_backend,
+                    parallel_config=self._parallel_config if skyreels else None)
                 hidden_states_img = hidden_states_img.flatten(2, 3).type_as(query)
 
             hidden_states = dispatch_attention_fn(
                 query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
                 backend=self._attention_backend,
-                parallel_config=(self._parallel_config if encoder_hidden_states is None else None))
+                parallel_config=(self._parallel_config if skyreels or encoder_hidden_states is None
+                                 else None))
             hidden_states = hidden_states.flatten(2, 3).type_as(query)
             if hidden_states_img is not None:
                 hidden_states = hidden_states + hidden_states_img
@@ -107,6 +120,9 @@ def _make_processor():
             hidden_states = attn.to_out[1](hidden_states)
             return hidden_states
 
+    if skyreels:
+        DitfuseWanAttnProcessor.__name__ = DitfuseWanAttnProcessor.__qualname__ = \
+            "DitfuseSkyReelsV2AttnProcessor"
     return DitfuseWanAttnProcessor
 
 
@@ -123,11 +139,34 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
         mods = [m.squeeze(2) for m in mods]
     else:
         mods = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
-    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
+    return _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, None)
 
+
+def _skyreels_block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb,
+                            attention_mask):
+    """SkyReelsV2TransformerBlock.forward with Wan's fused chains; its diffusion-forcing
+    temb (B, 6, S, D) gives per-token modulation, and self-attention takes its mask."""
+    from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2TransformerBlock
+
+    if grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self) or \
+            temb.dim() not in (3, 4):
+        return SkyReelsV2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                                  rotary_emb, attention_mask)
+    if temb.dim() == 4:
+        mods = [m.squeeze(1) for m in
+                (self.scale_shift_table.unsqueeze(2) + temb.float()).chunk(6, dim=1)]
+    else:
+        mods = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
+    return _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask)
+
+
+def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask):
+    """The block's arithmetic after its modulation ``mods`` (shift, scale, gate, and the
+    FFN's three), with the AdaLN kernels."""
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
     norm_hidden_states = adaln_modulate(hidden_states, shift_msa, scale_msa, norm="layer",
                                         eps=self.norm1.eps)
-    attn_output = self.attn1(norm_hidden_states, None, None, rotary_emb)
+    attn_output = self.attn1(norm_hidden_states, None, attention_mask, rotary_emb)
     if isinstance(self.norm2, torch.nn.Identity):
         hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
         norm_hidden_states = hidden_states
@@ -158,12 +197,26 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor,
                                                                WanTransformerBlock)
 
-    proc_cls = _make_processor() if qk_norm_rope else None
+    _patch(model, report, qk_norm_rope, adaln, WanAttention, WanAttnProcessor,
+           WanTransformerBlock, _block_forward, skyreels=False)
+
+
+def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                   activations=True):
+    """SkyReels-V2 (SkyReelsV2Transformer3DModel): Wan's architecture in its own classes."""
+    from diffusers.models.transformers import transformer_skyreels_v2 as ts
+
+    _patch(model, report, qk_norm_rope, adaln, ts.SkyReelsV2Attention, ts.SkyReelsV2AttnProcessor,
+           ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True)
+
+
+def _patch(model, report, qk_norm_rope, adaln, attn_cls, proc_base, block_cls, block_fwd,
+           skyreels):
+    proc_cls = _make_processor(skyreels) if qk_norm_rope else None
     for m in model.modules():
-        if proc_cls is not None and isinstance(m, WanAttention) and \
-                type(m.processor) is WanAttnProcessor:
+        if proc_cls is not None and isinstance(m, attn_cls) and type(m.processor) is proc_base:
             if set_processor(m, proc_cls()):
                 report.add("attention processors (QK-norm + RoPE)")
-        if adaln and isinstance(m, WanTransformerBlock) and _block_ok(m):
-            if bind_forward(m, _block_forward, report):
+        if adaln and type(m) is block_cls and _block_ok(m):
+            if bind_forward(m, block_fwd, report):
                 report.add("blocks (AdaLN)")
