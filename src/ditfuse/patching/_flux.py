@@ -114,6 +114,15 @@ def _ada_ok(self, x, emb_dtype) -> bool:
             and not grad_needed(x) and not params_need_grad(self))
 
 
+def _modulate(self, x, shift, scale, emb_dtype):
+    """``self.norm(x) * (1 + scale) + shift`` of an AdaLayerNormZero-like module, fused where
+    :func:`_ada_ok` holds (per-op rounding, as the module computes in the activation dtype)."""
+    if _ada_ok(self, x, emb_dtype):
+        return adaln_modulate(x, shift, scale, norm="layer", eps=self.norm.eps,
+                              rounding="per_op")
+    return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
+
+
 def _ada_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
     """AdaLayerNormZero.forward with norm + modulate fused; rounding per op, as the module
     computes in the activation dtype (bitwise for most elements)."""
@@ -121,22 +130,14 @@ def _ada_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=No
         emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
     emb = self.linear(self.silu(emb))
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
-    if _ada_ok(self, x, emb.dtype):
-        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
-                           rounding="per_op")
-    else:
-        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
     return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
 def _ada_zero_single_forward(self, x, emb=None):
     emb = self.linear(self.silu(emb))
     shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
-    if _ada_ok(self, x, emb.dtype):
-        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
-                           rounding="per_op")
-    else:
-        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
     return x, gate_msa
 
 
@@ -147,21 +148,13 @@ def _chroma_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype
     if self.emb is not None:
         emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.flatten(1, 2).chunk(6, dim=1)
-    if _ada_ok(self, x, emb.dtype):
-        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
-                           rounding="per_op")
-    else:
-        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
     return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
 def _chroma_zero_single_forward(self, x, emb=None):
     shift_msa, scale_msa, gate_msa = emb.flatten(1, 2).chunk(3, dim=1)
-    if _ada_ok(self, x, emb.dtype):
-        x = adaln_modulate(x, shift_msa, scale_msa, norm="layer", eps=self.norm.eps,
-                           rounding="per_op")
-    else:
-        x = self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
     return x, gate_msa
 
 
