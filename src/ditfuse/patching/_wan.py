@@ -7,7 +7,7 @@ import torch
 
 from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
-from . import (bind_forward, grad_needed, norms_ok, params_need_grad, set_processor,
+from . import (bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors,
                table_once)
 
 
@@ -194,11 +194,10 @@ def _block_ok(block) -> bool:
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 activations=True):
-    from diffusers.models.transformers.transformer_wan import (WanAttention, WanAttnProcessor,
-                                                               WanTransformerBlock)
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
-    _patch(model, report, qk_norm_rope, adaln, WanAttention, WanAttnProcessor,
-           WanTransformerBlock, _block_forward, skyreels=False)
+    _patch(model, report, qk_norm_rope, adaln, WanAttnProcessor, WanTransformerBlock,
+           _block_forward, skyreels=False)
 
 
 def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -206,17 +205,15 @@ def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     """SkyReels-V2 (SkyReelsV2Transformer3DModel): Wan's architecture in its own classes."""
     from diffusers.models.transformers import transformer_skyreels_v2 as ts
 
-    _patch(model, report, qk_norm_rope, adaln, ts.SkyReelsV2Attention, ts.SkyReelsV2AttnProcessor,
+    _patch(model, report, qk_norm_rope, adaln, ts.SkyReelsV2AttnProcessor,
            ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True)
 
 
-def _patch(model, report, qk_norm_rope, adaln, attn_cls, proc_base, block_cls, block_fwd,
-           skyreels):
-    proc_cls = _make_processor(skyreels) if qk_norm_rope else None
-    for m in model.modules():
-        if proc_cls is not None and isinstance(m, attn_cls) and type(m.processor) is proc_base:
-            if set_processor(m, proc_cls()):
-                report.add("attention processors (QK-norm + RoPE)")
-        if adaln and type(m) is block_cls and _block_ok(m):
-            if bind_forward(m, block_fwd, report):
+def _patch(model, report, qk_norm_rope, adaln, proc_base, block_cls, block_fwd, skyreels):
+    if qk_norm_rope:
+        replace_processors(model, report, {proc_base: _make_processor(skyreels)},
+                           "attention processors (QK-norm + RoPE)")
+    if adaln:  # only blocks whose norms the chain reproduces: the report counts what runs
+        for m in model.modules():
+            if type(m) is block_cls and _block_ok(m) and bind_forward(m, block_fwd, report):
                 report.add("blocks (AdaLN)")
