@@ -64,3 +64,44 @@ def test_compile_fullgraph_matches_eager(inplace, backend):
     got = torch.compile(f, fullgraph=True, backend=backend)(q, k.clone(), cos, sin)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_opcheck_out():
+    q, k, cos, sin, norm = _inputs()
+    args = _ops.op_args(q, k, cos, sin, **_kw(norm))
+    outs = (torch.empty(B, 2 * S, H * D, dtype=q.dtype, device=DEVICE)[:, S:],
+            torch.empty_like(k))
+    torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope_out.default, (*args, *outs))
+
+
+@torch.no_grad()
+def test_compile_out_writes_the_joint_rows_in_place():
+    """The joint-attention processors' form: two streams written into their rows of one
+    joint Q / K with out=. Compiled, inductor calls the mutating out= op on views of the
+    joint buffer (no functional result copied into the rows) and matches eager bitwise."""
+    from torch._inductor.utils import run_and_get_code
+    q, k, cos, sin, norm = _inputs()
+    g = torch.Generator().manual_seed(9)
+    T = 3
+    tq = torch.randn(B, T, H * D, generator=g).to(q.dtype).to(DEVICE)
+    tk = torch.randn(B, T, H * D, generator=g).to(q.dtype).to(DEVICE)
+    tcos, tsin = rope_tables(T, D)
+    torch._dynamo.reset()
+
+    def f(q, k, tq, tk):
+        q_all = q.new_empty(B, T + S, H * D)
+        k_all = k.new_empty(B, T + S, H * D)
+        ditfuse.qk_norm_rope(tq * 2, tk, tcos, tsin, q_norm=norm, k_norm=norm, num_heads=H,
+                             out=(q_all[:, :T], k_all[:, :T]))
+        ditfuse.qk_norm_rope(q * 1.5, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H,
+                             out=(q_all[:, T:], k_all[:, T:]))
+        return q_all + 1, k_all * 2
+
+    want = f(q, k, tq, tk)
+    got, code = run_and_get_code(torch.compile(f, fullgraph=True, backend="inductor"),
+                                 q, k, tq, tk)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    src = "\n".join(code)
+    assert src.count("ditfuse.qk_norm_rope_out.default(") == 2
+    assert "ditfuse.qk_norm_rope.default(" not in src

@@ -98,6 +98,33 @@ def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_s
     return None
 
 
+@_library.op("ditfuse::qk_norm_rope_out", mutates_args=("q_out", "k_out"))
+def qk_norm_rope_out_op(
+    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+    positions: Optional[Tensor],
+    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
+    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
+    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
+    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
+    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
+    q_out: Tensor, k_out: Optional[Tensor],
+) -> None:
+    """The ``out=`` form: results written into the caller's buffers (the joint-attention
+    processors' rows of the joint Q / K). A mutating op, so inductor writes the views of
+    the joint buffer in place instead of a functional result plus a copy into the rows."""
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    _call(q, k, cos, sin, inplace=False, out=(q_out, k_out), **kw)
+
+
+@qk_norm_rope_out_op.register_fake
+def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
+      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
+      rope_style, rotary_dim, round_after_norm, layout, q_out, k_out):
+    return None
+
+
 def op_args(q, k, cos, sin, *, q_norm, k_norm, num_heads, rope_style, rotary_dim, positions,
             round_after_norm, layout):
     return (q, k, cos, sin, positions, *_flatten_norm(q_norm, "q_norm"),
@@ -105,8 +132,11 @@ def op_args(q, k, cos, sin, *, q_norm, k_norm, num_heads, rope_style, rotary_dim
             int(rotary_dim or 0), bool(round_after_norm), layout)
 
 
-def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, **kw):
+def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):
     args = op_args(q, k, cos, sin, **kw)
+    if out is not None:
+        torch.ops.ditfuse.qk_norm_rope_out(*args, out[0], out[1])
+        return out[0], out[1]
     if inplace:
         torch.ops.ditfuse.qk_norm_rope_(*args)
         return q, k

@@ -896,19 +896,14 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
         raise ValueError("process_group is supported in eager mode only (call qk_norm_rope "
                          "outside the compiled region, or without process_group)")
     if torch.compiler.is_compiling():
-        if out is not None:  # the functional op, then a copy into the caller's buffers
-            _check_out(out, q, k, inplace)
-            from . import _ops
-            rq, rk = _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
-                                              num_heads=num_heads, rope_style=rope_style,
-                                              rotary_dim=rotary_dim, positions=positions,
-                                              inplace=False, round_after_norm=round_after_norm,
-                                              layout=layout)
-            out[0].copy_(rq)
-            if rk is not None:
-                out[1].copy_(rk)
-            return out[0], out[1]
         from . import _ops
+        if out is not None:  # the mutating out= op: inductor writes the caller's views
+            _check_out(out, q, k, inplace)
+            return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
+                                            num_heads=num_heads, rope_style=rope_style,
+                                            rotary_dim=rotary_dim, positions=positions,
+                                            inplace=False, round_after_norm=round_after_norm,
+                                            layout=layout, out=tuple(out))
         return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
                                         num_heads=num_heads, rope_style=rope_style,
                                         rotary_dim=rotary_dim, positions=positions,
