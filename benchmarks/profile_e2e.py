@@ -1,10 +1,11 @@
 """Where a patched step's GPU time goes: torch.profiler over one step of an e2e model
 (default Wan-14B 480p, 2 blocks, bf16): unpatched eager, unpatched compile, patched eager
-and (with a third argument "compile") patched + compile; the top CUDA kernels by total time
+and (with a third argument "compile") patched + compile; "patched": patched eager and
+patched + compile only; the top CUDA kernels by total time
 and the kernels' sum (its gap to the e2e step time is host-side idle GPU). Informs what
 issue 7 still has to fuse.
 
-usage: python benchmarks/profile_e2e.py [MODEL] [LAYERS] [compile]"""
+usage: python benchmarks/profile_e2e.py [MODEL] [LAYERS] [compile | patched]"""
 import sys
 from collections import defaultdict
 
@@ -20,7 +21,7 @@ model = build_model(spec, layers, "cuda", torch.bfloat16)
 kw = spec.inputs("cuda", torch.bfloat16, cfg=model.config, **spec.sizes)
 
 
-def profile(label, fn, top=22):
+def profile(label, fn, top=32):
     for _ in range(2):
         fn()
     torch.cuda.synchronize()
@@ -39,13 +40,15 @@ def profile(label, fn, top=22):
         print(f"  {us / 1e3:8.3f} ms {n:4d}x  {k}")
 
 
+mode = sys.argv[3] if len(sys.argv) > 3 else ""
 with torch.no_grad():
-    profile("unpatched eager", lambda: model(**kw))
-    comp = torch.compile(model)
-    profile("unpatched compile", lambda: comp(**kw))
-    torch._dynamo.reset()
+    if mode != "patched":
+        profile("unpatched eager", lambda: model(**kw))
+        comp = torch.compile(model)
+        profile("unpatched compile", lambda: comp(**kw))
+        torch._dynamo.reset()
     ditfuse.patch(model)
     profile("patched eager", lambda: model(**kw))
-    if len(sys.argv) > 3 and sys.argv[3] == "compile":
+    if mode in ("compile", "patched"):
         comp = torch.compile(model)
         profile("patched compile", lambda: comp(**kw))
