@@ -222,7 +222,8 @@ def test_psnr():
 
 
 def test_loop_timer_runs_steps_back_to_back():
-    """loop_timer: warm-up calls, then enough consecutive calls for min_ms, ms per call."""
+    """loop_timer: warm-up calls (at least ``warmup``, for at least ``settle_ms``), then
+    enough consecutive calls for min_ms, ms per call."""
     import time as _time
     calls = []
 
@@ -230,9 +231,13 @@ def test_loop_timer_runs_steps_back_to_back():
         calls.append(1)
         _time.sleep(0.01)
 
-    timer = e2e.loop_timer(min_ms=50, warmup=2, min_steps=3)
+    timer = e2e.loop_timer(min_ms=50, settle_ms=0, warmup=2, min_steps=3)
     assert timer.host_ms is None
     ms = timer(step)
     assert 9 <= ms < 30, ms
     assert 0 < timer.host_ms <= ms  # the loop before the (here empty) sync
     assert 2 + 4 <= len(calls) <= 2 + 6, len(calls)
+    calls.clear()
+    timer = e2e.loop_timer(min_ms=50, settle_ms=60, warmup=2, min_steps=3)
+    timer(step)
+    assert 6 + 4 <= len(calls) <= 7 + 6, len(calls)  # the warm-up lasts ~60 ms

@@ -526,12 +526,21 @@ def _emit_vs_fp32(spec, kept, dtypes, emit):
                               note=f"reference: fp32 {ref_impl}", **_compare(kept[(dtype, n, impl)], ref)))
 
 
-def loop_timer(min_ms: float = 200.0, warmup: int = 2, min_steps: int = 3):
-    """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: ``warmup``
-    calls, then n calls (at least ``min_steps``, enough for ``min_ms``) launched one after
-    the other, one sync at the end; ``timer.host_ms`` is the last timing's host time a step
-    (the loop before the sync: near the step time when the host is the bottleneck). The host prepares a step while the GPU runs the one
-    before, so a step's host cost counts only where it exceeds its GPU time. (Until session
+def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2,
+               min_steps: int = 3):
+    """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: warm-up
+    calls (at least ``warmup``, for at least ``settle_ms``), then n calls (at least
+    ``min_steps``, enough for ``min_ms``) launched one after the other, one sync at the end;
+    ``timer.host_ms`` is the last timing's host time a step (the loop before the sync: near
+    the step time when the host is the bottleneck). The host prepares a step while the GPU
+    runs the one before, so a step's host cost counts only where it exceeds its GPU time.
+
+    Why seconds, not a few steps: the H200 runs these models at its 700 W power limit, its
+    SM clock set by the load (1520-1660 MHz of 1980 under the four ways at FLUX,
+    ``benchmarks/logs/s13/b``); a denser way (compiled: fewer gaps between kernels) draws
+    more and clocks lower. Timed over ~200 ms right after another way (sessions 5-12), a
+    way ran partly at the clock the previous one left; after ``settle_ms`` of its own load
+    and over ``min_ms`` it runs at its own, as a pipeline's 20-50 steps do. (Until session
     5 each step was timed alone by do_bench, after an L2 flush, from an idle GPU: every step
     also paid its host latency up to the first kernel, up to 2.6 ms of a 26 ms FLUX.1 step
     for the compiled models' guards, ``benchmarks/logs/s5/diag_compile_variants.log``.)"""
@@ -539,10 +548,12 @@ def loop_timer(min_ms: float = 200.0, warmup: int = 2, min_steps: int = 3):
 
     def timer(fn):
         t = time.perf_counter()
-        for _ in range(warmup):
+        done = 0
+        while done < warmup or (time.perf_counter() - t) * 1e3 < settle_ms:
             fn()
-        sync()
-        est = (time.perf_counter() - t) / warmup * 1e3
+            done += 1
+            sync()
+        est = (time.perf_counter() - t) / done * 1e3
         n = max(min_steps, math.ceil(min_ms / max(est, 1e-3)))
         t = time.perf_counter()
         for _ in range(n):
