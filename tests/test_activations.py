@@ -264,6 +264,41 @@ def test_compile_fullgraph(with_out):
     torch._dynamo.reset()
 
 
+def test_opcheck_out_ops():
+    x = _rand((3, 5, 16), torch.bfloat16, 21)
+    buf = torch.zeros(3, 5, 24, dtype=torch.bfloat16, device=DEVICE)
+    torch.library.opcheck(torch.ops.ditfuse.gelu_out.default, (x, "tanh", buf[..., 8:]))
+    torch.library.opcheck(torch.ops.ditfuse.swiglu_out.default, (x, buf[..., :8]))
+    torch.library.opcheck(torch.ops.ditfuse.copy_into.default, (x[..., :8], buf[..., 16:]))
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+@torch.no_grad()
+def test_inductor_cat_activation_writes_the_buffer_in_place(parts):
+    """``cat_activation`` (FLUX.1 / HunyuanVideo single blocks: [attention | GELU(mlp)]) under
+    inductor: both halves written by mutating ops on views of one fresh buffer (no
+    functional GELU result, no slice_scatter copy of the buffer), bitwise the eager call."""
+    from torch._inductor.utils import run_and_get_code
+    from ditfuse.patching import cat_activation
+
+    attn = _rand((1, 7, 8), torch.bfloat16, 3)
+    mlp = _rand((1, 7, 16), torch.bfloat16, 4)
+    torch._dynamo.reset()
+
+    def f(attn, mlp):
+        first = attn * 2 if parts == 1 else (attn[:, :3] * 2, attn[:, 3:] * 2)
+        buf = cat_activation(first, mlp + 1, lambda h, out: ditfuse.gelu(h, "tanh", out=out), 16)
+        return buf.sum(-1), buf
+
+    want = f(attn, mlp)
+    got, code = run_and_get_code(torch.compile(f, fullgraph=True, backend="inductor"), attn, mlp)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    src = "\n".join(code)
+    assert src.count("ditfuse.gelu_out.default(") == 1
+    assert src.count("ditfuse.copy_into.default(") == parts
+    assert "ditfuse.gelu.default(" not in src and "slice_scatter" not in src
+
+
 def test_check_gates_small():
     """``ditfuse check``'s activation gates at the registry's shapes (few tokens) pass."""
     from ditfuse.check import Gates, activation_accuracy

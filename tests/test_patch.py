@@ -228,6 +228,8 @@ def test_inductor_writes_joint_qk_rows_in_place(name):
         got, code = run_and_get_code(torch.compile(model, fullgraph=True), **kw)
     src = "\n".join(code)
     assert "ditfuse.qk_norm_rope_out.default(" in src  # (single-stream blocks: functional)
+    if name != "qwen-image":  # single-stream blocks: GELU written into the concat buffer
+        assert "ditfuse.gelu_out.default(" in src and "ditfuse.copy_into.default(" in src
     # inductor's own fusions move the tiny bf16 models' outputs by up to ~2^-5.7 of their
     # scale without ditfuse (HunyuanVideo: unpatched compiled vs eager, 0.039 at scale 2)
     scale = want.float().abs().max().item()

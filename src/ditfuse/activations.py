@@ -279,8 +279,10 @@ def swiglu(x, *, out=None):
     """
     _no_grad_check(x)
     if torch.compiler.is_compiling():
-        y = torch.ops.ditfuse.swiglu(x)
-        return y if out is None else out.copy_(y)
+        if out is None:
+            return torch.ops.ditfuse.swiglu(x)
+        torch.ops.ditfuse.swiglu_out(x, out)  # mutating: inductor writes the caller's view
+        return out
     return _run(x, SWIGLU, out)
 
 
@@ -322,8 +324,10 @@ def gelu(x, approximate: str = "tanh", *, out=None):
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
     _no_grad_check(x)
     if torch.compiler.is_compiling():
-        y = torch.ops.ditfuse.gelu(x, approximate)
-        return y if out is None else out.copy_(y)
+        if out is None:
+            return torch.ops.ditfuse.gelu(x, approximate)
+        torch.ops.ditfuse.gelu_out(x, approximate, out)  # mutating: no copy into out
+        return out
     return _run(x, GELU_KINDS[approximate], out)
 
 
@@ -350,3 +354,27 @@ def _gelu_op(x: torch.Tensor, approximate: str) -> torch.Tensor:
 def _(x, approximate):
     _, N, _ = _plan(x, GELU_KINDS[approximate])
     return _new(x, N)
+
+
+# The out= forms as mutating ops: under torch.compile the activation lands in the caller's
+# view (a column slice of the concat buffer) with no functional result copied into it.
+@_library.op("ditfuse::swiglu_out", mutates_args=("out",))
+def _swiglu_out_op(x: torch.Tensor, out: torch.Tensor) -> None:
+    _run(x, SWIGLU, out)
+
+
+@_swiglu_out_op.register_fake
+def _(x, out):
+    R, N, _ = _plan(x, SWIGLU)
+    _check_out(out, x, N, R)
+
+
+@_library.op("ditfuse::gelu_out", mutates_args=("out",))
+def _gelu_out_op(x: torch.Tensor, approximate: str, out: torch.Tensor) -> None:
+    _run(x, GELU_KINDS[approximate], out)
+
+
+@_gelu_out_op.register_fake
+def _(x, approximate, out):
+    R, N, _ = _plan(x, GELU_KINDS[approximate])
+    _check_out(out, x, N, R)

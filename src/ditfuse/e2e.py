@@ -531,9 +531,10 @@ def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2
     """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: warm-up
     calls (at least ``warmup``, for at least ``settle_ms``), then n calls (at least
     ``min_steps``, enough for ``min_ms``) launched one after the other, one sync at the end;
-    ``timer.host_ms`` is the last timing's host time a step (the loop before the sync: near
-    the step time when the host is the bottleneck). The host prepares a step while the GPU
-    runs the one before, so a step's host cost counts only where it exceeds its GPU time.
+    ``timer.host_ms`` is the host time of the first timed step (its launches, from an empty
+    queue: over seconds of steps the host waits on the full launch queue, so the loop's own
+    host time says nothing). The host prepares a step while the GPU runs the one before, so
+    a step's host cost counts only where it exceeds its GPU time.
 
     Why seconds, not a few steps: the H200 runs these models at its 700 W power limit, its
     SM clock set by the load (1520-1660 MHz of 1980 under the four ways at FLUX,
@@ -556,9 +557,10 @@ def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2
         est = (time.perf_counter() - t) / done * 1e3
         n = max(min_steps, math.ceil(min_ms / max(est, 1e-3)))
         t = time.perf_counter()
-        for _ in range(n):
+        fn()
+        timer.host_ms = (time.perf_counter() - t) * 1e3  # one step's launches, queue empty
+        for _ in range(n - 1):
             fn()
-        timer.host_ms = (time.perf_counter() - t) / n * 1e3  # launching only, before the sync
         sync()
         return (time.perf_counter() - t) / n * 1e3
     timer.host_ms = None

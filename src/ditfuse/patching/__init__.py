@@ -14,6 +14,21 @@ from typing import Callable, Dict, List
 
 import torch
 
+from .. import _library
+
+
+@_library.op("ditfuse::copy_into", mutates_args=("dst",))
+def _copy_into_op(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(src)`` as an opaque mutating op (``cat_activation`` under torch.compile)."""
+    dst.copy_(src)
+
+
+@_copy_into_op.register_fake
+def _(src, dst):
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ValueError(f"copy_into: src {tuple(src.shape)} {src.dtype} into dst "
+                         f"{tuple(dst.shape)} {dst.dtype}")
+
 _ORIG_PROC = "_ditfuse_orig_processor"
 _PATCHED_FWD = "_ditfuse_patched_forward"
 
@@ -118,20 +133,28 @@ def cat_activation(first, h, act, width: int):
     parts = _parts(first)
     D = parts[0].shape[-1]
     buf = h.new_empty(*h.shape[:-1], D + width)
+    # Under torch.compile every write is a mutating op on a view of the fresh buffer, which
+    # inductor performs in place; a ``copy_`` there would become a slice_scatter that
+    # copies the whole buffer once more.
+    copy = _copy_into if compiling() else (lambda src, dst: dst.copy_(src))
     if len(parts) == 1:
-        buf[..., :D].copy_(parts[0])
+        copy(parts[0], buf[..., :D])
     else:
         row = 0
         for t in parts:
-            buf[:, row:row + t.shape[1], :D].copy_(t)
+            copy(t, buf[:, row:row + t.shape[1], :D])
             row += t.shape[1]
     act(h, out=buf[..., D:])
     return buf
 
 
+def _copy_into(src, dst) -> None:
+    torch.ops.ditfuse.copy_into(src, dst)
+
+
 def compiling() -> bool:
-    """Inside torch.compile: elementwise work is inductor's (it fuses an activation into the
-    concat buffer itself; ditfuse's op there would add a copy into the buffer)."""
+    """Inside torch.compile (where the patched code leaves some elementwise work to inductor:
+    see :func:`cat_fusable`)."""
     return torch.compiler.is_compiling()
 
 
@@ -162,14 +185,18 @@ def table_once(src: torch.Tensor, tag: str, make: Callable[[torch.Tensor], torch
 def cat_fusable(first, h, op: str) -> bool:
     """Whether :func:`cat_activation` computes ``torch.cat([first, act(h)], -1)``: same dtype
     (cat would promote), same leading shape (the parts' tokens adding up to h's), an ``h``
-    the kernel takes as it is, and eager execution (under torch.compile the original code:
-    inductor fuses the activation into the concat itself, where an opaque op would need a
-    copy into the buffer — ``logs/s4/measure/profile_flux1.log``: 67 us a FLUX.1 single
-    block)."""
+    the kernel takes as it is. Under torch.compile GELU only: the out= op is a mutating op,
+    so the kernel writes the buffer's MLP columns and inductor copies ``first`` into the
+    others, where inductor's own cat + GELU kernel took 100 us a FLUX.1 single block
+    against 69 us for ditfuse's GELU (``logs/s13/a/profile_flux1-1024.log``); SwiGLU stays
+    inductor's there (its fused kernel, 163 us at FLUX.2, leaves ditfuse's 128 us SwiGLU
+    plus the copy nothing to gain)."""
     from ..activations import supported
 
     parts = _parts(first)
-    if compiling() or not all(isinstance(t, torch.Tensor) and t.dtype == h.dtype for t in parts):
+    if compiling() and op != "gelu":
+        return False
+    if not all(isinstance(t, torch.Tensor) and t.dtype == h.dtype for t in parts):
         return False
     if len(parts) > 1:
         if not (h.dim() == 3 and all(t.dim() == 3 and t.shape[0] == h.shape[0]
