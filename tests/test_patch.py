@@ -218,9 +218,11 @@ def test_inductor_writes_joint_qk_rows_in_place(name):
     on views of the joint buffers (``test_qk_library``: no functional result copied into
     the rows); the compiled model matches the patched eager one."""
     from torch._inductor.utils import run_and_get_code
+    from conftest import DEVICE
     _, make, inputs, _ = next(c for c in CASES if c[0] == name)
-    model = to_dtype(make(), torch.bfloat16)
-    kw = inputs(torch.bfloat16)
+    model = to_dtype(make(), torch.bfloat16).to(DEVICE)  # the kernels' device (GPU: CUDA)
+    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v
+          for k, v in inputs(torch.bfloat16).items()}
     ditfuse.patch(model)
     torch._dynamo.reset()
     with torch.no_grad():
