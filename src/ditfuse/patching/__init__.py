@@ -185,10 +185,11 @@ def table_once(src: torch.Tensor, tag: str, make: Callable[[torch.Tensor], torch
 def cat_fusable(first, h, op: str) -> bool:
     """Whether :func:`cat_activation` computes ``torch.cat([first, act(h)], -1)``: same dtype
     (cat would promote), same leading shape (the parts' tokens adding up to h's), an ``h``
-    the kernel takes as it is. Under torch.compile GELU only: the out= op is a mutating op,
-    so the kernel writes the buffer's MLP columns and inductor copies ``first`` into the
-    others, where inductor's own cat + GELU kernel took 100 us a FLUX.1 single block
-    against 69 us for ditfuse's GELU (``logs/s13/a/profile_flux1-1024.log``); SwiGLU stays
+    the kernel takes as it is. Under torch.compile GELU only: the kernel writes the buffer's
+    MLP columns and ``first`` is copied into the others, both as mutating ops on views of
+    the fresh buffer that inductor performs in place, where inductor's own cat + GELU kernel
+    took 100 us a FLUX.1 single block against 69 + 12 us for ditfuse's GELU and the copy
+    (``logs/s13/a/profile_flux1-1024.log``); SwiGLU stays
     inductor's there (its fused kernel, 163 us at FLUX.2, leaves ditfuse's 128 us SwiGLU
     plus the copy nothing to gain)."""
     from ..activations import supported
