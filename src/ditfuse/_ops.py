@@ -122,6 +122,10 @@ def qk_norm_rope_out_op(
 def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
       q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
       rope_style, rotary_dim, round_after_norm, layout, q_out, k_out):
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    _plan(q, k, cos, sin, runtime_checks=False, **kw)  # bad input fails while tracing
     return None
 
 

@@ -899,16 +899,12 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
         from . import _ops
         if out is not None:  # the mutating out= op: inductor writes the caller's views
             _check_out(out, q, k, inplace)
-            return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
-                                            num_heads=num_heads, rope_style=rope_style,
-                                            rotary_dim=rotary_dim, positions=positions,
-                                            inplace=False, round_after_norm=round_after_norm,
-                                            layout=layout, out=tuple(out))
+            out = tuple(out)
         return _ops.qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
                                         num_heads=num_heads, rope_style=rope_style,
                                         rotary_dim=rotary_dim, positions=positions,
                                         inplace=inplace, round_after_norm=round_after_norm,
-                                        layout=layout)
+                                        layout=layout, out=out)
     return call(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
                 rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
                 inplace=inplace, round_after_norm=round_after_norm, layout=layout, out=out,
