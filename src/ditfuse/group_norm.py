@@ -399,6 +399,14 @@ def _res_apply(xr, ci, m, crem, y0p, yoff, w_ptr, b_ptr, c0, stride_w, stride_b,
 
 
 @triton.jit
+def _nap():
+    """A short back-off (``nanosleep``) between polls on the GPU; nothing elsewhere."""
+    if _PTX:
+        tl.inline_asm_elementwise("nanosleep.u32 64;\n\tmov.b32 $0, 0;", "=r", [],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _grid_sync(bar_ptr, nprog):
     """Wait until all ``nprog`` programs of a cooperatively launched grid (every program
     resident at once: the driver refuses a grid that cannot be, so this cannot hang) have
@@ -416,9 +424,14 @@ def _grid_sync(bar_ptr, nprog):
         tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
         tl.atomic_add(bar_ptr + 1, 1, sem="release", scope="gpu")
     else:
-        cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
+        # poll with plain (volatile) loads, backing off: hundreds of programs polling with
+        # atomics would queue at the L2 slice of the one address, ahead of the last
+        # arrival's; then one acquire
+        cur = tl.load(bar_ptr + 1, volatile=True)
         while cur == gen:
-            cur = tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
+            _nap()
+            cur = tl.load(bar_ptr + 1, volatile=True)
+        tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
