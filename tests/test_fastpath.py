@@ -189,8 +189,7 @@ def test_activation_replay(replays):
     _twice(lambda g: (_rand(4, 50, g=g),), lambda h: ditfuse.gelu(h, "none"), replays)
 
 
-GN_LAUNCH = {"fit": None, "split": dict(fit_max=0, tile=16, resident=0),
-             "resident": dict(fit_max=0, resident_tile=16)}
+GN_LAUNCH = {"fit": None, "split": dict(fit_max=0, tile=16)}
 
 
 @pytest.mark.parametrize("path", list(GN_LAUNCH))

@@ -21,11 +21,6 @@ CASES = [
     ("flux-vae-out-1024", "gn", (1, 128, 1024, 1024), 32, "bfloat16"),
     ("hunyuan-vae-up-9f", "gn", (1, 128, 9, 128, 128), 32, "bfloat16"),
     ("fit-path", "gn", (2, 64, 16, 16), 32, "float16"),
-    ("flux-vae-mid-128", "gn", (1, 512, 128, 128), 32, "bfloat16"),   # the resident path
-    ("hunyuan-vae-mid", "gn", (1, 512, 5, 32, 32), 32, "bfloat16"),
-    ("resident-fp32-odd", "gn", (1, 96, 61, 67), 8, "float32"),
-    ("resident-fp32", "gn", (1, 256, 64, 64), 32, "float32"),
-    ("resident-fp16-odd", "gn", (2, 60, 33, 35), 6, "float16"),
     ("gn-fp32-odd", "gn", (1, 96, 37, 53), 24, "float32"),
     ("wan-vae-out-480p", "rms", (1, 96, 4, 480, 832), None, "bfloat16"),
     ("wan-vae-mid-480p", "rms", (1, 384, 1, 60, 104), None, "bfloat16"),
@@ -42,8 +37,7 @@ from ditfuse import group_norm as gn
 from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path
 import subprocess, tempfile
 
-KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_gn_resident_kernel",
-           "_rms_ch_kernel"]
+KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel"]
 t = GPUTarget("cuda", 90, 32)
 for label, op, shape, groups, dt in json.loads(sys.argv[1]):
     dt = getattr(torch, dt)
@@ -58,8 +52,7 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
     for grid, args, kw in launches:
         # which kernel, told by its constexprs
         k = ("_rms_ch_kernel" if "NCH" in kw else "_gn_stats_kernel" if "TPP" in kw
-             else "_gn_apply_kernel" if "P_PAD" in kw
-             else "_gn_resident_kernel" if "T_PAD" in kw else "_gn_fit_kernel")
+             else "_gn_apply_kernel" if "P_PAD" in kw else "_gn_fit_kernel")
         real = getattr(gn, k)
         sig, cex, attrs, opts = specialize(real, args, kw, t)
         ck = triton.compile(ASTSource(real, sig, cex, attrs), target=t, options=opts.__dict__)
@@ -71,7 +64,6 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
                                   capture_output=True, text=True, check=True).stdout
         ins = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
         bars = [i for i, ln in enumerate(ins) if "BAR.SYNC" in ln]
-        atoms = [i for i, ln in enumerate(ins) if re.search(r"\b(ATOMG|ATOM|RED)\b", ln)]
         vec = [i for i, ln in enumerate(ins) if re.search(r"\bLDG\.E\.(64|128)\b", ln)]
         print("ROW " + json.dumps(dict(
             label=label, kernel=k, path=kw.get("NCH", 1), silu=kw.get("SILU"),
@@ -79,8 +71,6 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
             local=cu["ldl"] + cu["stl"] + cu["cubin_local"],
             ex2=ck.asm["ptx"].count("ex2.approx.ftz.f32"), div=ck.asm["ptx"].count("div.approx.ftz.f32"),
             first_bar=bars[0] if bars else None, last_vec_load=vec[-1] if vec else None,
-            first_atom=atoms[0] if atoms else None, maxnreg=kw.get("maxnreg"),
-            coop=kw.get("launch_cooperative_grid", False), warps=kw.get("num_warps"),
             vec_loads=len(vec), evict_last=ck.asm["ptx"].count("evict_last"),
             evict_first=ck.asm["ptx"].count("evict_first"),
             st_cs=len(re.findall(r"st\.global\.cs", ck.asm["ptx"])))), flush=True)

@@ -20,14 +20,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:Runt
 
 # Launch-table overrides that force each path at small shapes:
 FIT = None                                    # the default table: these groups fit
-SPLIT = dict(fit_max=0, tile=16, resident=0)  # split: 16-element tiles, one partial a tile
-SPLIT_LOOP = dict(fit_max=0, tile=16, max_partials=3, resident=0)  # several tiles a
-                                              # statistics program, masked tail tiles
-RESIDENT = dict(fit_max=0, resident_tile=16)  # resident: 16-element tiles held in registers
-RESIDENT_C = dict(fit_max=0, resident_tile=64, resident_row_max=16)  # ... 4 x 16 tiles
-                                              # held as 4 pieces of a channel each
-PATHS = {"fit": FIT, "split": SPLIT, "split-loop": SPLIT_LOOP, "resident": RESIDENT,
-         "resident-c": RESIDENT_C}
+SPLIT = dict(fit_max=0, tile=16)              # split: 16-element tiles, one partial a tile
+SPLIT_LOOP = dict(fit_max=0, tile=16, max_partials=3)  # several tiles a statistics program,
+                                              # masked tail tiles past the group's end
+PATHS = {"fit": FIT, "split": SPLIT, "split-loop": SPLIT_LOOP}
 
 SHARES = {}  # bitwise shares seen, printed at the end (pytest -s)
 
@@ -61,7 +57,8 @@ def _note(key, share):
 
 
 def _path_of(x, G, launch):
-    return gn.settings_for(x, G, **(launch or {})).path
+    N, C = x.shape[:2]
+    return gn.gn_settings(N, G, C // G, math.prod(x.shape[2:]), **(launch or {})).path
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,26 +107,6 @@ def test_split_path_vs_fp64(case, path, dtype):
         assert st.TPP > 1 and st.P * st.TPP > st.T  # tiles past the end are masked
     y = gn.group_norm_silu(x, G, w, b, 1e-6, _launch=launch)
     _note(f"gn split vs fp64 {dtype}", within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {path}"))
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("launch", ["resident", "resident-c"])
-@pytest.mark.parametrize("case", SPLIT_CASES + [("4d N2 G3", (2, 12, 6, 9), 3)],
-                         ids=lambda c: c[0])
-@torch.no_grad()
-def test_resident_path_vs_fp64(case, launch, dtype):
-    """x held in registers across a grid barrier: under the interpreter the statistics and
-    apply halves run as two launches (programs run one after another there), the apply
-    loading its tile again; the arithmetic is the GPU's."""
-    name, shape, G = case
-    x = _rand(shape, dtype, 40)
-    w, b = _params(shape[1], dtype, 40)
-    st = gn.settings_for(x, G, **PATHS[launch])
-    assert st.path == "resident" and st.T > 1 and st.P == st.T and st.NP > 1
-    assert st.along_c == (launch == "resident-c"), st
-    y = gn.group_norm_silu(x, G, w, b, 1e-6, _launch=PATHS[launch])
-    _note(f"gn resident vs fp64 {dtype}", within(y, gn_chain(x, G, w, b, 1e-6), name))
-    assert torch.equal(y, gn.group_norm_silu(x, G, w, b, 1e-6, _launch=PATHS[launch]))
 
 
 @pytest.mark.parametrize("case", [((2, 8, 4, 8), 4, {}), ((2, 8, 4, 8), 4, dict(max_partials=2)),
@@ -214,69 +191,6 @@ def test_silu_off_and_round_after_norm(path):
                                    _launch=PATHS[path])
             ref = gn_chain(x, 2, w, b, 1e-5, silu=silu, round_after_norm=rr)
             within(y, ref, f"{path} silu={silu} round={rr}")
-
-
-def test_resident_settings():
-    """The resident path takes a non-fitting group when its tiles all fit the GPU at once,
-    else the split path; its tiles cover a group in the fewest programs, rows along the
-    unit-stride axis, 16-bit x not read as 16-byte vectors in smaller tiles."""
-    res = 132 * 4
-    mid = gn.gn_settings(1, 32, 16, 128 * 128, resident=res)
-    assert (mid.path, mid.BC, mid.BS, mid.T, mid.NP, mid.along_c) == \
-        ("resident", 1, 16384, 16, 4, False)
-    hv = gn.gn_settings(1, 32, 16, 5 * 32 * 32, resident=res)  # 16 ch x 5120: 5 tiles
-    assert (hv.path, hv.BC, hv.BS, hv.T, hv.along_c) == ("resident", 16, 1024, 5, True)
-    assert gn.gn_settings(1, 32, 16, 256 * 256, resident=res).path == "split"  # 33.5M: no
-    assert gn.gn_settings(1, 32, 16, 128 * 128, resident=511).path == "split"
-    cl = gn.gn_settings(1, 32, 16, 128 * 128, c_inner=True, resident=res)
-    assert cl.path == "resident" and cl.BC == 16 and cl.BS == 1024 and not cl.along_c
-    meta = lambda *s, dt=torch.bfloat16: torch.empty(s, dtype=dt, device="meta")
-    assert gn.settings_for(meta(1, 512, 128, 128), 32).path == "resident"
-    assert gn.settings_for(meta(1, 512, 128, 128, dt=torch.float32), 32).path == "split"
-    odd = gn.settings_for(meta(1, 128, 61, 67), 16)  # rows of 4087: no 16-byte vectors
-    assert odd.path == "resident" and odd.BC * odd.BS <= gn.RESIDENT_TILE_SCALAR
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the grid barrier runs on the GPU only")
-@torch.no_grad()
-def test_resident_barrier_reused_across_launches_streams_and_graphs(monkeypatch):
-    """The grid barrier leaves its arrivals at 0 after every launch: many launches in a row,
-    on another stream, replayed from a CUDA graph all give the first call's bits; a first
-    call inside a capture (no barrier pool yet) takes the split path instead."""
-    x = _rand((2, 64, 48, 40), torch.bfloat16, 41)
-    w, b = _params(64, torch.bfloat16, 41)
-    launch = dict(fit_max=0, resident_tile=1024)
-    assert gn.settings_for(x, 8, **launch).path == "resident"
-    ref = gn.group_norm_silu(x, 8, w, b, _launch=launch)
-    within(ref, gn_chain(x, 8, w, b), "resident on the GPU")
-    for _ in range(50):
-        assert torch.equal(gn.group_norm_silu(x, 8, w, b, _launch=launch), ref)
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        outs = [gn.group_norm_silu(x, 8, w, b, _launch=launch) for _ in range(10)]
-    side.synchronize()
-    assert all(torch.equal(o, ref) for o in outs)
-    out = torch.full_like(x, float("nan"))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gn.group_norm_silu(x, 8, w, b, out=out, _launch=launch)
-    for _ in range(20):
-        out.fill_(float("nan"))
-        g.replay()
-        assert torch.equal(out, ref)
-    monkeypatch.setattr(gn, "_BARRIERS", {})
-    monkeypatch.setattr(gn, "_CACHE", gn._fastpath.Cache())
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g2 = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g2, stream=s):
-            assert gn.settings_for(x, 8, **launch).path == "split"
-            gn.group_norm_silu(x, 8, w, b, out=out, _launch=launch)
-    out.fill_(float("nan"))
-    g2.replay()
-    torch.cuda.synchronize()
-    within(out, gn_chain(x, 8, w, b), "split inside a first capture")
 
 
 @torch.no_grad()
@@ -382,7 +296,7 @@ def _strided_cases():
     ]
 
 
-@pytest.mark.parametrize("path", ["fit", "split", "resident", "resident-c"])
+@pytest.mark.parametrize("path", ["fit", "split"])
 @pytest.mark.parametrize("case", _strided_cases(), ids=lambda c: c[0])
 @torch.no_grad()
 def test_strided_input_read_in_place(case, path):
@@ -411,7 +325,7 @@ def test_uncollapsible_view_raises():
             gn.rms_norm_silu_channels(v, None)
 
 
-@pytest.mark.parametrize("path", ["fit", "split", "resident", "resident-c"])
+@pytest.mark.parametrize("path", ["fit", "split"])
 @torch.no_grad()
 def test_out_into_channel_slice_and_in_place(path):
     x = _rand((2, 8, 5, 6), torch.bfloat16, 19)
@@ -686,8 +600,7 @@ def test_eager_rounded_statistics():
 # launch table, registry, check gates
 
 def test_launch_table():
-    # the VAE shapes: groups of 16 ch x 128^2 (and larger) take the split path (without the
-    # resident path: test_resident_settings)
+    # the VAE shapes: groups of 16 ch x 128^2 (and larger) take the split path
     for s in gn.GN_SHAPES.values():
         if s.op != "gn":
             continue
@@ -716,9 +629,8 @@ def test_check_gates_small():
     shapes = [gn.GN_SHAPES["hunyuan-vae-up-9f"], gn.GN_SHAPES["flux-vae-mid-128"],
               gn.GN_SHAPES["wan-vae-mid-480p"]]
     gn.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
-    assert len(g.rows) == 10  # 3 shapes + the first one on the forced split and resident
-    assert sum(" split;" in r[3] for r in g.rows) == 2  # paths, 2 dtypes
-    assert sum(" resident;" in r[3] for r in g.rows) == 2
+    assert len(g.rows) == 8  # 3 shapes + the first one on the forced split path, 2 dtypes
+    assert sum("split" in r[3] for r in g.rows) == 2
     assert all(r[2] for r in g.rows), [r for r in g.rows if not r[2]]
 
 

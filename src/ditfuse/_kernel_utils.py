@@ -78,38 +78,3 @@ def _tanh(x):
     small = tl.fma(ax * x2, poly, ax)
     t = tl.where(ax < 0.25, small, big)
     return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _f32_again(x):
-    """``x`` (as loaded) in fp32, written so that the compiler does not merge it with the
-    ``.to(tl.float32)`` of the statistics: the loaded 16-bit pairs stay packed, one register
-    per two channels, until the normalisation (registers set the programs a SM)."""
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
-    elif x.dtype == tl.float16 and _PTX:
-        return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return x.to(tl.float32)
-
-
-@triton.jit
-def _f32_held(x):
-    """``x`` (as loaded, held in registers across a loop or a grid barrier) in fp32 by a
-    conversion the compiler may neither merge with another nor move: on the GPU an inline
-    asm with side effects that takes the loaded 32-bit register of two 16-bit values and
-    unpacks it itself, so the pairs stay packed, one register per two values, until this
-    use (unpacked early, each 16-bit value holds a register of its own; converted early,
-    an fp32 one)."""
-    if x.dtype == tl.bfloat16 and _PTX:
-        return tl.inline_asm_elementwise(
-            "shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, -65536;", "=r,=r,r", [x],
-            dtype=tl.float32, is_pure=False, pack=2)
-    elif x.dtype == tl.float16 and _PTX:
-        return tl.inline_asm_elementwise(
-            "{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, $2;\n\tcvt.f32.f16 $0, lo;"
-            "\n\tcvt.f32.f16 $1, hi;\n\t}", "=r,=r,r", [x],
-            dtype=tl.float32, is_pure=False, pack=2)
-    else:
-        return x.to(tl.float32)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernel_utils import _cast_out, _f32_again, _rnd
+from ._kernel_utils import _PTX, _cast_out, _rnd
 from ._qk_kernel import _norm_affine, _table_row
 
 
@@ -64,6 +64,20 @@ def _load_piece(ptr, base, c, live, stride_h, stride_d, D: tl.constexpr,
         return tl.load(p, mask=live, other=0.0)
     else:
         return tl.load(p)
+
+
+@triton.jit
+def _f32_again(x):
+    """``x`` (as loaded) in fp32, written so that the compiler does not merge it with the
+    ``.to(tl.float32)`` of the statistics: the loaded 16-bit pairs stay packed, one register
+    per two channels, until the normalisation (registers set the programs a SM)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif x.dtype == tl.float16 and _PTX:
+        return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return x.to(tl.float32)
 
 
 @triton.jit

@@ -236,22 +236,19 @@ def bench_activation(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
 
 def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """GroupNorm + SiLU (or Wan's channel RMS norm + SiLU) at one VAE shape. The floor
-    counts one read of x when the path the call takes holds a group on chip (the fit path:
-    one program a group; the resident path: all of x in registers across a grid barrier)
-    and two when it cannot (the split path), plus one write (see gn_settings)."""
+    counts one read of x when a group fits on chip (the fit path) and two when it cannot
+    (the split path), plus one write (see gn_settings)."""
     import math
 
     import torch.nn.functional as F
 
     import ditfuse
-    from .group_norm import settings_for
+    from .group_norm import gn_settings
 
     N, C = shape.shape[:2]
     sp = math.prod(shape.shape[2:])
     el = torch.empty((), dtype=dtype).element_size()
-    reads = 1 if shape.op == "rms" or settings_for(
-        torch.empty(shape.shape, dtype=dtype, device=device), shape.groups).path in (
-        "fit", "resident") else 2
+    reads = 1 if shape.op == "rms" or gn_settings(N, shape.groups, C // shape.groups, sp).path == "fit" else 2
     nbytes = (reads + 1) * N * C * sp * el
     pshape = (C,) + (1,) * (len(shape.shape) - 2)
 

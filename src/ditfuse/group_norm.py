@@ -1,8 +1,7 @@
 """Fused GroupNorm + SiLU for the VAEs' ResNet blocks, and Wan's channel RMS norm + SiLU.
 
 Three layers, as in ``qk_norm_rope``: the private Triton kernels (``_gn_fit_kernel``,
-``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_gn_resident_kernel``, ``_rms_ch_kernel``);
-launchers that validate ->
+``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_rms_ch_kernel``); launchers that validate ->
 allocate -> launch with settings from a small analytical table (``gn_settings``,
 ``rms_settings``); and the public functions :func:`group_norm_silu` and
 :func:`rms_norm_silu_channels`. Their ``torch.library`` ops (``ditfuse::group_norm_silu``,
@@ -20,12 +19,8 @@ spatial crop) raise ``ValueError`` naming ``x``; there is never a hidden ``.cont
 Bytes model (the floor the kernels are measured against): GroupNorm reads ``x`` once and
 writes ``y`` once when one program holds a whole group in registers (the *fit* path), and
 reads ``x`` twice when a group is too large for that (the *split* path: a statistics pass,
-then an apply pass); the per-group partial statistics it exchanges are a few KB. When all of
-``x`` fits the registers of the programs the GPU holds at once (about 17 MB of 16-bit x on
-an H100 / H200) the *resident* path reads it once: one cooperative launch whose programs
-each hold a tile, exchange the partials through a grid barrier and normalise the tile they
-hold. The RMS norm over channels reads ``x`` once (a column of ``C`` channels is held on
-chip).
+then an apply pass); the per-group partial statistics it exchanges are a few KB. The RMS
+norm over channels reads ``x`` once (a column of ``C`` channels is held on chip).
 """
 from __future__ import annotations
 
@@ -39,7 +34,7 @@ import triton
 import triton.language as tl
 
 from . import _fastpath, _library, _runtime
-from ._kernel_utils import _PTX, _cast_out, _ex2, _f32_again, _f32_held, _rnd
+from ._kernel_utils import _PTX, _cast_out, _ex2, _rnd
 from ._gn_contract import _eager_gn_rounds_stats, eager_gn_stat_steps, parity
 from .shapes import GN_SHAPES, GNShape  # noqa: F401  (the VAE shapes: the one registry)
 
@@ -243,30 +238,6 @@ def _gn_stats_kernel(
 
 
 @triton.jit
-def _group_stats(part_ptr, ng, P, NGP, eps, P_PAD: tl.constexpr, CG: tl.constexpr):
-    """Group ``ng``'s statistics from its P partials (count, mean, M2 of x - K, K): (mhi,
-    corr, rstd, K), the mean of x - K held as mhi + corr. ``CG``: read the partials from L2
-    (``.cg``: other programs of the same launch wrote them)."""
-    kk = tl.arange(0, P_PAD).to(tl.int64)
-    pm = kk < P
-    pidx = ng * P + kk
-    cmod: tl.constexpr = ".cg" if CG else ""
-    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0, cache_modifier=cmod)
-    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0, cache_modifier=cmod)
-    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0, cache_modifier=cmod)
-    count = tl.sum(pc)
-    mhi = tl.sum(pc * pmu) / count
-    dm = tl.where(pm, pmu - mhi, 0.0)
-    s1 = tl.sum(pc * dm)
-    corr = s1 / count              # the mean is mhi + corr, kept as two floats
-    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
-    var = tl.maximum(m2, 0.0) / count
-    rstd = 1.0 / tl.sqrt_rn(var + eps)
-    K = tl.load(part_ptr + 3 * NGP + ng * P, cache_modifier=cmod)
-    return mhi, corr, rstd, K
-
-
-@triton.jit
 def _gn_apply_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr,
     part_ptr,                 # partials written by _gn_stats_kernel
@@ -288,7 +259,21 @@ def _gn_apply_kernel(
     t = pid - ng * T
     n = ng // G
     g = ng - n * G
-    mhi, corr, rstd, K = _group_stats(part_ptr, ng, P, NGP, eps, P_PAD, False)
+    kk = tl.arange(0, P_PAD).to(tl.int64)
+    pm = kk < P
+    pidx = ng * P + kk
+    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
+    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
+    count = tl.sum(pc)
+    mhi = tl.sum(pc * pmu) / count
+    dm = tl.where(pm, pmu - mhi, 0.0)
+    s1 = tl.sum(pc * dm)
+    corr = s1 / count              # the mean is mhi + corr, kept as two floats
+    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
+    var = tl.maximum(m2, 0.0) / count
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    K = tl.load(part_ptr + 3 * NGP + ng * P)
 
     tc = t // n_ts
     ts = t - tc * n_ts
@@ -312,258 +297,6 @@ def _gn_apply_kernel(
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
                _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b,
                HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _res_piece(p: tl.constexpr, tc, ts, cpg, S, stride_c, stride_s,
-               BC: tl.constexpr, BS: tl.constexpr, NP: tl.constexpr, ALONG_C: tl.constexpr,
-               OFF64: tl.constexpr):
-    """Piece ``p`` of ``NP`` of a resident tile (split along its channels when ``ALONG_C``,
-    else along its positions): (channel rows, position columns, offsets from the tile's
-    corner, mask of the group's elements)."""
-    if ALONG_C:
-        ci = p * (BC // NP) + tl.arange(0, BC // NP)[:, None]
-        si = tl.arange(0, BS)[None, :]
-    else:
-        ci = tl.arange(0, BC)[:, None]
-        si = p * (BS // NP) + tl.arange(0, BS // NP)[None, :]
-    m = (ci < (cpg - tc * BC).to(tl.int32)) & (si < tl.minimum(S - ts * BS, BS).to(tl.int32))
-    return ci, si, _tile_offsets(ci, si, stride_c, stride_s, OFF64), m
-
-
-@triton.jit
-def _opaque(v):
-    """``v`` (int32) through an instruction the compiler cannot see through: expressions of
-    it are computed afresh where they are used, not merged with earlier equal ones."""
-    if _PTX:
-        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        return v
-
-
-@triton.jit
-def _res_load(x0p, off, m, EVEN: tl.constexpr):
-    """A piece of x as loaded, 16-bit values packed two a register right away (an identity
-    the compiler cannot see through: loads that are not 16-byte vectors, at odd strides,
-    would otherwise hold a register a value until the normalisation)."""
-    if EVEN:
-        x = tl.load(x0p + off)
-    else:
-        x = tl.load(x0p + off, mask=m, other=0.0)
-    if _PTX and x.dtype.primitive_bitwidth == 16:
-        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype,
-                                      is_pure=False, pack=2)
-    return x
-
-
-@triton.jit
-def _res_sum(xr, m, K, EVEN: tl.constexpr):
-    """sum(x - K) over a held piece's unmasked values."""
-    if EVEN:
-        return tl.sum(xr.to(tl.float32) - K)
-    else:
-        return tl.sum(tl.where(m, xr.to(tl.float32) - K, 0.0))
-
-
-@triton.jit
-def _add_pair(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@triton.jit
-def _res_dev(xr, m, K, mb, EVEN: tl.constexpr):
-    """(sum d, sum d^2), d = x - K - mb, over a held piece's unmasked values: one reduction
-    of the pair (two would hold every d between them)."""
-    d = _f32_again(xr) - K - mb
-    if not EVEN:
-        d = tl.where(m, d, 0.0)
-    a, b = tl.reduce((d, d * d), 1, _add_pair)  # (by axis: the interpreter's tuple
-    return tl.reduce((a, b), 0, _add_pair)       # reduce has no axis=None)
-
-
-@triton.jit
-def _res_apply(xr, ci, m, crem, y0p, yoff, w_ptr, b_ptr, c0, stride_w, stride_b, K, mhi, corr,
-               rstd, EVEN: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-               SILU: tl.constexpr, ROUND_NORM: tl.constexpr, ACT: tl.constexpr):
-    """Normalise a held piece (+ SiLU) into y; ``crem``: the group's channels from the
-    tile's first on (int32)."""
-    if EVEN:
-        cm = None
-    else:
-        cm = ci < crem
-    w = _load_channels(w_ptr + c0 * stride_w, ci, stride_w, cm, HAS_W, EVEN, 1.0)
-    b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
-    y = (((_f32_held(xr) - K) - mhi) - corr) * (rstd * w)
-    _gn_finish(y0p, yoff, m, y, b, HAS_B, SILU, ROUND_NORM, ACT)
-
-
-@triton.jit
-def _nap():
-    """A short back-off (``nanosleep``) between polls on the GPU; nothing elsewhere."""
-    if _PTX:
-        tl.inline_asm_elementwise("nanosleep.u32 64;\n\tmov.b32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _grid_sync(bar_ptr, nprog):
-    """Wait until all ``nprog`` programs of a cooperatively launched grid (every program
-    resident at once: the driver refuses a grid that cannot be, so this cannot hang) have
-    arrived. ``bar_ptr``: int32 [arrivals, generation], arrivals 0 at the launch; the last
-    program to arrive resets the arrivals to 0 for the next launch and releases the others
-    by bumping the generation (a sense-reversing barrier: no memset before each launch).
-
-    The CTA barrier orders the program's stores before its arrival (a release); the
-    arrivals form one release sequence that the last arriver acquires and republishes with
-    the generation, which the others acquire: every program's partials are visible after."""
-    tl.debug_barrier()
-    gen = tl.atomic_add(bar_ptr + 1, 0, sem="relaxed", scope="gpu")  # read before arriving
-    old = tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu")
-    if old == nprog - 1:
-        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(bar_ptr + 1, 1, sem="release", scope="gpu")
-    else:
-        # poll with plain (volatile) loads, backing off: hundreds of programs polling with
-        # atomics would queue at the L2 slice of the one address, ahead of the last
-        # arrival's; then one acquire
-        cur = tl.load(bar_ptr + 1, volatile=True)
-        while cur == gen:
-            _nap()
-            cur = tl.load(bar_ptr + 1, volatile=True)
-        tl.atomic_add(bar_ptr + 1, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _gn_resident_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    part_ptr,                 # fp32 partials [4, N*G*T]: count, mean, M2 (of x - K), K
-    bar_ptr,                  # int32 [arrivals, generation] of _grid_sync
-    G, cpg, S,
-    n_ts,                     # spatial tiles per channel block: cdiv(S, BS)
-    T,                        # tiles (= programs) per group
-    NGT,                      # N * G * T: programs, and the partials' row length
-    eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    BC: tl.constexpr, BS: tl.constexpr,  # one tile: BC channels x BS positions
-    NP: tl.constexpr,         # the tile held as NP (1, 2, 4) pieces ...
-    ALONG_C: tl.constexpr,    # ... split along its channels (else along its positions)
-    T_PAD: tl.constexpr,      # >= T (power of two)
-    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
-    EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-    PHASE: tl.constexpr,      # 0: load, statistics, grid barrier, apply (one cooperative
-                              # launch); 1 / 2: statistics / apply alone (Triton's
-                              # interpreter runs programs one after another: it launches the
-                              # two in turn, and the apply loads x again)
-):
-    """The split path with x read once: every program loads one tile of x into registers
-    and keeps it there, stores the tile's (count, mean, M2) of x - K (K the group's first
-    element; as ``_gn_stats_kernel``), waits at a grid barrier for every program's
-    partials, merges its group's (as ``_gn_apply_kernel``) and normalises the tile it
-    holds. The whole of x is on chip at once, so the grid is limited to the programs the
-    GPU holds (``gn_settings``' ``resident``).
-
-    The tile is held as NP pieces, the 16-bit values packed two a register: each statistics
-    pass converts one piece at a time (Triton emits an elementwise op over a whole tensor
-    before the reduction that consumes it: over the whole tile that would be an fp32
-    register a value on top of the packed ones)."""
-    pid = tl.program_id(0).to(tl.int64)
-    ng = pid // T
-    t = pid - ng * T
-    n = ng // G
-    g = ng - n * G
-    tc = t // n_ts
-    ts = t - tc * n_ts
-    c0 = g * cpg + tc * BC          # the tile's first channel and position, int64 scalars
-    s0 = ts * BS
-    x0p = x_ptr + (n * stride_xn + c0 * stride_xc + s0 * stride_xs)
-    ci0, si0, xo0, m0 = _res_piece(0, tc, ts, cpg, S, stride_xc, stride_xs, BC, BS, NP,
-                                   ALONG_C, OFF64)
-    if NP > 1:
-        ci1, si1, xo1, m1 = _res_piece(1, tc, ts, cpg, S, stride_xc, stride_xs, BC, BS, NP,
-                                       ALONG_C, OFF64)
-    if NP > 2:
-        ci2, si2, xo2, m2 = _res_piece(2, tc, ts, cpg, S, stride_xc, stride_xs, BC, BS, NP,
-                                       ALONG_C, OFF64)
-        ci3, si3, xo3, m3 = _res_piece(3, tc, ts, cpg, S, stride_xc, stride_xs, BC, BS, NP,
-                                       ALONG_C, OFF64)
-    if PHASE != 2:
-        K = tl.load(x_ptr + n * stride_xn + (g * cpg) * stride_xc).to(tl.float32)
-        x0 = _res_load(x0p, xo0, m0, EVEN)
-        if NP > 1:
-            x1 = _res_load(x0p, xo1, m1, EVEN)
-        if NP > 2:
-            x2 = _res_load(x0p, xo2, m2, EVEN)
-            x3 = _res_load(x0p, xo3, m3, EVEN)
-        if EVEN:
-            nb = tl.full((), BC * BS, tl.float32)
-        else:
-            nb = (tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS)).to(tl.float32)
-        tot = _res_sum(x0, m0, K, EVEN)
-        if NP > 1:
-            tot += _res_sum(x1, m1, K, EVEN)
-        if NP > 2:
-            tot += _res_sum(x2, m2, K, EVEN)
-            tot += _res_sum(x3, m3, K, EVEN)
-        mb = tot / nb
-        s1, s2 = _res_dev(x0, m0, K, mb, EVEN)
-        if NP > 1:
-            a1, a2 = _res_dev(x1, m1, K, mb, EVEN)
-            s1 += a1
-            s2 += a2
-        if NP > 2:
-            a1, a2 = _res_dev(x2, m2, K, mb, EVEN)
-            s1 += a1
-            s2 += a2
-            a1, a2 = _res_dev(x3, m3, K, mb, EVEN)
-            s1 += a1
-            s2 += a2
-        tl.store(part_ptr + pid, nb)
-        tl.store(part_ptr + NGT + pid, mb + s1 / nb)
-        tl.store(part_ptr + 2 * NGT + pid, s2 - s1 * (s1 / nb))
-        tl.store(part_ptr + 3 * NGT + pid, K)
-    if PHASE == 0:
-        _grid_sync(bar_ptr, NGT)
-    if PHASE == 2:
-        x0 = _res_load(x0p, xo0, m0, EVEN)
-        if NP > 1:
-            x1 = _res_load(x0p, xo1, m1, EVEN)
-        if NP > 2:
-            x2 = _res_load(x0p, xo2, m2, EVEN)
-            x3 = _res_load(x0p, xo3, m3, EVEN)
-    if PHASE != 1:
-        mhi, corr, rstd, K = _group_stats(part_ptr, ng, T, NGT, eps, T_PAD, PHASE == 0)
-        y0p = y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys)
-        ACT: tl.constexpr = x_ptr.dtype.element_ty
-        crem = (cpg - tc * BC).to(tl.int32)
-        if not EVEN:  # the stores' masks made afresh: the loads' held across the barrier
-            # would take a register an element (the compiler merges equal expressions)
-            crem = _opaque(crem)
-            srem = _opaque(tl.minimum(S - ts * BS, BS).to(tl.int32))
-            m0 = (ci0 < crem) & (si0 < srem)
-            if NP > 1:
-                m1 = (ci1 < crem) & (si1 < srem)
-            if NP > 2:
-                m2 = (ci2 < crem) & (si2 < srem)
-                m3 = (ci3 < crem) & (si3 < srem)
-        _res_apply(x0, ci0, m0, crem, y0p, _tile_offsets(ci0, si0, stride_yc, stride_ys, OFF64),
-                   w_ptr, b_ptr, c0, stride_w, stride_b, K, mhi, corr, rstd,
-                   EVEN, HAS_W, HAS_B, SILU, ROUND_NORM, ACT)
-        if NP > 1:
-            _res_apply(x1, ci1, m1, crem, y0p, _tile_offsets(ci1, si1, stride_yc, stride_ys, OFF64),
-                       w_ptr, b_ptr, c0, stride_w, stride_b, K, mhi, corr, rstd,
-                       EVEN, HAS_W, HAS_B, SILU, ROUND_NORM, ACT)
-        if NP > 2:
-            _res_apply(x2, ci2, m2, crem, y0p, _tile_offsets(ci2, si2, stride_yc, stride_ys, OFF64),
-                       w_ptr, b_ptr, c0, stride_w, stride_b, K, mhi, corr, rstd,
-                       EVEN, HAS_W, HAS_B, SILU, ROUND_NORM, ACT)
-            _res_apply(x3, ci3, m3, crem, y0p, _tile_offsets(ci3, si3, stride_yc, stride_ys, OFF64),
-                       w_ptr, b_ptr, c0, stride_w, stride_b, K, mhi, corr, rstd,
-                       EVEN, HAS_W, HAS_B, SILU, ROUND_NORM, ACT)
 
 
 @triton.jit
@@ -721,24 +454,6 @@ STATS_FEW_TILES = 4
 #: RMS wan-vae-out-480p 196.4 vs 236.7 us (benchmarks/logs/s7/sweep3): more independent
 #: loads a thread in flight
 APPLY_PER_THREAD = 64
-#: the resident path (``_gn_resident_kernel``: x read once, held in registers across a grid
-#: barrier): elements of x a program holds, by x's element size (128 16-bit values a thread
-#: -- 64 registers packed -- or 64 fp32 values), at RESIDENT_WARPS warps capped at
-#: RESIDENT_MAXNREG registers a thread, so that 65536 / (cap x threads) = 4 programs fit an
-#: SM; the grid must fit the GPU at once (a cooperative launch), which bounds x at about
-#: 17 MB (16-bit) / 8.6 MB (fp32) on a 132-SM H100 / H200
-RESIDENT_TILE = {2: 16384, 4: 4096}
-#: ... and of 16-bit x whose loads are not 16-byte vectors (``_vector_rows``)
-RESIDENT_TILE_SCALAR = 4096
-RESIDENT_WARPS = 4
-RESIDENT_MAXNREG = 128
-#: rows of a resident tile along x's unit-stride axis are at least this long (or the whole
-#: axis): 128 B of 16-bit values, whole sectors
-RESIDENT_MIN_ROW = 64
-#: a resident tile is held as this many pieces, each converted to fp32 on its own by the
-#: statistics passes (``_gn_resident_kernel``): at 4, 32 fp32 temporaries a thread on top
-#: of the 64 packed registers of a 16384-element tile, under the 128 cap without spills
-RESIDENT_PIECES = 4
 
 
 def _next_pow2(n: int) -> int:
@@ -761,9 +476,6 @@ class GNSettings:
     ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
     ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
-    ``path`` "resident": groups tiled BC x BS, one program a tile (``P = T``) holding it in
-    registers across a grid barrier, in one cooperative launch; the tile held as ``NP``
-    pieces, split along its channels when ``along_c``.
     """
 
     path: str
@@ -776,16 +488,12 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
-    NP: int = 1
-    along_c: bool = False
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS, resident: int = 0,
-                resident_tile: int = RESIDENT_TILE[2],
-                resident_row_max: Optional[int] = None) -> GNSettings:
+                max_partials: int = MAX_PARTIALS) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -794,26 +502,10 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     that each takes a power-of-two number of tiles). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
     (``c_inner``: channels-last), so that its rows are whole sectors of memory.
-
-    ``resident``: how many programs of the resident path the GPU holds at once (0: that
-    path is off). A group too large for one program whose tiles of ``resident_tile``
-    elements all fit at once (``N * G * T <= resident``) takes the resident path: x read
-    once, one launch (``_gn_resident_kernel``); ``resident_row_max`` caps its rows along
-    the unit-stride axis (tests: tiles split along the other axis at small sizes).
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
         return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
-    if resident > 0:
-        BC, BS = _resident_tile(cpg, S, resident_tile, c_inner, resident_row_max)
-        n_ts = _cdiv(S, BS)
-        T = _cdiv(cpg, BC) * n_ts
-        if N * G * T <= resident:
-            # pieces along the tile's strided axis where it has 4 rows, else the other
-            along_c = BC >= RESIDENT_PIECES if not c_inner else BS < RESIDENT_PIECES
-            NP = min(RESIDENT_PIECES, BC if along_c else BS)
-            return GNSettings("resident", BC, BS, RESIDENT_WARPS, n_ts, T, T, 1, _next_pow2(T),
-                              RESIDENT_WARPS, NP, along_c)
     if c_inner:
         BC = min(cp, tile)
         BS = min(sp, max(1, tile // BC))
@@ -831,29 +523,6 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
     return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
                       _next_pow2(P), sw)
-
-
-def _resident_tile(cpg: int, S: int, tile: int, c_inner: bool,
-                   row_max: Optional[int] = None) -> Tuple[int, int]:
-    """(BC, BS) of a resident-path tile of at most ``tile`` elements (powers of two): the one
-    that covers a group's cpg x S in the fewest tiles (every program holds a whole tile's
-    registers, masked or not, and the grid must fit the GPU at once), rows along the
-    unit-stride axis at least ``RESIDENT_MIN_ROW`` long, longer rows first among equals."""
-    cp, sp = _next_pow2(cpg), _next_pow2(S)
-    best = None
-    inner_max = min(cp if c_inner else sp, tile, row_max or tile)
-    inner_min = min(inner_max, RESIDENT_MIN_ROW)
-    r = inner_max
-    while r >= inner_min:
-        if c_inner:
-            BC, BS = r, min(sp, max(1, tile // r))
-        else:
-            BS, BC = r, min(cp, max(1, tile // r))
-        tiles = _cdiv(cpg, BC) * _cdiv(S, BS)
-        if best is None or tiles < best[0]:
-            best = (tiles, BC, BS)
-        r //= 2
-    return best[1], best[2]
 
 
 @dataclass(frozen=True)
@@ -1057,97 +726,12 @@ def _scratch(st: GNSettings, NG: int, device) -> tuple:
     """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes."""
     if st.path == "split":
         return (_partials(NG * st.P, device),)
-    if st.path == "resident":
-        return (_partials(NG * st.T, device), _barrier(device))
     return ()
-
-
-#: int32 [arrivals, generation] pairs, one per stream, of the resident path's grid barrier,
-#: per device: allocated (zeroed) once, outside any CUDA-graph capture; every launch leaves
-#: its pair's arrivals at 0 again, so neither eager calls nor graph replays memset them
-BARRIER_SLOTS = 64
-_BARRIERS: dict = {}
-
-
-def _barrier_pool(device, create: bool):
-    key = (device.type, device.index)
-    pool = _BARRIERS.get(key)
-    if pool is None and create:
-        pool = _BARRIERS[key] = (torch.zeros(2 * BARRIER_SLOTS, dtype=torch.int32,
-                                             device=device), {})
-    return pool
-
-
-def _capturing(device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _barrier(device) -> torch.Tensor:
-    """The grid-barrier pair of the current stream on ``device`` (two launches on different
-    streams may run at once: each stream its own pair, ``BARRIER_SLOTS`` streams at most
-    before pairs are shared round-robin)."""
-    pool, slots = _barrier_pool(device, not _capturing(device))
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    i = slots.get(stream)
-    if i is None:
-        i = slots[stream] = len(slots) % BARRIER_SLOTS
-    return pool[2 * i: 2 * i + 2]
-
-
-def _resident(x: torch.Tensor) -> int:
-    """How many resident-path programs x's GPU holds at once (``RESIDENT_WARPS`` warps
-    capped at ``RESIDENT_MAXNREG`` registers a thread): 0 where the path cannot run -- the
-    barrier's pool is allocated outside a CUDA-graph capture, so a first call inside one
-    takes the split path. Under Triton's interpreter (and on meta tensors) an H100 / H200's
-    132 SMs, so that the CPU tests and builds make the GPU's decisions."""
-    per_sm = 65536 // (RESIDENT_MAXNREG * 32 * RESIDENT_WARPS)
-    if _runtime.INTERPRET or x.device.type != "cuda":
-        return 132 * per_sm
-    if _barrier_pool(x.device, False) is None and _capturing(x.device):
-        return 0
-    dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if dev not in _SMS:
-        _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-    return _SMS[dev] * per_sm
-
-
-_SMS: dict = {}
 
 
 def _tile_span(st: GNSettings, strides) -> int:
     """The largest element offset inside one split-path tile, for (n, c, s) ``strides``."""
     return (st.BC - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
-
-
-def settings_for(x: torch.Tensor, num_groups: int, **table) -> GNSettings:
-    """The launch settings a :func:`group_norm_silu` call on ``x`` takes (``table``: the
-    ``_launch`` overrides of ``gn_settings``' keywords): the path, tiles and warps."""
-    N, C, S, xs = _ncs(x, "x")
-    c_inner = xs[1] == 1 and xs[2] != 1 and S > 1
-    if "resident" not in table:
-        table["resident"] = _resident(x)
-    if "resident_tile" in table:
-        return gn_settings(N, num_groups, C // num_groups, S, c_inner=c_inner, **table)
-    st = gn_settings(N, num_groups, C // num_groups, S, c_inner=c_inner,
-                     resident_tile=RESIDENT_TILE[x.element_size()], **table)
-    if st.path == "resident" and x.element_size() == 2 and not _vector_rows(x, st, num_groups):
-        # loads of single 16-bit values (odd strides, misaligned, masked tiles) hold a
-        # register each: a smaller tile (sm_90 builds: 1.5 KB of spills at 16384, none at 4096)
-        st = gn_settings(N, num_groups, C // num_groups, S, c_inner=c_inner,
-                         resident_tile=RESIDENT_TILE_SCALAR, **table)
-    return st
-
-
-def _vector_rows(x: torch.Tensor, st: GNSettings, G: int) -> bool:
-    """Whether a resident tile's loads are 16-byte vectors (Triton proves it from a 16-byte
-    aligned x, strides that are multiples of 16, a unit stride along the tile's rows, whole
-    tiles: no masks)."""
-    N, C, S, xs = _ncs(x, "x")
-    cpg = C // G
-    c_inner = xs[1] == 1 and xs[2] != 1 and S > 1
-    inner, others = (xs[1], (xs[0], xs[2])) if c_inner else (xs[2], (xs[0], xs[1]))
-    return (x.data_ptr() % 16 == 0 and inner == 1 and all(o % 16 == 0 for o in others)
-            and cpg % st.BC == 0 and S % st.BS == 0)
 
 
 def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
@@ -1156,7 +740,8 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     settings and the scratch tensors the launches took."""
     N, C, S, G = p.N, p.C, p.S, p.groups
     cpg = C // G
-    st = settings or settings_for(p.x, G, **table)
+    c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
+    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
     if N * C * S == 0:
         return st, ()
     dummy = p.x
@@ -1172,22 +757,10 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
         return st, ()
     NG = N * G
     scratch = _scratch(st, NG, p.x.device)
-    part = scratch[0]
+    (part,) = scratch
     ngp = NG * st.P
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
-    if st.path == "resident":
-        args = (p.x, out, w, b, part, scratch[1], G, cpg, S, st.n_ts, st.T, ngp, p.eps,
-                *p.xs, *os_, p.w_stride, p.b_stride)
-        kw = dict(BC=st.BC, BS=st.BS, NP=st.NP, ALONG_C=st.along_c, T_PAD=st.P_PAD,
-                  OFF64=off64, EVEN=even, **flags, num_warps=st.num_warps)
-        if _runtime.INTERPRET:  # programs run one after another there: the halves in turn
-            launch(_gn_resident_kernel, (ngp,), args, dict(kw, PHASE=1))
-            launch(_gn_resident_kernel, (ngp,), args, dict(kw, PHASE=2))
-        else:  # every program resident at once, or the launch fails (never a hang)
-            launch(_gn_resident_kernel, (ngp,), args,
-                   dict(kw, PHASE=0, launch_cooperative_grid=True, maxnreg=RESIDENT_MAXNREG))
-        return st, scratch
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
                 EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
@@ -1243,7 +816,6 @@ def _key(kind, x, weight, bias, out, opts, launch):
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
                 FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS,
-                tuple(RESIDENT_TILE.items()), RESIDENT_TILE_SCALAR, RESIDENT_MAXNREG, RESIDENT_MIN_ROW, RESIDENT_PIECES,
                 OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
@@ -1311,8 +883,7 @@ def _call(rms: bool, x, weight, bias, out, launch, **opts):
 
 def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
                     round_after_norm=True, out=None, _launch=None):
-    r"""GroupNorm then SiLU, in one kernel (two when neither a group fits one program nor x
-    the GPU's registers).
+    r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
 
     .. math::
 
@@ -1361,9 +932,9 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     (mean, then squared deviations from it, with the corrected-two-pass mean correction):
     over registers when a group of at most ``FIT_MAX`` padded elements fits one program,
     else per tile of data shifted by the group's first element, merged with Chan's
-    parallel formula (the split and resident paths; ``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
+    parallel formula (``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
     large offset costs no accuracy (fp32 data at 1e5 +- 1 normalises to fp32 accuracy).
-    The paths may differ in the last fp32 bits (different summation order).
+    The two paths may differ in the last fp32 bits (different summation order).
     By default the result rounds where the eager chain does: the normalised, affine value
     :math:`\hat x` to ``x.dtype``, then SiLU in fp32 rounded at the store. Against the fp64
     reference that rounds at the same points (``reference.group_norm_silu_chain``) every
@@ -1572,8 +1143,7 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
     if small:  # interpreter-sized groups all fit: force the split path on one of them too
         first = next((s for s, _ in runs if s.op == "gn"), None)
         if first is not None:
-            runs.append((first, dict(fit_max=0, tile=256, resident=0)))
-            runs.append((first, dict(fit_max=0, resident_tile=256)))
+            runs.append((first, dict(fit_max=0, tile=256)))
     for s, launch in runs:
         for dtype in dtypes:
             gen = torch.Generator(device=device).manual_seed(zlib.crc32(s.name.encode()))
@@ -1586,7 +1156,8 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
                 eps = 1e-6
                 y = group_norm_silu(x, s.groups, w, b, eps, _launch=launch)
                 chain = group_norm_silu_chain(x, s.groups, w, b, eps, compute_dtype=torch.float64)
-                path = settings_for(x, s.groups, **(launch or {})).path
+                path = gn_settings(s.shape[0], s.groups, s.C // s.groups,
+                                   math.prod(s.shape[2:]), **(launch or {})).path
                 if _eager_gn_rounds_stats(device, dtype):
                     extra = eager_gn_stat_steps(chain, x, w)
                     note = f" (eager rounds mean/rstd to {str(dtype)[6:]})"
