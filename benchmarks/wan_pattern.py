@@ -11,8 +11,12 @@ The same grid and pieces with less work isolate each part:
   rows-norm   load, sum of squares (the cross-warp sum), scale, store (in place)
   ditfuse     the registry call (in place)   ditfuse-out: out of place
 
-    python benchmarks/wan_pattern.py [wan14b-480p ...] [--warps N]
+    python benchmarks/wan_pattern.py [wan14b-480p ...] [--warps N] [--separate]
+
+--separate: Q and K tensors of their own, (1, S, 5120) each (diffusers' Wan without
+``fuse_projections``: ``to_q`` / ``to_k`` outputs), instead of chunks of the fused QKV rows.
 """
+import dataclasses
 import sys
 
 import torch
@@ -54,9 +58,17 @@ def main():
     print(f"copy ceiling {ceiling:.0f} GB/s", flush=True)
     for name in names:
         sh = QK_SHAPES[name]
+        sep = "--separate" in sys.argv
+        if sep:
+            sh = dataclasses.replace(sh, packed=0)
         inp = qk_inputs(sh, "cuda", torch.bfloat16)
         q, k, buf = inp["q"], inp["k"], inp["buf"]
         S, HD = sh.S, sh.H * sh.D
+        if sep:  # the rows kernels' view: Q and K as one (1, S, 2 x 5120)-strided pair
+            buf = torch.empty(2, S, HD, device="cuda", dtype=torch.bfloat16)
+            buf[0].copy_(q[0])
+            buf[1].copy_(k[0])
+            name = name + "-sep"
         nbytes = 4 * S * HD * 2
         src = torch.randn(nbytes // 4, device="cuda").to(torch.bfloat16)
         dst = torch.empty_like(src)
@@ -66,11 +78,13 @@ def main():
         assert N1 & (N1 - 1) == 0
 
         def rows(norm, into=None):
+            # x: Q rows at buf + t * row stride, K rows k_off elements further
+            xs = buf.stride(1)
+            xk = S * HD if sep else HD
             y = buf if into is None else into
             ys = y.stride(1)
-            yk = sh.H * sh.D if into is None else into[1].data_ptr() - into[0].data_ptr()
-            yk //= 1 if into is None else 2
-            return lambda: _rows_kernel[(S, 2)](buf, y, HD, buf.stride(1), ys, yk, 1e-6,
+            yk = xk if into is None else S * HD
+            return lambda: _rows_kernel[(S, 2)](buf, y, xk, xs, ys, yk, 1e-6,
                                                 N0=N0, N1=N1, NORM=norm, num_warps=warps)
 
         kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
