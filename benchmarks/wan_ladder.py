@@ -13,6 +13,11 @@ Q and K separate (1, S, 5120) tensors normalised in place, each stage adding one
                of pairs in one cvt.rn.bf16x2 (stage 4's bits but for the statistic's last
                fp32 bits)
 
+  6 pairs-u32  stage 4's arithmetic with each interleaved pair (2i, 2i+1) of bf16 values
+               loaded, held and stored as one 32-bit word: the pair split by a shift and a
+               mask, packed back by one cvt.rn.bf16x2.f32 -- no reshape / split / join
+  7 pairs+fma  stage 6 with the sum of squares in a fused multiply-add a pair
+
 plus ditfuse's call. No fp contraction (as ditfuse launches). Usage:
     python benchmarks/wan_ladder.py [wan14b-480p ...]
 """
@@ -72,6 +77,60 @@ def _fin2(x, c, yb, wp, cp, sp, rstd, D: tl.constexpr, R: tl.constexpr, STAGE: t
 
 
 @triton.jit
+def _lo(u):
+    return (u << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hi(u):
+    return (u & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pack(lo, hi):
+    """bf16(lo) | bf16(hi) << 16, rounded to nearest even, one instruction."""
+    return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _fin_pairs(u, p, xu, wu, cp, sp, rstd, D: tl.constexpr):
+    w = tl.load(wu + p)
+    ylo = _lo(u) * rstd * _lo(w)
+    yhi = _hi(u) * rstd * _hi(w)
+    r = _pack(ylo, yhi)  # Wan's RMSNorm output, rounded to bf16
+    ylo = _lo(r)
+    yhi = _hi(r)
+    d = 2 * (p % (D // 2))  # the pair's first column: Wan's cos[2i] and sin[2i + 1] serve both
+    c = tl.load(cp + d)
+    s = tl.load(sp + d)
+    tl.store(xu + p, _pack(ylo * c - yhi * s, yhi * c + ylo * s))
+
+
+@triton.jit
+def _pairs_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, S, eps, HD,
+                  D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, FMA: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64)
+    xu = (x_ptr + (j * S + t) * HD).to(tl.pointer_type(tl.uint32))
+    wu = (w_ptr + j * HD).to(tl.pointer_type(tl.uint32))
+    cp = cos_ptr + t * D
+    sp = sin_ptr + t * D
+    p0 = tl.arange(0, N0 // 2)
+    p1 = N0 // 2 + tl.arange(0, N1 // 2)
+    a = tl.load(xu + p0)
+    b = tl.load(xu + p1)
+    if FMA:
+        ss = tl.sum(tl.fma(_lo(a), _lo(a), _hi(a) * _hi(a))) + \
+            tl.sum(tl.fma(_lo(b), _lo(b), _hi(b) * _hi(b)))
+    else:
+        ss = tl.sum(_lo(a) * _lo(a) + _hi(a) * _hi(a)) + tl.sum(_lo(b) * _lo(b) + _hi(b) * _hi(b))
+    rstd = 1.0 / tl.sqrt(ss / (N0 + N1) + eps)
+    _fin_pairs(a, p0, xu, wu, cp, sp, rstd, D)
+    _fin_pairs(b, p1, xu, wu, cp, sp, rstd, D)
+
+
+@triton.jit
 def _ladder_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, S, eps, HD,
                    D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, STAGE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -127,6 +186,13 @@ def main():
             f = lambda st=st: _ladder_kernel[(S, 2)](x, w, cos, sin, S, 1e-6, HD, D=D, N0=N0,
                                                      N1=N1, STAGE=st, num_warps=2,
                                                      enable_fp_fusion=False)
+            us = graph_us(f)
+            print(f"{name:14s} {st} {tag:10s} {us:8.1f} us {nbytes / us / 1e3 / ceiling * 100:6.1f}%",
+                  flush=True)
+        for st, tag in ((6, "pairs-u32"), (7, "pairs+fma")):
+            f = lambda st=st: _pairs_kernel[(S, 2)](x, w, cos, sin, S, 1e-6, HD, D=D, N0=N0,
+                                                    N1=N1, FMA=st == 7, num_warps=2,
+                                                    enable_fp_fusion=False)
             us = graph_us(f)
             print(f"{name:14s} {st} {tag:10s} {us:8.1f} us {nbytes / us / 1e3 / ceiling * 100:6.1f}%",
                   flush=True)
