@@ -10,6 +10,7 @@ The same grid and pieces with less work isolate each part:
   rows-out    the same into a fresh (1, S, 5120) buffer a tensor
   rows-norm   load, sum of squares (the cross-warp sum), scale, store (in place)
   ditfuse     the registry call (in place)   ditfuse-out: out of place
+  ditfuse-chan the call in the flat kernel's channel form (before session 14's pair form)
 
     python benchmarks/wan_pattern.py [wan14b-480p ...] [--warps N] [--separate]
 
@@ -17,6 +18,7 @@ The same grid and pieces with less work isolate each part:
 ``fuse_projections``: ``to_q`` / ``to_k`` outputs), instead of chunks of the fused QKV rows.
 """
 import dataclasses
+import importlib
 import sys
 
 import torch
@@ -49,6 +51,19 @@ def _rows_kernel(x_ptr, y_ptr, k_off, stride_xs, stride_ys, y_k_off, eps,
         b = (bf * r).to(b.dtype)
     tl.store(yb + c0, a)
     tl.store(yb + c1, b)
+
+
+def _channel_form(f):
+    """``f`` with the flat kernel's channel form (``qk_norm_rope.PAIRS = False``)."""
+    Q = importlib.import_module("ditfuse.qk_norm_rope")
+
+    def g():
+        Q.PAIRS = False
+        try:
+            return f()
+        finally:
+            Q.PAIRS = True
+    return g
 
 
 def main():
@@ -98,6 +113,8 @@ def main():
                                                      inplace=True, **kw)),
             ("ditfuse-out", lambda: ditfuse.qk_norm_rope(q, k, inp["call_cos"], inp["call_sin"],
                                                          **kw)),
+            ("ditfuse-chan", _channel_form(lambda: ditfuse.qk_norm_rope(
+                q, k, inp["call_cos"], inp["call_sin"], inplace=True, **kw))),
         ]
         for tag, f in calls:
             us = graph_us(f)

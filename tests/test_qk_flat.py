@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ditfuse
+from ditfuse.norms import NormSpec
 from conftest import DEVICE, DTYPES, assert_close_report
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
@@ -230,3 +231,66 @@ def test_flat_falls_back_where_offsets_need_64_bits():
     small = torch.empty(1, 32, 4, 128, device="meta", dtype=torch.bfloat16)
     p = mod.plan(small, None, layout="bhsd")
     assert mod.flat_applies(p, p.q, None)
+
+
+def _shifted(t):
+    """``t``'s values in a buffer one element further on: a view whose start is not aligned
+    to a (2i, 2i+1) pair."""
+    big = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = big[1:].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+@pytest.mark.parametrize("case", [
+    "aligned", "weights-fp32", "weights-unaligned", "table-bf16", "table-unaligned",
+    "half-table", "masked-piece", "rows-unaligned", "layer-bias", "dyt", "no-rope", "fp16"])
+@torch.no_grad()
+def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
+    """The flat kernel's pair form (16-bit rows read, held and written a (2i, 2i+1) pair a
+    32-bit word) against its channel form: the same bits, with weights / tables read a pair
+    a word or, where they are not pair-aligned or fp32 / 16-bit, a value at a time; rows not
+    pair-aligned take the channel form."""
+    dtype = torch.float16 if case == "fp16" else torch.bfloat16
+    hd = (7, 32) if case == "masked-piece" else (5, 32)
+    kind = {"layer-bias": "layer", "dyt": "dyt"}.get(case, "rms")
+    table = None if case == "no-rope" else ("S,W/2" if case == "half-table" else
+                                            "bf16" if case == "table-bf16" else "S,W")
+    if table == "S,W/2":
+        q, k, _, _, qn, kn, kw, _ = _inputs(kind, dtype, hd, None, "flat", 2)
+        g = torch.Generator().manual_seed(3)
+        cos = torch.rand(3, hd[1] // 2, generator=g).to(DEVICE)
+        sin = torch.rand(3, hd[1] // 2, generator=g).to(DEVICE)
+        kw.update(rope_style="interleaved", rotary_dim=hd[1])
+    else:
+        q, k, cos, sin, qn, kn, kw, _ = _inputs(kind, dtype, hd, table, "flat", 2)
+    if case == "weights-fp32":
+        qn = NormSpec("rms", weight=qn.weight.detach().float(), eps=1e-6)
+    if case == "weights-unaligned":
+        qn = NormSpec("rms", weight=_shifted(qn.weight.detach()), eps=1e-6)
+    if case == "table-unaligned":
+        cos, sin = _shifted(cos), _shifted(sin)
+    if case == "rows-unaligned":
+        q = _shifted(q)
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    assert mod.flat_applies(p, p.q, p.k)
+    row_contig = True
+    assert mod.pairs_applies(p, p.q, p.k, row_contig) == (case != "rows-unaligned")
+    if case == "weights-unaligned":
+        assert not mod._words_ok(mod._norm_tensors(p))
+    if case == "table-unaligned":
+        assert not mod._words_ok([p.cos, p.sin])
+    if case in ("aligned", "weights-fp32", "table-bf16"):  # a pair a word for every operand
+        assert mod._words_ok(mod._norm_tensors(p)) and mod._words_ok([p.cos, p.sin])
+    seen = []
+    orig = mod._fastpath.launch
+    monkeypatch.setattr(mod._fastpath, "launch",
+                        lambda kern, grid, args, kw_: (seen.append(kw_.get("PAIRS", False)),
+                                                       orig(kern, grid, args, kw_))[1])
+    got = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    monkeypatch.setattr(mod, "PAIRS", False)
+    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    assert seen == [case != "rows-unaligned", False]
+    for a, b in zip(got, want):
+        assert not a.isnan().any()
+        assert torch.equal(a, b)

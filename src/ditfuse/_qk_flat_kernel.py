@@ -204,6 +204,270 @@ def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase
                  x_ptr.dtype.element_ty)
 
 
+# ---- the pair form: a token's 16-bit channels as [pairs] of 32-bit words --------------------
+# Interleaved rotary pairs (2i, 2i+1) of a contiguous 16-bit row are the two halves of one
+# 32-bit word: loaded, held and stored as words, split by a shift and a mask (bf16) and
+# packed back by one cvt.rn.{bf16,f16}x2, the rotation needs no [pairs, 2] reshape, split
+# and join of the channel form (H200, Wan 14B 480p, separate Q / K in place: the rotation
+# cost 83 us in the channel form, 18 in the pair form; benchmarks/wan_ladder.py,
+# benchmarks/NOTES.md qk_norm_rope v10). The arithmetic per element is the channel form's.
+
+
+@triton.jit
+def _unpack(u, DT: tl.constexpr):
+    """The low and high 16-bit values (dtype ``DT``) of 32-bit words ``u``, as fp32."""
+    if DT == tl.bfloat16:
+        return (u << 16).to(tl.float32, bitcast=True), \
+            (u & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        return (u & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32), \
+            (u >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _unpack_again(u, DT: tl.constexpr):
+    """``_unpack`` written so that the compiler does not merge it with the statistics' one:
+    the words stay packed, one register per two channels, until the normalisation."""
+    if _PTX and DT == tl.bfloat16:
+        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, -65536;",
+                                         "=r,=r,r", [u], dtype=(tl.float32, tl.float32),
+                                         is_pure=True, pack=1)
+    elif _PTX:
+        return tl.inline_asm_elementwise(
+            "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $2;\n\tcvt.f32.f16 $0, l;"
+            "\n\tcvt.f32.f16 $1, h;\n\t}", "=r,=r,r", [u], dtype=(tl.float32, tl.float32),
+            is_pure=True, pack=1)
+    else:
+        return _unpack(u, DT)
+
+
+@triton.jit
+def _pack(lo, hi, DT: tl.constexpr):
+    """fp32 ``lo``, ``hi`` rounded to ``DT`` (nearest even) as one 32-bit word, lo low."""
+    if _PTX and DT == tl.bfloat16:
+        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    elif _PTX:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return _cast_out(lo, DT).to(tl.uint16, bitcast=True).to(tl.uint32) | \
+            (_cast_out(hi, DT).to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+
+
+@triton.jit
+def _rnd_pair(lo, hi, DT: tl.constexpr):
+    """``_rnd`` of both: on the GPU one pack and the unpack (3 instructions a pair, not 4)."""
+    if _PTX:
+        return _unpack(_pack(lo, hi, DT), DT)
+    else:
+        return _rnd(lo, DT), _rnd(hi, DT)
+
+
+@triton.jit
+def _ld_pairs(ptr, p, live, MASKED: tl.constexpr, WORDS: tl.constexpr, stride=1):
+    """Elements 2p and 2p+1 (``stride`` apart) after ``ptr`` as fp32. ``WORDS``: one 32-bit
+    (16-bit values) or 64-bit (fp32 values) load a pair (unit stride, ``ptr`` aligned to a
+    pair), else two loads."""
+    DT: tl.constexpr = ptr.dtype.element_ty
+    if WORDS and DT.primitive_bitwidth == 16:
+        wp = ptr.to(tl.pointer_type(tl.uint32)) + p
+        if MASKED:
+            return _unpack(tl.load(wp, mask=live, other=0), DT)
+        else:
+            return _unpack(tl.load(wp), DT)
+    elif WORDS:
+        wp = ptr.to(tl.pointer_type(tl.uint64)) + p
+        if MASKED:
+            u = tl.load(wp, mask=live, other=0)
+        else:
+            u = tl.load(wp)
+        return (u & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), \
+            (u >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    else:
+        return _ld(ptr + (2 * p) * stride, live, MASKED), \
+            _ld(ptr + (2 * p + 1) * stride, live, MASKED)
+
+
+@triton.jit
+def _pairs_piece(P0: tl.constexpr, P: tl.constexpr, NP):
+    """Pair indices of one piece (``P`` from ``P0``) and their liveness (``p < NP``)."""
+    p = P0 + tl.arange(0, P)
+    return p, p < NP
+
+
+@triton.jit
+def _load_words(ptr, base, p, live, MASKED: tl.constexpr):
+    wp = (ptr + base).to(tl.pointer_type(tl.uint32)) + p
+    if MASKED:
+        return tl.load(wp, mask=live, other=0)
+    else:
+        return tl.load(wp)
+
+
+@triton.jit
+def _finish_pairs(u, p, live, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha,
+                  cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw,
+                  D: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                  ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr, ROPE: tl.constexpr,
+                  TABLE_HALF: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr,
+                  MASKED: tl.constexpr, ACT: tl.constexpr):
+    """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1)."""
+    xa, xb = _unpack_again(u, ACT)
+    wa = 1.0
+    wb = 1.0
+    ba = 0.0
+    bb = 0.0
+    if HAS_W:
+        wa, wb = _ld_pairs(w_ptr, p, live, MASKED, W_WORDS)
+    if HAS_B:
+        ba, bb = _ld_pairs(b_ptr, p, live, MASKED, W_WORDS)
+    ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    if ROUND_NORM:
+        ya, yb = _rnd_pair(ya, yb, ACT)
+    if ROPE:
+        h = p // (D // 2)
+        i = p - h * (D // 2)  # the pair within its head
+        if TABLE_HALF:  # one column a pair, used for both channels
+            ca = _ld(cos_ptr + cbase + h * t_ch + i * stride_cw, live, MASKED)
+            sa = _ld(sin_ptr + sbase + h * t_sh + i * stride_sw, live, MASKED)
+            cb = ca
+            sb = sa
+        else:
+            ca, cb = _ld_pairs(cos_ptr + cbase + h * t_ch, i, live, MASKED, T_WORDS, stride_cw)
+            sa, sb = _ld_pairs(sin_ptr + sbase + h * t_sh, i, live, MASKED, T_WORDS, stride_sw)
+        # eager: x * cos + rotate(x) * sin, no fused multiply-add (the channel form's order)
+        oa = ya * ca - yb * sa
+        ob = yb * cb + ya * sb
+    else:
+        oa = ya
+        ob = yb
+    wp = (o_ptr + obase).to(tl.pointer_type(tl.uint32)) + p
+    if MASKED:
+        tl.store(wp, _pack(oa, ob, ACT), mask=live)
+    else:
+        tl.store(wp, _pack(oa, ob, ACT))
+
+
+@triton.jit
+def _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, obase, w_ptr, b_ptr, a_ptr, alpha_val, eps,
+                  n_norm, cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw,
+                  D: tl.constexpr, P1: tl.constexpr, MASK0: tl.constexpr, MASK1: tl.constexpr,
+                  NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                  ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
+                  ROPE: tl.constexpr, TABLE_HALF: tl.constexpr, W_WORDS: tl.constexpr,
+                  T_WORDS: tl.constexpr, ACT: tl.constexpr):
+    """``_flat_tensor`` in the pair form: one statistic for the token, then each piece."""
+    a0, b0 = _unpack(u0, ACT)
+    a1 = a0
+    b1 = b0
+    if P1 > 0:
+        a1, b1 = _unpack(u1, ACT)
+    mean = 0.0
+    rstd = 1.0
+    alpha = 0.0
+    if NORM == 3:
+        if ALPHA_PTR:
+            alpha = tl.load(a_ptr).to(tl.float32)
+        else:
+            alpha = alpha_val
+    if NORM == 2:
+        tot = tl.sum(a0 + b0, 0)
+        if P1 > 0:
+            tot += tl.sum(a1 + b1, 0)
+        mean = tot / n_norm
+    if NORM == 1 or NORM == 2:
+        if NORM == 2:
+            a0 = tl.where(l0, a0 - mean, 0.0)
+            b0 = tl.where(l0, b0 - mean, 0.0)
+            if P1 > 0:
+                a1 = tl.where(l1, a1 - mean, 0.0)
+                b1 = tl.where(l1, b1 - mean, 0.0)
+        sq = tl.sum(a0 * a0 + b0 * b0, 0)
+        if P1 > 0:
+            sq += tl.sum(a1 * a1 + b1 * b1, 0)
+        rstd = 1.0 / tl.sqrt(sq / n_norm + eps)
+    _finish_pairs(u0, p0, l0, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha, cos_ptr, sin_ptr,
+                  cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, NORM, HAS_W, HAS_B,
+                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK0, ACT)
+    if P1 > 0:
+        _finish_pairs(u1, p1, l1, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha, cos_ptr,
+                      sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, NORM, HAS_W,
+                      HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK1,
+                      ACT)
+
+
+@triton.jit
+def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+                   qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
+                   q_eps, k_eps, q_n, k_n, b, s, NC,
+                   stride_qb, stride_qs, stride_qob, stride_qos,
+                   stride_kb, stride_ks, stride_kob, stride_kos,
+                   stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss, stride_sh,
+                   stride_sw, stride_pb, stride_ps,
+                   D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr,
+                   MASK0: tl.constexpr, MASK1: tl.constexpr,
+                   Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
+                   Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
+                   K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+                   K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+                   HAS_K: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                   TABLE_PER_HEAD: tl.constexpr, HAS_POS: tl.constexpr,
+                   ROUND_NORM: tl.constexpr, SPLIT_QK: tl.constexpr,
+                   W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
+    """One token's Q and / or K in the pair form (the flat kernel's program, PAIRS)."""
+    P1: tl.constexpr = N1 // 2
+    p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
+    p1 = p0
+    l1 = l0
+    if P1 > 0:
+        p1, l1 = _pairs_piece(N0 // 2, P1, NC // 2)
+    cbase, sbase, t_ch, t_sh = _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb,
+                                          stride_cs, stride_ch, stride_sb, stride_ss,
+                                          stride_sh, ROPE, HAS_POS, TABLE_PER_HEAD)
+    ACT: tl.constexpr = q_ptr.dtype.element_ty
+    qbase = b * stride_qb + s * stride_qs
+    kbase = b * stride_kb + s * stride_ks
+    do_q = True
+    do_k = HAS_K
+    if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K
+        do_q = tl.program_id(1) == 0
+        do_k = tl.program_id(1) == 1
+    # every load before the first store (a store to Q may alias K for the compiler)
+    if do_q:
+        q0 = _load_words(q_ptr, qbase, p0, l0, MASK0)
+        q1 = q0
+        if P1 > 0:
+            q1 = _load_words(q_ptr, qbase, p1, l1, MASK1)
+        if not SPLIT_QK and HAS_K:
+            k0 = _load_words(k_ptr, kbase, p0, l0, MASK0)
+            k1 = k0
+            if P1 > 0:
+                k1 = _load_words(k_ptr, kbase, p1, l1, MASK1)
+        _pairs_tensor(q0, q1, p0, l0, p1, l1, qo_ptr, b * stride_qob + s * stride_qos,
+                      qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n, cos_ptr, sin_ptr, cbase,
+                      sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1, Q_NORM,
+                      Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W, ROUND_NORM, ROPE,
+                      TABLE_HALF, W_WORDS, T_WORDS, ACT)
+        if not SPLIT_QK and HAS_K:
+            _pairs_tensor(k0, k1, p0, l0, p1, l1, ko_ptr, b * stride_kob + s * stride_kos,
+                          kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n, cos_ptr, sin_ptr,
+                          cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0,
+                          MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                          ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
+    if SPLIT_QK and do_k:
+        k0 = _load_words(k_ptr, kbase, p0, l0, MASK0)
+        k1 = k0
+        if P1 > 0:
+            k1 = _load_words(k_ptr, kbase, p1, l1, MASK1)
+        _pairs_tensor(k0, k1, p0, l0, p1, l1, ko_ptr, b * stride_kob + s * stride_kos,
+                      kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n, cos_ptr, sin_ptr,
+                      cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1,
+                      K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W, ROUND_NORM, ROPE,
+                      TABLE_HALF, W_WORDS, T_WORDS, ACT)
+
+
 @triton.jit
 def _qk_norm_rope_flat_kernel(
     q_ptr, qo_ptr,            # Q in / out (may be the same memory: in place)
@@ -240,10 +504,27 @@ def _qk_norm_rope_flat_kernel(
     ROUND_NORM: tl.constexpr,
     ROW_CONTIG: tl.constexpr,   # every tensor's token row is its H*D channels, contiguous
     SPLIT_QK: tl.constexpr,     # grid (tokens, 2): Q and K in programs of their own
+    PAIRS: tl.constexpr = False,  # the pair form: 16-bit rows, contiguous, 4-byte aligned,
+                                  # even H*D; pieces N0, N1 channels = N0/2, N1/2 words
+    W_WORDS: tl.constexpr = False,  # (PAIRS) norm weights / biases loaded a pair a word
+    T_WORDS: tl.constexpr = False,  # (PAIRS) cos / sin column pairs loaded a pair a word
 ):
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
     s = tok - b * S
+    if PAIRS:
+        _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+                       qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
+                       q_eps, k_eps, q_n, k_n, b, s, NC,
+                       stride_qb, stride_qs, stride_qob, stride_qos,
+                       stride_kb, stride_ks, stride_kob, stride_kos,
+                       stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss,
+                       stride_sh, stride_sw, stride_pb, stride_ps, D, N0, N1, MASK0, MASK1,
+                       Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                       K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                       HAS_K, ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, SPLIT_QK,
+                       W_WORDS, T_WORDS)
+        return
     c0, l0 = _piece(0, N0, NC)
     c1 = c0
     l1 = l0

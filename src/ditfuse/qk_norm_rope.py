@@ -462,6 +462,48 @@ def flat_settings(H: int, D: int, has_k: bool):
     return n0, n1, False, n1 > rest, num_warps, split
 
 
+#: the flat kernel's pair form (``_qk_flat_kernel._pairs_program``) where it applies
+PAIRS = True
+
+
+def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+                  row_contig: bool) -> bool:
+    """Whether the flat kernel can take its pair form: 16-bit Q / K whose token rows are
+    contiguous with an even number of channels, every row 4-byte aligned (so each
+    interleaved pair (2i, 2i+1) is one aligned 32-bit word)."""
+    B, S, H, D = p.q.shape
+    if not row_contig or p.q.element_size() != 2 or (H * D) % 2:
+        return False
+    for t in (p.q, q_out, p.k, k_out):
+        if t is None:
+            continue
+        if t.data_ptr() % 4 or any(st % 2 for st, n in zip(t.stride()[:2], t.shape[:2])
+                                   if n > 1):
+            return False
+    return True
+
+
+def _norm_tensors(p: Plan) -> list:
+    """The norms' weight / bias tensors the kernel reads a channel at a time."""
+    return [t for n in (p.q_norm, p.k_norm) if n is not None
+            for t in (n.weight, n.bias) if isinstance(t, torch.Tensor)]
+
+
+def _words_ok(ts) -> bool:
+    """Whether each tensor's values can be read a (2i, 2i+1) pair a 32- / 64-bit word: 16-bit
+    or fp32, unit last stride, its other strides even and its start aligned to a pair."""
+    for t in ts:
+        es = t.element_size()
+        if es not in (2, 4) or t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            return False
+        if t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+            return False
+        if t.data_ptr() % (2 * es) or any(st % 2 for st, n in zip(t.stride()[:-1],
+                                                                   t.shape[:-1]) if n > 1):
+            return False
+    return True
+
+
 def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
                 num_warps: Optional[int] = None, split: Optional[bool] = None,
                 maxnreg: Optional[int] = None) -> None:
@@ -493,6 +535,11 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
         SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
+    pairs = PAIRS and pairs_applies(p, q_out, k_out, row_contig)
+    if pairs:
+        constexprs.update(PAIRS=True, W_WORDS=_words_ok(_norm_tensors(p)),
+                          T_WORDS=p.cos is not None and not p.table_half
+                          and _words_ok([p.cos, p.sin]))
     opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
     if maxnreg:
         opts["maxnreg"] = maxnreg
@@ -767,7 +814,7 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             k_norm = resolve_norm(k_norm, "k_norm")
             sig = _fastpath.sig
             key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
-                   USE_FLAT, USE_TMA, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
+                   USE_FLAT, USE_TMA, PAIRS, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
                    _norm_key(k_norm), None if out is None else tuple(map(sig, out)))
             replay = _CACHE.get(key)
         except (AttributeError, TypeError):  # the checked path says what is wrong
