@@ -244,15 +244,19 @@ def _shifted(t):
 
 @pytest.mark.parametrize("case", [
     "aligned", "weights-fp32", "weights-unaligned", "table-bf16", "table-unaligned",
-    "half-table", "masked-piece", "rows-unaligned", "layer-bias", "dyt", "no-rope", "fp16"])
+    "half-table", "masked-piece", "rows-unaligned", "layer-bias", "dyt", "no-rope", "fp16",
+    "qk-norms-differ"])
 @torch.no_grad()
 def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
     """The flat kernel's pair form (16-bit rows read, held and written a (2i, 2i+1) pair a
     32-bit word) against its channel form: the same bits, with weights / tables read a pair
     a word or, where they are not pair-aligned or fp32 / 16-bit, a value at a time; rows not
-    pair-aligned take the channel form."""
+    pair-aligned take the channel form. (On the GPU the statistic's fp32 sum runs in another
+    order in the two forms: within the dtype's tolerance there, bitwise under the
+    interpreter.)"""
     dtype = torch.float16 if case == "fp16" else torch.bfloat16
-    hd = (7, 32) if case == "masked-piece" else (5, 32)
+    hd = (7, 32) if case == "masked-piece" else (40, 128) if case == "qk-norms-differ" \
+        else (5, 32)
     kind = {"layer-bias": "layer", "dyt": "dyt"}.get(case, "rms")
     table = None if case == "no-rope" else ("S,W/2" if case == "half-table" else
                                             "bf16" if case == "table-bf16" else "S,W")
@@ -264,6 +268,8 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
         kw.update(rope_style="interleaved", rotary_dim=hd[1])
     else:
         q, k, cos, sin, qn, kn, kw, _ = _inputs(kind, dtype, hd, table, "flat", 2)
+    if case == "qk-norms-differ":  # Q and K in programs of their own, different bodies
+        kn = make_norm("layer", "all", *hd, dtype, torch.Generator().manual_seed(9))
     if case == "weights-fp32":
         qn = NormSpec("rms", weight=qn.weight.detach().float(), eps=1e-6)
     if case == "weights-unaligned":
@@ -282,6 +288,7 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
         assert not mod._words_ok([p.cos, p.sin])
     if case in ("aligned", "weights-fp32", "table-bf16"):  # a pair a word for every operand
         assert mod._words_ok(mod._norm_tensors(p)) and mod._words_ok([p.cos, p.sin])
+    monkeypatch.setattr(mod._fastpath, "ENABLED", False)  # every call launches (no replay)
     seen = []
     orig = mod._fastpath.launch
     monkeypatch.setattr(mod._fastpath, "launch",
@@ -293,4 +300,7 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
     assert seen == [case != "rows-unaligned", False]
     for a, b in zip(got, want):
         assert not a.isnan().any()
-        assert torch.equal(a, b)
+        if DEVICE == "cpu":
+            assert torch.equal(a, b)
+        else:
+            assert assert_close_report(a, b, dtype, case) >= 0.97

@@ -417,6 +417,8 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    ROUND_NORM: tl.constexpr, SPLIT_QK: tl.constexpr,
                    W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
     """One token's Q and / or K in the pair form (the flat kernel's program, PAIRS)."""
+    SAME_QK: tl.constexpr = (Q_NORM == K_NORM and Q_HAS_W == K_HAS_W and Q_HAS_B == K_HAS_B
+                             and Q_ALPHA_PTR == K_ALPHA_PTR and Q_ROUND_PRE_W == K_ROUND_PRE_W)
     P1: tl.constexpr = N1 // 2
     p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
     p1 = p0
@@ -429,6 +431,27 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     qbase = b * stride_qb + s * stride_qs
     kbase = b * stride_kb + s * stride_ks
+    if SPLIT_QK and SAME_QK:
+        # program (token, 0) does Q, (token, 1) K, through one code path on selected
+        # operands: two copies of the body (as below) measured no faster than the channel
+        # form on the H200, one copy 10% faster (Wan 14B)
+        isq = tl.program_id(1) == 0
+        x_ptr = tl.where(isq, q_ptr, k_ptr)
+        xbase = tl.where(isq, qbase, kbase)
+        u0 = _load_words(x_ptr, xbase, p0, l0, MASK0)
+        u1 = u0
+        if P1 > 0:
+            u1 = _load_words(x_ptr, xbase, p1, l1, MASK1)
+        _pairs_tensor(u0, u1, p0, l0, p1, l1, tl.where(isq, qo_ptr, ko_ptr),
+                      tl.where(isq, b * stride_qob + s * stride_qos,
+                               b * stride_kob + s * stride_kos),
+                      tl.where(isq, qw_ptr, kw_ptr), tl.where(isq, qb_ptr, kb_ptr),
+                      tl.where(isq, qa_ptr, ka_ptr), tl.where(isq, q_alpha, k_alpha),
+                      tl.where(isq, q_eps, k_eps), tl.where(isq, q_n, k_n), cos_ptr, sin_ptr,
+                      cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1,
+                      Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W, ROUND_NORM, ROPE,
+                      TABLE_HALF, W_WORDS, T_WORDS, ACT)
+        return
     do_q = True
     do_k = HAS_K
     if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K
