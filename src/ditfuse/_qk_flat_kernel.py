@@ -119,7 +119,7 @@ def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_
             sb = sa
         else:
             h = c // D
-            d = c - h * D
+            d = c & (D - 1)  # (D a power of two: a thread's heads share their table loads)
             cs = _ld(cos_ptr + cbase + h * t_ch + d * stride_cw, live, MASKED)
             sn = _ld(sin_ptr + sbase + h * t_sh + d * stride_sw, live, MASKED)
             ca, cb = tl.split(tl.reshape(cs, (N // 2, 2)))
@@ -328,7 +328,9 @@ def _finish_pairs(u, p, live, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha,
         ya, yb = _rnd_pair(ya, yb, ACT)
     if ROPE:
         h = p // (D // 2)
-        i = p - h * (D // 2)  # the pair within its head
+        # the pair within its head, as a mask (D a power of two): the compiler then sees that
+        # a thread's pairs in different heads read the same table words, and loads them once
+        i = p & (D // 2 - 1)
         if TABLE_HALF:  # one column a pair, used for both channels
             ca = _ld(cos_ptr + cbase + h * t_ch + i * stride_cw, live, MASKED)
             sa = _ld(sin_ptr + sbase + h * t_sh + i * stride_sw, live, MASKED)
