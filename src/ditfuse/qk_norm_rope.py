@@ -535,7 +535,10 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
         SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
-    pairs = PAIRS and pairs_applies(p, q_out, k_out, row_contig)
+    # the pair form where Q and K run in programs of their own (H200: Wan 14B 480p 384.8 ->
+    # 370.1 us in place); Q and K together in one program it measured slower (Wan 1.3B
+    # 114.3 -> 124.3 us), so the channel form keeps that case (benchmarks/NOTES.md v10)
+    pairs = PAIRS and constexprs["SPLIT_QK"] and pairs_applies(p, q_out, k_out, row_contig)
     if pairs:
         constexprs.update(PAIRS=True, W_WORDS=_words_ok(_norm_tensors(p)),
                           T_WORDS=p.cos is not None and not p.table_half
