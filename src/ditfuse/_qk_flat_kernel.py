@@ -119,7 +119,7 @@ def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_
             sb = sa
         else:
             h = c // D
-            d = c & (D - 1)  # (D a power of two: a thread's heads share their table loads)
+            d = c - h * D
             cs = _ld(cos_ptr + cbase + h * t_ch + d * stride_cw, live, MASKED)
             sn = _ld(sin_ptr + sbase + h * t_sh + d * stride_sw, live, MASKED)
             ca, cb = tl.split(tl.reshape(cs, (N // 2, 2)))
