@@ -294,10 +294,20 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
     monkeypatch.setattr(mod._fastpath, "launch",
                         lambda kern, grid, args, kw_: (seen.append(kw_.get("PAIRS", False)),
                                                        orig(kern, grid, args, kw_))[1])
-    got = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+
+    def run(split):
+        qo = torch.full_like(p.q, float("nan"))
+        ko = torch.full_like(p.k, float("nan"))
+        mod.launch_flat(p, qo, ko, split=split)
+        return qo, ko
+
+    got = run(True)  # the pair form runs where Q and K have programs of their own
+    together = run(False)
     monkeypatch.setattr(mod, "PAIRS", False)
-    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
-    assert seen == [case != "rows-unaligned", False]
+    want = run(True)
+    assert seen == [case != "rows-unaligned", False, False]
+    for a, b in zip(together, want):
+        assert torch.equal(a, b) or DEVICE != "cpu"
     for a, b in zip(got, want):
         assert not a.isnan().any()
         if DEVICE == "cpu":

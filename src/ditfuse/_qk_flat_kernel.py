@@ -420,7 +420,10 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
     """One token's Q and / or K in the pair form (the flat kernel's program, PAIRS)."""
     SAME_QK: tl.constexpr = (Q_NORM == K_NORM and Q_HAS_W == K_HAS_W and Q_HAS_B == K_HAS_B
-                             and Q_ALPHA_PTR == K_ALPHA_PTR and Q_ROUND_PRE_W == K_ROUND_PRE_W)
+                             and Q_ALPHA_PTR == K_ALPHA_PTR and Q_ROUND_PRE_W == K_ROUND_PRE_W
+                             and qw_ptr.dtype == kw_ptr.dtype and qb_ptr.dtype == kb_ptr.dtype
+                             and qa_ptr.dtype == ka_ptr.dtype and k_ptr.dtype == q_ptr.dtype
+                             and ko_ptr.dtype == qo_ptr.dtype)
     P1: tl.constexpr = N1 // 2
     p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
     p1 = p0
