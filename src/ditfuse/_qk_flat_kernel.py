@@ -19,6 +19,12 @@ per element is the per-token kernel's (``_norm_affine``, the same rotation, the 
 roundings); only the order of the fp32 sums differs (over the whole token instead of per
 head, then over heads). Offsets within a token are 32-bit, added to the token's 64-bit
 base.
+
+Two forms of the same arithmetic: the *channel form* above, and the *pair form*
+(``_pairs_program``, ``PAIRS``: 16-bit rows that are contiguous and pair-aligned, Q and K in
+programs of their own), which holds a piece as [pairs] of 32-bit words, each an interleaved
+pair (2i, 2i+1), and needs no reshape, split or join for the rotation (H200, Wan 14B 480p in
+place: 370 us against the channel form's 385; ``benchmarks/NOTES.md`` qk_norm_rope v10).
 """
 from __future__ import annotations
 
@@ -136,6 +142,18 @@ def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_
 
 
 @triton.jit
+def _alpha(a_ptr, alpha_val, NORM: tl.constexpr, ALPHA_PTR: tl.constexpr):
+    """DyT's alpha (NORM 3) from its tensor or its Python float; 0 for the other norms."""
+    alpha = 0.0
+    if NORM == 3:
+        if ALPHA_PTR:
+            alpha = tl.load(a_ptr).to(tl.float32)
+        else:
+            alpha = alpha_val
+    return alpha
+
+
+@triton.jit
 def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
                  w_ptr, b_ptr, a_ptr, alpha_val, eps, n_norm,
                  cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
@@ -151,12 +169,7 @@ def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
         f1 = x1.to(tl.float32)
     mean = 0.0
     rstd = 1.0
-    alpha = 0.0
-    if NORM == 3:
-        if ALPHA_PTR:
-            alpha = tl.load(a_ptr).to(tl.float32)
-        else:
-            alpha = alpha_val
+    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
     if NORM == 2:
         tot = tl.sum(f0, 0)
         if N1 > 0:
@@ -204,13 +217,14 @@ def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase
                  x_ptr.dtype.element_ty)
 
 
-# ---- the pair form: a token's 16-bit channels as [pairs] of 32-bit words --------------------
+# ---- the pair form: a token's 16-bit channels as [pairs] of 32-bit words ----------------
 # Interleaved rotary pairs (2i, 2i+1) of a contiguous 16-bit row are the two halves of one
 # 32-bit word: loaded, held and stored as words, split by a shift and a mask (bf16) and
 # packed back by one cvt.rn.{bf16,f16}x2, the rotation needs no [pairs, 2] reshape, split
-# and join of the channel form (H200, Wan 14B 480p, separate Q / K in place: the rotation
-# cost 83 us in the channel form, 18 in the pair form; benchmarks/wan_ladder.py,
-# benchmarks/NOTES.md qk_norm_rope v10). The arithmetic per element is the channel form's.
+# and join of the channel form (H200, Wan 14B 480p, separate Q / K in place: in a ladder
+# of kernels the rotation cost 83 us in the channel form, 18 as words;
+# benchmarks/wan_ladder.py, benchmarks/NOTES.md qk_norm_rope v10). The arithmetic per
+# element is the channel form's.
 
 
 @triton.jit
@@ -368,12 +382,7 @@ def _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, obase, w_ptr, b_ptr, a_ptr, alp
         a1, b1 = _unpack(u1, ACT)
     mean = 0.0
     rstd = 1.0
-    alpha = 0.0
-    if NORM == 3:
-        if ALPHA_PTR:
-            alpha = tl.load(a_ptr).to(tl.float32)
-        else:
-            alpha = alpha_val
+    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
     if NORM == 2:
         tot = tl.sum(a0 + b0, 0)
         if P1 > 0:
