@@ -11,6 +11,7 @@ The same grid and pieces with less work isolate each part:
   rows-norm   load, sum of squares (the cross-warp sum), scale, store (in place)
   ditfuse     the registry call (in place)   ditfuse-out: out of place
   ditfuse-chan the call in the flat kernel's channel form (before session 14's pair form)
+  ditfuse-half the call with Wan's columns packed as half-width tables (one value a pair)
 
     python benchmarks/wan_pattern.py [wan14b-480p ...] [--warps N] [--separate]
 
@@ -103,6 +104,8 @@ def main():
                                                 N0=N0, N1=N1, NORM=norm, num_warps=warps)
 
         kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
+        half_cos = inp["call_cos"][..., 0::2].contiguous()
+        half_sin = inp["call_sin"][..., 0::2].contiguous()
         calls = [
             ("copy", lambda: dst.copy_(src)),
             ("torch-mul", lambda: (q.mul_(1.0), k.mul_(1.0))),
@@ -115,6 +118,10 @@ def main():
                                                          **kw)),
             ("ditfuse-chan", _channel_form(lambda: ditfuse.qk_norm_rope(
                 q, k, inp["call_cos"], inp["call_sin"], inplace=True, **kw))),
+            # Wan's own columns packed, one value a pair (the pair form's half-table path:
+            # a thread's table values in one 16-byte load; not what the processor passes yet)
+            ("ditfuse-half", lambda: ditfuse.qk_norm_rope(q, k, half_cos, half_sin,
+                                                          inplace=True, **kw)),
         ]
         for tag, f in calls:
             us = graph_us(f)
