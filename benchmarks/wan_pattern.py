@@ -121,7 +121,7 @@ def main():
             # Wan's own columns packed, one value a pair (the pair form's half-table path:
             # a thread's table values in one 16-byte load; not what the processor passes yet)
             ("ditfuse-half", lambda: ditfuse.qk_norm_rope(q, k, half_cos, half_sin,
-                                                          rotary_dim=sh.D, inplace=True, **kw)),
+                                                          inplace=True, **kw)),
         ]
         for tag, f in calls:
             us = graph_us(f)
