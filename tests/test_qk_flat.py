@@ -314,3 +314,50 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
             assert torch.equal(a, b)
         else:
             assert assert_close_report(a, b, dtype, case) >= 0.97
+
+
+@pytest.mark.parametrize("i", range(24), ids=[f"case{i}" for i in range(24)])
+@torch.no_grad()
+def test_pair_form_fuzz(i, monkeypatch):
+    """Randomly drawn calls the flat kernel takes (norms across heads or none, whole-head
+    interleaved rotation or none, every table form, 16-bit, batch and token counts from 1,
+    new / in place), run with Q and K in programs of their own in the pair form and in the
+    channel form: the same bits under the interpreter, within the dtype's tolerance on the
+    GPU (the statistic's sum order), every element written."""
+    import random
+
+    r = random.Random(7000 + i)
+    dtype = r.choice([torch.bfloat16, torch.float16])
+    H, D = r.choice([(1, 16), (2, 64), (3, 32), (5, 32), (7, 32), (12, 16), (4, 128), (6, 8)])
+    B, S = r.choice([1, 2, 3]), r.choice([1, 2, 5])
+    kind = r.choice(["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None])
+    table = r.choice(["S,W", "1,S,1,W", "B,S,1,W", "S,H,W", "unique", "pos_b", "bf16", None])
+    form = r.choice(["flat", "packed", "bshd"])
+    g = torch.Generator().manual_seed(i)
+    q, k, kw, _ = make_qk(form, B, S, H, D, dtype, g)
+    qn = make_norm(kind, "all", H, D, dtype, g)
+    kn = make_norm(kind, "all", H, D, dtype, g)
+    cos = sin = None
+    if table is not None:
+        cos, sin, tkw = make_tables(table, B, S, H, D, "interleaved", g)
+        kw.update(tkw, rope_style="interleaved")
+    kw["round_after_norm"] = r.random() < 0.8
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    assert mod.flat_applies(p, p.q, p.k)
+    assert mod.pairs_applies(p, p.q, p.k, True)
+
+    def run():
+        qo = torch.full_like(p.q, float("nan"))
+        ko = torch.full_like(p.k, float("nan"))
+        mod.launch_flat(p, qo, ko, split=True)
+        assert not qo.isnan().any() and not ko.isnan().any()
+        return qo, ko
+
+    got = run()
+    monkeypatch.setattr(mod, "PAIRS", False)
+    want = run()
+    for a, b in zip(got, want):
+        if DEVICE == "cpu":
+            assert torch.equal(a, b), (i, dtype, H, D, B, S, kind, table, form)
+        else:
+            assert_close_report(a, b, dtype, f"case{i}")
