@@ -251,9 +251,9 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
     """The flat kernel's pair form (16-bit rows read, held and written a (2i, 2i+1) pair a
     32-bit word) against its channel form: the same bits, with weights / tables read a pair
     a word or, where they are not pair-aligned or fp32 / 16-bit, a value at a time; rows not
-    pair-aligned take the channel form. (On the GPU the statistic's fp32 sum runs in another
-    order in the two forms: within the dtype's tolerance there, bitwise under the
-    interpreter.)"""
+    pair-aligned, and Q / K norms that are not one kernel body, take the channel form. (On
+    the GPU the statistic's fp32 sum runs in another order in the two forms: within the
+    dtype's tolerance there, bitwise under the interpreter.)"""
     dtype = torch.float16 if case == "fp16" else torch.bfloat16
     hd = (7, 32) if case == "masked-piece" else (40, 128) if case == "qk-norms-differ" \
         else (5, 32)
@@ -305,7 +305,10 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
     together = run(False)
     monkeypatch.setattr(mod, "PAIRS", False)
     want = run(True)
-    assert seen == [case != "rows-unaligned", False, False]
+    # rows not pair-aligned, and Q / K norms of different kinds or operand dtypes (not one
+    # kernel body), take the channel form
+    pair = case not in ("rows-unaligned", "qk-norms-differ", "weights-fp32")
+    assert seen == [pair, False, False]
     for a, b in zip(together, want):
         assert torch.equal(a, b) or DEVICE != "cpu"
     for a, b in zip(got, want):
@@ -333,14 +336,7 @@ def test_pair_form_fuzz(i, monkeypatch):
     kind = r.choice(["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None])
     table = r.choice(["S,W", "1,S,1,W", "B,S,1,W", "S,H,W", "unique", "pos_b", "bf16", None])
     form = r.choice(["flat", "packed", "bshd"])
-    g = torch.Generator().manual_seed(i)
-    q, k, kw, _ = make_qk(form, B, S, H, D, dtype, g)
-    qn = make_norm(kind, "all", H, D, dtype, g)
-    kn = make_norm(kind, "all", H, D, dtype, g)
-    cos = sin = None
-    if table is not None:
-        cos, sin, tkw = make_tables(table, B, S, H, D, "interleaved", g)
-        kw.update(tkw, rope_style="interleaved")
+    q, k, cos, sin, qn, kn, kw, _ = _inputs(kind, dtype, (H, D), table, form, B, S)
     kw["round_after_norm"] = r.random() < 0.8
     p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
     assert mod.flat_applies(p, p.q, p.k)

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ._kernel_utils import _cast_out, _ex2, _rnd
-from ._qk_kernel import _norm_affine
+from ._qk_kernel import _alpha, _norm_affine
 from ._runtime import INTERPRET
 
 # Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor
@@ -142,12 +142,7 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
     R == D). The scores are then the sum of three dots, q_a.k_a + q_b.k_b + q_p.k_p: the
     rotation needs no register shuffle and no channel is loaded twice.
     """
-    alpha = 0.0
-    if NORM == 3:
-        if ALPHA_PTR:
-            alpha = tl.load(a_ptr).to(tl.float32)
-        else:
-            alpha = alpha_val
+    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
     if not ROPE:
         d = tl.arange(0, D_PAD)
         dm = d < D

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ._kernel_utils import _PTX, _cast_out, _rnd
-from ._qk_kernel import _norm_affine, _table_row
+from ._qk_kernel import _alpha, _norm_affine, _table_row
 
 
 @triton.jit
@@ -139,18 +139,6 @@ def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_
         tl.store(p, _cast_out(y, o_ptr.dtype.element_ty), mask=live)
     else:
         tl.store(p, _cast_out(y, o_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _alpha(a_ptr, alpha_val, NORM: tl.constexpr, ALPHA_PTR: tl.constexpr):
-    """DyT's alpha (NORM 3) from its tensor or its Python float; 0 for the other norms."""
-    alpha = 0.0
-    if NORM == 3:
-        if ALPHA_PTR:
-            alpha = tl.load(a_ptr).to(tl.float32)
-        else:
-            alpha = alpha_val
-    return alpha
 
 
 @triton.jit
@@ -419,20 +407,14 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    stride_sw, stride_pb, stride_ps,
                    D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr,
                    MASK0: tl.constexpr, MASK1: tl.constexpr,
-                   Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
-                   Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
-                   K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
-                   K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
-                   HAS_K: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                   NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                   ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
                    TABLE_PER_HEAD: tl.constexpr, HAS_POS: tl.constexpr,
-                   ROUND_NORM: tl.constexpr, SPLIT_QK: tl.constexpr,
-                   W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
-    """One token's Q and / or K in the pair form (the flat kernel's program, PAIRS)."""
-    SAME_QK: tl.constexpr = (Q_NORM == K_NORM and Q_HAS_W == K_HAS_W and Q_HAS_B == K_HAS_B
-                             and Q_ALPHA_PTR == K_ALPHA_PTR and Q_ROUND_PRE_W == K_ROUND_PRE_W
-                             and qw_ptr.dtype == kw_ptr.dtype and qb_ptr.dtype == kb_ptr.dtype
-                             and qa_ptr.dtype == ka_ptr.dtype and k_ptr.dtype == q_ptr.dtype
-                             and ko_ptr.dtype == qo_ptr.dtype)
+                   ROUND_NORM: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
+    """Program (token, 0) does the token's Q, (token, 1) its K, in the pair form (the flat
+    kernel with PAIRS, which the launcher sets only with Q and K in programs of their own
+    and norms of one body: one set of norm flags here, Q's)."""
     P1: tl.constexpr = N1 // 2
     p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
     p1 = p0
@@ -445,64 +427,25 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     qbase = b * stride_qb + s * stride_qs
     kbase = b * stride_kb + s * stride_ks
-    if SPLIT_QK and SAME_QK:
-        # program (token, 0) does Q, (token, 1) K, through one code path on selected
-        # operands: two copies of the body (as below) measured no faster than the channel
-        # form on the H200, one copy 10% faster (Wan 14B)
-        isq = tl.program_id(1) == 0
-        x_ptr = tl.where(isq, q_ptr, k_ptr)
-        xbase = tl.where(isq, qbase, kbase)
-        u0 = _load_words(x_ptr, xbase, p0, l0, MASK0)
-        u1 = u0
-        if P1 > 0:
-            u1 = _load_words(x_ptr, xbase, p1, l1, MASK1)
-        _pairs_tensor(u0, u1, p0, l0, p1, l1, tl.where(isq, qo_ptr, ko_ptr),
-                      tl.where(isq, b * stride_qob + s * stride_qos,
-                               b * stride_kob + s * stride_kos),
-                      tl.where(isq, qw_ptr, kw_ptr), tl.where(isq, qb_ptr, kb_ptr),
-                      tl.where(isq, qa_ptr, ka_ptr), tl.where(isq, q_alpha, k_alpha),
-                      tl.where(isq, q_eps, k_eps), tl.where(isq, q_n, k_n), cos_ptr, sin_ptr,
-                      cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1,
-                      Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W, ROUND_NORM, ROPE,
-                      TABLE_HALF, W_WORDS, T_WORDS, ACT)
-        return
-    do_q = True
-    do_k = HAS_K
-    if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K
-        do_q = tl.program_id(1) == 0
-        do_k = tl.program_id(1) == 1
-    # every load before the first store (a store to Q may alias K for the compiler)
-    if do_q:
-        q0 = _load_words(q_ptr, qbase, p0, l0, MASK0)
-        q1 = q0
-        if P1 > 0:
-            q1 = _load_words(q_ptr, qbase, p1, l1, MASK1)
-        if not SPLIT_QK and HAS_K:
-            k0 = _load_words(k_ptr, kbase, p0, l0, MASK0)
-            k1 = k0
-            if P1 > 0:
-                k1 = _load_words(k_ptr, kbase, p1, l1, MASK1)
-        _pairs_tensor(q0, q1, p0, l0, p1, l1, qo_ptr, b * stride_qob + s * stride_qos,
-                      qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n, cos_ptr, sin_ptr, cbase,
-                      sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1, Q_NORM,
-                      Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W, ROUND_NORM, ROPE,
-                      TABLE_HALF, W_WORDS, T_WORDS, ACT)
-        if not SPLIT_QK and HAS_K:
-            _pairs_tensor(k0, k1, p0, l0, p1, l1, ko_ptr, b * stride_kob + s * stride_kos,
-                          kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n, cos_ptr, sin_ptr,
-                          cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0,
-                          MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
-    if SPLIT_QK and do_k:
-        k0 = _load_words(k_ptr, kbase, p0, l0, MASK0)
-        k1 = k0
-        if P1 > 0:
-            k1 = _load_words(k_ptr, kbase, p1, l1, MASK1)
-        _pairs_tensor(k0, k1, p0, l0, p1, l1, ko_ptr, b * stride_kob + s * stride_kos,
-                      kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n, cos_ptr, sin_ptr,
-                      cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1,
-                      K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W, ROUND_NORM, ROPE,
-                      TABLE_HALF, W_WORDS, T_WORDS, ACT)
+    qobase = b * stride_qob + s * stride_qos
+    kobase = b * stride_kob + s * stride_kos
+    # one body on the operands selected by the program's axis (the launcher's
+    # ``_same_body``): two copies of the body measured no faster than the channel form on
+    # the H200, one copy 4% faster (Wan 14B)
+    isq = tl.program_id(1) == 0
+    x_ptr = tl.where(isq, q_ptr, k_ptr)
+    xbase = tl.where(isq, qbase, kbase)
+    u0 = _load_words(x_ptr, xbase, p0, l0, MASK0)
+    u1 = u0
+    if P1 > 0:
+        u1 = _load_words(x_ptr, xbase, p1, l1, MASK1)
+    _pairs_tensor(u0, u1, p0, l0, p1, l1, tl.where(isq, qo_ptr, ko_ptr),
+                  tl.where(isq, qobase, kobase), tl.where(isq, qw_ptr, kw_ptr),
+                  tl.where(isq, qb_ptr, kb_ptr), tl.where(isq, qa_ptr, ka_ptr),
+                  tl.where(isq, q_alpha, k_alpha), tl.where(isq, q_eps, k_eps),
+                  tl.where(isq, q_n, k_n), cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh,
+                  stride_cw, stride_sw, D, P1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
+                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
 
 
 @triton.jit
@@ -541,8 +484,8 @@ def _qk_norm_rope_flat_kernel(
     ROUND_NORM: tl.constexpr,
     ROW_CONTIG: tl.constexpr,   # every tensor's token row is its H*D channels, contiguous
     SPLIT_QK: tl.constexpr,     # grid (tokens, 2): Q and K in programs of their own
-    PAIRS: tl.constexpr = False,  # the pair form: 16-bit rows, contiguous, 4-byte aligned,
-                                  # even H*D; pieces N0, N1 channels = N0/2, N1/2 words
+    PAIRS: tl.constexpr = False,  # the pair form (with SPLIT_QK): 16-bit rows, contiguous,
+                                  # 4-byte aligned, even H*D; pieces N0, N1 = N0/2, N1/2 words
     W_WORDS: tl.constexpr = False,  # (PAIRS) norm weights / biases loaded a pair a word
     T_WORDS: tl.constexpr = False,  # (PAIRS) cos / sin column pairs loaded a pair a word
 ):
@@ -550,6 +493,7 @@ def _qk_norm_rope_flat_kernel(
     b = tok // S
     s = tok - b * S
     if PAIRS:
+        tl.static_assert(SPLIT_QK and HAS_K, "the pair form runs Q and K in programs of their own")
         _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                        qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
                        q_eps, k_eps, q_n, k_n, b, s, NC,
@@ -558,9 +502,7 @@ def _qk_norm_rope_flat_kernel(
                        stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss,
                        stride_sh, stride_sw, stride_pb, stride_ps, D, N0, N1, MASK0, MASK1,
                        Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                       K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                       HAS_K, ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, SPLIT_QK,
-                       W_WORDS, T_WORDS)
+                       ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, W_WORDS, T_WORDS)
         return
     c0, l0 = _piece(0, N0, NC)
     c1 = c0

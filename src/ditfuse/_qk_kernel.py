@@ -94,6 +94,18 @@ def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, hmask, stride_ch, stri
 
 
 @triton.jit
+def _alpha(a_ptr, alpha_val, NORM: tl.constexpr, ALPHA_PTR: tl.constexpr):
+    """DyT's alpha (NORM 3) from its tensor or its Python float; 0 for the other norms."""
+    alpha = 0.0
+    if NORM == 3:
+        if ALPHA_PTR:
+            alpha = tl.load(a_ptr).to(tl.float32)
+        else:
+            alpha = alpha_val
+    return alpha
+
+
+@triton.jit
 def _norm_affine(x, w, b, mean, rstd, alpha,
                  NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                  ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
@@ -255,12 +267,7 @@ def _norm_stats(xa0, xb0, xp0, xa1, xb1, xp1, ma0, mp0, ma1, mp1, alpha_ptr, alp
     mean1 = 0.0
     rstd0 = 1.0
     rstd1 = 1.0
-    alpha = 0.0
-    if NORM == 3:
-        if ALPHA_FROM_PTR:
-            alpha = tl.load(alpha_ptr).to(tl.float32)
-        else:
-            alpha = alpha_val
+    alpha = _alpha(alpha_ptr, alpha_val, NORM, ALPHA_FROM_PTR)
     if NORM == 2:
         s0 = _piece_plain_sums(xa0, xb0, xp0, SPAN_ALL)
         if P1 > 0:

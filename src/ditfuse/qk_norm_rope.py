@@ -483,6 +483,14 @@ def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     return True
 
 
+def _same_body(qa: dict, ka: dict) -> bool:
+    """Whether Q's and K's norms compile to one kernel body (``_norm_args``: the same flags
+    and operand dtypes), so a program can select its tensor's operands by its grid axis."""
+    flags = ("NORM", "HAS_W", "HAS_B", "ALPHA_PTR", "PRE")
+    return all(qa[f] == ka[f] for f in flags) and all(
+        qa[t].dtype == ka[t].dtype for t in ("w", "b", "a"))
+
+
 def _norm_tensors(p: Plan) -> list:
     """The norms' weight / bias tensors the kernel reads a channel at a time."""
     return [t for n in (p.q_norm, p.k_norm) if n is not None
@@ -535,10 +543,12 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
         SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
-    # the pair form where Q and K run in programs of their own (H200: Wan 14B 480p 384.8 ->
-    # 370.1 us in place); Q and K together in one program it measured slower (Wan 1.3B
-    # 114.3 -> 124.3 us), so the channel form keeps that case (benchmarks/NOTES.md v10)
-    pairs = PAIRS and constexprs["SPLIT_QK"] and pairs_applies(p, q_out, k_out, row_contig)
+    # the pair form where Q and K run in programs of their own through one body (H200: Wan
+    # 14B 480p 384.8 -> 370.1 us in place); Q and K together in one program it measured
+    # slower (Wan 1.3B 114.3 -> 124.3 us), and two bodies no faster (389.2 vs 387.5), so
+    # the channel form keeps those cases (benchmarks/NOTES.md v10)
+    pairs = (PAIRS and constexprs["SPLIT_QK"] and _same_body(qa, ka)
+             and pairs_applies(p, q_out, k_out, row_contig))
     if pairs:
         constexprs.update(PAIRS=True, W_WORDS=_words_ok(_norm_tensors(p)),
                           T_WORDS=p.cos is not None and not p.table_half
