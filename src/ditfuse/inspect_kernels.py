@@ -121,19 +121,19 @@ _FLUX2 = dict(model="FLUX.2 dev 1024^2", H=48, D=128, S=4096 + 512, layout="bshd
 
 #: Every shipped specialization, in report order.
 SPECS: List[Spec] = [
-    # Wan: torch.nn.RMSNorm(H*D) across heads; (1, S, 1, D) fp32 tables, as the patched
-    # processor passes them (the cos[..., 0::2] / sin[..., 1::2] columns repeated for both
-    # channels of a pair: patching.table_once); direct calls with the half-width columns,
-    # packed or as strided views: the next two
+    # Wan: torch.nn.RMSNorm(H*D) across heads; the patched processor passes the
+    # cos[..., 0::2] / sin[..., 1::2] columns of its (1, S, 1, D) fp32 tables packed, one
+    # value a pair (patching.table_once): "wan14b-half-table"; direct calls with the
+    # full-width tables or the columns as strided views: "wan14b", "wan14b-table-view"
     Spec("wan14b", **_WAN14B),
     Spec("wan14b-half-table", **{**_WAN14B, "model": "Wan2.1 14B, half-width tables"},
          table_width=64),
     Spec("wan14b-table-view", **{**_WAN14B, "model": "Wan2.1 14B, strided half tables"},
          table_width=64, table_view=True),
     Spec("wan14b-packed", **{**_WAN14B, "model": "Wan2.1 14B, fused QKV, in place"},
-         packed=3, k_chunk=1),
+         packed=3, k_chunk=1, table_width=64),
     Spec("wan1.3b", model="Wan2.1 1.3B 480p", H=12, D=128, S=21 * 30 * 52, norm="rms",
-         span_all=True, layout="flat"),
+         span_all=True, layout="flat", table_width=64),
     # FLUX.1 / FLUX.2: torch.nn.RMSNorm(D) per head, interleaved fp32 (S, D) table
     Spec("flux1", model="FLUX.1 dev 1024^2", H=24, D=128, S=4096 + 512, layout="bshd"),
     Spec("flux2", **_FLUX2),

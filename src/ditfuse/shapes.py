@@ -16,8 +16,8 @@ class QKShape:
     tensors of their own.
     ``table``: how the patched model passes its RoPE table to the op: "full" (S, D) cos/sin
     (repeat-interleaved or cat-duplicated, FLUX / HunyuanVideo / Stable Audio); "wan" the
-    ``cos[..., 0::2]`` / ``sin[..., 1::2]`` columns of Wan's (1, S, 1, D) tables, repeated
-    for both channels of a pair; "complex" the real / imaginary parts of Qwen-Image's
+    ``cos[..., 0::2]`` / ``sin[..., 1::2]`` columns of Wan's (1, S, 1, D) tables, packed
+    (S, D/2: one value a pair); "complex" the real / imaginary parts of Qwen-Image's
     complex (S, D/2) frequencies, packed (as the patched processors pass them).
     """
 

@@ -25,14 +25,14 @@ def rope_table(S: int, D: int, style: str, device, dtype=torch.float32, base: fl
 def model_tables(shape: QKShape, cos: torch.Tensor, sin: torch.Tensor):
     """The full cos/sin tables as the patched model's processor hands them to
     ``qk_norm_rope`` (``shape.table``): as they are; Wan's ``cos[..., 0::2]`` /
-    ``sin[..., 1::2]`` columns repeated for both channels of a pair (``patching/_wan.py``);
+    ``sin[..., 1::2]`` columns packed, one value a pair (``patching/_wan.py``);
     or the real / imaginary parts of the complex frequencies Qwen-Image builds, packed
     (``patching/_qwen.py``). The processors make these once per step's table
     (``patching.table_once``)."""
     if shape.table == "wan":
-        from .patching._wan import _wan_columns0, _wan_columns1
+        from .patching._wan import _wan_cos, _wan_sin
 
-        return _wan_columns0(cos), _wan_columns1(sin)
+        return _wan_cos(cos), _wan_sin(sin)
     if shape.table == "complex":
         from .patching._qwen import _imag, _real
 
@@ -162,8 +162,8 @@ def qk_bytes(shape: QKShape, dtype=torch.bfloat16, table_dtype=torch.float32) ->
     el = torch.empty((), dtype=dtype).element_size()
     tel = torch.empty((), dtype=table_dtype).element_size()
     R = shape.rotary_dim or shape.D
-    # cos and sin, R values each a token; the patched Qwen-Image passes R/2 (one a pair)
-    table = shape.S * R * tel * (1 if shape.table == "complex" else 2)
+    # cos and sin, R values each a token; the patched Qwen-Image and Wan pass R/2 (one a pair)
+    table = shape.S * R * tel * (1 if shape.table in ("complex", "wan") else 2)
     return 4 * shape.B * shape.S * shape.H * shape.D * el + table
 
 

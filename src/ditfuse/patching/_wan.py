@@ -11,12 +11,12 @@ from . import (bind_forward, grad_needed, norms_ok, params_need_grad, replace_pr
                table_once)
 
 
-def _wan_columns0(t):
-    return t[..., 0::2].repeat_interleave(2, dim=-1)
+def _wan_cos(t):
+    return t[..., 0::2].contiguous()
 
 
-def _wan_columns1(t):
-    return t[..., 1::2].repeat_interleave(2, dim=-1)
+def _wan_sin(t):
+    return t[..., 1::2].contiguous()
 
 
 def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
@@ -26,14 +26,14 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
     D = x.shape[-1] // H
     if cos is not None:
         # Wan rotates with cos[..., 0::2] and sin[..., 1::2] for both channels of a pair:
-        # pass exactly those columns, repeated for both channels of a pair (so any table
-        # gives Wan's arithmetic, repeat-interleaved or not), made once per table. The
-        # kernel reads a full-width contiguous table fastest (H200, Wan 14B 480p in place:
-        # 366 us; the half-width columns packed 382-390 us, benchmarks/logs/s10/c, d; as
-        # strided views they cost a layout change through shared memory: 118 registers
-        # instead of 84 on sm_90)
-        cos = table_once(cos, "wan-cos", _wan_columns0)
-        sin = table_once(sin, "wan-sin", _wan_columns1)
+        # pass exactly those columns as half-width tables (one value a pair, so any table
+        # gives Wan's arithmetic, repeat-interleaved or not), packed once per table. The
+        # flat kernel's pair form reads a thread's half-table values in one 16-byte load:
+        # H200, Wan 14B 480p in place, 338.4 us against 370.6 us with the columns repeated
+        # to full width (benchmarks/logs/s15/a; before the pair form, s10/c, d, the full
+        # width was the faster of the two)
+        cos = table_once(cos, "wan-cos", _wan_cos)
+        sin = table_once(sin, "wan-sin", _wan_sin)
     return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
                         rotary_dim=D if cos is not None else None, inplace=True)
 

@@ -1,0 +1,54 @@
+"""CUDA-graph time (us, L2 flushed) of the flat kernel at Wan's registry rows with the tables
+the patched processor passes (half width since session 15), over (num_warps, split) --
+``flat_settings``'s table was swept with full-width tables (session 8) -- plus the
+full-width tables at the shipped settings for reference.
+
+    python benchmarks/flat_sweep.py wan1.3b-480p wan14b-480p
+"""
+import sys
+
+import torch
+
+import ditfuse
+import ditfuse.qk_norm_rope as qnr
+from ditfuse import _fastpath
+from ditfuse.bench import graph_us
+from ditfuse.shapes import QK_SHAPES
+from ditfuse.workloads import qk_inputs
+
+SHIPPED = qnr.flat_settings
+_fastpath.ENABLED = False  # the launch table changes at run time
+
+
+def timed(name, settings, full=False):
+    sh = QK_SHAPES[name]
+    inp = qk_inputs(sh, "cuda", torch.bfloat16)
+    kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"], inplace=sh.inplace)
+    cos, sin = (inp["call_cos"], inp["call_sin"])
+    if full:
+        cos = cos.repeat_interleave(2, -1)
+        sin = sin.repeat_interleave(2, -1)
+    qnr.flat_settings = settings
+    try:
+        f = lambda: ditfuse.qk_norm_rope(inp["q"], inp["k"], cos, sin, **kw)  # noqa: E731
+        f()
+        return graph_us(f)
+    finally:
+        qnr.flat_settings = SHIPPED
+
+
+def main():
+    for name in sys.argv[1:]:
+        sh = QK_SHAPES[name]
+        n0, n1, m0, m1, w0, s0 = SHIPPED(sh.H, sh.D, True)
+        print(f"{name:20s} shipped warps={w0} split={s0}: {timed(name, SHIPPED):8.1f} us "
+              f"(full-width tables {timed(name, SHIPPED, full=True):8.1f} us)", flush=True)
+        for split in (False, True):
+            for warps in (1, 2, 4, 8):
+                st = lambda H, D, k, w=warps, s=split: (n0, n1, m0, m1, w, s)  # noqa: E731
+                print(f"{name:20s} warps={warps} split={split!s:5s}       "
+                      f"{timed(name, st):8.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
