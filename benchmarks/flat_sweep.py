@@ -39,7 +39,8 @@ def timed(name, settings, full=False):
 
 
 def main():
-    for name in sys.argv[1:]:
+    full = "--full" in sys.argv  # sweep with full-width tables as well
+    for name in [a for a in sys.argv[1:] if not a.startswith("--")]:
         sh = QK_SHAPES[name]
         n0, n1, m0, m1, w0, s0 = SHIPPED(sh.H, sh.D, True)
         print(f"{name:20s} shipped warps={w0} split={s0}: {timed(name, SHIPPED):8.1f} us "
@@ -47,8 +48,9 @@ def main():
         for split in (False, True):
             for warps in (1, 2, 4, 8):
                 st = lambda H, D, k, w=warps, s=split: (n0, n1, m0, m1, w, s)  # noqa: E731
+                extra = f"  full-width {timed(name, st, full=True):8.1f} us" if full else ""
                 print(f"{name:20s} warps={warps} split={split!s:5s}       "
-                      f"{timed(name, st):8.1f} us", flush=True)
+                      f"{timed(name, st):8.1f} us{extra}", flush=True)
 
 
 if __name__ == "__main__":
