@@ -52,6 +52,8 @@ QK_SHAPES = {s.name: s for s in [
             table="wan", inplace=True),
     QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, span="all", form="flat",
             table="wan", inplace=True),
+    QKShape("wan5b-ti2v-704p", "Wan2.2 TI2V 5B 704p 121f", 31 * 44 * 78 // 4, 24, 128, span="all",
+            form="flat", table="wan", inplace=True),
     QKShape("wan14b-480p-fused", "Wan2.x 14B 480p, fused QKV projection", 21 * 30 * 52, 40, 128,
             span="all", form="flat", table="wan", inplace=True, packed=3),
     QKShape("wan14b-720p-fused", "Wan2.x 14B 720p, fused QKV projection", 21 * 45 * 80, 40, 128,
