@@ -444,21 +444,23 @@ def flat_settings(H: int, D: int, has_k: bool):
 
     Pieces: the token's H*D channels as a power of two and the power of two covering the
     rest (5120 = 4096 + 1024, 3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes).
-    Split: Q and K in programs of their own when a token has 4096 channels or more. Warps:
-    about 80 live channels a thread (the loaded 16-bit values stay packed): Wan 14B 2 warps
-    a tensor, Wan 1.3B 2 warps for Q and K. H200 sweep (``benchmarks/logs/s8/flat/``, bf16):
-    Wan 14B 480p 2 warps split 356.8 us, 4 warps together 368.3, 8 warps 417.9, 1 warp
-    split 402.5; 720p 790.1 / 837.0 / 949.8 / 899.9; Wan 1.3B 2 warps together 113.2,
-    1 warp split 119.4, 4 warps 129.9; fp32 within 1% of the best everywhere. The
-    programs a SM that the registers allow set the bytes in flight; register caps that
-    would allow more spill (a shipped QK build must not: ``ditfuse inspect``)."""
+    Split: Q and K in programs of their own (which is also what lets 16-bit rows take the
+    pair form). Warps: about 80 live channels a thread (the loaded 16-bit values stay
+    packed): Wan 14B and 5B 2 warps a tensor, Wan 1.3B 1 warp. H200 sweeps with the
+    half-width tables the patched Wan passes (``benchmarks/flat_sweep.py``,
+    ``benchmarks/logs/s15/c``, ``e``, bf16; us for warps 1 / 2 / 4 split, then 2 together):
+    Wan 14B 480p 396.1 / 337.2 / 338.0, together 368.2; Wan 2.2 5B 704p 169.6 / 170.0 /
+    178.4, together 225.8; Wan 1.3B 480p 110.7 / 113.4 / 128.2, together 124.4. Q and K
+    together in one program also varied with where the two tensors lie: 124.5 us alone,
+    143.4 us inside a ``ditfuse bench`` run (``logs/s15/d``, ``e``). The programs a SM that
+    the registers allow set the bytes in flight; register caps that would allow more
+    spill (a shipped QK build must not: ``ditfuse inspect``)."""
     nc = H * D
     n0 = 1 << (nc.bit_length() - 1)
     rest = nc - n0
     n1 = _next_pow2(rest) if rest else 0
-    split = has_k and nc >= 4096
-    lanes = (n0 + n1) * (2 if has_k and not split else 1)
-    num_warps = min(8, max(1, _next_pow2(-(-lanes // (32 * 80)))))
+    split = has_k
+    num_warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * 80)))))
     return n0, n1, False, n1 > rest, num_warps, split
 
 
@@ -544,9 +546,9 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
     # the pair form where Q and K run in programs of their own through one body (H200: Wan
-    # 14B 480p 384.8 -> 370.1 us in place); Q and K together in one program it measured
-    # slower (Wan 1.3B 114.3 -> 124.3 us), and two bodies no faster (389.2 vs 387.5), so
-    # the channel form keeps those cases (benchmarks/NOTES.md v10)
+    # 14B 480p 384.8 -> 370.1 us in place with full-width tables, 337.2 us with half-width
+    # ones); two bodies measured no faster (389.2 vs 387.5), so mixed norms keep the
+    # channel form (benchmarks/NOTES.md v10)
     pairs = (PAIRS and constexprs["SPLIT_QK"] and _same_body(qa, ka)
              and pairs_applies(p, q_out, k_out, row_contig))
     if pairs:
