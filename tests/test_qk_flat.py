@@ -206,10 +206,11 @@ def test_flat_does_not_apply(why):
 
 def test_flat_settings_table():
     """Two power-of-two pieces covering the token (the second masked only where it passes
-    it), the Q/K split from 4096 channels, about 80 live channels a thread."""
+    it), Q and K in programs of their own, about 80 live channels a thread."""
     assert mod.flat_settings(40, 128, True) == (4096, 1024, False, False, 2, True)
-    assert mod.flat_settings(12, 128, True) == (1024, 512, False, False, 2, False)
-    assert mod.flat_settings(7, 32, True) == (128, 128, False, True, 1, False)
+    assert mod.flat_settings(24, 128, True) == (2048, 1024, False, False, 2, True)
+    assert mod.flat_settings(12, 128, True) == (1024, 512, False, False, 1, True)
+    assert mod.flat_settings(7, 32, True) == (128, 128, False, True, 1, True)
     assert mod.flat_settings(1, 64, False) == (64, 0, False, False, 1, False)
     for H, D in itertools.product((1, 3, 5, 12, 24, 40, 48, 96), (16, 32, 64, 128)):
         if H * D > mod.FLAT_MAX_CHANNELS:
