@@ -78,3 +78,28 @@ def _tanh(x):
     small = tl.fma(ax * x2, poly, ax)
     t = tl.where(ax < 0.25, small, big)
     return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _unpack(u, DT: tl.constexpr):
+    """The low and high 16-bit values (dtype ``DT``) of 32-bit words ``u``, as fp32."""
+    if DT == tl.bfloat16:
+        return (u << 16).to(tl.float32, bitcast=True), \
+            (u & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        return (u & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32), \
+            (u >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _pack(lo, hi, DT: tl.constexpr):
+    """fp32 ``lo``, ``hi`` rounded to ``DT`` (nearest even) as one 32-bit word, lo low."""
+    if _PTX and DT == tl.bfloat16:
+        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    elif _PTX:
+        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
+                                         dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        return _cast_out(lo, DT).to(tl.uint16, bitcast=True).to(tl.uint32) | \
+            (_cast_out(hi, DT).to(tl.uint16, bitcast=True).to(tl.uint32) << 16)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernel_utils import _PTX, _cast_out, _rnd
+from ._kernel_utils import _PTX, _cast_out, _pack, _rnd, _unpack
 from ._qk_kernel import _alpha, _norm_affine, _table_row
 
 
@@ -216,17 +216,6 @@ def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase
 
 
 @triton.jit
-def _unpack(u, DT: tl.constexpr):
-    """The low and high 16-bit values (dtype ``DT``) of 32-bit words ``u``, as fp32."""
-    if DT == tl.bfloat16:
-        return (u << 16).to(tl.float32, bitcast=True), \
-            (u & 0xFFFF0000).to(tl.float32, bitcast=True)
-    else:
-        return (u & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32), \
-            (u >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _unpack_again(u, DT: tl.constexpr):
     """``_unpack`` written so that the compiler does not merge it with the statistics' one:
     the words stay packed, one register per two channels, until the normalisation."""
@@ -241,20 +230,6 @@ def _unpack_again(u, DT: tl.constexpr):
             is_pure=True, pack=1)
     else:
         return _unpack(u, DT)
-
-
-@triton.jit
-def _pack(lo, hi, DT: tl.constexpr):
-    """fp32 ``lo``, ``hi`` rounded to ``DT`` (nearest even) as one 32-bit word, lo low."""
-    if _PTX and DT == tl.bfloat16:
-        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
-                                         dtype=tl.uint32, is_pure=True, pack=1)
-    elif _PTX:
-        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
-                                         dtype=tl.uint32, is_pure=True, pack=1)
-    else:
-        return _cast_out(lo, DT).to(tl.uint16, bitcast=True).to(tl.uint32) | \
-            (_cast_out(hi, DT).to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
 
 
 @triton.jit

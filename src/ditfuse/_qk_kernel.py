@@ -23,22 +23,40 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._kernel_utils import _cast_out, _rnd, _tanh
+from ._kernel_utils import _cast_out, _pack, _rnd, _tanh, _unpack
+
+
+@triton.jit
+def _load_words(ptr, i, m):
+    """Values (2i, 2i+1) after ``ptr`` as fp32 tiles (a, b): one 32-bit load a pair for
+    16-bit values, one 64-bit load for fp32 (``ptr`` aligned to a pair, unit stride)."""
+    DT: tl.constexpr = ptr.dtype.element_ty
+    if DT.primitive_bitwidth == 16:
+        return _unpack(tl.load(ptr.to(tl.pointer_type(tl.uint32)) + i, mask=m, other=0), DT)
+    else:
+        u = tl.load(ptr.to(tl.pointer_type(tl.uint64)) + i, mask=m, other=0)
+        return (u & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), \
+            (u >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
                 NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                INTERLEAVED: tl.constexpr, DUP: tl.constexpr):
+                INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr = False):
     """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD].
 
     Every operand of the rotation (x, weights, bias, cos, sin) is loaded through this one
     function with pointers of the same [NH, ...] shape, so all of them land in the same
     register layout and the arithmetic needs no layout conversion (a row shared by all
     heads has head stride 0 and is re-read from L1). ``DUP``: the source holds one value
-    per pair (a half-width table), given to both a and b.
+    per pair (a half-width table), given to both a and b. ``WORDS`` (interleaved, unit
+    channel stride, every head's row aligned to a pair): each pair read as one word and
+    split by shifts -- no [NH, HALF_PAD, 2] reshape and split of a channel tile.
     """
-    if INTERLEAVED and not DUP:
+    if INTERLEAVED and not DUP and WORDS:
+        i = tl.arange(0, HALF_PAD)[None, :]
+        xa, xb = _load_words(ptr + base + hh * stride_h, i, hmask & (i < R2))
+    elif INTERLEAVED and not DUP:
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         m = hmask & (j < 2 * R2)
         x = tl.load(ptr + base + hh * stride_h + j * stride_d, mask=m,
@@ -65,8 +83,12 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
 @triton.jit
 def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
                  NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                 INTERLEAVED: tl.constexpr):
-    if INTERLEAVED:
+                 INTERLEAVED: tl.constexpr, WORDS: tl.constexpr = False):
+    if INTERLEAVED and WORDS:  # 16-bit: a pair a 32-bit word, rounded by one conversion
+        i = tl.arange(0, HALF_PAD)[None, :]
+        wp = (ptr + base + hh * stride_h).to(tl.pointer_type(tl.uint32)) + i
+        tl.store(wp, _pack(ya, yb, ptr.dtype.element_ty), mask=hmask & (i < R2))
+    elif INTERLEAVED:
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         m = hmask & (j < 2 * R2)
         y = tl.reshape(tl.join(ya, yb), (NH, 2 * HALF_PAD))
@@ -83,13 +105,13 @@ def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
 def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, hmask, stride_ch, stride_cw,
                       stride_sh, stride_sw, NH: tl.constexpr, R2: tl.constexpr,
                       HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      TABLE_HALF: tl.constexpr):
+                      TABLE_HALF: tl.constexpr, WORDS: tl.constexpr = False):
     """cos/sin of the a and b channel of each pair, fp32 [NH, HALF_PAD] tiles. A table
     shared by all heads has head stride 0: every head reads the same row (from L1)."""
     ca, cb = _load_pairs(cos_ptr, cbase, hh, hmask, stride_ch, stride_cw, NH, R2, HALF_PAD,
-                         INTERLEAVED, TABLE_HALF)
+                         INTERLEAVED, TABLE_HALF, WORDS)
     sa, sb = _load_pairs(sin_ptr, sbase, hh, hmask, stride_sh, stride_sw, NH, R2, HALF_PAD,
-                         INTERLEAVED, TABLE_HALF)
+                         INTERLEAVED, TABLE_HALF, WORDS)
     return ca, cb, sa, sb
 
 
@@ -162,7 +184,8 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
                   NH: tl.constexpr, NORM: tl.constexpr, SPAN_ALL: tl.constexpr,
                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                   ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  ACT: tl.constexpr):
+                  ACT: tl.constexpr, X_WORDS: tl.constexpr = False,
+                  W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False):
     # weight/bias: per head (same D channels for every head: head stride 0, L1 hits) or
     # across heads (channel h * D + d)
     if SPAN_ALL:
@@ -175,10 +198,10 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
     bb = 0.0
     if HAS_W:
         wa, wb = _load_pairs(w_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH, R2, HALF_PAD,
-                             INTERLEAVED, False)
+                             INTERLEAVED, False, W_WORDS)
     if HAS_B:
         ba, bb = _load_pairs(b_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH, R2, HALF_PAD,
-                             INTERLEAVED, False)
+                             INTERLEAVED, False, W_WORDS)
     ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
@@ -191,14 +214,14 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
         ca, cb, sa, sb = _load_rope_tables(cos_ptr, sin_ptr, cbase + h_start * t_ch,
                                            sbase + h_start * t_sh, hh, hmask, t_ch,
                                            stride_cw, t_sh, stride_sw, NH, R2, HALF_PAD,
-                                           INTERLEAVED, TABLE_HALF)
+                                           INTERLEAVED, TABLE_HALF, T_WORDS)
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
     else:
         oa = ya
         ob = yb
     _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od, oa, ob, NH, R2, HALF_PAD,
-                 INTERLEAVED)
+                 INTERLEAVED, X_WORDS)
     if P > 0:
         jp = tl.arange(0, PASS_PAD)[None, :]
         wp = 1.0
@@ -239,12 +262,12 @@ def _load_pass(ptr, base, hh, hmask, stride_h, stride_d,
 def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
                  R2: tl.constexpr, P: tl.constexpr, HALF_PAD: tl.constexpr,
                  PASS_PAD: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, OFF64: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, OFF64: tl.constexpr, WORDS: tl.constexpr = False):
     """All of one tensor's channels for the program's heads, as fp32 tiles."""
     xbase = xbase + h_start * stride_xh
     hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
     xa0, xb0 = _load_pairs(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, P0, R2, HALF_PAD,
-                           INTERLEAVED, False)
+                           INTERLEAVED, False, WORDS)
     xp0, mp0 = _load_pass(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2, P, PASS_PAD)
     xa1 = 0.0
     xb1 = 0.0
@@ -252,7 +275,7 @@ def _load_tensor(x_ptr, xbase, stride_xh, stride_xd, h_start, h_end,
     if P1 > 0:
         hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
         xa1, xb1 = _load_pairs(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, P1, R2, HALF_PAD,
-                               INTERLEAVED, False)
+                               INTERLEAVED, False, WORDS)
         xp1, mp1 = _load_pass(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2, P, PASS_PAD)
     return xa0, xb0, xp0, xa1, xb1, xp1
 
@@ -314,7 +337,8 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
                       ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
                       ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
-                      STATS: tl.constexpr, OFF64: tl.constexpr):
+                      STATS: tl.constexpr, OFF64: tl.constexpr, X_WORDS: tl.constexpr = False,
+                      W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False):
     """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
     ia = tl.arange(0, HALF_PAD)[None, :]
     jp = tl.arange(0, PASS_PAD)[None, :]
@@ -340,13 +364,13 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       mean0, rstd0, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase, t_ch,
                       stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P, HALF_PAD,
                       PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
-                      INTERLEAVED, ACT)
+                      INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS)
         if P1 > 0:
             _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, h_start, xa1, xb1, xp1, mp1,
                           mean1, rstd1, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase,
                           t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P,
                           HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, ACT)
+                          ROUND_NORM, ROPE, INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS)
 
 
 @triton.jit
@@ -412,6 +436,9 @@ def _qk_norm_rope_kernel(
     ROUND_NORM: tl.constexpr,
     STATS: tl.constexpr,       # 0 normal; 1 write the sums of squares only; 2 read them
     OFF64: tl.constexpr,       # offsets within a token need 64 bits (huge head strides)
+    X_WORDS: tl.constexpr = False,  # interleaved 16-bit Q / K rows read and written a pair a word
+    W_WORDS: tl.constexpr = False,  # (X_WORDS) norm weights / biases read a pair a word
+    T_WORDS: tl.constexpr = False,  # (X_WORDS) full-width cos / sin read a pair a word
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -432,21 +459,23 @@ def _qk_norm_rope_kernel(
     # what the kernel can afford.
     q0a, q0b, q0p, q1a, q1b, q1p = _load_tensor(q_ptr, qbase, stride_qh, stride_qd, h_start,
                                                 h_end, R2, P, HALF_PAD, PASS_PAD, P0, P1,
-                                                INTERLEAVED, OFF64)
+                                                INTERLEAVED, OFF64, X_WORDS)
     if HAS_K:
         k0a, k0b, k0p, k1a, k1b, k1p = _load_tensor(k_ptr, kbase, stride_kh, stride_kd,
                                                     h_start, h_end, R2, P, HALF_PAD, PASS_PAD,
-                                                    P0, P1, INTERLEAVED, OFF64)
+                                                    P0, P1, INTERLEAVED, OFF64, X_WORDS)
     _norm_rope_tensor(q0a, q0b, q0p, q1a, q1b, q1p, qo_ptr, qw_ptr, qb_ptr, qa_ptr, q_alpha,
                       q_eps, q_stats_ptr, tok, qobase, stride_qoh, stride_qod, h_start, h_end, q_n,
                       cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF,
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS, OFF64)
+                      ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS, OFF64,
+                      X_WORDS, W_WORDS, T_WORDS)
     if HAS_K:
         _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
                           k_alpha, k_eps, k_stats_ptr, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
                           cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                           TABLE_HALF, D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS, OFF64)
+                          ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS, OFF64,
+                          X_WORDS, W_WORDS, T_WORDS)

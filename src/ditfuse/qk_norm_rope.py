@@ -408,8 +408,31 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
+    if TOKEN_WORDS and constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
+        constexprs.update(X_WORDS=True, W_WORDS=_words_ok(_norm_tensors(p)),
+                          T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]))
     _fastpath.launch(_qk_norm_rope_kernel, grid, args,
                      dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
+
+
+#: the per-token kernel's interleaved pairs read and written a pair a word where aligned
+#: (``_pair_words_ok``)
+TOKEN_WORDS = True
+
+
+def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
+    """Whether every interleaved pair (2i, 2i+1) of Q, K and their outputs is one aligned
+    32-bit word: 16-bit values, unit channel stride, an even head_dim, even batch / token /
+    head strides and 4-byte aligned starts."""
+    if p.q.element_size() != 2 or p.q.shape[3] % 2:
+        return False
+    for t in (p.q, q_out, p.k, k_out):
+        if t is None:
+            continue
+        if t.stride(3) != 1 or t.data_ptr() % 4 or any(
+                st % 2 for st, n in zip(t.stride()[:3], t.shape[:3]) if n > 1):
+            return False
+    return True
 
 
 # The flat-row kernel (``_qk_flat_kernel``) where it applies; else the persistent TMA-fed
