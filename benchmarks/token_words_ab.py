@@ -1,5 +1,6 @@
 """A/B of the per-token kernel's word form (``qk_norm_rope.TOKEN_WORDS``: interleaved 16-bit
-pairs read and written a 32-bit word) against its channel form at registry shapes, called as
+pairs read and written a 32-bit word) against its channel form, each with rows shared by the
+heads read once and broadcast (``ROW_BROADCAST``) or per head, at registry shapes, called as
 the bench calls them (CUDA-graph us, L2 flushed), with the outputs compared bit for bit; then
 the word form over num_warps (``launch_settings``' table was swept on the channel form).
 
@@ -36,16 +37,20 @@ def main():
                                         inplace=inplace, **kw)
 
         res = {}
-        for flag in (True, False):
-            qnr.TOKEN_WORDS = flag
-            out = [t.clone() for t in call(False)]
-            res[flag] = (out, graph_us(lambda: call(sh.inplace)))
-            inp["q"].copy_(q0)
-            inp["k"].copy_(k0)
-        diff = [(a != b).sum().item() for a, b in zip(res[True][0], res[False][0])]
-        print(f"{name:20s} words {res[True][1]:8.1f} us  channels {res[False][1]:8.1f} us  "
-              f"elements differing {diff}", flush=True)
-        qnr.TOKEN_WORDS = True
+        for words in (True, False):
+            for row in (True, False):
+                qnr.TOKEN_WORDS, qnr.ROW_BROADCAST = words, row
+                out = [t.clone() for t in call(False)]
+                res[words, row] = (out, graph_us(lambda: call(sh.inplace)))
+                inp["q"].copy_(q0)
+                inp["k"].copy_(k0)
+        base = res[False, False][0]
+        for (words, row), (out, us) in res.items():
+            diff = [(a != b).sum().item() for a, b in zip(out, base)]
+            print(f"{name:20s} {'words' if words else 'channels':8s} "
+                  f"{'row-broadcast' if row else 'row-per-head':13s} {us:8.1f} us  "
+                  f"elements differing from channels / per-head {diff}", flush=True)
+        qnr.TOKEN_WORDS, qnr.ROW_BROADCAST = True, True
         for w in warps:
             qnr.launch_settings = lambda *a, w=w: (*SHIPPED(*a)[:3], w)
             try:

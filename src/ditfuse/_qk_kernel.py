@@ -40,9 +40,31 @@ def _load_words(ptr, i, m):
 
 
 @triton.jit
+def _load_row_pairs(ptr, base, stride_d, R2: tl.constexpr, HALF_PAD: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr):
+    """``_load_pairs`` of one row shared by every head, as [1, HALF_PAD] tiles."""
+    i = tl.arange(0, HALF_PAD)[None, :]
+    m = i < R2
+    if INTERLEAVED and not DUP and WORDS:
+        xa, xb = _load_words(ptr + base, i, m)
+    elif INTERLEAVED and not DUP:
+        j = tl.arange(0, 2 * HALF_PAD)[None, :]
+        x = tl.load(ptr + base + j * stride_d, mask=j < 2 * R2, other=0.0).to(tl.float32)
+        xa, xb = tl.split(tl.reshape(x, (1, HALF_PAD, 2)))
+    elif DUP:
+        xa = tl.load(ptr + base + i * stride_d, mask=m, other=0.0).to(tl.float32)
+        xb = xa
+    else:
+        xa = tl.load(ptr + base + i * stride_d, mask=m, other=0.0).to(tl.float32)
+        xb = tl.load(ptr + base + (i + R2) * stride_d, mask=m, other=0.0).to(tl.float32)
+    return xa, xb
+
+
+@triton.jit
 def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
                 NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr = False):
+                INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr = False,
+                ROW: tl.constexpr = False):
     """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD].
 
     Every operand of the rotation (x, weights, bias, cos, sin) is loaded through this one
@@ -51,9 +73,13 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
     heads has head stride 0 and is re-read from L1). ``DUP``: the source holds one value
     per pair (a half-width table), given to both a and b. ``WORDS`` (interleaved, unit
     channel stride, every head's row aligned to a pair): each pair read as one word and
-    split by shifts -- no [NH, HALF_PAD, 2] reshape and split of a channel tile.
+    split by shifts -- no [NH, HALF_PAD, 2] reshape and split of a channel tile. ``ROW``:
+    one row shared by every head (weights of a per-head norm, a table shared by the heads),
+    loaded once as [1, HALF_PAD] tiles that the arithmetic broadcasts over the heads.
     """
-    if INTERLEAVED and not DUP and WORDS:
+    if ROW:
+        xa, xb = _load_row_pairs(ptr, base, stride_d, R2, HALF_PAD, INTERLEAVED, DUP, WORDS)
+    elif INTERLEAVED and not DUP and WORDS:
         i = tl.arange(0, HALF_PAD)[None, :]
         xa, xb = _load_words(ptr + base + hh * stride_h, i, hmask & (i < R2))
     elif INTERLEAVED and not DUP:
@@ -105,13 +131,14 @@ def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
 def _load_rope_tables(cos_ptr, sin_ptr, cbase, sbase, hh, hmask, stride_ch, stride_cw,
                       stride_sh, stride_sw, NH: tl.constexpr, R2: tl.constexpr,
                       HALF_PAD: tl.constexpr, INTERLEAVED: tl.constexpr,
-                      TABLE_HALF: tl.constexpr, WORDS: tl.constexpr = False):
+                      TABLE_HALF: tl.constexpr, WORDS: tl.constexpr = False,
+                      ROW: tl.constexpr = False):
     """cos/sin of the a and b channel of each pair, fp32 [NH, HALF_PAD] tiles. A table
     shared by all heads has head stride 0: every head reads the same row (from L1)."""
     ca, cb = _load_pairs(cos_ptr, cbase, hh, hmask, stride_ch, stride_cw, NH, R2, HALF_PAD,
-                         INTERLEAVED, TABLE_HALF, WORDS)
+                         INTERLEAVED, TABLE_HALF, WORDS, ROW)
     sa, sb = _load_pairs(sin_ptr, sbase, hh, hmask, stride_sh, stride_sw, NH, R2, HALF_PAD,
-                         INTERLEAVED, TABLE_HALF, WORDS)
+                         INTERLEAVED, TABLE_HALF, WORDS, ROW)
     return ca, cb, sa, sb
 
 
@@ -185,7 +212,8 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                   ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
                   ACT: tl.constexpr, X_WORDS: tl.constexpr = False,
-                  W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False):
+                  W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False,
+                  W_ROW: tl.constexpr = False, T_ROW: tl.constexpr = False):
     # weight/bias: per head (same D channels for every head: head stride 0, L1 hits) or
     # across heads (channel h * D + d)
     if SPAN_ALL:
@@ -198,10 +226,10 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
     bb = 0.0
     if HAS_W:
         wa, wb = _load_pairs(w_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH, R2, HALF_PAD,
-                             INTERLEAVED, False, W_WORDS)
+                             INTERLEAVED, False, W_WORDS, W_ROW)
     if HAS_B:
         ba, bb = _load_pairs(b_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH, R2, HALF_PAD,
-                             INTERLEAVED, False, W_WORDS)
+                             INTERLEAVED, False, W_WORDS, W_ROW)
     ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
@@ -214,7 +242,7 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
         ca, cb, sa, sb = _load_rope_tables(cos_ptr, sin_ptr, cbase + h_start * t_ch,
                                            sbase + h_start * t_sh, hh, hmask, t_ch,
                                            stride_cw, t_sh, stride_sw, NH, R2, HALF_PAD,
-                                           INTERLEAVED, TABLE_HALF, T_WORDS)
+                                           INTERLEAVED, TABLE_HALF, T_WORDS, T_ROW)
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
     else:
@@ -338,7 +366,8 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
                       ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
                       STATS: tl.constexpr, OFF64: tl.constexpr, X_WORDS: tl.constexpr = False,
-                      W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False):
+                      W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False,
+                      W_ROW: tl.constexpr = False, T_ROW: tl.constexpr = False):
     """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
     ia = tl.arange(0, HALF_PAD)[None, :]
     jp = tl.arange(0, PASS_PAD)[None, :]
@@ -364,13 +393,14 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       mean0, rstd0, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase, t_ch,
                       stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P, HALF_PAD,
                       PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
-                      INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS)
+                      INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS, W_ROW, T_ROW)
         if P1 > 0:
             _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, h_start, xa1, xb1, xp1, mp1,
                           mean1, rstd1, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase,
                           t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P,
                           HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS)
+                          ROUND_NORM, ROPE, INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS, W_ROW,
+                          T_ROW)
 
 
 @triton.jit
@@ -439,6 +469,9 @@ def _qk_norm_rope_kernel(
     X_WORDS: tl.constexpr = False,  # interleaved 16-bit Q / K rows read and written a pair a word
     W_WORDS: tl.constexpr = False,  # (X_WORDS) norm weights / biases read a pair a word
     T_WORDS: tl.constexpr = False,  # (X_WORDS) full-width cos / sin read a pair a word
+    Q_W_ROW: tl.constexpr = False,  # Q's weight / bias one row for every head, read once
+    K_W_ROW: tl.constexpr = False,
+    T_ROW: tl.constexpr = False,    # the table one row for every head, read once
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -470,7 +503,7 @@ def _qk_norm_rope_kernel(
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                       ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS, OFF64,
-                      X_WORDS, W_WORDS, T_WORDS)
+                      X_WORDS, W_WORDS, T_WORDS, Q_W_ROW, T_ROW)
     if HAS_K:
         _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
                           k_alpha, k_eps, k_stats_ptr, tok, kobase, stride_koh, stride_kod, h_start, h_end, k_n,
@@ -478,4 +511,4 @@ def _qk_norm_rope_kernel(
                           TABLE_HALF, D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                           ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS, OFF64,
-                          X_WORDS, W_WORDS, T_WORDS)
+                          X_WORDS, W_WORDS, T_WORDS, K_W_ROW, T_ROW)

@@ -408,6 +408,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
+    if ROW_BROADCAST:
+        constexprs.update(Q_W_ROW=not qa["SPAN_ALL"], K_W_ROW=not ka["SPAN_ALL"],
+                          T_ROW=not p.table_per_head)
     if TOKEN_WORDS and constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
         constexprs.update(X_WORDS=True, W_WORDS=_words_ok(_norm_tensors(p)),
                           T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]))
@@ -418,6 +421,9 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
 #: the per-token kernel's interleaved pairs read and written a pair a word where aligned
 #: (``_pair_words_ok``)
 TOKEN_WORDS = True
+#: the per-token kernel reads a row shared by the heads (a per-head norm's weight / bias, a
+#: table shared by the heads) once, as a [1, pairs] tile broadcast over the heads
+ROW_BROADCAST = True
 
 
 def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
