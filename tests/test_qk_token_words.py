@@ -1,8 +1,10 @@
 """The per-token kernel's word form (``TOKEN_WORDS``): interleaved 16-bit Q / K pairs (2i, 2i+1)
 read and written as one 32-bit word, weights / full-width tables a pair a word where they are
-pair-aligned. The arithmetic per element is the channel form's and the statistic's tiles have
-the same shape, so the two forms give the same bits (interpreter and GPU); calls whose rows
-are not pair-aligned keep the channel form."""
+pair-aligned, and rows every head shares (a per-head norm's weight and bias, a table shared
+by the heads) read once as [1, pairs] tiles (``ROW_BROADCAST``). The arithmetic per element is
+the channel form's and the statistic's tiles have the same shape, so the two forms give the
+same bits (interpreter and GPU: ``benchmarks/logs/s15/h``); calls whose rows are not
+pair-aligned keep the channel form."""
 import sys
 import zlib
 
@@ -35,6 +37,9 @@ CASES = [
     ("strided-heads", 3, 32, "rms", "head", "S,W", None),          # (B, H, S, D) layout
     ("packed-qkv", 3, 32, "rms", "head", "S,W", None),             # chunks of one projection
     ("q-only", 3, 32, "rms", "head", "S,W", None),
+    # weights of H*D channels (per-token kernel: partial rotary, which the flat kernel lacks)
+    ("across-heads", 3, 32, "rms", "all", "S,W", 16),
+    ("layer-across-heads", 5, 32, "layer", "all", "B,S,W", 16),
 ]
 
 
@@ -95,7 +100,8 @@ def test_word_form_is_the_channel_form(case, H, D, kind, span, table, R, dtype, 
     seen = []
     orig = mod._fastpath.launch
     monkeypatch.setattr(mod._fastpath, "launch", lambda kern, grid, args, kw_: (
-        seen.append({f: kw_.get(f, False) for f in ("X_WORDS", "W_WORDS", "T_WORDS")}),
+        seen.append({f: kw_.get(f, False) for f in ("X_WORDS", "W_WORDS", "T_WORDS", "Q_W_ROW",
+                                                    "K_W_ROW", "T_ROW")}),
         orig(kern, grid, args, kw_))[1])
     got = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
     monkeypatch.setattr(mod, "TOKEN_WORDS", False)
@@ -107,6 +113,10 @@ def test_word_form_is_the_channel_form(case, H, D, kind, span, table, R, dtype, 
         has_w = kind not in ("rms_noaffine",)
         assert words["W_WORDS"] == (has_w and kind != "rms-unaligned") or not has_w
         assert words["T_WORDS"] == (table not in ("unique", "S,W-unaligned"))
+        # per-head norms: one weight row for every head; the table shared unless per head
+        assert words["Q_W_ROW"] == (span == "head" and has_w)
+        assert words["K_W_ROW"] == (span == "head" and has_w and k is not None)
+        assert words["T_ROW"] == (table != "S,H,W")
     for a, b in zip(got, want):
         if a is None:
             continue

@@ -42,7 +42,9 @@ def _load_words(ptr, i, m):
 @triton.jit
 def _load_row_pairs(ptr, base, stride_d, R2: tl.constexpr, HALF_PAD: tl.constexpr,
                     INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr):
-    """``_load_pairs`` of one row shared by every head, as [1, HALF_PAD] tiles."""
+    """``_load_pairs`` of one row shared by every head, as [1, HALF_PAD] tiles (interleaved
+    pairs or a half-width table: the word form's operands)."""
+    tl.static_assert(INTERLEAVED)
     i = tl.arange(0, HALF_PAD)[None, :]
     m = i < R2
     if INTERLEAVED and not DUP and WORDS:
@@ -51,12 +53,9 @@ def _load_row_pairs(ptr, base, stride_d, R2: tl.constexpr, HALF_PAD: tl.constexp
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         x = tl.load(ptr + base + j * stride_d, mask=j < 2 * R2, other=0.0).to(tl.float32)
         xa, xb = tl.split(tl.reshape(x, (1, HALF_PAD, 2)))
-    elif DUP:
-        xa = tl.load(ptr + base + i * stride_d, mask=m, other=0.0).to(tl.float32)
-        xb = xa
     else:
         xa = tl.load(ptr + base + i * stride_d, mask=m, other=0.0).to(tl.float32)
-        xb = tl.load(ptr + base + (i + R2) * stride_d, mask=m, other=0.0).to(tl.float32)
+        xb = xa
     return xa, xb
 
 

@@ -408,21 +408,26 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
-    if ROW_BROADCAST:
-        constexprs.update(Q_W_ROW=not qa["SPAN_ALL"], K_W_ROW=not ka["SPAN_ALL"],
-                          T_ROW=not p.table_per_head)
+    # the word form, with the rows every head shares read once (H200, bf16, same bits:
+    # FLUX.2 65.4 us against 70.3, FLUX.1 37.1 / 38.1, HunyuanVideo 222.1 / 223.5, Qwen-Image
+    # 52.4 / 52.5; either change alone was slower, and the shared rows alone slowed the
+    # rotate-half SA3 21.0 -> 23.1: benchmarks/NOTES.md v12)
     if TOKEN_WORDS and constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
         constexprs.update(X_WORDS=True, W_WORDS=_words_ok(_norm_tensors(p)),
                           T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]))
+        if ROW_BROADCAST:
+            constexprs.update(Q_W_ROW=(qa["HAS_W"] or qa["HAS_B"]) and not qa["SPAN_ALL"],
+                              K_W_ROW=(ka["HAS_W"] or ka["HAS_B"]) and not ka["SPAN_ALL"],
+                              T_ROW=not p.table_per_head)
     _fastpath.launch(_qk_norm_rope_kernel, grid, args,
                      dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
 
 
-#: the per-token kernel's interleaved pairs read and written a pair a word where aligned
-#: (``_pair_words_ok``)
+#: the per-token kernel's word form: interleaved pairs read and written a pair a word where
+#: aligned (``_pair_words_ok``)
 TOKEN_WORDS = True
-#: the per-token kernel reads a row shared by the heads (a per-head norm's weight / bias, a
-#: table shared by the heads) once, as a [1, pairs] tile broadcast over the heads
+#: in the word form, a row shared by the heads (a per-head norm's weight / bias, a table
+#: shared by the heads) read once as a [1, pairs] tile broadcast over the heads
 ROW_BROADCAST = True
 
 
