@@ -21,9 +21,12 @@ SHIPPED = qnr.flat_settings
 _fastpath.ENABLED = False  # the launch table changes at run time
 
 
-def timed(name, settings, full=False):
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def timed(name, settings, full=False, dtype=torch.bfloat16):
     sh = QK_SHAPES[name]
-    inp = qk_inputs(sh, "cuda", torch.bfloat16)
+    inp = qk_inputs(sh, "cuda", dtype)
     kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"], inplace=sh.inplace)
     cos, sin = (inp["call_cos"], inp["call_sin"])
     if full:
@@ -40,17 +43,18 @@ def timed(name, settings, full=False):
 
 def main():
     full = "--full" in sys.argv  # sweep with full-width tables as well
-    for name in [a for a in sys.argv[1:] if not a.startswith("--")]:
+    dt = DT[sys.argv[sys.argv.index("--dtype") + 1]] if "--dtype" in sys.argv else torch.bfloat16
+    for name in [a for a in sys.argv[1:] if a in QK_SHAPES]:
         sh = QK_SHAPES[name]
         n0, n1, m0, m1, w0, s0 = SHIPPED(sh.H, sh.D, True)
-        print(f"{name:20s} shipped warps={w0} split={s0}: {timed(name, SHIPPED):8.1f} us "
-              f"(full-width tables {timed(name, SHIPPED, full=True):8.1f} us)", flush=True)
+        print(f"{name:20s} shipped warps={w0} split={s0}: {timed(name, SHIPPED, dtype=dt):8.1f} us "
+              f"(full-width tables {timed(name, SHIPPED, full=True, dtype=dt):8.1f} us) {dt}", flush=True)
         for split in (False, True):
             for warps in (1, 2, 4, 8):
                 st = lambda H, D, k, w=warps, s=split: (n0, n1, m0, m1, w, s)  # noqa: E731
-                extra = f"  full-width {timed(name, st, full=True):8.1f} us" if full else ""
+                extra = f"  full-width {timed(name, st, True, dt):8.1f} us" if full else ""
                 print(f"{name:20s} warps={warps} split={split!s:5s}       "
-                      f"{timed(name, st):8.1f} us{extra}", flush=True)
+                      f"{timed(name, st, dtype=dt):8.1f} us{extra}", flush=True)
 
 
 if __name__ == "__main__":
