@@ -211,6 +211,7 @@ def test_flat_settings_table():
     assert mod.flat_settings(24, 128, True) == (2048, 1024, False, False, 2, True)
     assert mod.flat_settings(12, 128, True) == (1024, 512, False, False, 1, True)
     assert mod.flat_settings(7, 32, True) == (128, 128, False, True, 1, True)
+    assert mod.flat_settings(40, 128, True, 4) == (4096, 1024, False, False, 1, True)  # fp32
     assert mod.flat_settings(1, 64, False) == (64, 0, False, False, 1, False)
     for H, D in itertools.product((1, 3, 5, 12, 24, 40, 48, 96), (16, 32, 64, 128)):
         if H * D > mod.FLAT_MAX_CHANNELS:

@@ -455,7 +455,7 @@ def _build(spec: Spec) -> Dict:
     has_k = bool(kwargs.get("HAS_K", True))
     if kernel is _qk_norm_rope_flat_kernel:  # a whole token a program, no head groups
         hg, p0, p1 = spec.H, kwargs["N0"], kwargs["N1"]
-        table = qkr.flat_settings(spec.H, spec.D, has_k)
+        table = qkr.flat_settings(spec.H, spec.D, has_k, args[0].element_size())
         if (p0, p1, nw, kwargs["SPLIT_QK"]) != (table[0], table[1], table[4], table[5]):
             raise RuntimeError(f"{spec.name}: flat launch used pieces / warps {(p0, p1, nw)}, "
                                f"flat_settings gives {table}")

@@ -473,14 +473,16 @@ def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) ->
     return not _needs_off64(H, D, tensors, cst, sst)
 
 
-def flat_settings(H: int, D: int, has_k: bool):
+def flat_settings(H: int, D: int, has_k: bool, itemsize: int = 2):
     """(piece 0, piece 1, mask 0, mask 1, num_warps, split) of the flat kernel.
 
     Pieces: the token's H*D channels as a power of two and the power of two covering the
     rest (5120 = 4096 + 1024, 3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes).
     Split: Q and K in programs of their own (which is also what lets 16-bit rows take the
-    pair form). Warps: about 80 live channels a thread (the loaded 16-bit values stay
-    packed): Wan 14B and 5B 2 warps a tensor, Wan 1.3B 1 warp. H200 sweeps with the
+    pair form). Warps: about 80 live channels a thread for 16-bit values (they stay packed
+    as loaded), 160 for fp32: Wan 14B and 5B 2 warps a tensor, Wan 1.3B 1 warp; in fp32 1
+    warp (``logs/s15/j``: Wan 14B 480p 659.2 us at 1 warp, 723.7 at 2, 663.6 at 4; Wan
+    1.3B 206.3 at 1 or 2). H200 sweeps with the
     half-width tables the patched Wan passes (``benchmarks/flat_sweep.py``,
     ``benchmarks/logs/s15/c``, ``e``, bf16; us for warps 1 / 2 / 4 split, then 2 together):
     Wan 14B 480p 396.1 / 337.2 / 338.0, together 368.2; Wan 2.2 5B 704p 169.6 / 170.0 /
@@ -494,7 +496,8 @@ def flat_settings(H: int, D: int, has_k: bool):
     rest = nc - n0
     n1 = _next_pow2(rest) if rest else 0
     split = has_k
-    num_warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * 80)))))
+    per_thread = 80 if itemsize <= 2 else 160
+    num_warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * per_thread)))))
     return n0, n1, False, n1 > rest, num_warps, split
 
 
@@ -561,7 +564,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
     row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
                      for t in (p.q, q_out, k, ko))
-    n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k)
+    n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k, p.q.element_size())
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
