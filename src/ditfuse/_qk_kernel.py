@@ -11,9 +11,11 @@ cost the Wan kernel 36 registers a thread. Offsets within a token are 32-bit, ad
 token's 64-bit base (``OFF64`` when a head stride makes them reach 2^31). A group of heads
 is held as at most two power-of-two pieces (40 = 32 + 8, 24 = 16 + 8, 48 = 32 + 16) so
 that no lanes are wasted on padding heads. A rotary pair is (a, b): interleaved
-(2i, 2i+1), loaded as one contiguous row and split in registers, or rotate-half
-(i, i + r/2), loaded as two contiguous halves; channels past the rotary width pass through
-the norm only.
+(2i, 2i+1), loaded as one contiguous row and split in registers -- or, for aligned 16-bit
+rows (the word form, ``X_WORDS``), each pair loaded and stored as one 32-bit word, with
+the rows every head shares (per-head weights, a shared table) loaded once and broadcast --
+or rotate-half (i, i + r/2), loaded as two contiguous halves; channels past the rotary
+width pass through the norm only.
 
 Floating-point contraction is switched off at launch (``enable_fp_fusion=False``) so the
 rotation rounds exactly as eager PyTorch does: round(round(a*c) - round(b*s)).
