@@ -1,7 +1,7 @@
 """Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
 num_warps, num_stages[, token_major, maxnreg]) at the SAME-L shapes, bf16 and fp32,
 CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the byte floor; informs
-launch_settings(). Flags pick a config list (--s6, --s7, --s7b); --prologue runs SAME's own
+launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16); --prologue runs SAME's own
 call (DyT q/k norm + RoPE fused)."""
 import torch
 
@@ -42,6 +42,15 @@ if "--s9" in sys.argv:
     # tree these settings run the loop kernel
     CONFIGS = [None, (64, 128, 4, 1, True), (64, 128, 4, 2, True), (64, 128, 4, 1, True, 168),
                (64, 128, 8, 1, True), (64, 128, 4, 1, True, 200)]
+if "--s16" in sys.argv:
+    # prepared in session 15 (not run): small query tiles on mma.sync. A 16-query tile at
+    # window 17 needs 50 keys (4 x 16-key tiles: 64 scores a query, where the table's 64-query
+    # tile computes 128), one warp a program; sm_90 builds (attn_variants_build.py, bf16):
+    # (16, 16, 1, 3) 168 registers, 1288 SASS, no spills; (16, 32, 1, 3) 255, no spills;
+    # (32, 32, 2, 3) 250, no spills; in fp32 every one of these spills (4-96 bytes)
+    CONFIGS = [None, (16, 16, 1, 3, True), (16, 16, 1, 2, True), (16, 16, 1, 4, True),
+               (16, 32, 1, 3, True), (32, 32, 2, 3, True), (32, 16, 2, 3, True),
+               (16, 16, 1, 3, True, 128)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
