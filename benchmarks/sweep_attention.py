@@ -1,7 +1,7 @@
 """Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
 num_warps, num_stages[, token_major, maxnreg]) at the SAME-L shapes, bf16 and fp32,
 CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the byte floor; informs
-launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16); --prologue runs SAME's own
+launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16, --s16b); --prologue runs SAME's own
 call (DyT q/k norm + RoPE fused)."""
 import torch
 
@@ -51,6 +51,15 @@ if "--s16" in sys.argv:
     CONFIGS = [None, (16, 16, 1, 3, True), (16, 16, 1, 2, True), (16, 16, 1, 4, True),
                (16, 32, 1, 3, True), (32, 32, 2, 3, True), (32, 16, 2, 3, True),
                (16, 16, 1, 3, True, 128)]
+if "--s16b" in sys.argv:
+    # session 16: session 15's 16-query tiles ran fp32 20% faster (logs/s16/a: 8704 132.4 vs
+    # 166.2 us, the TensorRT contract 74.0 vs 91.5 at (16, 16, 1, 2)) but spill on sm_90 in
+    # fp32 (255 registers, 4 / 8 bytes). Two warps a 16-query tile split the key / head_dim
+    # columns: sm_90 builds (attn_variants_build.py) fp32 (16, 16, 2, 2) 140 registers,
+    # (16, 16, 2, 3) 138, (16, 32, 2, 2) 182, (16, 16, 1, 1) 255, none spills
+    CONFIGS = [None, (16, 16, 2, 2, True), (16, 16, 2, 3, True), (16, 32, 2, 2, True),
+               (16, 32, 2, 3, True), (16, 16, 1, 1, True), (16, 16, 1, 2, True),
+               (16, 16, 2, 4, True), (16, 16, 2, 2, True, 128)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
@@ -62,14 +71,22 @@ if PROLOGUE:
                (64, 32, 4, 3, True)]
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
-for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32),
-                 ("same-l-trt", torch.float32), ("same-l-32946", torch.bfloat16)):
+CASES = (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32),
+         ("same-l-trt", torch.float32), ("same-l-32946", torch.bfloat16))
+for a in sys.argv:
+    if a.startswith("--cases="):  # --cases=same-l-8704:bf16,same-l-8704-plain:fp32
+        DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        CASES = [(c.split(":")[0], DT[c.split(":")[1]]) for c in a.split("=", 1)[1].split(",")]
+for name, dt in CASES:
     sh = ATTN_SHAPES[name]
     B, N, H, D, w = sh.B, sh.N, sh.H, sh.D, sh.window
     n_in = 5 if sh.differential else 3
     g = torch.Generator(device="cuda").manual_seed(0)
     proj = torch.randn(B, N, n_in * H * D, generator=g, device="cuda").to(dt)
-    q1, q2, k1, k2, v = [t.unflatten(-1, (H, D)) for t in proj.chunk(n_in, dim=-1)]
+    if sh.differential:
+        q1, q2, k1, k2, v = [t.unflatten(-1, (H, D)) for t in proj.chunk(n_in, dim=-1)]
+    else:
+        (q1, k1, v), q2, k2 = [t.unflatten(-1, (H, D)) for t in proj.chunk(n_in, dim=-1)], None, None
     kw = {}
     if PROLOGUE:
         from ditfuse.norms import NormSpec
@@ -84,7 +101,7 @@ for name, dt in (("same-l-8704", torch.bfloat16), ("same-l-8704", torch.float32)
         kw = dict(q_norm=dyt(), k_norm=dyt(), cos=fr.cos(), sin=fr.sin(), rotary_dim=32)
     p = A.plan(q1, k1, v, w, q2=q2, k2=k2, **kw)
     nbytes = (n_in + 1) * B * N * H * D * proj.element_size()
-    table = A.launch_settings(D, dt, w, w, N, True, PROLOGUE)
+    table = A.launch_settings(D, dt, w, w, N, sh.differential, PROLOGUE)
     ref = A.run(p)
     res = []
     for cfg in CONFIGS:
