@@ -66,3 +66,23 @@ def test_no_spills_no_stack_no_local_memory(rows, name):
               f"{r['regs']} registers, spill stores {r['spill_stores']} B, spill loads "
               f"{r['spill_loads']} B, stack {r['stack']} B, LDL {r['ldl']}, STL {r['stl']}")
     assert not r["violations"], f"{detail}\n  " + "\n  ".join(r["violations"])
+
+
+def test_local_in_loops_counts_only_local_memory_inside_backward_branches():
+    """The attention gate's loop test on hand-written SASS: a value kept in local memory
+    across a loop (before and after it) is not in the loop; one reloaded each trip is; a
+    branch to itself (the trap at a kernel's end) is no loop."""
+    from ditfuse.inspect_kernels import local_in_loops
+
+    def sass(body):
+        return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(body))
+
+    kept = ["MOV R1, c[0x0][0x28]", "STL [R1], R4", "HMMA.1688.F32.TF32 R8, R12, R16, R8",
+            "ISETP.GE.AND P0, PT, R2, R3, PT", "@!P0 BRA 0x20", "LDL.LU R4, [R1]", "EXIT",
+            "BRA 0x70"]
+    assert local_in_loops(sass(kept)) == 0
+    inside = list(kept)
+    inside[3] = "@P1 LDL R5, [R1+0x4]"
+    assert local_in_loops(sass(inside)) == 1
+    forward_only = ["STL [R1], R4", "@P0 BRA 0x30", "LDL R4, [R1]", "EXIT"]
+    assert local_in_loops(sass(forward_only)) == 0

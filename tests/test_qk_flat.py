@@ -359,3 +359,55 @@ def test_pair_form_fuzz(i, monkeypatch):
             assert torch.equal(a, b), (i, dtype, H, D, B, S, kind, table, form)
         else:
             assert_close_report(a, b, dtype, f"case{i}")
+
+
+@pytest.mark.parametrize("i", range(12), ids=[f"case{i}" for i in range(12)])
+@pytest.mark.parametrize("inplace", [False, True], ids=["new", "inplace"])
+@torch.no_grad()
+def test_two_tokens_a_program(i, inplace):
+    """The pair form with two tokens a program (``flat_tokens``: one-warp programs) against
+    one token a program: the same bits on the interpreter and the GPU (the same arithmetic
+    per token), every element written, in place too; token counts odd and even (the last
+    program of an odd count does its token twice)."""
+    import dataclasses
+    import random
+
+    r = random.Random(9000 + i)
+    dtype = r.choice([torch.bfloat16, torch.float16])
+    H, D = r.choice([(1, 16), (3, 32), (7, 32), (12, 16), (4, 128), (6, 8), (12, 128)])
+    B, S = r.choice([(1, 1), (1, 5), (3, 7), (2, 2), (1, 2)])
+    kind = r.choice(["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None])
+    table = r.choice(["S,W", "1,S,1,W", "B,S,1,W", "S,H,W", "unique", "pos_b", "bf16", None])
+    form = r.choice(["flat", "packed", "bshd"])
+    q, k, cos, sin, qn, kn, kw, _ = _inputs(kind, dtype, (H, D), table, form, B, S)
+    kw["round_after_norm"] = r.random() < 0.8
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    assert mod.pairs_applies(p, p.q, p.k, True)
+
+    def run(tokens):
+        if inplace:
+            pp = dataclasses.replace(p, q=p.q.clone(), k=p.k.clone())
+            qo, ko = pp.q, pp.k
+        else:
+            pp = p
+            qo = torch.full_like(p.q, float("nan"))
+            ko = torch.full_like(p.k, float("nan"))
+        mod.launch_flat(pp, qo, ko, split=True, tokens=tokens)
+        return qo, ko
+
+    q_in, k_in = p.q.clone(), p.k.clone()
+    want = run(1)
+    got = run(2)
+    for a, b in zip(got, want):
+        assert not a.isnan().any()
+        assert torch.equal(a, b), (i, dtype, H, D, B, S, kind, table, form)
+    assert torch.equal(p.q, q_in) and torch.equal(p.k, k_in)  # the plan's inputs untouched
+
+
+def test_two_tokens_only_in_the_pair_form():
+    q, k, cos, sin, qn, kn, kw, _ = _inputs("rms", torch.float32, (4, 32), "S,W", "flat", 1, 3)
+    p = mod.plan(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    with pytest.raises(ValueError, match="tokens=2"):
+        mod.launch_flat(p, torch.empty_like(p.q), torch.empty_like(p.k), split=True, tokens=2)
+    assert mod.flat_tokens(1, True) == 2 and mod.flat_tokens(2, True) == 1
+    assert mod.flat_tokens(1, False) == 1

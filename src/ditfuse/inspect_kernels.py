@@ -342,6 +342,24 @@ _PTXAS_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 _SASS_LOCAL = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(LDL|STL)\b", re.M)
+_SASS_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", re.M)
+_SASS_BRA = re.compile(r"\bBRA\s+(?:\S+\s+)?0x([0-9a-f]+)")
+
+
+def local_in_loops(sass: str) -> int:
+    """LDL / STL instructions inside a loop of the SASS: between the target of a backward
+    branch and the branch (a branch to itself, the trap at a kernel's end, is no loop).
+    Local memory touched once a program outside every loop (a value kept across the loop)
+    costs a few cycles a program; inside a loop it costs every trip."""
+    ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
+    loops = []
+    for addr, text in ins:
+        m = _SASS_BRA.search(text)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    return sum(1 for addr, text in ins
+               if re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", text)
+               and any(lo <= addr <= hi for lo, hi in loops))
 
 
 def _ptxas_flags(options) -> List[str]:
@@ -399,7 +417,8 @@ def run_cuobjdump(cubin: bytes, kernel_name: str) -> Dict:
     if not m:
         raise RuntimeError(f"cannot read cuobjdump --dump-resource-usage:\n{res}")
     n_instr = len(re.findall(r"^\s*/\*[0-9a-f]{4,}\*/\s", sass, re.M))
-    return dict(ldl=ops.count("LDL"), stl=ops.count("STL"), sass_instructions=n_instr,
+    return dict(ldl=ops.count("LDL"), stl=ops.count("STL"), loop_local=local_in_loops(sass),
+                sass_instructions=n_instr,
                 cubin_regs=int(m.group(1)), cubin_stack=int(m.group(2)),
                 smem_static=int(m.group(3)), cubin_local=int(m.group(4)))
 
