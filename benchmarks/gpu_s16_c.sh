@@ -3,6 +3,7 @@
 # entry (16-query one-warp tiles) under the GPU tests and in the bench, the QK / attention
 # bench rows that change.
 source benchmarks/device_env.sh
+# flat_tokens_ab.py and the TOKENS code were removed after this call (LOST): logs/s16/c/flat_tokens.diff
 BUDGET=560
 step 90 python3 benchmarks/flat_tokens_ab.py wan1.3b-480p wan5b-ti2v-704p wan14b-480p --all-warps 2>&1 | grep -v Warn | tee $OUT/flat_tokens_ab.log
 step 150 python3 -m pytest tests/test_attention.py tests/test_qk_flat.py -p no:cacheprovider -q -x --tb=short > $OUT/pytest_attn_flat.log 2>&1; tail -3 $OUT/pytest_attn_flat.log

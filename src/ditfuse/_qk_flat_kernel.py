@@ -375,7 +375,7 @@ def _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, obase, w_ptr, b_ptr, a_ptr, alp
 @triton.jit
 def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
-                   q_eps, k_eps, q_n, k_n, b, s, b2, s2, NC,
+                   q_eps, k_eps, q_n, k_n, b, s, NC,
                    stride_qb, stride_qs, stride_qob, stride_qos,
                    stride_kb, stride_ks, stride_kob, stride_kos,
                    stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss, stride_sh,
@@ -386,14 +386,10 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                    ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
                    TABLE_PER_HEAD: tl.constexpr, HAS_POS: tl.constexpr,
-                   ROUND_NORM: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr,
-                   TOKENS: tl.constexpr):
+                   ROUND_NORM: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
     """Program (token, 0) does the token's Q, (token, 1) its K, in the pair form (the flat
     kernel with PAIRS, which the launcher sets only with Q and K in programs of their own
-    and norms of one body: one set of norm flags here, Q's). With ``TOKENS`` = 2 it does
-    tokens (b, s) and (b2, s2), both rows loaded before either is stored (the last program
-    of an odd count does its token twice: the same values, from loads made before the
-    stores, written twice)."""
+    and norms of one body: one set of norm flags here, Q's)."""
     P1: tl.constexpr = N1 // 2
     p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
     p1 = p0
@@ -418,36 +414,13 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
     u1 = u0
     if P1 > 0:
         u1 = _load_words(x_ptr, xbase, p1, l1, MASK1)
-    v0 = u0
-    v1 = u1
-    if TOKENS == 2:
-        # the second row's loads ahead of the first row's stores: two rows in flight a
-        # program (one-warp programs are capped at 32 an SM)
-        xbase2 = tl.where(isq, b2 * stride_qb + s2 * stride_qs, b2 * stride_kb + s2 * stride_ks)
-        v0 = _load_words(x_ptr, xbase2, p0, l0, MASK0)
-        if P1 > 0:
-            v1 = _load_words(x_ptr, xbase2, p1, l1, MASK1)
-    o_ptr = tl.where(isq, qo_ptr, ko_ptr)
-    w_ptr = tl.where(isq, qw_ptr, kw_ptr)
-    bias_ptr = tl.where(isq, qb_ptr, kb_ptr)
-    a_ptr = tl.where(isq, qa_ptr, ka_ptr)
-    alpha_val = tl.where(isq, q_alpha, k_alpha)
-    eps = tl.where(isq, q_eps, k_eps)
-    n_norm = tl.where(isq, q_n, k_n)
-    _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, tl.where(isq, qobase, kobase), w_ptr,
-                  bias_ptr, a_ptr, alpha_val, eps, n_norm, cos_ptr, sin_ptr, cbase, sbase,
-                  t_ch, t_sh, stride_cw, stride_sw, D, P1, MASK0, MASK1, NORM, HAS_W, HAS_B,
-                  ALPHA_PTR, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
-    if TOKENS == 2:
-        cbase2, sbase2, t_ch2, t_sh2 = _table_row(pos_ptr, b2, s2, stride_pb, stride_ps,
-                                                  stride_cb, stride_cs, stride_ch, stride_sb,
-                                                  stride_ss, stride_sh, ROPE, HAS_POS,
-                                                  TABLE_PER_HEAD)
-        obase2 = tl.where(isq, b2 * stride_qob + s2 * stride_qos, b2 * stride_kob + s2 * stride_kos)
-        _pairs_tensor(v0, v1, p0, l0, p1, l1, o_ptr, obase2, w_ptr, bias_ptr, a_ptr,
-                      alpha_val, eps, n_norm, cos_ptr, sin_ptr, cbase2, sbase2, t_ch2, t_sh2,
-                      stride_cw, stride_sw, D, P1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
-                      ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
+    _pairs_tensor(u0, u1, p0, l0, p1, l1, tl.where(isq, qo_ptr, ko_ptr),
+                  tl.where(isq, qobase, kobase), tl.where(isq, qw_ptr, kw_ptr),
+                  tl.where(isq, qb_ptr, kb_ptr), tl.where(isq, qa_ptr, ka_ptr),
+                  tl.where(isq, q_alpha, k_alpha), tl.where(isq, q_eps, k_eps),
+                  tl.where(isq, q_n, k_n), cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh,
+                  stride_cw, stride_sw, D, P1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
+                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
 
 
 @triton.jit
@@ -462,7 +435,6 @@ def _qk_norm_rope_flat_kernel(
     q_eps, k_eps,
     q_n, k_n,                 # channels the statistic spans (H*D), as float
     S, NC,                    # tokens per batch entry; channels of a token (H*D)
-    NT,                       # tokens in all (B*S)
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_qob, stride_qos, stride_qoh, stride_qod,
     stride_kb, stride_ks, stride_kh, stride_kd,
@@ -491,27 +463,21 @@ def _qk_norm_rope_flat_kernel(
                                   # 4-byte aligned, even H*D; pieces N0, N1 = N0/2, N1/2 words
     W_WORDS: tl.constexpr = False,  # (PAIRS) norm weights / biases loaded a pair a word
     T_WORDS: tl.constexpr = False,  # (PAIRS) cos / sin column pairs loaded a pair a word
-    TOKENS: tl.constexpr = 1,       # (PAIRS) tokens a program: 1 or 2
 ):
-    tok = tl.program_id(0).to(tl.int64) * TOKENS
+    tok = tl.program_id(0).to(tl.int64)
     b = tok // S
     s = tok - b * S
     if PAIRS:
         tl.static_assert(SPLIT_QK and HAS_K, "the pair form runs Q and K in programs of their own")
-        tl.static_assert(TOKENS == 1 or TOKENS == 2, "one or two tokens a program")
-        tok2 = tl.minimum(tok + 1, NT - 1)
-        b2 = tok2 // S
-        s2 = tok2 - b2 * S
         _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                        qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
-                       q_eps, k_eps, q_n, k_n, b, s, b2, s2, NC,
+                       q_eps, k_eps, q_n, k_n, b, s, NC,
                        stride_qb, stride_qs, stride_qob, stride_qos,
                        stride_kb, stride_ks, stride_kob, stride_kos,
                        stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss,
                        stride_sh, stride_sw, stride_pb, stride_ps, D, N0, N1, MASK0, MASK1,
                        Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                       ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, W_WORDS, T_WORDS,
-                       TOKENS)
+                       ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, W_WORDS, T_WORDS)
         return
     c0, l0 = _piece(0, N0, NC)
     c1 = c0

@@ -551,25 +551,12 @@ def _words_ok(ts) -> bool:
     return True
 
 
-#: two tokens a program in the flat kernel's pair form where its programs are one warp
-#: (``flat_tokens``)
-FLAT_TOKENS = True
-
-
-def flat_tokens(num_warps: int, pairs: bool) -> int:
-    """Tokens a program of the flat kernel: 2 in the pair form with one-warp programs (an
-    SM holds at most 32 programs, so one-warp programs of one token leave half its warp
-    slots, and half the rows they could have in flight, unused), else 1."""
-    return 2 if FLAT_TOKENS and pairs and num_warps == 1 else 1
-
-
 def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
                 num_warps: Optional[int] = None, split: Optional[bool] = None,
-                maxnreg: Optional[int] = None, tokens: Optional[int] = None) -> None:
+                maxnreg: Optional[int] = None) -> None:
     """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps``, ``split`` (Q
-    and K in programs of their own), ``maxnreg`` (a ptxas register cap) and ``tokens`` (a
-    program's tokens, pair form only) override :func:`flat_settings` / :func:`flat_tokens`
-    (sweeps)."""
+    and K in programs of their own) and ``maxnreg`` (a ptxas register cap) override
+    :func:`flat_settings` (sweeps)."""
     from ._qk_flat_kernel import _qk_norm_rope_flat_kernel
 
     B, S, H, D = p.q.shape
@@ -581,7 +568,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
-        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], S, H * D, B * S,
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], S, H * D,
         *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(), *cst, *sst, *pst,
     )
     constexprs = dict(
@@ -608,12 +595,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
     if maxnreg:
         opts["maxnreg"] = maxnreg
-    tpp = flat_tokens(opts["num_warps"], pairs) if tokens is None else tokens
-    if tpp not in (1, 2) or (tpp == 2 and not pairs):
-        raise ValueError(f"tokens={tokens}: 1, or 2 in the pair form")
-    if tpp > 1:
-        constexprs["TOKENS"] = tpp
-    grid = (triton_cdiv(B * S, tpp), 2 if constexprs["SPLIT_QK"] else 1)
+    grid = (B * S, 2 if constexprs["SPLIT_QK"] else 1)
     _fastpath.launch(_qk_norm_rope_flat_kernel, grid, args, dict(constexprs, **opts))
 
 

@@ -180,8 +180,7 @@ QK_NORM_ROPE = OpExport(
     tensors=_qk_tensors,
     call=_qk_call,
     writes={"qo_ptr": "qkv_out", "ko_ptr": "qkv_out"},
-    grid=lambda o, c: ("B * N" if c.kwargs.get("TOKENS", 1) == 1 else
-                       f"cdiv(B * N, {c.kwargs['TOKENS']})", str(c.grid[1]), "1"),
+    grid=lambda o, c: ("B * N", str(c.grid[1]), "1"),
     tag=lambda o: f"h{o.heads}d{o.head_dim}_{o.dtype}_{o.norm_span}_{o.rope[:4]}",
     contract="bitwise equal to ditfuse.qk_norm_rope(qkv[..., :H*D], qkv[..., H*D:2*H*D], cos, "
              "sin, q_norm=RMSNorm, k_norm=RMSNorm, num_heads=H, inplace=True) (the same kernel "
