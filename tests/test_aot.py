@@ -50,8 +50,9 @@ EXAMPLES = [
 ]
 # SAME-L: 24 heads x 64, window 17, fp32, differential; its default target (sm_80)
 EXAMPLES.append(("swa", "sliding_window_attention", None, {}, True))
-# the Hopper build (wgmma; .target sm_90a kept): the one an H200 JIT-compiles itself
-EXAMPLES.append(("swa_sm90a", "sliding_window_attention", "sm_90a", {}, False))
+# the Hopper build of bf16 SAME-L (64-query tiles on wgmma; .target sm_90a kept): the one an
+# H200 JIT-compiles itself (fp32 there runs 16-query tiles on mma.sync, sm_90 PTX)
+EXAMPLES.append(("swa_sm90a", "sliding_window_attention", "sm_90a", dict(dtype="bf16"), False))
 
 _DRIVER = """
 import json, sys
@@ -620,9 +621,10 @@ def test_refuses_tensor_core_op_without_mma():
 
 @needs_tools
 def test_attention_package_and_its_mma_refusal(pkgs):
-    """SAME-L's differential attention: packaged for sm_80 (mma.sync, which Hopper runs; its
-    sm_90 PTX uses sm_90a-only wgmma), one pipeline stage to stay under 48 KB; the same
-    PTX with its mma instructions removed is refused as a tensor-core op without them."""
+    """SAME-L's differential attention in fp32: packaged for sm_80 (mma.sync, which Hopper
+    runs) with the JIT call's 16-query one-warp tiles and its two pipeline stages (20 KB of
+    shared memory, under 48 KB); the same PTX with its mma instructions removed is refused
+    as a tensor-core op without them."""
     from ditfuse.aot import REGISTRY
     from ditfuse.aot.export import package_ptx
     entry = REGISTRY["sliding_window_attention"]
@@ -637,7 +639,9 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     assert m["grid"] == ["B * 24", f"cdiv(N, {m['constexprs']['BLOCK_M']})", "1"]
     assert m["constexprs"]["DIFF"] is True and m["bindings"]["LEFT"] == 17
     assert m["bindings"]["q2_ptr"] == "q + 1536" and m["bindings"]["k2_ptr"] == "k + 1536"
-    assert m["compile_options"]["num_stages"] == 1 and m["shared_mem"] <= P.SMEM_LIMIT
+    assert m["constexprs"]["BLOCK_M"] == 16 and m["compile_options"]["num_warps"] == 1
+    assert m["compile_options"]["num_stages"] == m["compile_options"]["jit_num_stages"] == 2
+    assert m["shared_mem"] <= P.SMEM_LIMIT
     text = (d / "kernel.ptx").read_text()
     assert P.check_tensor_cores(text, entry.op)["mma"] > 0
     assert any(r.startswith("tensor cores:") for r in m["rewrites"])
@@ -652,14 +656,16 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     k = load(d)
     q = torch.empty(2, 100, 48, 64, device="meta")
     b = k.bind(q, q, torch.empty(2, 100, 24, 64, device="meta"))
-    assert b.grid == (2 * 24, 2, 1) and b.args[3] == ("N", "i32", 100)
+    assert b.grid == (2 * 24, 7, 1) and b.args[3] == ("N", "i32", 100)  # cdiv(100, 16)
 
 
 @needs_tools
 def test_attention_for_sm90_is_refused_with_its_reason(tmp_path):
-    """Its sm_90 PTX uses wgmma: .target sm_90a cannot become sm_90."""
+    """In bf16 its sm_90 PTX uses wgmma (64-query tiles): .target sm_90a cannot become
+    sm_90."""
     r = subprocess.run([sys.executable, "-m", "ditfuse", "export", "sliding_window_attention",
-                        "--target", "sm_90", "-o", str(tmp_path / "x")], env=_env("0"),
+                        "--dtype", "bf16", "--target", "sm_90", "-o", str(tmp_path / "x")],
+                       env=_env("0"),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 3, r.stdout + r.stderr
     assert "refused [arch-specific]" in r.stderr and "wgmma" in r.stderr

@@ -35,8 +35,9 @@ def _parser() -> argparse.ArgumentParser:
                             "is retargeted to sm_90 when it uses no sm_90a-only instruction)")
         s.add_argument("--num-stages", type=int, default=None,
                        help="software-pipelining depth (default: the JIT call's"
-                            + (f"; {e.default_num_stages} for this op" if e.default_num_stages
-                               else "") + "): fewer stages, less shared memory, same arithmetic")
+                            + (f"; {e.stages_note or e.default_num_stages} for this op"
+                               if e.default_num_stages else "")
+                            + "): fewer stages, less shared memory, same arithmetic")
         s.add_argument("--allow-large-smem", action="store_true",
                        help="package a kernel needing more than 48 KB of shared memory")
         s.add_argument("--c-header", action="store_true",

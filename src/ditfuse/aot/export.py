@@ -473,6 +473,8 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
     jit_kwargs = dict(caps[0].kwargs)
     if num_stages is None:
         num_stages = entry.default_num_stages
+        if callable(num_stages):
+            num_stages = num_stages(opts, jit_kwargs)
     if num_stages is not None:
         if num_stages < 1:
             raise ValueError(f"num_stages must be >= 1, got {num_stages}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 _DTYPES = ("bf16", "fp16", "fp32")
 
@@ -71,7 +71,9 @@ class OpExport:
     default_target: str = "sm_90"
     same_float_ops: bool = True                  # refuse a float-op histogram unlike the JIT's
     float_ops_note: str = ""                     # why they may differ (same_float_ops=False)
-    default_num_stages: Optional[int] = None     # None: the JIT call's
+    # None: the JIT call's; or (opts, the JIT call's kwargs) -> stages or None
+    default_num_stages: Union[None, int, Callable[[Any, Dict], Optional[int]]] = None
+    stages_note: str = ""                        # the --num-stages help's word on the default
     contract: str = ""
     kernel_for: Optional[Callable[[Any], str]] = None  # opts -> "module:attr" where the public
     #                                                    call picks the kernel by its options
@@ -368,11 +370,14 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     tag=lambda o: f"h{o.heads}d{o.head_dim}_w{o.window}_{o.dtype}_diff",
     tensor_cores=True,
     example_n=17 * 1938,
-    # sm_90 PTX of this kernel uses wgmma (sm_90a only): sm_80 PTX (mma.sync) runs on Hopper
-    # and is what a plain-sm_90 runtime (TensorRT) can load. One pipeline stage keeps shared
-    # memory at 40 KB, under 48 KB (the JIT's two stages need 56 KB on sm_80).
+    # sm_90 PTX of this kernel's 64-query tiles uses wgmma (sm_90a only): sm_80 PTX
+    # (mma.sync) runs on Hopper and is what a plain-sm_90 runtime (TensorRT) can load. For
+    # 64-query tiles one pipeline stage keeps shared memory under 48 KB (the JIT's stages
+    # need 56 KB on sm_80); the 16-query one-warp tiles of the fp32 SAME-size entry take the
+    # JIT's two stages in 20 KB
     default_target="sm_80",
-    default_num_stages=1,
+    default_num_stages=lambda o, jit: 1 if jit["BLOCK_M"] >= 64 else None,
+    stages_note="1 for 64-query tiles, the JIT's for the 16-query fp32 tiles",
     same_float_ops=False,
     float_ops_note="lam is a compile-time 1.0 here: the JIT's multiply lam * (acc2 / l2) "
                    "folds away (exact), and with fp contraction off in this kernel the "
