@@ -758,6 +758,7 @@ BUILD_SPECS = [
     BuildSpec("same-l-bf16-attn", prologue=False),
     BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
     BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
+    BuildSpec("same-l-fp32-plain", dtype="fp32", differential=False, prologue=False),
     BuildSpec("sa3-dit-bf16-full", N=4096, window=-1),
     BuildSpec("d128-bf16-causal", D=128, N=4608, differential=False, prologue=False,
               window=(-1, 0)),
@@ -769,6 +770,7 @@ BUILD_SPECS = [
     BuildSpec("d80-bf16-diff", D=80, N=4096, prologue=False),
     BuildSpec("d96-fp32-window", dtype="fp32", D=96, N=4096, differential=False,
               prologue=False, window=(8, 8)),
+    BuildSpec("d48-fp32-diff", dtype="fp32", D=48, N=4096, prologue=False),  # padded to 64
 ]
 BUILD_NAMES = [s.name for s in BUILD_SPECS]
 _CHILD_ENV = "DITFUSE_ATTN_BUILD_CHILD"
