@@ -355,3 +355,64 @@ def test_reference_and_fallback_read_2d_operands_per_batch(B, S, monkeypatch):
     assert_close_report(fallback, want, torch.float32, "fallback")
     assert_close_report(kernel, want, torch.float32, "kernel")
     assert torch.equal(xn, wxn) and torch.equal(m, wm)
+
+
+@pytest.mark.parametrize("case", ["wan", "odd-d", "per-token", "s1", "batch-view", "y-fp32",
+                                  "no-gate", "per-op", "strided-x", "off64"])
+@torch.no_grad()
+def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
+    """The gated residual on dense rows runs the flat kernel (``_residual_flat_kernel``);
+    its output is bitwise the tile kernel's and the eager chain's, every element written,
+    in place too; rows that are not dense keep the tile kernel."""
+    from ditfuse import _fastpath
+    from ditfuse import adaln as A
+
+    monkeypatch.setattr(_fastpath, "ENABLED", False)  # no replay of an earlier test's launch
+    g = torch.Generator().manual_seed(len(case))
+    dt = torch.bfloat16
+    B, S, D = {"wan": (1, 5, 640), "odd-d": (2, 3, 1000), "per-token": (2, 4, 96),
+               "s1": (3, 1, 72), "batch-view": (2, 3, 256), "y-fp32": (1, 7, 48),
+               "no-gate": (2, 2, 80), "per-op": (2, 9, 192), "strided-x": (2, 3, 64),
+               "off64": (2, 5, 100)}[case]
+    x = (torch.randn(B, S, D, generator=g) * 2).to(dt)
+    y = torch.randn(B, S, D, generator=g).to(torch.float32 if case == "y-fp32" else dt)
+    gate = torch.randn(B, 6 * D, generator=g).chunk(6, 1)[4]  # FLUX / Wan: a strided chunk
+    if case == "per-token":
+        gate = torch.randn(B, S, 6 * D, generator=g).chunk(6, -1)[1]
+    if case == "per-op":
+        gate = gate.to(dt)
+    if case == "no-gate":
+        gate = None
+    if case == "batch-view":  # every other entry of a larger batch: a batch stride of 2 S D
+        x = (torch.randn(2 * B, S, D, generator=g) * 2).to(dt)[::2]
+        y = torch.randn(2 * B, S, D, generator=g).to(dt)[::2]
+    if case == "strided-x":  # rows not dense: the tile kernel
+        x = (torch.randn(B, S, 2 * D, generator=g) * 2).to(dt)[..., ::2]
+    if case == "off64":
+        monkeypatch.setattr(A, "OFF64_AT", 0)
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    gate = gate.to(DEVICE) if gate is not None else None
+    per_op = "per_op" if case == "per-op" else "once"
+    gb = gate.unsqueeze(1) if gate is not None and gate.dim() == 2 else gate
+    if gate is None:
+        want = (x.float() + y.float()).type_as(x)
+    elif per_op == "per_op":
+        want = x + gb * y
+    else:
+        want = (x.float() + y.float() * gb).type_as(x)
+
+    launched = []
+    orig = A._launch_residual_flat
+    monkeypatch.setattr(A, "_launch_residual_flat", lambda *a: (launched.append(1), orig(*a)))
+    out = torch.full_like(x, float("nan"))
+    A.gated_residual(x, y, gate, rounding=per_op, out=out)
+    assert bool(launched) == (case != "strided-x")
+    assert torch.equal(out, want)
+    monkeypatch.setattr(A, "RESIDUAL_FLAT", False)
+    tile = torch.full_like(x, float("nan"))
+    A.gated_residual(x, y, gate, rounding=per_op, out=tile)
+    assert torch.equal(tile, out)
+    monkeypatch.setattr(A, "RESIDUAL_FLAT", True)
+    x2 = x.clone()
+    A.gated_residual(x2, y, gate, rounding=per_op, out=x2)
+    assert torch.equal(x2, want)

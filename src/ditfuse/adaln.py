@@ -268,6 +268,91 @@ def _adaln_tile_kernel(
                      mask=mb)
 
 
+@triton.jit
+def _residual_flat_kernel(
+    x_ptr, y_ptr, gate_ptr, xnew_ptr,
+    S,
+    stride_xb, stride_yb, stride_nb,       # batch strides (rows are contiguous: (S, D) dense)
+    stride_gb, stride_gs, stride_gd,
+    D: tl.constexpr,                       # channels of a row (compile-time: s, d by shifts
+                                           # and a multiply, as inductor's kernel has them)
+    HAS_GATE: tl.constexpr, GATE_PER_TOKEN: tl.constexpr, PER_OP: tl.constexpr,
+    EVEN: tl.constexpr,                    # S * D a multiple of BLOCK: no masks
+    OFF64: tl.constexpr,                   # S * D past 2^31: int64 offsets within an entry
+    BLOCK: tl.constexpr,
+):
+    """The gated residual alone over a batch entry's S * D values as one flat run (x, y and
+    x_new dense rows): ``BLOCK`` consecutive values a program, the gate row gathered by
+    channel. The arithmetic of ``_residual`` (the tile kernel's), so the same bits."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    b = tl.program_id(1).to(tl.int64)
+    if OFF64:
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        m = i < S.to(tl.int64) * D
+    else:
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = i < S * D
+    if EVEN:
+        x = tl.load(x_ptr + b * stride_xb + i).to(tl.float32)
+        y = tl.load(y_ptr + b * stride_yb + i).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + b * stride_xb + i, mask=m, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + b * stride_yb + i, mask=m, other=0.0).to(tl.float32)
+    g = 0.0
+    if HAS_GATE:
+        s = i // D
+        d = i - s * D
+        go = b * stride_gb + d * stride_gd
+        if GATE_PER_TOKEN:
+            go += s * stride_gs
+        if EVEN:
+            g = tl.load(gate_ptr + go).to(tl.float32)
+        else:
+            g = tl.load(gate_ptr + go, mask=m, other=0.0).to(tl.float32)
+    r = _cast_out(_residual(x, y, g, True, HAS_GATE, PER_OP, ACT), ACT)
+    if EVEN:
+        tl.store(xnew_ptr + b * stride_nb + i, r)
+    else:
+        tl.store(xnew_ptr + b * stride_nb + i, r, mask=m)
+
+
+#: the gated residual alone on dense rows through ``_residual_flat_kernel``
+RESIDUAL_FLAT = True
+#: override of ``residual_settings`` as (BLOCK, num_warps), for sweeps
+RESIDUAL_SETTINGS = None
+
+
+def residual_settings(itemsize: int):
+    """(BLOCK, num_warps) of the flat residual kernel: 4 warps, 16 values a thread in
+    16-bit (two 16-byte loads of x and of y), 8 in fp32."""
+    if RESIDUAL_SETTINGS is not None:
+        return RESIDUAL_SETTINGS
+    return (2048 if itemsize <= 2 else 1024), 4
+
+
+#: offsets within a batch entry past which the flat residual kernel computes in int64
+OFF64_AT = 2 ** 31
+
+
+def _dense_rows(t: torch.Tensor) -> bool:
+    B, S, D = t.shape
+    return (t.stride(2) == 1 or D == 1) and (t.stride(1) == D or S == 1)
+
+
+def _launch_residual_flat(x3, y3, g3, xn3, per_op) -> None:
+    B, S, D = x3.shape
+    block, warps = residual_settings(x3.element_size())
+    n = S * D
+    gst = g3.stride() if g3 is not None else (0, 0, 0)
+    args = (x3, y3, g3 if g3 is not None else x3, xn3, S,
+            x3.stride(0), y3.stride(0), xn3.stride(0), *gst)
+    _fastpath.launch(_residual_flat_kernel, (triton.cdiv(n, block), B), args,
+                     dict(D=D, HAS_GATE=g3 is not None,
+                          GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
+                          PER_OP=per_op, EVEN=n % block == 0, OFF64=n + block >= OFF64_AT,
+                          BLOCK=block, num_warps=warps, enable_fp_fusion=False))
+
+
 def tile_pieces(D: int):
     """D as (BLOCK_A, BLOCK_B): the largest power of two <= D, then the rest rounded up
     to a power of two (0 when D is a power of two)."""
@@ -403,7 +488,10 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
                  RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
                  HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
                  HAS_OUT=has_out)
-    if D <= MAX_ONE_PASS:
+    if (RESIDUAL_FLAT and not has_out and y3 is not None
+            and all(_dense_rows(t) for t in (x3, y3, xn3))):
+        _launch_residual_flat(x3, y3, g3, xn3, per_op)
+    elif D <= MAX_ONE_PASS:
         rows, warps = tile_settings(D)
         ba, bb_ = tile_pieces(D)
         _fastpath.launch(_adaln_tile_kernel, (triton.cdiv(S, rows), B), args,
@@ -450,6 +538,7 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
         try:
             sig = _fastpath.sig
             key = (norm, eps, rounding, bool(inplace), modulated, out is x, TILE_SETTINGS,
+                   RESIDUAL_FLAT, RESIDUAL_SETTINGS,
                    sig(x), sig(y), sig(gate), sig(shift), sig(scale), sig(weight), sig(bias),
                    sig(out))
             replay = _CACHE.get(key)

@@ -299,10 +299,16 @@ def _residual_tensors(o) -> List[TensorSpec]:
 
 
 def _residual_call(o, t: Dict) -> None:
-    from ..adaln import gated_residual
+    from .. import adaln
 
     (gate,) = _mod_chunks(o, t, "gate")
-    gated_residual(t["x"], t["y"], gate, out=t["x_new"])
+    # the tile kernel, whose constexprs do not depend on N (the JIT's flat kernel on dense
+    # rows specializes on whether N * D fills its blocks); the same bits (tests/test_adaln.py)
+    flat, adaln.RESIDUAL_FLAT = adaln.RESIDUAL_FLAT, False
+    try:
+        adaln.gated_residual(t["x"], t["y"], gate, out=t["x_new"])
+    finally:
+        adaln.RESIDUAL_FLAT = flat
 
 
 GATED_RESIDUAL = OpExport(
