@@ -37,6 +37,9 @@ for dt in (torch.bfloat16, torch.float16):
         "adaln per_op": ptx_of(adaln, "_adaln_tile_kernel", lambda: adaln.gated_residual_adaln(
             m(1, 4608, 3072, dt=dt), m(1, 4608, 3072, dt=dt), m(1, 3072, dt=dt), m(1, 3072, dt=dt),
             m(1, 3072, dt=dt), rounding="per_op")),
+        "residual per_op": ptx_of(adaln, "_residual_flat_kernel", lambda: adaln.gated_residual(
+            m(1, 4608, 3072, dt=dt), m(1, 4608, 3072, dt=dt), m(1, 3072, dt=dt),
+            rounding="per_op")),
     }
     for name, ptx in ptxs.items():
         n = len(re.findall(r"\bfma\.rn(?:\.ftz)?\.(?:bf16|f16)(?:x2)?\b", ptx))
@@ -51,5 +54,5 @@ def test_no_half_precision_fma():
                        timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
     counts = dict(re.findall(r"^(.*): (\d+)$", r.stdout, re.M))
-    assert len(counts) == 4, r.stdout
+    assert len(counts) == 6, r.stdout
     assert all(v == "0" for v in counts.values()), counts

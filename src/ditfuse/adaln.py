@@ -5,7 +5,8 @@ write of every output. Rows of up to 8192 channels stay in registers (two-pass s
 there), a few rows per 4-warp program (``_adaln_tile_kernel``); longer rows take the
 one-row kernel's chunked path (``_adaln_kernel``), which combines per-chunk (count, mean,
 M2) with Chan's formula and reads the row a second time. ``gated_residual`` is the first
-step alone (Wan's FFN residual, which feeds the next block).
+step alone (Wan's FFN residual, which feeds the next block): on dense rows one flat
+elementwise run a batch entry (``_residual_flat_kernel``), else the tile kernel; the same bits.
 """
 from __future__ import annotations
 
@@ -703,7 +704,9 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
     Notes
     -----
     Contract: bitwise equal to the eager chain (no reduction, no fused multiply-add).
-    Inference only.
+    Inference only. x, y and the output with dense (S, D) rows (any batch stride) run one
+    flat elementwise kernel a batch entry (at the copy ceiling on the H200, level with
+    torch.compile's kernel); other layouts the row-tile kernel, with the same bits.
     """
     if y is None:
         raise ValueError("y (the branch output) is required")
