@@ -279,7 +279,8 @@ def _residual_flat_kernel(
                                            # and a multiply, as inductor's kernel has them)
     HAS_GATE: tl.constexpr, GATE_PER_TOKEN: tl.constexpr, PER_OP: tl.constexpr,
     EVEN: tl.constexpr,                    # S * D a multiple of BLOCK: no masks
-    OFF64: tl.constexpr,                   # S * D past 2^31: int64 offsets within an entry
+    OFF64: tl.constexpr,                   # S * D (or the gate's extent) past 2^31: int64
+                                           # offsets within an entry
     BLOCK: tl.constexpr,
 ):
     """The gated residual alone over a batch entry's S * D values as one flat run (x, y and
@@ -348,12 +349,16 @@ def _launch_residual_flat(x3, y3, g3, xn3, per_op) -> None:
     block, warps = residual_settings(x3.element_size())
     n = S * D
     gst = g3.stride() if g3 is not None else (0, 0, 0)
+    # the gate's offsets within an entry: s * stride_gs + d * stride_gd (per token, Wan 2.2
+    # TI2V's (B, S, 6, D) temb: 6 D values a token)
+    gate_span = (S - 1) * abs(gst[1]) + (D - 1) * abs(gst[2]) + 1 if g3 is not None else 0
     args = (x3, y3, g3 if g3 is not None else x3, xn3, S,
             x3.stride(0), y3.stride(0), xn3.stride(0), *gst)
     _fastpath.launch(_residual_flat_kernel, (triton.cdiv(n, block), B), args,
                      dict(D=D, HAS_GATE=g3 is not None,
                           GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
-                          PER_OP=per_op, EVEN=n % block == 0, OFF64=n + block >= OFF64_AT,
+                          PER_OP=per_op, EVEN=n % block == 0,
+                          OFF64=max(n + block, gate_span) >= OFF64_AT,
                           BLOCK=block, num_warps=warps, enable_fp_fusion=False))
 
 
