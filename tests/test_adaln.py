@@ -419,3 +419,49 @@ def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     x2 = x.clone()
     A.gated_residual(x2, y, gate, rounding=per_op, out=x2)
     assert torch.equal(x2, want)
+
+
+@pytest.mark.parametrize("op", ["modulate", "gated", "residual", "residual-strided"])
+@torch.no_grad()
+def test_many_batch_entries_put_the_batch_on_the_grids_first_axis(op, monkeypatch):
+    """A (tokens, D) input is tokens batch entries of one row: past the grid's second axis
+    (65535; lowered to 4 here) the batch moves to the first axis (``BATCH_X``), with the
+    same bits as the usual grid; both axes past it is a clear error before any launch."""
+    from ditfuse import _fastpath
+    from ditfuse import adaln as A
+
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    g = torch.Generator().manual_seed(11)
+    N, D = 9, 96
+    x = (torch.randn(N, D, generator=g) * 2).to(torch.bfloat16).to(DEVICE)
+    y = torch.randn(N, D, generator=g).to(torch.bfloat16).to(DEVICE)
+    temb = torch.randn(N, 6 * D, generator=g).to(DEVICE)
+    shift, scale, gate = temb.chunk(6, 1)[:3]
+    if op == "residual-strided":  # rows not dense: the tile kernel
+        x = (torch.randn(N, 2 * D, generator=g) * 2).to(torch.bfloat16).to(DEVICE)[:, ::2]
+
+    def call():
+        if op == "modulate":
+            return A.adaln_modulate(x, shift, scale)
+        if op == "gated":
+            return torch.cat(A.gated_residual_adaln(x, y, gate, shift, scale), -1)
+        return A.gated_residual(x, y, gate)
+
+    want = call()
+    grids = []
+    for name in ("_adaln_tile_kernel", "_residual_flat_kernel"):
+        real = getattr(A, name)
+
+        class Spy:
+            def __getitem__(self, grid, real=real):
+                grids.append(grid)
+                return real[grid]
+
+        monkeypatch.setattr(A, name, Spy())
+    monkeypatch.setattr(A, "GRID_Y_MAX", 4)
+    got = call()
+    assert grids and all(gr[0] == N and gr[1] <= 4 for gr in grids), grids
+    assert torch.equal(got, want)
+    monkeypatch.setattr(A, "GRID_Y_MAX", 0)  # neither axis can take it
+    with pytest.raises(ValueError, match="batch entries"):
+        call()

@@ -193,6 +193,7 @@ def _adaln_tile_kernel(
     HAS_OUT: tl.constexpr,
     ROWS: tl.constexpr,        # token rows per program, one [ROWS, D] tile
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
+    BATCH_X: tl.constexpr = False,  # grid (B, row blocks): more than 65535 batch entries
 ):
     """v3, the shipped kernel for rows of up to 8192 channels: ROWS rows of one batch entry
     as a 2-D tile, every row's loads issued before any store (so they overlap), the row
@@ -202,8 +203,9 @@ def _adaln_tile_kernel(
     summed in the kernel's own order, so the output is within one rounding of eager code
     (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    b = tl.program_id(1).to(tl.int64)
-    s = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(tl.int64)
+    b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
+    s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + \
+        tl.arange(0, ROWS)[:, None].to(tl.int64)
     rm = s < S
     da = tl.arange(0, BLOCK_A)[None, :]
     ma = rm & (da < D)
@@ -282,17 +284,19 @@ def _residual_flat_kernel(
     OFF64: tl.constexpr,                   # S * D (or the gate's extent) past 2^31: int64
                                            # offsets within an entry
     BLOCK: tl.constexpr,
+    BATCH_X: tl.constexpr = False,         # grid (B, blocks): more than 65535 batch entries
 ):
     """The gated residual alone over a batch entry's S * D values as one flat run (x, y and
     x_new dense rows): ``BLOCK`` consecutive values a program, the gate row gathered by
     channel. The arithmetic of ``_residual`` (the tile kernel's), so the same bits."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    b = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
+    blk = tl.program_id(1 if BATCH_X else 0)
     if OFF64:
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+        i = blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
         m = i < S.to(tl.int64) * D
     else:
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        i = blk * BLOCK + tl.arange(0, BLOCK)
         m = i < S * D
     if EVEN:
         x = tl.load(x_ptr + b * stride_xb + i).to(tl.float32)
@@ -337,6 +341,20 @@ def residual_settings(itemsize: int):
 
 #: offsets within a batch entry past which the flat residual kernel computes in int64
 OFF64_AT = 2 ** 31
+#: a CUDA grid's second and third axes hold at most 65535 programs
+GRID_Y_MAX = 65535
+
+
+def _batch_grid(blocks: int, B: int):
+    """(grid, BATCH_X) for ``blocks`` programs a batch entry: (blocks, B), or (B, blocks)
+    when B passes the grid's second axis (a 2-D (tokens, D) input is B rows of one token)."""
+    if B <= GRID_Y_MAX:
+        return (blocks, B), False
+    if blocks > GRID_Y_MAX:
+        raise ValueError(f"x: {B} batch entries of {blocks} programs each exceed a CUDA grid "
+                         f"(at most {GRID_Y_MAX} on one of the two axes); pass x as "
+                         f"(B, S, D) with fewer entries")
+    return (B, blocks), True
 
 
 def _dense_rows(t: torch.Tensor) -> bool:
@@ -354,8 +372,9 @@ def _launch_residual_flat(x3, y3, g3, xn3, per_op) -> None:
     gate_span = (S - 1) * abs(gst[1]) + (D - 1) * abs(gst[2]) + 1 if g3 is not None else 0
     args = (x3, y3, g3 if g3 is not None else x3, xn3, S,
             x3.stride(0), y3.stride(0), xn3.stride(0), *gst)
-    _fastpath.launch(_residual_flat_kernel, (triton.cdiv(n, block), B), args,
-                     dict(D=D, HAS_GATE=g3 is not None,
+    grid, batch_x = _batch_grid(triton.cdiv(n, block), B)
+    _fastpath.launch(_residual_flat_kernel, grid, args,
+                     dict(D=D, HAS_GATE=g3 is not None, BATCH_X=batch_x,
                           GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
                           PER_OP=per_op, EVEN=n % block == 0,
                           OFF64=max(n + block, gate_span) >= OFF64_AT,
@@ -503,9 +522,10 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
     elif D <= MAX_ONE_PASS:
         rows, warps = tile_settings(D)
         ba, bb_ = tile_pieces(D)
-        _fastpath.launch(_adaln_tile_kernel, (triton.cdiv(S, rows), B), args,
+        grid, batch_x = _batch_grid(triton.cdiv(S, rows), B)
+        _fastpath.launch(_adaln_tile_kernel, grid, args,
                          dict(flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
-                              enable_fp_fusion=False))
+                              enable_fp_fusion=False, BATCH_X=batch_x))
     else:
         _fastpath.launch(_adaln_kernel, (B * S,), args,
                          dict(flags, BLOCK_D=CHUNK, NUM_CHUNKS=triton.cdiv(D, CHUNK),
