@@ -852,11 +852,10 @@ def build(spec: BuildSpec) -> dict:
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
         **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
         ldl=sass["ldl"], stl=sass["stl"], cubin_local=sass["cubin_local"],
-        sass_instructions=sass["sass_instructions"],
+        sass_instructions=sass["sass_instructions"], loop_local=sass["loop_local"],
         enable_fp_fusion=options.enable_fp_fusion, maxnreg=options.maxnreg,
         arch=f"sm_{ik.ARCH}a",
     )
-    row["loop_local"] = sass["loop_local"]
     bad = []
     if not (row["wgmma"] or row["mma"]):
         bad.append("no mma/wgmma in the PTX")
