@@ -1,7 +1,7 @@
 """Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
 num_warps, num_stages[, token_major, maxnreg]) at the SAME-L shapes, bf16 and fp32,
 CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the byte floor; informs
-launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16, --s16b); --prologue runs SAME's own
+launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16, --s16b, --s17); --prologue runs SAME's own
 call (DyT q/k norm + RoPE fused)."""
 import torch
 
@@ -60,6 +60,14 @@ if "--s16b" in sys.argv:
     CONFIGS = [None, (16, 16, 2, 2, True), (16, 16, 2, 3, True), (16, 32, 2, 2, True),
                (16, 32, 2, 3, True), (16, 16, 1, 1, True), (16, 16, 1, 2, True),
                (16, 16, 2, 4, True), (16, 16, 2, 2, True, 128)]
+if "--s17" in sys.argv:
+    # session 17: 32 or 64 queries on one or two warps of mma.sync in bf16 (a 32-query tile
+    # spans 66 keys at window 17: 5 x 16 = 80 scores a query where the table's 64-query tile
+    # computes 128 and a 16-query tile 64; K / V rows read 2.5 times from L2 instead of 4).
+    # sm_90 builds (attn_variants_build.py, bf16): (32, 16, 1, 3) 255 registers, no spills,
+    # 2152 SASS; (32, 16, 1, 2) 8 / 4 bytes outside the loop; (64, 16, 2, 3) 255, none
+    CONFIGS = [None, (32, 16, 1, 3, True), (32, 16, 1, 2, True), (32, 16, 1, 4, True),
+               (64, 16, 2, 3, True), (64, 16, 2, 2, True), (16, 16, 1, 3, True)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
