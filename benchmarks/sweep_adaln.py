@@ -12,8 +12,12 @@ from ditfuse.bench import copy_ceiling_gbps, graph_us
 from ditfuse.shapes import ADALN_SHAPES
 from ditfuse.workloads import adaln_inputs
 
-# None: the table (adaln.tile_settings); argv: "rows,warps rows,warps ..." to sweep others
-CONFIGS = [None] + ([tuple(int(v) for v in a.split(",")) for a in sys.argv[1:]] or
+# None: the table (adaln.tile_settings); argv: "rows,warps rows,warps ..." to sweep others,
+# --shapes=flux1-1024,flux2-1024 to take some of the registry's shapes
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+SHAPES = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--shapes=")),
+              list(ADALN_SHAPES))
+CONFIGS = [None] + ([tuple(int(v) for v in a.split(",")) for a in ARGS] or
                     [(1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 4)])
 
 
@@ -30,7 +34,8 @@ def _calls(s, per_op):
 
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
-for name, shape in ADALN_SHAPES.items():
+for name in SHAPES:
+    shape = ADALN_SHAPES[name]
     s = adaln_inputs(shape, "cuda", torch.bfloat16, seed=0)
     n = shape.B * shape.S * shape.D * 2
     per_op = "per_op" if shape.model == "flux" else "once"

@@ -6,9 +6,13 @@ forms ROUNDS times, and the bits of the two results compared on the same inputs.
     PYTHONPATH=src python benchmarks/wan_out_ab.py [--dtypes=bf16,fp16,fp32] [--rounds=2]
         [--shapes=wan14b-480p,...]
 
+A shape may carry field overrides: ``flux2-1024+packed=9`` is FLUX.2's single-stream call (Q
+and K chunks of the fused QKV + MLP projection, 9 x H*D wide).
+
 Session 14's pattern study (logs/s14/e, the kernel of then) measured 388.4 us in place and
 372.2 us out of place at 480p with separate Q / K tensors.
 """
+import dataclasses
 import sys
 
 import torch
@@ -39,7 +43,9 @@ def main():
     for dn in dtypes:
         dt = DT[dn]
         for name in shapes:
-            sh = QK_SHAPES[name]
+            base, *over = name.split("+")
+            sh = dataclasses.replace(QK_SHAPES[base], **{f.split("=")[0]: int(f.split("=")[1])
+                                                         for f in over})
             inp = qk_inputs(sh, "cuda", dt)
             kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
             q, k, c, s = inp["q"], inp["k"], inp["call_cos"], inp["call_sin"]
@@ -63,7 +69,7 @@ def main():
                 pct = f" {nbytes / (best * 1e-6) / 1e9 / ceil * 100:5.1f}%"
                 line.append(f"{form} {' / '.join(f'{t:.1f}' for t in ts)} us{pct}")
             print(f"{name:18s} {dn:5s} " + "   ".join(line) + f"   same bits {same}", flush=True)
-            del inp, q, k
+            inp = q = k = None  # free before the next shape
 
 
 if __name__ == "__main__":

@@ -45,19 +45,20 @@ class QKShape:
 QK_SHAPES = {s.name: s for s in [
     # diffusers' Wan projects Q, K and V with to_q / to_k / to_v (tensors of their own)
     # unless ``fuse_projections()`` was called: then Q and K are chunks of to_qkv's rows
-    # (the "-fused" rows); the patched processor normalises either in place
+    # (the "-fused" rows); the patched processor writes fresh Q / K in either case (out of
+    # place: faster than in place on the H200, benchmarks/logs/s17/a)
     QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, span="all", form="flat",
-            table="wan", inplace=True),
+            table="wan"),
     QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, span="all", form="flat",
-            table="wan", inplace=True),
+            table="wan"),
     QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, span="all", form="flat",
-            table="wan", inplace=True),
+            table="wan"),
     QKShape("wan5b-ti2v-704p", "Wan2.2 TI2V 5B 704p 121f", 31 * 44 * 78 // 4, 24, 128, span="all",
-            form="flat", table="wan", inplace=True),
+            form="flat", table="wan"),
     QKShape("wan14b-480p-fused", "Wan2.x 14B 480p, fused QKV projection", 21 * 30 * 52, 40, 128,
-            span="all", form="flat", table="wan", inplace=True, packed=3),
+            span="all", form="flat", table="wan", packed=3),
     QKShape("wan14b-720p-fused", "Wan2.x 14B 720p, fused QKV projection", 21 * 45 * 80, 40, 128,
-            span="all", form="flat", table="wan", inplace=True, packed=3),
+            span="all", form="flat", table="wan", packed=3),
     QKShape("flux1-1024", "FLUX.1-dev 1024^2", 4096 + 512, 24, 128),
     QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
     QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),
