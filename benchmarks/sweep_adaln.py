@@ -2,6 +2,7 @@
 (``adaln.tile_settings``) against other (rows, num_warps) (``adaln.TILE_SETTINGS``) at the
 registry's shapes, bf16, both ops, CUDA-graph replay with L2 flushed by do_bench. Prints
 us, % of the copy ceiling and the largest |difference| from the table's output."""
+import dataclasses
 import sys
 
 import torch
@@ -13,7 +14,8 @@ from ditfuse.shapes import ADALN_SHAPES
 from ditfuse.workloads import adaln_inputs
 
 # None: the table (adaln.tile_settings); argv: "rows,warps rows,warps ..." to sweep others,
-# --shapes=flux1-1024,flux2-1024 to take some of the registry's shapes
+# --shapes=flux1-1024,flux2-1024 to take some of the registry's shapes (``flux2-1024+S=16896``:
+# a registry shape with another token count)
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 SHAPES = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--shapes=")),
               list(ADALN_SHAPES))
@@ -35,7 +37,9 @@ def _calls(s, per_op):
 ceil = copy_ceiling_gbps()
 print(f"copy ceiling {ceil:.0f} GB/s")
 for name in SHAPES:
-    shape = ADALN_SHAPES[name]
+    base, *over = name.split("+")
+    shape = dataclasses.replace(ADALN_SHAPES[base], **{f.split("=")[0]: int(f.split("=")[1])
+                                                       for f in over})
     s = adaln_inputs(shape, "cuda", torch.bfloat16, seed=0)
     n = shape.B * shape.S * shape.D * 2
     per_op = "per_op" if shape.model == "flux" else "once"

@@ -63,10 +63,9 @@ QK_SHAPES = {s.name: s for s in [
     QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
     QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),
     # diffusers 0.42's HunyuanVideo processor keeps (B, S, H, D) (apply_rotary_emb with
-    # sequence_dim=1); the patched one normalises those projections in place in the
+    # sequence_dim=1); the patched one normalises those projections into fresh Q / K in the
     # single-stream blocks (40 of 60; this row), into the joint Q / K in the dual-stream ones
-    QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128,
-            inplace=True),
+    QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128),
     # Stable Audio 3 / SAME: q1, k1 are chunks 0 and 2 of the differential [q1|q2|k1|k2|v]
     # to_qkv output; SA3's patched processor normalises them in place, SAME's attention call
     # into scratch (its prologue run apart)
