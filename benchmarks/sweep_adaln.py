@@ -1,6 +1,6 @@
 """Sweep of the AdaLN tile kernel's launch settings on the GPU: the table
 (``adaln.tile_settings``) against other (rows, num_warps) (``adaln.TILE_SETTINGS``) at the
-registry's shapes, bf16, both ops, CUDA-graph replay with L2 flushed by do_bench. Prints
+registry's shapes, bf16 (--dtype=fp16|fp32), both ops, CUDA-graph replay with L2 flushed by do_bench. Prints
 us, % of the copy ceiling and the largest |difference| from the table's output."""
 import dataclasses
 import sys
@@ -17,6 +17,8 @@ from ditfuse.workloads import adaln_inputs
 # --shapes=flux1-1024,flux2-1024 to take some of the registry's shapes (``flux2-1024+S=16896``:
 # a registry shape with another token count)
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+    next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--dtype=")), "bf16")]
 SHAPES = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--shapes=")),
               list(ADALN_SHAPES))
 CONFIGS = [None] + ([tuple(int(v) for v in a.split(",")) for a in ARGS] or
@@ -40,8 +42,8 @@ for name in SHAPES:
     base, *over = name.split("+")
     shape = dataclasses.replace(ADALN_SHAPES[base], **{f.split("=")[0]: int(f.split("=")[1])
                                                        for f in over})
-    s = adaln_inputs(shape, "cuda", torch.bfloat16, seed=0)
-    n = shape.B * shape.S * shape.D * 2
+    s = adaln_inputs(shape, "cuda", DTYPE, seed=0)
+    n = shape.B * shape.S * shape.D * DTYPE.itemsize
     per_op = "per_op" if shape.model == "flux" else "once"
     for op, k, fn in _calls(s, per_op):
         res, ref = [], None

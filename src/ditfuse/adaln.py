@@ -398,13 +398,18 @@ def tile_settings(D: int):
     Wan 480p modulate: 4 / 8 / 16 warps 197 / 253 / 348 us in one run
     (``benchmarks/logs/s3/probe_sweep_adaln.log``), 4 / 2 warps 172 / 197 us in another
     (``sweep_adaln.log``): more, smaller programs keep more rows' loads in flight per SM.
-    One row a program at D >= 3072 (Wan, FLUX.1/2: within 6% of the best); narrow rows get
-    several rows a program (about 4096 elements a program)."""
+    One row a program at D >= 3072 (Wan, FLUX.1/2); narrow rows get several rows a program
+    (about 4096 elements a program). 4 warps while a thread holds at most 40 elements of a
+    row (the tile's padded width / 128 threads), else 8: at FLUX.2's 6144 channels (48 a
+    thread at 4 warps) the FLUX modulate build takes 79 registers, 6 programs an SM, where 8
+    warps take 40 (``benchmarks/adaln_build.py``); measured 34.1 vs 37.2 us at 1024^2, 105.5
+    vs 111.2 at 2048^2, gated within 0.7% either way (``benchmarks/logs/s17/c``). At Wan's
+    5120 (40 a thread) 4 warps keep 8 programs an SM and win (171 vs 250 us, session 3)."""
     if TILE_SETTINGS is not None:
         return TILE_SETTINGS
     a, b = tile_pieces(D)
     rows = max(1, min(16, 4096 // (a + b)))
-    return 1 << (rows.bit_length() - 1), 4
+    return 1 << (rows.bit_length() - 1), (4 if a + b <= 40 * 128 else 8)
 
 
 # ---------------------------------------------------------------------------------------
