@@ -1,6 +1,6 @@
 """FLUX.2 (Flux2Transformer2DModel): per-head QK-norm + RoPE in the double-stream processor
-and, in place on the strided Q/K views of the fused ``to_qkv_mlp_proj`` output, in the
-single-stream (parallel) processor; in the blocks, every norm + modulation and gated
+and, from the strided Q/K views of the fused ``to_qkv_mlp_proj`` output into fresh Q/K, in
+the single-stream (parallel) processor; in the blocks, every norm + modulation and gated
 residual of the eager code as the AdaLN kernels (per-op rounding, as the blocks compute in
 the activation dtype); every ``Flux2SwiGLU`` as one kernel, and in the single-stream
 processor the SwiGLU written straight into the buffer ``to_out`` reads (no ``torch.cat``)."""
@@ -77,8 +77,8 @@ def _make_processors(fuse_act: bool = True):
             return hidden_states
 
     class DitfuseFlux2ParallelSelfAttnProcessor(t2.Flux2ParallelSelfAttnProcessor):
-        """Flux2ParallelSelfAttnProcessor with QK-norm + RoPE done in place on the Q/K views
-        of the fused QKV+MLP projection (V and the MLP half are never touched) and, with
+        """Flux2ParallelSelfAttnProcessor with QK-norm + RoPE read from the Q/K views of the
+        fused QKV+MLP projection into fresh Q/K (V and the MLP half are never touched) and, with
         ``fuse_act``, the SwiGLU of the MLP columns written into the MLP half of the buffer
         ``to_out`` reads (the attention output copied into the other half): the same
         values as ``torch.cat([attn, mlp_act_fn(mlp)], -1)`` without the activation's own

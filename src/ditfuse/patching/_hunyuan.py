@@ -1,5 +1,5 @@
 """HunyuanVideo (HunyuanVideoTransformer3DModel): per-head QK-norm + RoPE on the image
-tokens, QK-norm only on the text tokens -- in place on the fresh projections in the
+tokens, QK-norm only on the text tokens -- from the projections into fresh Q / K in the
 single-stream blocks, into the rows of the joint Q / K in the dual-stream ones (no
 ``torch.cat`` of Q and K); in the
 double- and single-stream blocks, AdaLayerNormZero(Single)'s norm + modulate and the gated
@@ -24,8 +24,8 @@ def _make_processor():
 
     class DitfuseHunyuanVideoAttnProcessor(th.HunyuanVideoAttnProcessor2_0):
         """HunyuanVideoAttnProcessor2_0 with QK-norm + RoPE fused: image tokens are normalised
-        and rotated by one kernel, text tokens normalised by one kernel -- in place in the
-        single-stream blocks; in the dual-stream blocks each stream is written into its rows
+        and rotated by one kernel, text tokens normalised by one kernel -- into fresh Q / K in
+        the single-stream blocks; in the dual-stream blocks each stream is written into its rows
         of the joint Q / K, which replaces the processor's ``torch.cat`` of Q and K (same
         values).
 
