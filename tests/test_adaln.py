@@ -213,6 +213,23 @@ def test_opcheck_and_compile():
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("D", [64, 96, 1000, 1536, 3072, 4096, 5120, 5632, 6144, 8192])
+def test_tile_settings_table(D):
+    """The launch table's rule (``tile_settings``): a program holds about 4096 elements (one
+    row from 3072 channels up, at most 16 rows), a thread at most 40 of a row at 4 warps, else 8 warps (FLUX.2's
+    6144 channels: 79 registers at 4 warps on sm_90, 6 programs an SM; H200 modulate 34.1 vs
+    37.2 us at 8 / 4 warps), and the tile (rows x padded width) covers every channel."""
+    from ditfuse import adaln
+
+    rows, warps = adaln.tile_settings(D)
+    a, b = adaln.tile_pieces(D)
+    assert a + b >= D and a & (a - 1) == 0 and (b == 0 or b & (b - 1) == 0)
+    assert rows & (rows - 1) == 0 and rows * (a + b) <= max(4096, a + b)
+    assert rows in (1, 16) or rows * (a + b) * 2 > 4096, "fewer rows than the table's 4096 elements"
+    assert warps == (4 if (a + b) / 128 <= 40 else 8)
+    assert (rows, warps) == {5120: (1, 4), 6144: (1, 8), 3072: (1, 4)}.get(D, (rows, warps))
+
+
 @pytest.mark.parametrize("settings,D", [((1, 4), 96), ((2, 2), 80), ((4, 8), 1000), ((16, 1), 64)])
 @pytest.mark.parametrize("mod", ["chunk_b6d", "b1d", "d", "per_token", None])
 def test_tile_settings_agree(monkeypatch, settings, D, mod):
