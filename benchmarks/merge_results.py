@@ -1,7 +1,11 @@
 """Merge benchmark CSVs of one GPU and day: rows of later files replace the earlier rows of
 the same (op, shape, dtype) case. Writes the merged CSV and its chart.
 
-    python benchmarks/merge_results.py OUT.csv BASE.csv NEWER.csv [NEWER2.csv ...]
+    python benchmarks/merge_results.py OUT.csv BASE.csv NEWER.csv [NEWER2.csv ...] [--by-impl]
+
+``--by-impl``: a newer row replaces only the row of the same (op, shape, dtype, impl), so a
+run of one implementation (``ditfuse bench --impls copy``) updates that column and keeps the
+case's other rows.
 """
 import csv
 import sys
@@ -19,11 +23,14 @@ def _read(path):
 
 
 def main(out, base, *newer):
+    by_impl = "--by-impl" in newer
+    newer = [p for p in newer if p != "--by-impl"]
+    cols = ("op", "shape", "dtype", "impl") if by_impl else ("op", "shape", "dtype")
     rows = _read(base)
     for path in newer:
         new = _read(path)
-        cases = {(r["op"], r["shape"], r["dtype"]) for r in new}
-        rows = [r for r in rows if (r["op"], r["shape"], r["dtype"]) not in cases] + new
+        cases = {tuple(r[c] for c in cols) for r in new}
+        rows = [r for r in rows if tuple(r[c] for c in cols) not in cases] + new
     rows = [{c: r[c] for c in COLUMNS} for r in rows]
     _write_csv(rows, out)
     _chart(rows, out[:-4] + ".png")

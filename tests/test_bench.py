@@ -86,6 +86,16 @@ def test_attention_bench_case_on_cpu():
     assert ("sliding_window_attention", "eager") in rows
 
 
+@pytest.mark.parametrize("n_in", [3, 5])
+def test_attention_copy_moves_the_floors_bytes(n_in):
+    """The attention rows' ``copy`` reads and writes as many bytes as the floor counts (n_in
+    chunks read, the output written), not twice that."""
+    proj = torch.randn(1, 7, n_in * 2 * 8)
+    parts = [t.unflatten(-1, (2, 8)) for t in proj.chunk(n_in, dim=-1)]
+    moved = 2 * sum(t.numel() * t.element_size() for t in bench.attention_copy_parts(parts))
+    assert moved == (n_in + 1) * parts[0].numel() * parts[0].element_size()
+
+
 def test_chart_one_panel_per_op(tmp_path):
     pytest.importorskip("matplotlib")
     from ditfuse import bench
