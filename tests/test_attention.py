@@ -635,3 +635,64 @@ def test_d128_differential_prologue_runs_apart(dtype, monkeypatch):
     assert launched, "the prologue did not run apart"
     check(out, reference(q, k, v, 3, compute_dtype=torch.float64, **kw), v, dtype, "d128 apart",
           lam=0.8)
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
+@torch.no_grad()
+def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
+    """SAME's own call (differential, DyT + rotate-half RoPE over half the channels, the
+    chunks of a packed [q1 | q2 | k1 | k2 | v] projection, the prologue apart): Q2's heads
+    follow Q1's in memory, so the prologue runs as one qk_norm_rope pass over both
+    (``_joint_plan``); separate tensors take two passes. Either way the fp64 reference's
+    contract holds, and under the interpreter the one pass gives the two passes' bits (per
+    head, the same arithmetic)."""
+    from ditfuse import _fastpath
+    import importlib
+
+    qkr = importlib.import_module("ditfuse.qk_norm_rope")
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
+    g = torch.Generator().manual_seed(17)
+    B, N, H, D, R = 2, 45, 3, 64, 32
+    if packed:
+        buf = rnd(g, B, N, 5 * H * D, dtype=torch.bfloat16)
+        q, q2, k, k2, v = (t.unflatten(-1, (H, D)) for t in buf.chunk(5, -1))
+    else:
+        q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
+    cos, sin = same_tables(N, R)
+    kw = dict(q2=q2, k2=k2, lam=0.6, q_norm=dyt(g, D, torch.bfloat16),
+              k_norm=dyt(g, D, torch.bfloat16), cos=cos, sin=sin, rotary_dim=R)
+    assert A.prologue_apart(D, 17, 17, True, True)
+    heads = []
+    real = qkr.launch
+    monkeypatch.setattr(qkr, "launch", lambda p, *a, **k: heads.append(p.q.shape[2]) or real(p, *a, **k))
+    out = SWA(q, k, v, 17, **kw)
+    assert heads == ([2 * H] if packed else [H, H]), heads
+    check(out, reference(q, k, v, 17, compute_dtype=torch.float64, **kw), v, torch.bfloat16,
+          "SAME apart", lam=0.6)
+    monkeypatch.setattr(A, "JOINT_PROLOGUE", False)
+    heads.clear()
+    two = SWA(q, k, v, 17, **kw)
+    assert heads == [H, H]
+    if DEVICE == "cpu":
+        assert torch.equal(out, two)
+
+
+@torch.no_grad()
+def test_replay_keeps_the_one_pass_to_heads_that_follow():
+    """The one-pass prologue reads Q2 as the heads behind Q: a repeat call whose tensors
+    have the same shapes and strides but whose Q2 / K2 lie elsewhere (chunks of another
+    projection) must not replay that launch (the relation is part of the call's key)."""
+    g = torch.Generator().manual_seed(23)
+    B, N, H, D, R = 1, 33, 2, 64, 32
+    bufs = [rnd(g, B, N, 5 * H * D, dtype=torch.bfloat16) for _ in range(2)]
+    a = [t.unflatten(-1, (H, D)) for t in bufs[0].chunk(5, -1)]
+    b = [t.unflatten(-1, (H, D)) for t in bufs[1].chunk(5, -1)]
+    cos, sin = same_tables(N, R)
+    kw = dict(q_norm=dyt(g, D, torch.bfloat16), k_norm=dyt(g, D, torch.bfloat16), cos=cos,
+              sin=sin, rotary_dim=R, lam=0.5)
+    SWA(a[0], a[2], a[4], 17, q2=a[1], k2=a[3], **kw)  # records the one-pass launches
+    # q2 / k2 from the other buffer: same signature tensor by tensor, not behind q / k
+    out = SWA(a[0], a[2], a[4], 17, q2=b[1], k2=b[3], **kw)
+    kw2 = dict(kw, q2=b[1], k2=b[3])
+    check(out, reference(a[0], a[2], a[4], 17, compute_dtype=torch.float64, **kw2), a[4],
+          torch.bfloat16, "replay, Q2 elsewhere", lam=0.5)

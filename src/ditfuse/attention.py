@@ -438,24 +438,79 @@ def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: 
 
 def prologue_scratch(q: Tensor, layout: str, differential: bool) -> tuple:
     """Scratch for the prologue's output where it runs apart: normalised, rotated Q and K
-    (and Q2, K2), (B, N, H, D) contiguous in the activation dtype; every element written."""
+    (and Q2, K2) as (B, N, H, D) views in the activation dtype; every element written. In the
+    differential form Q2's heads follow Q's in one (B, N, 2, H, D) buffer (K2's K's), so
+    that one ``qk_norm_rope`` pass can write both (:func:`_apart`)."""
     B, N, H, D = q.shape if layout == "bshd" else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
-    return tuple(torch.empty(B, N, H, D, dtype=q.dtype, device=q.device)
-                 for _ in range(4 if differential else 2))
+    if differential:
+        sq, sk = (torch.empty(B, N, 2, H, D, dtype=q.dtype, device=q.device) for _ in range(2))
+        return sq[:, :, 0], sk[:, :, 0], sq[:, :, 1], sk[:, :, 1]
+    return tuple(torch.empty(B, N, H, D, dtype=q.dtype, device=q.device) for _ in range(2))
+
+
+#: The differential prologue's two ``qk_norm_rope`` passes as one where Q2's heads follow
+#: Q's in memory and K2's K's (SAME's packed to_qkv chunks: [q1 | q2 | k1 | k2 | v]).
+JOINT_PROLOGUE = True
+
+
+def _follows(a: Tensor, b: Tensor) -> bool:
+    """Whether (B, N, H, D) view ``b`` holds the heads H .. 2H-1 of the (B, N, 2H, D) view
+    with ``a``'s strides (so one view covers both)."""
+    H = a.shape[2]
+    return (a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+            and a.device == b.device and H > 0
+            and b.data_ptr() == a.data_ptr() + H * a.stride(2) * a.element_size())
+
+
+def _both(a: Tensor) -> Tensor:
+    """The (B, N, 2H, D) view of ``a`` and the tensor that follows it (:func:`_follows`)."""
+    B, N, H, D = a.shape
+    return a.as_strided((B, N, 2 * H, D), a.stride())
+
+
+def _joint_plan(p: Plan, scratch: tuple):
+    """One qk_norm_rope plan over Q's and Q2's heads (K's and K2's) with both outputs, or
+    None where the two passes cannot be one: per-head norms (not across heads), tables
+    shared by the heads, and every pair laid out as :func:`_follows` says."""
+    import dataclasses
+
+    qk = p.qk
+    if not (JOINT_PROLOGUE and p.differential) or qk.table_per_head or qk.positions is not None:
+        return None
+    if any(n is not None and n.span_all for n in (qk.q_norm, qk.k_norm)):
+        return None
+    if qk.cos is not None and (qk.cos.stride(2) or qk.sin.stride(2)):
+        return None
+    pairs = ((qk.q, p.q2), (qk.k, p.k2), (scratch[0], scratch[2]), (scratch[1], scratch[3]))
+    if not all(_follows(a, b) for a, b in pairs):
+        return None
+    tables = {}
+    if qk.cos is not None:
+        H = qk.q.shape[2]
+        tables = {n: t.as_strided((t.shape[0], t.shape[1], 2 * H, t.shape[3]), t.stride())
+                  for n, t in (("cos", qk.cos), ("sin", qk.sin))}
+    return dataclasses.replace(qk, q=_both(qk.q), k=_both(qk.k), **tables)
 
 
 def _apart(p: Plan, scratch: tuple) -> Plan:
     """Run the prologue into ``scratch`` (qk_norm_rope's launcher: its kernels, its bits) and
-    return the plan of the attention that reads it."""
+    return the plan of the attention that reads it. Differential: one pass over Q / Q2 and
+    K / K2 together where they lie head after head (:func:`_joint_plan`; per-head norms and
+    a shared table give each head the arithmetic of its own pass), else two."""
     import dataclasses
     import importlib
 
     # the module: the package's attribute of that name is the function
     qkr = importlib.import_module(__package__ + ".qk_norm_rope")
-    qkr.launch(p.qk, scratch[0], scratch[1])
+    joint = _joint_plan(p, scratch) if p.differential else None
+    if joint is not None:
+        qkr.launch(joint, _both(scratch[0]), _both(scratch[1]))
+    else:
+        qkr.launch(p.qk, scratch[0], scratch[1])
+        if p.differential:
+            qkr.launch(dataclasses.replace(p.qk, q=p.q2, k=p.k2), scratch[2], scratch[3])
     q2 = k2 = None
     if p.differential:
-        qkr.launch(dataclasses.replace(p.qk, q=p.q2, k=p.k2), scratch[2], scratch[3])
         q2, k2 = scratch[2], scratch[3]
     return dataclasses.replace(p, q=scratch[0], k=scratch[1], q2=q2, k2=k2, qk=None)
 
@@ -659,9 +714,14 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
         raise TypeError("scale")
     win = window if isinstance(window, int) else tuple(window)
     tensors = (q, k, v, q2, k2, lam_t, *qn[:3], *kn[:3], cos, sin)
+    # whether Q2 / K2 lie head after head behind Q / K (one prologue pass over both,
+    # _joint_plan): a relation between tensors that their own signatures do not hold
+    joint = JOINT_PROLOGUE and all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, q2, k2)) \
+        and all(_follows(*((a, b) if layout == "bshd" else (a.transpose(1, 2), b.transpose(1, 2))))
+                for a, b in ((q, q2), (k, k2)))
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, *(sig(t) for t in tensors))
+           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, joint, *(sig(t) for t in tensors))
     hash(key)
     return key, tensors
 
