@@ -696,3 +696,41 @@ def test_replay_keeps_the_one_pass_to_heads_that_follow():
     kw2 = dict(kw, q2=b[1], k2=b[3])
     check(out, reference(a[0], a[2], a[4], 17, compute_dtype=torch.float64, **kw2), a[4],
           torch.bfloat16, "replay, Q2 elsewhere", lam=0.5)
+
+
+def test_joint_prologue_plan_conditions():
+    """Where the one-pass prologue applies (``_joint_plan``): heads that follow, per-head
+    norms, a table shared by the heads; not with one head a token (its pass would take the
+    flat-row kernel), a per-head table, or Q2 / K2 elsewhere."""
+    g = torch.Generator().manual_seed(5)
+
+    def plan_of(H, *, packed=True, per_head_table=False):
+        N, D, R = 9, 64, 32
+        if packed:
+            buf = rnd(g, 1, N, 5 * H * D, dtype=torch.bfloat16)
+            q, q2, k, k2, v = (t.unflatten(-1, (H, D)) for t in buf.chunk(5, -1))
+        else:
+            q, k, v, q2, k2 = qkv(g, 1, N, H, D, torch.bfloat16, n=5)
+        cos, sin = same_tables(N, R)
+        if per_head_table:
+            cos, sin = (t[None, :, None].expand(1, N, H, R).contiguous() for t in (cos, sin))
+        p = A.plan(q, k, v, 17, q2=q2, k2=k2, q_norm=dyt(g, D, torch.bfloat16),
+                   k_norm=dyt(g, D, torch.bfloat16), cos=cos, sin=sin, rotary_dim=R)
+        return A._joint_plan(p, A.prologue_scratch(q, "bshd", True))
+
+    joint = plan_of(3)
+    assert joint is not None and joint.q.shape[2] == 6 and joint.cos.shape[2] == 6
+    assert plan_of(3, packed=False) is None
+    assert plan_of(3, per_head_table=True) is None
+    # one head, RMS over it, interleaved RoPE over all of it: the flat-row kernel's case
+    N, D = 9, 64
+    buf = rnd(g, 1, N, 5 * D, dtype=torch.bfloat16)
+    q, q2, k, k2, v = (t.unflatten(-1, (1, D)) for t in buf.chunk(5, -1))
+    cos, sin = (t[:, : D // 2].repeat_interleave(2, -1) for t in same_tables(N, D))
+    rms = NormSpec("rms", weight=rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1, eps=1e-6)
+    p = A.plan(q, k, v, 17, q2=q2, k2=k2, q_norm=rms, k_norm=rms, cos=cos, sin=sin,
+               rope_style="interleaved", rotary_dim=D)
+    scratch = A.prologue_scratch(q, "bshd", True)
+    import importlib
+    assert importlib.import_module("ditfuse.qk_norm_rope").flat_applies(p.qk, scratch[0], scratch[1])
+    assert A._joint_plan(p, scratch) is None

@@ -473,9 +473,15 @@ def _joint_plan(p: Plan, scratch: tuple):
     None where the two passes cannot be one: per-head norms (not across heads), tables
     shared by the heads, and every pair laid out as :func:`_follows` says."""
     import dataclasses
+    import importlib
 
     qk = p.qk
     if not (JOINT_PROLOGUE and p.differential) or qk.table_per_head or qk.positions is not None:
+        return None
+    # a pass that would take the flat-row kernel (one head a token: its per-head norm spans
+    # the token) stays two: the per-token kernel of the joint pass may sum in another order
+    if importlib.import_module(__package__ + ".qk_norm_rope").flat_applies(qk, scratch[0],
+                                                                           scratch[1]):
         return None
     if any(n is not None and n.span_all for n in (qk.q_norm, qk.k_norm)):
         return None
