@@ -637,8 +637,10 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
       last fp32 bit). Where it measured faster (:func:`prologue_apart`: head_dim 64,
       differential, a window of at most 64 keys -- SAME-L), and at head_dim 128 with the
       differential form (the fused build gave wrong results there on the H200), it runs as
-      ``qk_norm_rope`` into scratch (Q and K, and Q2 and K2: four (B, N, H, D) tensors
-      of the activation dtype) and the attention kernel reads that: the same tiles (at
+      ``qk_norm_rope`` into scratch (Q and K, and Q2 and K2: (B, N, H, D) views of the
+      activation dtype; one pass over both pairs where Q2 / K2 lie head after head behind
+      Q / K, as in SAME's packed projection) and the attention kernel reads that: the same
+      tiles (at
       head_dim 64 the same bits as the fused kernel at the same launch settings on the
       H200). Against
       SAME's bf16 eager chain (DyT rounded after each of its four steps) the output is
