@@ -468,20 +468,25 @@ def _both(a: Tensor) -> Tensor:
     return a.as_strided((B, N, 2 * H, D), a.stride())
 
 
+def _qk_module():
+    import importlib
+
+    # the module: the package's attribute of that name is the function
+    return importlib.import_module(__package__ + ".qk_norm_rope")
+
+
 def _joint_plan(p: Plan, scratch: tuple):
     """One qk_norm_rope plan over Q's and Q2's heads (K's and K2's) with both outputs, or
     None where the two passes cannot be one: per-head norms (not across heads), tables
     shared by the heads, and every pair laid out as :func:`_follows` says."""
     import dataclasses
-    import importlib
 
     qk = p.qk
     if not (JOINT_PROLOGUE and p.differential) or qk.table_per_head or qk.positions is not None:
         return None
     # a pass that would take the flat-row kernel (one head a token: its per-head norm spans
     # the token) stays two: the per-token kernel of the joint pass may sum in another order
-    if importlib.import_module(__package__ + ".qk_norm_rope").flat_applies(qk, scratch[0],
-                                                                           scratch[1]):
+    if _qk_module().flat_applies(qk, scratch[0], scratch[1]):
         return None
     if any(n is not None and n.span_all for n in (qk.q_norm, qk.k_norm)):
         return None
@@ -504,11 +509,9 @@ def _apart(p: Plan, scratch: tuple) -> Plan:
     K / K2 together where they lie head after head (:func:`_joint_plan`; per-head norms and
     a shared table give each head the arithmetic of its own pass), else two."""
     import dataclasses
-    import importlib
 
-    # the module: the package's attribute of that name is the function
-    qkr = importlib.import_module(__package__ + ".qk_norm_rope")
-    joint = _joint_plan(p, scratch) if p.differential else None
+    qkr = _qk_module()
+    joint = _joint_plan(p, scratch)
     if joint is not None:
         qkr.launch(joint, _both(scratch[0]), _both(scratch[1]))
     else:
@@ -723,10 +726,13 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
     win = window if isinstance(window, int) else tuple(window)
     tensors = (q, k, v, q2, k2, lam_t, *qn[:3], *kn[:3], cos, sin)
     # whether Q2 / K2 lie head after head behind Q / K (one prologue pass over both,
-    # _joint_plan): a relation between tensors that their own signatures do not hold
-    joint = JOINT_PROLOGUE and all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, q2, k2)) \
-        and all(_follows(*((a, b) if layout == "bshd" else (a.transpose(1, 2), b.transpose(1, 2))))
-                for a, b in ((q, q2), (k, k2)))
+    # _joint_plan): a relation between tensors that their own signatures do not hold; only
+    # a call with a prologue can take that pass, so plain calls skip the test
+    prologue = q_norm is not None or k_norm is not None or cos is not None
+    joint = JOINT_PROLOGUE and prologue and \
+        all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, q2, k2)) and \
+        all(_follows(*((a, b) if layout == "bshd" else (a.transpose(1, 2), b.transpose(1, 2))))
+            for a, b in ((q, q2), (k, k2)))
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
            qn[3:], kn[3:], launch_settings, PROLOGUE_APART, joint, *(sig(t) for t in tensors))
