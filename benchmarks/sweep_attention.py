@@ -1,7 +1,7 @@
 """Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
 num_warps, num_stages[, token_major, maxnreg]) at the SAME-L shapes, bf16 and fp32,
 CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the byte floor; informs
-launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16, --s16b, --s17); --prologue runs SAME's own
+launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16, --s16b, --s17, --s18); --prologue runs SAME's own
 call (DyT q/k norm + RoPE fused)."""
 import torch
 
@@ -68,6 +68,16 @@ if "--s17" in sys.argv:
     # 2152 SASS; (32, 16, 1, 2) 8 / 4 bytes outside the loop; (64, 16, 2, 3) 255, none
     CONFIGS = [None, (32, 16, 1, 3, True), (32, 16, 1, 2, True), (32, 16, 1, 4, True),
                (64, 16, 2, 3, True), (64, 16, 2, 2, True), (16, 16, 1, 3, True)]
+if "--s18" in sys.argv:
+    # session 18: a program stores fewer queries than its tile holds (the 7th field, step_m)
+    # so that its band fits one key tile fewer: 62 of 64 queries span 96 keys at window 17 (3
+    # tiles of 32, where 64 queries take 4); 14 of 16 span 48 (3 tiles of 16 instead of 4).
+    # sm_90 builds (attn_variants_build.py): bf16 (64, 32, 4, 3, 168, 62) 166 registers, 1424
+    # SASS (table 167, 1416); fp32 (16, 16, 1, 2, -, 14) 255 registers, no local memory (the
+    # table keeps 4 bytes across its loop)
+    CONFIGS = [None, (64, 32, 4, 3, True, 168, 62), (64, 16, 4, 3, True, 168, 62),
+               (32, 16, 1, 3, True, None, 30), (16, 16, 1, 3, True, None, 14),
+               (16, 16, 1, 2, True, None, 14), (64, 32, 4, 3, True, 168), (16, 16, 1, 2, True)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
@@ -125,8 +135,10 @@ for name, dt in CASES:
         if cfg is None:
             cfg = tuple(table)
         cap = cfg[5] if len(cfg) > 5 else None
+        step = cfg[6] if len(cfg) > 6 else None
         mark = " <- table" if tuple(cfg[:4]) == tuple(table[:4]) and cfg[4] and \
-            cap == (table[5] if len(table) > 5 else None) else ""
+            cap == (table[5] if len(table) > 5 else None) and \
+            step == (table[6] if len(table) > 6 else None) else ""
         print(f"{name:14s} {str(dt)[6:]:8s} {cfg} {us:8.1f} us {pct:6.1f}% of floor  "
               f"max|d| vs table {err:.2g}{mark}", flush=True)
     best = min(res)

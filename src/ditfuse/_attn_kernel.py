@@ -8,7 +8,7 @@ log2(e)-scaled scores), over only the key tiles that intersect the band
     i - LEFT <= j <= i + RIGHT    (FlashAttention's window_size=(left, right))
 
 of its queries: key tiles from ``max(0, start_m - LEFT)`` (the tile's first key, not
-aligned to BLOCK_N) up to ``min(N, start_m + BLOCK_M + RIGHT)``, masked per element (band and ``j < N``). Both
+aligned to BLOCK_N) up to ``min(N, start_m + STEP_M + RIGHT)``, masked per element (band and ``j < N``). Both
 matrix products run on tensor cores (``tl.dot``): bf16/fp16 operands (the probabilities
 are rounded to the input dtype before P @ V, as FlashAttention does) or, for fp32
 inputs, tf32 operands; fp32 accumulation throughout.
@@ -337,6 +337,7 @@ def _swa_fwd_kernel(
     HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
     PASS_PAD: tl.constexpr,   # D - R padded likewise
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    STEP_M: tl.constexpr,     # queries a program stores (<= BLOCK_M; see attention.query_step)
     DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
     LAM_PTR: tl.constexpr,
     Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
@@ -355,10 +356,10 @@ def _swa_fwd_kernel(
         # 2*D-byte piece of each; the key/value tiles a tile shares with its neighbour are
         # still read by programs only B*H apart
         bh = tl.program_id(0)
-        start_m = tl.program_id(1) * BLOCK_M
+        start_m = tl.program_id(1) * STEP_M
     else:
         # query tiles of one (batch, head) consecutive (bhsd: one head's rows contiguous)
-        start_m = tl.program_id(0) * BLOCK_M
+        start_m = tl.program_id(0) * STEP_M
         bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -401,8 +402,12 @@ def _swa_fwd_kernel(
     # only the keys of the band of this query tile, in BLOCK_N tiles from its first key
     # (not aligned to BLOCK_N: 64 queries at window 17 span 98 keys, two 64-key trips
     # where aligned tiles would take three)
+    # A program stores STEP_M of its BLOCK_M query rows: where BLOCK_M + LEFT + RIGHT keys
+    # pass a multiple of BLOCK_N by a few (SAME's 64 + 34 = 98 = 3 x 32 + 2), a step of 62
+    # queries spans 3 key tiles instead of 4. The rows past the step are the next program's
+    # queries: computed on the keys loaded here (finite), never stored.
     lo = tl.maximum(start_m - LEFT, 0)
-    hi = tl.minimum(start_m + BLOCK_M + RIGHT, N)
+    hi = tl.minimum(start_m + STEP_M + RIGHT, N)
     # each query row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width:
     # the key bound j < N folded in (rows past N are never stored; their width may be
     # "negative", any key then counts, and their scores stay finite: K rows past N load 0)
@@ -446,5 +451,8 @@ def _swa_fwd_kernel(
     dd = tl.arange(0, D_PAD)
     o_ptrs = _tile_ptrs(o_ptr, b * stride_ob + h * stride_oh, start_m, stride_os, stride_od, dd,
                         BLOCK_M, OFF64)
+    smask = qmask
+    if STEP_M < BLOCK_M:
+        smask = qmask & (tl.arange(0, BLOCK_M) < STEP_M)
     tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
-             mask=_cols_mask(qmask, dd < D, D, D_PAD))
+             mask=_cols_mask(smask, dd < D, D, D_PAD))

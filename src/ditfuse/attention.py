@@ -191,6 +191,26 @@ class Settings(NamedTuple):
     num_stages: int
     token_major: Optional[bool] = None
     maxnreg: Optional[int] = None
+    step_m: Optional[int] = None
+
+
+def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
+    """Queries a program stores (of its ``block_m`` rows): fewer than ``block_m`` where that
+    saves a key tile a program and at least 10% of the key slots a query.
+
+    A tile of s queries visits ``ceil((s + left + right) / block_n)`` key tiles. At SAME's
+    window 17 a 64-query tile spans 98 keys: 4 tiles of 32, two keys into the fourth; 62
+    queries span 96 keys, 3 tiles (96 key slots for 62 queries instead of 128 for 64, 3.5%
+    more programs). Unbounded sides (``-1``) keep ``block_m``.
+    """
+    if left < 0 or right < 0:
+        return block_m
+    span = left + right
+    trips = -(-(block_m + span) // block_n)
+    s = (trips - 1) * block_n - span
+    if s < (block_m + 1) // 2 or (trips - 1) * block_m > 0.9 * trips * s:
+        return block_m
+    return s
 
 
 def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
@@ -340,7 +360,10 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     token_major = bool(settings[4]) if len(settings) > 4 and settings[4] is not None \
         else p.q.stride(2) < p.q.stride(1)
     cap = {"maxnreg": int(settings[5])} if len(settings) > 5 and settings[5] else {}
-    n_m = -(-N // bm)
+    step = int(settings[6]) if len(settings) > 6 and settings[6] else bm
+    if not 1 <= step <= bm:
+        raise ValueError(f"settings: step_m must be in 1 .. block_m = {bm}, got {step}")
+    n_m = -(-N // step)
     if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
         token_major = False
     if not token_major and B * H > 65535:
@@ -377,7 +400,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     constexprs = dict(
         D=D, D_PAD=tile_dim(D), R=R, HALF_PAD=max(16, _next_pow2(R // 2)),
         PASS_PAD=max(16, _next_pow2(D - R)),
-        BLOCK_M=bm, BLOCK_N=bn, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
+        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
         Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
         Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
         K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],

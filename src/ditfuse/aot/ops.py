@@ -370,9 +370,9 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     tensors=_swa_tensors,
     call=_swa_call,
     writes={"o_ptr": "out"},
-    grid=lambda o, c: ((f"B * {o.heads}", f"cdiv(N, {c.kwargs['BLOCK_M']})", "1")
+    grid=lambda o, c: ((f"B * {o.heads}", f"cdiv(N, {c.kwargs['STEP_M']})", "1")
                        if c.kwargs["TOKEN_MAJOR"] else
-                       (f"cdiv(N, {c.kwargs['BLOCK_M']})", f"B * {o.heads}", "1")),
+                       (f"cdiv(N, {c.kwargs['STEP_M']})", f"B * {o.heads}", "1")),
     tag=lambda o: f"h{o.heads}d{o.head_dim}_w{o.window}_{o.dtype}_diff",
     tensor_cores=True,
     example_n=17 * 1938,
