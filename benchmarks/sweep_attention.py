@@ -78,6 +78,16 @@ if "--s18" in sys.argv:
     CONFIGS = [None, (64, 32, 4, 3, True, 168, 62), (64, 16, 4, 3, True, 168, 62),
                (32, 16, 1, 3, True, None, 30), (16, 16, 1, 3, True, None, 14),
                (16, 16, 1, 2, True, None, 14), (64, 32, 4, 3, True, 168), (16, 16, 1, 2, True)]
+if "--s18b" in sys.argv:
+    # session 18, after the step went into the table: 128 queries on two warpgroups storing 126
+    # (5 key tiles of 32 for 126 queries; sm_90 bf16 build 171 registers, 128 under a cap of
+    # 128 with no spills: 2 programs a SM), 32 queries on two warps storing 30 (4 tiles of 16;
+    # fp32 182-184 registers, plain 142-145), the table's tile with 2 stages / no cap / cap 160
+    CONFIGS = [None, (128, 32, 8, 3, True, 128, 126), (128, 32, 8, 2, True, 128, 126),
+               (128, 32, 8, 3, True, None, 126), (32, 16, 2, 2, True, None, 30),
+               (32, 16, 2, 3, True, None, 30), (64, 32, 4, 2, True, 168, 62),
+               (64, 32, 4, 3, True, None, 62), (64, 32, 4, 3, True, 160, 62),
+               (32, 16, 1, 3, True, None, 30)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
