@@ -291,10 +291,17 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
         # its faster settings (320 and 455 us against 568) spill on sm_90. Where
         # prologue_apart() holds, the call runs the prologue apart (the entry below)
         return Settings(64, 16, 4, 3, None, 168)
-    if span <= 64 and not differential and not prologue and D == 64 and fp32:
-        # as the differential fp32 entry below (logs/s16/b): SAME-L 8704 plain 86.9 vs
-        # 127.3 us; in bf16 51.4 vs 48.0 (the table's 64-query tile stays)
-        return Settings(16, 16, 1, 2, True)
+    if span <= 64 and not differential and not prologue and D == 64:
+        if fp32:
+            # one warp as the differential fp32 entry below, 32 queries (30 stored with the
+            # step: 4 key tiles of 16), 3 stages: SAME-L 8704 plain 77.0 / 76.4 us against
+            # 82.5 / 82.1 for that entry's 16-query tiles (logs/s18/a, b), 86.9 before the
+            # step (logs/s16/b); 255 registers, no spills. Differential, the same tile
+            # spills (two maps' state)
+            return Settings(32, 16, 1, 3, True)
+        # 16-bit: the 64-query tile with 3 stages, uncapped (with the step: 41.8 us at SAME-L
+        # 8704 plain against 44.7 with 2 stages and 44.3 capped at 160, logs/s18/b)
+        return Settings(64, 32, 4, 3)
     if differential and not prologue and D >= 128:
         # measured on the H200 (benchmarks/logs/s12/c/attn_d128_sweep.log, N = 8704, window
         # 17): the 8-warp entry above holds 142 registers, one program a SM: 365.6 us bf16,
