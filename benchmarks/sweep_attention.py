@@ -88,6 +88,15 @@ if "--s18b" in sys.argv:
                (32, 16, 2, 3, True, None, 30), (64, 32, 4, 2, True, 168, 62),
                (64, 32, 4, 3, True, None, 62), (64, 32, 4, 3, True, 160, 62),
                (32, 16, 1, 3, True, None, 30)]
+if "--s18c" in sys.argv:
+    # session 18: fp32 one-warp tiles under a register cap for more programs a SM (255
+    # registers: 8 one-warp programs a SM; 224: 9, 200: 10). SAME-L's 8704 x 24 heads in 14-query
+    # steps make 14928 programs, 14.1 rounds of 1056, the TensorRT shape 7464 (7.07 rounds).
+    # sm_90 builds: the differential 16-query tile at 224 / 200 registers and the plain 32-query
+    # tile at 224 / 200 spill nothing (184: 16 B inside the loop)
+    CONFIGS = [None, (16, 16, 1, 2, True, 224, 14), (16, 16, 1, 2, True, 200, 14),
+               (16, 16, 1, 3, True, 200, 14), (32, 16, 1, 3, True, 224, 30),
+               (32, 16, 1, 3, True, 200, 30), (32, 16, 1, 2, True, 200, 30)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
