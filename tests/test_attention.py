@@ -556,13 +556,13 @@ def _missing_tools():
 @pytest.mark.skipif(bool(_missing_tools()), reason="the Triton wheel has no ptxas/cuobjdump")
 def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
     """SAME-L (bf16 and fp32, differential + DyT/RoPE prologue; fp32 without it, the
-    one-warp entry, and the TensorRT contract) and the heaviest table entry (head_dim 128,
+    one-warp entries, differential, plain and the TensorRT contract) and the heaviest table entry (head_dim 128,
     fp32, differential + prologue), compiled for sm_90a in a
     ``TRITON_INTERPRET=0`` subprocess exactly as a call builds them: the PTX holds
     wgmma/mma instructions, no local memory inside a loop (``local_in_loops``), at most
     ``LOCAL_BYTES_MAX`` bytes of it outside."""
     names = ["same-l-bf16", "same-l-fp32", "d128-fp32-diff-prologue", "same-l-fp32-attn",
-             "same-l-trt-fp32"]
+             "same-l-trt-fp32", "same-l-fp32-plain"]
     src = Path(A.__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -586,7 +586,7 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
                                                          "fp16": "float16"}[row["dtype"]]),
                                  17, 17, row["N"], row["differential"], row["prologue"])
         assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == want[:4], detail
-        assert row["maxnreg"] == want.maxnreg, detail
+        assert row["maxnreg"] == want.maxnreg and row["step_m"] == want.step_m, detail
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()
 
 

@@ -296,9 +296,10 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
             # one warp as the differential fp32 entry below, 32 queries (30 stored with the
             # step: 4 key tiles of 16), 3 stages: SAME-L 8704 plain 77.0 / 76.4 us against
             # 82.5 / 82.1 for that entry's 16-query tiles (logs/s18/a, b), 86.9 before the
-            # step (logs/s16/b); 255 registers, no spills. Differential, the same tile
-            # spills (two maps' state)
-            return Settings(32, 16, 1, 3, True)
+            # step (logs/s16/b); capped at 224 registers (9 programs a SM instead of 8, no
+            # spills): 74.7 vs 77.2 us (logs/s18/d). Differential, the same tile spills (two
+            # maps' state)
+            return Settings(32, 16, 1, 3, True, 224)
         # 16-bit: the 64-query tile with 3 stages, uncapped (with the step: 41.8 us at SAME-L
         # 8704 plain against 44.7 with 2 stages and 44.3 capped at 160, logs/s18/b)
         return Settings(64, 32, 4, 3)
@@ -317,10 +318,13 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
                 # 16-query tiles, one warp (mma.sync), 2 stages (H200, benchmarks/logs/s16/a,
                 # b): 50 keys a tile at window 17, 64 scores a query where a 64-query tile
                 # computes 112; 8704 132.7 vs 166.4 us, 32946 452.1 vs 609.5, the TensorRT
-                # contract 74.2 vs 91.3. 255 registers, 4 bytes kept in local memory across
-                # the key loop (none inside it). In bf16 the same tiles tie at 8704 (73.0 vs
-                # 72.3) and lose at 32946 (279.1 vs 244.4); two-warp tiles lose everywhere
-                return Settings(16, 16, 1, 2, True)
+                # contract 74.2 vs 91.3. In bf16 the same tiles tie at 8704 (73.0 vs 72.3)
+                # and lose at 32946 (279.1 vs 244.4); two-warp tiles lose everywhere. With the
+                # query step (14 of 16) and a cap of 224 registers (9 programs a SM instead of
+                # 8; no local memory, where 255 uncapped kept 4 bytes across the loop before
+                # the step): 8704 123.2 us, the contract 71.0, 32946 422.7 (uncapped 125.0 /
+                # 71.2 / 425.8, logs/s18/d; 200 registers: 127.4 / 71.9 / 435.1)
+                return Settings(16, 16, 1, 2, True, 224)
             return Settings(64, 32, 4, 3, None, 168)
         warps, stages = 4, 3
     return Settings(64, block_n, warps, stages)
@@ -964,7 +968,8 @@ def build(spec: BuildSpec) -> dict:
     row = dict(
         name=spec.name, dtype=spec.dtype, H=spec.H, D=spec.D, N=spec.N,
         differential=spec.differential, prologue=spec.prologue, window=str(spec.window),
-        block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], num_warps=ck.metadata.num_warps,
+        block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], step_m=kwargs["STEP_M"],
+        num_warps=ck.metadata.num_warps,
         num_stages=kwargs["num_stages"], grid=list(grid), smem=ck.metadata.shared,
         wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
