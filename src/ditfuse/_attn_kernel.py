@@ -1,7 +1,8 @@
 """The Triton kernel of sliding-window (and differential) attention (private; the launcher
 and the public function are in attention.py).
 
-One program computes one tile of BLOCK_M queries of one (batch, head), flash-attention
+One program computes one tile of BLOCK_M queries of one (batch, head) and stores the first
+STEP_M of them (fewer where that saves a key tile: ``attention.query_step``), flash-attention
 style (online softmax, fp32 running max / sum, the probabilities rescaled with exp2 of
 log2(e)-scaled scores), over only the key tiles that intersect the band
 
