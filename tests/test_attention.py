@@ -233,29 +233,86 @@ def test_poisoned_output_fully_written(small_tiles, monkeypatch):
         assert torch.isfinite(out.float()).all(), layout
 
 
+@pytest.mark.parametrize("step", [None, 11], ids=["tile", "step11"])
 @torch.no_grad()
-def test_visits_only_key_tiles_in_the_band(monkeypatch):
+def test_visits_only_key_tiles_in_the_band(step, monkeypatch):
     """A NaN in one V row reaches exactly the query tiles whose loop covers its key: BN-key
     tiles from ``lo = max(0, start - left)`` while the tile starts below
-    ``min(N, start + BM + right)``. A kernel that visits every key tile would poison every
-    row (0 * NaN is NaN in P @ V)."""
+    ``min(N, start + S + right)``, S the queries a program stores (BM, or the step). A
+    kernel that visits every key tile would poison every row (0 * NaN is NaN in P @ V)."""
     BM = BN = 16
-    monkeypatch.setattr(A, "launch_settings", lambda *a, **k: (BM, BN, 4, 1))
+    S = step or BM
+    monkeypatch.setattr(A, "launch_settings", lambda *a, **k: (BM, BN, 4, 1, None, None, step))
     g = torch.Generator().manual_seed(14)
     N, left, right, j0 = 96, 3, 5, 50
     q, k, v = qkv(g, 1, N, 1, 32, torch.float32)
     v[0, j0] = float("nan")
     out = SWA(q, k, v, (left, right))
     want = torch.zeros(N, dtype=torch.bool)
-    for start in range(0, N, BM):
+    for start in range(0, N, S):
         lo = max(0, start - left)
-        hi = min(N, start + BM + right)
+        hi = min(N, start + S + right)
         end = lo + -(-(hi - lo) // BN) * BN  # the last visited tile's end
         if lo <= j0 < end:
-            want[start:start + BM] = True
+            want[start:start + S] = True
     got = torch.isnan(out[0, :, 0]).any(-1).cpu()
     assert torch.equal(got, want), (got.nonzero().flatten().tolist(), want.nonzero().flatten().tolist())
     assert 0 < want.sum() < N
+
+
+def test_query_step():
+    """A program stores fewer queries than its tile where their band spans one key tile
+    fewer and that saves >= 10% of the key slots a query; the band's keys fit the tiles."""
+    qs = A.query_step
+    assert qs(64, 32, 17, 17) == 62 and qs(16, 16, 17, 17) == 14 and qs(32, 16, 17, 17) == 30
+    assert qs(64, 32, 0, 0) == 64      # 64 keys in 2 tiles already: nothing to save
+    assert qs(64, 32, 17, 0) == 64     # 47 queries in 2 tiles: 9% fewer slots, kept
+    assert qs(64, 32, -1, 0) == qs(64, 32, 3, -1) == 64  # unbounded sides
+    assert qs(64, 64, 17, 17) == 64    # 30 queries would be under half the tile
+    for bm, bn in ((16, 16), (32, 16), (64, 16), (64, 32), (64, 64)):
+        for left in range(0, 40, 3):
+            for right in range(0, 40, 5):
+                s = qs(bm, bn, left, right)
+                trips = -(-(bm + left + right) // bn)
+                assert 1 <= s <= bm
+                if s < bm:
+                    assert -(-(s + left + right) // bn) == trips - 1 and s >= bm // 2
+    st = A.launch_settings(64, torch.bfloat16, 17, 17, 8704, True, False)
+    assert st.step_m == 62 and A.launch_settings(64, torch.bfloat16, -1, 0, 8704, False,
+                                                 False).step_m is None
+
+
+@pytest.mark.parametrize("step", [1, 5, 13, 16])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@torch.no_grad()
+def test_any_query_step_gives_the_formula(step, layout, monkeypatch):
+    """Whatever the step (queries a program stores of its 16), the output is the formula's
+    and every element is written: NaN-poisoned output, batch 2, a ragged last program,
+    differential with a per-head lambda, both grid orders."""
+    monkeypatch.setattr(A, "launch_settings", lambda *a, **k: (16, 16, 4, 1, None, None, step))
+    monkeypatch.setattr(A, "_new_out", lambda shape, dtype, device: torch.full(
+        shape, float("nan"), dtype=dtype, device=device))
+    g = torch.Generator().manual_seed(30 + step)
+    B, N, H, D = 2, 45, 3, 32
+    q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.float32, n=5)
+    lam = torch.tensor([0.3, -0.7, 1.1], device=DEVICE)
+    ref = reference(q, k, v, (6, 3), q2=q2, k2=k2, lam=lam, compute_dtype=torch.float64)
+    if layout == "bhsd":
+        q, k, v, q2, k2 = (t.transpose(1, 2) for t in (q, k, v, q2, k2))
+    out = SWA(q, k, v, (6, 3), q2=q2, k2=k2, lam=lam, layout=layout)
+    if layout == "bhsd":
+        out = out.transpose(1, 2)
+    check(out, ref, v if layout == "bshd" else v.transpose(1, 2), torch.float32,
+          f"step {step} {layout}", lam=lam)
+
+
+def test_bad_query_step_is_refused():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = qkv(g, 1, 20, 1, 32, torch.float32)
+    p = A.plan(q, k, v, 3)
+    for bad in (0, 17):
+        with pytest.raises(ValueError, match="step_m must be in 1 .. block_m = 16"):
+            A.run(p, (16, 16, 4, 1, None, None, bad))
 
 
 @torch.no_grad()

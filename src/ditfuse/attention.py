@@ -385,7 +385,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     token_major = bool(settings[4]) if len(settings) > 4 and settings[4] is not None \
         else p.q.stride(2) < p.q.stride(1)
     cap = {"maxnreg": int(settings[5])} if len(settings) > 5 and settings[5] else {}
-    step = int(settings[6]) if len(settings) > 6 and settings[6] else bm
+    step = int(settings[6]) if len(settings) > 6 and settings[6] is not None else bm
     if not 1 <= step <= bm:
         raise ValueError(f"settings: step_m must be in 1 .. block_m = {bm}, got {step}")
     n_m = -(-N // step)
