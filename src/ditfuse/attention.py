@@ -368,10 +368,11 @@ def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
 def launch(p: Plan, o4: Tensor, settings=None) -> None:
     """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
 
-    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major[, maxnreg]])
+    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major[, maxnreg[, step_m]]])
     overrides the table. ``token_major`` (default: the head stride is below the token
     stride, as in bshd) orders the grid query tile first, every (batch, head) of it next;
-    ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap).
+    ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m``
+    the queries a program stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`).
     """
     from ._attn_kernel import _swa_fwd_kernel
 
