@@ -97,6 +97,11 @@ if "--s18c" in sys.argv:
     CONFIGS = [None, (16, 16, 1, 2, True, 224, 14), (16, 16, 1, 2, True, 200, 14),
                (16, 16, 1, 3, True, 200, 14), (32, 16, 1, 3, True, 224, 30),
                (32, 16, 1, 3, True, 200, 30), (32, 16, 1, 2, True, 200, 30)]
+if "--s19" in sys.argv:
+    # (prepared in session 18) the query step where it was not measured: SAME's fused prologue
+    # entry (with --prologue: 16-key tiles, 62 of 64 queries, 6 key tiles instead of 7)
+    # against the same tile storing all 64
+    CONFIGS = [None, (64, 16, 4, 3, True, 168, 64), (64, 16, 4, 3, True, 168, 62)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
