@@ -105,7 +105,7 @@ if "--s19" in sys.argv:
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
-if PROLOGUE:
+if PROLOGUE and "--s19" not in sys.argv:
     # (next) SAME's own call: DyT q/k norm + rotate-half RoPE over 32 of 64 channels fused
     # in; the table takes 8 warps / 2 stages there (bf16 168 registers), never swept with a cap
     CONFIGS = [(64, 32, 8, 2, True), (64, 32, 4, 3, True, 168), (64, 32, 4, 2, True, 168),
