@@ -102,6 +102,17 @@ if "--s19" in sys.argv:
     # entry (with --prologue: 16-key tiles, 62 of 64 queries, 6 key tiles instead of 7)
     # against the same tile storing all 64
     CONFIGS = [None, (64, 16, 4, 3, True, 168, 64), (64, 16, 4, 3, True, 168, 62)]
+if "--s19b" in sys.argv:
+    # (prepared in session 18) run with DISABLE_MMA_V3=1 in the environment (Triton then lowers
+    # every tl.dot to mma.sync, also a 64-row tile on 4 warps: warps [4, 1], each warp owning
+    # 16 query rows with the K / V tiles shared through shared memory, FlashAttention-2's
+    # layout, where the table's fp32 entry is one 16-query warp a program). sm_90 builds under
+    # that variable (attn_variants_build.py): fp32 (64, 16, 4, 3, step 62) 183 registers, no
+    # spills, 2 programs a SM; (64, 16, 4, 2) 255, capped at 224 no spills; bf16 (64, 16, 4,
+    # 3) 160 registers, 1144 SASS; (64, 32, 4, 3) 232 (168 capped)
+    CONFIGS = [None, (64, 16, 4, 3, True, None, 62), (64, 16, 4, 2, True, 224, 62),
+               (64, 16, 4, 3, True, 168, 62), (64, 32, 4, 2, True, None, 62),
+               (64, 32, 4, 3, True, 168, 62), (64, 16, 4, 4, True, None, 62)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
