@@ -3,8 +3,8 @@ hold apart: token counts from 1 (below, at and above the tile), odd head counts,
 and (left, right) windows with unbounded sides, the differential form with a float or
 per-head lambda, both layouts, chunks of one packed projection, an explicit scale, the fused
 prologue (norm kinds x rotary style x partial / unique tables), head dims that are not a
-power of two (padded tiles), 16-token and production
-tiles, grad mode on with nothing requiring grad. Each case against the float64 dense-mask
+power of two (padded tiles), 16-token tiles (storing all 16 queries, the table's query
+step or any count) and production tiles, grad mode on with nothing requiring grad. Each case against the float64 dense-mask
 reference with the tolerance of ``test_attention.py``. ``DITFUSE_FUZZ_N`` cases (default
 24), reproducible from the case number.
 """
@@ -38,7 +38,20 @@ def draw(i):
     )
     if r.random() < 0.3:  # a head dim that is not a power of two (padded tiles)
         c["D"] = r.choice([8, 16, 48, 80, 96])
+    # the queries a 16-token program stores (its own generator: the draws above stay those of
+    # earlier sessions' case numbers): all 16, the table's query step, or any count
+    c["step"] = random.Random(9000 + i).choice([None, None, "table", 1, 7, 13, 15])
     return c
+
+
+def _small_settings(c):
+    step = c["step"]
+    if step == "table":
+        w = c["window"]
+        left, right = (w, w) if isinstance(w, int) else w
+        step = A.query_step(SMALL[0], SMALL[1], min(left, c["N"]), min(right, c["N"])) \
+            if left >= 0 and right >= 0 else None
+    return tuple(SMALL) + (None, None, step)
 
 
 def _norm(g, kind, D, dtype):
@@ -57,7 +70,8 @@ def _norm(g, kind, D, dtype):
 def test_fuzz_against_fp64_reference(i, monkeypatch):
     c = draw(i)
     if c["small"]:
-        monkeypatch.setattr(A, "launch_settings", lambda *a, **k: SMALL)
+        st = _small_settings(c)
+        monkeypatch.setattr(A, "launch_settings", lambda *a, **k: st)
     g = torch.Generator().manual_seed(c["seed"])
     B, N, H, D, dtype = c["B"], c["N"], c["H"], c["D"], c["dtype"]
     n = 5 if c["diff"] else 3
