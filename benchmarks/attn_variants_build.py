@@ -2,7 +2,7 @@
 other than the table's (no GPU): registers, spills, shared memory, SASS instructions.
 
     TRITON_INTERPRET=0 PYTHONPATH=src python benchmarks/attn_variants_build.py \
-        "64,128,4,1" "64,128,4,1,,168" "64,32,4,3,,168,62" [--specs same-l-bf16-attn,same-l-trt-fp32]
+        "64,128,4,1" "64,128,4,1,,168" "64,32,4,3,,168,62" "64,16,4,3,1,,62,1" [--specs same-l-bf16-attn,same-l-trt-fp32]
 """
 import sys
 
@@ -18,6 +18,8 @@ def parse(s):
         out.append(int(f[5]) if f[5] else None)
     if len(f) > 6:
         out.append(int(f[6]) if f[6] else None)
+    if len(f) > 7:
+        out.append(bool(int(f[7])))
     return A.Settings(*out)
 
 

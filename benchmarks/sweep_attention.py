@@ -103,16 +103,16 @@ if "--s19" in sys.argv:
     # against the same tile storing all 64
     CONFIGS = [None, (64, 16, 4, 3, True, 168, 64), (64, 16, 4, 3, True, 168, 62)]
 if "--s19b" in sys.argv:
-    # (prepared in session 18) run with DISABLE_MMA_V3=1 in the environment (Triton then lowers
-    # every tl.dot to mma.sync, also a 64-row tile on 4 warps: warps [4, 1], each warp owning
-    # 16 query rows with the K / V tiles shared through shared memory, FlashAttention-2's
-    # layout, where the table's fp32 entry is one 16-query warp a program). sm_90 builds under
-    # that variable (attn_variants_build.py): fp32 (64, 16, 4, 3, step 62) 183 registers, no
-    # spills, 2 programs a SM; (64, 16, 4, 2) 255, capped at 224 no spills; bf16 (64, 16, 4,
-    # 3) 160 registers, 1144 SASS; (64, 32, 4, 3) 232 (168 capped)
-    CONFIGS = [None, (64, 16, 4, 3, True, None, 62), (64, 16, 4, 2, True, 224, 62),
-               (64, 16, 4, 3, True, 168, 62), (64, 32, 4, 2, True, None, 62),
-               (64, 32, 4, 3, True, 168, 62), (64, 16, 4, 4, True, None, 62)]
+    # (prepared in session 18) 64-row tiles on 4 warps of mma.sync (the 8th setting,
+    # mma_sync: Triton's wgmma switched off while the kernel compiles, _runtime.mma_sync_only):
+    # FlashAttention-2's layout, each warp owning 16 query rows with the K / V tiles shared
+    # through shared memory, where the table's fp32 entry is one 16-query warp a program. sm_90
+    # builds (attn_variants_build.py): fp32 (64, 16, 4, 3, step 62) 183 registers, no spills,
+    # 2 programs a SM; (64, 16, 4, 2) 255, capped at 224 no spills; bf16 (64, 16, 4, 3) 160
+    # registers, 1144 SASS; (64, 32, 4, 3) 232 (168 capped)
+    CONFIGS = [None, (64, 16, 4, 3, True, None, 62, True), (64, 16, 4, 2, True, 224, 62, True),
+               (64, 16, 4, 3, True, 168, 62, True), (64, 32, 4, 2, True, None, 62, True),
+               (64, 32, 4, 3, True, 168, 62, True), (64, 16, 4, 4, True, None, 62, True)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
@@ -173,7 +173,9 @@ for name, dt in CASES:
         step = cfg[6] if len(cfg) > 6 else None
         mark = " <- table" if tuple(cfg[:4]) == tuple(table[:4]) and cfg[4] and \
             cap == (table[5] if len(table) > 5 else None) and \
-            step == (table[6] if len(table) > 6 else None) else ""
+            step == (table[6] if len(table) > 6 else None) and \
+            bool(cfg[7] if len(cfg) > 7 else False) == bool(table[7] if len(table) > 7
+                                                             else False) else ""
         print(f"{name:14s} {str(dt)[6:]:8s} {cfg} {us:8.1f} us {pct:6.1f}% of floor  "
               f"max|d| vs table {err:.2g}{mark}", flush=True)
     best = min(res)

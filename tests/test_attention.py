@@ -316,6 +316,21 @@ def test_bad_query_step_is_refused():
 
 
 @torch.no_grad()
+def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
+    """``mma_sync`` (the 8th launch setting) only changes how Triton lowers the dots: on the
+    interpreter the same bits; the process's environment is as before the call."""
+    import os
+    g = torch.Generator().manual_seed(31)
+    q, k, v, q2, k2 = qkv(g, 1, 40, 2, 32, torch.float32, n=5)
+    p = A.plan(q, k, v, 5, q2=q2, k2=k2)
+    before = os.environ.get("DISABLE_MMA_V3")
+    want = A.run(p, (16, 16, 4, 1, None, None, 14))
+    got = A.run(p, (16, 16, 4, 1, None, None, 14, True))
+    assert torch.equal(got, want)
+    assert os.environ.get("DISABLE_MMA_V3") == before
+
+
+@torch.no_grad()
 def test_int64_in_tile_offsets_same_result(small_tiles, monkeypatch):
     """The OFF64 build (in-tile offsets in int64, for strides past 2^31 / BLOCK) computes
     the same bits as the int32 build."""
@@ -645,6 +660,33 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
         assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == want[:4], detail
         assert row["maxnreg"] == want.maxnreg and row["step_m"] == want.step_m, detail
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()
+
+
+@pytest.mark.skipif(bool(_missing_tools()), reason="the Triton wheel has no ptxas/cuobjdump")
+def test_sm90_build_mma_sync_option(tmp_path):
+    """A 64-query fp32 tile on 4 warps builds to wgmma; with ``mma_sync`` to mma.sync (each
+    warp 16 query rows), no wgmma, within the build gate's resources."""
+    src = Path(A.__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("DISABLE_MMA_V3", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    out = tmp_path / "rows.json"
+    code = (
+        "import json, os; from ditfuse import attention as A\n"
+        "spec = next(s for s in A.BUILD_SPECS if s.name == 'same-l-fp32-attn')\n"
+        "rows = []\n"
+        "for mma in (False, True):\n"
+        "    A.launch_settings = lambda *a, mma=mma, **k: A.Settings(64, 16, 4, 3, True, None, 62, mma)\n"
+        "    rows.append(A.build(spec))\n"
+        "    assert 'DISABLE_MMA_V3' not in os.environ\n"
+        f"json.dump(rows, open({str(out)!r}, 'w'))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and out.exists(), (r.stdout + r.stderr)[-6000:]
+    wg, ms = json.loads(out.read_text())
+    assert wg["wgmma"] > 0 and wg["mma"] == 0, wg
+    assert ms["wgmma"] == 0 and ms["mma"] > 0, ms
+    assert ms["loop_local"] == 0 and not ms["violations"] and ms["regs"] <= 255, ms
 
 
 @torch.no_grad()

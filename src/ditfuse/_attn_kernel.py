@@ -339,6 +339,8 @@ def _swa_fwd_kernel(
     PASS_PAD: tl.constexpr,   # D - R padded likewise
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     STEP_M: tl.constexpr,     # queries a program stores (<= BLOCK_M; see attention.query_step)
+    MMA_SYNC: tl.constexpr,   # compiled with mma.sync instead of wgmma (no code of its own: it
+                              # keeps that build's cache entry apart; _runtime.mma_sync_only)
     DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
     LAM_PTR: tl.constexpr,
     Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,

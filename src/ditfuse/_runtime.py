@@ -6,7 +6,9 @@ imports it first).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 
@@ -34,3 +36,29 @@ def describe_backend() -> str:
     if torch.cuda.is_available():
         return f"cuda ({torch.cuda.get_device_name()})"
     return "cpu (pytorch reference)"
+
+
+_MMA_ENV = "DISABLE_MMA_V3"
+_MMA_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def mma_sync_only(on: bool):
+    """Kernels that Triton compiles inside lower every ``tl.dot`` to ``mma.sync`` instead of
+    Hopper's ``wgmma`` (Triton's ``DISABLE_MMA_V3`` switch, read when a kernel compiles and
+    one of the variables its on-disk cache is keyed on, so the two builds are cached apart).
+    Used for a launch whose specialization asks for it (a constexpr keeps its in-memory cache
+    entry apart); a no-op when ``on`` is false."""
+    if not on:
+        yield
+        return
+    with _MMA_LOCK:
+        old = os.environ.get(_MMA_ENV)
+        os.environ[_MMA_ENV] = "1"
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(_MMA_ENV, None)
+            else:
+                os.environ[_MMA_ENV] = old

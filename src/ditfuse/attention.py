@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from . import _fastpath, _library, _runtime
+from ._runtime import mma_sync_only
 from .norms import NormSpec, needs_grad
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -192,6 +193,7 @@ class Settings(NamedTuple):
     token_major: Optional[bool] = None
     maxnreg: Optional[int] = None
     step_m: Optional[int] = None
+    mma_sync: bool = False
 
 
 def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
@@ -372,7 +374,10 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     overrides the table. ``token_major`` (default: the head stride is below the token
     stride, as in bshd) orders the grid query tile first, every (batch, head) of it next;
     ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m``
-    the queries a program stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`).
+    the queries a program stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`);
+    ``mma_sync`` compiles the dots to mma.sync where Triton would take wgmma (a 64-row tile
+    on 4 warps then runs FlashAttention-2's layout, each warp owning 16 query rows:
+    :func:`ditfuse._runtime.mma_sync_only`; no table entry takes it yet).
     """
     from ._attn_kernel import _swa_fwd_kernel
 
@@ -389,6 +394,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     step = int(settings[6]) if len(settings) > 6 and settings[6] is not None else bm
     if not 1 <= step <= bm:
         raise ValueError(f"settings: step_m must be in 1 .. block_m = {bm}, got {step}")
+    mma_sync = bool(settings[7]) if len(settings) > 7 else False
     n_m = -(-N // step)
     if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
         token_major = False
@@ -426,7 +432,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     constexprs = dict(
         D=D, D_PAD=tile_dim(D), R=R, HALF_PAD=max(16, _next_pow2(R // 2)),
         PASS_PAD=max(16, _next_pow2(D - R)),
-        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
+        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
         Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
         Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
         K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
@@ -441,9 +447,10 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
     # product of ``acc1 / l1 - lam * (acc2 / l2)`` instead (seen on the H200: the sm_90a
     # package differed from this kernel in the last bit). Costs ~2% more instructions.
-    _fastpath.launch(_swa_fwd_kernel, grid, args,
-                     dict(constexprs, num_warps=num_warps, num_stages=num_stages,
-                          enable_fp_fusion=False, **cap))
+    with mma_sync_only(mma_sync):  # where the launch compiles its kernel
+        _fastpath.launch(_swa_fwd_kernel, grid, args,
+                         dict(constexprs, num_warps=num_warps, num_stages=num_stages,
+                              enable_fp_fusion=False, **cap))
 
 
 def _new_out(shape, dtype, device) -> Tensor:
@@ -960,8 +967,9 @@ def build(spec: BuildSpec) -> dict:
     grid, args, kwargs = capture_launch(spec)
     target = GPUTarget("cuda", ik.ARCH, ik.WARP_SIZE)
     signature, constexprs, attrs, options = ik.specialize(kernel, args, kwargs, target)
-    ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                        options=options.__dict__)
+    with mma_sync_only(bool(kwargs.get("MMA_SYNC"))):
+        ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                            options=options.__dict__)
     ptx = ck.asm["ptx"]
     name = ck.metadata.name
     pt = ik.run_ptxas(ptx, options, name)
