@@ -43,15 +43,7 @@ _MMA_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def mma_sync_only(on: bool):
-    """Kernels that Triton compiles inside lower every ``tl.dot`` to ``mma.sync`` instead of
-    Hopper's ``wgmma`` (Triton's ``DISABLE_MMA_V3`` switch, read when a kernel compiles and
-    one of the variables its on-disk cache is keyed on, so the two builds are cached apart).
-    Used for a launch whose specialization asks for it (a constexpr keeps its in-memory cache
-    entry apart); a no-op when ``on`` is false."""
-    if not on:
-        yield
-        return
+def _mma_sync_env():
     with _MMA_LOCK:
         old = os.environ.get(_MMA_ENV)
         os.environ[_MMA_ENV] = "1"
@@ -62,3 +54,12 @@ def mma_sync_only(on: bool):
                 os.environ.pop(_MMA_ENV, None)
             else:
                 os.environ[_MMA_ENV] = old
+
+
+def mma_sync_only(on: bool):
+    """Kernels that Triton compiles inside lower every ``tl.dot`` to ``mma.sync`` instead of
+    Hopper's ``wgmma`` (Triton's ``DISABLE_MMA_V3`` switch, read when a kernel compiles and
+    one of the variables its on-disk cache is keyed on, so the two builds are cached apart).
+    Used for a launch whose specialization asks for it (a constexpr keeps its in-memory cache
+    entry apart); a plain ``nullcontext`` when ``on`` is false (every other launch)."""
+    return _mma_sync_env() if on else contextlib.nullcontext()

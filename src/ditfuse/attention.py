@@ -370,8 +370,8 @@ def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
 def launch(p: Plan, o4: Tensor, settings=None) -> None:
     """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
 
-    ``settings`` = (BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major[, maxnreg[, step_m]]])
-    overrides the table. ``token_major`` (default: the head stride is below the token
+    ``settings`` (a :class:`Settings` or a tuple of its leading fields: BLOCK_M, BLOCK_N,
+    num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync]) overrides the table. ``token_major`` (default: the head stride is below the token
     stride, as in bshd) orders the grid query tile first, every (batch, head) of it next;
     ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m``
     the queries a program stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`);
@@ -385,16 +385,16 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     if B * N * H == 0:
         return
     diff = p.differential
-    settings = tuple(settings or launch_settings(
-        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None))
-    bm, bn, num_warps, num_stages = settings[:4]
-    token_major = bool(settings[4]) if len(settings) > 4 and settings[4] is not None \
+    st = Settings(*(settings or launch_settings(
+        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None)))
+    bm, bn, num_warps, num_stages = st[:4]
+    token_major = bool(st.token_major) if st.token_major is not None \
         else p.q.stride(2) < p.q.stride(1)
-    cap = {"maxnreg": int(settings[5])} if len(settings) > 5 and settings[5] else {}
-    step = int(settings[6]) if len(settings) > 6 and settings[6] is not None else bm
+    cap = {"maxnreg": int(st.maxnreg)} if st.maxnreg else {}
+    step = int(st.step_m) if st.step_m is not None else bm
     if not 1 <= step <= bm:
         raise ValueError(f"settings: step_m must be in 1 .. block_m = {bm}, got {step}")
-    mma_sync = bool(settings[7]) if len(settings) > 7 else False
+    mma_sync = bool(st.mma_sync)
     n_m = -(-N // step)
     if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
         token_major = False
@@ -432,7 +432,8 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     constexprs = dict(
         D=D, D_PAD=tile_dim(D), R=R, HALF_PAD=max(16, _next_pow2(R // 2)),
         PASS_PAD=max(16, _next_pow2(D - R)),
-        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
+        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync, DIFF=diff,
+        LAM_PTR=p.lam_tensor is not None,
         Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
         Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
         K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],

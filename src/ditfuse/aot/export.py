@@ -491,8 +491,8 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
     _, _, _, options = specialize(kernel, caps[0].args, caps[0].kwargs, gtarget)
     sig = {p.name: ("i32" if p.kind == "extra" else "*" + _TRITON_DT[p.dtype]) for p in params}
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if p.kind != "extra"}
-    mma_sync = mma_sync_only(bool(jit_kwargs.get("MMA_SYNC")))  # as the JIT call compiles
-    with tempfile.TemporaryDirectory(prefix="ditfuse-aot-") as d, mma_sync:
+    mma_sync = bool(jit_kwargs.get("MMA_SYNC"))  # compiled as the JIT call compiles it
+    with tempfile.TemporaryDirectory(prefix="ditfuse-aot-") as d, mma_sync_only(mma_sync):
         wrapper = _import_wrapper(src, fn_name, d)
         ck = triton.compile(ASTSource(wrapper, sig, {}, attrs), target=gtarget,
                             options=options.__dict__)
@@ -511,7 +511,7 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
 
     # the JIT build of the same call, for the arithmetic comparison
     jsig, jcst, jattrs, jopts = specialize(kernel, caps[0].args, jit_kwargs, gtarget)
-    with mma_sync_only(bool(jit_kwargs.get("MMA_SYNC"))):
+    with mma_sync_only(mma_sync):
         jit = triton.compile(ASTSource(kernel, jsig, jcst, jattrs), target=gtarget,
                              options=jopts.__dict__)
     h_pkg, h_jit = P.float_op_histogram(final), P.float_op_histogram(jit.asm["ptx"])
