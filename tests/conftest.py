@@ -55,7 +55,11 @@ def rope_tables(S, W, dtype=torch.float32, style="interleaved", unique=False, de
     ('half'); ``unique`` gives the W/2 unique frequencies only."""
     half = W // 2
     inv = 1.0 / base ** (torch.arange(half, dtype=torch.float64) * 2 / W)
-    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None] + torch.rand(S, 1, dtype=torch.float64)
+    # a random phase a row, from a generator of the call's own: the same table whatever ran
+    # before (the global generator made a test's inputs depend on the tests run before it)
+    g = torch.Generator().manual_seed(S * 4099 + W)
+    phase = torch.rand(S, 1, dtype=torch.float64, generator=g)
+    ang = torch.arange(S, dtype=torch.float64)[:, None] * inv[None] + phase
     c, s = ang.cos(), ang.sin()
     if not unique:
         if style == "interleaved":
