@@ -1,9 +1,11 @@
 """ditfuse.patch on the diffusers models built from a covered model's attention and blocks:
 SkyReels-V2 (Wan's architecture in its own classes; diffusion forcing's per-frame modulation
-and block-causal mask), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN blocks, a
-text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history latents with
-their own RoPE rows). Tiny configs: patched vs unpatched within a few roundings (bitwise in
-bf16), the fused kernels really launched, unpatch restores exactly."""
+and block-causal mask), Wan 2.2 Animate (copies of Wan's processor and block around a face
+adapter), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN
+blocks, a text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history
+latents with their own RoPE rows), HunyuanVideo 1.5 (its own processor, HunyuanVideo's
+dual-stream block code in its own class). Tiny configs: patched vs unpatched within a few
+roundings (bitwise in bf16), the fused kernels really launched, unpatch restores exactly."""
 from collections import Counter
 
 import pytest
@@ -95,6 +97,55 @@ def framepack_inputs(dtype):
                 guidance=torch.tensor([5.0]).to(dtype), return_dict=False)
 
 
+def wan_animate():
+    from diffusers import WanAnimateTransformer3DModel
+
+    return _randomize(WanAnimateTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=None,
+        latent_channels=4, out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2,
+        image_dim=8, added_kv_proj_dim=24, rope_max_seq_len=32, motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+        motion_encoder_size=16, motion_style_dim=8, motion_dim=4, motion_encoder_dim=16,
+        face_encoder_hidden_dim=16, face_encoder_num_heads=2, inject_face_latents_blocks=1,
+        motion_encoder_batch_size=4))
+
+
+def wan_animate_inputs(dtype):
+    g = _g(25)
+    F = 2  # the pose latents have one frame fewer (the reference frame carries none)
+    return dict(hidden_states=torch.randn(2, 12, F, 4, 6, generator=g).to(dtype),
+                timestep=torch.tensor([500.0, 80.0]).to(dtype),
+                encoder_hidden_states=torch.randn(2, 5, 16, generator=g).to(dtype),
+                encoder_hidden_states_image=torch.randn(2, 3, 8, generator=g).to(dtype),
+                pose_hidden_states=torch.randn(2, 4, F - 1, 4, 6, generator=g).to(dtype),
+                face_pixel_values=torch.randn(2, 3, 5, 16, 16, generator=g).to(dtype),
+                return_dict=False)
+
+
+def hunyuan15():
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    return _randomize(HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(4, 6, 6), target_size=16,
+        task_type="i2v"))
+
+
+def hunyuan15_inputs(dtype):
+    g = _g(26)
+    mask = torch.ones(2, 5)
+    mask[1, 3:] = 0  # the second prompt padded (its tokens masked out of the joint attention)
+    mask2 = torch.ones(2, 3)
+    mask2[0, 2:] = 0
+    return dict(hidden_states=torch.randn(2, 9, 2, 4, 4, generator=g).to(dtype),
+                timestep=torch.tensor([500.0, 30.0]).to(dtype),
+                encoder_hidden_states=torch.randn(2, 5, 16, generator=g).to(dtype),
+                encoder_attention_mask=mask,
+                encoder_hidden_states_2=torch.randn(2, 3, 8, generator=g).to(dtype),
+                encoder_attention_mask_2=mask2,
+                image_embeds=torch.randn(2, 4, 8, generator=g).to(dtype), return_dict=False)
+
+
 def skyreels(**kw):
     from diffusers import SkyReelsV2Transformer3DModel
 
@@ -124,11 +175,20 @@ CASES = [
     ("skyreels-v2-df", lambda: skyreels(num_frame_per_block=2),
      lambda dt: skyreels_inputs(dt, df=True),
      {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    # Wan 2.2 Animate: copies of Wan's processor and block in its own module (I2V: the
+    # image tokens' norm_added_k), the face adapter's cross-attention between blocks
+    ("wan-animate", wan_animate, wan_animate_inputs,
+     {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-vace", wan_vace, wan_vace_inputs,
      {"attention processors (QK-norm + RoPE)": 10, "blocks (AdaLN)": 3}),
     ("chroma", chroma, chroma_inputs, {"attention processors (QK-norm + RoPE)": 3,
                                        "Chroma AdaLayerNormZeroPruned (modulate)": 2,
                                        "Chroma AdaLayerNormZeroSinglePruned (modulate)": 2}),
+    # HunyuanVideo 1.5: its own processor (the joint mask built inside), HunyuanVideo's
+    # dual-stream block code in its own class
+    ("hunyuan-video-1.5", hunyuan15, hunyuan15_inputs,
+     {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 2,
+      "AdaLayerNormZero (modulate)": 4}),
     ("hunyuan-framepack", framepack, framepack_inputs,
      {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 1}),
 ]

@@ -254,6 +254,8 @@ def _registry():
         # are Wan's; their forwards are not replaced: the block tables match exact types)
         "WanVACETransformer3DModel": _wan.patch_model,
         "SkyReelsV2Transformer3DModel": _wan.patch_skyreels,
+        # Wan 2.2 Animate: copies of Wan's processor, attention and block in its own module
+        "WanAnimateTransformer3DModel": _wan.patch_animate,
         "FluxTransformer2DModel": _flux.patch_model,
         # Chroma: FLUX.1's attention and processor (QK-norm + RoPE), its own pruned-AdaLN
         # blocks (not replaced)
@@ -262,6 +264,7 @@ def _registry():
         "HunyuanVideoTransformer3DModel": _hunyuan.patch_model,
         # FramePack: HunyuanVideo's blocks and attention over packed history latents
         "HunyuanVideoFramepackTransformer3DModel": _hunyuan.patch_model,
+        "HunyuanVideo15Transformer3DModel": _hunyuan.patch_model_15,
         "StableAudio3DiTModel": _sa3.patch_model,
         "QwenImageTransformer2DModel": _qwen.patch_model,
         "AutoencoderSAME": _same.patch_model,
@@ -288,7 +291,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
         ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``; and
         the models built from their attention and blocks: ``WanVACETransformer3DModel``,
-        ``ChromaTransformer2DModel``, ``HunyuanVideoFramepackTransformer3DModel``,
+        ``WanAnimateTransformer3DModel``, ``ChromaTransformer2DModel``,
+        ``HunyuanVideoFramepackTransformer3DModel``, ``HunyuanVideo15Transformer3DModel``,
         ``SkyReelsV2Transformer3DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and
         ``transformer_2`` both).

@@ -1,11 +1,12 @@
-"""HunyuanVideo (HunyuanVideoTransformer3DModel): per-head QK-norm + RoPE on the image
-tokens, QK-norm only on the text tokens -- from the projections into fresh Q / K in the
-single-stream blocks, into the rows of the joint Q / K in the dual-stream ones (no
-``torch.cat`` of Q and K); in the
-double- and single-stream blocks, AdaLayerNormZero(Single)'s norm + modulate and the gated
-residuals (with the norm2 + modulate that follows) as the AdaLN kernels; the single-stream
-blocks' GELU written straight into the buffer ``proj_out`` reads, next to the image and
-text attention outputs (both ``torch.cat`` copies of the block gone)."""
+"""HunyuanVideo (HunyuanVideoTransformer3DModel) and HunyuanVideo 1.5
+(HunyuanVideo15Transformer3DModel: dual-stream blocks only, its own processor): per-head
+QK-norm + RoPE on the image tokens, QK-norm only on the text tokens -- from the projections
+into fresh Q / K in the single-stream blocks, into the rows of the joint Q / K in the
+dual-stream ones (no ``torch.cat`` of Q and K); in the double- and single-stream blocks,
+AdaLayerNormZero(Single)'s norm + modulate and the gated residuals (with the norm2 +
+modulate that follows) as the AdaLN kernels; the single-stream blocks' GELU written
+straight into the buffer ``proj_out`` reads, next to the image and text attention outputs
+(both ``torch.cat`` copies of the block gone)."""
 from __future__ import annotations
 
 import torch
@@ -101,20 +102,93 @@ def _make_processor():
     return DitfuseHunyuanVideoAttnProcessor
 
 
+def _make_processor_15():
+    """The fused subclass of HunyuanVideo 1.5's processor (dual-stream blocks only)."""
+    import torch.nn.functional as F
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_hunyuan_video15 as th
+
+    class DitfuseHunyuanVideo15AttnProcessor(th.HunyuanVideo15AttnProcessor2_0):
+        """HunyuanVideo15AttnProcessor2_0 with QK-norm + RoPE fused: the image tokens'
+        Q / K normalised and rotated by one kernel, the text tokens' normalised by another,
+        each straight into its rows of the joint Q / K the attention reads (the eager
+        processor normalises, rotates, then concatenates: more passes over Q and K; same
+        values). The joint mask is built as the eager processor builds it.
+
+        Falls back to the original when autograd needs gradients, a q/k norm is not one
+        ``qk_norm_rope`` reads exactly, there is no text stream or mask, or the RoPE is not
+        a (cos, sin) pair of (S_image, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            S = hidden_states.shape[1]
+            ok = (encoder_hidden_states is not None and attention_mask is not None
+                  and norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
+                  and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == S)
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            H = attn.heads
+            query = attn.to_q(hidden_states).unflatten(2, (H, -1))
+            key = attn.to_k(hidden_states).unflatten(2, (H, -1))
+            value = attn.to_v(hidden_states).unflatten(2, (H, -1))
+            encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (H, -1))
+            encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (H, -1))
+            encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (H, -1))
+            B, _, _, D = query.shape
+            T = encoder_query.shape[1]
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            q_all = query.new_empty(B, S + T, H, D)
+            k_all = key.new_empty(B, S + T, H, D)
+            qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                         out=(q_all[:, :S], k_all[:, :S]))
+            qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
+                         k_norm=attn.norm_added_k, out=(q_all[:, S:], k_all[:, S:]))
+            value = torch.cat([value, encoder_value], dim=1)
+
+            # the eager processor's joint mask: the token mask left-padded with True to the
+            # joint length, a pair kept where both tokens are
+            n = S + T
+            mask = F.pad(attention_mask, (n - attention_mask.shape[1], 0), value=True).bool()
+            rows = mask.view(B, 1, 1, n).repeat(1, 1, n, 1)
+            mask = (rows & rows.transpose(2, 3)).bool()
+
+            hidden_states = dispatch_attention_fn(
+                q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(q_all.dtype)
+            hidden_states, encoder_hidden_states = hidden_states[:, :-T], hidden_states[:, -T:]
+            if getattr(attn, "to_out", None) is not None:
+                hidden_states = attn.to_out[0](hidden_states)
+                hidden_states = attn.to_out[1](hidden_states)
+            if getattr(attn, "to_add_out", None) is not None:
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+            return hidden_states, encoder_hidden_states
+
+    return DitfuseHunyuanVideo15AttnProcessor
+
+
 def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
                    freqs_cis=None, *args, **kwargs):
-    """HunyuanVideoTransformerBlock.forward with, per stream, ``x + attn * gate`` -> norm2 ->
-    ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (per-op rounding,
-    as the block computes in the activation dtype). Falls back to the block's own forward
-    when autograd is on or the norms / dtypes differ."""
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoTransformerBlock
-
+    """HunyuanVideoTransformerBlock.forward (HunyuanVideo15TransformerBlock's is the same
+    code) with, per stream, ``x + attn * gate`` -> norm2 -> ``* (1 + scale) + shift`` as one
+    kernel and ``x + gate * ff`` as another (per-op rounding, as the block computes in the
+    activation dtype). Falls back to the block's own forward when autograd is on or the
+    norms / dtypes differ."""
     x, c = hidden_states, encoder_hidden_states
     if not (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
             and x.dtype == c.dtype == self.norm1.linear.weight.dtype
             and not grad_needed(x, c, temb) and not params_need_grad(self)):
-        return HunyuanVideoTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
-                                                    attention_mask, freqs_cis, *args, **kwargs)
+        # the class's own forward (bound on exact block types only)
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb,
+                                  attention_mask, freqs_cis, *args, **kwargs)
     norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
     norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
         encoder_hidden_states, emb=temb)
@@ -197,3 +271,19 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 (_single_block_forward_act,
                  "single blocks (gated residual, GELU into the concat buffer)")
                 if activations else (_single_block_forward, "single blocks (gated residual)"))})
+
+
+def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                   activations=True):
+    """HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel): dual-stream blocks only, whose
+    forward is HunyuanVideo's; its own attention processor (the joint mask built inside)."""
+    from diffusers.models.normalization import AdaLayerNormZero
+    from diffusers.models.transformers import transformer_hunyuan_video15 as th
+
+    if qk_norm_rope:
+        replace_processors(model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()},
+                           "attention processors (QK-norm + RoPE)")
+    if adaln:
+        bind_forwards(model, report, {
+            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            th.HunyuanVideo15TransformerBlock: (_block_forward, "blocks (gated residuals + norm2)")})

@@ -1,6 +1,7 @@
-"""Wan 2.x (WanTransformer3DModel: T2V, I2V with ``norm_added_k``, TI2V per-token temb), and
-SkyReels-V2 (the same architecture in its own classes; diffusion forcing's per-frame temb
-and block-causal mask)."""
+"""Wan 2.x (WanTransformer3DModel: T2V, I2V with ``norm_added_k``, TI2V per-token temb),
+Wan 2.2 Animate (WanAnimateTransformer3DModel: Wan's attention and blocks as copies in its
+own module, around its face adapter), and SkyReels-V2 (the same architecture in its own
+classes; diffusion forcing's per-frame temb and block-causal mask)."""
 from __future__ import annotations
 
 import torch
@@ -42,18 +43,13 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
                         rotary_dim=D if cos is not None else None)
 
 
-def _make_processor(skyreels: bool = False):
-    """The fused subclass of Wan's processor, or (``skyreels``) of SkyReels-V2's: the same
-    code but for the context-parallel config, which SkyReels passes to every attention call
-    and Wan only to self-attention (diffusers PR 12909)."""
+def _make_processor(tw, base, skyreels: bool = False):
+    """The fused subclass of processor class ``base`` of module ``tw`` (Wan's
+    ``WanAttnProcessor``, Wan Animate's copy of it, or SkyReels-V2's, ``skyreels``; ``tw``
+    gives the module's own projection helpers): the same code but for the context-parallel
+    config, which SkyReels passes to every attention call and Wan only to self-attention
+    (diffusers PR 12909)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-    if skyreels:
-        from diffusers.models.transformers import transformer_skyreels_v2 as tw
-        base = tw.SkyReelsV2AttnProcessor
-    else:
-        from diffusers.models.transformers import transformer_wan as tw
-        base = tw.WanAttnProcessor
 
     class DitfuseWanAttnProcessor(base):
         """WanAttnProcessor (or SkyReelsV2AttnProcessor) with QK-norm (across heads) + RoPE
@@ -134,10 +130,10 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     """WanTransformerBlock.forward with the three AdaLN chains fused (same arithmetic: fp32
     math, the model's casts): norm1 + modulate; gated residual + norm2; residual + norm3 +
     modulate; the FFN's gated residual (which feeds the next block) alone."""
-    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
-
     if grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self):
-        return WanTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+        # the class's own forward (bound on exact WanTransformerBlock types: Wan's, or Wan
+        # Animate's copy of it)
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     if temb.ndim == 4:  # (B, S, 6, D): Wan 2.2 TI2V, per-token modulation
         mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
         mods = [m.squeeze(2) for m in mods]
@@ -198,9 +194,20 @@ def _block_ok(block) -> bool:
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 activations=True):
-    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
+    from diffusers.models.transformers import transformer_wan as tw
 
-    _patch(model, report, qk_norm_rope, adaln, WanAttnProcessor, WanTransformerBlock,
+    _patch(model, report, qk_norm_rope, adaln, tw, tw.WanAttnProcessor, tw.WanTransformerBlock,
+           _block_forward, skyreels=False)
+
+
+def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                  activations=True):
+    """Wan 2.2 Animate (WanAnimateTransformer3DModel): Wan's processor, attention and block
+    as copies in ``transformer_wan_animate`` (patched like Wan's); its face adapter's
+    cross-attention (``WanAnimateFaceBlockAttnProcessor``) keeps its own processor."""
+    from diffusers.models.transformers import transformer_wan_animate as ta
+
+    _patch(model, report, qk_norm_rope, adaln, ta, ta.WanAttnProcessor, ta.WanTransformerBlock,
            _block_forward, skyreels=False)
 
 
@@ -209,13 +216,13 @@ def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     """SkyReels-V2 (SkyReelsV2Transformer3DModel): Wan's architecture in its own classes."""
     from diffusers.models.transformers import transformer_skyreels_v2 as ts
 
-    _patch(model, report, qk_norm_rope, adaln, ts.SkyReelsV2AttnProcessor,
+    _patch(model, report, qk_norm_rope, adaln, ts, ts.SkyReelsV2AttnProcessor,
            ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True)
 
 
-def _patch(model, report, qk_norm_rope, adaln, proc_base, block_cls, block_fwd, skyreels):
+def _patch(model, report, qk_norm_rope, adaln, module, proc_base, block_cls, block_fwd, skyreels):
     if qk_norm_rope:
-        replace_processors(model, report, {proc_base: _make_processor(skyreels)},
+        replace_processors(model, report, {proc_base: _make_processor(module, proc_base, skyreels)},
                            "attention processors (QK-norm + RoPE)")
     if adaln:  # only blocks whose norms the chain reproduces: the report counts what runs
         for m in model.modules():
