@@ -43,13 +43,17 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
                         rotary_dim=D if cos is not None else None)
 
 
-def _make_processor(tw, base, skyreels: bool = False):
-    """The fused subclass of processor class ``base`` of module ``tw`` (Wan's
-    ``WanAttnProcessor``, Wan Animate's copy of it, or SkyReels-V2's, ``skyreels``; ``tw``
+def _make_processor(tw=None, base=None, skyreels: bool = False):
+    """The fused subclass of processor class ``base`` of module ``tw`` (default Wan's
+    ``WanAttnProcessor``; Wan Animate's copy of it, or SkyReels-V2's, ``skyreels``; ``tw``
     gives the module's own projection helpers): the same code but for the context-parallel
     config, which SkyReels passes to every attention call and Wan only to self-attention
     (diffusers PR 12909)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    if tw is None:
+        from diffusers.models.transformers import transformer_wan as tw
+        base = tw.WanAttnProcessor
 
     class DitfuseWanAttnProcessor(base):
         """WanAttnProcessor (or SkyReelsV2AttnProcessor) with QK-norm (across heads) + RoPE
