@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 19, call a: the pair-form tests with exact-statistics rows on the H200 (the CI fix),
+# Prepared in session 19 (not run: the earlier try at this session's work had spent its device
+# time, 161 s left): the pair-form tests with exact-statistics rows on the H200 (the CI fix),
 # then what session 18 prepared (gpu_s19_next.sh): the AOT package's CUDA-graph replay and
 # launch-time parity with the query step, and 64-row mma.sync attention tiles against the table.
 source benchmarks/device_env.sh

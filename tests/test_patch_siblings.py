@@ -4,8 +4,9 @@ and block-causal mask), Wan 2.2 Animate (copies of Wan's processor and block aro
 adapter), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN
 blocks, a text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history
 latents with their own RoPE rows), HunyuanVideo 1.5 (its own processor, HunyuanVideo's
-dual-stream block code in its own class). Tiny configs: patched vs unpatched within a few
-roundings (bitwise in bf16), the fused kernels really launched, unpatch restores exactly."""
+dual-stream block code in its own class), and FLUX.3's processor (its QK-norm + RoPE in fp32,
+one cast back). Tiny configs: patched vs unpatched within a few roundings (bitwise in bf16),
+the fused kernels really launched, unpatch restores exactly."""
 from collections import Counter
 
 import pytest
@@ -146,6 +147,25 @@ def hunyuan15_inputs(dtype):
                 image_embeds=torch.randn(2, 4, 8, generator=g).to(dtype), return_dict=False)
 
 
+def flux3():
+    from diffusers import Flux3Transformer2DModel
+
+    return _randomize(Flux3Transformer2DModel(
+        in_channels=8, cond_in_channels=8, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=12, timestep_channels=32,
+        axes_dims_rope=(4, 4, 4, 4)))
+
+
+def flux3_inputs(dtype):
+    g = _g(27)
+    S, T = 9, 5
+    return dict(hidden_states=torch.randn(2, S, 8, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(2, T, 12, generator=g).to(dtype),
+                timestep=torch.tensor([0.5, 0.2]).to(dtype),
+                img_ids=torch.randint(0, 4, (S, 4), generator=g),
+                txt_ids=torch.randint(0, 4, (T, 4), generator=g), return_dict=False)
+
+
 def skyreels(**kw):
     from diffusers import SkyReelsV2Transformer3DModel
 
@@ -189,6 +209,9 @@ CASES = [
     ("hunyuan-video-1.5", hunyuan15, hunyuan15_inputs,
      {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 2,
       "AdaLayerNormZero (modulate)": 4}),
+    # FLUX.3: its own processor (QK-norm and RoPE in fp32, one cast back; norm_q / norm_k
+    # kept in fp32 as from_pretrained loads them), per-mode and joint single blocks
+    ("flux3", flux3, flux3_inputs, {"attention processors (QK-norm + RoPE)": 5}),
     ("hunyuan-framepack", framepack, framepack_inputs,
      {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 1}),
 ]

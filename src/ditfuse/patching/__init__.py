@@ -246,7 +246,7 @@ def bind_forwards(model, report, table) -> None:
 
 
 def _registry():
-    from . import _flux, _flux2, _hunyuan, _qwen, _sa3, _same, _wan
+    from . import _flux, _flux2, _flux3, _hunyuan, _qwen, _sa3, _same, _wan
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
@@ -261,6 +261,7 @@ def _registry():
         # blocks (not replaced)
         "ChromaTransformer2DModel": _flux.patch_model,
         "Flux2Transformer2DModel": _flux2.patch_model,
+        "Flux3Transformer2DModel": _flux3.patch_model,
         "HunyuanVideoTransformer3DModel": _hunyuan.patch_model,
         # FramePack: HunyuanVideo's blocks and attention over packed history latents
         "HunyuanVideoFramepackTransformer3DModel": _hunyuan.patch_model,
@@ -288,7 +289,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     ----------
     obj : torch.nn.Module or DiffusionPipeline
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
-        ``Flux2Transformer2DModel``, ``HunyuanVideoTransformer3DModel``,
+        ``Flux2Transformer2DModel``, ``Flux3Transformer2DModel`` (its attention processor
+        only), ``HunyuanVideoTransformer3DModel``,
         ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``; and
         the models built from their attention and blocks: ``WanVACETransformer3DModel``,
         ``WanAnimateTransformer3DModel``, ``ChromaTransformer2DModel``,

@@ -19,6 +19,33 @@ from . import (bind_forwards, cat_activation, cat_fusable, grad_needed, join_tok
 from ._flux import _ada_zero_forward, _ada_zero_single_forward
 
 
+def _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin):
+    """The joint (image then text) Q / K of a dual-stream block, each stream normalised (the
+    image also rotated) by one kernel straight into its rows -- where the eager processors
+    normalise, rotate and then concatenate: more passes over Q and K, the same values."""
+    B, S, H, D = query.shape
+    T = encoder_query.shape[1]
+    q_all = query.new_empty(B, S + T, H, D)
+    k_all = key.new_empty(B, S + T, H, D)
+    qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                 out=(q_all[:, :S], k_all[:, :S]))
+    qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
+                 out=(q_all[:, S:], k_all[:, S:]))
+    return q_all, k_all
+
+
+def _split_out(attn, hidden_states, T):
+    """The attention output's image and text rows through their output projections (the
+    last ``T`` rows are the text's)."""
+    hidden_states, encoder_hidden_states = hidden_states[:, :-T], hidden_states[:, -T:]
+    if getattr(attn, "to_out", None) is not None:
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+    if getattr(attn, "to_add_out", None) is not None:
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    return hidden_states, encoder_hidden_states
+
+
 def _make_processor():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_hunyuan_video as th
@@ -64,14 +91,7 @@ def _make_processor():
                 encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                 encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
                 encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                B, S, H, D = query.shape
-                q_all = query.new_empty(B, S + T, H, D)
-                k_all = key.new_empty(B, S + T, H, D)
-                qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                             out=(q_all[:, :S], k_all[:, :S]))
-                qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
-                             k_norm=attn.norm_added_k, out=(q_all[:, S:], k_all[:, S:]))
-                query, key = q_all, k_all
+                query, key = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
                 value = torch.cat([value, encoder_value], dim=1)
             else:
                 # into fresh Q / K rather than in place: the same bits, and faster on the H200
@@ -91,12 +111,7 @@ def _make_processor():
                 backend=self._attention_backend, parallel_config=self._parallel_config)
             hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
             if encoder_hidden_states is not None:
-                hidden_states, encoder_hidden_states = (hidden_states[:, :-T], hidden_states[:, -T:])
-                if getattr(attn, "to_out", None) is not None:
-                    hidden_states = attn.to_out[0](hidden_states)
-                    hidden_states = attn.to_out[1](hidden_states)
-                if getattr(attn, "to_add_out", None) is not None:
-                    encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+                hidden_states, encoder_hidden_states = _split_out(attn, hidden_states, T)
             return hidden_states, encoder_hidden_states
 
     return DitfuseHunyuanVideoAttnProcessor
@@ -142,15 +157,9 @@ def _make_processor_15():
             encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (H, -1))
             encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (H, -1))
             encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (H, -1))
-            B, _, _, D = query.shape
-            T = encoder_query.shape[1]
+            B, T = query.shape[0], encoder_query.shape[1]
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
-            q_all = query.new_empty(B, S + T, H, D)
-            k_all = key.new_empty(B, S + T, H, D)
-            qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                         out=(q_all[:, :S], k_all[:, :S]))
-            qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
-                         k_norm=attn.norm_added_k, out=(q_all[:, S:], k_all[:, S:]))
+            q_all, k_all = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
             value = torch.cat([value, encoder_value], dim=1)
 
             # the eager processor's joint mask: the token mask left-padded with True to the
@@ -164,13 +173,7 @@ def _make_processor_15():
                 q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
                 backend=self._attention_backend, parallel_config=self._parallel_config)
             hidden_states = hidden_states.flatten(2, 3).to(q_all.dtype)
-            hidden_states, encoder_hidden_states = hidden_states[:, :-T], hidden_states[:, -T:]
-            if getattr(attn, "to_out", None) is not None:
-                hidden_states = attn.to_out[0](hidden_states)
-                hidden_states = attn.to_out[1](hidden_states)
-            if getattr(attn, "to_add_out", None) is not None:
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-            return hidden_states, encoder_hidden_states
+            return _split_out(attn, hidden_states, T)
 
     return DitfuseHunyuanVideo15AttnProcessor
 
