@@ -268,6 +268,7 @@ def _registry():
         "HunyuanVideo15Transformer3DModel": _hunyuan.patch_model_15,
         "StableAudio3DiTModel": _sa3.patch_model,
         "QwenImageTransformer2DModel": _qwen.patch_model,
+        "QwenImage21Transformer2DModel": _qwen.patch_model_21,
         "AutoencoderSAME": _same.patch_model,
     }
 
@@ -291,7 +292,9 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
         ``Flux2Transformer2DModel``, ``Flux3Transformer2DModel`` (its attention processor
         only), ``HunyuanVideoTransformer3DModel``,
-        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``, ``AutoencoderSAME``; and
+        ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``,
+        ``QwenImage21Transformer2DModel`` (its attention processors only),
+        ``AutoencoderSAME``; and
         the models built from their attention and blocks: ``WanVACETransformer3DModel``,
         ``WanAnimateTransformer3DModel``, ``ChromaTransformer2DModel``,
         ``HunyuanVideoFramepackTransformer3DModel``, ``HunyuanVideo15Transformer3DModel``,

@@ -1,4 +1,5 @@
-"""Qwen-Image (QwenImageTransformer2DModel): per-head QK-norm + RoPE of the text and image
+"""Qwen-Image (QwenImageTransformer2DModel) and Qwen-Image 2.1 (QwenImage21Transformer2DModel:
+its processors' QK-norm + RoPE only): per-head QK-norm + RoPE of the text and image
 streams, each written into its slice of the joint Q/K. Qwen's RoPE is a complex multiply;
 ``x * (c + i s)`` on pairs (2i, 2i+1) is the interleaved rotation with the unique-frequency
 tables ``c = freqs.real``, ``s = freqs.imag`` (packed contiguous once per table:
@@ -103,6 +104,60 @@ def _make_processor():
     return DitfuseQwenDoubleStreamAttnProcessor
 
 
+class _Projected:
+    """Qwen-Image 2.1's attention module as its processors' shared QKV helper
+    (``_qwenimage21_prepare_qkv``) sees it, with Q and K already normalised and rotated:
+    ``to_q`` / ``to_k`` return the fused kernel's (B, S, H*D) output, the norms are
+    identities, everything else is the module's own. The processor then runs its own code
+    unchanged -- the KV cache's store / concatenation, the prefill's segments, the flex
+    path -- with ``rotary_emb=None`` (the rotation is done)."""
+
+    def __init__(self, attn, query, key):
+        self._attn, self._q, self._k = attn, query, key
+        self.to_q = lambda hidden_states: self._q
+        self.to_k = lambda hidden_states: self._k
+        self.norm_q = self.norm_k = torch.nn.Identity()
+
+    def __getattr__(self, name):
+        return getattr(self._attn, name)
+
+
+def _make_processor_21(base):
+    """The fused subclass of a Qwen-Image 2.1 processor class (``QwenImage21AttnProcessor``
+    or ``QwenImage21FlexAttnProcessor``: both take Q / K / V from the same helper)."""
+
+    class DitfuseQwenImage21AttnProcessor(base):
+        """Qwen-Image 2.1's processor with QK-norm + RoPE in one kernel: the helper's
+        ``norm_q(q).to(value.dtype)`` then the complex rotation, as one ``qk_norm_rope`` call
+        (Qwen-Image's arithmetic: the complex multiply on pairs (2i, 2i+1) with the
+        frequencies' real / imaginary parts as half-width tables). Falls back to the original
+        when autograd needs gradients, a q/k norm is not one the kernel reads, or the RoPE is
+        not a complex (S, D/2) table for the query rows."""
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, attention_mask=None, rotary_emb=None, **kwargs):
+            D = attn.inner_dim // attn.heads
+            ok = (norms_ok(attn.norm_q, attn.norm_k) and hidden_states.dim() == 3
+                  and not grad_needed(hidden_states) and not params_need_grad(attn))
+            if ok and rotary_emb is not None:
+                ok = (isinstance(rotary_emb, torch.Tensor) and rotary_emb.is_complex()
+                      and rotary_emb.dim() == 2 and rotary_emb.shape == (hidden_states.shape[1], D // 2))
+            if not ok:
+                return super().__call__(attn, hidden_states, attention_mask, rotary_emb, **kwargs)
+            q = attn.to_q(hidden_states).unflatten(-1, (-1, D))
+            k = attn.to_k(hidden_states).unflatten(-1, (-1, D))
+            cos, sin = _cs(rotary_emb) if rotary_emb is not None else (None, None)
+            q, k = qk_norm_rope(q, k, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                                **({"rotary_dim": D} if rotary_emb is not None else {}))
+            return super().__call__(_Projected(attn, q.flatten(2), k.flatten(2)), hidden_states,
+                                    attention_mask, None, **kwargs)
+
+    DitfuseQwenImage21AttnProcessor.__name__ = DitfuseQwenImage21AttnProcessor.__qualname__ = \
+        "Ditfuse" + base.__name__
+    return DitfuseQwenImage21AttnProcessor
+
+
 def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
                    image_rotary_emb=None, joint_attention_kwargs=None, modulate_index=None):
     """QwenImageTransformerBlock.forward with the AdaLN chains fused. Falls back to the
@@ -160,3 +215,17 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     if adaln:
         bind_forwards(model, report,
                       {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+
+
+def patch_model_21(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                   activations=True):
+    """Qwen-Image 2.1 (QwenImage21Transformer2DModel): the attention processors' QK-norm +
+    RoPE (either processor class; the KV cache and the prefill's segments are the
+    processor's own code). The blocks are left as they are."""
+    from diffusers.models.transformers import transformer_qwenimage21 as t21
+
+    if qk_norm_rope:
+        replace_processors(model, report, {
+            cls: _make_processor_21(cls)
+            for cls in (t21.QwenImage21AttnProcessor, t21.QwenImage21FlexAttnProcessor)},
+            "attention processors (QK-norm + RoPE)")
