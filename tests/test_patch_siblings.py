@@ -4,8 +4,8 @@ and block-causal mask), Wan 2.2 Animate (copies of Wan's processor and block aro
 adapter), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN
 blocks, a text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history
 latents with their own RoPE rows), HunyuanVideo 1.5 (its own processor, HunyuanVideo's
-dual-stream block code in its own class), and FLUX.3's processor (its QK-norm + RoPE in fp32,
-one cast back). Tiny configs: patched vs unpatched within a few roundings (bitwise in bf16),
+dual-stream block code in its own class), and FLUX.3 (its processor's QK-norm + RoPE in fp32,
+one cast back; per-token modulation). Tiny configs: patched vs unpatched within a few roundings (bitwise in bf16),
 the fused kernels really launched, unpatch restores exactly."""
 from collections import Counter
 
@@ -163,7 +163,9 @@ def flux3_inputs(dtype):
                 encoder_hidden_states=torch.randn(2, T, 12, generator=g).to(dtype),
                 timestep=torch.tensor([0.5, 0.2]).to(dtype),
                 img_ids=torch.randint(0, 4, (S, 4), generator=g),
-                txt_ids=torch.randint(0, 4, (T, 4), generator=g), return_dict=False)
+                txt_ids=torch.randint(0, 4, (T, 4), generator=g),
+                image_cond_hidden_states=torch.randn(2, 4, 8, generator=g).to(dtype),  # a reference
+                image_cond_ids=torch.randint(0, 4, (4, 4), generator=g), return_dict=False)
 
 
 def skyreels(**kw):
@@ -210,8 +212,12 @@ CASES = [
      {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 2,
       "AdaLayerNormZero (modulate)": 4}),
     # FLUX.3: its own processor (QK-norm and RoPE in fp32, one cast back; norm_q / norm_k
-    # kept in fp32 as from_pretrained loads them), per-mode and joint single blocks
-    ("flux3", flux3, flux3_inputs, {"attention processors (QK-norm + RoPE)": 5}),
+    # kept in fp32 as from_pretrained loads them), per-mode and joint single blocks with
+    # per-token modulation, SwiGLU feed-forwards
+    ("flux3", flux3, flux3_inputs, {"attention processors (QK-norm + RoPE)": 5,
+                                    "mode blocks (modulate + gated residual)": 3,
+                                    "joint blocks (modulate + gated residuals)": 2,
+                                    "SwiGLU activations (one kernel)": 5}),
     ("hunyuan-framepack", framepack, framepack_inputs,
      {"attention processors (QK-norm + RoPE)": 2, "blocks (gated residuals + norm2)": 1}),
 ]
@@ -235,6 +241,8 @@ def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch
     assert any("qk_norm_rope" in k for k in kernels), (name, kernels)  # the fused path ran
     if any("modulate" in k or "AdaLN" in k for k in expected):
         assert any("adaln" in k for k in kernels), (name, kernels)
+    if any("SwiGLU" in k for k in expected):
+        assert "_act_kernel" in kernels, (name, kernels)
     share = _close(out, ref, dtype)
     if dtype == torch.bfloat16:
         assert share == 1.0, f"{name}: {100 * share:.2f}% bitwise"

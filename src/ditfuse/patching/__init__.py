@@ -290,8 +290,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     ----------
     obj : torch.nn.Module or DiffusionPipeline
         A model (``WanTransformer3DModel``, ``FluxTransformer2DModel``,
-        ``Flux2Transformer2DModel``, ``Flux3Transformer2DModel`` (its attention processor
-        only), ``HunyuanVideoTransformer3DModel``,
+        ``Flux2Transformer2DModel``, ``Flux3Transformer2DModel``,
+        ``HunyuanVideoTransformer3DModel``,
         ``StableAudio3DiTModel``, ``QwenImageTransformer2DModel``,
         ``QwenImage21Transformer2DModel`` (its attention processors only),
         ``AutoencoderSAME``; and
@@ -307,13 +307,15 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         the AdaLN kernels (Wan: norm1 + modulate, gated residual + norm2, residual + norm3
         + modulate, the FFN residual; FLUX.1 / HunyuanVideo: AdaLayerNormZero(Single), the
         gated residual + norm2 + modulate and the FF residuals; FLUX.2 / Qwen-Image: every
-        norm + modulate and gated residual of both streams; the SA3 DiT: its RMS norms +
-        modulate and gated residuals). ``attention``: the SAME autoencoder's band attention
-        on ``sliding_window_attention`` (no dense mask). ``activations``: the MLP
-        activations as one kernel, written straight into the concat buffer the output
-        projection reads (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream
-        processor, which ``qk_norm_rope`` installs; FLUX.1: the single-stream blocks' GELU,
-        in the block forward that ``adaln`` installs).
+        norm + modulate and gated residual of both streams; FLUX.3: the per-token norm +
+        modulate of every block (the joint blocks' streams into the rows of the joint
+        sequence) and its gated residuals; the SA3 DiT: its RMS norms + modulate and gated
+        residuals). ``attention``: the SAME autoencoder's band attention on
+        ``sliding_window_attention`` (no dense mask). ``activations``: the MLP activations
+        as one kernel, written straight into the concat buffer the output projection reads
+        (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream processor, which
+        ``qk_norm_rope`` installs; FLUX.3: every ``Flux3SwiGLU``; FLUX.1: the single-stream
+        blocks' GELU, in the block forward that ``adaln`` installs).
 
     Each fused forward / processor runs the original code instead when autograd needs
     gradients, or when a norm, dtype or input differs from what the kernels reproduce (its
