@@ -130,3 +130,18 @@ def test_qwen21_falls_back_without_complex_table(monkeypatch):
     with pytest.raises(RuntimeError):
         attn(hidden_states=x, rotary_emb=freqs)
     assert not seen
+
+
+def test_qwen21_processor_compiles_fullgraph():
+    """The fused processor (its projection proxy included) traces with fullgraph=True and
+    gives the eager fused output, at every call mode."""
+    attn = _attn(torch.float32)
+    attn.set_processor(_qwen._make_processor_21(t21.QwenImage21AttnProcessor)())
+    for name, calls in _calls(torch.float32):
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want, _ = _run(attn, calls)
+            got, _ = _run(torch.compile(attn, fullgraph=True, backend="aot_eager"), calls)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+    torch._dynamo.reset()
