@@ -167,7 +167,7 @@ def _make_processor_15():
             n = S + T
             mask = F.pad(attention_mask, (n - attention_mask.shape[1], 0), value=True).bool()
             rows = mask.view(B, 1, 1, n).repeat(1, 1, n, 1)
-            mask = (rows & rows.transpose(2, 3)).bool()
+            mask = rows & rows.transpose(2, 3)
 
             hidden_states = dispatch_attention_fn(
                 q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,

@@ -112,11 +112,16 @@ class _Projected:
     unchanged -- the KV cache's store / concatenation, the prefill's segments, the flex
     path -- with ``rotary_emb=None`` (the rotation is done)."""
 
+    norm_q = norm_k = torch.nn.Identity()  # stateless: one for every call
+
     def __init__(self, attn, query, key):
         self._attn, self._q, self._k = attn, query, key
-        self.to_q = lambda hidden_states: self._q
-        self.to_k = lambda hidden_states: self._k
-        self.norm_q = self.norm_k = torch.nn.Identity()
+
+    def to_q(self, hidden_states):
+        return self._q
+
+    def to_k(self, hidden_states):
+        return self._k
 
     def __getattr__(self, name):
         return getattr(self._attn, name)
