@@ -246,7 +246,7 @@ def bind_forwards(model, report, table) -> None:
 
 
 def _registry():
-    from . import _flux, _flux2, _flux3, _hunyuan, _qwen, _sa3, _same, _wan
+    from . import _flux, _flux2, _flux3, _hunyuan, _qwen, _sa3, _same, _wan, _wan_animate2
 
     return {
         "WanTransformer3DModel": _wan.patch_model,
@@ -256,6 +256,9 @@ def _registry():
         "SkyReelsV2Transformer3DModel": _wan.patch_skyreels,
         # Wan 2.2 Animate: copies of Wan's processor, attention and block in its own module
         "WanAnimateTransformer3DModel": _wan.patch_animate,
+        # Wan-Animate-2: Wan's block arithmetic, its own in-context (reference KV cache)
+        # self-attention with fp64 complex RoPE, and cross-attention processors
+        "WanAnimate2Transformer3DModel": _wan_animate2.patch_model,
         "FluxTransformer2DModel": _flux.patch_model,
         # Chroma: FLUX.1's attention and processor (QK-norm + RoPE), its own pruned-AdaLN
         # blocks (not replaced)
