@@ -299,7 +299,9 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         ``QwenImage21Transformer2DModel`` (its attention processors only),
         ``AutoencoderSAME``; and
         the models built from their attention and blocks: ``WanVACETransformer3DModel``,
-        ``WanAnimateTransformer3DModel``, ``ChromaTransformer2DModel``,
+        ``WanAnimateTransformer3DModel``, ``WanAnimate2Transformer3DModel`` (its reference
+        KV-cache modes; RoPE within one rounding of its fp64 ``rope_apply``),
+        ``ChromaTransformer2DModel``,
         ``HunyuanVideoFramepackTransformer3DModel``, ``HunyuanVideo15Transformer3DModel``,
         ``SkyReelsV2Transformer3DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and

@@ -210,7 +210,7 @@ def _packed_attention(query, key, value, key_ref, value_ref, grid, ref_grid, fra
     frames, height, width = grid
     ref_frames, ref_height, ref_width = ref_grid
     hw, ref_hw = height * width, ref_height * ref_width
-    n, ref_n = frames * hw, ref_frames * ref_hw
+    n = frames * hw
     B, _, H, D = query.shape
     length = math.ceil((frames_total + 1) * hw_total / 128) * 128
     ref_length = math.ceil(frames_total * hw_total / 128) * 128
