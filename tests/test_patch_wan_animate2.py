@@ -66,9 +66,8 @@ def _run(model, extract, cached):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_model_patched(dtype, monkeypatch):
-    """Both passes patched against unpatched: the output within a few roundings (bitwise in
-    bf16 at these inputs), the cache contents alike (bitwise in bf16), the kernels launched,
-    unpatch exact."""
+    """Both passes patched against unpatched: the output and the cache contents within a few
+    roundings, the kernels launched, unpatch exact."""
     model = to_dtype(_model(), dtype)
     extract, cached = _inputs(dtype)
     ref, ref_cache = _run(model, extract, cached)
@@ -81,15 +80,18 @@ def test_model_patched(dtype, monkeypatch):
                                                              real(k, *a))[1])
     out, cache = _run(model, extract, cached)
     assert any("qk" in k for k in kernels) and any("adaln" in k for k in kernels), kernels
+    # bf16: not promised bitwise -- the norms' fp32 statistic is summed in another order than
+    # torch's RMSNorm (one unit apart in ~1e-5 of the elements on the H200) and the RoPE is
+    # fp32 against fp64 -- but nearly all elements agree
     share = _close(out, ref, dtype)
     for i in range(LAYERS):
         for got, want in ((cache.get(i).key, ref_cache.get(i).key), (cache.get(i).value, ref_cache.get(i).value)):
             assert got.shape == want.shape and got.dtype == want.dtype
-            _close(got, want, dtype)
+            s = _close(got, want, dtype)
             if dtype == torch.bfloat16:
-                assert torch.equal(got, want), i
+                assert s > 0.99, (i, s)
     if dtype == torch.bfloat16:
-        assert share == 1.0
+        assert share > 0.99
     ditfuse.unpatch(model)
     again, _ = _run(model, extract, cached)
     assert torch.equal(again, ref)
@@ -137,9 +139,14 @@ def test_rotation_is_rope_apply(D, grids, S, stride, dtype):
         pair = (x[..., 0::2].double().abs() + x[..., 1::2].double().abs()).repeat_interleave(2, -1)
         assert (err <= 3 * torch.finfo(torch.float32).eps * pair).all(), (err / pair).max()
     else:
+        # one bf16 rounding of the result plus the fp32 arithmetic's error (a few fp32
+        # roundings of the pair's size: where the rotation cancels, many bf16 units of the
+        # tiny result; H200, Wan 14B's shape: benchmarks/logs/s20/c/wan_animate2_qk.log)
         mag = want.double().abs().clamp_min(2.0 ** -126)
         ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(mag)))
-        assert (err <= ulp).all(), (err / ulp).max()
+        pair = (x[..., 0::2].double().abs() + x[..., 1::2].double().abs()).repeat_interleave(2, -1)
+        bound = ulp + 3 * torch.finfo(torch.float32).eps * pair
+        assert (err <= bound).all(), (err / bound).max()
         assert (got == want).double().mean() > 0.99
 
 
@@ -160,8 +167,8 @@ def test_tables_out_of_range_fall_back():
 def test_extract_processor_batch_of_grids(dtype):
     """The reference pass's processor on a batch of two samples with different grids (the
     second padded) and strided frames, as the processor allows (the model's forward passes
-    one grid): the cached K / V as the base processor's (bitwise in bf16), the output within
-    a few roundings."""
+    one grid): the cached K / V as the base processor's (within a rounding; nearly all
+    bf16 elements equal), the output within a few roundings."""
     torch.manual_seed(3)
     H, D = 2, 12
     attn = to_dtype(ta.WanAnimate2Attention(dim=H * D, heads=H), dtype).eval()
@@ -178,9 +185,9 @@ def test_extract_processor_batch_of_grids(dtype):
     _close(got, want, dtype)
     for a, b in ((fused.key, base.key), (fused.value, base.value)):
         assert a.shape == b.shape == (2, 12, H, D)
-        _close(a, b, dtype)
+        s = _close(a, b, dtype)
         if dtype == torch.bfloat16:
-            assert torch.equal(a, b)
+            assert s > 0.99
 
 
 class _Halve(torch.nn.Module):

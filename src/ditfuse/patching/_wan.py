@@ -63,10 +63,13 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         q/k norm is not ``torch.nn.RMSNorm`` / ``Identity``, or when ``rotary_emb`` is not a
         (cos, sin) pair of (1, S, 1, D) tables.
 
-        Bitwise the eager processor when the RoPE tables are fp32 (as ``from_pretrained``
-        keeps them, ``_keep_in_fp32_modules``); a model cast whole with ``.to(bfloat16)``
-        has bf16 tables, where eager Wan rounds every RoPE product in bf16 and the kernel
-        rounds once (within a rounding).
+        The eager processor's arithmetic when the RoPE tables are fp32 (as
+        ``from_pretrained`` keeps them, ``_keep_in_fp32_modules``), up to the order in which
+        the norm's fp32 statistic is summed (bitwise at the tiny models; on the H200 at a
+        14B-size norm across heads, 99.999% of the bf16 elements equal torch's RMSNorm, the
+        rest one unit apart: ``benchmarks/logs/s20/c/wan_animate2_qk.log``); a model cast
+        whole with ``.to(bfloat16)`` has bf16 tables, where eager Wan rounds every RoPE
+        product in bf16 and the kernel rounds once (within a rounding).
         """
 
         _ditfuse = True
