@@ -1,7 +1,7 @@
 """ditfuse.patch on the diffusers models built from a covered model's attention and blocks:
 SkyReels-V2 (Wan's architecture in its own classes; diffusion forcing's per-frame modulation
 and block-causal mask), Wan 2.2 Animate (copies of Wan's processor and block around a face
-adapter), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN
+adapter), ChronoEdit (the same copies, its own RoPE rows), Wan VACE (Wan's blocks + VACE blocks), Chroma (FLUX.1's attention, pruned-AdaLN
 blocks, a text mask), HunyuanVideo FramePack (HunyuanVideo's blocks over packed history
 latents with their own RoPE rows), HunyuanVideo 1.5 (its own processor, HunyuanVideo's
 dual-stream block code in its own class), and FLUX.3 (its processor's QK-norm + RoPE in fp32,
@@ -122,6 +122,25 @@ def wan_animate_inputs(dtype):
                 return_dict=False)
 
 
+def chronoedit():
+    from diffusers import ChronoEditTransformer3DModel
+
+    return _randomize(ChronoEditTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2, image_dim=8,
+        added_kv_proj_dim=24, rope_max_seq_len=32, rope_temporal_skip_len=4))
+
+
+def chronoedit_inputs(dtype, frames=2):
+    """frames 2: the temporal-reasoning RoPE rows (positions 0 and skip_len - 1)."""
+    g = _g(27)
+    return dict(hidden_states=torch.randn(2, 4, frames, 4, 6, generator=g).to(dtype),
+                timestep=torch.tensor([500.0, 80.0]).to(dtype),
+                encoder_hidden_states=torch.randn(2, 5, 16, generator=g).to(dtype),
+                encoder_hidden_states_image=torch.randn(2, 3, 8, generator=g).to(dtype),
+                return_dict=False)
+
+
 def hunyuan15():
     from diffusers import HunyuanVideo15Transformer3DModel
 
@@ -201,6 +220,11 @@ CASES = [
     # image tokens' norm_added_k), the face adapter's cross-attention between blocks
     ("wan-animate", wan_animate, wan_animate_inputs,
      {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    # ChronoEdit: the same copies (I2V: norm_added_k), its temporal-skip RoPE rows at 2 frames
+    ("chronoedit", chronoedit, chronoedit_inputs,
+     {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
+    ("chronoedit-3f", chronoedit, lambda dt: chronoedit_inputs(dt, frames=3),
+     {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
     ("wan-vace", wan_vace, wan_vace_inputs,
      {"attention processors (QK-norm + RoPE)": 10, "blocks (AdaLN)": 3}),
     ("chroma", chroma, chroma_inputs, {"attention processors (QK-norm + RoPE)": 3,
@@ -250,10 +274,10 @@ def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch
     assert torch.equal(model(**kw)[0], ref)
 
 
-# the sibling models the patch covers since session 19, traced whole (HunyuanVideo 1.5's
+# the sibling models the patch covers since session 19 (ChronoEdit: 20), traced whole (HunyuanVideo 1.5's
 # model forward branches on its data -- ``torch.all(image_embeds == 0)`` -- so its repeated
 # blocks are compiled, as diffusers' ``compile_repeated_blocks`` does)
-COMPILE_CASES = [c for c in CASES if c[0] in ("wan-animate", "flux3", "hunyuan-video-1.5")]
+COMPILE_CASES = [c for c in CASES if c[0] in ("wan-animate", "flux3", "hunyuan-video-1.5", "chronoedit")]
 
 
 @pytest.mark.parametrize("name,make,inputs,expected", COMPILE_CASES,

@@ -256,6 +256,8 @@ def _registry():
         "SkyReelsV2Transformer3DModel": _wan.patch_skyreels,
         # Wan 2.2 Animate: copies of Wan's processor, attention and block in its own module
         "WanAnimateTransformer3DModel": _wan.patch_animate,
+        # ChronoEdit: copies of Wan's processor, attention and block (Wan 2.1 I2V 14B)
+        "ChronoEditTransformer3DModel": _wan.patch_chronoedit,
         # Wan-Animate-2: Wan's block arithmetic, its own in-context (reference KV cache)
         # self-attention with fp64 complex RoPE, and cross-attention processors
         "WanAnimate2Transformer3DModel": _wan_animate2.patch_model,
@@ -301,7 +303,7 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         the models built from their attention and blocks: ``WanVACETransformer3DModel``,
         ``WanAnimateTransformer3DModel``, ``WanAnimate2Transformer3DModel`` (its reference
         KV-cache modes; RoPE within one rounding of its fp64 ``rope_apply``),
-        ``ChromaTransformer2DModel``,
+        ``ChronoEditTransformer3DModel``, ``ChromaTransformer2DModel``,
         ``HunyuanVideoFramepackTransformer3DModel``, ``HunyuanVideo15Transformer3DModel``,
         ``SkyReelsV2Transformer3DModel``) or a pipeline, in
         which every component of a known class is patched (Wan 2.2's ``transformer`` and

@@ -1,6 +1,7 @@
 """Wan 2.x (WanTransformer3DModel: T2V, I2V with ``norm_added_k``, TI2V per-token temb),
 Wan 2.2 Animate (WanAnimateTransformer3DModel: Wan's attention and blocks as copies in its
-own module, around its face adapter), and SkyReels-V2 (the same architecture in its own
+own module, around its face adapter), ChronoEdit (the same copies, its own RoPE rows), and
+SkyReels-V2 (the same architecture in its own
 classes; diffusion forcing's per-frame temb and block-causal mask)."""
 from __future__ import annotations
 
@@ -215,6 +216,18 @@ def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=Tru
     from diffusers.models.transformers import transformer_wan_animate as ta
 
     _patch(model, report, qk_norm_rope, adaln, ta, ta.WanAttnProcessor, ta.WanTransformerBlock,
+           _block_forward, skyreels=False)
+
+
+def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                     activations=True):
+    """ChronoEdit (ChronoEditTransformer3DModel, Wan 2.1 I2V 14B's architecture): Wan's
+    processor, attention and block as copies in ``transformer_chronoedit`` (patched like
+    Wan's); its own RoPE tables (the temporal-reasoning frames skip positions) arrive as
+    Wan's (1, S, 1, D) cos / sin pair."""
+    from diffusers.models.transformers import transformer_chronoedit as tc
+
+    _patch(model, report, qk_norm_rope, adaln, tc, tc.WanAttnProcessor, tc.WanTransformerBlock,
            _block_forward, skyreels=False)
 
 
