@@ -42,14 +42,16 @@ def _tables(freqs, grid, stride: int, S: int):
     ``stride`` apart -- rounded from fp64 to fp32; tokens past the sample's ``f*h*w`` are
     passed through by ``rope_apply``: cos 1, sin 0 (``x * 1 - y * 0`` is ``x`` exactly)."""
     c = freqs.shape[1]
-    parts = freqs.split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
+    # the (real, imaginary) fp64 view: no complex op (inductor does not generate code for
+    # complex arithmetic; under torch.compile this runs in the graph)
+    parts = torch.view_as_real(freqs).split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
     out = []
     for f, h, w in (grid[:1] if len(set(grid)) == 1 else grid):
-        cell = torch.cat([parts[0][: f * stride: stride].view(f, 1, 1, -1).expand(f, h, w, -1),
-                          parts[1][:h].view(1, h, 1, -1).expand(f, h, w, -1),
-                          parts[2][:w].view(1, 1, w, -1).expand(f, h, w, -1)], dim=-1)
-        cell = cell.reshape(f * h * w, c)
-        cos, sin = cell.real.float(), cell.imag.float()
+        cell = torch.cat([parts[0][: f * stride: stride].view(f, 1, 1, -1, 2).expand(f, h, w, -1, 2),
+                          parts[1][:h].view(1, h, 1, -1, 2).expand(f, h, w, -1, 2),
+                          parts[2][:w].view(1, 1, w, -1, 2).expand(f, h, w, -1, 2)], dim=-2)
+        cell = cell.reshape(f * h * w, c, 2).float()
+        cos, sin = cell[..., 0].contiguous(), cell[..., 1].contiguous()
         if f * h * w < S:
             pad = S - f * h * w
             cos = torch.cat([cos, cos.new_ones(pad, c)])
@@ -119,7 +121,7 @@ def _make_processors():
                 _tables_ok(rotary_emb, grid, rope_stride, S, D)
             if ok and kv_cache_mode == "cached":
                 ref_grid = _grid_list(reference_grid_sizes)
-                key_ref = kv_cache.key
+                key_ref = getattr(kv_cache, "key", None)
                 ok = (ref_grid is not None and isinstance(key_ref, torch.Tensor) and key_ref.dim() == 4
                       and len(ref_grid) == key_ref.shape[0]
                       and _tables_ok(reference_rotary_emb, ref_grid, reference_rope_stride,
