@@ -16,13 +16,7 @@ import torch
 
 import ditfuse
 from ditfuse.patching.tiny_models import _randomize, to_dtype
-
-
-def arg(name, default):
-    for a in sys.argv[1:]:
-        if a.startswith(f"--{name}="):
-            return type(default)(a.split("=", 1)[1])
-    return default
+from wan_animate2_qk import arg  # this folder's script
 
 
 def main():

@@ -171,22 +171,32 @@ def _skyreels_block_forward(self, hidden_states, encoder_hidden_states, temb, ro
 def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask):
     """The block's arithmetic after its modulation ``mods`` (shift, scale, gate, and the
     FFN's three), with the AdaLN kernels."""
-    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
-    norm_hidden_states = adaln_modulate(hidden_states, shift_msa, scale_msa, norm="layer",
-                                        eps=self.norm1.eps)
-    attn_output = self.attn1(norm_hidden_states, None, attention_mask, rotary_emb)
-    if isinstance(self.norm2, torch.nn.Identity):
-        hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
+    return wan_chain(hidden_states, mods, self.norm1, self.norm2, self.norm3,
+                     lambda n: self.attn1(n, None, attention_mask, rotary_emb),
+                     lambda n: self.attn2(n, encoder_hidden_states, None, None), self.ffn)
+
+
+def wan_chain(hidden_states, mods, norm1, cross_norm, ffn_norm, self_attn, cross_attn, ffn):
+    """Wan's block arithmetic after its modulation ``mods`` (shift, scale, gate and the
+    FFN's three; fp32), with the AdaLN kernels: ``norm1`` (affine-free) + modulate ->
+    ``self_attn``; the gated residual + ``cross_norm`` (affine, or Identity) ->
+    ``cross_attn``; the residual + ``ffn_norm`` (affine-free) + modulate -> ``ffn``; the
+    FFN's gated residual. Shared by the blocks of the Wan family, whose norms are named
+    differently (Wan: norm1 / norm2 / norm3; Wan-Animate-2: norm1 / norm3 / norm2)."""
+    shift, scale, gate, c_shift, c_scale, c_gate = mods
+    norm_hidden_states = adaln_modulate(hidden_states, shift, scale, norm="layer", eps=norm1.eps)
+    attn_output = self_attn(norm_hidden_states)
+    if isinstance(cross_norm, torch.nn.Identity):
+        hidden_states = (hidden_states.float() + attn_output * gate).type_as(hidden_states)
         norm_hidden_states = hidden_states
     else:
         hidden_states, norm_hidden_states = gated_residual_adaln(
-            hidden_states, attn_output, gate_msa, norm="layer", weight=self.norm2.weight,
-            bias=self.norm2.bias, eps=self.norm2.eps)
-    attn_output = self.attn2(norm_hidden_states, encoder_hidden_states, None, None)
+            hidden_states, attn_output, gate, norm="layer", weight=cross_norm.weight,
+            bias=cross_norm.bias, eps=cross_norm.eps)
+    attn_output = cross_attn(norm_hidden_states)
     hidden_states, norm_hidden_states = gated_residual_adaln(
-        hidden_states, attn_output, None, c_shift_msa, c_scale_msa, norm="layer", eps=self.norm3.eps)
-    ff_output = self.ffn(norm_hidden_states)
-    return gated_residual(hidden_states, ff_output, c_gate_msa)
+        hidden_states, attn_output, None, c_shift, c_scale, norm="layer", eps=ffn_norm.eps)
+    return gated_residual(hidden_states, ffn(norm_hidden_states), c_gate)
 
 
 def _block_ok(block) -> bool:

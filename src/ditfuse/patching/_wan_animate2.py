@@ -11,10 +11,9 @@ import math
 
 import torch
 
-from ..adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ..qk_norm_rope import qk_norm_rope
 from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors, table_once
-from ._wan import _qk
+from ._wan import _qk, wan_chain
 
 
 def _grid_list(grid_sizes) -> list | None:
@@ -272,21 +271,11 @@ def _block_forward(self, hidden_states, temb, encoder_hidden_states, kv_cache, k
             self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode, rotary_emb,
             grid_sizes, encoder_hidden_states_image, reference_rotary_emb, reference_grid_sizes,
             attention_mask, origin_latent_frames, origin_latent_hw)
-    shift, scale, gate, c_shift, c_scale, c_gate = (self.modulation + temb).chunk(6, dim=1)
-    norm_hidden_states = adaln_modulate(hidden_states, shift, scale, norm="layer", eps=self.norm1.eps)
-    attn_output = self.self_attn(norm_hidden_states, **attn_kw)
-    if isinstance(self.norm3, torch.nn.Identity):
-        hidden_states = (hidden_states.float() + attn_output * gate).type_as(hidden_states)
-        norm_hidden_states = hidden_states
-    else:
-        hidden_states, norm_hidden_states = gated_residual_adaln(
-            hidden_states, attn_output, gate, norm="layer", weight=self.norm3.weight,
-            bias=self.norm3.bias, eps=self.norm3.eps)
-    attn_output = self.cross_attn(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
-                                  encoder_hidden_states_image=encoder_hidden_states_image)
-    hidden_states, norm_hidden_states = gated_residual_adaln(
-        hidden_states, attn_output, None, c_shift, c_scale, norm="layer", eps=self.norm2.eps)
-    return gated_residual(hidden_states, self.ffn(norm_hidden_states), c_gate)
+    return wan_chain(hidden_states, (self.modulation + temb).chunk(6, dim=1), self.norm1, self.norm3,
+                     self.norm2, lambda n: self.self_attn(n, **attn_kw),
+                     lambda n: self.cross_attn(n, encoder_hidden_states=encoder_hidden_states,
+                                               encoder_hidden_states_image=encoder_hidden_states_image),
+                     self.ffn)
 
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
