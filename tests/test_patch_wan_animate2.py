@@ -239,3 +239,19 @@ def test_compile_repeated_blocks_patched():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for i in range(LAYERS):
         torch.testing.assert_close(cache.get(i).key, want_cache.get(i).key, rtol=1e-5, atol=1e-5)
+
+
+def test_tables_once_a_step_one_slot():
+    """The tables are built once for the blocks of a step (the same objects come back for the
+    same freqs and grid) and a new grid replaces them: one cached set a freqs table."""
+    from ditfuse.patching import _TABLES
+
+    freqs, _ = _rope_case(12, [[1, 1, 1]], 1, 1, rows=16)
+    a = wa2._rope_tables(freqs, [(2, 2, 2)], 1, 8)
+    assert wa2._rope_tables(freqs, [(2, 2, 2)], 1, 8) is a
+    b = wa2._rope_tables(freqs, [(3, 2, 2)], 1, 12)
+    assert b is not a and b[0].shape == (12, 6)
+    assert wa2._rope_tables(freqs, [(3, 2, 2)], 1, 12) is b
+    assert sum(1 for ref, _, _ in _TABLES.values() if ref() is freqs) == 1
+    freqs.mul_(1.0)  # modified in place: rebuilt
+    assert wa2._rope_tables(freqs, [(3, 2, 2)], 1, 12) is not b

@@ -62,10 +62,16 @@ def _tables(freqs, grid, stride: int, S: int):
 
 
 def _rope_tables(freqs, grid, stride, S):
-    # every block of a step receives the same freqs object (the model's rope_freqs_cache)
-    # and grid: the tables are built once a step
-    return table_once(freqs, ("wan-animate-2", tuple(grid), stride, S),
-                      lambda f: _tables(f, grid, stride, S))
+    """:func:`_tables`, built once a step: every block of a step receives the same ``freqs``
+    object (the model's ``rope_freqs_cache`` keeps one a stream) with the same grid. One slot
+    a table: the last grid's tables (a new resolution replaces them, so a long-lived table
+    does not collect one set per resolution ever run)."""
+    slot = table_once(freqs, "wan-animate-2", lambda f: {})
+    key = (tuple(grid), stride, S)
+    if slot.get("key") != key:
+        slot["tables"] = _tables(freqs, grid, stride, S)
+        slot["key"] = key
+    return slot["tables"]
 
 
 def _rotate(x, cos, sin, H):
