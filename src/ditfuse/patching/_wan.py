@@ -199,15 +199,20 @@ def wan_chain(hidden_states, mods, norm1, cross_norm, ffn_norm, self_attn, cross
     return gated_residual(hidden_states, ffn(norm_hidden_states), c_gate)
 
 
-def _block_ok(block) -> bool:
-    """The block's norms are the FP32LayerNorms the fused chain reproduces."""
+def chain_norms_ok(norm1, cross_norm, ffn_norm) -> bool:
+    """The norms :func:`wan_chain` reproduces: ``norm1`` and ``ffn_norm`` affine-free
+    FP32LayerNorms, ``cross_norm`` an affine one or Identity."""
     from diffusers.models.normalization import FP32LayerNorm
 
-    n1, n2, n3 = block.norm1, block.norm2, block.norm3
-    plain = all(isinstance(n, FP32LayerNorm) and n.weight is None and n.bias is None for n in (n1, n3))
-    n2_ok = isinstance(n2, torch.nn.Identity) or (
-        isinstance(n2, FP32LayerNorm) and n2.weight is not None)
-    return plain and n2_ok
+    plain = all(isinstance(n, FP32LayerNorm) and n.weight is None and n.bias is None
+                for n in (norm1, ffn_norm))
+    return plain and (isinstance(cross_norm, torch.nn.Identity) or (
+        isinstance(cross_norm, FP32LayerNorm) and cross_norm.weight is not None))
+
+
+def _block_ok(block) -> bool:
+    """The block's norms are the FP32LayerNorms the fused chain reproduces."""
+    return chain_norms_ok(block.norm1, block.norm2, block.norm3)
 
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,

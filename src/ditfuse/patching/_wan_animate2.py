@@ -13,7 +13,7 @@ import torch
 
 from ..qk_norm_rope import qk_norm_rope
 from . import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors, table_once
-from ._wan import _qk, wan_chain
+from ._wan import _qk, chain_norms_ok, wan_chain
 
 
 def _grid_list(grid_sizes) -> list | None:
@@ -244,16 +244,11 @@ def _packed_attention(query, key, value, key_ref, value_ref, grid, ref_grid, fra
 
 
 def _block_ok(block) -> bool:
-    """norm1 / norm2 affine-free FP32LayerNorms, norm3 (before cross-attention) an affine one
-    or Identity, and the modulation table in fp32 (as ``from_pretrained`` keeps it:
-    ``_keep_in_fp32_modules``; a model cast whole adds it to the temb in bf16)."""
-    from diffusers.models.normalization import FP32LayerNorm
-
-    plain = all(isinstance(n, FP32LayerNorm) and n.weight is None and n.bias is None
-                for n in (block.norm1, block.norm2))
-    n3 = block.norm3
-    n3_ok = isinstance(n3, torch.nn.Identity) or (isinstance(n3, FP32LayerNorm) and n3.weight is not None)
-    return plain and n3_ok and block.modulation.dtype == torch.float32
+    """Wan's chain norms (here norm1, norm3 before cross-attention, norm2 before the FFN) and
+    the modulation table in fp32 (as ``from_pretrained`` keeps it: ``_keep_in_fp32_modules``;
+    a model cast whole adds it to the temb in bf16)."""
+    return (chain_norms_ok(block.norm1, block.norm3, block.norm2)
+            and block.modulation.dtype == torch.float32)
 
 
 def _block_forward(self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode,
