@@ -109,57 +109,6 @@ def test_split_path_vs_fp64(case, path, dtype):
     _note(f"gn split vs fp64 {dtype}", within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {path}"))
 
 
-PIPE_CASES = [  # (name, shape, groups, dtype, extra launch settings, layout)
-    # 18 groups of 2 x 35 bf16 (140 B): 4 a chunk -> 5 chunks, the last of 2 groups
-    ("bf16 N3 partial-last-chunk", (3, 12, 5, 7), 6, torch.bfloat16, dict(chunk_bytes=560), "dense"),
-    ("fp32 channels-last stats-first", (2, 8, 6, 5), 4, torch.float32,
-     dict(chunk_bytes=400, stats_first=True), "cl"),
-    # several tiles a statistics item, masked tail items (T = 6 tiles, 4 an item)
-    ("fp16 5d tpp4 masked tail", (1, 15, 2, 3, 5), 5, torch.float16,
-     dict(chunk_bytes=360, pipe_tpp=4), "dense"),
-    ("bf16 channel slice in place", (2, 16, 3, 9), 4, torch.bfloat16, dict(chunk_bytes=300), "slice"),
-]
-
-
-@pytest.mark.parametrize("case", PIPE_CASES, ids=lambda c: c[0])
-@torch.no_grad()
-def test_pipelined_split_path(case):
-    """The chunked split path (launch j: chunk j's statistics and chunk j - 1's apply): the
-    bits of the two-launch split path with the same statistics items (its P and TPP), within
-    the contract of the fp64 reference, every element written (poisoned output); in place
-    too (the apply of one chunk writes x beside the next chunk's statistics reads)."""
-    name, shape, G, dtype, extra, layout = case
-    N, C = shape[:2]
-    S = math.prod(shape[2:])
-    launch = dict(SPLIT, **extra)
-    st = gn.gn_settings(N, G, C // G, S, itemsize=torch.tensor([], dtype=dtype).element_size(),
-                        **launch)
-    assert st.chunk and math.ceil(N * G / st.chunk) >= 2, st
-    two_launch = dict(SPLIT, stats_programs=10**9, max_partials=st.P)
-    st2 = gn.gn_settings(N, G, C // G, S, **two_launch)
-    assert (st2.chunk, st2.P, st2.TPP) == (0, st.P, st.TPP), (st, st2)
-    if "pipe_tpp" in extra:
-        assert st.TPP > 1 and st.P * st.TPP > st.T
-    base = _rand(shape if layout != "slice" else (N, C + 8) + shape[2:], dtype, 41)
-    if layout == "cl":
-        x = base.to(memory_format=torch.channels_last)
-    elif layout == "slice":
-        x = base[:, 4:4 + C]
-    else:
-        x = base
-    w, b = _params(C, dtype, 41)
-    ref = gn.group_norm_silu(x, G, w, b, _launch=two_launch)
-    out = torch.full_like(x, float("nan"))
-    y = gn.group_norm_silu(x, G, w, b, out=out, _launch=launch)
-    assert y is out and torch.equal(y, ref), name
-    within(y, gn_chain(x, G, w, b), name)
-    if layout == "slice":
-        keep = base.clone()
-        gn.group_norm_silu(x, G, w, b, out=x, _launch=launch)
-        assert torch.equal(x, ref)
-        assert torch.equal(base[:, :4], keep[:, :4]) and torch.equal(base[:, 4 + C:], keep[:, 4 + C:])
-
-
 @pytest.mark.parametrize("case", [((2, 8, 4, 8), 4, {}), ((2, 8, 4, 8), 4, dict(max_partials=2)),
                                   ((1, 4, 6, 8), 4, dict(max_partials=2))],
                          ids=["even", "even-loop", "even-tiles-masked-tail"])

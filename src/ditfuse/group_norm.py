@@ -180,19 +180,7 @@ def _gn_stats_kernel(
     OFF64: tl.constexpr,      # offsets inside a tile need int64
     EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
 ):
-    """The split path's statistics pass: program ``pid`` takes item ``pid`` (see
-    :func:`_gn_stats_item`)."""
-    _gn_stats_item(tl.program_id(0).to(tl.int64), x_ptr, part_ptr, G, cpg, S, n_ts, T, P, NGP,
-                   stride_xn, stride_xc, stride_xs, BC, BS, TPP, OFF64, EVEN)
-
-
-@triton.jit
-def _gn_stats_item(pid, x_ptr, part_ptr, G, cpg, S, n_ts, T, P, NGP,
-                   stride_xn, stride_xc, stride_xs,
-                   BC: tl.constexpr, BS: tl.constexpr, TPP: tl.constexpr,
-                   OFF64: tl.constexpr, EVEN: tl.constexpr):
-    """Partial (count, mean, M2) of TPP consecutive tiles of one group: statistics item
-    ``pid`` (int64) is program ``pid % P`` of group ``pid // P`` (n * G + g).
+    """Partial (count, mean, M2) of TPP consecutive tiles of one group.
 
     Each tile's statistics come from a corrected two-pass reduction over registers; tiles
     are merged with Chan's parallel formula (no E[x^2] - E[x]^2 anywhere). The data are
@@ -200,6 +188,7 @@ def _gn_stats_item(pid, x_ptr, part_ptr, G, cpg, S, n_ts, T, P, NGP,
     cache), so that the partial means stay of the order of the spread, not of the offset:
     their fp32 rounding then costs nothing however large the offset.
     """
+    pid = tl.program_id(0).to(tl.int64)
     ng = pid // P
     k = pid - ng * P
     n = ng // G
@@ -263,23 +252,9 @@ def _gn_apply_kernel(
     EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
     HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
 ):
-    """The split path's apply pass: program ``pid`` normalises tile ``pid`` (see
-    :func:`_gn_apply_tile`)."""
-    _gn_apply_tile(tl.program_id(0).to(tl.int64), x_ptr, y_ptr, w_ptr, b_ptr, part_ptr,
-                   G, cpg, S, n_ts, T, P, NGP, eps, stride_xn, stride_xc, stride_xs,
-                   stride_yn, stride_yc, stride_ys, stride_w, stride_b,
-                   BC, BS, P_PAD, OFF64, EVEN, HAS_W, HAS_B, SILU, ROUND_NORM)
-
-
-@triton.jit
-def _gn_apply_tile(pid, x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, G, cpg, S, n_ts, T, P, NGP, eps,
-                   stride_xn, stride_xc, stride_xs, stride_yn, stride_yc, stride_ys,
-                   stride_w, stride_b,
-                   BC: tl.constexpr, BS: tl.constexpr, P_PAD: tl.constexpr,
-                   OFF64: tl.constexpr, EVEN: tl.constexpr, HAS_W: tl.constexpr,
-                   HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr):
-    """Tile ``pid`` (int64; tile ``pid % T`` of group ``pid // T``): merge the group's P
-    partials (statistics of x - K, K the group's first element), then normalise the tile."""
+    """One tile per program: merge the group's P partials (statistics of x - K, K the
+    group's first element), then normalise the tile."""
+    pid = tl.program_id(0).to(tl.int64)
     ng = pid // T
     t = pid - ng * T
     n = ng // G
@@ -322,49 +297,6 @@ def _gn_apply_tile(pid, x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, G, cpg, S, n_ts, T
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
                _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b,
                HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
-
-
-@triton.jit
-def _gn_pipe_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    part_ptr,                 # the partials of every group (as the split path's)
-    G, cpg, S, n_ts, T, P, NGP,
-    eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    a0,                       # the first apply tile of this launch (a global tile index)
-    n_apply,                  # apply tiles in this launch (those of the previous chunk)
-    s0,                       # the first statistics item of this launch (global)
-    n_stats,                  # statistics items in this launch (those of this chunk)
-    BC: tl.constexpr, BS: tl.constexpr, TPP: tl.constexpr, P_PAD: tl.constexpr,
-    OFF64: tl.constexpr,
-    EVEN_S: tl.constexpr,     # the statistics items' EVEN (P * TPP == T as well)
-    EVEN: tl.constexpr,       # the apply tiles' EVEN
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-    STATS_FIRST: tl.constexpr,  # programs [0, n_stats) are the statistics items
-):
-    """One step of the chunked split path: the statistics of chunk j (groups read from
-    DRAM, kept in L2: ``evict_last``) and the apply of chunk j - 1 (whose x the previous
-    launch's statistics left in L2) in one launch, so that x crosses DRAM once when a chunk
-    fits in L2. Items and tiles are the split path's, so the results are its bits."""
-    pid = tl.program_id(0).to(tl.int64)
-    if STATS_FIRST:
-        is_stats = pid < n_stats
-        ia = pid - n_stats
-        i_s = pid
-    else:
-        is_stats = pid >= n_apply
-        ia = pid
-        i_s = pid - n_apply
-    if is_stats:
-        _gn_stats_item(s0 + i_s, x_ptr, part_ptr, G, cpg, S, n_ts, T, P, NGP,
-                       stride_xn, stride_xc, stride_xs, BC, BS, TPP, OFF64, EVEN_S)
-    else:
-        _gn_apply_tile(a0 + ia, x_ptr, y_ptr, w_ptr, b_ptr, part_ptr,
-                       G, cpg, S, n_ts, T, P, NGP, eps, stride_xn, stride_xc, stride_xs,
-                       stride_yn, stride_yc, stride_ys, stride_w, stride_b,
-                       BC, BS, P_PAD, OFF64, EVEN, HAS_W, HAS_B, SILU, ROUND_NORM)
 
 
 @triton.jit
@@ -510,13 +442,6 @@ MAX_PARTIALS = 128
 OFF32_LIMIT = 2**31
 #: whole split-path tiles skip their masks (False: always masked, for tests)
 MASKLESS = True
-#: split path: bytes of x a pipelined chunk of groups spans (0: off). A chunk's statistics
-#: leave it in L2 for its apply, run in the next chunk's statistics launch
-CHUNK_BYTES = 0
-#: pipelined split path: tiles a statistics item sums
-PIPE_TPP = 4
-#: pipelined split path: a launch's statistics items take its first programs
-STATS_FIRST = False
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -563,16 +488,12 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
-    chunk: int = 0          # split path: groups a pipelined chunk (0: two launches in all)
-    stats_first: bool = False  # pipelined launches: statistics items before apply tiles
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS, itemsize: int = 2,
-                chunk_bytes: int = CHUNK_BYTES, pipe_tpp: int = PIPE_TPP,
-                stats_first: bool = STATS_FIRST) -> GNSettings:
+                max_partials: int = MAX_PARTIALS) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -593,19 +514,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BC = min(cp, max(1, tile // BS))
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
-    NG = N * G
-    chunks = _cdiv(NG, max(1, chunk_bytes // (cpg * S * itemsize))) if chunk_bytes > 0 else 1
-    if chunks > 1:
-        # pipelined: launch j runs chunk j's statistics and chunk j - 1's apply, one table
-        # of warps for both (the apply's); a statistics item sums pipe_tpp tiles (or more,
-        # to keep a group's partials <= max_partials)
-        gc = _cdiv(NG, chunks)
-        TPP = min(_next_pow2(T), max(_next_pow2(pipe_tpp), _next_pow2(_cdiv(T, max_partials))))
-        P = _cdiv(T, TPP)
-        nw = _warps(BC * BS, APPLY_PER_THREAD, hi=8)
-        return GNSettings("split", BC, BS, nw, n_ts, T, P, TPP, _next_pow2(P), nw, gc,
-                          bool(stats_first))
-    P0 = max(1, min(T, max_partials, _cdiv(stats_programs, NG)))
+    P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
     # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
@@ -832,8 +741,7 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     N, C, S, G = p.N, p.C, p.S, p.groups
     cpg = C // G
     c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
-    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, itemsize=p.x.element_size(),
-                                 **table)
+    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
     if N * C * S == 0:
         return st, ()
     dummy = p.x
@@ -853,19 +761,6 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     ngp = NG * st.P
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
-    if st.chunk:
-        gc, chunks = st.chunk, _cdiv(NG, st.chunk)
-        for j in range(chunks + 1):
-            s_lo, a_lo = j * gc, (j - 1) * gc
-            n_stats = (min(NG, s_lo + gc) - s_lo) * st.P if j < chunks else 0
-            n_apply = (min(NG, a_lo + gc) - a_lo) * st.T if j > 0 else 0
-            launch(_gn_pipe_kernel, (n_stats + n_apply,), (
-                p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
-                p.w_stride, p.b_stride, max(a_lo, 0) * st.T, n_apply, s_lo * st.P, n_stats),
-                dict(BC=st.BC, BS=st.BS, TPP=st.TPP, P_PAD=st.P_PAD, OFF64=off64,
-                     EVEN_S=even and st.P * st.TPP == st.T, EVEN=even, **flags,
-                     STATS_FIRST=st.stats_first, num_warps=st.num_warps))
-        return st, scratch
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
                 EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
