@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 21, first call: GroupNorm's chunked (pipelined) split path against the two-launch
-# (benchmarks/gn_pipe_sweep.py and the path it times were removed after this call: LOST;
-# both are in benchmarks/logs/s21/a/gn_pipe.diff)
 # table at every GroupNorm registry shape (bf16, CUDA graphs), then the GroupNorm tests
 # (the new pipelined cases included) and the sm_90 build tests on the GPU.
+# (benchmarks/gn_pipe_sweep.py and the path it times were removed after this call: LOST;
+# both are in benchmarks/logs/s21/a/gn_pipe.diff)
 source benchmarks/device_env.sh
 BUDGET=560
 nvidia-smi --query-gpu=name,clocks.sm,power.draw --format=csv > $OUT/gpu.txt
