@@ -27,6 +27,9 @@ CASES = [
     ("rms-80", "rms", (2, 80, 2, 64, 64), None, "bfloat16"),
     ("rms-160-fp32", "rms", (1, 160, 1, 90, 160), None, "float32"),
     ("rms-12-odd", "rms", (1, 12, 3, 7, 11), None, "float16"),
+    ("wan-vae-out-480p-fp16", "rms", (1, 96, 4, 480, 832), None, "float16"),
+    ("rms-192", "rms", (1, 192, 4, 240, 416), None, "bfloat16"),
+    ("rms-96-masked", "rms", (1, 96, 5, 31, 33), None, "bfloat16"),
 ]
 
 _PROBE = r'''
@@ -34,7 +37,7 @@ import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from ditfuse import group_norm as gn
-from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path
+from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path, local_in_loops
 import subprocess, tempfile
 
 KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel"]
@@ -67,6 +70,7 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
         vec = [i for i, ln in enumerate(ins) if re.search(r"\bLDG\.E\.(64|128)\b", ln)]
         print("ROW " + json.dumps(dict(
             label=label, kernel=k, path=kw.get("NCH", 1), silu=kw.get("SILU"),
+            maxnreg=kw.get("maxnreg"), local_in_loops=local_in_loops(sass), even=kw.get("EVEN"),
             regs=pt["regs"], spills=pt["spill_stores"] + pt["spill_loads"], stack=pt["stack"],
             local=cu["ldl"] + cu["stl"] + cu["cubin_local"],
             ex2=ck.asm["ptx"].count("ex2.approx.ftz.f32"), div=ck.asm["ptx"].count("div.approx.ftz.f32"),
@@ -90,9 +94,26 @@ def rows():
     return out
 
 
+#: bytes of local memory a register-capped build may keep (outside loops), as attention's
+LOCAL_BYTES_MAX = 16
+
+
 def test_no_spills_no_stack_no_local_memory(rows):
-    bad = [r for r in rows if r["spills"] or r["stack"] or r["local"]]
+    """Uncapped builds: none. The register-capped channel-RMS column (``RMS_MAXNREG``, 6
+    programs an SM instead of 5: 9% faster on the H200 with the same bits) may keep at most
+    ``LOCAL_BYTES_MAX`` bytes, never inside a loop, and holds no more than its cap."""
+    bad = [r for r in rows if not r["maxnreg"] and (r["spills"] or r["stack"] or r["local"])]
     assert not bad, bad
+    capped = [r for r in rows if r["maxnreg"]]
+    for r in capped:
+        assert r["kernel"] == "_rms_ch_kernel" and r["path"] == 1, r
+        assert r["regs"] <= r["maxnreg"] and r["local_in_loops"] == 0, r
+        assert max(r["spills"], r["stack"]) <= LOCAL_BYTES_MAX, r
+    assert {r["label"] for r in capped} >= {"wan-vae-out-480p", "wan-vae-out-480p-fp16",
+                                            "rms-192"}, capped
+    # masked columns and fp32 launch uncapped (their builds would spill kilobytes)
+    assert not any(r["maxnreg"] for r in rows if r["label"] in ("rms-96-masked", "rms-160-fp32",
+                                                                 "rms-12-odd")), rows
 
 
 def test_silu_is_one_ex2_and_one_approximate_division(rows):
@@ -112,6 +133,8 @@ def test_rms_column_loads_before_the_barrier(rows):
     checked = 0
     for r in rows:
         if r["kernel"] != "_rms_ch_kernel" or r["path"] != 1 or r["first_bar"] is None:
+            continue
+        if not r["even"] and r["vec_loads"] == 0:  # masked odd positions: scalar loads
             continue
         assert r["vec_loads"] > 0 and r["last_vec_load"] < r["first_bar"], r
         checked += 1

@@ -442,6 +442,12 @@ MAX_PARTIALS = 128
 OFF32_LIMIT = 2**31
 #: whole split-path tiles skip their masks (False: always masked, for tests)
 MASKLESS = True
+#: registers a thread of the unmasked in-register channel-RMS program (16-bit x) may hold:
+#: 80 fits 6 programs of 4 warps an SM where the uncapped build's 86-96 fit 5; H200
+#: (session 21, benchmarks/logs/s21/c): wan-vae-out-480p 178.7 vs 196.3 us, the same bits
+#: (72: 214.4, 64: 289.6 -- spilling). At 80 the sm_90 builds keep at most 16 bytes in
+#: local memory, outside any loop (the kernel has none)
+RMS_MAXNREG = 80
 #: channel elements x positions one program of the channel-RMS kernel holds
 RMS_TILE = 8192
 #: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
@@ -488,12 +494,15 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
+    stats_maxnreg: int = 0  # split path: register caps (ptxas .maxnreg; 0: none) of the
+    apply_maxnreg: int = 0  # statistics and apply launches
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS) -> GNSettings:
+                max_partials: int = MAX_PARTIALS, stats_maxnreg: int = 0,
+                apply_maxnreg: int = 0) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -522,7 +531,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
     sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
     return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
-                      _next_pow2(P), sw)
+                      _next_pow2(P), sw, stats_maxnreg, apply_maxnreg)
 
 
 @dataclass(frozen=True)
@@ -532,18 +541,23 @@ class RMSSettings:
     NCH: int
     num_warps: int
     BC1: int = 0   # NCH == 1: the column's second power-of-two piece (0: one piece)
+    maxnreg: int = 0  # registers a thread at most (ptxas .maxnreg) for unmasked launches; 0: none
 
 
-def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_BS) -> RMSSettings:
+def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_BS,
+                 itemsize: int = 2, maxnreg: int = RMS_MAXNREG) -> RMSSettings:
     """Launch settings for the channel RMS norm: a program takes BS positions and all C
-    channels, in ``NCH`` chunks of BC when the column does not fit ``tile`` elements."""
+    channels, in ``NCH`` chunks of BC when the column does not fit ``tile`` elements.
+    ``itemsize``: x's element size; 16-bit columns held in registers take the register cap
+    ``maxnreg`` (applied to unmasked launches only: see ``RMS_MAXNREG``)."""
     cp = _next_pow2(C)
     BS = min(_next_pow2(S), max(min_bs, _next_pow2(max(1, tile // cp))))
     if cp * BS <= tile:
         # the column as two power-of-two pieces: 96 = 64 + 32, 384 = 256 + 128
         BC = cp // 2 if C <= cp // 2 + cp // 4 and cp >= 4 else cp
         BC1 = _next_pow2(C - BC) if C > BC else 0
-        return RMSSettings(BC, BS, 1, _warps(cp * BS, APPLY_PER_THREAD), BC1)
+        return RMSSettings(BC, BS, 1, _warps(cp * BS, APPLY_PER_THREAD), BC1,
+                           maxnreg if itemsize == 2 else 0)
     BC = max(1, tile // BS)
     NCH = _cdiv(C, BC)
     return RMSSettings(BC, BS, NCH, _warps(BC * BS, 32))
@@ -763,12 +777,13 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
-                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
+                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps,
+                **({"maxnreg": st.stats_maxnreg} if st.stats_maxnreg else {})))
     launch(_gn_apply_kernel, (NG * st.T,), (
         p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
         dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
-             num_warps=st.num_warps))
+             num_warps=st.num_warps, **({"maxnreg": st.apply_maxnreg} if st.apply_maxnreg else {})))
     return st, scratch
 
 
@@ -780,20 +795,24 @@ def _col_span(st: RMSSettings, strides) -> int:
 def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
                         **table) -> RMSSettings:
     N, C, S = p.N, p.C, p.S
-    st = settings or rms_settings(C, S, **table)
+    st = settings or rms_settings(C, S, itemsize=p.x.element_size(), **table)
     if N * C * S == 0:
         return st
     dummy = p.x
     n_sb = _cdiv(S, st.BS)
+    even = st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0 and MASKLESS
+    # the cap only where it was measured and built: masked columns need far more registers
+    # (the cap would spill them by kilobytes)
+    cap = {"maxnreg": st.maxnreg} if st.maxnreg and even else {}
     _fastpath.launch(_rms_ch_kernel, (N * n_sb,), (
         p.x, out, p.weight if p.weight is not None else dummy,
         p.bias if p.bias is not None else dummy, C, S, n_sb, p.eps, p.scale, *p.xs, *os_,
         p.w_stride, p.b_stride), dict(
         BC=st.BC, BC1=st.BC1, BS=st.BS, NCH=st.NCH,
         OFF64=max(_col_span(st, p.xs), _col_span(st, os_)) >= OFF32_LIMIT,
-        EVEN=st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0 and MASKLESS,
+        EVEN=even,
         HAS_G=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
-        ROUND_NORM=p.round_after_norm, num_warps=st.num_warps,
+        ROUND_NORM=p.round_after_norm, num_warps=st.num_warps, **cap,
         # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
         # bf16 ops and fuses them into one fma.rn.bf16, dropping the rounding after * gamma
         # that WanRMS_norm's half-precision chain performs
