@@ -494,15 +494,12 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
-    stats_maxnreg: int = 0  # split path: register caps (ptxas .maxnreg; 0: none) of the
-    apply_maxnreg: int = 0  # statistics and apply launches
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS, stats_maxnreg: int = 0,
-                apply_maxnreg: int = 0) -> GNSettings:
+                max_partials: int = MAX_PARTIALS) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -531,7 +528,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
     sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
     return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
-                      _next_pow2(P), sw, stats_maxnreg, apply_maxnreg)
+                      _next_pow2(P), sw)
 
 
 @dataclass(frozen=True)
@@ -777,13 +774,12 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
-                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps,
-                **({"maxnreg": st.stats_maxnreg} if st.stats_maxnreg else {})))
+                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
     launch(_gn_apply_kernel, (NG * st.T,), (
         p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
         p.w_stride, p.b_stride),
         dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
-             num_warps=st.num_warps, **({"maxnreg": st.apply_maxnreg} if st.apply_maxnreg else {})))
+             num_warps=st.num_warps))
     return st, scratch
 
 
