@@ -278,6 +278,12 @@ def _registry():
     }
 
 
+#: VAEs whose norm -> SiLU pairs ``patch(..., vae=True)`` fuses (``_vae``): FLUX.1's and
+#: FLUX.2's AutoencoderKL, HunyuanVideo's, Wan's and Qwen-Image's
+VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2", "AutoencoderKLHunyuanVideo",
+               "AutoencoderKLWan", "AutoencoderKLQwenImage")
+
+
 def _models(obj):
     if isinstance(obj, torch.nn.Module):
         return [("model", obj)]
@@ -288,7 +294,7 @@ def _models(obj):
 
 
 def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool = True,
-          activations: bool = True) -> PatchReport:
+          activations: bool = True, vae: bool = True) -> PatchReport:
     """Install ditfuse's fused kernels into a diffusers model or pipeline, in place.
 
     Parameters
@@ -305,9 +311,10 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         KV-cache modes; RoPE within one rounding of its fp64 ``rope_apply``),
         ``ChronoEditTransformer3DModel``, ``ChromaTransformer2DModel``,
         ``HunyuanVideoFramepackTransformer3DModel``, ``HunyuanVideo15Transformer3DModel``,
-        ``SkyReelsV2Transformer3DModel``) or a pipeline, in
-        which every component of a known class is patched (Wan 2.2's ``transformer`` and
-        ``transformer_2`` both).
+        ``SkyReelsV2Transformer3DModel``), a VAE (``AutoencoderKL``,
+        ``AutoencoderKLFlux2``, ``AutoencoderKLHunyuanVideo``, ``AutoencoderKLWan``,
+        ``AutoencoderKLQwenImage``) or a pipeline, in which every component of a known class
+        is patched (Wan 2.2's ``transformer`` and ``transformer_2`` both, and the ``vae``).
     qk_norm_rope, adaln, attention, activations : bool
         Which fusions to install. ``qk_norm_rope``: the attention processors' QK-norm + RoPE
         as one kernel. ``adaln``: the blocks' norm + modulate and gated-residual chains as
@@ -323,6 +330,11 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream processor, which
         ``qk_norm_rope`` installs; FLUX.3: every ``Flux3SwiGLU``; FLUX.1: the single-stream
         blocks' GELU, in the block forward that ``adaln`` installs).
+    vae : bool
+        The VAEs' norm -> SiLU pairs (their ResNet blocks' and encoder / decoder heads'
+        GroupNorm -> SiLU, Wan's and Qwen-Image's channel RMS norm -> SiLU) as one kernel
+        each: ``group_norm_silu`` / ``rms_norm_silu_channels``, within one rounding of the
+        two modules (``ditfuse.patching._vae``).
 
     Each fused forward / processor runs the original code instead when autograd needs
     gradients, or when a norm, dtype or input differs from what the kernels reproduce (its
@@ -343,6 +355,18 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     reg = _registry()
     for name, model in _models(obj):
         fn = reg.get(type(model).__name__)
+        if type(model).__name__ in VAE_CLASSES:
+            from . import _vae
+
+            before = dict(report.counts)
+            if vae:
+                _vae.patch_vae(model, report)
+            done = {k: v - before.get(k, 0) for k, v in report.counts.items()
+                    if v - before.get(k, 0)}
+            what = ", ".join(f"{v} {k}" for k, v in done.items()) or \
+                ("nothing new (already patched)" if vae else "left untouched (vae=False)")
+            report.lines.append(f"{name}: {type(model).__name__}: {what}")
+            continue
         if fn is None:
             report.lines.append(f"{name}: {type(model).__name__} left untouched (ditfuse has no "
                                 f"patch for this class)")

@@ -1,0 +1,270 @@
+"""``ditfuse.patch`` on the VAEs: every norm -> SiLU pair of FLUX's AutoencoderKL (and
+FLUX.2's, the same blocks), HunyuanVideo's, Wan's and Qwen-Image's VAE as one kernel.
+
+Tiny random VAEs (no downloads): the patched decode / encode against the unpatched one (fp32
+within a few fp32 roundings, 16-bit within the pairs' contract), every fused pair checked
+against the fp64 chain of the two modules on the very input it gets, the kernels actually
+called, unpatch bitwise, the fallbacks (autograd, strided input, other parameter dtypes),
+the report, and the structure of diffusers' forwards the patch relies on (the activation
+called only right after the norms)."""
+import inspect
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ditfuse
+from ditfuse import _gn_contract as gc
+from ditfuse.patching import _vae
+from ditfuse.patching.tiny_models import _randomize, to_dtype
+from ditfuse.reference import group_norm_silu_chain, rms_norm_silu_channels_chain
+from conftest import DEVICE
+
+pytestmark = pytest.mark.filterwarnings("ignore:There are modules in")
+
+
+def _kl():
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8,
+                         latent_channels=4), (1, 4, 8, 8), (1, 3, 16, 16)
+
+
+def _flux2():
+    from diffusers import AutoencoderKLFlux2
+
+    sig = inspect.signature(AutoencoderKLFlux2.__init__).parameters
+    kw = dict(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+              up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8, latent_channels=4)
+    return AutoencoderKLFlux2(**{k: v for k, v in kw.items() if k in sig}), (1, 4, 8, 8), \
+        (1, 3, 16, 16)
+
+
+def _hunyuan():
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    return AutoencoderKLHunyuanVideo(
+        latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 2,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 2, block_out_channels=(8, 16),
+        layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=2,
+        temporal_compression_ratio=4), (1, 4, 2, 8, 8), (1, 3, 5, 16, 16)
+
+
+def _wan():
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
+                            temperal_downsample=[False], latents_mean=[0.0] * 4,
+                            latents_std=[1.0] * 4), (1, 4, 2, 8, 8), (1, 3, 2, 16, 16)
+
+
+def _qwen():
+    from diffusers import AutoencoderKLQwenImage
+
+    return AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
+                                  temperal_downsample=[False], latents_mean=[0.0] * 4,
+                                  latents_std=[1.0] * 4), (1, 4, 1, 8, 8), (1, 3, 1, 16, 16)
+
+
+VAES = {"kl": _kl, "flux2": _flux2, "hunyuan": _hunyuan, "wan": _wan, "qwen": _qwen}
+#: fused pairs of each tiny VAE (encoder + decoder): 2 a ResNet block + 1 a head (counted
+#: by class name in test_pair_counts)
+PAIRS = {"kl": 22, "flux2": 30, "hunyuan": 22, "wan": 22, "qwen": 22}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _make(name, dtype, seed=0):
+    vae, zshape, xshape = VAES[name]()
+    vae = to_dtype(_randomize(vae, seed), dtype).to(DEVICE).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    z = torch.randn(zshape, generator=g).to(dtype).to(DEVICE)
+    x = (torch.rand(xshape, generator=g) * 2 - 1).to(dtype).to(DEVICE)
+    return vae, z, x
+
+
+def _run(vae, z, x):
+    with torch.no_grad():
+        dec = vae.decode(z).sample
+        enc = vae.encode(x).latent_dist.mean
+    return dec, enc
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the kernel calls the fused norms make, and checks each against the fp64 chain
+    of the two modules it replaces on the input it got."""
+    calls = {"gn": 0, "rms": 0}
+    gn, rms = _vae.group_norm_silu, _vae.rms_norm_silu_channels
+
+    def gn_spy(x, G, w, b, eps):
+        y = gn(x, G, w, b, eps)
+        calls["gn"] += 1
+        chain = group_norm_silu_chain(x, G, w, b, eps)
+        p = gc.parity(y, chain.out, chain)
+        assert p.ok, p.describe()
+        return y
+
+    def rms_spy(x, g, b, eps, scale):
+        y = rms(x, g, b, eps, scale=scale)
+        calls["rms"] += 1
+        chain = rms_norm_silu_channels_chain(x, g, b, eps, scale=scale)
+        p = gc.parity(y, chain.out, chain)
+        assert p.ok, p.describe()
+        return y
+
+    monkeypatch.setattr(_vae, "group_norm_silu", gn_spy)
+    monkeypatch.setattr(_vae, "rms_norm_silu_channels", rms_spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(VAES))
+def test_patched_vae_matches_unpatched(name, dtype, spy):
+    vae, z, x = _make(name, dtype)
+    ref = _run(vae, z, x)
+    report = ditfuse.patch(vae)
+    assert report.counts == {_vae.LABEL: PAIRS[name]}, report
+    out = _run(vae, z, x)
+    assert spy["gn"] + spy["rms"] >= PAIRS[name]  # every pair ran on the kernel (decode + encode)
+    assert (spy["rms"] > 0) == (name in ("wan", "qwen"))
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        err = (o.float() - r.float()).abs().max().item()
+        scale = r.float().abs().max().item()
+        # fp32: the statistics' summation order, through the convolutions; 16-bit: a pair's
+        # one-rounding differences, amplified by the layers after it
+        assert err <= (1e-5 if dtype == torch.float32 else 0.05) * scale, (name, err, scale)
+    bound = sum("forward" in m.__dict__ for m in vae.modules())  # the norms + the activations
+    assert bound > PAIRS[name]
+    assert ditfuse.unpatch(vae) == bound
+    back = _run(vae, z, x)
+    assert all(torch.equal(b, r) for b, r in zip(back, ref))
+
+
+@pytest.mark.parametrize("name", list(VAES))
+def test_pair_counts(name):
+    vae, _, _ = _make(name, torch.float32)
+    blocks = [m for m in vae.modules()
+              if re.search(r"(ResnetBlock2D|ResnetBlockCausal3D|ResidualBlock)$", type(m).__name__)]
+    assert 2 * len(blocks) + 2 == PAIRS[name]  # + the encoder's and the decoder's heads
+
+
+@pytest.mark.parametrize("name", list(VAES))
+def test_unpatch_restores_every_module(name):
+    vae, z, x = _make(name, torch.float32)
+    ditfuse.patch(vae)
+    ditfuse.patch(vae)  # twice: harmless
+    assert ditfuse.patch(vae).counts == {}
+    ditfuse.unpatch(vae)
+    assert not any("forward" in m.__dict__ for m in vae.modules())
+
+
+def test_fallbacks_compute_the_modules(spy):
+    """Autograd, a strided input, a weight of another dtype: the original GroupNorm + SiLU."""
+    vae, z, x = _make("kl", torch.float32)
+    ditfuse.patch(vae)
+    block = vae.decoder.up_blocks[0].resnets[0]
+    norm, act = block.norm1, block.nonlinearity
+    h = torch.randn(2, norm.num_channels, 6, 10, device=DEVICE)
+    want = F.silu(F.group_norm(h, norm.num_groups, norm.weight, norm.bias, norm.eps))
+    assert torch.equal(act(h), h)  # the block's SiLU: applied by the norm before it
+    with torch.no_grad():
+        strided = torch.randn(2, norm.num_channels, 6, 20, device=DEVICE)[..., ::2]
+        assert torch.equal(norm(strided), F.silu(F.group_norm(strided, norm.num_groups,
+                                                              norm.weight, norm.bias, norm.eps)))
+    assert spy["gn"] == 0
+    hg = h.clone().requires_grad_(True)
+    y = norm(hg)  # autograd needs gradients: the modules, differentiable
+    y.sum().backward()
+    assert hg.grad is not None and torch.allclose(y.detach(), want, atol=0, rtol=0)
+    with torch.no_grad():
+        y = norm(h)
+    assert spy["gn"] == 1
+    assert torch.allclose(y, want, atol=1e-5, rtol=1e-5)
+
+
+def test_rms_fallback_other_gamma_dtype(spy):
+    """Wan's norm with an fp32 gamma on bf16 activations promotes to fp32 in eager: the
+    patched norm runs the modules (the kernel would return bf16)."""
+    vae, z, x = _make("wan", torch.bfloat16)
+    ditfuse.patch(vae)
+    block = vae.decoder.mid_block.resnets[0]
+    norm = block.norm1
+    norm.gamma.data = norm.gamma.data.float()
+    h = torch.randn(1, norm.gamma.shape[0], 2, 4, 4, device=DEVICE).to(torch.bfloat16)
+    with torch.no_grad():
+        y = norm(h)
+        eager = F.silu(type(norm).forward(norm, h))
+    assert spy["rms"] == 0 and y.dtype == eager.dtype == torch.float32 and torch.equal(y, eager)
+
+
+def test_pipeline_patches_the_vae_and_vae_false_skips_it():
+    vae, z, x = _make("kl", torch.float32)
+
+    class Pipe:
+        components = {"vae": vae, "scheduler": object()}
+
+    r = ditfuse.patch(Pipe(), vae=False)
+    assert r.counts == {} and "vae=False" in str(r)
+    r = ditfuse.patch(Pipe())
+    assert r.counts == {_vae.LABEL: PAIRS["kl"]} and "vae: AutoencoderKL" in str(r)
+    ditfuse.unpatch(Pipe())
+
+
+def test_shared_activation_is_left_alone():
+    """A block whose activation module is shared with another block is not patched (the
+    identity would reach the other block too)."""
+    vae, z, x = _make("kl", torch.float32)
+    blocks = [b for b in vae.decoder.modules() if type(b).__name__ == "ResnetBlock2D"]
+    blocks[1].nonlinearity = blocks[0].nonlinearity
+    r = ditfuse.patch(vae)
+    assert r.counts[_vae.LABEL] == PAIRS["kl"] - 4
+    assert "forward" not in blocks[0].norm1.__dict__ and "forward" not in blocks[1].norm2.__dict__
+
+
+def _calls(src: str, attr: str):
+    return [m.start() for m in re.finditer(rf"self\.{attr}\(", src)]
+
+
+def test_diffusers_blocks_call_the_activation_only_after_their_norms():
+    """What the patch relies on, read from the installed diffusers' code: in every patched
+    block class, each call of the activation module follows a call of one of the norms on the
+    line before it (``x = self.norm(x)`` then ``x = self.act(x)``), and the activation is
+    called once per norm (ResnetBlock2D: once more on the time embedding, which the patch
+    excludes by requiring ``time_emb_proj is None``)."""
+    for cls, (norms, act, cond) in _vae._specs().items():
+        src = inspect.getsource(cls.forward)
+        lines = [ln.strip() for ln in src.splitlines()
+                 if ln.strip() and not ln.strip().startswith("#")]
+        uses = [i for i, ln in enumerate(lines) if re.search(rf"self\.{act}\(", ln)]
+        after = [i for i in uses if any(re.search(rf"self\.{n}\(", lines[i - 1]) for n in norms)]
+        other = [lines[i] for i in uses if i not in after]
+        if cls.__name__ == "ResnetBlock2D":
+            assert other == ["temb = self.nonlinearity(temb)"], other
+            assert cond is not None
+        else:
+            assert not other, (cls.__name__, other)
+        assert len(after) == len(norms), (cls.__name__, lines)
+
+
+@pytest.mark.parametrize("name", ["kl", "wan"])
+def test_compile_fullgraph_decoder(name):
+    """The fused norms under torch.compile (the decoder's forward, fullgraph)."""
+    vae, z, x = _make(name, torch.bfloat16)
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    ditfuse.patch(vae)
+    if name == "kl":
+        dec = torch.compile(vae.decoder, fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            out = dec(vae.post_quant_conv(z))
+        assert torch.equal(out, ref)
+    else:
+        block = vae.decoder.mid_block.resnets[0]
+        h = torch.randn(1, block.norm1.gamma.shape[0], 2, 8, 8, device=DEVICE).to(torch.bfloat16)
+        with torch.no_grad():
+            want = block(h)
+            got = torch.compile(block, fullgraph=True, backend="aot_eager")(h)
+        assert torch.equal(got, want)
