@@ -89,5 +89,5 @@ for name in args or list(CASES):
         if "--compile" in sys.argv:
             line += f"  compiled unpatched {tc:8.2f} ms"
         print(f"{line}  max|d| {err:.3g} of {scale:.3g}  {r.counts}", flush=True)
-        del vae, z, ref, out
+        vae = z = ref = out = None  # free before the next case
         torch.cuda.empty_cache()
