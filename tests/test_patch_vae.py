@@ -254,21 +254,27 @@ def test_diffusers_blocks_call_the_activation_only_after_their_norms():
 
 
 @pytest.mark.parametrize("name", ["kl", "wan"])
-def test_compile_fullgraph_decoder(name):
-    """The fused norms under torch.compile (the decoder's forward, fullgraph)."""
+def test_compile_traces_the_modules(name, spy):
+    """Under torch.compile (fullgraph) the patched VAE traces the modules' own norm and SiLU
+    (inductor fuses them with their neighbours: measured faster than the kernels in the
+    graph, ``_vae``'s docstring): the compiled patched code computes what the unpatched eager
+    code does, bit for bit here (the same aten ops), and calls no kernel."""
     vae, z, x = _make(name, torch.bfloat16)
-    with torch.no_grad():
-        ref = vae.decode(z).sample
     ditfuse.patch(vae)
     if name == "kl":
-        dec = torch.compile(vae.decoder, fullgraph=True, backend="aot_eager")
         with torch.no_grad():
-            out = dec(vae.post_quant_conv(z))
-        assert torch.equal(out, ref)
+            h = vae.post_quant_conv(z)
+            # dynamo's capture alone: aot_eager of this decoder fails on the CPU in bf16,
+            # unpatched too (native_group_norm's memory-format check)
+            got = torch.compile(vae.decoder, fullgraph=True, backend="eager")(h)
+            ditfuse.unpatch(vae)
+            want = vae.decoder(h)
     else:
         block = vae.decoder.mid_block.resnets[0]
         h = torch.randn(1, block.norm1.gamma.shape[0], 2, 8, 8, device=DEVICE).to(torch.bfloat16)
         with torch.no_grad():
-            want = block(h)
             got = torch.compile(block, fullgraph=True, backend="aot_eager")(h)
-        assert torch.equal(got, want)
+            ditfuse.unpatch(vae)
+            want = block(h)
+    assert spy["gn"] == spy["rms"] == 0
+    assert torch.equal(got, want)

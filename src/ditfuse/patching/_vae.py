@@ -14,6 +14,12 @@ parameters and the state dict stay as they are. A block is patched whole or not 
 when all its norms and its activation are of the exact classes the kernels reproduce, the
 activation module belongs to that block alone and no hook wraps any of them.
 
+Under torch.compile the fused norms trace the modules' own code, so that inductor fuses
+the pair with its neighbours as it does unpatched: on the H200 (session 21,
+``benchmarks/logs/s21/i``) FLUX.1's VAE decode at 1024^2 took 35.8 ms compiled unpatched and
+46.8 ms compiled with the kernels in the graph, against 85.8 ms eager unpatched and 38.7 ms
+eager patched.
+
 Each fused norm runs the original norm and SiLU instead when the kernels do not reproduce it
 (autograd needs gradients, a device Triton cannot run on, a dtype or a parameter dtype other
 than the activation's, a layout other than contiguous / channels-last, Wan's
@@ -31,7 +37,7 @@ from torch import nn
 
 from .. import _runtime
 from ..group_norm import ACT_DTYPES, group_norm_silu, rms_norm_silu_channels
-from . import bind_forward, grad_needed, hooked, _PATCHED_FWD
+from . import _PATCHED_FWD, bind_forward, compiling, grad_needed, hooked
 
 _ACT = "_ditfuse_act"  # the norm's activation module (its class forward: the fallback's SiLU)
 LABEL = "norm + SiLU pairs (one kernel)"
@@ -59,7 +65,7 @@ def _param_ok(p, x) -> bool:
 
 def _gn_silu_forward(self, x):
     """GroupNorm -> SiLU (the block's activation) in one kernel, else the two modules."""
-    if (isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES and x.dim() >= 3
+    if (not compiling() and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES and x.dim() >= 3
             and x.shape[1] == self.num_channels and _runtime.kernel_device_ok(x) and _dense(x)
             and _param_ok(self.weight, x) and _param_ok(self.bias, x)
             and not grad_needed(x, self.weight, self.bias)):
@@ -71,7 +77,7 @@ def _rms_silu_forward(self, x):
     """Wan's / Qwen-Image's channel RMS norm -> SiLU in one kernel, else the two modules."""
     g, b = self.gamma, self.bias
     bias = None if isinstance(b, float) and b == 0.0 else b
-    if (self.channel_first and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES
+    if (not compiling() and self.channel_first and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES
             and x.dim() == g.dim() + 1 and g.shape[0] == x.shape[1] and g.numel() == x.shape[1]
             and _runtime.kernel_device_ok(x) and _dense(x) and _param_ok(g, x)
             and (bias is None or (_param_ok(bias, x) and bias.shape == g.shape))
