@@ -17,71 +17,24 @@ import torch.nn.functional as F
 import ditfuse
 from ditfuse import _gn_contract as gc
 from ditfuse.patching import _vae
-from ditfuse.patching.tiny_models import _randomize, to_dtype
+from ditfuse.patching.tiny_models import VAE_CASES, _randomize, to_dtype, vae_inputs
 from ditfuse.reference import group_norm_silu_chain, rms_norm_silu_channels_chain
 from conftest import DEVICE
 
 pytestmark = pytest.mark.filterwarnings("ignore:There are modules in")
 
 
-def _kl():
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-                         up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8,
-                         latent_channels=4), (1, 4, 8, 8), (1, 3, 16, 16)
-
-
-def _flux2():
-    from diffusers import AutoencoderKLFlux2
-
-    sig = inspect.signature(AutoencoderKLFlux2.__init__).parameters
-    kw = dict(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-              up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8, latent_channels=4)
-    return AutoencoderKLFlux2(**{k: v for k, v in kw.items() if k in sig}), (1, 4, 8, 8), \
-        (1, 3, 16, 16)
-
-
-def _hunyuan():
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    return AutoencoderKLHunyuanVideo(
-        latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 2,
-        up_block_types=("HunyuanVideoUpBlock3D",) * 2, block_out_channels=(8, 16),
-        layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=2,
-        temporal_compression_ratio=4), (1, 4, 2, 8, 8), (1, 3, 5, 16, 16)
-
-
-def _wan():
-    from diffusers import AutoencoderKLWan
-
-    return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
-                            temperal_downsample=[False], latents_mean=[0.0] * 4,
-                            latents_std=[1.0] * 4), (1, 4, 2, 8, 8), (1, 3, 2, 16, 16)
-
-
-def _qwen():
-    from diffusers import AutoencoderKLQwenImage
-
-    return AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
-                                  temperal_downsample=[False], latents_mean=[0.0] * 4,
-                                  latents_std=[1.0] * 4), (1, 4, 1, 8, 8), (1, 3, 1, 16, 16)
-
-
-VAES = {"kl": _kl, "flux2": _flux2, "hunyuan": _hunyuan, "wan": _wan, "qwen": _qwen}
-#: fused pairs of each tiny VAE (encoder + decoder): 2 a ResNet block + 1 a head (counted
-#: by class name in test_pair_counts)
-PAIRS = {"kl": 22, "flux2": 30, "hunyuan": 22, "wan": 22, "qwen": 22}
+VAES = {c[0]: c for c in VAE_CASES}
+#: fused pairs of each tiny VAE (encoder + decoder), counted by class name in test_pair_counts
+PAIRS = {c[0]: c[4] for c in VAE_CASES}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def _make(name, dtype, seed=0):
-    vae, zshape, xshape = VAES[name]()
-    vae = to_dtype(_randomize(vae, seed), dtype).to(DEVICE).eval()
-    g = torch.Generator().manual_seed(seed + 1)
-    z = torch.randn(zshape, generator=g).to(dtype).to(DEVICE)
-    x = (torch.rand(xshape, generator=g) * 2 - 1).to(dtype).to(DEVICE)
-    return vae, z, x
+    _, make, zshape, xshape, _ = VAES[name]
+    vae = to_dtype(_randomize(make(), seed), dtype).to(DEVICE).eval()
+    z, x = vae_inputs(zshape, xshape, dtype, seed + 1)
+    return vae, z.to(DEVICE), x.to(DEVICE)
 
 
 def _run(vae, z, x):

@@ -313,6 +313,49 @@ def patch_gates(g: Gates, device):
                   f"{err:.2g} of {scale:.2g}; unpatch {'restores' if restored else 'DOES NOT restore'}")
 
 
+@torch.no_grad()
+def vae_patch_gates(g: Gates, device):
+    """The VAEs ``patch`` covers (tiny configs, random weights): the decode and encode patched
+    vs unpatched (every norm -> SiLU pair on the kernels: fp32 within 1e-5 of the output's
+    scale with TF32 off, 16-bit within 5% -- a pair's one-rounding differences through the
+    layers after it), the pairs counted, and unpatch restoring the outputs bit for bit."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        g.add("patch", "diffusers", True, "skipped: diffusers is not installed")
+        return
+    from .patching import patch, unpatch
+    from .patching.tiny_models import VAE_CASES, _randomize, close, to_dtype, vae_inputs
+
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for name, make, zshape, xshape, pairs in VAE_CASES:
+            for dtype in (torch.bfloat16, torch.float32):
+                vae = to_dtype(_randomize(make()), dtype).to(device).eval()
+                z, x = (t.to(device) for t in vae_inputs(zshape, xshape, dtype))
+
+                def run():
+                    return vae.decode(z).sample, vae.encode(x).latent_dist.mean
+
+                ref = run()
+                report = patch(vae)
+                out = run()
+                unpatch(vae)
+                restored = all(torch.equal(a, b) for a, b in zip(run(), ref))
+                stats = [close(o, r, dtype) for o, r in zip(out, ref)]
+                bound = 1e-5 if dtype == torch.float32 else 0.05
+                n = sum(report.counts.values())
+                ok = restored and n == pairs and all(e <= bound * sc for e, sc, _ in stats)
+                g.add("patch (tiny VAE)", f"{name} {str(dtype)[6:]}", ok,
+                      f"{n} norm + SiLU pairs; decode / encode patched vs unpatched: max diff "
+                      + " / ".join(f"{e:.2g} of {sc:.2g} ({100 * sh:.0f}% bitwise)"
+                                   for e, sc, sh in stats)
+                      + f"; unpatch {'restores' if restored else 'DOES NOT restore'}")
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse check", description=__doc__)
     ap.add_argument("--small", action="store_true", help="few tokens per shape even on a GPU")
@@ -339,6 +382,7 @@ def main(argv=None) -> int:
     from .attention import check_gates as attention_gates
     attention_gates(g, device, small)
     patch_gates(g, device)
+    vae_patch_gates(g, device)
     if gpu and not args.small:
         qk_int64_offsets(g, device)
     table = g.table()

@@ -200,3 +200,68 @@ def _same():
 def _same_inputs(dtype):
     g = torch.Generator().manual_seed(7)
     return dict(sample=torch.randn(1, 2, 48, generator=g).to(dtype), return_dict=False)
+
+
+# ---------------------------------------------------------------------------------------
+# VAEs (``patch(..., vae=True)``: their norm -> SiLU pairs): (name, make, latent shape, image
+# / video shape, fused pairs: 2 a ResNet block + the encoder's and decoder's heads)
+
+def _vae_kl():
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+                         up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8,
+                         latent_channels=4)
+
+
+def _vae_flux2():
+    import inspect
+
+    from diffusers import AutoencoderKLFlux2
+
+    sig = inspect.signature(AutoencoderKLFlux2.__init__).parameters
+    kw = dict(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+              up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8, latent_channels=4)
+    return AutoencoderKLFlux2(**{k: v for k, v in kw.items() if k in sig})
+
+
+def _vae_hunyuan():
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    return AutoencoderKLHunyuanVideo(
+        latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 2,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 2, block_out_channels=(8, 16),
+        layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=2,
+        temporal_compression_ratio=4)
+
+
+def _vae_wan():
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
+                            temperal_downsample=[False], latents_mean=[0.0] * 4,
+                            latents_std=[1.0] * 4)
+
+
+def _vae_qwen():
+    from diffusers import AutoencoderKLQwenImage
+
+    return AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
+                                  temperal_downsample=[False], latents_mean=[0.0] * 4,
+                                  latents_std=[1.0] * 4)
+
+
+VAE_CASES = [
+    ("kl", _vae_kl, (1, 4, 8, 8), (1, 3, 16, 16), 22),
+    ("flux2", _vae_flux2, (1, 4, 8, 8), (1, 3, 16, 16), 30),
+    ("hunyuan", _vae_hunyuan, (1, 4, 2, 8, 8), (1, 3, 5, 16, 16), 22),
+    ("wan", _vae_wan, (1, 4, 2, 8, 8), (1, 3, 2, 16, 16), 22),
+    ("qwen", _vae_qwen, (1, 4, 1, 8, 8), (1, 3, 1, 16, 16), 22),
+]
+
+
+def vae_inputs(zshape, xshape, dtype, seed=1):
+    """Latents to decode and an image / video to encode (random, seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(zshape, generator=g).to(dtype),
+            (torch.rand(xshape, generator=g) * 2 - 1).to(dtype))
