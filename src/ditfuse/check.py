@@ -322,7 +322,7 @@ def vae_patch_gates(g: Gates, device):
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        g.add("patch", "diffusers", True, "skipped: diffusers is not installed")
+        g.add("patch (tiny VAE)", "diffusers", True, "skipped: diffusers is not installed")
         return
     from .patching import patch, unpatch
     from .patching.tiny_models import VAE_CASES, _randomize, close, to_dtype, vae_inputs
