@@ -4,7 +4,8 @@ kernel (``group_norm_silu`` / ``rms_norm_silu_channels``).
 Covered (diffusers 0.42): ``AutoencoderKL`` and ``AutoencoderKLFlux2`` (``ResnetBlock2D``,
 ``Encoder`` / ``Decoder`` of ``vae.py``: GroupNorm(32, eps=1e-6) -> SiLU),
 ``AutoencoderKLHunyuanVideo`` (its causal 3-D ResNet blocks and heads: the same pair in 5-D),
-``AutoencoderKLWan`` and ``AutoencoderKLQwenImage`` (their residual blocks and heads: the
+``AutoencoderKLWan`` (Wan 2.1's and Wan 2.2's residual layout) and ``AutoencoderKLQwenImage``
+(their residual blocks and heads: the
 channel RMS norm ``F.normalize(x, dim=1) * sqrt(C) * gamma + bias`` -> SiLU).
 
 How: each such block calls ``x = self.norm(x); x = self.act(x)`` and uses ``act`` nowhere

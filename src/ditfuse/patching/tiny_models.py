@@ -243,6 +243,16 @@ def _vae_wan():
                             latents_std=[1.0] * 4)
 
 
+def _vae_wan22():
+    """Wan 2.2's residual VAE layout (patchified input, average-pool shortcuts)."""
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 2, 2],
+                            num_res_blocks=1, temperal_downsample=[False, True],
+                            is_residual=True, patch_size=2, in_channels=12, out_channels=12,
+                            latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+
+
 def _vae_qwen():
     from diffusers import AutoencoderKLQwenImage
 
@@ -256,6 +266,7 @@ VAE_CASES = [
     ("flux2", _vae_flux2, (1, 4, 8, 8), (1, 3, 16, 16), 30),
     ("hunyuan", _vae_hunyuan, (1, 4, 2, 8, 8), (1, 3, 5, 16, 16), 22),
     ("wan", _vae_wan, (1, 4, 2, 8, 8), (1, 3, 2, 16, 16), 22),
+    ("wan22", _vae_wan22, (1, 4, 2, 4, 4), (1, 3, 5, 32, 32), 28),
     ("qwen", _vae_qwen, (1, 4, 1, 8, 8), (1, 3, 1, 16, 16), 22),
 ]
 
