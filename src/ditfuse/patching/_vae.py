@@ -5,8 +5,8 @@ Covered (diffusers 0.42): ``AutoencoderKL`` and ``AutoencoderKLFlux2`` (``Resnet
 ``Encoder`` / ``Decoder`` of ``vae.py``: GroupNorm(32, eps=1e-6) -> SiLU),
 ``AutoencoderKLHunyuanVideo`` (its causal 3-D ResNet blocks and heads: the same pair in 5-D),
 ``AutoencoderKLWan`` (Wan 2.1's and Wan 2.2's residual layout) and ``AutoencoderKLQwenImage``
-(their residual blocks and heads: the
-channel RMS norm ``F.normalize(x, dim=1) * sqrt(C) * gamma + bias`` -> SiLU).
+(their residual blocks and heads: the channel RMS norm ``F.normalize(x, dim=1) * sqrt(C) *
+gamma + bias`` -> SiLU).
 
 How: each such block calls ``x = self.norm(x); x = self.act(x)`` and uses ``act`` nowhere
 else (checked per class below). The norm modules get a forward that computes norm + SiLU
