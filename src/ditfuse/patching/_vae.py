@@ -64,13 +64,20 @@ def _param_ok(p, x) -> bool:
                          and p.device == x.device)
 
 
+def _tensor_ok(x, channels: int) -> bool:
+    """x is an activation the kernels read in place: a dtype they compute, channels-first
+    (N, C, ...) with C = ``channels``, contiguous or channels-last, on a kernel device."""
+    return (not compiling() and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES
+            and x.dim() >= 3 and x.shape[1] == channels and _runtime.kernel_device_ok(x)
+            and _dense(x))
+
+
 def _gn_silu_forward(self, x):
     """GroupNorm -> SiLU (the block's activation) in one kernel, else the two modules."""
-    if (not compiling() and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES and x.dim() >= 3
-            and x.shape[1] == self.num_channels and _runtime.kernel_device_ok(x) and _dense(x)
-            and _param_ok(self.weight, x) and _param_ok(self.bias, x)
-            and not grad_needed(x, self.weight, self.bias)):
-        return group_norm_silu(x, self.num_groups, self.weight, self.bias, self.eps)
+    w, b = self.weight, self.bias
+    if (_tensor_ok(x, self.num_channels) and _param_ok(w, x) and _param_ok(b, x)
+            and not grad_needed(x, w, b)):
+        return group_norm_silu(x, self.num_groups, w, b, self.eps)
     return _act(self, nn.GroupNorm.forward(self, x))
 
 
@@ -78,9 +85,8 @@ def _rms_silu_forward(self, x):
     """Wan's / Qwen-Image's channel RMS norm -> SiLU in one kernel, else the two modules."""
     g, b = self.gamma, self.bias
     bias = None if isinstance(b, float) and b == 0.0 else b
-    if (not compiling() and self.channel_first and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES
-            and x.dim() == g.dim() + 1 and g.shape[0] == x.shape[1] and g.numel() == x.shape[1]
-            and _runtime.kernel_device_ok(x) and _dense(x) and _param_ok(g, x)
+    if (self.channel_first and _tensor_ok(x, g.shape[0]) and x.dim() == g.dim() + 1
+            and g.numel() == g.shape[0] and _param_ok(g, x)
             and (bias is None or (_param_ok(bias, x) and bias.shape == g.shape))
             and not grad_needed(x, g, bias)):
         return rms_norm_silu_channels(x, g, bias, 1e-12, scale=self.scale)
