@@ -283,29 +283,42 @@ def activation_accuracy(g: Gates, device, small: bool, dtypes):
             del proj, x, y, eager, exact, tol, tol_e, buf
 
 
+def _have_diffusers(g: Gates, gate: str) -> bool:
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        g.add(gate, "diffusers", True, "skipped: diffusers is not installed")
+        return False
+    return True
+
+
+def _patch_round_trip(model, run):
+    """(replacements, unpatched outputs, patched outputs, whether unpatch restores them
+    bit for bit) of ``run()``, a tuple of tensors computed by ``model``."""
+    from .patching import patch, unpatch
+
+    ref = run()
+    report = patch(model)
+    out = run()
+    unpatch(model)
+    restored = all(torch.equal(a, b) for a, b in zip(run(), ref))
+    return sum(report.counts.values()), ref, out, restored
+
+
 @torch.no_grad()
 def patch_gates(g: Gates, device):
     """Every model ditfuse.patch covers (tiny configs, random weights): patched vs
     unpatched outputs in bf16 (bitwise expected) and fp32, and unpatch restoring them."""
-    try:
-        import diffusers  # noqa: F401
-    except ImportError:
-        g.add("patch", "diffusers", True, "skipped: diffusers is not installed")
+    if not _have_diffusers(g, "patch (tiny model)"):
         return
-    from .patching import patch, unpatch
     from .patching.tiny_models import CASES, close, to_dtype
 
     for name, make, inputs, expected in CASES:
         for dtype in (torch.bfloat16, torch.float32):
             model = to_dtype(make(), dtype).to(device)
             kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs(dtype).items()}
-            ref = model(**kw)[0]
-            report = patch(model)
-            out = model(**kw)[0]
+            n, (ref,), (out,), restored = _patch_round_trip(model, lambda: (model(**kw)[0],))
             err, scale, share = close(out, ref, dtype)
-            unpatch(model)
-            restored = torch.equal(model(**kw)[0], ref)
-            n = sum(report.counts.values())
             ok = restored and n == sum(expected.values()) and (
                 share == 1.0 if dtype == torch.bfloat16 else err <= 1e-5 * scale)
             g.add("patch (tiny model)", f"{name} {str(dtype)[6:]}", ok,
@@ -319,12 +332,8 @@ def vae_patch_gates(g: Gates, device):
     vs unpatched (every norm -> SiLU pair on the kernels: fp32 within 1e-5 of the output's
     scale with TF32 off, 16-bit within 5% -- a pair's one-rounding differences through the
     layers after it), the pairs counted, and unpatch restoring the outputs bit for bit."""
-    try:
-        import diffusers  # noqa: F401
-    except ImportError:
-        g.add("patch (tiny VAE)", "diffusers", True, "skipped: diffusers is not installed")
+    if not _have_diffusers(g, "patch (tiny VAE)"):
         return
-    from .patching import patch, unpatch
     from .patching.tiny_models import VAE_CASES, _randomize, close, to_dtype, vae_inputs
 
     tf32 = torch.backends.cudnn.allow_tf32
@@ -335,17 +344,10 @@ def vae_patch_gates(g: Gates, device):
                 vae = to_dtype(_randomize(make()), dtype).to(device).eval()
                 z, x = (t.to(device) for t in vae_inputs(zshape, xshape, dtype))
 
-                def run():
-                    return vae.decode(z).sample, vae.encode(x).latent_dist.mean
-
-                ref = run()
-                report = patch(vae)
-                out = run()
-                unpatch(vae)
-                restored = all(torch.equal(a, b) for a, b in zip(run(), ref))
+                n, ref, out, restored = _patch_round_trip(
+                    vae, lambda: (vae.decode(z).sample, vae.encode(x).latent_dist.mean))
                 stats = [close(o, r, dtype) for o, r in zip(out, ref)]
                 bound = 1e-5 if dtype == torch.float32 else 0.05
-                n = sum(report.counts.values())
                 ok = restored and n == pairs and all(e <= bound * sc for e, sc, _ in stats)
                 g.add("patch (tiny VAE)", f"{name} {str(dtype)[6:]}", ok,
                       f"{n} norm + SiLU pairs; decode / encode patched vs unpatched: max diff "

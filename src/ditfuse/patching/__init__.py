@@ -353,30 +353,27 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     """
     report = PatchReport()
     reg = _registry()
+    flags = dict(qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention,
+                 activations=activations)
     for name, model in _models(obj):
-        fn = reg.get(type(model).__name__)
-        if type(model).__name__ in VAE_CLASSES:
-            from . import _vae
-
-            before = dict(report.counts)
-            if vae:
-                _vae.patch_vae(model, report)
-            done = {k: v - before.get(k, 0) for k, v in report.counts.items()
-                    if v - before.get(k, 0)}
-            what = ", ".join(f"{v} {k}" for k, v in done.items()) or \
-                ("nothing new (already patched)" if vae else "left untouched (vae=False)")
-            report.lines.append(f"{name}: {type(model).__name__}: {what}")
-            continue
+        cls = type(model).__name__
+        if cls in VAE_CLASSES:
+            if not vae:
+                report.lines.append(f"{name}: {cls} left untouched (vae=False)")
+                continue
+            from ._vae import patch_vae as fn
+            kw = {}
+        else:
+            fn, kw = reg.get(cls), flags
         if fn is None:
-            report.lines.append(f"{name}: {type(model).__name__} left untouched (ditfuse has no "
-                                f"patch for this class)")
+            report.lines.append(f"{name}: {cls} left untouched (ditfuse has no patch for this "
+                                f"class)")
             continue
         before = dict(report.counts)
-        fn(model, report, qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention,
-           activations=activations)
+        fn(model, report, **kw)
         done = {k: v - before.get(k, 0) for k, v in report.counts.items() if v - before.get(k, 0)}
         what = ", ".join(f"{v} {k}" for k, v in done.items()) or "nothing new (already patched)"
-        report.lines.append(f"{name}: {type(model).__name__}: {what}")
+        report.lines.append(f"{name}: {cls}: {what}")
     return report
 
 

@@ -160,10 +160,8 @@ def patch_vae(model, report) -> None:
         fns = [_norm_forward(n) if isinstance(n, nn.Module) else None for n in norms]
         if type(act) is not nn.SiLU or owners[id(act)] != 1 or None in fns:
             continue
-        mods = norms + [act]
-        if any(_PATCHED_FWD in m.__dict__ for m in mods):
-            continue  # patched before
-        if any(hooked(m) for m in mods):
+        # all or nothing: a norm left unfused behind an identity activation would drop SiLU
+        if any(_PATCHED_FWD in m.__dict__ or hooked(m) for m in norms + [act]):
             continue
         for norm, fn in zip(norms, fns):
             norm.__dict__[_ACT] = act
