@@ -74,29 +74,34 @@ CASES = {  # name: (builder, latent shape, dtypes)
     "hunyuan-256-9f": (hunyuan, (1, 16, 3, 32, 32), (torch.bfloat16,)),
     "qwen-1328": (qwen, (1, 16, 1, 166, 166), (torch.bfloat16,)),
 }
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
-for name in args or list(CASES):
-    build, zshape, dtypes = CASES[name]
-    for dt in dtypes:
-        torch.manual_seed(0)
-        vae = build().to("cuda", dt).eval()
-        if hasattr(vae, "disable_tiling"):
-            vae.disable_tiling()
-        z = torch.randn(zshape, device="cuda", dtype=dt)
-        with torch.no_grad():
-            ref = vae.decode(z).sample
-            t0 = timed(lambda: vae.decode(z))
-            tc = compiled_ms(vae, z) if "--compile" in sys.argv else None
-            r = ditfuse.patch(vae)
-            out = vae.decode(z).sample
-            t1 = timed(lambda: vae.decode(z))
-            tcp = compiled_ms(vae, z) if "--compile" in sys.argv else None
-        err = (out.float() - ref.float()).abs().max().item()
-        scale = ref.float().abs().max().item()
-        line = (f"{name:15s} {str(dt):15s} out {tuple(out.shape)}  unpatched {t0:8.2f} ms  patched "
-                f"{t1:8.2f} ms  ({t0 / t1:.2f}x)")
-        if "--compile" in sys.argv:
-            line += f"  compiled: unpatched {tc:8.2f} ms, patched {tcp:8.2f} ms"
-        print(f"{line}  max|d| {err:.3g} of {scale:.3g}  {r.counts}", flush=True)
-        vae = z = ref = out = None  # free before the next case
-        torch.cuda.empty_cache()
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name in args or list(CASES):
+        build, zshape, dtypes = CASES[name]
+        for dt in dtypes:
+            torch.manual_seed(0)
+            vae = build().to("cuda", dt).eval()
+            if hasattr(vae, "disable_tiling"):
+                vae.disable_tiling()
+            z = torch.randn(zshape, device="cuda", dtype=dt)
+            with torch.no_grad():
+                ref = vae.decode(z).sample
+                t0 = timed(lambda: vae.decode(z))
+                tc = compiled_ms(vae, z) if "--compile" in sys.argv else None
+                r = ditfuse.patch(vae)
+                out = vae.decode(z).sample
+                t1 = timed(lambda: vae.decode(z))
+                tcp = compiled_ms(vae, z) if "--compile" in sys.argv else None
+            err = (out.float() - ref.float()).abs().max().item()
+            scale = ref.float().abs().max().item()
+            line = (f"{name:15s} {str(dt):15s} out {tuple(out.shape)}  unpatched {t0:8.2f} ms  patched "
+                    f"{t1:8.2f} ms  ({t0 / t1:.2f}x)")
+            if "--compile" in sys.argv:
+                line += f"  compiled: unpatched {tc:8.2f} ms, patched {tcp:8.2f} ms"
+            print(f"{line}  max|d| {err:.3g} of {scale:.3g}  {r.counts}", flush=True)
+            vae = z = ref = out = None  # free before the next case
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
