@@ -30,6 +30,12 @@ CASES = [
     ("wan-vae-out-480p-fp16", "rms", (1, 96, 4, 480, 832), None, "float16"),
     ("rms-192", "rms", (1, 192, 4, 240, 416), None, "bfloat16"),
     ("rms-96-masked", "rms", (1, 96, 5, 31, 33), None, "bfloat16"),
+    # channels-last x (what inductor hands the VAEs' norms): the "split-cl" kernels
+    ("flux-vae-out-1024-cl", "gn", (1, 128, 1024, 1024), 32, "bfloat16", "cl"),
+    ("flux-vae-up1-256-cl", "gn", (1, 512, 256, 256), 32, "bfloat16", "cl"),
+    ("hunyuan-vae-up-9f-cl", "gn", (1, 128, 9, 128, 128), 32, "bfloat16", "cl"),
+    ("gn-cl-fp32-odd", "gn", (1, 96, 75, 80), 24, "float32", "cl"),
+    ("gn-cl-cpg10-fp16", "gn", (1, 320, 64, 64), 32, "float16", "cl"),
 ]
 
 _PROBE = r'''
@@ -40,22 +46,29 @@ from ditfuse import group_norm as gn
 from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path, local_in_loops
 import subprocess, tempfile
 
-KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel"]
+KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel",
+           "_gn_cl_stats_kernel", "_gn_merge_kernel", "_gn_cl_apply_kernel"]
 t = GPUTarget("cuda", 90, 32)
-for label, op, shape, groups, dt in json.loads(sys.argv[1]):
+for label, op, shape, groups, dt, *layout in json.loads(sys.argv[1]):
     dt = getattr(torch, dt)
+    fmt = (torch.channels_last if len(shape) == 4 else torch.channels_last_3d) if layout \
+        else torch.contiguous_format
     m = lambda *s: torch.empty(*s, dtype=dt, device="meta")
+    xm = lambda: m(*shape).contiguous(memory_format=fmt)
     C = shape[1]
     if op == "rms":
         ps = (C,) + (1,) * (len(shape) - 2)
-        call = lambda: gn.rms_norm_silu_channels(m(*shape), m(*ps), m(*ps))
+        call = lambda: gn.rms_norm_silu_channels(xm(), m(*ps), m(*ps))
     else:
-        call = lambda: gn.group_norm_silu(m(*shape), groups, m(C), m(C), 1e-6)
+        call = lambda: gn.group_norm_silu(xm(), groups, m(C), m(C), 1e-6)
     launches = intercept_launches([(gn, k) for k in KERNELS], call)
     for grid, args, kw in launches:
         # which kernel, told by its constexprs
-        k = ("_rms_ch_kernel" if "NCH" in kw else "_gn_stats_kernel" if "TPP" in kw
-             else "_gn_apply_kernel" if "P_PAD" in kw else "_gn_fit_kernel")
+        k = ("_rms_ch_kernel" if "NCH" in kw
+             else ("_gn_cl_stats_kernel" if "GB" in kw else "_gn_stats_kernel") if "TPP" in kw
+             else "_gn_cl_apply_kernel" if "GB" in kw
+             else ("_gn_apply_kernel" if "BC" in kw else "_gn_merge_kernel") if "P_PAD" in kw
+             else "_gn_fit_kernel")
         real = getattr(gn, k)
         sig, cex, attrs, opts = specialize(real, args, kw, t)
         ck = triton.compile(ASTSource(real, sig, cex, attrs), target=t, options=opts.__dict__)
@@ -75,7 +88,9 @@ for label, op, shape, groups, dt in json.loads(sys.argv[1]):
             local=cu["ldl"] + cu["stl"] + cu["cubin_local"],
             ex2=ck.asm["ptx"].count("ex2.approx.ftz.f32"), div=ck.asm["ptx"].count("div.approx.ftz.f32"),
             first_bar=bars[0] if bars else None, last_vec_load=vec[-1] if vec else None,
-            vec_loads=len(vec), evict_last=ck.asm["ptx"].count("evict_last"),
+            vec_loads=len(vec),
+            ptx_vec_loads=len(re.findall(r"ld\.global(?:\.[\w:]+)*\.v[24]\.", ck.asm["ptx"])),
+            evict_last=ck.asm["ptx"].count("evict_last"),
             evict_first=ck.asm["ptx"].count("evict_first"),
             st_cs=len(re.findall(r"st\.global\.cs", ck.asm["ptx"])))), flush=True)
 '''
@@ -96,6 +111,18 @@ def rows():
 
 #: bytes of local memory a register-capped build may keep (outside loops), as attention's
 LOCAL_BYTES_MAX = 16
+
+
+def test_channels_last_tiles_load_whole_vectors(rows):
+    """The channels-last tiles' rows are contiguous runs of channels: with C / G a power of
+    two their x loads are vector loads (``ld.global...v2`` / ``.v4``), as the channels-first
+    tiles'."""
+    cl = [r for r in rows if r["kernel"] in ("_gn_cl_stats_kernel", "_gn_cl_apply_kernel")
+          and r["label"] in ("flux-vae-out-1024-cl", "flux-vae-up1-256-cl",
+                             "hunyuan-vae-up-9f-cl")]
+    assert len(cl) == 6, rows
+    for r in cl:
+        assert r["even"] and r["ptx_vec_loads"] > 0, r
 
 
 def test_no_spills_no_stack_no_local_memory(rows):
@@ -120,7 +147,7 @@ def test_silu_is_one_ex2_and_one_approximate_division(rows):
     """Every kernel that applies SiLU has its exp2 and quotient as the fast forms (the
     statistics kernel applies none)."""
     for r in rows:
-        if r["kernel"] == "_gn_stats_kernel":
+        if r["kernel"] in ("_gn_stats_kernel", "_gn_cl_stats_kernel", "_gn_merge_kernel"):
             assert r["ex2"] == 0 and r["div"] == 0, r
             continue
         assert r["silu"] is True, r
@@ -149,8 +176,10 @@ def test_cache_hints(rows):
     by = {}
     for r in rows:
         by.setdefault(r["kernel"], []).append(r)
-    assert by.get("_gn_stats_kernel") and by.get("_gn_apply_kernel"), rows
-    for r in by["_gn_stats_kernel"]:
-        assert r["evict_last"] > 0 and r["evict_first"] == 0, r
-    for r in by["_gn_apply_kernel"]:
-        assert r["evict_first"] > 0 and r["st_cs"] > 0, r
+    for stats, apply in (("_gn_stats_kernel", "_gn_apply_kernel"),
+                         ("_gn_cl_stats_kernel", "_gn_cl_apply_kernel")):  # channels-last
+        assert by.get(stats) and by.get(apply), rows
+        for r in by[stats]:
+            assert r["evict_last"] > 0 and r["evict_first"] == 0, r
+        for r in by[apply]:
+            assert r["evict_first"] > 0 and r["st_cs"] > 0, r

@@ -128,6 +128,99 @@ def test_split_path_maskless_whole_tiles(case, monkeypatch):
     within(y, gn_chain(x, G, w, b), str(case))
 
 
+# channels-last x: the "split-cl" kernels (tiles of several groups' channel lanes x positions,
+# a merge program a group)
+CL_LAUNCHES = {
+    "cl": dict(fit_max=0, tile=64),                  # the groups side by side in one tile
+    # several group blocks, statistics programs of several tiles, a masked tail tile
+    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=8),
+}
+CL_CASES = [  # (name, shape, groups)
+    ("4d cpg2 N2", (2, 64, 5, 7), 32),
+    ("5d cpg4", (1, 32, 3, 4, 5), 8),
+    ("odd cpg5 G3 N2", (2, 15, 4, 5), 3),            # lanes past a group's channels masked
+    ("G6 cpg4", (1, 24, 6, 6), 6),                   # lanes of groups past G masked
+    ("G1 cpg16", (1, 16, 5, 9), 1),
+]
+
+
+def _cl(x):
+    return x.contiguous(memory_format=torch.channels_last if x.dim() == 4
+                        else torch.channels_last_3d)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("launch", list(CL_LAUNCHES))
+@pytest.mark.parametrize("case", CL_CASES, ids=lambda c: c[0])
+@torch.no_grad()
+def test_channels_last_split_vs_fp64(case, launch, dtype):
+    name, shape, G = case
+    x = _rand(shape, dtype, 40)
+    xl = _cl(x)
+    w, b = _params(shape[1], dtype, 40)
+    L = CL_LAUNCHES[launch]
+    st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]), c_inner=True, **L)
+    assert st.path == "split-cl"
+    if launch == "cl-blocks-loop":
+        assert gn._cdiv(G, st.GB) > 1 or st.GB * st.CPP > 8
+        assert st.TPP > 1 and st.P * st.TPP > st.n_ts  # tiles past the end are masked
+    y = gn.group_norm_silu(xl, G, w, b, 1e-6, _launch=L)
+    assert y.stride() == xl.stride()
+    _note(f"gn channels-last vs fp64 {dtype}",
+          within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {launch}"))
+    yn = gn.group_norm_silu(xl, G, None, None, 1e-6, silu=False, _launch=L)
+    within(yn, gn_chain(x, G, None, None, 1e-6, silu=False), f"{name} {launch} plain")
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 8, 8), (2, 32, 2, 4, 8)], ids=["4d", "5d"])
+@torch.no_grad()
+def test_channels_last_maskless_and_int64_offsets(shape, monkeypatch):
+    """Whole channels-last tiles (C / G a power of two, GB | G, BS | positions) skip their
+    masks, and offsets inside a tile are int32 from its int64 corner: the same bits as the
+    masked kernels with int64 offsets."""
+    G = shape[1] // 4
+    L = dict(fit_max=0, tile=64)
+    st = gn.gn_settings(shape[0], G, 4, math.prod(shape[2:]), c_inner=True, **L)
+    assert st.path == "split-cl" and G % st.GB == 0 and math.prod(shape[2:]) % st.BS == 0
+    x = _cl(_rand(shape, torch.bfloat16, 41))
+    w, b = _params(shape[1], torch.bfloat16, 41)
+    y = gn.group_norm_silu(x, G, w, b, _launch=L)
+    monkeypatch.setattr(gn, "MASKLESS", False)
+    monkeypatch.setattr(gn, "OFF32_LIMIT", 0)
+    assert torch.equal(y, gn.group_norm_silu(x, G, w, b, _launch=L))
+    within(y, gn_chain(x.contiguous(), G, w, b), str(shape))
+
+
+@torch.no_grad()
+def test_channels_last_out_layouts_and_in_place():
+    """A channels-last x into a contiguous out= (y's strides differ from x's), into a channel
+    slice of a channels-last buffer, and in place."""
+    x = _cl(_rand((2, 16, 5, 6), torch.bfloat16, 42))
+    w, b = _params(16, torch.bfloat16, 42)
+    L = CL_LAUNCHES["cl"]
+    ref = gn_chain(x.contiguous(), 4, w, b)
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=DEVICE)
+    assert gn.group_norm_silu(x, 4, w, b, out=out, _launch=L) is out
+    within(out, ref, "contiguous out")
+    buf = _cl(torch.full((2, 24, 5, 6), float("nan"), dtype=x.dtype, device=DEVICE))
+    gn.group_norm_silu(x, 4, w, b, out=buf[:, 4:20], _launch=L)
+    within(buf[:, 4:20], ref, "channel slice of a channels-last buffer")
+    assert torch.isnan(buf[:, :4]).all() and torch.isnan(buf[:, 20:]).all()
+    xi = x.clone()
+    assert gn.group_norm_silu(xi, 4, w, b, out=xi, _launch=L) is xi
+    within(xi, ref, "in place")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@torch.no_grad()
+def test_channels_last_large_offset_statistics(dtype):
+    off, spread = (1e5, 1.0) if dtype == torch.float32 else (300.0, 8.0)
+    x = _rand((2, 8, 6, 6), dtype, 43, scale=spread, shift=off)
+    for launch in CL_LAUNCHES.values():
+        y = gn.group_norm_silu(_cl(x), 2, eps=1e-6, _launch=launch)
+        within(y, gn_chain(x, 2, eps=1e-6), f"offset {off} {launch}")
+
+
 @pytest.mark.parametrize("shape", [(2, 12, 4, 16), (1, 12, 2, 4, 8), (2, 13, 4, 16),
                                    (2, 12, 5, 7), (2, 10, 4, 8), (1, 20, 3, 5)],
                          ids=["even", "even-5d", "odd-C", "odd-S", "pieces-8+2", "pieces-16+4-odd"])
@@ -368,6 +461,10 @@ def test_poisoned_outputs(poison, path):
         x = _rand(shape, torch.float16, 20)
         y = gn.group_norm_silu(x, G, _launch=PATHS[path])
         within(y, gn_chain(x, G), f"poisoned {shape} {path}")
+    for launch in CL_LAUNCHES.values():  # channels-last: partials and merged statistics
+        x = _cl(_rand((2, 12, 5, 7), torch.float16, 20))
+        y = gn.group_norm_silu(x, 3, _launch=launch)
+        within(y, gn_chain(x.contiguous(), 3), f"poisoned channels-last {launch}")
     x = _rand((2, 37, 3, 5), torch.float16, 21)
     for launch in (None, dict(tile=64)):
         y = gn.rms_norm_silu_channels(x, None, _launch=launch)
@@ -383,7 +480,8 @@ def no_launch(monkeypatch):
         def __getitem__(self, grid):
             raise AssertionError("a kernel was launched")
 
-    for k in ("_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel"):
+    for k in ("_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel",
+              "_gn_cl_stats_kernel", "_gn_merge_kernel", "_gn_cl_apply_kernel"):
         monkeypatch.setattr(gn, k, Refuse())
 
 

@@ -238,6 +238,29 @@ def _gn_stats_kernel(
 
 
 @triton.jit
+def _merge_partials(part_ptr, ng, P, NGP, eps, P_PAD: tl.constexpr):
+    """(mean_hi, corr, rstd, K) of group ``ng`` from its ``P`` partials (count, mean, M2 of
+    x - K; K the group's first element): Chan's parallel merge, the mean kept as two floats
+    (mean_hi + corr) so that nothing of the spread is lost to the offset."""
+    kk = tl.arange(0, P_PAD).to(tl.int64)
+    pm = kk < P
+    pidx = ng * P + kk
+    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
+    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
+    count = tl.sum(pc)
+    mhi = tl.sum(pc * pmu) / count
+    dm = tl.where(pm, pmu - mhi, 0.0)
+    s1 = tl.sum(pc * dm)
+    corr = s1 / count              # the mean is mhi + corr, kept as two floats
+    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
+    var = tl.maximum(m2, 0.0) / count
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    K = tl.load(part_ptr + 3 * NGP + ng * P)
+    return mhi, corr, rstd, K
+
+
+@triton.jit
 def _gn_apply_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr,
     part_ptr,                 # partials written by _gn_stats_kernel
@@ -259,21 +282,7 @@ def _gn_apply_kernel(
     t = pid - ng * T
     n = ng // G
     g = ng - n * G
-    kk = tl.arange(0, P_PAD).to(tl.int64)
-    pm = kk < P
-    pidx = ng * P + kk
-    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
-    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
-    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
-    count = tl.sum(pc)
-    mhi = tl.sum(pc * pmu) / count
-    dm = tl.where(pm, pmu - mhi, 0.0)
-    s1 = tl.sum(pc * dm)
-    corr = s1 / count              # the mean is mhi + corr, kept as two floats
-    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
-    var = tl.maximum(m2, 0.0) / count
-    rstd = 1.0 / tl.sqrt_rn(var + eps)
-    K = tl.load(part_ptr + 3 * NGP + ng * P)
+    mhi, corr, rstd, K = _merge_partials(part_ptr, ng, P, NGP, eps, P_PAD)
 
     tc = t // n_ts
     ts = t - tc * n_ts
@@ -296,6 +305,182 @@ def _gn_apply_kernel(
     y = (((x - K) - mhi) - corr) * (rstd * w)
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
                _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b,
+               HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+
+
+# Channels-last input (x's channel stride 1): a position's channels are one contiguous row,
+# a group a run of C/G of them. The kernels above tile one group (rows of C/G channels, 8-32
+# bytes at the VAEs' 128-512 channels: a sector read for a quarter of its bytes at 4 channels
+# a group); these tile GB groups side by side (L = GB * CPP channel lanes, whole 256-byte rows
+# in bf16) x BS positions, and keep per-group sums as [GB] vectors.
+
+@triton.jit
+def _group_sum(v, GB: tl.constexpr, CPP: tl.constexpr):
+    """[GB * CPP] lane values -> [GB] group sums (lanes of a group are adjacent)."""
+    return tl.sum(tl.reshape(v, (GB, CPP)), 1)
+
+
+@triton.jit
+def _to_lanes(v, GB: tl.constexpr, CPP: tl.constexpr):
+    """[GB] group values -> [GB * CPP] lane values."""
+    return tl.reshape(tl.broadcast_to(v[:, None], (GB, CPP)), (GB * CPP,))
+
+
+@triton.jit
+def _cl_lanes(G, cpg, gb, GB: tl.constexpr, CPP: tl.constexpr, POW2: tl.constexpr):
+    """Per lane of group block ``gb``: (group within the block, channel offset from the
+    block's first channel, lane valid). ``POW2``: cpg == CPP, the lanes are the channels."""
+    lane = tl.arange(0, GB * CPP)
+    gl = lane // CPP
+    if POW2:
+        ch = lane
+        ok = (gb * GB + gl) < G
+    else:
+        cl = lane - gl * CPP
+        ch = gl * cpg + cl
+        ok = (cl < cpg) & ((gb * GB + gl) < G)
+    return gl, ch, ok
+
+
+@triton.jit
+def _gn_cl_stats_kernel(
+    x_ptr,                    # input, addressed as (N, C, S) with channel stride 1
+    part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
+    G, cpg, S,
+    n_gb,                     # group blocks: cdiv(G, GB)
+    n_ts,                     # position tiles: cdiv(S, BS)
+    P,                        # statistics programs per group (each TPP position tiles)
+    NGP,                      # N * G * P
+    stride_xn, stride_xs,
+    GB: tl.constexpr,         # groups a tile spans
+    CPP: tl.constexpr,        # lanes a group takes: next_pow2(cpg)
+    BS: tl.constexpr,         # positions a tile
+    TPP: tl.constexpr,        # tiles per program
+    POW2: tl.constexpr,       # cpg == CPP
+    OFF64: tl.constexpr,      # offsets inside a tile need int64
+    EVEN: tl.constexpr,       # POW2, GB | G, BS | S and P * TPP == n_ts: no masks
+):
+    """Partial (count, mean, M2) of GB groups over TPP consecutive position tiles, as
+    ``_gn_stats_kernel`` computes them for one group (shifted by each group's first element,
+    each tile's moments by the corrected two-pass reduction, tiles merged by Chan's formula),
+    the sums over positions taken per lane first, then per group."""
+    pid = tl.program_id(0).to(tl.int64)
+    nk = pid // n_gb          # the group block varies fastest: neighbours share rows
+    gb = pid - nk * n_gb
+    n = nk // P
+    k = nk - n * P
+    gl, ch, ok = _cl_lanes(G, cpg, gb, GB, CPP, POW2)
+    base = n * stride_xn + gb * GB * cpg
+    # each lane's group's first element (gathered: a lane per group reads memory)
+    Kl = tl.load(x_ptr + base + gl * cpg, mask=ok, other=0.0).to(tl.float32)
+    gv = (gb * GB + tl.arange(0, GB)) < G
+    si = tl.arange(0, BS)[:, None]
+    inner = _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64)
+    cnt = tl.zeros((GB,), tl.float32)
+    mean = tl.zeros((GB,), tl.float32)
+    m2 = tl.zeros((GB,), tl.float32)
+    for i in range(TPP):
+        t = k * TPP + i
+        corner = base + (t * BS) * stride_xs
+        if EVEN:
+            msk = None
+            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - Kl[None, :]
+            nb = tl.full((GB,), BS * CPP, tl.float32)
+        else:
+            vp = tl.minimum(tl.maximum(S - t * BS, 0), BS).to(tl.int32)
+            msk = (si < vp) & ok[None, :]
+            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last")
+            x = tl.where(msk, x - Kl[None, :], 0.0)
+            nb = tl.where(gv, vp * cpg, 0).to(tl.float32)
+        nb1 = tl.maximum(nb, 1.0)
+        mb = _group_sum(tl.sum(x, 0), GB, CPP) / nb1
+        if EVEN:
+            d = x - _to_lanes(mb, GB, CPP)[None, :]
+        else:
+            d = tl.where(msk, x - _to_lanes(mb, GB, CPP)[None, :], 0.0)
+        s1 = _group_sum(tl.sum(d, 0), GB, CPP)
+        s2 = _group_sum(tl.sum(d * d, 0), GB, CPP)
+        mbt = mb + s1 / nb1
+        m2b = s2 - s1 * (s1 / nb1)
+        tot = cnt + nb
+        frac = nb / tl.maximum(tot, 1.0)
+        delta = mbt - mean
+        mean = mean + delta * frac
+        m2 = m2 + m2b + delta * delta * (cnt * frac)
+        cnt = tot
+    j = tl.arange(0, GB)
+    Kg = tl.load(x_ptr + base + j * cpg, mask=gv, other=0.0).to(tl.float32)
+    idx = (n * G + gb * GB + j) * P + k
+    tl.store(part_ptr + idx, cnt, mask=gv)
+    tl.store(part_ptr + NGP + idx, mean, mask=gv)
+    tl.store(part_ptr + 2 * NGP + idx, m2, mask=gv)
+    tl.store(part_ptr + 3 * NGP + idx, Kg, mask=gv)
+
+
+@triton.jit
+def _gn_merge_kernel(
+    part_ptr,                 # partials of _gn_cl_stats_kernel
+    stat_ptr,                 # fp32 [4, N*G]: mean_hi, corr, rstd, K of each group
+    P, NGP, NG, eps,
+    P_PAD: tl.constexpr,      # >= P (power of two)
+):
+    """One program a group: its partials merged once (the channels-last apply programs
+    span many groups; each merging every group's partials would load GB x P of them)."""
+    ng = tl.program_id(0).to(tl.int64)
+    mhi, corr, rstd, K = _merge_partials(part_ptr, ng, P, NGP, eps, P_PAD)
+    tl.store(stat_ptr + ng, mhi)
+    tl.store(stat_ptr + NG + ng, corr)
+    tl.store(stat_ptr + 2 * NG + ng, rstd)
+    tl.store(stat_ptr + 3 * NG + ng, K)
+
+
+@triton.jit
+def _gn_cl_apply_kernel(
+    x_ptr, y_ptr, w_ptr, b_ptr,
+    stat_ptr,                 # written by _gn_merge_kernel
+    G, cpg, S, n_gb, NG,
+    eps,
+    stride_xn, stride_xs,
+    stride_yn, stride_yc, stride_ys,
+    stride_w, stride_b,
+    GB: tl.constexpr, CPP: tl.constexpr, BS: tl.constexpr,
+    POW2: tl.constexpr,
+    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
+    EVEN: tl.constexpr,       # POW2, GB | G and BS | S: no masks
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+):
+    """One tile of GB groups x BS positions a program, normalised with its groups' merged
+    statistics (the arithmetic of ``_gn_apply_kernel``, per lane)."""
+    pid = tl.program_id(0).to(tl.int64)
+    nt = pid // n_gb
+    gb = pid - nt * n_gb
+    n_ts = tl.cdiv(S, BS)
+    n = nt // n_ts
+    ts = nt - n * n_ts
+    gl, ch, ok = _cl_lanes(G, cpg, gb, GB, CPP, POW2)
+    ng = n * G + gb * GB + gl
+    si = tl.arange(0, BS)[:, None]
+    if EVEN:
+        cm = None
+        m = None
+    else:
+        cm = ok
+        m = ok[None, :] & (si < tl.minimum(S - ts * BS, BS).to(tl.int32))
+    mhi = _load_f32(stat_ptr + ng, cm, EVEN, "")
+    corr = _load_f32(stat_ptr + NG + ng, cm, EVEN, "")
+    rstd = _load_f32(stat_ptr + 2 * NG + ng, cm, EVEN, "")
+    K = _load_f32(stat_ptr + 3 * NG + ng, cm, EVEN, "")
+    c0 = gb * GB * cpg
+    s0 = ts * BS
+    x = _load_f32(x_ptr + (n * stride_xn + c0 + s0 * stride_xs)
+                  + _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64), m, EVEN, "evict_first")
+    w = _load_channels(w_ptr + c0 * stride_w, ch, stride_w, cm, HAS_W, EVEN, 1.0)
+    b = _load_channels(b_ptr + c0 * stride_b, ch, stride_b, cm, HAS_B, EVEN, 0.0)
+    y = (((x - K[None, :]) - mhi[None, :]) - corr[None, :]) * (rstd * w)[None, :]
+    if HAS_B:
+        b = b[None, :]
+    _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
+               _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64), m, y, b,
                HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
 
 
@@ -438,6 +623,10 @@ SPLIT_TILE = 8192
 STATS_PROGRAMS = 1024
 #: ... but at most this many per group: every apply program merges its group's partials
 MAX_PARTIALS = 128
+#: channel lanes a channels-last split tile spans at most (several groups side by side:
+#: 256-byte rows of bf16); groups of more than CL_CPP_MAX channels keep the one-group tiles
+CL_LANES = 128
+CL_CPP_MAX = 1024
 #: offsets inside a split-path tile are int32 below this (the tile's corner is int64)
 OFF32_LIMIT = 2**31
 #: whole split-path tiles skip their masks (False: always masked, for tests)
@@ -482,6 +671,9 @@ class GNSettings:
     ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
     ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
     ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
+    ``path`` "split-cl" (channels-last x): tiles of ``GB`` groups' ``BC = GB * CPP`` channel
+    lanes x ``BS`` positions; ``P`` statistics programs a group block of ``TPP`` tiles each,
+    a merge program a group, then one apply program a tile (``T = n_ts`` a group block).
     """
 
     path: str
@@ -494,12 +686,14 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
+    GB: int = 1     # "split-cl": groups a tile spans (BC is then its GB * CPP channel lanes)
+    CPP: int = 1    # "split-cl": lanes a group takes, next_pow2(C / G)
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: int = STATS_PROGRAMS,
-                max_partials: int = MAX_PARTIALS) -> GNSettings:
+                max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -508,10 +702,25 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     that each takes a power-of-two number of tiles). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
     (``c_inner``: channels-last), so that its rows are whole sectors of memory.
+    Channels-last groups of at most ``CL_CPP_MAX`` channels take the "split-cl" path
+    instead: tiles of several groups' channels (up to ``cl_lanes`` lanes) x positions, all
+    of a tile's rows contiguous.
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
         return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
+    if c_inner and cp <= CL_CPP_MAX:
+        GB = max(1, min(_next_pow2(G), max(cl_lanes, cp) // cp, max(tile, cp) // cp))
+        L = GB * cp
+        BS = min(sp, max(1, tile // L))
+        n_ts = _cdiv(S, BS)
+        n_gb = _cdiv(G, GB)
+        P0 = max(1, min(n_ts, _cdiv(stats_programs, N * n_gb)))
+        TPP = _next_pow2(_cdiv(n_ts, P0))
+        P = _cdiv(n_ts, TPP)
+        sw = _warps(L * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
+        return GNSettings("split-cl", L, BS, _warps(L * BS, APPLY_PER_THREAD, hi=8), n_ts,
+                          n_ts, P, TPP, _next_pow2(P), sw, GB, cp)
     if c_inner:
         BC = min(cp, tile)
         BS = min(sp, max(1, tile // BC))
@@ -737,6 +946,8 @@ def _scratch(st: GNSettings, NG: int, device) -> tuple:
     """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes."""
     if st.path == "split":
         return (_partials(NG * st.P, device),)
+    if st.path == "split-cl":  # partials, then each group's merged statistics
+        return (_partials(NG * st.P, device), _partials(NG, device))
     return ()
 
 
@@ -768,6 +979,9 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
         return st, ()
     NG = N * G
     scratch = _scratch(st, NG, p.x.device)
+    if st.path == "split-cl":
+        _launch_cl(p, out, os_, st, scratch, w, b, flags)
+        return st, scratch
     (part,) = scratch
     ngp = NG * st.P
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
@@ -781,6 +995,36 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
         dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
              num_warps=st.num_warps))
     return st, scratch
+
+
+def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
+    """The channels-last split path: statistics, merge, apply."""
+    N, S, G = p.N, p.S, p.groups
+    cpg = p.C // G
+    part, stat = scratch
+    NG = N * G
+    ngp = NG * st.P
+    n_gb = _cdiv(G, st.GB)
+
+    def span(strides):
+        return (st.GB * cpg - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
+
+    off64 = max(span(p.xs), span(os_)) >= OFF32_LIMIT
+    pow2 = cpg == st.CPP
+    even = pow2 and G % st.GB == 0 and S % st.BS == 0 and MASKLESS
+    xn, _, xs = p.xs
+    launch = _fastpath.launch
+    launch(_gn_cl_stats_kernel, (N * st.P * n_gb,),
+           (p.x, part, G, cpg, S, n_gb, st.n_ts, st.P, ngp, xn, xs),
+           dict(GB=st.GB, CPP=st.CPP, BS=st.BS, TPP=st.TPP, POW2=pow2, OFF64=off64,
+                EVEN=even and st.P * st.TPP == st.n_ts, num_warps=st.stats_warps))
+    launch(_gn_merge_kernel, (NG,), (part, stat, st.P, ngp, NG, p.eps),
+           dict(P_PAD=st.P_PAD, num_warps=4 if st.P_PAD > 128 else 1))
+    launch(_gn_cl_apply_kernel, (N * st.n_ts * n_gb,), (
+        p.x, out, w, b, stat, G, cpg, S, n_gb, NG, p.eps, xn, xs, *os_,
+        p.w_stride, p.b_stride),
+        dict(GB=st.GB, CPP=st.CPP, BS=st.BS, POW2=pow2, OFF64=off64, EVEN=even, **flags,
+             num_warps=st.num_warps))
 
 
 def _col_span(st: RMSSettings, strides) -> int:
@@ -830,7 +1074,8 @@ def _key(kind, x, weight, bias, out, opts, launch):
             return None
         sig = _fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
-                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, RMS_TILE, RMS_MIN_BS,
+                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, CL_LANES, CL_CPP_MAX, RMS_TILE,
+                RMS_MIN_BS,
                 OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
