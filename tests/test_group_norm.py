@@ -702,9 +702,14 @@ def test_launch_table():
     for s in gn.GN_SHAPES.values():
         if s.op != "gn":
             continue
-        st = gn.gn_settings(s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]))
-        assert st.path == "split", s
-        assert st.BC * st.BS <= gn.SPLIT_TILE and st.P <= gn.MAX_PARTIALS
+        st = gn.gn_settings(s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]),
+                            c_inner=s.channels_last)
+        assert st.path == ("split-cl" if s.channels_last else "split"), s
+        assert st.BC * st.BS <= gn.SPLIT_TILE
+        if s.channels_last:  # one tile of whole groups' lanes; a merge program a group
+            assert st.BC == st.GB * st.CPP <= gn.CL_LANES and st.CPP == s.C // 32
+            continue
+        assert st.P <= gn.MAX_PARTIALS
         assert st.TPP & (st.TPP - 1) == 0 and (st.P - 1) * st.TPP < st.T <= st.P * st.TPP
         assert st.P_PAD >= st.P
     fit = gn.gn_settings(1, 32, 16, 32 * 32)  # 16 ch x 32^2 = 16K elements: one program
@@ -727,8 +732,10 @@ def test_check_gates_small():
     shapes = [gn.GN_SHAPES["hunyuan-vae-up-9f"], gn.GN_SHAPES["flux-vae-mid-128"],
               gn.GN_SHAPES["wan-vae-mid-480p"]]
     gn.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
-    assert len(g.rows) == 8  # 3 shapes + the first one on the forced split path, 2 dtypes
-    assert sum("split" in r[3] for r in g.rows) == 2
+    # 3 shapes + the first one on the forced split paths (channels-first and -last), 2 dtypes
+    assert len(g.rows) == 10
+    assert sum(" split;" in r[3] for r in g.rows) == 2
+    assert sum(" split-cl;" in r[3] for r in g.rows) == 2
     assert all(r[2] for r in g.rows), [r for r in g.rows if not r[2]]
 
 

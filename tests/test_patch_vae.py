@@ -206,28 +206,53 @@ def test_diffusers_blocks_call_the_activation_only_after_their_norms():
         assert len(after) == len(norms), (cls.__name__, lines)
 
 
-@pytest.mark.parametrize("name", ["kl", "wan"])
+@pytest.mark.parametrize("name", ["hunyuan", "wan"])
 def test_compile_traces_the_modules(name, spy):
-    """Under torch.compile (fullgraph) the patched VAE traces the modules' own norm and SiLU
-    (inductor fuses them with their neighbours: measured faster than the kernels in the
-    graph, ``_vae``'s docstring): the compiled patched code computes what the unpatched eager
-    code does, bit for bit here (the same aten ops), and calls no kernel."""
+    """Under torch.compile (fullgraph) the patched 5-D VAEs trace the modules' own norm and
+    SiLU (inductor fuses them with their neighbours: measured faster there than the kernels
+    in the graph, ``_vae``'s docstring): the compiled patched code computes what the
+    unpatched eager code does, bit for bit here (the same aten ops), and calls no kernel."""
     vae, z, x = _make(name, torch.bfloat16)
     ditfuse.patch(vae)
-    if name == "kl":
-        with torch.no_grad():
-            h = vae.post_quant_conv(z)
-            # dynamo's capture alone: aot_eager of this decoder fails on the CPU in bf16,
-            # unpatched too (native_group_norm's memory-format check)
-            got = torch.compile(vae.decoder, fullgraph=True, backend="eager")(h)
-            ditfuse.unpatch(vae)
-            want = vae.decoder(h)
-    else:
-        block = vae.decoder.mid_block.resnets[0]
-        h = torch.randn(1, block.norm1.gamma.shape[0], 2, 8, 8, device=DEVICE).to(torch.bfloat16)
-        with torch.no_grad():
-            got = torch.compile(block, fullgraph=True, backend="aot_eager")(h)
-            ditfuse.unpatch(vae)
-            want = block(h)
+    block = vae.decoder.mid_block.resnets[0]
+    norm = block.norm1
+    C = norm.num_channels if isinstance(norm, torch.nn.GroupNorm) else norm.gamma.shape[0]
+    h = torch.randn(1, C, 2, 8, 8, device=DEVICE).to(torch.bfloat16)
+    with torch.no_grad():
+        got = torch.compile(block, fullgraph=True, backend="aot_eager")(h)
+        ditfuse.unpatch(vae)
+        want = block(h)
     assert spy["gn"] == spy["rms"] == 0
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_compile_keeps_the_4d_kernels_in_the_graph(layout):
+    """FLUX's AutoencoderKL under torch.compile (fullgraph) keeps its GroupNorm pairs on the
+    kernel: the graph calls ``ditfuse::group_norm_silu`` once a pair (no SiLU left, no module
+    norm but the attention block's), and computes the eager patched decoder's bits (the same kernel launches),
+    in the layout inductor hands it (channels-last: the "split-cl" path)."""
+    vae, z, x = _make("kl", torch.bfloat16)
+    ditfuse.patch(vae)
+    pairs = sum(1 for m in vae.decoder.modules() if _vae._ACT in m.__dict__)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    with torch.no_grad():
+        h = vae.post_quant_conv(z).contiguous(memory_format=fmt)
+        vae.decoder.to(memory_format=fmt)
+        got = torch.compile(vae.decoder, fullgraph=True, backend=backend)(h)
+        want = vae.decoder(h)
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets.count("ditfuse.group_norm_silu") == pairs > 0, targets
+    # the attention block's GroupNorm (no SiLU after it) is the only module norm left
+    plain = sum(1 for m in vae.decoder.modules()
+                if isinstance(m, torch.nn.GroupNorm) and _vae._ACT not in m.__dict__)
+    assert sum("group_norm" in t and "ditfuse" not in t for t in targets) == plain, targets
+    assert not any("silu" in t and "ditfuse" not in t for t in targets), targets
     assert torch.equal(got, want)

@@ -248,13 +248,14 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
     N, C = shape.shape[:2]
     sp = math.prod(shape.shape[2:])
     el = torch.empty((), dtype=dtype).element_size()
-    reads = 1 if shape.op == "rms" or gn_settings(N, shape.groups, C // shape.groups, sp).path == "fit" else 2
+    reads = 1 if shape.op == "rms" or gn_settings(
+        N, shape.groups, C // shape.groups, sp, c_inner=shape.channels_last).path == "fit" else 2
     nbytes = (reads + 1) * N * C * sp * el
     pshape = (C,) + (1,) * (len(shape.shape) - 2)
 
     def make(i):
         g = torch.Generator(device=device).manual_seed(i)
-        x = (torch.randn(shape.shape, generator=g, device=device) * 2 + 0.5).to(dtype)
+        x = shape.layout((torch.randn(shape.shape, generator=g, device=device) * 2 + 0.5).to(dtype))
         w = (torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.5 + 1).to(dtype)
         b = (torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.2).to(dtype)
         return dict(x=x, w=w, b=b)

@@ -24,6 +24,7 @@ norm over channels reads ``x`` once (a column of ``C`` channels is held on chip)
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass
@@ -360,10 +361,14 @@ def _gn_cl_stats_kernel(
     OFF64: tl.constexpr,      # offsets inside a tile need int64
     EVEN: tl.constexpr,       # POW2, GB | G, BS | S and P * TPP == n_ts: no masks
 ):
-    """Partial (count, mean, M2) of GB groups over TPP consecutive position tiles, as
-    ``_gn_stats_kernel`` computes them for one group (shifted by each group's first element,
-    each tile's moments by the corrected two-pass reduction, tiles merged by Chan's formula),
-    the sums over positions taken per lane first, then per group."""
+    """Partial (count, mean, M2) of GB groups over TPP consecutive position tiles.
+
+    Each element slot of the tile (a lane at a row) keeps Welford's running mean and M2 of
+    the values it sees, one a tile, in registers: no cross-thread work inside the loop.
+    Once at the end, the slots of each group are merged by Chan's formula (the corrected
+    two-pass over the slots' means). The data are shifted by each group's first element K,
+    as in ``_gn_stats_kernel``; no E[x^2] - E[x]^2 anywhere.
+    """
     pid = tl.program_id(0).to(tl.int64)
     nk = pid // n_gb          # the group block varies fastest: neighbours share rows
     gb = pid - nk * n_gb
@@ -373,47 +378,56 @@ def _gn_cl_stats_kernel(
     base = n * stride_xn + gb * GB * cpg
     # each lane's group's first element (gathered: a lane per group reads memory)
     Kl = tl.load(x_ptr + base + gl * cpg, mask=ok, other=0.0).to(tl.float32)
-    gv = (gb * GB + tl.arange(0, GB)) < G
     si = tl.arange(0, BS)[:, None]
     inner = _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64)
-    cnt = tl.zeros((GB,), tl.float32)
-    mean = tl.zeros((GB,), tl.float32)
-    m2 = tl.zeros((GB,), tl.float32)
+    mean = tl.zeros((BS, GB * CPP), tl.float32)
+    m2 = tl.zeros((BS, GB * CPP), tl.float32)
+    if EVEN:
+        cnt = TPP * 1.0
+    else:
+        cnt = tl.zeros((BS, GB * CPP), tl.float32)
     for i in range(TPP):
         t = k * TPP + i
         corner = base + (t * BS) * stride_xs
+        # a slot valid at tile i was valid at every earlier tile (the valid rows of a
+        # tile only shrink along the positions): its count is i + 1
+        inv = tl.div_rn(1.0, (i + 1) * 1.0)
         if EVEN:
-            msk = None
-            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - Kl[None, :]
-            nb = tl.full((GB,), BS * CPP, tl.float32)
+            x = _load_f32(x_ptr + corner + inner, None, EVEN, "evict_last") - Kl[None, :]
+            d = x - mean
+            mean = mean + d * inv
+            m2 = m2 + d * (x - mean)
         else:
             vp = tl.minimum(tl.maximum(S - t * BS, 0), BS).to(tl.int32)
             msk = (si < vp) & ok[None, :]
-            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last")
-            x = tl.where(msk, x - Kl[None, :], 0.0)
-            nb = tl.where(gv, vp * cpg, 0).to(tl.float32)
-        nb1 = tl.maximum(nb, 1.0)
-        mb = _group_sum(tl.sum(x, 0), GB, CPP) / nb1
-        if EVEN:
-            d = x - _to_lanes(mb, GB, CPP)[None, :]
-        else:
-            d = tl.where(msk, x - _to_lanes(mb, GB, CPP)[None, :], 0.0)
-        s1 = _group_sum(tl.sum(d, 0), GB, CPP)
-        s2 = _group_sum(tl.sum(d * d, 0), GB, CPP)
-        mbt = mb + s1 / nb1
-        m2b = s2 - s1 * (s1 / nb1)
-        tot = cnt + nb
-        frac = nb / tl.maximum(tot, 1.0)
-        delta = mbt - mean
-        mean = mean + delta * frac
-        m2 = m2 + m2b + delta * delta * (cnt * frac)
-        cnt = tot
+            x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - Kl[None, :]
+            d = x - mean
+            mn = mean + d * inv
+            m2 = tl.where(msk, m2 + d * (x - mn), m2)
+            mean = tl.where(msk, mn, mean)
+            cnt = cnt + msk.to(tl.float32)
+    # the slots of each group merged: count-weighted mean, then the corrected deviations
+    if EVEN:
+        ng = tl.full((GB,), TPP * BS * CPP, tl.float32)
+        mu = _group_sum(tl.sum(mean, 0), GB, CPP) / ng
+    else:
+        ng = _group_sum(tl.sum(cnt, 0), GB, CPP)
+        mu = _group_sum(tl.sum(cnt * mean, 0), GB, CPP) / tl.maximum(ng, 1.0)
+    ng1 = tl.maximum(ng, 1.0)
+    dev = mean - _to_lanes(mu, GB, CPP)[None, :]
+    if not EVEN:
+        dev = tl.where(cnt > 0, dev, 0.0)
+    s1 = _group_sum(tl.sum(cnt * dev, 0), GB, CPP)
+    sm2 = _group_sum(tl.sum(m2 + cnt * (dev * dev), 0), GB, CPP)
+    gmean = mu + s1 / ng1
+    gm2 = sm2 - s1 * (s1 / ng1)
     j = tl.arange(0, GB)
+    gv = (gb * GB + j) < G
     Kg = tl.load(x_ptr + base + j * cpg, mask=gv, other=0.0).to(tl.float32)
     idx = (n * G + gb * GB + j) * P + k
-    tl.store(part_ptr + idx, cnt, mask=gv)
-    tl.store(part_ptr + NGP + idx, mean, mask=gv)
-    tl.store(part_ptr + 2 * NGP + idx, m2, mask=gv)
+    tl.store(part_ptr + idx, ng, mask=gv)
+    tl.store(part_ptr + NGP + idx, gmean, mask=gv)
+    tl.store(part_ptr + 2 * NGP + idx, gm2, mask=gv)
     tl.store(part_ptr + 3 * NGP + idx, Kg, mask=gv)
 
 
@@ -624,8 +638,10 @@ STATS_PROGRAMS = 1024
 #: ... but at most this many per group: every apply program merges its group's partials
 MAX_PARTIALS = 128
 #: channel lanes a channels-last split tile spans at most (several groups side by side:
-#: 256-byte rows of bf16); groups of more than CL_CPP_MAX channels keep the one-group tiles
-CL_LANES = 128
+#: 128-byte rows of bf16). H200 (session 22, benchmarks/logs/s22/b, the first statistics
+#: kernel): 64 lanes beat 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024
+#: 416 vs 621 vs 623 us); groups of more than CL_CPP_MAX channels keep the one-group tiles
+CL_LANES = 64
 CL_CPP_MAX = 1024
 #: offsets inside a split-path tile are int32 below this (the tile's corner is int64)
 OFF32_LIMIT = 2**31
@@ -718,7 +734,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         P0 = max(1, min(n_ts, _cdiv(stats_programs, N * n_gb)))
         TPP = _next_pow2(_cdiv(n_ts, P0))
         P = _cdiv(n_ts, TPP)
-        sw = _warps(L * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
+        # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
+        sw = _warps(L * BS, 32, hi=8)
         return GNSettings("split-cl", L, BS, _warps(L * BS, APPLY_PER_THREAD, hi=8), n_ts,
                           n_ts, P, TPP, _next_pow2(P), sw, GB, cp)
     if c_inner:
@@ -1393,21 +1410,24 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
         dtypes = [torch.bfloat16, torch.float16, torch.float32] if small else \
             [torch.bfloat16, torch.float32]
     if shapes is None:
-        shapes = list(GN_SHAPES.values()) if small else [
+        shapes = [s for s in GN_SHAPES.values() if not s.channels_last] if small else [
             GN_SHAPES[n] for n in ("flux-vae-mid-128", "flux-vae-out-1024", "hunyuan-vae-mid",
-                                   "hunyuan-vae-up-9f", "wan-vae-mid-480p", "wan-vae-out-480p")]
+                                   "hunyuan-vae-up-9f", "wan-vae-mid-480p", "wan-vae-out-480p",
+                                   "flux-vae-up1-256-cl", "flux-vae-out-1024-cl")]
         if not small:  # a shape whose groups fit one program (the fit path) on the GPU too
             shapes.append(GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2",
                                   (1, 512, 32, 32)))
     runs = [(s.small() if small else s, None) for s in shapes]
-    if small:  # interpreter-sized groups all fit: force the split path on one of them too
+    if small:  # interpreter-sized groups all fit: force the split paths on one of them too
         first = next((s for s, _ in runs if s.op == "gn"), None)
         if first is not None:
             runs.append((first, dict(fit_max=0, tile=256)))
+            runs.append((dataclasses.replace(first, name=first.name + "-cl", channels_last=True),
+                         dict(fit_max=0, tile=256)))
     for s, launch in runs:
         for dtype in dtypes:
             gen = torch.Generator(device=device).manual_seed(zlib.crc32(s.name.encode()))
-            x = (torch.randn(s.shape, generator=gen, device=device) * 2 + 0.5).to(dtype)
+            x = s.layout((torch.randn(s.shape, generator=gen, device=device) * 2 + 0.5).to(dtype))
             pshape = (s.C,) if s.op == "gn" else (s.C,) + (1,) * (len(s.shape) - 2)
             w = (torch.randn(pshape, generator=gen, device=device) * 0.5 + 1).to(dtype)
             b = (torch.randn(pshape, generator=gen, device=device) * 0.2).to(dtype)
@@ -1417,7 +1437,8 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
                 y = group_norm_silu(x, s.groups, w, b, eps, _launch=launch)
                 chain = group_norm_silu_chain(x, s.groups, w, b, eps, compute_dtype=torch.float64)
                 path = gn_settings(s.shape[0], s.groups, s.C // s.groups,
-                                   math.prod(s.shape[2:]), **(launch or {})).path
+                                   math.prod(s.shape[2:]), c_inner=s.channels_last,
+                                   **(launch or {})).path
                 if _eager_gn_rounds_stats(device, dtype):
                     extra = eager_gn_stat_steps(chain, x, w)
                     note = f" (eager rounds mean/rstd to {str(dtype)[6:]})"

@@ -166,6 +166,8 @@ class GNShape:
 
     ``op``: "gn" (GroupNorm(groups, C, eps=1e-6, affine) then SiLU: AutoencoderKL of
     FLUX.1 / FLUX.2, HunyuanVideo's 3-D VAE) or "rms" (Wan's ``WanRMS_norm`` then SiLU).
+    ``channels_last``: x in channels-last(-3d) memory, as inductor lays out the FLUX VAE's
+    convolutions under torch.compile.
     """
 
     name: str
@@ -173,6 +175,16 @@ class GNShape:
     shape: Tuple[int, ...]
     op: str = "gn"
     groups: int = 32
+    channels_last: bool = False
+
+    def layout(self, x):
+        """``x`` (of this shape) in the memory layout this case runs."""
+        if not self.channels_last:
+            return x
+        import torch
+
+        return x.contiguous(memory_format=torch.channels_last if x.dim() == 4
+                            else torch.channels_last_3d)
 
     @property
     def C(self) -> int:
@@ -191,6 +203,15 @@ GN_SHAPES = {s.name: s for s in [
     GNShape("flux-vae-up1-256", "FLUX.1/2 VAE decoder, 1024^2, up block 1", (1, 512, 256, 256)),
     GNShape("flux-vae-up2-512", "FLUX.1/2 VAE decoder, 1024^2, up block 2", (1, 256, 512, 512)),
     GNShape("flux-vae-out-1024", "FLUX.1/2 VAE decoder, 1024^2, norm_out", (1, 128, 1024, 1024)),
+    # the same decoder compiled: inductor hands the norms channels-last activations
+    GNShape("flux-vae-mid-128-cl", "FLUX.1/2 VAE decoder compiled, mid block, channels-last",
+            (1, 512, 128, 128), channels_last=True),
+    GNShape("flux-vae-up1-256-cl", "FLUX.1/2 VAE decoder compiled, up block 1, channels-last",
+            (1, 512, 256, 256), channels_last=True),
+    GNShape("flux-vae-up2-512-cl", "FLUX.1/2 VAE decoder compiled, up block 2, channels-last",
+            (1, 256, 512, 512), channels_last=True),
+    GNShape("flux-vae-out-1024-cl", "FLUX.1/2 VAE decoder compiled, norm_out, channels-last",
+            (1, 128, 1024, 1024), channels_last=True),
     # HunyuanVideo causal 3-D VAE decoder, one tile (latent 32x32, 9 frames after upsampling)
     GNShape("hunyuan-vae-mid", "HunyuanVideo VAE decoder tile, mid block", (1, 512, 5, 32, 32)),
     GNShape("hunyuan-vae-up-9f", "HunyuanVideo VAE decoder tile, 9 frames", (1, 128, 9, 128, 128)),

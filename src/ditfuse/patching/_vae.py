@@ -15,11 +15,14 @@ parameters and the state dict stay as they are. A block is patched whole or not 
 when all its norms and its activation are of the exact classes the kernels reproduce, the
 activation module belongs to that block alone and no hook wraps any of them.
 
-Under torch.compile the fused norms trace the modules' own code, so that inductor fuses
-the pair with its neighbours as it does unpatched: on the H200 (session 21,
-``benchmarks/logs/s21/i``) FLUX.1's VAE decode at 1024^2 took 35.8 ms compiled unpatched and
-46.8 ms compiled with the kernels in the graph, against 85.8 ms eager unpatched and 38.7 ms
-eager patched.
+Under torch.compile the 4-D GroupNorm pairs (the AutoencoderKL VAEs: FLUX.1, FLUX.2) stay
+on the kernel, as the ``ditfuse::group_norm_silu`` op in the graph, and the others trace
+the modules' own code, so that inductor fuses those pairs with their neighbours as it does
+unpatched. Measured on the H200 (session 22, ``benchmarks/logs/s22``): FLUX.1's decode at
+1024^2 36.2 ms compiled unpatched, 31.2 with the kernels in the graph (inductor lays the
+convolutions out channels-last, which the kernel reads in place: ``group_norm_silu``'s
+"split-cl" path); HunyuanVideo's (5-D, channels-first under inductor) 30.0 unpatched, 31.0
+with them -- so 5-D pairs and the channel RMS trace the modules.
 
 Each fused norm runs the original norm and SiLU instead when the kernels do not reproduce it
 (autograd needs gradients, a device Triton cannot run on, a dtype or a parameter dtype other
@@ -64,19 +67,24 @@ def _param_ok(p, x) -> bool:
                          and p.device == x.device)
 
 
-def _tensor_ok(x, channels: int) -> bool:
+#: ranks of GroupNorm input that stay on the kernel under torch.compile (module docstring)
+COMPILED_GN_RANKS = (4,)
+
+
+def _tensor_ok(x, channels: int, compiled_ranks=()) -> bool:
     """x is an activation the kernels read in place: a dtype they compute, channels-first
-    (N, C, ...) with C = ``channels``, contiguous or channels-last, on a kernel device."""
-    return (not compiling() and isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES
-            and x.dim() >= 3 and x.shape[1] == channels and _runtime.kernel_device_ok(x)
-            and _dense(x))
+    (N, C, ...) with C = ``channels``, contiguous or channels-last, on a kernel device; and
+    not being compiled unless its rank is one of ``compiled_ranks``."""
+    return (isinstance(x, torch.Tensor) and (not compiling() or x.dim() in compiled_ranks)
+            and x.dtype in ACT_DTYPES and x.dim() >= 3 and x.shape[1] == channels
+            and _runtime.kernel_device_ok(x) and _dense(x))
 
 
 def _gn_silu_forward(self, x):
     """GroupNorm -> SiLU (the block's activation) in one kernel, else the two modules."""
     w, b = self.weight, self.bias
-    if (_tensor_ok(x, self.num_channels) and _param_ok(w, x) and _param_ok(b, x)
-            and not grad_needed(x, w, b)):
+    if (_tensor_ok(x, self.num_channels, COMPILED_GN_RANKS) and _param_ok(w, x)
+            and _param_ok(b, x) and not grad_needed(x, w, b)):
         return group_norm_silu(x, self.num_groups, w, b, self.eps)
     return _act(self, nn.GroupNorm.forward(self, x))
 
