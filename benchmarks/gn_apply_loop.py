@@ -34,21 +34,7 @@ def _apply_loop_kernel(x_ptr, y_ptr, w_ptr, b_ptr, part_ptr, G, cpg, S, n_ts, T,
     ng = t0 // T
     n = ng // G
     g = ng - n * G
-    kk = tl.arange(0, P_PAD).to(tl.int64)
-    pm = kk < P
-    pidx = ng * P + kk
-    pc = tl.load(part_ptr + pidx, mask=pm, other=0.0)
-    pmu = tl.load(part_ptr + NGP + pidx, mask=pm, other=0.0)
-    pm2 = tl.load(part_ptr + 2 * NGP + pidx, mask=pm, other=0.0)
-    count = tl.sum(pc)
-    mhi = tl.sum(pc * pmu) / count
-    dm = tl.where(pm, pmu - mhi, 0.0)
-    s1 = tl.sum(pc * dm)
-    corr = s1 / count
-    m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
-    var = tl.maximum(m2, 0.0) / count
-    rstd = 1.0 / tl.sqrt_rn(var + eps)
-    K = tl.load(part_ptr + 3 * NGP + ng * P)
+    mhi, corr, rstd, K = gn._merge_partials(part_ptr, ng, P, NGP, eps, P_PAD)
     ci = tl.arange(0, BC)[:, None]
     si = tl.arange(0, BS)[None, :]
     xo = gn._tile_offsets(ci, si, stride_xc, stride_xs, False)
