@@ -312,8 +312,8 @@ def _gn_apply_kernel(
 # Channels-last input (x's channel stride 1): a position's channels are one contiguous row,
 # a group a run of C/G of them. The kernels above tile one group (rows of C/G channels, 8-32
 # bytes at the VAEs' 128-512 channels: a sector read for a quarter of its bytes at 4 channels
-# a group); these tile GB groups side by side (L = GB * CPP channel lanes, whole 256-byte rows
-# in bf16) x BS positions, and keep per-group sums as [GB] vectors.
+# a group); these tile GB groups side by side (L = GB * CPP channel lanes, whole 128-byte rows
+# in bf16 at CL_LANES = 64) x BS positions, and keep per-group sums as [GB] vectors.
 
 @triton.jit
 def _group_sum(v, GB: tl.constexpr, CPP: tl.constexpr):
@@ -453,7 +453,6 @@ def _gn_cl_apply_kernel(
     x_ptr, y_ptr, w_ptr, b_ptr,
     stat_ptr,                 # written by _gn_merge_kernel
     G, cpg, S, n_gb, NG,
-    eps,
     stride_xn, stride_xs,
     stride_yn, stride_yc, stride_ys,
     stride_w, stride_b,
@@ -969,7 +968,8 @@ def _scratch(st: GNSettings, NG: int, device) -> tuple:
 
 
 def _tile_span(st: GNSettings, strides) -> int:
-    """The largest element offset inside one split-path tile, for (n, c, s) ``strides``."""
+    """The largest element offset inside one split-path tile, for (n, c, s) ``strides`` (an
+    upper bound for "split-cl" tiles, whose BC lanes may pad a group)."""
     return (st.BC - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
 
 
@@ -1023,10 +1023,7 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
     ngp = NG * st.P
     n_gb = _cdiv(G, st.GB)
 
-    def span(strides):
-        return (st.GB * cpg - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
-
-    off64 = max(span(p.xs), span(os_)) >= OFF32_LIMIT
+    off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     pow2 = cpg == st.CPP
     even = pow2 and G % st.GB == 0 and S % st.BS == 0 and MASKLESS
     xn, _, xs = p.xs
@@ -1038,7 +1035,7 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
     launch(_gn_merge_kernel, (NG,), (part, stat, st.P, ngp, NG, p.eps),
            dict(P_PAD=st.P_PAD, num_warps=4 if st.P_PAD > 128 else 1))
     launch(_gn_cl_apply_kernel, (N * st.n_ts * n_gb,), (
-        p.x, out, w, b, stat, G, cpg, S, n_gb, NG, p.eps, xn, xs, *os_,
+        p.x, out, w, b, stat, G, cpg, S, n_gb, NG, xn, xs, *os_,
         p.w_stride, p.b_stride),
         dict(GB=st.GB, CPP=st.CPP, BS=st.BS, POW2=pow2, OFF64=off64, EVEN=even, **flags,
              num_warps=st.num_warps))
