@@ -2,7 +2,7 @@
 other than the table's (no GPU): registers, spills, shared memory, SASS instructions.
 
     TRITON_INTERPRET=0 PYTHONPATH=src python benchmarks/attn_variants_build.py \
-        "64,128,4,1" "64,128,4,1,,168" "64,32,4,3,,168,62" "64,16,4,3,1,,62,1" [--specs same-l-bf16-attn,same-l-trt-fp32]
+        "64,128,4,1" "64,128,4,1,,168" "64,32,4,3,,168,62" "64,16,4,3,1,,62,1" "32,16,2,3,1,,30,,1" [--specs same-l-bf16-attn,same-l-trt-fp32]
 """
 import sys
 
@@ -19,7 +19,9 @@ def parse(s):
     if len(f) > 6:
         out.append(int(f[6]) if f[6] else None)
     if len(f) > 7:
-        out.append(bool(int(f[7])))
+        out.append(bool(int(f[7]) if f[7] else False))
+    if len(f) > 8:
+        out.append(bool(int(f[8])))
     return A.Settings(*out)
 
 

@@ -1,7 +1,7 @@
 """Launch-settings sweep for sliding_window_attention on the GPU: (BLOCK_M, BLOCK_N,
 num_warps, num_stages[, token_major, maxnreg]) at the SAME-L shapes, bf16 and fp32,
 CUDA-graph device time (L2 flushed by do_bench). Prints us and % of the byte floor; informs
-launch_settings(). Flags pick a config list (--s6, --s7, --s7b, --s9, --s16, --s16b, --s17, --s18); --prologue runs SAME's own
+launch_settings(). Flags pick a config list (--s6 ... --s19b, --s23); --prologue runs SAME's own
 call (DyT q/k norm + RoPE fused)."""
 import torch
 
@@ -113,6 +113,25 @@ if "--s19b" in sys.argv:
     CONFIGS = [None, (64, 16, 4, 3, True, None, 62, True), (64, 16, 4, 2, True, 224, 62, True),
                (64, 16, 4, 3, True, 168, 62, True), (64, 32, 4, 2, True, None, 62, True),
                (64, 32, 4, 3, True, 168, 62, True), (64, 16, 4, 4, True, None, 62, True)]
+if "--s23" in sys.argv:
+    # session 23: the bf16 table entry capped at 128 registers: 4 programs a SM (128 x 128 x 4
+    # = 64K registers; 4 x 52 KB of shared memory) instead of 3, at the cost of 36 B of spill
+    # inside the loop (32 B with 2 stages; sm_90 builds, attn_variants_build.py)
+    CONFIGS = [None, (64, 32, 4, 3, True, 128, 62), (64, 32, 4, 2, True, 128, 62),
+               (64, 32, 4, 2, True, 168, 62), (64, 16, 4, 3, True, 128, 62)]
+if "--s23b" in sys.argv:
+    # session 23: multi-warp mma.sync tiles with the warps along the query rows (the 9th
+    # field, split_pv: P @ V as two 32-column dots; Triton otherwise splits a [32, 64]
+    # product's columns across 2 warps). sm_90 builds (attn_variants_build.py, fp32
+    # differential): (32, 16, 2, 3, step 30) 206 registers, (32, 16, 2, 2) 209, under a cap of
+    # 168 with 2 stages no spills (6 programs, 12 warps a SM, where the one-warp entry has 8)
+    CONFIGS = [None, (32, 16, 2, 3, True, None, 30, False, True),
+               (32, 16, 2, 2, True, None, 30, False, True),
+               (32, 16, 2, 2, True, 168, 30, False, True),
+               (32, 16, 2, 3, True, 168, 30, False, True),
+               (32, 16, 2, 3, True, 224, 30, False, True),
+               (64, 16, 4, 3, True, None, 62, True, True),
+               (32, 16, 2, 4, True, None, 30, False, True)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv

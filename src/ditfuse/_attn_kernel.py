@@ -262,7 +262,8 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 
 @triton.jit
-def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, row_lo, row_span,
+def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
+              row_lo, row_span,
               k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
               stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
               kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
@@ -270,7 +271,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
               qk_scale, N,
               D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
               PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
-              K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+              SPLIT_PV: tl.constexpr, K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
               K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
               ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
               ACT: tl.constexpr, OFF64: tl.constexpr):
@@ -298,14 +299,51 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, ro
         s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
-    dd = tl.arange(0, D_PAD)
-    v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
-                mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
-    v = _dot_operand(v, ACT)
-    acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT), v, input_precision="tf32")
+    if SPLIT_PV:
+        # P @ V as two dots of D_PAD / 2 columns (the same products and sums a column):
+        # Triton gives a chain of mma.sync dots the warps of one of them, and a [BLOCK_M,
+        # D_PAD] product with BLOCK_M < D_PAD would split its columns across the warps
+        # (every softmax row reduction and P's operand through shared memory); halves with
+        # BLOCK_M >= D_PAD / 2 put the warps along the query rows, 16 rows each
+        DH: tl.constexpr = D_PAD // 2
+        dd = tl.arange(0, DH)
+        va = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
+                     mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
+        vb = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd + DH, BLOCK_N,
+                                OFF64),
+                     mask=_cols_mask(kmask, dd + DH < D, D, D_PAD), other=0.0)
+        va = _dot_operand(va, ACT)
+        vb = _dot_operand(vb, ACT)
+        pp1 = _dot_operand(p1, ACT)
+        acc1 = acc1 * a1[:, None] + tl.dot(pp1, va, input_precision="tf32")
+        acc1b = acc1b * a1[:, None] + tl.dot(pp1, vb, input_precision="tf32")
+        if DIFF:
+            pp2 = _dot_operand(p2, ACT)
+            acc2 = acc2 * a2[:, None] + tl.dot(pp2, va, input_precision="tf32")
+            acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision="tf32")
+    else:
+        dd = tl.arange(0, D_PAD)
+        v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
+                    mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
+        v = _dot_operand(v, ACT)
+        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT), v, input_precision="tf32")
+        if DIFF:
+            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT), v, input_precision="tf32")
+    return acc1, acc1b, m1, l1, acc2, acc2b, m2, l2
+
+
+@triton.jit
+def _store_out(o_ptr, o_base, start_m, stride_os, stride_od, cols, smask, acc1, l1, acc2, l2,
+               lam_h, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+               DIFF: tl.constexpr, OFF64: tl.constexpr):
+    """``acc1 / l1 - lambda * (acc2 / l2)`` (or ``acc1 / l1``) for columns ``cols`` of the
+    stored rows, rounded once to the output dtype."""
+    out = acc1 / l1[:, None]
     if DIFF:
-        acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT), v, input_precision="tf32")
-    return acc1, m1, l1, acc2, m2, l2
+        out = out - lam_h * (acc2 / l2[:, None])
+    o_ptrs = _tile_ptrs(o_ptr, o_base, start_m, stride_os, stride_od, cols, BLOCK_M, OFF64)
+    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
+             mask=_cols_mask(smask, cols < D, D, D_PAD))
 
 
 @triton.jit
@@ -341,6 +379,8 @@ def _swa_fwd_kernel(
     STEP_M: tl.constexpr,     # queries a program stores (<= BLOCK_M; see attention.query_step)
     MMA_SYNC: tl.constexpr,   # compiled with mma.sync instead of wgmma (no code of its own: it
                               # keeps that build's cache entry apart; _runtime.mma_sync_only)
+    SPLIT_PV: tl.constexpr,   # P @ V and the output as two halves of D_PAD / 2 columns (the
+                              # warps of a multi-warp mma.sync tile along its rows)
     DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
     LAM_PTR: tl.constexpr,
     Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
@@ -380,13 +420,18 @@ def _swa_fwd_kernel(
                           ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
     m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l1 = tl.zeros([BLOCK_M], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    ACC_W: tl.constexpr = D_PAD // 2 if SPLIT_PV else D_PAD
+    acc1 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
+    acc1b = 0.0
+    if SPLIT_PV:
+        acc1b = tl.zeros([BLOCK_M, ACC_W], tl.float32)
     q2a = 0.0
     q2b = 0.0
     q2p = 0.0
     m2 = 0.0
     l2 = 0.0
     acc2 = 0.0
+    acc2b = 0.0
     if DIFF:
         q2a, q2b, q2p = _load_qk(q2_ptr, b * stride_q2b + h * stride_q2h, start_m, qmask,
                                  stride_q2s, stride_q2d, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
@@ -396,7 +441,9 @@ def _swa_fwd_kernel(
                                  ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
         m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
-        acc2 = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
+        if SPLIT_PV:
+            acc2b = tl.zeros([BLOCK_M, ACC_W], tl.float32)
 
     k_base = b * stride_kb + h * stride_kh
     k2_base = b * stride_k2b + h * stride_k2h
@@ -421,41 +468,52 @@ def _swa_fwd_kernel(
         # scalars are 1-element arrays): the same tiles in the same order, as a while loop
         start_n = lo
         while start_n < hi:
-            acc1, m1, l1, acc2, m2, l2 = _key_tile(
-                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, row_lo, row_span,
+            acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
+                row_lo, row_span,
                 k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            acc1, m1, l1, acc2, m2, l2 = _key_tile(
-                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, m1, l1, acc2, m2, l2, row_lo, row_span,
+            acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
+                row_lo, row_span,
                 k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
                 stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF,
+                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
     # query rows past N have l = 0; they are not stored
-    out = acc1 / tl.where(l1 == 0.0, 1.0, l1)[:, None]
+    l1s = tl.where(l1 == 0.0, 1.0, l1)
+    lam_h = 0.0
+    l2s = 0.0
     if DIFF:
         if LAM_PTR:
             lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
         else:
             lam_h = lam
-        out = out - lam_h * (acc2 / tl.where(l2 == 0.0, 1.0, l2)[:, None])
-    dd = tl.arange(0, D_PAD)
-    o_ptrs = _tile_ptrs(o_ptr, b * stride_ob + h * stride_oh, start_m, stride_os, stride_od, dd,
-                        BLOCK_M, OFF64)
+        l2s = tl.where(l2 == 0.0, 1.0, l2)
     smask = qmask
     if STEP_M < BLOCK_M:
         smask = qmask & (tl.arange(0, BLOCK_M) < STEP_M)
-    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
-             mask=_cols_mask(smask, dd < D, D, D_PAD))
+    o_base = b * stride_ob + h * stride_oh
+    if SPLIT_PV:
+        DH2: tl.constexpr = D_PAD // 2
+        dd = tl.arange(0, DH2)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, l1s, acc2, l2s,
+                   lam_h, D, D_PAD, BLOCK_M, DIFF, OFF64)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd + DH2, smask, acc1b, l1s,
+                   acc2b, l2s, lam_h, D, D_PAD, BLOCK_M, DIFF, OFF64)
+    else:
+        dd = tl.arange(0, D_PAD)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, l1s, acc2, l2s,
+                   lam_h, D, D_PAD, BLOCK_M, DIFF, OFF64)

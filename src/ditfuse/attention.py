@@ -194,6 +194,7 @@ class Settings(NamedTuple):
     maxnreg: Optional[int] = None
     step_m: Optional[int] = None
     mma_sync: bool = False
+    split_pv: bool = False
 
 
 def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
@@ -395,6 +396,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     if not 1 <= step <= bm:
         raise ValueError(f"settings: step_m must be in 1 .. block_m = {bm}, got {step}")
     mma_sync = bool(st.mma_sync)
+    split_pv = bool(st.split_pv)
+    if split_pv and tile_dim(D) < 32:
+        raise ValueError(f"settings: split_pv needs a tile of >= 32 columns (head_dim {D})")
     n_m = -(-N // step)
     if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
         token_major = False
@@ -432,7 +436,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     constexprs = dict(
         D=D, D_PAD=tile_dim(D), R=R, HALF_PAD=max(16, _next_pow2(R // 2)),
         PASS_PAD=max(16, _next_pow2(D - R)),
-        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync, DIFF=diff,
+        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync, SPLIT_PV=split_pv, DIFF=diff,
         LAM_PTR=p.lam_tensor is not None,
         Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
         Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
