@@ -636,13 +636,15 @@ def test_attention_package_and_its_mma_refusal(pkgs):
         ("v", "input", ["B", "N", 24, 64]), ("N", "extra", None), ("out", "output", ["B", "N", 24, 64])]
     # token-major (the operands are (B, N, H, D)): every (batch, head) of a query tile first
     assert m["constexprs"]["TOKEN_MAJOR"] is True
-    # a program stores 14 of its 16 queries (their band spans 3 key tiles of 16, not 4)
-    assert m["constexprs"]["STEP_M"] == 14
-    assert m["grid"] == ["B * 24", "cdiv(N, 14)", "1"]
+    # a program stores 30 of its 32 queries (their band spans 4 key tiles of 16, not 5)
+    assert m["constexprs"]["STEP_M"] == 30
+    assert m["grid"] == ["B * 24", "cdiv(N, 30)", "1"]
     assert m["constexprs"]["DIFF"] is True and m["bindings"]["LEFT"] == 17
     assert m["bindings"]["q2_ptr"] == "q + 1536" and m["bindings"]["k2_ptr"] == "k + 1536"
-    assert m["constexprs"]["BLOCK_M"] == 16 and m["compile_options"]["num_warps"] == 1
-    assert m["compile_options"]["num_stages"] == m["compile_options"]["jit_num_stages"] == 2
+    # two warps of mma.sync, 16 query rows each (P @ V in two column halves)
+    assert m["constexprs"]["BLOCK_M"] == 32 and m["compile_options"]["num_warps"] == 2
+    assert m["constexprs"]["SPLIT_PV"] is True
+    assert m["compile_options"]["num_stages"] == m["compile_options"]["jit_num_stages"] == 3
     assert m["shared_mem"] <= P.SMEM_LIMIT
     text = (d / "kernel.ptx").read_text()
     assert P.check_tensor_cores(text, entry.op)["mma"] > 0
@@ -658,7 +660,7 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     k = load(d)
     q = torch.empty(2, 100, 48, 64, device="meta")
     b = k.bind(q, q, torch.empty(2, 100, 24, 64, device="meta"))
-    assert b.grid == (2 * 24, 8, 1) and b.args[3] == ("N", "i32", 100)  # cdiv(100, 14)
+    assert b.grid == (2 * 24, 4, 1) and b.args[3] == ("N", "i32", 100)  # cdiv(100, 30)
 
 
 @needs_tools

@@ -331,6 +331,56 @@ def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("D", [64, 48, 80, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("diff", [True, False], ids=["diff", "plain"])
+def test_split_pv_same_bits(D, dtype, diff):
+    """``split_pv`` (the 9th launch setting: P @ V and the output store as two halves of the
+    tile's columns) computes every output column with the same products and sums: the same
+    bits as the one-dot tile, padded head dims (48 -> 64, 80 -> 128: the masked columns in
+    the upper half) and a ragged last query tile included; within the fp64 contract."""
+    g = torch.Generator().manual_seed(40 + D)
+    n = 5 if diff else 3
+    t = qkv(g, 2, 45, 3, D, dtype, n=n)
+    q, k, v = t[:3]
+    q2, k2 = (t[3], t[4]) if diff else (None, None)
+    lam = 0.7 if diff else 1.0
+    p = A.plan(q, k, v, 6, q2=q2, k2=k2, lam=lam)
+    want = A.run(p, (32, 16, 2, 2, True, None, 30, False, False))
+    got = A.run(p, (32, 16, 2, 2, True, None, 30, False, True))
+    assert torch.equal(got, want)
+    ref = reference(q, k, v, 6, q2=q2, k2=k2, lam=lam, compute_dtype=torch.float64)
+    check(got, ref, v, dtype, f"split_pv D={D}", lam=lam if diff else 0.0)
+
+
+@torch.no_grad()
+def test_split_pv_with_the_fused_prologue_same_bits():
+    """The split only touches P @ V and the store: with a norm and partial RoPE fused into
+    the Q / K tiles the same bits as the one-dot tile."""
+    g = torch.Generator().manual_seed(47)
+    B, N, H, D = 1, 40, 2, 64
+    q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
+    w = torch.randn(D, generator=g).to(torch.bfloat16) * 0.2 + 1
+    inv = 1.0 / 10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32)
+    fr = torch.outer(torch.arange(N, dtype=torch.float32), inv)
+    fr = torch.cat((fr, fr), -1)
+    kw = dict(q_norm=NormSpec("rms", weight=w, eps=1e-6), k_norm=NormSpec("rms", weight=w, eps=1e-6),
+              cos=fr.cos(), sin=fr.sin(), rotary_dim=32)
+    p = A.plan(q, k, v, 5, q2=q2, k2=k2, **kw)
+    want = A.run(p, (32, 16, 2, 2, True, None, 30, False, False))
+    got = A.run(p, (32, 16, 2, 2, True, None, 30, False, True))
+    assert torch.equal(got, want)
+
+
+def test_split_pv_refused_below_32_columns():
+    g = torch.Generator().manual_seed(48)
+    q, k, v = qkv(g, 1, 20, 1, 16, torch.float32)
+    p = A.plan(q, k, v, 3)
+    with pytest.raises(ValueError, match="split_pv needs a tile of >= 32 columns"):
+        A.run(p, (16, 16, 1, 1, None, None, None, False, True))
+
+
+@torch.no_grad()
 def test_int64_in_tile_offsets_same_result(small_tiles, monkeypatch):
     """The OFF64 build (in-tile offsets in int64, for strides past 2^31 / BLOCK) computes
     the same bits as the int32 build."""

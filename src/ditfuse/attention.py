@@ -184,7 +184,8 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
 
 class Settings(NamedTuple):
     """One launch: the tile, warps and pipeline depth; ``token_major`` None = by layout (see
-    :func:`launch`); ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``)."""
+    :func:`launch`); ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``); ``step_m``,
+    ``mma_sync``, ``split_pv``: see :func:`launch`."""
 
     block_m: int
     block_n: int
@@ -218,7 +219,8 @@ def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
 
 def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
                     differential: bool, prologue: bool) -> Settings:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major, maxnreg, step_m]) for one
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync,
+    split_pv]) for one
     call: a small table, no autotuning.
 
     A program holds, per map (two when differential), a [BLOCK_M, D] fp32 accumulator, the
@@ -228,8 +230,9 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     outside them (``ptxas -v`` and the SASS of the CPU-side sm_90 build, tests and
     ``build_report``):
 
-    * BLOCK_M = 64: the M of one Hopper wgmma (one warpgroup of 4 warps); 16 (one warp,
-      mma.sync) for fp32 at head_dim 64 in a narrow band (the measured entries below).
+    * BLOCK_M = 64: the M of one Hopper wgmma (one warpgroup of 4 warps); 32 (two warps of
+      mma.sync, 16 query rows each) for fp32 at head_dim 64 in a narrow band (the measured
+      entries below).
     * BLOCK_N = 32 for a narrow band (left + right + 1 <= 64; SAME's window 17 spans 35
       keys): a query tile visits ``(64 + left + right + BLOCK_N - 1) / BLOCK_N`` key tiles on
       average, ~129 keys per 64 queries, where 64-key tiles would visit ~161 and double the
@@ -257,7 +260,9 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     * Measured exception (H200, ``benchmarks/logs/s16/a``, ``b``): fp32, head_dim 64, narrow
       band, no prologue, differential or not: 16-query tiles of one warp, 16-key tiles, 2
       stages -- a 16-query tile at window 17 spans 50 keys, so a query computes 64 scores
-      where the 64-query tile computes 112; 20-32% faster at every SAME-L shape.
+      where the 64-query tile computes 112; 20-32% faster at every SAME-L shape. Since
+      session 23 (``benchmarks/logs/s23/c``): 32-query tiles of two such warps sharing each
+      K / V tile (``split_pv``), 1-8% faster again (the TensorRT contract 69.9 -> 64.1 us).
     * step_m (:func:`query_step`): where the band is bounded on both sides, a program stores
       only as many of its BLOCK_M queries as span one key tile fewer (H200,
       ``benchmarks/logs/s18/a``, SAME-L window 17: 62 of 64 queries, bf16 8704 72.1 -> 64.8
@@ -296,13 +301,10 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
         return Settings(64, 16, 4, 3, None, 168)
     if span <= 64 and not differential and not prologue and D == 64:
         if fp32:
-            # one warp as the differential fp32 entry below, 32 queries (30 stored with the
-            # step: 4 key tiles of 16), 3 stages: SAME-L 8704 plain 77.0 / 76.4 us against
-            # 82.5 / 82.1 for that entry's 16-query tiles (logs/s18/a, b), 86.9 before the
-            # step (logs/s16/b); capped at 224 registers (9 programs a SM instead of 8, no
-            # spills): 74.7 vs 77.2 us (logs/s18/d). Differential, the same tile spills (two
-            # maps' state)
-            return Settings(32, 16, 1, 3, True, 224)
+            # the differential fp32 entry's tile below (32 queries on 2 warps, P @ V split):
+            # SAME-L 8704 plain 70.3 us against 74.6 for 32 queries on one warp (logs/s23/c;
+            # that one-warp tile had replaced 16-query tiles in session 18, logs/s18/a, b, d)
+            return Settings(32, 16, 2, 3, True, 168, None, False, True)
         # 16-bit: the 64-query tile with 3 stages, uncapped (with the step: 41.8 us at SAME-L
         # 8704 plain against 44.7 with 2 stages and 44.3 capped at 160, logs/s18/b)
         return Settings(64, 32, 4, 3)
@@ -318,16 +320,18 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
         # a 168-register cap another 6% (bf16) / 9% (fp32 with 16-key tiles), logs/s7
         if D == 64:
             if fp32:
-                # 16-query tiles, one warp (mma.sync), 2 stages (H200, benchmarks/logs/s16/a,
-                # b): 50 keys a tile at window 17, 64 scores a query where a 64-query tile
-                # computes 112; 8704 132.7 vs 166.4 us, 32946 452.1 vs 609.5, the TensorRT
-                # contract 74.2 vs 91.3. In bf16 the same tiles tie at 8704 (73.0 vs 72.3)
-                # and lose at 32946 (279.1 vs 244.4); two-warp tiles lose everywhere. With the
-                # query step (14 of 16) and a cap of 224 registers (9 programs a SM instead of
-                # 8; no local memory, where 255 uncapped kept 4 bytes across the loop before
-                # the step): 8704 123.2 us, the contract 71.0, 32946 422.7 (uncapped 125.0 /
-                # 71.2 / 425.8, logs/s18/d; 200 registers: 127.4 / 71.9 / 435.1)
-                return Settings(16, 16, 1, 2, True, 224)
+                # 32 queries on 2 warps of mma.sync, 16 rows a warp (split_pv: P @ V as two
+                # 32-column dots, so that Triton puts the warps along the rows), 30 stored, 3
+                # stages, capped at 168 registers (no spills; 3 warps a register-file quarter:
+                # 12 warps a SM). H200 (benchmarks/logs/s23/c): the TensorRT contract 64.1 us,
+                # 8704 114.3, 32946 412.3 against 69.9 / 122.8 / 411.5 for the session-16/18
+                # entry (16 queries on one warp, 14 stored, 224 registers: 8 warps a SM),
+                # whose programs read 3.4 K / V rows a stored query (Nsight Compute: L2 at
+                # 78-85% of its throughput, logs/s23/a) where these read 2.1. Without the
+                # split the same tile splits P @ V's columns across the warps: 85.6 us at the
+                # contract shape (logs/s23/b). In bf16 the tile loses to the wgmma entry below
+                # (67.9 vs 65.2 us at 8704)
+                return Settings(32, 16, 2, 3, True, 168, None, False, True)
             return Settings(64, 32, 4, 3, None, 168)
         warps, stages = 4, 3
     return Settings(64, block_n, warps, stages)
@@ -372,13 +376,16 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
 
     ``settings`` (a :class:`Settings` or a tuple of its leading fields: BLOCK_M, BLOCK_N,
-    num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync]) overrides the table. ``token_major`` (default: the head stride is below the token
+    num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync, split_pv]) overrides the table. ``token_major`` (default: the head stride is below the token
     stride, as in bshd) orders the grid query tile first, every (batch, head) of it next;
     ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m``
     the queries a program stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`);
     ``mma_sync`` compiles the dots to mma.sync where Triton would take wgmma (a 64-row tile
     on 4 warps then runs FlashAttention-2's layout, each warp owning 16 query rows:
-    :func:`ditfuse._runtime.mma_sync_only`; no table entry takes it yet).
+    :func:`ditfuse._runtime.mma_sync_only`; no table entry takes it yet); ``split_pv``
+    computes P @ V and stores the output as two halves of the tile's columns (the same bits):
+    Triton gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
+    BLOCK_M < D splits its columns across the warps; the halves put them along the rows.
     """
     from ._attn_kernel import _swa_fwd_kernel
 

@@ -379,11 +379,11 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     # sm_90 PTX of this kernel's 64-query tiles uses wgmma (sm_90a only): sm_80 PTX
     # (mma.sync) runs on Hopper and is what a plain-sm_90 runtime (TensorRT) can load. For
     # 64-query tiles one pipeline stage keeps shared memory under 48 KB (the JIT's stages
-    # need 56 KB on sm_80); the 16-query one-warp tiles of the fp32 SAME-size entry take the
-    # JIT's two stages in 20 KB
+    # need 56 KB on sm_80); the 32-query two-warp tiles of the fp32 SAME-size entry take the
+    # JIT's three stages in 40 KB
     default_target="sm_80",
     default_num_stages=lambda o, jit: 1 if jit["BLOCK_M"] >= 64 else None,
-    stages_note="1 for 64-query tiles, the JIT's for the 16-query fp32 tiles",
+    stages_note="1 for 64-query tiles, the JIT's for the 32-query fp32 tiles",
     same_float_ops=False,
     float_ops_note="lam is a compile-time 1.0 here: the JIT's multiply lam * (acc2 / l2) "
                    "folds away (exact), and with fp contraction off in this kernel the "
