@@ -336,9 +336,12 @@ def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
 @pytest.mark.parametrize("diff", [True, False], ids=["diff", "plain"])
 def test_split_pv_same_bits(D, dtype, diff):
     """``split_pv`` (the 9th launch setting: P @ V and the output store as two halves of the
-    tile's columns) computes every output column with the same products and sums: the same
-    bits as the one-dot tile, padded head dims (48 -> 64, 80 -> 128: the masked columns in
-    the upper half) and a ragged last query tile included; within the fp64 contract."""
+    tile's columns) computes every output column with the same products and sums: on the
+    interpreter (op-by-op arithmetic) the same bits as the one-dot tile, padded head dims (48
+    -> 64, 80 -> 128: the masked columns in the upper half) and a ragged last query tile
+    included. On the GPU the one-dot 2-warp tile is lowered with its columns split across the
+    warps and differs in the last bits (seen on the H200, ``logs/s23/d``): there both are held
+    to the fp64 contract."""
     g = torch.Generator().manual_seed(40 + D)
     n = 5 if diff else 3
     t = qkv(g, 2, 45, 3, D, dtype, n=n)
@@ -348,28 +351,32 @@ def test_split_pv_same_bits(D, dtype, diff):
     p = A.plan(q, k, v, 6, q2=q2, k2=k2, lam=lam)
     want = A.run(p, (32, 16, 2, 2, True, None, 30, False, False))
     got = A.run(p, (32, 16, 2, 2, True, None, 30, False, True))
-    assert torch.equal(got, want)
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
     ref = reference(q, k, v, 6, q2=q2, k2=k2, lam=lam, compute_dtype=torch.float64)
-    check(got, ref, v, dtype, f"split_pv D={D}", lam=lam if diff else 0.0)
+    for out, what in ((got, "split"), (want, "one dot")):
+        check(out, ref, v, dtype, f"split_pv D={D} {what}", lam=lam if diff else 0.0)
 
 
 @torch.no_grad()
 def test_split_pv_with_the_fused_prologue_same_bits():
     """The split only touches P @ V and the store: with a norm and partial RoPE fused into
-    the Q / K tiles the same bits as the one-dot tile."""
+    the Q / K tiles the same bits as the one-dot tile on the interpreter (on the GPU: see
+    test_split_pv_same_bits), and within the fp64 contract of the prologue's reference."""
     g = torch.Generator().manual_seed(47)
     B, N, H, D = 1, 40, 2, 64
     q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
-    w = torch.randn(D, generator=g).to(torch.bfloat16) * 0.2 + 1
-    inv = 1.0 / 10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32)
-    fr = torch.outer(torch.arange(N, dtype=torch.float32), inv)
-    fr = torch.cat((fr, fr), -1)
+    w = rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1
+    cos, sin = same_tables(N, 32)
     kw = dict(q_norm=NormSpec("rms", weight=w, eps=1e-6), k_norm=NormSpec("rms", weight=w, eps=1e-6),
-              cos=fr.cos(), sin=fr.sin(), rotary_dim=32)
+              cos=cos, sin=sin, rotary_dim=32)
     p = A.plan(q, k, v, 5, q2=q2, k2=k2, **kw)
     want = A.run(p, (32, 16, 2, 2, True, None, 30, False, False))
     got = A.run(p, (32, 16, 2, 2, True, None, 30, False, True))
-    assert torch.equal(got, want)
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+    ref = reference(q, k, v, 5, q2=q2, k2=k2, compute_dtype=torch.float64, **kw)
+    check(got, ref, v, torch.bfloat16, "split_pv + prologue", lam=1.0)
 
 
 def test_split_pv_refused_below_32_columns():

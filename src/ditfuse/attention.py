@@ -383,7 +383,8 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     ``mma_sync`` compiles the dots to mma.sync where Triton would take wgmma (a 64-row tile
     on 4 warps then runs FlashAttention-2's layout, each warp owning 16 query rows:
     :func:`ditfuse._runtime.mma_sync_only`; no table entry takes it yet); ``split_pv``
-    computes P @ V and stores the output as two halves of the tile's columns (the same bits):
+    computes P @ V and stores the output as two halves of the tile's columns (the same
+    arithmetic a column; on the GPU other last bits than the column-split tile):
     Triton gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
     BLOCK_M < D splits its columns across the warps; the halves put them along the rows.
     """
