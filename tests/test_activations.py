@@ -113,6 +113,36 @@ def test_gelu(shape, dtype, approximate):
             assert s >= 0.9, (s_head, s)
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA's tanhf: the GPU kernel's arithmetic")
+@torch.no_grad()
+def test_gelu_tanh_bitwise_eager_on_the_gpu():
+    """On the GPU, GELU (tanh) computes PyTorch's CUDA kernel's bits: every bf16 and fp16 bit
+    pattern (NaN payloads aside) and 2^22 fp32 values drawn over the whole range, plus the
+    edges of the kernel's tanhf (0.6, 9.0109, subnormals). The kernel's tanhf is libdevice's
+    without its branch (``activations._tanhf``): a wrong constant or select shows here."""
+    bad = {}
+    for dt in (torch.bfloat16, torch.float16):
+        bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+        x = bits.view(dt).to(DEVICE)
+        y, e = ditfuse.gelu(x, "tanh"), F.gelu(x, approximate="tanh")
+        diff = ~((y == e) | (y.isnan() & e.isnan()))
+        bad[str(dt)] = int(diff.sum())
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1 << 22, generator=g, dtype=torch.float64)
+    x = (x * torch.exp2(torch.randint(-30, 8, x.shape, generator=g).double())).float()
+    k = 0.7978845608028654
+    edges = torch.tensor([0.6, 9.010913848876953, 1e-39, -1e-39, 1e-20, 0.0, -0.0,
+                          float("inf"), float("-inf"), 88.0, -88.0], dtype=torch.float32)
+    for sgn in (1.0, -1.0):  # inner arguments around tanhf's two thresholds
+        for t in (0.6, 9.010913848876953):
+            z = torch.tensor(sgn * t / k, dtype=torch.float32)
+            edges = torch.cat([edges, z + torch.arange(-64, 65) * torch.finfo(torch.float32).eps * z.abs()])
+    x = torch.cat([x, edges]).to(DEVICE)
+    y, e = ditfuse.gelu(x, "tanh"), F.gelu(x, approximate="tanh")
+    bad["float32"] = int((~((y == e) | (y.isnan() & e.isnan()))).sum())
+    assert not any(bad.values()), bad
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @torch.no_grad()
 def test_strided_input_and_out_slice(dtype):

@@ -19,7 +19,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from . import _fastpath, _library, _runtime
-from ._kernel_utils import _cast_out, _rnd, _tanh
+from ._kernel_utils import _cast_out, _ex2, _rcp, _rnd, _tanh
 from ._runtime import INTERPRET
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -48,9 +48,32 @@ def _exp(x):
 @triton.jit
 def _act_tanh(x):
     if _LIBDEVICE:
-        return libdevice.tanh(x)
+        return _tanhf(x)
     else:
         return _tanh(x.to(tl.float64)).to(tl.float32)
+
+
+@triton.jit
+def _tanhf(x):
+    """CUDA's ``tanhf`` (libdevice ``__nv_tanhf``, what PyTorch's GELU kernel calls) without
+    its branch: libdevice picks per element between ``copysign(1 - 2 / (2^(2 log2(e) |x|) + 1),
+    x)`` (1 from |x| >= 9.0109) for |x| >= 0.6 and an odd polynomial below, so a warp whose
+    lanes straddle 0.6 runs both sides plus the branch's bookkeeping (BSSY / BRA / BSYNC, ~5
+    instructions an element: GELU's inner argument straddles it in nearly every warp). Here
+    both sides are computed and one selected, with libdevice's instructions and constants
+    (its sm_90 SASS): ``ex2.approx`` and ``rcp.approx`` as one MUFU each (their arguments
+    there are >= 1.7 and >= 4.3: no flush can differ), the polynomial in fma."""
+    a = tl.abs(x)
+    r = _rcp(_ex2(a * 2.8853900432586669922) + 1.0)
+    big = tl.where(a >= 9.010913848876953125, 1.0, tl.fma(r, -2.0, 1.0))
+    big = (big.to(tl.uint32, bitcast=True) | (x.to(tl.uint32, bitcast=True) & 0x80000000)
+           ).to(tl.float32, bitcast=True)
+    x2 = x * x
+    p = tl.fma(x2, 0.01573968306183815, -0.052303962409496307373)  # 0x3c80f082
+    p = tl.fma(x2, p, 0.1331529766321182251)
+    p = tl.fma(x2, p, -0.33332768082618713379)
+    small = tl.fma(x, x2 * p, x)
+    return tl.where(a >= 0.6, big, small)
 
 
 @triton.jit
