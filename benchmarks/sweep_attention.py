@@ -132,6 +132,11 @@ if "--s23b" in sys.argv:
                (32, 16, 2, 3, True, 224, 30, False, True),
                (64, 16, 4, 3, True, None, 62, True, True),
                (32, 16, 2, 4, True, None, 30, False, True)]
+if "--s23c" in sys.argv:
+    # session 23: 64 query rows on 4 warps of mma.sync, split P @ V, capped at 168 registers
+    # (sm_90 fp32 build 164 registers, no spills: 12 warps a SM where uncapped 190 gave 8)
+    CONFIGS = [None, (64, 16, 4, 3, True, 168, 62, True, True), (64, 16, 4, 2, True, 168, 62, True, True),
+               (64, 32, 4, 3, True, 168, 62, True, True)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
