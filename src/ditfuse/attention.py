@@ -1004,8 +1004,8 @@ def build(spec: BuildSpec) -> dict:
     bad = []
     if not (row["wgmma"] or row["mma"]):
         bad.append("no mma/wgmma in the PTX")
-    # local memory only outside the key loop, a few bytes a program (the one-warp fp32
-    # entry keeps one 4-byte value across its loop: LDL / STL before and after it)
+    # local memory only outside the key loop, a few bytes a program (session 16's one-warp
+    # fp32 entry kept one 4-byte value across its loop: LDL / STL before and after it)
     if row["loop_local"]:
         bad.append(f"{row['loop_local']} LDL / STL inside a loop")
     if max(row["spill_stores"], row["spill_loads"], row["stack"]) > LOCAL_BYTES_MAX:
