@@ -51,12 +51,15 @@ SWEEP = [{"stats_programs": 256}, {"stats_programs": 512}, {"stats_programs": 20
          {"tile": 16384, "stats_programs": 512}]
 
 
-def sweep(names):
+SWEEP2 = [dict(stats_programs=sp, tile=t) for t in (4096, 8192) for sp in (128, 192, 256, 384)]
+
+
+def sweep(names, variants=SWEEP):
     """The channels-last path's launch table against gn_settings overrides (time only)."""
     for name in names:
         base = graph_us(make(name, True)[1])
         cells = []
-        for kw in SWEEP:
+        for kw in variants:
             x, f, sh = make(name, True, launch=kw)
             cells.append(f"{','.join(f'{k}={v}' for k, v in kw.items())} {graph_us(f):6.1f}")
         print(f"{name:18s} cl table {base:6.1f} | " + " | ".join(cells), flush=True)
@@ -76,6 +79,11 @@ def main(names):
 
 
 if __name__ == "__main__":
+    if "--sweep2" in sys.argv:
+        sweep([a for a in sys.argv[1:] if a != "--sweep2"] or [
+            "flux-vae-mid-128", "hunyuan-vae-mid", "hunyuan-vae-up-9f", "flux-vae-up1-256",
+            "flux-vae-up2-512", "flux-vae-out-1024"], SWEEP2)
+        sys.exit(0)
     if "--sweep" in sys.argv:
         sweep([a for a in sys.argv[1:] if a != "--sweep"] or ["flux-vae-mid-128", "hunyuan-vae-up-9f",
                                                              "flux-vae-up1-256", "flux-vae-up2-512"])
