@@ -65,6 +65,28 @@ def sweep(names, variants=SWEEP):
         print(f"{name:18s} cl table {base:6.1f} | " + " | ".join(cells), flush=True)
 
 
+def warps(names):
+    """The channels-last statistics / apply warps against the table's (time only)."""
+    import dataclasses
+
+    from ditfuse import _fastpath
+
+    _fastpath.ENABLED = False  # a replay would keep the first variant's recorded launch
+    table = gn.gn_settings
+    for name in names:
+        cells = []
+        for sw, aw in ((8, 4), (4, 4), (16, 4), (8, 8), (8, 2)):
+            def forced(*a, **k):
+                st = table(*a, **k)
+                return dataclasses.replace(st, stats_warps=sw, num_warps=aw) if st.path == "split-cl" else st
+            gn.gn_settings = forced
+            try:
+                cells.append(f"stats {sw} / apply {aw} warps {graph_us(make(name, True)[1]):6.1f}")
+            finally:
+                gn.gn_settings = table
+        print(f"{name:18s} cl | " + " | ".join(cells), flush=True)
+
+
 def main(names):
     for name in names:
         for cl in (False, True):
@@ -79,6 +101,11 @@ def main(names):
 
 
 if __name__ == "__main__":
+    if "--warps" in sys.argv:
+        warps([a for a in sys.argv[1:] if a != "--warps"] or [
+            "flux-vae-mid-128", "hunyuan-vae-mid", "hunyuan-vae-up-9f", "flux-vae-up1-256",
+            "flux-vae-up2-512", "flux-vae-out-1024"])
+        sys.exit(0)
     if "--sweep2" in sys.argv:
         sweep([a for a in sys.argv[1:] if a != "--sweep2"] or [
             "flux-vae-mid-128", "hunyuan-vae-mid", "hunyuan-vae-up-9f", "flux-vae-up1-256",

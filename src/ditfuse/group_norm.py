@@ -636,6 +636,14 @@ SPLIT_TILE = 8192
 STATS_PROGRAMS = 1024
 #: ... but at most this many per group: every apply program merges its group's partials
 MAX_PARTIALS = 128
+#: statistics programs of the channels-last path in total: fewer, longer programs than the
+#: channels-first path's, since each ends by merging its element slots' running moments
+#: (five cross-thread group sums), which a program of one or two tiles pays per tile. H200
+#: (session 24, benchmarks/logs/s24/c, bf16, us, 1024 -> 256): flux-vae-mid-128 37.3 ->
+#: 27.1, up1-256 84.0 -> 71.6, up2-512 139.4 -> 126.7, out-1024 245.3 -> 232.0,
+#: hunyuan-vae-up-9f 53.5 -> 50.9, hunyuan-vae-mid 19.7 -> 18.7 (128 and 192 lose at the
+#: large shapes, 384 gives the same tiles as 256 there)
+CL_STATS_PROGRAMS = 256
 #: channel lanes a channels-last split tile spans at most (several groups side by side:
 #: 128-byte rows of bf16). H200 (session 22, benchmarks/logs/s22/b, the first statistics
 #: kernel): 64 lanes beat 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024
@@ -707,19 +715,21 @@ class GNSettings:
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
-                stats_programs: int = STATS_PROGRAMS,
+                stats_programs: Optional[int] = None,
                 max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
     otherwise twice (split path). The split path gives each group
     ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
-    that each takes a power-of-two number of tiles). A split tile spans the positions
+    that each takes a power-of-two number of tiles; ``stats_programs`` defaults to
+    ``STATS_PROGRAMS``). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
     (``c_inner``: channels-last), so that its rows are whole sectors of memory.
     Channels-last groups of at most ``CL_CPP_MAX`` channels take the "split-cl" path
     instead: tiles of several groups' channels (up to ``cl_lanes`` lanes) x positions, all
-    of a tile's rows contiguous.
+    of a tile's rows contiguous, ``cdiv(stats_programs, N * group blocks)`` statistics
+    programs a group block (``stats_programs`` defaults to ``CL_STATS_PROGRAMS`` there).
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
@@ -730,7 +740,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BS = min(sp, max(1, tile // L))
         n_ts = _cdiv(S, BS)
         n_gb = _cdiv(G, GB)
-        P0 = max(1, min(n_ts, _cdiv(stats_programs, N * n_gb)))
+        sp_total = CL_STATS_PROGRAMS if stats_programs is None else stats_programs
+        P0 = max(1, min(n_ts, _cdiv(sp_total, N * n_gb)))
         TPP = _next_pow2(_cdiv(n_ts, P0))
         P = _cdiv(n_ts, TPP)
         # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
@@ -745,7 +756,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BC = min(cp, max(1, tile // BS))
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
-    P0 = max(1, min(T, max_partials, _cdiv(stats_programs, N * G)))
+    sp_total = STATS_PROGRAMS if stats_programs is None else stats_programs
+    P0 = max(1, min(T, max_partials, _cdiv(sp_total, N * G)))
     TPP = _next_pow2(_cdiv(T, P0))
     P = _cdiv(T, TPP)
     # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
