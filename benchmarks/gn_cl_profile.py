@@ -65,6 +65,22 @@ def sweep(names, variants=SWEEP):
         print(f"{name:18s} cl table {base:6.1f} | " + " | ".join(cells), flush=True)
 
 
+def tpp(names):
+    """Statistics programs of any tile count (tpp_pow2=False) against power-of-two counts,
+    channels-first and channels-last (time only)."""
+    for name in names:
+        cells = []
+        for cl in (False, True):
+            for kw in (None, {"tpp_pow2": False}):
+                x, f, sh = make(name, cl, launch=kw)
+                N, C = x.shape[:2]
+                st = gn.gn_settings(N, sh.groups, C // sh.groups, x.numel() // (N * C),
+                                    c_inner=cl, **(kw or {}))
+                cells.append(f"{'cl' if cl else 'cf'} {'any' if kw else 'pow2'} TPP {st.TPP} P {st.P} "
+                             f"{graph_us(f):6.1f}")
+        print(f"{name:18s} | " + " | ".join(cells), flush=True)
+
+
 def warps(names):
     """The channels-last statistics / apply warps against the table's (time only)."""
     import dataclasses
@@ -101,6 +117,11 @@ def main(names):
 
 
 if __name__ == "__main__":
+    if "--tpp" in sys.argv:
+        tpp([a for a in sys.argv[1:] if a != "--tpp"] or [
+            "flux-vae-mid-128", "hunyuan-vae-mid", "hunyuan-vae-up-9f", "flux-vae-up1-256",
+            "flux-vae-up2-512", "flux-vae-out-1024"])
+        sys.exit(0)
     if "--warps" in sys.argv:
         warps([a for a in sys.argv[1:] if a != "--warps"] or [
             "flux-vae-mid-128", "hunyuan-vae-mid", "hunyuan-vae-up-9f", "flux-vae-up1-256",

@@ -644,6 +644,9 @@ MAX_PARTIALS = 128
 #: hunyuan-vae-up-9f 53.5 -> 50.9, hunyuan-vae-mid 19.7 -> 18.7 (128 and 192 lose at the
 #: large shapes, 384 gives the same tiles as 256 there)
 CL_STATS_PROGRAMS = 256
+#: a statistics program's tile count rounded up to a power of two (fewer programs, fewer
+#: kernel variants) or not
+TPP_POW2 = True
 #: channel lanes a channels-last split tile spans at most (several groups side by side:
 #: 128-byte rows of bf16). H200 (session 22, benchmarks/logs/s22/b, the first statistics
 #: kernel): 64 lanes beat 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024
@@ -716,7 +719,8 @@ class GNSettings:
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: Optional[int] = None,
-                max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES) -> GNSettings:
+                max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES,
+                tpp_pow2: bool = TPP_POW2) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
@@ -742,7 +746,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         n_gb = _cdiv(G, GB)
         sp_total = CL_STATS_PROGRAMS if stats_programs is None else stats_programs
         P0 = max(1, min(n_ts, _cdiv(sp_total, N * n_gb)))
-        TPP = _next_pow2(_cdiv(n_ts, P0))
+        TPP = _cdiv(n_ts, P0)
+        TPP = _next_pow2(TPP) if tpp_pow2 else TPP
         P = _cdiv(n_ts, TPP)
         # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
         sw = _warps(L * BS, 32, hi=8)
@@ -758,7 +763,8 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     T = _cdiv(cpg, BC) * n_ts
     sp_total = STATS_PROGRAMS if stats_programs is None else stats_programs
     P0 = max(1, min(T, max_partials, _cdiv(sp_total, N * G)))
-    TPP = _next_pow2(_cdiv(T, P0))
+    TPP = _cdiv(T, P0)
+    TPP = _next_pow2(TPP) if tpp_pow2 else TPP
     P = _cdiv(T, TPP)
     # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
     # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
