@@ -132,8 +132,9 @@ def test_split_path_maskless_whole_tiles(case, monkeypatch):
 # a merge program a group)
 CL_LAUNCHES = {
     "cl": dict(fit_max=0, tile=64),                  # the groups side by side in one tile
-    # several group blocks, statistics programs of several tiles, a masked tail tile
-    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=8),
+    # several group blocks, statistics programs of several tiles (rounded up to a power of
+    # two: programs' tiles past the end), a masked tail tile
+    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=8, tpp_pow2=True),
 }
 CL_CASES = [  # (name, shape, groups)
     ("4d cpg2 N2", (2, 64, 5, 7), 32),
@@ -170,6 +171,41 @@ def test_channels_last_split_vs_fp64(case, launch, dtype):
           within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {launch}"))
     yn = gn.group_norm_silu(xl, G, None, None, 1e-6, silu=False, _launch=L)
     within(yn, gn_chain(x, G, None, None, 1e-6, silu=False), f"{name} {launch} plain")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
+@torch.no_grad()
+def test_statistics_tile_counts_not_powers_of_two(layout, dtype):
+    """Statistics programs of 3 / 5 tiles (``tpp_pow2=False``: the channels-last default
+    since session 24), the last program's tiles partly past the group's end."""
+    if layout == "channels_last":
+        shape, G = (2, 16, 5, 10), 4
+        L = dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=20, tpp_pow2=False)
+        want, path = 3, "split-cl"
+    else:
+        shape, G = (2, 8, 9, 9), 2
+        L = dict(fit_max=0, tile=16, stats_programs=20, tpp_pow2=False)
+        want, path = 5, "split"
+    x = _rand(shape, dtype, 43)
+    xl = _cl(x) if layout == "channels_last" else x
+    w, b = _params(shape[1], dtype, 43)
+    st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]),
+                        c_inner=layout == "channels_last", **L)
+    tiles = st.n_ts if path == "split-cl" else st.T
+    assert st.path == path and st.TPP == want and st.P * st.TPP > tiles, st
+    y = gn.group_norm_silu(xl, G, w, b, 1e-6, _launch=L)
+    within(y, gn_chain(x, G, w, b, 1e-6), f"{layout} TPP {st.TPP}")
+
+
+def test_channels_last_table_defaults():
+    """The channels-last path's own table: 256 statistics programs in all, tile counts not
+    rounded (hunyuan-vae-up-9f: 9 tiles a program, 128 programs a group block)."""
+    st = gn.gn_settings(1, 32, 4, 9 * 128 * 128, c_inner=True)
+    assert st.path == "split-cl" and (st.TPP, st.P, st.GB) == (9, 128, 16)
+    assert st.P * gn._cdiv(32, st.GB) == gn.CL_STATS_PROGRAMS
+    cf = gn.gn_settings(1, 32, 4, 9 * 128 * 128)  # channels-first keeps power-of-two counts
+    assert cf.path == "split" and (cf.TPP, cf.P) == (4, 18)
 
 
 @pytest.mark.parametrize("shape", [(1, 64, 8, 8), (2, 32, 2, 4, 8)], ids=["4d", "5d"])

@@ -645,8 +645,12 @@ MAX_PARTIALS = 128
 #: large shapes, 384 gives the same tiles as 256 there)
 CL_STATS_PROGRAMS = 256
 #: a statistics program's tile count rounded up to a power of two (fewer programs, fewer
-#: kernel variants) or not
+#: kernel variants) on the channels-first path; the channels-last path takes the count as
+#: it comes. H200 (session 24, benchmarks/logs/s24/e, bf16, us, pow2 / any): hunyuan-vae-up-9f
+#: channels-last 50.6 / 45.2 (144 -> 256 statistics programs), channels-first 39.6 / 41.1;
+#: no other registry shape's count changes
 TPP_POW2 = True
+CL_TPP_POW2 = False
 #: channel lanes a channels-last split tile spans at most (several groups side by side:
 #: 128-byte rows of bf16). H200 (session 22, benchmarks/logs/s22/b, the first statistics
 #: kernel): 64 lanes beat 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024
@@ -720,20 +724,21 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: Optional[int] = None,
                 max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES,
-                tpp_pow2: bool = TPP_POW2) -> GNSettings:
+                tpp_pow2: Optional[bool] = None) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
     otherwise twice (split path). The split path gives each group
     ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
-    that each takes a power-of-two number of tiles; ``stats_programs`` defaults to
-    ``STATS_PROGRAMS``). A split tile spans the positions
+    that each takes a power-of-two number of tiles unless ``tpp_pow2`` is False;
+    ``stats_programs`` defaults to ``STATS_PROGRAMS``). A split tile spans the positions
     (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
     (``c_inner``: channels-last), so that its rows are whole sectors of memory.
     Channels-last groups of at most ``CL_CPP_MAX`` channels take the "split-cl" path
     instead: tiles of several groups' channels (up to ``cl_lanes`` lanes) x positions, all
     of a tile's rows contiguous, ``cdiv(stats_programs, N * group blocks)`` statistics
-    programs a group block (``stats_programs`` defaults to ``CL_STATS_PROGRAMS`` there).
+    programs a group block (``stats_programs`` defaults to ``CL_STATS_PROGRAMS`` there, and
+    a program's tile count is not rounded unless ``tpp_pow2`` is True).
     """
     cp, sp = _next_pow2(cpg), _next_pow2(S)
     if cp * sp <= fit_max:
@@ -747,7 +752,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         sp_total = CL_STATS_PROGRAMS if stats_programs is None else stats_programs
         P0 = max(1, min(n_ts, _cdiv(sp_total, N * n_gb)))
         TPP = _cdiv(n_ts, P0)
-        TPP = _next_pow2(TPP) if tpp_pow2 else TPP
+        TPP = _next_pow2(TPP) if (CL_TPP_POW2 if tpp_pow2 is None else tpp_pow2) else TPP
         P = _cdiv(n_ts, TPP)
         # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
         sw = _warps(L * BS, 32, hi=8)
@@ -764,7 +769,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     sp_total = STATS_PROGRAMS if stats_programs is None else stats_programs
     P0 = max(1, min(T, max_partials, _cdiv(sp_total, N * G)))
     TPP = _cdiv(T, P0)
-    TPP = _next_pow2(TPP) if tpp_pow2 else TPP
+    TPP = _next_pow2(TPP) if (TPP_POW2 if tpp_pow2 is None else tpp_pow2) else TPP
     P = _cdiv(T, TPP)
     # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
     # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
