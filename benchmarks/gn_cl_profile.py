@@ -65,6 +65,16 @@ def sweep(names, variants=SWEEP):
         print(f"{name:18s} cl table {base:6.1f} | " + " | ".join(cells), flush=True)
 
 
+def cf(names):
+    """The channels-first split path's statistics programs against the table (time only)."""
+    for name in names:
+        cells = [f"table {graph_us(make(name, False)[1]):6.1f}"]
+        for kw in ({"stats_programs": 512}, {"stats_programs": 2048}, {"stats_programs": 4096},
+                   {"stats_programs": 2048, "max_partials": 256}):
+            cells.append(f"{kw} {graph_us(make(name, False, launch=kw)[1]):6.1f}")
+        print(f"{name:18s} cf | " + " | ".join(cells), flush=True)
+
+
 def tpp(names):
     """Statistics programs of any tile count (tpp_pow2=False) against power-of-two counts,
     channels-first and channels-last (time only)."""
@@ -117,6 +127,10 @@ def main(names):
 
 
 if __name__ == "__main__":
+    if "--cf" in sys.argv:
+        cf([a for a in sys.argv[1:] if a != "--cf"] or [
+            "hunyuan-vae-up-9f", "flux-vae-up1-256", "flux-vae-up2-512", "flux-vae-out-1024"])
+        sys.exit(0)
     if "--tpp" in sys.argv:
         tpp([a for a in sys.argv[1:] if a != "--tpp"] or [
             "flux-vae-mid-128", "hunyuan-vae-mid", "hunyuan-vae-up-9f", "flux-vae-up1-256",
