@@ -720,6 +720,15 @@ class GNSettings:
     CPP: int = 1    # "split-cl": lanes a group takes, next_pow2(C / G)
 
 
+def _stats_split(tiles: int, units: int, cap: int, total: int, pow2: bool) -> Tuple[int, int]:
+    """(tiles a statistics program, programs a unit) for ``units`` runs of ``tiles`` tiles
+    (groups, or channels-last group blocks) sharing about ``total`` programs, at most
+    ``cap`` a unit; the tile count rounded up to a power of two if ``pow2``."""
+    per = _cdiv(tiles, max(1, min(tiles, cap, _cdiv(total, units))))
+    per = _next_pow2(per) if pow2 else per
+    return per, _cdiv(tiles, per)
+
+
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                 fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
                 stats_programs: Optional[int] = None,
@@ -749,11 +758,9 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BS = min(sp, max(1, tile // L))
         n_ts = _cdiv(S, BS)
         n_gb = _cdiv(G, GB)
-        sp_total = CL_STATS_PROGRAMS if stats_programs is None else stats_programs
-        P0 = max(1, min(n_ts, _cdiv(sp_total, N * n_gb)))
-        TPP = _cdiv(n_ts, P0)
-        TPP = _next_pow2(TPP) if (CL_TPP_POW2 if tpp_pow2 is None else tpp_pow2) else TPP
-        P = _cdiv(n_ts, TPP)
+        TPP, P = _stats_split(n_ts, N * n_gb, n_ts,
+                              CL_STATS_PROGRAMS if stats_programs is None else stats_programs,
+                              CL_TPP_POW2 if tpp_pow2 is None else tpp_pow2)
         # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
         sw = _warps(L * BS, 32, hi=8)
         return GNSettings("split-cl", L, BS, _warps(L * BS, APPLY_PER_THREAD, hi=8), n_ts,
@@ -766,11 +773,9 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
         BC = min(cp, max(1, tile // BS))
     n_ts = _cdiv(S, BS)
     T = _cdiv(cpg, BC) * n_ts
-    sp_total = STATS_PROGRAMS if stats_programs is None else stats_programs
-    P0 = max(1, min(T, max_partials, _cdiv(sp_total, N * G)))
-    TPP = _cdiv(T, P0)
-    TPP = _next_pow2(TPP) if (TPP_POW2 if tpp_pow2 is None else tpp_pow2) else TPP
-    P = _cdiv(T, TPP)
+    TPP, P = _stats_split(T, N * G, max_partials,
+                          STATS_PROGRAMS if stats_programs is None else stats_programs,
+                          TPP_POW2 if tpp_pow2 is None else tpp_pow2)
     # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
     # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
     # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
