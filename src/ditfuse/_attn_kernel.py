@@ -288,7 +288,6 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
                           K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                           ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
     s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
-    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
     if DIFF:
         k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
                                  kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
@@ -297,6 +296,8 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
                                  K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                                  ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
         s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
+    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+    if DIFF:
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
     if SPLIT_PV:
@@ -333,14 +334,16 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
 
 
 @triton.jit
-def _store_out(o_ptr, o_base, start_m, stride_os, stride_od, cols, smask, acc1, l1, acc2, l2,
-               lam_h, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+def _store_out(o_ptr, o_base, start_m, stride_os, stride_od, cols, smask, acc1, r1, acc2, c2,
+               D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
                DIFF: tl.constexpr, OFF64: tl.constexpr):
-    """``acc1 / l1 - lambda * (acc2 / l2)`` (or ``acc1 / l1``) for columns ``cols`` of the
-    stored rows, rounded once to the output dtype."""
-    out = acc1 / l1[:, None]
+    """``acc1 * r1 - acc2 * c2`` (or ``acc1 * r1``) for columns ``cols`` of the stored rows,
+    rounded once to the output dtype; ``r1 = 1 / l1`` and ``c2 = lambda / l2`` are per-row
+    factors, so an element costs a multiply and a fused multiply-add instead of two
+    divisions (each a reciprocal, a multiply and two range checks in ``div.full.f32``)."""
+    out = acc1 * r1[:, None]
     if DIFF:
-        out = out - lam_h * (acc2 / l2[:, None])
+        out = tl.fma(acc2, -c2[:, None], out)
     o_ptrs = _tile_ptrs(o_ptr, o_base, start_m, stride_os, stride_od, cols, BLOCK_M, OFF64)
     tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
              mask=_cols_mask(smask, cols < D, D, D_PAD))
@@ -492,16 +495,16 @@ def _swa_fwd_kernel(
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
-    # query rows past N have l = 0; they are not stored
-    l1s = tl.where(l1 == 0.0, 1.0, l1)
-    lam_h = 0.0
-    l2s = 0.0
+    # query rows past N have l = 0; they are not stored. A row's sum is >= 1 (its max's own
+    # term), so the per-row reciprocals are of normal numbers
+    r1 = 1.0 / tl.where(l1 == 0.0, 1.0, l1)
+    c2 = 0.0
     if DIFF:
         if LAM_PTR:
             lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
         else:
             lam_h = lam
-        l2s = tl.where(l2 == 0.0, 1.0, l2)
+        c2 = lam_h / tl.where(l2 == 0.0, 1.0, l2)
     smask = qmask
     if STEP_M < BLOCK_M:
         smask = qmask & (tl.arange(0, BLOCK_M) < STEP_M)
@@ -509,11 +512,11 @@ def _swa_fwd_kernel(
     if SPLIT_PV:
         DH2: tl.constexpr = D_PAD // 2
         dd = tl.arange(0, DH2)
-        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, l1s, acc2, l2s,
-                   lam_h, D, D_PAD, BLOCK_M, DIFF, OFF64)
-        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd + DH2, smask, acc1b, l1s,
-                   acc2b, l2s, lam_h, D, D_PAD, BLOCK_M, DIFF, OFF64)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, r1, acc2, c2,
+                   D, D_PAD, BLOCK_M, DIFF, OFF64)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd + DH2, smask, acc1b, r1,
+                   acc2b, c2, D, D_PAD, BLOCK_M, DIFF, OFF64)
     else:
         dd = tl.arange(0, D_PAD)
-        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, l1s, acc2, l2s,
-                   lam_h, D, D_PAD, BLOCK_M, DIFF, OFF64)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, r1, acc2, c2,
+                   D, D_PAD, BLOCK_M, DIFF, OFF64)

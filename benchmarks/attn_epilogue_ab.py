@@ -1,0 +1,206 @@
+"""Session 25 A/B of two source changes to the band-attention kernel, each alone and together,
+against the session-24 kernel (CUDA-graph device time, the table's launch settings):
+
+- "epi": the output as ``acc1 * (1 / l1) - acc2 * (lambda / l2)`` (two per-row factors, a
+  multiply and an fma an element) instead of two ``div.full.f32`` divisions an element
+  (sm_90 SASS: bf16 SAME-L 1424 -> 1184 instructions a program's code, fp32 1640 -> 1448).
+- "order": in differential mode both score products are issued before either softmax (the
+  same arithmetic; ptxas can then overlap the second wgmma with the first map's softmax and
+  interleave the two softmax chains).
+
+The variants are made from the working tree's ``_attn_kernel.py`` by undoing either change
+as text (so this file carries no copy of the kernel), written to a temporary package that
+imports the shipped helpers, and swapped in for ``ditfuse._attn_kernel._swa_fwd_kernel``
+around each timed launch. Every variant's output is checked against the fp64 dense-mask
+reference first. Rounds alternate the variants to spread clock drift.
+
+    PYTHONPATH=src python benchmarks/attn_epilogue_ab.py [--rounds 3] [--settings]
+"""
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import ditfuse._attn_kernel as K
+from ditfuse._runtime import INTERPRET
+from ditfuse import attention as A
+from ditfuse import reference as R
+from ditfuse.bench import copy_ceiling_gbps, graph_us
+from ditfuse.shapes import ATTN_SHAPES
+
+SRC = Path(K.__file__).read_text()
+DEV = "cpu" if INTERPRET else "cuda"
+
+NEW_ORDER = """    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
+    if DIFF:
+        k2a, k2b, k2p = _load_qk("""
+OLD_ORDER = """    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
+    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+    if DIFF:
+        k2a, k2b, k2p = _load_qk("""
+NEW_ORDER_2 = """        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
+    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+    if DIFF:
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+"""
+OLD_ORDER_2 = """        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+"""
+NEW_EPI = """    out = acc1 * r1[:, None]
+    if DIFF:
+        out = tl.fma(acc2, -c2[:, None], out)
+"""
+# the session-24 epilogue, reached through the same factors' inputs: r1 = 1 / l1s (so
+# acc1 / l1s = acc1 / (1 / r1) is not the same bits); pass l1s / lam / l2s instead
+OLD_EPI = """    out = acc1 / r1[:, None]
+    if DIFF:
+        out = out - c2[0][:, None] * (acc2 / c2[1][:, None])
+"""
+NEW_FACTORS = """    r1 = 1.0 / tl.where(l1 == 0.0, 1.0, l1)
+    c2 = 0.0
+    if DIFF:
+        if LAM_PTR:
+            lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
+        else:
+            lam_h = lam
+        c2 = lam_h / tl.where(l2 == 0.0, 1.0, l2)
+"""
+OLD_FACTORS = """    r1 = tl.where(l1 == 0.0, 1.0, l1)
+    c2 = (0.0, 0.0)
+    if DIFF:
+        if LAM_PTR:
+            lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
+        else:
+            lam_h = lam
+        c2 = (lam_h + tl.zeros_like(r1), tl.where(l2 == 0.0, 1.0, l2))
+"""
+
+
+def variant(name: str) -> str:
+    s = SRC
+    for new, old in ((NEW_ORDER, OLD_ORDER), (NEW_ORDER_2, OLD_ORDER_2)):
+        assert new in s, "the working tree's kernel is not the one this A/B expects"
+        if name in ("s24", "epi"):
+            s = s.replace(new, old)
+    for new, old in ((NEW_EPI, OLD_EPI), (NEW_FACTORS, OLD_FACTORS)):
+        assert new in s, "the working tree's kernel is not the one this A/B expects"
+        if name in ("s24", "order"):
+            s = s.replace(new, old)
+    return s.replace("from ._", "from ditfuse._")
+
+
+def load_variants(names):
+    d = Path(tempfile.mkdtemp(prefix="attn_ab_"))
+    out = {}
+    for n in names:
+        f = d / f"attn_kernel_{n}.py"
+        f.write_text(variant(n))
+        spec = importlib.util.spec_from_file_location(f"attn_kernel_{n}", f)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        out[n] = mod._swa_fwd_kernel
+    return out
+
+
+def inputs(name, dt):
+    sh = ATTN_SHAPES[name]
+    if DEV == "cpu":  # interpreter check of the variants: a small cut of the shape
+        sh = sh._replace(N=150, H=2) if hasattr(sh, "_replace") else \
+            __import__("dataclasses").replace(sh, N=150, H=2)
+    n_in = 5 if sh.differential else 3
+    g = torch.Generator(device=DEV).manual_seed(0)
+    proj = torch.randn(sh.B, sh.N, n_in * sh.H * sh.D, generator=g, device=DEV).to(dt)
+    parts = [t.unflatten(-1, (sh.H, sh.D)) for t in proj.chunk(n_in, dim=-1)]
+    if sh.differential:
+        q1, q2, k1, k2, v = parts
+    else:
+        (q1, k1, v), q2, k2 = parts, None, None
+    nbytes = (n_in + 1) * sh.B * sh.N * sh.H * sh.D * proj.element_size()
+    return sh, (q1, k1, v, q2, k2), nbytes
+
+
+def fp64_reference(sh, t):
+    """The dense-mask formula in fp64 (``reference.sliding_window_attention_core`` without its
+    final rounding to the input dtype)."""
+    q1, k1, v, q2, k2 = (x.double() if x is not None else None for x in t)
+    N, D = q1.shape[1], q1.shape[3]
+    keep = R.band_keep(N, sh.window, sh.window, q1.device)
+    bias = torch.zeros(N, N, dtype=torch.float64, device=q1.device).masked_fill(~keep, float("-inf"))
+    out = R._masked_attention(q1, k1, v, bias, D ** -0.5, torch.float64)
+    if q2 is not None:
+        out = out - R._masked_attention(q2, k2, v, bias, D ** -0.5, torch.float64)
+    return out
+
+
+def check(case, dt, names, kern, shipped):
+    """Every variant's output against the fp64 dense-mask reference (2 heads) and s24's."""
+    sh, (q1, k1, v, q2, k2), nbytes = inputs(case, dt)
+    p = A.plan(q1, k1, v, sh.window, q2=q2, k2=k2)
+    # fp64 dense-mask reference on 2 heads (the whole (N, N) mask at 32946 is 8.7 GB)
+    hs = slice(0, 2)
+    ref = fp64_reference(sh, [t[:, :, hs] if t is not None else None
+                              for t in (q1, k1, v, q2, k2)]) if sh.N <= 9000 else None
+    outs = {}
+    for n in names:
+        K._swa_fwd_kernel = kern[n]
+        try:
+            outs[n] = A.run(p, tuple(A.launch_settings(sh.D, dt, sh.window, sh.window, sh.N,
+                                                       sh.differential, False)))
+        finally:
+            K._swa_fwd_kernel = shipped
+        err = (outs[n][:, :, hs].double() - ref).abs().max().item() if ref is not None else float("nan")
+        d24 = (outs[n].float() - outs["s24"].float()).abs().max().item()
+        print(f"{case:18s} {str(dt)[6:]:8s} {n:6s} max|d| vs fp64 (2 heads) {err:.3g}, "
+              f"vs s24 {d24:.3g}", flush=True)
+    return p, nbytes
+
+
+def main():
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
+    names = ["s24", "epi", "order", "both"]
+    kern = load_variants(names)
+    shipped = K._swa_fwd_kernel
+    if DEV == "cpu":
+        cases = [("same-l-8704", torch.bfloat16), ("same-l-trt", torch.float32),
+                 ("same-l-8704-plain", torch.float32)]
+        for case, dt in cases:
+            check(case, dt, names, kern, shipped)
+        return
+    ceil = copy_ceiling_gbps()
+    print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
+    cases = [("same-l-8704", torch.bfloat16), ("same-l-trt", torch.float32),
+             ("same-l-8704", torch.float32), ("same-l-32946", torch.bfloat16),
+             ("same-l-trt", torch.bfloat16), ("same-l-8704-plain", torch.bfloat16),
+             ("same-l-8704-plain", torch.float32)]
+    extra = [None]
+    if "--settings" in sys.argv:  # the table's neighbours, with the new kernel only
+        extra += [(64, 32, 4, 3, True, None, 62), (64, 32, 4, 4, True, 168, 62),
+                  (32, 16, 2, 3, True, 168, 30, False, True), (32, 16, 2, 4, True, 168, 30, False, True)]
+    for case, dt in cases:
+        p, nbytes = check(case, dt, names, kern, shipped)
+        times = {n: [] for n in names}
+        for _ in range(rounds):
+            for n in names:
+                K._swa_fwd_kernel = kern[n]
+                try:
+                    times[n].append(graph_us(lambda: A.run(p)))
+                finally:
+                    K._swa_fwd_kernel = shipped
+        for n in names:
+            best = min(times[n])
+            pct = 100 * nbytes / (best * 1e-6) / 1e9 / ceil
+            print(f"{case:18s} {str(dt)[6:]:8s} {n:6s} " + " ".join(f"{t:7.1f}" for t in times[n])
+                  + f"  min {best:7.1f} us  {pct:5.1f}% of floor", flush=True)
+        for st in extra[1:]:
+            try:
+                us = graph_us(lambda st=st: A.run(p, st))
+                print(f"{case:18s} {str(dt)[6:]:8s} both   {st} {us:7.1f} us", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"{case:18s} {str(dt)[6:]:8s} both   {st} {type(e).__name__}: {str(e)[:120]}")
+
+
+if __name__ == "__main__":
+    main()
