@@ -1,12 +1,15 @@
-"""Session 25 A/B of two source changes to the band-attention kernel, each alone and together,
+"""Session 25 A/B of source changes to the band-attention kernel, each alone and together,
 against the session-24 kernel (CUDA-graph device time, the table's launch settings):
 
 - "epi": the output as ``acc1 * (1 / l1) - acc2 * (lambda / l2)`` (two per-row factors, a
   multiply and an fma an element) instead of two ``div.full.f32`` divisions an element
   (sm_90 SASS: bf16 SAME-L 1424 -> 1184 instructions a program's code, fp32 1640 -> 1448).
-- "order": in differential mode both score products are issued before either softmax (the
-  same arithmetic; ptxas can then overlap the second wgmma with the first map's softmax and
-  interleave the two softmax chains).
+- "fma" (with "epi"): the band mask and the row max on the raw scores, a probability
+  ``2^fma(s, scale * log2(e), -m)`` instead of a multiply, the mask and a subtraction (24
+  fewer instructions a bf16 key trip; session 9 measured this alone as neutral, before the
+  epilogue change).
+- "order" (measured in call s25/a, dropped): both score products before either softmax --
+  level or 0.5% slower.
 
 The variants are made from the working tree's ``_attn_kernel.py`` by undoing either change
 as text (so this file carries no copy of the kernel), written to a temporary package that
@@ -33,20 +36,15 @@ from ditfuse.shapes import ATTN_SHAPES
 SRC = Path(K.__file__).read_text()
 DEV = "cpu" if INTERPRET else "cuda"
 
-NEW_ORDER = """    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
-    if DIFF:
-        k2a, k2b, k2p = _load_qk("""
-OLD_ORDER = """    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
-    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-    if DIFF:
-        k2a, k2b, k2p = _load_qk("""
-NEW_ORDER_2 = """        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
-    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-    if DIFF:
-        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+NEW_SOFTMAX = """    s = tl.where(band, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
 """
-OLD_ORDER_2 = """        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
-        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+OLD_SOFTMAX = """    s = tl.where(band, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+"""
+NEW_SOFTMAX_2 = """    p = _ex2(tl.fma(s, qk_scale, -m_use[:, None]))
+"""
+OLD_SOFTMAX_2 = """    p = _ex2(s - m_use[:, None])
 """
 NEW_EPI = """    out = acc1 * r1[:, None]
     if DIFF:
@@ -65,7 +63,9 @@ NEW_FACTORS = """    r1 = 1.0 / tl.where(l1 == 0.0, 1.0, l1)
             lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
         else:
             lam_h = lam
-        c2 = lam_h / tl.where(l2 == 0.0, 1.0, l2)
+        # lam times a reciprocal, not lam / l2: an AOT package binding lam = 1.0 folds the
+        # multiply away exactly and computes the JIT kernel's bits
+        c2 = lam_h * (1.0 / tl.where(l2 == 0.0, 1.0, l2))
 """
 OLD_FACTORS = """    r1 = tl.where(l1 == 0.0, 1.0, l1)
     c2 = (0.0, 0.0)
@@ -78,16 +78,19 @@ OLD_FACTORS = """    r1 = tl.where(l1 == 0.0, 1.0, l1)
 """
 
 
+# variant -> the changes it keeps (the working tree has all of them)
+KEEPS = {"s24": (), "epi": ("epi",), "fma": ("epi", "fma")}
+CHANGES = {"epi": ((NEW_EPI, OLD_EPI), (NEW_FACTORS, OLD_FACTORS)),
+           "fma": ((NEW_SOFTMAX, OLD_SOFTMAX), (NEW_SOFTMAX_2, OLD_SOFTMAX_2))}
+
+
 def variant(name: str) -> str:
     s = SRC
-    for new, old in ((NEW_ORDER, OLD_ORDER), (NEW_ORDER_2, OLD_ORDER_2)):
-        assert new in s, "the working tree's kernel is not the one this A/B expects"
-        if name in ("s24", "epi"):
-            s = s.replace(new, old)
-    for new, old in ((NEW_EPI, OLD_EPI), (NEW_FACTORS, OLD_FACTORS)):
-        assert new in s, "the working tree's kernel is not the one this A/B expects"
-        if name in ("s24", "order"):
-            s = s.replace(new, old)
+    for change, pairs in CHANGES.items():
+        for new, old in pairs:
+            assert new in s, "the working tree's kernel is not the one this A/B expects"
+            if change not in KEEPS[name]:
+                s = s.replace(new, old)
     return s.replace("from ._", "from ditfuse._")
 
 
@@ -160,7 +163,7 @@ def check(case, dt, names, kern, shipped):
 
 def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
-    names = ["s24", "epi", "order", "both"]
+    names = list(KEEPS)
     kern = load_variants(names)
     shipped = K._swa_fwd_kernel
     if DEV == "cpu":
@@ -176,7 +179,7 @@ def main():
              ("same-l-trt", torch.bfloat16), ("same-l-8704-plain", torch.bfloat16),
              ("same-l-8704-plain", torch.float32)]
     extra = [None]
-    if "--settings" in sys.argv:  # the table's neighbours, with the new kernel only
+    if "--settings" in sys.argv:  # the table's neighbours, with the working tree's kernel
         extra += [(64, 32, 4, 3, True, None, 62), (64, 32, 4, 4, True, 168, 62),
                   (32, 16, 2, 3, True, 168, 30, False, True), (32, 16, 2, 4, True, 168, 30, False, True)]
     for case, dt in cases:
@@ -197,9 +200,9 @@ def main():
         for st in extra[1:]:
             try:
                 us = graph_us(lambda st=st: A.run(p, st))
-                print(f"{case:18s} {str(dt)[6:]:8s} both   {st} {us:7.1f} us", flush=True)
+                print(f"{case:18s} {str(dt)[6:]:8s} fma    {st} {us:7.1f} us", flush=True)
             except Exception as e:  # noqa: BLE001
-                print(f"{case:18s} {str(dt)[6:]:8s} both   {st} {type(e).__name__}: {str(e)[:120]}")
+                print(f"{case:18s} {str(dt)[6:]:8s} fma    {st} {type(e).__name__}: {str(e)[:120]}")
 
 
 if __name__ == "__main__":

@@ -248,15 +248,17 @@ def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr):
 @triton.jit
 def _softmax_step(s, band, m_i, l_i, qk_scale):
     """One online-softmax step on raw scores ``s`` [BM, BN]: returns the unnormalised
-    probabilities, the accumulator's rescale factor and the new running max / sum. exp2 is
-    one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below 2^-126 of the row's
-    running max counts as 0, which no rounded output can see."""
-    s = tl.where(band, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    probabilities, the accumulator's rescale factor and the new running max / sum (of the
+    log2(e)-scaled scores). The band mask and the row max act on the raw scores (``qk_scale``
+    > 0, so the max commutes with the scaling); a probability is ``2^fma(s, qk_scale, -m)``,
+    one rounding. exp2 is one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below
+    2^-126 of the row's running max counts as 0, which no rounded output can see."""
+    s = tl.where(band, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = _ex2(m_i - m_use)
-    p = _ex2(s - m_use[:, None])
+    p = _ex2(tl.fma(s, qk_scale, -m_use[:, None]))
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
@@ -288,6 +290,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
                           K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                           ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
     s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
+    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
     if DIFF:
         k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
                                  kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
@@ -296,8 +299,6 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
                                  K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                                  ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
         s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
-    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-    if DIFF:
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
     if SPLIT_PV:
@@ -495,8 +496,8 @@ def _swa_fwd_kernel(
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
-    # query rows past N have l = 0; they are not stored. A row's sum is >= 1 (its max's own
-    # term), so the per-row reciprocals are of normal numbers
+    # query rows past N have l = 0; they are not stored. Any other row's sum is about 1 or
+    # more (its max's own term), so the per-row reciprocals are of normal numbers
     r1 = 1.0 / tl.where(l1 == 0.0, 1.0, l1)
     c2 = 0.0
     if DIFF:
@@ -504,7 +505,9 @@ def _swa_fwd_kernel(
             lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
         else:
             lam_h = lam
-        c2 = lam_h / tl.where(l2 == 0.0, 1.0, l2)
+        # lam times a reciprocal, not lam / l2: an AOT package binding lam = 1.0 folds the
+        # multiply away exactly and computes the JIT kernel's bits
+        c2 = lam_h * (1.0 / tl.where(l2 == 0.0, 1.0, l2))
     smask = qmask
     if STEP_M < BLOCK_M:
         smask = qmask & (tl.arange(0, BLOCK_M) < STEP_M)
