@@ -4,15 +4,15 @@ against the session-24 kernel (CUDA-graph device time, the table's launch settin
 - "epi": the output as ``acc1 * (1 / l1) - acc2 * (lambda / l2)`` (two per-row factors, a
   multiply and an fma an element) instead of two ``div.full.f32`` divisions an element
   (sm_90 SASS: bf16 SAME-L 1424 -> 1184 instructions a program's code, fp32 1640 -> 1448).
-- "fma" (with "epi"): the band mask and the row max on the raw scores, a probability
+- "fma" (with "epi"; measured, not shipped): the band mask and the row max on the raw scores, a probability
   ``2^fma(s, scale * log2(e), -m)`` instead of a multiply, the mask and a subtraction (24
   fewer instructions a bf16 key trip; session 9 measured this alone as neutral, before the
   epilogue change).
 - "order" (measured in call s25/a, dropped): both score products before either softmax --
   level or 0.5% slower.
 
-The variants are made from the working tree's ``_attn_kernel.py`` by undoing either change
-as text (so this file carries no copy of the kernel), written to a temporary package that
+The variants are made from the working tree's ``_attn_kernel.py`` by undoing or applying a
+change as text (so this file carries no copy of the kernel), written to a temporary package that
 imports the shipped helpers, and swapped in for ``ditfuse._attn_kernel._swa_fwd_kernel``
 around each timed launch. Every variant's output is checked against the fp64 dense-mask
 reference first. Rounds alternate the variants to spread clock drift.
@@ -78,19 +78,21 @@ OLD_FACTORS = """    r1 = tl.where(l1 == 0.0, 1.0, l1)
 """
 
 
-# variant -> the changes it keeps (the working tree has all of them)
-KEEPS = {"s24": (), "epi": ("epi",), "fma": ("epi", "fma")}
+# variant -> the changes made to the working tree's (shipped) kernel: the epilogue undone
+# (s24), none (epi: the shipped kernel), the fma softmax step applied (fma: measured in call
+# s25/b, 1-2% slower in fp32, level in bf16; not shipped)
+VARIANTS = {"s24": (("epi", "undo"),), "epi": (), "fma": (("fma", "apply"),)}
 CHANGES = {"epi": ((NEW_EPI, OLD_EPI), (NEW_FACTORS, OLD_FACTORS)),
            "fma": ((NEW_SOFTMAX, OLD_SOFTMAX), (NEW_SOFTMAX_2, OLD_SOFTMAX_2))}
 
 
 def variant(name: str) -> str:
     s = SRC
-    for change, pairs in CHANGES.items():
-        for new, old in pairs:
-            assert new in s, "the working tree's kernel is not the one this A/B expects"
-            if change not in KEEPS[name]:
-                s = s.replace(new, old)
+    for change, how in VARIANTS[name]:
+        for new, old in CHANGES[change]:
+            a, b = (new, old) if how == "undo" else (old, new)
+            assert a in s, "the working tree's kernel is not the one this A/B expects"
+            s = s.replace(a, b)
     return s.replace("from ._", "from ditfuse._")
 
 
@@ -163,7 +165,7 @@ def check(case, dt, names, kern, shipped):
 
 def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
-    names = list(KEEPS)
+    names = list(VARIANTS)
     kern = load_variants(names)
     shipped = K._swa_fwd_kernel
     if DEV == "cpu":

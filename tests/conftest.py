@@ -49,6 +49,36 @@ def _seed_per_test(request):
 
 
 @pytest.fixture
+def exact_interpreter_dots(monkeypatch):
+    """Interpreter dots (``tl.dot``) summed in fp64, then rounded once to the accumulator's
+    dtype. Triton's interpreter takes a dot with numpy's matmul in the accumulator's dtype,
+    whose summation order is the host BLAS's: OpenBLAS picks its kernel per CPU, and on
+    some hosts (seen: an AMD EPYC on OpenBLAS's Haswell kernels) a [32, 16] x [16, 32]
+    product sums a column in another order than [32, 16] x [16, 64] does. A test that
+    compares tiles of two shapes bit for bit takes this fixture, so that its claim -- the
+    same products and sums a column -- does not depend on the host. The operands (bf16,
+    fp16, fp32 truncated to tf32) have <= 11-bit significands: every product is exact in
+    fp64, and a column's sum of K <= 128 of them too unless they spread over ~30 binades
+    (then fp64's own rounding could still flip an fp32 rounding: ~2^-29 an element)."""
+    if DEVICE != "cpu":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    plain = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.data.dtype != np.float32 or b.data.dtype != np.float32 or \
+                d.data.dtype != np.float32:
+            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
+        prod = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64))
+        return interpreter.TensorHandle(prod.astype(np.float32) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(builder, "create_dot", create_dot)
+
+
+@pytest.fixture
 def poison_outputs(monkeypatch):
     """Make every output ditfuse allocates start as NaN, so an unwritten element fails."""
     import sys

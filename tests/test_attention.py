@@ -334,12 +334,12 @@ def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
 @pytest.mark.parametrize("D", [64, 48, 80, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("diff", [True, False], ids=["diff", "plain"])
-def test_split_pv_same_bits(D, dtype, diff):
+def test_split_pv_same_bits(D, dtype, diff, exact_interpreter_dots):
     """``split_pv`` (the 9th launch setting: P @ V and the output store as two halves of the
     tile's columns) computes every output column with the same products and sums: on the
-    interpreter (op-by-op arithmetic) the same bits as the one-dot tile, padded head dims (48
-    -> 64, 80 -> 128: the masked columns in the upper half) and a ragged last query tile
-    included. On the GPU the one-dot 2-warp tile is lowered with its columns split across the
+    interpreter (op-by-op arithmetic, each dot's sums in fp64: ``exact_interpreter_dots``)
+    the same bits as the one-dot tile, padded head dims (48 -> 64, 80 -> 128: the masked
+    columns in the upper half) and a ragged last query tile included. On the GPU the one-dot 2-warp tile is lowered with its columns split across the
     warps and differs in the last bits (seen on the H200, ``logs/s23/d``): there both are held
     to the fp64 contract."""
     g = torch.Generator().manual_seed(40 + D)
@@ -359,7 +359,7 @@ def test_split_pv_same_bits(D, dtype, diff):
 
 
 @torch.no_grad()
-def test_split_pv_with_the_fused_prologue_same_bits():
+def test_split_pv_with_the_fused_prologue_same_bits(exact_interpreter_dots):
     """The split only touches P @ V and the store: with a norm and partial RoPE fused into
     the Q / K tiles the same bits as the one-dot tile on the interpreter (on the GPU: see
     test_split_pv_same_bits), and within the fp64 contract of the prologue's reference."""

@@ -16,7 +16,8 @@ inputs, tf32 operands; fp32 accumulation throughout.
 
 Differential mode (``DIFF``): a second query/key pair shares the V tile, which is loaded
 once per key tile and multiplied by both probability tiles; the output is
-``acc1 / l1 - lambda * acc2 / l2`` in fp32, rounded once at the store.
+``acc1 * (1 / l1) - acc2 * (lambda * (1 / l2))`` in fp32 (per-row reciprocals, one multiply
+and one fma an element), rounded once at the store.
 
 Prologue (``Q_NORM`` / ``K_NORM`` / ``ROPE``): each Q/K tile is normalised per head (RMS,
 LayerNorm or Dynamic-Tanh), rounded to the activation dtype, rotated (rotate-half or
@@ -248,17 +249,15 @@ def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr):
 @triton.jit
 def _softmax_step(s, band, m_i, l_i, qk_scale):
     """One online-softmax step on raw scores ``s`` [BM, BN]: returns the unnormalised
-    probabilities, the accumulator's rescale factor and the new running max / sum (of the
-    log2(e)-scaled scores). The band mask and the row max act on the raw scores (``qk_scale``
-    > 0, so the max commutes with the scaling); a probability is ``2^fma(s, qk_scale, -m)``,
-    one rounding. exp2 is one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below
-    2^-126 of the row's running max counts as 0, which no rounded output can see."""
-    s = tl.where(band, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    probabilities, the accumulator's rescale factor and the new running max / sum. exp2 is
+    one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below 2^-126 of the row's
+    running max counts as 0, which no rounded output can see."""
+    s = tl.where(band, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
     # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = _ex2(m_i - m_use)
-    p = _ex2(tl.fma(s, qk_scale, -m_use[:, None]))
+    p = _ex2(s - m_use[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
@@ -496,8 +495,8 @@ def _swa_fwd_kernel(
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
 
-    # query rows past N have l = 0; they are not stored. Any other row's sum is about 1 or
-    # more (its max's own term), so the per-row reciprocals are of normal numbers
+    # query rows past N have l = 0; they are not stored. Any other row's sum is >= 1 (its
+    # max's own term), so the per-row reciprocals are of normal numbers
     r1 = 1.0 / tl.where(l1 == 0.0, 1.0, l1)
     c2 = 0.0
     if DIFF:

@@ -456,10 +456,11 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         TOKEN_MAJOR=token_major,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
-    # an AOT package (lam, scale bound as constants) must compute what this build does —
+    # an AOT package (lam, scale bound as constants) must compute what this build does --
     # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
-    # product of ``acc1 / l1 - lam * (acc2 / l2)`` instead (seen on the H200: the sm_90a
-    # package differed from this kernel in the last bit). Costs ~2% more instructions.
+    # product of the output's ``acc1 / l1 - lam * (acc2 / l2)`` (its form until session
+    # 25) instead (seen on the H200: the sm_90a package differed from this kernel in the
+    # last bit). The output's one fma is explicit (tl.fma). Costs ~2% more instructions.
     with mma_sync_only(mma_sync):  # where the launch compiles its kernel
         _fastpath.launch(_swa_fwd_kernel, grid, args,
                          dict(constexprs, num_warps=num_warps, num_stages=num_stages,
@@ -687,7 +688,8 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
     -----
     Numerical contract. Both products run on tensor cores with fp32 accumulation; the
     softmax (running max and sum, exp2 of log2(e)-scaled scores) is fp32; the output is
-    ``acc / l`` (minus ``lam * acc2 / l2``) in fp32, rounded once to the input dtype.
+    ``acc * (1 / l)`` (minus ``acc2 * (lam * (1 / l2))``) in fp32, rounded once to the input
+    dtype.
     Against an fp64 evaluation of the dense-mask formula on the same inputs, with
     ``scale_i = |ref_i| + (1 + |lam|) rms(v)`` (the output is a convex combination of V
     rows, one per map), ``|out - ref| <= ACCURACY[dtype] * scale``:

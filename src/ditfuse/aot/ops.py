@@ -385,7 +385,7 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     default_num_stages=lambda o, jit: 1 if jit["BLOCK_M"] >= 64 else None,
     stages_note="1 for 64-query tiles, the JIT's for the 32-query fp32 tiles",
     same_float_ops=False,
-    float_ops_note="lam is a compile-time 1.0 here: the JIT's multiply lam * (acc2 / l2) "
+    float_ops_note="lam is a compile-time 1.0 here: the JIT's multiply lam * (1 / l2) "
                    "folds away (exact), and with fp contraction off in this kernel the "
                    "subtraction rounds the same two operands in both builds",
     contract="bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
