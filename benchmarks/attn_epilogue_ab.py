@@ -4,12 +4,15 @@ against the session-24 kernel (CUDA-graph device time, the table's launch settin
 - "epi": the output as ``acc1 * (1 / l1) - acc2 * (lambda / l2)`` (two per-row factors, a
   multiply and an fma an element) instead of two ``div.full.f32`` divisions an element
   (sm_90 SASS: bf16 SAME-L 1424 -> 1184 instructions a program's code, fp32 1640 -> 1448).
-- "fma" (with "epi"; measured, not shipped): the band mask and the row max on the raw scores, a probability
-  ``2^fma(s, scale * log2(e), -m)`` instead of a multiply, the mask and a subtraction (24
-  fewer instructions a bf16 key trip; session 9 measured this alone as neutral, before the
-  epilogue change).
-- "order" (measured in call s25/a, dropped): both score products before either softmax --
-  level or 0.5% slower.
+- "minit" (call s25/d): the running max starts at -FLT_MAX instead of -inf, so no row
+  needs its -inf max replaced before the subtraction (8 fewer instructions a bf16 trip;
+  the same bits), and "hconst": the head count a compile-time constant (the program's
+  batch / head split by multiplies: 11 fewer a program). "ship" has all three.
+- "fma" (call s25/b, with "epi"; not shipped, since removed from this script): the band
+  mask and the row max on the raw scores, a probability ``2^fma(s, scale * log2(e), -m)``
+  -- 1-2% slower in fp32, level in bf16.
+- "order" (call s25/a, dropped): both score products before either softmax -- level or
+  0.5% slower.
 
 The variants are made from the working tree's ``_attn_kernel.py`` by undoing or applying a
 change as text (so this file carries no copy of the kernel), written to a temporary package that
@@ -36,16 +39,20 @@ from ditfuse.shapes import ATTN_SHAPES
 SRC = Path(K.__file__).read_text()
 DEV = "cpu" if INTERPRET else "cuda"
 
-NEW_SOFTMAX = """    s = tl.where(band, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+NEW_MINIT = """    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = _ex2(m_i - m_new)
+    p = _ex2(s - m_new[:, None])
 """
-OLD_SOFTMAX = """    s = tl.where(band, s * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+OLD_MINIT = """    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = _ex2(m_i - m_use)
+    p = _ex2(s - m_use[:, None])
 """
-NEW_SOFTMAX_2 = """    p = _ex2(tl.fma(s, qk_scale, -m_use[:, None]))
-"""
-OLD_SOFTMAX_2 = """    p = _ex2(s - m_use[:, None])
-"""
+NEW_MINIT_2 = "tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)"
+OLD_MINIT_2 = 'tl.full([BLOCK_M], float("-inf"), tl.float32)'
+NEW_HCONST = "N, H: tl.constexpr, LEFT, RIGHT,"
+OLD_HCONST = "N, H, LEFT, RIGHT,"
 NEW_EPI = """    out = acc1 * r1[:, None]
     if DIFF:
         out = tl.fma(acc2, -c2[:, None], out)
@@ -78,21 +85,21 @@ OLD_FACTORS = """    r1 = tl.where(l1 == 0.0, 1.0, l1)
 """
 
 
-# variant -> the changes made to the working tree's (shipped) kernel: the epilogue undone
-# (s24), none (epi: the shipped kernel), the fma softmax step applied (fma: measured in call
-# s25/b, 1-2% slower in fp32, level in bf16; not shipped)
-VARIANTS = {"s24": (("epi", "undo"),), "epi": (), "fma": (("fma", "apply"),)}
+# variant -> the changes undone in the working tree's (shipped) kernel: every one (s24), the
+# two of call s25/d (epi: the kernel of calls s25/b-c), none (ship)
+VARIANTS = {"s24": ("epi", "minit", "hconst"), "epi": ("minit", "hconst"), "ship": ()}
 CHANGES = {"epi": ((NEW_EPI, OLD_EPI), (NEW_FACTORS, OLD_FACTORS)),
-           "fma": ((NEW_SOFTMAX, OLD_SOFTMAX), (NEW_SOFTMAX_2, OLD_SOFTMAX_2))}
+           "minit": ((NEW_MINIT, OLD_MINIT), (NEW_MINIT_2, OLD_MINIT_2)),
+           "hconst": ((NEW_HCONST, OLD_HCONST),)}
 
 
 def variant(name: str) -> str:
     s = SRC
-    for change, how in VARIANTS[name]:
-        for new, old in CHANGES[change]:
-            a, b = (new, old) if how == "undo" else (old, new)
-            assert a in s, "the working tree's kernel is not the one this A/B expects"
-            s = s.replace(a, b)
+    for change, pairs in CHANGES.items():
+        for new, old in pairs:
+            assert new in s, "the working tree's kernel is not the one this A/B expects"
+            if change in VARIANTS[name]:
+                s = s.replace(new, old)
     return s.replace("from ._", "from ditfuse._")
 
 
@@ -158,8 +165,10 @@ def check(case, dt, names, kern, shipped):
             K._swa_fwd_kernel = shipped
         err = (outs[n][:, :, hs].double() - ref).abs().max().item() if ref is not None else float("nan")
         d24 = (outs[n].float() - outs["s24"].float()).abs().max().item()
+        same = "" if "epi" not in outs else \
+            f", bitwise epi's: {torch.equal(outs[n], outs['epi'])}"
         print(f"{case:18s} {str(dt)[6:]:8s} {n:6s} max|d| vs fp64 (2 heads) {err:.3g}, "
-              f"vs s24 {d24:.3g}", flush=True)
+              f"vs s24 {d24:.3g}{same}", flush=True)
     return p, nbytes
 
 
@@ -202,9 +211,9 @@ def main():
         for st in extra[1:]:
             try:
                 us = graph_us(lambda st=st: A.run(p, st))
-                print(f"{case:18s} {str(dt)[6:]:8s} fma    {st} {us:7.1f} us", flush=True)
+                print(f"{case:18s} {str(dt)[6:]:8s} ship   {st} {us:7.1f} us", flush=True)
             except Exception as e:  # noqa: BLE001
-                print(f"{case:18s} {str(dt)[6:]:8s} fma    {st} {type(e).__name__}: {str(e)[:120]}")
+                print(f"{case:18s} {str(dt)[6:]:8s} ship   {st} {type(e).__name__}: {str(e)[:120]}")
 
 
 if __name__ == "__main__":
