@@ -234,15 +234,19 @@ def test_same_arithmetic_as_the_jit_build(pkgs):
         if m["op"] != "sliding_window_attention":
             assert j["float_ops_equal"] is True and hist == j["float_ops"], name
             continue
-        # lambda = 1 is a constant in the package: the JIT build's multiply lam * (acc2 / l2)
-        # (one per output element: BLOCK_M * D / threads) folds away, exactly; nothing else
-        # differs, and no contraction anywhere (the kernel runs with fp fusion off, so which
-        # product a fused multiply-add absorbs cannot depend on what is a constant)
+        # lambda = 1 is a constant in the package: the JIT build's per-row multiply
+        # lam * (1 / l2) (one per query row a thread holds: 8 rows of an mma / wgmma tile
+        # share a thread's pair, so BLOCK_M / num_warps / 8) folds away, exactly; nothing
+        # else differs. No contraction anywhere (the kernel runs with fp fusion off, so which
+        # product a fused multiply-add absorbs cannot depend on what is a constant): the
+        # only fmas are the output's written ones, one an output element a thread
         diff = j["float_ops_diff"]
         assert set(diff) == {"mul.rn.f32"}, diff
+        rows = m["constexprs"]["BLOCK_M"] // m["num_warps"] // 8
+        assert diff["mul.rn.f32"][1] - diff["mul.rn.f32"][0] == rows, (diff, rows)
         per_thread = m["constexprs"]["BLOCK_M"] * m["constexprs"]["D"] // (32 * m["num_warps"])
-        assert diff["mul.rn.f32"][1] - diff["mul.rn.f32"][0] == per_thread, (diff, per_thread)
-        assert not any(k.startswith("fma") for k in hist), hist
+        fmas = {k: v for k, v in hist.items() if k.startswith("fma")}
+        assert fmas == {"fma.rn.f32": per_thread}, (fmas, per_thread)
         assert {k: hist.get(k, 0) for k in diff} == {k: v[0] for k, v in diff.items()}
 
 

@@ -29,9 +29,9 @@ How a package is made (``export``):
 7. **Compare** with the JIT build of the same call (compiled here too): the
    floating-point instruction histogram of the two PTX must be equal (the same arithmetic,
    only address computation differs) -- refused otherwise, unless the entry explains the
-   difference (``same_float_ops=False``: the attention's lambda = 1 lets LLVM fold
-   ``fma(-lam, y, x)`` into ``x - y``, which rounds identically); the difference is then
-   recorded in the manifest.
+   difference (``same_float_ops=False``: the attention's lambda = 1 folds the per-row
+   multiply ``lam * (1 / l2)`` away, exactly); the difference is then recorded in the
+   manifest.
 
 Compiling needs ``TRITON_INTERPRET=0`` before Triton defines ditfuse's kernels; when this
 process runs the interpreter, :func:`export` re-runs itself as ``python -m

@@ -385,9 +385,10 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     default_num_stages=lambda o, jit: 1 if jit["BLOCK_M"] >= 64 else None,
     stages_note="1 for 64-query tiles, the JIT's for the 32-query fp32 tiles",
     same_float_ops=False,
-    float_ops_note="lam is a compile-time 1.0 here: the JIT's multiply lam * (1 / l2) "
-                   "folds away (exact), and with fp contraction off in this kernel the "
-                   "subtraction rounds the same two operands in both builds",
+    float_ops_note="lam is a compile-time 1.0 here: the JIT's per-row multiply "
+                   "lam * (1 / l2) folds away (exact), and with fp contraction off in this "
+                   "kernel the output's one fma (written in the kernel) takes the same "
+                   "operands in both builds",
     contract="bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
              "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam) for N > window (for N <= "
              "window the JIT clamps the window to N, which selects the same keys)",
