@@ -20,7 +20,7 @@ imports the shipped helpers, and swapped in for ``ditfuse._attn_kernel._swa_fwd_
 around each timed launch. Every variant's output is checked against the fp64 dense-mask
 reference first. Rounds alternate the variants to spread clock drift.
 
-    PYTHONPATH=src python benchmarks/attn_epilogue_ab.py [--rounds 3] [--settings]
+    PYTHONPATH=src python benchmarks/attn_epilogue_ab.py [--rounds 3] [--settings] [--quick]
 """
 import importlib.util
 import sys
@@ -189,6 +189,9 @@ def main():
              ("same-l-8704", torch.float32), ("same-l-32946", torch.bfloat16),
              ("same-l-trt", torch.bfloat16), ("same-l-8704-plain", torch.bfloat16),
              ("same-l-8704-plain", torch.float32)]
+    if "--quick" in sys.argv:  # the targets' cases only
+        cases = [("same-l-8704", torch.bfloat16), ("same-l-trt", torch.float32),
+                 ("same-l-8704", torch.float32)]
     extra = [None]
     if "--settings" in sys.argv:  # the table's neighbours, with the working tree's kernel
         extra += [(64, 32, 4, 3, True, None, 62), (64, 32, 4, 4, True, 168, 62),
