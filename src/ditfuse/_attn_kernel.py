@@ -251,13 +251,15 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
     """One online-softmax step on raw scores ``s`` [BM, BN]: returns the unnormalised
     probabilities, the accumulator's rescale factor and the new running max / sum. exp2 is
     one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below 2^-126 of the row's
-    running max counts as 0, which no rounded output can see."""
+    running max counts as 0, which no rounded output can see. The running max starts at
+    -FLT_MAX, not -inf: a row with no key in the band yet keeps a finite max (its masked
+    scores give p = 2^-inf = 0, alpha = 1 on an accumulator of 0) and its first key's
+    score s >= -FLT_MAX gives alpha = 2^(-FLT_MAX - s) = 0 (or 2^-inf), as -inf would --
+    the same bits without a test of the max for -inf a row and trip."""
     s = tl.where(band, s * qk_scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    # a row with no key in the band yet keeps max -inf: subtract 0 instead (p = 0, no NaN)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = _ex2(m_i - m_use)
-    p = _ex2(s - m_use[:, None])
+    alpha = _ex2(m_i - m_new)
+    p = _ex2(s - m_new[:, None])
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
@@ -280,8 +282,8 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < N
     # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i]
-    band = (offs_n[None, :] - row_lo[:, None]).to(tl.uint32, bitcast=True) <= \
-        row_span[:, None].to(tl.uint32, bitcast=True)
+    band = (tl.arange(0, BLOCK_N)[None, :] - (row_lo - start_n)[:, None]).to(
+        tl.uint32, bitcast=True) <= row_span[:, None].to(tl.uint32, bitcast=True)
     ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
                           kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
                           cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
@@ -362,7 +364,8 @@ def _swa_fwd_kernel(
     qk_scale,                 # softmax scale * log2(e)
     q_alpha, k_alpha,         # DyT alpha as Python floats
     q_eps, k_eps,
-    N, H, LEFT, RIGHT,        # tokens, heads, window (unbounded sides passed as N)
+    N, H: tl.constexpr, LEFT, RIGHT,  # tokens, heads (a constant: bh // H and bh % H by
+                              # multiplies), window (unbounded sides passed as N)
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -421,7 +424,7 @@ def _swa_fwd_kernel(
                           stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
                           Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                           ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m1 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # -FLT_MAX: _softmax_step
     l1 = tl.zeros([BLOCK_M], tl.float32)
     ACC_W: tl.constexpr = D_PAD // 2 if SPLIT_PV else D_PAD
     acc1 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
@@ -442,7 +445,7 @@ def _swa_fwd_kernel(
                                  stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
                                  Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                                  ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-        m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        m2 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
         acc2 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
         if SPLIT_PV:
