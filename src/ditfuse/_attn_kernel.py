@@ -281,7 +281,8 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
     """One key tile: scores, online-softmax update and P @ V for one or both maps."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < N
-    # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i]
+    # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i], taken
+    # as c - (lo_i - start_n) on the tile's column c (a subtraction a row, not an element)
     band = (tl.arange(0, BLOCK_N)[None, :] - (row_lo - start_n)[:, None]).to(
         tl.uint32, bitcast=True) <= row_span[:, None].to(tl.uint32, bitcast=True)
     ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
