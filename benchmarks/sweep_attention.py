@@ -137,6 +137,14 @@ if "--s23c" in sys.argv:
     # (sm_90 fp32 build 164 registers, no spills: 12 warps a SM where uncapped 190 gave 8)
     CONFIGS = [None, (64, 16, 4, 3, True, 168, 62, True, True), (64, 16, 4, 2, True, 168, 62, True, True),
                (64, 32, 4, 3, True, 168, 62, True, True)]
+if "--s26" in sys.argv:
+    # session 26: after the v10 trims the 16-key differential bf16 build needs 116 registers
+    # uncapped with no spill (4 programs of 4 warps a SM where the table's 160 allow 3; 968 SASS
+    # against 1160), and the table's tile capped at 128 spills 8 B (2 LDL / STL in the loop;
+    # session 23's build spilled 36 B); 96 registers (5 programs) spill 92 B
+    CONFIGS = [None, (64, 16, 4, 3, True, None, 62), (64, 16, 4, 2, True, None, 62),
+               (64, 16, 4, 4, True, None, 62), (64, 32, 4, 3, True, 128, 62),
+               (64, 32, 4, 2, True, 128, 62), (64, 16, 4, 3, True, 96, 62)]
 if "--table" in sys.argv:  # the launch table alone (A/B of two source trees)
     CONFIGS = [None]
 PROLOGUE = "--prologue" in sys.argv
