@@ -67,7 +67,8 @@ def _swa_gluon_kernel(q_ptr, k_ptr, v_ptr, q2_ptr, k2_ptr, o_ptr, lam, qk_scale,
                       stride_vb, stride_vs, stride_vh, stride_q2b, stride_q2s, stride_q2h,
                       stride_k2b, stride_k2s, stride_k2h, stride_ob, stride_os, stride_oh,
                       D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STEP_M: gl.constexpr, STAGES: gl.constexpr):
+                      STEP_M: gl.constexpr, STAGES: gl.constexpr,
+                      AHEAD: gl.constexpr):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
@@ -124,38 +125,87 @@ def _swa_gluon_kernel(q_ptr, k_ptr, v_ptr, q2_ptr, k2_ptr, o_ptr, lam, qk_scale,
     acc1 = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, O_L))
     acc2 = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, O_L))
 
-    for t in range(trips):
-        stage = t % STAGES
-        start_n = lo + t * BLOCK_N
+    if AHEAD:
+        # the first tile's S1 before the loop; each trip issues the next tile's S1 between
+        # its two softmaxes, so two wgmma groups are in flight during each softmax
         async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()  # every thread's copies of tile t, before any wgmma reads them
+        gl.thread_barrier()
         fence_async_shared()
-        s1 = warpgroup_mma(q_s, k_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
+        s1 = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
-        s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
-                           is_async=True)
-        s1, acc1, acc2 = warpgroup_mma_wait(1, deps=[s1, acc1, acc2])
-        # the stage trip t-1 used is free (its score and P @ V products are done)
-        nt = t + STAGES - 1
-        if nt < trips:
-            ns = nt % STAGES
-            sn = lo + nt * BLOCK_N
-            _copy_rows(k_s.index(ns), k_ptr, k_base, sn, stride_ks, N, BLOCK_N, D, LD)
-            _copy_rows(k2_s.index(ns), k2_ptr, k2_base, sn, stride_k2s, N, BLOCK_N, D, LD)
-            _copy_rows(v_s.index(ns), v_ptr, v_base, sn, stride_vs, N, BLOCK_N, D, LD)
-        async_copy.commit_group()
+        for t in range(trips):
+            stage = t % STAGES
+            start_n = lo + t * BLOCK_N
+            s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+            # in flight: O1 t-1, S1 t, O2 t-1, S2 t -> O1 t-1 and S1 t done (trip 0: S1, S2)
+            if t == 0:
+                s1r, acc1r = warpgroup_mma_wait(1, deps=[s1, acc1])
+            else:
+                s1r, acc1r = warpgroup_mma_wait(2, deps=[s1, acc1])
+            band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) \
+                <= row_span[:, None].to(gl.uint32, bitcast=True)
+            p1, a1, m1, l1 = _softmax(s1r, band, m1, l1, qk_scale)
+            acc1r = acc1r * gl.convert_layout(a1, ROW_O)[:, None]
+            acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1r,
+                                 is_async=True)
+            if t + 1 < trips:
+                # tile t + 1 landed: groups up to tile t + STAGES - 2 are committed
+                async_copy.wait_group(STAGES - 3)
+                gl.thread_barrier()
+                fence_async_shared()
+                s1 = warpgroup_mma(q_s, k_s.index((t + 1) % STAGES).permute((1, 0)), zero_s,
+                                   use_acc=False, is_async=True)
+                # in flight: O2 t-1, S2 t, O1 t, S1 t+1 -> O2 t-1 and S2 t done
+                s2r, acc2r = warpgroup_mma_wait(2, deps=[s2, acc2])
+            else:
+                s2r, acc2r = warpgroup_mma_wait(1, deps=[s2, acc2])
+            # the stage trip t-1 used is free: every product that read it is done
+            nt = t + STAGES - 1
+            if nt < trips:
+                ns = nt % STAGES
+                sn = lo + nt * BLOCK_N
+                _copy_rows(k_s.index(ns), k_ptr, k_base, sn, stride_ks, N, BLOCK_N, D, LD)
+                _copy_rows(k2_s.index(ns), k2_ptr, k2_base, sn, stride_k2s, N, BLOCK_N, D, LD)
+                _copy_rows(v_s.index(ns), v_ptr, v_base, sn, stride_vs, N, BLOCK_N, D, LD)
+            async_copy.commit_group()
+            p2, a2, m2, l2 = _softmax(s2r, band, m2, l2, qk_scale)
+            acc2r = acc2r * gl.convert_layout(a2, ROW_O)[:, None]
+            acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2r,
+                                 is_async=True)
+    else:
+        for t in range(trips):
+            stage = t % STAGES
+            start_n = lo + t * BLOCK_N
+            async_copy.wait_group(STAGES - 2)
+            gl.thread_barrier()  # every thread's copies of tile t, before any wgmma reads them
+            fence_async_shared()
+            s1 = warpgroup_mma(q_s, k_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+            s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                               is_async=True)
+            s1, acc1, acc2 = warpgroup_mma_wait(1, deps=[s1, acc1, acc2])
+            # the stage trip t-1 used is free (its score and P @ V products are done)
+            nt = t + STAGES - 1
+            if nt < trips:
+                ns = nt % STAGES
+                sn = lo + nt * BLOCK_N
+                _copy_rows(k_s.index(ns), k_ptr, k_base, sn, stride_ks, N, BLOCK_N, D, LD)
+                _copy_rows(k2_s.index(ns), k2_ptr, k2_base, sn, stride_k2s, N, BLOCK_N, D, LD)
+                _copy_rows(v_s.index(ns), v_ptr, v_base, sn, stride_vs, N, BLOCK_N, D, LD)
+            async_copy.commit_group()
 
-        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
-            row_span[:, None].to(gl.uint32, bitcast=True)
-        p1, a1, m1, l1 = _softmax(s1, band, m1, l1, qk_scale)
-        acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-        acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1,
-                             is_async=True)
-        s2 = warpgroup_mma_wait(1, deps=[s2])
-        p2, a2, m2, l2 = _softmax(s2, band, m2, l2, qk_scale)
-        acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-        acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
-                             is_async=True)
+            band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
+                row_span[:, None].to(gl.uint32, bitcast=True)
+            p1, a1, m1, l1 = _softmax(s1, band, m1, l1, qk_scale)
+            acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+            acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1,
+                                 is_async=True)
+            s2 = warpgroup_mma_wait(1, deps=[s2])
+            p2, a2, m2, l2 = _softmax(s2, band, m2, l2, qk_scale)
+            acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+            acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
+                                 is_async=True)
 
     acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
     async_copy.wait_group(0)
@@ -171,7 +221,8 @@ def _swa_gluon_kernel(q_ptr, k_ptr, v_ptr, q2_ptr, k2_ptr, o_ptr, lam, qk_scale,
     gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
 
 
-def call(q1, k1, v, q2, k2, window, lam=1.0, scale=None, step=62, stages=3, maxnreg=None):
+def call(q1, k1, v, q2, k2, window, lam=1.0, scale=None, step=62, stages=4, maxnreg=None,
+         ahead=False):
     """out = Attn(q1, k1, v) - lam * Attn(q2, k2, v) over |i - j| <= window (or (left, right))."""
     B, N, H, D = q1.shape
     left, right = (window, window) if isinstance(window, int) else window
@@ -186,8 +237,8 @@ def call(q1, k1, v, q2, k2, window, lam=1.0, scale=None, step=62, stages=3, maxn
     _swa_gluon_kernel[grid](
         q1, k1, v, q2, k2, out, float(lam), scale * LOG2E, N, H, left, right,
         *q1.stride()[:3], *k1.stride()[:3], *v.stride()[:3], *q2.stride()[:3], *k2.stride()[:3],
-        *out.stride()[:3], D=D, BLOCK_M=64, BLOCK_N=32, STEP_M=step, STAGES=stages, num_warps=4,
-        **kw)
+        *out.stride()[:3], D=D, BLOCK_M=64, BLOCK_N=32, STEP_M=step, STAGES=stages, AHEAD=ahead,
+        num_warps=4, enable_fp_fusion=False, **kw)
     return out
 
 
@@ -205,13 +256,13 @@ def build():
     ints = ["N", "LEFT", "RIGHT"] + [f"stride_{t}{a}" for t in ("q", "k", "v", "q2", "k2", "o")
                                       for a in "bsh"]
     sig.update({n: "i32" for n in ints})
-    for stages in (2, 3):
-        const = dict(H=24, D=64, BLOCK_M=64, BLOCK_N=32, STEP_M=62, STAGES=stages)
+    for stages, ahead in ((3, False), (4, False), (5, False), (3, True), (4, True), (5, True)):
+        const = dict(H=24, D=64, BLOCK_M=64, BLOCK_N=32, STEP_M=62, STAGES=stages, AHEAD=ahead)
         sig.update({k: "constexpr" for k in const})
         # SAME's to_qkv chunks: every stride a multiple of 16 elements, 16-byte aligned bases
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
                  if n.endswith("_ptr") or n.startswith("stride_")}
-        for cap in (None, 168, 128):
+        for cap in (None, 168):
             opts = dict(num_warps=4, enable_fp_fusion=False)
             if cap:
                 opts["maxnreg"] = cap
@@ -221,7 +272,7 @@ def build():
             pt = ik.run_ptxas(ptx, nv.CUDAOptions(**opts), ck.metadata.name)
             waits = re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)
             sass = ik.run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
-            print(f"stages {stages} cap {cap}: regs {pt['regs']} spills {pt['spill_stores']} "
+            print(f"stages {stages} ahead {ahead} cap {cap}: regs {pt['regs']} spills {pt['spill_stores']} "
                   f"smem {ck.metadata.shared} sass {sass['sass_instructions']} "
                   f"wgmma waits {waits} cp.async {ptx.count('cp.async.cg')}+"
                   f"{ptx.count('cp.async.ca')}", flush=True)
@@ -232,22 +283,26 @@ def main():
         return build()
     import ditfuse
     from ditfuse.bench import graph_us
+    variants = ((3, False), (4, False), (5, False), (3, True), (4, True))
     ok = True
-    # correctness: SAME's packed projection views, awkward N, windows, batch 2
+    # bits: SAME's packed projection views, awkward N, windows, batch 2
     for B, N, win, dt in ((1, 8704, 17, torch.bfloat16), (2, 1000, 17, torch.bfloat16),
                           (1, 77, (3, 40), torch.float16), (2, 33, 100, torch.bfloat16),
                           (1, 300, 0, torch.bfloat16), (1, 513, (-1, 0), torch.float16),
-                          (1, 200, (5, -1), torch.bfloat16)):
+                          (1, 200, (5, -1), torch.bfloat16), (1, 31, 1, torch.bfloat16)):
         g = torch.Generator(device="cuda").manual_seed(N)
         proj = torch.randn(B, N, 5 * 24 * 64, generator=g, device="cuda").to(dt)
         q1, q2, k1, k2, v = [t.unflatten(-1, (24, 64)) for t in proj.chunk(5, dim=-1)]
         want = ditfuse.sliding_window_attention(q1, k1, v, win, q2=q2, k2=k2, lam=0.8)
-        got = call(q1, k1, v, q2, k2, win, lam=0.8)
-        nd = (got.view(torch.int16) != want.view(torch.int16)).sum().item()
-        d = (got.float() - want.float()).abs().max().item()
-        ok &= nd == 0
-        print(f"check B {B} N {N} window {win} {str(dt)[6:]}: {nd} elements differ from the "
-              f"shipped kernel's bits, max|d| {d:.3g}", flush=True)
+        for stages, ahead in variants:
+            got = torch.full_like(want, float("nan"))
+            got = call(q1, k1, v, q2, k2, win, lam=0.8, stages=stages, ahead=ahead)
+            nd = (got.view(torch.int16) != want.view(torch.int16)).sum().item()
+            d = (got.float() - want.float()).abs().max().item()
+            ok &= nd == 0
+            print(f"check B {B} N {N} window {win} {str(dt)[6:]} stages {stages} ahead {ahead}: "
+                  f"{nd} elements differ from the shipped kernel's bits, max|d| {d:.3g}",
+                  flush=True)
     print(f"bitwise the shipped kernel: {ok}", flush=True)
     for N, dt in ((8704, torch.bfloat16), (32946, torch.bfloat16), (4352, torch.bfloat16),
                   (8704, torch.float16)):
@@ -258,10 +313,9 @@ def main():
             t_ship = graph_us(lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2,
                                                                        k2=k2))
             res = []
-            for stages in (2, 3, 4):
-                for cap in (None, 168, 128):
-                    t = graph_us(lambda: call(q1, k1, v, q2, k2, 17, stages=stages, maxnreg=cap))
-                    res.append(f"st{stages}/{cap}: {t:6.1f}")
+            for stages, ahead in variants:
+                t = graph_us(lambda: call(q1, k1, v, q2, k2, 17, stages=stages, ahead=ahead))
+                res.append(f"st{stages}{'/ahead' if ahead else ''}: {t:6.1f}")
             print(f"N {N:5d} {str(dt)[6:]} round {rnd}: shipped {t_ship:6.1f} us | gluon "
                   + " ".join(res), flush=True)
 
