@@ -222,7 +222,7 @@ def _swa_gluon_kernel(q_ptr, k_ptr, v_ptr, q2_ptr, k2_ptr, o_ptr, lam, qk_scale,
 
 
 def call(q1, k1, v, q2, k2, window, lam=1.0, scale=None, step=62, stages=4, maxnreg=None,
-         ahead=False):
+         ahead=False, out=None):
     """out = Attn(q1, k1, v) - lam * Attn(q2, k2, v) over |i - j| <= window (or (left, right))."""
     B, N, H, D = q1.shape
     left, right = (window, window) if isinstance(window, int) else window
@@ -230,7 +230,8 @@ def call(q1, k1, v, q2, k2, window, lam=1.0, scale=None, step=62, stages=4, maxn
     right = N if right < 0 else right
     for name, t in (("q", q1), ("k", k1), ("v", v), ("q2", q2), ("k2", k2)):
         assert t.shape == q1.shape and t.dtype == q1.dtype and t.stride(3) == 1, name
-    out = torch.empty(B, N, H, D, dtype=q1.dtype, device=q1.device)
+    if out is None:
+        out = torch.empty(B, N, H, D, dtype=q1.dtype, device=q1.device)
     scale = D ** -0.5 if scale is None else scale
     grid = (B * H, triton.cdiv(N, step))
     kw = {"maxnreg": maxnreg} if maxnreg else {}
@@ -295,8 +296,8 @@ def main():
         q1, q2, k1, k2, v = [t.unflatten(-1, (24, 64)) for t in proj.chunk(5, dim=-1)]
         want = ditfuse.sliding_window_attention(q1, k1, v, win, q2=q2, k2=k2, lam=0.8)
         for stages, ahead in variants:
-            got = torch.full_like(want, float("nan"))
-            got = call(q1, k1, v, q2, k2, win, lam=0.8, stages=stages, ahead=ahead)
+            got = torch.full_like(want, float("nan"))  # poisoned: an unwritten row differs
+            call(q1, k1, v, q2, k2, win, lam=0.8, stages=stages, ahead=ahead, out=got)
             nd = (got.view(torch.int16) != want.view(torch.int16)).sum().item()
             d = (got.float() - want.float()).abs().max().item()
             ok &= nd == 0
