@@ -455,6 +455,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         OFF64=not _fits_int32(p, o4, max(bm, bn)),
         TOKEN_MAJOR=token_major,
     )
+    if settings is None and gluon_ok(p, o4, st):
+        _launch_gluon(p, o4, grid, left, right, step, token_major)
+        return
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does --
     # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
@@ -465,6 +468,63 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         _fastpath.launch(_swa_fwd_kernel, grid, args,
                          dict(constexprs, num_warps=num_warps, num_stages=num_stages,
                               enable_fp_fusion=False, **cap))
+
+
+#: Hopper (sm_90): SAME-L's 16-bit differential entry runs the Gluon kernel
+#: (``_attn_gluon.py``: the same bits, the wgmma waits placed by hand; H200,
+#: benchmarks/logs/s27: 59.0 us at SAME-L 8704 bf16 against 62.2). False: the Triton kernel
+#: everywhere (A/B runs; part of the eager call's replay key).
+GLUON_SM90 = True
+_SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
+_CAPABILITY: dict = {}
+
+
+def _sm90(device) -> bool:
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _CAPABILITY:
+        _CAPABILITY[i] = torch.cuda.get_device_capability(i)
+    return _CAPABILITY[i][0] == 9
+
+
+def _rows_16b(t: Tensor) -> bool:
+    """Channels contiguous, every row 16-byte aligned: cp.async's 16-byte pieces."""
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+            and all(st % 16 == 0 for st in t.stride()[:3]))
+
+
+def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
+    """Whether the launch of ``p`` with the table's settings ``st`` runs the Gluon kernel:
+    sm_90 (not the interpreter), differential, bf16 / fp16, head_dim 64, no prologue, the
+    table's SAME-L entry (64 / 32-key tiles, 4 warps), every operand and the output with
+    contiguous channels and 16-byte aligned rows (element strides multiples of 16)."""
+    return (GLUON_SM90 and p.differential and p.qk is None
+            and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[3] == 64
+            and tuple(st[:6]) == tuple(_SM90_ENTRY[:6]) and not st.mma_sync
+            and not st.split_pv and p.left >= 0 and p.right >= 0
+            and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
+            and _gluon_device(o4))
+
+
+def _gluon_device(o4: Tensor) -> bool:
+    """A compiled (not interpreted) launch on an sm_90 GPU."""
+    return not _runtime.INTERPRET and o4.device.type == "cuda" and _sm90(o4.device)
+
+
+def _launch_gluon(p: Plan, o4: Tensor, grid, left: int, right: int, step: int,
+                  token_major: bool) -> None:
+    from . import _attn_gluon as ag
+
+    B, N, H, D = p.q.shape
+    lam_t = p.lam_tensor if p.lam_tensor is not None else p.q
+    args = (p.q, p.k, p.v, p.q2, p.k2, o4, lam_t, p.lam_value, p.scale * LOG2E, N, left, right,
+            *p.q.stride()[:3], *p.k.stride()[:3], *p.v.stride()[:3], *p.q2.stride()[:3],
+            *p.k2.stride()[:3], *o4.stride()[:3],
+            p.lam_tensor.stride(0) if p.lam_tensor is not None else 0)
+    _fastpath.launch(ag._swa_diff_sm90_kernel, grid, args,
+                     dict(H=H, D=D, BLOCK_M=ag.BLOCK_M, BLOCK_N=ag.BLOCK_N, STEP_M=step,
+                          STAGES=ag.STAGES, LAM_PTR=p.lam_tensor is not None,
+                          TOKEN_MAJOR=token_major, num_warps=ag.NUM_WARPS,
+                          enable_fp_fusion=False))
 
 
 def _new_out(shape, dtype, device) -> Tensor:
@@ -806,7 +866,8 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
             for a, b in ((q, q2), (k, k2)))
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, joint, *(sig(t) for t in tensors))
+           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, GLUON_SM90, joint,
+           *(sig(t) for t in tensors))
     hash(key)
     return key, tensors
 

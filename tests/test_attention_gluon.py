@@ -1,0 +1,177 @@
+"""The Gluon kernel of SAME-L's differential entry on Hopper (``ditfuse._attn_gluon``).
+
+CPU: which calls route to it (``attention.gluon_ok``), and its sm_90 build as the launcher
+specializes it -- wgmma with the hand-placed waits (1, 1, then 0 after the loop), cp.async
+copies, no spills, at most 168 registers and 76 KB of shared memory (3 programs an SM).
+GPU (sm_90 only): its output bitwise the Triton kernel's (``GLUON_SM90 = False``) on SAME's
+packed projection views and awkward cases, every element of a poisoned output written.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ditfuse import attention
+from ditfuse.inspect_kernels import missing_tools
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _proj(B, N, H, dt, device, seed=0):
+    """SAME's ``to_qkv`` output (B, N, 5 H 64) cut into five (B, N, H, 64) views."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    proj = torch.randn(B, N, 5 * H * 64, generator=g).to(dt).to(device)
+    return [t.unflatten(-1, (H, 64)) for t in proj.chunk(5, dim=-1)]
+
+
+def _routes(q1, k1, v, q2, k2, window=17, **kw):
+    p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, **kw)
+    B, N, H, D = p.q.shape
+    st = attention.launch_settings(D, p.q.dtype, p.left, p.right, N, p.differential,
+                                   p.qk is not None)
+    o4 = torch.empty(B, N, H, D, dtype=q1.dtype, device=q1.device)
+    return attention.gluon_ok(p, o4, st)
+
+
+def test_routing(monkeypatch):
+    """The SAME-L entry's calls, and only they, take the Gluon kernel (device test faked:
+    the interpreter never does)."""
+    q1, q2, k1, k2, v = _proj(1, 300, 3, torch.bfloat16, "cpu")
+    assert not _routes(q1, k1, v, q2, k2)  # the interpreter, a CPU tensor
+    monkeypatch.setattr(attention, "_gluon_device", lambda o4: True)
+    assert _routes(q1, k1, v, q2, k2)
+    assert _routes(q1, k1, v, q2, k2, window=(3, 20), lam=torch.rand(3).to(torch.bfloat16))
+    assert _routes(*[t.half() for t in (q1, k1, v, q2, k2)])  # fp16 (contiguous copies)
+    bhsd = [t.transpose(1, 2).contiguous() for t in (q1, k1, v, q2, k2)]
+    assert _routes(*bhsd, layout="bhsd")
+    assert not _routes(q1, k1, v, None, None)                            # plain
+    assert not _routes(*[t.float() for t in (q1, k1, v, q2, k2)])       # fp32
+    assert not _routes(q1, k1, v, q2, k2, window=(-1, 0))               # unbounded side
+    assert not _routes(q1, k1, v, q2, k2, window=40)                     # wide band
+    small = [t[..., :32] for t in (q1, k1, v, q2, k2)]
+    assert not _routes(*small)                                          # head_dim 32
+    # a view one element off 16-byte alignment, channels not contiguous
+    flat = torch.randn(1, 300, 5 * 3 * 64 + 1).to(torch.bfloat16)
+    off = [t.unflatten(-1, (3, 64)) for t in flat[..., 1:].chunk(5, dim=-1)]
+    assert not _routes(off[0], off[2], off[4], off[1], off[3])
+    strided = torch.randn(1, 300, 3, 128).to(torch.bfloat16)[..., ::2]
+    assert not _routes(strided, k1, v, q2, k2)
+    monkeypatch.setattr(attention, "GLUON_SM90", False)
+    assert not _routes(q1, k1, v, q2, k2)
+
+
+_PROBE = r'''
+import json, re, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import ditfuse
+from ditfuse import attention, _attn_gluon as ag, _attn_kernel
+from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump
+
+attention._gluon_device = lambda o4: True
+t = GPUTarget("cuda", 90, 32)
+out = []
+for label, B, N, H, dt, window, layout, lam_tensor in json.loads(sys.argv[1]):
+    dt = getattr(torch, dt)
+    proj = torch.empty(B, N, 5 * H * 64, dtype=dt, device="meta")
+    q1, q2, k1, k2, v = [x.unflatten(-1, (H, 64)) for x in proj.chunk(5, dim=-1)]
+    if layout == "bhsd":
+        q1, q2, k1, k2, v = [torch.empty(B, H, N, 64, dtype=dt, device="meta")] * 5
+    lam = torch.empty(H, dtype=torch.float32, device="meta") if lam_tensor else 0.8
+    call = lambda: ditfuse.sliding_window_attention(q1, k1, v, window, q2=q2, k2=k2, lam=lam,
+                                                    layout=layout)
+    launches = intercept_launches([(ag, "_swa_diff_sm90_kernel"),
+                                   (_attn_kernel, "_swa_fwd_kernel")], call)
+    assert len(launches) == 1, launches
+    grid, args, kw = launches[0]
+    assert "STAGES" in kw, "the Triton kernel was launched"
+    sig, cex, attrs, opts = specialize(ag._swa_diff_sm90_kernel, args, kw, t)
+    ck = triton.compile(GluonASTSource(ag._swa_diff_sm90_kernel, sig, cex, attrs), target=t,
+                        options=opts.__dict__)
+    ptx = ck.asm["ptx"]
+    pt = run_ptxas(ptx, opts, ck.metadata.name)
+    out.append(dict(label=label, regs=pt["regs"], spills=pt["spill_stores"],
+                    shared=ck.metadata.shared,
+                    waits=re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx),
+                    wgmma=ptx.count("wgmma.mma_async"), cp_async=ptx.count("cp.async.cg"),
+                    step=kw["STEP_M"], grid=list(grid)))
+print(json.dumps(out))
+'''
+
+BUILD_CASES = [
+    ("same-l-8704-bf16", 1, 8704, 24, "bfloat16", 17, "bshd", False),
+    ("same-l-32946-fp16-lam", 1, 32946, 24, "float16", 17, "bshd", True),
+    ("batch2-odd-heads-bhsd", 2, 1000, 5, "bfloat16", (3, 20), "bhsd", False),
+]
+
+
+@pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
+def test_sm90_build():
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(BUILD_CASES)], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row["label"] for row in rows] == [c[0] for c in BUILD_CASES]
+    for row in rows:
+        # the overlap: each score product's wait leaves the other map's wgmma in flight
+        assert row["waits"] == ["1", "1", "0"], row
+        assert row["wgmma"] > 0 and row["cp_async"] > 0, row
+        assert row["spills"] == 0 and row["regs"] <= 168, row
+        assert row["shared"] <= 76 * 1024, row
+    assert rows[0]["step"] == 62 and rows[0]["grid"] == [24, -(-8704 // 62)]
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: bitwise the Triton kernel
+
+def _sm90_gpu() -> bool:
+    return (not attention._runtime.INTERPRET and torch.cuda.is_available()
+            and torch.cuda.get_device_capability()[0] == 9)
+
+
+GPU_CASES = [
+    # B, N, H, dtype, window, layout, lam
+    (1, 8704, 24, torch.bfloat16, 17, "bshd", 1.0),
+    (2, 1000, 24, torch.bfloat16, 17, "bshd", 0.8),
+    (1, 4352, 24, torch.float16, 17, "bshd", 0.5),
+    (2, 33, 5, torch.bfloat16, 17, "bshd", 0.8),       # N < a tile, odd heads
+    (1, 300, 3, torch.bfloat16, 0, "bshd", 0.8),       # window 0
+    (1, 301, 3, torch.float16, (3, 20), "bshd", "tensor"),
+    (1, 257, 2, torch.bfloat16, (0, 17), "bhsd", 1.0),
+    (1, 1, 4, torch.bfloat16, 17, "bshd", 0.8),        # one token
+    (3, 129, 7, torch.bfloat16, (17, 0), "bhsd", "tensor"),
+]
+
+
+@pytest.mark.skipif(not _sm90_gpu(), reason="needs an sm_90 GPU (Gluon's wgmma kernel)")
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[4]}-{c[5]}")
+def test_bitwise_triton_kernel(case, monkeypatch):
+    B, N, H, dt, window, layout, lam = case
+    q1, q2, k1, k2, v = _proj(B, N, H, dt, "cuda", seed=N)
+    if layout == "bhsd":
+        q1, q2, k1, k2, v = [t.transpose(1, 2).contiguous() for t in (q1, q2, k1, k2, v)]
+    if lam == "tensor":
+        lam = (torch.rand(H, generator=torch.Generator().manual_seed(1)) + 0.1).cuda()
+    p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, lam=lam, layout=layout)
+    o4s = []
+    taken = []
+    real = attention._launch_gluon
+    monkeypatch.setattr(attention, "_launch_gluon",
+                        lambda *a, **k: (taken.append(1), real(*a, **k)))
+    for gluon in (True, False):
+        monkeypatch.setattr(attention, "GLUON_SM90", gluon)
+        out = torch.full(p.q.shape, float("nan"), dtype=dt, device="cuda")  # poisoned
+        attention.launch(p, out)
+        o4s.append(out)
+    torch.cuda.synchronize()
+    assert taken == [1]
+    g, t = o4s
+    assert not torch.isnan(g).any()
+    assert torch.equal(g.view(torch.int16), t.view(torch.int16)), \
+        f"{(g != t).sum().item()} elements differ, max |d| {(g.float() - t.float()).abs().max()}"
