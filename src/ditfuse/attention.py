@@ -387,6 +387,8 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     arithmetic a column; on the GPU other last bits than the column-split tile):
     Triton gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
     BLOCK_M < D splits its columns across the warps; the halves put them along the rows.
+    Without ``settings``, a call that :func:`gluon_ok` accepts (SAME-L's 16-bit differential
+    entry on sm_90) runs ``_attn_gluon``'s kernel: the same tiles and bits.
     """
     from ._attn_kernel import _swa_fwd_kernel
 
@@ -763,7 +765,10 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
       grows with the logits' magnitude (~1e-2 at logits of ~10). Not fp32-exact: use the
       reference for that.
     * Differential: one rounding of the difference; diffusers' eager code rounds each
-      map and then the difference, so the fused result is nearer the exact value.
+      map and then the difference, so the fused result is nearer the exact value. On
+      sm_90, bf16 / fp16 at head_dim 64 in a narrow band without the prologue (SAME-L)
+      runs a Gluon kernel (:func:`gluon_ok`) bitwise equal to the Triton kernel it
+      replaces: the same tiles and arithmetic, only the waits on the tensor cores moved.
     * Prologue: the arithmetic of :func:`ditfuse.qk_norm_rope` (fp32, rounded to the
       activation dtype after the norm and after the rotation, no fused multiply-add), so
       the tiles fed to the tensor cores are those ``qk_norm_rope`` would write (bitwise
