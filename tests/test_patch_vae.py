@@ -72,13 +72,26 @@ def spy(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def no_tf32():
+    """fp32 convolutions and matmuls in fp32 for the test, restored after it. Not
+    ``monkeypatch``: these flags are properties of torch's backend modules, and pytest >= 9.2
+    records them as absent and then fails deleting them at teardown (which also left the
+    ``spy`` fixture's patches in place for the tests after)."""
+    flags = [(torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32")]
+    saved = [getattr(m, n) for m, n in flags]
+    for m, n in flags:
+        setattr(m, n, False)
+    yield
+    for (m, n), v in zip(flags, saved):
+        setattr(m, n, v)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(VAES))
-def test_patched_vae_matches_unpatched(name, dtype, spy, monkeypatch):
+def test_patched_vae_matches_unpatched(name, dtype, spy, no_tf32):
     # fp32 convolutions in fp32 (cuDNN's default TF32 would round their inputs to 10 bits,
     # turning the pairs' fp32-rounding differences into 1e-4-sized ones: H200, session 21)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     vae, z, x = _make(name, dtype)
     ref = _run(vae, z, x)
     report = ditfuse.patch(vae)
