@@ -175,3 +175,17 @@ def test_bitwise_triton_kernel(case, monkeypatch):
     assert not torch.isnan(g).any()
     assert torch.equal(g.view(torch.int16), t.view(torch.int16)), \
         f"{(g != t).sum().item()} elements differ, max |d| {(g.float() - t.float()).abs().max()}"
+
+
+@pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
+def test_build_report_row():
+    """``attention.build_report`` builds the Gluon kernel for its spec (the launch an sm_90 GPU
+    takes at SAME-L 8704 bf16) and gates it like the Triton builds: tensor cores, no local
+    memory in loops, no spills."""
+    rows = {r["name"]: r for r in attention.build_report(["same-l-bf16-attn-gluon",
+                                                           "same-l-bf16-attn"])}
+    g, t = rows["same-l-bf16-attn-gluon"], rows["same-l-bf16-attn"]
+    assert g["kernel"] == "gluon" and t["kernel"] == "triton"
+    assert g["wgmma"] > 0 and not g["violations"] and g["loop_local"] == 0, g
+    assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == \
+        (t["block_m"], t["block_n"], t["step_m"], t["grid"])  # the same tiles and programs

@@ -958,6 +958,7 @@ class BuildSpec:
     prologue: bool = True      # DyT q/k norm + rotate-half RoPE over D/2 channels (SAME)
     window: object = 17
     trt: bool = False          # the seed's TensorRT contract: q/k of 2H heads [q1 | q2]
+    gluon: bool = False        # the sm_90 Gluon kernel the call routes to (gluon_ok)
 
 
 #: local memory a shipped build may touch outside its loops (bytes of spill / stack)
@@ -967,6 +968,7 @@ BUILD_SPECS = [
     BuildSpec("same-l-bf16"),
     BuildSpec("same-l-fp32", dtype="fp32"),
     BuildSpec("same-l-bf16-attn", prologue=False),
+    BuildSpec("same-l-bf16-attn-gluon", prologue=False, gluon=True),
     BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
     BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
     BuildSpec("same-l-fp32-plain", dtype="fp32", differential=False, prologue=False),
@@ -1021,12 +1023,19 @@ def capture_launch(spec: BuildSpec):
     from . import _attn_kernel
     from .inspect_kernels import intercept_launches
 
-    global PROLOGUE_APART
+    global PROLOGUE_APART, _gluon_device
     apart, PROLOGUE_APART = PROLOGUE_APART, False
+    device_test = _gluon_device
+    place = (_attn_kernel, "_swa_fwd_kernel")
+    if spec.gluon:  # the launch an sm_90 GPU takes (meta tensors stand in for its memory)
+        from . import _attn_gluon
+        _gluon_device = lambda o4: True  # noqa: E731
+        place = (_attn_gluon, "_swa_diff_sm90_kernel")
     try:
-        calls = intercept_launches([(_attn_kernel, "_swa_fwd_kernel")], _meta_call(spec))
+        calls = intercept_launches([place], _meta_call(spec))
     finally:
         PROLOGUE_APART = apart
+        _gluon_device = device_test
     if len(calls) != 1:
         raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
     return calls[0]
@@ -1045,11 +1054,16 @@ def build(spec: BuildSpec) -> dict:
     from . import inspect_kernels as ik
     from ._attn_kernel import _swa_fwd_kernel as kernel
 
+    source = ASTSource
+    if spec.gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+
+        from ._attn_gluon import _swa_diff_sm90_kernel as kernel
     grid, args, kwargs = capture_launch(spec)
     target = GPUTarget("cuda", ik.ARCH, ik.WARP_SIZE)
     signature, constexprs, attrs, options = ik.specialize(kernel, args, kwargs, target)
     with mma_sync_only(bool(kwargs.get("MMA_SYNC"))):
-        ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+        ck = triton.compile(source(kernel, signature, constexprs, attrs), target=target,
                             options=options.__dict__)
     ptx = ck.asm["ptx"]
     name = ck.metadata.name
@@ -1060,7 +1074,8 @@ def build(spec: BuildSpec) -> dict:
         differential=spec.differential, prologue=spec.prologue, window=str(spec.window),
         block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], step_m=kwargs["STEP_M"],
         num_warps=ck.metadata.num_warps,
-        num_stages=kwargs["num_stages"], grid=list(grid), smem=ck.metadata.shared,
+        num_stages=kwargs["STAGES"] if spec.gluon else kwargs["num_stages"],
+        kernel="gluon" if spec.gluon else "triton", grid=list(grid), smem=ck.metadata.shared,
         wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
         **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
