@@ -22,22 +22,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from ditfuse._attn_gluon import _copy_rows, _softmax_step as _softmax
+
 LOG2E = 1.4426950408889634
-
-
-@gluon.jit
-def _ex2(x):
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _copy_rows(smem, ptr, base, start, stride_s, N, BLOCK: gl.constexpr, D: gl.constexpr,
-               LD: gl.constexpr):
-    r = start + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, LD))
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    p = ptr + (base + r.to(gl.int64) * stride_s)[:, None] + d[None, :]
-    async_copy.async_copy_global_to_shared(smem, p, mask=(r < N)[:, None])
 
 
 @gluon.jit
@@ -47,16 +34,6 @@ def _load_rows(ptr, base, start, stride_s, N, BLOCK: gl.constexpr, D: gl.constex
     d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
     p = ptr + (base + r.to(gl.int64) * stride_s)[:, None] + d[None, :]
     return gl.load(p, mask=(r < N)[:, None], other=0.0)
-
-
-@gluon.jit
-def _softmax(s, band, m_i, l_i, qk_scale):
-    s = gl.where(band, s * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    alpha = _ex2(m_i - m_new)
-    p = _ex2(s - m_new[:, None])
-    l_new = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_new
 
 
 @gluon.jit

@@ -418,6 +418,10 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     # an unbounded side reaches every token; clamp to N so int32 sums cannot overflow
     left = N if p.left < 0 else min(p.left, N)
     right = N if p.right < 0 else min(p.right, N)
+    grid = (B * H, n_m) if token_major else (n_m, B * H)
+    if settings is None and gluon_ok(p, o4, st):
+        _launch_gluon(p, o4, grid, left, right, step, token_major)
+        return
     dummy = p.q
     qk = p.qk
     qa = _norm_args(qk.q_norm if qk is not None else None, dummy)
@@ -434,7 +438,6 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     q2, k2 = (p.q2, p.k2) if diff else (p.q, p.k)
     lam_t = p.lam_tensor if p.lam_tensor is not None else dummy
     lam_st = p.lam_tensor.stride(0) if p.lam_tensor is not None else 0
-    grid = (B * H, n_m) if token_major else (n_m, B * H)
     args = (
         p.q, p.k, p.v, q2, k2, o4, lam_t,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"], cos, sin,
@@ -457,9 +460,6 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         OFF64=not _fits_int32(p, o4, max(bm, bn)),
         TOKEN_MAJOR=token_major,
     )
-    if settings is None and gluon_ok(p, o4, st):
-        _launch_gluon(p, o4, grid, left, right, step, token_major)
-        return
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does --
     # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
