@@ -5,7 +5,7 @@ session 27 (`logs/s27/d`). Each round: FlexAttention (compiled, a sliding-window
 both maps and the difference, as `ditfuse bench` calls it) by do_bench's median (eager
 launches, L2 flushed) and by CUDA-graph replay (GPU time only); ditfuse's call likewise.
 
-    PYTHONPATH=src python benchmarks/flex_ratio.py [--rounds 3]
+    PYTHONPATH=src python benchmarks/flex_ratio.py [--rounds 3] [--cases same-l-8704-bfloat16,...]
 """
 import sys
 
@@ -22,7 +22,10 @@ CASES = [("same-l-8704", 8704, torch.bfloat16), ("same-l-8704", 8704, torch.floa
 def main():
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 3
     fa = torch.compile(flex_attention)
+    only = sys.argv[sys.argv.index("--cases") + 1].split(",") if "--cases" in sys.argv else None
     for name, N, dt in CASES:
+        if only and f"{name}-{str(dt)[6:]}" not in only:
+            continue
         g = torch.Generator(device="cuda").manual_seed(0)
         proj = torch.randn(1, N, 5 * 24 * 64, generator=g, device="cuda").to(dt)
         q1, q2, k1, k2, v = [t.unflatten(-1, (24, 64)) for t in proj.chunk(5, dim=-1)]

@@ -52,6 +52,13 @@ def _ex2(x):
 
 
 @gluon.jit
+def _warp_id(x):
+    """``%tid.x / 32`` (``x``, any int32 scalar, only gives the asm an operand)."""
+    return gl.inline_asm_elementwise("{ .reg .u32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; } // $1", "=r,r", [x],
+                                     dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _copy_rows(smem, ptr, base, start, stride_s, N, BLOCK: gl.constexpr, D: gl.constexpr,
                LD: gl.constexpr):
     """cp.async of rows ``start .. start + BLOCK`` of a (N, D) slice at int64 offset
@@ -100,6 +107,7 @@ def _swa_diff_sm90_kernel(
     STAGES: gl.constexpr,                 # cp.async ring depth (>= 2)
     LAM_PTR: gl.constexpr,
     TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
+    WARP_SKIP: gl.constexpr = False,      # skip a warp's softmaxes where its rows miss the tile
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
@@ -162,6 +170,10 @@ def _swa_diff_sm90_kernel(
     l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
     l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
+    zero_p = gl.zeros([BLOCK_M, BLOCK_N], dtype, S_L)
+    # this thread's warp's first query row (warp w holds rows 16 w .. 16 w + 15 of a wgmma
+    # accumulator); a per-thread value equal across the warp, so a branch on it is uniform
+    w_lo = start_m + 16 * _warp_id(start_m)
     acc1 = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, O_L))
     acc2 = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, O_L))
 
@@ -187,14 +199,35 @@ def _swa_diff_sm90_kernel(
         # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
         band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
             row_span[:, None].to(gl.uint32, bitcast=True)
-        p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-        acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-        acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1,
+        if WARP_SKIP:
+            # this warp's 16 rows [w_lo, w_lo + 16) meet the tile's band (else every score is
+            # masked: m, l, acc stay as they are and P = 0, the same bits as computing it)
+            need = (start_n <= w_lo + (15 + RIGHT)) & (start_n + (BLOCK_N - 1) >= w_lo - LEFT)
+            if need:
+                p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+                acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+                p1 = p1.to(dtype)
+            else:
+                p1 = zero_p
+        else:
+            p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+            acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+            p1 = p1.to(dtype)
+        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), v_s.index(stage), acc1,
                              is_async=True)
         s2 = warpgroup_mma_wait(1, deps=[s2])
-        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
-        acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-        acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
+        if WARP_SKIP:
+            if need:
+                p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+                acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+                p2 = p2.to(dtype)
+            else:
+                p2 = zero_p
+        else:
+            p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+            acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+            p2 = p2.to(dtype)
+        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), v_s.index(stage), acc2,
                              is_async=True)
 
     acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
