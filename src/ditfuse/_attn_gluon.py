@@ -33,7 +33,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
+    fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
 
 #: cp.async ring depth: 4 measured fastest (H200, benchmarks/logs/s27/b: 59.0 us at SAME-L
 #: 8704 bf16 against 60.2 with 3 and 70.3 with 5, whose 76 KB of shared memory a program
@@ -44,18 +44,18 @@ BLOCK_N = 32
 NUM_WARPS = 4
 
 
+def max_trips(N: int, left: int, right: int, step: int) -> int:
+    """Key tiles of ``BLOCK_N`` a program visits: its stored queries' band, at most
+    ``step + left + right`` keys from its first and at most N (``left`` / ``right`` >= 0, as
+    the launcher clamps them)."""
+    return max(1, -(-min(step + left + right, N) // BLOCK_N))
+
+
 @gluon.jit
 def _ex2(x):
     """2^x as ``_kernel_utils._ex2``: one ``ex2.approx.ftz.f32``."""
     return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
                                      dtype=gl.float32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _warp_id(x):
-    """``%tid.x / 32`` (``x``, any int32 scalar, only gives the asm an operand)."""
-    return gl.inline_asm_elementwise("{ .reg .u32 t; mov.u32 t, %tid.x; shr.u32 $0, t, 5; } // $1", "=r,r", [x],
-                                     dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -107,7 +107,7 @@ def _swa_diff_sm90_kernel(
     STAGES: gl.constexpr,                 # cp.async ring depth (>= 2)
     LAM_PTR: gl.constexpr,
     TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
-    WARP_SKIP: gl.constexpr = False,      # skip a warp's softmaxes where its rows miss the tile
+    TRIPS: gl.constexpr,                  # key tiles a program visits (``max_trips``)
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
@@ -143,10 +143,10 @@ def _swa_diff_sm90_kernel(
     k2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
     v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
 
-    # the key tiles of the band of this tile's stored queries, from its first key
+    # the key tiles of the band of this tile's stored queries, from its first key; every
+    # program makes TRIPS trips (a tile at the sequence's end visits keys past N: zero-filled
+    # and masked, so m, l and the accumulators keep their bits)
     lo = gl.maximum(start_m - LEFT, 0)
-    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
-    trips = gl.cdiv(hi - lo, BLOCK_N)
 
     _copy_rows(q_s, q_ptr, b * stride_qb + h * stride_qh, start_m, stride_qs, N, BLOCK_M, D, LD)
     _copy_rows(q2_s, q2_ptr, b * stride_q2b + h * stride_q2h, start_m, stride_q2s, N, BLOCK_M,
@@ -154,7 +154,7 @@ def _swa_diff_sm90_kernel(
     # copy group 0: Q and key tile 0; group i: key tile i (empty past the last tile, so that
     # "tile t has landed" is always "at most STAGES - 2 groups in flight")
     for t in gl.static_range(STAGES - 1):
-        if t < trips:
+        if t < TRIPS:
             _copy_tile(k_s, k2_s, v_s, t, k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
                        lo + t * BLOCK_N, stride_ks, stride_k2s, stride_vs, N, BLOCK_N, D, LD)
         async_copy.commit_group()
@@ -170,14 +170,12 @@ def _swa_diff_sm90_kernel(
     l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
     l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
-    zero_p = gl.zeros([BLOCK_M, BLOCK_N], dtype, S_L)
-    # this thread's warp's first query row (warp w holds rows 16 w .. 16 w + 15 of a wgmma
-    # accumulator); a per-thread value equal across the warp, so a branch on it is uniform
-    w_lo = start_m + 16 * _warp_id(start_m)
-    acc1 = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, O_L))
-    acc2 = warpgroup_mma_init(gl.zeros([BLOCK_M, D], gl.float32, O_L))
+    acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+    acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
 
-    for t in range(trips):
+    # unrolled: ptxas serializes every wgmma (C7514) when an accumulator in flight across a
+    # loop's back edge is read after the wait that retires it
+    for t in gl.static_range(TRIPS):
         stage = t % STAGES
         start_n = lo + t * BLOCK_N
         async_copy.wait_group(STAGES - 2)
@@ -187,47 +185,28 @@ def _swa_diff_sm90_kernel(
                            is_async=True)
         s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
-        s1, acc1, acc2 = warpgroup_mma_wait(1, deps=[s1, acc1, acc2])
+        if t == 0:
+            s1 = warpgroup_mma_wait(1, deps=[s1])
+        else:
+            s1, acc1, acc2 = warpgroup_mma_wait(1, deps=[s1, acc1, acc2])
         # every product that read the stage trip t-1 used is done: refill it
-        nt = t + STAGES - 1
-        if nt < trips:
-            _copy_tile(k_s, k2_s, v_s, nt % STAGES, k_ptr, k2_ptr, v_ptr, k_base, k2_base,
-                       v_base, lo + nt * BLOCK_N, stride_ks, stride_k2s, stride_vs, N,
-                       BLOCK_N, D, LD)
+        if t + STAGES - 1 < TRIPS:
+            _copy_tile(k_s, k2_s, v_s, (t + STAGES - 1) % STAGES, k_ptr, k2_ptr, v_ptr, k_base,
+                       k2_base, v_base, lo + (t + STAGES - 1) * BLOCK_N, stride_ks, stride_k2s,
+                       stride_vs, N, BLOCK_N, D, LD)
         async_copy.commit_group()
 
         # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
         band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
             row_span[:, None].to(gl.uint32, bitcast=True)
-        if WARP_SKIP:
-            # this warp's 16 rows [w_lo, w_lo + 16) meet the tile's band (else every score is
-            # masked: m, l, acc stay as they are and P = 0, the same bits as computing it)
-            need = (start_n <= w_lo + (15 + RIGHT)) & (start_n + (BLOCK_N - 1) >= w_lo - LEFT)
-            if need:
-                p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-                acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-                p1 = p1.to(dtype)
-            else:
-                p1 = zero_p
-        else:
-            p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-            acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-            p1 = p1.to(dtype)
-        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), v_s.index(stage), acc1,
+        p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+        acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+        acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1,
                              is_async=True)
         s2 = warpgroup_mma_wait(1, deps=[s2])
-        if WARP_SKIP:
-            if need:
-                p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
-                acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-                p2 = p2.to(dtype)
-            else:
-                p2 = zero_p
-        else:
-            p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
-            acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-            p2 = p2.to(dtype)
-        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), v_s.index(stage), acc2,
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+        acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+        acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
                              is_async=True)
 
     acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])

@@ -477,8 +477,6 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
 #: benchmarks/logs/s27: 59.0 us at SAME-L 8704 bf16 against 62.2). False: the Triton kernel
 #: everywhere (A/B runs; part of the eager call's replay key).
 GLUON_SM90 = True
-# skip a warp's softmaxes on key tiles its rows' band misses (the same bits; _attn_gluon)
-GLUON_WARP_SKIP = True
 _SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
 _CAPABILITY: dict = {}
 
@@ -527,7 +525,7 @@ def _launch_gluon(p: Plan, o4: Tensor, grid, left: int, right: int, step: int,
     _fastpath.launch(ag._swa_diff_sm90_kernel, grid, args,
                      dict(H=H, D=D, BLOCK_M=ag.BLOCK_M, BLOCK_N=ag.BLOCK_N, STEP_M=step,
                           STAGES=ag.STAGES, LAM_PTR=p.lam_tensor is not None,
-                          TOKEN_MAJOR=token_major, WARP_SKIP=GLUON_WARP_SKIP,
+                          TOKEN_MAJOR=token_major, TRIPS=ag.max_trips(N, left, right, step),
                           num_warps=ag.NUM_WARPS,
                           enable_fp_fusion=False))
 
@@ -874,8 +872,7 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
             for a, b in ((q, q2), (k, k2)))
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, GLUON_SM90, GLUON_WARP_SKIP,
-           joint,
+           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, GLUON_SM90, joint,
            *(sig(t) for t in tensors))
     hash(key)
     return key, tensors

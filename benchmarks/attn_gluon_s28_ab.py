@@ -1,0 +1,145 @@
+"""Session 28: ptxas's wgmma serialization in the session 27 Gluon kernel, and its fixes.
+
+ptxas -v on the s27 kernel (``gluon_s28/k_s27.py``) reports C7514 "wgmma.mma_async
+instructions are serialized due to non wgmma instructions reading accumulator registers of a
+wgmma between start and end of the pipeline stage": its SASS waits on every HGMMA right
+after issuing it (12 ``WARPGROUP.DEPBAR.LE gsb0, 0x0``), so the hand-placed waits of the PTX
+never overlapped anything. The culprit: P @ V products left in flight across the loop's back
+edge, whose accumulators the next trip rescales after the wait that retires them. Variants,
+all the same arithmetic (bitwise the Triton kernel expected):
+
+* ``s27``          -- the shipped s27 loop (serialized by ptxas)
+* ``loop_wait0``   -- the loop, every trip ending with wait(0) (ptxas pipelines it: S2 under
+                      softmax 1, P1 @ V under softmax 2)
+* ``loop_top``     -- and the ring's refill issued at the trip's top (after its barrier)
+* ``unroll``       -- the library kernel: ``TRIPS`` trips unrolled, P @ V of trip t in flight
+                      under trip t+1's score products (181 registers: 2 programs an SM)
+* ``unroll168``    -- the same capped at 168 registers (3 programs an SM; 36 B of spills)
+
+    PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5]      # H200
+    PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build           # CPU: sm_90
+"""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import ditfuse
+from ditfuse import attention, _attn_gluon as ag, _attn_kernel
+from ditfuse.inspect_kernels import intercept_launches
+
+HERE = Path(__file__).resolve().parent
+CASES = [("same-l-8704", 8704, torch.bfloat16), ("same-l-32946", 32946, torch.bfloat16),
+         ("same-l-trt-shape", 4352, torch.bfloat16), ("same-l-8704-fp16", 8704, torch.float16),
+         ("batch2-odd", 1000, torch.bfloat16)]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"gluon_s28_{name}", HERE / "gluon_s28" /
+                                                  f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._swa_diff_sm90_kernel
+
+
+VARIANTS = {  # name: (kernel, extra launch options)
+    "s27": (lambda: _load("k_s27"), {}),
+    "loop_wait0": (lambda: _load("k_loop_wait0"), {}),
+    "loop_top": (lambda: _load("k_loop_wait0_top"), {}),
+    "unroll": (lambda: ag._swa_diff_sm90_kernel, {}),
+    "unroll168": (lambda: ag._swa_diff_sm90_kernel, {"maxnreg": 168}),
+}
+
+
+def _views(name, N, dt, device):
+    B, H = (2, 5) if name == "batch2-odd" else (1, 24)
+    if device == "meta":
+        proj = torch.empty(B, N, 5 * H * 64, dtype=dt, device="meta")
+    else:
+        g = torch.Generator(device=device).manual_seed(0)
+        proj = torch.randn(B, N, 5 * H * 64, generator=g, device=device).to(dt)
+    return [t.unflatten(-1, (H, 64)) for t in proj.chunk(5, dim=-1)]
+
+
+def _launch_spec(q1, k1, v, q2, k2):
+    call = lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2)
+    (grid, args, kw), = intercept_launches([(ag, "_swa_diff_sm90_kernel"),
+                                            (_attn_kernel, "_swa_fwd_kernel")], call)
+    return grid, args, kw
+
+
+def _kw(kern, kw, extra):
+    kw = {k: v for k, v in kw.items() if not k.isupper() or k in kern.arg_names}
+    return {**kw, **extra}
+
+
+def build():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from ditfuse.inspect_kernels import specialize, run_ptxas, run_cuobjdump
+    attention._gluon_device = lambda o4: True
+    t = GPUTarget("cuda", 90, 32)
+    grid, args, kw = _launch_spec(*_views("same-l-8704", 8704, torch.bfloat16, "meta"))
+    for name, (kern, extra) in VARIANTS.items():
+        kern = kern()
+        sig, cex, attrs, opts = specialize(kern, args, _kw(kern, kw, extra), t)
+        ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t,
+                            options=opts.__dict__)
+        pt = run_ptxas(ck.asm["ptx"], opts, ck.metadata.name)
+        cu = run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
+        from ditfuse.inspect_kernels import wheel_tool_path
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "k.cubin").write_bytes(ck.asm["cubin"])
+            sass = subprocess.run([str(wheel_tool_path("cuobjdump")), "--dump-sass",
+                                   str(Path(d) / "k.cubin")], capture_output=True,
+                                  text=True).stdout
+        print(json.dumps(dict(
+            variant=name, regs=pt["regs"], spills=pt["spill_stores"], shared=ck.metadata.shared,
+            sass=cu["sass_instructions"],
+            serialized=any("C7514" in ln for ln in pt["ptxas_log"]),
+            hgmma=sass.count("HGMMA."),
+            depbar_0=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x0"),
+            depbar_1=sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1"),
+            bar_sync=len(re.findall(r"BAR\.SYNC", sass)))), flush=True)
+
+
+def main():
+    from ditfuse.bench import graph_us
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
+    kernels = {n: (k(), e) for n, (k, e) in VARIANTS.items()}
+    for name, N, dt in CASES:
+        q1, q2, k1, k2, v = _views(name, N, dt, "cuda")
+        attention.GLUON_SM90 = False
+        ref = ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2)
+        t_triton = []
+        attention.GLUON_SM90 = True
+        grid, args, kw = _launch_spec(q1, k1, v, q2, k2)
+        o = args[5]
+        times = {n: [] for n in kernels}
+        same = {}
+        for r in range(rounds):
+            for n, (kern, extra) in kernels.items():
+                launch = lambda: kern[grid](*args, **_kw(kern, kw, extra))
+                if r == 0:
+                    o.fill_(float("nan"))
+                    launch()
+                    torch.cuda.synchronize()
+                    same[n] = torch.equal(o.view(torch.int16), ref.view(torch.int16))
+                times[n].append(graph_us(launch))
+            attention.GLUON_SM90 = False
+            t_triton.append(graph_us(
+                lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2)))
+            attention.GLUON_SM90 = True
+        print(f"{name:18s} {str(dt)[6:]:8s} triton {min(t_triton):6.1f} | " + " | ".join(
+            f"{n} {min(ts):6.1f} ({max(ts):.1f}) {'bitwise' if same[n] else 'DIFFERS'}"
+            for n, ts in times.items()), flush=True)
+
+
+if __name__ == "__main__":
+    build() if "--build" in sys.argv else main()
