@@ -12,11 +12,20 @@ all the same arithmetic (bitwise the Triton kernel expected):
 * ``loop_wait0``   -- the loop, every trip ending with wait(0) (ptxas pipelines it: S2 under
                       softmax 1, P1 @ V under softmax 2)
 * ``loop_top``     -- and the ring's refill issued at the trip's top (after its barrier)
-* ``unroll``       -- the library kernel: ``TRIPS`` trips unrolled, P @ V of trip t in flight
+* ``unroll``       -- ``TRIPS`` trips unrolled (``gluon_s28/k_unroll.py``), P @ V of trip t in flight
                       under trip t+1's score products (181 registers: 2 programs an SM)
 * ``unroll168``    -- the same capped at 168 registers (3 programs an SM; 36 B of spills)
+* ``library``      -- ``_attn_gluon`` as shipped in session 28: ``loop_wait0``
+(Built on the CPU only: the next tile's cp.async wait and barrier placed before the trip's
+last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes on it, -11.)
+* ``library_3st``  -- ``library`` with a 3-deep ring
+* ``unroll_w0``    -- ``TRIPS`` unrolled, each trip ending with wait(0) (as ``library``)
+* ``unroll_sync``  -- unrolled, trip t-1's P @ V retired after trip t's cp.async wait and
+                      barrier (they run under it); only TRIPS ring buffers where every tile
+                      is copied before the first trip (52 KB at SAME-L: 4 programs an SM fit)
+* ``unroll_sync128`` -- the same capped at 128 registers (4 programs an SM; 32 B of spills)
 
-    PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5]      # H200
+    PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5] [--variants a,b]  # H200
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build           # CPU: sm_90
 """
 import importlib.util
@@ -50,8 +59,13 @@ VARIANTS = {  # name: (kernel, extra launch options)
     "s27": (lambda: _load("k_s27"), {}),
     "loop_wait0": (lambda: _load("k_loop_wait0"), {}),
     "loop_top": (lambda: _load("k_loop_wait0_top"), {}),
-    "unroll": (lambda: ag._swa_diff_sm90_kernel, {}),
-    "unroll168": (lambda: ag._swa_diff_sm90_kernel, {"maxnreg": 168}),
+    "unroll": (lambda: _load("k_unroll"), {}),
+    "unroll168": (lambda: _load("k_unroll"), {"maxnreg": 168}),
+    "library": (lambda: ag._swa_diff_sm90_kernel, {}),
+    "library_3st": (lambda: ag._swa_diff_sm90_kernel, {"STAGES": 3}),
+    "unroll_w0": (lambda: _load("k_unroll_w0"), {}),
+    "unroll_sync": (lambda: _load("k_unroll_sync"), {}),
+    "unroll_sync128": (lambda: _load("k_unroll_sync"), {"maxnreg": 128}),
 }
 
 
@@ -72,8 +86,10 @@ def _launch_spec(q1, k1, v, q2, k2):
     return grid, args, kw
 
 
-def _kw(kern, kw, extra):
+def _kw(kern, args, kw, extra):
     kw = {k: v for k, v in kw.items() if not k.isupper() or k in kern.arg_names}
+    if "TRIPS" in kern.arg_names:  # the unrolled prototype: N, LEFT, RIGHT are args 9-11
+        kw["TRIPS"] = max(1, -(-min(kw["STEP_M"] + args[10] + args[11], args[9]) // 32))
     return {**kw, **extra}
 
 
@@ -87,7 +103,7 @@ def build():
     grid, args, kw = _launch_spec(*_views("same-l-8704", 8704, torch.bfloat16, "meta"))
     for name, (kern, extra) in VARIANTS.items():
         kern = kern()
-        sig, cex, attrs, opts = specialize(kern, args, _kw(kern, kw, extra), t)
+        sig, cex, attrs, opts = specialize(kern, args, _kw(kern, args, kw, extra), t)
         ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t,
                             options=opts.__dict__)
         pt = run_ptxas(ck.asm["ptx"], opts, ck.metadata.name)
@@ -112,7 +128,9 @@ def build():
 def main():
     from ditfuse.bench import graph_us
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
-    kernels = {n: (k(), e) for n, (k, e) in VARIANTS.items()}
+    only = sys.argv[sys.argv.index("--variants") + 1].split(",") if "--variants" in sys.argv \
+        else list(VARIANTS)
+    kernels = {n: (k(), e) for n, (k, e) in VARIANTS.items() if n in only}
     for name, N, dt in CASES:
         q1, q2, k1, k2, v = _views(name, N, dt, "cuda")
         attention.GLUON_SM90 = False
@@ -125,7 +143,7 @@ def main():
         same = {}
         for r in range(rounds):
             for n, (kern, extra) in kernels.items():
-                launch = lambda: kern[grid](*args, **_kw(kern, kw, extra))
+                launch = lambda: kern[grid](*args, **_kw(kern, args, kw, extra))
                 if r == 0:
                     o.fill_(float("nan"))
                     launch()

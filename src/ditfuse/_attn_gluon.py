@@ -9,11 +9,20 @@ softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map as
 partner). A trip over key tile t (wgmma groups complete in issue order):
 
     issue S1 = Q1 K1^T, S2 = Q2 K2^T                  (async)
-    wait until 1 group is in flight -> S1 and trip t-1's O1, O2 are done
+    wait until 1 group is in flight -> S1 is done
     issue the copies of tile t + STAGES - 1           (cp.async, into the stage t-1 used)
     softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
     wait until 1 group is in flight -> S2 is done
     softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
+    wait for both P @ V
+
+The last wait keeps every wgmma inside its trip. ptxas pipelines wgmma only where no
+non-wgmma instruction reads an accumulator whose wgmma is in flight; a product left in flight
+across the loop's back edge (session 27's form: O1 / O2 retired by the next trip's first
+wait) fails its analysis, and it then serializes every wgmma of the kernel (``ptxas -v``:
+C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). tests/
+test_attention_gluon.py builds this kernel for sm_90 and checks that ptxas keeps the
+pipeline (no C7514, waits of 1 in the SASS).
 
 Contract: **bitwise** the Triton kernel's output at the launch it replaces -- the table's
 SAME-L 16-bit entry (64-query tiles storing ``STEP_M``, 32-key tiles from the tile's first
@@ -42,13 +51,6 @@ STAGES = 4
 BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
-
-
-def max_trips(N: int, left: int, right: int, step: int) -> int:
-    """Key tiles of ``BLOCK_N`` a program visits: its stored queries' band, at most
-    ``step + left + right`` keys from its first and at most N (``left`` / ``right`` >= 0, as
-    the launcher clamps them)."""
-    return max(1, -(-min(step + left + right, N) // BLOCK_N))
 
 
 @gluon.jit
@@ -107,7 +109,6 @@ def _swa_diff_sm90_kernel(
     STAGES: gl.constexpr,                 # cp.async ring depth (>= 2)
     LAM_PTR: gl.constexpr,
     TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
-    TRIPS: gl.constexpr,                  # key tiles a program visits (``max_trips``)
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
@@ -143,10 +144,10 @@ def _swa_diff_sm90_kernel(
     k2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
     v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
 
-    # the key tiles of the band of this tile's stored queries, from its first key; every
-    # program makes TRIPS trips (a tile at the sequence's end visits keys past N: zero-filled
-    # and masked, so m, l and the accumulators keep their bits)
+    # the key tiles of the band of this tile's stored queries, from its first key
     lo = gl.maximum(start_m - LEFT, 0)
+    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
+    trips = gl.cdiv(hi - lo, BLOCK_N)
 
     _copy_rows(q_s, q_ptr, b * stride_qb + h * stride_qh, start_m, stride_qs, N, BLOCK_M, D, LD)
     _copy_rows(q2_s, q2_ptr, b * stride_q2b + h * stride_q2h, start_m, stride_q2s, N, BLOCK_M,
@@ -154,7 +155,7 @@ def _swa_diff_sm90_kernel(
     # copy group 0: Q and key tile 0; group i: key tile i (empty past the last tile, so that
     # "tile t has landed" is always "at most STAGES - 2 groups in flight")
     for t in gl.static_range(STAGES - 1):
-        if t < TRIPS:
+        if t < trips:
             _copy_tile(k_s, k2_s, v_s, t, k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
                        lo + t * BLOCK_N, stride_ks, stride_k2s, stride_vs, N, BLOCK_N, D, LD)
         async_copy.commit_group()
@@ -173,9 +174,7 @@ def _swa_diff_sm90_kernel(
     acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
     acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
 
-    # unrolled: ptxas serializes every wgmma (C7514) when an accumulator in flight across a
-    # loop's back edge is read after the wait that retires it
-    for t in gl.static_range(TRIPS):
+    for t in range(trips):
         stage = t % STAGES
         start_n = lo + t * BLOCK_N
         async_copy.wait_group(STAGES - 2)
@@ -185,15 +184,13 @@ def _swa_diff_sm90_kernel(
                            is_async=True)
         s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
                            is_async=True)
-        if t == 0:
-            s1 = warpgroup_mma_wait(1, deps=[s1])
-        else:
-            s1, acc1, acc2 = warpgroup_mma_wait(1, deps=[s1, acc1, acc2])
-        # every product that read the stage trip t-1 used is done: refill it
-        if t + STAGES - 1 < TRIPS:
-            _copy_tile(k_s, k2_s, v_s, (t + STAGES - 1) % STAGES, k_ptr, k2_ptr, v_ptr, k_base,
-                       k2_base, v_base, lo + (t + STAGES - 1) * BLOCK_N, stride_ks, stride_k2s,
-                       stride_vs, N, BLOCK_N, D, LD)
+        s1 = warpgroup_mma_wait(1, deps=[s1])
+        # every product that read the stage trip t-1 used is done (its last wait): refill it
+        nt = t + STAGES - 1
+        if nt < trips:
+            _copy_tile(k_s, k2_s, v_s, nt % STAGES, k_ptr, k2_ptr, v_ptr, k_base, k2_base,
+                       v_base, lo + nt * BLOCK_N, stride_ks, stride_k2s, stride_vs, N,
+                       BLOCK_N, D, LD)
         async_copy.commit_group()
 
         # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
@@ -208,8 +205,9 @@ def _swa_diff_sm90_kernel(
         acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
         acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
                              is_async=True)
+        # nothing in flight across the back edge (else ptxas serializes every wgmma)
+        acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
     async_copy.wait_group(0)
 
     if LAM_PTR:

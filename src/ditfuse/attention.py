@@ -525,8 +525,7 @@ def _launch_gluon(p: Plan, o4: Tensor, grid, left: int, right: int, step: int,
     _fastpath.launch(ag._swa_diff_sm90_kernel, grid, args,
                      dict(H=H, D=D, BLOCK_M=ag.BLOCK_M, BLOCK_N=ag.BLOCK_N, STEP_M=step,
                           STAGES=ag.STAGES, LAM_PTR=p.lam_tensor is not None,
-                          TOKEN_MAJOR=token_major, TRIPS=ag.max_trips(N, left, right, step),
-                          num_warps=ag.NUM_WARPS,
+                          TOKEN_MAJOR=token_major, num_warps=ag.NUM_WARPS,
                           enable_fp_fusion=False))
 
 
