@@ -15,7 +15,9 @@ all the same arithmetic (bitwise the Triton kernel expected):
 * ``unroll``       -- ``TRIPS`` trips unrolled (``gluon_s28/k_unroll.py``), P @ V of trip t in flight
                       under trip t+1's score products (181 registers: 2 programs an SM)
 * ``unroll168``    -- the same capped at 168 registers (3 programs an SM; 36 B of spills)
-* ``library``      -- ``_attn_gluon`` as shipped in session 28: ``loop_wait0``
+* ``wait0``        -- ``loop_wait0`` without its redundant wait after the loop
+* ``library``      -- ``_attn_gluon``: ``wait0`` with each tensor's tile-0 row pointers
+                      computed once and advanced by a tile step (fewer address instructions)
 (Built on the CPU only: the next tile's cp.async wait and barrier placed before the trip's
 last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes on it, -11.)
 * ``library_3st``  -- ``library`` with a 3-deep ring
@@ -24,6 +26,10 @@ last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes o
                       barrier (they run under it); only TRIPS ring buffers where every tile
                       is copied before the first trip (52 KB at SAME-L: 4 programs an SM fit)
 * ``unroll_sync128`` -- the same capped at 128 registers (4 programs an SM; 32 B of spills)
+* ``tma``          -- ``library`` with Q / K / V tiles copied by TMA (one thread issues a
+                      tile's three copies; an mbarrier a ring stage instead of cp.async
+                      groups and a block barrier a trip; host descriptors of the 4-D views)
+* ``tma_3st_128``  -- ``tma`` with a 3-deep ring at 128 registers (4 programs an SM)
 
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5] [--variants a,b]  # H200
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build           # CPU: sm_90
@@ -61,12 +67,29 @@ VARIANTS = {  # name: (kernel, extra launch options)
     "loop_top": (lambda: _load("k_loop_wait0_top"), {}),
     "unroll": (lambda: _load("k_unroll"), {}),
     "unroll168": (lambda: _load("k_unroll"), {"maxnreg": 168}),
+    "wait0": (lambda: _load("k_wait0"), {}),
     "library": (lambda: ag._swa_diff_sm90_kernel, {}),
     "library_3st": (lambda: ag._swa_diff_sm90_kernel, {"STAGES": 3}),
     "unroll_w0": (lambda: _load("k_unroll_w0"), {}),
     "unroll_sync": (lambda: _load("k_unroll_sync"), {}),
     "unroll_sync128": (lambda: _load("k_unroll_sync"), {"maxnreg": 128}),
+    "tma": (lambda: _load("k_tma"), {"_tma": True}),
+    "tma_3st_128": (lambda: _load("k_tma"), {"_tma": True, "STAGES": 3, "maxnreg": 128}),
 }
+
+
+def _args(args, extra):
+    """The launch's arguments; TMA descriptors of the five (B, N, H, D) operands for the
+    ``tma`` variant (blocks of one head's BLOCK_M / BLOCK_N tokens, 128-byte swizzle)."""
+    if not extra.get("_tma"):
+        return args
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    import triton.experimental.gluon.language as gl
+    lay = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+    descs = [TensorDescriptor(t, list(t.shape), list(t.stride()),
+                              [1, ag.BLOCK_M if i in (0, 3) else ag.BLOCK_N, 1, t.shape[3]],
+                              lay) for i, t in enumerate(args[:5])]
+    return (*descs, *args[5:])
 
 
 def _views(name, N, dt, device):
@@ -88,6 +111,7 @@ def _launch_spec(q1, k1, v, q2, k2):
 
 def _kw(kern, args, kw, extra):
     kw = {k: v for k, v in kw.items() if not k.isupper() or k in kern.arg_names}
+    extra = {k: v for k, v in extra.items() if not k.startswith("_")}
     if "TRIPS" in kern.arg_names:  # the unrolled prototype: N, LEFT, RIGHT are args 9-11
         kw["TRIPS"] = max(1, -(-min(kw["STEP_M"] + args[10] + args[11], args[9]) // 32))
     return {**kw, **extra}
@@ -103,7 +127,7 @@ def build():
     grid, args, kw = _launch_spec(*_views("same-l-8704", 8704, torch.bfloat16, "meta"))
     for name, (kern, extra) in VARIANTS.items():
         kern = kern()
-        sig, cex, attrs, opts = specialize(kern, args, _kw(kern, args, kw, extra), t)
+        sig, cex, attrs, opts = specialize(kern, _args(args, extra), _kw(kern, args, kw, extra), t)
         ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t,
                             options=opts.__dict__)
         pt = run_ptxas(ck.asm["ptx"], opts, ck.metadata.name)
@@ -143,7 +167,8 @@ def main():
         same = {}
         for r in range(rounds):
             for n, (kern, extra) in kernels.items():
-                launch = lambda: kern[grid](*args, **_kw(kern, args, kw, extra))
+                a_ = _args(args, extra)
+                launch = lambda: kern[grid](*a_, **_kw(kern, args, kw, extra))
                 if r == 0:
                     o.fill_(float("nan"))
                     launch()

@@ -61,23 +61,22 @@ def _ex2(x):
 
 
 @gluon.jit
-def _copy_rows(smem, ptr, base, start, stride_s, N, BLOCK: gl.constexpr, D: gl.constexpr,
-               LD: gl.constexpr):
-    """cp.async of rows ``start .. start + BLOCK`` of a (N, D) slice at int64 offset
-    ``base`` into ``smem``; rows past N are zero-filled (the copy's source size 0)."""
-    r = start + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, LD))
+def _row_ptrs(ptr, base, rows, stride_s, D: gl.constexpr, LD: gl.constexpr):
+    """Pointers to ``rows`` of a (N, D) slice at int64 offset ``base`` (layout LD)."""
     d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    p = ptr + (base + r.to(gl.int64) * stride_s)[:, None] + d[None, :]
-    async_copy.async_copy_global_to_shared(smem, p, mask=(r < N)[:, None])
+    return ptr + (base + rows.to(gl.int64) * stride_s)[:, None] + d[None, :]
 
 
 @gluon.jit
-def _copy_tile(k_s, k2_s, v_s, stage, k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base, start_n,
-               stride_ks, stride_k2s, stride_vs, N,
-               BLOCK_N: gl.constexpr, D: gl.constexpr, LD: gl.constexpr):
-    _copy_rows(k_s.index(stage), k_ptr, k_base, start_n, stride_ks, N, BLOCK_N, D, LD)
-    _copy_rows(k2_s.index(stage), k2_ptr, k2_base, start_n, stride_k2s, N, BLOCK_N, D, LD)
-    _copy_rows(v_s.index(stage), v_ptr, v_base, start_n, stride_vs, N, BLOCK_N, D, LD)
+def _copy_tile(k_s, k2_s, v_s, stage, kp, k2p, vp, step_k, step_k2, step_v, t, rows, N,
+               BLOCK_N: gl.constexpr):
+    """cp.async of key tile t (rows ``rows + t * BLOCK_N``) of K1, K2, V, whose tile-0
+    pointers are ``kp``, ``k2p``, ``vp`` and int64 tile steps ``step_*``; rows past N are
+    zero-filled (the copy's source size 0)."""
+    m = (rows < N - t * BLOCK_N)[:, None]
+    async_copy.async_copy_global_to_shared(k_s.index(stage), kp + t * step_k, mask=m)
+    async_copy.async_copy_global_to_shared(k2_s.index(stage), k2p + t * step_k2, mask=m)
+    async_copy.async_copy_global_to_shared(v_s.index(stage), vp + t * step_v, mask=m)
 
 
 @gluon.jit
@@ -149,15 +148,28 @@ def _swa_diff_sm90_kernel(
     hi = gl.minimum(start_m + STEP_M + RIGHT, N)
     trips = gl.cdiv(hi - lo, BLOCK_N)
 
-    _copy_rows(q_s, q_ptr, b * stride_qb + h * stride_qh, start_m, stride_qs, N, BLOCK_M, D, LD)
-    _copy_rows(q2_s, q2_ptr, b * stride_q2b + h * stride_q2h, start_m, stride_q2s, N, BLOCK_M,
-               D, LD)
+    rq = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    q_rows_ok = (rq < N)[:, None]
+    async_copy.async_copy_global_to_shared(
+        q_s, _row_ptrs(q_ptr, b * stride_qb + h * stride_qh, rq, stride_qs, D, LD),
+        mask=q_rows_ok)
+    async_copy.async_copy_global_to_shared(
+        q2_s, _row_ptrs(q2_ptr, b * stride_q2b + h * stride_q2h, rq, stride_q2s, D, LD),
+        mask=q_rows_ok)
+    # tile t's copies: tile 0's pointers plus t tile steps (the address arithmetic once)
+    rk = lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    kp = _row_ptrs(k_ptr, k_base, rk, stride_ks, D, LD)
+    k2p = _row_ptrs(k2_ptr, k2_base, rk, stride_k2s, D, LD)
+    vp = _row_ptrs(v_ptr, v_base, rk, stride_vs, D, LD)
+    step_k = stride_ks.to(gl.int64) * BLOCK_N
+    step_k2 = stride_k2s.to(gl.int64) * BLOCK_N
+    step_v = stride_vs.to(gl.int64) * BLOCK_N
     # copy group 0: Q and key tile 0; group i: key tile i (empty past the last tile, so that
     # "tile t has landed" is always "at most STAGES - 2 groups in flight")
     for t in gl.static_range(STAGES - 1):
         if t < trips:
-            _copy_tile(k_s, k2_s, v_s, t, k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
-                       lo + t * BLOCK_N, stride_ks, stride_k2s, stride_vs, N, BLOCK_N, D, LD)
+            _copy_tile(k_s, k2_s, v_s, t, kp, k2p, vp, step_k, step_k2, step_v, t, rk, N,
+                       BLOCK_N)
         async_copy.commit_group()
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
@@ -188,9 +200,8 @@ def _swa_diff_sm90_kernel(
         # every product that read the stage trip t-1 used is done (its last wait): refill it
         nt = t + STAGES - 1
         if nt < trips:
-            _copy_tile(k_s, k2_s, v_s, nt % STAGES, k_ptr, k2_ptr, v_ptr, k_base, k2_base,
-                       v_base, lo + nt * BLOCK_N, stride_ks, stride_k2s, stride_vs, N,
-                       BLOCK_N, D, LD)
+            _copy_tile(k_s, k2_s, v_s, nt % STAGES, kp, k2p, vp, step_k, step_k2, step_v, nt,
+                       rk, N, BLOCK_N)
         async_copy.commit_group()
 
         # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
