@@ -30,6 +30,10 @@ last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes o
                       tile's three copies; an mbarrier a ring stage instead of cp.async
                       groups and a block barrier a trip; host descriptors of the 4-D views)
 * ``tma_3st_128``  -- ``tma`` with a 3-deep ring at 128 registers (4 programs an SM)
+* ``tma2_3st_128`` -- and an mbarrier a tensor a stage (K1, K2, V; Q1, Q2): Gluon's barrier
+                      analysis then puts fewer block barriers between the copies
+* ``tma3`` / ``tma3_128`` -- ``tma2`` with a buffer a key tile (``TRIPS`` of them, all copied
+                      before the first trip; no ring, no refill), uncapped / at 128 registers
 
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5] [--variants a,b]  # H200
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build           # CPU: sm_90
@@ -70,11 +74,15 @@ VARIANTS = {  # name: (kernel, extra launch options)
     "wait0": (lambda: _load("k_wait0"), {}),
     "library": (lambda: ag._swa_diff_sm90_kernel, {}),
     "library_3st": (lambda: ag._swa_diff_sm90_kernel, {"STAGES": 3}),
+    "library_3st_128": (lambda: ag._swa_diff_sm90_kernel, {"STAGES": 3, "maxnreg": 128}),
     "unroll_w0": (lambda: _load("k_unroll_w0"), {}),
     "unroll_sync": (lambda: _load("k_unroll_sync"), {}),
     "unroll_sync128": (lambda: _load("k_unroll_sync"), {"maxnreg": 128}),
     "tma": (lambda: _load("k_tma"), {"_tma": True}),
     "tma_3st_128": (lambda: _load("k_tma"), {"_tma": True, "STAGES": 3, "maxnreg": 128}),
+    "tma2_3st_128": (lambda: _load("k_tma2"), {"_tma": True, "STAGES": 3, "maxnreg": 128}),
+    "tma3_128": (lambda: _load("k_tma3"), {"_tma": True, "maxnreg": 128}),
+    "tma3": (lambda: _load("k_tma3"), {"_tma": True}),
 }
 
 
