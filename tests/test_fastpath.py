@@ -384,3 +384,46 @@ def test_attention_replay(replays, monkeypatch):
     n = replays[0]
     _equal(call(), _checked(call))
     assert replays[0] == n
+
+
+def test_descriptor_args_rebased_at_replay():
+    """A TMA descriptor argument (the sm_90 Gluon attention's) replays over the new call's
+    tensor in its slot: the recorded view's shape / strides, the new tensor's address; a
+    descriptor over a tensor outside the call's slots cannot replay."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Desc:  # stands in for triton's TensorDescriptor (a dataclass over ``base``)
+        base: torch.Tensor
+        shape: list
+        strides: list
+
+    seen = []
+
+    class Kernel:
+        params = None
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append(args)
+
+    a, out = torch.randn(2, 8, 3, 4), torch.empty(2, 8, 3, 4)
+    view = a.transpose(1, 2)  # the launcher's view of the call's tensor: same address
+    with _fastpath.Recorder() as rec:
+        _fastpath.launch(Kernel(), (1,), (Desc(view, list(view.shape), list(view.stride())),
+                                          out, 7), {})
+    rep = rec.replay((a, out))
+    assert rep is not None
+    a2, out2 = torch.randn(2, 8, 3, 4), torch.empty(2, 8, 3, 4)
+    seen.clear()
+    interp = _fastpath.INTERPRET
+    try:
+        _fastpath.INTERPRET = True  # the replay's Python launch path (no compiled launcher)
+        assert rep((a2, out2))
+    finally:
+        _fastpath.INTERPRET = interp
+    (d, o, n), = seen
+    assert d.base is a2 and d.shape == list(view.shape) and d.strides == list(view.stride())
+    assert o is out2 and n == 7
+    with _fastpath.Recorder() as rec:
+        _fastpath.launch(Kernel(), (1,), (Desc(torch.randn(3), [3], [1]), out, 7), {})
+    assert rec.replay((a, out)) is None

@@ -6,11 +6,13 @@ benchmarks/NOTES.md, session 25), so the kernel in ``_attn_kernel.py`` runs each
 product, softmax and P @ V one after another. Gluon places the waits by hand: with two
 attention maps a trip can keep one map's tensor-core work in flight while the other's
 softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map as the
-partner). A trip over key tile t (wgmma groups complete in issue order):
+partner). A program copies Q1, Q2 and every key tile of its band (``TRIPS`` of them, one
+shared-memory buffer each: no ring to refill) by TMA before its first trip, one mbarrier a
+tile and tensor; a trip over key tile t (wgmma groups complete in issue order):
 
+    wait for K1, K2, V of tile t                      (mbarriers)
     issue S1 = Q1 K1^T, S2 = Q2 K2^T                  (async)
     wait until 1 group is in flight -> S1 is done
-    issue the copies of tile t + STAGES - 1           (cp.async, into the stage t-1 used)
     softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
     wait until 1 group is in flight -> S2 is done
     softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
@@ -20,37 +22,58 @@ The last wait keeps every wgmma inside its trip. ptxas pipelines wgmma only wher
 non-wgmma instruction reads an accumulator whose wgmma is in flight; a product left in flight
 across the loop's back edge (session 27's form: O1 / O2 retired by the next trip's first
 wait) fails its analysis, and it then serializes every wgmma of the kernel (``ptxas -v``:
-C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). tests/
-test_attention_gluon.py builds this kernel for sm_90 and checks that ptxas keeps the
-pipeline (no C7514, waits of 1 in the SASS).
+C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). TMA instead of cp.async:
+one thread issues a tile's copies (no per-thread address arithmetic, no block barrier a
+trip), and the kernel fits 128 registers with no spills, so 4 programs an SM (52 KB of
+shared memory at SAME-L's 3 tiles). benchmarks/NOTES.md "Session 28" has the measurements;
+tests/test_attention_gluon.py builds this kernel for sm_90 and checks the pipeline ptxas
+keeps (no C7514), TMA copies, registers and shared memory.
 
 Contract: **bitwise** the Triton kernel's output at the launch it replaces -- the table's
 SAME-L 16-bit entry (64-query tiles storing ``STEP_M``, 32-key tiles from the tile's first
 key, 4 warps): the same tiles, the same wgmma shapes and accumulation (``acc * alpha`` then
 the product into it), the same softmax arithmetic (fp32, ``ex2.approx.ftz``, running max
 from -FLT_MAX, the band as one unsigned compare), the same epilogue (per-row reciprocals,
-one fma) with fp contraction off. Checked on the H200 by tests/test_attention_gluon.py.
+one fma) with fp contraction off. TMA zero-fills the rows of a box past N, as the Triton
+kernel's masked loads do. Checked on the H200 by tests/test_attention_gluon.py.
 
 Scope (``attention.gluon_ok``): sm_90, differential, bf16 / fp16, head_dim 64, no prologue,
-the table's narrow-band entry, every operand's channels contiguous and its rows 16-byte
-aligned (cp.async moves 16-byte pieces); any other call runs the Triton kernel.
-Gluon does not run under Triton's interpreter: the CPU tests compile it for sm_90.
+the table's narrow-band entry (at most 4 key tiles a program), every operand's channels
+contiguous and its strides and base 16-byte aligned (TMA descriptors of the 4-D views);
+any other call runs the Triton kernel. Gluon does not run under Triton's interpreter: the
+CPU tests compile it for sm_90.
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-#: cp.async ring depth: 4 measured fastest (H200, benchmarks/logs/s27/b: 59.0 us at SAME-L
-#: 8704 bf16 against 60.2 with 3 and 70.3 with 5, whose 76 KB of shared memory a program
-#: leave 2 programs an SM instead of 3)
-STAGES = 4
 BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
+#: ptxas's register cap: the kernel fits 128 with no spills (4 programs an SM; H200,
+#: benchmarks/logs/s28/e: 52.9 us at SAME-L 8704 bf16 against 58.0 uncapped at 3 an SM)
+MAXNREG = 128
+
+
+def max_trips(N: int, left: int, right: int, step: int) -> int:
+    """Key tiles of ``BLOCK_N`` a program visits at most: its stored queries' band spans at
+    most ``step + left + right`` keys from its first, and at most N (``left`` / ``right``
+    >= 0, as the launcher clamps them)."""
+    return max(1, -(-min(step + left + right, N) // BLOCK_N))
+
+
+def descriptor(t, block_rows: int):
+    """The TMA descriptor of a (B, N, H, D) view: boxes of one head's ``block_rows``
+    tokens, 128-byte swizzled (the wgmma operand layout of 64 16-bit channels)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, t.shape[3]],
+                            _LAYOUT)
+
+
+_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
 
 
 @gluon.jit
@@ -61,22 +84,12 @@ def _ex2(x):
 
 
 @gluon.jit
-def _row_ptrs(ptr, base, rows, stride_s, D: gl.constexpr, LD: gl.constexpr):
-    """Pointers to ``rows`` of a (N, D) slice at int64 offset ``base`` (layout LD)."""
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    return ptr + (base + rows.to(gl.int64) * stride_s)[:, None] + d[None, :]
-
-
-@gluon.jit
-def _copy_tile(k_s, k2_s, v_s, stage, kp, k2p, vp, step_k, step_k2, step_v, t, rows, N,
-               BLOCK_N: gl.constexpr):
-    """cp.async of key tile t (rows ``rows + t * BLOCK_N``) of K1, K2, V, whose tile-0
-    pointers are ``kp``, ``k2p``, ``vp`` and int64 tile steps ``step_*``; rows past N are
-    zero-filled (the copy's source size 0)."""
-    m = (rows < N - t * BLOCK_N)[:, None]
-    async_copy.async_copy_global_to_shared(k_s.index(stage), kp + t * step_k, mask=m)
-    async_copy.async_copy_global_to_shared(k2_s.index(stage), k2p + t * step_k2, mask=m)
-    async_copy.async_copy_global_to_shared(v_s.index(stage), vp + t * step_v, mask=m)
+def _copy(desc, b, row, h, bar, smem, NBYTES: gl.constexpr):
+    """TMA of one box (batch b, tokens from ``row``, head h) into ``smem``, arriving on
+    ``bar`` (one mbarrier a box: Gluon's shared-memory barrier analysis puts a block barrier
+    between copies that arrive on one mbarrier)."""
+    mbarrier.expect(bar, NBYTES)
+    tma.async_copy_global_to_shared(desc, [b, row, h, 0], bar, smem)
 
 
 @gluon.jit
@@ -92,24 +105,25 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 @gluon.jit
 def _swa_diff_sm90_kernel(
-    q_ptr, k_ptr, v_ptr, q2_ptr, k2_ptr,  # (B, N, H, D) views, channel stride 1
+    q_desc, k_desc, v_desc, q2_desc, k2_desc,  # TMA descriptors of the (B, N, H, D) views
     o_ptr,                                # output view, channel stride 1
     lam_ptr,                              # per-head lambda (LAM_PTR), any float dtype
     lam,                                  # lambda as a Python float (not LAM_PTR)
     qk_scale,                             # softmax scale * log2(e)
     N, LEFT, RIGHT,                       # tokens; window (LEFT, RIGHT >= 0)
-    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh, stride_q2b, stride_q2s, stride_q2h,
-    stride_k2b, stride_k2s, stride_k2h, stride_ob, stride_os, stride_oh,
+    stride_ob, stride_os, stride_oh,
     stride_lam,
     H: gl.constexpr, D: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STEP_M: gl.constexpr,                 # queries a program stores (attention.query_step)
-    STAGES: gl.constexpr,                 # cp.async ring depth (>= 2)
+    TRIPS: gl.constexpr,                  # the most key tiles a program visits (max_trips)
     LAM_PTR: gl.constexpr,
     TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
 ):
-    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    dtype: gl.constexpr = q_desc.dtype
+    DL: gl.constexpr = q_desc.layout      # the descriptors' 4-D box layout (128-byte swizzle)
+    NB_Q: gl.constexpr = BLOCK_M * D * 2  # bytes a box (16-bit elements)
+    NB_K: gl.constexpr = BLOCK_N * D * 2
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
     # accumulator layouts, P as a register A operand of the output's wgmma
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -117,9 +131,10 @@ def _swa_diff_sm90_kernel(
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, D, 16])
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    # global <-> shared: 16-byte pieces, D / 8 threads a row
+    # the output's stores: 16-byte pieces, D / 8 threads a row
     TPR: gl.constexpr = D // 8
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [4, 1], [1, 0])
+    # the 2-D views of the boxes the wgmma reads (the same bytes: the unit dims add nothing)
     Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     KV_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
@@ -131,46 +146,40 @@ def _swa_diff_sm90_kernel(
     else:
         start_m = gl.program_id(0) * STEP_M
         bh = gl.program_id(1)
-    b = (bh // H).to(gl.int64)
-    h = (bh % H).to(gl.int64)
-    k_base = b * stride_kb + h * stride_kh
-    k2_base = b * stride_k2b + h * stride_k2h
-    v_base = b * stride_vb + h * stride_vh
+    b = bh // H
+    h = bh % H
 
-    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SL)
-    q2_s = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SL)
-    k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
-    k2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
-    v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
+    q_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, 1, D], DL)
+    q2_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, 1, D], DL)
+    k_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    k2_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    v_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q2_bar, count=1)
+    for i in gl.static_range(TRIPS):
+        mbarrier.init(k_bar.index(i), count=1)
+        mbarrier.init(k2_bar.index(i), count=1)
+        mbarrier.init(v_bar.index(i), count=1)
+    fence_async_shared()
 
-    # the key tiles of the band of this tile's stored queries, from its first key
+    # the key tiles of the band of this tile's stored queries, from its first key; every
+    # copy is issued before the first trip (each tile has its own buffer); a box's rows past
+    # N arrive as zeros
     lo = gl.maximum(start_m - LEFT, 0)
     hi = gl.minimum(start_m + STEP_M + RIGHT, N)
     trips = gl.cdiv(hi - lo, BLOCK_N)
-
-    rq = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    q_rows_ok = (rq < N)[:, None]
-    async_copy.async_copy_global_to_shared(
-        q_s, _row_ptrs(q_ptr, b * stride_qb + h * stride_qh, rq, stride_qs, D, LD),
-        mask=q_rows_ok)
-    async_copy.async_copy_global_to_shared(
-        q2_s, _row_ptrs(q2_ptr, b * stride_q2b + h * stride_q2h, rq, stride_q2s, D, LD),
-        mask=q_rows_ok)
-    # tile t's copies: tile 0's pointers plus t tile steps (the address arithmetic once)
-    rk = lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
-    kp = _row_ptrs(k_ptr, k_base, rk, stride_ks, D, LD)
-    k2p = _row_ptrs(k2_ptr, k2_base, rk, stride_k2s, D, LD)
-    vp = _row_ptrs(v_ptr, v_base, rk, stride_vs, D, LD)
-    step_k = stride_ks.to(gl.int64) * BLOCK_N
-    step_k2 = stride_k2s.to(gl.int64) * BLOCK_N
-    step_v = stride_vs.to(gl.int64) * BLOCK_N
-    # copy group 0: Q and key tile 0; group i: key tile i (empty past the last tile, so that
-    # "tile t has landed" is always "at most STAGES - 2 groups in flight")
-    for t in gl.static_range(STAGES - 1):
+    _copy(q_desc, b, start_m, h, q_bar, q_s, NB_Q)
+    _copy(q2_desc, b, start_m, h, q2_bar, q2_s, NB_Q)
+    for t in gl.static_range(TRIPS):
         if t < trips:
-            _copy_tile(k_s, k2_s, v_s, t, kp, k2p, vp, step_k, step_k2, step_v, t, rk, N,
-                       BLOCK_N)
-        async_copy.commit_group()
+            _copy(k_desc, b, lo + t * BLOCK_N, h, k_bar.index(t), k_s.index(t), NB_K)
+            _copy(k2_desc, b, lo + t * BLOCK_N, h, k2_bar.index(t), k2_s.index(t), NB_K)
+            _copy(v_desc, b, lo + t * BLOCK_N, h, v_bar.index(t), v_s.index(t), NB_K)
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
     # each row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width (rows
@@ -186,41 +195,36 @@ def _swa_diff_sm90_kernel(
     acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
     acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
 
+    q_s = q_s._reinterpret(dtype, [BLOCK_M, D], Q_SL)
+    q2_s = q2_s._reinterpret(dtype, [BLOCK_M, D], Q_SL)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q2_bar, 0)
     for t in range(trips):
-        stage = t % STAGES
         start_n = lo + t * BLOCK_N
-        async_copy.wait_group(STAGES - 2)
-        gl.thread_barrier()  # every thread's copies of tile t, before a wgmma reads them
-        fence_async_shared()
-        s1 = warpgroup_mma(q_s, k_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
-                           is_async=True)
-        s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
-                           is_async=True)
+        mbarrier.wait(k_bar.index(t), 0)   # each barrier completes once: phase 0
+        mbarrier.wait(k2_bar.index(t), 0)
+        mbarrier.wait(v_bar.index(t), 0)
+        ks = k_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
+        k2s = k2_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
+        vs = v_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
+        s1 = warpgroup_mma(q_s, ks.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s1 = warpgroup_mma_wait(1, deps=[s1])
-        # every product that read the stage trip t-1 used is done (its last wait): refill it
-        nt = t + STAGES - 1
-        if nt < trips:
-            _copy_tile(k_s, k2_s, v_s, nt % STAGES, kp, k2p, vp, step_k, step_k2, step_v, nt,
-                       rk, N, BLOCK_N)
-        async_copy.commit_group()
-
         # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
         band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
             row_span[:, None].to(gl.uint32, bitcast=True)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
         acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-        acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1,
-                             is_async=True)
+        acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), vs, acc1, is_async=True)
         s2 = warpgroup_mma_wait(1, deps=[s2])
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
         acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-        acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
-                             is_async=True)
+        acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), vs, acc2, is_async=True)
         # nothing in flight across the back edge (else ptxas serializes every wgmma)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    async_copy.wait_group(0)
-
+    b = b.to(gl.int64)
+    h = h.to(gl.int64)
     if LAM_PTR:
         lam_h = gl.load(lam_ptr + h * stride_lam).to(gl.float32)
     else:

@@ -24,6 +24,7 @@ the same substituted arguments, so every test that repeats a signature exercises
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Optional
 
@@ -102,11 +103,32 @@ class Recorder:
                         return None
                     template[pos] = None
                     subs.append((pos, i))
+                elif _is_descriptor(a):
+                    # a TMA descriptor of a view of a call's tensor: rebuilt at each replay
+                    # over that slot's tensor (same shape / strides: the replay key's)
+                    i = slots.get((a.base.data_ptr(), a.base.dtype), -1)
+                    if i < 0:
+                        return None
+                    subs.append((pos, (i, a)))
                 elif not isinstance(a, (int, float, bool)):
                     return None
             out.append(_Launch(kernel, grid, template, tuple(subs), kwargs, compiled))
         dev = torch.cuda.current_device() if not INTERPRET and torch.cuda.is_available() else -1
         return Replay(tuple(out), dev)
+
+
+def _is_descriptor(a) -> bool:
+    """A host TMA descriptor (Triton's / Gluon's ``TensorDescriptor``: a dataclass over a
+    ``base`` tensor)."""
+    return dataclasses.is_dataclass(a) and isinstance(getattr(a, "base", None), torch.Tensor)
+
+
+def _rebase(desc, t: torch.Tensor):
+    """``desc`` over the memory of ``t`` (the call's tensor whose view it describes: its
+    address; the view's shape and strides stay the descriptor's)."""
+    if desc.base is t:
+        return desc
+    return dataclasses.replace(desc, base=t)
 
 
 class _Launch:
@@ -137,7 +159,7 @@ class Replay:
             for ln in self.launches:
                 args = ln.template.copy()
                 for pos, i in ln.subs:
-                    args[pos] = tensors[i]
+                    args[pos] = tensors[i] if type(i) is int else _rebase(i[1], tensors[i[0]])
                 ln.kernel[ln.grid](*args, **ln.kwargs)
             return True
         from triton import knobs
@@ -152,7 +174,7 @@ class Replay:
         for ln in self.launches:
             args = ln.template.copy()
             for pos, i in ln.subs:
-                args[pos] = tensors[i]
+                args[pos] = tensors[i] if type(i) is int else _rebase(i[1], tensors[i[0]])
             ck, g = ln.compiled, ln.grid
             meta = ck.launch_metadata(g, stream, *args, *ln.tail) if hooked else None
             ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, meta,

@@ -473,9 +473,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
 
 
 #: Hopper (sm_90): SAME-L's 16-bit differential entry runs the Gluon kernel
-#: (``_attn_gluon.py``: the same bits, the wgmma waits placed by hand; H200,
-#: benchmarks/logs/s27: 59.0 us at SAME-L 8704 bf16 against 62.2). False: the Triton kernel
-#: everywhere (A/B runs; part of the eager call's replay key).
+#: (``_attn_gluon.py``: the same bits, the wgmma waits placed by hand, TMA copies; H200,
+#: benchmarks/logs/s28/e: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's 62.5).
+#: False: the Triton kernel everywhere (A/B runs; part of the eager call's replay key).
 GLUON_SM90 = True
 _SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
 _CAPABILITY: dict = {}
@@ -489,7 +489,8 @@ def _sm90(device) -> bool:
 
 
 def _rows_16b(t: Tensor) -> bool:
-    """Channels contiguous, every row 16-byte aligned: cp.async's 16-byte pieces."""
+    """Channels contiguous, base and every stride 16-byte aligned (a TMA descriptor's
+    terms; stricter for 16-bit elements: strides in multiples of 16 elements)."""
     return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
             and all(st % 16 == 0 for st in t.stride()[:3]))
 
@@ -518,14 +519,16 @@ def _launch_gluon(p: Plan, o4: Tensor, grid, left: int, right: int, step: int,
 
     B, N, H, D = p.q.shape
     lam_t = p.lam_tensor if p.lam_tensor is not None else p.q
-    args = (p.q, p.k, p.v, p.q2, p.k2, o4, lam_t, p.lam_value, p.scale * LOG2E, N, left, right,
-            *p.q.stride()[:3], *p.k.stride()[:3], *p.v.stride()[:3], *p.q2.stride()[:3],
-            *p.k2.stride()[:3], *o4.stride()[:3],
+    descs = [ag.descriptor(t, rows) for t, rows in
+             zip((p.q, p.k, p.v, p.q2, p.k2), (ag.BLOCK_M, ag.BLOCK_N, ag.BLOCK_N, ag.BLOCK_M,
+                                               ag.BLOCK_N))]
+    args = (*descs, o4, lam_t, p.lam_value, p.scale * LOG2E, N, left, right, *o4.stride()[:3],
             p.lam_tensor.stride(0) if p.lam_tensor is not None else 0)
     _fastpath.launch(ag._swa_diff_sm90_kernel, grid, args,
                      dict(H=H, D=D, BLOCK_M=ag.BLOCK_M, BLOCK_N=ag.BLOCK_N, STEP_M=step,
-                          STAGES=ag.STAGES, LAM_PTR=p.lam_tensor is not None,
-                          TOKEN_MAJOR=token_major, num_warps=ag.NUM_WARPS,
+                          TRIPS=ag.max_trips(N, left, right, step),
+                          LAM_PTR=p.lam_tensor is not None, TOKEN_MAJOR=token_major,
+                          num_warps=ag.NUM_WARPS, maxnreg=ag.MAXNREG,
                           enable_fp_fusion=False))
 
 
@@ -1074,7 +1077,8 @@ def build(spec: BuildSpec) -> dict:
         differential=spec.differential, prologue=spec.prologue, window=str(spec.window),
         block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], step_m=kwargs["STEP_M"],
         num_warps=ck.metadata.num_warps,
-        num_stages=kwargs["STAGES"] if spec.gluon else kwargs["num_stages"],
+        # the Gluon kernel has a buffer a key tile (TRIPS), no pipeline stages
+        num_stages=kwargs["TRIPS"] if spec.gluon else kwargs["num_stages"],
         kernel="gluon" if spec.gluon else "triton", grid=list(grid), smem=ck.metadata.shared,
         wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
