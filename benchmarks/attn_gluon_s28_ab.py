@@ -16,11 +16,13 @@ all the same arithmetic (bitwise the Triton kernel expected):
                       under trip t+1's score products (181 registers: 2 programs an SM)
 * ``unroll168``    -- the same capped at 168 registers (3 programs an SM; 36 B of spills)
 * ``wait0``        -- ``loop_wait0`` without its redundant wait after the loop
-* ``library``      -- ``_attn_gluon``: ``wait0`` with each tensor's tile-0 row pointers
-                      computed once and advanced by a tile step (fewer address instructions)
+* ``rowptr``       -- ``wait0`` with each tensor's tile-0 row pointers computed once and
+                      advanced by a tile step (``library`` in calls d and e)
+* ``library``      -- ``_attn_gluon`` as shipped (v12: ``tma3_128``'s kernel, the library's
+                      own launch: TMA descriptors, ``TRIPS``, 128 registers)
 (Built on the CPU only: the next tile's cp.async wait and barrier placed before the trip's
 last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes on it, -11.)
-* ``library_3st``  -- ``library`` with a 3-deep ring
+* ``library_3st``  -- ``rowptr`` with a 3-deep ring
 * ``unroll_w0``    -- ``TRIPS`` unrolled, each trip ending with wait(0) (as ``library``)
 * ``unroll_sync``  -- unrolled, trip t-1's P @ V retired after trip t's cp.async wait and
                       barrier (they run under it); only TRIPS ring buffers where every tile
@@ -36,7 +38,7 @@ last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes o
                       before the first trip; no ring, no refill), uncapped / at 128 registers
 
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5] [--variants a,b]  # H200
-    PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build           # CPU: sm_90
+    PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build [--variants a,b]  # CPU
 """
 import importlib.util
 import json
@@ -72,9 +74,10 @@ VARIANTS = {  # name: (kernel, extra launch options)
     "unroll": (lambda: _load("k_unroll"), {}),
     "unroll168": (lambda: _load("k_unroll"), {"maxnreg": 168}),
     "wait0": (lambda: _load("k_wait0"), {}),
-    "library": (lambda: ag._swa_diff_sm90_kernel, {}),
-    "library_3st": (lambda: ag._swa_diff_sm90_kernel, {"STAGES": 3}),
-    "library_3st_128": (lambda: ag._swa_diff_sm90_kernel, {"STAGES": 3, "maxnreg": 128}),
+    "rowptr": (lambda: _load("k_rowptr"), {}),
+    "library": (lambda: ag._swa_diff_sm90_kernel, {"_lib": True}),
+    "library_3st": (lambda: _load("k_rowptr"), {"STAGES": 3}),
+    "library_3st_128": (lambda: _load("k_rowptr"), {"STAGES": 3, "maxnreg": 128}),
     "unroll_w0": (lambda: _load("k_unroll_w0"), {}),
     "unroll_sync": (lambda: _load("k_unroll_sync"), {}),
     "unroll_sync128": (lambda: _load("k_unroll_sync"), {"maxnreg": 128}),
@@ -111,16 +114,27 @@ def _views(name, N, dt, device):
 
 
 def _launch_spec(q1, k1, v, q2, k2):
+    """The library's launch (grid, args, kwargs) and the same launch in session 27's
+    argument form (the five operand views and every stride: the prototypes' signature)."""
     call = lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2)
     (grid, args, kw), = intercept_launches([(ag, "_swa_diff_sm90_kernel"),
                                             (_attn_kernel, "_swa_fwd_kernel")], call)
-    return grid, args, kw
+    views = [d.base for d in args[:5]]  # the library passes TMA descriptors of the views
+    old = (*views, *args[5:12], *[st for t in views for st in t.stride()[:3]], *args[12:])
+    kw_old = {k: v for k, v in kw.items() if k not in ("TRIPS", "maxnreg")}
+    kw_old["STAGES"] = 4  # session 27's ring depth
+    return grid, (args, kw), (old, kw_old)
+
+
+def _spec_for(extra, lib, old):
+    """The library's own launch for ``library``; the session 27 form for the prototypes."""
+    return lib if extra.get("_lib") else old
 
 
 def _kw(kern, args, kw, extra):
     kw = {k: v for k, v in kw.items() if not k.isupper() or k in kern.arg_names}
     extra = {k: v for k, v in extra.items() if not k.startswith("_")}
-    if "TRIPS" in kern.arg_names:  # the unrolled prototype: N, LEFT, RIGHT are args 9-11
+    if "TRIPS" in kern.arg_names and "TRIPS" not in kw:  # prototypes: N, LEFT, RIGHT = args 9-11
         kw["TRIPS"] = max(1, -(-min(kw["STEP_M"] + args[10] + args[11], args[9]) // 32))
     return {**kw, **extra}
 
@@ -132,9 +146,14 @@ def build():
     from ditfuse.inspect_kernels import specialize, run_ptxas, run_cuobjdump
     attention._gluon_device = lambda o4: True
     t = GPUTarget("cuda", 90, 32)
-    grid, args, kw = _launch_spec(*_views("same-l-8704", 8704, torch.bfloat16, "meta"))
+    grid, lib, old = _launch_spec(*_views("same-l-8704", 8704, torch.bfloat16, "meta"))
+    only = sys.argv[sys.argv.index("--variants") + 1].split(",") if "--variants" in sys.argv \
+        else list(VARIANTS)
     for name, (kern, extra) in VARIANTS.items():
+        if name not in only:
+            continue
         kern = kern()
+        args, kw = _spec_for(extra, lib, old)
         sig, cex, attrs, opts = specialize(kern, _args(args, extra), _kw(kern, args, kw, extra), t)
         ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t,
                             options=opts.__dict__)
@@ -169,12 +188,13 @@ def main():
         ref = ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2)
         t_triton = []
         attention.GLUON_SM90 = True
-        grid, args, kw = _launch_spec(q1, k1, v, q2, k2)
-        o = args[5]
+        grid, lib, old = _launch_spec(q1, k1, v, q2, k2)
+        o = old[0][5]
         times = {n: [] for n in kernels}
         same = {}
         for r in range(rounds):
             for n, (kern, extra) in kernels.items():
+                args, kw = _spec_for(extra, lib, old)
                 a_ = _args(args, extra)
                 launch = lambda: kern[grid](*a_, **_kw(kern, args, kw, extra))
                 if r == 0:

@@ -1,0 +1,239 @@
+"""SAME-L's differential band attention on Hopper, written in Gluon (private; routed by
+``attention.launch``).
+
+Triton's ``tl.dot`` waits on each wgmma right after issuing it (``wgmma.wait_group 0``:
+benchmarks/NOTES.md, session 25), so the kernel in ``_attn_kernel.py`` runs each score
+product, softmax and P @ V one after another. Gluon places the waits by hand: with two
+attention maps a trip can keep one map's tensor-core work in flight while the other's
+softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map as the
+partner). A trip over key tile t (wgmma groups complete in issue order):
+
+    issue S1 = Q1 K1^T, S2 = Q2 K2^T                  (async)
+    wait until 1 group is in flight -> S1 is done
+    issue the copies of tile t + STAGES - 1           (cp.async, into the stage t-1 used)
+    softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
+    wait until 1 group is in flight -> S2 is done
+    softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
+    wait for both P @ V
+
+The last wait keeps every wgmma inside its trip. ptxas pipelines wgmma only where no
+non-wgmma instruction reads an accumulator whose wgmma is in flight; a product left in flight
+across the loop's back edge (session 27's form: O1 / O2 retired by the next trip's first
+wait) fails its analysis, and it then serializes every wgmma of the kernel (``ptxas -v``:
+C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). tests/
+test_attention_gluon.py builds this kernel for sm_90 and checks that ptxas keeps the
+pipeline (no C7514, waits of 1 in the SASS).
+
+Contract: **bitwise** the Triton kernel's output at the launch it replaces -- the table's
+SAME-L 16-bit entry (64-query tiles storing ``STEP_M``, 32-key tiles from the tile's first
+key, 4 warps): the same tiles, the same wgmma shapes and accumulation (``acc * alpha`` then
+the product into it), the same softmax arithmetic (fp32, ``ex2.approx.ftz``, running max
+from -FLT_MAX, the band as one unsigned compare), the same epilogue (per-row reciprocals,
+one fma) with fp contraction off. Checked on the H200 by tests/test_attention_gluon.py.
+
+Scope (``attention.gluon_ok``): sm_90, differential, bf16 / fp16, head_dim 64, no prologue,
+the table's narrow-band entry, every operand's channels contiguous and its rows 16-byte
+aligned (cp.async moves 16-byte pieces); any other call runs the Triton kernel.
+Gluon does not run under Triton's interpreter: the CPU tests compile it for sm_90.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+
+#: cp.async ring depth: 4 measured fastest (H200, benchmarks/logs/s27/b: 59.0 us at SAME-L
+#: 8704 bf16 against 60.2 with 3 and 70.3 with 5, whose 76 KB of shared memory a program
+#: leave 2 programs an SM instead of 3)
+STAGES = 4
+BLOCK_M = 64
+BLOCK_N = 32
+NUM_WARPS = 4
+
+
+@gluon.jit
+def _ex2(x):
+    """2^x as ``_kernel_utils._ex2``: one ``ex2.approx.ftz.f32``."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _row_ptrs(ptr, base, rows, stride_s, D: gl.constexpr, LD: gl.constexpr):
+    """Pointers to ``rows`` of a (N, D) slice at int64 offset ``base`` (layout LD)."""
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    return ptr + (base + rows.to(gl.int64) * stride_s)[:, None] + d[None, :]
+
+
+@gluon.jit
+def _copy_tile(k_s, k2_s, v_s, stage, kp, k2p, vp, step_k, step_k2, step_v, t, rows, N,
+               BLOCK_N: gl.constexpr):
+    """cp.async of key tile t (rows ``rows + t * BLOCK_N``) of K1, K2, V, whose tile-0
+    pointers are ``kp``, ``k2p``, ``vp`` and int64 tile steps ``step_*``; rows past N are
+    zero-filled (the copy's source size 0)."""
+    m = (rows < N - t * BLOCK_N)[:, None]
+    async_copy.async_copy_global_to_shared(k_s.index(stage), kp + t * step_k, mask=m)
+    async_copy.async_copy_global_to_shared(k2_s.index(stage), k2p + t * step_k2, mask=m)
+    async_copy.async_copy_global_to_shared(v_s.index(stage), vp + t * step_v, mask=m)
+
+
+@gluon.jit
+def _softmax_step(s, band, m_i, l_i, qk_scale):
+    """``_attn_kernel._softmax_step``'s arithmetic, op for op."""
+    s = gl.where(band, s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    alpha = _ex2(m_i - m_new)
+    p = _ex2(s - m_new[:, None])
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _swa_diff_sm90_kernel(
+    q_ptr, k_ptr, v_ptr, q2_ptr, k2_ptr,  # (B, N, H, D) views, channel stride 1
+    o_ptr,                                # output view, channel stride 1
+    lam_ptr,                              # per-head lambda (LAM_PTR), any float dtype
+    lam,                                  # lambda as a Python float (not LAM_PTR)
+    qk_scale,                             # softmax scale * log2(e)
+    N, LEFT, RIGHT,                       # tokens; window (LEFT, RIGHT >= 0)
+    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh, stride_q2b, stride_q2s, stride_q2h,
+    stride_k2b, stride_k2s, stride_k2h, stride_ob, stride_os, stride_oh,
+    stride_lam,
+    H: gl.constexpr, D: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STEP_M: gl.constexpr,                 # queries a program stores (attention.query_step)
+    STAGES: gl.constexpr,                 # cp.async ring depth (>= 2)
+    LAM_PTR: gl.constexpr,
+    TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
+):
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
+    # accumulator layouts, P as a register A operand of the output's wgmma
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, D, 16])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    # global <-> shared: 16-byte pieces, D / 8 threads a row
+    TPR: gl.constexpr = D // 8
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [4, 1], [1, 0])
+    Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
+    KV_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    if TOKEN_MAJOR:
+        bh = gl.program_id(0)
+        start_m = gl.program_id(1) * STEP_M
+    else:
+        start_m = gl.program_id(0) * STEP_M
+        bh = gl.program_id(1)
+    b = (bh // H).to(gl.int64)
+    h = (bh % H).to(gl.int64)
+    k_base = b * stride_kb + h * stride_kh
+    k2_base = b * stride_k2b + h * stride_k2h
+    v_base = b * stride_vb + h * stride_vh
+
+    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SL)
+    q2_s = gl.allocate_shared_memory(dtype, [BLOCK_M, D], Q_SL)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
+    k2_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
+    v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], KV_SL)
+
+    # the key tiles of the band of this tile's stored queries, from its first key
+    lo = gl.maximum(start_m - LEFT, 0)
+    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
+    trips = gl.cdiv(hi - lo, BLOCK_N)
+
+    rq = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    q_rows_ok = (rq < N)[:, None]
+    async_copy.async_copy_global_to_shared(
+        q_s, _row_ptrs(q_ptr, b * stride_qb + h * stride_qh, rq, stride_qs, D, LD),
+        mask=q_rows_ok)
+    async_copy.async_copy_global_to_shared(
+        q2_s, _row_ptrs(q2_ptr, b * stride_q2b + h * stride_q2h, rq, stride_q2s, D, LD),
+        mask=q_rows_ok)
+    # tile t's copies: tile 0's pointers plus t tile steps (the address arithmetic once)
+    rk = lo + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, LD))
+    kp = _row_ptrs(k_ptr, k_base, rk, stride_ks, D, LD)
+    k2p = _row_ptrs(k2_ptr, k2_base, rk, stride_k2s, D, LD)
+    vp = _row_ptrs(v_ptr, v_base, rk, stride_vs, D, LD)
+    step_k = stride_ks.to(gl.int64) * BLOCK_N
+    step_k2 = stride_k2s.to(gl.int64) * BLOCK_N
+    step_v = stride_vs.to(gl.int64) * BLOCK_N
+    # copy group 0: Q and key tile 0; group i: key tile i (empty past the last tile, so that
+    # "tile t has landed" is always "at most STAGES - 2 groups in flight")
+    for t in gl.static_range(STAGES - 1):
+        if t < trips:
+            _copy_tile(k_s, k2_s, v_s, t, kp, k2p, vp, step_k, step_k2, step_v, t, rk, N,
+                       BLOCK_N)
+        async_copy.commit_group()
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
+    # each row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width (rows
+    # past N are never stored)
+    row_lo = offs_m - LEFT
+    row_span = gl.minimum(offs_m + RIGHT, N - 1) - row_lo
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    m1 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)  # -FLT_MAX
+    m2 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)
+    l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
+    acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+    acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+
+    for t in range(trips):
+        stage = t % STAGES
+        start_n = lo + t * BLOCK_N
+        async_copy.wait_group(STAGES - 2)
+        gl.thread_barrier()  # every thread's copies of tile t, before a wgmma reads them
+        fence_async_shared()
+        s1 = warpgroup_mma(q_s, k_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                           is_async=True)
+        s2 = warpgroup_mma(q2_s, k2_s.index(stage).permute((1, 0)), zero_s, use_acc=False,
+                           is_async=True)
+        s1 = warpgroup_mma_wait(1, deps=[s1])
+        # every product that read the stage trip t-1 used is done (its last wait): refill it
+        nt = t + STAGES - 1
+        if nt < trips:
+            _copy_tile(k_s, k2_s, v_s, nt % STAGES, kp, k2p, vp, step_k, step_k2, step_v, nt,
+                       rk, N, BLOCK_N)
+        async_copy.commit_group()
+
+        # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
+        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
+            row_span[:, None].to(gl.uint32, bitcast=True)
+        p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+        acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+        acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), v_s.index(stage), acc1,
+                             is_async=True)
+        s2 = warpgroup_mma_wait(1, deps=[s2])
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+        acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+        acc2 = warpgroup_mma(gl.convert_layout(p2.to(dtype), P_L), v_s.index(stage), acc2,
+                             is_async=True)
+        # nothing in flight across the back edge (else ptxas serializes every wgmma)
+        acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
+
+    async_copy.wait_group(0)
+
+    if LAM_PTR:
+        lam_h = gl.load(lam_ptr + h * stride_lam).to(gl.float32)
+    else:
+        lam_h = lam
+    # rows past N have l = 0 and are not stored; any other row's sum is >= 1
+    r1 = gl.convert_layout(1.0 / gl.where(l1 == 0.0, 1.0, l1), ROW_O)
+    c2 = gl.convert_layout(lam_h * (1.0 / gl.where(l2 == 0.0, 1.0, l2)), ROW_O)
+    out = gl.fma(acc2, -c2[:, None], acc1 * r1[:, None])
+    # through shared memory to 16-byte stores
+    out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), LD)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    om = start_m + rows
+    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + \
+        d[None, :]
+    gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
