@@ -21,6 +21,7 @@ A trip (key tile t, wgmma groups complete in issue order):
     PYTHONPATH=src python benchmarks/attn_gluon.py            # GPU: bits vs shipped + times
     PYTHONPATH=src python benchmarks/attn_gluon.py --build    # CPU: sm_90 build, registers
 """
+from pathlib import Path
 import sys
 
 import torch
@@ -31,7 +32,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
 
-from ditfuse._attn_gluon import _copy_rows, _softmax_step as _softmax
+# session 27's cp.async helpers (the library's kernel has used TMA since session 28)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gluon_s28"))
+from k_s27 import _copy_rows, _softmax_step as _softmax  # noqa: E402
 
 LOG2E = 1.4426950408889634
 

@@ -14,6 +14,7 @@ be bitwise the shipped kernel's.
     PYTHONPATH=src python benchmarks/attn_gluon_fp32.py            # GPU: bits + times
     PYTHONPATH=src python benchmarks/attn_gluon_fp32.py --build    # CPU: sm_90 builds
 """
+from pathlib import Path
 import sys
 
 import torch
@@ -22,7 +23,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from ditfuse._attn_gluon import _copy_rows, _softmax_step as _softmax
+# session 27's cp.async helpers (the library's kernel has used TMA since session 28)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gluon_s28"))
+from k_s27 import _copy_rows, _softmax_step as _softmax  # noqa: E402
 
 LOG2E = 1.4426950408889634
 

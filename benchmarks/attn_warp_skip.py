@@ -5,7 +5,9 @@ both softmaxes of that trip and feeds P = 0 to the warpgroup's P @ V -- the same
     PYTHONPATH=src python benchmarks/attn_warp_skip.py --build    # CPU: both sm_90 builds
     PYTHONPATH=src python benchmarks/attn_warp_skip.py [--rounds 5]   # H200: bitwise + time
 
-The GPU run alternates the variants (and the Triton kernel, GLUON_SM90 off) round by round
+Ran against commit aecbf8e (``logs/s28/a``; LOST: 63.8 against 58.8 us), whose library had
+the ``GLUON_WARP_SKIP`` flag and the kernel's ``WARP_SKIP`` branch; both were removed after
+the measurement, so this script runs only at that commit. The GPU run alternates the variants (and the Triton kernel, GLUON_SM90 off) round by round
 at the four SAME-L 16-bit differential shapes, CUDA-graph replay (min of ``graph_us``), and
 compares the three outputs bit for bit.
 """
