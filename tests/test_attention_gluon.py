@@ -65,6 +65,30 @@ def test_routing(monkeypatch):
     assert not _routes(q1, k1, v, q2, k2)
 
 
+
+def test_max_trips_bounds_every_program():
+    """The kernel has ``TRIPS`` key-tile buffers and mbarriers and visits each program's
+    band tiles, so ``max_trips`` must bound every program's trip count (a tile past the
+    buffers would read shared memory it does not own and wait on an mbarrier never armed):
+    every routed window (narrow bands, both sides bounded), N from 1 past a few tiles, the
+    launcher's clamping and query step; and the narrow band keeps it at 4 (<= 64 KB)."""
+    from ditfuse import _attn_gluon as ag
+
+    windows = [(lft, rgt) for lft in range(0, 64, 3) for rgt in range(0, 64 - lft, 5)]
+    windows += [(17, 17), (0, 0), (63, 0), (0, 63), (31, 32)]
+    for lft0, rgt0 in windows:
+        for N in (1, 2, 31, 32, 33, 63, 64, 65, 97, 300, 1000, 4352):
+            st = attention.launch_settings(64, torch.bfloat16, lft0, rgt0, N, True, False)
+            if tuple(st[:6]) != tuple(attention._SM90_ENTRY[:6]):
+                continue
+            lft, rgt = min(lft0, N), min(rgt0, N)
+            step = st.step_m
+            bound = ag.max_trips(N, lft, rgt, step)
+            assert 1 <= bound <= 4, (lft0, rgt0, N, bound)
+            for start in range(0, N, step):
+                lo, hi = max(start - lft, 0), min(start + step + rgt, N)
+                assert -(-(hi - lo) // ag.BLOCK_N) <= bound, (lft0, rgt0, N, start)
+
 _PROBE = r'''
 import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
