@@ -9,13 +9,14 @@ edge, whose accumulators the next trip rescales after the wait that retires them
 all the same arithmetic (bitwise the Triton kernel expected):
 
 * ``s27``          -- the shipped s27 loop (serialized by ptxas)
-* ``loop_wait0``   -- the loop, every trip ending with wait(0) (ptxas pipelines it: S2 under
-                      softmax 1, P1 @ V under softmax 2)
+* ``wait0``        -- the loop, every trip ending with wait(0) (ptxas pipelines it: S2 under
+                      softmax 1, P1 @ V under softmax 2). Call b ran it as ``loop_wait0``
+                      with one more wait(0) after the loop (``k_loop_wait0.py`` at commit
+                      a3b0d94), the same SASS but for that wait
 * ``loop_top``     -- and the ring's refill issued at the trip's top (after its barrier)
 * ``unroll``       -- ``TRIPS`` trips unrolled (``gluon_s28/k_unroll.py``), P @ V of trip t in flight
                       under trip t+1's score products (181 registers: 2 programs an SM)
 * ``unroll168``    -- the same capped at 168 registers (3 programs an SM; 36 B of spills)
-* ``wait0``        -- ``loop_wait0`` without its redundant wait after the loop
 * ``rowptr``       -- ``wait0`` with each tensor's tile-0 row pointers computed once and
                       advanced by a tile step (``library`` in calls d and e)
 * ``library``      -- ``_attn_gluon`` as shipped (v12: ``tma3_128``'s kernel, the library's
@@ -35,7 +36,9 @@ last wait, while P @ V runs, ``gluon_s28/k_sync_early.py``: ptxas 12.9 crashes o
 * ``tma2_3st_128`` -- and an mbarrier a tensor a stage (K1, K2, V; Q1, Q2): Gluon's barrier
                       analysis then puts fewer block barriers between the copies
 * ``tma3`` / ``tma3_128`` -- ``tma2`` with a buffer a key tile (``TRIPS`` of them, all copied
-                      before the first trip; no ring, no refill), uncapped / at 128 registers
+                      before the first trip; no ring, no refill), uncapped / at 128 registers:
+                      the library's kernel since (``k_tma3.py`` at commit 54a93e2, which call e
+                      measured; the library's build has the same SASS main body)
 
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py [--rounds 5] [--variants a,b]  # H200
     PYTHONPATH=src python benchmarks/attn_gluon_s28_ab.py --build [--variants a,b]  # CPU
@@ -69,7 +72,6 @@ def _load(name):
 
 VARIANTS = {  # name: (kernel, extra launch options)
     "s27": (lambda: _load("k_s27"), {}),
-    "loop_wait0": (lambda: _load("k_loop_wait0"), {}),
     "loop_top": (lambda: _load("k_loop_wait0_top"), {}),
     "unroll": (lambda: _load("k_unroll"), {}),
     "unroll168": (lambda: _load("k_unroll"), {"maxnreg": 168}),
@@ -84,8 +86,8 @@ VARIANTS = {  # name: (kernel, extra launch options)
     "tma": (lambda: _load("k_tma"), {"_tma": True}),
     "tma_3st_128": (lambda: _load("k_tma"), {"_tma": True, "STAGES": 3, "maxnreg": 128}),
     "tma2_3st_128": (lambda: _load("k_tma2"), {"_tma": True, "STAGES": 3, "maxnreg": 128}),
-    "tma3_128": (lambda: _load("k_tma3"), {"_tma": True, "maxnreg": 128}),
-    "tma3": (lambda: _load("k_tma3"), {"_tma": True}),
+    "tma3_128": (lambda: ag._swa_diff_sm90_kernel, {"_lib": True}),
+    "tma3": (lambda: ag._swa_diff_sm90_kernel, {"_lib": True, "maxnreg": None}),
 }
 
 

@@ -1,31 +1,6 @@
-"""SAME-L's differential band attention on Hopper, written in Gluon (private; routed by
-``attention.launch``).
+"""Session 28 prototype (benchmarks/attn_gluon_s28_ab.py; NOTES.md "Session 28"): k_wait0 (with a redundant wait after the loop) and the ring's refill at the trip's top.
 
-Triton's ``tl.dot`` waits on each wgmma right after issuing it (``wgmma.wait_group 0``:
-benchmarks/NOTES.md, session 25), so the kernel in ``_attn_kernel.py`` runs each score
-product, softmax and P @ V one after another. Gluon places the waits by hand: with two
-attention maps a trip can keep one map's tensor-core work in flight while the other's
-softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map as the
-partner). A trip over key tile t (wgmma groups complete in issue order):
-
-    issue S1 = Q1 K1^T, S2 = Q2 K2^T                  (async)
-    wait until 1 group is in flight -> S1 and trip t-1's O1, O2 are done
-    issue the copies of tile t + STAGES - 1           (cp.async, into the stage t-1 used)
-    softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
-    wait until 1 group is in flight -> S2 is done
-    softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
-
-Contract: **bitwise** the Triton kernel's output at the launch it replaces -- the table's
-SAME-L 16-bit entry (64-query tiles storing ``STEP_M``, 32-key tiles from the tile's first
-key, 4 warps): the same tiles, the same wgmma shapes and accumulation (``acc * alpha`` then
-the product into it), the same softmax arithmetic (fp32, ``ex2.approx.ftz``, running max
-from -FLT_MAX, the band as one unsigned compare), the same epilogue (per-row reciprocals,
-one fma) with fp contraction off. Checked on the H200 by tests/test_attention_gluon.py.
-
-Scope (``attention.gluon_ok``): sm_90, differential, bf16 / fp16, head_dim 64, no prologue,
-the table's narrow-band entry, every operand's channels contiguous and its rows 16-byte
-aligned (cp.async moves 16-byte pieces); any other call runs the Triton kernel.
-Gluon does not run under Triton's interpreter: the CPU tests compile it for sm_90.
+Otherwise ``ditfuse._attn_gluon``'s kernel of its time (its contract: bitwise the Triton kernel).
 """
 from __future__ import annotations
 
@@ -35,6 +10,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait)
 
+from ditfuse._attn_gluon import _ex2, _softmax_step  # noqa: F401 (used by the kernel)
+
 #: cp.async ring depth: 4 measured fastest (H200, benchmarks/logs/s27/b: 59.0 us at SAME-L
 #: 8704 bf16 against 60.2 with 3 and 70.3 with 5, whose 76 KB of shared memory a program
 #: leave 2 programs an SM instead of 3)
@@ -42,13 +19,6 @@ STAGES = 4
 BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
-
-
-@gluon.jit
-def _ex2(x):
-    """2^x as ``_kernel_utils._ex2``: one ``ex2.approx.ftz.f32``."""
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.float32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -69,17 +39,6 @@ def _copy_tile(k_s, k2_s, v_s, stage, k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_b
     _copy_rows(k_s.index(stage), k_ptr, k_base, start_n, stride_ks, N, BLOCK_N, D, LD)
     _copy_rows(k2_s.index(stage), k2_ptr, k2_base, start_n, stride_k2s, N, BLOCK_N, D, LD)
     _copy_rows(v_s.index(stage), v_ptr, v_base, start_n, stride_vs, N, BLOCK_N, D, LD)
-
-
-@gluon.jit
-def _softmax_step(s, band, m_i, l_i, qk_scale):
-    """``_attn_kernel._softmax_step``'s arithmetic, op for op."""
-    s = gl.where(band, s * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    alpha = _ex2(m_i - m_new)
-    p = _ex2(s - m_new[:, None])
-    l_new = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_new
 
 
 @gluon.jit
