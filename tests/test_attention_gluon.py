@@ -133,6 +133,7 @@ BUILD_CASES = [
     ("same-l-8704-bf16", 1, 8704, 24, "bfloat16", 17, "bshd", False),
     ("same-l-32946-fp16-lam", 1, 32946, 24, "float16", 17, "bshd", True),
     ("batch2-odd-heads-bhsd", 2, 1000, 5, "bfloat16", (3, 20), "bhsd", False),
+    ("four-tiles-wide-band", 1, 500, 3, "float16", (31, 32), "bshd", False),  # TRIPS 4
 ]
 
 
@@ -179,6 +180,8 @@ GPU_CASES = [
     (1, 257, 2, torch.bfloat16, (0, 17), "bhsd", 1.0),
     (1, 1, 4, torch.bfloat16, 17, "bshd", 0.8),        # one token
     (3, 129, 7, torch.bfloat16, (17, 0), "bhsd", "tensor"),
+    (1, 500, 3, torch.bfloat16, (31, 32), "bshd", 0.8),  # 4 key tiles a program (TRIPS 4)
+    (2, 640, 5, torch.float16, (10, 53), "bhsd", "tensor"),
 ]
 
 
