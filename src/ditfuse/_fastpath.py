@@ -149,6 +149,14 @@ class _Launch:
             kwargs[p.name] if p.name in kwargs else p.default for p in params[len(template):])
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
 
+    def args(self, tensors) -> list:
+        """The recorded arguments with the call's ``tensors`` in their slots (a slot ``(i,
+        descriptor)``: that descriptor over ``tensors[i]``)."""
+        args = self.template.copy()
+        for pos, i in self.subs:
+            args[pos] = tensors[i] if type(i) is int else _rebase(i[1], tensors[i[0]])
+        return args
+
 
 class Replay:
     """The launches of one recorded call, for the calls of the same signature."""
@@ -163,10 +171,7 @@ class Replay:
         current device is not the recorded one."""
         if INTERPRET:
             for ln in self.launches:
-                args = ln.template.copy()
-                for pos, i in ln.subs:
-                    args[pos] = tensors[i] if type(i) is int else _rebase(i[1], tensors[i[0]])
-                ln.kernel[ln.grid](*args, **ln.kwargs)
+                ln.kernel[ln.grid](*ln.args(tensors), **ln.kwargs)
             return True
         from triton import knobs
         from triton.runtime import driver
@@ -178,9 +183,7 @@ class Replay:
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         hooked = bool(enter.calls or leave.calls)
         for ln in self.launches:
-            args = ln.template.copy()
-            for pos, i in ln.subs:
-                args[pos] = tensors[i] if type(i) is int else _rebase(i[1], tensors[i[0]])
+            args = ln.args(tensors)
             ck, g = ln.compiled, ln.grid
             meta = ck.launch_metadata(g, stream, *args, *ln.tail) if hooked else None
             ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, meta,
