@@ -16,6 +16,7 @@ asymmetric windows, N below a tile).
     PYTHONPATH=src python benchmarks/attn_gluon_fp32_s29.py            # H200
     PYTHONPATH=src python benchmarks/attn_gluon_fp32_s29.py --build    # CPU: sm_90 builds
 """
+import importlib.util
 import json
 import re
 import subprocess
@@ -28,8 +29,26 @@ import torch
 import ditfuse
 from ditfuse import attention, reference, _attn_gluon_fp32 as af
 
+HERE = Path(__file__).resolve().parent
+
 VARIANTS = {"vt1": dict(VT_BUFS=1), "vt2": dict(VT_BUFS=2),
-            "vt1_168": dict(VT_BUFS=1, maxnreg=168), "vt2_168": dict(VT_BUFS=2, maxnreg=168)}
+            "vt1_168": dict(VT_BUFS=1, maxnreg=168), "vt2_168": dict(VT_BUFS=2, maxnreg=168),
+            "ring_168": dict(VT_BUFS=1, maxnreg=168, _kernel="k_ring")}
+if "--variants" in sys.argv:
+    VARIANTS = {k: v for k, v in VARIANTS.items()
+                if k in sys.argv[sys.argv.index("--variants") + 1].split(",")}
+
+
+def kernel(extra):
+    """The library's prototype kernel, or a session 29 variant's (``gluon_s29/<name>.py``)."""
+    name = extra.get("_kernel")
+    if not name:
+        return af._swa_diff_fp32_sm90_kernel
+    spec = importlib.util.spec_from_file_location(f"gluon_s29_{name}", HERE / "gluon_s29" /
+                                                  f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._swa_diff_fp32_sm90_kernel
 TIMED = [("trt-4352", 1, 4352, 24, (17, 17)), ("same-l-8704", 1, 8704, 24, (17, 17)),
          ("same-l-32946", 1, 32946, 24, (17, 17))]
 CHECKED = TIMED + [("batch2-odd", 2, 1000, 5, (17, 17)), ("asym-3-20", 1, 700, 3, (3, 20)),
@@ -58,7 +77,7 @@ def launch_args(q1, q2, k1, k2, v, window, o, lam=0.8, extra=None):
     kw = dict(H=H, D=D, BLOCK_M=af.BLOCK_M, BLOCK_N=af.BLOCK_N, STEP_M=step,
               TRIPS=af.max_trips(N, left, right, step), LAM_PTR=False, TOKEN_MAJOR=True,
               num_warps=af.NUM_WARPS, enable_fp_fusion=False)
-    kw.update(extra or {})
+    kw.update({k: v for k, v in (extra or {}).items() if not k.startswith("_")})
     grid = (B * H, -(-N // step))
     return grid, args, kw
 
@@ -71,10 +90,8 @@ def build():
     t = GPUTarget("cuda", 90, 32)
     q1, q2, k1, k2, v = views(1, 4352, 24, "meta")
     o = torch.empty(1, 4352, 24, 64, device="meta")
-    kern = af._swa_diff_fp32_sm90_kernel
     for name, extra in VARIANTS.items():
-        if "--variants" in sys.argv and name not in sys.argv[sys.argv.index("--variants") + 1]:
-            continue
+        kern = kernel(extra)
         grid, args, kw = launch_args(q1, q2, k1, k2, v, (17, 17), o, extra=extra)
         sig, cex, attrs, opts = specialize(kern, args, kw, t)
         ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t,
@@ -104,7 +121,7 @@ def build():
 def main():
     from ditfuse.bench import graph_us
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 5
-    kern = af._swa_diff_fp32_sm90_kernel
+    kerns = {n: kernel(e) for n, e in VARIANTS.items()}
     tol = attention.ACCURACY[torch.float32]
     for name, B, N, H, window in CHECKED:
         q1, q2, k1, k2, v = views(B, N, H, "cuda")
@@ -117,7 +134,7 @@ def main():
         for vname, extra in VARIANTS.items():
             o = torch.full((B, N, H, 64), float("nan"), device="cuda")
             grid, args, kw = launch_args(q1, q2, k1, k2, v, window, o, extra=extra)
-            kern[grid](*args, **kw)
+            kerns[vname][grid](*args, **kw)
             torch.cuda.synchronize()
             msg = f"{vname}: nan {int(o.isnan().sum())}"
             d_lib = (o - lib).abs().max().item()
@@ -135,7 +152,7 @@ def main():
         launches = {}
         for vname, extra in VARIANTS.items():
             grid, args, kw = launch_args(q1, q2, k1, k2, v, window, o, extra=extra)
-            launches[vname] = (lambda g=grid, a=args, k=kw: kern[g](*a, **k))
+            launches[vname] = (lambda g=grid, a=args, k=kw, f=kerns[vname]: f[g](*a, **k))
         launches["triton"] = lambda: ditfuse.sliding_window_attention(
             q1, k1, v, window, q2=q2, k2=k2, lam=0.8)
         for r in range(rounds):
