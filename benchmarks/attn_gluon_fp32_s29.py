@@ -1,11 +1,17 @@
 """Session 29: SAME-L's fp32 differential entry in Gluon with tf32 wgmma
 (``ditfuse._attn_gluon_fp32``) against the shipped Triton fp32 entry (two-warp mma.sync).
 
-Variants (the kernel's ``VT_BUFS`` and register cap):
+Variants:
 
-* ``vt1``     -- one transposed-V buffer (a block barrier before each trip's transpose)
-* ``vt2``     -- two, alternating (the trip's own barrier guards reuse two trips later)
-* ``vt1_168`` / ``vt2_168`` -- the same capped at 168 registers
+* ``kernel``   -- ``_attn_gluon_fp32``'s kernel as the library ships it, launched directly
+* ``ring_168`` -- a 72 KB form (3 programs an SM): one K1 / K2 buffer refilled once every
+                  warp's score products are done, two raw V buffers, one transposed V
+                  (``gluon_s29/k_ring.py``)
+
+Calls a and b (``logs/s29``) ran the prototype at commit b64d26d (``VT_BUFS`` 1 or 2
+transposed-V buffers, uncapped or capped at 168: ``vt1``, ``vt2``, ``vt1_168``, ``vt2_168``);
+the library keeps ``vt1_168``. ``library`` is the public call (the Gluon route), ``triton``
+the same call with ``attention.GLUON_SM90`` off (the Triton fp32 entry).
 
 GPU: each variant's output against the fp64 formula (``ACCURACY[fp32]`` share, as the
 library's fp32 gate) and against the Triton entry's, every element written (NaN-poisoned
@@ -31,8 +37,7 @@ from ditfuse import attention, reference, _attn_gluon_fp32 as af
 
 HERE = Path(__file__).resolve().parent
 
-VARIANTS = {"vt1": dict(VT_BUFS=1), "vt2": dict(VT_BUFS=2),
-            "vt1_168": dict(VT_BUFS=1, maxnreg=168), "vt2_168": dict(VT_BUFS=2, maxnreg=168),
+VARIANTS = {"kernel": dict(maxnreg=af.MAXNREG),
             "ring_168": dict(VT_BUFS=1, maxnreg=168, _kernel="k_ring")}
 if "--variants" in sys.argv:
     VARIANTS = {k: v for k, v in VARIANTS.items()
@@ -125,7 +130,9 @@ def main():
     tol = attention.ACCURACY[torch.float32]
     for name, B, N, H, window in CHECKED:
         q1, q2, k1, k2, v = views(B, N, H, "cuda")
+        attention.GLUON_SM90 = False  # the Triton entry's output, for comparison
         lib = ditfuse.sliding_window_attention(q1, k1, v, window, q2=q2, k2=k2, lam=0.8)
+        attention.GLUON_SM90 = True
         ref = None
         if N <= 8704:
             ref = reference.sliding_window_attention_reference(
@@ -147,17 +154,20 @@ def main():
         print(f"{name:14s} " + " | ".join(res), flush=True)
     for name, B, N, H, window in TIMED:
         q1, q2, k1, k2, v = views(B, N, H, "cuda")
-        times = {n: [] for n in ["triton", *VARIANTS]}
+        times = {n: [] for n in ["triton", "library", *VARIANTS]}
         o = torch.empty(B, N, H, 64, device="cuda")
         launches = {}
         for vname, extra in VARIANTS.items():
             grid, args, kw = launch_args(q1, q2, k1, k2, v, window, o, extra=extra)
             launches[vname] = (lambda g=grid, a=args, k=kw, f=kerns[vname]: f[g](*a, **k))
-        launches["triton"] = lambda: ditfuse.sliding_window_attention(
-            q1, k1, v, window, q2=q2, k2=k2, lam=0.8)
+        lib = lambda: ditfuse.sliding_window_attention(q1, k1, v, window, q2=q2, k2=k2, lam=0.8)
+        launches["library"] = lib
+        launches["triton"] = lib
         for r in range(rounds):
             for n, f in launches.items():
+                attention.GLUON_SM90 = n != "triton"
                 times[n].append(graph_us(f))
+            attention.GLUON_SM90 = True
         print(f"{name:14s} " + " | ".join(f"{n} {min(ts):6.1f} ({max(ts):.1f})"
                                           for n, ts in times.items()), flush=True)
 

@@ -798,14 +798,21 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
 def _jit(m, t):
-    """The JIT (Triton) result of the package's op on copies of ``t``."""
+    """The JIT (Triton) result of the package's op on copies of ``t``: the Triton kernel
+    the package holds, also where an sm_90 call would route to a Gluon kernel (SAME-L's
+    fp32 entry: other tiles, so other last bits; ``attention.GLUON_SM90``)."""
+    from ditfuse import attention
     from ditfuse.aot.ops import get
     entry = get(m["op"])
     c = {n: x.clone() for n, x in t.items()}
     for p in m["parameters"]:  # aliased outputs stay aliased
         if p.get("aliases"):
             c[p["name"]] = c[p["aliases"]]
-    entry.call(entry.resolve(**m["options"]), c)
+    gluon, attention.GLUON_SM90 = attention.GLUON_SM90, False
+    try:
+        entry.call(entry.resolve(**m["options"]), c)
+    finally:
+        attention.GLUON_SM90 = gluon
     return c
 
 

@@ -50,7 +50,15 @@ def test_routing(monkeypatch):
     bhsd = [t.transpose(1, 2).contiguous() for t in (q1, k1, v, q2, k2)]
     assert _routes(*bhsd, layout="bhsd")
     assert not _routes(q1, k1, v, None, None)                            # plain
-    assert not _routes(*[t.float() for t in (q1, k1, v, q2, k2)])       # fp32
+    f32 = _proj(1, 300, 3, torch.float32, "cpu")
+    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3])               # fp32 entry
+    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=(3, 20))
+    assert not _routes(f32[0], f32[2], f32[4], None, None)               # fp32 plain
+    assert not _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=40)
+    assert not _routes(*[t[..., :32] for t in (f32[0], f32[2], f32[4], f32[1], f32[3])])
+    flat32 = torch.randn(1, 300, 5 * 3 * 64 + 2)
+    off32 = [t.unflatten(-1, (3, 64)) for t in flat32[..., 2:].chunk(5, dim=-1)]
+    assert not _routes(off32[0], off32[2], off32[4], off32[1], off32[3])  # 8 bytes off
     assert not _routes(q1, k1, v, q2, k2, window=(-1, 0))               # unbounded side
     assert not _routes(q1, k1, v, q2, k2, window=40)                     # wide band
     small = [t[..., :32] for t in (q1, k1, v, q2, k2)]
@@ -66,35 +74,40 @@ def test_routing(monkeypatch):
 
 
 
-def test_max_trips_bounds_every_program():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["16-bit", "fp32"])
+def test_max_trips_bounds_every_program(dtype):
     """The kernel has ``TRIPS`` key-tile buffers and mbarriers and visits each program's
     band tiles, so ``max_trips`` must bound every program's trip count (a tile past the
     buffers would read shared memory it does not own and wait on an mbarrier never armed):
     every routed window (narrow bands, both sides bounded), N from 1 past a few tiles, the
     launcher's clamping and query step; and the narrow band keeps it at 4 (<= 64 KB)."""
-    from ditfuse import _attn_gluon as ag
+    from ditfuse import _attn_gluon as ag, _attn_gluon_fp32 as agf
 
+    entry = attention._SM90_ENTRY if dtype == torch.bfloat16 else attention._SM90_FP32_ENTRY
+    kern = ag if dtype == torch.bfloat16 else agf
     windows = [(lft, rgt) for lft in range(0, 64, 3) for rgt in range(0, 64 - lft, 5)]
     windows += [(17, 17), (0, 0), (63, 0), (0, 63), (31, 32)]
     for lft0, rgt0 in windows:
         for N in (1, 2, 31, 32, 33, 63, 64, 65, 97, 300, 1000, 4352):
-            st = attention.launch_settings(64, torch.bfloat16, lft0, rgt0, N, True, False)
-            if tuple(st[:6]) != tuple(attention._SM90_ENTRY[:6]):
+            st = attention.launch_settings(64, dtype, lft0, rgt0, N, True, False)
+            if tuple(st[:6]) != tuple(entry[:6]):
                 continue
             lft, rgt = min(lft0, N), min(rgt0, N)
-            step = st.step_m
-            bound = ag.max_trips(N, lft, rgt, step)
+            # the fp32 kernel's own tiles (``_launch_gluon``), the 16-bit one the table's
+            step = st.step_m if kern is ag else attention.query_step(agf.BLOCK_M, agf.BLOCK_N,
+                                                                      lft, rgt)
+            bound = kern.max_trips(N, lft, rgt, step)
             assert 1 <= bound <= 4, (lft0, rgt0, N, bound)
             for start in range(0, N, step):
                 lo, hi = max(start - lft, 0), min(start + step + rgt, N)
-                assert -(-(hi - lo) // ag.BLOCK_N) <= bound, (lft0, rgt0, N, start)
+                assert -(-(hi - lo) // kern.BLOCK_N) <= bound, (lft0, rgt0, N, start)
 
 _PROBE = r'''
 import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import ditfuse
-from ditfuse import attention, _attn_gluon as ag, _attn_kernel
+from ditfuse import attention, _attn_gluon as ag, _attn_gluon_fp32 as agf, _attn_kernel
 from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump
 
 attention._gluon_device = lambda o4: True
@@ -110,17 +123,20 @@ for label, B, N, H, dt, window, layout, lam_tensor in json.loads(sys.argv[1]):
     call = lambda: ditfuse.sliding_window_attention(q1, k1, v, window, q2=q2, k2=k2, lam=lam,
                                                     layout=layout)
     launches = intercept_launches([(ag, "_swa_diff_sm90_kernel"),
+                                   (agf, "_swa_diff_fp32_sm90_kernel"),
                                    (_attn_kernel, "_swa_fwd_kernel")], call)
     assert len(launches) == 1, launches
     grid, args, kw = launches[0]
     assert "TRIPS" in kw, "the Triton kernel was launched"
-    sig, cex, attrs, opts = specialize(ag._swa_diff_sm90_kernel, args, kw, t)
-    ck = triton.compile(GluonASTSource(ag._swa_diff_sm90_kernel, sig, cex, attrs), target=t,
-                        options=opts.__dict__)
+    kern = agf._swa_diff_fp32_sm90_kernel if dt == torch.float32 else ag._swa_diff_sm90_kernel
+    sig, cex, attrs, opts = specialize(kern, args, kw, t)
+    ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t, options=opts.__dict__)
     ptx = ck.asm["ptx"]
     pt = run_ptxas(ptx, opts, ck.metadata.name)
     out.append(dict(label=label, regs=pt["regs"], spills=pt["spill_stores"],
-                    serialized=[ln for ln in pt["ptxas_log"] if "C7514" in ln],
+                    serialized=[ln for ln in pt["ptxas_log"] if "C7514" in ln or "C7515" in ln],
+                    tf32=ptx.count("wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32")
+                    + ptx.count("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32"),
                     shared=ck.metadata.shared,
                     waits=re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx),
                     wgmma=ptx.count("wgmma.mma_async"),
@@ -134,6 +150,11 @@ BUILD_CASES = [
     ("same-l-32946-fp16-lam", 1, 32946, 24, "float16", 17, "bshd", True),
     ("batch2-odd-heads-bhsd", 2, 1000, 5, "bfloat16", (3, 20), "bhsd", False),
     ("four-tiles-wide-band", 1, 500, 3, "float16", (31, 32), "bshd", False),  # TRIPS 4
+]
+FP32_BUILD_CASES = [
+    ("same-l-8704-fp32", 1, 8704, 24, "float32", 17, "bshd", False),
+    ("fp32-batch2-odd-heads-bhsd-lam", 2, 1000, 5, "float32", (3, 20), "bhsd", True),
+    ("fp32-four-tiles-wide-band", 1, 500, 3, "float32", (31, 32), "bshd", False),  # TRIPS 4
 ]
 
 
@@ -159,6 +180,30 @@ def test_sm90_build():
         assert row["spills"] == 0 and row["regs"] <= 128, row
         assert row["shared"] <= (56 if row["label"].startswith("same-l") else 76) * 1024, row
     assert rows[0]["step"] == 62 and rows[0]["grid"] == [24, -(-8704 // 62)]
+
+
+@pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
+def test_sm90_build_fp32():
+    """The fp32 kernel as the launcher specializes it: tf32 wgmma only (the score products
+    from shared memory, P @ V from registers against the transposed V), the same waits as the
+    16-bit kernel and a pipeline ptxas keeps, TMA copies, 168 registers with no spills, and
+    at SAME-L's 3 key tiles at most 113 KB of shared memory (2 programs an SM)."""
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(FP32_BUILD_CASES)], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row["label"] for row in rows] == [c[0] for c in FP32_BUILD_CASES]
+    for row in rows:
+        assert sorted(row["waits"]) == ["0", "1", "1"], row
+        assert not row["serialized"], row
+        assert row["tf32"] == row["wgmma"] > 0 and row["tma"] >= 5 and row["cp_async"] == 0, row
+        assert row["spills"] == 0 and row["regs"] <= 168, row
+    same_l = rows[0]
+    assert same_l["shared"] <= 113 * 1024, same_l
+    # 64-query tiles storing 62 (its own tiles, not the Triton fp32 entry's 32 / 30)
+    assert same_l["step"] == 62 and same_l["grid"] == [24, -(-8704 // 62)], same_l
 
 
 # ---------------------------------------------------------------------------------------
@@ -225,3 +270,68 @@ def test_build_report_row():
     assert g["wgmma"] > 0 and not g["violations"] and g["loop_local"] == 0, g
     assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == \
         (t["block_m"], t["block_n"], t["step_m"], t["grid"])  # the same tiles and programs
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the fp32 kernel within the fp32 contract (not the Triton kernel's bits: other tiles)
+
+FP32_GPU_CASES = [
+    # B, N, H, window, layout, lam
+    (1, 4352, 24, 17, "trt", 1.0),                     # the TensorRT contract's q / k views
+    (1, 8704, 24, 17, "bshd", 0.8),
+    (2, 1000, 5, 17, "bshd", "tensor"),
+    (2, 33, 5, 17, "bshd", 0.8),                       # N < a tile, odd heads
+    (1, 300, 3, 0, "bshd", 0.8),                       # window 0
+    (1, 301, 3, (3, 20), "bhsd", "tensor"),
+    (3, 129, 7, (17, 0), "bhsd", 0.5),
+    (1, 500, 3, (31, 32), "bshd", 0.8),                # 4 key tiles a program (TRIPS 4)
+    (1, 1, 4, 17, "bshd", 0.8),                        # one token
+]
+
+
+@pytest.mark.skipif(not _sm90_gpu(), reason="needs an sm_90 GPU (Gluon's wgmma kernel)")
+@pytest.mark.parametrize("case", FP32_GPU_CASES,
+                         ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}-{c[4]}")
+def test_fp32_within_contract(case, monkeypatch):
+    """The fp32 kernel's output (a NaN-poisoned buffer, every element written) within
+    ``ACCURACY[fp32]`` of the fp64 formula, as the Triton kernel's; the two kernels agree to
+    tf32 rounding."""
+    from ditfuse import reference
+    B, N, H, window, layout, lam = case
+    g = torch.Generator(device="cuda").manual_seed(N)
+    if layout == "trt":  # q / k of 2H heads, [q1 | q2]
+        q12, k12 = (torch.randn(B, N, 2 * H, 64, generator=g, device="cuda") for _ in range(2))
+        v = torch.randn(B, N, H, 64, generator=g, device="cuda")
+        q1, q2, k1, k2 = q12[:, :, :H], q12[:, :, H:], k12[:, :, :H], k12[:, :, H:]
+        layout = "bshd"
+    else:
+        q1, q2, k1, k2, v = _proj(B, N, H, torch.float32, "cuda", seed=N)
+        if layout == "bhsd":
+            q1, q2, k1, k2, v = [t.transpose(1, 2).contiguous() for t in (q1, q2, k1, k2, v)]
+    if lam == "tensor":
+        lam = (torch.rand(H, generator=torch.Generator().manual_seed(1)) + 0.1).cuda()
+    p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, lam=lam, layout=layout)
+    taken = []
+    real = attention._launch_gluon
+    monkeypatch.setattr(attention, "_launch_gluon",
+                        lambda *a, **k: (taken.append(1), real(*a, **k)))
+    outs = []
+    for gluon in (True, False):
+        monkeypatch.setattr(attention, "GLUON_SM90", gluon)
+        out = torch.full(p.q.shape, float("nan"), device="cuda")
+        attention.launch(p, out)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert taken == [1]
+    ref = reference.sliding_window_attention_core(p, torch.float64).double()
+    lam_max = lam.abs().max().item() if isinstance(lam, torch.Tensor) else abs(lam)
+    scale = ref.abs() + (1 + lam_max) * p.v.double().pow(2).mean().sqrt()
+    tol = attention.ACCURACY[torch.float32]
+    errs = []
+    for out in outs:
+        assert not torch.isnan(out).any()
+        errs.append(((out.double() - ref).abs() / scale).max().item())
+    assert errs[0] <= tol, (errs, tol)
+    assert errs[1] <= tol, (errs, tol)
+    # both are tf32 products of the same operands: within a few tf32 roundings of each other
+    assert ((outs[0] - outs[1]).abs() / scale).max().item() <= 2 * tol

@@ -327,10 +327,10 @@ def test_recording_is_per_thread(replays):
     _equal(seen["out"], _checked(lambda: ditfuse.gated_residual(x, y)))
 
 
-def _same_proj(B, N, H, D):
+def _same_proj(B, N, H, D, dtype=torch.bfloat16):
     """q1, q2, k1, k2, v as views of one packed projection (SAME's ``to_qkv(x).chunk(5)``)."""
     def make(g):
-        proj = _rand(B, N, 5 * H * D, g=g)
+        proj = _rand(B, N, 5 * H * D, dtype=dtype, g=g)
         return tuple(t.unflatten(-1, (H, D)) for t in proj.chunk(5, dim=-1))
     return make
 
@@ -351,6 +351,10 @@ def test_attention_replay(replays, monkeypatch):
         shape, float("nan"), dtype=dtype, device=device))
     B, N, H, D = 2, 21, 2, 64
     _twice(_same_proj(B, N, H, D),
+           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+               q1, k1, v, 17, q2=q2, k2=k2, lam=0.8), replays)
+    # fp32 (on sm_90: the fp32 Gluon kernel, its descriptors rebuilt at replay)
+    _twice(_same_proj(1, 70, 3, D, torch.float32),
            lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
                q1, k1, v, 17, q2=q2, k2=k2, lam=0.8), replays)
     _twice(lambda g: tuple(_rand(1, 3, 13, 32, g=g) for _ in range(3)),

@@ -10,17 +10,29 @@ trip copies V's tile through registers into ``vt``, [channels, keys] with the ke
 contiguous, while the score products run. A trip over key tile t:
 
     wait for K1, K2 of tile t; issue S1 = Q1 K1^T, S2 = Q2 K2^T     (async)
-    wait for V of tile t; V -> registers -> vt (transposed); fence; block barrier
+    wait for V of tile t; V -> registers; block barrier (the last trip's P @ V is done in
+        every warp: vt is free); registers -> vt (transposed); fence; block barrier
     wait until 1 group is in flight -> S1 is done
     softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
     wait until 1 group is in flight -> S2 is done
     softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
     wait for both P @ V (nothing in flight across the back edge: ``_attn_gluon``)
 
-Contract: fp32 in and out, tf32 tensor-core products (operands rounded to tf32 as the
-Triton kernel's ``tl.dot`` does), fp32 softmax and accumulation; within ``ACCURACY[fp32]``
+Shared memory at SAME-L's 3 key tiles: Q1 / Q2 32 KB, K1 / K2 / V 72 KB, vt 8 KB (112 KB: 2
+programs an SM; the output's layout change reuses dead buffers). Measured on the H200
+(benchmarks/NOTES.md "Session 29"): 57.5-58.2 us at the TensorRT contract shape against the
+Triton entry's 63.0-63.6; a second vt buffer (1 program an SM) 77 us; a 72 KB form with one
+K buffer and a two-deep V ring (3 programs an SM) 60.7 us, its refills exposed.
+
+Contract: fp32 in and out, tensor-core products at tf32 operand precision (as the Triton
+kernel's ``tl.dot``), fp32 softmax and accumulation; within ``ACCURACY[fp32]``
 of the fp64 formula, as every fp32 launch. Not bitwise the Triton fp32 entry: that one tiles
-32 queries on mma.sync with 16-key tiles, so its sums run in another order.
+32 queries on mma.sync with 16-key tiles, so its running maxima, the tf32 rounding of its
+probabilities and its sums differ (|difference| ~ 6e-4 on unit-variance inputs at SAME-L).
+
+Scope (``attention.gluon_ok``): sm_90, differential, fp32, head_dim 64, no prologue, the
+table's narrow-band fp32 entry (at most 4 key tiles a program), every operand's channels
+contiguous and its strides and base 16-byte aligned; any other call runs the Triton kernel.
 """
 from __future__ import annotations
 
@@ -29,11 +41,14 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._attn_gluon import _ex2, _softmax_step
+from ._attn_gluon import _softmax_step
 
 BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
+#: ptxas's register cap: 168 keeps the kernel free of spills inside its loop (179 uncapped)
+#: and leaves shared memory as the bound (2 programs an SM at SAME-L's 3 key tiles)
+MAXNREG = 168
 
 _LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=4)
 
@@ -77,7 +92,6 @@ def _swa_diff_fp32_sm90_kernel(
     TRIPS: gl.constexpr,                  # the most key tiles a program visits (max_trips)
     LAM_PTR: gl.constexpr,
     TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
-    VT_BUFS: gl.constexpr,                # transposed-V buffers (1: a barrier guards reuse)
 ):
     DL: gl.constexpr = q_desc.layout
     NB_Q: gl.constexpr = BLOCK_M * D * 4
@@ -112,7 +126,7 @@ def _swa_diff_fp32_sm90_kernel(
     k_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
     k2_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
     v_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
-    vt_s = gl.allocate_shared_memory(gl.float32, [VT_BUFS, D, BLOCK_N], VT_SL)
+    vt_s = gl.allocate_shared_memory(gl.float32, [D, BLOCK_N], VT_SL)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
@@ -165,11 +179,9 @@ def _swa_diff_fp32_sm90_kernel(
         s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         # V's tile, transposed into vt while the score products run
         mbarrier.wait(v_bar.index(t), 0)
-        vt = vt_s.index(t % VT_BUFS)
-        if VT_BUFS == 1:
-            gl.thread_barrier()  # every warp is past the previous trip's P @ V
         v = v_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL).load(VL)
-        vt.store(gl.permute(v, (1, 0)))
+        gl.thread_barrier()  # every warp is past the previous trip's P @ V (vt is free)
+        vt_s.store(gl.permute(v, (1, 0)))
         fence_async_shared()
         gl.thread_barrier()
         s1 = warpgroup_mma_wait(1, deps=[s1])
@@ -177,12 +189,12 @@ def _swa_diff_fp32_sm90_kernel(
             row_span[:, None].to(gl.uint32, bitcast=True)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
         acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt.permute((1, 0)), acc1,
+        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt_s.permute((1, 0)), acc1,
                              is_async=True)
         s2 = warpgroup_mma_wait(1, deps=[s2])
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
         acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), vt.permute((1, 0)), acc2,
+        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), vt_s.permute((1, 0)), acc2,
                              is_async=True)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 

@@ -387,8 +387,10 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     arithmetic a column; on the GPU other last bits than the column-split tile):
     Triton gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
     BLOCK_M < D splits its columns across the warps; the halves put them along the rows.
-    Without ``settings``, a call that :func:`gluon_ok` accepts (SAME-L's 16-bit differential
-    entry on sm_90) runs ``_attn_gluon``'s kernel: the same tiles and bits.
+    Without ``settings``, a call that :func:`gluon_ok` accepts (SAME-L's differential
+    entries on sm_90) runs a Gluon kernel: ``_attn_gluon``'s in 16-bit (the same tiles and
+    bits), ``_attn_gluon_fp32``'s in fp32 (64 / 32-key tiles: within the fp32 contract, not
+    the Triton kernel's bits).
     """
     from ._attn_kernel import _swa_fwd_kernel
 
@@ -474,10 +476,14 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
 
 #: Hopper (sm_90): SAME-L's 16-bit differential entry runs the Gluon kernel
 #: (``_attn_gluon.py``: the same bits, the wgmma waits placed by hand, TMA copies; H200,
-#: benchmarks/logs/s28/e: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's 62.5).
-#: False: the Triton kernel everywhere (A/B runs; part of the eager call's replay key).
+#: benchmarks/logs/s28/e: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's 62.5), and
+#: its fp32 entry ``_attn_gluon_fp32.py`` (tf32 wgmma, V transposed in shared memory; H200,
+#: benchmarks/logs/s29: 57.5 us at the TensorRT contract shape against 63.0; not the Triton
+#: kernel's bits: within the fp32 contract). False: the Triton kernel everywhere (A/B runs,
+#: the AOT package's kernel; part of the eager call's replay key).
 GLUON_SM90 = True
 _SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
+_SM90_FP32_ENTRY = Settings(32, 16, 2, 3, True, 168)
 _CAPABILITY: dict = {}
 
 
@@ -490,21 +496,30 @@ def _sm90(device) -> bool:
 
 def _rows_16b(t: Tensor) -> bool:
     """Channels contiguous, base and every stride 16-byte aligned (a TMA descriptor's
-    terms; stricter for 16-bit elements: strides in multiples of 16 elements)."""
+    terms: strides in multiples of 4 fp32 elements; stricter for 16-bit elements, multiples
+    of 16)."""
+    unit = 4 if t.element_size() == 4 else 16
     return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
-            and all(st % 16 == 0 for st in t.stride()[:3]))
+            and all(st % unit == 0 for st in t.stride()[:3]))
 
 
 def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
-    """Whether the launch of ``p`` with the table's settings ``st`` runs the Gluon kernel:
-    sm_90 (not the interpreter), differential, bf16 / fp16, head_dim 64, no prologue, the
-    table's SAME-L entry (64 / 32-key tiles, 4 warps), every operand and the output with
-    contiguous channels and 16-byte aligned rows (element strides multiples of 16)."""
-    return (GLUON_SM90 and p.differential and p.qk is None
-            and p.q.dtype in (torch.bfloat16, torch.float16) and p.q.shape[3] == 64
-            and tuple(st[:6]) == tuple(_SM90_ENTRY[:6]) and not st.mma_sync
-            and not st.split_pv and p.left >= 0 and p.right >= 0
-            and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
+    """Whether the launch of ``p`` with the table's settings ``st`` runs a Gluon kernel:
+    sm_90 (not the interpreter), differential, head_dim 64, no prologue, both sides of the
+    band bounded, every operand and the output with contiguous channels and 16-byte aligned
+    rows, and either bf16 / fp16 at the table's SAME-L 16-bit entry (64 / 32-key tiles, 4
+    warps: ``_attn_gluon``, the same bits) or fp32 at its fp32 entry (32 / 16-key tiles on 2
+    warps, split P @ V: ``_attn_gluon_fp32``, 64 / 32-key tf32 wgmma tiles)."""
+    if not (GLUON_SM90 and p.differential and p.qk is None and p.q.shape[3] == 64
+            and p.left >= 0 and p.right >= 0 and not st.mma_sync):
+        return False
+    if p.q.dtype in (torch.bfloat16, torch.float16):
+        entry = tuple(st[:6]) == tuple(_SM90_ENTRY[:6]) and not st.split_pv
+    elif p.q.dtype == torch.float32:
+        entry = tuple(st[:6]) == tuple(_SM90_FP32_ENTRY[:6]) and bool(st.split_pv)
+    else:
+        entry = False
+    return (entry and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
             and _gluon_device(o4))
 
 
@@ -518,13 +533,23 @@ def _launch_gluon(p: Plan, o4: Tensor, grid, left: int, right: int, step: int,
     from . import _attn_gluon as ag
 
     B, N, H, D = p.q.shape
+    if p.q.dtype == torch.float32:
+        # its own tiles: 64 queries (storing query_step's), 32-key tiles
+        from . import _attn_gluon_fp32 as ag
+        step = query_step(ag.BLOCK_M, ag.BLOCK_N, left, right)
+        n_m = -(-N // step)
+        if token_major and n_m > 65535:
+            token_major = False
+        grid = (B * H, n_m) if token_major else (n_m, B * H)
     lam_t = p.lam_tensor if p.lam_tensor is not None else p.q
     descs = [ag.descriptor(t, rows) for t, rows in
              zip((p.q, p.k, p.v, p.q2, p.k2), (ag.BLOCK_M, ag.BLOCK_N, ag.BLOCK_N, ag.BLOCK_M,
                                                ag.BLOCK_N))]
     args = (*descs, o4, lam_t, p.lam_value, p.scale * LOG2E, N, left, right, *o4.stride()[:3],
             p.lam_tensor.stride(0) if p.lam_tensor is not None else 0)
-    _fastpath.launch(ag._swa_diff_sm90_kernel, grid, args,
+    kernel = ag._swa_diff_fp32_sm90_kernel if p.q.dtype == torch.float32 \
+        else ag._swa_diff_sm90_kernel
+    _fastpath.launch(kernel, grid, args,
                      dict(H=H, D=D, BLOCK_M=ag.BLOCK_M, BLOCK_N=ag.BLOCK_N, STEP_M=step,
                           TRIPS=ag.max_trips(N, left, right, step),
                           LAM_PTR=p.lam_tensor is not None, TOKEN_MAJOR=token_major,
@@ -973,7 +998,10 @@ BUILD_SPECS = [
     BuildSpec("same-l-bf16-attn", prologue=False),
     BuildSpec("same-l-bf16-attn-gluon", prologue=False, gluon=True),
     BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
+    BuildSpec("same-l-fp32-attn-gluon", dtype="fp32", prologue=False, gluon=True),
     BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
+    BuildSpec("same-l-trt-fp32-gluon", dtype="fp32", N=4352, prologue=False, trt=True,
+              gluon=True),
     BuildSpec("same-l-fp32-plain", dtype="fp32", differential=False, prologue=False),
     BuildSpec("sa3-dit-bf16-full", N=4096, window=-1),
     BuildSpec("d128-bf16-causal", D=128, N=4608, differential=False, prologue=False,
@@ -1031,9 +1059,10 @@ def capture_launch(spec: BuildSpec):
     device_test = _gluon_device
     place = (_attn_kernel, "_swa_fwd_kernel")
     if spec.gluon:  # the launch an sm_90 GPU takes (meta tensors stand in for its memory)
-        from . import _attn_gluon
+        from . import _attn_gluon, _attn_gluon_fp32
         _gluon_device = lambda o4: True  # noqa: E731
-        place = (_attn_gluon, "_swa_diff_sm90_kernel")
+        place = (_attn_gluon_fp32, "_swa_diff_fp32_sm90_kernel") if spec.dtype == "fp32" \
+            else (_attn_gluon, "_swa_diff_sm90_kernel")
     try:
         calls = intercept_launches([place], _meta_call(spec))
     finally:
@@ -1061,7 +1090,10 @@ def build(spec: BuildSpec) -> dict:
     if spec.gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as source
 
-        from ._attn_gluon import _swa_diff_sm90_kernel as kernel
+        if spec.dtype == "fp32":
+            from ._attn_gluon_fp32 import _swa_diff_fp32_sm90_kernel as kernel
+        else:
+            from ._attn_gluon import _swa_diff_sm90_kernel as kernel
     grid, args, kwargs = capture_launch(spec)
     target = GPUTarget("cuda", ik.ARCH, ik.WARP_SIZE)
     signature, constexprs, attrs, options = ik.specialize(kernel, args, kwargs, target)

@@ -391,7 +391,9 @@ SLIDING_WINDOW_ATTENTION = OpExport(
                    "operands in both builds",
     contract="bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
              "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam) for N > window (for N <= "
-             "window the JIT clamps the window to N, which selects the same keys)",
+             "window the JIT clamps the window to N, which selects the same keys), run with "
+             "the Triton kernel (on sm_90 the JIT routes SAME-L's calls to Gluon kernels: "
+             "the same bits in 16-bit, within the fp32 contract in fp32, attention.GLUON_SM90)",
 )
 
 
