@@ -7,6 +7,11 @@ Variants:
 * ``ring_168`` -- a 72 KB form (3 programs an SM): one K1 / K2 buffer refilled once every
                   warp's score products are done, two raw V buffers, one transposed V
                   (``gluon_s29/k_ring.py``)
+* ``persist``  -- a persistent form (``gluon_s29/k_persist.py``): 2 programs an SM loop
+                  over the tiles, the next tile's copies issued as its buffers free up
+* ``diag_math`` / ``diag_mem`` -- timing only (``gluon_s29/k_diag.py``): the kernel with
+                  every program's copies reading the first program's tiles (L2 hits: the
+                  math with little DRAM traffic), and the copies and stores without the math
 
 Calls a and b (``logs/s29``) ran the prototype at commit b64d26d (``VT_BUFS`` 1 or 2
 transposed-V buffers, uncapped or capped at 168: ``vt1``, ``vt2``, ``vt1_168``, ``vt2_168``);
@@ -38,7 +43,12 @@ from ditfuse import attention, reference, _attn_gluon_fp32 as af
 HERE = Path(__file__).resolve().parent
 
 VARIANTS = {"kernel": dict(maxnreg=af.MAXNREG),
-            "ring_168": dict(VT_BUFS=1, maxnreg=168, _kernel="k_ring")}
+            "ring_168": dict(VT_BUFS=1, maxnreg=168, _kernel="k_ring"),
+            # timing only (wrong outputs by design): the math with every copy an L2 hit, and
+            # the copies and stores without the math
+            "diag_math": dict(MODE=1, maxnreg=168, _kernel="k_diag", _timing_only=True),
+            "diag_mem": dict(MODE=2, maxnreg=168, _kernel="k_diag", _timing_only=True),
+            "persist": dict(maxnreg=168, _kernel="k_persist", _persistent=True)}
 if "--variants" in sys.argv:
     VARIANTS = {k: v for k, v in VARIANTS.items()
                 if k in sys.argv[sys.argv.index("--variants") + 1].split(",")}
@@ -84,7 +94,16 @@ def launch_args(q1, q2, k1, k2, v, window, o, lam=0.8, extra=None):
               num_warps=af.NUM_WARPS, enable_fp_fusion=False)
     kw.update({k: v for k, v in (extra or {}).items() if not k.startswith("_")})
     grid = (B * H, -(-N // step))
+    if (extra or {}).get("_persistent"):  # 2 programs an SM looping over head-major tiles
+        n_m = -(-N // step)
+        args = (*args, n_m, B * H * n_m)
+        grid = (min(B * H * n_m, 2 * _sms()),)
     return grid, args, kw
+
+
+def _sms():
+    return torch.cuda.get_device_properties(0).multi_processor_count \
+        if torch.cuda.is_available() else 132
 
 
 def build():
@@ -139,6 +158,8 @@ def main():
                 q1, k1, v, window, q2=q2, k2=k2, lam=0.8, compute_dtype=torch.float64).double()
         res = []
         for vname, extra in VARIANTS.items():
+            if extra.get("_timing_only"):
+                continue
             o = torch.full((B, N, H, 64), float("nan"), device="cuda")
             grid, args, kw = launch_args(q1, q2, k1, k2, v, window, o, extra=extra)
             kerns[vname][grid](*args, **kw)

@@ -1,0 +1,172 @@
+"""Session 29 diagnostic: ``_attn_gluon_fp32``'s kernel with ``MODE`` 1 (every program's
+TMA copies read the first program's tiles, so they hit L2: the math with little DRAM traffic)
+and 2 (the copies and the output store, no math: the memory alone). Timing only: the outputs
+are wrong by design."""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from ditfuse._attn_gluon import _softmax_step
+
+
+@gluon.jit
+def _copy3(d0, d1, d2, b, row, h, bar0, bar1, bar2, s0, s1, s2, NBYTES: gl.constexpr):
+    mbarrier.expect(bar0, NBYTES)
+    mbarrier.expect(bar1, NBYTES)
+    mbarrier.expect(bar2, NBYTES)
+    tma.async_copy_global_to_shared(d0, [b, row, h, 0], bar0, s0)
+    tma.async_copy_global_to_shared(d1, [b, row, h, 0], bar1, s1)
+    tma.async_copy_global_to_shared(d2, [b, row, h, 0], bar2, s2)
+
+
+@gluon.jit
+def _swa_diff_fp32_sm90_kernel(
+    q_desc, k_desc, v_desc, q2_desc, k2_desc,  # TMA descriptors of the (B, N, H, D) views
+    o_ptr,                                # output view, channel stride 1
+    lam_ptr,                              # per-head lambda (LAM_PTR), any float dtype
+    lam,                                  # lambda as a Python float (not LAM_PTR)
+    qk_scale,                             # softmax scale * log2(e)
+    N, LEFT, RIGHT,                       # tokens; window (LEFT, RIGHT >= 0)
+    stride_ob, stride_os, stride_oh,
+    stride_lam,
+    H: gl.constexpr, D: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STEP_M: gl.constexpr,                 # queries a program stores (attention.query_step)
+    TRIPS: gl.constexpr,                  # the most key tiles a program visits (max_trips)
+    LAM_PTR: gl.constexpr,
+    TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
+    MODE: gl.constexpr,                   # 0 as shipped; 1 every copy from one place; 2 no math
+):
+    DL: gl.constexpr = q_desc.layout
+    NB_Q: gl.constexpr = BLOCK_M * D * 4
+    NB_K: gl.constexpr = BLOCK_N * D * 4
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 8])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, D, 8])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=1)
+    # V's tile read down its columns (4 consecutive keys a thread, threads along the
+    # channels), so that each thread writes 16 contiguous bytes of a vt row
+    VL: gl.constexpr = gl.BlockedLayout([4, 1], [1, 32], [1, 4], [0, 1])
+    TPR: gl.constexpr = D // 4
+    LD: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR, TPR], [4, 1], [1, 0])
+    Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32)
+    KV_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float32)
+    VT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float32)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    if TOKEN_MAJOR:
+        bh = gl.program_id(0)
+        start_m = gl.program_id(1) * STEP_M
+    else:
+        start_m = gl.program_id(0) * STEP_M
+        bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    if MODE == 1:  # every program copies the first program's tiles (L2 hits): the math alone
+        lb = b * 0
+        lh = h * 0
+        lm = start_m * 0
+    else:
+        lb = b
+        lh = h
+        lm = start_m
+
+    q_s = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, 1, D], DL)
+    q2_s = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, 1, D], DL)
+    k_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    k2_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    v_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    vt_s = gl.allocate_shared_memory(gl.float32, [D, BLOCK_N], VT_SL)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q2_bar, count=1)
+    for i in gl.static_range(TRIPS):
+        mbarrier.init(k_bar.index(i), count=1)
+        mbarrier.init(k2_bar.index(i), count=1)
+        mbarrier.init(v_bar.index(i), count=1)
+    fence_async_shared()
+
+    lo = gl.maximum(start_m - LEFT, 0)
+    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
+    trips = gl.cdiv(hi - lo, BLOCK_N)
+    llo = gl.maximum(lm - LEFT, 0)
+    mbarrier.expect(q_bar, NB_Q)
+    mbarrier.expect(q2_bar, NB_Q)
+    tma.async_copy_global_to_shared(q_desc, [lb, lm, lh, 0], q_bar, q_s)
+    tma.async_copy_global_to_shared(q2_desc, [lb, lm, lh, 0], q2_bar, q2_s)
+    for t in gl.static_range(TRIPS):
+        if t < trips:
+            _copy3(k_desc, k2_desc, v_desc, lb, llo + t * BLOCK_N, lh, k_bar.index(t),
+                   k2_bar.index(t), v_bar.index(t), k_s.index(t), k2_s.index(t),
+                   v_s.index(t), NB_K)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_lo = offs_m - LEFT
+    row_span = gl.minimum(offs_m + RIGHT, N - 1) - row_lo
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    m1 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)  # -FLT_MAX
+    m2 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)
+    l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
+    acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+    acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+
+    q_s = q_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
+    q2_s = q2_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q2_bar, 0)
+    for t in range(trips):
+        start_n = lo + t * BLOCK_N
+        mbarrier.wait(k_bar.index(t), 0)
+        mbarrier.wait(k2_bar.index(t), 0)
+        mbarrier.wait(v_bar.index(t), 0)
+        if MODE != 2:
+            ks = k_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL)
+            k2s = k2_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL)
+            s1 = warpgroup_mma(q_s, ks.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            # V's tile, transposed into vt while the score products run
+            mbarrier.wait(v_bar.index(t), 0)
+            v = v_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL).load(VL)
+            gl.thread_barrier()  # every warp is past the previous trip's P @ V (vt is free)
+            vt_s.store(gl.permute(v, (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            s1 = warpgroup_mma_wait(1, deps=[s1])
+            band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
+                row_span[:, None].to(gl.uint32, bitcast=True)
+            p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+            acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+            acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt_s.permute((1, 0)), acc1,
+                                 is_async=True)
+            s2 = warpgroup_mma_wait(1, deps=[s2])
+            p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+            acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+            acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), vt_s.permute((1, 0)), acc2,
+                                 is_async=True)
+            acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
+
+    b = b.to(gl.int64)
+    h = h.to(gl.int64)
+    if LAM_PTR:
+        lam_h = gl.load(lam_ptr + h * stride_lam).to(gl.float32)
+    else:
+        lam_h = lam
+    r1 = gl.convert_layout(1.0 / gl.where(l1 == 0.0, 1.0, l1), ROW_O)
+    c2 = gl.convert_layout(lam_h * (1.0 / gl.where(l2 == 0.0, 1.0, l2)), ROW_O)
+    out = gl.fma(acc2, -c2[:, None], acc1 * r1[:, None])
+    out = gl.convert_layout(out, LD)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    om = start_m + rows
+    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + \
+        d[None, :]
+    gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
