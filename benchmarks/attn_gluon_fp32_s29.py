@@ -11,7 +11,8 @@ Variants:
                   over the tiles, the next tile's copies issued as its buffers free up
 * ``diag_math`` / ``diag_mem`` -- timing only (``gluon_s29/k_diag.py``): the kernel with
                   every program's copies reading the first program's tiles (L2 hits: the
-                  math with little DRAM traffic), and the copies and stores without the math
+                  math with little DRAM traffic), and the copies and stores without the math;
+                  ``diag_nocopy``: no copies or waits at all (the math and the stores)
 
 Calls a and b (``logs/s29``) ran the prototype at commit b64d26d (``VT_BUFS`` 1 or 2
 transposed-V buffers, uncapped or capped at 168: ``vt1``, ``vt2``, ``vt1_168``, ``vt2_168``);
@@ -48,6 +49,7 @@ VARIANTS = {"kernel": dict(maxnreg=af.MAXNREG),
             # the copies and stores without the math
             "diag_math": dict(MODE=1, maxnreg=168, _kernel="k_diag", _timing_only=True),
             "diag_mem": dict(MODE=2, maxnreg=168, _kernel="k_diag", _timing_only=True),
+            "diag_nocopy": dict(MODE=3, maxnreg=168, _kernel="k_diag", _timing_only=True),
             "persist": dict(maxnreg=168, _kernel="k_persist", _persistent=True)}
 if "--variants" in sys.argv:
     VARIANTS = {k: v for k, v in VARIANTS.items()

@@ -1,6 +1,7 @@
 """Session 29 diagnostic: ``_attn_gluon_fp32``'s kernel with ``MODE`` 1 (every program's
-TMA copies read the first program's tiles, so they hit L2: the math with little DRAM traffic)
-and 2 (the copies and the output store, no math: the memory alone). Timing only: the outputs
+TMA copies read the first program's tiles, so they hit L2: the math with little DRAM traffic),
+2 (the copies and the output store, no math: the memory alone) and 3 (no copies and no
+mbarrier waits: the math on whatever shared memory holds, and the store). Timing only: the outputs
 are wrong by design."""
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -97,12 +98,13 @@ def _swa_diff_fp32_sm90_kernel(
     hi = gl.minimum(start_m + STEP_M + RIGHT, N)
     trips = gl.cdiv(hi - lo, BLOCK_N)
     llo = gl.maximum(lm - LEFT, 0)
-    mbarrier.expect(q_bar, NB_Q)
-    mbarrier.expect(q2_bar, NB_Q)
-    tma.async_copy_global_to_shared(q_desc, [lb, lm, lh, 0], q_bar, q_s)
-    tma.async_copy_global_to_shared(q2_desc, [lb, lm, lh, 0], q2_bar, q2_s)
+    if MODE != 3:
+        mbarrier.expect(q_bar, NB_Q)
+        mbarrier.expect(q2_bar, NB_Q)
+        tma.async_copy_global_to_shared(q_desc, [lb, lm, lh, 0], q_bar, q_s)
+        tma.async_copy_global_to_shared(q2_desc, [lb, lm, lh, 0], q2_bar, q2_s)
     for t in gl.static_range(TRIPS):
-        if t < trips:
+        if (t < trips) & (MODE != 3):
             _copy3(k_desc, k2_desc, v_desc, lb, llo + t * BLOCK_N, lh, k_bar.index(t),
                    k2_bar.index(t), v_bar.index(t), k_s.index(t), k2_s.index(t),
                    v_s.index(t), NB_K)
@@ -121,20 +123,21 @@ def _swa_diff_fp32_sm90_kernel(
 
     q_s = q_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
     q2_s = q2_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(q2_bar, 0)
+    if MODE != 3:
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q2_bar, 0)
     for t in range(trips):
         start_n = lo + t * BLOCK_N
-        mbarrier.wait(k_bar.index(t), 0)
-        mbarrier.wait(k2_bar.index(t), 0)
-        mbarrier.wait(v_bar.index(t), 0)
+        if MODE != 3:
+            mbarrier.wait(k_bar.index(t), 0)
+            mbarrier.wait(k2_bar.index(t), 0)
+            mbarrier.wait(v_bar.index(t), 0)
         if MODE != 2:
             ks = k_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL)
             k2s = k2_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL)
             s1 = warpgroup_mma(q_s, ks.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             # V's tile, transposed into vt while the score products run
-            mbarrier.wait(v_bar.index(t), 0)
             v = v_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL).load(VL)
             gl.thread_barrier()  # every warp is past the previous trip's P @ V (vt is free)
             vt_s.store(gl.permute(v, (1, 0)))
