@@ -3,12 +3,15 @@
 
 Variants:
 
-* ``kernel``   -- ``_attn_gluon_fp32``'s kernel as the library ships it, launched directly
+* ``kernel``   -- ``_attn_gluon_fp32``'s kernel as the library ships it, launched directly;
+                  ``kernel_hm`` with the head-major grid (a few heads' tiles at once)
 * ``ring_168`` -- a 72 KB form (3 programs an SM): one K1 / K2 buffer refilled once every
                   warp's score products are done, two raw V buffers, one transposed V
                   (``gluon_s29/k_ring.py``)
 * ``persist``  -- a persistent form (``gluon_s29/k_persist.py``): 2 programs an SM loop
-                  over the tiles, the next tile's copies issued as its buffers free up
+                  over the tiles, the next tile's copies issued as its buffers free up;
+                  tiles token-major (every head of a few query tiles at once), ``persist_hm``
+                  head-major (call e's ``persist``)
 * ``diag_math`` / ``diag_mem`` -- timing only (``gluon_s29/k_diag.py``): the kernel with
                   every program's copies reading the first program's tiles (L2 hits: the
                   math with little DRAM traffic), and the copies and stores without the math;
@@ -44,12 +47,15 @@ from ditfuse import attention, reference, _attn_gluon_fp32 as af
 HERE = Path(__file__).resolve().parent
 
 VARIANTS = {"kernel": dict(maxnreg=af.MAXNREG),
+            "kernel_hm": dict(maxnreg=af.MAXNREG, TOKEN_MAJOR=False),
             "ring_168": dict(VT_BUFS=1, maxnreg=168, _kernel="k_ring"),
             # timing only (wrong outputs by design): the math with every copy an L2 hit, and
             # the copies and stores without the math
             "diag_math": dict(MODE=1, maxnreg=168, _kernel="k_diag", _timing_only=True),
             "diag_mem": dict(MODE=2, maxnreg=168, _kernel="k_diag", _timing_only=True),
             "diag_nocopy": dict(MODE=3, maxnreg=168, _kernel="k_diag", _timing_only=True),
+            "persist_hm": dict(maxnreg=168, _kernel="k_persist", _persistent=True,
+                               TOKEN_MAJOR=False),
             "persist": dict(maxnreg=168, _kernel="k_persist", _persistent=True)}
 if "--variants" in sys.argv:
     VARIANTS = {k: v for k, v in VARIANTS.items()
@@ -95,10 +101,10 @@ def launch_args(q1, q2, k1, k2, v, window, o, lam=0.8, extra=None):
               TRIPS=af.max_trips(N, left, right, step), LAM_PTR=False, TOKEN_MAJOR=True,
               num_warps=af.NUM_WARPS, enable_fp_fusion=False)
     kw.update({k: v for k, v in (extra or {}).items() if not k.startswith("_")})
-    grid = (B * H, -(-N // step))
+    grid = (B * H, -(-N // step)) if kw["TOKEN_MAJOR"] else (-(-N // step), B * H)
     if (extra or {}).get("_persistent"):  # 2 programs an SM looping over head-major tiles
         n_m = -(-N // step)
-        args = (*args, n_m, B * H * n_m)
+        args = (*args, n_m, B * H * n_m, B * H)
         grid = (min(B * H * n_m, 2 * _sms()),)
     return grid, args, kw
 

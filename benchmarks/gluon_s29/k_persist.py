@@ -1,6 +1,6 @@
 """Session 29 prototype: the fp32 Gluon entry as a persistent kernel. 2 programs an SM (the
-112 KB of buffers) loop over the query tiles (head-major, so that the tiles running at once
-are neighbours sharing K / V in L2); a program copies the next tile's K1 / K2 / V of slot t
+112 KB of buffers) loop over the query tiles (``TOKEN_MAJOR``: every head of a few query
+tiles at once, whole token rows from DRAM; else head-major: a few heads' neighbouring tiles); a program copies the next tile's K1 / K2 / V of slot t
 as soon as every warp is done with the current tile's slot t (the next trip's first block
 barrier) and its Q1 / Q2 after the last trip, so the next tile's copies run under the current
 tile's trips and epilogue. An mbarrier completes once a tile it is armed in: the phases of
@@ -20,7 +20,7 @@ from ditfuse._attn_gluon_fp32 import _copy3
 @gluon.jit
 def _swa_diff_fp32_sm90_kernel(
     q_desc, k_desc, v_desc, q2_desc, k2_desc, o_ptr, lam_ptr, lam, qk_scale,
-    N, LEFT, RIGHT, stride_ob, stride_os, stride_oh, stride_lam, N_M, TOTAL,
+    N, LEFT, RIGHT, stride_ob, stride_os, stride_oh, stride_lam, N_M, TOTAL, BH,
     H: gl.constexpr, D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STEP_M: gl.constexpr, TRIPS: gl.constexpr, LAM_PTR: gl.constexpr,
     TOKEN_MAJOR: gl.constexpr,
@@ -64,8 +64,12 @@ def _swa_diff_fp32_sm90_kernel(
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     # the first tile's copies
-    bh = pid // N_M
-    start_m = (pid % N_M) * STEP_M
+    if TOKEN_MAJOR:  # the tiles running at once: every head of a few query tiles
+        bh = pid % BH
+        start_m = (pid // BH) * STEP_M
+    else:
+        bh = pid // N_M
+        start_m = (pid % N_M) * STEP_M
     b = bh // H
     h = bh % H
     lo = gl.maximum(start_m - LEFT, 0)
@@ -87,16 +91,24 @@ def _swa_diff_fp32_sm90_kernel(
     kvp = pid * 0       # bit t: the phase the key slot t's barriers complete next
     it = pid * 0
     for tile in range(pid, TOTAL, nprog):
-        bh = tile // N_M
-        start_m = (tile % N_M) * STEP_M
+        if TOKEN_MAJOR:
+            bh = tile % BH
+            start_m = (tile // BH) * STEP_M
+        else:
+            bh = tile // N_M
+            start_m = (tile % N_M) * STEP_M
         b = bh // H
         h = bh % H
         lo = gl.maximum(start_m - LEFT, 0)
         trips = gl.cdiv(gl.minimum(start_m + STEP_M + RIGHT, N) - lo, BLOCK_N)
         nxt = tile + nprog
         has_next = nxt < TOTAL
-        nbh = nxt // N_M
-        nstart = (nxt % N_M) * STEP_M
+        if TOKEN_MAJOR:
+            nbh = nxt % BH
+            nstart = (nxt // BH) * STEP_M
+        else:
+            nbh = nxt // N_M
+            nstart = (nxt % N_M) * STEP_M
         nb = nbh // H
         nh = nbh % H
         nlo = gl.maximum(nstart - LEFT, 0)
