@@ -12,6 +12,9 @@ Variants:
                   over the tiles, the next tile's copies issued as its buffers free up;
                   tiles token-major (every head of a few query tiles at once), ``persist_hm``
                   head-major (call e's ``persist``)
+* ``reg3``     -- 72 KB (3 programs an SM) with every copy a trip ahead: a two-slot K1 / K2
+                  TMA ring and V's tile loaded into registers a trip ahead
+                  (``gluon_s29/k_reg3.py``)
 * ``diag_math`` / ``diag_mem`` -- timing only (``gluon_s29/k_diag.py``): the kernel with
                   every program's copies reading the first program's tiles (L2 hits: the
                   math with little DRAM traffic), and the copies and stores without the math;
@@ -56,7 +59,8 @@ VARIANTS = {"kernel": dict(maxnreg=af.MAXNREG),
             "diag_nocopy": dict(MODE=3, maxnreg=168, _kernel="k_diag", _timing_only=True),
             "persist_hm": dict(maxnreg=168, _kernel="k_persist", _persistent=True,
                                TOKEN_MAJOR=False),
-            "persist": dict(maxnreg=168, _kernel="k_persist", _persistent=True)}
+            "persist": dict(maxnreg=168, _kernel="k_persist", _persistent=True),
+            "reg3": dict(maxnreg=168, _kernel="k_reg3", _v_ptr=True)}
 if "--variants" in sys.argv:
     VARIANTS = {k: v for k, v in VARIANTS.items()
                 if k in sys.argv[sys.argv.index("--variants") + 1].split(",")}
@@ -102,6 +106,8 @@ def launch_args(q1, q2, k1, k2, v, window, o, lam=0.8, extra=None):
               num_warps=af.NUM_WARPS, enable_fp_fusion=False)
     kw.update({k: v for k, v in (extra or {}).items() if not k.startswith("_")})
     grid = (B * H, -(-N // step)) if kw["TOKEN_MAJOR"] else (-(-N // step), B * H)
+    if (extra or {}).get("_v_ptr"):  # V read by plain loads: its pointer and strides
+        args = (*args, v, v.stride(0), v.stride(1), v.stride(2))
     if (extra or {}).get("_persistent"):  # 2 programs an SM looping over head-major tiles
         n_m = -(-N // step)
         args = (*args, n_m, B * H * n_m, B * H)
