@@ -156,6 +156,8 @@ ATTN_SHAPES = {s.name: s for s in [
     AttnShape("same-l-8704", "SAME-L decoder, 512 latents (48 s)", 17 * 512),
     AttnShape("same-l-32946", "SAME-L decoder, 3 min of audio", 17 * 1938),
     AttnShape("same-l-8704-plain", "SAME-L decoder, non-differential", 17 * 512, differential=False),
+    AttnShape("same-l-32946-plain", "SAME-L decoder, 3 min of audio, non-differential", 17 * 1938,
+              differential=False),
     AttnShape("same-l-trt", "the seed's TensorRT contract (1, 4352, 48, 64) fp32", 4352),
 ]}
 
