@@ -272,6 +272,21 @@ def test_build_report_row():
         (t["block_m"], t["block_n"], t["step_m"], t["grid"])  # the same tiles and programs
 
 
+@pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
+def test_build_report_rows_fp32():
+    """The fp32 Gluon specs (SAME-L 8704 and the TensorRT contract's (B, N, 2H, D) halves):
+    the fp32 kernel's own tiles (64 / 32, 62 stored, not the Triton entry's 32 / 16), wgmma
+    only, gated like the Triton builds."""
+    rows = {r["name"]: r for r in attention.build_report(["same-l-fp32-attn-gluon",
+                                                           "same-l-trt-fp32-gluon"])}
+    for name, N in (("same-l-fp32-attn-gluon", 8704), ("same-l-trt-fp32-gluon", 4352)):
+        g = rows[name]
+        assert g["kernel"] == "gluon" and g["wgmma"] > 0 and g["mma"] == 0, g
+        assert not g["violations"] and g["loop_local"] == 0 and g["spill_stores"] == 0, g
+        assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == \
+            (64, 32, 62, [24, -(-N // 62)]), g
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: the fp32 kernel within the fp32 contract (not the Triton kernel's bits: other tiles)
 
