@@ -330,7 +330,9 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
                 # 78-85% of its throughput, logs/s23/a) where these read 2.1. Without the
                 # split the same tile splits P @ V's columns across the warps: 85.6 us at the
                 # contract shape (logs/s23/b). In bf16 the tile loses to the wgmma entry below
-                # (67.9 vs 65.2 us at 8704)
+                # (67.9 vs 65.2 us at 8704). On sm_90 the differential call with this entry
+                # runs _attn_gluon_fp32 instead (gluon_ok: tf32 wgmma, 64 / 32-key tiles;
+                # the TensorRT contract 57.5-58.7 us against 63.0-63.6, logs/s29)
                 return Settings(32, 16, 2, 3, True, 168, None, False, True)
             return Settings(64, 32, 4, 3, None, 168)
         warps, stages = 4, 3
