@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._attn_gluon import _softmax_step
+from ._attn_gluon import _copy3, _softmax_step
 
 BLOCK_M = 64
 BLOCK_N = 32
@@ -64,16 +64,6 @@ def descriptor(t, block_rows: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, t.shape[3]],
                             _LAYOUT)
-
-
-@gluon.jit
-def _copy3(d0, d1, d2, b, row, h, bar0, bar1, bar2, s0, s1, s2, NBYTES: gl.constexpr):
-    mbarrier.expect(bar0, NBYTES)
-    mbarrier.expect(bar1, NBYTES)
-    mbarrier.expect(bar2, NBYTES)
-    tma.async_copy_global_to_shared(d0, [b, row, h, 0], bar0, s0)
-    tma.async_copy_global_to_shared(d1, [b, row, h, 0], bar1, s1)
-    tma.async_copy_global_to_shared(d2, [b, row, h, 0], bar2, s2)
 
 
 @gluon.jit
