@@ -58,22 +58,25 @@ NUM_WARPS = 4
 MAXNREG = 128
 
 
-def max_trips(N: int, left: int, right: int, step: int) -> int:
-    """Key tiles of ``BLOCK_N`` a program visits at most: its stored queries' band spans at
+def max_trips(N: int, left: int, right: int, step: int, block_n: int = BLOCK_N) -> int:
+    """Key tiles of ``block_n`` a program visits at most: its stored queries' band spans at
     most ``step + left + right`` keys from its first, and at most N (``left`` / ``right``
     >= 0, as the launcher clamps them)."""
-    return max(1, -(-min(step + left + right, N) // BLOCK_N))
+    return max(1, -(-min(step + left + right, N) // block_n))
 
 
 def descriptor(t, block_rows: int):
     """The TMA descriptor of a (B, N, H, D) view: boxes of one head's ``block_rows``
-    tokens, 128-byte swizzled (the wgmma operand layout of 64 16-bit channels)."""
+    tokens, 128-byte swizzled (the wgmma operand layout; fp32 rows of 64 channels are two
+    128-byte atoms, which Triton copies as two boxes)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, t.shape[3]],
-                            _LAYOUT)
+                            _LAYOUTS[t.element_size()])
 
 
-_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4)
+#: the boxes' shared-memory layouts by element size (bytes)
+_LAYOUTS = {n: gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * n, rank=4)
+            for n in (2, 4)}
 
 
 @gluon.jit
@@ -107,6 +110,34 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
     p = _ex2(s - m_new[:, None])
     l_new = l_i * alpha + gl.sum(p, 1)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
+               stride_ob, stride_os, stride_oh, ROW_O: gl.constexpr, LD: gl.constexpr,
+               BLOCK_M: gl.constexpr, D: gl.constexpr, STEP_M: gl.constexpr,
+               LAM_PTR: gl.constexpr):
+    """The epilogue of both SAME-L kernels: ``acc1 / l1 - lam * (acc2 / l2)`` as per-row
+    reciprocals and one fma, through layout ``LD`` (shared memory) to coalesced stores of
+    the tile's first ``STEP_M`` rows below N."""
+    b = b.to(gl.int64)
+    h = h.to(gl.int64)
+    if LAM_PTR:
+        lam_h = gl.load(lam_ptr + h * stride_lam).to(gl.float32)
+    else:
+        lam_h = lam
+    # rows past N have l = 0 and are not stored; any other row's sum is >= 1
+    r1 = gl.convert_layout(1.0 / gl.where(l1 == 0.0, 1.0, l1), ROW_O)
+    c2 = gl.convert_layout(lam_h * (1.0 / gl.where(l2 == 0.0, 1.0, l2)), ROW_O)
+    out = gl.fma(acc2, -c2[:, None], acc1 * r1[:, None])
+    # through shared memory to 16-byte stores
+    out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), LD)
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
+    om = start_m + rows
+    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + \
+        d[None, :]
+    gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
 
 
 @gluon.jit
@@ -231,21 +262,5 @@ def _swa_diff_sm90_kernel(
         # nothing in flight across the back edge (else ptxas serializes every wgmma)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    b = b.to(gl.int64)
-    h = h.to(gl.int64)
-    if LAM_PTR:
-        lam_h = gl.load(lam_ptr + h * stride_lam).to(gl.float32)
-    else:
-        lam_h = lam
-    # rows past N have l = 0 and are not stored; any other row's sum is >= 1
-    r1 = gl.convert_layout(1.0 / gl.where(l1 == 0.0, 1.0, l1), ROW_O)
-    c2 = gl.convert_layout(lam_h * (1.0 / gl.where(l2 == 0.0, 1.0, l2)), ROW_O)
-    out = gl.fma(acc2, -c2[:, None], acc1 * r1[:, None])
-    # through shared memory to 16-byte stores
-    out = gl.convert_layout(out.to(o_ptr.dtype.element_ty), LD)
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    om = start_m + rows
-    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + \
-        d[None, :]
-    gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
+    _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
+               stride_ob, stride_os, stride_oh, ROW_O, LD, BLOCK_M, D, STEP_M, LAM_PTR)

@@ -41,7 +41,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ._attn_gluon import _copy3, _softmax_step
+from ._attn_gluon import _copy3, _softmax_step, _store_out, descriptor  # noqa: F401
+from ._attn_gluon import max_trips as _max_trips
 
 BLOCK_M = 64
 BLOCK_N = 32
@@ -50,20 +51,9 @@ NUM_WARPS = 4
 #: and leaves shared memory as the bound (2 programs an SM at SAME-L's 3 key tiles)
 MAXNREG = 168
 
-_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=4)
-
-
 def max_trips(N: int, left: int, right: int, step: int) -> int:
-    """As ``_attn_gluon.max_trips`` (the same tiles)."""
-    return max(1, -(-min(step + left + right, N) // BLOCK_N))
-
-
-def descriptor(t, block_rows: int):
-    """The TMA descriptor of an fp32 (B, N, H, D) view: boxes of one head's ``block_rows``
-    tokens, 128-byte swizzled."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, t.shape[3]],
-                            _LAYOUT)
+    """``_attn_gluon.max_trips`` for this kernel's key tiles."""
+    return _max_trips(N, left, right, step, BLOCK_N)
 
 
 @gluon.jit
@@ -188,19 +178,5 @@ def _swa_diff_fp32_sm90_kernel(
                              is_async=True)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    b = b.to(gl.int64)
-    h = h.to(gl.int64)
-    if LAM_PTR:
-        lam_h = gl.load(lam_ptr + h * stride_lam).to(gl.float32)
-    else:
-        lam_h = lam
-    r1 = gl.convert_layout(1.0 / gl.where(l1 == 0.0, 1.0, l1), ROW_O)
-    c2 = gl.convert_layout(lam_h * (1.0 / gl.where(l2 == 0.0, 1.0, l2)), ROW_O)
-    out = gl.fma(acc2, -c2[:, None], acc1 * r1[:, None])
-    out = gl.convert_layout(out, LD)
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
-    om = start_m + rows
-    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + \
-        d[None, :]
-    gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
+    _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
+               stride_ob, stride_os, stride_oh, ROW_O, LD, BLOCK_M, D, STEP_M, LAM_PTR)

@@ -413,19 +413,13 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     split_pv = bool(st.split_pv)
     if split_pv and tile_dim(D) < 32:
         raise ValueError(f"settings: split_pv needs a tile of >= 32 columns (head_dim {D})")
-    n_m = -(-N // step)
-    if token_major and n_m > 65535:  # a grid's second axis holds at most 65535
-        token_major = False
-    if not token_major and B * H > 65535:
-        raise ValueError(f"batch x heads = {B * H} exceeds 65535 (a CUDA grid axis) with "
-                         f"{N} tokens; split the batch")
     # an unbounded side reaches every token; clamp to N so int32 sums cannot overflow
     left = N if p.left < 0 else min(p.left, N)
     right = N if p.right < 0 else min(p.right, N)
-    grid = (B * H, n_m) if token_major else (n_m, B * H)
     if settings is None and gluon_ok(p, o4, st):
-        _launch_gluon(p, o4, grid, left, right, step, token_major)
+        _launch_gluon(p, o4, left, right, step, token_major)
         return
+    grid, token_major = _grid(B * H, N, step, token_major)
     dummy = p.q
     qk = p.qk
     qa = _norm_args(qk.q_norm if qk is not None else None, dummy)
@@ -530,19 +524,29 @@ def _gluon_device(o4: Tensor) -> bool:
     return not _runtime.INTERPRET and o4.device.type == "cuda" and _sm90(o4.device)
 
 
-def _launch_gluon(p: Plan, o4: Tensor, grid, left: int, right: int, step: int,
+def _grid(BH: int, N: int, step: int, token_major: bool):
+    """The launch grid of ``step``-query tiles over ``BH`` (batch, head) pairs, and the order
+    it takes: token-major unless the tiles overflow a grid's second axis (65535)."""
+    n_m = -(-N // step)
+    if token_major and n_m > 65535:
+        token_major = False
+    if not token_major and BH > 65535:
+        raise ValueError(f"batch x heads = {BH} exceeds 65535 (a CUDA grid axis) with "
+                         f"{N} tokens; split the batch")
+    return ((BH, n_m) if token_major else (n_m, BH)), token_major
+
+
+def _launch_gluon(p: Plan, o4: Tensor, left: int, right: int, step: int,
                   token_major: bool) -> None:
+    """The Gluon kernel of ``p``'s dtype: the 16-bit one on the Triton entry's tiles and
+    ``step``; the fp32 one on its own (64 queries storing :func:`query_step`'s, 32-key)."""
     from . import _attn_gluon as ag
 
     B, N, H, D = p.q.shape
     if p.q.dtype == torch.float32:
-        # its own tiles: 64 queries (storing query_step's), 32-key tiles
         from . import _attn_gluon_fp32 as ag
         step = query_step(ag.BLOCK_M, ag.BLOCK_N, left, right)
-        n_m = -(-N // step)
-        if token_major and n_m > 65535:
-            token_major = False
-        grid = (B * H, n_m) if token_major else (n_m, B * H)
+    grid, token_major = _grid(B * H, N, step, token_major)
     lam_t = p.lam_tensor if p.lam_tensor is not None else p.q
     descs = [ag.descriptor(t, rows) for t, rows in
              zip((p.q, p.k, p.v, p.q2, p.k2), (ag.BLOCK_M, ag.BLOCK_N, ag.BLOCK_N, ag.BLOCK_M,
