@@ -83,7 +83,7 @@ def poison_outputs(monkeypatch):
     """Make every output ditfuse allocates start as NaN, so an unwritten element fails."""
     import sys
 
-    mod = sys.modules["ditfuse.qk_norm_rope"]
+    mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
     def _nan_like(x, p):
         return torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import ditfuse
-from ditfuse import activations as act
+from ditfuse.ops import activations as act
 from ditfuse.reference import gelu_bound, swiglu_bound, swiglu_reference
 from conftest import DEVICE, DTYPES
 
@@ -194,7 +194,7 @@ def test_empty_and_scalar_like():
 def test_reference_fallback(monkeypatch):
     """Where Triton cannot run, the pure-PyTorch reference (fp32) fills out, validated alike."""
     _no_launch(monkeypatch)
-    monkeypatch.setattr(act._runtime, "kernel_device_ok", lambda t: False)
+    monkeypatch.setattr(act.backend, "kernel_device_ok", lambda t: False)
     x = _rand((2, 3, 20), torch.bfloat16, 17, scale=2.0)
     buf = torch.full((2, 3, 14), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     ditfuse.swiglu(x, out=buf[..., 4:])
@@ -309,7 +309,7 @@ def test_inductor_cat_activation_writes_the_buffer_in_place(parts):
     inductor: both halves written by mutating ops on views of one fresh buffer (no
     functional GELU result, no slice_scatter copy of the buffer), bitwise the eager call."""
     from torch._inductor.utils import run_and_get_code
-    from ditfuse.patching import cat_activation
+    from ditfuse.patching.common import cat_activation
 
     attn = _rand((1, 7, 8), torch.bfloat16, 3)
     mlp = _rand((1, 7, 16), torch.bfloat16, 4)
@@ -331,7 +331,7 @@ def test_inductor_cat_activation_writes_the_buffer_in_place(parts):
 
 def test_check_gates_small():
     """``ditfuse check``'s activation gates at the registry's shapes (few tokens) pass."""
-    from ditfuse.check import Gates, activation_accuracy
+    from ditfuse.tools.check import Gates, activation_accuracy
 
     g = Gates()
     activation_accuracy(g, DEVICE, True, DTYPES)
@@ -342,9 +342,9 @@ _SM90_BUILD = r"""
 import json, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ditfuse import activations as act
-from ditfuse.inspect_kernels import intercept_launches, run_cuobjdump, run_ptxas, specialize
-from ditfuse.shapes import ACT_SHAPES
+from ditfuse.ops import activations as act
+from ditfuse.aot.compile import intercept_launches, run_cuobjdump, run_ptxas, specialize
+from ditfuse.tools.shapes import ACT_SHAPES
 
 rows = []
 for sh in ACT_SHAPES.values():
@@ -376,7 +376,7 @@ def test_sm90_build_no_spills():
     import sys
     from pathlib import Path
 
-    from ditfuse.inspect_kernels import missing_tools
+    from ditfuse.aot.compile import missing_tools
 
     if missing_tools():
         pytest.skip(f"the Triton wheel has no {missing_tools()}: cannot compile for sm_90")

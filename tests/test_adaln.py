@@ -219,7 +219,7 @@ def test_tile_settings_table(D):
     row from 3072 channels up, at most 16 rows), a thread at most 40 of a row at 4 warps, else 8 warps (FLUX.2's
     6144 channels: 79 registers at 4 warps on sm_90, 6 programs an SM; H200 modulate 34.1 vs
     37.2 us at 8 / 4 warps), and the tile (rows x padded width) covers every channel."""
-    from ditfuse import adaln
+    from ditfuse.ops import adaln
 
     rows, warps = adaln.tile_settings(D)
     a, b = adaln.tile_pieces(D)
@@ -237,7 +237,7 @@ def test_tile_settings_agree(monkeypatch, settings, D, mod):
     warps): x_new bitwise, the outputs within one rounding (the row sums' order depends on
     the warps), both ops, norms layer / rms, S not a multiple of the rows, batch > 1,
     per-token modulation; and the grid is the one the settings imply."""
-    from ditfuse import adaln
+    from ditfuse.ops import adaln
 
     rows = settings[0]
     g = torch.Generator().manual_seed(rows * D)
@@ -356,7 +356,7 @@ def test_reference_and_fallback_read_2d_operands_per_batch(B, S, monkeypatch):
     """A (B, D) shift / scale / gate is one row per batch entry in the reference and in the
     fallback that runs it off the GPU, as in the kernel: the same result as its (B, 1, D)
     view, also when B == S (where plain broadcasting would apply it per token)."""
-    from ditfuse import _runtime
+    from ditfuse.runtime import backend as _runtime
     g = torch.Generator().manual_seed(B * 10 + S)
     D = 16
     x = torch.randn(B, S, D, generator=g).to(DEVICE)
@@ -381,8 +381,8 @@ def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     """The gated residual on dense rows runs the flat kernel (``_residual_flat_kernel``);
     its output is bitwise the tile kernel's and the eager chain's, every element written,
     in place too; rows that are not dense keep the tile kernel."""
-    from ditfuse import _fastpath
-    from ditfuse import adaln as A
+    from ditfuse.runtime import fastpath as _fastpath
+    from ditfuse.ops import adaln as A
 
     monkeypatch.setattr(_fastpath, "ENABLED", False)  # no replay of an earlier test's launch
     g = torch.Generator().manual_seed(len(case))
@@ -444,8 +444,8 @@ def test_many_batch_entries_put_the_batch_on_the_grids_first_axis(op, monkeypatc
     """A (tokens, D) input is tokens batch entries of one row: past the grid's second axis
     (65535; lowered to 4 here) the batch moves to the first axis (``BATCH_X``), with the
     same bits as the usual grid; both axes past it is a clear error before any launch."""
-    from ditfuse import _fastpath
-    from ditfuse import adaln as A
+    from ditfuse.runtime import fastpath as _fastpath
+    from ditfuse.ops import adaln as A
 
     monkeypatch.setattr(_fastpath, "ENABLED", False)
     g = torch.Generator().manual_seed(11)

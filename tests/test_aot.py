@@ -23,7 +23,7 @@ import torch
 
 from ditfuse.aot import ptx as P
 from ditfuse.aot.loader import eval_formula, load
-from ditfuse.inspect_kernels import missing_tools, wheel_tool_path
+from ditfuse.aot.compile import missing_tools, wheel_tool_path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -115,7 +115,7 @@ def test_wan_qk_default_manifest(pkgs):
     assert p["q_weight"]["shape"] == [5120] and p["qkv_out"]["aliases"] == "qkv"
     assert m["symbols"] == {"B": "qkv.shape[0]", "N": "qkv.shape[1]"}
     # the flat-row kernel (a norm across heads): Q and K in programs of their own
-    assert m["kernel"] == "ditfuse._qk_flat_kernel:_qk_norm_rope_flat_kernel"
+    assert m["kernel"] == "ditfuse.kernels.qk_flat:_qk_norm_rope_flat_kernel"
     assert m["grid"] == ["B * N", "2", "1"]
     assert m["block"] == [m["num_warps"] * 32, 1, 1]
     c = m["constexprs"]
@@ -202,12 +202,12 @@ def test_target_and_alignment_as_promised(pkgs):
 def test_resources_come_from_ptxas(pkgs):
     """Re-assemble each kernel.ptx here with the wheel's ptxas -v (the package's flags) and
     read the cubin's resource usage with cuobjdump: both equal the manifest."""
-    from ditfuse.inspect_kernels import _tool
+    from ditfuse.aot.compile import tool_path
     for name, d in pkgs.items():
         m = _manifest(d)
         flags = m["ptxas"]["cmd"].split()[1:-3]  # "ptxas <flags> kernel.ptx -o kernel.cubin"
         out = d.parent / f"{name}.recheck.cubin"
-        r = subprocess.run([_tool("ptxas"), *flags, str(d / "kernel.ptx"), "-o", str(out)],
+        r = subprocess.run([tool_path("ptxas"), *flags, str(d / "kernel.ptx"), "-o", str(out)],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         log = r.stdout + r.stderr
@@ -216,7 +216,7 @@ def test_resources_come_from_ptxas(pkgs):
                 f"{m['spill_loads']} bytes spill loads") in log, (name, log)
         assert f"--gpu-name={m['target']}" in flags
         assert ("--fmad=false" in flags) == (not m["compile_options"]["enable_fp_fusion"])
-        res = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", str(d / "kernel.cubin")],
+        res = subprocess.run([tool_path("cuobjdump"), "--dump-resource-usage", str(d / "kernel.cubin")],
                              capture_output=True, text=True, check=True).stdout
         assert re.search(rf"Function {m['entry']}:\s*\n\s*REG:{m['registers']} ", res), (name, res)
         assert m["shared_mem"] <= P.SMEM_LIMIT
@@ -741,7 +741,7 @@ def test_cli_usage():
     assert main(["--list"]) == 0
     with pytest.raises(SystemExit):
         main(["qk_norm_rope", "-o", "x", "--target", "sm_75"])
-    from ditfuse.cli import USAGE
+    from ditfuse.tools.cli import USAGE
     assert "export" in USAGE
 
 
@@ -749,7 +749,7 @@ def test_registry_has_the_examples():
     from ditfuse.aot import REGISTRY
     assert {"qk_norm_rope", "adaln_modulate", "gated_residual_adaln"} <= set(REGISTRY)
     try:
-        import ditfuse.attention  # noqa: F401
+        import ditfuse.ops.attention as attention  # noqa: F401
     except ImportError:
         pytest.skip("ditfuse.attention not written yet: no sliding_window_attention export "
                     "(the entry template is in ditfuse/aot/ops.py)")
@@ -801,7 +801,7 @@ def _jit(m, t):
     """The JIT (Triton) result of the package's op on copies of ``t``: the Triton kernel
     the package holds, also where an sm_90 call would route to a Gluon kernel (SAME-L's
     fp32 entry: other tiles, so other last bits; ``attention.GLUON_SM90``)."""
-    from ditfuse import attention
+    from ditfuse.ops import attention
     from ditfuse.aot.ops import get
     entry = get(m["op"])
     c = {n: x.clone() for n, x in t.items()}
@@ -939,7 +939,7 @@ def test_gpu_launch_time_parity(pkgs):
         aot = timed(lambda: k(**t))
         # the JIT of the kernel the package holds: the per-token QK kernel (the JIT would
         # take the TMA one at Wan's widths, a different kernel)
-        qkr = sys.modules["ditfuse.qk_norm_rope"]
+        qkr = sys.modules["ditfuse.ops.qk_norm_rope"]
         use_tma, qkr.USE_TMA = qkr.USE_TMA, False
         try:
             jit = timed(lambda: entry.call(opts, r))

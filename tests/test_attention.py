@@ -34,9 +34,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import ditfuse  # noqa: E402,F401  (after the interpreter is set up)
-from ditfuse import attention as A  # noqa: E402
+from ditfuse.ops import attention as A  # noqa: E402
 from ditfuse.norms import NormSpec  # noqa: E402
-from ditfuse.reference import band_keep, sliding_window_attention_reference as reference  # noqa: E402
+from ditfuse import sliding_window_attention_reference as reference  # noqa: E402
+from ditfuse.reference import band_keep  # noqa: E402
+from ditfuse.tools import inspect_attention as AB  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SWA = A.sliding_window_attention
@@ -401,7 +403,7 @@ def test_int64_in_tile_offsets_same_result(small_tiles, monkeypatch):
 @torch.no_grad()
 def test_reference_fallback_where_triton_cannot_run(monkeypatch):
     """On a device the kernel cannot run on, the fp32 reference computes the output."""
-    from ditfuse import _runtime
+    from ditfuse.runtime import backend as _runtime
 
     monkeypatch.setattr(_runtime, "kernel_device_ok", lambda t: False)
     g = torch.Generator().manual_seed(17)
@@ -678,7 +680,7 @@ def test_compile_fullgraph_matches_eager(small_tiles):
 # sm_90 build on the CPU: tensor cores, no spills
 
 def _missing_tools():
-    from ditfuse.inspect_kernels import missing_tools
+    from ditfuse.aot.compile import missing_tools
     return missing_tools()
 
 
@@ -696,7 +698,7 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     out = tmp_path / "rows.json"
-    code = ("import json; from ditfuse.attention import build_report; "
+    code = ("import json; from ditfuse.tools.inspect_attention import build_report; "
             f"json.dump(build_report({names!r}), open({str(out)!r}, 'w'))")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
@@ -709,7 +711,7 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
         # local memory: none inside a loop, a few bytes outside (the one-warp fp32 entry
         # keeps one value across its key loop)
         assert row["loop_local"] == 0 and not row["violations"], detail
-        assert max(row["spill_stores"], row["spill_loads"], row["stack"]) <= A.LOCAL_BYTES_MAX, detail
+        assert max(row["spill_stores"], row["spill_loads"], row["stack"]) <= AB.LOCAL_BYTES_MAX, detail
         assert 0 < row["regs"] <= 255 and row["smem"] <= 227 * 1024, detail
         want = A.launch_settings(row["D"], getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
                                                          "fp16": "float16"}[row["dtype"]]),
@@ -729,12 +731,12 @@ def test_sm90_build_mma_sync_option(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     out = tmp_path / "rows.json"
     code = (
-        "import json, os; from ditfuse import attention as A\n"
-        "spec = next(s for s in A.BUILD_SPECS if s.name == 'same-l-fp32-attn')\n"
+        "import json, os; from ditfuse.ops import attention as A; from ditfuse.tools import inspect_attention as AB\n"
+        "spec = next(s for s in AB.BUILD_SPECS if s.name == 'same-l-fp32-attn')\n"
         "rows = []\n"
         "for mma in (False, True):\n"
         "    A.launch_settings = lambda *a, mma=mma, **k: A.Settings(64, 16, 4, 3, True, None, 62, mma)\n"
-        "    rows.append(A.build(spec))\n"
+        "    rows.append(AB.build(spec))\n"
         "    assert 'DISABLE_MMA_V3' not in os.environ\n"
         f"json.dump(rows, open({str(out)!r}, 'w'))\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -802,10 +804,10 @@ def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
     (``_joint_plan``); separate tensors take two passes. Either way the fp64 reference's
     contract holds, and under the interpreter the one pass gives the two passes' bits (per
     head, the same arithmetic)."""
-    from ditfuse import _fastpath
+    from ditfuse.runtime import fastpath as _fastpath
     import importlib
 
-    qkr = importlib.import_module("ditfuse.qk_norm_rope")
+    qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     monkeypatch.setattr(_fastpath, "ENABLED", False)
     g = torch.Generator().manual_seed(17)
     B, N, H, D, R = 2, 45, 3, 64, 32
@@ -888,5 +890,5 @@ def test_joint_prologue_plan_conditions():
                rope_style="interleaved", rotary_dim=D)
     scratch = A.prologue_scratch(q, "bshd", True)
     import importlib
-    assert importlib.import_module("ditfuse.qk_norm_rope").flat_applies(p.qk, scratch[0], scratch[1])
+    assert importlib.import_module("ditfuse.ops.qk_norm_rope").flat_applies(p.qk, scratch[0], scratch[1])
     assert A._joint_plan(p, scratch) is None

@@ -14,9 +14,9 @@ import random
 import pytest
 import torch
 
-from ditfuse import attention as A
+from ditfuse.ops import attention as A
 from ditfuse.norms import NormSpec
-from ditfuse.reference import sliding_window_attention_reference as reference
+from ditfuse import sliding_window_attention_reference as reference
 from test_attention import DEVICE, DTYPES, SMALL, check, rnd, same_tables
 
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "24"))

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ditfuse import attention
-from ditfuse.inspect_kernels import missing_tools
+from ditfuse.ops import attention
+from ditfuse.tools import inspect_attention as AB
+from ditfuse.aot.compile import missing_tools
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -81,7 +82,8 @@ def test_max_trips_bounds_every_program(dtype):
     buffers would read shared memory it does not own and wait on an mbarrier never armed):
     every routed window (narrow bands, both sides bounded), N from 1 past a few tiles, the
     launcher's clamping and query step; and the narrow band keeps it at 4 (<= 64 KB)."""
-    from ditfuse import _attn_gluon as ag, _attn_gluon_fp32 as agf
+    from ditfuse.kernels import attention_sm90 as ag
+    from ditfuse.kernels import attention_sm90_fp32 as agf
 
     entry = attention._SM90_ENTRY if dtype == torch.bfloat16 else attention._SM90_FP32_ENTRY
     kern = ag if dtype == torch.bfloat16 else agf
@@ -107,8 +109,12 @@ import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 import ditfuse
-from ditfuse import attention, _attn_gluon as ag, _attn_gluon_fp32 as agf, _attn_kernel
-from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump
+from ditfuse.ops import attention
+from ditfuse.tools import inspect_attention as AB
+from ditfuse.kernels import attention_sm90 as ag
+from ditfuse.kernels import attention_sm90_fp32 as agf
+from ditfuse.kernels import attention as _attn_kernel
+from ditfuse.aot.compile import intercept_launches, specialize, run_ptxas, run_cuobjdump
 
 attention._gluon_device = lambda o4: True
 t = GPUTarget("cuda", 90, 32)
@@ -210,7 +216,7 @@ def test_sm90_build_fp32():
 # GPU: bitwise the Triton kernel
 
 def _sm90_gpu() -> bool:
-    return (not attention._runtime.INTERPRET and torch.cuda.is_available()
+    return (not attention.backend.INTERPRET and torch.cuda.is_available()
             and torch.cuda.get_device_capability()[0] == 9)
 
 
@@ -263,7 +269,7 @@ def test_build_report_row():
     """``attention.build_report`` builds the Gluon kernel for its spec (the launch an sm_90 GPU
     takes at SAME-L 8704 bf16) and gates it like the Triton builds: tensor cores, no local
     memory in loops, no spills."""
-    rows = {r["name"]: r for r in attention.build_report(["same-l-bf16-attn-gluon",
+    rows = {r["name"]: r for r in AB.build_report(["same-l-bf16-attn-gluon",
                                                            "same-l-bf16-attn"])}
     g, t = rows["same-l-bf16-attn-gluon"], rows["same-l-bf16-attn"]
     assert g["kernel"] == "gluon" and t["kernel"] == "triton"
@@ -277,7 +283,7 @@ def test_build_report_rows_fp32():
     """The fp32 Gluon specs (SAME-L 8704 and the TensorRT contract's (B, N, 2H, D) halves):
     the fp32 kernel's own tiles (64 / 32, 62 stored, not the Triton entry's 32 / 16), wgmma
     only, gated like the Triton builds."""
-    rows = {r["name"]: r for r in attention.build_report(["same-l-fp32-attn-gluon",
+    rows = {r["name"]: r for r in AB.build_report(["same-l-fp32-attn-gluon",
                                                            "same-l-trt-fp32-gluon"])}
     for name, N in (("same-l-fp32-attn-gluon", 8704), ("same-l-trt-fp32-gluon", 4352)):
         g = rows[name]

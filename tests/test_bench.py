@@ -3,8 +3,8 @@ row, and `ditfuse bench` without a GPU says so and exits non-zero."""
 import pytest
 import torch
 
-from ditfuse import bench
-from ditfuse.shapes import ADALN_SHAPES, QK_SHAPES
+from ditfuse.tools import bench
+from ditfuse.tools.shapes import ADALN_SHAPES, QK_SHAPES
 
 
 def test_bench_cases_run_on_cpu():
@@ -43,7 +43,7 @@ def test_bench_without_gpu_exits_nonzero(capsys):
 
 
 def test_group_norm_bench_case_on_cpu():
-    from ditfuse.shapes import GN_SHAPES
+    from ditfuse.tools.shapes import GN_SHAPES
 
     rows = []
 
@@ -57,7 +57,7 @@ def test_group_norm_bench_case_on_cpu():
 
 
 def test_activation_bench_case_on_cpu():
-    from ditfuse.shapes import ACT_SHAPES
+    from ditfuse.tools.shapes import ACT_SHAPES
 
     rows = []
 
@@ -72,7 +72,7 @@ def test_activation_bench_case_on_cpu():
 
 
 def test_attention_bench_case_on_cpu():
-    from ditfuse.shapes import ATTN_SHAPES
+    from ditfuse.tools.shapes import ATTN_SHAPES
 
     rows = []
 
@@ -98,7 +98,7 @@ def test_attention_copy_moves_the_floors_bytes(n_in):
 
 def test_chart_one_panel_per_op(tmp_path):
     pytest.importorskip("matplotlib")
-    from ditfuse import bench
+    from ditfuse.tools import bench
 
     rows = [dict(op=op, shape=s, impl=i, dtype="bf16", us=1.0, gbps=1.0, pct_copy=p, gpu="G",
                  torch="t", triton="t", date="d")

@@ -3,7 +3,7 @@ contract, the shared-table == expanded-table bitwise gate, and the tolerance's r
 magnitude (``_pair_magnitude``)."""
 import torch
 
-from ditfuse import check as c
+from ditfuse.tools import check as c
 
 from conftest import DEVICE
 

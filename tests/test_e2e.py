@@ -16,7 +16,7 @@ pytest.importorskip("diffusers")
 from conftest import DEVICE
 
 import ditfuse
-from ditfuse import e2e
+from ditfuse.tools import e2e
 
 TRANSFORMERS = [n for n, s in e2e.E2E_MODELS.items() if s.kind == "transformer"]
 
@@ -205,7 +205,7 @@ def test_same_oom_row_and_agreement(monkeypatch):
 
 
 def test_cli_parses_e2e_flags(capsys):
-    from ditfuse import bench
+    from ditfuse.tools import bench
 
     if torch.cuda.is_available():
         pytest.skip("would run the GPU benchmark")

@@ -12,13 +12,15 @@ import torch
 import ditfuse
 import sys
 
-from ditfuse import _fastpath, activations, adaln
-from ditfuse import attention as attn_mod
+from ditfuse.runtime import fastpath as _fastpath
+from ditfuse.ops import activations
+from ditfuse.ops import adaln
+from ditfuse.ops import attention as attn_mod
 from ditfuse.norms import NormSpec
-from ditfuse import group_norm as gn
+from ditfuse.ops import group_norm as gn
 from conftest import DEVICE, rope_tables
 
-qk_mod = sys.modules["ditfuse.qk_norm_rope"]
+qk_mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE, gn._CACHE, attn_mod._CACHE)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ditfuse.inspect_kernels import missing_tools
+from ditfuse.aot.compile import missing_tools
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -42,8 +42,8 @@ _PROBE = r'''
 import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ditfuse import group_norm as gn
-from ditfuse.inspect_kernels import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path, local_in_loops
+from ditfuse.ops import group_norm as gn
+from ditfuse.aot.compile import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path, local_in_loops
 import subprocess, tempfile
 
 KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel",

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import ditfuse  # noqa: F401  (sets up the interpreter)
-from ditfuse import _gn_contract as gc
-from ditfuse import group_norm as gn
+from ditfuse.tools import gn_contract as gc
+from ditfuse.ops import group_norm as gn
+from ditfuse.tools import check_group_norm
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain
 from conftest import DEVICE, DTYPES
@@ -584,7 +585,7 @@ def test_empty_and_fallback(monkeypatch):
     assert gn.group_norm_silu(e, 4).shape == e.shape
     assert gn.rms_norm_silu_channels(e, None).shape == e.shape
     # a device Triton cannot run on: the fp32 reference, same contract
-    from ditfuse import _runtime
+    from ditfuse.runtime import backend as _runtime
     monkeypatch.setattr(_runtime, "kernel_device_ok", lambda t: False)
     x = _rand((2, 8, 3, 4), torch.bfloat16, 24)
     within(gn.group_norm_silu(x, 4), gn_chain(x, 4), "fallback")
@@ -767,7 +768,7 @@ def test_check_gates_small():
     g = Rows()
     shapes = [gn.GN_SHAPES["hunyuan-vae-up-9f"], gn.GN_SHAPES["flux-vae-mid-128"],
               gn.GN_SHAPES["wan-vae-mid-480p"]]
-    gn.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
+    check_group_norm.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
     # 3 shapes + the first one on the forced split paths (channels-first and -last), 2 dtypes
     assert len(g.rows) == 10
     assert sum(" split;" in r[3] for r in g.rows) == 2

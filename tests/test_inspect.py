@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ditfuse.inspect_kernels import SPEC_NAMES, missing_tools, wheel_tool_path
+from ditfuse.tools.inspect import SPEC_NAMES
+
+from ditfuse.aot.compile import missing_tools, wheel_tool_path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -28,7 +30,7 @@ def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("inspect") / "report.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join([str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cmd = [sys.executable, "-m", "ditfuse.inspect_kernels", "--quiet", "--json", str(out)]
+    cmd = [sys.executable, "-m", "ditfuse.tools.inspect", "--quiet", "--json", str(out)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and out.exists(), (
         f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}")
@@ -72,7 +74,7 @@ def test_local_in_loops_counts_only_local_memory_inside_backward_branches():
     """The attention gate's loop test on hand-written SASS: a value kept in local memory
     across a loop (before and after it) is not in the loop; one reloaded each trip is; a
     branch to itself (the trap at a kernel's end) is no loop."""
-    from ditfuse.inspect_kernels import local_in_loops
+    from ditfuse.aot.compile import local_in_loops
 
     def sass(body):
         return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(body))

@@ -4,7 +4,7 @@ are adjacent token ranges of one buffer (FLUX.1's single blocks pass each other
 import pytest
 import torch
 
-from ditfuse.patching import join_tokens
+from ditfuse.patching.common import join_tokens
 
 
 @pytest.mark.parametrize("B", [1, 3])
@@ -40,7 +40,7 @@ def test_otherwise_a_real_cat(name, a, b):
 
 
 def _models():
-    from ditfuse.patching import tiny_models as tm
+    from ditfuse.tools import tiny_models as tm
 
     return {"flux1": (tm._flux, tm._flux_inputs),  # two single blocks
             "hunyuan-video": (lambda: tm._hunyuan(single_layers=2), tm._hunyuan_inputs)}
@@ -54,8 +54,8 @@ def test_single_blocks_join_without_copy(name, monkeypatch):
     as a view; the output stays bitwise the unpatched one."""
     pytest.importorskip("diffusers")
     import ditfuse
-    from ditfuse import patching
-    from ditfuse.patching.tiny_models import to_dtype
+    from ditfuse.patching import common as patching
+    from ditfuse.tools.tiny_models import to_dtype
 
     make, inputs = _models()[name]
     model = to_dtype(make(), torch.bfloat16)

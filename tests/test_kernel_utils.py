@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from conftest import DEVICE
-from ditfuse._kernel_utils import _ex2, _rcp, _tanh
+from ditfuse.kernels.element import _ex2, _rcp, _tanh
 
 BLOCK = 1024
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ditfuse.inspect_kernels import missing_tools
+from ditfuse.aot.compile import missing_tools
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -19,8 +19,9 @@ _PROBE = r'''
 import re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ditfuse import adaln, group_norm as gn
-from ditfuse.inspect_kernels import intercept_launches, specialize
+from ditfuse.ops import adaln
+from ditfuse.ops import group_norm as gn
+from ditfuse.aot.compile import intercept_launches, specialize
 
 def ptx_of(mod, name, call):
     real = getattr(mod, name)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ditfuse import adaln_modulate, gated_residual_adaln
-from ditfuse import group_norm as gn
+from ditfuse.ops import group_norm as gn
 from ditfuse.reference import adaln_reference
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain

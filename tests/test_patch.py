@@ -4,12 +4,11 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse import _fastpath
-from ditfuse.activations import SWIGLU
+from ditfuse.runtime import fastpath as _fastpath
+from ditfuse.ops.activations import SWIGLU
 
 diffusers = pytest.importorskip("diffusers")
-from ditfuse.patching.tiny_models import (CASES, _wan,  # noqa: E402
-                                          _wan_inputs, to_dtype)
+from ditfuse.tools.tiny_models import CASES, _wan, _wan_inputs, to_dtype  # noqa: E402
 
 # outputs of a whole (tiny) model: a few roundings of the activation dtype through the
 # blocks, relative to the output's scale
@@ -28,7 +27,7 @@ def _close(out, ref, dtype):
 
 def _spy_activations(monkeypatch):
     """Record (KIND, output width, output row stride) of every activation kernel launch."""
-    from ditfuse import activations as act
+    from ditfuse.ops import activations as act
 
     seen, real = [], act._act_kernel
 
@@ -50,7 +49,7 @@ def _spy_activations(monkeypatch):
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypatch):
-    from ditfuse import adaln
+    from ditfuse.ops import adaln
 
     model = to_dtype(make(), dtype)
     kw = inputs(dtype)
@@ -188,7 +187,7 @@ def test_same_autoencoder_band_attention_without_dense_mask(dtype, monkeypatch):
     """AutoencoderSAME: band attention on the tensor-core kernel (tf32 for fp32), and the
     dense (N, N) mask is never built once patched."""
     from diffusers.models.autoencoders import autoencoder_same as am
-    from ditfuse.patching.tiny_models import _same, _same_inputs
+    from ditfuse.tools.tiny_models import _same, _same_inputs
 
     model = to_dtype(_same(), dtype)
     kw = _same_inputs(dtype)
@@ -258,7 +257,7 @@ def test_unreadable_norm_falls_back_to_the_original_code():
     """A processor whose q/k norm qk_norm_rope cannot read (here SA3's half-precision
     StableAudio3RMSNorm) runs diffusers' own code: the output is the unpatched one, bitwise."""
     from ditfuse.norms import norm_readable
-    from ditfuse.patching.tiny_models import _sa3, _sa3_inputs
+    from ditfuse.tools.tiny_models import _sa3, _sa3_inputs
 
     model = _sa3()
     norms = [m for m in model.modules() if type(m).__name__ == "StableAudio3RMSNorm"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse.patching.tiny_models import CASES, to_dtype
+from ditfuse.tools.tiny_models import CASES, to_dtype
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse.patching import HOOKED
+from ditfuse.patching.common import HOOKED
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.hooks import HookRegistry, ModelHook  # noqa: E402
 
-from ditfuse.patching.tiny_models import _flux, _flux_inputs, _wan, _wan_inputs, to_dtype  # noqa: E402
+from ditfuse.tools.tiny_models import _flux, _flux_inputs, _wan, _wan_inputs, to_dtype  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="the tiny models run on the CPU through the interpreter")

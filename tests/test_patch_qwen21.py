@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse import _fastpath
-from ditfuse.patching import _qwen
+from ditfuse.runtime import fastpath as _fastpath
+from ditfuse.patching import qwen as _qwen
 
 pytest.importorskip("diffusers")
 t21 = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage21")

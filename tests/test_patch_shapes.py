@@ -8,8 +8,7 @@ import torch
 import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
-from ditfuse.patching.tiny_models import (_flux, _flux2, _hunyuan, _qwen, _sa3,  # noqa: E402
-                                          _wan, to_dtype)
+from ditfuse.tools.tiny_models import _flux, _flux2, _hunyuan, _qwen, _sa3, _wan, to_dtype  # noqa: E402
 from test_patch import _close  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),

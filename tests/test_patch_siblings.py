@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse import _fastpath
+from ditfuse.runtime import fastpath as _fastpath
 
 diffusers = pytest.importorskip("diffusers")
-from ditfuse.patching.tiny_models import _randomize, to_dtype  # noqa: E402
+from ditfuse.tools.tiny_models import _randomize, to_dtype  # noqa: E402
 from test_patch import _close  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import ditfuse
-from ditfuse import _gn_contract as gc
-from ditfuse.patching import _vae
-from ditfuse.patching.tiny_models import VAE_CASES, _randomize, to_dtype, vae_inputs
+from ditfuse.tools import gn_contract as gc
+from ditfuse.patching import vae as _vae
+from ditfuse.tools.tiny_models import VAE_CASES, _randomize, to_dtype, vae_inputs
 from ditfuse.reference import group_norm_silu_chain, rms_norm_silu_channels_chain
 from conftest import DEVICE
 

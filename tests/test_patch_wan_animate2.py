@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse import _fastpath
+from ditfuse.runtime import fastpath as _fastpath
 
 diffusers = pytest.importorskip("diffusers")
 ta = pytest.importorskip("diffusers.models.transformers.transformer_wan_animate_2")
-from ditfuse.patching import _wan_animate2 as wa2  # noqa: E402
-from ditfuse.patching.tiny_models import _randomize, to_dtype  # noqa: E402
+from ditfuse.patching import wan_animate2 as wa2  # noqa: E402
+from ditfuse.tools.tiny_models import _randomize, to_dtype  # noqa: E402
 from test_patch import _close  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
@@ -244,7 +244,7 @@ def test_compile_repeated_blocks_patched():
 def test_tables_once_a_step_one_slot():
     """The tables are built once for the blocks of a step (the same objects come back for the
     same freqs and grid) and a new grid replaces them: one cached set a freqs table."""
-    from ditfuse.patching import _TABLES
+    from ditfuse.patching.common import _TABLES
 
     freqs, _ = _rope_case(12, [[1, 1, 1]], 1, 1, rows=16)
     a = wa2._rope_tables(freqs, [(2, 2, 2)], 1, 8)

@@ -15,7 +15,7 @@ from ditfuse.norms import NormSpec
 from conftest import DEVICE, DTYPES, assert_close_report
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
-mod = sys.modules["ditfuse.qk_norm_rope"]
+mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
 NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
 TABLES = ["S,W", "1,S,1,W", "B,S,1,W", "S,H,W", "unique", "pos_b", "bf16", None]
@@ -312,10 +312,10 @@ def test_pair_form_is_the_channel_form(case, monkeypatch, poison_outputs):
         assert not mod._words_ok([p.cos, p.sin])
     if case in ("aligned", "weights-fp32", "table-bf16"):  # a pair a word for every operand
         assert mod._words_ok(mod._norm_tensors(p)) and mod._words_ok([p.cos, p.sin])
-    monkeypatch.setattr(mod._fastpath, "ENABLED", False)  # every call launches (no replay)
+    monkeypatch.setattr(mod.fastpath, "ENABLED", False)  # every call launches (no replay)
     seen = []
-    orig = mod._fastpath.launch
-    monkeypatch.setattr(mod._fastpath, "launch",
+    orig = mod.fastpath.launch
+    monkeypatch.setattr(mod.fastpath, "launch",
                         lambda kern, grid, args, kw_: (seen.append(kw_.get("PAIRS", False)),
                                                        orig(kern, grid, args, kw_))[1])
 

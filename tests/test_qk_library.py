@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import ditfuse
-from ditfuse import NormSpec, _ops
+from ditfuse import NormSpec
+from ditfuse.ops import qk_norm_rope as _ops
 from conftest import DEVICE, rope_tables
 
 B, S, H, D = 1, 4, 3, 64

@@ -260,10 +260,10 @@ def test_launch_settings_do_not_change_bits(name, monkeypatch):
     never change the bits. (Wan's default is the flat-row kernel: ``test_qk_flat.py``.)"""
     import sys
 
-    from ditfuse.shapes import QK_SHAPES
-    from ditfuse.workloads import qk_inputs
+    from ditfuse.tools.shapes import QK_SHAPES
+    from ditfuse.tools.workloads import qk_inputs
 
-    mod = sys.modules["ditfuse.qk_norm_rope"]
+    mod = sys.modules["ditfuse.ops.qk_norm_rope"]
     monkeypatch.setattr(mod, "USE_FLAT", False)
     shape = QK_SHAPES[name].small(3)
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
@@ -289,10 +289,10 @@ def test_64_bit_token_offsets_same_bits(monkeypatch, name):
     view at 2^26 tokens x 32 heads x 128 needs it, Wan's packed layout never does)."""
     import sys
 
-    from ditfuse.shapes import QK_SHAPES
-    from ditfuse.workloads import qk_inputs
+    from ditfuse.tools.shapes import QK_SHAPES
+    from ditfuse.tools.workloads import qk_inputs
 
-    mod = sys.modules["ditfuse.qk_norm_rope"]
+    mod = sys.modules["ditfuse.ops.qk_norm_rope"]
     meta = torch.empty(1, 32, 2**26, 128, device="meta").transpose(1, 2)  # (B, S, H, D) view
     packed = torch.empty(1, 2**26, 3 * 40 * 128, device="meta")[..., :5120].unflatten(-1, (40, 128))
     no_table = (0, 0, 0, 0)

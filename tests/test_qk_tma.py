@@ -13,7 +13,7 @@ import ditfuse
 from conftest import DEVICE
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
-mod = sys.modules["ditfuse.qk_norm_rope"]
+mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
 NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw"]
 CASES = list(itertools.product(
@@ -172,8 +172,8 @@ def test_where_tma_does_not_apply(why):
 
 
 def test_tma_pays_only_for_wide_norms_across_heads():
-    from ditfuse.shapes import QK_SHAPES
-    from ditfuse.workloads import qk_inputs
+    from ditfuse.tools.shapes import QK_SHAPES
+    from ditfuse.tools.workloads import qk_inputs
 
     want = {"wan14b-480p": True, "wan14b-720p": True, "wan1.3b-480p": False, "flux1-1024": False,
             "flux2-1024": False, "qwen-image-1328": False, "hunyuan-video-544p": False}

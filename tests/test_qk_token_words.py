@@ -16,7 +16,7 @@ from ditfuse.norms import NormSpec
 from conftest import DEVICE
 from test_qk_norm_rope import make_norm, make_tables
 
-mod = sys.modules["ditfuse.qk_norm_rope"]
+mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
 # (case, heads, head_dim, norm kind, norm span, table kind, rotary_dim or None)
 CASES = [
@@ -96,10 +96,10 @@ def test_word_form_is_the_channel_form(case, H, D, kind, span, table, R, dtype, 
     full (outputs start as NaN); the word form runs exactly where every pair is an aligned
     word, and weights / tables take words only where they are pair-aligned."""
     q, k, cos, sin, qn, kn, kw = _call(case, H, D, kind, span, table, R, dtype)
-    monkeypatch.setattr(mod._fastpath, "ENABLED", False)  # every call launches (no replay)
+    monkeypatch.setattr(mod.fastpath, "ENABLED", False)  # every call launches (no replay)
     seen = []
-    orig = mod._fastpath.launch
-    monkeypatch.setattr(mod._fastpath, "launch", lambda kern, grid, args, kw_: (
+    orig = mod.fastpath.launch
+    monkeypatch.setattr(mod.fastpath, "launch", lambda kern, grid, args, kw_: (
         seen.append({f: kw_.get(f, False) for f in ("X_WORDS", "W_WORDS", "T_WORDS", "Q_W_ROW",
                                                     "K_W_ROW", "T_ROW")}),
         orig(kern, grid, args, kw_))[1])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import DEVICE, assert_close_report
-from ditfuse.patching import _TABLES, table_once
+from ditfuse.patching.common import _TABLES, table_once
 
 
 def test_table_once_caches_per_table_and_version():
@@ -42,7 +42,7 @@ def test_patched_wan_processor_any_table(dtype, monkeypatch):
     with cos[..., 0::2] and sin[..., 1::2] as Wan's eager processor does."""
     from diffusers.models.transformers import transformer_wan as tw
 
-    from ditfuse.patching import _wan
+    from ditfuse.patching import wan as _wan
 
     calls = []
     orig = _wan.qk_norm_rope

@@ -1,21 +1,21 @@
 """ditfuse: fused Triton kernels for diffusion-transformer inference.
 
-Without a CUDA device, kernels run through Triton's interpreter on the CPU (set up here,
-before triton is imported by any kernel module).
+Public API: the ops (each a ``torch.library`` op too), their pure-PyTorch references, and
+``patch`` / ``unpatch`` for diffusers models. Without a CUDA device ditfuse's own kernels run
+through Triton's interpreter on CPU tensors (``ditfuse.runtime.backend``); other Triton code
+in the process is left as the environment configures it.
 """
-from . import _runtime  # noqa: F401  (must come first: sets TRITON_INTERPRET when no GPU)
-from .norms import NormSpec
-from .qk_norm_rope import qk_norm_rope
-from .reference import qk_norm_rope_reference
-from .adaln import adaln_modulate, gated_residual, gated_residual_adaln
-from .group_norm import group_norm_silu, rms_norm_silu_channels
-from .activations import gelu, swiglu
-from .attention import sliding_window_attention
-from .patching import patch, unpatch
-from . import _ops  # noqa: F401  (registers the torch.library ops)
+from ditfuse.norms import NormSpec
+from ditfuse.ops.activations import gelu, swiglu
+from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
+from ditfuse.ops.attention import sliding_window_attention, sliding_window_attention_reference
+from ditfuse.ops.group_norm import group_norm_silu, rms_norm_silu_channels
+from ditfuse.ops.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
+from ditfuse.patching import patch, unpatch
 
-__version__ = "0.1.0"
+from ditfuse._version import __version__
 
 __all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "adaln_modulate",
            "gated_residual", "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels",
-           "swiglu", "gelu", "sliding_window_attention", "patch", "unpatch", "__version__"]
+           "swiglu", "gelu", "sliding_window_attention", "sliding_window_attention_reference",
+           "patch", "unpatch", "__version__"]

@@ -150,3 +150,26 @@ def needs_grad(t) -> bool:
         return any(isinstance(v, torch.Tensor) and v.requires_grad
                    for v in (t.weight, t.bias, t.alpha))
     return isinstance(t, torch.Tensor) and t.requires_grad
+
+
+# a norm as plain op arguments (torch.library schemas take tensors and scalars, not objects)
+_KIND_NAME = {0: None, 1: "rms", 2: "layer", 3: "dyt"}
+
+
+def flatten_norm(norm, arg):
+    """A norm as op arguments: (weight, bias, alpha tensor, kind, eps, size, alpha, pre)."""
+    spec = resolve_norm(norm, arg)
+    if spec is None:
+        return None, None, None, 0, -1.0, 0, 0.0, False
+    a_t = spec.alpha if isinstance(spec.alpha, torch.Tensor) else None
+    a_v = float(spec.alpha) if (spec.alpha is not None and a_t is None) else 0.0
+    return (spec.weight, spec.bias, a_t, spec.code, -1.0 if spec.eps is None else float(spec.eps),
+            int(spec.size or 0), a_v, bool(spec.round_before_weight))
+
+
+def unflatten_norm(w, b, a_t, kind, eps, size, a_v, pre):
+    if kind == 0:
+        return None
+    alpha = a_t if a_t is not None else (a_v if kind == 3 else None)
+    return NormSpec(_KIND_NAME[kind], weight=w, bias=b, eps=None if eps < 0 else eps, alpha=alpha,
+                    size=size or None, round_before_weight=pre)

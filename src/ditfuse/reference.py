@@ -93,26 +93,6 @@ def qk_norm_rope_core(p, compute_dtype=torch.float32):
     return outs[0], outs[1]
 
 
-def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.float32, **kwargs):
-    """Pure-PyTorch :func:`ditfuse.qk_norm_rope` (same arguments; ``inplace`` not taken).
-
-    Outputs are new tensors in the caller's shapes.
-    """
-    from .qk_norm_rope import plan
-
-    p = plan(q, k, cos, sin, **kwargs)
-    rq, rk = qk_norm_rope_core(p, compute_dtype)
-
-    def back(r, like):
-        if r is None:
-            return None
-        if like.dim() == 3:
-            return r.flatten(2)
-        return r if p.layout == "bshd" else r.transpose(1, 2)
-
-    return back(rq, q), back(rk, k)
-
-
 # --------------------------------------------------------------------------------------
 # AdaLN modulation and the gated residual (ditfuse.adaln)
 
@@ -414,14 +394,3 @@ def sliding_window_attention_core(p, compute_dtype=torch.float32):
         lam = p.lam_value if p.lam_tensor is None else p.lam_tensor.to(cd).reshape(1, 1, H, 1)
         out = out - lam * _masked_attention(q2, k2, p.v, bias, p.scale, cd)
     return out.to(act)
-
-
-def sliding_window_attention_reference(q, k, v, window, *, compute_dtype=torch.float32,
-                                       **kwargs):
-    """Pure-PyTorch :func:`ditfuse.sliding_window_attention` (same arguments): SDPA with a
-    dense (N, N) band mask. Output in the caller's layout, contiguous."""
-    from .attention import plan
-
-    p = plan(q, k, v, window, **kwargs)
-    out = sliding_window_attention_core(p, compute_dtype)
-    return out if p.layout == "bshd" else out.transpose(1, 2).contiguous()

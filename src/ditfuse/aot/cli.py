@@ -15,11 +15,11 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from .ops import REGISTRY
+from ditfuse.aot.ops import REGISTRY
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .export import TARGETS
+    from ditfuse.aot.export import TARGETS
 
     p = argparse.ArgumentParser(
         prog="ditfuse export",
@@ -94,9 +94,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for e in REGISTRY.values():
             print(f"{e.op:26} {e.summary}")
         return 0 if args.list else 2
-    from ..inspect_kernels import can_compile_here
-    from .export import CHILD_ENV, export_here, run_subprocess
-    from .ptx import AotRefusal
+    from ditfuse.aot.compile import can_compile_here
+    from ditfuse.aot.export import CHILD_ENV, export_here, run_subprocess
+    from ditfuse.aot.ptx import AotRefusal
 
     if not can_compile_here():
         if os.environ.get(CHILD_ENV):

@@ -54,9 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import ptx as P
-from .loader import FORMAT, ALIGN, eval_formula
-from .ops import OpExport, TensorSpec, get as get_op
+from ditfuse.aot import ptx as P
+from ditfuse.aot.loader import FORMAT, ALIGN, eval_formula
+from ditfuse.aot.ops import OpExport, TensorSpec, get as get_op
 
 CHILD_ENV = "DITFUSE_AOT_CHILD"
 TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
@@ -123,7 +123,7 @@ def parse_target(target: str) -> Tuple[int, str]:
 
 def _meta_tensors(entry: OpExport, opts, B: int, N: int) -> Dict[str, Any]:
     import torch
-    from .ops import _torch_dtype
+    from ditfuse.aot.ops import _torch_dtype
 
     t: Dict[str, Any] = {}
     for s in entry.tensors(opts):
@@ -149,12 +149,12 @@ def _kernel(entry: OpExport):
 
 def capture(entry: OpExport, opts, B: int, N: int) -> Capture:
     """The launch the op's public function makes for these (meta) tensors."""
-    from ..inspect_kernels import intercept_launches
+    from ditfuse.aot.compile import intercept_launches
 
     tensors = _meta_tensors(entry, opts, B, N)
     places = [(importlib.import_module(p.split(":")[0]), p.split(":")[1])
               for p in entry.lookups or (entry.kernel,)]
-    qkr = importlib.import_module("ditfuse.qk_norm_rope")
+    qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     use_tma, qkr.USE_TMA = qkr.USE_TMA, False  # a package holds the per-token QK kernel:
     try:                                        # its loader has no TMA descriptors to build
         calls = intercept_launches(places, lambda: entry.call(opts, tensors))
@@ -202,7 +202,7 @@ def _resolve_tensor(entry: OpExport, specs: Dict[str, TensorSpec], cap: Capture,
         name = (ins or cands)[0]
         base = named[name]
     offset = t.storage_offset() - (base.storage_offset() if base is not None else 0)
-    from .ops import _torch_dtype
+    from ditfuse.aot.ops import _torch_dtype
     if t.dtype != _torch_dtype(specs[name].dtype):
         raise P.AotRefusal("capture", f"kernel parameter {pname} is a {t.dtype} view of "
                                       f"{name} ({specs[name].dtype}); reinterpreting casts are "
@@ -354,11 +354,11 @@ def _import_wrapper(src: str, fn_name: str, tmpdir: str):
 
 def _ptxas(ptx_text: str, options, kernel_name: str, gpu_name: str, cc: int) -> Dict:
     """Assemble ``ptx_text`` with the wheel's ptxas, Triton's flags and ``-v``."""
-    from ..inspect_kernels import _PTXAS_PROPS, _PTXAS_REGS, _ptxas_flags, _tool
+    from ditfuse.aot.compile import PTXAS_PROPS, PTXAS_REGS, ptxas_flags, tool_path
 
-    flags = [f for f in _ptxas_flags(options) if not f.startswith("--gpu-name")]
+    flags = [f for f in ptxas_flags(options) if not f.startswith("--gpu-name")]
     flags.append(f"--gpu-name={gpu_name}")
-    tool = _tool("ptxas_blackwell" if cc >= 100 else "ptxas")
+    tool = tool_path("ptxas_blackwell" if cc >= 100 else "ptxas")
     with tempfile.TemporaryDirectory(prefix="ditfuse-aot-") as d:
         src, dst = Path(d) / "kernel.ptx", Path(d) / "kernel.cubin"
         src.write_text(ptx_text)
@@ -371,7 +371,7 @@ def _ptxas(ptx_text: str, options, kernel_name: str, gpu_name: str, cc: int) -> 
     m = re.search(rf"Compiling entry function '{re.escape(kernel_name)}'.*?"
                   r"(?=Compiling entry function|\Z)", log, re.S)
     block = m.group(0) if m else log
-    props, regs = _PTXAS_PROPS.search(block), _PTXAS_REGS.search(block)
+    props, regs = PTXAS_PROPS.search(block), PTXAS_REGS.search(block)
     if not props or not regs:
         raise RuntimeError(f"cannot read ptxas -v output:\n{log}")
     ver = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip()
@@ -436,7 +436,7 @@ def export_here(entry: OpExport, opts, out_dir, target: Optional[str] = None,
     memory); it does not change the arithmetic, which the float-op comparison with the JIT
     build (at its own depth) checks.
     """
-    from ..inspect_kernels import can_compile_here, missing_tools
+    from ditfuse.aot.compile import can_compile_here, missing_tools
 
     if not can_compile_here():
         raise RuntimeError("ditfuse's kernels are interpreted in this process "
@@ -467,8 +467,8 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from .._runtime import mma_sync_only
-    from ..inspect_kernels import run_cuobjdump, specialize
+    from ditfuse.runtime.backend import mma_sync_only
+    from ditfuse.aot.compile import run_cuobjdump, specialize
 
     caps = capture_points(entry, opts)
     jit_kwargs = dict(caps[0].kwargs)
@@ -574,7 +574,7 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
         "sha256": {"ptx": _sha256(ptx_bytes), "cubin": _sha256(asm["cubin"])},
     }
     if c_header:
-        from .cheader import emit
+        from ditfuse.aot.cheader import emit
         h, c = emit(manifest, asm["cubin"])
         (out / "kernel.h").write_text(h)
         (out / "kernel.c").write_text(c)
@@ -591,7 +591,7 @@ def _metadata_dict(md) -> Dict[str, Any]:
 
 def _ditfuse_version() -> str:
     try:
-        from .. import __version__
+        from ditfuse._version import __version__
         return __version__
     except Exception:
         return "?"
@@ -667,7 +667,7 @@ def export(op: str, out_dir, target: Optional[str] = None, *, allow_large_smem: 
     defaults to the op's (``sm_90``; ``sm_80`` for the attention, whose sm_90 build uses
     sm_90a-only wgmma). Refusals raise :class:`ditfuse.aot.AotRefusal`. No GPU is needed.
     """
-    from ..inspect_kernels import can_compile_here
+    from ditfuse.aot.compile import can_compile_here
 
     entry = get_op(op)
     opts = entry.resolve(**options)

@@ -124,8 +124,8 @@ def _qk_tensors(o) -> List[TensorSpec]:
 
 
 def _qk_call(o, t: Dict) -> None:
-    from ..norms import NormSpec
-    from ..qk_norm_rope import qk_norm_rope
+    from ditfuse.norms import NormSpec
+    from ditfuse.ops.qk_norm_rope import qk_norm_rope
 
     HD = o.heads * o.head_dim
     qkv = t["qkv_out"] if "qkv_out" in t else t["qkv"]
@@ -146,9 +146,9 @@ def _qk_kernel_for(o) -> str:
 
     import torch
 
-    from ..norms import NormSpec
+    from ditfuse.norms import NormSpec
 
-    qkr = importlib.import_module("ditfuse.qk_norm_rope")
+    qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     HD, dt = o.heads * o.head_dim, _torch_dtype(o.dtype)
     qkv = torch.empty(1, 2, 3 * HD, dtype=dt, device="meta")
     tab = torch.empty(1, 2, 1, o.head_dim, dtype=_torch_dtype(o.table_dtype), device="meta")
@@ -158,8 +158,8 @@ def _qk_kernel_for(o) -> str:
     p = qkr.plan(qkv[..., :HD], qkv[..., HD:2 * HD], tab, tab, q_norm=norm, k_norm=norm,
                  num_heads=o.heads, rope_style=o.rope, runtime_checks=False)
     if qkr.USE_FLAT and qkr.flat_applies(p, p.q, p.k):
-        return "ditfuse._qk_flat_kernel:_qk_norm_rope_flat_kernel"
-    return "ditfuse._qk_kernel:_qk_norm_rope_kernel"
+        return "ditfuse.kernels.qk_flat:_qk_norm_rope_flat_kernel"
+    return "ditfuse.kernels.qk_token:_qk_norm_rope_kernel"
 
 
 QK_NORM_ROPE = OpExport(
@@ -167,7 +167,7 @@ QK_NORM_ROPE = OpExport(
     summary="fused QK RMSNorm + RoPE on a packed QKV projection, in place (default: Wan 14B, "
             "RMSNorm across 40 heads x 128 with weight, interleaved RoPE, bf16, fp32 "
             "(1, N, 1, 128) table)",
-    kernel="ditfuse._qk_kernel:_qk_norm_rope_kernel",
+    kernel="ditfuse.kernels.qk_token:_qk_norm_rope_kernel",
     options=(
         Opt("heads", int, 40, "attention heads H"),
         Opt("head_dim", int, 128, "head dimension D"),
@@ -211,7 +211,7 @@ def _adaln_tensors(o) -> List[TensorSpec]:
 
 
 def _adaln_call(o, t: Dict) -> None:
-    from ..adaln import adaln_modulate
+    from ditfuse.ops.adaln import adaln_modulate
 
     shift, scale = _mod_chunks(o, t, "shift", "scale")
     adaln_modulate(t["x"], shift, scale, norm=o.norm, eps=o.eps, out=t["out"])
@@ -230,7 +230,7 @@ def _gated_tensors(o) -> List[TensorSpec]:
 
 
 def _gated_call(o, t: Dict) -> None:
-    from ..adaln import gated_residual_adaln
+    from ditfuse.ops.adaln import gated_residual_adaln
 
     gate, shift, scale = _mod_chunks(o, t, "gate", "shift", "scale")
     x_new, out = gated_residual_adaln(t["x"], t["y"], gate, shift, scale, norm=o.norm, eps=o.eps)
@@ -261,7 +261,7 @@ ADALN_MODULATE = OpExport(
     op="adaln_modulate",
     summary="norm(x) * (1 + scale) + shift with fp32 (B, 1, D) chunk views of temb "
             "(default: Wan 14B, D = 5120, bf16, LayerNorm eps 1e-6)",
-    kernel="ditfuse.adaln:_adaln_tile_kernel",
+    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS,
     tensors=_adaln_tensors,
     call=_adaln_call,
@@ -276,7 +276,7 @@ GATED_RESIDUAL_ADALN = OpExport(
     op="gated_residual_adaln",
     summary="x_new = x + y * gate; out = norm(x_new) * (1 + scale) + shift, fp32 (B, 1, D) "
             "chunk views of temb (default: Wan 14B, D = 5120, bf16)",
-    kernel="ditfuse.adaln:_adaln_tile_kernel",
+    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS + (Opt("gate_chunk", int, 2, "temb chunk holding gate", range(6)),),
     tensors=_gated_tensors,
     call=_gated_call,
@@ -299,7 +299,7 @@ def _residual_tensors(o) -> List[TensorSpec]:
 
 
 def _residual_call(o, t: Dict) -> None:
-    from .. import adaln
+    from ditfuse.ops import adaln
 
     (gate,) = _mod_chunks(o, t, "gate")
     # the tile kernel, whose constexprs do not depend on N (the JIT's flat kernel on dense
@@ -315,7 +315,7 @@ GATED_RESIDUAL = OpExport(
     op="gated_residual",
     summary="x_new = x + y * gate in fp32, stored in x's dtype, gate an fp32 (B, 1, D) chunk "
             "view of temb (default: Wan 14B's FFN residual, D = 5120, bf16, c_gate_msa)",
-    kernel="ditfuse.adaln:_adaln_tile_kernel",
+    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=(Opt("dim", int, 5120, "model width D"),
              Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
              Opt("gate_chunk", int, 5, "temb chunk holding gate", range(6))),
@@ -345,7 +345,7 @@ def _swa_tensors(o) -> List[TensorSpec]:
 
 
 def _swa_call(o, t: Dict) -> None:
-    from ..attention import sliding_window_attention
+    from ditfuse.ops.attention import sliding_window_attention
 
     H = o.heads
     q, k = t["q"], t["k"]
@@ -359,7 +359,7 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     op="sliding_window_attention",
     summary="differential sliding-window attention on tensor cores (default: SAME-L, 24 heads "
             "x 64, window 17, fp32 (tf32 math), lambda 1)",
-    kernel="ditfuse._attn_kernel:_swa_fwd_kernel",
+    kernel="ditfuse.kernels.attention:_swa_fwd_kernel",
     options=(
         Opt("heads", int, 24, "heads H of each attention map (q holds 2H)"),
         Opt("head_dim", int, 64, "head dimension D", (32, 64, 128)),
@@ -407,7 +407,7 @@ def _have(*modules: str) -> bool:
 
 REGISTRY: Dict[str, OpExport] = {e.op: e for e in (QK_NORM_ROPE, ADALN_MODULATE,
                                                       GATED_RESIDUAL_ADALN, GATED_RESIDUAL)}
-if _have("ditfuse.attention", "ditfuse._attn_kernel"):
+if _have("ditfuse.ops.attention", "ditfuse.kernels.attention"):
     REGISTRY[SLIDING_WINDOW_ATTENTION.op] = SLIDING_WINDOW_ATTENTION
 
 

@@ -53,7 +53,7 @@ from typing import Dict, List, Tuple, Union
 import tensorrt as trt
 import tensorrt.plugin as trtp
 
-from .loader import Package, eval_formula, load
+from ditfuse.aot.loader import Package, eval_formula, load
 
 _TRT_DT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int32": "int32"}
 _TRT_NAME = {"bf16": "BF16", "fp16": "FP16", "fp32": "FP32", "int32": "INT32"}
@@ -114,7 +114,7 @@ def _aot(pkg: Package, descs):
 
 def _jit(pkg: Package, tensors, outputs, stream) -> None:
     import torch
-    from .ops import get
+    from ditfuse.aot.ops import get
 
     m = pkg.manifest
     entry = get(m["op"])

@@ -74,12 +74,12 @@ def setup_dist():
 
 def build(tiny: bool, layers: int, dtype: torch.dtype, device):
     """The (unpatched) model and its forward kwargs, identical on every rank."""
-    from ..patching import tiny_models as tm
+    from ditfuse.tools import tiny_models as tm
 
     if tiny:
         model, kw = tm._wan(), tm._wan_inputs(torch.float32)
     else:
-        from ..e2e import _randomize, _wan14b, _wan_inputs
+        from ditfuse.tools.e2e import _randomize, _wan14b, _wan_inputs
 
         model, kw = _randomize(_wan14b(layers)), _wan_inputs("cpu", torch.float32)
     model = tm.to_dtype(model.to(device), dtype).eval().requires_grad_(False)
@@ -164,7 +164,7 @@ def enable_cp(model, mode: str, world: int, backend: str):
 
 def compare(out, ref):
     """(max |out - ref|, max |ref|, PSNR in dB against max |ref|, share bitwise equal)."""
-    from ..e2e import psnr
+    from ditfuse.tools.e2e import psnr
 
     d = out.double() - ref.double()
     return (d.abs().max().item(), ref.double().abs().max().item(), psnr(out, ref),

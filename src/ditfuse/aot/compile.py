@@ -1,0 +1,186 @@
+"""Compiling ditfuse's kernels for a GPU target on a machine without one, and reading what
+ptxas and cuobjdump say of the result: the public API behind ``ditfuse export`` and
+``ditfuse inspect``.
+
+A kernel compiles only where ditfuse's kernels are real ``JITFunction`` s
+(:func:`can_compile_here`: ``TRITON_INTERPRET=0``, or a GPU); callers without one run
+themselves in a subprocess with ``TRITON_INTERPRET=0``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+#: sm_90 (H100 / H200); ptxas is given --gpu-name=sm_90a, as Triton does
+ARCH = 90
+
+
+def tool_path(name: str) -> str:
+    """Path of a CUDA tool as Triton finds it (the wheel's, unless TRITON_<NAME>_PATH)."""
+    from triton import knobs
+    return getattr(knobs.nvidia, name).path
+
+
+def wheel_tool_path(name: str) -> Path:
+    """Path of ``name`` (ptxas, cuobjdump) inside the installed Triton wheel."""
+    import importlib.util
+    spec = importlib.util.find_spec("triton")
+    root = Path(spec.origin).parent if spec and spec.origin else Path("triton")
+    return root / "backends" / "nvidia" / "bin" / name
+
+
+def missing_tools() -> List[str]:
+    """Tools this report needs that the Triton wheel lacks (empty: all present)."""
+    return [n for n in ("ptxas", "cuobjdump")
+            if not (wheel_tool_path(n).is_file() and os.access(wheel_tool_path(n), os.X_OK))]
+
+
+def can_compile_here() -> bool:
+    """True when this process's ditfuse kernels are real (non-interpreted) JITFunctions."""
+    from triton.runtime.jit import JITFunction
+    from triton.runtime.interpreter import InterpretedFunction
+    from ditfuse.kernels.qk_token import _qk_norm_rope_kernel as k
+    return isinstance(k, JITFunction) and not isinstance(k, InterpretedFunction)
+
+
+class _LaunchStub:
+    """Stands in for the kernel: ``kernel[grid](*args, **kwargs)`` is recorded, not run."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append((grid, args, kwargs))
+        return launch
+
+
+def intercept_launches(places, call) -> list:
+    """Run ``call()`` (under no_grad) with each kernel at ``places`` — ``(module,
+    attribute)`` pairs — replaced by a recorder and every device treated as one the kernels
+    run on, so that meta tensors pass; the recorded ``(grid, args, kwargs)`` launches.
+    Everything patched is restored, also when ``call`` raises."""
+    import torch
+    from ditfuse.runtime import backend
+
+    stub = _LaunchStub()
+    saved = [(m, a, getattr(m, a)) for m, a in places]
+    ok = backend.kernel_device_ok
+    for m, a, _ in saved:
+        setattr(m, a, stub)
+    backend.kernel_device_ok = lambda t: True
+    try:
+        with torch.no_grad():
+            call()
+    finally:
+        backend.kernel_device_ok = ok
+        for m, a, v in saved:
+            setattr(m, a, v)
+    return stub.calls
+
+
+def specialize(kernel, args, kwargs, target):
+    """Triton's own (signature, constexprs, attrs, options) for a launch with these args."""
+    from triton import knobs
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(target)
+    kwargs = dict(kwargs)
+    # as JITFunction.run does before binding
+    kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
+                                                              specialization, options)
+    return signature, constexprs, attrs, options
+
+
+PTXAS_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+_SASS_LOCAL = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(LDL|STL)\b", re.M)
+_SASS_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", re.M)
+_SASS_BRA = re.compile(r"\bBRA\s+(?:\S+\s+)?0x([0-9a-f]+)")
+
+
+def local_in_loops(sass: str) -> int:
+    """LDL / STL instructions inside a loop of the SASS: between the target of a backward
+    branch and the branch (a branch to itself, the trap at a kernel's end, is no loop).
+    Local memory touched once a program outside every loop (a value kept across the loop)
+    costs a few cycles a program; inside a loop it costs every trip."""
+    ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
+    loops = []
+    for addr, text in ins:
+        m = _SASS_BRA.search(text)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    return sum(1 for addr, text in ins
+               if re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", text)
+               and any(lo <= addr <= hi for lo, hi in loops))
+
+
+def ptxas_flags(options) -> List[str]:
+    """Triton's ``make_cubin`` flags (backends/nvidia/compiler.py), plus ``-v``."""
+    from triton import knobs
+    if knobs.compilation.disable_line_info:
+        flags = ["-lineinfo", "-suppress-debug-info"]
+    elif knobs.nvidia.disable_ptxas_opt:
+        flags = ["-g"]
+    else:
+        flags = ["-lineinfo"]
+    if not options.enable_fp_fusion:
+        flags.append("--fmad=false")
+    flags.append("-v")
+    if knobs.nvidia.disable_ptxas_opt:
+        flags += ["--opt-level", "0"]
+    if options.ptx_options:
+        flags += options.ptx_options.split(" ")
+    return flags + [f"--gpu-name=sm_{ARCH}a"]
+
+
+def run_ptxas(ptx: str, options, kernel_name: str) -> Dict:
+    with tempfile.TemporaryDirectory(prefix="ditfuse-inspect-") as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(ptx)
+        cmd = [tool_path("ptxas"), *ptxas_flags(options), str(src), "-o", str(Path(d) / "k.cubin")]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    log = r.stdout + r.stderr
+    if r.returncode:
+        raise RuntimeError(f"ptxas failed ({r.returncode}):\n{log}")
+    # the entry function's block: from "Compiling entry function '<name>'" to the next one
+    m = re.search(rf"Compiling entry function '{re.escape(kernel_name)}'.*?(?=Compiling entry function|\Z)",
+                  log, re.S)
+    block = m.group(0) if m else log
+    props, regs = PTXAS_PROPS.search(block), PTXAS_REGS.search(block)
+    if not props or not regs:
+        raise RuntimeError(f"cannot read ptxas -v output:\n{log}")
+    return dict(regs=int(regs.group(1)), stack=int(props.group(1)),
+                spill_stores=int(props.group(2)), spill_loads=int(props.group(3)),
+                ptxas_log=[ln.strip() for ln in log.splitlines() if ln.strip()],
+                ptxas_cmd=" ".join(["ptxas", *ptxas_flags(options), "<ptx>"]))
+
+
+def run_cuobjdump(cubin: bytes, kernel_name: str) -> Dict:
+    with tempfile.TemporaryDirectory(prefix="ditfuse-inspect-") as d:
+        f = Path(d) / "k.cubin"
+        f.write_bytes(cubin)
+        cuobjdump = tool_path("cuobjdump")
+        sass = subprocess.run([cuobjdump, "--dump-sass", str(f)], capture_output=True,
+                              text=True, check=True).stdout
+        res = subprocess.run([cuobjdump, "--dump-resource-usage", str(f)], capture_output=True,
+                             text=True, check=True).stdout
+    ops = _SASS_LOCAL.findall(sass)
+    m = re.search(rf"Function {re.escape(kernel_name)}:\s*\n\s*{_RES.pattern}", res)
+    if not m:
+        raise RuntimeError(f"cannot read cuobjdump --dump-resource-usage:\n{res}")
+    n_instr = len(re.findall(r"^\s*/\*[0-9a-f]{4,}\*/\s", sass, re.M))
+    return dict(ldl=ops.count("LDL"), stl=ops.count("STL"), loop_local=local_in_loops(sass),
+                sass_instructions=n_instr,
+                cubin_regs=int(m.group(1)), cubin_stack=int(m.group(2)),
+                smem_static=int(m.group(3)), cubin_local=int(m.group(4)))

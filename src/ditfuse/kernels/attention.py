@@ -1,0 +1,527 @@
+"""The Triton kernel of sliding-window (and differential) attention (private; the launcher
+and the public function are in attention.py).
+
+One program computes one tile of BLOCK_M queries of one (batch, head) and stores the first
+STEP_M of them (fewer where that saves a key tile: ``attention.query_step``), flash-attention
+style (online softmax, fp32 running max / sum, the probabilities rescaled with exp2 of
+log2(e)-scaled scores), over only the key tiles that intersect the band
+
+    i - LEFT <= j <= i + RIGHT    (FlashAttention's window_size=(left, right))
+
+of its queries: key tiles from ``max(0, start_m - LEFT)`` (the tile's first key, not
+aligned to BLOCK_N) up to ``min(N, start_m + STEP_M + RIGHT)``, masked per element (band and ``j < N``). Both
+matrix products run on tensor cores (``tl.dot``): bf16/fp16 operands (the probabilities
+are rounded to the input dtype before P @ V, as FlashAttention does) or, for fp32
+inputs, tf32 operands; fp32 accumulation throughout.
+
+Differential mode (``DIFF``): a second query/key pair shares the V tile, which is loaded
+once per key tile and multiplied by both probability tiles; the output is
+``acc1 * (1 / l1) - acc2 * (lambda * (1 / l2))`` in fp32 (per-row reciprocals, one multiply
+and one fma an element), rounded once at the store.
+
+Prologue (``Q_NORM`` / ``K_NORM`` / ``ROPE``): each Q/K tile is normalised per head (RMS,
+LayerNorm or Dynamic-Tanh), rounded to the activation dtype, rotated (rotate-half or
+interleaved pairs over the first ``R`` channels) and rounded again, with exactly the
+arithmetic of ``ditfuse.qk_norm_rope`` (its helpers; the launcher turns fp contraction off
+when the prologue is on, as qk_norm_rope does). With RoPE a tile is held as qk_norm_rope
+holds it -- the a and b channel of every rotary pair and the pass-through channels, three
+pieces -- and the scores are the sum of one dot per piece, so the rotation needs neither
+a register shuffle nor a second load. K tiles go through the prologue once per query tile
+that visits them (about twice at SAME's window).
+
+Loop: ``range(lo, hi, BLOCK_N)`` on the GPU (software-pipelined); under Triton's
+interpreter the same tiles in the same order as a ``while`` loop (the interpreter's
+scalars are 1-element arrays that numpy >= 2.3 will not turn into range bounds).
+
+Offsets: every tile's base (batch, head, first row) is an int64 scalar; offsets inside a
+tile are int32 unless ``OFF64`` (strides so large that BLOCK * stride could pass 2^31).
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from ditfuse.kernels.element import _cast_out, _ex2, _rnd
+from ditfuse.kernels.qk_token import _alpha, _norm_affine
+from ditfuse.runtime.backend import INTERPRET, jit
+
+# Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor
+# cores drop the low 13 bits of each operand. Under the interpreter the operands are
+# truncated the same way, so CPU results carry the GPU's tf32 error.
+_SOFT_TF32 = tl.constexpr(INTERPRET)
+_INTERP_LOOP = tl.constexpr(INTERPRET)
+
+
+@jit
+def _as_tf32(x):
+    """fp32 ``x`` as the tensor cores read it in tf32 mode (interpreter only; identity on
+    the GPU, where the mma instruction itself ignores the low mantissa bits)."""
+    if _SOFT_TF32:
+        u = x.to(tl.uint32, bitcast=True) & 0xFFFFE000
+        return u.to(tl.float32, bitcast=True)
+    else:
+        return x
+
+
+@jit
+def _dot_operand(x, ACT: tl.constexpr):
+    """A tile as a tensor-core operand: in the activation dtype (fp32 values such as the
+    probabilities rounded to nearest even), or tf32 for fp32 activations."""
+    if ACT == tl.float32:
+        return _as_tf32(x.to(tl.float32))
+    elif _SOFT_TF32:
+        # the interpreter keeps bf16 as raw uint16 bits, which its matmul cannot read: the
+        # operand stays fp32 holding exactly the (rounded) value of the input dtype
+        return _rnd(x.to(tl.float32), ACT)
+    else:
+        return x.to(ACT)
+
+
+@jit
+def _tile_ptrs(ptr, base, start, stride_s, stride_d, cols,
+               BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Pointers of rows ``start .. start + BLOCK`` and columns ``cols`` of a (N, D) slice;
+    ``base`` is the int64 offset of the slice, the tile's first row is added in int64."""
+    r = tl.arange(0, BLOCK)
+    if OFF64:
+        r = r.to(tl.int64)
+        cols = cols.to(tl.int64)
+    row0 = base + start.to(tl.int64) * stride_s
+    return ptr + row0 + (r * stride_s)[:, None] + (cols * stride_d)[None, :]
+
+
+@jit
+def _cols_mask(rmask, cmask, D: tl.constexpr, D_PAD: tl.constexpr):
+    """Rows ``rmask`` x columns ``cmask`` as a load / store mask; the column test only where
+    the head dim is padded (D_PAD > D), so power-of-two head dims build as before."""
+    if D_PAD == D:
+        return rmask[:, None]
+    else:
+        return rmask[:, None] & cmask[None, :]
+
+
+@jit
+def _load_cols(ptr, base, start, rmask, stride_s, stride_d, cols, cmask,
+               BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Columns ``cols`` of rows ``start .. start + BLOCK`` as fp32, zero where masked."""
+    m = rmask[:, None] & cmask[None, :]
+    return tl.load(_tile_ptrs(ptr, base, start, stride_s, stride_d, cols, BLOCK, OFF64),
+                   mask=m, other=0.0).to(tl.float32), m
+
+
+@jit
+def _norm_piece(x, m, w_ptr, b_ptr, cols, cmask, mean, rstd, alpha,
+                NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
+    """Normalise one piece (channels ``cols``), rounded to the activation dtype; zero in
+    padding columns (a DyT bias would otherwise leak into the scores)."""
+    w = 1.0
+    b = 0.0
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    return tl.where(m, _rnd(y, ACT), 0.0)
+
+
+@jit
+def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
+             w_ptr, b_ptr, a_ptr, alpha_val, eps,
+             cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+             D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
+             PASS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+             NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+             ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+             ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+             ACT: tl.constexpr, OFF64: tl.constexpr):
+    """A Q or K tile of BLOCK rows, ready for tl.dot: [norm -> round] [-> rotate -> round].
+
+    Without RoPE: one [BLOCK, D_PAD] tile, zero in the columns past D (and two unused
+    zeros). With RoPE: three pieces, as
+    ``qk_norm_rope`` holds them: the a and b channels of every rotary pair, [BLOCK,
+    HALF_PAD] each, and the pass-through channels [BLOCK, PASS_PAD] (zero-width when
+    R == D). The scores are then the sum of three dots, q_a.k_a + q_b.k_b + q_p.k_p: the
+    rotation needs no register shuffle and no channel is loaded twice.
+    """
+    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
+    if not ROPE:
+        d = tl.arange(0, D_PAD)
+        dm = d < D
+        if NORM == 0:
+            x = tl.load(_tile_ptrs(x_ptr, base, start, stride_s, stride_d, d, BLOCK, OFF64),
+                        mask=_cols_mask(rmask, dm, D, D_PAD), other=0.0)
+            return _dot_operand(x, ACT), 0.0, 0.0
+        x, m = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, d, dm, BLOCK, OFF64)
+        mean = 0.0
+        rstd = 1.0
+        if NORM == 2:
+            mean = (tl.sum(x, 1) / D)[:, None]
+            xc = x - mean
+            if D_PAD != D:  # padding columns hold 0, not the mean
+                xc = tl.where(m, xc, 0.0)
+            rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / D + eps))[:, None]
+        elif NORM == 1:
+            rstd = (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
+        y = _norm_piece(x, m, w_ptr, b_ptr, d, dm, mean, rstd, alpha,
+                        NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+        return _dot_operand(y, ACT), 0.0, 0.0
+    else:
+        R2: tl.constexpr = R // 2
+        P: tl.constexpr = D - R
+        i = tl.arange(0, HALF_PAD)
+        im = i < R2
+        if INTERLEAVED:  # pairs (2i, 2i+1)
+            ca_col = 2 * i
+            cb_col = 2 * i + 1
+        else:  # rotate-half: pairs (i, i + R/2)
+            ca_col = i
+            cb_col = i + R2
+        xa, ma = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, ca_col, im,
+                            BLOCK, OFF64)
+        xb, mb = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, cb_col, im,
+                            BLOCK, OFF64)
+        j = R + tl.arange(0, PASS_PAD)
+        jm = j < D
+        xp = 0.0
+        if P > 0:
+            xp, mp = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, j, jm,
+                                BLOCK, OFF64)
+        if NORM != 0:
+            mean = 0.0
+            rstd = 1.0
+            if NORM == 2:
+                tot = tl.sum(xa, 1) + tl.sum(xb, 1)
+                if P > 0:
+                    tot += tl.sum(xp, 1)
+                mean = (tot / D)[:, None]
+            if NORM == 1 or NORM == 2:
+                da = tl.where(ma, xa - mean, 0.0)
+                db = tl.where(mb, xb - mean, 0.0)
+                sq = tl.sum(da * da, 1) + tl.sum(db * db, 1)
+                if P > 0:
+                    dp = tl.where(mp, xp - mean, 0.0)
+                    sq += tl.sum(dp * dp, 1)
+                rstd = (1.0 / tl.sqrt(sq / D + eps))[:, None]
+            xa = _norm_piece(xa, ma, w_ptr, b_ptr, ca_col, im, mean, rstd, alpha,
+                             NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+            xb = _norm_piece(xb, mb, w_ptr, b_ptr, cb_col, im, mean, rstd, alpha,
+                             NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+            if P > 0:
+                xp = _norm_piece(xp, mp, w_ptr, b_ptr, j, jm, mean, rstd, alpha,
+                                 NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+        # cos/sin of the a and b channel of each pair (a half-width table: one column each)
+        if TABLE_HALF:
+            ta_col = i
+            tb_col = i
+        else:
+            ta_col = ca_col
+            tb_col = cb_col
+        c_a, _ = _load_cols(cos_ptr, cbase, start, rmask, stride_cs, stride_cw, ta_col, im,
+                            BLOCK, OFF64)
+        s_a, _ = _load_cols(sin_ptr, sbase, start, rmask, stride_ss, stride_sw, ta_col, im,
+                            BLOCK, OFF64)
+        if TABLE_HALF:
+            c_b = c_a
+            s_b = s_a
+        else:
+            c_b, _ = _load_cols(cos_ptr, cbase, start, rmask, stride_cs, stride_cw, tb_col, im,
+                                BLOCK, OFF64)
+            s_b, _ = _load_cols(sin_ptr, sbase, start, rmask, stride_ss, stride_sw, tb_col, im,
+                                BLOCK, OFF64)
+        # eager: x * cos + rotate_half(x) * sin, no fused multiply-add (qk_norm_rope's order)
+        oa = _rnd(xa * c_a - xb * s_a, ACT)
+        ob = _rnd(xb * c_b + xa * s_b, ACT)
+        return _dot_operand(oa, ACT), _dot_operand(ob, ACT), _dot_operand(xp, ACT)
+
+
+@jit
+def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr):
+    """Raw scores q . k over all channels: one dot, or one per piece (RoPE)."""
+    s = tl.dot(qa, tl.trans(ka), input_precision="tf32")
+    if ROPE:
+        s = tl.dot(qb, tl.trans(kb), s, input_precision="tf32")
+        if HAS_PASS:
+            s = tl.dot(qp, tl.trans(kp), s, input_precision="tf32")
+    return s
+
+
+@jit
+def _softmax_step(s, band, m_i, l_i, qk_scale):
+    """One online-softmax step on raw scores ``s`` [BM, BN]: returns the unnormalised
+    probabilities, the accumulator's rescale factor and the new running max / sum. exp2 is
+    one ``ex2.approx.ftz`` on the GPU (``_ex2``): a probability below 2^-126 of the row's
+    running max counts as 0, which no rounded output can see. The running max starts at
+    -FLT_MAX, not -inf: a row with no key in the band yet keeps a finite max (its masked
+    scores give p = 2^-inf = 0, alpha = 1 on an accumulator of 0) and its first key's
+    score s >= -FLT_MAX gives alpha = 2^(-FLT_MAX - s) = 0 (or 2^-inf), as -inf would --
+    the same bits without a test of the max for -inf a row and trip."""
+    s = tl.where(band, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = _ex2(m_i - m_new)
+    p = _ex2(s - m_new[:, None])
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@jit
+def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
+              row_lo, row_span,
+              k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
+              stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
+              kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+              cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+              qk_scale, N,
+              D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
+              PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
+              SPLIT_PV: tl.constexpr, K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+              K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+              ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+              ACT: tl.constexpr, OFF64: tl.constexpr):
+    """One key tile: scores, online-softmax update and P @ V for one or both maps."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    kmask = offs_n < N
+    # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i], taken
+    # as c - (lo_i - start_n) on the tile's column c (a subtraction a row, not an element)
+    band = (tl.arange(0, BLOCK_N)[None, :] - (row_lo - start_n)[:, None]).to(
+        tl.uint32, bitcast=True) <= row_span[:, None].to(tl.uint32, bitcast=True)
+    ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
+                          kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
+                          stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
+                          K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
+    p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+    if DIFF:
+        k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
+                                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
+                                 stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
+                                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+    # V: one load per key tile, shared by both attention maps
+    if SPLIT_PV:
+        # P @ V as two dots of D_PAD / 2 columns (the same products and sums a column):
+        # Triton gives a chain of mma.sync dots the warps of one of them, and a [BLOCK_M,
+        # D_PAD] product with BLOCK_M < D_PAD would split its columns across the warps
+        # (every softmax row reduction and P's operand through shared memory); halves with
+        # BLOCK_M >= D_PAD / 2 put the warps along the query rows, 16 rows each
+        DH: tl.constexpr = D_PAD // 2
+        dd = tl.arange(0, DH)
+        va = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
+                     mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
+        vb = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd + DH, BLOCK_N,
+                                OFF64),
+                     mask=_cols_mask(kmask, dd + DH < D, D, D_PAD), other=0.0)
+        va = _dot_operand(va, ACT)
+        vb = _dot_operand(vb, ACT)
+        pp1 = _dot_operand(p1, ACT)
+        acc1 = acc1 * a1[:, None] + tl.dot(pp1, va, input_precision="tf32")
+        acc1b = acc1b * a1[:, None] + tl.dot(pp1, vb, input_precision="tf32")
+        if DIFF:
+            pp2 = _dot_operand(p2, ACT)
+            acc2 = acc2 * a2[:, None] + tl.dot(pp2, va, input_precision="tf32")
+            acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision="tf32")
+    else:
+        dd = tl.arange(0, D_PAD)
+        v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
+                    mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
+        v = _dot_operand(v, ACT)
+        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT), v, input_precision="tf32")
+        if DIFF:
+            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT), v, input_precision="tf32")
+    return acc1, acc1b, m1, l1, acc2, acc2b, m2, l2
+
+
+@jit
+def _store_out(o_ptr, o_base, start_m, stride_os, stride_od, cols, smask, acc1, r1, acc2, c2,
+               D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+               DIFF: tl.constexpr, OFF64: tl.constexpr):
+    """``acc1 * r1 - acc2 * c2`` (or ``acc1 * r1``) for columns ``cols`` of the stored rows,
+    rounded once to the output dtype; ``r1 = 1 / l1`` and ``c2 = lambda / l2`` are per-row
+    factors, so an element costs a multiply and a fused multiply-add instead of two
+    divisions (each a reciprocal, a multiply and two range checks in ``div.full.f32``)."""
+    out = acc1 * r1[:, None]
+    if DIFF:
+        out = tl.fma(acc2, -c2[:, None], out)
+    o_ptrs = _tile_ptrs(o_ptr, o_base, start_m, stride_os, stride_od, cols, BLOCK_M, OFF64)
+    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
+             mask=_cols_mask(smask, cols < D, D, D_PAD))
+
+
+@jit
+def _swa_fwd_kernel(
+    q_ptr, k_ptr, v_ptr,      # (B, N, H, D) views, any strides
+    q2_ptr, k2_ptr,           # second query/key (DIFF), same shape
+    o_ptr,                    # output (B, N, H, D) view
+    lam_ptr,                  # per-head lambda (LAM_PTR), any float dtype
+    qw_ptr, qb_ptr, qa_ptr,   # Q norm weight, bias, DyT alpha tensor (Q_NORM)
+    kw_ptr, kb_ptr, ka_ptr,   # K norm weight, bias, DyT alpha tensor (K_NORM)
+    cos_ptr, sin_ptr,         # rotary tables, (B, N, H, W) broadcast views (ROPE)
+    lam,                      # lambda as a Python float (not LAM_PTR)
+    qk_scale,                 # softmax scale * log2(e)
+    q_alpha, k_alpha,         # DyT alpha as Python floats
+    q_eps, k_eps,
+    N, H: tl.constexpr, LEFT, RIGHT,  # tokens, heads (a constant: bh // H and bh % H by
+                              # multiplies), window (unbounded sides passed as N)
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_q2b, stride_q2s, stride_q2h, stride_q2d,
+    stride_k2b, stride_k2s, stride_k2h, stride_k2d,
+    stride_ob, stride_os, stride_oh, stride_od,
+    stride_lam,
+    stride_cb, stride_cs, stride_ch, stride_cw,
+    stride_sb, stride_ss, stride_sh, stride_sw,
+    D: tl.constexpr,          # head_dim (1 .. 128)
+    D_PAD: tl.constexpr,      # D padded to a power of two >= 16 (tile width; columns past D
+                              # load 0 and are not stored)
+    R: tl.constexpr,          # rotary channels (ROPE), even, <= D
+    HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
+    PASS_PAD: tl.constexpr,   # D - R padded likewise
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    STEP_M: tl.constexpr,     # queries a program stores (<= BLOCK_M; see attention.query_step)
+    MMA_SYNC: tl.constexpr,   # compiled with mma.sync instead of wgmma (no code of its own: it
+                              # keeps that build's cache entry apart; backend.mma_sync_only)
+    SPLIT_PV: tl.constexpr,   # P @ V and the output as two halves of D_PAD / 2 columns (the
+                              # warps of a multi-warp mma.sync tile along its rows)
+    DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
+    LAM_PTR: tl.constexpr,
+    Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
+    Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
+    K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+    K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+    OFF64: tl.constexpr,
+    TOKEN_MAJOR: tl.constexpr,  # grid (B*H, query tiles) rather than (query tiles, B*H)
+):
+    ACT: tl.constexpr = q_ptr.dtype.element_ty
+    # programs start in grid order, axis 0 fastest
+    if TOKEN_MAJOR:
+        # the programs running together hold every head of a few query tiles: with heads
+        # interleaved in each token's row (bshd), they read whole rows, not one head's
+        # 2*D-byte piece of each; the key/value tiles a tile shares with its neighbour are
+        # still read by programs only B*H apart
+        bh = tl.program_id(0)
+        start_m = tl.program_id(1) * STEP_M
+    else:
+        # query tiles of one (batch, head) consecutive (bhsd: one head's rows contiguous)
+        start_m = tl.program_id(0) * STEP_M
+        bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    qmask = offs_m < N
+    cbase = b * stride_cb + h * stride_ch
+    sbase = b * stride_sb + h * stride_sh
+
+    qa, qb, qp = _load_qk(q_ptr, b * stride_qb + h * stride_qh, start_m, qmask, stride_qs,
+                          stride_qd, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
+                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
+                          stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
+                          Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+    m1 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # -FLT_MAX: _softmax_step
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    ACC_W: tl.constexpr = D_PAD // 2 if SPLIT_PV else D_PAD
+    acc1 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
+    acc1b = 0.0
+    if SPLIT_PV:
+        acc1b = tl.zeros([BLOCK_M, ACC_W], tl.float32)
+    q2a = 0.0
+    q2b = 0.0
+    q2p = 0.0
+    m2 = 0.0
+    l2 = 0.0
+    acc2 = 0.0
+    acc2b = 0.0
+    if DIFF:
+        q2a, q2b, q2p = _load_qk(q2_ptr, b * stride_q2b + h * stride_q2h, start_m, qmask,
+                                 stride_q2s, stride_q2d, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
+                                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
+                                 stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
+                                 Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+        m2 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)
+        l2 = tl.zeros([BLOCK_M], tl.float32)
+        acc2 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
+        if SPLIT_PV:
+            acc2b = tl.zeros([BLOCK_M, ACC_W], tl.float32)
+
+    k_base = b * stride_kb + h * stride_kh
+    k2_base = b * stride_k2b + h * stride_k2h
+    v_base = b * stride_vb + h * stride_vh
+
+    # only the keys of the band of this query tile, in BLOCK_N tiles from its first key
+    # (not aligned to BLOCK_N: 64 queries at window 17 span 98 keys, two 64-key trips
+    # where aligned tiles would take three)
+    # A program stores STEP_M of its BLOCK_M query rows: where BLOCK_M + LEFT + RIGHT keys
+    # pass a multiple of BLOCK_N by a few (SAME's 64 + 34 = 98 = 3 x 32 + 2), a step of 62
+    # queries spans 3 key tiles instead of 4. The rows past the step are the next program's
+    # queries: computed on the keys loaded here (finite), never stored.
+    lo = tl.maximum(start_m - LEFT, 0)
+    hi = tl.minimum(start_m + STEP_M + RIGHT, N)
+    # each query row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width:
+    # the key bound j < N folded in (rows past N are never stored; their width may be
+    # "negative", any key then counts, and their scores stay finite: K rows past N load 0)
+    row_lo = offs_m - LEFT
+    row_span = tl.minimum(offs_m + RIGHT, N - 1) - row_lo
+    if _INTERP_LOOP:
+        # Triton's interpreter cannot take tensor bounds in range() under numpy >= 2.3 (its
+        # scalars are 1-element arrays): the same tiles in the same order, as a while loop
+        start_n = lo
+        while start_n < hi:
+            acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
+                row_lo, row_span,
+                k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
+                stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
+                kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
+                K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
+                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
+                row_lo, row_span,
+                k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
+                stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
+                kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
+                cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
+                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
+                K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
+                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+
+    # query rows past N have l = 0; they are not stored. Any other row's sum is >= 1 (its
+    # max's own term), so the per-row reciprocals are of normal numbers
+    r1 = 1.0 / tl.where(l1 == 0.0, 1.0, l1)
+    c2 = 0.0
+    if DIFF:
+        if LAM_PTR:
+            lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
+        else:
+            lam_h = lam
+        # lam times a reciprocal, not lam / l2: an AOT package binding lam = 1.0 folds the
+        # multiply away exactly and computes the JIT kernel's bits
+        c2 = lam_h * (1.0 / tl.where(l2 == 0.0, 1.0, l2))
+    smask = qmask
+    if STEP_M < BLOCK_M:
+        smask = qmask & (tl.arange(0, BLOCK_M) < STEP_M)
+    o_base = b * stride_ob + h * stride_oh
+    if SPLIT_PV:
+        DH2: tl.constexpr = D_PAD // 2
+        dd = tl.arange(0, DH2)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, r1, acc2, c2,
+                   D, D_PAD, BLOCK_M, DIFF, OFF64)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd + DH2, smask, acc1b, r1,
+                   acc2b, c2, D, D_PAD, BLOCK_M, DIFF, OFF64)
+    else:
+        dd = tl.arange(0, D_PAD)
+        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, r1, acc2, c2,
+                   D, D_PAD, BLOCK_M, DIFF, OFF64)

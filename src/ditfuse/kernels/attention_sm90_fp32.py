@@ -1,0 +1,182 @@
+"""SAME-L's differential band attention in fp32 on Hopper, written in Gluon (private).
+
+The fp32 counterpart of ``_attn_gluon`` (read its docstring first): one warpgroup a
+64-query tile, 32-key tiles, Q1 / Q2 and every key tile of the program's band copied by TMA
+before the first trip, the score products as tf32 wgmma read straight from shared memory
+(both operands K-major: Q's and K's channels are contiguous). P @ V is where fp32 differs:
+tf32 wgmma takes its B operand only K-major (PTX: the transposed shared-memory layouts are
+for 16-bit types), and V's tile is [keys, channels] with the channels contiguous, so each
+trip copies V's tile through registers into ``vt``, [channels, keys] with the keys
+contiguous, while the score products run. A trip over key tile t:
+
+    wait for K1, K2 of tile t; issue S1 = Q1 K1^T, S2 = Q2 K2^T     (async)
+    wait for V of tile t; V -> registers; block barrier (the last trip's P @ V is done in
+        every warp: vt is free); registers -> vt (transposed); fence; block barrier
+    wait until 1 group is in flight -> S1 is done
+    softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
+    wait until 1 group is in flight -> S2 is done
+    softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
+    wait for both P @ V (nothing in flight across the back edge: ``_attn_gluon``)
+
+Shared memory at SAME-L's 3 key tiles: Q1 / Q2 32 KB, K1 / K2 / V 72 KB, vt 8 KB (112 KB: 2
+programs an SM; the output's layout change reuses dead buffers). Measured on the H200
+(benchmarks/NOTES.md "Session 29"): 57.5-58.2 us at the TensorRT contract shape against the
+Triton entry's 63.0-63.6; a second vt buffer (1 program an SM) 77 us; a 72 KB form with one
+K buffer and a two-deep V ring (3 programs an SM) 60.7 us, its refills exposed.
+
+Contract: fp32 in and out, tensor-core products at tf32 operand precision (as the Triton
+kernel's ``tl.dot``), fp32 softmax and accumulation; within ``ACCURACY[fp32]``
+of the fp64 formula, as every fp32 launch. Not bitwise the Triton fp32 entry: that one tiles
+32 queries on mma.sync with 16-key tiles, so its running maxima, the tf32 rounding of its
+probabilities and its sums differ (|difference| ~ 6e-4 on unit-variance inputs at SAME-L).
+
+Scope (``attention.gluon_ok``): sm_90, differential, fp32, head_dim 64, no prologue, the
+table's narrow-band fp32 entry (at most 4 key tiles a program), every operand's channels
+contiguous and its strides and base 16-byte aligned; any other call runs the Triton kernel.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+from ditfuse.kernels.attention_sm90 import _copy3, _softmax_step, _store_out, descriptor  # noqa: F401
+from ditfuse.kernels.attention_sm90 import max_trips as _max_trips
+
+BLOCK_M = 64
+BLOCK_N = 32
+NUM_WARPS = 4
+#: ptxas's register cap: 168 keeps the kernel free of spills inside its loop (179 uncapped)
+#: and leaves shared memory as the bound (2 programs an SM at SAME-L's 3 key tiles)
+MAXNREG = 168
+
+def max_trips(N: int, left: int, right: int, step: int) -> int:
+    """``_attn_gluon.max_trips`` for this kernel's key tiles."""
+    return _max_trips(N, left, right, step, BLOCK_N)
+
+
+@gluon.jit
+def _swa_diff_fp32_sm90_kernel(
+    q_desc, k_desc, v_desc, q2_desc, k2_desc,  # TMA descriptors of the (B, N, H, D) views
+    o_ptr,                                # output view, channel stride 1
+    lam_ptr,                              # per-head lambda (LAM_PTR), any float dtype
+    lam,                                  # lambda as a Python float (not LAM_PTR)
+    qk_scale,                             # softmax scale * log2(e)
+    N, LEFT, RIGHT,                       # tokens; window (LEFT, RIGHT >= 0)
+    stride_ob, stride_os, stride_oh,
+    stride_lam,
+    H: gl.constexpr, D: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    STEP_M: gl.constexpr,                 # queries a program stores (attention.query_step)
+    TRIPS: gl.constexpr,                  # the most key tiles a program visits (max_trips)
+    LAM_PTR: gl.constexpr,
+    TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
+):
+    DL: gl.constexpr = q_desc.layout
+    NB_Q: gl.constexpr = BLOCK_M * D * 4
+    NB_K: gl.constexpr = BLOCK_N * D * 4
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 8])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, D, 8])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=1)
+    # V's tile read down its columns (4 consecutive keys a thread, threads along the
+    # channels), so that each thread writes 16 contiguous bytes of a vt row
+    VL: gl.constexpr = gl.BlockedLayout([4, 1], [1, 32], [1, 4], [0, 1])
+    TPR: gl.constexpr = D // 4
+    LD: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR, TPR], [4, 1], [1, 0])
+    Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], gl.float32)
+    KV_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.float32)
+    VT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float32)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+
+    if TOKEN_MAJOR:
+        bh = gl.program_id(0)
+        start_m = gl.program_id(1) * STEP_M
+    else:
+        start_m = gl.program_id(0) * STEP_M
+        bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+
+    q_s = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, 1, D], DL)
+    q2_s = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, 1, D], DL)
+    k_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    k2_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    v_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    vt_s = gl.allocate_shared_memory(gl.float32, [D, BLOCK_N], VT_SL)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q2_bar, count=1)
+    for i in gl.static_range(TRIPS):
+        mbarrier.init(k_bar.index(i), count=1)
+        mbarrier.init(k2_bar.index(i), count=1)
+        mbarrier.init(v_bar.index(i), count=1)
+    fence_async_shared()
+
+    lo = gl.maximum(start_m - LEFT, 0)
+    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
+    trips = gl.cdiv(hi - lo, BLOCK_N)
+    mbarrier.expect(q_bar, NB_Q)
+    mbarrier.expect(q2_bar, NB_Q)
+    tma.async_copy_global_to_shared(q_desc, [b, start_m, h, 0], q_bar, q_s)
+    tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
+    for t in gl.static_range(TRIPS):
+        if t < trips:
+            _copy3(k_desc, k2_desc, v_desc, b, lo + t * BLOCK_N, h, k_bar.index(t),
+                   k2_bar.index(t), v_bar.index(t), k_s.index(t), k2_s.index(t),
+                   v_s.index(t), NB_K)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
+    row_lo = offs_m - LEFT
+    row_span = gl.minimum(offs_m + RIGHT, N - 1) - row_lo
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    m1 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)  # -FLT_MAX
+    m2 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)
+    l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
+    acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+    acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+
+    q_s = q_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
+    q2_s = q2_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(q2_bar, 0)
+    for t in range(trips):
+        start_n = lo + t * BLOCK_N
+        mbarrier.wait(k_bar.index(t), 0)
+        mbarrier.wait(k2_bar.index(t), 0)
+        ks = k_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL)
+        k2s = k2_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL)
+        s1 = warpgroup_mma(q_s, ks.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        # V's tile, transposed into vt while the score products run
+        mbarrier.wait(v_bar.index(t), 0)
+        v = v_s.index(t)._reinterpret(gl.float32, [BLOCK_N, D], KV_SL).load(VL)
+        gl.thread_barrier()  # every warp is past the previous trip's P @ V (vt is free)
+        vt_s.store(gl.permute(v, (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        s1 = warpgroup_mma_wait(1, deps=[s1])
+        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
+            row_span[:, None].to(gl.uint32, bitcast=True)
+        p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
+        acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
+        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt_s.permute((1, 0)), acc1,
+                             is_async=True)
+        s2 = warpgroup_mma_wait(1, deps=[s2])
+        p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
+        acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
+        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), vt_s.permute((1, 0)), acc2,
+                             is_async=True)
+        acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
+
+    _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
+               stride_ob, stride_os, stride_oh, ROW_O, LD, BLOCK_M, D, STEP_M, LAM_PTR)

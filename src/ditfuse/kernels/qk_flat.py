@@ -1,0 +1,535 @@
+"""The flat-row kernel of the fused QK-norm + RoPE (private; the launcher is in
+qk_norm_rope.py): one token a program, its H*D channels held as flat rows.
+
+Used where the norm spans every head of the token (Wan's RMSNorm across 40 x 128 channels),
+or there is no norm, and the interleaved rotation covers whole heads. The per-token kernel
+(``_qk_kernel``) holds a token as [heads, pairs] tiles so that per-head statistics are one
+reduction each; with one statistic for the whole token that structure only costs
+instructions. H200 calibration (``benchmarks/logs/s8/diag/calib_qk.log``): a plain flat
+kernel ran Wan 480p in 340.6 us (95% of the copy ceiling) where the per-token kernel took
+399 and the TMA kernel 380; this kernel is bound by instruction issue as much as by bytes
+(``benchmarks/NOTES.md``), so the row is held as at most two power-of-two pieces with no
+dead lanes (5120 = 4096 + 1024 channels; a power-of-two tile would carry 8192 lanes).
+
+Lane c of a piece is channel c = h * D + d of the token; with the token's heads contiguous
+(``ROW_CONTIG``) its offset is c itself, so loads and stores vectorise. Rotary pairs are
+interleaved, (2i, 2i+1) (Wan, FLUX, Qwen-Image, HunyuanVideo), split from a [pairs, 2]
+view of the piece in registers; rotate-half pairs go to the per-token kernel. Arithmetic
+per element is the per-token kernel's (``_norm_affine``, the same rotation, the same
+roundings); only the order of the fp32 sums differs (over the whole token instead of per
+head, then over heads). Offsets within a token are 32-bit, added to the token's 64-bit
+base.
+
+Two forms of the same arithmetic: the *channel form* above, and the *pair form*
+(``_pairs_program``, ``PAIRS``: 16-bit rows that are contiguous and pair-aligned, Q and K in
+programs of their own), which holds a piece as [pairs] of 32-bit words, each an interleaved
+pair (2i, 2i+1), and needs no reshape, split or join for the rotation (H200, Wan 14B 480p in
+place: 370 us against the channel form's 385; ``benchmarks/NOTES.md`` qk_norm_rope v10).
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from ditfuse.runtime.backend import jit
+
+from ditfuse.kernels.element import _PTX, _cast_out, _pack, _rnd, _unpack
+from ditfuse.kernels.qk_token import _alpha, _norm_affine, _table_row
+
+
+@jit
+def _piece(C0: tl.constexpr, N: tl.constexpr, NC):
+    """Channels of one piece (``N`` from ``C0``) and their liveness (``c < NC``, used only
+    by a piece that reaches past the token: ``MASKED``)."""
+    c = C0 + tl.arange(0, N)
+    return c, c < NC
+
+
+@jit
+def _ld(p, live, MASKED: tl.constexpr):
+    """fp32 values at ``p``, zero at dead lanes where the piece has any (``MASKED``)."""
+    if MASKED:
+        return tl.load(p, mask=live, other=0.0).to(tl.float32)
+    else:
+        return tl.load(p).to(tl.float32)
+
+
+@jit
+def _offsets(c, stride_h, stride_d, D: tl.constexpr, ROW_CONTIG: tl.constexpr):
+    """Offsets of the token's channels ``c`` (h * D + d) in a tensor with these strides."""
+    if ROW_CONTIG:
+        return c  # visibly contiguous: the loads and stores vectorise
+    else:
+        h = c // D
+        return h * stride_h + (c - h * D) * stride_d
+
+
+@jit
+def _load_piece(ptr, base, c, live, stride_h, stride_d, D: tl.constexpr,
+                ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr):
+    p = ptr + base + _offsets(c, stride_h, stride_d, D, ROW_CONTIG)
+    if MASKED:
+        return tl.load(p, mask=live, other=0.0)
+    else:
+        return tl.load(p)
+
+
+@jit
+def _f32_again(x):
+    """``x`` (as loaded) in fp32, written so that the compiler does not merge it with the
+    ``.to(tl.float32)`` of the statistics: the loaded 16-bit pairs stay packed, one register
+    per two channels, until the normalisation (registers set the programs a SM)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    elif x.dtype == tl.float16 and _PTX:
+        return tl.inline_asm_elementwise("cvt.f32.f16 $0, $1;", "=r,h", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return x.to(tl.float32)
+
+
+@jit
+def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
+                  mean, rstd, alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh,
+                  stride_sw, D: tl.constexpr, N: tl.constexpr, NORM: tl.constexpr,
+                  HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                  ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                  ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr, ACT: tl.constexpr):
+    """Weight, bias, rotate and store one piece with the token's statistics."""
+    w = 1.0
+    b = 0.0
+    if HAS_W:  # the norm spans the token: one weight per channel of it
+        w = _ld(w_ptr + c, live, MASKED)
+    if HAS_B:
+        b = _ld(b_ptr + c, live, MASKED)
+    y = _norm_affine(_f32_again(x), w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W,
+                     ACT)
+    if ROUND_NORM:
+        y = _rnd(y, ACT)
+    if ROPE:
+        # interleaved pairs (2i, 2i+1): a [pairs, 2] view of the piece, split in registers
+        ya, yb = tl.split(tl.reshape(y, (N // 2, 2)))
+        if TABLE_HALF:
+            # one column per pair: one cos and one sin a pair, addressed from the pair
+            # index (an arange, so a contiguous table's loads stay contiguous) and used for
+            # both channels -- the values and arithmetic of the per-channel load below with
+            # ca == cb, sa == sb, at half the loads and live registers (sm_90 at Wan 14B, 2
+            # warps: 84 registers; loading per channel and splitting, as before, 167)
+            pi = C0 // 2 + tl.arange(0, N // 2)  # the token's pair index
+            pl = pi >= 0  # unused unless MASKED
+            if MASKED:
+                pl, _ = tl.split(tl.reshape(live, (N // 2, 2)))
+            h = pi // (D // 2)
+            col = pi - h * (D // 2)
+            ca = _ld(cos_ptr + cbase + h * t_ch + col * stride_cw, pl, MASKED)
+            sa = _ld(sin_ptr + sbase + h * t_sh + col * stride_sw, pl, MASKED)
+            cb = ca
+            sb = sa
+        else:
+            h = c // D
+            d = c - h * D
+            cs = _ld(cos_ptr + cbase + h * t_ch + d * stride_cw, live, MASKED)
+            sn = _ld(sin_ptr + sbase + h * t_sh + d * stride_sw, live, MASKED)
+            ca, cb = tl.split(tl.reshape(cs, (N // 2, 2)))
+            sa, sb = tl.split(tl.reshape(sn, (N // 2, 2)))
+        # eager: x * cos + rotate(x) * sin, no fused multiply-add (the per-token kernel's order)
+        oa = ya * ca - yb * sa
+        ob = yb * cb + ya * sb
+        y = tl.reshape(tl.join(oa, ob), (N,))
+    p = o_ptr + obase + _offsets(c, stride_oh, stride_od, D, ROW_CONTIG)
+    if MASKED:
+        tl.store(p, _cast_out(y, o_ptr.dtype.element_ty), mask=live)
+    else:
+        tl.store(p, _cast_out(y, o_ptr.dtype.element_ty))
+
+
+@jit
+def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
+                 w_ptr, b_ptr, a_ptr, alpha_val, eps, n_norm,
+                 cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                 D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, MASK0: tl.constexpr,
+                 MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
+                 HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                 ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                 ROW_CONTIG: tl.constexpr, ACT: tl.constexpr):
+    """One statistic for the token (fp32), then each piece normalised, rotated, stored."""
+    f0 = x0.to(tl.float32)
+    f1 = x1
+    if N1 > 0:
+        f1 = x1.to(tl.float32)
+    mean = 0.0
+    rstd = 1.0
+    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
+    if NORM == 2:
+        tot = tl.sum(f0, 0)
+        if N1 > 0:
+            tot += tl.sum(f1, 0)
+        mean = tot / n_norm
+    if NORM == 1 or NORM == 2:
+        d0 = f0
+        d1 = f1
+        if NORM == 2:
+            d0 = tl.where(l0, f0 - mean, 0.0)
+            if N1 > 0:
+                d1 = tl.where(l1, f1 - mean, 0.0)
+        sq = tl.sum(d0 * d0, 0)
+        if N1 > 0:
+            sq += tl.sum(d1 * d1, 0)
+        rstd = 1.0 / tl.sqrt(sq / n_norm + eps)
+    _finish_piece(x0, c0, l0, 0, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr, mean, rstd,
+                  alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                  D, N0, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
+                  ROW_CONTIG, MASK0, ACT)
+    if N1 > 0:
+        _finish_piece(x1, c1, l1, N0, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr, mean, rstd,
+                      alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                      D, N1, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
+                      ROW_CONTIG, MASK1, ACT)
+
+
+@jit
+def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase, stride_oh,
+                stride_od, w_ptr, b_ptr, a_ptr, alpha_val, eps, n_norm,
+                cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr, MASK0: tl.constexpr,
+                MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
+                HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                ROW_CONTIG: tl.constexpr):
+    x0 = _load_piece(x_ptr, xbase, c0, l0, stride_xh, stride_xd, D, ROW_CONTIG, MASK0)
+    x1 = 0.0
+    if N1 > 0:
+        x1 = _load_piece(x_ptr, xbase, c1, l1, stride_xh, stride_xd, D, ROW_CONTIG, MASK1)
+    _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
+                 a_ptr, alpha_val, eps, n_norm, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw,
+                 t_sh, stride_sw, D, N0, N1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
+                 ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                 x_ptr.dtype.element_ty)
+
+
+# ---- the pair form: a token's 16-bit channels as [pairs] of 32-bit words ----------------
+# Interleaved rotary pairs (2i, 2i+1) of a contiguous 16-bit row are the two halves of one
+# 32-bit word: loaded, held and stored as words, split by a shift and a mask (bf16) and
+# packed back by one cvt.rn.{bf16,f16}x2, the rotation needs no [pairs, 2] reshape, split
+# and join of the channel form (H200, Wan 14B 480p, separate Q / K in place: in a ladder
+# of kernels the rotation cost 83 us in the channel form, 18 as words;
+# benchmarks/wan_ladder.py, benchmarks/NOTES.md qk_norm_rope v10). The arithmetic per
+# element is the channel form's.
+
+
+@jit
+def _unpack_again(u, DT: tl.constexpr):
+    """``_unpack`` written so that the compiler does not merge it with the statistics' one:
+    the words stay packed, one register per two channels, until the normalisation."""
+    if _PTX and DT == tl.bfloat16:
+        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, -65536;",
+                                         "=r,=r,r", [u], dtype=(tl.float32, tl.float32),
+                                         is_pure=True, pack=1)
+    elif _PTX:
+        return tl.inline_asm_elementwise(
+            "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $2;\n\tcvt.f32.f16 $0, l;"
+            "\n\tcvt.f32.f16 $1, h;\n\t}", "=r,=r,r", [u], dtype=(tl.float32, tl.float32),
+            is_pure=True, pack=1)
+    else:
+        return _unpack(u, DT)
+
+
+@jit
+def _rnd_pair(lo, hi, DT: tl.constexpr):
+    """``_rnd`` of both: on the GPU one pack and the unpack (3 instructions a pair, not 4)."""
+    if _PTX:
+        return _unpack(_pack(lo, hi, DT), DT)
+    else:
+        return _rnd(lo, DT), _rnd(hi, DT)
+
+
+@jit
+def _ld_pairs(ptr, p, live, MASKED: tl.constexpr, WORDS: tl.constexpr, stride=1):
+    """Elements 2p and 2p+1 (``stride`` apart) after ``ptr`` as fp32. ``WORDS``: one 32-bit
+    (16-bit values) or 64-bit (fp32 values) load a pair (unit stride, ``ptr`` aligned to a
+    pair), else two loads."""
+    DT: tl.constexpr = ptr.dtype.element_ty
+    if WORDS and DT.primitive_bitwidth == 16:
+        wp = ptr.to(tl.pointer_type(tl.uint32)) + p
+        if MASKED:
+            return _unpack(tl.load(wp, mask=live, other=0), DT)
+        else:
+            return _unpack(tl.load(wp), DT)
+    elif WORDS:
+        wp = ptr.to(tl.pointer_type(tl.uint64)) + p
+        if MASKED:
+            u = tl.load(wp, mask=live, other=0)
+        else:
+            u = tl.load(wp)
+        return (u & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), \
+            (u >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+    else:
+        return _ld(ptr + (2 * p) * stride, live, MASKED), \
+            _ld(ptr + (2 * p + 1) * stride, live, MASKED)
+
+
+@jit
+def _pairs_piece(P0: tl.constexpr, P: tl.constexpr, NP):
+    """Pair indices of one piece (``P`` from ``P0``) and their liveness (``p < NP``)."""
+    p = P0 + tl.arange(0, P)
+    return p, p < NP
+
+
+@jit
+def _load_words(ptr, base, p, live, MASKED: tl.constexpr):
+    wp = (ptr + base).to(tl.pointer_type(tl.uint32)) + p
+    if MASKED:
+        return tl.load(wp, mask=live, other=0)
+    else:
+        return tl.load(wp)
+
+
+@jit
+def _finish_pairs(u, p, live, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha,
+                  cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw,
+                  D: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                  ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr, ROPE: tl.constexpr,
+                  TABLE_HALF: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr,
+                  MASKED: tl.constexpr, ACT: tl.constexpr):
+    """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1)."""
+    xa, xb = _unpack_again(u, ACT)
+    wa = 1.0
+    wb = 1.0
+    ba = 0.0
+    bb = 0.0
+    if HAS_W:
+        wa, wb = _ld_pairs(w_ptr, p, live, MASKED, W_WORDS)
+    if HAS_B:
+        ba, bb = _ld_pairs(b_ptr, p, live, MASKED, W_WORDS)
+    ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    if ROUND_NORM:
+        ya, yb = _rnd_pair(ya, yb, ACT)
+    if ROPE:
+        h = p // (D // 2)
+        # the pair within its head, as a mask (D a power of two): the compiler then sees that
+        # a thread's pairs in different heads read the same table words, and loads them once
+        i = p & (D // 2 - 1)
+        if TABLE_HALF:  # one column a pair, used for both channels
+            ca = _ld(cos_ptr + cbase + h * t_ch + i * stride_cw, live, MASKED)
+            sa = _ld(sin_ptr + sbase + h * t_sh + i * stride_sw, live, MASKED)
+            cb = ca
+            sb = sa
+        else:
+            ca, cb = _ld_pairs(cos_ptr + cbase + h * t_ch, i, live, MASKED, T_WORDS, stride_cw)
+            sa, sb = _ld_pairs(sin_ptr + sbase + h * t_sh, i, live, MASKED, T_WORDS, stride_sw)
+        # eager: x * cos + rotate(x) * sin, no fused multiply-add (the channel form's order)
+        oa = ya * ca - yb * sa
+        ob = yb * cb + ya * sb
+    else:
+        oa = ya
+        ob = yb
+    wp = (o_ptr + obase).to(tl.pointer_type(tl.uint32)) + p
+    if MASKED:
+        tl.store(wp, _pack(oa, ob, ACT), mask=live)
+    else:
+        tl.store(wp, _pack(oa, ob, ACT))
+
+
+@jit
+def _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, obase, w_ptr, b_ptr, a_ptr, alpha_val, eps,
+                  n_norm, cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw,
+                  D: tl.constexpr, P1: tl.constexpr, MASK0: tl.constexpr, MASK1: tl.constexpr,
+                  NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                  ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
+                  ROPE: tl.constexpr, TABLE_HALF: tl.constexpr, W_WORDS: tl.constexpr,
+                  T_WORDS: tl.constexpr, ACT: tl.constexpr):
+    """``_flat_tensor`` in the pair form: one statistic for the token, then each piece."""
+    a0, b0 = _unpack(u0, ACT)
+    a1 = a0
+    b1 = b0
+    if P1 > 0:
+        a1, b1 = _unpack(u1, ACT)
+    mean = 0.0
+    rstd = 1.0
+    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
+    if NORM == 2:
+        tot = tl.sum(a0 + b0, 0)
+        if P1 > 0:
+            tot += tl.sum(a1 + b1, 0)
+        mean = tot / n_norm
+    if NORM == 1 or NORM == 2:
+        if NORM == 2:
+            a0 = tl.where(l0, a0 - mean, 0.0)
+            b0 = tl.where(l0, b0 - mean, 0.0)
+            if P1 > 0:
+                a1 = tl.where(l1, a1 - mean, 0.0)
+                b1 = tl.where(l1, b1 - mean, 0.0)
+        sq = tl.sum(a0 * a0 + b0 * b0, 0)
+        if P1 > 0:
+            sq += tl.sum(a1 * a1 + b1 * b1, 0)
+        rstd = 1.0 / tl.sqrt(sq / n_norm + eps)
+    _finish_pairs(u0, p0, l0, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha, cos_ptr, sin_ptr,
+                  cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, NORM, HAS_W, HAS_B,
+                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK0, ACT)
+    if P1 > 0:
+        _finish_pairs(u1, p1, l1, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha, cos_ptr,
+                      sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, NORM, HAS_W,
+                      HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK1,
+                      ACT)
+
+
+@jit
+def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+                   qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
+                   q_eps, k_eps, q_n, k_n, b, s, NC,
+                   stride_qb, stride_qs, stride_qob, stride_qos,
+                   stride_kb, stride_ks, stride_kob, stride_kos,
+                   stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss, stride_sh,
+                   stride_sw, stride_pb, stride_ps,
+                   D: tl.constexpr, N0: tl.constexpr, N1: tl.constexpr,
+                   MASK0: tl.constexpr, MASK1: tl.constexpr,
+                   NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                   ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                   ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                   TABLE_PER_HEAD: tl.constexpr, HAS_POS: tl.constexpr,
+                   ROUND_NORM: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
+    """Program (token, 0) does the token's Q, (token, 1) its K, in the pair form (the flat
+    kernel with PAIRS, which the launcher sets only with Q and K in programs of their own
+    and norms of one body: one set of norm flags here, Q's)."""
+    P1: tl.constexpr = N1 // 2
+    p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
+    p1 = p0
+    l1 = l0
+    if P1 > 0:
+        p1, l1 = _pairs_piece(N0 // 2, P1, NC // 2)
+    cbase, sbase, t_ch, t_sh = _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb,
+                                          stride_cs, stride_ch, stride_sb, stride_ss,
+                                          stride_sh, ROPE, HAS_POS, TABLE_PER_HEAD)
+    ACT: tl.constexpr = q_ptr.dtype.element_ty
+    qbase = b * stride_qb + s * stride_qs
+    kbase = b * stride_kb + s * stride_ks
+    qobase = b * stride_qob + s * stride_qos
+    kobase = b * stride_kob + s * stride_kos
+    # one body on the operands selected by the program's axis (the launcher's
+    # ``_same_body``): two copies of the body measured no faster than the channel form on
+    # the H200, one copy 4% faster (Wan 14B)
+    isq = tl.program_id(1) == 0
+    x_ptr = tl.where(isq, q_ptr, k_ptr)
+    xbase = tl.where(isq, qbase, kbase)
+    u0 = _load_words(x_ptr, xbase, p0, l0, MASK0)
+    u1 = u0
+    if P1 > 0:
+        u1 = _load_words(x_ptr, xbase, p1, l1, MASK1)
+    _pairs_tensor(u0, u1, p0, l0, p1, l1, tl.where(isq, qo_ptr, ko_ptr),
+                  tl.where(isq, qobase, kobase), tl.where(isq, qw_ptr, kw_ptr),
+                  tl.where(isq, qb_ptr, kb_ptr), tl.where(isq, qa_ptr, ka_ptr),
+                  tl.where(isq, q_alpha, k_alpha), tl.where(isq, q_eps, k_eps),
+                  tl.where(isq, q_n, k_n), cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh,
+                  stride_cw, stride_sw, D, P1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
+                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
+
+
+@jit
+def _qk_norm_rope_flat_kernel(
+    q_ptr, qo_ptr,            # Q in / out (may be the same memory: in place)
+    k_ptr, ko_ptr,            # K in / out (unused when HAS_K is false)
+    cos_ptr, sin_ptr,         # rotary tables, any float dtype
+    pos_ptr,                  # int positions (B, S) gathering table rows (HAS_POS)
+    qw_ptr, qb_ptr, qa_ptr,   # Q norm weight, bias, DyT alpha (H*D channels)
+    kw_ptr, kb_ptr, ka_ptr,   # K norm weight, bias, DyT alpha
+    q_alpha, k_alpha,         # DyT alpha when given as a Python float
+    q_eps, k_eps,
+    q_n, k_n,                 # channels the statistic spans (H*D), as float
+    S, NC,                    # tokens per batch entry; channels of a token (H*D)
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_qob, stride_qos, stride_qoh, stride_qod,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_kob, stride_kos, stride_koh, stride_kod,
+    stride_cb, stride_cs, stride_ch, stride_cw,
+    stride_sb, stride_ss, stride_sh, stride_sw,
+    stride_pb, stride_ps,
+    D: tl.constexpr,          # head_dim (the rotary width when ROPE), a power of two
+    N0: tl.constexpr,         # channels of piece 0 (a power of two, from channel 0)
+    N1: tl.constexpr,         # channels of piece 1 (a power of two from N0; 0: none)
+    MASK0: tl.constexpr,      # piece 0 reaches past the token (a token under N0 channels)
+    MASK1: tl.constexpr,      # piece 1 reaches past the token
+    Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
+    Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
+    K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
+    K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
+    HAS_K: tl.constexpr,
+    ROPE: tl.constexpr,
+    TABLE_HALF: tl.constexpr,   # table width D/2 (unique frequencies) rather than D
+    TABLE_PER_HEAD: tl.constexpr,
+    HAS_POS: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    ROW_CONTIG: tl.constexpr,   # every tensor's token row is its H*D channels, contiguous
+    SPLIT_QK: tl.constexpr,     # grid (tokens, 2): Q and K in programs of their own
+    PAIRS: tl.constexpr = False,  # the pair form (with SPLIT_QK): 16-bit rows, contiguous,
+                                  # 4-byte aligned, even H*D; pieces N0, N1 = N0/2, N1/2 words
+    W_WORDS: tl.constexpr = False,  # (PAIRS) norm weights / biases loaded a pair a word
+    T_WORDS: tl.constexpr = False,  # (PAIRS) cos / sin column pairs loaded a pair a word
+):
+    tok = tl.program_id(0).to(tl.int64)
+    b = tok // S
+    s = tok - b * S
+    if PAIRS:
+        tl.static_assert(SPLIT_QK and HAS_K, "the pair form runs Q and K in programs of their own")
+        _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+                       qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
+                       q_eps, k_eps, q_n, k_n, b, s, NC,
+                       stride_qb, stride_qs, stride_qob, stride_qos,
+                       stride_kb, stride_ks, stride_kob, stride_kos,
+                       stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss,
+                       stride_sh, stride_sw, stride_pb, stride_ps, D, N0, N1, MASK0, MASK1,
+                       Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
+                       ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, W_WORDS, T_WORDS)
+        return
+    c0, l0 = _piece(0, N0, NC)
+    c1 = c0
+    l1 = l0
+    if N1 > 0:
+        c1, l1 = _piece(N0, N1, NC)
+
+    cbase, sbase, t_ch, t_sh = _table_row(pos_ptr, b, s, stride_pb, stride_ps, stride_cb,
+                                          stride_cs, stride_ch, stride_sb, stride_ss,
+                                          stride_sh, ROPE, HAS_POS, TABLE_PER_HEAD)
+
+    qbase = b * stride_qb + s * stride_qs
+    kbase = b * stride_kb + s * stride_ks
+    if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K: half the live values a program
+        if tl.program_id(1) == 0:
+            _one_tensor(q_ptr, qbase, stride_qh, stride_qd, c0, l0, c1, l1, qo_ptr,
+                        b * stride_qob + s * stride_qos, stride_qoh, stride_qod,
+                        qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
+                        cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                        D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR,
+                        Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG)
+        else:
+            _one_tensor(k_ptr, kbase, stride_kh, stride_kd, c0, l0, c1, l1, ko_ptr,
+                        b * stride_kob + s * stride_kos, stride_koh, stride_kod,
+                        kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
+                        cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                        D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
+                        K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG)
+    else:
+        # both tensors' loads before the first store (a store to Q may alias K for the
+        # compiler: one memory latency a program, not two)
+        q0 = _load_piece(q_ptr, qbase, c0, l0, stride_qh, stride_qd, D, ROW_CONTIG, MASK0)
+        q1 = 0.0
+        if N1 > 0:
+            q1 = _load_piece(q_ptr, qbase, c1, l1, stride_qh, stride_qd, D, ROW_CONTIG, MASK1)
+        if HAS_K:
+            k0 = _load_piece(k_ptr, kbase, c0, l0, stride_kh, stride_kd, D, ROW_CONTIG, MASK0)
+            k1 = 0.0
+            if N1 > 0:
+                k1 = _load_piece(k_ptr, kbase, c1, l1, stride_kh, stride_kd, D, ROW_CONTIG,
+                                 MASK1)
+        _flat_tensor(q0, q1, c0, l0, c1, l1, qo_ptr, b * stride_qob + s * stride_qos,
+                     stride_qoh, stride_qod, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
+                     cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                     D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR,
+                     Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                     q_ptr.dtype.element_ty)
+        if HAS_K:
+            _flat_tensor(k0, k1, c0, l0, c1, l1, ko_ptr, b * stride_kob + s * stride_kos,
+                         stride_koh, stride_kod, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
+                         cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
+                         D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
+                         K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                         k_ptr.dtype.element_ty)

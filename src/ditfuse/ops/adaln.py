@@ -1,0 +1,502 @@
+"""Fused AdaLN modulation and gated residual: kernels, launcher, public functions, ops.
+
+[x + y * gate ->] norm -> * (1 + scale) + shift -> cast, one read of every input and one
+write of every output. Rows of up to 8192 channels stay in registers (two-pass statistics
+there), a few rows per 4-warp program (``_adaln_tile_kernel``); longer rows take the
+one-row kernel's chunked path (``_adaln_kernel``), which combines per-chunk (count, mean,
+M2) with Chan's formula and reads the row a second time. ``gated_residual`` is the first
+step alone (Wan's FFN residual, which feeds the next block): on dense rows one flat
+elementwise run a batch entry (``_residual_flat_kernel``), else the tile kernel; the same bits.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from ditfuse.runtime import backend, fastpath, library
+from ditfuse.kernels.adaln import _adaln_kernel, _adaln_tile_kernel, _residual_flat_kernel
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+NORMS = {None: 0, "layer": 1, "rms": 2}
+ROUNDINGS = ("once", "per_op")
+MAX_ONE_PASS = 8192
+CHUNK = 4096
+
+
+RESIDUAL_FLAT = True
+#: override of ``residual_settings`` as (BLOCK, num_warps), for sweeps
+RESIDUAL_SETTINGS = None
+
+
+def residual_settings(itemsize: int):
+    """(BLOCK, num_warps) of the flat residual kernel: 1024 values, 4 warps (8 a thread:
+    one 16-byte load of x and of y in 16-bit). H200 sweep (``benchmarks/sweep_residual.py``,
+    ``logs/s16/f``, bf16, us): Wan 14B 480p 235.1 (2048 x 4: 236.2, 2048 x 8: 235.4, 8192 x
+    8: 243.3; the tile kernel 241.1, torch.compile 235.3), 720p 534.6 (compile 534.6), Wan
+    2.2 5B 194.7, FLUX.1 26.6, FLUX.2 45.7: best or within 0.3% of the best everywhere."""
+    if RESIDUAL_SETTINGS is not None:
+        return RESIDUAL_SETTINGS
+    return 1024, 4
+
+
+#: offsets within a batch entry past which the flat residual kernel computes in int64
+OFF64_AT = 2 ** 31
+#: a CUDA grid's second and third axes hold at most 65535 programs
+GRID_Y_MAX = 65535
+
+
+def _batch_grid(blocks: int, B: int):
+    """(grid, BATCH_X) for ``blocks`` programs a batch entry: (blocks, B), or (B, blocks)
+    when B passes the grid's second axis (a 2-D (tokens, D) input is B rows of one token)."""
+    if B <= GRID_Y_MAX:
+        return (blocks, B), False
+    if blocks > GRID_Y_MAX:
+        raise ValueError(f"x: {B} batch entries of {blocks} programs each exceed a CUDA grid "
+                         f"(at most {GRID_Y_MAX} on one of the two axes); pass x as "
+                         f"(B, S, D) with fewer entries")
+    return (B, blocks), True
+
+
+def _dense_rows(t: torch.Tensor) -> bool:
+    B, S, D = t.shape
+    return (t.stride(2) == 1 or D == 1) and (t.stride(1) == D or S == 1)
+
+
+def _launch_residual_flat(x3, y3, g3, xn3, per_op) -> None:
+    B, S, D = x3.shape
+    block, warps = residual_settings(x3.element_size())
+    n = S * D
+    gst = g3.stride() if g3 is not None else (0, 0, 0)
+    # the gate's offsets within an entry: s * stride_gs + d * stride_gd (per token, Wan 2.2
+    # TI2V's (B, S, 6, D) temb: 6 D values a token)
+    gate_span = (S - 1) * abs(gst[1]) + (D - 1) * abs(gst[2]) + 1 if g3 is not None else 0
+    args = (x3, y3, g3 if g3 is not None else x3, xn3, S,
+            x3.stride(0), y3.stride(0), xn3.stride(0), *gst)
+    grid, batch_x = _batch_grid(triton.cdiv(n, block), B)
+    fastpath.launch(_residual_flat_kernel, grid, args,
+                     dict(D=D, HAS_GATE=g3 is not None, BATCH_X=batch_x,
+                          GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
+                          PER_OP=per_op, EVEN=n % block == 0,
+                          OFF64=max(n + block, gate_span) >= OFF64_AT,
+                          BLOCK=block, num_warps=warps, enable_fp_fusion=False))
+
+
+def tile_pieces(D: int):
+    """D as (BLOCK_A, BLOCK_B): the largest power of two <= D, then the rest rounded up
+    to a power of two (0 when D is a power of two)."""
+    a = 1 << (D.bit_length() - 1)
+    rest = D - a
+    return a, (triton.next_power_of_2(rest) if rest else 0)
+
+
+#: Override of ``tile_settings`` as (ROWS, num_warps), for sweeps (``benchmarks/sweep_adaln.py``).
+TILE_SETTINGS = None
+
+
+def tile_settings(D: int):
+    """(ROWS, num_warps) of the tile kernel for rows of D channels. Measured on the H200,
+    Wan 480p modulate: 4 / 8 / 16 warps 197 / 253 / 348 us in one run
+    (``benchmarks/logs/s3/probe_sweep_adaln.log``), 4 / 2 warps 172 / 197 us in another
+    (``sweep_adaln.log``): more, smaller programs keep more rows' loads in flight per SM.
+    One row a program at D >= 3072 (Wan, FLUX.1/2); narrow rows get several rows a program
+    (about 4096 elements a program). 4 warps while a thread holds at most 40 elements of a
+    row (the tile's padded width / 128 threads), else 8: at FLUX.2's 6144 channels (48 a
+    thread at 4 warps) the FLUX modulate build takes 79 registers, 6 programs an SM, where 8
+    warps take 40 (``benchmarks/adaln_build.py``); measured 34.1 vs 37.2 us at 1024^2, 105.5
+    vs 111.2 at 2048^2, gated within 0.7% either way (``benchmarks/logs/s17/c``). At Wan's
+    5120 (40 a thread) 4 warps keep 8 programs an SM and win (171 vs 250 us, session 3)."""
+    if TILE_SETTINGS is not None:
+        return TILE_SETTINGS
+    a, b = tile_pieces(D)
+    rows = max(1, min(16, 4096 // (a + b)))
+    return 1 << (rows.bit_length() - 1), (4 if a + b <= 40 * 128 else 8)
+
+
+# ---------------------------------------------------------------------------------------
+# validation -> allocation -> launch
+
+def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 2:
+        return x[:, None, :]
+    if x.dim() == 3:
+        return x
+    raise ValueError(f"{name} must be (B, S, D) or (B, D), got shape {tuple(x.shape)}")
+
+
+def _mod_view(t, name: str, x3: torch.Tensor, x_dim: int):
+    """(B, S, D) broadcast view of shift / scale / gate, or None."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor")
+    if t.device != x3.device:
+        raise ValueError(f"{name} is on {t.device}, x is on {x3.device}")
+    B, S, D = x3.shape
+    if t.dim() == 1:
+        v = t[None, None]
+    elif t.dim() == 2:
+        v = t[:, None]
+    elif t.dim() == 3:
+        v = t
+    else:
+        v = None
+    if v is None or v.shape[0] not in (1, B) or v.shape[1] not in (1, S) or v.shape[2] != D:
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}; expected (D,), (1|B, D), (1|B, 1, D) or "
+            f"(1|B, S, D) with B={B}, S={S}, D={D} (a chunk of temb such as "
+            f"temb.chunk(6, dim=1)[i] is fine as it is)")
+    return v.expand(B, S, D)
+
+
+def _affine(p, name: str, D: int, x: torch.Tensor):
+    if p is None:
+        return None
+    if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor")
+    if p.numel() != D:
+        raise ValueError(f"{name} has {p.numel()} elements; expected D = {D}")
+    if p.device != x.device:
+        raise ValueError(f"{name} is on {p.device}, x is on {x.device}")
+    if not p.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (ditfuse makes no hidden copy)")
+    return p
+
+
+def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
+    x3 = _rows_view(x, "x")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"x.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if norm not in NORMS:
+        raise ValueError(f"norm must be 'layer', 'rms' or None, got {norm!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+    B, S, D = x3.shape
+    y3 = None
+    if y is not None:
+        y3 = _rows_view(y, "y")
+        if not y.is_floating_point():
+            raise TypeError(f"y.dtype must be floating point, got {y.dtype}")
+        if tuple(y3.shape) != tuple(x3.shape):
+            raise ValueError(f"y.shape {tuple(y.shape)} must equal x.shape {tuple(x.shape)}")
+        if y.device != x.device:
+            raise ValueError(f"y is on {y.device}, x is on {x.device}")
+    g3 = _mod_view(gate, "gate", x3, x.dim())
+    sh3 = _mod_view(shift, "shift", x3, x.dim())
+    sc3 = _mod_view(scale, "scale", x3, x.dim())
+    w = _affine(weight, "weight", D, x)
+    bb = _affine(bias, "bias", D, x)
+    if norm is None and (w is not None or bb is not None):
+        raise ValueError("weight/bias given with norm=None")
+    if rounding == "per_op":
+        for name, t in (("shift", shift), ("scale", scale), ("gate", gate), ("y", y)):
+            if t is not None and t.dtype != x.dtype:
+                raise ValueError(f"rounding='per_op' emulates a chain computed in x's dtype: "
+                                 f"{name}.dtype {t.dtype} must equal x.dtype {x.dtype}")
+    return x3, y3, g3, sh3, sc3, w, bb
+
+
+def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
+    """``o3=None``: the gated residual alone (x_new only)."""
+    B, S, D = x3.shape
+    if B * S == 0 or D == 0:
+        return
+    dummy = x3
+    has_out = o3 is not None
+    o3 = o3 if has_out else dummy
+
+    def st(t):
+        return t.stride() if t is not None else (0, 0, 0)
+
+    def opt(t):
+        return t if t is not None else dummy
+
+    args = (x3, opt(y3), opt(g3), opt(sh3), opt(sc3), opt(w), opt(bb), opt(xn3), o3,
+            S, D, float(eps),
+            *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride())
+    flags = dict(NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
+                 RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
+                 HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
+                 HAS_OUT=has_out)
+    if (RESIDUAL_FLAT and not has_out and y3 is not None
+            and all(_dense_rows(t) for t in (x3, y3, xn3))):
+        _launch_residual_flat(x3, y3, g3, xn3, per_op)
+    elif D <= MAX_ONE_PASS:
+        rows, warps = tile_settings(D)
+        ba, bb_ = tile_pieces(D)
+        grid, batch_x = _batch_grid(triton.cdiv(S, rows), B)
+        fastpath.launch(_adaln_tile_kernel, grid, args,
+                         dict(flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
+                              enable_fp_fusion=False, BATCH_X=batch_x))
+    else:
+        fastpath.launch(_adaln_kernel, (B * S,), args,
+                         dict(flags, BLOCK_D=CHUNK, NUM_CHUNKS=triton.cdiv(D, CHUNK),
+                              num_warps=CHUNK // 512, enable_fp_fusion=False))
+
+
+def _new(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _outputs(x, y, inplace, out, modulated):
+    """(x_new, modulated output) as the call returns them (``out`` checked by the caller)."""
+    o = x_new = None
+    if modulated:
+        o = out if out is not None else _new(x)
+        if y is not None:
+            x_new = x if inplace else _new(x)
+    else:
+        x_new = out if out is not None else _new(x)
+    return x_new, o
+
+
+_CACHE = fastpath.Cache()
+
+
+def _slots(x, y, gate, shift, scale, weight, bias, x_new, o):
+    # an output that is x itself (inplace, out=x: in the key) is x's slot
+    return (x, y, gate, shift, scale, weight, bias, None if x_new is x else x_new,
+            None if o is x else o)
+
+
+def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out,
+         modulated=True):
+    """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
+    ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes.
+    A call whose signature was seen before replays its launches (``_fastpath``)."""
+    key = None
+    if fastpath.usable(x):
+        try:
+            sig = fastpath.sig
+            key = (norm, eps, rounding, bool(inplace), modulated, out is x, TILE_SETTINGS,
+                   RESIDUAL_FLAT, RESIDUAL_SETTINGS,
+                   sig(x), sig(y), sig(gate), sig(shift), sig(scale), sig(weight), sig(bias),
+                   sig(out))
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError):  # not tensors / unhashable: the checks explain
+            key = replay = None
+        if replay is not None:
+            x_new, o = _outputs(x, y, inplace, out, modulated)
+            if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
+                return x_new, o
+    x3, y3, g3, sh3, sc3, w, bb = _plan(x, y, gate, shift, scale, norm, weight, bias, eps,
+                                        rounding)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype \
+                or out.device != x.device:
+            raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
+                             f"{x.device}")
+    x_new, o = _outputs(x, y, inplace, out, modulated)
+    o3 = _rows_view(o, "out") if o is not None else None
+    xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
+    if backend.kernel_device_ok(x3):
+        with fastpath.Recorder() as rec:
+            _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op")
+        if key is not None:
+            _CACHE.put(key, rec.replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)))
+    else:
+        from ditfuse.reference import adaln_reference
+        res = adaln_reference(x, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
+                              rounding=rounding, residual=y, gate=gate)
+        if y is not None:
+            x_new.copy_(res[0])
+            res = res[1]
+        if o is not None:
+            o.copy_(res)
+    return x_new, o
+
+
+def _no_grad_check(*ts):
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts):
+        raise RuntimeError("ditfuse AdaLN ops are inference-only (no backward): call them under "
+                           "torch.no_grad() or torch.inference_mode()")
+
+
+def adaln_modulate(x, shift=None, scale=None, *, norm="layer", weight=None, bias=None, eps=1e-6,
+                   rounding="once", out=None):
+    r"""Normalise each token and modulate it: ``y = norm(x) * (1 + scale) + shift``.
+
+    .. math:: y = \left(\frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot w + b\right)
+              \odot (1 + \mathrm{scale}) + \mathrm{shift}
+
+    Parameters
+    ----------
+    x : Tensor
+        ``(B, S, D)`` or ``(B, D)``, fp16 / bf16 / fp32, any strides.
+    shift, scale : Tensor, optional
+        ``(B, D)``, ``(B, 1, D)``, per token ``(B, S, D)`` (Wan 2.2 TI2V) or ``(1, D)`` /
+        ``(D,)``, any float dtype, any strides: chunks of a temb (Wan's
+        ``(table + temb.float()).chunk(6, 1)``, FLUX's ``emb.chunk(6, dim=1)``) are read in
+        place. ``None`` skips that step.
+    norm : {"layer", "rms", None}
+        LayerNorm (Wan's ``FP32LayerNorm``, FLUX's ``LayerNorm(elementwise_affine=False)``),
+        RMSNorm, or none (modulate only).
+    weight, bias : Tensor, optional
+        The norm's affine parameters, ``(D,)``.
+    rounding : {"once", "per_op"}
+        ``"once"`` (default): fp32 math, one rounding to x's dtype at the store — Wan's
+        arithmetic, which computes the chain in fp32. ``"per_op"``: every step rounded to
+        x's dtype as a half-precision eager chain does (FLUX's ``AdaLayerNormZero`` on bf16
+        activations and a bf16 temb); shift/scale must then be in x's dtype.
+    out : Tensor, optional
+        Where to write ``y`` (x's shape and dtype).
+
+    Notes
+    -----
+    Contract: no fused multiply-add, so every step rounds as eager PyTorch does; the
+    statistics' reduction order differs from PyTorch's, so the result is within one
+    rounding of the eager code (bitwise for most elements: ``ditfuse check``). Inference
+    only.
+
+    Examples
+    --------
+    >>> shift, scale, gate, c_shift, c_scale, c_gate = (table + temb.float()).chunk(6, 1)
+    >>> y = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
+    """
+    _no_grad_check(x, shift, scale, weight, bias)
+    if torch.compiler.is_compiling():
+        return torch.ops.ditfuse.adaln(x, None, None, shift, scale, weight, bias,
+                                       NORMS[norm], float(eps), rounding == "per_op")[0]
+    return _run(x, None, None, shift, scale, norm, weight, bias, eps, rounding, False, out)[1]
+
+
+def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer", weight=None,
+                         bias=None, eps=1e-6, rounding="once", inplace=False):
+    r"""The gated residual and the next norm + modulation, in one pass.
+
+    .. math:: x' = x + y \odot \mathrm{gate}, \qquad
+              m = \mathrm{norm}(x') \odot (1 + \mathrm{scale}) + \mathrm{shift}
+
+    ``x'`` is computed in fp32 and stored in x's dtype (as Wan does); ``m`` is computed
+    from the stored (rounded) ``x'``, as the model's next norm sees it. ``gate=None`` is a
+    plain residual ``x + y``; ``shift=scale=None`` gives the norm without modulation
+    (Wan's affine ``norm2`` before cross-attention, with ``weight``/``bias``).
+
+    Parameters
+    ----------
+    x : Tensor
+        The residual stream ``(B, S, D)`` / ``(B, D)``.
+    y : Tensor
+        The branch output (attention or FFN), x's shape, any float dtype.
+    gate, shift, scale : Tensor, optional
+        As ``shift`` in :func:`adaln_modulate`.
+    inplace : bool
+        Write ``x'`` into ``x``.
+    norm, weight, bias, eps, rounding
+        As in :func:`adaln_modulate`.
+
+    Returns
+    -------
+    (x_new, modulated) : tuple of Tensor
+    """
+    if y is None:
+        raise ValueError("y (the branch output) is required; use adaln_modulate without it")
+    _no_grad_check(x, y, gate, shift, scale, weight, bias)
+    if torch.compiler.is_compiling():
+        if inplace:
+            m = torch.ops.ditfuse.gated_residual_adaln_(x, y, gate, shift, scale, weight, bias,
+                                                        NORMS[norm], float(eps),
+                                                        rounding == "per_op")
+            return x, m
+        xn, m = torch.ops.ditfuse.adaln(x, y, gate, shift, scale, weight, bias, NORMS[norm],
+                                        float(eps), rounding == "per_op")
+        return xn, m
+    return _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, None)
+
+
+def gated_residual(x, y, gate=None, *, rounding="once", out=None):
+    r"""The gated residual alone: ``x_new = x + y * gate``, stored in x's dtype.
+
+    .. math:: x' = \mathrm{round}(x + y \odot \mathrm{gate})
+
+    Wan's FFN residual ``(x.float() + ff.float() * c_gate).type_as(x)`` in one pass (eager
+    PyTorch makes five: two fp32 copies, a multiply, an add and a cast). No norm follows:
+    the result feeds the next block.
+
+    Parameters
+    ----------
+    x : Tensor
+        The residual stream ``(B, S, D)`` / ``(B, D)``, fp16 / bf16 / fp32, any strides.
+    y : Tensor
+        The branch output, x's shape, any float dtype.
+    gate : Tensor, optional
+        As ``shift`` in :func:`adaln_modulate` (per batch entry or per token, any strides);
+        ``None`` is a plain residual ``x + y``.
+    rounding : {"once", "per_op"}
+        ``"once"``: fp32 math, one rounding (Wan). ``"per_op"``: ``y * gate`` rounded to
+        x's dtype first, as a half-precision eager chain (FLUX's ``x + gate * ff``).
+    out : Tensor, optional
+        Where to write ``x_new`` (x's shape and dtype); ``out=x`` updates x in place.
+
+    Notes
+    -----
+    Contract: bitwise equal to the eager chain (no reduction, no fused multiply-add).
+    Inference only. x, y and the output with dense (S, D) rows (any batch stride) run one
+    flat elementwise kernel a batch entry (at the copy ceiling on the H200, level with
+    torch.compile's kernel); other layouts the row-tile kernel, with the same bits.
+    """
+    if y is None:
+        raise ValueError("y (the branch output) is required")
+    _no_grad_check(x, y, gate)
+    if torch.compiler.is_compiling():
+        return torch.ops.ditfuse.gated_residual(x, y, gate, rounding == "per_op")
+    return _run(x, y, gate, None, None, None, None, None, 0.0, rounding, False, out,
+                modulated=False)[0]
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library ops (used under torch.compile; eager calls launch directly)
+
+_NORM_NAMES = {v: k for k, v in NORMS.items()}
+
+
+@library.op("ditfuse::adaln", mutates_args=())
+def _adaln_op(x: torch.Tensor, y: Optional[torch.Tensor], gate: Optional[torch.Tensor],
+              shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
+              weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
+              eps: float, per_op: bool) -> list[torch.Tensor]:
+    xn, o = _run(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+                 "per_op" if per_op else "once", False, None)
+    return [o] if xn is None else [xn, o]
+
+
+@_adaln_op.register_fake
+def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
+    _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+          "per_op" if per_op else "once")
+    o = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return [o] if y is None else [torch.empty_like(o), o]
+
+
+@library.op("ditfuse::gated_residual_adaln_", mutates_args=("x",))
+def _gated_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
+                      shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
+                      weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
+                      eps: float, per_op: bool) -> torch.Tensor:
+    return _run(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+                "per_op" if per_op else "once", True, None)[1]
+
+
+@_gated_inplace_op.register_fake
+def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
+    _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
+          "per_op" if per_op else "once")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@library.op("ditfuse::gated_residual", mutates_args=())
+def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
+                       per_op: bool) -> torch.Tensor:
+    return _run(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once",
+                False, None, modulated=False)[0]
+
+
+@_gated_residual_op.register_fake
+def _(x, y, gate, per_op):
+    _plan(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once")
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)

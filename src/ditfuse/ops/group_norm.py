@@ -1,0 +1,818 @@
+"""Fused GroupNorm + SiLU for the VAEs' ResNet blocks, and Wan's channel RMS norm + SiLU.
+
+Three layers, as in ``qk_norm_rope``: the private Triton kernels (``_gn_fit_kernel``,
+``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_rms_ch_kernel``); launchers that validate ->
+allocate -> launch with settings from a small analytical table (``gn_settings``,
+``rms_settings``); and the public functions :func:`group_norm_silu` and
+:func:`rms_norm_silu_channels`. Their ``torch.library`` ops (``ditfuse::group_norm_silu``,
+``ditfuse::rms_norm_silu_channels``, with fake implementations) are registered at the end of
+this module; eager calls launch directly, only code being compiled goes through the ops.
+The pure-PyTorch references (the fp64 test oracle and the fallback for devices Triton
+cannot run on) are in ``reference.py``.
+
+Input is channels-first ``(N, C, *spatial)`` of rank >= 3, addressed as ``(N, C, S)`` with
+one stride per axis, so any view whose spatial dimensions collapse into one stride is read
+in place: a channel or batch slice of a bigger tensor, a channels-last(-3d) tensor, a time
+slice of a video. Views whose spatial dimensions cannot be addressed with one stride (a
+spatial crop) raise ``ValueError`` naming ``x``; there is never a hidden ``.contiguous()``.
+
+Bytes model (the floor the kernels are measured against): GroupNorm reads ``x`` once and
+writes ``y`` once when one program holds a whole group in registers (the *fit* path), and
+reads ``x`` twice when a group is too large for that (the *split* path: a statistics pass,
+then an apply pass); the per-group partial statistics it exchanges are a few KB. The RMS
+norm over channels reads ``x`` once (a column of ``C`` channels is held on chip).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ditfuse.kernels.group_norm import (_gn_apply_kernel, _gn_cl_apply_kernel, _gn_cl_stats_kernel,
+                                        _gn_fit_kernel, _gn_merge_kernel, _gn_stats_kernel,
+                                        _rms_ch_kernel)
+from ditfuse.runtime import backend, fastpath, library
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# launch settings: analytical tables, no autotuning (the kernels are memory-bound)
+
+#: padded elements (next_pow2(C/G) * next_pow2(spatial)) of a group one program holds in
+#: registers (16 warps x 32 fp32 values a thread); larger groups take the split path
+FIT_MAX = 16384
+#: elements of one tile of the split path (8 warps x 32 values a thread): 8192 beat 4096 and
+#: 2048 at every split-path registry shape on the H200 (FLUX VAE up2-512 136.6 vs 164.9 us,
+#: out-1024 258.6 vs 309.8 us; benchmarks/logs/s3/sweep_gn.log): twice the bytes in flight
+#: per program
+SPLIT_TILE = 8192
+#: statistics programs the split path aims for in total (about 8 per SM of a 132-SM H100 /
+#: H200), spread over the N * G groups ...
+STATS_PROGRAMS = 1024
+#: ... but at most this many per group: every apply program merges its group's partials
+MAX_PARTIALS = 128
+#: statistics programs of the channels-last path in total: fewer, longer programs than the
+#: channels-first path's, since each ends by merging its element slots' running moments
+#: (five cross-thread group sums), which a program of one or two tiles pays per tile. H200
+#: (session 24, benchmarks/logs/s24/c, bf16, us, 1024 -> 256): flux-vae-mid-128 37.3 ->
+#: 27.1, up1-256 84.0 -> 71.6, up2-512 139.4 -> 126.7, out-1024 245.3 -> 232.0,
+#: hunyuan-vae-up-9f 53.5 -> 50.9, hunyuan-vae-mid 19.7 -> 18.7 (128 and 192 lose at the
+#: large shapes, 384 gives the same tiles as 256 there)
+CL_STATS_PROGRAMS = 256
+#: a statistics program's tile count rounded up to a power of two (fewer programs, fewer
+#: kernel variants) on the channels-first path; the channels-last path takes the count as
+#: it comes. H200 (session 24, benchmarks/logs/s24/e, bf16, us, pow2 / any): hunyuan-vae-up-9f
+#: channels-last 50.6 / 45.2 (144 -> 256 statistics programs), channels-first 39.6 / 41.1;
+#: no other registry shape's count changes
+TPP_POW2 = True
+CL_TPP_POW2 = False
+#: channel lanes a channels-last split tile spans at most (several groups side by side:
+#: 128-byte rows of bf16). H200 (session 22, benchmarks/logs/s22/b, the first statistics
+#: kernel): 64 lanes beat 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024
+#: 416 vs 621 vs 623 us); groups of more than CL_CPP_MAX channels keep the one-group tiles
+CL_LANES = 64
+CL_CPP_MAX = 1024
+#: offsets inside a split-path tile are int32 below this (the tile's corner is int64)
+OFF32_LIMIT = 2**31
+#: whole split-path tiles skip their masks (False: always masked, for tests)
+MASKLESS = True
+#: registers a thread of the unmasked in-register channel-RMS program (16-bit x) may hold:
+#: 80 fits 6 programs of 4 warps an SM where the uncapped build's 86-96 fit 5; H200
+#: (session 21, benchmarks/logs/s21/c): wan-vae-out-480p 178.7 vs 196.3 us, the same bits
+#: (72: 214.4, 64: 289.6 -- spilling). At 80 the sm_90 builds keep at most 16 bytes in
+#: local memory, outside any loop (the kernel has none)
+RMS_MAXNREG = 80
+#: channel elements x positions one program of the channel-RMS kernel holds
+RMS_TILE = 8192
+#: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
+RMS_MIN_BS = 16
+#: a statistics program summing at most this many tiles runs 4 warps (else 8)
+STATS_FEW_TILES = 4
+#: elements a thread of the split path's apply pass and of the in-register channel RMS
+#: holds (sets num_warps): with the fast SiLU, 64 (4 warps a 8192 tile) beat 32 and 16 on
+#: the H200: GroupNorm flux-vae-out-1024 215.9 vs 223.2 (8 warps) vs 278.1 us (16); channel
+#: RMS wan-vae-out-480p 196.4 vs 236.7 us (benchmarks/logs/s7/sweep3): more independent
+#: loads a thread in flight
+APPLY_PER_THREAD = 64
+
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _warps(elems: int, per_thread: int, lo: int = 1, hi: int = 16) -> int:
+    w = elems / (32 * per_thread)
+    return min(hi, max(lo, 1 << max(0, round(math.log2(max(w, 1e-9))))))
+
+
+@dataclass(frozen=True)
+class GNSettings:
+    """How one GroupNorm call is launched.
+
+    ``path`` "fit": one program per (n, group), tile BC x BS covering the group.
+    ``path`` "split": groups tiled BC x BS (``T`` tiles a group, ``n_ts`` along space);
+    ``P`` statistics programs a group of ``TPP`` tiles each, then one apply program a tile.
+    ``path`` "split-cl" (channels-last x): tiles of ``GB`` groups' ``BC = GB * CPP`` channel
+    lanes x ``BS`` positions; ``P`` statistics programs a group block of ``TPP`` tiles each,
+    a merge program a group, then one apply program a tile (``T = n_ts`` a group block).
+    """
+
+    path: str
+    BC: int
+    BS: int
+    num_warps: int
+    n_ts: int = 1
+    T: int = 1
+    P: int = 1
+    TPP: int = 1
+    P_PAD: int = 1
+    stats_warps: int = 1
+    GB: int = 1     # "split-cl": groups a tile spans (BC is then its GB * CPP channel lanes)
+    CPP: int = 1    # "split-cl": lanes a group takes, next_pow2(C / G)
+
+
+def _stats_split(tiles: int, units: int, cap: int, total: int, pow2: bool) -> Tuple[int, int]:
+    """(tiles a statistics program, programs a unit) for ``units`` runs of ``tiles`` tiles
+    (groups, or channels-last group blocks) sharing about ``total`` programs, at most
+    ``cap`` a unit; the tile count rounded up to a power of two if ``pow2``."""
+    per = _cdiv(tiles, max(1, min(tiles, cap, _cdiv(total, units))))
+    per = _next_pow2(per) if pow2 else per
+    return per, _cdiv(tiles, per)
+
+
+def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
+                fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
+                stats_programs: Optional[int] = None,
+                max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES,
+                tpp_pow2: Optional[bool] = None) -> GNSettings:
+    """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
+
+    A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
+    otherwise twice (split path). The split path gives each group
+    ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
+    that each takes a power-of-two number of tiles unless ``tpp_pow2`` is False;
+    ``stats_programs`` defaults to ``STATS_PROGRAMS``). A split tile spans the positions
+    (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
+    (``c_inner``: channels-last), so that its rows are whole sectors of memory.
+    Channels-last groups of at most ``CL_CPP_MAX`` channels take the "split-cl" path
+    instead: tiles of several groups' channels (up to ``cl_lanes`` lanes) x positions, all
+    of a tile's rows contiguous, ``cdiv(stats_programs, N * group blocks)`` statistics
+    programs a group block (``stats_programs`` defaults to ``CL_STATS_PROGRAMS`` there, and
+    a program's tile count is not rounded unless ``tpp_pow2`` is True).
+    """
+    cp, sp = _next_pow2(cpg), _next_pow2(S)
+    if cp * sp <= fit_max:
+        return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
+    if c_inner and cp <= CL_CPP_MAX:
+        GB = max(1, min(_next_pow2(G), max(cl_lanes, cp) // cp, max(tile, cp) // cp))
+        L = GB * cp
+        BS = min(sp, max(1, tile // L))
+        n_ts = _cdiv(S, BS)
+        n_gb = _cdiv(G, GB)
+        TPP, P = _stats_split(n_ts, N * n_gb, n_ts,
+                              CL_STATS_PROGRAMS if stats_programs is None else stats_programs,
+                              CL_TPP_POW2 if tpp_pow2 is None else tpp_pow2)
+        # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
+        sw = _warps(L * BS, 32, hi=8)
+        return GNSettings("split-cl", L, BS, _warps(L * BS, APPLY_PER_THREAD, hi=8), n_ts,
+                          n_ts, P, TPP, _next_pow2(P), sw, GB, cp)
+    if c_inner:
+        BC = min(cp, tile)
+        BS = min(sp, max(1, tile // BC))
+    else:
+        BS = min(sp, tile)
+        BC = min(cp, max(1, tile // BS))
+    n_ts = _cdiv(S, BS)
+    T = _cdiv(cpg, BC) * n_ts
+    TPP, P = _stats_split(T, N * G, max_partials,
+                          STATS_PROGRAMS if stats_programs is None else stats_programs,
+                          TPP_POW2 if tpp_pow2 is None else tpp_pow2)
+    # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
+    # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
+    # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
+    sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
+    return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
+                      _next_pow2(P), sw)
+
+
+@dataclass(frozen=True)
+class RMSSettings:
+    BC: int
+    BS: int
+    NCH: int
+    num_warps: int
+    BC1: int = 0   # NCH == 1: the column's second power-of-two piece (0: one piece)
+    maxnreg: int = 0  # registers a thread at most (ptxas .maxnreg) for unmasked launches; 0: none
+
+
+def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_BS,
+                 itemsize: int = 2, maxnreg: int = RMS_MAXNREG) -> RMSSettings:
+    """Launch settings for the channel RMS norm: a program takes BS positions and all C
+    channels, in ``NCH`` chunks of BC when the column does not fit ``tile`` elements.
+    ``itemsize``: x's element size; 16-bit columns held in registers take the register cap
+    ``maxnreg`` (applied to unmasked launches only: see ``RMS_MAXNREG``)."""
+    cp = _next_pow2(C)
+    BS = min(_next_pow2(S), max(min_bs, _next_pow2(max(1, tile // cp))))
+    if cp * BS <= tile:
+        # the column as two power-of-two pieces: 96 = 64 + 32, 384 = 256 + 128
+        BC = cp // 2 if C <= cp // 2 + cp // 4 and cp >= 4 else cp
+        BC1 = _next_pow2(C - BC) if C > BC else 0
+        return RMSSettings(BC, BS, 1, _warps(cp * BS, APPLY_PER_THREAD), BC1,
+                           maxnreg if itemsize == 2 else 0)
+    BC = max(1, tile // BS)
+    NCH = _cdiv(C, BC)
+    return RMSSettings(BC, BS, NCH, _warps(BC * BS, 32))
+
+
+# ---------------------------------------------------------------------------------------
+# validation -> a plan (views and numbers only; nothing is copied or launched)
+
+@dataclass
+class Plan:
+    x: torch.Tensor
+    N: int
+    C: int
+    S: int
+    xs: Tuple[int, int, int]                   # x's (n, c, s) element strides
+    weight: Optional[torch.Tensor]
+    w_stride: int
+    bias: Optional[torch.Tensor]
+    b_stride: int
+    eps: float
+    silu: bool
+    round_after_norm: bool
+    groups: int = 1                             # GroupNorm only
+    scale: float = 1.0                          # channel RMS only
+
+
+def _ncs(t: torch.Tensor, name: str) -> Tuple[int, int, int, Tuple[int, int, int]]:
+    """(N, C, S, (stride_n, stride_c, stride_s)) of a (N, C, *spatial) view, or ValueError."""
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    N, C = shape[0], shape[1]
+    dims = [(d, st) for d, st in zip(shape[2:], strides[2:]) if d != 1]
+    S = 1
+    for d, _ in dims:
+        S *= d
+    ss = dims[-1][1] if dims else 1
+    for (d0, s0), (d1, s1) in zip(dims, dims[1:]):
+        if s0 != s1 * d1:
+            raise ValueError(
+                f"{name} of shape {shape} has strides {strides}: its spatial dimensions "
+                f"{shape[2:]} cannot be addressed with one stride (a spatial crop or "
+                f"transposed spatial axes); ditfuse makes no hidden copy: pass "
+                f"{name}.contiguous() (channel/batch slices and channels-last tensors are "
+                f"read in place)")
+    return N, C, S, (strides[0], strides[1], ss)
+
+
+def _check_x(x, name="x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() < 3:
+        raise ValueError(f"{name} must be channels-first (N, C, *spatial) with at least one "
+                         f"spatial dimension, e.g. (N, C, H, W) or (N, C, T, H, W); got shape "
+                         f"{tuple(x.shape)}")
+
+
+def _channel_param(p, name: str, C: int, x: torch.Tensor):
+    """(tensor, element stride along its channel axis) of a per-channel parameter.
+
+    Any shape with C elements along one axis and 1 elsewhere: (C,), (C, 1, 1), (C, 1, 1, 1).
+    """
+    if p is None:
+        return None, 0
+    if not isinstance(p, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(p).__name__}")
+    if p.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {p.dtype}")
+    shape = tuple(p.shape)
+    big = [i for i, d in enumerate(shape) if d != 1]
+    if p.numel() != C or len(big) > 1:
+        raise ValueError(f"{name} has shape {shape}; expected {C} elements along one axis: "
+                         f"({C},), ({C}, 1, 1) or ({C}, 1, 1, 1) for x with C = {C} channels")
+    if p.device != x.device:
+        raise ValueError(f"{name} is on {p.device}, x is on {x.device}")
+    return p, (p.stride(big[0]) if big else 1)
+
+
+def _check_eps(eps, name="eps") -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
+            or not math.isfinite(eps):
+        raise ValueError(f"{name} must be a finite float >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_flag(v, name) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    return v
+
+
+def plan_group_norm(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                    round_after_norm=True) -> Plan:
+    """Check every argument of :func:`group_norm_silu`; raises before anything runs."""
+    _check_x(x)
+    N, C, S, xs = _ncs(x, "x")
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0 \
+            or C % num_groups:
+        raise ValueError(f"num_groups={num_groups!r} must be a positive int dividing the "
+                         f"channels C = {C} (x shape {tuple(x.shape)})")
+    w, ws = _channel_param(weight, "weight", C, x)
+    b, bs = _channel_param(bias, "bias", C, x)
+    return Plan(x, N, C, S, xs, w, ws, b, bs, _check_eps(eps),
+                _check_flag(silu, "silu"), _check_flag(round_after_norm, "round_after_norm"),
+                groups=num_groups)
+
+
+def plan_rms_channels(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True,
+                      round_after_norm=True) -> Plan:
+    """Check every argument of :func:`rms_norm_silu_channels`; raises before anything runs."""
+    _check_x(x)
+    N, C, S, xs = _ncs(x, "x")
+    g, gs = _channel_param(gamma, "gamma", C, x)
+    if isinstance(bias, (int, float)) and not isinstance(bias, bool) and bias == 0:
+        bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0
+    b, bs = _channel_param(bias, "bias", C, x)
+    if scale is None:
+        scale = math.sqrt(C) if isinstance(C, int) else C ** 0.5  # symbolic C when tracing
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+            or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite float (default sqrt(C)), got {scale!r}")
+    else:
+        scale = float(scale)
+    return Plan(x, N, C, S, xs, g, gs, b, bs, _check_eps(eps), _check_flag(silu, "silu"),
+                _check_flag(round_after_norm, "round_after_norm"), scale=scale)
+
+
+def _check_out(out, x: torch.Tensor, runtime_checks: bool = True):
+    """out's (n, c, s) strides; ``out`` may be ``x`` itself (in place) but no other alias."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    if out.dtype != x.dtype:
+        raise TypeError(f"out.dtype {out.dtype} must equal x.dtype {x.dtype}")
+    if tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out.shape {tuple(out.shape)} must equal x.shape {tuple(x.shape)}")
+    if out.device != x.device:
+        raise ValueError(f"out is on {out.device}, x is on {x.device}")
+    _, _, _, os_ = _ncs(out, "out")
+    if runtime_checks and out.numel():
+        if torch._debug_has_internal_overlap(out) == 1 or any(
+                st == 0 and d > 1 for d, st in zip(out.shape, out.stride())):
+            raise ValueError("out has overlapping elements (an expanded view?); pass a tensor "
+                             "whose elements are distinct memory")
+        same_view = out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
+        if not same_view and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            def span(t):
+                lo = t.data_ptr()
+                return lo, lo + (sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1) \
+                    * t.element_size()
+            (a0, a1), (b0, b1) = span(out), span(x)
+            if a0 < b1 and b0 < a1:
+                raise ValueError("out overlaps x's memory without being x itself; pass out=x "
+                                 "to normalise in place, or memory disjoint from x")
+    return os_
+
+
+def _check_grad(*ts):
+    if torch.is_grad_enabled():
+        for t in ts:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise RuntimeError("ditfuse's group_norm_silu / rms_norm_silu_channels are "
+                                   "inference-only (no backward): call them under "
+                                   "torch.no_grad() or torch.inference_mode()")
+
+
+# ---------------------------------------------------------------------------------------
+# allocate -> launch
+
+def _out_like(x: torch.Tensor) -> torch.Tensor:
+    """The output of a call without ``out=``: x's strides when x is dense, else contiguous."""
+    return torch.empty_like(x, memory_format=torch.preserve_format)
+
+
+def _partials(n: int, device) -> torch.Tensor:
+    """fp32 scratch for the split path's partial statistics (every slot is written)."""
+    return torch.empty(4 * n, dtype=torch.float32, device=device)
+
+
+def _scratch(st: GNSettings, NG: int, device) -> tuple:
+    """The scratch tensors a launch of settings ``st`` for ``NG`` groups takes."""
+    if st.path == "split":
+        return (_partials(NG * st.P, device),)
+    if st.path == "split-cl":  # partials, then each group's merged statistics
+        return (_partials(NG * st.P, device), _partials(NG, device))
+    return ()
+
+
+def _tile_span(st: GNSettings, strides) -> int:
+    """The largest element offset inside one split-path tile, for (n, c, s) ``strides`` (an
+    upper bound for "split-cl" tiles, whose BC lanes may pad a group)."""
+    return (st.BC - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
+
+
+def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
+                      **table) -> Tuple[GNSettings, tuple]:
+    """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``); returns the
+    settings and the scratch tensors the launches took."""
+    N, C, S, G = p.N, p.C, p.S, p.groups
+    cpg = C // G
+    c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
+    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
+    if N * C * S == 0:
+        return st, ()
+    dummy = p.x
+    w = p.weight if p.weight is not None else dummy
+    b = p.bias if p.bias is not None else dummy
+    flags = dict(HAS_W=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
+                 ROUND_NORM=p.round_after_norm)
+    launch = fastpath.launch
+    if st.path == "fit":
+        launch(_gn_fit_kernel, (N * G,), (
+            p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps, *p.xs, *os_,
+            p.w_stride, p.b_stride), dict(BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps))
+        return st, ()
+    NG = N * G
+    scratch = _scratch(st, NG, p.x.device)
+    if st.path == "split-cl":
+        _launch_cl(p, out, os_, st, scratch, w, b, flags)
+        return st, scratch
+    (part,) = scratch
+    ngp = NG * st.P
+    off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
+    even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
+    launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
+           dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
+                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
+    launch(_gn_apply_kernel, (NG * st.T,), (
+        p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
+        p.w_stride, p.b_stride),
+        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
+             num_warps=st.num_warps))
+    return st, scratch
+
+
+def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
+    """The channels-last split path: statistics, merge, apply."""
+    N, S, G = p.N, p.S, p.groups
+    cpg = p.C // G
+    part, stat = scratch
+    NG = N * G
+    ngp = NG * st.P
+    n_gb = _cdiv(G, st.GB)
+
+    off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
+    pow2 = cpg == st.CPP
+    even = pow2 and G % st.GB == 0 and S % st.BS == 0 and MASKLESS
+    xn, _, xs = p.xs
+    launch = fastpath.launch
+    launch(_gn_cl_stats_kernel, (N * st.P * n_gb,),
+           (p.x, part, G, cpg, S, n_gb, st.n_ts, st.P, ngp, xn, xs),
+           dict(GB=st.GB, CPP=st.CPP, BS=st.BS, TPP=st.TPP, POW2=pow2, OFF64=off64,
+                EVEN=even and st.P * st.TPP == st.n_ts, num_warps=st.stats_warps))
+    launch(_gn_merge_kernel, (NG,), (part, stat, st.P, ngp, NG, p.eps),
+           dict(P_PAD=st.P_PAD, num_warps=4 if st.P_PAD > 128 else 1))
+    launch(_gn_cl_apply_kernel, (N * st.n_ts * n_gb,), (
+        p.x, out, w, b, stat, G, cpg, S, n_gb, NG, xn, xs, *os_,
+        p.w_stride, p.b_stride),
+        dict(GB=st.GB, CPP=st.CPP, BS=st.BS, POW2=pow2, OFF64=off64, EVEN=even, **flags,
+             num_warps=st.num_warps))
+
+
+def _col_span(st: RMSSettings, strides) -> int:
+    """The largest element offset inside one channel-RMS column block (NCH == 1)."""
+    return (st.BC + st.BC1 - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
+
+
+def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
+                        **table) -> RMSSettings:
+    N, C, S = p.N, p.C, p.S
+    st = settings or rms_settings(C, S, itemsize=p.x.element_size(), **table)
+    if N * C * S == 0:
+        return st
+    dummy = p.x
+    n_sb = _cdiv(S, st.BS)
+    even = st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0 and MASKLESS
+    # the cap only where it was measured and built: masked columns need far more registers
+    # (the cap would spill them by kilobytes)
+    cap = {"maxnreg": st.maxnreg} if st.maxnreg and even else {}
+    fastpath.launch(_rms_ch_kernel, (N * n_sb,), (
+        p.x, out, p.weight if p.weight is not None else dummy,
+        p.bias if p.bias is not None else dummy, C, S, n_sb, p.eps, p.scale, *p.xs, *os_,
+        p.w_stride, p.b_stride), dict(
+        BC=st.BC, BC1=st.BC1, BS=st.BS, NCH=st.NCH,
+        OFF64=max(_col_span(st, p.xs), _col_span(st, os_)) >= OFF32_LIMIT,
+        EVEN=even,
+        HAS_G=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
+        ROUND_NORM=p.round_after_norm, num_warps=st.num_warps, **cap,
+        # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
+        # bf16 ops and fuses them into one fma.rn.bf16, dropping the rounding after * gamma
+        # that WanRMS_norm's half-precision chain performs
+        enable_fp_fusion=False))
+    return st
+
+
+_CACHE = fastpath.Cache()
+
+
+def _key(kind, x, weight, bias, out, opts, launch):
+    """The signature a call is recorded / replayed under, or None (not cached: no kernel
+    device, an argument the checks will explain, an ``out`` sharing x's memory)."""
+    if not fastpath.usable(x):
+        return None
+    try:
+        if out is not None and out.untyped_storage().data_ptr() == \
+                x.untyped_storage().data_ptr():
+            return None
+        sig = fastpath.sig
+        return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
+                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, CL_LANES, CL_CPP_MAX, RMS_TILE,
+                RMS_MIN_BS,
+                OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _replayed(key, x, weight, bias, out):
+    """A repeat call of a recorded signature (``_fastpath``): its output, or None."""
+    hit = _CACHE.get(key)
+    if hit is None:
+        return None
+    replay, st, NG = hit
+    o = out if out is not None else _out_like(x)
+    scratch = _scratch(st, NG, x.device) if st is not None else ()
+    return o if replay((x, weight, bias, o) + scratch) else None
+
+
+def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None,
+         key=None):
+    """Allocate -> launch for a checked plan. ``key``: the call's signature, under which its
+    launches are recorded for replay (``_fastpath``); None: not recorded."""
+    if out is None:
+        out = _out_like(p.x)
+        os_ = _ncs(out, "out")[3]
+    else:
+        os_ = _check_out(out, p.x)
+    if backend.kernel_device_ok(p.x):
+        with fastpath.Recorder() as rec:
+            if rms:
+                launch_rms_channels(p, out, os_, **(launch_kw or {}))
+                st, scratch = None, ()
+            else:
+                st, scratch = launch_group_norm(p, out, os_, **(launch_kw or {}))
+        if key is not None and p.N * p.C * p.S:
+            replay = rec.replay((p.x, p.weight, p.bias, out) + scratch)
+            if replay is not None:
+                _CACHE.put(key, (replay, st, p.N * p.groups))
+    else:  # a device Triton cannot run on here: the fp32 reference
+        from ditfuse.reference import group_norm_silu_reference, rms_norm_silu_channels_reference
+        if rms:
+            r = rms_norm_silu_channels_reference(p.x, p.weight, p.bias, p.eps, scale=p.scale,
+                                                 silu=p.silu, round_after_norm=p.round_after_norm)
+        else:
+            r = group_norm_silu_reference(p.x, p.groups, p.weight, p.bias, p.eps, silu=p.silu,
+                                          round_after_norm=p.round_after_norm)
+        out.copy_(r)
+    return out
+
+
+def _call(rms: bool, x, weight, bias, out, launch, **opts):
+    """A replay of the call's signature, else check -> allocate -> launch (recorded).
+    ``opts``: the rest of ``plan_group_norm`` / ``plan_rms_channels``'s arguments."""
+    if rms and isinstance(bias, (int, float)) and not isinstance(bias, bool) and bias == 0:
+        bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0: cacheable as None
+    key = _key("rms" if rms else "gn", x, weight, bias, out, tuple(opts.items()), launch)
+    y = _replayed(key, x, weight, bias, out) if key is not None else None
+    if y is not None:
+        return y
+    p = plan_rms_channels(x, gamma=weight, bias=bias, **opts) if rms else \
+        plan_group_norm(x, weight=weight, bias=bias, **opts)
+    return _run(p, out, rms=rms, launch_kw=launch, key=key)
+
+
+# ---------------------------------------------------------------------------------------
+# public functions
+
+def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
+                    round_after_norm=True, out=None, _launch=None):
+    r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
+
+    .. math::
+
+        \hat x = \frac{x - \mu_{n,g}}{\sqrt{\sigma^2_{n,g} + \epsilon}}\,w_c + b_c, \qquad
+        y = \hat x \cdot \sigma(\hat x) = \frac{\hat x}{1 + e^{-\hat x}}
+
+    with the mean :math:`\mu` and biased variance :math:`\sigma^2` of each group ``g`` of
+    ``C / num_groups`` consecutive channels over all spatial positions of sample ``n``:
+    ``torch.nn.GroupNorm(num_groups, C, eps)`` then ``torch.nn.functional.silu``, as the
+    ResNet blocks of the AutoencoderKL VAEs (FLUX.1, FLUX.2, HunyuanVideo: 32 groups,
+    eps=1e-6, affine) compute it.
+
+    Parameters
+    ----------
+    x : Tensor
+        Channels-first ``(N, C, *spatial)``, rank >= 3: ``(N, C, H, W)``, ``(N, C, T, H, W)``
+        ...; fp16, bf16 or fp32. Any strides whose spatial dimensions collapse into one
+        (contiguous, channels-last, a channel / batch / time slice of a bigger tensor) are
+        read in place; other views (a spatial crop) raise ``ValueError``: no hidden copy.
+    num_groups : int
+        Divides ``C``.
+    weight, bias : Tensor, optional
+        Per-channel affine parameters with ``C`` elements (``(C,)``, or ``(C, 1, 1)``-like),
+        any float dtype, on ``x``'s device; e.g. ``norm.weight``, ``norm.bias``.
+    eps : float
+        Added to the variance (VAEs: 1e-6; ``torch.nn.GroupNorm``'s default is 1e-5).
+    silu : bool
+        ``False``: GroupNorm only (the VAE attention blocks' norm).
+    round_after_norm : bool
+        ``True`` (default): round the normalised, affine value to ``x.dtype`` before the SiLU,
+        where eager ``GroupNorm -> SiLU`` in bf16/fp16 rounds, so a patched VAE computes what
+        the unpatched one does (bitwise in bf16). ``False``: one rounding, at the store.
+    out : Tensor, optional
+        Written and returned: ``x``'s shape, dtype and device, strides as for ``x``; may be
+        ``x`` itself (in place), must not otherwise overlap it.
+
+    Returns
+    -------
+    Tensor
+        ``out``, or a new tensor in ``x``'s dtype (``x``'s strides when ``x`` is dense,
+        else contiguous).
+
+    Notes
+    -----
+    Numerical contract: statistics and arithmetic in fp32; the statistics are two-pass
+    (mean, then squared deviations from it, with the corrected-two-pass mean correction):
+    over registers when a group of at most ``FIT_MAX`` padded elements fits one program,
+    else per tile of data shifted by the group's first element, merged with Chan's
+    parallel formula (``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
+    large offset costs no accuracy (fp32 data at 1e5 +- 1 normalises to fp32 accuracy).
+    The two paths may differ in the last fp32 bits (different summation order).
+    By default the result rounds where the eager chain does: the normalised, affine value
+    :math:`\hat x` to ``x.dtype``, then SiLU in fp32 rounded at the store. Against the fp64
+    reference that rounds at the same points (``reference.group_norm_silu_chain``) every
+    element is within (``_gn_contract.contract_tolerance``)
+
+    .. math::
+
+        (1 + r)\,\bigl[\,r|y_{ref}| + a \;+\; \max_{|t - \hat x_{ref}| \le d} |\mathrm{silu}'(t)|
+        \cdot d\,\bigr], \qquad d = r|\hat x_{ref}| + a
+
+    with :math:`(r, a)` one rounding of the dtype (``ROUNDING``: bf16 :math:`2^{-7}, 2^{-12}`;
+    fp16 :math:`2^{-10}, 2^{-14}`; fp32 2e-6, 2e-6) and :math:`\hat x_{ref}` the reference's
+    rounded pre-activation. The first term is the output's rounding. The second is the
+    intermediate rounding: where the fp32 statistics, which differ from the exact ones in
+    the last bits, put :math:`\hat x` on the other side of a rounding midpoint, it rounds
+    to the neighbouring value, and SiLU carries that spacing to the output times
+    :math:`\mathrm{silu}'`: for negative :math:`\hat x` up to two roundings of the output
+    (at -4), so "within one rounding of the output" does not hold for this chain. Such
+    flips are rare: at most ``differ_limit`` of the elements differ from that reference
+    (0.10% in bf16, 0.82% in fp16; 0.001-0.006% at the VAE shapes on an H200).
+    Against eager ``GroupNorm -> SiLU``, which rounds at the same points, the same bound
+    holds; where torch rounds the group's mean and rstd to ``x.dtype`` before applying
+    them (its CUDA kernel before pytorch#183946, e.g. torch 2.11), that rounding adds
+    :math:`|\sigma^{-1} w| R(\mu) + |(x - \mu) w| R(\sigma^{-1})` to :math:`d`
+    (``eager_gn_stat_steps``, :math:`R(t) = r|t| + a`): 16-31% of the elements then differ
+    from eager in bf16 at the VAE shapes, all within that bound.
+    ``round_after_norm=False`` rounds once, at the store: within
+    :math:`(1 + r)(r|y_{ref}| + a)` of the exact (fp64) result. Without SiLU the rounding
+    of :math:`\hat x` is the output's own: one rounding.
+    In fp32 it agrees with the eager chain to a few fp32 ulps. Inference only: no autograd.
+
+    Examples
+    --------
+    >>> norm = vae.decoder.mid_block.resnets[0].norm1   # GroupNorm(32, 512, eps=1e-6)
+    >>> h = ditfuse.group_norm_silu(h, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    """
+    _check_grad(x, weight, bias)
+    if torch.compiler.is_compiling():
+        y = torch.ops.ditfuse.group_norm_silu(x, num_groups, weight, bias, float(eps), silu,
+                                              round_after_norm)
+        if out is None:
+            return y
+        return out.copy_(y)
+    return _call(False, x, weight, bias, out, _launch, num_groups=num_groups, eps=eps, silu=silu,
+                 round_after_norm=round_after_norm)
+
+
+def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=True,
+                           round_after_norm=True, out=None, _launch=None):
+    r"""Wan's channel RMS norm (``WanRMS_norm``) then SiLU, in one kernel.
+
+    .. math::
+
+        \hat x = \frac{x}{\max(\lVert x_{n,:,s}\rVert_2,\ \epsilon)}\cdot s\cdot\gamma_c + b_c,
+        \qquad y = \hat x \cdot \sigma(\hat x)
+
+    per sample ``n`` and spatial position ``s``, over the ``C`` channels, with
+    :math:`s = \sqrt{C}` by default: diffusers' ``WanRMS_norm`` (channel-first)
+    ``F.normalize(x, dim=1) * scale * gamma + bias`` then ``SiLU``, as in the Wan VAE.
+
+    Parameters
+    ----------
+    x : Tensor
+        Channels-first ``(N, C, *spatial)`` as for :func:`group_norm_silu`.
+    gamma : Tensor or None
+        ``C`` elements: ``(C,)``, ``(C, 1, 1)`` or ``(C, 1, 1, 1)`` (``norm.gamma``).
+    bias : Tensor, 0.0 or None
+        ``C`` elements like ``gamma``; ``0.0`` / ``None``: none (``norm.bias`` of a
+        ``WanRMS_norm(bias=False)`` is the float ``0.0``).
+    eps : float
+        ``F.normalize``'s floor of the norm (1e-12).
+    scale : float, optional
+        Default ``sqrt(C)`` (``norm.scale``).
+    silu, round_after_norm, out
+        As for :func:`group_norm_silu`; ``round_after_norm=True`` rounds after each of the
+        eager chain's steps in half precision (normalize, * scale, * gamma, + bias).
+
+    Returns
+    -------
+    Tensor
+        As for :func:`group_norm_silu`.
+
+    Notes
+    -----
+    Numerical contract: fp32 arithmetic (sum of squares in fp32 -- every term positive, one
+    pass loses nothing). By default (``round_after_norm=True``) the result rounds where
+    eager ``WanRMS_norm -> SiLU`` in bf16/fp16 does: :math:`r_1` = normalize,
+    :math:`r_2 = r_1 s`, :math:`r_3 = r_2\gamma`, :math:`r_4 = r_3 + b` (as present), each
+    rounded to ``x.dtype``, then SiLU rounded at the store. Against the fp64 reference that
+    rounds at the same points (``reference.rms_norm_silu_channels_chain``) every element is
+    within (``_gn_contract.contract_tolerance``)
+
+    .. math::
+
+        (1 + r)\,\bigl[\,r|y_{ref}| + a \;+\; \max_{|t - v_{ref}| \le d} |\mathrm{silu}'(t)|
+        \cdot d\,\bigr], \qquad
+        d = s|\gamma| R(r_1) + |\gamma| R(r_2) + R(r_3) + R(r_4)
+
+    with :math:`R(t) = r|t| + a` one rounding of the dtype (``ROUNDING``, as for
+    :func:`group_norm_silu`), :math:`r_i` the reference's rounded intermediates and
+    :math:`v_{ref}` its SiLU input: each intermediate rounding may land on the neighbouring
+    value where fp32 and exact arithmetic straddle a rounding midpoint, and the later
+    steps carry that spacing to the output (times :math:`s|\gamma|` for :math:`r_1`, s =
+    sqrt(C) = 10-20 in the Wan VAE, then :math:`\mathrm{silu}'`): up to ~4 roundings of
+    the output at the Wan shapes on an H200, where 0.0004-0.0006% of the elements differ
+    (limit ``differ_limit``: 0.20% in bf16). Without SiLU the last rounding is the
+    output's own (factor 1 for the rest). Eager rounds at the same points: the same bound.
+    ``round_after_norm=False``: fp32 throughout, one rounding at the store, within
+    :math:`(1 + r)(r|y_{ref}| + a)` of the exact result. In fp32 (the Wan VAE's usual
+    dtype) it agrees with eager to a few fp32 ulps. Inference only.
+
+    Examples
+    --------
+    >>> norm = vae.decoder.mid_block.resnets[0].norm1   # WanRMS_norm(384, images=False)
+    >>> h = ditfuse.rms_norm_silu_channels(h, norm.gamma, norm.bias)  # h: (N, 384, T, H, W)
+    """
+    _check_grad(x, gamma, bias)
+    if torch.compiler.is_compiling():
+        b = None if (isinstance(bias, (int, float)) and bias == 0) else bias
+        y = torch.ops.ditfuse.rms_norm_silu_channels(
+            x, gamma, b, float(eps), None if scale is None else float(scale), silu,
+            round_after_norm)
+        if out is None:
+            return y
+        return out.copy_(y)
+    return _call(True, x, gamma, bias, out, _launch, eps=eps, scale=scale, silu=silu,
+                 round_after_norm=round_after_norm)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library ops (torch.compile(fullgraph=True), CUDA graphs)
+
+@library.op("ditfuse::group_norm_silu", mutates_args=())
+def _group_norm_silu_op(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor], eps: float, silu: bool,
+                        round_after_norm: bool) -> torch.Tensor:
+    return _call(False, x, weight, bias, None, None, num_groups=num_groups, eps=eps, silu=silu,
+                 round_after_norm=round_after_norm)
+
+
+@_group_norm_silu_op.register_fake
+def _(x, num_groups, weight, bias, eps, silu, round_after_norm):
+    plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
+                    round_after_norm=round_after_norm)
+    return _out_like(x)
+
+
+@library.op("ditfuse::rms_norm_silu_channels", mutates_args=())
+def _rms_norm_silu_channels_op(x: torch.Tensor, gamma: Optional[torch.Tensor],
+                               bias: Optional[torch.Tensor], eps: float,
+                               scale: Optional[float], silu: bool,
+                               round_after_norm: bool) -> torch.Tensor:
+    return _call(True, x, gamma, bias, None, None, eps=eps, scale=scale, silu=silu,
+                 round_after_norm=round_after_norm)
+
+
+@_rms_norm_silu_channels_op.register_fake
+def _(x, gamma, bias, eps, scale, silu, round_after_norm):
+    plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
+                      round_after_norm=round_after_norm)
+    return _out_like(x)

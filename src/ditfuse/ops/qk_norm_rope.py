@@ -1,0 +1,1143 @@
+"""Fused QK-norm + RoPE: validate -> allocate -> launch, and the public function.
+
+The kernels live in ``_qk_kernel.py`` (one token's heads as [heads, pairs] tiles: per-head
+norms, any rotary layout), ``_qk_flat_kernel.py`` (a token's channels as flat rows: norms
+across heads with interleaved RoPE over whole heads, Wan) and ``_qk_tma_kernel.py`` (a
+persistent TMA-fed kernel, used only with ``USE_FLAT = False`` now); the pure-PyTorch
+reference (also the fallback for devices Triton cannot run on) in ``reference.py``; the
+``torch.library`` op in ``_ops.py``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from ditfuse.runtime import fastpath, library
+from ditfuse.runtime import backend
+from ditfuse.reference import qk_norm_rope_core
+from ditfuse.norms import NormSpec, flatten_norm, needs_grad, resolve_norm, unflatten_norm
+
+ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+ROPE_STYLES = ("interleaved", "half")
+LAYOUTS = ("bshd", "bhsd")
+
+
+@dataclass
+class _Norm:
+    """A resolved norm: everything the kernel needs, checked against the input's shape."""
+
+    code: int
+    weight: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    alpha_tensor: Optional[torch.Tensor]
+    alpha_value: float
+    eps: float
+    span_all: bool
+    round_pre_w: bool
+    n: int  # channels one statistic spans
+
+
+@dataclass
+class Plan:
+    """Every argument of one call, checked, as (B, S, H, D) views (no data copied)."""
+
+    q: torch.Tensor           # (B, S, H, D) view of the caller's q
+    k: Optional[torch.Tensor]
+    cos: Optional[torch.Tensor]  # (B, rows, H, W) broadcast view (stride 0 where shared)
+    sin: Optional[torch.Tensor]
+    positions: Optional[torch.Tensor]  # (B, S) broadcast view
+    q_norm: Optional[_Norm]
+    k_norm: Optional[_Norm]
+    rotary_dim: int
+    interleaved: bool
+    table_half: bool
+    table_per_head: bool
+    round_after_norm: bool
+    q_shape: tuple
+    layout: str
+    num_heads_3d: Optional[int]
+    process_group: object = None
+
+
+def _heads_view(x: torch.Tensor, name: str, num_heads: Optional[int], layout: str) -> torch.Tensor:
+    """(B, S, H, D) view of a (B, S, H, D), (B, H, S, D) or (B, S, H*D) tensor; never a copy."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dim() == 3:
+        if num_heads is None:
+            raise ValueError(f"{name} is 3-D {tuple(x.shape)} = (B, S, H*D): pass num_heads=")
+        if not isinstance(num_heads, int) or num_heads <= 0 or x.shape[2] % num_heads:
+            raise ValueError(f"num_heads={num_heads!r} must be a positive int dividing "
+                             f"{name}.shape[2] = {x.shape[2]}")
+        return x.unflatten(2, (num_heads, x.shape[2] // num_heads))
+    if x.dim() == 4:
+        v = x if layout == "bshd" else x.transpose(1, 2)
+        if num_heads is not None and v.shape[2] != num_heads:
+            raise ValueError(f"num_heads={num_heads} but {name} of layout {layout!r} has "
+                             f"{v.shape[2]} heads (shape {tuple(x.shape)})")
+        return v
+    raise ValueError(f"{name} must be 4-D (B, S, H, D) / (B, H, S, D) or 3-D (B, S, H*D) with "
+                     f"num_heads, got shape {tuple(x.shape)}")
+
+
+def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
+    spec = resolve_norm(norm, arg)
+    if spec is None:
+        return None
+    B, S, H, D = x.shape
+    span = spec.span()
+    if span is None:
+        span = D
+    if span not in (D, H * D):
+        raise ValueError(f"{arg} spans {span} channels; expected head_dim = {D} (per head) or "
+                         f"num_heads * head_dim = {H * D} (across heads)")
+    for pname, p in (("weight", spec.weight), ("bias", spec.bias)):
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+            raise TypeError(f"{arg}.{pname} must be a floating-point tensor")
+        if p.numel() != span:
+            raise ValueError(f"{arg}.{pname} has {p.numel()} elements; expected {span}")
+        if p.device != x.device:
+            raise ValueError(f"{arg}.{pname} is on {p.device}, q is on {x.device}")
+        if not p.is_contiguous():
+            raise ValueError(f"{arg}.{pname} must be contiguous (ditfuse makes no hidden copy)")
+    alpha_t, alpha_v = None, 0.0
+    if spec.kind == "dyt":
+        a = spec.alpha
+        if isinstance(a, torch.Tensor):
+            if a.numel() != 1 or not a.is_floating_point():
+                raise ValueError(f"{arg}.alpha must be a one-element float tensor, got shape "
+                                 f"{tuple(a.shape)} {a.dtype}")
+            if a.device != x.device:
+                raise ValueError(f"{arg}.alpha is on {a.device}, q is on {x.device}")
+            alpha_t = a
+        else:
+            alpha_v = float(a)
+    eps = spec.eps
+    if eps is None:
+        # torch.nn.RMSNorm(eps=None) takes the epsilon of its fp32 compute type
+        eps = torch.finfo(torch.float32).eps if spec.kind != "dyt" else 0.0
+    round_pre_w = bool(spec.round_before_weight and spec.weight is not None
+                       and spec.weight.dtype == x.dtype and x.dtype != torch.float32)
+    return _Norm(spec.code, spec.weight, spec.bias, alpha_t, alpha_v, float(eps),
+                 span == H * D and H > 1, round_pre_w, span)
+
+
+def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Optional[int]):
+    """(B, rows, H, W) broadcast view of a cos/sin table, and whether it is per head.
+
+    ``rows`` is the sequence length to match, or None when positions gather the rows.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in ACT_DTYPES:
+        raise TypeError(f"{name}.dtype must be float32, bfloat16 or float16, got {t.dtype}")
+    shp = tuple(t.shape)
+    want = f"(S, W), (B, S, W), (S, H, W), (1|B, S, 1|H, W) with S = {rows if rows else 'any'}, B = {B}, H = {H}"
+
+    def rows_ok(n):
+        return rows is None or n == rows
+
+    if t.dim() == 2:
+        if not rows_ok(shp[0]):
+            raise ValueError(f"{name} has shape {shp}: {shp[0]} rows for {rows} tokens; expected {want}")
+        v = t[None, :, None, :]
+    elif t.dim() == 3:
+        bsw = shp[0] in (1, B) and rows_ok(shp[1])
+        shw = rows_ok(shp[0]) and shp[1] == H
+        if bsw and shw and shp[:2] == (1, 1):
+            shw = False  # one row for every token and head: both readings are the same
+        if bsw and shw:
+            raise ValueError(f"{name} of shape {shp} is ambiguous between (B, S, W) and (S, H, W); "
+                             "pass it 4-D as (B, S, 1, W) or (1, S, H, W)")
+        if bsw:
+            v = t[:, :, None, :]
+        elif shw:
+            v = t[None]
+        else:
+            raise ValueError(f"{name} has shape {shp}; expected {want}")
+    elif t.dim() == 4:
+        if shp[0] not in (1, B) or not rows_ok(shp[1]) or shp[2] not in (1, H):
+            raise ValueError(f"{name} has shape {shp}; expected {want}")
+        v = t
+    else:
+        raise ValueError(f"{name} has shape {shp}; expected {want}")
+    per_head = v.shape[2] == H and H > 1
+    v = v.expand(B, v.shape[1], H, v.shape[3])
+    return v, per_head
+
+
+def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
+         rope_style="interleaved", rotary_dim=None, positions=None, round_after_norm=True,
+         layout="bshd", runtime_checks=True, process_group=None) -> Plan:
+    """Check every argument and describe the call; raises before anything runs.
+
+    ``runtime_checks=False`` skips the checks that read data or addresses (positions range,
+    q/k aliasing), for fake tensors during tracing.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if rope_style not in ROPE_STYLES:
+        raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {rope_style!r}")
+    q4 = _heads_view(q, "q", num_heads, layout)
+    B, S, H, D = q4.shape
+    if D % 2 or D == 0 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D} (q shape "
+                         f"{tuple(q.shape)})")
+    k4 = None
+    if k is not None:
+        k4 = _heads_view(k, "k", num_heads, layout)
+        if k.dtype != q.dtype:
+            raise TypeError(f"k.dtype {k.dtype} must equal q.dtype {q.dtype}")
+        if k.device != q.device:
+            raise ValueError(f"k is on {k.device}, q is on {q.device}")
+        if tuple(k.shape) != tuple(q.shape):
+            raise ValueError(f"k.shape {tuple(k.shape)} must equal q.shape {tuple(q.shape)}")
+        if runtime_checks and k.numel() and not k.is_meta and k.data_ptr() == q.data_ptr():
+            raise ValueError("q and k are the same memory; pass distinct tensors")
+
+    qn = _resolve_norm(q_norm, "q_norm", q4)
+    kn = _resolve_norm(k_norm, "k_norm", q4) if k is not None else None
+    if k is None and k_norm is not None:
+        raise ValueError("k_norm given but k is None")
+
+    if (cos is None) != (sin is None):
+        raise ValueError("pass both cos and sin, or neither (no RoPE)")
+    pos2 = None
+    cos4 = sin4 = None
+    R = 0
+    table_half = per_head = False
+    if cos is None:
+        if rotary_dim is not None:
+            raise ValueError("rotary_dim given without cos/sin")
+        if positions is not None:
+            raise ValueError("positions given without cos/sin")
+    else:
+        for name, t in (("cos", cos), ("sin", sin)):
+            if isinstance(t, torch.Tensor) and t.device != q.device:
+                raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
+        if positions is not None:
+            if not isinstance(positions, torch.Tensor) or positions.dtype not in (
+                    torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+                raise TypeError("positions must be an integer tensor of shape (S,) or (B, S)")
+            if positions.device != q.device:
+                raise ValueError(f"positions is on {positions.device}, q is on {q.device}")
+            if positions.dim() == 1 and positions.shape[0] == S:
+                pos2 = positions[None].expand(B, S)
+            elif positions.dim() == 2 and positions.shape[0] in (1, B) and positions.shape[1] == S:
+                pos2 = positions.expand(B, S)
+            else:
+                raise ValueError(f"positions has shape {tuple(positions.shape)}; expected ({S},) or "
+                                 f"({B}, {S})")
+        rows = None if positions is not None else S
+        try:
+            cos4, per_head = _table_view(cos, "cos", B, S, H, rows)
+            sin4, per_head_s = _table_view(sin, "sin", B, S, H, rows)
+        except ValueError as e:
+            if layout == "bshd" and q.dim() == 4 and rows is not None and cos.dim() >= 2 and \
+                    q.shape[2] in tuple(cos.shape) and q.shape[1] not in tuple(cos.shape):
+                raise ValueError(f"{e}. q looks like (B, H, S, D): pass layout='bhsd'") from None
+            raise
+        if tuple(cos.shape) != tuple(sin.shape):
+            raise ValueError(f"cos.shape {tuple(cos.shape)} must equal sin.shape {tuple(sin.shape)}")
+        W = cos4.shape[3]
+        if rotary_dim is None:
+            if W == D:
+                R = D
+            elif 2 * W == D:
+                raise ValueError(
+                    f"cos has width {W} = head_dim / 2: pass rotary_dim={D} if the table holds "
+                    f"unique frequencies, or rotary_dim={W} for partial rotary over the first {W} "
+                    "channels (a cat-duplicated / repeat-interleaved table)")
+            else:
+                R = W
+        else:
+            R = rotary_dim
+        if not isinstance(R, (int, torch.SymInt)) or R <= 0 or R % 2 or R > D:
+            raise ValueError(f"rotary_dim must be an even int in [2, head_dim={D}], got {R!r}")
+        if W == R:
+            table_half = False
+        elif 2 * W == R:
+            table_half = True
+        else:
+            raise ValueError(f"cos/sin width {W} fits neither rotary_dim={R} (full) nor "
+                             f"{R // 2} (unique frequencies)")
+        if runtime_checks and positions is not None and positions.numel():
+            n_rows = cos4.shape[1]
+            if not torch.compiler.is_compiling() and not (
+                    positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+                lo, hi = int(positions.min()), int(positions.max())
+                if lo < 0 or hi >= n_rows:
+                    raise ValueError(f"positions must lie in [0, {n_rows}) (the table's rows), "
+                                     f"got values in [{lo}, {hi}]")
+    if process_group is not None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("process_group given but torch.distributed is not initialized")
+        world = dist.get_world_size(process_group)
+        for name, n in (("q_norm", qn), ("k_norm", kn)):
+            if n is not None and not (n.code == 1 and (n.span_all or H == 1) and n.n == H * D):
+                raise ValueError(f"{name}: with process_group the norm must be an RMSNorm across "
+                                 f"this rank's heads (weight of H_local*D = {H * D} elements); "
+                                 "per-head norms need no process group")
+            if n is not None:
+                n.n = world * H * D  # the statistic spans every rank's heads
+                n.span_all = True
+    return Plan(q4, k4, cos4, sin4, pos2, qn, kn, R, rope_style == "interleaved", table_half,
+                per_head, bool(round_after_norm), tuple(q.shape), layout,
+                num_heads if q.dim() == 3 else None, process_group)
+
+
+# ---------------------------------------------------------------------------------------
+# launch settings: an analytical table, no autotuning (the kernel is memory-bound)
+
+def _next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _pieces(hg: int):
+    p0 = 1 << (hg.bit_length() - 1)
+    rest = hg - p0
+    return p0, (_next_pow2(rest) if rest else 0)
+
+
+def launch_settings(H: int, D: int, span_all: bool, has_k: bool, itemsize: int):
+    """(heads per program, piece sizes, num_warps) for one (H, D) problem.
+
+    A program takes all heads of a token when the norm spans them or the row is small
+    (at most 8192 channels); otherwise groups of heads holding 4096 channels. num_warps
+    gives each thread about 48 live values of Q and K (measured on the H200 over the
+    registry shapes, benchmarks/NOTES.md), at most 16 warps and at least 2 for 16-bit
+    activations (``itemsize`` 2), 4 for fp32. The floor of 2 warps measured at head_dim
+    64 x 24 heads (``benchmarks/logs/s9/b``): SAME-L 153 -> 136 us, SA3 24.8 -> 21.5 in
+    bf16 (fp16 alike); in fp32 SA3 took 34.8 us at 2 warps against 31.7 at 4.
+    """
+    if span_all or H * D <= 8192:
+        hg = H
+    else:
+        hg = max(1, 4096 // _next_pow2(D))
+    p0, p1 = _pieces(hg)
+    elems = (p0 + p1) * _next_pow2(D) * (2 if has_k else 1)
+    target = elems / (32 * 48)
+    num_warps = 1 << max(0, round(math.log2(max(target, 1e-9))))
+    num_warps = min(16, max(2 if itemsize <= 2 else 4, num_warps))
+    return hg, p0, p1, num_warps
+
+
+def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
+    if n is None:
+        return dict(w=dummy, b=dummy, a=dummy, alpha=0.0, eps=0.0, n=1.0,
+                    NORM=0, SPAN_ALL=False, HAS_W=False, HAS_B=False, ALPHA_PTR=False, PRE=False)
+    return dict(w=n.weight if n.weight is not None else dummy,
+                b=n.bias if n.bias is not None else dummy,
+                a=n.alpha_tensor if n.alpha_tensor is not None else dummy,
+                alpha=n.alpha_value, eps=n.eps, n=float(n.n), NORM=n.code, SPAN_ALL=n.span_all,
+                HAS_W=n.weight is not None, HAS_B=n.bias is not None,
+                ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
+
+
+def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
+    """What the per-token and flat launches pass alike: K and its output (Q's when there
+    is no K: the kernel does not touch them), both norms' arguments, the tables and the
+    positions with their strides (q itself and zero strides where absent)."""
+    dummy = p.q
+    k, ko = (p.k, k_out) if p.k is not None else (p.q, q_out)
+    if p.cos is not None:
+        cos, sin, cst, sst = p.cos, p.sin, p.cos.stride(), p.sin.stride()
+    else:
+        cos = sin = dummy
+        cst = sst = (0, 0, 0, 0)
+    if p.positions is not None:
+        pos, pst = p.positions, p.positions.stride()
+    else:
+        pos, pst = dummy, (0, 0)
+    return (k, ko, _norm_args(p.q_norm, dummy), _norm_args(p.k_norm, dummy), cos, sin, cst,
+            sst, pos, pst)
+
+
+def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
+           stats: Optional[torch.Tensor] = None, stats_mode: int = 0) -> None:
+    """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
+
+    ``settings`` = (heads per program, num_warps) overrides the table (for tuning sweeps).
+    """
+    from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
+
+    B, S, H, D = p.q.shape
+    if B * S == 0 or H == 0:
+        return
+    if stats is None and settings is None and USE_FLAT and flat_applies(p, q_out, k_out):
+        launch_flat(p, q_out, k_out)
+        return
+    if stats is None and settings is None and USE_TMA and tma_pays(p) and tma_applies(p):
+        launch_tma(p, q_out, k_out)
+        return
+    has_k = p.k is not None
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k, p.q.element_size())
+    if settings is not None:
+        hg, num_warps = settings
+        p0, p1 = _pieces(hg)
+    R2 = p.rotary_dim // 2
+    P = D - p.rotary_dim
+    k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
+    grid = (B * S, triton_cdiv(H, hg))
+    args = (
+        p.q, q_out, k, ko, cos, sin, pos,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
+        stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q, S, H,
+        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
+        *cst, *sst, *pst,
+    )
+    constexprs = dict(
+        D=D, R2=R2, P=P, HALF_PAD=_next_pow2(max(R2, 1)), PASS_PAD=_next_pow2(max(P, 1)),
+        HG=hg, P0=p0, P1=p1,
+        Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_SPAN_ALL=ka["SPAN_ALL"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
+        TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
+        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
+        OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
+    )
+    # the word form, with the rows every head shares read once (H200, bf16, same bits:
+    # FLUX.2 65.4 us against 70.3, FLUX.1 37.1 / 38.1, HunyuanVideo 222.1 / 223.5, Qwen-Image
+    # 52.4 / 52.5; either change alone was slower, and the shared rows alone slowed the
+    # rotate-half SA3 21.0 -> 23.1: benchmarks/NOTES.md v12)
+    if TOKEN_WORDS and constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
+        constexprs.update(X_WORDS=True, W_WORDS=_words_ok(_norm_tensors(p)),
+                          T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]))
+        if ROW_BROADCAST:
+            constexprs.update(Q_W_ROW=(qa["HAS_W"] or qa["HAS_B"]) and not qa["SPAN_ALL"],
+                              K_W_ROW=(ka["HAS_W"] or ka["HAS_B"]) and not ka["SPAN_ALL"],
+                              T_ROW=not p.table_per_head)
+    fastpath.launch(_qk_norm_rope_kernel, grid, args,
+                     dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
+
+
+#: the per-token kernel's word form: interleaved pairs read and written a pair a word where
+#: aligned (``_pair_words_ok``)
+TOKEN_WORDS = True
+#: in the word form, a row shared by the heads (a per-head norm's weight / bias, a table
+#: shared by the heads) read once as a [1, pairs] tile broadcast over the heads
+ROW_BROADCAST = True
+
+
+def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
+    """Whether every interleaved pair (2i, 2i+1) of Q, K and their outputs is one aligned
+    32-bit word: 16-bit values, unit channel stride, an even head_dim, even batch / token /
+    head strides and 4-byte aligned starts."""
+    if p.q.element_size() != 2 or p.q.shape[3] % 2:
+        return False
+    for t in (p.q, q_out, p.k, k_out):
+        if t is None:
+            continue
+        if t.stride(3) != 1 or t.data_ptr() % 4 or any(
+                st % 2 for st, n in zip(t.stride()[:3], t.shape[:3]) if n > 1):
+            return False
+    return True
+
+
+# The flat-row kernel (``_qk_flat_kernel``) where it applies; else the persistent TMA-fed
+# kernel (``_qk_tma_kernel``) where it applies and pays; else the per-token one.
+USE_FLAT = True
+USE_TMA = True
+FLAT_MAX_CHANNELS = 12288  # H*D of a token: 8 warps a tensor hold 48 live channels a thread
+
+
+def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
+    """Whether the flat-row kernel computes plan ``p``: every norm spans the token's heads
+    (or there is none), the rotation (if any) is interleaved over whole heads, head_dim a
+    power of two, at most ``FLAT_MAX_CHANNELS`` channels a token, no head-parallel
+    statistics, and offsets within a token fit 32 bits."""
+    B, S, H, D = p.q.shape
+    if p.process_group is not None or H * D > FLAT_MAX_CHANNELS:
+        return False
+    if any(n is not None and n.n != H * D for n in (p.q_norm, p.k_norm)):
+        return False
+    if p.cos is not None and (p.rotary_dim != D or not p.interleaved):
+        return False
+    if D & (D - 1):  # channel -> (head, channel in head) by shifts
+        return False
+    tensors = [t for t in (p.q, q_out, p.k, k_out) if t is not None]
+    cst = p.cos.stride() if p.cos is not None else (0, 0, 0, 0)
+    sst = p.sin.stride() if p.sin is not None else (0, 0, 0, 0)
+    return not _needs_off64(H, D, tensors, cst, sst)
+
+
+def flat_settings(H: int, D: int, has_k: bool, itemsize: int = 2):
+    """(piece 0, piece 1, mask 0, mask 1, num_warps, split) of the flat kernel.
+
+    Pieces: the token's H*D channels as a power of two and the power of two covering the
+    rest (5120 = 4096 + 1024, 3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes).
+    Split: Q and K in programs of their own (which is also what lets 16-bit rows take the
+    pair form). Warps: about 80 live channels a thread for 16-bit values (they stay packed
+    as loaded), 160 for fp32: Wan 14B and 5B 2 warps a tensor, Wan 1.3B 1 warp; in fp32 1
+    warp (``logs/s15/j``: Wan 14B 480p 659.2 us at 1 warp, 723.7 at 2, 663.6 at 4; Wan
+    1.3B 206.3 at 1 or 2). H200 sweeps with the
+    half-width tables the patched Wan passes (``benchmarks/flat_sweep.py``,
+    ``benchmarks/logs/s15/c``, ``e``, bf16; us for warps 1 / 2 / 4 split, then 2 together):
+    Wan 14B 480p 396.1 / 337.2 / 338.0, together 368.2; Wan 2.2 5B 704p 169.6 / 170.0 /
+    178.4, together 225.8; Wan 1.3B 480p 110.7 / 113.4 / 128.2, together 124.4. Q and K
+    together in one program also varied with where the two tensors lie: 124.5 us alone,
+    143.4 us inside a ``ditfuse bench`` run (``logs/s15/d``, ``e``). The programs a SM that
+    the registers allow set the bytes in flight; register caps that would allow more
+    spill (a shipped QK build must not: ``ditfuse inspect``)."""
+    nc = H * D
+    n0 = 1 << (nc.bit_length() - 1)
+    rest = nc - n0
+    n1 = _next_pow2(rest) if rest else 0
+    split = has_k
+    per_thread = 80 if itemsize <= 2 else 160
+    num_warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * per_thread)))))
+    return n0, n1, False, n1 > rest, num_warps, split
+
+
+#: the flat kernel's pair form (``_qk_flat_kernel._pairs_program``) where it applies
+PAIRS = True
+
+
+def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+                  row_contig: bool) -> bool:
+    """Whether the flat kernel can take its pair form: 16-bit Q / K whose token rows are
+    contiguous with an even number of channels, every row 4-byte aligned (so each
+    interleaved pair (2i, 2i+1) is one aligned 32-bit word)."""
+    B, S, H, D = p.q.shape
+    if not row_contig or p.q.element_size() != 2 or (H * D) % 2:
+        return False
+    for t in (p.q, q_out, p.k, k_out):
+        if t is None:
+            continue
+        if t.data_ptr() % 4 or any(st % 2 for st, n in zip(t.stride()[:2], t.shape[:2])
+                                   if n > 1):
+            return False
+    return True
+
+
+def _same_body(qa: dict, ka: dict) -> bool:
+    """Whether Q's and K's norms compile to one kernel body (``_norm_args``: the same flags
+    and operand dtypes), so a program can select its tensor's operands by its grid axis."""
+    flags = ("NORM", "HAS_W", "HAS_B", "ALPHA_PTR", "PRE")
+    return all(qa[f] == ka[f] for f in flags) and all(
+        qa[t].dtype == ka[t].dtype for t in ("w", "b", "a"))
+
+
+def _norm_tensors(p: Plan) -> list:
+    """The norms' weight / bias tensors the kernel reads a channel at a time."""
+    return [t for n in (p.q_norm, p.k_norm) if n is not None
+            for t in (n.weight, n.bias) if isinstance(t, torch.Tensor)]
+
+
+def _words_ok(ts) -> bool:
+    """Whether each tensor's values can be read a (2i, 2i+1) pair a 32- / 64-bit word: 16-bit
+    or fp32, unit last stride, its other strides even and its start aligned to a pair."""
+    for t in ts:
+        es = t.element_size()
+        if es not in (2, 4) or t.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            return False
+        if t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+            return False
+        if t.data_ptr() % (2 * es) or any(st % 2 for st, n in zip(t.stride()[:-1],
+                                                                   t.shape[:-1]) if n > 1):
+            return False
+    return True
+
+
+def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+                num_warps: Optional[int] = None, split: Optional[bool] = None,
+                maxnreg: Optional[int] = None) -> None:
+    """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps``, ``split`` (Q
+    and K in programs of their own) and ``maxnreg`` (a ptxas register cap) override
+    :func:`flat_settings` (sweeps)."""
+    from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
+
+    B, S, H, D = p.q.shape
+    has_k = p.k is not None
+    k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
+    row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
+                     for t in (p.q, q_out, k, ko))
+    n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k, p.q.element_size())
+    args = (
+        p.q, q_out, k, ko, cos, sin, pos,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], S, H * D,
+        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(), *cst, *sst, *pst,
+    )
+    constexprs = dict(
+        D=D, N0=n0, N1=n1, MASK0=mask0, MASK1=mask1,
+        Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        HAS_K=has_k, ROPE=p.cos is not None, TABLE_HALF=p.table_half,
+        TABLE_PER_HEAD=p.table_per_head, HAS_POS=p.positions is not None,
+        ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
+        SPLIT_QK=has_k and (table_split if split is None else bool(split)),
+    )
+    # the pair form where Q and K run in programs of their own through one body (H200: Wan
+    # 14B 480p 384.8 -> 370.1 us in place with full-width tables, 337.2 us with half-width
+    # ones); two bodies measured no faster (389.2 vs 387.5), so mixed norms keep the
+    # channel form (benchmarks/NOTES.md v10)
+    pairs = (PAIRS and constexprs["SPLIT_QK"] and _same_body(qa, ka)
+             and pairs_applies(p, q_out, k_out, row_contig))
+    if pairs:
+        constexprs.update(PAIRS=True, W_WORDS=_words_ok(_norm_tensors(p)),
+                          T_WORDS=p.cos is not None and not p.table_half
+                          and _words_ok([p.cos, p.sin]))
+    opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    grid = (B * S, 2 if constexprs["SPLIT_QK"] else 1)
+    fastpath.launch(_qk_norm_rope_flat_kernel, grid, args, dict(constexprs, **opts))
+
+
+def _tma_operand_ok(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
+            and all(st > 0 and (st * es) % 16 == 0 for st, n in zip(t.stride()[:3], t.shape[:3])
+                    if n > 1))
+
+
+def tma_applies(p: Plan) -> bool:
+    """Whether the TMA kernel computes plan ``p``: rotary over the whole head (a power of
+    two, 16-byte rows), one table row for all heads, no position gather, no head-parallel
+    statistics, Q/K with unit channel stride and 16-byte aligned base and strides, sm_90+
+    (the TMA) or the interpreter."""
+    B, S, H, D = p.q.shape
+    if p.cos is None or p.rotary_dim != D or D & (D - 1) or D > 256 or p.table_per_head \
+            or p.positions is not None or p.process_group is not None:
+        return False
+    if D * p.q.element_size() < 16:
+        return False
+    if p.q.is_cuda and _device_info(p.q.device)[0] < 9:
+        return False
+    return (all(_tma_operand_ok(t) for t in (p.q, p.k) if t is not None)
+            and _table_ok(p.cos) and _table_ok(p.sin))
+
+
+def tma_pays(p: Plan) -> bool:
+    """Where the TMA kernel is faster (H200, ``benchmarks/logs/s4/sweep_qk_tma.log``): a
+    norm across heads of at least 4096 channels (Wan 14B: 396.5 -> 380 us at 480p, 899 ->
+    866 us at 720p, fp32 728 -> 705 us). With fewer channels a token (FLUX.1, Qwen-Image,
+    HunyuanVideo: 3072; Wan 1.3B: 1536) each item's fixed cost dominates and the per-token
+    kernel wins by 15-45%; FLUX.2 (6144, per-head norm) ties. Only where the per-token
+    table also runs 8 warps: the warps order the cross-warp sums of the norm, and with the
+    same warps the two kernels gave the same bits on the H200 (Wan, bf16 and fp32), so a
+    shared table (TMA) and a per-head-expanded one (per-token) still agree bitwise. Only
+    interleaved pairs (what was measured): with rotate-half pairs the two kernels' bits
+    differed on the H200 (``ditfuse check``'s shared == expanded gate at 40 x 128,
+    ``benchmarks/logs/s10/f``), and no covered model normalises across heads with them."""
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    H, D = p.q.shape[2], p.q.shape[3]
+    return (span_all and H * D >= 4096 and (p.interleaved or p.cos is None)
+            and launch_settings(H, D, True, p.k is not None, p.q.element_size())[3] == 8)
+
+
+def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
+    """(heads per item, pieces, num_warps, stages, programs per SM) of the TMA kernel: the
+    per-token kernel's heads, at least 8 warps (a program stays resident for the whole
+    grid: 4-warp builds ran out of registers at 24 heads x 128), three stages (two items
+    in flight while one is computed), two programs per SM (8 warps of up to 128 registers;
+    one or three took 1.1-1.4x as long at Wan, four stages gained nothing)."""
+    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k, elem)
+    return hg, p0, p1, max(8, num_warps), 3, 2
+
+
+_DEVICE_INFO: dict = {}
+
+
+def _device_info(device: torch.device):
+    """(compute capability major, SM count) of a CUDA device, queried once (per call on the
+    eager path it would cost host time)."""
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _DEVICE_INFO:
+        props = torch.cuda.get_device_properties(i)
+        _DEVICE_INFO[i] = (props.major, props.multi_processor_count)
+    return _DEVICE_INFO[i]
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 3  # the interpreter: a few programs, each walking several items
+    return _device_info(device)[1]
+
+
+def _table_desc(t: torch.Tensor, B: int):
+    """A (B, S, 1, W) table view as a (Bt, S, W) TMA descriptor, one row a box, and whether
+    rows differ per batch entry (Bt = B) or not (Bt = 1)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    per_batch = B > 1 and t.stride(0) != 0
+    W = t.shape[3]
+    st = [t.stride(0) if per_batch else t.shape[1] * t.stride(1), t.stride(1), 1]
+    if t.shape[1] == 1:
+        st[1] = W
+    return TensorDescriptor(t[:, :, 0], [B if per_batch else 1, t.shape[1], W], st,
+                            [1, 1, W]), int(per_batch)
+
+
+def _table_ok(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    W = t.shape[3]
+    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (W * es) % 16 == 0
+            and W & (W - 1) == 0 and (t.shape[1] == 1 or (t.stride(1) * es) % 16 == 0)
+            and (t.shape[0] == 1 or t.stride(0) == 0 or (t.stride(0) * es) % 16 == 0))
+
+
+def launch_tma(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+               settings=None) -> None:
+    """The TMA kernel for plan ``p`` (``tma_applies(p)``). ``settings`` = (heads per item,
+    num_warps, stages, programs per SM) overrides :func:`tma_settings`."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from ditfuse.kernels.qk_tma import _qk_norm_rope_tma_kernel
+
+    B, S, H, D = p.q.shape
+    has_k = p.k is not None
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    hg, p0, p1, num_warps, stages, per_sm = tma_settings(H, D, p.q.element_size(), has_k,
+                                                         span_all)
+    if settings is not None:
+        hg, num_warps, stages, per_sm = settings
+        p0, p1 = _pieces(hg)
+
+    def descs(t):
+        # a dimension of extent 1 may have any stride; the TMA wants 16-byte multiples
+        st = [st if n > 1 else D * H for st, n in zip(t.stride()[:3], t.shape[:3])] + [1]
+        d0 = TensorDescriptor(t, list(t.shape), st, [1, 1, p0, D])
+        d1 = TensorDescriptor(t, list(t.shape), st, [1, 1, p1, D]) if p1 else d0
+        return d0, d1
+
+    q0, q1 = descs(p.q)
+    k0, k1 = descs(p.k) if has_k else (q0, q1)
+    ko = k_out if has_k else q_out
+    qa = _norm_args(p.q_norm, p.q)
+    ka = _norm_args(p.k_norm, p.q)
+    cd, table_batch = _table_desc(p.cos, B)
+    sd, _ = _table_desc(p.sin, B)
+    cst, sst = p.cos.stride(), p.sin.stride()
+    n_hg = triton_cdiv(H, hg)
+    n_items = B * S * n_hg
+    grid = (max(1, min(n_items, per_sm * _sm_count(p.q.device))),)
+    # through fastpath.launch so a recording sees it (its descriptors keep it uncached)
+    fastpath.launch(_qk_norm_rope_tma_kernel, grid, (
+        q0, q1, k0, k1, cd, sd, q_out, ko,
+        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
+        n_items, n_hg, S, H, table_batch,
+        *q_out.stride(), *ko.stride()), dict(
+        D=D, HG=hg, P0=p0, P1=p1,
+        Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
+        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
+        K_NORM=ka["NORM"], K_SPAN_ALL=ka["SPAN_ALL"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
+        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
+        HAS_K=has_k, INTERLEAVED=p.interleaved, TABLE_HALF=p.table_half,
+        ROUND_NORM=p.round_after_norm,
+        OFF64=_needs_off64(p0 + p1, D, (q_out, ko), cst, sst), STAGES=stages,
+        num_warps=num_warps, enable_fp_fusion=False))
+
+
+def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
+    """Whether an offset within one token's program (up to ``heads`` heads of D channels,
+    masked lanes included) can pass 2^31 elements: then the kernel computes them in 64 bits."""
+    reach = [heads * abs(t.stride(2)) + D * abs(t.stride(3)) for t in tensors]
+    reach += [heads * abs(st[2]) + D * abs(st[3]) for st in (cst, sst)]
+    return max(reach) >= 2**31
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _out_like(x: torch.Tensor, p: Plan) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _as_heads(out: torch.Tensor, p: Plan) -> torch.Tensor:
+    """(B, S, H, D) view of an output allocated in the caller's shape."""
+    if out.dim() == 3:
+        return out.unflatten(2, (p.q.shape[2], p.q.shape[3]))
+    return out if p.layout == "bshd" else out.transpose(1, 2)
+
+
+def _check_out(out, q, k, inplace):
+    if inplace:
+        raise ValueError("pass out= or inplace=True, not both")
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError("out must be a pair (q_out, k_out)")
+    for name, o, x in (("out[0]", out[0], q), ("out[1]", out[1], k)):
+        if x is None:
+            if o is not None:
+                raise ValueError(f"{name} given but k is None")
+            continue
+        if not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(x.shape) or \
+                o.dtype != x.dtype or o.device != x.device:
+            raise ValueError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
+                             f"{x.device} (any strides)")
+
+
+def _outputs(q, k, inplace: bool, out, p: Optional[Plan] = None):
+    """(q_out, k_out) in the caller's shapes: ``out``, q and k themselves, or new tensors."""
+    if out is not None:
+        return out[0], out[1]
+    if inplace:
+        return q, k
+    return _out_like(q, p), (_out_like(k, p) if k is not None else None)
+
+
+def run(p: Plan, q, k, inplace: bool, out=None):
+    """Allocate (unless in place or given ``out``) and compute; returns outputs in the
+    caller's shapes."""
+    q_out, k_out = _outputs(q, k, inplace, out, p)
+    qo4 = _as_heads(q_out, p)
+    ko4 = _as_heads(k_out, p) if k_out is not None else None
+    if backend.kernel_device_ok(p.q):
+        if p.process_group is not None:
+            _launch_head_parallel(p, qo4, ko4)
+        else:
+            launch(p, qo4, ko4)
+    else:
+        if p.process_group is not None:
+            raise ValueError("process_group needs the Triton kernels (a CUDA device, or CPU "
+                             "tensors under the interpreter)")
+        rq, rk = qk_norm_rope_core(p, torch.float32)
+        qo4.copy_(rq)
+        if ko4 is not None:
+            ko4.copy_(rk)
+    return q_out, k_out
+
+
+def _launch_head_parallel(p: Plan, qo4, ko4) -> None:
+    """Heads split over ranks (tensor parallel) with an RMSNorm across all heads: each
+    rank's per-token sums of squares (kernel 1), one all-reduce, then normalise and rotate
+    with the global statistic (kernel 2)."""
+    import torch.distributed as dist
+
+    B, S = p.q.shape[:2]
+    stats = torch.empty(2, B * S, dtype=torch.float32, device=p.q.device)
+    launch(p, qo4, ko4, stats=stats, stats_mode=1)
+    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=p.process_group)
+    launch(p, qo4, ko4, stats=stats, stats_mode=2)
+
+
+_CACHE = fastpath.Cache()
+
+
+def _norm_key(n: Optional[NormSpec]):
+    if n is None:
+        return None
+    a = n.alpha
+    return (n.kind, n.eps, n.size, n.round_before_weight, fastpath.sig(n.weight),
+            fastpath.sig(n.bias), fastpath.sig(a) if isinstance(a, torch.Tensor) else a)
+
+
+def _slots(q, k, cos, sin, q_out, k_out, qs, ks, inplace):
+    def tensors(n):
+        if n is None:
+            return None, None, None
+        return n.weight, n.bias, n.alpha if isinstance(n.alpha, torch.Tensor) else None
+
+    # in place (in the key): the outputs are q's and k's slots
+    return (q, k, cos, sin, None if inplace else q_out, None if inplace else k_out,
+            *tensors(qs), *tensors(ks))
+
+
+def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
+         rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
+         round_after_norm=True, layout="bshd", out=None, process_group=None):
+    """The eager call behind :func:`qk_norm_rope` and its ops: check, allocate, launch. A
+    call whose signature (every tensor's shape, strides, dtype, device and alignment, the
+    norms' numbers, every option) was seen before replays its launch (``_fastpath``);
+    calls with ``positions`` (their range is checked on the data) or a process group
+    always take the checked path."""
+    key = None
+    if positions is None and process_group is None and fastpath.usable(q):
+        try:
+            q_norm = resolve_norm(q_norm, "q_norm")
+            k_norm = resolve_norm(k_norm, "k_norm")
+            sig = fastpath.sig
+            key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
+                   USE_FLAT, USE_TMA, PAIRS, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
+                   _norm_key(k_norm), None if out is None else tuple(map(sig, out)))
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError):  # the checked path says what is wrong
+            key = replay = None
+        if replay is not None and not (k is not None and k.data_ptr() == q.data_ptr()):
+            q_out, k_out = _outputs(q, k, inplace, out)
+            if replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)):
+                return q_out, k_out
+    if out is not None:
+        _check_out(out, q, k, inplace)
+    p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
+             rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
+             round_after_norm=round_after_norm, layout=layout, process_group=process_group)
+    with fastpath.Recorder() as rec:
+        q_out, k_out = run(p, q, k, inplace, out)
+    if key is not None:
+        _CACHE.put(key, rec.replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)))
+    return q_out, k_out
+
+
+def _check_grad(*ts):
+    """Refuses inputs that autograd would need a backward for (the op has none), with grad
+    enabled; absent inputs (no K, no tables, no norm) need nothing."""
+    if torch.is_grad_enabled() and any(needs_grad(t) for t in ts):
+        raise RuntimeError("ditfuse.qk_norm_rope is inference-only (no backward): call it "
+                           "under torch.no_grad() or torch.inference_mode()")
+
+
+def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
+                 rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
+                 round_after_norm=True, layout="bshd", out=None, process_group=None):
+    r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
+
+    .. math::
+
+        \hat x = \mathrm{norm}(x)\odot w + b, \qquad
+        \begin{pmatrix} y_a \\ y_b \end{pmatrix} =
+        \begin{pmatrix} \hat x_a \cos_a - \hat x_b \sin_a \\
+                        \hat x_b \cos_b + \hat x_a \sin_b \end{pmatrix}
+
+    for every rotary pair (a, b) of every head of every token; channels past
+    ``rotary_dim`` get the norm only. One read and one write of Q and K; the token's
+    cos/sin row is read once and shared by all heads.
+
+    Parameters
+    ----------
+    q, k : Tensor
+        ``(B, S, H, D)`` (``layout="bshd"``), ``(B, H, S, D)`` (``layout="bhsd"``) or
+        ``(B, S, H*D)`` with ``num_heads``; fp16, bf16 or fp32; any strides (Q/K slices of
+        a packed QKV projection are read in place, never copied). ``k`` may be ``None``.
+        Same shape and dtype. ``D`` even, at most 256.
+    cos, sin : Tensor, optional
+        The rotary tables, fp32/bf16/fp16: ``(S, W)``, ``(B, S, W)``, ``(1|B, S, 1, W)``
+        shared by all heads, or per head ``(S, H, W)`` / ``(1|B, S, H, W)``. ``W`` is the
+        rotary width (repeat-interleaved for ``"interleaved"``, cat-duplicated for
+        ``"half"``, as diffusers builds them) or half of it (unique frequencies: one cos
+        and one sin a pair, read once a pair). Any strides; a table whose columns are
+        contiguous is read fastest (strided views such as a complex tensor's real part
+        cost the kernel a register-layout change through shared memory: on sm_90 128
+        instead of 60 registers at Qwen-Image's 24 x 128; ``ditfuse.patch`` packs such
+        tables once per step). Both ``None``: no RoPE.
+    q_norm, k_norm : module or NormSpec, optional
+        ``torch.nn.RMSNorm``, ``torch.nn.LayerNorm``/``FP32LayerNorm``, diffusers'
+        ``RMSNorm``, ``StableAudio3RMSNorm``, SAME's ``DynamicTanh`` or a
+        :class:`ditfuse.NormSpec`. A weight of ``D`` elements normalises each head; one
+        of ``H*D`` normalises across all heads of a token (Wan).
+    num_heads : int, optional
+        Needed for 3-D ``(B, S, H*D)`` inputs.
+    rope_style : {"interleaved", "half"}
+        Pairs ``(2i, 2i+1)`` (Wan, FLUX, Qwen, HunyuanVideo) or ``(i, i + r/2)``
+        (rotate-half / NeoX: Stable Audio, SAME).
+    rotary_dim : int, optional
+        Channels that rotate (the first ``rotary_dim``); the rest pass through. Default:
+        the table width, or ``D`` when the table is ``D`` wide. Required when the table is
+        ``D/2`` wide (partial rotary and unique frequencies are otherwise ambiguous).
+    positions : int Tensor, optional
+        ``(S,)`` or ``(B, S)`` row index into the tables for each token. The range is
+        checked (one device sync) except under ``torch.compile`` or CUDA-graph capture.
+    inplace : bool
+        Write the results into ``q`` and ``k`` (elements outside them are not touched,
+        e.g. the V slice of a packed QKV). Otherwise new contiguous tensors are returned.
+    round_after_norm : bool
+        ``True`` (default): the normalised value is rounded to the activation dtype before
+        the rotation, where diffusers' eager code rounds; ``False``: fp32 through to the
+        single rounding at the store.
+    layout : {"bshd", "bhsd"}
+        How a 4-D ``q``/``k`` is laid out.
+    out : (Tensor, Tensor), optional
+        Where to write the results: tensors of q's / k's shape and dtype, any strides (e.g.
+        slices of a concatenated text+image buffer). Not with ``inplace``.
+    process_group : torch.distributed.ProcessGroup, optional
+        Heads split across the ranks of this group (tensor parallel) while the norm spans
+        all heads of a token (Wan's ``rms_norm_across_heads``): q/k hold this rank's heads,
+        the norm weight is this rank's shard (``H_local * D``). Each rank's sums of squares
+        are all-reduced before normalising: two kernels and one all-reduce of 8 bytes a
+        token, equal to the single-GPU result up to the reduction order. Eager only.
+
+    Returns
+    -------
+    (q_out, k_out) : tuple of Tensor
+        In the input's shape and dtype (``k_out`` is ``None`` when ``k`` is).
+
+    Notes
+    -----
+    Numerical contract: all arithmetic in fp32; the rotation is computed without fused
+    multiply-add, exactly as eager PyTorch evaluates ``x * cos + rotate(x) * sin``. Shared
+    and per-head-expanded tables give bitwise identical results (one kernel takes both: the
+    flat-row kernel for a norm across heads with interleaved RoPE, such as Wan's, the
+    per-token kernel otherwise; the two differ only in the order of the fp32 sum of
+    squares, so a norm across heads is within a rounding, not bitwise, of the per-token
+    kernel's). Against diffusers' eager
+    modules the output is within one rounding of the activation dtype (the norm's
+    reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
+    evaluated in fp32 to within 8 ulp -- the GPU's ``ex2`` / ``rcp`` approximations -- where
+    a bf16 model would round between its steps).
+    Inference only: no autograd.
+
+    Examples
+    --------
+    >>> norm_q = torch.nn.RMSNorm(40 * 128, eps=1e-6)       # Wan: across all heads
+    >>> q_out, k_out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm_q, k_norm=norm_k,
+    ...                                     num_heads=40)    # q, k: (B, S, 5120)
+    """
+    _check_grad(q, k, cos, sin, q_norm, k_norm)
+    if torch.compiler.is_compiling() and process_group is not None:
+        raise ValueError("process_group is supported in eager mode only (call qk_norm_rope "
+                         "outside the compiled region, or without process_group)")
+    if torch.compiler.is_compiling():
+        if out is not None:  # the mutating out= op: inductor writes the caller's views
+            _check_out(out, q, k, inplace)
+            out = tuple(out)
+        return qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
+                                        num_heads=num_heads, rope_style=rope_style,
+                                        rotary_dim=rotary_dim, positions=positions,
+                                        inplace=inplace, round_after_norm=round_after_norm,
+                                        layout=layout, out=out)
+    return call(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
+                rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
+                inplace=inplace, round_after_norm=round_after_norm, layout=layout, out=out,
+                process_group=process_group)
+
+
+def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.float32, **kwargs):
+    """Pure-PyTorch :func:`ditfuse.qk_norm_rope` (same arguments; ``inplace`` not taken).
+
+    Outputs are new tensors in the caller's shapes.
+    """
+    p = plan(q, k, cos, sin, **kwargs)
+    rq, rk = qk_norm_rope_core(p, compute_dtype)
+
+    def back(r, like):
+        if r is None:
+            return None
+        if like.dim() == 3:
+            return r.flatten(2)
+        return r if p.layout == "bshd" else r.transpose(1, 2)
+
+    return back(rq, q), back(rk, k)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library ops: what torch.compile and CUDA-graph capture see (eager calls launch directly)
+
+def _kwargs(positions, qn, kn, num_heads, rope_style, rotary_dim, round_after_norm, layout):
+    return dict(q_norm=unflatten_norm(*qn), k_norm=unflatten_norm(*kn),
+                num_heads=num_heads or None, rope_style=rope_style,
+                rotary_dim=rotary_dim or None, positions=positions,
+                round_after_norm=round_after_norm, layout=layout)
+
+
+@library.op("ditfuse::qk_norm_rope", mutates_args=())
+def qk_norm_rope_op(
+    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+    positions: Optional[Tensor],
+    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
+    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
+    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
+    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
+    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
+) -> List[Tensor]:
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    qo, ko = call(q, k, cos, sin, inplace=False, **kw)
+    return [qo] if ko is None else [qo, ko]
+
+
+@qk_norm_rope_op.register_fake
+def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
+      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
+      rope_style, rotary_dim, round_after_norm, layout):
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    plan(q, k, cos, sin, runtime_checks=False, **kw)
+    outs = [torch.empty(q.shape, dtype=q.dtype, device=q.device)]
+    if k is not None:
+        outs.append(torch.empty(k.shape, dtype=k.dtype, device=k.device))
+    return outs
+
+
+@library.op("ditfuse::qk_norm_rope_", mutates_args=("q", "k"))
+def qk_norm_rope_inplace_op(
+    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+    positions: Optional[Tensor],
+    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
+    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
+    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
+    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
+    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
+) -> None:
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    call(q, k, cos, sin, inplace=True, **kw)
+
+
+@qk_norm_rope_inplace_op.register_fake
+def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
+      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
+      rope_style, rotary_dim, round_after_norm, layout):
+    return None
+
+
+@library.op("ditfuse::qk_norm_rope_out", mutates_args=("q_out", "k_out"))
+def qk_norm_rope_out_op(
+    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+    positions: Optional[Tensor],
+    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
+    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
+    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
+    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
+    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
+    q_out: Tensor, k_out: Optional[Tensor],
+) -> None:
+    """The ``out=`` form: results written into the caller's buffers (the joint-attention
+    processors' rows of the joint Q / K). A mutating op, so inductor writes the views of
+    the joint buffer in place instead of a functional result plus a copy into the rows."""
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    call(q, k, cos, sin, inplace=False, out=(q_out, k_out), **kw)
+
+
+@qk_norm_rope_out_op.register_fake
+def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
+      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
+      rope_style, rotary_dim, round_after_norm, layout, q_out, k_out):
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    plan(q, k, cos, sin, runtime_checks=False, **kw)  # bad input fails while tracing
+    return None
+
+
+def op_args(q, k, cos, sin, *, q_norm, k_norm, num_heads, rope_style, rotary_dim, positions,
+            round_after_norm, layout):
+    return (q, k, cos, sin, positions, *flatten_norm(q_norm, "q_norm"),
+            *flatten_norm(k_norm, "k_norm"), int(num_heads or 0), rope_style,
+            int(rotary_dim or 0), bool(round_after_norm), layout)
+
+
+def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):
+    args = op_args(q, k, cos, sin, **kw)
+    if out is not None:
+        torch.ops.ditfuse.qk_norm_rope_out(*args, out[0], out[1])
+        return out[0], out[1]
+    if inplace:
+        torch.ops.ditfuse.qk_norm_rope_(*args)
+        return q, k
+    outs = torch.ops.ditfuse.qk_norm_rope(*args)
+    return outs[0], (outs[1] if k is not None else None)

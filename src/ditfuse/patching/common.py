@@ -1,0 +1,257 @@
+"""What the per-model patch modules share: processor and forward replacement (recorded for
+``unpatch``), the patch report, rotary-table caching, the concat-buffer activation and the
+checks that send a call back to the model's own code."""
+from __future__ import annotations
+
+import types
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List
+
+import torch
+
+from ditfuse.norms import norm_readable
+from ditfuse.ops.activations import supported
+from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
+from ditfuse.runtime import library
+
+
+@library.op("ditfuse::copy_into", mutates_args=("dst",))
+def _copy_into_op(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(src)`` as an opaque mutating op (``cat_activation`` under torch.compile)."""
+    dst.copy_(src)
+
+
+@_copy_into_op.register_fake
+def _(src, dst):
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ValueError(f"copy_into: src {tuple(src.shape)} {src.dtype} into dst "
+                         f"{tuple(dst.shape)} {dst.dtype}")
+
+_ORIG_PROC = "_ditfuse_orig_processor"
+_PATCHED_FWD = "_ditfuse_patched_forward"
+
+
+@dataclass
+class PatchReport:
+    """What :func:`patch` did: one line per model, counts per kind of replacement."""
+
+    lines: List[str] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, n: int = 1):
+        self.counts[kind] = self.counts.get(kind, 0) + n
+
+    def __str__(self):
+        return "\n".join(self.lines)
+
+    def __repr__(self):
+        return f"PatchReport({self.counts})"
+
+
+def set_processor(attn, new_proc) -> bool:
+    """Replace ``attn``'s processor by ``new_proc`` (keeping the attention backend and the
+    context-parallel config of the old one); False if it already is a ditfuse one."""
+    old = attn.processor
+    if getattr(old, "_ditfuse", False):
+        return False
+    new_proc.__dict__.update({k: v for k, v in old.__dict__.items() if k not in new_proc.__dict__})
+    setattr(attn, _ORIG_PROC, old)
+    attn.processor = new_proc
+    return True
+
+
+def replace_processors(model, report, table, label: str) -> None:
+    """Give every module whose processor's class is a key of ``table`` a new instance of
+    the mapped ditfuse class; counted in ``report`` under ``label``."""
+    for m in model.modules():
+        new = table.get(type(getattr(m, "processor", None)))
+        if new is not None and set_processor(m, new()):
+            report.add(label)
+
+
+def plain_layer_norms(*norms) -> bool:
+    """Whether every module is a ``torch.nn.LayerNorm`` without affine parameters (the norm2 /
+    norm1 of the DiT blocks whose chains the AdaLN kernels reproduce with ``norm="layer"``)."""
+    return all(isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
+               for n in norms)
+
+
+def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate_mlp):
+    """The second half of a FLUX-style stream computing in the activation dtype:
+    ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
+    shift_mlp`` -> ``ff`` -> ``x + gate_mlp * ff(...)``, as two AdaLN kernels around the FF
+    (``rounding="per_op"``: every step rounded as the eager block rounds it)."""
+    x, n = gated_residual_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer",
+                                eps=norm2.eps, rounding="per_op")
+    return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
+
+
+def join_tokens(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([first, second], dim=1)`` of two (B, T, D) / (B, S, D) tensors, without a
+    copy when they are adjacent token ranges of one buffer -- as FLUX.1's and HunyuanVideo's
+    single blocks hand each other their output, ``out[:, :T], out[:, T:]``, which the next
+    block concatenates
+    again (a copy of every activation a block, 28 MB at 1024^2). Then the result is a view
+    of that buffer (equal values; the patched blocks only read it). Eager only: under
+    torch.compile the cat is inductor's."""
+    if not compiling() and _adjacent(first, second):
+        B, T, D = first.shape
+        return first.as_strided((B, T + second.shape[1], D),
+                                (first.stride(0) if B > 1 else (T + second.shape[1]) * D, D, 1))
+    return torch.cat([first, second], dim=1)
+
+
+def _adjacent(a, b) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 3
+            and a.dtype == b.dtype and a.device == b.device and a.shape[0] == b.shape[0]
+            and a.shape[2] == b.shape[2] and a.shape[1] > 0 and b.shape[1] > 0):
+        return False
+    B, T, D = a.shape
+    N = T + b.shape[1]
+    if a.stride()[1:] != (D, 1) or b.stride()[1:] != (D, 1):
+        return False
+    if B > 1 and not (a.stride(0) == b.stride(0) == N * D):
+        return False
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and b.data_ptr() == a.data_ptr() + T * D * a.element_size())
+
+
+def _parts(first):
+    return tuple(first) if isinstance(first, (tuple, list)) else (first,)
+
+
+def cat_activation(first, h, act, width: int):
+    """``torch.cat([first, act(h)], dim=-1)`` with the activation written straight into the
+    concat buffer (``act(h, out=buf[..., D:])``, a ditfuse activation of ``width`` output
+    channels): ``first`` is copied once, the activation's output is never a separate tensor.
+    ``first`` may be a sequence of (B, S_i, D) tensors standing for their concatenation along
+    the tokens (HunyuanVideo's image and text attention outputs): each lands in its rows."""
+    parts = _parts(first)
+    D = parts[0].shape[-1]
+    buf = h.new_empty(*h.shape[:-1], D + width)
+    # Under torch.compile every write is a mutating op on a view of the fresh buffer, which
+    # inductor performs in place; a ``copy_`` there would become a slice_scatter that
+    # copies the whole buffer once more.
+    copy = _copy_into if compiling() else (lambda src, dst: dst.copy_(src))
+    if len(parts) == 1:
+        copy(parts[0], buf[..., :D])
+    else:
+        row = 0
+        for t in parts:
+            copy(t, buf[:, row:row + t.shape[1], :D])
+            row += t.shape[1]
+    act(h, out=buf[..., D:])
+    return buf
+
+
+def _copy_into(src, dst) -> None:
+    torch.ops.ditfuse.copy_into(src, dst)
+
+
+def compiling() -> bool:
+    """Inside torch.compile (where the patched code leaves some elementwise work to inductor:
+    see :func:`cat_fusable`)."""
+    return torch.compiler.is_compiling()
+
+
+_TABLES: Dict[tuple, tuple] = {}
+
+
+def table_once(src: torch.Tensor, tag: str, make: Callable[[torch.Tensor], torch.Tensor]):
+    """``make(src)`` for a rotary table ``src``, computed once per table: every block of a
+    step receives the same table objects, and the form ``qk_norm_rope`` reads fastest
+    (contiguous; for Wan full width) is a copy of them. Cached while ``src`` lives and is
+    not modified in place (its version counter); under torch.compile computed in the graph
+    (inductor deduplicates it across the blocks of a graph)."""
+    if compiling():
+        return make(src)
+    key = (id(src), tag)
+    hit = _TABLES.get(key)
+    if hit is not None:
+        ref, version, out = hit
+        if ref() is src and version == src._version:
+            return out
+    out = make(src)
+    for k in [k for k, (r, _, _) in _TABLES.items() if r() is None]:
+        del _TABLES[k]
+    _TABLES[key] = (weakref.ref(src), src._version, out)
+    return out
+
+
+def cat_fusable(first, h, op: str) -> bool:
+    """Whether :func:`cat_activation` computes ``torch.cat([first, act(h)], -1)``: same dtype
+    (cat would promote), same leading shape (the parts' tokens adding up to h's), an ``h``
+    the kernel takes as it is. Under torch.compile GELU only: the kernel writes the buffer's
+    MLP columns and ``first`` is copied into the others, both as mutating ops on views of
+    the fresh buffer that inductor performs in place, where inductor's own cat + GELU kernel
+    took 100 us a FLUX.1 single block against 69 + 12 us for ditfuse's GELU and the copy
+    (``logs/s13/a/profile_flux1-1024.log``); SwiGLU stays
+    inductor's there (its fused kernel, 163 us at FLUX.2, leaves ditfuse's 128 us SwiGLU
+    plus the copy nothing to gain)."""
+    parts = _parts(first)
+    if compiling() and op != "gelu":
+        return False
+    if not all(isinstance(t, torch.Tensor) and t.dtype == h.dtype for t in parts):
+        return False
+    if len(parts) > 1:
+        if not (h.dim() == 3 and all(t.dim() == 3 and t.shape[0] == h.shape[0]
+                                     and t.shape[2] == parts[0].shape[2] for t in parts)
+                and sum(t.shape[1] for t in parts) == h.shape[1]):
+            return False
+    elif parts[0].shape[:-1] != h.shape[:-1]:
+        return False
+    return supported(h, op)
+
+
+HOOKED = "forwards left in place: hooks installed (patch before enable_cache / offloading)"
+
+
+def hooked(module) -> bool:
+    """Whether ``module.forward`` is wrapped by diffusers hooks (``enable_cache``, group
+    offloading, layerwise casting: ``module._diffusers_hook``) or accelerate's (CPU offload:
+    ``module._hf_hook``). Binding a forward over them would drop the hook (its onloading,
+    caching or casting); patched before them, the hooks wrap the fused forward."""
+    reg = getattr(module, "_diffusers_hook", None)
+    return bool(reg is not None and getattr(reg, "hooks", None)) or hasattr(module, "_hf_hook")
+
+
+def bind_forward(module, fn: Callable, report=None) -> bool:
+    """Bind ``fn`` as ``module.forward`` (instance attribute); False if already patched, or
+    if hooks wrap the module's forward (counted in ``report`` under :data:`HOOKED`)."""
+    if _PATCHED_FWD in module.__dict__:
+        return False
+    if hooked(module):
+        if report is not None:
+            report.add(HOOKED)
+        return False
+    module.forward = types.MethodType(fn, module)
+    module.__dict__[_PATCHED_FWD] = True
+    return True
+
+
+def bind_forwards(model, report, table) -> None:
+    """Bind a fused forward to every module whose class is exactly a key of ``table``
+    (``{cls: (forward, label)}``; subclasses may compute something else), counted in
+    ``report`` under the label."""
+    for m in model.modules():
+        fn, label = table.get(type(m), (None, None))
+        if fn is not None and bind_forward(m, fn, report):
+            report.add(label)
+
+
+def grad_needed(*tensors) -> bool:
+    """True when autograd would need gradients through these tensors (the fused kernels
+    are inference-only, so the original code runs)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def params_need_grad(module) -> bool:
+    return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
+def norms_ok(*modules) -> bool:
+    """Whether ``qk_norm_rope`` reads every one of these norm modules (``None`` and
+    ``Identity``: no norm) exactly as the model computes it (``norms.norm_readable``)."""
+    return all(norm_readable(m) for m in modules)

@@ -1,0 +1,274 @@
+"""FLUX.1 (FluxTransformer2DModel): per-head QK-norm + RoPE, AdaLayerNormZero(Single), the
+blocks' gated residuals with the norm + modulation that follows them, and the single-stream
+blocks' GELU written straight into the buffer ``proj_out`` reads (no ``torch.cat``). Chroma
+(ChromaTransformer2DModel, FLUX.1's attention): the QK-norm + RoPE and its pruned
+AdaLayerNormZero(Single) modules' norm + modulate."""
+from __future__ import annotations
+
+import torch
+
+from ditfuse.ops.activations import GELU_KINDS, gelu
+from ditfuse.ops.adaln import adaln_modulate, gated_residual
+from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.patching.common import bind_forwards, cat_activation, cat_fusable, grad_needed, join_tokens, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, set_processor
+
+
+def _make_processor():
+    from diffusers.models.transformers import transformer_flux as tf
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    class DitfuseFluxAttnProcessor(tf.FluxAttnProcessor):
+        """FluxAttnProcessor with the per-head QK-norm and the RoPE of each stream fused into
+        one kernel; the text and image streams are written straight into their slices of the
+        concatenated Q/K (no separate concat copy of Q and K).
+
+        Falls back to ``FluxAttnProcessor.__call__`` when autograd needs gradients, when a
+        q/k norm is not an RMSNorm (torch's or diffusers'), or when ``image_rotary_emb`` is
+        not a (cos, sin) pair of (S_total, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
+            ok = qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint)
+            if not ok or (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            query, key, value, encoder_query, encoder_key, encoder_value = tf._get_qkv_projections(
+                attn, hidden_states, encoder_hidden_states)
+            query, key, value = joint_qk(attn, query, key, value, encoder_query, encoder_key,
+                                         encoder_value, image_rotary_emb, joint)
+
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if encoder_hidden_states is not None:
+                encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                    [encoder_hidden_states.shape[1],
+                     hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+                hidden_states = attn.to_out[0](hidden_states.contiguous())
+                hidden_states = attn.to_out[1](hidden_states)
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
+                return hidden_states, encoder_hidden_states
+            return hidden_states
+
+    return DitfuseFluxAttnProcessor
+
+
+def _rows(cos, sin, a, b):
+    if cos is None:
+        return None, None
+    return cos[a:b], sin[a:b]
+
+
+def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -> bool:
+    """Whether the fused Q/K path reproduces the processor: q/k norms qk_norm_rope reads, no gradients,
+    a (cos, sin) pair of (S_total, D) tables (or no RoPE)."""
+    ok = (norms_ok(attn.norm_q, attn.norm_k)
+          and (not joint or norms_ok(attn.norm_added_q, attn.norm_added_k))
+          and not grad_needed(hidden_states, encoder_hidden_states)
+          and not params_need_grad(attn))
+    total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)
+    if ok and image_rotary_emb is not None:
+        ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+              and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == total)
+    return ok
+
+
+def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint):
+    """Per-head norm + RoPE of the (text +) image streams, as the FLUX processors do before
+    attention: unflatten to heads, norm each stream with its own norms, concatenate text
+    first, rotate the whole sequence. Each stream is written into its slice of the joint Q/K
+    by one kernel call; returns (query, key, value) as (B, S_total, H, D)."""
+    D = attn.head_dim
+    query = query.unflatten(-1, (-1, D))
+    key = key.unflatten(-1, (-1, D))
+    value = value.unflatten(-1, (-1, D))
+    cos, sin = rope if rope is not None else (None, None)
+    if not joint:
+        return (*qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k), value)
+    encoder_query = encoder_query.unflatten(-1, (-1, D))
+    encoder_key = encoder_key.unflatten(-1, (-1, D))
+    encoder_value = encoder_value.unflatten(-1, (-1, D))
+    T = encoder_query.shape[1]
+    B, S, H = query.shape[:3]
+    q_all = query.new_empty(B, T + S, H, D)
+    k_all = key.new_empty(B, T + S, H, D)
+    qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T), q_norm=attn.norm_added_q,
+                 k_norm=attn.norm_added_k, out=(q_all[:, :T], k_all[:, :T]))
+    qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q, k_norm=attn.norm_k,
+                 out=(q_all[:, T:], k_all[:, T:]))
+    return q_all, k_all, torch.cat([encoder_value, value], dim=1)
+
+
+def _ada_ok(self, x, emb_dtype) -> bool:
+    from diffusers.models.normalization import FP32LayerNorm
+
+    n = self.norm
+    return (isinstance(n, (torch.nn.LayerNorm, FP32LayerNorm)) and n.weight is None
+            and n.bias is None and emb_dtype == x.dtype and x.dim() == 3
+            and not grad_needed(x) and not params_need_grad(self))
+
+
+def _modulate(self, x, shift, scale, emb_dtype):
+    """``self.norm(x) * (1 + scale) + shift`` of an AdaLayerNormZero-like module, fused where
+    :func:`_ada_ok` holds (per-op rounding, as the module computes in the activation dtype)."""
+    if _ada_ok(self, x, emb_dtype):
+        return adaln_modulate(x, shift, scale, norm="layer", eps=self.norm.eps,
+                              rounding="per_op")
+    return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
+
+
+def _ada_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+    """AdaLayerNormZero.forward with norm + modulate fused; rounding per op, as the module
+    computes in the activation dtype (bitwise for most elements)."""
+    if self.emb is not None:
+        emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+    emb = self.linear(self.silu(emb))
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
+    return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+def _ada_zero_single_forward(self, x, emb=None):
+    emb = self.linear(self.silu(emb))
+    shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
+    return x, gate_msa
+
+
+def _chroma_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+    """Chroma's ChromaAdaLayerNormZeroPruned.forward (the modulation sliced from the
+    approximator's output instead of a linear) with norm + modulate fused, as
+    :func:`_ada_zero_forward`."""
+    if self.emb is not None:
+        emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.flatten(1, 2).chunk(6, dim=1)
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
+    return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+def _chroma_zero_single_forward(self, x, emb=None):
+    shift_msa, scale_msa, gate_msa = emb.flatten(1, 2).chunk(3, dim=1)
+    x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
+    return x, gate_msa
+
+
+def _chroma_norms():
+    """Chroma's pruned AdaLN-Zero modules -> fused forwards ({} without Chroma)."""
+    try:
+        from diffusers.models.transformers import transformer_chroma as tc
+    except ImportError:
+        return {}
+    return {tc.ChromaAdaLayerNormZeroPruned: (_chroma_zero_forward,
+                                              "Chroma AdaLayerNormZeroPruned (modulate)"),
+            tc.ChromaAdaLayerNormZeroSinglePruned: (
+                _chroma_zero_single_forward, "Chroma AdaLayerNormZeroSinglePruned (modulate)")}
+
+
+def _block_ok(self, x, c, temb) -> bool:
+    """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
+    fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
+    the gates and modulations in that dtype too: ``temb``'s dtype after the AdaLN linear)."""
+    return (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
+            and c.dim() == 3 and x.dtype == c.dtype == self.norm1.linear.weight.dtype
+            and not grad_needed(x, c, temb) and not params_need_grad(self))
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                   joint_attention_kwargs=None):
+    """FluxTransformerBlock.forward with, per stream, ``x + gate * attn`` -> norm2 ->
+    ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (the eager
+    block's bf16 per-op rounding: ``rounding="per_op"``). Falls back to the block's own
+    forward when autograd is on or the norms / dtypes differ (``_block_ok``)."""
+    from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
+
+    if not _block_ok(self, hidden_states, encoder_hidden_states, temb):
+        return FluxTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                            image_rotary_emb, joint_attention_kwargs)
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+        encoder_hidden_states, emb=temb)
+    attention_outputs = self.attn(hidden_states=norm_hidden_states,
+                                  encoder_hidden_states=norm_encoder_hidden_states,
+                                  image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+    attn_output, context_attn_output = attention_outputs[:2]
+
+    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
+                                    self.norm2, self.ff, gate_mlp)
+    if len(attention_outputs) == 3:  # IP-adapter output, added as the block does
+        hidden_states = hidden_states + attention_outputs[2]
+    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
+                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
+                                            self.ff_context, c_gate_mlp)
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
+def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                          joint_attention_kwargs=None, fuse_act=False):
+    """FluxSingleTransformerBlock.forward with ``residual + gate * proj_out(...)`` as one
+    kernel (per-op rounding, as the block computes it in the activation dtype) and, with
+    ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written into the MLP half of the concat
+    buffer (the same values as ``torch.cat([attn, act_mlp(mlp)], dim=2)``)."""
+    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
+
+    if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
+            hidden_states.dtype != encoder_hidden_states.dtype or \
+            hidden_states.dtype != self.norm.linear.weight.dtype:
+        return FluxSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                                  image_rotary_emb, joint_attention_kwargs)
+    text_seq_len = encoder_hidden_states.shape[1]
+    hidden_states = join_tokens(encoder_hidden_states, hidden_states)
+    residual = hidden_states
+    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
+    mlp_hidden_states = self.proj_mlp(norm_hidden_states)
+    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                            **(joint_attention_kwargs or {}))
+    act = self.act_mlp
+    if fuse_act and type(act) is torch.nn.GELU and act.approximate in GELU_KINDS and \
+            attn_output.dim() == 3 and cat_fusable(attn_output, mlp_hidden_states, "gelu"):
+        hidden_states = cat_activation(attn_output, mlp_hidden_states,
+                                       lambda h, out: gelu(h, act.approximate, out=out),
+                                       mlp_hidden_states.shape[-1])
+    else:
+        hidden_states = torch.cat([attn_output, act(mlp_hidden_states)], dim=2)
+    hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
+                              image_rotary_emb=None, joint_attention_kwargs=None):
+    return _single_block_forward(self, hidden_states, encoder_hidden_states, temb,
+                                 image_rotary_emb, joint_attention_kwargs, fuse_act=True)
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+    from diffusers.models.transformers.transformer_flux import (FluxAttention, FluxAttnProcessor,
+                                                                FluxSingleTransformerBlock,
+                                                                FluxTransformerBlock)
+
+    proc_cls = _make_processor() if qk_norm_rope else None
+    for m in model.modules():
+        if proc_cls is not None and isinstance(m, FluxAttention) and \
+                type(m.processor) is FluxAttnProcessor:
+            if set_processor(m, proc_cls()):
+                report.add("attention processors (QK-norm + RoPE)")
+    if adaln:
+        bind_forwards(model, report, {
+            **_chroma_norms(),
+            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
+            FluxTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
+            FluxSingleTransformerBlock: (
+                (_single_block_forward_act,
+                 "single blocks (gated residual, GELU into the concat buffer)")
+                if activations else (_single_block_forward, "single blocks (gated residual)"))})

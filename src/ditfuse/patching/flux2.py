@@ -1,0 +1,213 @@
+"""FLUX.2 (Flux2Transformer2DModel): per-head QK-norm + RoPE in the double-stream processor
+and, from the strided Q/K views of the fused ``to_qkv_mlp_proj`` output into fresh Q/K, in
+the single-stream (parallel) processor; in the blocks, every norm + modulation and gated
+residual of the eager code as the AdaLN kernels (per-op rounding, as the blocks compute in
+the activation dtype); every ``Flux2SwiGLU`` as one kernel, and in the single-stream
+processor the SwiGLU written straight into the buffer ``to_out`` reads (no ``torch.cat``)."""
+from __future__ import annotations
+
+import torch
+
+from ditfuse.ops.activations import supported, swiglu
+from ditfuse.ops.adaln import adaln_modulate, gated_residual
+from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.patching.common import bind_forwards, cat_activation, cat_fusable, compiling, grad_needed, params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors
+from ditfuse.patching.flux import joint_qk, qk_ok
+
+_PROC_LABEL = "attention processors (QK-norm + RoPE)"
+_PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
+
+
+def _is_swiglu(m) -> bool:
+    """A Flux2SwiGLU whose gate is the plain SiLU the kernel computes."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2SwiGLU
+
+    return type(m) is Flux2SwiGLU and type(m.gate_fn) is torch.nn.SiLU
+
+
+def _swiglu_forward(self, x):
+    """Flux2SwiGLU.forward (``silu(x[..., :H]) * x[..., H:]``; FLUX.3's Flux3SwiGLU is the
+    same code) as one kernel with the eager ops' arithmetic and roundings
+    (``ditfuse.swiglu``); the class's own forward when its gate is not a plain SiLU, autograd
+    needs gradients, the kernel does not take ``x`` as it is (dtype, device, strides, odd
+    width), or under torch.compile (inductor fuses the same two ops: 109.9 vs 118.5 us at
+    FLUX.2's FF, ``logs/s4/measure/bench.log``)."""
+    if compiling() or type(self.gate_fn) is not torch.nn.SiLU or not supported(x, "swiglu"):
+        return type(self).forward(self, x)
+    return swiglu(x)
+
+
+def _make_processors(fuse_act: bool = True):
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_flux2 as t2
+
+    class DitfuseFlux2AttnProcessor(t2.Flux2AttnProcessor):
+        """Flux2AttnProcessor with each stream's QK-norm + RoPE in one kernel, written into
+        its slice of the joint Q/K. Falls back to the original when autograd needs
+        gradients, a q/k norm is not an RMSNorm, or the RoPE is not a (cos, sin) pair."""
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
+            if not qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) or \
+                    (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            query, key, value, encoder_query, encoder_key, encoder_value = t2._get_qkv_projections(
+                attn, hidden_states, encoder_hidden_states)
+            query, key, value = joint_qk(attn, query, key, value, encoder_query, encoder_key,
+                                         encoder_value, image_rotary_emb, joint)
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if encoder_hidden_states is not None:
+                encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                    [encoder_hidden_states.shape[1],
+                     hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+            if encoder_hidden_states is not None:
+                return hidden_states, encoder_hidden_states
+            return hidden_states
+
+    class DitfuseFlux2ParallelSelfAttnProcessor(t2.Flux2ParallelSelfAttnProcessor):
+        """Flux2ParallelSelfAttnProcessor with QK-norm + RoPE read from the Q/K views of the
+        fused QKV+MLP projection into fresh Q/K (V and the MLP half are never touched) and, with
+        ``fuse_act``, the SwiGLU of the MLP columns written into the MLP half of the buffer
+        ``to_out`` reads (the attention output copied into the other half): the same
+        values as ``torch.cat([attn, mlp_act_fn(mlp)], -1)`` without the activation's own
+        tensor and the cat's second copy. Falls back to the original in the same cases as
+        the double-stream processor; to ``mlp_act_fn`` + cat when it is not a Flux2SwiGLU
+        or the kernel cannot take the input."""
+
+        _ditfuse = True
+
+        def __init__(self, fuse_act: bool = fuse_act):  # default: patch(activations=...)
+            super().__init__()
+            self._fuse_act = fuse_act
+
+        def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
+            if not qk_ok(attn, hidden_states, None, image_rotary_emb, False):
+                return super().__call__(attn, hidden_states, attention_mask, image_rotary_emb)
+            hidden_states = attn.to_qkv_mlp_proj(hidden_states)
+            qkv_dim = 3 * attn.inner_dim
+            mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
+            local_qkv = hidden_states.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
+            qkv, mlp_hidden_states = torch.split(
+                hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
+            query, key, value = qkv.chunk(3, dim=-1)
+            D = attn.head_dim
+            query = query.unflatten(-1, (-1, D))
+            key = key.unflatten(-1, (-1, D))
+            value = value.unflatten(-1, (-1, D))
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            # into fresh Q / K (contiguous for the attention) rather than in place on the
+            # projection's chunks: the same bits, 65.2 vs 66.2 us at 1024^2 on the H200
+            # (benchmarks/logs/s17/b/out_ab_others.log)
+            query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k)
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if self._fuse_act and _is_swiglu(attn.mlp_act_fn) and \
+                    cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
+                return attn.to_out(cat_activation(hidden_states, mlp_hidden_states, swiglu,
+                                                  mlp_hidden_states.shape[-1] // 2))
+            mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
+            hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
+            return attn.to_out(hidden_states)
+
+    return {t2.Flux2AttnProcessor: DitfuseFlux2AttnProcessor,
+            t2.Flux2ParallelSelfAttnProcessor: DitfuseFlux2ParallelSelfAttnProcessor}
+
+
+def _fusable(block, norms, x, *ts) -> bool:
+    """Affine-free LayerNorms, no autograd, and every tensor of the chain in x's dtype (the
+    eager block rounds each step to it: ``rounding="per_op"``)."""
+    return (plain_layer_norms(*norms) and x.dim() == 3 and not grad_needed(x, *ts)
+            and not params_need_grad(block) and all(t.dtype == x.dtype for t in ts))
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
+                   image_rotary_emb=None, joint_attention_kwargs=None):
+    """Flux2TransformerBlock.forward with, per stream, norm1 + modulate, ``x + gate * attn``
+    + norm2 + modulate, and ``x + gate * ff`` each as one kernel."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2Modulation, Flux2TransformerBlock
+
+    if not _fusable(self, (self.norm1, self.norm1_context, self.norm2, self.norm2_context),
+                    hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt):
+        return Flux2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod_img,
+                                             temb_mod_txt, image_rotary_emb, joint_attention_kwargs)
+    (shift_msa, scale_msa, gate_msa), (shift_mlp, scale_mlp, gate_mlp) = Flux2Modulation.split(
+        temb_mod_img, 2)
+    (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = Flux2Modulation.split(
+        temb_mod_txt, 2)
+    kw = dict(norm="layer", rounding="per_op")
+    norm_hidden_states = adaln_modulate(hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, **kw)
+    norm_encoder_hidden_states = adaln_modulate(encoder_hidden_states, c_shift_msa, c_scale_msa,
+                                                eps=self.norm1_context.eps, **kw)
+    attn_output, context_attn_output = self.attn(
+        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+        image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+
+    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
+                                    self.norm2, self.ff, gate_mlp)
+    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
+                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
+                                            self.ff_context, c_gate_mlp)
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
+def _single_block_forward(self, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb=None,
+                          joint_attention_kwargs=None, split_hidden_states=False, text_seq_len=None):
+    """Flux2SingleTransformerBlock.forward with norm + modulate and ``x + gate * attn`` each
+    as one kernel."""
+    from diffusers.models.transformers.transformer_flux2 import Flux2Modulation, Flux2SingleTransformerBlock
+
+    ts = (temb_mod,) + ((encoder_hidden_states,) if encoder_hidden_states is not None else ())
+    if not _fusable(self, (self.norm,), hidden_states, *ts):
+        return Flux2SingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod,
+                                                   image_rotary_emb, joint_attention_kwargs,
+                                                   split_hidden_states, text_seq_len)
+    if encoder_hidden_states is not None:
+        text_seq_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    mod_shift, mod_scale, mod_gate = Flux2Modulation.split(temb_mod, 1)[0]
+    norm_hidden_states = adaln_modulate(hidden_states, mod_shift, mod_scale, norm="layer",
+                                        eps=self.norm.eps, rounding="per_op")
+    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
+                            **(joint_attention_kwargs or {}))
+    hidden_states = gated_residual(hidden_states, attn_output, mod_gate, rounding="per_op")
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    if split_hidden_states:
+        return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+    return hidden_states
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
+    from diffusers.models.transformers import transformer_flux2 as t2
+    from diffusers.models.transformers.transformer_flux2 import (Flux2SingleTransformerBlock,
+                                                                 Flux2TransformerBlock)
+
+    if qk_norm_rope:
+        procs = _make_processors(activations)
+        replace_processors(model, report, {t2.Flux2AttnProcessor: procs[t2.Flux2AttnProcessor]},
+                           _PROC_LABEL)
+        replace_processors(model, report, {t2.Flux2ParallelSelfAttnProcessor:
+                                           procs[t2.Flux2ParallelSelfAttnProcessor]},
+                           _PARALLEL_ACT_LABEL if activations else _PROC_LABEL)
+    if activations:
+        bind_forwards(model, report, {
+            t2.Flux2SwiGLU: (_swiglu_forward, "SwiGLU activations (one kernel)")})
+    if adaln:
+        bind_forwards(model, report, {
+            Flux2TransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)"),
+            Flux2SingleTransformerBlock: (_single_block_forward, "single blocks (AdaLN + gated residual)")})

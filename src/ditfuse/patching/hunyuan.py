@@ -1,0 +1,291 @@
+"""HunyuanVideo (HunyuanVideoTransformer3DModel) and HunyuanVideo 1.5
+(HunyuanVideo15Transformer3DModel: dual-stream blocks only, its own processor): per-head
+QK-norm + RoPE on the image tokens, QK-norm only on the text tokens -- from the projections
+into fresh Q / K in the single-stream blocks, into the rows of the joint Q / K in the
+dual-stream ones (no ``torch.cat`` of Q and K); in the double- and single-stream blocks,
+AdaLayerNormZero(Single)'s norm + modulate and the gated residuals (with the norm2 +
+modulate that follows) as the AdaLN kernels; the single-stream blocks' GELU written
+straight into the buffer ``proj_out`` reads, next to the image and text attention outputs
+(both ``torch.cat`` copies of the block gone)."""
+from __future__ import annotations
+
+import torch
+
+from ditfuse.ops.activations import GELU_KINDS, gelu
+from ditfuse.ops.adaln import gated_residual
+from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.patching.common import bind_forwards, cat_activation, cat_fusable, grad_needed, join_tokens, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors
+from ditfuse.patching.flux import _ada_zero_forward, _ada_zero_single_forward
+
+
+def _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin):
+    """The joint (image then text) Q / K of a dual-stream block, each stream normalised (the
+    image also rotated) by one kernel straight into its rows -- where the eager processors
+    normalise, rotate and then concatenate: more passes over Q and K, the same values."""
+    B, S, H, D = query.shape
+    T = encoder_query.shape[1]
+    q_all = query.new_empty(B, S + T, H, D)
+    k_all = key.new_empty(B, S + T, H, D)
+    qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                 out=(q_all[:, :S], k_all[:, :S]))
+    qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
+                 out=(q_all[:, S:], k_all[:, S:]))
+    return q_all, k_all
+
+
+def _split_out(attn, hidden_states, T):
+    """The attention output's image and text rows through their output projections (the
+    last ``T`` rows are the text's)."""
+    hidden_states, encoder_hidden_states = hidden_states[:, :-T], hidden_states[:, -T:]
+    if getattr(attn, "to_out", None) is not None:
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+    if getattr(attn, "to_add_out", None) is not None:
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    return hidden_states, encoder_hidden_states
+
+
+def _make_processor():
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_hunyuan_video as th
+
+    class DitfuseHunyuanVideoAttnProcessor(th.HunyuanVideoAttnProcessor2_0):
+        """HunyuanVideoAttnProcessor2_0 with QK-norm + RoPE fused: image tokens are normalised
+        and rotated by one kernel, text tokens normalised by one kernel -- into fresh Q / K in
+        the single-stream blocks; in the dual-stream blocks each stream is written into its rows
+        of the joint Q / K, which replaces the processor's ``torch.cat`` of Q and K (same
+        values).
+
+        Falls back to the original when autograd needs gradients, a q/k norm is not an
+        RMSNorm/LayerNorm, or the RoPE is not a (cos, sin) pair of (S_image, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            norms = (attn.norm_q, attn.norm_k, getattr(attn, "norm_added_q", None),
+                     getattr(attn, "norm_added_k", None))
+            single = attn.add_q_proj is None and encoder_hidden_states is not None
+            T = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
+            n_img = hidden_states.shape[1]
+            ok = (norms_ok(*norms) and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == n_img)
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            if single:
+                hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+            query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+            key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+            value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            if attn.add_q_proj is not None and encoder_hidden_states is not None:
+                # dual stream: each stream normalised (the image also rotated) straight into
+                # its rows of the joint Q / K the attention reads -- the eager processor
+                # normalises in place and then concatenates: two more passes over Q and K
+                encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                query, key = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
+                value = torch.cat([value, encoder_value], dim=1)
+            else:
+                # into fresh Q / K rather than in place: the same bits, and faster on the H200
+                # (HunyuanVideo 544p 215.0 vs 220.0 us, benchmarks/logs/s17/b/out_ab_others.log)
+                q_new, k_new = torch.empty_like(query), torch.empty_like(key)
+                img = slice(0, n_img)
+                qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
+                             k_norm=attn.norm_k, out=(q_new[:, img], k_new[:, img]))
+                if single:  # the text tail is normalised but not rotated
+                    txt = slice(n_img, n_img + T)
+                    qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
+                                 k_norm=attn.norm_k, out=(q_new[:, txt], k_new[:, txt]))
+                query, key = q_new, k_new
+
+            hidden_states = dispatch_attention_fn(
+                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            if encoder_hidden_states is not None:
+                hidden_states, encoder_hidden_states = _split_out(attn, hidden_states, T)
+            return hidden_states, encoder_hidden_states
+
+    return DitfuseHunyuanVideoAttnProcessor
+
+
+def _make_processor_15():
+    """The fused subclass of HunyuanVideo 1.5's processor (dual-stream blocks only)."""
+    import torch.nn.functional as F
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_hunyuan_video15 as th
+
+    class DitfuseHunyuanVideo15AttnProcessor(th.HunyuanVideo15AttnProcessor2_0):
+        """HunyuanVideo15AttnProcessor2_0 with QK-norm + RoPE fused: the image tokens'
+        Q / K normalised and rotated by one kernel, the text tokens' normalised by another,
+        each straight into its rows of the joint Q / K the attention reads (the eager
+        processor normalises, rotates, then concatenates: more passes over Q and K; same
+        values). The joint mask is built as the eager processor builds it.
+
+        Falls back to the original when autograd needs gradients, a q/k norm is not one
+        ``qk_norm_rope`` reads exactly, there is no text stream or mask, or the RoPE is not
+        a (cos, sin) pair of (S_image, D) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+            S = hidden_states.shape[1]
+            ok = (encoder_hidden_states is not None and attention_mask is not None
+                  and norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
+                  and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == S)
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                        image_rotary_emb)
+            H = attn.heads
+            query = attn.to_q(hidden_states).unflatten(2, (H, -1))
+            key = attn.to_k(hidden_states).unflatten(2, (H, -1))
+            value = attn.to_v(hidden_states).unflatten(2, (H, -1))
+            encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (H, -1))
+            encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (H, -1))
+            encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (H, -1))
+            B, T = query.shape[0], encoder_query.shape[1]
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            q_all, k_all = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
+            value = torch.cat([value, encoder_value], dim=1)
+
+            # the eager processor's joint mask: the token mask left-padded with True to the
+            # joint length, a pair kept where both tokens are
+            n = S + T
+            mask = F.pad(attention_mask, (n - attention_mask.shape[1], 0), value=True).bool()
+            rows = mask.view(B, 1, 1, n).repeat(1, 1, n, 1)
+            mask = rows & rows.transpose(2, 3)
+
+            hidden_states = dispatch_attention_fn(
+                q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).to(q_all.dtype)
+            return _split_out(attn, hidden_states, T)
+
+    return DitfuseHunyuanVideo15AttnProcessor
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                   freqs_cis=None, *args, **kwargs):
+    """HunyuanVideoTransformerBlock.forward (HunyuanVideo15TransformerBlock's is the same
+    code) with, per stream, ``x + attn * gate`` -> norm2 -> ``* (1 + scale) + shift`` as one
+    kernel and ``x + gate * ff`` as another (per-op rounding, as the block computes in the
+    activation dtype). Falls back to the block's own forward when autograd is on or the
+    norms / dtypes differ."""
+    x, c = hidden_states, encoder_hidden_states
+    if not (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
+            and x.dtype == c.dtype == self.norm1.linear.weight.dtype
+            and not grad_needed(x, c, temb) and not params_need_grad(self)):
+        # the class's own forward (bound on exact block types only)
+        return type(self).forward(self, hidden_states, encoder_hidden_states, temb,
+                                  attention_mask, freqs_cis, *args, **kwargs)
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+        encoder_hidden_states, emb=temb)
+    attn_output, context_attn_output = self.attn(
+        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
+        attention_mask=attention_mask, image_rotary_emb=freqs_cis)
+    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
+                                    self.norm2, self.ff, gate_mlp)
+    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
+                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
+                                            self.ff_context, c_gate_mlp)
+    return hidden_states, encoder_hidden_states
+
+
+def _act_into_buffer(act, mlp, attn_output, context_attn_output):
+    """``torch.cat([torch.cat([attn, context], 1), act(mlp)], 2)`` built in one buffer
+    (:func:`cat_activation`: the attention outputs copied once, the GELU of an ``nn.GELU``
+    written by the kernel into the MLP columns); None when the eager code must run."""
+    parts = (attn_output, context_attn_output)
+    if type(act) is not torch.nn.GELU or act.approximate not in GELU_KINDS or \
+            not cat_fusable(parts, mlp, "gelu"):
+        return None
+    return cat_activation(parts, mlp, lambda h, out: gelu(h, act.approximate, out=out),
+                          mlp.shape[-1])
+
+
+def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                          image_rotary_emb=None, *args, fuse_act=False, **kwargs):
+    """HunyuanVideoSingleTransformerBlock.forward with ``gate * proj_out(...) + residual`` as
+    one kernel (per-op rounding) and, with ``fuse_act``, the GELU and both concatenations as
+    one buffer (:func:`_act_into_buffer`)."""
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoSingleTransformerBlock
+
+    if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
+            not (hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype):
+        return HunyuanVideoSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
+                                                          attention_mask, image_rotary_emb, *args, **kwargs)
+    text_seq_length = encoder_hidden_states.shape[1]
+    # the previous single block's output halves: joined as a view, not copied again
+    hidden_states = join_tokens(hidden_states, encoder_hidden_states)
+    residual = hidden_states
+    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
+    mlp_hidden_states = self.proj_mlp(norm_hidden_states)
+    attn_output, context_attn_output = self.attn(
+        hidden_states=norm_hidden_states[:, :-text_seq_length, :],
+        encoder_hidden_states=norm_hidden_states[:, -text_seq_length:, :],
+        attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+    hidden_states = None
+    if fuse_act:
+        hidden_states = _act_into_buffer(self.act_mlp, mlp_hidden_states, attn_output,
+                                         context_attn_output)
+    if hidden_states is None:
+        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+        hidden_states = torch.cat([attn_output, self.act_mlp(mlp_hidden_states)], dim=2)
+    hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
+    return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
+
+
+def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
+                              attention_mask=None, image_rotary_emb=None, *args, **kwargs):
+    return _single_block_forward(self, hidden_states, encoder_hidden_states, temb,
+                                 attention_mask, image_rotary_emb, *args, fuse_act=True, **kwargs)
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+    from diffusers.models.transformers.transformer_hunyuan_video import (
+        HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
+
+    if qk_norm_rope:
+        replace_processors(model, report, {HunyuanVideoAttnProcessor2_0: _make_processor()},
+                           "attention processors (QK-norm + RoPE)")
+    if adaln:
+        bind_forwards(model, report, {
+            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
+            HunyuanVideoTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
+            HunyuanVideoSingleTransformerBlock: (
+                (_single_block_forward_act,
+                 "single blocks (gated residual, GELU into the concat buffer)")
+                if activations else (_single_block_forward, "single blocks (gated residual)"))})
+
+
+def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                   activations=True):
+    """HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel): dual-stream blocks only, whose
+    forward is HunyuanVideo's; its own attention processor (the joint mask built inside)."""
+    from diffusers.models.normalization import AdaLayerNormZero
+    from diffusers.models.transformers import transformer_hunyuan_video15 as th
+
+    if qk_norm_rope:
+        replace_processors(model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()},
+                           "attention processors (QK-norm + RoPE)")
+    if adaln:
+        bind_forwards(model, report, {
+            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            th.HunyuanVideo15TransformerBlock: (_block_forward, "blocks (gated residuals + norm2)")})

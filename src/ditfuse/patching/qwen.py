@@ -1,0 +1,235 @@
+"""Qwen-Image (QwenImageTransformer2DModel) and Qwen-Image 2.1 (QwenImage21Transformer2DModel:
+its processors' QK-norm + RoPE only): per-head QK-norm + RoPE of the text and image
+streams, each written into its slice of the joint Q/K. Qwen's RoPE is a complex multiply;
+``x * (c + i s)`` on pairs (2i, 2i+1) is the interleaved rotation with the unique-frequency
+tables ``c = freqs.real``, ``s = freqs.imag`` (packed contiguous once per table:
+``table_once``). In the blocks, each
+stream's norm1 + modulate, gated residual + norm2 + modulate and MLP gated residual as the
+AdaLN kernels (per-op rounding, as the block computes in the activation dtype)."""
+from __future__ import annotations
+
+import torch
+
+from ditfuse.ops.adaln import adaln_modulate
+from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.patching.common import bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors, table_once
+
+
+def _real(f):
+    return torch.view_as_real(f)[..., 0].contiguous()
+
+
+def _imag(f):
+    return torch.view_as_real(f)[..., 1].contiguous()
+
+
+def _cs(freqs):
+    """cos, sin of complex frequencies as contiguous (S, D/2) tables, made once per table:
+    the kernel's half-width path reads them with one load a pair (H200, Qwen-Image 1328^2:
+    52.3 us, benchmarks/logs/s10/c); the strided real / imaginary views cost it a layout
+    change through shared memory (sm_90: 128 registers instead of 60; not timed)."""
+    return table_once(freqs, "real", _real), table_once(freqs, "imag", _imag)
+
+
+def _make_processor():
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers import transformer_qwenimage as tq
+
+    class DitfuseQwenDoubleStreamAttnProcessor(tq.QwenDoubleStreamAttnProcessor2_0):
+        """QwenDoubleStreamAttnProcessor2_0 with each stream's QK-norm + RoPE in one kernel.
+
+        Falls back to the original when autograd needs gradients, a q/k norm is not an
+        RMSNorm, or the RoPE is not an (image, text) pair of complex (S, D/2) tables.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states=None,
+                     encoder_hidden_states_mask=None, attention_mask=None, image_rotary_emb=None):
+            norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
+            ok = (encoder_hidden_states is not None and attention_mask is None
+                  and norms_ok(*norms)
+                  and not grad_needed(hidden_states, encoder_hidden_states)
+                  and not params_need_grad(attn))
+            if ok and image_rotary_emb is not None:
+                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
+                      and all(f.is_complex() and f.dim() == 2 for f in image_rotary_emb)
+                      and image_rotary_emb[0].shape[0] == hidden_states.shape[1]
+                      and image_rotary_emb[1].shape[0] == encoder_hidden_states.shape[1])
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states,
+                                        encoder_hidden_states_mask, attention_mask, image_rotary_emb)
+            if encoder_hidden_states_mask is not None:
+                image_mask = torch.ones((hidden_states.shape[0], hidden_states.shape[1]),
+                                        dtype=torch.bool, device=hidden_states.device)
+                attention_mask = torch.cat([encoder_hidden_states_mask, image_mask], dim=1)
+                attention_mask = attention_mask[:, None, None, :]
+            T = encoder_hidden_states.shape[1]
+            D = attn.inner_dim // attn.heads
+
+            def heads(x):
+                return x.unflatten(-1, (-1, D))
+
+            img_q, img_k, img_v = map(heads, (attn.to_q(hidden_states), attn.to_k(hidden_states),
+                                              attn.to_v(hidden_states)))
+            txt_q, txt_k, txt_v = map(heads, (attn.add_q_proj(encoder_hidden_states),
+                                              attn.add_k_proj(encoder_hidden_states),
+                                              attn.add_v_proj(encoder_hidden_states)))
+            B, S, H = img_q.shape[:3]
+            q = img_q.new_empty(B, T + S, H, D)
+            k = img_k.new_empty(B, T + S, H, D)
+            if image_rotary_emb is not None:
+                (ic, is_), (tc, ts) = _cs(image_rotary_emb[0]), _cs(image_rotary_emb[1])
+                rot = dict(rotary_dim=D)
+            else:
+                ic = is_ = tc = ts = None
+                rot = {}
+            qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
+                         out=(q[:, :T], k[:, :T]), **rot)
+            qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                         out=(q[:, T:], k[:, T:]), **rot)
+            v = torch.cat([txt_v, img_v], dim=1)
+            joint = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
+                                          is_causal=False, backend=self._attention_backend,
+                                          parallel_config=self._parallel_config)
+            joint = joint.flatten(2, 3).to(q.dtype)
+            txt_out, img_out = joint[:, :T, :], joint[:, T:, :]
+            img_out = attn.to_out[0](img_out.contiguous())
+            if len(attn.to_out) > 1:
+                img_out = attn.to_out[1](img_out)
+            txt_out = attn.to_add_out(txt_out.contiguous())
+            return img_out, txt_out
+
+    return DitfuseQwenDoubleStreamAttnProcessor
+
+
+class _Projected:
+    """Qwen-Image 2.1's attention module as its processors' shared QKV helper
+    (``_qwenimage21_prepare_qkv``) sees it, with Q and K already normalised and rotated:
+    ``to_q`` / ``to_k`` return the fused kernel's (B, S, H*D) output, the norms are
+    identities, everything else is the module's own. The processor then runs its own code
+    unchanged -- the KV cache's store / concatenation, the prefill's segments, the flex
+    path -- with ``rotary_emb=None`` (the rotation is done)."""
+
+    norm_q = norm_k = torch.nn.Identity()  # stateless: one for every call
+
+    def __init__(self, attn, query, key):
+        self._attn, self._q, self._k = attn, query, key
+
+    def to_q(self, hidden_states):
+        return self._q
+
+    def to_k(self, hidden_states):
+        return self._k
+
+    def __getattr__(self, name):
+        return getattr(self._attn, name)
+
+
+def _make_processor_21(base):
+    """The fused subclass of a Qwen-Image 2.1 processor class (``QwenImage21AttnProcessor``
+    or ``QwenImage21FlexAttnProcessor``: both take Q / K / V from the same helper)."""
+
+    class DitfuseQwenImage21AttnProcessor(base):
+        """Qwen-Image 2.1's processor with QK-norm + RoPE in one kernel: the helper's
+        ``norm_q(q).to(value.dtype)`` then the complex rotation, as one ``qk_norm_rope`` call
+        (Qwen-Image's arithmetic: the complex multiply on pairs (2i, 2i+1) with the
+        frequencies' real / imaginary parts as half-width tables). Falls back to the original
+        when autograd needs gradients, a q/k norm is not one the kernel reads, or the RoPE is
+        not a complex (S, D/2) table for the query rows."""
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, attention_mask=None, rotary_emb=None, **kwargs):
+            D = attn.inner_dim // attn.heads
+            ok = (norms_ok(attn.norm_q, attn.norm_k) and hidden_states.dim() == 3
+                  and not grad_needed(hidden_states) and not params_need_grad(attn))
+            if ok and rotary_emb is not None:
+                ok = (isinstance(rotary_emb, torch.Tensor) and rotary_emb.is_complex()
+                      and rotary_emb.dim() == 2 and rotary_emb.shape == (hidden_states.shape[1], D // 2))
+            if not ok:
+                return super().__call__(attn, hidden_states, attention_mask, rotary_emb, **kwargs)
+            q = attn.to_q(hidden_states).unflatten(-1, (-1, D))
+            k = attn.to_k(hidden_states).unflatten(-1, (-1, D))
+            cos, sin = _cs(rotary_emb) if rotary_emb is not None else (None, None)
+            q, k = qk_norm_rope(q, k, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                                **({"rotary_dim": D} if rotary_emb is not None else {}))
+            return super().__call__(_Projected(attn, q.flatten(2), k.flatten(2)), hidden_states,
+                                    attention_mask, None, **kwargs)
+
+    DitfuseQwenImage21AttnProcessor.__name__ = DitfuseQwenImage21AttnProcessor.__qualname__ = \
+        "Ditfuse" + base.__name__
+    return DitfuseQwenImage21AttnProcessor
+
+
+def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
+                   image_rotary_emb=None, joint_attention_kwargs=None, modulate_index=None):
+    """QwenImageTransformerBlock.forward with the AdaLN chains fused. Falls back to the
+    block's own forward for ``modulate_index`` (the edit models' per-token choice of
+    modulation), autograd, other norms, or dtypes that differ from the activations'."""
+    from diffusers.models.transformers.transformer_qwenimage import QwenImageTransformerBlock
+
+    x, c = hidden_states, encoder_hidden_states
+    norms = (self.img_norm1, self.img_norm2, self.txt_norm1, self.txt_norm2)
+    if modulate_index is not None or not (
+            plain_layer_norms(*norms) and x.dim() == 3 and c.dim() == 3
+            and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
+            and not grad_needed(x, c, temb) and not params_need_grad(self)):
+        return QwenImageTransformerBlock.forward(self, hidden_states, encoder_hidden_states,
+                                                 encoder_hidden_states_mask, temb, image_rotary_emb,
+                                                 joint_attention_kwargs, modulate_index)
+    img_mod_params = self.img_mod(temb)
+    if self.zero_cond_t:
+        temb = torch.chunk(temb, 2, dim=0)[0]
+    txt_mod_params = self.txt_mod(temb)
+    img_mod1, img_mod2 = img_mod_params.chunk(2, dim=-1)
+    txt_mod1, txt_mod2 = txt_mod_params.chunk(2, dim=-1)
+    kw = dict(norm="layer", rounding="per_op")
+
+    def mods(p):  # (shift, scale, gate), each (B, D)
+        return p.chunk(3, dim=-1)
+
+    (i_sh1, i_sc1, i_g1), (i_sh2, i_sc2, i_g2) = mods(img_mod1), mods(img_mod2)
+    (t_sh1, t_sc1, t_g1), (t_sh2, t_sc2, t_g2) = mods(txt_mod1), mods(txt_mod2)
+    img_modulated = adaln_modulate(hidden_states, i_sh1, i_sc1, eps=self.img_norm1.eps, **kw)
+    txt_modulated = adaln_modulate(encoder_hidden_states, t_sh1, t_sc1, eps=self.txt_norm1.eps, **kw)
+    img_attn_output, txt_attn_output = self.attn(
+        hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
+        encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}))
+    hidden_states = per_op_mlp_tail(hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, self.img_norm2,
+                                    self.img_mlp, i_g2)
+    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, txt_attn_output, t_g1, t_sh2, t_sc2,
+                                            self.txt_norm2, self.txt_mlp, t_g2)
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                activations=True):
+    from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
+                                                                     QwenImageTransformerBlock)
+
+    if qk_norm_rope:
+        replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()},
+                           "attention processors (QK-norm + RoPE)")
+    if adaln:
+        bind_forwards(model, report,
+                      {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+
+
+def patch_model_21(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
+                   activations=True):
+    """Qwen-Image 2.1 (QwenImage21Transformer2DModel): the attention processors' QK-norm +
+    RoPE (either processor class; the KV cache and the prefill's segments are the
+    processor's own code). The blocks are left as they are."""
+    from diffusers.models.transformers import transformer_qwenimage21 as t21
+
+    if qk_norm_rope:
+        replace_processors(model, report, {
+            cls: _make_processor_21(cls)
+            for cls in (t21.QwenImage21AttnProcessor, t21.QwenImage21FlexAttnProcessor)},
+            "attention processors (QK-norm + RoPE)")

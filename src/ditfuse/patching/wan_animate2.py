@@ -1,0 +1,290 @@
+"""Wan-Animate-2 (WanAnimate2Transformer3DModel): Wan 2.x's block arithmetic around an
+in-context reference pass. Its self-attention normalises Q / K across heads, caches the
+*normalised, unrotated* K / V of the reference video (``kv_cache_mode="extract"``) and
+rotates with ``rope_apply`` -- complex fp64 multipliers per (frame, row, column) of each
+sample's patch grid, frames optionally strided -- before a dense pass ("extract") or a
+flex block-mask pass over the generation tokens and the rotated cached reference keys
+("cached"). Its cross-attention normalises Q, K and the CLIP image keys."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.patching.common import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors, table_once
+from ditfuse.patching.wan import _qk, chain_norms_ok, wan_chain
+
+
+def _grid_list(grid_sizes) -> list | None:
+    if not (isinstance(grid_sizes, torch.Tensor) and grid_sizes.dim() == 2 and grid_sizes.shape[1] == 3):
+        return None
+    return [tuple(int(v) for v in row) for row in grid_sizes.tolist()]
+
+
+def _tables_ok(freqs, grid, stride: int, S: int, D: int) -> bool:
+    """Whether :func:`_tables` reproduces ``rope_apply(x, grid, freqs, stride)`` for (B, S)
+    tokens of head_dim D: a complex (rows, D/2) table whose rows cover every sample's frames
+    (at the stride), rows and columns, and every sample's grid within its S tokens."""
+    if not (isinstance(freqs, torch.Tensor) and freqs.is_complex() and freqs.dim() == 2
+            and freqs.shape[1] * 2 == D and isinstance(stride, int) and stride >= 1):
+        return False
+    rows = freqs.shape[0]
+    return all(f >= 1 and h >= 1 and w >= 1 and f * h * w <= S and (f - 1) * stride < rows
+               and h <= rows and w <= rows for f, h, w in grid)
+
+
+def _tables(freqs, grid, stride: int, S: int):
+    """fp32 half-width (unique-frequency) cos / sin, (S, D/2) when every sample has the same
+    grid, else (B, S, D/2): row ``t`` of sample ``i`` is the complex multiplier ``rope_apply``
+    gives token ``t`` -- frame, row and column frequencies of its grid cell, the frames
+    ``stride`` apart -- rounded from fp64 to fp32; tokens past the sample's ``f*h*w`` are
+    passed through by ``rope_apply``: cos 1, sin 0 (``x * 1 - y * 0`` is ``x`` exactly)."""
+    c = freqs.shape[1]
+    # the (real, imaginary) fp64 view: no complex op (inductor does not generate code for
+    # complex arithmetic; under torch.compile this runs in the graph)
+    parts = torch.view_as_real(freqs).split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
+    out = []
+    for f, h, w in (grid[:1] if len(set(grid)) == 1 else grid):
+        cell = torch.cat([parts[0][: f * stride: stride].view(f, 1, 1, -1, 2).expand(f, h, w, -1, 2),
+                          parts[1][:h].view(1, h, 1, -1, 2).expand(f, h, w, -1, 2),
+                          parts[2][:w].view(1, 1, w, -1, 2).expand(f, h, w, -1, 2)], dim=-2)
+        cell = cell.reshape(f * h * w, c, 2).float()
+        cos, sin = cell[..., 0].contiguous(), cell[..., 1].contiguous()
+        if f * h * w < S:
+            pad = S - f * h * w
+            cos = torch.cat([cos, cos.new_ones(pad, c)])
+            sin = torch.cat([sin, sin.new_zeros(pad, c)])
+        out.append((cos, sin))
+    if len(out) == 1:
+        return out[0]
+    return torch.stack([c for c, _ in out]), torch.stack([s for _, s in out])
+
+
+def _rope_tables(freqs, grid, stride, S):
+    """:func:`_tables`, built once a step: every block of a step receives the same ``freqs``
+    object (the model's ``rope_freqs_cache`` keeps one a stream) with the same grid. One slot
+    a table: the last grid's tables (a new resolution replaces them, so a long-lived table
+    does not collect one set per resolution ever run)."""
+    slot = table_once(freqs, "wan-animate-2", lambda f: {})
+    key = (tuple(grid), stride, S)
+    if slot.get("key") != key:
+        slot["tables"] = _tables(freqs, grid, stride, S)
+        slot["key"] = key
+    return slot["tables"]
+
+
+def _rotate(x, cos, sin, H):
+    """``rope_apply`` on already-normalised rows ``x`` (B, S, H*D) or (B, S, H, D): the
+    rotation alone (no norm), into a fresh tensor."""
+    D = x.shape[-1] if x.dim() == 4 else x.shape[-1] // H
+    return qk_norm_rope(x, None, cos, sin, num_heads=None if x.dim() == 4 else H, rotary_dim=D)[0]
+
+
+def _make_processors():
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+    from diffusers.models.transformers import transformer_wan_animate_2 as ta
+
+    class DitfuseWanAnimate2AttnProcessor(ta.WanAnimate2AttnProcessor):
+        """WanAnimate2AttnProcessor with the QK-norm (across heads) and ``rope_apply`` as
+        ditfuse kernels: "extract" normalises K once (the cached rows), rotates them, and
+        normalises + rotates Q in one pass; "cached" normalises + rotates Q and K in one pass
+        and rotates the cached reference K; the packing and attention are the processor's.
+
+        Numerical contract: the norms within one rounding of ``torch.nn.RMSNorm`` (their
+        fp32 statistic summed in another order: on the H200 99.999% of the bf16 elements
+        equal, the rest one unit apart); the rotation in fp32 without fused multiply-add on
+        the multipliers rounded from fp64 to fp32, where ``rope_apply`` multiplies in fp64
+        and rounds to fp32 and then to the activation dtype: within one rounding of the
+        result plus a few fp32 roundings of the pair's size (where the rotation cancels, many
+        bf16 units of the tiny result). H200, the 14B denoising shape: 99.998% of the
+        rotated bf16 Q / K elements equal to the processor's
+        (``benchmarks/logs/s20/c/wan_animate2_qk.log``).
+
+        Falls back to the base processor when autograd needs gradients, a norm is not one
+        the kernel reads, or the rotary table / grid is not one :func:`_tables` reproduces.
+        """
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, rotary_emb, grid_sizes, kv_cache, kv_cache_mode,
+                     rope_stride=1, reference_rotary_emb=None, reference_grid_sizes=None,
+                     reference_rope_stride=1, attention_mask=None, origin_latent_frames=None,
+                     origin_latent_hw=None):
+            args = (attn, hidden_states, rotary_emb, grid_sizes, kv_cache, kv_cache_mode, rope_stride,
+                    reference_rotary_emb, reference_grid_sizes, reference_rope_stride, attention_mask,
+                    origin_latent_frames, origin_latent_hw)
+            H = attn.heads
+            ok = (kv_cache_mode in ("extract", "cached") and hidden_states.dim() == 3
+                  and hidden_states.shape[-1] % H == 0
+                  and norms_ok(attn.norm_q, attn.norm_k)
+                  and not grad_needed(hidden_states) and not params_need_grad(attn))
+            grid = _grid_list(grid_sizes) if ok else None
+            S = hidden_states.shape[1]
+            D = hidden_states.shape[-1] // H if ok else 0
+            ok = grid is not None and len(grid) == hidden_states.shape[0] and \
+                _tables_ok(rotary_emb, grid, rope_stride, S, D)
+            if ok and kv_cache_mode == "cached":
+                ref_grid = _grid_list(reference_grid_sizes)
+                key_ref = getattr(kv_cache, "key", None)
+                ok = (ref_grid is not None and isinstance(key_ref, torch.Tensor) and key_ref.dim() == 4
+                      and len(ref_grid) == key_ref.shape[0]
+                      and _tables_ok(reference_rotary_emb, ref_grid, reference_rope_stride,
+                                     key_ref.shape[1], key_ref.shape[-1]))
+            if not ok:
+                return super().__call__(*args)
+
+            query, key, value = ta._get_qkv_projections(attn, hidden_states, None)
+            cos, sin = _rope_tables(rotary_emb, grid, rope_stride, S)
+            value = value.unflatten(2, (H, -1))
+            if kv_cache_mode == "extract":
+                # the cache holds the normalised K; the rotated K is that K rotated, so the
+                # two agree as the processor's do (one norm, then rope_apply)
+                key, _ = _qk(key, attn.norm_k, H)
+                kv_cache.store(key.unflatten(2, (H, -1)), value)
+                query = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
+                                     rotary_dim=D)[0]
+                key = _rotate(key, cos, sin, H)
+                hidden_states = dispatch_attention_fn(
+                    query.unflatten(2, (H, -1)), key.unflatten(2, (H, -1)), value, attn_mask=None,
+                    backend=self._attention_backend, parallel_config=self._parallel_config)
+            else:
+                query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
+                                          k_norm=attn.norm_k, num_heads=H, rotary_dim=D)
+                query, key = query.unflatten(2, (H, -1)), key.unflatten(2, (H, -1))
+                key_ref, value_ref = kv_cache.get()
+                rcos, rsin = _rope_tables(reference_rotary_emb, ref_grid, reference_rope_stride,
+                                          key_ref.shape[1])
+                key_ref = _rotate(key_ref, rcos, rsin, H)
+                hidden_states = _packed_attention(
+                    query, key, value, key_ref, value_ref, grid[0], ref_grid[0], origin_latent_frames,
+                    origin_latent_hw, attention_mask, self._parallel_config, dispatch_attention_fn,
+                    AttentionBackendName.FLEX)
+            hidden_states = hidden_states.flatten(2, 3).type_as(query)
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+            return hidden_states
+
+    class DitfuseWanAnimate2CrossAttnProcessor(ta.WanAnimate2CrossAttnProcessor):
+        """WanAnimate2CrossAttnProcessor with ``norm_q``, ``norm_k`` and the CLIP keys'
+        ``norm_added_k`` (RMSNorms across heads) as ditfuse kernels: the norms within one
+        rounding of ``torch.nn.RMSNorm`` (the statistic's summation order). Falls back to the base processor
+        when autograd needs gradients or a norm is not one the kernel reads."""
+
+        _ditfuse = True
+
+        def __call__(self, attn, hidden_states, encoder_hidden_states,
+                     encoder_hidden_states_image=None):
+            H = attn.heads
+            with_image = encoder_hidden_states_image is not None
+            ok = (hidden_states.dim() == 3 and encoder_hidden_states.dim() == 3
+                  and hidden_states.shape[-1] % H == 0
+                  and norms_ok(attn.norm_q, attn.norm_k)
+                  and (not with_image or norms_ok(attn.norm_added_k))
+                  and not grad_needed(hidden_states, encoder_hidden_states, encoder_hidden_states_image)
+                  and not params_need_grad(attn))
+            if not ok:
+                return super().__call__(attn, hidden_states, encoder_hidden_states,
+                                        encoder_hidden_states_image)
+            query, key, value = ta._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+            query, _ = _qk(query, attn.norm_q, H)
+            key, _ = _qk(key, attn.norm_k, H)
+            query = query.unflatten(2, (H, -1))
+            hidden_states = dispatch_attention_fn(
+                query, key.unflatten(2, (H, -1)), value.unflatten(2, (H, -1)), attn_mask=None,
+                backend=self._attention_backend, parallel_config=self._parallel_config)
+            hidden_states = hidden_states.flatten(2, 3).type_as(query)
+            if with_image:
+                key_image, value_image = ta._get_added_kv_projections(attn, encoder_hidden_states_image)
+                key_image, _ = _qk(key_image, attn.norm_added_k, H)
+                hidden_states_image = dispatch_attention_fn(
+                    query, key_image.unflatten(2, (H, -1)), value_image.unflatten(2, (H, -1)),
+                    attn_mask=None, backend=self._attention_backend,
+                    parallel_config=self._parallel_config)
+                hidden_states = hidden_states + hidden_states_image.flatten(2, 3).type_as(query)
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+            return hidden_states
+
+    return {ta.WanAnimate2AttnProcessor: DitfuseWanAnimate2AttnProcessor,
+            ta.WanAnimate2CrossAttnProcessor: DitfuseWanAnimate2CrossAttnProcessor}
+
+
+def _packed_attention(query, key, value, key_ref, value_ref, grid, ref_grid, frames_total, hw_total,
+                      block_mask, parallel_config, dispatch, flex):
+    """The "cached" pass's attention, as WanAnimate2AttnProcessor lays it out: the first
+    sample's grid places each generation frame's tokens (and the rotated cached reference
+    frames') at the start of a frame slot of ``hw_total`` tokens in zero buffers, both
+    segments padded to a multiple of 128 (the block mask's granularity); the generation
+    tokens' rows are read back and the tokens past the grid pass through as their rotated
+    queries."""
+    frames, height, width = grid
+    ref_frames, ref_height, ref_width = ref_grid
+    hw, ref_hw = height * width, ref_height * ref_width
+    n = frames * hw
+    B, _, H, D = query.shape
+    length = math.ceil((frames_total + 1) * hw_total / 128) * 128
+    ref_length = math.ceil(frames_total * hw_total / 128) * 128
+
+    def slots(buf, start, count, src, src_hw):
+        buf[:, start:start + count * hw_total].view(B, count, hw_total, H, D)[:, :, :src_hw] = \
+            src[:, :count * src_hw].view(B, count, src_hw, H, D)
+
+    q_buf = query.new_zeros(B, length, H, D)
+    k_buf = key.new_zeros(B, length + ref_length, H, D)
+    v_buf = value.new_zeros(B, length + ref_length, H, D)
+    slots(q_buf, 0, frames, query, hw)
+    slots(k_buf, 0, frames, key, hw)
+    slots(v_buf, 0, frames, value, hw)
+    slots(k_buf, length, ref_frames, key_ref, ref_hw)
+    slots(v_buf, length, ref_frames, value_ref, ref_hw)
+    out = dispatch(q_buf, k_buf, v_buf, attn_mask=block_mask, backend=flex, parallel_config=parallel_config)
+    out = out[:, :frames * hw_total].view(B, frames, hw_total, H, D)[:, :, :hw].reshape(B, n, H, D)
+    return torch.cat([out, query[:, n:]], dim=1)
+
+
+def _block_ok(block) -> bool:
+    """Wan's chain norms (here norm1, norm3 before cross-attention, norm2 before the FFN) and
+    the modulation table in fp32 (as ``from_pretrained`` keeps it: ``_keep_in_fp32_modules``;
+    a model cast whole adds it to the temb in bf16)."""
+    return (chain_norms_ok(block.norm1, block.norm3, block.norm2)
+            and block.modulation.dtype == torch.float32)
+
+
+def _block_forward(self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode,
+                   rotary_emb, grid_sizes, encoder_hidden_states_image=None, reference_rotary_emb=None,
+                   reference_grid_sizes=None, attention_mask=None, origin_latent_frames=None,
+                   origin_latent_hw=None):
+    """WanAnimate2TransformerBlock.forward with Wan's AdaLN chains fused (same arithmetic:
+    fp32 math, the model's casts): norm1 + modulate; the gated residual + norm3 (the
+    cross-attention's input); the residual + norm2 + modulate; the FFN's gated residual."""
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2TransformerBlock
+
+    attn_kw = dict(rotary_emb=rotary_emb, grid_sizes=grid_sizes, kv_cache=kv_cache,
+                   kv_cache_mode=kv_cache_mode,
+                   rope_stride=self.refer_stride if kv_cache_mode == "extract" else 1,
+                   reference_rotary_emb=reference_rotary_emb, reference_grid_sizes=reference_grid_sizes,
+                   reference_rope_stride=self.refer_stride, attention_mask=attention_mask,
+                   origin_latent_frames=origin_latent_frames, origin_latent_hw=origin_latent_hw)
+    if (grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self)
+            or temb.dtype != torch.float32 or temb.dim() != 3):
+        return WanAnimate2TransformerBlock.forward(
+            self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode, rotary_emb,
+            grid_sizes, encoder_hidden_states_image, reference_rotary_emb, reference_grid_sizes,
+            attention_mask, origin_latent_frames, origin_latent_hw)
+    return wan_chain(hidden_states, (self.modulation + temb).chunk(6, dim=1), self.norm1, self.norm3,
+                     self.norm2, lambda n: self.self_attn(n, **attn_kw),
+                     lambda n: self.cross_attn(n, encoder_hidden_states=encoder_hidden_states,
+                                               encoder_hidden_states_image=encoder_hidden_states_image),
+                     self.ffn)
+
+
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
+    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2TransformerBlock
+
+    if qk_norm_rope:
+        replace_processors(model, report, _make_processors(), "attention processors (QK-norm + RoPE)")
+    if adaln:
+        for m in model.modules():
+            if type(m) is WanAnimate2TransformerBlock and _block_ok(m) and bind_forward(m, _block_forward, report):
+                report.add("blocks (AdaLN)")

@@ -1,0 +1,82 @@
+"""Where ditfuse's kernels run: the GPU when there is one, else Triton's interpreter on the CPU.
+
+Triton picks compiled or interpreted code when a ``@triton.jit`` function is *defined*
+(``TRITON_INTERPRET``). ditfuse does not change that for the process: its kernels are
+defined through :func:`jit`, which builds interpreted kernels when ``TRITON_INTERPRET=1``
+is set or no CUDA device is present, and compiled ones otherwise. Other Triton code in the
+process keeps whatever the environment says.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import torch
+import triton
+
+
+def _interpret() -> bool:
+    env = os.environ.get("TRITON_INTERPRET")
+    if env is not None:
+        return env not in ("", "0")
+    return not torch.cuda.is_available()
+
+
+#: ditfuse's kernels run through Triton's interpreter (on CPU tensors) in this process
+INTERPRET: bool = _interpret()
+
+
+def jit(fn=None, **kwargs):
+    """``triton.jit`` for ditfuse's kernels: an interpreted kernel when :data:`INTERPRET`,
+    whatever ``TRITON_INTERPRET`` says, else a compiled one. Same keyword arguments."""
+    if not INTERPRET:
+        return triton.jit(fn, **kwargs)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    def wrap(f):
+        return InterpretedFunction(f, **kwargs)
+
+    return wrap if fn is None else wrap(fn)
+
+
+def kernel_device_ok(t: torch.Tensor) -> bool:
+    """True when a Triton kernel can run on ``t``'s device in this process."""
+    if INTERPRET:
+        return t.device.type == "cpu"
+    return t.device.type == "cuda"
+
+
+def describe_backend() -> str:
+    if INTERPRET:
+        return "triton-interpreter (cpu)"
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name()})"
+    return "cpu (pytorch reference)"
+
+
+_MMA_ENV = "DISABLE_MMA_V3"
+_MMA_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _mma_sync_env():
+    with _MMA_LOCK:
+        old = os.environ.get(_MMA_ENV)
+        os.environ[_MMA_ENV] = "1"
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(_MMA_ENV, None)
+            else:
+                os.environ[_MMA_ENV] = old
+
+
+def mma_sync_only(on: bool):
+    """Kernels that Triton compiles inside lower every ``tl.dot`` to ``mma.sync`` instead of
+    Hopper's ``wgmma`` (Triton's ``DISABLE_MMA_V3`` switch, read when a kernel compiles and
+    one of the variables its on-disk cache is keyed on, so the two builds are cached apart).
+    Used for a launch whose specialization asks for it (a constexpr keeps its in-memory cache
+    entry apart); a plain ``nullcontext`` when ``on`` is false (every other launch)."""
+    return _mma_sync_env() if on else contextlib.nullcontext()

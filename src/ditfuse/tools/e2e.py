@@ -1,0 +1,670 @@
+"""``ditfuse bench --e2e``: whole models with ditfuse patched in.
+
+Transformers (Wan 2.1 14B, FLUX.1-dev, FLUX.2-dev): real-size configs with random weights
+(no downloads), cut to a few blocks (the count is printed), one denoising step timed four
+ways -- unpatched eager, unpatched ``torch.compile``, patched eager, patched + compile --
+with steps run back to back as a pipeline's loop runs them (:func:`loop_timer`); then a
+20-step Euler trajectory patched vs unpatched (PSNR and max |diff| of the final latents,
+on the "patched eager" row).
+
+SAME-L (``AutoencoderSAME``, Stable Audio 3's autoencoder) at full size: ``decode`` of 1 and
+3 minutes of latents, unpatched (diffusers' dense (N, N) band mask) vs patched
+(``ditfuse.sliding_window_attention``), in bf16 (what the diffusers pipeline runs with
+``torch_dtype=bf16``) and fp32; an out-of-memory shows as ``OOM`` in its row. Each row has
+the peak of ``torch.cuda.max_memory_allocated`` (weights included).
+
+Models are built as ``from_pretrained(torch_dtype=...)`` leaves them (``_keep_in_fp32_modules``
+and non-persistent buffers such as RoPE tables stay fp32), directly on the device, and fed
+the inputs their diffusers 0.42 pipelines build (dtypes and shapes of ids, timesteps,
+guidance). Rows print as they finish and the CSV is rewritten after every row.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import gc
+import math
+import re
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ditfuse.tools.tiny_models import to_dtype as as_loaded  # from_pretrained(torch_dtype=...)
+
+# ---------------------------------------------------------------------------------------
+# Model configs (diffusers 0.42 class arguments of the released checkpoints)
+
+WAN14B = {"patch_size": (1, 2, 2), "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
+          "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
+          "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}
+FLUX1_DEV = {"patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38,
+             "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 4096,
+             "pooled_projection_dim": 768, "guidance_embeds": True, "axes_dims_rope": (16, 56, 56)}
+FLUX2_DEV = {"patch_size": 1, "in_channels": 128, "num_layers": 8, "num_single_layers": 48,
+             "attention_head_dim": 128, "num_attention_heads": 48, "joint_attention_dim": 15360,
+             "timestep_guidance_channels": 256, "mlp_ratio": 3.0, "axes_dims_rope": (32, 32, 32, 32),
+             "rope_theta": 2000, "eps": 1e-6, "guidance_embeds": True}
+QWEN_IMAGE = {"patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60,
+              "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 3584,
+              "guidance_embeds": False, "axes_dims_rope": (16, 56, 56)}
+HUNYUAN_VIDEO = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 24,
+                 "attention_head_dim": 128, "num_layers": 20, "num_single_layers": 40,
+                 "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2, "patch_size_t": 1,
+                 "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
+                 "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": (16, 56, 56)}
+# SAME-L (stabilityai/SAME-L, SA3 Medium's VAE): 852 M parameters; decoder: one resampling
+# block, stride 16, 12 layers of 1536 = 24 heads x 64, band half-width 1 x 17 tokens.
+SAME_L = {"audio_channels": 2, "patch_size": 256, "encoder_channels": 256, "encoder_c_mults": (6,),
+          "encoder_strides": (16,), "encoder_transformer_depths": (12,), "latent_dim": 256,
+          "use_differential_attention": True, "dim_heads": 64, "ff_mult": 3, "sliding_window": 1,
+          "encoder_sinusoidal_blocks": (0,), "decoder_sinusoidal_blocks": (8,), "sampling_rate": 44100}
+
+ROW_FIELDS = ["model", "impl", "dtype", "blocks", "ms", "ms_per_block", "peak_gib", "psnr",
+              "max_abs_diff", "shape", "note"]
+
+
+def _randomize(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter N(0, 1 / last_dim), drawn on the parameters' device."""
+    dev = next(m.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for p in m.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g, device=dev) * (1.0 / math.sqrt(max(p.shape[-1], 1))))
+    return m.eval()
+
+
+def _randomize_same(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """SAME with random weights that behave like trained ones: weights N(0, 1/fan_in), the
+    residual branches' output projections (zero-initialised in diffusers: ``attn.to_out``,
+    ``ff.proj_out``) at 0.3 of that, the learned output tokens N(0, 1), biases N(0, 0.02^2);
+    the DyT norms (alpha 4, gamma 1, beta 0) and the weight-norm gains keep their init.
+
+    Why: with ``_randomize``'s tiny DyT gammas the logits are ~0 and attention uniform (a
+    weak comparison); with full-scale branches the 12-layer decoder with sin-gated FFNs is
+    chaotic (a 1e-3 change in layer 0's attention moves the output by ~50%, PSNR ~19 dB), so
+    any rounding difference would look like a bug. At 0.3 the same change costs ~77 dB while
+    dropping attention altogether costs ~19 dB: attention matters and rounding stays rounding."""
+    from diffusers.models.autoencoders.autoencoder_same import DynamicTanh
+
+    keep = {id(p) for mod in m.modules() if isinstance(mod, DynamicTanh) for p in mod.parameters()}
+    dev = next(m.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for name, p in m.named_parameters():
+        if id(p) in keep or name.endswith("weight_g"):
+            continue
+        if name.endswith("new_tokens"):
+            std = 1.0
+        elif p.ndim >= 2:
+            std = 1.0 / math.sqrt(max(p[0].numel(), 1))
+            if name.endswith(("attn.to_out.weight", "ff.proj_out.weight")):
+                std *= 0.3
+        else:
+            std = 0.02
+        p.data.copy_(torch.randn(p.shape, generator=g, device=dev) * std)
+    return m.eval()
+
+
+# ---------------------------------------------------------------------------------------
+# Builders: (layers, **config overrides) -> model with its default init. Input builders:
+# (device, dtype, cfg=<model config>, **sizes) -> the kwargs the diffusers pipeline passes.
+
+def _wan14b(layers: int, **config):
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(**{**WAN14B, "num_layers": layers, **config})
+
+
+def _wan_inputs(device, dtype, frames=21, h=60, w=104, text_len=512, cfg=None):
+    """WanPipeline: fp32 latents passed as ``latents.to(transformer.dtype)``, umT5 embeddings
+    padded to 512 tokens in the transformer dtype, ``timestep = t.expand(B)`` with ``t`` from
+    its UniPC scheduler (int64). 480x832x81 frames: latents 21 x 60 x 104."""
+    cfg = WAN14B if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(1)
+    x = torch.randn(1, cfg["in_channels"], frames, h, w, generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["text_dim"], generator=g, device=device)
+    return {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
+            "timestep": torch.tensor([500], dtype=torch.int64, device=device), "return_dict": False}
+
+
+def _grid(h, w):
+    """(h*w,) row and column indices (int64), row-major, as the pipelines lay out tokens."""
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return rows.reshape(-1), cols.reshape(-1)
+
+
+def _flux1(layers: int, **config):
+    from diffusers import FluxTransformer2DModel
+
+    return FluxTransformer2DModel(**{**FLUX1_DEV, "num_layers": layers, "num_single_layers": 2 * layers,
+                                     **config})
+
+
+def _flux1_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
+    """FluxPipeline (1024x1024: 64 x 64 packed latents): ``img_ids`` (h*w, 3) = (0, row, col)
+    and ``txt_ids`` zeros (T, 3), both in the text encoders' dtype; ``timestep = t / 1000``
+    in the latents' dtype; ``guidance`` fp32 (B,)."""
+    cfg = FLUX1_DEV if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(2)
+    rows, cols = _grid(height, width)
+    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], -1).to(device=device, dtype=dtype)
+    x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
+    pooled = torch.randn(1, cfg["pooled_projection_dim"], generator=g, device=device)
+    kw = {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype), "pooled_projections": pooled.to(dtype),
+          "timestep": torch.tensor([0.5], device=device).to(dtype), "img_ids": img_ids,
+          "txt_ids": torch.zeros(text_len, 3, device=device, dtype=dtype), "return_dict": False}
+    if cfg["guidance_embeds"]:
+        kw["guidance"] = torch.full([1], 3.5, dtype=torch.float32, device=device)
+    return kw
+
+
+def _flux2(layers: int, **config):
+    from diffusers import Flux2Transformer2DModel
+
+    return Flux2Transformer2DModel(**{**FLUX2_DEV, "num_layers": layers, "num_single_layers": 2 * layers,
+                                      **config})
+
+
+def _flux2_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
+    """Flux2Pipeline (1024x1024: 64 x 64 packed latents): int64 ids (B, L, 4) over the axes
+    (t, h, w, l): image tokens (0, row, col, 0), text tokens (0, 0, 0, index); Mistral
+    embeddings (3 layers stacked: 15360) in the model dtype; ``timestep = t / 1000`` in the
+    latents' dtype; ``guidance`` fp32 (B,)."""
+    cfg = FLUX2_DEV if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(3)
+    rows, cols = _grid(height, width)
+    zeros = torch.zeros_like(rows)
+    img_ids = torch.stack([zeros, rows, cols, zeros], -1)[None].to(device)
+    tok = torch.arange(text_len)
+    txt_ids = torch.stack([torch.zeros_like(tok)] * 3 + [tok], -1)[None].to(device)
+    x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
+    kw = {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
+          "timestep": torch.tensor([0.5], device=device).to(dtype), "img_ids": img_ids, "txt_ids": txt_ids,
+          "return_dict": False}
+    if cfg["guidance_embeds"]:
+        kw["guidance"] = torch.full([1], 4.0, dtype=torch.float32, device=device)
+    return kw
+
+
+def _qwen_image(layers: int, **config):
+    from diffusers import QwenImageTransformer2DModel
+
+    return QwenImageTransformer2DModel(**{**QWEN_IMAGE, "num_layers": layers, **config})
+
+
+def _qwen_image_inputs(device, dtype, height=83, width=83, text_len=512, cfg=None):
+    """QwenImagePipeline (1328x1328: 83 x 83 packed latents): latents and Qwen2.5-VL prompt
+    embeddings in the model dtype, the mask dropped (``prompt_embeds_mask.all()``: one
+    unpadded prompt), ``timestep = t / 1000`` in the latents' dtype, ``img_shapes`` one list
+    of (frames, h, w) per sample. Text: the registry's 512 tokens (the pipeline's maximum)."""
+    cfg = QWEN_IMAGE if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(4)
+    x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
+    return {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
+            "encoder_hidden_states_mask": None,
+            "timestep": torch.tensor([0.5], device=device).to(dtype),
+            "img_shapes": [[(1, height, width)]], "return_dict": False}
+
+
+def _hunyuan_video(layers: int, **config):
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    return HunyuanVideoTransformer3DModel(**{**HUNYUAN_VIDEO, "num_layers": layers,
+                                             "num_single_layers": 2 * layers, **config})
+
+
+def _hunyuan_video_inputs(device, dtype, frames=16, h=68, w=120, text_len=256, prompt=80,
+                          cfg=None):
+    """HunyuanVideoPipeline (544x960, 61 frames: latents 16 x 68 x 120): fp32 latents passed
+    as ``latents.to(transformer_dtype)``, ``timestep`` fp32 (0..1000), llama embeddings of
+    256 tokens of which the first ``prompt`` are the prompt (mask in the model dtype, the
+    rest padding), CLIP's pooled embedding, ``guidance = 6.0 * 1000`` in the model dtype."""
+    cfg = HUNYUAN_VIDEO if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(5)
+    x = torch.randn(1, cfg["in_channels"], frames, h, w, generator=g, device=device)
+    e = torch.randn(1, text_len, cfg["text_embed_dim"], generator=g, device=device)
+    pooled = torch.randn(1, cfg["pooled_projection_dim"], generator=g, device=device)
+    mask = torch.zeros(1, text_len, device=device)
+    mask[:, :min(prompt, text_len)] = 1
+    return {"hidden_states": x.to(dtype), "timestep": torch.tensor([500.0], device=device),
+            "encoder_hidden_states": e.to(dtype), "encoder_attention_mask": mask.to(dtype),
+            "pooled_projections": pooled.to(dtype),
+            "guidance": torch.tensor([6.0], device=device).to(dtype) * 1000.0, "return_dict": False}
+
+
+def _same(layers: int = 0, **config):
+    """The whole AutoencoderSAME (encoder too, as loaded); ``layers`` is ignored: full depth."""
+    from diffusers import AutoencoderSAME
+
+    return AutoencoderSAME(**{**SAME_L, **config})
+
+
+def same_latent_count(seconds: float, cfg) -> int:
+    """Latents StableAudio3Pipeline makes for ``seconds`` of audio (no silence padding)."""
+    ratio = cfg["patch_size"] * math.prod(cfg["encoder_strides"])
+    return math.ceil(seconds * cfg["sampling_rate"] / ratio)
+
+
+def _same_inputs(device, dtype, latents=646, cfg=None):
+    """StableAudio3Pipeline decodes ``vae.decode(latents)`` with latents (B, latent_dim, T) in
+    the pipeline dtype (that of the prompt embeddings): the VAE runs in ``torch_dtype``."""
+    cfg = SAME_L if cfg is None else cfg
+    g = torch.Generator(device=device).manual_seed(7)
+    return {"latents": torch.randn(1, cfg["latent_dim"], latents, generator=g, device=device).to(dtype)}
+
+
+@dataclass
+class E2EModel:
+    name: str
+    build: Callable[..., torch.nn.Module]   # (layers, **config overrides) -> model
+    inputs: Callable[..., dict]             # (device, dtype, cfg=model.config, **sizes) -> kwargs
+    latent_key: str = "hidden_states"       # the kwarg the trajectory integrates
+    time_key: str = "timestep"
+    time_scale: float = 1000.0              # timestep = t * time_scale
+    sizes: dict = field(default_factory=dict)        # the GPU run's input sizes
+    tiny_config: dict = field(default_factory=dict)  # CPU test: config overrides ...
+    tiny_sizes: dict = field(default_factory=dict)   # ... and input sizes (same builders)
+    kind: str = "transformer"               # "transformer" | "vae-decode"
+    randomize: Callable = _randomize
+    dtypes: tuple = (torch.bfloat16,)
+
+
+E2E_MODELS: dict[str, E2EModel] = {m.name: m for m in [
+    E2EModel("wan14b-480p", _wan14b, _wan_inputs, time_scale=1000.0,
+             tiny_config={"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4,
+                          "text_dim": 16, "ffn_dim": 32, "rope_max_seq_len": 32},
+             tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6}),
+    E2EModel("flux1-1024", _flux1, _flux1_inputs, time_scale=1.0,
+             tiny_config={"in_channels": 4, "attention_head_dim": 16, "num_attention_heads": 2,
+                          "joint_attention_dim": 32, "pooled_projection_dim": 32, "axes_dims_rope": (4, 4, 8)},
+             tiny_sizes={"height": 4, "width": 4, "text_len": 8}),
+    E2EModel("flux2-1024", _flux2, _flux2_inputs, time_scale=1.0,
+             tiny_config={"in_channels": 4, "attention_head_dim": 16, "num_attention_heads": 2,
+                          "joint_attention_dim": 32, "timestep_guidance_channels": 32,
+                          "axes_dims_rope": (4, 4, 4, 4)},
+             tiny_sizes={"height": 4, "width": 4, "text_len": 8}),
+    E2EModel("qwen-image-1328", _qwen_image, _qwen_image_inputs, time_scale=1.0,
+             tiny_config={"in_channels": 16, "out_channels": 4, "attention_head_dim": 16,
+                          "num_attention_heads": 2, "joint_attention_dim": 16, "axes_dims_rope": (8, 4, 4)},
+             tiny_sizes={"height": 4, "width": 4, "text_len": 7}),
+    E2EModel("hunyuan-video-544p", _hunyuan_video, _hunyuan_video_inputs, time_scale=1000.0,
+             tiny_config={"in_channels": 4, "out_channels": 4, "num_attention_heads": 2,
+                          "attention_head_dim": 10, "num_refiner_layers": 1, "patch_size": 1,
+                          "text_embed_dim": 16, "pooled_projection_dim": 8, "rope_axes_dim": (2, 4, 4)},
+             tiny_sizes={"frames": 2, "h": 4, "w": 4, "text_len": 6, "prompt": 4}),
+    E2EModel("same-l", _same, _same_inputs, latent_key="latents", kind="vae-decode",
+             randomize=_randomize_same, dtypes=(torch.bfloat16, torch.float32),
+             sizes={"seconds": (60, 180)},
+             tiny_config={"patch_size": 4, "encoder_channels": 32, "encoder_c_mults": (2,), "encoder_strides": (2,),
+                          "encoder_transformer_depths": (2,), "latent_dim": 8, "dim_heads": 32, "ff_mult": 1,
+                          "decoder_sinusoidal_blocks": (1,)},
+             tiny_sizes={"latents": (4, 9)}),
+]}
+
+
+def build_model(spec: E2EModel, layers: int, device, dtype, seed: int = 0, **config):
+    """``spec.build`` on ``device`` (no host-side init of billions of parameters), random
+    weights, cast as ``from_pretrained(torch_dtype=dtype)`` would."""
+    with torch.device(device):
+        model = spec.build(layers, **config)
+    spec.randomize(model, seed)
+    return as_loaded(model, dtype).eval().requires_grad_(False)
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    mse = (a - b).pow(2).mean().item()
+    peak = b.abs().max().item()
+    return float("inf") if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+def _compare(out, ref) -> dict:
+    return {"psnr": psnr(out, ref), "max_abs_diff": (out.double() - ref.double()).abs().max().item()}
+
+
+@torch.no_grad()
+def trajectory(model, kw: dict, spec: E2EModel, steps: int = 20) -> torch.Tensor:
+    """A flow-matching Euler trajectory x <- x + dt * v(x, t) from t = 1 to 0."""
+    x = kw[spec.latent_key].clone()
+    t_dtype = kw[spec.time_key].dtype
+    for i in range(steps):
+        t = 1.0 - i / steps
+        args = dict(kw, **{spec.latent_key: x,
+                           spec.time_key: torch.full_like(kw[spec.time_key], t * spec.time_scale,
+                                                          dtype=t_dtype)})
+        v = model(**args)[0]
+        x = (x.float() - v.float() / steps).to(x.dtype)
+    return x
+
+
+class CudaMemory:
+    """Peak-memory probe of one row: ``reset()`` before, ``peak()`` (GiB) after."""
+
+    def reset(self):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak(self) -> float:
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**30
+
+
+def _row(spec, impl, dtype, **kw) -> dict:
+    r = dict.fromkeys(ROW_FIELDS)
+    r.update(model=spec.name, impl=impl, dtype=str(dtype).replace("torch.", ""), **kw)
+    return r
+
+
+def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, timer, emit,
+              compile_backend: str | None = "inductor", steps: int = 20, config=None, sizes=None,
+              mem=None, rounds: int = 3):
+    """Time one step four ways (two without ``compile_backend``; an unpatched model and a
+    patched copy, timed in ``rounds`` interleaved rounds) and compare trajectories; calls
+    ``emit(row)`` for each way. Returns (rows, quality, patch report)."""
+    import ditfuse
+
+    model = build_model(spec, layers, device, dtype, **(config or {}))
+    kw = spec.inputs(device, dtype, cfg=model.config, **(spec.sizes if sizes is None else sizes))
+    blocks = sum(1 for m in model.modules() if type(m).__name__.endswith("TransformerBlock"))
+    lat, txt = kw[spec.latent_key], kw.get("encoder_hidden_states")
+    shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
+    rows, quality = {}, {}
+
+    def compiled(m):
+        comp = torch.compile(m, backend=compile_backend)
+        comp(**kw)
+        return lambda: comp(**kw)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref_traj = trajectory(model, kw, spec, steps)
+        patched = copy.deepcopy(model)  # the same weights; both stay built for the interleaving
+        report = ditfuse.patch(patched)
+        traj = trajectory(patched, kw, spec, steps)
+        quality = _compare(traj, ref_traj)
+        fns = {"unpatched eager": lambda: model(**kw)}
+        if compile_backend:
+            fns["unpatched compile"] = compiled(model)
+        fns["patched eager"] = lambda: patched(**kw)
+        if compile_backend:
+            fns["patched compile"] = compiled(patched)
+        # Rounds over the four ways, so that the GPU's clock (it drifts down as the chip
+        # heats over a run) weighs on each the same; a row is the median of its rounds.
+        times = {impl: [] for impl in fns}
+        hosts = {impl: [] for impl in fns}
+        peaks = {impl: [] for impl in fns}
+        for _ in range(rounds):
+            for impl, fn in fns.items():
+                if mem:
+                    mem.reset()
+                times[impl].append(timer(fn))
+                hosts[impl].append(getattr(timer, "host_ms", None))
+                peaks[impl].append(mem.peak() if mem else None)
+        for impl in fns:
+            ms = statistics.median(times[impl])
+            rows[impl] = ms
+            spread = "rounds " + "/".join(f"{t:.2f}" for t in times[impl])
+            if all(h is not None for h in hosts[impl]):
+                spread += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
+            extra = (dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
+                     if impl == "patched eager" else dict(note=spread))
+            emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
+                      peak_gib=max(peaks[impl]) if mem else None, shape=shape, **extra))
+        torch._dynamo.reset()
+    return rows, quality, report
+
+
+def _oom_note(err: BaseException) -> str:
+    m = re.search(r"Tried to allocate ([0-9.]+ [KMGT]?i?B)", str(err))
+    return "OOM" + (f" (tried to allocate {m.group(1)})" if m else "")
+
+
+def _free(device):
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _decode_once(model, latents, timer, mem, single_call_s=3.0):
+    """(output of a first decode, ms, peak GiB, note). The first call is the warm-up (Triton
+    JIT) and the compared output; ``timer`` then times more calls, unless the first took over
+    ``single_call_s`` (given for the unpatched rows only: the dense-mask path at 3 minutes, no
+    JIT in its first call): then that one call is the time, to keep the run bounded. An out-of-memory gives (None, None, peak, "OOM ...")."""
+    note, out, ms = None, None, None
+    cuda = latents.is_cuda
+    if mem:
+        mem.reset()
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            out = model.decode(latents).sample
+            if cuda:
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            if single_call_s is not None and first_s > single_call_s:
+                ms, note = first_s * 1e3, "one call (no warm-up)"
+            else:
+                ms = timer(lambda: model.decode(latents).sample)
+    except torch.cuda.OutOfMemoryError as e:     # torch.OutOfMemoryError
+        note, out, ms = _oom_note(e), None, None
+    peak = mem.peak() if mem else None
+    if out is None:
+        _free(latents.device)
+    return out, ms, peak, note
+
+
+def run_same(spec: E2EModel, device: str, timer, emit, dtypes=None, config=None, sizes=None, mem=None,
+             single_call_s=3.0):
+    """SAME ``decode`` of each length, unpatched then patched, per dtype (the same random
+    weights for every dtype); the patched row carries PSNR / max |diff| against the
+    unpatched output. An out-of-memory (the dense-mask path at 3 minutes) becomes an ``OOM``
+    row. Returns {(dtype, latents): {impl: ms or None}}."""
+    import ditfuse
+
+    results, kept = {}, {}
+    sizes = spec.sizes if sizes is None else sizes
+    dtypes = tuple(dtypes or spec.dtypes)
+    for dtype in dtypes:
+        model = build_model(spec, 0, device, dtype, **(config or {}))
+        cfg = model.config
+        lengths = list(sizes.get("latents") or [same_latent_count(s, cfg) for s in sizes["seconds"]])
+        first = model.decoder.blocks[0]   # SAME-S/L: the only decoder block
+        blocks = sum(len(b.transformers) for b in model.decoder.blocks)
+        ratio = cfg["patch_size"] * math.prod(cfg["encoder_strides"])
+        for n in lengths:
+            latents = spec.inputs(device, dtype, latents=n, cfg=cfg)["latents"]
+            shape = (f"{n * ratio / cfg['sampling_rate']:.3g} s: {n} latents, {n * (first.stride + 1)} tokens, "
+                     f"window {first.sliding_window * (first.stride + 1)}")
+            outs, res = {}, {}
+            for impl in ("unpatched", "patched"):
+                if impl == "patched":
+                    ditfuse.patch(model)
+                try:
+                    out, ms, peak, note = _decode_once(model, latents, timer, mem,
+                                                       single_call_s if impl == "unpatched" else None)
+                finally:
+                    if impl == "patched":
+                        ditfuse.unpatch(model)
+                outs[impl], res[impl] = out, ms
+                if out is not None and torch.float32 in dtypes:
+                    kept[(dtype, n, impl)] = out
+                quality = (_compare(out, outs["unpatched"])
+                           if impl == "patched" and out is not None and outs["unpatched"] is not None else {})
+                emit(_row(spec, impl, dtype, blocks=blocks, ms=ms,
+                          ms_per_block=None if ms is None else ms / max(blocks, 1), peak_gib=peak,
+                          shape=shape, note=note, **quality))
+            results[(dtype, n)] = res
+            outs = latents = out = None
+            _free(device)
+        model = first = None
+        _free(device)
+    _emit_vs_fp32(spec, kept, dtypes, emit)
+    return results
+
+
+def _emit_vs_fp32(spec, kept, dtypes, emit):
+    """Both lower-precision decodes against the fp32 one (unpatched, or patched where that
+    one ran out of memory): what rounding alone costs, the scale for the patched-vs-
+    unpatched PSNR of that dtype."""
+    for n in sorted({k[1] for k in kept}):
+        ref_impl = next((i for i in ("unpatched", "patched") if (torch.float32, n, i) in kept), None)
+        if ref_impl is None:
+            continue
+        ref = kept[(torch.float32, n, ref_impl)]
+        for dtype in dtypes:
+            for impl in ("unpatched", "patched"):
+                if dtype != torch.float32 and (dtype, n, impl) in kept:
+                    emit(_row(spec, f"{impl} vs fp32", dtype, shape=f"{n} latents",
+                              note=f"reference: fp32 {ref_impl}", **_compare(kept[(dtype, n, impl)], ref)))
+
+
+def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2,
+               min_steps: int = 3):
+    """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: warm-up
+    calls (at least ``warmup``, for at least ``settle_ms``), then n calls (at least
+    ``min_steps``, enough for ``min_ms``) launched one after the other, one sync at the end;
+    ``timer.host_ms`` is the host time of the first timed step (its launches, from an empty
+    queue: over seconds of steps the host waits on the full launch queue, so the loop's own
+    host time says nothing). The host prepares a step while the GPU runs the one before, so
+    a step's host cost counts only where it exceeds its GPU time.
+
+    Why seconds, not a few steps: the H200 runs these models at its 700 W power limit, its
+    SM clock set by the load (1520-1660 MHz of 1980 under the four ways at FLUX,
+    ``benchmarks/logs/s13/b``); a denser way (compiled: fewer gaps between kernels) draws
+    more and clocks lower. Timed over ~200 ms right after another way (sessions 5-12), a
+    way ran partly at the clock the previous one left; after ``settle_ms`` of its own load
+    and over ``min_ms`` it runs at its own, as a pipeline's 20-50 steps do. (Until session
+    5 each step was timed alone by do_bench, after an L2 flush, from an idle GPU: every step
+    also paid its host latency up to the first kernel, up to 2.6 ms of a 26 ms FLUX.1 step
+    for the compiled models' guards, ``benchmarks/logs/s5/diag_compile_variants.log``.)"""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def timer(fn):
+        t = time.perf_counter()
+        done = 0
+        while done < warmup or (time.perf_counter() - t) * 1e3 < settle_ms:
+            fn()
+            done += 1
+            sync()
+        est = (time.perf_counter() - t) / done * 1e3
+        n = max(min_steps, math.ceil(min_ms / max(est, 1e-3)))
+        t = time.perf_counter()
+        fn()
+        timer.host_ms = (time.perf_counter() - t) * 1e3  # one step's launches, queue empty
+        for _ in range(n - 1):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / n * 1e3
+    timer.host_ms = None
+    return timer
+
+
+def adaptive_timer(budget_s: float = 2.0, max_reps: int = 10):
+    """Median ms of ``fn`` over as many calls as fit in ``budget_s`` (at least one, at most
+    ``max_reps``), for rows of seconds each; the caller has made a warm-up call."""
+    def timer(fn):
+        times = []
+        while True:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+            if len(times) >= max_reps or sum(times) + times[-1] > budget_s * 1e3:
+                return statistics.median(times)
+    return timer
+
+
+def format_row(r: dict) -> str:
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    ms = "OOM" if r["ms"] is None and (r["note"] or "").startswith("OOM") else num(r["ms"], ".2f")
+    return (f"{r['model']:12s} {r['impl']:18s} {r['dtype']:8s} {num(r['blocks'], 'd'):>6s} {ms:>10s} "
+            f"{num(r['ms_per_block'], '.2f'):>9s} {num(r['peak_gib'], '.2f'):>8s} {num(r['psnr'], '.1f'):>7s} "
+            f"{num(r['max_abs_diff'], '.3g'):>9s}  {r['shape'] or ''}{'  ' + r['note'] if r['note'] else ''}")
+
+
+HEADER = (f"{'model':12s} {'impl':18s} {'dtype':8s} {'blocks':>6s} {'ms':>10s} {'ms/block':>9s} "
+          f"{'peak GiB':>8s} {'PSNR':>7s} {'max|d|':>9s}  shape / note")
+
+
+def write_csv(path: str, rows) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def run_e2e(names, device: str, layers: int, csv_path: str, timer, slow_timer, mem=None,
+            compile_backend: str | None = "inductor", steps: int = 20, tiny: bool = False,
+            out=sys.stdout, rounds: int = 3) -> int:
+    """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
+    row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
+    test's configs and sizes through the same builders. Returns the number of failures."""
+    rows, failed = [], 0
+
+    def emit(r):
+        rows.append(r)
+        print(format_row(r), file=out, flush=True)
+        write_csv(csv_path, rows)
+
+    print(HEADER, file=out, flush=True)
+    for n in names:
+        spec = E2E_MODELS[n]
+        t0 = time.time()
+        kw = {"config": spec.tiny_config, "sizes": spec.tiny_sizes} if tiny else {}
+        try:
+            if spec.kind == "vae-decode":
+                run_same(spec, device, slow_timer, emit, mem=mem, **kw)
+            else:
+                _, _, report = run_model(spec, device, torch.bfloat16, layers, timer, emit,
+                                         compile_backend=compile_backend, steps=steps, mem=mem,
+                                         rounds=rounds, **kw)
+                print(f"  ditfuse.patch: {report}", file=out, flush=True)
+        except Exception:  # noqa: BLE001 -- report it, keep the other models' rows
+            failed += 1
+            print(f"{n}: FAILED\n{traceback.format_exc()}", file=out, flush=True)
+        torch._dynamo.reset()  # compiled graphs hold the model
+        _free(device)
+        print(f"  {n}: {time.time() - t0:.0f} s", file=out, flush=True)
+    return failed
+
+
+def main(args) -> int:
+    """Called by ``ditfuse bench --e2e``."""
+    import datetime as _dt
+    import os
+
+    import triton
+
+    names = list(E2E_MODELS) if args.models == "all" else [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in E2E_MODELS]
+    if unknown or not names:
+        print(f"ditfuse bench --e2e: unknown model(s) {unknown}; known: {','.join(E2E_MODELS)}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("ditfuse bench --e2e: no CUDA GPU here", file=sys.stderr)
+        return 2
+    compile_backend = None if getattr(args, "no_compile", False) else "inductor"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; random "
+          f"weights. Transformers: bf16, {args.layers} double-stream blocks (FLUX, HunyuanVideo: + 2x single)"
+          f"{'' if compile_backend else ', no compile rows'}. SAME-L: full size, decode, bf16 and fp32; "
+          f"peak GiB includes the weights.", flush=True)
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, f"e2e-{torch.cuda.get_device_name().replace(' ', '-')}-"
+                                      f"{_dt.date.today().isoformat()}.csv")
+    t0 = time.time()
+    failed = run_e2e(names, "cuda", args.layers, path,
+                     timer=loop_timer(),  # ms a step, per round
+                     slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend,
+                     rounds=5)
+    print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
+    return 1 if failed else 0
