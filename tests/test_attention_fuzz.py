@@ -38,8 +38,9 @@ def draw(i):
     )
     if r.random() < 0.3:  # a head dim that is not a power of two (padded tiles)
         c["D"] = r.choice([8, 16, 48, 80, 96])
-    # the queries a 16-token program stores (its own generator: the draws above stay those of
-    # earlier sessions' case numbers): all 16, the table's query step, or any count
+    # the queries a 16-token program stores (its own generator: the draws above stay those
+    # each case number had before this draw was added): all 16, the table's query step, or
+    # any count
     c["step"] = random.Random(9000 + i).choice([None, None, "table", 1, 7, 13, 15])
     return c
 

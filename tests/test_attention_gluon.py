@@ -178,7 +178,8 @@ def test_sm90_build():
         # trip's last wait retires both P @ V (in the PTX's block order)
         assert sorted(row["waits"]) == ["0", "1", "1"], row
         # and ptxas keeps it: with a wgmma in flight across the loop's back edge whose
-        # accumulator is read after its wait, it serializes every wgmma (session 27's form)
+        # accumulator is read after its wait, it serializes every wgmma (the form built on
+        # 2026-12-04: docs/design/attention.md)
         assert not row["serialized"], row
         # Q1, Q2 and a tile's K1, K2, V by TMA (one box each), no per-thread copies
         assert row["wgmma"] > 0 and row["tma"] >= 5 and row["cp_async"] == 0, row

@@ -1,7 +1,7 @@
-"""Replayed calls (``ditfuse/_fastpath.py``): a call whose signature was seen before reuses
-the recorded launches with its own tensors. Each case calls an op twice with fresh data of
-one signature, checks the second call was a replay and that it equals the checked path
-(the cache off) bitwise, with NaN-poisoned outputs; aliasing at record time, in-place
+"""Replayed calls (``ditfuse/runtime/fastpath.py``): a call whose signature was seen before
+reuses the recorded launches with its own tensors. Each case calls an op twice with fresh
+data of one signature, checks the second call was a replay and that it equals the checked
+path (the cache off) bitwise, with NaN-poisoned outputs; aliasing at record time, in-place
 outputs, changed signatures and nested recordings are covered."""
 import re
 from pathlib import Path
@@ -297,7 +297,7 @@ def test_nested_recording_keeps_inner_launches(replays):
 
 
 def test_every_cached_launch_is_recorded():
-    """The ops with a cache launch kernels only through _fastpath.launch: a direct
+    """The ops with a cache launch kernels only through ``fastpath.launch``: a direct
     ``kernel[grid](...)`` inside a recorded call would be missing from its replay."""
     src = Path(ditfuse.__file__).parent
     for name in ("adaln.py", "activations.py", "qk_norm_rope.py", "group_norm.py", "attention.py"):

@@ -3,7 +3,7 @@ awkward shapes launch them (compiled with the Triton wheel's ptxas / cuobjdump; 
 no spills, stack or local memory; SiLU as the single ``ex2.approx.ftz`` / ``div.approx.ftz``
 instructions; and in the channel-RMS column program every vector load of x issued before
 the first barrier (a load placed after the sum's barrier costs each program a second memory
-round trip: 321 vs 238 us measured on the H200 at Wan's VAE, benchmarks/NOTES.md v4)."""
+round trip: 321 vs 238 us measured on the H200 at Wan's VAE: docs/design/group_norm.md, v4)."""
 import json
 import os
 import subprocess
@@ -171,8 +171,8 @@ def test_rms_column_loads_before_the_barrier(rows):
 def test_cache_hints(rows):
     """GroupNorm's split path re-reads x: the statistics loads are marked evict_last (what
     of x is in L2 when they end stays there for the apply pass), the apply pass's loads of
-    x evict_first, and y is stored streaming (H200, session 11: 2.4-7.5% faster at the
-    <= 67 MB shapes, benchmarks/NOTES.md)."""
+    x evict_first, and y is stored streaming (H200, 2026-11-30: 2.4-7.5% faster at the
+    <= 67 MB shapes, docs/design/group_norm.md)."""
     by = {}
     for r in rows:
         by.setdefault(r["kernel"], []).append(r)

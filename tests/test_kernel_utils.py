@@ -1,4 +1,4 @@
-"""The element helpers every kernel shares (``ditfuse._kernel_utils``): tanh, exp2 and the
+"""The element helpers every kernel shares (``ditfuse.kernels.element``): tanh, exp2 and the
 reciprocal, checked against float64 over dense ranges of fp32 inputs. On the CPU the
 interpreter takes the plain Triton forms; on the GPU the approximate PTX instructions
 (``ex2.approx.ftz``, ``rcp.approx.ftz``), which these bounds are written for."""

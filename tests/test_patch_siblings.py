@@ -274,9 +274,9 @@ def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch
     assert torch.equal(model(**kw)[0], ref)
 
 
-# the sibling models the patch covers since session 19 (ChronoEdit: 20), traced whole (HunyuanVideo 1.5's
-# model forward branches on its data -- ``torch.all(image_embeds == 0)`` -- so its repeated
-# blocks are compiled, as diffusers' ``compile_repeated_blocks`` does)
+# the sibling models the patch took on last (2026-12-01; ChronoEdit 2026-12-02), traced whole
+# (HunyuanVideo 1.5's model forward branches on its data -- ``torch.all(image_embeds == 0)``
+# -- so its repeated blocks are compiled, as diffusers' ``compile_repeated_blocks`` does)
 COMPILE_CASES = [c for c in CASES if c[0] in ("wan-animate", "flux3", "hunyuan-video-1.5", "chronoedit")]
 
 

@@ -91,7 +91,7 @@ def no_tf32():
 @pytest.mark.parametrize("name", list(VAES))
 def test_patched_vae_matches_unpatched(name, dtype, spy, no_tf32):
     # fp32 convolutions in fp32 (cuDNN's default TF32 would round their inputs to 10 bits,
-    # turning the pairs' fp32-rounding differences into 1e-4-sized ones: H200, session 21)
+    # turning the pairs' fp32-rounding differences into 1e-4-sized ones: H200, 2026-12-02)
     vae, z, x = _make(name, dtype)
     ref = _run(vae, z, x)
     report = ditfuse.patch(vae)

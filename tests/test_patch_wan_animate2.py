@@ -141,7 +141,7 @@ def test_rotation_is_rope_apply(D, grids, S, stride, dtype):
     else:
         # one bf16 rounding of the result plus the fp32 arithmetic's error (a few fp32
         # roundings of the pair's size: where the rotation cancels, many bf16 units of the
-        # tiny result; H200, Wan 14B's shape: benchmarks/logs/s20/c/wan_animate2_qk.log)
+        # tiny result; H200, Wan 14B's shape, 2026-12-02: docs/design/qk_norm_rope.md)
         mag = want.double().abs().clamp_min(2.0 ** -126)
         ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(mag)))
         pair = (x[..., 0::2].double().abs() + x[..., 1::2].double().abs()).repeat_interleave(2, -1)

@@ -16,7 +16,7 @@ the ones holding the CP config.
 
 On CUDA: Wan2.x-14B at real size (40 heads x 128, dim 5120), ``--layers`` blocks, 480p
 (S = 21 * 30 * 52 = 32,760 tokens, 512 text tokens). ``--tiny`` (always on CPU): the tiny
-Wan of ``ditfuse.patching.tiny_models``.
+Wan of ``ditfuse.tools.tiny_models``.
 
 Attention backends (diffusers 0.42.1): Ulysses runs on ``native`` (SDPA). Ring attention
 merges per-chunk results by their log-sum-exp, which ``native`` refuses to return; on CUDA

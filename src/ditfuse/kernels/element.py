@@ -64,7 +64,7 @@ def _tanh(x):
     e = 2^(-2 log2(e) |x|) (``tl.exp2``, one ``ex2.approx`` on sm_90: the measured build;
     ``_ex2``'s flush-to-zero form gave 16 more instructions at SAME-L) and the quotient as
     one ``rcp.approx`` of 1 + e, which lies in [1, 2], and a product (Triton's ``/`` adds
-    range checks: benchmarks/NOTES.md, qk_norm_rope v8); below 0.25, where 1 - e would
+    range checks: docs/design/qk_norm_rope.md, v8); below 0.25, where 1 - e would
     cancel, the odd Taylor series up to x^9 in fused multiply-adds (its first omitted term
     is below 2^-27 of tanh there)."""
     ax = tl.abs(x)

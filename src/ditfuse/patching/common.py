@@ -186,7 +186,7 @@ def cat_fusable(first, h, op: str) -> bool:
     MLP columns and ``first`` is copied into the others, both as mutating ops on views of
     the fresh buffer that inductor performs in place, where inductor's own cat + GELU kernel
     took 100 us a FLUX.1 single block against 69 + 12 us for ditfuse's GELU and the copy
-    (``logs/s13/a/profile_flux1-1024.log``); SwiGLU stays
+    (H200, 2026-12-01, 1024^2; docs/design/activations.md); SwiGLU stays
     inductor's there (its fused kernel, 163 us at FLUX.2, leaves ditfuse's 128 us SwiGLU
     plus the copy nothing to gain)."""
     parts = _parts(first)

@@ -31,7 +31,7 @@ def _swiglu_forward(self, x):
     (``ditfuse.swiglu``); the class's own forward when its gate is not a plain SiLU, autograd
     needs gradients, the kernel does not take ``x`` as it is (dtype, device, strides, odd
     width), or under torch.compile (inductor fuses the same two ops: 109.9 vs 118.5 us at
-    FLUX.2's FF, ``logs/s4/measure/bench.log``)."""
+    FLUX.2's FF, H200, 2026-11-29; docs/design/activations.md)."""
     if compiling() or type(self.gate_fn) is not torch.nn.SiLU or not supported(x, "swiglu"):
         return type(self).forward(self, x)
     return swiglu(x)
@@ -106,8 +106,8 @@ def _make_processors(fuse_act: bool = True):
             value = value.unflatten(-1, (-1, D))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
             # into fresh Q / K (contiguous for the attention) rather than in place on the
-            # projection's chunks: the same bits, 65.2 vs 66.2 us at 1024^2 on the H200
-            # (benchmarks/logs/s17/b/out_ab_others.log)
+            # projection's chunks: the same bits, 65.2 vs 66.2 us at 1024^2 (H200,
+            # 2026-12-01; docs/design/qk_norm_rope.md)
             query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k)
             hidden_states = dispatch_attention_fn(
                 query, key, value, attn_mask=attention_mask, backend=self._attention_backend,

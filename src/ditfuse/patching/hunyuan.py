@@ -94,7 +94,7 @@ def _make_processor():
                 value = torch.cat([value, encoder_value], dim=1)
             else:
                 # into fresh Q / K rather than in place: the same bits, and faster on the H200
-                # (HunyuanVideo 544p 215.0 vs 220.0 us, benchmarks/logs/s17/b/out_ab_others.log)
+                # (HunyuanVideo 544p 215.0 vs 220.0 us, 2026-12-01; docs/design/qk_norm_rope.md)
                 q_new, k_new = torch.empty_like(query), torch.empty_like(key)
                 img = slice(0, n_img)
                 qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,

@@ -26,8 +26,9 @@ def _imag(f):
 def _cs(freqs):
     """cos, sin of complex frequencies as contiguous (S, D/2) tables, made once per table:
     the kernel's half-width path reads them with one load a pair (H200, Qwen-Image 1328^2:
-    52.3 us, benchmarks/logs/s10/c); the strided real / imaginary views cost it a layout
-    change through shared memory (sm_90: 128 registers instead of 60; not timed)."""
+    52.3 us, 2026-11-30; docs/design/qk_norm_rope.md); the strided real / imaginary views
+    cost it a layout change through shared memory (sm_90: 128 registers instead of 60; not
+    timed)."""
     return table_once(freqs, "real", _real), table_once(freqs, "imag", _imag)
 
 

@@ -32,13 +32,13 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
         # gives Wan's arithmetic, repeat-interleaved or not), packed once per table. The
         # flat kernel's pair form reads a thread's half-table values in one 16-byte load:
         # H200, Wan 14B 480p in place, 338.4 us against 370.6 us with the columns repeated
-        # to full width (benchmarks/logs/s15/a; before the pair form, s10/c, d, the full
-        # width was the faster of the two)
+        # to full width (2026-12-01; before the pair form, on 2026-11-30, the full width
+        # was the faster of the two: docs/design/qk_norm_rope.md)
         cos = table_once(cos, "wan-cos", _wan_cos)
         sin = table_once(sin, "wan-sin", _wan_sin)
     # Out of place: the same bits as in place, and faster on the H200 at every Wan shape --
     # 14B 480p 334.0 vs 338.2 us (separate projections), 337.0 vs 351.5 on the chunks of a
-    # fused QKV projection, 1.3B 110.0 vs 111.2 (benchmarks/logs/s17/a/wan_out_ab.log)
+    # fused QKV projection, 1.3B 110.0 vs 111.2 (2026-12-01; docs/design/qk_norm_rope.md)
     return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
                         rotary_dim=D if cos is not None else None)
 
@@ -67,7 +67,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         ``from_pretrained`` keeps them, ``_keep_in_fp32_modules``), up to the order in which
         the norm's fp32 statistic is summed (bitwise at the tiny models; on the H200 at a
         14B-size norm across heads, 99.999% of the bf16 elements equal torch's RMSNorm, the
-        rest one unit apart: ``benchmarks/logs/s20/c/wan_animate2_qk.log``); a model cast
+        rest one unit apart, 2026-12-02: docs/design/qk_norm_rope.md); a model cast
         whole with ``.to(bfloat16)`` has bf16 tables, where eager Wan rounds every RoPE
         product in bf16 and the kernel rounds once (within a rounding).
         """

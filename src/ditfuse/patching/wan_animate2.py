@@ -97,9 +97,9 @@ def _make_processors():
         the multipliers rounded from fp64 to fp32, where ``rope_apply`` multiplies in fp64
         and rounds to fp32 and then to the activation dtype: within one rounding of the
         result plus a few fp32 roundings of the pair's size (where the rotation cancels, many
-        bf16 units of the tiny result). H200, the 14B denoising shape: 99.998% of the
-        rotated bf16 Q / K elements equal to the processor's
-        (``benchmarks/logs/s20/c/wan_animate2_qk.log``).
+        bf16 units of the tiny result). H200, the 14B denoising shape, 2026-12-02: 99.998%
+        of the rotated bf16 Q / K elements equal to the processor's
+        (docs/design/qk_norm_rope.md).
 
         Falls back to the base processor when autograd needs gradients, a norm is not one
         the kernel reads, or the rotary table / grid is not one :func:`_tables` reproduces.

@@ -3,8 +3,8 @@ same signature.
 
 An eager ditfuse call pays for argument checks, launch-setting tables and Triton's
 ``JITFunction.run`` (argument binding, cache key) on every call. On the H200 machine's host
-that was 87-186 us a call against 11-19 us for an eager torch op
-(``benchmarks/logs/s5/host_cost.log``), and FLUX.1's patched eager step, whose kernels are
+that was 87-186 us a call against 11-19 us for an eager torch op (2026-11-30;
+docs/design/host_cost.md), and FLUX.1's patched eager step, whose kernels are
 short, waited on the host. A diffusion model calls each op with the same shapes every step,
 so each op keys its calls by a *signature*: every tensor argument's shape, strides, dtype,
 device and 16-byte alignment, and every scalar option. Everything the slow path derives

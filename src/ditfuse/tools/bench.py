@@ -281,8 +281,8 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
 def attention_copy_parts(parts):
     """The tensors the attention rows' ``copy`` moves (each read and written once): half of
     the (B, N, H, D) projection chunks, rounded up -- as many bytes as the floor counts (the
-    n inputs read, the output written: n + 1 tensors' worth). Until session 17 every chunk
-    and the output's size were copied, twice the floor's bytes."""
+    n inputs read, the output written: n + 1 tensors' worth). Before 2026-12-01 every chunk
+    and the output's size were copied, twice the floor's bytes (docs/design/attention.md)."""
     return list(parts[:(len(parts) + 1) // 2])
 
 

@@ -25,10 +25,10 @@ def rope_table(S: int, D: int, style: str, device, dtype=torch.float32, base: fl
 def model_tables(shape: QKShape, cos: torch.Tensor, sin: torch.Tensor):
     """The full cos/sin tables as the patched model's processor hands them to
     ``qk_norm_rope`` (``shape.table``): as they are; Wan's ``cos[..., 0::2]`` /
-    ``sin[..., 1::2]`` columns packed, one value a pair (``patching/_wan.py``);
+    ``sin[..., 1::2]`` columns packed, one value a pair (``patching/wan.py``);
     or the real / imaginary parts of the complex frequencies Qwen-Image builds, packed
-    (``patching/_qwen.py``). The processors make these once per step's table
-    (``patching.table_once``)."""
+    (``patching/qwen.py``). The processors make these once per step's table
+    (``patching.common.table_once``)."""
     if shape.table == "wan":
         from ditfuse.patching.wan import _wan_cos, _wan_sin
 
