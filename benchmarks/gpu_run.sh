@@ -1,14 +1,42 @@
 #!/usr/bin/env bash
-# The committed GPU run (one device call): benchmark CSV + chart of every op, the GPU-only
-# tests (AOT packages loaded by the Triton-free loader, launch cache, patched models in CUDA
-# graphs) and the kernels' GPU tests, the parity gates at production shapes. Carry .whl
-# (diffusers, liger-kernel, importlib_metadata wheels; see the device README) and copy $OUT
-# into benchmarks/results and benchmarks/logs.
-source benchmarks/device_env.sh
-timeout ${BENCH_S:-300} python3 -m ditfuse bench --out-dir $OUT ${BENCH_ARGS:-} > $OUT/bench.log 2>&1; grep -A200 "^summary" $OUT/bench.log | head -80
-timeout 170 python3 -m pytest tests/test_aot.py tests/test_patch_cuda_graph.py \
-  tests/test_group_norm.py tests/test_no_half_fma.py -q -p no:cacheprovider -rs --tb=short > $OUT/pytest_gpu.log 2>&1
-tail -25 $OUT/pytest_gpu.log
-timeout 100 python3 -m ditfuse check --out $OUT/check_table.txt > /dev/null 2>&1; grep -c "| PASS" $OUT/check_table.txt; grep "| FAIL" $OUT/check_table.txt
-timeout 150 python3 benchmarks/sweep_adaln.py > $OUT/sweeps.log 2>&1
-timeout 90 python3 benchmarks/sweep_gn.py >> $OUT/sweeps.log 2>&1; grep BEST $OUT/sweeps.log
+# Run ditfuse on a GPU machine from a copy of this tree (run it from the repository root).
+#
+#   bash benchmarks/gpu_run.sh                      # ditfuse check, then ditfuse bench
+#   bash benchmarks/gpu_run.sh python3 benchmarks/vae_e2e.py --compile
+#   OUT=/some/dir bash benchmarks/gpu_run.sh python3 -m pytest -q tests/test_attention_gluon.py
+#
+# Installs the wheels carried in $WHEELS (default lab/wheels, an ignored folder: e.g. diffusers
+# for a machine with no index) when that folder exists, puts src/ on PYTHONPATH, prints the
+# environment, runs the command (default: the parity gates, then the benchmark CSV + chart into
+# $OUT or benchmarks/results) and tees everything into $OUT/gpu_run.log when $OUT is set.
+set -o pipefail
+cd "$(dirname "$0")/.." || exit 1
+WHEELS=${WHEELS:-lab/wheels}
+RESULTS=${OUT:-benchmarks/results}
+LOG=${OUT:+$OUT/gpu_run.log}
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+run() {
+  if [ -d "$WHEELS" ] && compgen -G "$WHEELS/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || return 1
+  fi
+  echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "| CUDA", torch.version.cuda,
+"| cuDNN", torch.backends.cudnn.version(), "| triton", triton.__version__,
+"|", torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")'
+  if [ $# -gt 0 ]; then
+    "$@"
+  else
+    local rc=0
+    python3 -m ditfuse check ${OUT:+--out "$OUT/check_table.txt"} || rc=$?
+    python3 -m ditfuse bench --out-dir "$RESULTS" || rc=$?
+    return $rc
+  fi
+}
+
+if [ -n "$LOG" ]; then
+  mkdir -p "$OUT" && run "$@" 2>&1 | tee "$LOG"
+else
+  run "$@"
+fi

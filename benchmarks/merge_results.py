@@ -10,7 +10,7 @@ case's other rows.
 import csv
 import sys
 
-from ditfuse.bench import COLUMNS, _chart, _write_csv
+from ditfuse.tools.bench import COLUMNS, _chart, _write_csv
 
 
 def _read(path):

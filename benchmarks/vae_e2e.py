@@ -1,5 +1,5 @@
 """VAE decode with ``ditfuse.patch`` (the norm -> SiLU pairs on the kernels) against the
-unpatched VAE (session 21). Default-initialised VAEs of the production configurations (no
+unpatched VAE. Default-initialised VAEs of the production configurations (no
 downloads: the time does not depend on the weights), CUDA events, median of 5 after 2
 warm-ups, torch.no_grad; each patched output compared with the unpatched one.
 
@@ -9,8 +9,8 @@ Cases: flux-1024 (FLUX.1's AutoencoderKL, 1024^2, bf16), wan-480p-9f (Wan 2.1's 
 3 latent frames -> 9 frames, bf16 and fp32 -- Wan's pipelines run the VAE in fp32),
 hunyuan-256-9f (HunyuanVideo's VAE, 256^2, 3 latent frames), qwen-1328 (Qwen-Image's VAE,
 1328^2, bf16). ``--compile``: also torch.compile of the decoder (inductor), unpatched and patched
-(``logs/s21/i``'s "patched" compiled time, 46.8 ms, had the kernels in the graph; since then the
-patched norms trace the modules' code under compile).
+(under compile the 4-D GroupNorm pairs stay on the kernel, channels-last; the 5-D VAEs' pairs
+trace the modules' code). Results: docs/design/group_norm.md.
 """
 import statistics
 import sys

@@ -15,7 +15,7 @@ import time
 import torch
 
 import ditfuse
-from ditfuse.patching.tiny_models import _randomize, to_dtype
+from ditfuse.tools.tiny_models import _randomize, to_dtype
 from wan_animate2_qk import arg  # this folder's script
 
 

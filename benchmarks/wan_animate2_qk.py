@@ -1,7 +1,7 @@
 """Wan-Animate-2's self-attention QK-norm + RoPE on the H200: the processor's eager code
 (``norm_q`` / ``norm_k``: torch RMSNorm across heads, then ``rope_apply``: complex fp64
 multipliers per grid cell, cast to fp32 and back) against the patched processor's call
-(``qk_norm_rope`` on the half-width fp32 tables of :func:`ditfuse.patching._wan_animate2._tables`,
+(``qk_norm_rope`` on the half-width fp32 tables of :func:`ditfuse.patching.wan_animate2._tables`,
 built once a step) at the 14B model's denoising pass (dim 5120, 40 heads of 128, 480x832:
 21 latent frames of 30 x 52 patch cells) and its reference pass's K rotation. CUDA-graph
 time (L2 flushed before every replay) and every output element compared with the eager one.
@@ -14,8 +14,8 @@ import sys
 import torch
 
 from ditfuse import qk_norm_rope
-from ditfuse.bench import copy_ceiling_gbps, graph_us
-from ditfuse.patching import _wan_animate2 as wa2
+from ditfuse.patching import wan_animate2 as wa2
+from ditfuse.tools.bench import copy_ceiling_gbps, graph_us
 
 
 def arg(name, default):
@@ -133,7 +133,7 @@ def processor_times(ta, H, D, grid, freqs, grid_sizes):
     projection): the base processor against the patched one, do_bench ms."""
     import triton
 
-    from ditfuse.patching._wan_animate2 import _make_processors
+    from ditfuse.patching.wan_animate2 import _make_processors
 
     S = math.prod(grid)
     attn = ta.WanAnimate2Attention(dim=H * D, heads=H).to("cuda", torch.bfloat16).eval()

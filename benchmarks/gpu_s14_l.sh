@@ -1,6 +1,0 @@
-#!/usr/bin/env bash
-# Session 14: Wan 1.3B back on the channel form (with the table-column mask).
-source benchmarks/device_env.sh
-BUDGET=100
-cd benchmarks
-step 60 python3 tree_times.py s14 qk:wan1.3b-480p,wan14b-480p 2>&1 | grep -v Warn | tee $OUT/tree_times.log

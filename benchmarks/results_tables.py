@@ -1,0 +1,46 @@
+"""Markdown tables of a `ditfuse bench` CSV, one per op.
+
+    python benchmarks/results_tables.py benchmarks/results/NVIDIA-H200-2026-12-04.csv [OP ...]
+
+Columns: floor us (bytes model / the run's copy ceiling), the median us of every impl the
+CSV has for the op -- "copy" is a contiguous copy of the op's main tensors (Q and K, x, or
+x and y), what moving them takes at this size (at tens of MB it stays well under the 2 GiB
+copy's rate) --, % of the
+ceiling and the speed-up over torch.compile (over FlexAttention for attention), both from
+the CUDA-graph time."""
+import csv
+import sys
+from collections import defaultdict
+
+ORDER = ["copy", "eager", "compile", "liger", "flex", "ditfuse", "ditfuse-graph"]
+NAMES = {"compile": "torch.compile", "ditfuse": "ditfuse call", "ditfuse-graph": "ditfuse graph"}
+
+
+def tables(path, ops=None):
+    cases = defaultdict(dict)
+    for r in csv.DictReader(open(path)):
+        cases[(r["op"], r["shape"], r["dtype"])][r["impl"]] = (float(r["us"]), float(r["pct_copy"]))
+    out = []
+    for op in dict.fromkeys(k[0] for k in cases):
+        if ops and op not in ops:
+            continue
+        keys = [k for k in cases if k[0] == op]
+        impls = [i for i in ORDER if any(i in cases[k] for k in keys)]
+        vs = "flex" if "flex" in impls else "compile"
+        out += [f"`{op}`", "", "| shape | dtype | floor us | " + " | ".join(NAMES.get(i, i) for i in impls)
+                + f" | % ceiling | x {'flex' if vs == 'flex' else 'compile'} |",
+                "| --- | --- | ---: | " + " | ".join("---:" for _ in impls) + " | ---: | ---: |"]
+        for k in keys:
+            c = cases[k]
+            g = c.get("ditfuse-graph")
+            floor = g[0] * g[1] / 100 if g else float("nan")
+            cells = [f"{c[i][0]:.1f}" if i in c else "-" for i in impls]
+            speed = f"{c[vs][0] / g[0]:.2f}" if g and vs in c else "-"
+            out.append(f"| {k[1]} | {k[2]} | {floor:.1f} | " + " | ".join(cells)
+                       + f" | {g[1]:.1f} | {speed} |" if g else "")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(tables(sys.argv[1], sys.argv[2:] or None))
