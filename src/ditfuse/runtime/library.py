@@ -4,7 +4,7 @@
 handling, an output-aliasing check): for qk_norm_rope's 26 arguments, on the CPU with the
 launch stubbed, 79-80 us a call through a custom_op against 56-57 us through this module's
 registration and 41-42 us for the eager public function
-(``benchmarks/op_host_cost.py``, 2026-11-29; docs/design/host_cost.md). Inside a
+(CPU, launch stubbed, 2026-11-29; docs/design/host_cost.md). Inside a
 compiled graph every ditfuse kernel is reached through its op, so at FLUX.1's 12 blocks a
 step's host time passed its GPU time (H200, 2026-11-29: 32.5 vs 24.0 ms) and the patched +
 compiled model ran slower than patched eager.
