@@ -27,15 +27,71 @@ def _interpret() -> bool:
 INTERPRET: bool = _interpret()
 
 
+_STDLIB_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _interpreted_stdlib():
+    """While one of ditfuse's interpreted kernels runs: Triton's own ``@triton.jit`` library
+    functions (``tl.sum``, ``tl.max``, their combine functions) as interpreted ones too.
+
+    Triton builds those when ``triton.language`` is first imported, compiled unless
+    ``TRITON_INTERPRET`` was set then; a compiled one refuses to be called from interpreted
+    code. The interpreter itself swaps ``tl``'s builtins for the duration of a launch and
+    restores them after; this does the same for the library functions, so that nothing
+    outside ditfuse's own launches changes."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    try:  # Gluon wraps tl.standard's functions at its import, which argument mangling
+        import triton.experimental.gluon  # noqa: F401  (triggers): import it before the swap
+    except ImportError:  # pragma: no cover
+        pass
+    with _STDLIB_LOCK:
+        saved = []
+        for mod in (tl, tl.standard):
+            for name, member in list(vars(mod).items()):
+                if isinstance(member, JITFunction):
+                    saved.append((mod, name, member))
+                    setattr(mod, name, _interpreted(member))
+        try:
+            yield
+        finally:
+            for mod, name, member in reversed(saved):
+                setattr(mod, name, member)
+
+
+_INTERPRETED: dict = {}
+
+
+def _interpreted(f):
+    hit = _INTERPRETED.get(f)
+    if hit is None:
+        from triton.runtime.interpreter import InterpretedFunction
+        hit = _INTERPRETED[f] = InterpretedFunction(f.fn)
+    return hit
+
+
+def _kernel_class():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    class _Interpreted(InterpretedFunction):
+        def run(self, *args, **kwargs):
+            with _interpreted_stdlib():
+                return super().run(*args, **kwargs)
+
+    return _Interpreted
+
+
 def jit(fn=None, **kwargs):
     """``triton.jit`` for ditfuse's kernels: an interpreted kernel when :data:`INTERPRET`,
     whatever ``TRITON_INTERPRET`` says, else a compiled one. Same keyword arguments."""
     if not INTERPRET:
         return triton.jit(fn, **kwargs)
-    from triton.runtime.interpreter import InterpretedFunction
+    cls = _kernel_class()
 
     def wrap(f):
-        return InterpretedFunction(f, **kwargs)
+        return cls(f, **kwargs)
 
     return wrap if fn is None else wrap(fn)
 
