@@ -252,25 +252,25 @@ def test_single_token_and_eps_default():
 
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder"])
 @torch.no_grad()
-def test_launch_settings_do_not_change_bits(name, monkeypatch):
+def test_launch_settings_do_not_change_bits(name):
     """The per-token kernel's heads per program and num_warps only split the work: identical
     output here (the interpreter sums in one order). On a GPU the warps also set the order
     of the cross-warp sums of an across-heads norm, so other warps there agree within a
-    rounding, not bitwise (``benchmarks/logs/s3/final_sweep_qk.log``); heads per program
-    never change the bits. (Wan's default is the flat-row kernel: ``test_qk_flat.py``.)"""
+    rounding, not bitwise (H200, 2026-11-29); heads per program never change the bits.
+    (Wan's calls take the flat-row kernel, ``test_qk_flat.py``; with ``settings`` given the
+    per-token kernel runs, as for the across-heads calls the flat kernel does not take.)"""
     import sys
 
     from ditfuse.tools.shapes import QK_SHAPES
     from ditfuse.tools.workloads import qk_inputs
 
     mod = sys.modules["ditfuse.ops.qk_norm_rope"]
-    monkeypatch.setattr(mod, "USE_FLAT", False)
     shape = QK_SHAPES[name].small(3)
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
     p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
                  k_norm=inp["k_norm"], **inp["kwargs"])
     outs = []
-    variants = [None, (shape.H, 2), (shape.H, 8)]
+    variants = [_table_settings(mod, p), (shape.H, 2), (shape.H, 8)]
     if shape.span != "all":
         variants += [(8, 4), (5, 2)]
     for st in variants:
@@ -279,6 +279,14 @@ def test_launch_settings_do_not_change_bits(name, monkeypatch):
         outs.append((qo, ko))
     for qo, ko in outs[1:]:
         assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
+
+
+def _table_settings(mod, p):
+    """The per-token kernel's own (heads per program, num_warps) for plan ``p``."""
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    hg, _, _, num_warps = mod.launch_settings(p.q.shape[2], p.q.shape[3], span_all,
+                                              p.k is not None, p.q.element_size())
+    return hg, num_warps
 
 
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024"])
@@ -302,12 +310,14 @@ def test_64_bit_token_offsets_same_bits(monkeypatch, name):
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
     p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
                  k_norm=inp["k_norm"], **inp["kwargs"])
-    monkeypatch.setattr(mod, "USE_FLAT", False)  # the flat kernel has no 64-bit variant:
-    outs = []                                    # where offsets need one it is not used
+    # the per-token kernel, with its own table: the flat kernel has no 64-bit variant (a
+    # call whose offsets need one is not the flat kernel's, Wan's included)
+    st = _table_settings(mod, p)
+    outs = []
     for wide in (False, True):
         monkeypatch.setattr(mod, "_needs_off64", lambda *a, wide=wide: wide)
         qo, ko = torch.full_like(p.q, float("nan")), torch.full_like(p.k, float("nan"))
-        mod.launch(p, qo, ko)
+        mod.launch(p, qo, ko, settings=st)
         outs.append((qo, ko))
     assert not outs[0][0].isnan().any() and not outs[0][1].isnan().any()
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -1,10 +1,9 @@
-"""The per-token kernel's word form (``TOKEN_WORDS``): interleaved 16-bit Q / K pairs (2i, 2i+1)
+"""The per-token kernel's word form (``X_WORDS``): interleaved 16-bit Q / K pairs (2i, 2i+1)
 read and written as one 32-bit word, weights / full-width tables a pair a word where they are
-pair-aligned, and rows every head shares (a per-head norm's weight and bias, a table shared
-by the heads) read once as [1, pairs] tiles (``ROW_BROADCAST``). The arithmetic per element is
-the channel form's and the statistic's tiles have the same shape, so the two forms give the
-same bits (interpreter and GPU: ``benchmarks/logs/s15/h``); calls whose rows are not
-pair-aligned keep the channel form."""
+pair-aligned (``W_WORDS``, ``T_WORDS``), and rows every head shares (a per-head norm's weight
+and bias, a table shared by the heads) read once as [1, pairs] tiles (``Q_W_ROW``,
+``K_W_ROW``, ``T_ROW``); calls whose rows are not pair-aligned take the channel form. Where
+each form runs, and every element against the fp64 reference."""
 import sys
 import zlib
 
@@ -13,7 +12,7 @@ import torch
 
 import ditfuse
 from ditfuse.norms import NormSpec
-from conftest import DEVICE
+from conftest import DEVICE, assert_close_report
 from test_qk_norm_rope import make_norm, make_tables
 
 mod = sys.modules["ditfuse.ops.qk_norm_rope"]
@@ -90,11 +89,12 @@ def _call(case, H, D, kind, span, table, R, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case,H,D,kind,span,table,R", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
-def test_word_form_is_the_channel_form(case, H, D, kind, span, table, R, dtype, monkeypatch,
-                                       poison_outputs):
-    """Every element of Q / K from the word form equals the channel form's, both written in
-    full (outputs start as NaN); the word form runs exactly where every pair is an aligned
-    word, and weights / tables take words only where they are pair-aligned."""
+def test_word_form_where_it_applies(case, H, D, kind, span, table, R, dtype, monkeypatch,
+                                    poison_outputs):
+    """The word form runs exactly where every pair of Q / K and their outputs is an aligned
+    word; weights / tables take words only where they are pair-aligned, and a row shared by
+    the heads is read once. Every element of Q / K written (outputs start as NaN) and
+    within one rounding of the fp64 reference."""
     q, k, cos, sin, qn, kn, kw = _call(case, H, D, kind, span, table, R, dtype)
     monkeypatch.setattr(mod.fastpath, "ENABLED", False)  # every call launches (no replay)
     seen = []
@@ -104,9 +104,7 @@ def test_word_form_is_the_channel_form(case, H, D, kind, span, table, R, dtype, 
                                                     "K_W_ROW", "T_ROW")}),
         orig(kern, grid, args, kw_))[1])
     got = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
-    monkeypatch.setattr(mod, "TOKEN_WORDS", False)
-    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
-    assert len(seen) == 2 and not any(seen[1].values())
+    assert len(seen) == 1
     words = seen[0]
     assert words["X_WORDS"] == (case != "rows-unaligned")
     if words["X_WORDS"]:
@@ -117,8 +115,14 @@ def test_word_form_is_the_channel_form(case, H, D, kind, span, table, R, dtype, 
         assert words["Q_W_ROW"] == (span == "head" and has_w)
         assert words["K_W_ROW"] == (span == "head" and has_w and k is not None)
         assert words["T_ROW"] == (table != "S,H,W")
-    for a, b in zip(got, want):
+    else:
+        assert not any(words.values())
+    ref = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
+                                         compute_dtype=torch.float64, **kw)
+    for a, r, name in zip(got, ref, ("q", "k")):
         if a is None:
+            assert r is None
             continue
-        assert not a.isnan().any()
-        assert torch.equal(a, b), f"{case}: {(a != b).sum().item()} of {a.numel()} differ"
+        assert not a.isnan().any(), f"{case} {name}: an element was not written"
+        share = assert_close_report(a, r, dtype, f"{case} {name}")
+        assert share >= 0.97, (case, name, share)

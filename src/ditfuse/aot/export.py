@@ -154,12 +154,7 @@ def capture(entry: OpExport, opts, B: int, N: int) -> Capture:
     tensors = _meta_tensors(entry, opts, B, N)
     places = [(importlib.import_module(p.split(":")[0]), p.split(":")[1])
               for p in entry.lookups or (entry.kernel,)]
-    qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
-    use_tma, qkr.USE_TMA = qkr.USE_TMA, False  # a package holds the per-token QK kernel:
-    try:                                        # its loader has no TMA descriptors to build
-        calls = intercept_launches(places, lambda: entry.call(opts, tensors))
-    finally:
-        qkr.USE_TMA = use_tma
+    calls = intercept_launches(places, lambda: entry.call(opts, tensors))
     if len(calls) != 1:
         raise P.AotRefusal("capture", f"{entry.op} launched {len(calls)} kernels for "
                                       f"(B, N) = ({B}, {N}); a package holds exactly one")

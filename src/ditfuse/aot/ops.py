@@ -157,7 +157,7 @@ def _qk_kernel_for(o) -> str:
                     size=span)
     p = qkr.plan(qkv[..., :HD], qkv[..., HD:2 * HD], tab, tab, q_norm=norm, k_norm=norm,
                  num_heads=o.heads, rope_style=o.rope, runtime_checks=False)
-    if qkr.USE_FLAT and qkr.flat_applies(p, p.q, p.k):
+    if qkr.flat_applies(p, p.q, p.k):
         return "ditfuse.kernels.qk_flat:_qk_norm_rope_flat_kernel"
     return "ditfuse.kernels.qk_token:_qk_norm_rope_kernel"
 

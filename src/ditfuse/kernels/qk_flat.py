@@ -1,15 +1,16 @@
-"""The flat-row kernel of the fused QK-norm + RoPE (private; the launcher is in
-qk_norm_rope.py): one token a program, its H*D channels held as flat rows.
+"""The flat-row kernel of the fused QK-norm + RoPE (private; launched by
+:mod:`ditfuse.ops.qk_norm_rope`): one token a program, its H*D channels held as flat rows.
 
 Used where the norm spans every head of the token (Wan's RMSNorm across 40 x 128 channels),
 or there is no norm, and the interleaved rotation covers whole heads. The per-token kernel
-(``_qk_kernel``) holds a token as [heads, pairs] tiles so that per-head statistics are one
-reduction each; with one statistic for the whole token that structure only costs
-instructions. H200 calibration (``benchmarks/logs/s8/diag/calib_qk.log``): a plain flat
-kernel ran Wan 480p in 340.6 us (95% of the copy ceiling) where the per-token kernel took
-399 and the TMA kernel 380; this kernel is bound by instruction issue as much as by bytes
-(``benchmarks/NOTES.md``), so the row is held as at most two power-of-two pieces with no
-dead lanes (5120 = 4096 + 1024 channels; a power-of-two tile would carry 8192 lanes).
+(:mod:`ditfuse.kernels.qk_token`) holds a token as [heads, pairs] tiles so that per-head
+statistics are one reduction each; with one statistic for the whole token that structure
+only costs instructions. H200 calibration, 2026-11-30: a plain flat kernel ran Wan 480p in
+340.6 us (95% of the copy ceiling) where the per-token kernel took 399 and a persistent
+TMA-fed kernel (since removed) 380; this kernel is bound by instruction issue as much as by
+bytes (``docs/design/qk_norm_rope.md``), so the row is held as at most two power-of-two
+pieces with no dead lanes (5120 = 4096 + 1024 channels; a power-of-two tile would carry
+8192 lanes).
 
 Lane c of a piece is channel c = h * D + d of the token; with the token's heads contiguous
 (``ROW_CONTIG``) its offset is c itself, so loads and stores vectorise. Rotary pairs are
@@ -21,10 +22,11 @@ head, then over heads). Offsets within a token are 32-bit, added to the token's 
 base.
 
 Two forms of the same arithmetic: the *channel form* above, and the *pair form*
-(``_pairs_program``, ``PAIRS``: 16-bit rows that are contiguous and pair-aligned, Q and K in
-programs of their own), which holds a piece as [pairs] of 32-bit words, each an interleaved
-pair (2i, 2i+1), and needs no reshape, split or join for the rotation (H200, Wan 14B 480p in
-place: 370 us against the channel form's 385; ``benchmarks/NOTES.md`` qk_norm_rope v10).
+(``_pairs_program``, constexpr ``PAIRS``, which the launcher sets for 16-bit rows that are
+contiguous and pair-aligned, Q and K in programs of their own with norms of one body), which
+holds a piece as [pairs] of 32-bit words, each an interleaved pair (2i, 2i+1), and needs no
+reshape, split or join for the rotation (H200, 2026-12-01, Wan 14B 480p in place: 370 us
+against the channel form's 385; ``docs/design/qk_norm_rope.md``).
 """
 from __future__ import annotations
 
@@ -210,10 +212,10 @@ def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase
 # Interleaved rotary pairs (2i, 2i+1) of a contiguous 16-bit row are the two halves of one
 # 32-bit word: loaded, held and stored as words, split by a shift and a mask (bf16) and
 # packed back by one cvt.rn.{bf16,f16}x2, the rotation needs no [pairs, 2] reshape, split
-# and join of the channel form (H200, Wan 14B 480p, separate Q / K in place: in a ladder
-# of kernels the rotation cost 83 us in the channel form, 18 as words;
-# benchmarks/wan_ladder.py, benchmarks/NOTES.md qk_norm_rope v10). The arithmetic per
-# element is the channel form's.
+# and join of the channel form (H200, 2026-12-01, Wan 14B 480p, separate Q / K in place: in
+# a ladder of kernels the rotation cost 83 us in the channel form, 18 as words;
+# benchmarks/wan_ladder.py, docs/design/qk_norm_rope.md). The arithmetic per element is the
+# channel form's.
 
 
 @jit

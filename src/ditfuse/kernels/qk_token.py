@@ -1,4 +1,6 @@
-"""The Triton kernel of the fused QK-norm + RoPE (private; the launcher is in qk_norm_rope.py).
+"""The per-token Triton kernel of the fused QK-norm + RoPE (private; launched by
+:mod:`ditfuse.ops.qk_norm_rope` wherever the flat-row kernel of :mod:`ditfuse.kernels.qk_flat`
+does not apply).
 
 One program handles one token and a group of heads of it, for Q and then K:
 

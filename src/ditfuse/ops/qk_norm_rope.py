@@ -1,11 +1,14 @@
-"""Fused QK-norm + RoPE: validate -> allocate -> launch, and the public function.
+"""Fused QK-norm + RoPE: validate -> allocate -> launch, the public function and its
+``torch.library`` ops.
 
-The kernels live in ``_qk_kernel.py`` (one token's heads as [heads, pairs] tiles: per-head
-norms, any rotary layout), ``_qk_flat_kernel.py`` (a token's channels as flat rows: norms
-across heads with interleaved RoPE over whole heads, Wan) and ``_qk_tma_kernel.py`` (a
-persistent TMA-fed kernel, used only with ``USE_FLAT = False`` now); the pure-PyTorch
-reference (also the fallback for devices Triton cannot run on) in ``reference.py``; the
-``torch.library`` op in ``_ops.py``.
+Two kernels compute the op: the flat-row kernel of :mod:`ditfuse.kernels.qk_flat` (a
+token's channels as flat rows: norms across heads, or none, with interleaved RoPE over
+whole heads -- Wan) where :func:`flat_applies`, else the per-token kernel of
+:mod:`ditfuse.kernels.qk_token` (one token's heads as [heads, pairs] tiles: per-head norms,
+any rotary layout). The pure-PyTorch reference, also the fallback on devices Triton cannot
+run on, is :func:`ditfuse.reference.qk_norm_rope_core`; the ``torch.library`` ops that
+``torch.compile`` and CUDA-graph capture see are at the end of this module. Measurements
+behind the launch tables: ``docs/design/qk_norm_rope.md``.
 """
 from __future__ import annotations
 
@@ -316,9 +319,9 @@ def launch_settings(H: int, D: int, span_all: bool, has_k: bool, itemsize: int):
     A program takes all heads of a token when the norm spans them or the row is small
     (at most 8192 channels); otherwise groups of heads holding 4096 channels. num_warps
     gives each thread about 48 live values of Q and K (measured on the H200 over the
-    registry shapes, benchmarks/NOTES.md), at most 16 warps and at least 2 for 16-bit
-    activations (``itemsize`` 2), 4 for fp32. The floor of 2 warps measured at head_dim
-    64 x 24 heads (``benchmarks/logs/s9/b``): SAME-L 153 -> 136 us, SA3 24.8 -> 21.5 in
+    registry shapes, ``docs/design/qk_norm_rope.md``), at most 16 warps and at least 2 for
+    16-bit activations (``itemsize`` 2), 4 for fp32. The floor of 2 warps measured at
+    head_dim 64 x 24 heads (H200, 2026-11-30): SAME-L 153 -> 136 us, SA3 24.8 -> 21.5 in
     bf16 (fp16 alike); in fp32 SA3 took 34.8 us at 2 warps against 31.7 at 4.
     """
     if span_all or H * D <= 8192:
@@ -366,20 +369,19 @@ def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
 
 def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
            stats: Optional[torch.Tensor] = None, stats_mode: int = 0) -> None:
-    """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``.
+    """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``: the
+    flat-row kernel where it applies (:func:`flat_applies`), else the per-token kernel.
 
-    ``settings`` = (heads per program, num_warps) overrides the table (for tuning sweeps).
+    ``settings`` = (heads per program, num_warps) runs the per-token kernel with these
+    instead of its table (tests check that they do not change the bits).
     """
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
 
     B, S, H, D = p.q.shape
     if B * S == 0 or H == 0:
         return
-    if stats is None and settings is None and USE_FLAT and flat_applies(p, q_out, k_out):
+    if stats is None and settings is None and flat_applies(p, q_out, k_out):
         launch_flat(p, q_out, k_out)
-        return
-    if stats is None and settings is None and USE_TMA and tma_pays(p) and tma_applies(p):
-        launch_tma(p, q_out, k_out)
         return
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
@@ -411,27 +413,21 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
-    # the word form, with the rows every head shares read once (H200, bf16, same bits:
-    # FLUX.2 65.4 us against 70.3, FLUX.1 37.1 / 38.1, HunyuanVideo 222.1 / 223.5, Qwen-Image
-    # 52.4 / 52.5; either change alone was slower, and the shared rows alone slowed the
-    # rotate-half SA3 21.0 -> 23.1: benchmarks/NOTES.md v12)
-    if TOKEN_WORDS and constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
+    # the word form where every interleaved pair is one aligned word (``_pair_words_ok``),
+    # with the rows every head shares (a per-head norm's weight / bias, a table shared by
+    # the heads) read once as [1, pairs] tiles broadcast over the heads (H200, bf16, the
+    # same bits as the channel form: FLUX.2 65.4 us against 70.3, FLUX.1 37.1 / 38.1,
+    # HunyuanVideo 222.1 / 223.5, Qwen-Image 52.4 / 52.5; either change alone was slower,
+    # and the shared rows alone slowed the rotate-half SA3 21.0 -> 23.1, 2026-12-01:
+    # docs/design/qk_norm_rope.md)
+    if constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
         constexprs.update(X_WORDS=True, W_WORDS=_words_ok(_norm_tensors(p)),
-                          T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]))
-        if ROW_BROADCAST:
-            constexprs.update(Q_W_ROW=(qa["HAS_W"] or qa["HAS_B"]) and not qa["SPAN_ALL"],
-                              K_W_ROW=(ka["HAS_W"] or ka["HAS_B"]) and not ka["SPAN_ALL"],
-                              T_ROW=not p.table_per_head)
+                          T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]),
+                          Q_W_ROW=(qa["HAS_W"] or qa["HAS_B"]) and not qa["SPAN_ALL"],
+                          K_W_ROW=(ka["HAS_W"] or ka["HAS_B"]) and not ka["SPAN_ALL"],
+                          T_ROW=not p.table_per_head)
     fastpath.launch(_qk_norm_rope_kernel, grid, args,
                      dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
-
-
-#: the per-token kernel's word form: interleaved pairs read and written a pair a word where
-#: aligned (``_pair_words_ok``)
-TOKEN_WORDS = True
-#: in the word form, a row shared by the heads (a per-head norm's weight / bias, a table
-#: shared by the heads) read once as a [1, pairs] tile broadcast over the heads
-ROW_BROADCAST = True
 
 
 def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
@@ -449,10 +445,6 @@ def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) 
     return True
 
 
-# The flat-row kernel (``_qk_flat_kernel``) where it applies; else the persistent TMA-fed
-# kernel (``_qk_tma_kernel``) where it applies and pays; else the per-token one.
-USE_FLAT = True
-USE_TMA = True
 FLAT_MAX_CHANNELS = 12288  # H*D of a token: 8 warps a tensor hold 48 live channels a thread
 
 
@@ -484,16 +476,16 @@ def flat_settings(H: int, D: int, has_k: bool, itemsize: int = 2):
     Split: Q and K in programs of their own (which is also what lets 16-bit rows take the
     pair form). Warps: about 80 live channels a thread for 16-bit values (they stay packed
     as loaded), 160 for fp32: Wan 14B and 5B 2 warps a tensor, Wan 1.3B 1 warp; in fp32 1
-    warp (``logs/s15/j``: Wan 14B 480p 659.2 us at 1 warp, 723.7 at 2, 663.6 at 4; Wan
-    1.3B 206.3 at 1 or 2). H200 sweeps with the
-    half-width tables the patched Wan passes (``benchmarks/flat_sweep.py``,
-    ``benchmarks/logs/s15/c``, ``e``, bf16; us for warps 1 / 2 / 4 split, then 2 together):
-    Wan 14B 480p 396.1 / 337.2 / 338.0, together 368.2; Wan 2.2 5B 704p 169.6 / 170.0 /
-    178.4, together 225.8; Wan 1.3B 480p 110.7 / 113.4 / 128.2, together 124.4. Q and K
-    together in one program also varied with where the two tensors lie: 124.5 us alone,
-    143.4 us inside a ``ditfuse bench`` run (``logs/s15/d``, ``e``). The programs a SM that
-    the registers allow set the bytes in flight; register caps that would allow more
-    spill (a shipped QK build must not: ``ditfuse inspect``)."""
+    warp (H200, 2026-12-01: Wan 14B 480p 659.2 us at 1 warp, 723.7 at 2, 663.6 at 4; Wan
+    1.3B 206.3 at 1 or 2). H200 sweeps of the same day with the half-width tables the
+    patched Wan passes (``benchmarks/flat_sweep.py``, bf16; us for warps 1 / 2 / 4 split,
+    then 2 together): Wan 14B 480p 396.1 / 337.2 / 338.0, together 368.2; Wan 2.2 5B 704p
+    169.6 / 170.0 / 178.4, together 225.8; Wan 1.3B 480p 110.7 / 113.4 / 128.2, together
+    124.4. Q and K together in one program also varied with where the two tensors lie:
+    124.5 us alone, 143.4 us inside a ``ditfuse bench`` run. The programs a SM that the
+    registers allow set the bytes in flight; register caps that would allow more spill (a
+    shipped QK build must not: ``ditfuse inspect``). Details: ``docs/design/qk_norm_rope.md``.
+    """
     nc = H * D
     n0 = 1 << (nc.bit_length() - 1)
     rest = nc - n0
@@ -504,15 +496,12 @@ def flat_settings(H: int, D: int, has_k: bool, itemsize: int = 2):
     return n0, n1, False, n1 > rest, num_warps, split
 
 
-#: the flat kernel's pair form (``_qk_flat_kernel._pairs_program``) where it applies
-PAIRS = True
-
-
 def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
                   row_contig: bool) -> bool:
-    """Whether the flat kernel can take its pair form: 16-bit Q / K whose token rows are
-    contiguous with an even number of channels, every row 4-byte aligned (so each
-    interleaved pair (2i, 2i+1) is one aligned 32-bit word)."""
+    """Whether the flat kernel can take its pair form (``_pairs_program`` of
+    :mod:`ditfuse.kernels.qk_flat`): 16-bit Q / K whose token rows are contiguous with an
+    even number of channels, every row 4-byte aligned (so each interleaved pair (2i, 2i+1)
+    is one aligned 32-bit word)."""
     B, S, H, D = p.q.shape
     if not row_contig or p.q.element_size() != 2 or (H * D) % 2:
         return False
@@ -555,11 +544,10 @@ def _words_ok(ts) -> bool:
 
 
 def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-                num_warps: Optional[int] = None, split: Optional[bool] = None,
-                maxnreg: Optional[int] = None) -> None:
-    """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps``, ``split`` (Q
-    and K in programs of their own) and ``maxnreg`` (a ptxas register cap) override
-    :func:`flat_settings` (sweeps)."""
+                num_warps: Optional[int] = None, split: Optional[bool] = None) -> None:
+    """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps`` and ``split`` (Q
+    and K in programs of their own) override :func:`flat_settings` (tests check that they
+    do not change the bits)."""
     from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
 
     B, S, H, D = p.q.shape
@@ -585,167 +573,19 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
         SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
-    # the pair form where Q and K run in programs of their own through one body (H200: Wan
-    # 14B 480p 384.8 -> 370.1 us in place with full-width tables, 337.2 us with half-width
-    # ones); two bodies measured no faster (389.2 vs 387.5), so mixed norms keep the
-    # channel form (benchmarks/NOTES.md v10)
-    pairs = (PAIRS and constexprs["SPLIT_QK"] and _same_body(qa, ka)
+    # the pair form where Q and K run in programs of their own through one body (H200,
+    # 2026-12-01: Wan 14B 480p 384.8 -> 370.1 us in place with full-width tables, 337.2 us
+    # with half-width ones); two bodies measured no faster (389.2 vs 387.5), so mixed norms
+    # keep the channel form (docs/design/qk_norm_rope.md)
+    pairs = (constexprs["SPLIT_QK"] and _same_body(qa, ka)
              and pairs_applies(p, q_out, k_out, row_contig))
     if pairs:
         constexprs.update(PAIRS=True, W_WORDS=_words_ok(_norm_tensors(p)),
                           T_WORDS=p.cos is not None and not p.table_half
                           and _words_ok([p.cos, p.sin]))
     opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
-    if maxnreg:
-        opts["maxnreg"] = maxnreg
     grid = (B * S, 2 if constexprs["SPLIT_QK"] else 1)
     fastpath.launch(_qk_norm_rope_flat_kernel, grid, args, dict(constexprs, **opts))
-
-
-def _tma_operand_ok(t: torch.Tensor) -> bool:
-    es = t.element_size()
-    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
-            and all(st > 0 and (st * es) % 16 == 0 for st, n in zip(t.stride()[:3], t.shape[:3])
-                    if n > 1))
-
-
-def tma_applies(p: Plan) -> bool:
-    """Whether the TMA kernel computes plan ``p``: rotary over the whole head (a power of
-    two, 16-byte rows), one table row for all heads, no position gather, no head-parallel
-    statistics, Q/K with unit channel stride and 16-byte aligned base and strides, sm_90+
-    (the TMA) or the interpreter."""
-    B, S, H, D = p.q.shape
-    if p.cos is None or p.rotary_dim != D or D & (D - 1) or D > 256 or p.table_per_head \
-            or p.positions is not None or p.process_group is not None:
-        return False
-    if D * p.q.element_size() < 16:
-        return False
-    if p.q.is_cuda and _device_info(p.q.device)[0] < 9:
-        return False
-    return (all(_tma_operand_ok(t) for t in (p.q, p.k) if t is not None)
-            and _table_ok(p.cos) and _table_ok(p.sin))
-
-
-def tma_pays(p: Plan) -> bool:
-    """Where the TMA kernel is faster (H200, ``benchmarks/logs/s4/sweep_qk_tma.log``): a
-    norm across heads of at least 4096 channels (Wan 14B: 396.5 -> 380 us at 480p, 899 ->
-    866 us at 720p, fp32 728 -> 705 us). With fewer channels a token (FLUX.1, Qwen-Image,
-    HunyuanVideo: 3072; Wan 1.3B: 1536) each item's fixed cost dominates and the per-token
-    kernel wins by 15-45%; FLUX.2 (6144, per-head norm) ties. Only where the per-token
-    table also runs 8 warps: the warps order the cross-warp sums of the norm, and with the
-    same warps the two kernels gave the same bits on the H200 (Wan, bf16 and fp32), so a
-    shared table (TMA) and a per-head-expanded one (per-token) still agree bitwise. Only
-    interleaved pairs (what was measured): with rotate-half pairs the two kernels' bits
-    differed on the H200 (``ditfuse check``'s shared == expanded gate at 40 x 128,
-    ``benchmarks/logs/s10/f``), and no covered model normalises across heads with them."""
-    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    H, D = p.q.shape[2], p.q.shape[3]
-    return (span_all and H * D >= 4096 and (p.interleaved or p.cos is None)
-            and launch_settings(H, D, True, p.k is not None, p.q.element_size())[3] == 8)
-
-
-def tma_settings(H: int, D: int, elem: int, has_k: bool, span_all: bool):
-    """(heads per item, pieces, num_warps, stages, programs per SM) of the TMA kernel: the
-    per-token kernel's heads, at least 8 warps (a program stays resident for the whole
-    grid: 4-warp builds ran out of registers at 24 heads x 128), three stages (two items
-    in flight while one is computed), two programs per SM (8 warps of up to 128 registers;
-    one or three took 1.1-1.4x as long at Wan, four stages gained nothing)."""
-    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k, elem)
-    return hg, p0, p1, max(8, num_warps), 3, 2
-
-
-_DEVICE_INFO: dict = {}
-
-
-def _device_info(device: torch.device):
-    """(compute capability major, SM count) of a CUDA device, queried once (per call on the
-    eager path it would cost host time)."""
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _DEVICE_INFO:
-        props = torch.cuda.get_device_properties(i)
-        _DEVICE_INFO[i] = (props.major, props.multi_processor_count)
-    return _DEVICE_INFO[i]
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 3  # the interpreter: a few programs, each walking several items
-    return _device_info(device)[1]
-
-
-def _table_desc(t: torch.Tensor, B: int):
-    """A (B, S, 1, W) table view as a (Bt, S, W) TMA descriptor, one row a box, and whether
-    rows differ per batch entry (Bt = B) or not (Bt = 1)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    per_batch = B > 1 and t.stride(0) != 0
-    W = t.shape[3]
-    st = [t.stride(0) if per_batch else t.shape[1] * t.stride(1), t.stride(1), 1]
-    if t.shape[1] == 1:
-        st[1] = W
-    return TensorDescriptor(t[:, :, 0], [B if per_batch else 1, t.shape[1], W], st,
-                            [1, 1, W]), int(per_batch)
-
-
-def _table_ok(t: torch.Tensor) -> bool:
-    es = t.element_size()
-    W = t.shape[3]
-    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0 and (W * es) % 16 == 0
-            and W & (W - 1) == 0 and (t.shape[1] == 1 or (t.stride(1) * es) % 16 == 0)
-            and (t.shape[0] == 1 or t.stride(0) == 0 or (t.stride(0) * es) % 16 == 0))
-
-
-def launch_tma(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-               settings=None) -> None:
-    """The TMA kernel for plan ``p`` (``tma_applies(p)``). ``settings`` = (heads per item,
-    num_warps, stages, programs per SM) overrides :func:`tma_settings`."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from ditfuse.kernels.qk_tma import _qk_norm_rope_tma_kernel
-
-    B, S, H, D = p.q.shape
-    has_k = p.k is not None
-    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    hg, p0, p1, num_warps, stages, per_sm = tma_settings(H, D, p.q.element_size(), has_k,
-                                                         span_all)
-    if settings is not None:
-        hg, num_warps, stages, per_sm = settings
-        p0, p1 = _pieces(hg)
-
-    def descs(t):
-        # a dimension of extent 1 may have any stride; the TMA wants 16-byte multiples
-        st = [st if n > 1 else D * H for st, n in zip(t.stride()[:3], t.shape[:3])] + [1]
-        d0 = TensorDescriptor(t, list(t.shape), st, [1, 1, p0, D])
-        d1 = TensorDescriptor(t, list(t.shape), st, [1, 1, p1, D]) if p1 else d0
-        return d0, d1
-
-    q0, q1 = descs(p.q)
-    k0, k1 = descs(p.k) if has_k else (q0, q1)
-    ko = k_out if has_k else q_out
-    qa = _norm_args(p.q_norm, p.q)
-    ka = _norm_args(p.k_norm, p.q)
-    cd, table_batch = _table_desc(p.cos, B)
-    sd, _ = _table_desc(p.sin, B)
-    cst, sst = p.cos.stride(), p.sin.stride()
-    n_hg = triton_cdiv(H, hg)
-    n_items = B * S * n_hg
-    grid = (max(1, min(n_items, per_sm * _sm_count(p.q.device))),)
-    # through fastpath.launch so a recording sees it (its descriptors keep it uncached)
-    fastpath.launch(_qk_norm_rope_tma_kernel, grid, (
-        q0, q1, k0, k1, cd, sd, q_out, ko,
-        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
-        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
-        n_items, n_hg, S, H, table_batch,
-        *q_out.stride(), *ko.stride()), dict(
-        D=D, HG=hg, P0=p0, P1=p1,
-        Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
-        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
-        K_NORM=ka["NORM"], K_SPAN_ALL=ka["SPAN_ALL"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
-        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
-        HAS_K=has_k, INTERLEAVED=p.interleaved, TABLE_HALF=p.table_half,
-        ROUND_NORM=p.round_after_norm,
-        OFF64=_needs_off64(p0 + p1, D, (q_out, ko), cst, sst), STAGES=stages,
-        num_warps=num_warps, enable_fp_fusion=False))
 
 
 def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
@@ -868,8 +708,8 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             k_norm = resolve_norm(k_norm, "k_norm")
             sig = fastpath.sig
             key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
-                   USE_FLAT, USE_TMA, PAIRS, sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm),
-                   _norm_key(k_norm), None if out is None else tuple(map(sig, out)))
+                   sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm), _norm_key(k_norm),
+                   None if out is None else tuple(map(sig, out)))
             replay = _CACHE.get(key)
         except (AttributeError, TypeError):  # the checked path says what is wrong
             key = replay = None
@@ -901,6 +741,10 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
                  rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
                  round_after_norm=True, layout="bshd", out=None, process_group=None):
     r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
+
+    Inference-only: the op has no backward. With grad mode on it refuses inputs that
+    require grad (a ``torch.nn`` norm's weight does): call it under ``torch.no_grad()`` or
+    ``torch.inference_mode()``, as a diffusion pipeline's sampling loop does.
 
     .. math::
 
@@ -984,13 +828,25 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
     evaluated in fp32 to within 8 ulp -- the GPU's ``ex2`` / ``rcp`` approximations -- where
     a bf16 model would round between its steps).
-    Inference only: no autograd.
 
     Examples
     --------
-    >>> norm_q = torch.nn.RMSNorm(40 * 128, eps=1e-6)       # Wan: across all heads
-    >>> q_out, k_out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm_q, k_norm=norm_k,
-    ...                                     num_heads=40)    # q, k: (B, S, 5120)
+    Wan's attention: an RMSNorm across all 40 heads of 128 channels, interleaved RoPE with
+    one (S, D) table for every head:
+
+    >>> H, D, S = 40, 128, 1024
+    >>> bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    >>> q, k = torch.randn(1, S, H * D, **bf16), torch.randn(1, S, H * D, **bf16)
+    >>> norm_q = torch.nn.RMSNorm(H * D, eps=1e-6, **bf16)
+    >>> norm_k = torch.nn.RMSNorm(H * D, eps=1e-6, **bf16)
+    >>> angle = torch.rand(S, D // 2, device="cuda") * 6.28
+    >>> cos = angle.cos().repeat_interleave(2, -1)            # (S, D), pairs (2i, 2i+1)
+    >>> sin = angle.sin().repeat_interleave(2, -1)
+    >>> with torch.no_grad():
+    ...     q_out, k_out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm_q,
+    ...                                         k_norm=norm_k, num_heads=H)
+    >>> q_out.shape
+    torch.Size([1, 1024, 5120])
     """
     _check_grad(q, k, cos, sin, q_norm, k_norm)
     if torch.compiler.is_compiling() and process_group is not None:

@@ -242,12 +242,10 @@ def capture_launch(spec: Spec):
     from ditfuse.kernels import qk_token as _qk_kernel
 
     from ditfuse.kernels import qk_flat as _qk_flat_kernel
-    from ditfuse.kernels import qk_tma as _qk_tma_kernel
 
     qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     args, kw = _call_args(spec)
     calls = intercept_launches([(_qk_kernel, "_qk_norm_rope_kernel"),
-                                (_qk_tma_kernel, "_qk_norm_rope_tma_kernel"),
                                 (_qk_flat_kernel, "_qk_norm_rope_flat_kernel")],
                                lambda: qkr.qk_norm_rope(*args, **kw))
     if len(calls) != 1:
@@ -274,14 +272,13 @@ def other_s_class(S: int) -> int:
 
 def qk_kernel_of(kwargs) -> object:
     """Which QK kernel a captured launch is for, by its constexprs: the flat-row kernel
-    (``N0``), the persistent TMA kernel (``STAGES``) or the per-token kernel."""
+    (``N0``) or the per-token kernel."""
     from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
-    from ditfuse.kernels.qk_tma import _qk_norm_rope_tma_kernel
 
     if "N0" in kwargs:
         return _qk_norm_rope_flat_kernel
-    return _qk_norm_rope_tma_kernel if "STAGES" in kwargs else _qk_norm_rope_kernel
+    return _qk_norm_rope_kernel
 
 
 def _build(spec: Spec) -> Dict:
