@@ -34,8 +34,10 @@ class NormSpec:
     alpha:
         DyT's scale: a float or a one-element tensor (read on the device, no sync).
     round_before_weight:
-        round the normalised value to the activation dtype before the weight multiply,
-        as diffusers' ``RMSNorm`` does when its weight is fp16/bf16.
+        round the normalised value to the activation dtype before the weight multiply (and
+        the product before the bias), as diffusers' ``RMSNorm`` does when its weight is
+        fp16/bf16; for ``"dyt"`` also ``alpha * x`` before the tanh, as SAME's
+        ``DynamicTanh`` computes with 16-bit parameters (every op rounded).
     """
 
     kind: str
@@ -121,8 +123,11 @@ def resolve_norm(norm, arg: str) -> Optional[NormSpec]:
         return NormSpec("layer", weight=norm.weight, bias=norm.bias, eps=norm.eps,
                         size=_numel(norm.normalized_shape))
     if kind == "dyt":
+        # 16-bit parameters: the module computes in the activation dtype, one op at a time
+        # (alpha * x, tanh, * gamma, + beta each rounded), which round_before_weight follows
         return NormSpec("dyt", weight=norm.gamma, bias=getattr(norm, "beta", None), eps=None,
-                        alpha=norm.alpha, size=norm.gamma.numel())
+                        alpha=norm.alpha, size=norm.gamma.numel(),
+                        round_before_weight=norm.gamma.dtype in (torch.float16, torch.bfloat16))
     if kind == "sa3-half":
         raise TypeError(f"{arg}: StableAudio3RMSNorm(force_fp32=False) computes in the activation "
                         "dtype; ditfuse computes in fp32 only")

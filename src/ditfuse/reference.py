@@ -24,7 +24,10 @@ def _norm(x: torch.Tensor, n, act_dtype, cd) -> torch.Tensor:
         y = (xs - mu) * torch.rsqrt((xs - mu).pow(2).mean(-1, keepdim=True) + n.eps)
     elif n.code == 3:
         alpha = n.alpha_tensor.to(cd).reshape(()) if n.alpha_tensor is not None else n.alpha_value
-        y = torch.tanh(alpha * xs)
+        t = alpha * xs
+        if n.round_pre_w:  # DynamicTanh in 16 bits: every op rounded
+            t = t.to(act_dtype).to(cd)
+        y = torch.tanh(t)
     else:  # pragma: no cover
         raise AssertionError(n.code)
     if n.round_pre_w:

@@ -168,10 +168,13 @@ def _norm_affine(x, w, b, mean, rstd, alpha,
     elif NORM == 2:
         y = (x - mean) * rstd
     elif NORM == 3:
-        y = _tanh(alpha * x)
+        if ROUND_PRE_W:  # SAME's DynamicTanh in 16 bits rounds alpha * x before the tanh too
+            y = _tanh(_rnd(alpha * x, ACT))
+        else:
+            y = _tanh(alpha * x)
     else:
         y = x
-    if ROUND_PRE_W:  # diffusers' RMSNorm: from here on in the (half) weight dtype
+    if ROUND_PRE_W:  # the module's own rounding: from here on in the (half) weight dtype
         y = _rnd(y, ACT)
     if HAS_W:
         y = y * w
