@@ -1,11 +1,12 @@
 """AOT packages (``ditfuse export``, ``ditfuse.aot``), checked on the CPU.
 
 Every example specialization is exported for real (Triton compiles in a
-``TRITON_INTERPRET=0`` subprocess; this session runs the interpreter) and its package is
+``TRITON_INTERPRET=0`` subprocess; the tests run the interpreter) and its package is
 checked: the manifest against the PTX entry signature, the stripped parameters, ``.target``
 and alignment, the resource numbers against the wheel's ptxas / cuobjdump, the arithmetic
 against the JIT build, the C pair with gcc (and a run of its launcher against a stub
-driver), the loader's argument packing, the TensorRT plugin against a stub ``tensorrt``.
+driver), the loader's argument packing (the package's own copy with neither Triton nor
+ditfuse importable) and its no-GPU error, the TensorRT plugin against a stub ``tensorrt``.
 Every refusal fires on a hand-written PTX. Loading through the driver, bitwise parity with
 the JIT kernel, CUDA-graph replay and launch timing need a GPU (not here).
 """
@@ -377,11 +378,10 @@ def test_loader_binds_in_runtime_order(pkgs):
     temb = torch.empty(3, 6, 5120, device="meta")
     bg = g.bind(x, x, temb)
     assert bg.grid == (5, 3, 1) and len(bg.outputs) == 2  # outputs allocated
-    try:
-        from cuda.bindings import driver  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="cuda-python"):
-            g(x, x, temb)  # launching needs cuda-python (and a GPU)
+    if not torch.cuda.is_available():  # launching needs a GPU, its driver and cuda-python
+        from ditfuse.aot.loader import NoGPUError
+        with pytest.raises(NoGPUError, match=r"no CUDA driver / GPU.*cuda-python"):
+            g(x, x, temb)
 
 
 @needs_tools
@@ -402,6 +402,62 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+@needs_tools
+def test_package_loader_needs_neither_triton_nor_ditfuse(pkgs):
+    """The package's own ditfuse_aot_loader.py, imported from the package directory with
+    Triton and ditfuse unimportable: binds, and without a GPU a launch says what is
+    missing."""
+    d = pkgs["qk"]
+    m = _manifest(d)
+    assert m["files"]["loader"] == "ditfuse_aot_loader.py"
+    copy = (d / "ditfuse_aot_loader.py").read_text()
+    assert copy.endswith((SRC / "ditfuse/aot/loader.py").read_text())
+    code = f"""
+import sys, torch
+sys.modules["triton"] = None
+sys.modules["ditfuse"] = None
+sys.path.insert(0, {str(d)!r})
+from ditfuse_aot_loader import NoGPUError, load
+k = load({str(d)!r})
+qkv = torch.zeros(1, 4, 15360, dtype=torch.bfloat16)
+t, w = torch.zeros(1, 4, 1, 128), torch.zeros(5120, dtype=torch.bfloat16)
+assert k.bind(qkv, t, t, w, w).grid == (4, 2, 1)
+if not torch.cuda.is_available():
+    try:
+        k(qkv, t, t, w, w)
+        raise SystemExit("launched without a GPU")
+    except NoGPUError as e:
+        print(e)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    if not torch.cuda.is_available():
+        assert "no CUDA driver / GPU is available" in r.stdout and "cuda-python" in r.stdout
+
+
+@needs_tools
+def test_package_says_what_each_file_is(pkgs):
+    """README.txt and the manifest's file_roles: the loader to use, wrapper.py provenance
+    only; the kernel name in whole words."""
+    from ditfuse.aot.export import entry_name
+    from ditfuse.aot.ops import get
+    for name, d in pkgs.items():
+        m = _manifest(d)
+        assert set(m["file_roles"]) == set(m["files"].values()) | {"manifest.json"}, name
+        for f in m["file_roles"]:
+            assert (d / f).is_file(), (name, f)
+        assert "provenance only" in m["file_roles"]["wrapper.py"]
+        readme = (d / "README.txt").read_text()
+        assert "from ditfuse_aot_loader import load" in readme and m["entry"] in readme
+        assert "provenance only" in readme and "pip install cuda-python" in readme
+        assert "Provenance only" in (d / "wrapper.py").read_text()
+        e = get(m["op"])
+        assert m["entry"] == entry_name(m["op"], e.tag(e.resolve(**m["options"]))), name
+    assert _manifest(pkgs["qk"])["entry"].endswith("_all_interleaved")
+    assert _manifest(pkgs["qk_variant"])["entry"].endswith("_head_half")
 
 
 def test_formula():

@@ -45,3 +45,5 @@ def test_qk_gates_small_shapes():
     c.qk_layout_bitwise(g, DEVICE, True)
     bad = [r for r in g.rows if r[2] != "PASS"]
     assert g.rows and not bad, bad
+    # as many rows as ditfuse check's progress counts for these two stages
+    assert len(g.rows) == len(c.QK_SHAPES) * 2 + len(c._LAYOUT_STYLES) * len(c._LAYOUT_HEADS)

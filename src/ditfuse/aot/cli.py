@@ -117,7 +117,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps(m, indent=1))
     else:
         print(summary(m))
-        print(f"  written    {args.out}/")
+        print(f"  written    {args.out}/ (how to launch it: {args.out}/README.txt; the loader "
+              f"{args.out}/{m['files']['loader']} needs no Triton)")
     return 0
 
 

@@ -5,8 +5,12 @@ The package (``kernel.ptx``, ``kernel.cubin``, ``manifest.json``, written by
 (``cuda.bindings.driver``: cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel) and
 launched on torch tensors with exactly the arguments TensorRT passes: the input pointers,
 then the INT32 extras, then the output pointers. Nothing here imports Triton or the rest of
-ditfuse: this file can be copied next to a package and used on its own (it needs torch and
-cuda-python).
+ditfuse, so this file works on its own: ``ditfuse export`` writes a copy of it into every
+package as ``ditfuse_aot_loader.py`` (the package's README.txt says how to use it). It needs
+torch, and to launch (not to ``bind``) a GPU with its driver and cuda-python; without them
+a launch raises :class:`NoGPUError` saying what is missing. (``import ditfuse.aot.loader``
+itself runs ``ditfuse/__init__.py``, which imports the ops and Triton: where ditfuse is
+installed that is fine, elsewhere use the copy.)
 
 >>> k = load("wan_qk")                        # ditfuse export qk_norm_rope -o wan_qk
 >>> k(qkv, cos, sin, q_weight, k_weight)      # in place: qkv_out is qkv
@@ -261,6 +265,36 @@ class Package:
                              f"it and uses vector loads), got address {t.data_ptr():#x}")
 
     # --- launching (GPU, cuda-python) -----------------------------------------------
+    def require_gpu(self, device=None) -> None:
+        """Raise :class:`NoGPUError`, saying what is missing, unless this process can launch
+        the package: a CUDA build of torch that sees a GPU of the package's architecture
+        (and its driver), ``device`` (the tensors') a CUDA device, and cuda-python."""
+        import torch
+
+        target = self.manifest["target"]
+        cap = _capability(target)
+        gpu = (f"an NVIDIA GPU of compute capability {cap[0]}.{cap[1]}"
+               + ("" if target.endswith("a") else " or newer") + " with its CUDA driver")
+        need = (f"Launching {self.name} ({target}) needs {gpu}, a CUDA build of torch and "
+                f"cuda-python (pip install cuda-python"
+                f"{'' if _have_driver_module() else '; not installed here either'})")
+        hint = ("Without a GPU, Package.bind(*tensors) still checks the tensors and computes "
+                "the grid and the kernel's arguments.")
+        if not torch.cuda.is_available():
+            why = ("torch was built without CUDA" if torch.version.cuda is None else
+                   "torch finds no CUDA device (no GPU, or no NVIDIA driver loaded)")
+            raise NoGPUError(f"no CUDA driver / GPU is available here: {why}. {need}. {hint}")
+        if device is not None and getattr(device, "type", "cuda") != "cuda":
+            raise NoGPUError(f"the tensors are on {device}: a package launches on CUDA tensors "
+                             f"(torch sees {torch.cuda.device_count()} GPU(s)). {hint}")
+        idx = device.index if device is not None and device.index is not None \
+            else torch.cuda.current_device()
+        have = torch.cuda.get_device_capability(idx)
+        if have < cap or (target.endswith("a") and have != cap):
+            raise NoGPUError(f"GPU {idx} ({torch.cuda.get_device_name(idx)}) has compute "
+                             f"capability {have[0]}.{have[1]}; {need}.")
+        _driver()
+
     def _function(self, device):
         import torch
 
@@ -310,6 +344,7 @@ class Package:
     def launch(self, launch: Launch, stream=None) -> None:
         import torch
 
+        self.require_gpu(launch.device)
         if 0 in launch.grid:
             return
         drv = _driver()
@@ -333,6 +368,27 @@ class Package:
         return b.outputs[0] if len(b.outputs) == 1 else tuple(b.outputs)
 
 
+class NoGPUError(RuntimeError):
+    """This process cannot launch a package: no usable GPU, driver or cuda-python."""
+
+
+def _capability(target: str) -> Tuple[int, int]:
+    """The compute capability of a target: sm_90a -> (9, 0)."""
+    digits = target[3:].rstrip("a")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def _have_driver_module() -> bool:
+    import importlib.util
+    for name in ("cuda.bindings", "cuda"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):
+            pass
+    return False
+
+
 def _driver():
     try:
         from cuda.bindings import driver
@@ -341,7 +397,8 @@ def _driver():
             from cuda import cuda as driver
         except ImportError:
             raise ImportError("launching an AOT package needs cuda-python (pip install "
-                              "cuda-python): from cuda.bindings import driver") from None
+                              "cuda-python; from cuda.bindings import driver), besides a GPU "
+                              "with its CUDA driver") from None
     return driver
 
 

@@ -63,7 +63,8 @@ class OpExport:
     call: Callable[[Any, Dict], None]            # opts, tensors -> the public call
     writes: Dict[str, str]                       # kernel param -> output name
     grid: Callable[[Any, Any], Tuple[str, str, str]]  # opts, a Capture -> grid formulas
-    tag: Callable[[Any], str]                    # short name of the specialization
+    tag: Callable[[Any], str]                    # the specialization in whole words (export's
+    #                                              entry_name shortens a long one safely)
     lookups: Tuple[str, ...] = ()                # where launchers find the kernel ("module:attr")
     extras: Tuple[str, ...] = ("N",)             # symbols passed as INT32 extras, in order
     tensor_cores: bool = False                   # must contain mma / wgmma
@@ -183,7 +184,7 @@ QK_NORM_ROPE = OpExport(
     call=_qk_call,
     writes={"qo_ptr": "qkv_out", "ko_ptr": "qkv_out"},
     grid=lambda o, c: ("B * N", str(c.grid[1]), "1"),
-    tag=lambda o: f"h{o.heads}d{o.head_dim}_{o.dtype}_{o.norm_span}_{o.rope[:4]}",
+    tag=lambda o: f"h{o.heads}d{o.head_dim}_{o.dtype}_{o.norm_span}_{o.rope}",
     contract="bitwise equal to ditfuse.qk_norm_rope(qkv[..., :H*D], qkv[..., H*D:2*H*D], cos, "
              "sin, q_norm=RMSNorm, k_norm=RMSNorm, num_heads=H, inplace=True) (the same kernel "
              "body, the same constexprs, with the strides as compile-time constants)",
@@ -303,12 +304,10 @@ def _residual_call(o, t: Dict) -> None:
 
     (gate,) = _mod_chunks(o, t, "gate")
     # the tile kernel, whose constexprs do not depend on N (the JIT's flat kernel on dense
-    # rows specializes on whether N * D fills its blocks); the same bits (tests/test_adaln.py)
-    flat, adaln.RESIDUAL_FLAT = adaln.RESIDUAL_FLAT, False
-    try:
-        adaln.gated_residual(t["x"], t["y"], gate, out=t["x_new"])
-    finally:
-        adaln.RESIDUAL_FLAT = flat
+    # rows specializes on whether N * D fills its blocks); the same bits (tests/test_adaln.py).
+    # gated_residual(x, y, gate, out=x_new) with the flat kernel off
+    adaln._run(t["x"], t["y"], gate, None, None, None, None, None, 0.0, "once", False,
+               t["x_new"], modulated=False, flat=False)
 
 
 GATED_RESIDUAL = OpExport(

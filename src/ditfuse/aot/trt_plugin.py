@@ -22,7 +22,7 @@ Building an engine that uses the Wan QK package::
     import numpy as np, tensorrt as trt
     from ditfuse.aot import trt_plugin
 
-    plugin = trt_plugin.register("wan_qk")   # "ditfuse::qk_norm_rope_h40d128_bf16_all_inte"
+    plugin = trt_plugin.register("wan_qk")   # "ditfuse::qk_norm_rope_h40d128_bf16_all_interleaved"
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     net = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))

@@ -1,7 +1,9 @@
 """``ditfuse check``: the parity gates of every op, ending in a pass/fail table.
 
 On a GPU the gates run at the registry's production shapes; without one, through Triton's
-interpreter with a few tokens per shape (same heads and head_dim).
+interpreter with a few tokens per shape (same heads and head_dim). The patching gates need
+diffusers (``pip install 'ditfuse[diffusers]'``); without it they are reported SKIP, not
+passed.
 """
 from __future__ import annotations
 
@@ -73,13 +75,38 @@ def _err(out: torch.Tensor, ref: torch.Tensor, loose: float = 1.0, scale=None) -
     return ((o - r).abs() / (loose * (rtol * mag + atol))).max().item()
 
 
+DIFFUSERS_MISSING = "diffusers is not installed: pip install 'ditfuse[diffusers]'"
+
+
 class Gates:
-    def __init__(self):
+    """The rows of the table, each printed as it is added with ``[n/total]`` progress.
+
+    ``total`` is the number of rows the run plans (:func:`planned_gates`); a row past it
+    raises the count shown rather than print ``[n/total]`` with n > total. A skipped gate
+    (``skip``) is neither passed nor failed: the summary counts it apart.
+    """
+
+    def __init__(self, total: int = 0, echo: bool = True):
         self.rows = []
+        self.total = total
+        self.echo = echo
+        self.skip_reasons = []
+
+    def _row(self, gate, case, result, detail):
+        self.rows.append((gate, case, result, detail))
+        if self.echo:
+            n = len(self.rows)
+            total = max(self.total, n)
+            w = len(str(total))
+            print(f"[{n:>{w}}/{total}] {result}  {gate:24s} {case:28s} {detail}", flush=True)
 
     def add(self, gate, case, ok, detail):
-        self.rows.append((gate, case, "PASS" if ok else "FAIL", detail))
-        print(f"  {'PASS' if ok else 'FAIL'}  {gate:24s} {case:28s} {detail}", flush=True)
+        self._row(gate, case, "PASS" if ok else "FAIL", detail)
+
+    def skip(self, gate, case, reason):
+        if reason not in self.skip_reasons:
+            self.skip_reasons.append(reason)
+        self._row(gate, case, "SKIP", f"skipped: {reason}")
 
     def table(self) -> str:
         w = [max(len(str(r[i])) for r in self.rows + [("gate", "case", "result", "detail")])
@@ -89,9 +116,26 @@ class Gates:
         lines += [" | ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) for r in self.rows]
         return "\n".join(lines)
 
+    def counts(self):
+        """(passed, failed, skipped)."""
+        res = [r[2] for r in self.rows]
+        return res.count("PASS"), res.count("FAIL"), res.count("SKIP")
+
+    def summary(self) -> str:
+        """The counts line, e.g. ``100/100 gates passed, 2 skipped (why)``: a skipped gate
+        is counted apart, not as passed."""
+        passed, failed, skipped = self.counts()
+        s = f"{passed}/{passed + failed} gates passed"
+        if failed:
+            s += f", {failed} FAILED"
+        if skipped:
+            s += f", {skipped} skipped ({'; '.join(self.skip_reasons)})"
+        return s
+
     @property
     def ok(self) -> bool:
-        return all(r[2] == "PASS" for r in self.rows)
+        """No gate failed (skipped gates do not fail the run)."""
+        return all(r[2] != "FAIL" for r in self.rows)
 
 
 @torch.no_grad()
@@ -125,11 +169,15 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
             del inp, rq, rk, eq, ek, oq, ok_
 
 
+_LAYOUT_STYLES = ("interleaved", "half")
+_LAYOUT_HEADS = ((24, 64), (24, 128), (40, 128))
+
+
 @torch.no_grad()
 def qk_layout_bitwise(g: Gates, device, small: bool):
     S = 3 if small else 4096
-    for style in ("interleaved", "half"):
-        for H, D in ((24, 64), (24, 128), (40, 128)):
+    for style in _LAYOUT_STYLES:
+        for H, D in _LAYOUT_HEADS:
             gen = torch.Generator(device=device).manual_seed(H + D)
             buf = torch.randn(1, S, 3 * H * D, generator=gen, device=device).to(torch.bfloat16)
             w = (torch.randn(H * D, generator=gen, device=device) + 1).to(torch.bfloat16)
@@ -289,7 +337,7 @@ def _have_diffusers(g: Gates, gate: str) -> bool:
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        g.add(gate, "diffusers", True, "skipped: diffusers is not installed")
+        g.skip(gate, "diffusers", DIFFUSERS_MISSING)
         return False
     return True
 
@@ -360,34 +408,74 @@ def vae_patch_gates(g: Gates, device):
         torch.backends.cudnn.allow_tf32 = tf32
 
 
+def _dtypes(small: bool):
+    return [torch.bfloat16, torch.float16, torch.float32] if small else \
+        [torch.bfloat16, torch.float32]
+
+
+def _group_norm_count(small: bool) -> int:
+    """The rows ``check_group_norm.check_gates`` adds with its default shapes and dtypes:
+    the VAE shapes (small: those not channels-last, plus two forced split-path runs of the
+    first GroupNorm shape; GPU: eight of them and one shape whose groups fit a program)."""
+    from ditfuse.tools.shapes import GN_SHAPES
+
+    if small:
+        shapes = [s for s in GN_SHAPES.values() if not s.channels_last]
+        runs = len(shapes) + 2 * any(s.op == "gn" for s in shapes)
+    else:
+        runs = 8 + 1
+    return runs * len(_dtypes(small))
+
+
+def planned_gates(small: bool, int64: bool) -> int:
+    """How many rows ``main`` adds: the denominator of the progress lines."""
+    from importlib.util import find_spec
+
+    from ditfuse.tools.shapes import ACT_SHAPES, ADALN_SHAPES
+    from ditfuse.tools.tiny_models import CASES, VAE_CASES
+
+    nd = len(_dtypes(small))
+    n = len(QK_SHAPES) * nd + len(_LAYOUT_STYLES) * len(_LAYOUT_HEADS)
+    n += len(ADALN_SHAPES) * nd + len(ACT_SHAPES) * nd
+    n += _group_norm_count(small) + 4  # swa: fp32 / bf16, plain / differential
+    have = find_spec("diffusers") is not None
+    n += 2 * len(CASES) if have else 1  # bf16 and fp32 each, or one SKIP row
+    n += 2 * len(VAE_CASES) if have else 1
+    return n + int(int64)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ditfuse check", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="ditfuse check", description=__doc__,
+        epilog="Each gate prints a line as it finishes ([n/total] PASS|FAIL|SKIP ...); the "
+               "table and the summary follow. Exit status 1 when a gate failed (skipped "
+               "gates, e.g. without diffusers, do not fail the run).")
     ap.add_argument("--small", action="store_true", help="few tokens per shape even on a GPU")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available() and not backend.INTERPRET
     device = "cuda" if gpu else "cpu"
     small = args.small or not gpu
+    int64 = gpu and not args.small
+    g = Gates(planned_gates(small, int64))
     print(f"ditfuse check on {backend.describe_backend()}; "
-          f"{'interpreter-sized shapes' if small else 'production shapes'}", flush=True)
+          f"{'interpreter-sized shapes' if small else 'production shapes'}; {g.total} gates",
+          flush=True)
     t0 = time.time()
-    g = Gates()
-    dtypes = [torch.bfloat16, torch.float16, torch.float32]
-    qk_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
+    dtypes = _dtypes(small)
+    qk_accuracy(g, device, small, dtypes)
     qk_layout_bitwise(g, device, small)
-    adaln_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
-    activation_accuracy(g, device, small, dtypes if small else [torch.bfloat16, torch.float32])
+    adaln_accuracy(g, device, small, dtypes)
+    activation_accuracy(g, device, small, dtypes)
     group_norm_gates(g, device, small)
     attention_gates(g, device, small)
     patch_gates(g, device)
     vae_patch_gates(g, device)
-    if gpu and not args.small:
+    if int64:
         qk_int64_offsets(g, device)
     table = g.table()
-    n_fail = sum(r[2] == "FAIL" for r in g.rows)
-    summary = (f"{len(g.rows) - n_fail}/{len(g.rows)} gates passed in {time.time() - t0:.0f} s "
-               f"on {backend.describe_backend()}")
-    print("\n" + table + "\n\n" + summary)
+    summary = f"{g.summary()} in {time.time() - t0:.0f} s on {backend.describe_backend()}"
+    print("\n" + table + "\n\n" + summary, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write(table + "\n\n" + summary + "\n")

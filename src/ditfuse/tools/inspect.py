@@ -388,7 +388,13 @@ def _report_here(names, s_variants: bool) -> List[Dict]:
     if missing:
         raise RuntimeError(f"the Triton wheel has no {' / '.join(missing)} "
                            f"(looked in {wheel_tool_path('')})")
-    return [inspect_spec(s, s_variants) for s in _select(names)]
+    specs, rows, t0 = _select(names), [], time.perf_counter()
+    for i, s in enumerate(specs, 1):
+        rows.append(inspect_spec(s, s_variants))
+        # progress on stderr (a parent process passes it through): the builds take a while
+        print(f"[{i:>{len(str(len(specs)))}}/{len(specs)}] built {s.name} "
+              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    return rows
 
 
 def _package_root() -> str:
@@ -406,10 +412,12 @@ def _report_subprocess(names, s_variants: bool, timeout: Optional[float] = None)
             cmd += ["--only", *names]
         if not s_variants:
             cmd.append("--no-s-variants")
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        # stderr passes through: the child's progress lines (and any traceback) show as
+        # they come
+        r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout)
         if r.returncode or not out.exists():
-            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n"
-                               f"{(r.stdout + r.stderr)[-6000:]}")
+            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}; its stderr is above):"
+                               f"\n{r.stdout[-6000:]}")
         return json.loads(out.read_text())["kernels"]
 
 
