@@ -249,7 +249,6 @@ def test_tile_settings_agree(monkeypatch, settings, D, mod):
     with torch.no_grad():
         want = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
         want_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms", weight=w)
-        monkeypatch.setattr(adaln, "TILE_SETTINGS", settings)
         grids, real = [], adaln._adaln_tile_kernel
 
         class Spy:
@@ -258,8 +257,10 @@ def test_tile_settings_agree(monkeypatch, settings, D, mod):
                 return real[grid]
 
         monkeypatch.setattr(adaln, "_adaln_tile_kernel", Spy())
-        got = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="layer")
-        got_m = ditfuse.adaln_modulate(x, shift, scale, norm="rms", weight=w)
+        got = adaln._run(x, y, gate, shift, scale, "layer", None, None, 1e-6, "once", False,
+                         None, tile=settings)
+        got_m = adaln._run(x, None, None, shift, scale, "rms", w, None, 1e-6, "once", False,
+                           None, tile=settings)[1]
     assert grids == [(-(-S // rows), B)] * 2
     assert torch.equal(got[0], want[0])
     for a, b in ((got[1], want[1]), (got_m, want_m)):
@@ -379,8 +380,9 @@ def test_reference_and_fallback_read_2d_operands_per_batch(B, S, monkeypatch):
 @torch.no_grad()
 def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     """The gated residual on dense rows runs the flat kernel (``_residual_flat_kernel``);
-    its output is bitwise the tile kernel's and the eager chain's, every element written,
-    in place too; rows that are not dense keep the tile kernel."""
+    its output is bitwise the eager chain's and the tile kernel's (``flat=False``: the
+    kernel of the ahead-of-time package), every element written, in place too; rows that
+    are not dense keep the tile kernel."""
     from ditfuse.runtime import fastpath as _fastpath
     from ditfuse.ops import adaln as A
 
@@ -428,11 +430,12 @@ def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     A.gated_residual(x, y, gate, rounding=per_op, out=out)
     assert bool(launched) == (case != "strided-x")
     assert torch.equal(out, want)
-    monkeypatch.setattr(A, "RESIDUAL_FLAT", False)
     tile = torch.full_like(x, float("nan"))
-    A.gated_residual(x, y, gate, rounding=per_op, out=tile)
+    launched.clear()
+    A._run(x, y, gate, None, None, None, None, None, 0.0, per_op, False, tile, modulated=False,
+           flat=False)
+    assert not launched
     assert torch.equal(tile, out)
-    monkeypatch.setattr(A, "RESIDUAL_FLAT", True)
     x2 = x.clone()
     A.gated_residual(x2, y, gate, rounding=per_op, out=x2)
     assert torch.equal(x2, want)

@@ -141,13 +141,13 @@ def test_head_dims(D, small_tiles, monkeypatch):
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("D", [48, 80, 96])
 @torch.no_grad()
-def test_padded_head_dims_differential_prologue(D, norm, route, small_tiles, monkeypatch):
+def test_padded_head_dims_differential_prologue(D, norm, route, small_tiles):
     """A head dim that is not a power of two with everything on: differential, a norm whose
     statistics must ignore the padding columns (LayerNorm's mean), partial interleaved RoPE
-    and the pass-through channels; fused (16-row tiles) and the prologue apart agree with
-    the fp64 reference."""
-    monkeypatch.setattr(A, "PROLOGUE_APART", route == "apart")
-    assert A.prologue_apart(D, 4, 9, True, True) == (route == "apart")
+    and the pass-through channels; the public call (the prologue apart at these shapes) and
+    the kernel's fused prologue (explicit 16-row tile settings: ``run`` keeps it fused)
+    agree with the fp64 reference."""
+    assert A.prologue_apart(D, 4, 9, True, True)
     g = torch.Generator().manual_seed(D + len(norm))
     q, k, v, q2, k2 = qkv(g, 2, 37, 3, D, torch.bfloat16, n=5)
     R = D // 2
@@ -157,7 +157,10 @@ def test_padded_head_dims_differential_prologue(D, norm, route, small_tiles, mon
              NormSpec("rms", weight=rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1, eps=1e-6))
     kw = dict(q2=q2, k2=k2, lam=0.7, q_norm=nspec, k_norm=nspec, cos=cos, sin=sin,
               rope_style="interleaved", rotary_dim=R)
-    out = SWA(q, k, v, (4, 9), **kw)
+    if route == "apart":
+        out = SWA(q, k, v, (4, 9), **kw)
+    else:
+        out = A.run(A.plan(q, k, v, (4, 9), **kw), SMALL)
     check(out, reference(q, k, v, (4, 9), compute_dtype=torch.float64, **kw), v, torch.bfloat16,
           f"D={D} {norm} {route}", lam=0.7)
 
@@ -342,7 +345,7 @@ def test_split_pv_same_bits(D, dtype, diff, exact_interpreter_dots):
     interpreter (op-by-op arithmetic, each dot's sums in fp64: ``exact_interpreter_dots``)
     the same bits as the one-dot tile, padded head dims (48 -> 64, 80 -> 128: the masked
     columns in the upper half) and a ragged last query tile included. On the GPU the one-dot 2-warp tile is lowered with its columns split across the
-    warps and differs in the last bits (seen on the H200, ``logs/s23/d``): there both are held
+    warps and differs in the last bits (seen on the H200, 2026-12-02): there both are held
     to the fp64 contract."""
     g = torch.Generator().manual_seed(40 + D)
     n = 5 if diff else 3
@@ -770,7 +773,7 @@ def test_grid_order_does_not_change_bits(layout):
 @torch.no_grad()
 def test_d128_differential_prologue_runs_apart(dtype, monkeypatch):
     """head_dim 128, differential, a norm and a partial rotary width, the production launch
-    table: the case whose fused sm_90 build gave wrong results on the H200 (session 11)
+    table: the case whose fused sm_90 build gave wrong results on the H200 (2026-11-30)
     runs the prologue apart (qk_norm_rope, then the attention without one), within the
     contract of the fp64 reference; head_dim 128 without the differential form and SAME's
     head_dim 64 keep their routes."""
@@ -802,8 +805,8 @@ def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
     chunks of a packed [q1 | q2 | k1 | k2 | v] projection, the prologue apart): Q2's heads
     follow Q1's in memory, so the prologue runs as one qk_norm_rope pass over both
     (``_joint_plan``); separate tensors take two passes. Either way the fp64 reference's
-    contract holds, and under the interpreter the one pass gives the two passes' bits (per
-    head, the same arithmetic)."""
+    contract holds, and under the interpreter the one pass gives the two passes' bits of
+    contiguous copies (per head, the same arithmetic)."""
     from ditfuse.runtime import fastpath as _fastpath
     import importlib
 
@@ -827,9 +830,9 @@ def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
     assert heads == ([2 * H] if packed else [H, H]), heads
     check(out, reference(q, k, v, 17, compute_dtype=torch.float64, **kw), v, torch.bfloat16,
           "SAME apart", lam=0.6)
-    monkeypatch.setattr(A, "JOINT_PROLOGUE", False)
     heads.clear()
-    two = SWA(q, k, v, 17, **kw)
+    two = SWA(*(t.contiguous() for t in (q, k, v)), 17,
+              **dict(kw, q2=q2.contiguous(), k2=k2.contiguous()))
     assert heads == [H, H]
     if DEVICE == "cpu":
         assert torch.equal(out, two)

@@ -11,6 +11,7 @@ import ditfuse  # noqa: F401  (sets up the interpreter)
 from ditfuse.tools import gn_contract as gc
 from ditfuse.ops import group_norm as gn
 from ditfuse.tools import check_group_norm
+from ditfuse.tools.shapes import GN_SHAPES
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain
 from conftest import DEVICE, DTYPES
@@ -114,9 +115,10 @@ def test_split_path_vs_fp64(case, path, dtype):
                                   ((1, 4, 6, 8), 4, dict(max_partials=2))],
                          ids=["even", "even-loop", "even-tiles-masked-tail"])
 @torch.no_grad()
-def test_split_path_maskless_whole_tiles(case, monkeypatch):
+def test_split_path_whole_tiles_vs_fp64(case):
     """Whole tiles (BC | C/G, BS | spatial) skip their masks, the statistics pass too when
-    its programs' tiles all lie in the group: the same bits as the masked kernels."""
+    its programs' tiles all lie in the group (a program's tiles past the group's end keep
+    the statistics masked): within the contract of the fp64 reference."""
     shape, G, extra = case
     launch = dict(SPLIT, **extra)
     st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]), **launch)
@@ -124,8 +126,6 @@ def test_split_path_maskless_whole_tiles(case, monkeypatch):
     x = _rand(shape, torch.float16, 32)
     w, b = _params(shape[1], torch.float16, 32)
     y = gn.group_norm_silu(x, G, w, b, _launch=launch)
-    monkeypatch.setattr(gn, "MASKLESS", False)
-    assert torch.equal(y, gn.group_norm_silu(x, G, w, b, _launch=launch))
     within(y, gn_chain(x, G, w, b), str(case))
 
 
@@ -178,8 +178,8 @@ def test_channels_last_split_vs_fp64(case, launch, dtype):
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @torch.no_grad()
 def test_statistics_tile_counts_not_powers_of_two(layout, dtype):
-    """Statistics programs of 3 / 5 tiles (``tpp_pow2=False``: the channels-last default
-    since session 24), the last program's tiles partly past the group's end."""
+    """Statistics programs of 3 / 5 tiles (``tpp_pow2=False``: the channels-last default),
+    the last program's tiles partly past the group's end."""
     if layout == "channels_last":
         shape, G = (2, 16, 5, 10), 4
         L = dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=20, tpp_pow2=False)
@@ -211,10 +211,10 @@ def test_channels_last_table_defaults():
 
 @pytest.mark.parametrize("shape", [(1, 64, 8, 8), (2, 32, 2, 4, 8)], ids=["4d", "5d"])
 @torch.no_grad()
-def test_channels_last_maskless_and_int64_offsets(shape, monkeypatch):
+def test_channels_last_whole_tiles_and_int64_offsets(shape, monkeypatch):
     """Whole channels-last tiles (C / G a power of two, GB | G, BS | positions) skip their
-    masks, and offsets inside a tile are int32 from its int64 corner: the same bits as the
-    masked kernels with int64 offsets."""
+    masks, and offsets inside a tile are int32 from its int64 corner: the same bits as
+    int64 offsets (past ``OFF32_LIMIT``), within the contract of the fp64 reference."""
     G = shape[1] // 4
     L = dict(fit_max=0, tile=64)
     st = gn.gn_settings(shape[0], G, 4, math.prod(shape[2:]), c_inner=True, **L)
@@ -222,7 +222,6 @@ def test_channels_last_maskless_and_int64_offsets(shape, monkeypatch):
     x = _cl(_rand(shape, torch.bfloat16, 41))
     w, b = _params(shape[1], torch.bfloat16, 41)
     y = gn.group_norm_silu(x, G, w, b, _launch=L)
-    monkeypatch.setattr(gn, "MASKLESS", False)
     monkeypatch.setattr(gn, "OFF32_LIMIT", 0)
     assert torch.equal(y, gn.group_norm_silu(x, G, w, b, _launch=L))
     within(y, gn_chain(x.contiguous(), G, w, b), str(shape))
@@ -264,8 +263,9 @@ def test_channels_last_large_offset_statistics(dtype):
 @torch.no_grad()
 def test_rms_column_pieces_masks_and_offsets(shape, monkeypatch):
     """The channel-RMS column as two power-of-two pieces (12 = 8 + 4; 10 = 8 + 2 and 20 = 16
-    + 4, folded 4:1 for the sum): unmasked when they cover C and BS divides the positions,
-    int32 offsets inside the block; the same bits as the masked kernel with int64 offsets."""
+    + 4, folded 4:1 for the sum): unmasked when they cover C and BS divides the positions
+    (masked otherwise: odd C, odd positions), int32 offsets inside the block; the same bits
+    as int64 offsets, within the contract of the fp64 reference."""
     x = _rand(shape, torch.bfloat16, 33)
     C = shape[1]
     st = gn.rms_settings(C, math.prod(shape[2:]))
@@ -273,7 +273,6 @@ def test_rms_column_pieces_masks_and_offsets(shape, monkeypatch):
     g = _rand((C, 1, 1) + (1,) * (len(shape) - 4), torch.bfloat16, 34, 0.5, 1.0)
     bias = _rand(g.shape, torch.bfloat16, 35, 0.2, 0.0)
     y = gn.rms_norm_silu_channels(x, g, bias)
-    monkeypatch.setattr(gn, "MASKLESS", False)
     monkeypatch.setattr(gn, "OFF32_LIMIT", 0)
     assert torch.equal(y, gn.rms_norm_silu_channels(x, g, bias))
     within(y, rms_chain(x, g, bias), str(shape))
@@ -736,7 +735,7 @@ def test_eager_rounded_statistics():
 
 def test_launch_table():
     # the VAE shapes: groups of 16 ch x 128^2 (and larger) take the split path
-    for s in gn.GN_SHAPES.values():
+    for s in GN_SHAPES.values():
         if s.op != "gn":
             continue
         st = gn.gn_settings(s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]),
@@ -766,8 +765,8 @@ def test_check_gates_small():
             self.rows.append((gate, case, ok, detail))
 
     g = Rows()
-    shapes = [gn.GN_SHAPES["hunyuan-vae-up-9f"], gn.GN_SHAPES["flux-vae-mid-128"],
-              gn.GN_SHAPES["wan-vae-mid-480p"]]
+    shapes = [GN_SHAPES["hunyuan-vae-up-9f"], GN_SHAPES["flux-vae-mid-128"],
+              GN_SHAPES["wan-vae-mid-480p"]]
     check_group_norm.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
     # 3 shapes + the first one on the forced split paths (channels-first and -last), 2 dtypes
     assert len(g.rows) == 10

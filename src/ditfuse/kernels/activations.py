@@ -1,4 +1,7 @@
-"""SwiGLU and GELU (tanh / erf) over a 2-D row view: one read of x, one write."""
+"""SwiGLU and GELU (tanh / erf) over a 2-D row view: one read of x, one write.
+
+Launched by :mod:`ditfuse.ops.activations` (launch table, checks, public functions); design
+and measurements: docs/design/activations.md."""
 from __future__ import annotations
 
 import triton.language as tl

@@ -1,12 +1,15 @@
 """AdaLN modulation and gated-residual kernels: ``[x + y * gate ->] norm -> * (1 + scale) +
-shift``, rows in registers (tile kernel), chunked long rows, and the flat residual."""
+shift``, rows in registers (tile kernel), chunked long rows, and the flat residual.
+
+Launched by :mod:`ditfuse.ops.adaln` (settings, checks, public functions); design and
+measurements: docs/design/adaln.md."""
 from __future__ import annotations
 
 import triton.language as tl
 
+from ditfuse.kernels.element import _cast_out, _rnd
 from ditfuse.runtime.backend import jit
 
-from ditfuse.kernels.element import _cast_out, _rnd
 
 @jit
 def _vec(ptr, base, d, m, stride_d, ON: tl.constexpr):
@@ -177,7 +180,7 @@ def _adaln_tile_kernel(
     BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
     BATCH_X: tl.constexpr = False,  # grid (B, row blocks): more than 65535 batch entries
 ):
-    """v3, the shipped kernel for rows of up to 8192 channels: ROWS rows of one batch entry
+    """The kernel for rows of up to 8192 channels: ROWS rows of one batch entry
     as a 2-D tile, every row's loads issued before any store (so they overlap), the row
     held as two power-of-two pieces (5120 = 4096 + 1024: no masked lanes), few warps per
     program so that many rows are in flight per SM. The steps of the eager chain in its
@@ -302,6 +305,3 @@ def _residual_flat_kernel(
         tl.store(xnew_ptr + b * stride_nb + i, r)
     else:
         tl.store(xnew_ptr + b * stride_nb + i, r, mask=m)
-
-
-#: the gated residual alone on dense rows through ``_residual_flat_kernel``

@@ -1,5 +1,6 @@
-"""The Triton kernel of sliding-window (and differential) attention (private; the launcher
-and the public function are in attention.py).
+"""The Triton kernel of sliding-window (and differential) attention (private; the launch
+table, the launcher and the public function are in :mod:`ditfuse.ops.attention`; design and
+measurements: docs/design/attention.md).
 
 One program computes one tile of BLOCK_M queries of one (batch, head) and stores the first
 STEP_M of them (fewer where that saves a key tile: ``attention.query_step``), flash-attention

@@ -1,12 +1,12 @@
 """SAME-L's differential band attention on Hopper, written in Gluon (private; routed by
-``attention.launch``).
+:func:`ditfuse.ops.attention.launch`; design and measurements: docs/design/attention.md).
 
-Triton's ``tl.dot`` waits on each wgmma right after issuing it (``wgmma.wait_group 0``:
-benchmarks/NOTES.md, session 25), so the kernel in ``_attn_kernel.py`` runs each score
-product, softmax and P @ V one after another. Gluon places the waits by hand: with two
-attention maps a trip can keep one map's tensor-core work in flight while the other's
-softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map as the
-partner). A program copies Q1, Q2 and every key tile of its band (``TRIPS`` of them, one
+Triton's ``tl.dot`` waits on each wgmma right after issuing it (``wgmma.wait_group 0``,
+seen in its sm_90 builds, 2026-12-03), so the kernel of :mod:`ditfuse.kernels.attention`
+runs each score product, softmax and P @ V one after another. Gluon places the waits by
+hand: with two attention maps a trip can keep one map's tensor-core work in flight while
+the other's softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map
+as the partner). A program copies Q1, Q2 and every key tile of its band (``TRIPS`` of them, one
 shared-memory buffer each: no ring to refill) by TMA before its first trip, one mbarrier a
 tile and tensor; a trip over key tile t (wgmma groups complete in issue order):
 
@@ -20,14 +20,14 @@ tile and tensor; a trip over key tile t (wgmma groups complete in issue order):
 
 The last wait keeps every wgmma inside its trip. ptxas pipelines wgmma only where no
 non-wgmma instruction reads an accumulator whose wgmma is in flight; a product left in flight
-across the loop's back edge (session 27's form: O1 / O2 retired by the next trip's first
-wait) fails its analysis, and it then serializes every wgmma of the kernel (``ptxas -v``:
-C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). TMA instead of cp.async:
-one thread issues a tile's copies (no per-thread address arithmetic, no block barrier a
-trip), and the kernel fits 128 registers with no spills, so 4 programs an SM (52 KB of
-shared memory at SAME-L's 3 tiles). benchmarks/NOTES.md "Session 28" has the measurements;
-tests/test_attention_gluon.py builds this kernel for sm_90 and checks the pipeline ptxas
-keeps (no C7514), TMA copies, registers and shared memory.
+across the loop's back edge (an earlier form, 2026-12-04: O1 / O2 retired by the next
+trip's first wait) fails its analysis, and it then serializes every wgmma of the kernel
+(``ptxas -v``: C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). TMA
+instead of cp.async: one thread issues a tile's copies (no per-thread address arithmetic,
+no block barrier a trip), and the kernel fits 128 registers with no spills, so 4 programs
+an SM (52 KB of shared memory at SAME-L's 3 tiles). docs/design/attention.md has the
+measurements (H200, 2026-12-04); tests/test_attention_gluon.py builds this kernel for sm_90
+and checks the pipeline ptxas keeps (no C7514), TMA copies, registers and shared memory.
 
 Contract: **bitwise** the Triton kernel's output at the launch it replaces -- the table's
 SAME-L 16-bit entry (64-query tiles storing ``STEP_M``, 32-key tiles from the tile's first
@@ -54,7 +54,7 @@ BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
 #: ptxas's register cap: the kernel fits 128 with no spills (4 programs an SM; H200,
-#: benchmarks/logs/s28/e: 52.9 us at SAME-L 8704 bf16 against 58.0 uncapped at 3 an SM)
+#: 2026-12-04: 52.9 us at SAME-L 8704 bf16 against 58.0 uncapped at 3 an SM)
 MAXNREG = 128
 
 
@@ -81,7 +81,7 @@ _LAYOUTS = {n: gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 *
 
 @gluon.jit
 def _ex2(x):
-    """2^x as ``_kernel_utils._ex2``: one ``ex2.approx.ftz.f32``."""
+    """2^x as ``ditfuse.kernels.element._ex2``: one ``ex2.approx.ftz.f32``."""
     return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
                                      dtype=gl.float32, is_pure=True, pack=1)
 
@@ -103,7 +103,7 @@ def _copy3(d0, d1, d2, b, row, h, bar0, bar1, bar2, s0, s1, s2, NBYTES: gl.const
 
 @gluon.jit
 def _softmax_step(s, band, m_i, l_i, qk_scale):
-    """``_attn_kernel._softmax_step``'s arithmetic, op for op."""
+    """``ditfuse.kernels.attention._softmax_step``'s arithmetic, op for op."""
     s = gl.where(band, s * qk_scale, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
     alpha = _ex2(m_i - m_new)

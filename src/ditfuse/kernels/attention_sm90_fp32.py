@@ -1,13 +1,15 @@
-"""SAME-L's differential band attention in fp32 on Hopper, written in Gluon (private).
+"""SAME-L's differential band attention in fp32 on Hopper, written in Gluon (private;
+routed by :func:`ditfuse.ops.attention.launch`; design and measurements:
+docs/design/attention.md).
 
-The fp32 counterpart of ``_attn_gluon`` (read its docstring first): one warpgroup a
-64-query tile, 32-key tiles, Q1 / Q2 and every key tile of the program's band copied by TMA
-before the first trip, the score products as tf32 wgmma read straight from shared memory
-(both operands K-major: Q's and K's channels are contiguous). P @ V is where fp32 differs:
-tf32 wgmma takes its B operand only K-major (PTX: the transposed shared-memory layouts are
-for 16-bit types), and V's tile is [keys, channels] with the channels contiguous, so each
-trip copies V's tile through registers into ``vt``, [channels, keys] with the keys
-contiguous, while the score products run. A trip over key tile t:
+The fp32 counterpart of :mod:`ditfuse.kernels.attention_sm90` (read its docstring first):
+one warpgroup a 64-query tile, 32-key tiles, Q1 / Q2 and every key tile of the program's
+band copied by TMA before the first trip, the score products as tf32 wgmma read straight
+from shared memory (both operands K-major: Q's and K's channels are contiguous). P @ V is
+where fp32 differs: tf32 wgmma takes its B operand only K-major (PTX: the transposed
+shared-memory layouts are for 16-bit types), and V's tile is [keys, channels] with the
+channels contiguous, so each trip copies V's tile through registers into ``vt``,
+[channels, keys] with the keys contiguous, while the score products run. A trip over key tile t:
 
     wait for K1, K2 of tile t; issue S1 = Q1 K1^T, S2 = Q2 K2^T     (async)
     wait for V of tile t; V -> registers; block barrier (the last trip's P @ V is done in
@@ -16,11 +18,11 @@ contiguous, while the score products run. A trip over key tile t:
     softmax 1 (while S2 runs); O1 *= alpha1; issue O1 += P1 V
     wait until 1 group is in flight -> S2 is done
     softmax 2 (while O1 runs); O2 *= alpha2; issue O2 += P2 V
-    wait for both P @ V (nothing in flight across the back edge: ``_attn_gluon``)
+    wait for both P @ V (nothing in flight across the back edge: ``attention_sm90``)
 
 Shared memory at SAME-L's 3 key tiles: Q1 / Q2 32 KB, K1 / K2 / V 72 KB, vt 8 KB (112 KB: 2
 programs an SM; the output's layout change reuses dead buffers). Measured on the H200
-(benchmarks/NOTES.md "Session 29"): 57.5-58.2 us at the TensorRT contract shape against the
+(2026-12-04): 57.5-58.2 us at the TensorRT contract shape against the
 Triton entry's 63.0-63.6; a second vt buffer (1 program an SM) 77 us; a 72 KB form with one
 K buffer and a two-deep V ring (3 programs an SM) 60.7 us, its refills exposed.
 
@@ -51,8 +53,9 @@ NUM_WARPS = 4
 #: and leaves shared memory as the bound (2 programs an SM at SAME-L's 3 key tiles)
 MAXNREG = 168
 
+
 def max_trips(N: int, left: int, right: int, step: int) -> int:
-    """``_attn_gluon.max_trips`` for this kernel's key tiles."""
+    """``attention_sm90.max_trips`` for this kernel's key tiles."""
     return _max_trips(N, left, right, step, BLOCK_N)
 
 

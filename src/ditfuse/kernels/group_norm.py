@@ -1,16 +1,14 @@
 """GroupNorm (+ SiLU) kernels: one-read fit path, split statistics / apply path,
-channels-last tiles, and Wan VAE's RMS norm over channels (+ SiLU)."""
+channels-last tiles, and Wan VAE's RMS norm over channels (+ SiLU).
+
+Launched by :mod:`ditfuse.ops.group_norm` (launch table, checks, public functions); design
+and measurements: docs/design/group_norm.md."""
 from __future__ import annotations
 
 import triton.language as tl
 
-from ditfuse.runtime.backend import jit
-
 from ditfuse.kernels.element import _PTX, _cast_out, _ex2, _rnd
-
-# ---------------------------------------------------------------------------------------
-# kernels (private)
-
+from ditfuse.runtime.backend import jit
 
 
 @jit
@@ -178,7 +176,7 @@ def _gn_stats_kernel(
         corner = base + (tc * BC) * stride_xc + (ts * BS) * stride_xs
         # evict_last: the apply pass reads x again; what of it is still in L2 when the
         # statistics end should stay there over the apply pass's first (DRAM) tiles
-        # (H200, session 11: -2.4 to -7.5% at the <= 67 MB shapes, +0.3% at 268 MB)
+        # (H200, 2026-11-30: -2.4 to -7.5% at the <= 67 MB shapes, +0.3% at 268 MB)
         if EVEN:  # every tile whole, every program's tiles inside the group: no masks
             msk = None
             x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - K

@@ -1,5 +1,13 @@
 """Fused MLP activations: SwiGLU (FLUX.2's ``Flux2SwiGLU``) and GELU (FLUX.1's single-stream
-``act_mlp``): kernel, launcher, public functions, ops.
+``act_mlp``): launch table, launcher, public functions.
+
+Layout: the Triton kernel is in :mod:`ditfuse.kernels.activations`; this module holds the
+launch table (``launch_settings``), validation -> allocation -> launch, the public
+functions :func:`swiglu` and :func:`gelu`, and at its end their ``torch.library`` ops (with
+fake implementations; eager calls launch directly, only code being compiled goes through
+the ops). The pure-PyTorch references (the test oracle and the fallback for devices Triton
+cannot run on) are in :mod:`ditfuse.reference`. Inference only. Measurements behind the
+table: docs/design/activations.md.
 
 One kernel over a 2-D row view: rows are every leading dimension flattened (they must be
 addressable with one row stride: a column slice ``proj[..., a:b]`` of a wider projection
@@ -22,11 +30,12 @@ from ditfuse.runtime import backend, fastpath, library
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 GELU_KINDS = {"tanh": GELU_TANH, "none": GELU_ERF}
 
+
 def launch_settings(N: int):
     """(ROWS, BLOCK, num_warps) for rows of N output columns: a tile of up to 2048 columns
     (18432 = 9 x 2048, 12288 = 6 x 2048: no masked lanes at the FLUX widths), rows added
     until a program holds about 2048 outputs, 4 warps (16 a thread). Measured on the H200
-    (``benchmarks/logs/s4/final/sweep_act.log``, 10 settings x 3 shapes): (1, 2048, 4)
+    (2026-11-29, 10 settings x 3 shapes; docs/design/activations.md): (1, 2048, 4)
     fastest at every FLUX shape — SwiGLU 128.4 / 114.9 us, GELU 72.1 us; the first table
     (2, 2048, 8) took 132.8 / 118.9 / 73.9 us, 4096-column tiles 80% of the ceiling."""
     block = min(2048, triton.next_power_of_2(max(N, 1)))
@@ -115,7 +124,7 @@ _CACHE = fastpath.Cache()
 def _run(x, kind: int, out=None, settings=None):
     """Validate, allocate, launch (or the reference where Triton cannot run).
     ``settings`` = (ROWS, BLOCK, num_warps) overrides the table (sweeps). A call whose
-    signature was seen before replays its launch (``_fastpath``)."""
+    signature was seen before replays its launch (:mod:`ditfuse.runtime.fastpath`)."""
     key = None
     if fastpath.usable(x):
         try:
@@ -196,12 +205,13 @@ def swiglu(x, *, out=None):
     ``expf``, IEEE division), rounded; the product in fp32, rounded. On the GPU it is the
     same arithmetic as eager PyTorch; through Triton's interpreter (numpy's ``exp``) it can
     differ from torch's CPU ``silu`` where the two ``exp`` differ in their last bit. Within
-    one rounding of the dtype per eager op of the fp64 value. Inference only.
+    one rounding of the dtype per eager op of the fp64 value. Inference only (no backward).
 
     Examples
     --------
-    >>> h = ff.linear_in(x)                      # (B, S, 2 * 18432)
-    >>> y = ditfuse.swiglu(h)                    # (B, S, 18432)
+    >>> with torch.no_grad():
+    ...     h = ff.linear_in(x)                  # (B, S, 2 * 18432)
+    ...     y = ditfuse.swiglu(h)                # (B, S, 18432)
     """
     _no_grad_check(x)
     if torch.compiler.is_compiling():
@@ -244,7 +254,12 @@ def gelu(x, approximate: str = "tanh", *, out=None):
     *not* promised: the tanh / erf implementations (libdevice on the GPU; numpy /
     ``math.erf`` / an exp-based tanh under the interpreter) and fused multiply-adds may
     differ in the last fp32 bit, which changes the rounded result for a small share of
-    elements (``tests/test_activations.py`` reports it). Inference only.
+    elements (``tests/test_activations.py`` reports it). Inference only (no backward).
+
+    Examples
+    --------
+    >>> with torch.no_grad():  # FLUX.1 single-stream block: the MLP half of the concat buffer
+    ...     ditfuse.gelu(block.proj_mlp(x), "tanh", out=buf[..., attn_dim:])
     """
     if approximate not in GELU_KINDS:
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")

@@ -1,4 +1,4 @@
-"""Fused AdaLN modulation and gated residual: kernels, launcher, public functions, ops.
+"""Fused AdaLN modulation and gated residual: launch settings, launchers, public functions.
 
 [x + y * gate ->] norm -> * (1 + scale) + shift -> cast, one read of every input and one
 write of every output. Rows of up to 8192 channels stay in registers (two-pass statistics
@@ -7,6 +7,14 @@ one-row kernel's chunked path (``_adaln_kernel``), which combines per-chunk (cou
 M2) with Chan's formula and reads the row a second time. ``gated_residual`` is the first
 step alone (Wan's FFN residual, which feeds the next block): on dense rows one flat
 elementwise run a batch entry (``_residual_flat_kernel``), else the tile kernel; the same bits.
+
+Layout: the Triton kernels are in :mod:`ditfuse.kernels.adaln`; this module holds the
+launch table (``tile_settings``, ``residual_settings``), validation -> allocation -> launch,
+the public functions, and at its end their ``torch.library`` ops (with fake
+implementations; eager calls launch directly, only code being compiled goes through the
+ops). The pure-PyTorch reference (the test oracle and the fallback for devices Triton cannot
+run on) is :func:`ditfuse.reference.adaln_reference`. Inference only. Measurements behind
+the table: docs/design/adaln.md.
 """
 from __future__ import annotations
 
@@ -25,19 +33,12 @@ MAX_ONE_PASS = 8192
 CHUNK = 4096
 
 
-RESIDUAL_FLAT = True
-#: override of ``residual_settings`` as (BLOCK, num_warps), for sweeps
-RESIDUAL_SETTINGS = None
-
-
 def residual_settings(itemsize: int):
     """(BLOCK, num_warps) of the flat residual kernel: 1024 values, 4 warps (8 a thread:
-    one 16-byte load of x and of y in 16-bit). H200 sweep (``benchmarks/sweep_residual.py``,
-    ``logs/s16/f``, bf16, us): Wan 14B 480p 235.1 (2048 x 4: 236.2, 2048 x 8: 235.4, 8192 x
-    8: 243.3; the tile kernel 241.1, torch.compile 235.3), 720p 534.6 (compile 534.6), Wan
-    2.2 5B 194.7, FLUX.1 26.6, FLUX.2 45.7: best or within 0.3% of the best everywhere."""
-    if RESIDUAL_SETTINGS is not None:
-        return RESIDUAL_SETTINGS
+    one 16-byte load of x and of y in 16-bit). H200, 2026-12-01 (bf16, us; docs/design/
+    adaln.md): Wan 14B 480p 235.1 (2048 x 4: 236.2, 2048 x 8: 235.4, 8192 x 8: 243.3; the
+    tile kernel 241.1, torch.compile 235.3), 720p 534.6 (compile 534.6), Wan 2.2 5B 194.7,
+    FLUX.1 26.6, FLUX.2 45.7: best or within 0.3% of the best everywhere."""
     return 1024, 4
 
 
@@ -91,24 +92,17 @@ def tile_pieces(D: int):
     return a, (triton.next_power_of_2(rest) if rest else 0)
 
 
-#: Override of ``tile_settings`` as (ROWS, num_warps), for sweeps (``benchmarks/sweep_adaln.py``).
-TILE_SETTINGS = None
-
-
 def tile_settings(D: int):
     """(ROWS, num_warps) of the tile kernel for rows of D channels. Measured on the H200,
-    Wan 480p modulate: 4 / 8 / 16 warps 197 / 253 / 348 us in one run
-    (``benchmarks/logs/s3/probe_sweep_adaln.log``), 4 / 2 warps 172 / 197 us in another
-    (``sweep_adaln.log``): more, smaller programs keep more rows' loads in flight per SM.
-    One row a program at D >= 3072 (Wan, FLUX.1/2); narrow rows get several rows a program
-    (about 4096 elements a program). 4 warps while a thread holds at most 40 elements of a
-    row (the tile's padded width / 128 threads), else 8: at FLUX.2's 6144 channels (48 a
-    thread at 4 warps) the FLUX modulate build takes 79 registers, 6 programs an SM, where 8
-    warps take 40 (``benchmarks/adaln_build.py``); measured 34.1 vs 37.2 us at 1024^2, 105.5
-    vs 111.2 at 2048^2, gated within 0.7% either way (``benchmarks/logs/s17/c``). At Wan's
-    5120 (40 a thread) 4 warps keep 8 programs an SM and win (171 vs 250 us, session 3)."""
-    if TILE_SETTINGS is not None:
-        return TILE_SETTINGS
+    2026-11-29, Wan 480p modulate: 4 / 8 / 16 warps 197 / 253 / 348 us in one run, 4 / 2
+    warps 172 / 197 us in another: more, smaller programs keep more rows' loads in flight
+    per SM. One row a program at D >= 3072 (Wan, FLUX.1/2); narrow rows get several rows a
+    program (about 4096 elements a program). 4 warps while a thread holds at most 40
+    elements of a row (the tile's padded width / 128 threads), else 8: at FLUX.2's 6144
+    channels (48 a thread at 4 warps) the FLUX modulate build takes 79 registers, 6 programs
+    an SM, where 8 warps take 40; H200, 2026-12-01: 34.1 vs 37.2 us at 1024^2, 105.5 vs
+    111.2 at 2048^2, gated within 0.7% either way. At Wan's 5120 (40 a thread) 4 warps keep
+    8 programs an SM and win (171 vs 250 us, 2026-11-29). Details: docs/design/adaln.md."""
     a, b = tile_pieces(D)
     rows = max(1, min(16, 4096 // (a + b)))
     return 1 << (rows.bit_length() - 1), (4 if a + b <= 40 * 128 else 8)
@@ -201,8 +195,11 @@ def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
     return x3, y3, g3, sh3, sc3, w, bb
 
 
-def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
-    """``o3=None``: the gated residual alone (x_new only)."""
+def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op, tile=None, flat=True):
+    """``o3=None``: the gated residual alone (x_new only). ``tile``: (ROWS, num_warps) of the
+    tile kernel instead of ``tile_settings(D)`` (tests of other settings). ``flat=False``:
+    the gated residual alone on dense rows through the tile kernel too (the same bits; its
+    constexprs do not depend on the token count, as an ahead-of-time build needs)."""
     B, S, D = x3.shape
     if B * S == 0 or D == 0:
         return
@@ -223,11 +220,11 @@ def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op):
                  RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
                  HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
                  HAS_OUT=has_out)
-    if (RESIDUAL_FLAT and not has_out and y3 is not None
+    if (flat and not has_out and y3 is not None
             and all(_dense_rows(t) for t in (x3, y3, xn3))):
         _launch_residual_flat(x3, y3, g3, xn3, per_op)
     elif D <= MAX_ONE_PASS:
-        rows, warps = tile_settings(D)
+        rows, warps = tile if tile is not None else tile_settings(D)
         ba, bb_ = tile_pieces(D)
         grid, batch_x = _batch_grid(triton.cdiv(S, rows), B)
         fastpath.launch(_adaln_tile_kernel, grid, args,
@@ -265,16 +262,16 @@ def _slots(x, y, gate, shift, scale, weight, bias, x_new, o):
 
 
 def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out,
-         modulated=True):
+         modulated=True, *, tile=None, flat=True):
     """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
     ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes.
-    A call whose signature was seen before replays its launches (``_fastpath``)."""
+    ``tile``, ``flat``: as in :func:`_launch`. A call whose signature was seen before
+    replays its launches (:mod:`ditfuse.runtime.fastpath`)."""
     key = None
     if fastpath.usable(x):
         try:
             sig = fastpath.sig
-            key = (norm, eps, rounding, bool(inplace), modulated, out is x, TILE_SETTINGS,
-                   RESIDUAL_FLAT, RESIDUAL_SETTINGS,
+            key = (norm, eps, rounding, bool(inplace), modulated, out is x, tile, flat,
                    sig(x), sig(y), sig(gate), sig(shift), sig(scale), sig(weight), sig(bias),
                    sig(out))
             replay = _CACHE.get(key)
@@ -296,7 +293,8 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
     xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
     if backend.kernel_device_ok(x3):
         with fastpath.Recorder() as rec:
-            _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op")
+            _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op",
+                    tile, flat)
         if key is not None:
             _CACHE.put(key, rec.replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)))
     else:
@@ -351,12 +349,13 @@ def adaln_modulate(x, shift=None, scale=None, *, norm="layer", weight=None, bias
     Contract: no fused multiply-add, so every step rounds as eager PyTorch does; the
     statistics' reduction order differs from PyTorch's, so the result is within one
     rounding of the eager code (bitwise for most elements: ``ditfuse check``). Inference
-    only.
+    only: no backward; a call on tensors that require grad with grad mode on raises.
 
     Examples
     --------
-    >>> shift, scale, gate, c_shift, c_scale, c_gate = (table + temb.float()).chunk(6, 1)
-    >>> y = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
+    >>> with torch.no_grad():
+    ...     shift, scale, gate, c_shift, c_scale, c_gate = (table + temb.float()).chunk(6, 1)
+    ...     y = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
     """
     _no_grad_check(x, shift, scale, weight, bias)
     if torch.compiler.is_compiling():
@@ -393,6 +392,16 @@ def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer
     Returns
     -------
     (x_new, modulated) : tuple of Tensor
+
+    Notes
+    -----
+    Contract: ``x_new`` bitwise the eager chain's, ``modulated`` as in
+    :func:`adaln_modulate`. Inference only (no backward).
+
+    Examples
+    --------
+    >>> with torch.no_grad():  # a branch's gated residual, then the next norm + modulation
+    ...     x, h = ditfuse.gated_residual_adaln(x, branch_out, gate, shift, scale, eps=1e-6)
     """
     if y is None:
         raise ValueError("y (the branch output) is required; use adaln_modulate without it")
@@ -436,9 +445,15 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
     Notes
     -----
     Contract: bitwise equal to the eager chain (no reduction, no fused multiply-add).
-    Inference only. x, y and the output with dense (S, D) rows (any batch stride) run one
-    flat elementwise kernel a batch entry (at the copy ceiling on the H200, level with
-    torch.compile's kernel); other layouts the row-tile kernel, with the same bits.
+    Inference only (no backward). x, y and the output with dense (S, D) rows (any batch
+    stride) run one flat elementwise kernel a batch entry (at the copy ceiling on the H200,
+    level with torch.compile's kernel); other layouts the row-tile kernel, with the same
+    bits.
+
+    Examples
+    --------
+    >>> with torch.no_grad():  # Wan's FFN residual, in place
+    ...     ditfuse.gated_residual(x, ffn_out, c_gate, out=x)
     """
     if y is None:
         raise ValueError("y (the branch output) is required")

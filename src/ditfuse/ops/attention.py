@@ -1,8 +1,14 @@
-"""Sliding-window (and differential) attention: validate -> allocate -> launch, the public
-function, its ``torch.library`` op, and its ``ditfuse check`` gates.
+"""Sliding-window (and differential) attention: the launch table, validate -> allocate ->
+launch, the public function, and at the end its ``torch.library`` op (with a fake
+implementation; eager calls launch directly, only code being compiled goes through it).
 
-The kernel lives in ``_attn_kernel.py``; the pure-PyTorch reference (the dense-mask
-formula, also the fallback for devices Triton cannot run on) in ``reference.py``.
+The kernels are in :mod:`ditfuse.kernels.attention` (Triton) and, for SAME-L's
+differential entries on sm_90, :mod:`ditfuse.kernels.attention_sm90` (16-bit) and
+:mod:`ditfuse.kernels.attention_sm90_fp32` (Gluon); the QK-norm + RoPE prologue, where it
+runs apart, is :mod:`ditfuse.ops.qk_norm_rope`. The pure-PyTorch reference (the dense-mask
+formula, also the fallback for devices Triton cannot run on) is in :mod:`ditfuse.reference`;
+the ``ditfuse check`` gates in :mod:`ditfuse.tools.check_attention`. Inference only.
+Measurements behind the table and the routes: docs/design/attention.md.
 """
 from __future__ import annotations
 
@@ -247,30 +253,32 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
       differential with the prologue (without it: the measured exception below). Otherwise 4.
     * num_stages = 2 otherwise: a narrow band makes 3-5 loop trips; deeper pipelines only
       fill shared memory (at most 112 KB here, below the 227 KB of an H100/H200 block).
-    * Measured exception (H200 sweep, ``benchmarks/sweep_attention.py``): head_dim 64,
-      differential, no prologue, narrow band (SAME-L's attention): 4 warps, 3 stages, in
-      bf16 and fp32 (8 warps, 2 stages took 1.7x as long in fp32).
-    * Register cap (session 7 sweep, ``benchmarks/logs/s7/attn*``), same case: ptxas capped
+    * Measured exception (H200 sweep, 2026-11-30): head_dim 64, differential, no prologue,
+      narrow band (SAME-L's attention): 4 warps, 3 stages, in bf16 and fp32 (8 warps, 2
+      stages took 1.7x as long in fp32).
+    * Register cap (H200 sweep, 2026-11-30), same case: ptxas capped
       at 168 registers schedules the loop better at the same 3 programs a SM (bf16: 167
       registers instead of 141, 1416 SASS instructions instead of 1480; 72.7 vs 77.3 us at
       SAME-L 8704, 244.4 vs 263.0 at 32946, the same bits; a cap of 176+ leaves 2 programs
       a SM: 85 us); fp32 with 16-key tiles under the cap (fp32 173 registers uncapped):
       164.8 vs 181.8 us at 8704, 90.3 vs 98.5 at the TensorRT contract shape.
-    * Measured exception (H200, ``benchmarks/logs/s12/c``): head_dim 128 (and the head dims
+    * Measured exception (H200, 2026-11-30): head_dim 128 (and the head dims
       padded to it), differential, no prologue: 4 warps (224 registers bf16, 255 fp32, no
       spills), two programs a SM where the 8-warp entry fits one: 2.6x faster in bf16 (3
       stages), 1.8x in fp32 (2 stages).
-    * Measured exception (H200, ``benchmarks/logs/s16/a``, ``b``): fp32, head_dim 64, narrow
-      band, no prologue, differential or not: 16-query tiles of one warp, 16-key tiles, 2
-      stages -- a 16-query tile at window 17 spans 50 keys, so a query computes 64 scores
-      where the 64-query tile computes 112; 20-32% faster at every SAME-L shape. Since
-      session 23 (``benchmarks/logs/s23/c``): 32-query tiles of two such warps sharing each
-      K / V tile (``split_pv``), 1-8% faster again (the TensorRT contract 69.9 -> 64.1 us).
+    * Measured exception (H200, 2026-12-01): fp32, head_dim 64, narrow band, no prologue,
+      differential or not: 16-query tiles of one warp, 16-key tiles, 2 stages -- a 16-query
+      tile at window 17 spans 50 keys, so a query computes 64 scores where the 64-query
+      tile computes 112; 20-32% faster at every SAME-L shape. Since 2026-12-02: 32-query
+      tiles of two such warps sharing each K / V tile (``split_pv``), 1-8% faster again
+      (the TensorRT contract 69.9 -> 64.1 us).
     * step_m (:func:`query_step`): where the band is bounded on both sides, a program stores
-      only as many of its BLOCK_M queries as span one key tile fewer (H200,
-      ``benchmarks/logs/s18/a``, SAME-L window 17: 62 of 64 queries, bf16 8704 72.1 -> 64.8
-      us, 32946 243.9 -> 214.8, plain 8704 47.5 -> 43.7; 14 of 16 in fp32: 131.5 -> 124.6,
-      the TensorRT contract shape 73.7 -> 70.5).
+      only as many of its BLOCK_M queries as span one key tile fewer (H200, 2026-12-01,
+      SAME-L window 17: 62 of 64 queries, bf16 8704 72.1 -> 64.8 us, 32946 243.9 -> 214.8,
+      plain 8704 47.5 -> 43.7; 14 of 16 in fp32: 131.5 -> 124.6, the TensorRT contract
+      shape 73.7 -> 70.5).
+
+    The measurements in full: docs/design/attention.md.
     """
     st = _tile_settings(D, dtype, left, right, N, differential, prologue)
     if left < 0 or right < 0:
@@ -296,46 +304,47 @@ def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     if span > 64 and not differential and not prologue and D <= (32 if fp32 else 64):
         block_n, stages = 64, 3
     if span <= 64 and differential and prologue and D == 64 and not fp32:
-        # the fused prologue at SAME-L's shape (H200, benchmarks/logs/s8/diag/
-        # sweep_attention_prologue.log): bf16 16-key tiles, 4 warps, 3 stages, capped at 168
-        # registers: 222 us where 8 warps / 2 stages took 405. fp32 keeps 8 warps / 2 stages:
-        # its faster settings (320 and 455 us against 568) spill on sm_90. Where
-        # prologue_apart() holds, the call runs the prologue apart (the entry below)
+        # the fused prologue at SAME-L's shape (H200, 2026-11-30): bf16 16-key tiles, 4
+        # warps, 3 stages, capped at 168 registers: 222 us where 8 warps / 2 stages took
+        # 405. fp32 keeps 8 warps / 2 stages: its faster settings (320 and 455 us against
+        # 568) spill on sm_90. The public call runs the prologue apart here
+        # (prologue_apart(), then the prologue-free entry below); this entry is the fused
+        # launch of a plan that carries the prologue (launch(), the sm_90 build report)
         return Settings(64, 16, 4, 3, None, 168)
     if span <= 64 and not differential and not prologue and D == 64:
         if fp32:
             # the differential fp32 entry's tile below (32 queries on 2 warps, P @ V split):
-            # SAME-L 8704 plain 70.3 us against 74.6 for 32 queries on one warp (logs/s23/c;
-            # that one-warp tile had replaced 16-query tiles in session 18, logs/s18/a, b, d)
+            # SAME-L 8704 plain 70.3 us against 74.6 for 32 queries on one warp (H200,
+            # 2026-12-02; that one-warp tile had replaced 16-query tiles on 2026-12-01)
             return Settings(32, 16, 2, 3, True, 168, None, False, True)
         # 16-bit: the 64-query tile with 3 stages, uncapped (with the step: 41.8 us at SAME-L
-        # 8704 plain against 44.7 with 2 stages and 44.3 capped at 160, logs/s18/b)
+        # 8704 plain against 44.7 with 2 stages and 44.3 capped at 160; H200, 2026-12-01)
         return Settings(64, 32, 4, 3)
     if differential and not prologue and D >= 128:
-        # measured on the H200 (benchmarks/logs/s12/c/attn_d128_sweep.log, N = 8704, window
-        # 17): the 8-warp entry above holds 142 registers, one program a SM: 365.6 us bf16,
-        # 632.6 fp32; two 4-warp programs (224 registers) 142.1 us bf16 with 3 stages, 342.1
-        # fp32 with 2 (its 3 stages: 408.2); the same bits (BLOCK_N unchanged)
+        # measured on the H200 (2026-11-30, N = 8704, window 17): the 8-warp entry above
+        # holds 142 registers, one program a SM: 365.6 us bf16, 632.6 fp32; two 4-warp
+        # programs (224 registers) 142.1 us bf16 with 3 stages, 342.1 fp32 with 2 (its 3
+        # stages: 408.2); the same bits (BLOCK_N unchanged)
         return Settings(64, 16, 4, 2 if fp32 else 3)
     if span <= 64 and differential and not prologue and 64 <= D < 128:
-        # measured on the H200 (benchmarks/logs/sweeps.log, SAME-L window 17): 4 warps and a
-        # 3-stage pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits;
-        # a 168-register cap another 6% (bf16) / 9% (fp32 with 16-key tiles), logs/s7
+        # measured on the H200 (2026-11-30, SAME-L window 17): 4 warps and a 3-stage
+        # pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits; a
+        # 168-register cap another 6% (bf16) / 9% (fp32 with 16-key tiles)
         if D == 64:
             if fp32:
                 # 32 queries on 2 warps of mma.sync, 16 rows a warp (split_pv: P @ V as two
                 # 32-column dots, so that Triton puts the warps along the rows), 30 stored, 3
                 # stages, capped at 168 registers (no spills; 3 warps a register-file quarter:
-                # 12 warps a SM). H200 (benchmarks/logs/s23/c): the TensorRT contract 64.1 us,
-                # 8704 114.3, 32946 412.3 against 69.9 / 122.8 / 411.5 for the session-16/18
-                # entry (16 queries on one warp, 14 stored, 224 registers: 8 warps a SM),
-                # whose programs read 3.4 K / V rows a stored query (Nsight Compute: L2 at
-                # 78-85% of its throughput, logs/s23/a) where these read 2.1. Without the
-                # split the same tile splits P @ V's columns across the warps: 85.6 us at the
-                # contract shape (logs/s23/b). In bf16 the tile loses to the wgmma entry below
-                # (67.9 vs 65.2 us at 8704). On sm_90 the differential call with this entry
-                # runs _attn_gluon_fp32 instead (gluon_ok: tf32 wgmma, 64 / 32-key tiles;
-                # the TensorRT contract 57.5-58.7 us against 63.0-63.6, logs/s29)
+                # 12 warps a SM). H200 (2026-12-02): the TensorRT contract 64.1 us, 8704
+                # 114.3, 32946 412.3 against 69.9 / 122.8 / 411.5 for the 2026-12-01 entry
+                # (16 queries on one warp, 14 stored, 224 registers: 8 warps a SM), whose
+                # programs read 3.4 K / V rows a stored query (Nsight Compute: L2 at 78-85%
+                # of its throughput) where these read 2.1. Without the split the same tile
+                # splits P @ V's columns across the warps: 85.6 us at the contract shape. In
+                # bf16 the tile loses to the wgmma entry below (67.9 vs 65.2 us at 8704). On
+                # sm_90 the differential call with this entry runs the Gluon kernel of
+                # kernels.attention_sm90_fp32 instead (gluon_ok: tf32 wgmma, 64 / 32-key
+                # tiles; the TensorRT contract 57.5-58.7 us against 63.0-63.6, 2026-12-04)
                 return Settings(32, 16, 2, 3, True, 168, None, False, True)
             return Settings(64, 32, 4, 3, None, 168)
         warps, stages = 4, 3
@@ -392,9 +401,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     Triton gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
     BLOCK_M < D splits its columns across the warps; the halves put them along the rows.
     Without ``settings``, a call that :func:`gluon_ok` accepts (SAME-L's differential
-    entries on sm_90) runs a Gluon kernel: ``_attn_gluon``'s in 16-bit (the same tiles and
-    bits), ``_attn_gluon_fp32``'s in fp32 (64 / 32-key tiles: within the fp32 contract, not
-    the Triton kernel's bits).
+    entries on sm_90) runs a Gluon kernel: :mod:`ditfuse.kernels.attention_sm90`'s in 16-bit
+    (the same tiles and bits), :mod:`ditfuse.kernels.attention_sm90_fp32`'s in fp32 (64 /
+    32-key tiles: within the fp32 contract, not the Triton kernel's bits).
     """
     from ditfuse.kernels.attention import _swa_fwd_kernel
 
@@ -463,9 +472,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does --
     # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
-    # product of the output's ``acc1 / l1 - lam * (acc2 / l2)`` (its form until session
-    # 25) instead (seen on the H200: the sm_90a package differed from this kernel in the
-    # last bit). The output's one fma is explicit (tl.fma). Costs ~2% more instructions.
+    # product of the output's ``acc1 / l1 - lam * (acc2 / l2)`` (its form until 2026-12-03)
+    # instead (seen on the H200: the sm_90a package differed from this kernel in the last
+    # bit). The output's one fma is explicit (tl.fma). Costs ~2% more instructions.
     with mma_sync_only(mma_sync):  # where the launch compiles its kernel
         fastpath.launch(_swa_fwd_kernel, grid, args,
                          dict(constexprs, num_warps=num_warps, num_stages=num_stages,
@@ -473,12 +482,13 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
 
 
 #: Hopper (sm_90): SAME-L's 16-bit differential entry runs the Gluon kernel
-#: (``_attn_gluon.py``: the same bits, the wgmma waits placed by hand, TMA copies; H200,
-#: benchmarks/logs/s28/e: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's 62.5), and
-#: its fp32 entry ``_attn_gluon_fp32.py`` (tf32 wgmma, V transposed in shared memory; H200,
-#: benchmarks/logs/s29: 57.5 us at the TensorRT contract shape against 63.0; not the Triton
-#: kernel's bits: within the fp32 contract). False: the Triton kernel everywhere (A/B runs,
-#: the AOT package's kernel; part of the eager call's replay key).
+#: (:mod:`ditfuse.kernels.attention_sm90`: the same bits, the wgmma waits placed by hand,
+#: TMA copies; H200, 2026-12-04: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's
+#: 62.5), and its fp32 entry :mod:`ditfuse.kernels.attention_sm90_fp32` (tf32 wgmma, V
+#: transposed in shared memory; H200, 2026-12-04: 57.5 us at the TensorRT contract shape
+#: against 63.0; not the Triton kernel's bits: within the fp32 contract). False: the Triton
+#: kernel everywhere (A/B runs, the AOT package's kernel; part of the eager call's replay
+#: key).
 GLUON_SM90 = True
 _SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
 _SM90_FP32_ENTRY = Settings(32, 16, 2, 3, True, 168)
@@ -506,8 +516,9 @@ def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
     sm_90 (not the interpreter), differential, head_dim 64, no prologue, both sides of the
     band bounded, every operand and the output with contiguous channels and 16-byte aligned
     rows, and either bf16 / fp16 at the table's SAME-L 16-bit entry (64 / 32-key tiles, 4
-    warps: ``_attn_gluon``, the same bits) or fp32 at its fp32 entry (32 / 16-key tiles on 2
-    warps, split P @ V: ``_attn_gluon_fp32``, 64 / 32-key tf32 wgmma tiles)."""
+    warps: :mod:`ditfuse.kernels.attention_sm90`, the same bits) or fp32 at its fp32 entry
+    (32 / 16-key tiles on 2 warps, split P @ V: :mod:`ditfuse.kernels.attention_sm90_fp32`,
+    64 / 32-key tf32 wgmma tiles)."""
     if not (GLUON_SM90 and p.differential and p.qk is None and p.q.shape[3] == 64
             and p.left >= 0 and p.right >= 0 and not st.mma_sync):
         return False
@@ -569,33 +580,31 @@ def _new_out(shape, dtype, device) -> Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-# The prologue as its own pass where that measured faster (see prologue_apart); False: always
-# fused (the sm_90 build report of the fused specializations sets it so).
-PROLOGUE_APART = True
-
-
 def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: bool) -> bool:
     """Whether the QK-norm + RoPE prologue runs as ``qk_norm_rope`` into scratch before a
     prologue-free attention launch instead of fused into the attention kernel.
 
-    Measured on the H200 (``benchmarks/logs/s8/measure/attn_prologue_ab.log``, SAME's own
-    call: DyT + rotate-half RoPE over 32 of 64 channels, differential, window 17): the fused
-    kernel normalises and rotates every K tile once per query tile that visits it (about
-    twice at this window), with DyT's tanh and three dots a score, and took 221-248 us at
-    N = 8704 bf16 (the best fused settings), where qk_norm_rope twice (106 us) plus the
-    attention without prologue (72 us) took 175 us; fp32 283 vs 340, N = 32946 bf16 613 vs
-    777; the same bits on the GPU at the same attention settings. So: head_dim 64,
+    Measured on the H200 (2026-11-30, SAME's own call: DyT + rotate-half RoPE over 32 of 64
+    channels, differential, window 17): the fused kernel normalises and rotates every K
+    tile once per query tile that visits it (about twice at this window), with DyT's tanh
+    and three dots a score, and took 221-248 us at N = 8704 bf16 (the best fused
+    settings), where qk_norm_rope twice (106 us) plus the attention without prologue (72
+    us) took 175 us; fp32 283 vs 340, N = 32946 bf16 613 vs 777; the same bits on the GPU
+    at the same attention settings. So: head_dim 64,
     differential, a narrow band (SAME-L).
 
     Also head_dim 128 differential, for correctness: there the fused sm_90 build (8 warps,
     16-key tiles) returned wrong results on the H200 with a norm and a partial rotary width
     together (errors of 0.3-0.7 of the output scale, bf16; with only one of them, without
     the differential form, in fp32 or with 16 x 16 tiles it was right; the interpreter is
-    right everywhere: ``benchmarks/logs/s11/h``, NOTES.md). Only that launch shape fails: with
-    32-key tiles or 4 warps the fused kernel was right in every case (``logs/s12/a``). Apart,
-    the prologue runs as ``qk_norm_rope`` and the attention without one. Elsewhere fused (not
-    measured apart)."""
-    if not (PROLOGUE_APART and prologue):
+    right everywhere; H200, 2026-11-30). Only that launch shape fails: with 32-key tiles or
+    4 warps the fused kernel was right in every case. Apart, the prologue runs as
+    ``qk_norm_rope`` and the attention without one. Elsewhere fused (not measured apart).
+    Details: docs/design/attention.md.
+
+    A call with explicit launch settings (``run(p, settings)``) and :func:`launch` itself
+    keep the prologue fused."""
+    if not prologue:
         return False
     D = tile_dim(D)
     if D >= 128 and differential:
@@ -616,11 +625,6 @@ def prologue_scratch(q: Tensor, layout: str, differential: bool) -> tuple:
     return tuple(torch.empty(B, N, H, D, dtype=q.dtype, device=q.device) for _ in range(2))
 
 
-#: The differential prologue's two ``qk_norm_rope`` passes as one where Q2's heads follow
-#: Q's in memory and K2's K's (SAME's packed to_qkv chunks: [q1 | q2 | k1 | k2 | v]).
-JOINT_PROLOGUE = True
-
-
 def _follows(a: Tensor, b: Tensor) -> bool:
     """Whether (B, N, H, D) view ``b`` holds the heads H .. 2H-1 of the (B, N, 2H, D) view
     with ``a``'s strides (so one view covers both)."""
@@ -639,11 +643,12 @@ def _both(a: Tensor) -> Tensor:
 def _joint_plan(p: Plan, scratch: tuple):
     """One qk_norm_rope plan over Q's and Q2's heads (K's and K2's) with both outputs, or
     None where the two passes cannot be one: per-head norms (not across heads), tables
-    shared by the heads, and every pair laid out as :func:`_follows` says."""
+    shared by the heads, and every pair laid out as :func:`_follows` says (SAME's packed
+    ``to_qkv`` chunks: [q1 | q2 | k1 | k2 | v])."""
     import dataclasses
 
     qk = p.qk
-    if not (JOINT_PROLOGUE and p.differential) or qk.table_per_head or qk.positions is not None:
+    if not p.differential or qk.table_per_head or qk.positions is not None:
         return None
     # a pass that would take the flat-row kernel (one head a token: its per-head norm spans
     # the token) stays two: the per-token kernel of the joint pass may sum in another order
@@ -822,11 +827,12 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
 
     Examples
     --------
-    >>> q1, q2, k1, k2, v = (t.unflatten(-1, (24, 64)) for t in attn.to_qkv(x).chunk(5, -1))
-    >>> freqs = attn.rope(N, x.device)                       # SAME: (N, 32)
-    >>> out = ditfuse.sliding_window_attention(
-    ...     q1, k1, v, 17, q2=q2, k2=k2, q_norm=attn.q_norm, k_norm=attn.k_norm,
-    ...     cos=freqs.cos(), sin=freqs.sin(), rotary_dim=32)  # (B, N, 24, 64)
+    >>> with torch.no_grad():
+    ...     q1, q2, k1, k2, v = (t.unflatten(-1, (24, 64)) for t in attn.to_qkv(x).chunk(5, -1))
+    ...     freqs = attn.rope(N, x.device)                       # SAME: (N, 32)
+    ...     out = ditfuse.sliding_window_attention(
+    ...         q1, k1, v, 17, q2=q2, k2=k2, q_norm=attn.q_norm, k_norm=attn.k_norm,
+    ...         cos=freqs.cos(), sin=freqs.sin(), rotary_dim=32)  # (B, N, 24, 64)
     """
     _check_grad(q, k, v, q2, k2, lam, q_norm, k_norm, cos, sin)
     if torch.compiler.is_compiling():
@@ -892,13 +898,13 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
     # _joint_plan): a relation between tensors that their own signatures do not hold; only
     # a call with a prologue can take that pass, so plain calls skip the test
     prologue = q_norm is not None or k_norm is not None or cos is not None
-    joint = JOINT_PROLOGUE and prologue and \
+    joint = prologue and \
         all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, q2, k2)) and \
         all(_follows(*((a, b) if layout == "bshd" else (a.transpose(1, 2), b.transpose(1, 2))))
             for a, b in ((q, q2), (k, k2)))
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, PROLOGUE_APART, GLUON_SM90, joint,
+           qn[3:], kn[3:], launch_settings, GLUON_SM90, joint,
            *(sig(t) for t in tensors))
     hash(key)
     return key, tensors

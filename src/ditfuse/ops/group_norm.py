@@ -1,14 +1,17 @@
 """Fused GroupNorm + SiLU for the VAEs' ResNet blocks, and Wan's channel RMS norm + SiLU.
 
-Three layers, as in ``qk_norm_rope``: the private Triton kernels (``_gn_fit_kernel``,
-``_gn_stats_kernel`` + ``_gn_apply_kernel``, ``_rms_ch_kernel``); launchers that validate ->
-allocate -> launch with settings from a small analytical table (``gn_settings``,
-``rms_settings``); and the public functions :func:`group_norm_silu` and
-:func:`rms_norm_silu_channels`. Their ``torch.library`` ops (``ditfuse::group_norm_silu``,
-``ditfuse::rms_norm_silu_channels``, with fake implementations) are registered at the end of
-this module; eager calls launch directly, only code being compiled goes through the ops.
-The pure-PyTorch references (the fp64 test oracle and the fallback for devices Triton
-cannot run on) are in ``reference.py``.
+Layout, as in ``ditfuse.ops.qk_norm_rope``: the Triton kernels (``_gn_fit_kernel``,
+``_gn_stats_kernel`` + ``_gn_apply_kernel``, the channels-last ``_gn_cl_*`` kernels,
+``_rms_ch_kernel``) are in :mod:`ditfuse.kernels.group_norm`; this module holds the small
+analytical launch table (``gn_settings``, ``rms_settings``), the launchers that validate ->
+allocate -> launch, the public functions :func:`group_norm_silu` and
+:func:`rms_norm_silu_channels`, and at its end their ``torch.library`` ops
+(``ditfuse::group_norm_silu``, ``ditfuse::rms_norm_silu_channels``, with fake
+implementations); eager calls launch directly, only code being compiled goes through the
+ops. The pure-PyTorch references (the fp64 test oracle and the fallback for devices Triton
+cannot run on) are in :mod:`ditfuse.reference`; the numerical contract's tolerances in
+:mod:`ditfuse.tools.gn_contract`. Inference only. Measurements behind the table:
+docs/design/group_norm.md.
 
 Input is channels-first ``(N, C, *spatial)`` of rank >= 3, addressed as ``(N, C, S)`` with
 one stride per axis, so any view whose spatial dimensions collapse into one stride is read
@@ -45,9 +48,8 @@ ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: registers (16 warps x 32 fp32 values a thread); larger groups take the split path
 FIT_MAX = 16384
 #: elements of one tile of the split path (8 warps x 32 values a thread): 8192 beat 4096 and
-#: 2048 at every split-path registry shape on the H200 (FLUX VAE up2-512 136.6 vs 164.9 us,
-#: out-1024 258.6 vs 309.8 us; benchmarks/logs/s3/sweep_gn.log): twice the bytes in flight
-#: per program
+#: 2048 at every split-path registry shape on the H200 (2026-11-29: FLUX VAE up2-512 136.6
+#: vs 164.9 us, out-1024 258.6 vs 309.8 us): twice the bytes in flight per program
 SPLIT_TILE = 8192
 #: statistics programs the split path aims for in total (about 8 per SM of a 132-SM H100 /
 #: H200), spread over the N * G groups ...
@@ -57,31 +59,30 @@ MAX_PARTIALS = 128
 #: statistics programs of the channels-last path in total: fewer, longer programs than the
 #: channels-first path's, since each ends by merging its element slots' running moments
 #: (five cross-thread group sums), which a program of one or two tiles pays per tile. H200
-#: (session 24, benchmarks/logs/s24/c, bf16, us, 1024 -> 256): flux-vae-mid-128 37.3 ->
+#: (2026-12-03, bf16, us, 1024 -> 256): flux-vae-mid-128 37.3 ->
 #: 27.1, up1-256 84.0 -> 71.6, up2-512 139.4 -> 126.7, out-1024 245.3 -> 232.0,
 #: hunyuan-vae-up-9f 53.5 -> 50.9, hunyuan-vae-mid 19.7 -> 18.7 (128 and 192 lose at the
 #: large shapes, 384 gives the same tiles as 256 there)
 CL_STATS_PROGRAMS = 256
 #: a statistics program's tile count rounded up to a power of two (fewer programs, fewer
 #: kernel variants) on the channels-first path; the channels-last path takes the count as
-#: it comes. H200 (session 24, benchmarks/logs/s24/e, bf16, us, pow2 / any): hunyuan-vae-up-9f
-#: channels-last 50.6 / 45.2 (144 -> 256 statistics programs), channels-first 39.6 / 41.1;
-#: no other registry shape's count changes
+#: it comes (table values of the two paths, the defaults of ``gn_settings(tpp_pow2=None)``).
+#: H200 (2026-12-03, bf16, us, pow2 / any): hunyuan-vae-up-9f channels-last 50.6 / 45.2
+#: (144 -> 256 statistics programs), channels-first 39.6 / 41.1; no other registry shape's
+#: count changes
 TPP_POW2 = True
 CL_TPP_POW2 = False
 #: channel lanes a channels-last split tile spans at most (several groups side by side:
-#: 128-byte rows of bf16). H200 (session 22, benchmarks/logs/s22/b, the first statistics
-#: kernel): 64 lanes beat 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024
-#: 416 vs 621 vs 623 us); groups of more than CL_CPP_MAX channels keep the one-group tiles
+#: 128-byte rows of bf16). H200 (2026-12-02, the first statistics kernel): 64 lanes beat
+#: 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024 416 vs 621 vs 623 us);
+#: groups of more than CL_CPP_MAX channels keep the one-group tiles
 CL_LANES = 64
 CL_CPP_MAX = 1024
 #: offsets inside a split-path tile are int32 below this (the tile's corner is int64)
 OFF32_LIMIT = 2**31
-#: whole split-path tiles skip their masks (False: always masked, for tests)
-MASKLESS = True
 #: registers a thread of the unmasked in-register channel-RMS program (16-bit x) may hold:
 #: 80 fits 6 programs of 4 warps an SM where the uncapped build's 86-96 fit 5; H200
-#: (session 21, benchmarks/logs/s21/c): wan-vae-out-480p 178.7 vs 196.3 us, the same bits
+#: (2026-12-02): wan-vae-out-480p 178.7 vs 196.3 us, the same bits
 #: (72: 214.4, 64: 289.6 -- spilling). At 80 the sm_90 builds keep at most 16 bytes in
 #: local memory, outside any loop (the kernel has none)
 RMS_MAXNREG = 80
@@ -94,8 +95,8 @@ STATS_FEW_TILES = 4
 #: elements a thread of the split path's apply pass and of the in-register channel RMS
 #: holds (sets num_warps): with the fast SiLU, 64 (4 warps a 8192 tile) beat 32 and 16 on
 #: the H200: GroupNorm flux-vae-out-1024 215.9 vs 223.2 (8 warps) vs 278.1 us (16); channel
-#: RMS wan-vae-out-480p 196.4 vs 236.7 us (benchmarks/logs/s7/sweep3): more independent
-#: loads a thread in flight
+#: RMS wan-vae-out-480p 196.4 vs 236.7 us (2026-11-30): more independent loads a thread in
+#: flight
 APPLY_PER_THREAD = 64
 
 
@@ -196,7 +197,7 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
                           TPP_POW2 if tpp_pow2 is None else tpp_pow2)
     # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
     # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
-    # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; logs/s7/sweep4)
+    # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; H200, 2026-11-30)
     sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
     return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
                       _next_pow2(P), sw)
@@ -448,7 +449,7 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     (part,) = scratch
     ngp = NG * st.P
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
-    even = cpg % st.BC == 0 and S % st.BS == 0 and MASKLESS
+    even = cpg % st.BC == 0 and S % st.BS == 0
     launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
            dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
                 EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
@@ -471,7 +472,7 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
 
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     pow2 = cpg == st.CPP
-    even = pow2 and G % st.GB == 0 and S % st.BS == 0 and MASKLESS
+    even = pow2 and G % st.GB == 0 and S % st.BS == 0
     xn, _, xs = p.xs
     launch = fastpath.launch
     launch(_gn_cl_stats_kernel, (N * st.P * n_gb,),
@@ -500,7 +501,7 @@ def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSS
         return st
     dummy = p.x
     n_sb = _cdiv(S, st.BS)
-    even = st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0 and MASKLESS
+    even = st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0
     # the cap only where it was measured and built: masked columns need far more registers
     # (the cap would spill them by kilobytes)
     cap = {"maxnreg": st.maxnreg} if st.maxnreg and even else {}
@@ -536,13 +537,14 @@ def _key(kind, x, weight, bias, out, opts, launch):
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
                 FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, CL_LANES, CL_CPP_MAX, RMS_TILE,
                 RMS_MIN_BS,
-                OFF32_LIMIT, MASKLESS, sig(x), sig(weight), sig(bias), sig(out))
+                OFF32_LIMIT, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
 
 def _replayed(key, x, weight, bias, out):
-    """A repeat call of a recorded signature (``_fastpath``): its output, or None."""
+    """A repeat call of a recorded signature (:mod:`ditfuse.runtime.fastpath`): its output,
+    or None."""
     hit = _CACHE.get(key)
     if hit is None:
         return None
@@ -555,7 +557,7 @@ def _replayed(key, x, weight, bias, out):
 def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None,
          key=None):
     """Allocate -> launch for a checked plan. ``key``: the call's signature, under which its
-    launches are recorded for replay (``_fastpath``); None: not recorded."""
+    launches are recorded for replay (:mod:`ditfuse.runtime.fastpath`); None: not recorded."""
     if out is None:
         out = _out_like(p.x)
         os_ = _ncs(out, "out")[3]
@@ -658,7 +660,7 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     By default the result rounds where the eager chain does: the normalised, affine value
     :math:`\hat x` to ``x.dtype``, then SiLU in fp32 rounded at the store. Against the fp64
     reference that rounds at the same points (``reference.group_norm_silu_chain``) every
-    element is within (``_gn_contract.contract_tolerance``)
+    element is within (``ditfuse.tools.gn_contract.contract_tolerance``)
 
     .. math::
 
@@ -689,7 +691,8 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     Examples
     --------
     >>> norm = vae.decoder.mid_block.resnets[0].norm1   # GroupNorm(32, 512, eps=1e-6)
-    >>> h = ditfuse.group_norm_silu(h, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    >>> with torch.no_grad():
+    ...     h = ditfuse.group_norm_silu(h, norm.num_groups, norm.weight, norm.bias, norm.eps)
     """
     _check_grad(x, weight, bias)
     if torch.compiler.is_compiling():
@@ -745,7 +748,7 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
     :math:`r_2 = r_1 s`, :math:`r_3 = r_2\gamma`, :math:`r_4 = r_3 + b` (as present), each
     rounded to ``x.dtype``, then SiLU rounded at the store. Against the fp64 reference that
     rounds at the same points (``reference.rms_norm_silu_channels_chain``) every element is
-    within (``_gn_contract.contract_tolerance``)
+    within (``ditfuse.tools.gn_contract.contract_tolerance``)
 
     .. math::
 
@@ -764,12 +767,13 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
     output's own (factor 1 for the rest). Eager rounds at the same points: the same bound.
     ``round_after_norm=False``: fp32 throughout, one rounding at the store, within
     :math:`(1 + r)(r|y_{ref}| + a)` of the exact result. In fp32 (the Wan VAE's usual
-    dtype) it agrees with eager to a few fp32 ulps. Inference only.
+    dtype) it agrees with eager to a few fp32 ulps. Inference only: no autograd.
 
     Examples
     --------
     >>> norm = vae.decoder.mid_block.resnets[0].norm1   # WanRMS_norm(384, images=False)
-    >>> h = ditfuse.rms_norm_silu_channels(h, norm.gamma, norm.bias)  # h: (N, 384, T, H, W)
+    >>> with torch.no_grad():  # h: (N, 384, T, H, W)
+    ...     h = ditfuse.rms_norm_silu_channels(h, norm.gamma, norm.bias)
     """
     _check_grad(x, gamma, bias)
     if torch.compiler.is_compiling():

@@ -37,7 +37,7 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
     (``_eager_gn_rounds_stats``; the share of differing elements is then not gated, else
     twice the fp64 limit: both sides compute in fp32). The rows report the error over the
     contract, over one output rounding alone, and the shares of bitwise-equal and differing
-    elements. ``gates.add(gate, case, ok, detail)`` as in ``check.py``.
+    elements. ``gates.add(gate, case, ok, detail)`` as in :mod:`ditfuse.tools.check`.
     """
     if dtypes is None:
         dtypes = [torch.bfloat16, torch.float16, torch.float32] if small else \

@@ -1,8 +1,9 @@
 """The numerical contract of ``group_norm_silu`` / ``rms_norm_silu_channels`` (one place:
-``group_norm.check_gates`` and the tests use it): per-element tolerances for chains that
-round to the activation dtype between steps (the rounding flips that the SiLU carries to the
-output), the share of elements allowed to differ from an exact reference, and eager torch's
-own extra roundings of the GroupNorm statistics."""
+:func:`ditfuse.tools.check_group_norm.check_gates` and the tests use it): per-element
+tolerances for chains that round to the activation dtype between steps (the rounding flips
+that the SiLU carries to the output), the share of elements allowed to differ from an exact
+reference, and eager torch's own extra roundings of the GroupNorm statistics. The
+derivation: docs/design/group_norm.md."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,8 @@
 """sm_90 builds of the band-attention kernels on the CPU (no GPU): tensor-core instructions,
-registers, spills, shared memory of every production call's specialization."""
+registers, spills, shared memory of every production call's specialization (the kernels of
+:mod:`ditfuse.kernels.attention`, :mod:`ditfuse.kernels.attention_sm90` and
+:mod:`ditfuse.kernels.attention_sm90_fp32`, launched as :func:`ditfuse.ops.attention.launch`
+launches them). Why each entry: docs/design/attention.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ditfuse.norms import NormSpec
-from ditfuse.ops.attention import sliding_window_attention
+from ditfuse.ops import attention as A
 from ditfuse.runtime.backend import mma_sync_only
 
 # ---------------------------------------------------------------------------------------
@@ -61,8 +64,10 @@ _CHILD_ENV = "DITFUSE_ATTN_BUILD_CHILD"
 
 
 def _meta_call(spec: BuildSpec):
-    """``sliding_window_attention`` on meta tensors of ``spec`` (views of the packed
-    ``to_qkv`` output, as SAME passes them)."""
+    """The kernel launch of ``spec``'s call on meta tensors (views of the packed ``to_qkv``
+    output, as SAME passes them): :func:`ditfuse.ops.attention.launch` of its plan with the
+    table's settings, the prologue fused where ``spec`` has one (the specialization a call
+    takes where :func:`ditfuse.ops.attention.prologue_apart` does not hold)."""
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.dtype]
     H, D, N = spec.H, spec.D, spec.N
     meta = dict(device="meta", dtype=dt)
@@ -84,31 +89,30 @@ def _meta_call(spec: BuildSpec):
         R = D // 2
         kw.update(q_norm=dyt(), k_norm=dyt(), cos=torch.empty(N, R, device="meta"),
                   sin=torch.empty(N, R, device="meta"), rotary_dim=R)
-    return lambda: sliding_window_attention(q1, k1, v, spec.window, **kw)
+
+    def call():
+        p = A.plan(q1, k1, v, spec.window, **kw)
+        A.launch(p, torch.empty(p.q.shape, **meta))  # run()'s (B, N, H, D) output
+
+    return call
 
 
 def capture_launch(spec: BuildSpec):
-    """The (grid, args, kwargs) with which the public call launches the kernel (with the
-    prologue fused: the specialization a call takes where the prologue does not run apart,
-    :func:`prologue_apart`)."""
-    from ditfuse.kernels import attention as _attn_kernel
+    """The (grid, args, kwargs) of ``spec``'s kernel launch (:func:`_meta_call`)."""
+    from ditfuse.kernels import attention as attention_kernel
     from ditfuse.tools.inspect import intercept_launches
 
-    global PROLOGUE_APART, _gluon_device
-    apart, PROLOGUE_APART = PROLOGUE_APART, False
-    device_test = _gluon_device
-    place = (_attn_kernel, "_swa_fwd_kernel")
+    device_test = A._gluon_device
+    place = (attention_kernel, "_swa_fwd_kernel")
     if spec.gluon:  # the launch an sm_90 GPU takes (meta tensors stand in for its memory)
-        from ditfuse.kernels import attention_sm90 as _attn_gluon
-        from ditfuse.kernels import attention_sm90_fp32 as _attn_gluon_fp32
-        _gluon_device = lambda o4: True  # noqa: E731
-        place = (_attn_gluon_fp32, "_swa_diff_fp32_sm90_kernel") if spec.dtype == "fp32" \
-            else (_attn_gluon, "_swa_diff_sm90_kernel")
+        from ditfuse.kernels import attention_sm90, attention_sm90_fp32
+        A._gluon_device = lambda o4: True
+        place = (attention_sm90_fp32, "_swa_diff_fp32_sm90_kernel") if spec.dtype == "fp32" \
+            else (attention_sm90, "_swa_diff_sm90_kernel")
     try:
         calls = intercept_launches([place], _meta_call(spec))
     finally:
-        PROLOGUE_APART = apart
-        _gluon_device = device_test
+        A._gluon_device = device_test
     if len(calls) != 1:
         raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
     return calls[0]
@@ -164,8 +168,8 @@ def build(spec: BuildSpec) -> dict:
     bad = []
     if not (row["wgmma"] or row["mma"]):
         bad.append("no mma/wgmma in the PTX")
-    # local memory only outside the key loop, a few bytes a program (session 16's one-warp
-    # fp32 entry kept one 4-byte value across its loop: LDL / STL before and after it)
+    # local memory only outside the key loop, a few bytes a program (the one-warp fp32
+    # entry of 2026-12-01 kept one 4-byte value across its loop: LDL / STL before and after)
     if row["loop_local"]:
         bad.append(f"{row['loop_local']} LDL / STL inside a loop")
     if max(row["spill_stores"], row["spill_loads"], row["stack"]) > LOCAL_BYTES_MAX:
