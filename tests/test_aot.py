@@ -700,6 +700,9 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     assert m["constexprs"]["STEP_M"] == 30
     assert m["grid"] == ["B * 24", "cdiv(N, 30)", "1"]
     assert m["constexprs"]["DIFF"] is True and m["bindings"]["LEFT"] == 17
+    # the TensorRT contract multiplies fp32 in tf32 whatever the exporting process's
+    # torch.get_float32_matmul_precision() (PyTorch's default "highest" would be tf32x3)
+    assert m["constexprs"]["PREC"] == "tf32" and "tf32" in m["contract"]
     assert m["bindings"]["q2_ptr"] == "q + 1536" and m["bindings"]["k2_ptr"] == "k + 1536"
     # two warps of mma.sync, 16 query rows each (P @ V in two column halves)
     assert m["constexprs"]["BLOCK_M"] == 32 and m["compile_options"]["num_warps"] == 2

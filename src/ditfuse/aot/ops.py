@@ -348,8 +348,9 @@ def _swa_call(o, t: Dict) -> None:
 
     H = o.heads
     q, k = t["q"], t["k"]
+    # the TensorRT contract multiplies fp32 in tf32, whatever this process's matmul precision
     out = sliding_window_attention(q[:, :, :H], k[:, :, :H], t["v"], o.window, q2=q[:, :, H:],
-                                   k2=k[:, :, H:], lam=o.lam)
+                                   k2=k[:, :, H:], lam=o.lam, precision="high")
     if "out" in t and out.device.type != "meta":  # real tensors (the plugin's JIT path)
         t["out"].copy_(out)
 
@@ -388,8 +389,10 @@ SLIDING_WINDOW_ATTENTION = OpExport(
                    "lam * (1 / l2) folds away (exact), and with fp contraction off in this "
                    "kernel the output's one fma (written in the kernel) takes the same "
                    "operands in both builds",
-    contract="bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
-             "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam) for N > window (for N <= "
+    contract="fp32 products in tf32 (precision='high', the TensorRT contract; the library's "
+             "default follows torch.get_float32_matmul_precision()); "
+             "bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
+             "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam, precision='high') for N > window (for N <= "
              "window the JIT clamps the window to N, which selects the same keys), run with "
              "the Triton kernel (on sm_90 the JIT routes SAME-L's calls to Gluon kernels: "
              "the same bits in 16-bit, within the fp32 contract in fp32, attention.GLUON_SM90)",

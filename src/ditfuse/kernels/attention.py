@@ -64,11 +64,15 @@ def _as_tf32(x):
 
 
 @jit
-def _dot_operand(x, ACT: tl.constexpr):
+def _dot_operand(x, ACT: tl.constexpr, PREC: tl.constexpr):
     """A tile as a tensor-core operand: in the activation dtype (fp32 values such as the
-    probabilities rounded to nearest even), or tf32 for fp32 activations."""
+    probabilities rounded to nearest even); fp32 activations as tf32 (``PREC == "tf32"``)
+    or whole (``"tf32x3"``: each operand split into two tf32 terms, three products)."""
     if ACT == tl.float32:
-        return _as_tf32(x.to(tl.float32))
+        if PREC == "tf32":
+            return _as_tf32(x.to(tl.float32))
+        else:
+            return x.to(tl.float32)
     elif _SOFT_TF32:
         # the interpreter keeps bf16 as raw uint16 bits, which its matmul cannot read: the
         # operand stays fp32 holding exactly the (rounded) value of the input dtype
@@ -134,7 +138,7 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
              NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
              ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
              ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
-             ACT: tl.constexpr, OFF64: tl.constexpr):
+             ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
     """A Q or K tile of BLOCK rows, ready for tl.dot: [norm -> round] [-> rotate -> round].
 
     Without RoPE: one [BLOCK, D_PAD] tile, zero in the columns past D (and two unused
@@ -151,7 +155,7 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
         if NORM == 0:
             x = tl.load(_tile_ptrs(x_ptr, base, start, stride_s, stride_d, d, BLOCK, OFF64),
                         mask=_cols_mask(rmask, dm, D, D_PAD), other=0.0)
-            return _dot_operand(x, ACT), 0.0, 0.0
+            return _dot_operand(x, ACT, PREC), 0.0, 0.0
         x, m = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, d, dm, BLOCK, OFF64)
         mean = 0.0
         rstd = 1.0
@@ -165,7 +169,7 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
             rstd = (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
         y = _norm_piece(x, m, w_ptr, b_ptr, d, dm, mean, rstd, alpha,
                         NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
-        return _dot_operand(y, ACT), 0.0, 0.0
+        return _dot_operand(y, ACT, PREC), 0.0, 0.0
     else:
         R2: tl.constexpr = R // 2
         P: tl.constexpr = D - R
@@ -232,17 +236,18 @@ def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
         # eager: x * cos + rotate_half(x) * sin, no fused multiply-add (qk_norm_rope's order)
         oa = _rnd(xa * c_a - xb * s_a, ACT)
         ob = _rnd(xb * c_b + xa * s_b, ACT)
-        return _dot_operand(oa, ACT), _dot_operand(ob, ACT), _dot_operand(xp, ACT)
+        return _dot_operand(oa, ACT, PREC), _dot_operand(ob, ACT, PREC), _dot_operand(xp, ACT, PREC)
 
 
 @jit
-def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr):
+def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr,
+            PREC: tl.constexpr):
     """Raw scores q . k over all channels: one dot, or one per piece (RoPE)."""
-    s = tl.dot(qa, tl.trans(ka), input_precision="tf32")
+    s = tl.dot(qa, tl.trans(ka), input_precision=PREC)
     if ROPE:
-        s = tl.dot(qb, tl.trans(kb), s, input_precision="tf32")
+        s = tl.dot(qb, tl.trans(kb), s, input_precision=PREC)
         if HAS_PASS:
-            s = tl.dot(qp, tl.trans(kp), s, input_precision="tf32")
+            s = tl.dot(qp, tl.trans(kp), s, input_precision=PREC)
     return s
 
 
@@ -277,7 +282,7 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
               SPLIT_PV: tl.constexpr, K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
               K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
               ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
-              ACT: tl.constexpr, OFF64: tl.constexpr):
+              ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
     """One key tile: scores, online-softmax update and P @ V for one or both maps."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < N
@@ -290,8 +295,8 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
                           cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
                           stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
                           K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D)
+                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
+    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D, PREC)
     p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
     if DIFF:
         k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
@@ -299,8 +304,8 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
                                  cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
                                  stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
                                  K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
-        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D)
+                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
+        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D, PREC)
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
     if SPLIT_PV:
@@ -316,23 +321,23 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
         vb = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd + DH, BLOCK_N,
                                 OFF64),
                      mask=_cols_mask(kmask, dd + DH < D, D, D_PAD), other=0.0)
-        va = _dot_operand(va, ACT)
-        vb = _dot_operand(vb, ACT)
-        pp1 = _dot_operand(p1, ACT)
-        acc1 = acc1 * a1[:, None] + tl.dot(pp1, va, input_precision="tf32")
-        acc1b = acc1b * a1[:, None] + tl.dot(pp1, vb, input_precision="tf32")
+        va = _dot_operand(va, ACT, PREC)
+        vb = _dot_operand(vb, ACT, PREC)
+        pp1 = _dot_operand(p1, ACT, PREC)
+        acc1 = acc1 * a1[:, None] + tl.dot(pp1, va, input_precision=PREC)
+        acc1b = acc1b * a1[:, None] + tl.dot(pp1, vb, input_precision=PREC)
         if DIFF:
-            pp2 = _dot_operand(p2, ACT)
-            acc2 = acc2 * a2[:, None] + tl.dot(pp2, va, input_precision="tf32")
-            acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision="tf32")
+            pp2 = _dot_operand(p2, ACT, PREC)
+            acc2 = acc2 * a2[:, None] + tl.dot(pp2, va, input_precision=PREC)
+            acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision=PREC)
     else:
         dd = tl.arange(0, D_PAD)
         v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
                     mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
-        v = _dot_operand(v, ACT)
-        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT), v, input_precision="tf32")
+        v = _dot_operand(v, ACT, PREC)
+        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT, PREC), v, input_precision=PREC)
         if DIFF:
-            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT), v, input_precision="tf32")
+            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT, PREC), v, input_precision=PREC)
     return acc1, acc1b, m1, l1, acc2, acc2b, m2, l2
 
 
@@ -397,6 +402,7 @@ def _swa_fwd_kernel(
     ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
     OFF64: tl.constexpr,
     TOKEN_MAJOR: tl.constexpr,  # grid (B*H, query tiles) rather than (query tiles, B*H)
+    PREC: tl.constexpr = "tf32",  # fp32 products: "tf32", or "tf32x3" (fp32-accurate, 3 mma)
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     # programs start in grid order, axis 0 fastest
@@ -424,7 +430,7 @@ def _swa_fwd_kernel(
                           cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
                           stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
                           Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
     m1 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # -FLT_MAX: _softmax_step
     l1 = tl.zeros([BLOCK_M], tl.float32)
     ACC_W: tl.constexpr = D_PAD // 2 if SPLIT_PV else D_PAD
@@ -445,7 +451,7 @@ def _swa_fwd_kernel(
                                  cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
                                  stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
                                  Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
         m2 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
         acc2 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
@@ -484,7 +490,7 @@ def _swa_fwd_kernel(
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
                 qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
@@ -497,7 +503,7 @@ def _swa_fwd_kernel(
                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
                 qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64)
+                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
 
     # query rows past N have l = 0; they are not stored. Any other row's sum is >= 1 (its
     # max's own term), so the per-row reciprocals are of normal numbers

@@ -37,6 +37,8 @@ ROPE_STYLES = ("half", "interleaved")
 LOG2E = 1.4426950408889634
 #: Accuracy against the fp64 formula, as a share of ``|ref| + (1 + |lam|) rms(v)``.
 ACCURACY = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-8}
+#: fp32 at precision="highest" (three-term tf32 products), the same share
+ACCURACY_HIGHEST = 2.0**-16
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Plan:
     scale: float
     layout: str
     qk: Optional[object]        # qk_norm_rope.Plan of the prologue on (q, k), or None
+    dot_prec: str = "tf32"      # fp32 products: "tf32" or "tf32x3" (PRECISIONS)
 
     @property
     def differential(self) -> bool:
@@ -100,9 +103,27 @@ def _heads(x, name: str, layout: str) -> Tensor:
     return x if layout == "bshd" else x.transpose(1, 2)
 
 
+#: ``precision`` (PyTorch's float32 matmul precisions) -> how fp32 Q K^T and P V multiply:
+#: "highest" fp32-accurate (each operand split into two tf32 terms, three tensor-core
+#: products: Triton's "tf32x3"), "high" / "medium" one tf32 product (10-bit mantissas)
+PRECISIONS = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
+
+
+def dot_precision(dtype, precision=None) -> str:
+    """The kernel's fp32 product form for ``precision`` (None: PyTorch's
+    ``torch.get_float32_matmul_precision()``, read at the call); "tf32" for 16-bit inputs,
+    whose operands are exact on the tensor cores."""
+    if precision is None:
+        precision = torch.get_float32_matmul_precision()
+    elif precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (PyTorch's float32 "
+                         f"matmul precisions) or None, got {precision!r}")
+    return PRECISIONS[precision] if dtype == torch.float32 else "tf32"
+
+
 def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd",
          q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half",
-         rotary_dim=None) -> Plan:
+         rotary_dim=None, precision=None) -> Plan:
     """Check every argument and describe the call; raises before anything runs. Reads no
     tensor data (works on fake / meta tensors)."""
     if layout not in LAYOUTS:
@@ -185,7 +206,7 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
                                  "fused prologue normalises per head: apply "
                                  "ditfuse.qk_norm_rope first and pass q_norm/k_norm=None")
     return Plan(q4, views["k"], views["v"], views.get("q2"), views.get("k2"), left, right,
-                lam_v, lam_t, sc, layout, qkp)
+                lam_v, lam_t, sc, layout, qkp, dot_precision(q4.dtype, precision))
 
 
 # ---------------------------------------------------------------------------------------
@@ -467,7 +488,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         ROPE=rope, INTERLEAVED=bool(rope and qk.interleaved),
         TABLE_HALF=bool(rope and qk.table_half),
         OFF64=not _fits_int32(p, o4, max(bm, bn)),
-        TOKEN_MAJOR=token_major,
+        TOKEN_MAJOR=token_major, PREC=p.dot_prec,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does --
@@ -520,6 +541,7 @@ def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
     (32 / 16-key tiles on 2 warps, split P @ V: :mod:`ditfuse.kernels.attention_sm90_fp32`,
     64 / 32-key tf32 wgmma tiles)."""
     if not (GLUON_SM90 and p.differential and p.qk is None and p.q.shape[3] == 64
+            and p.dot_prec == "tf32"
             and p.left >= 0 and p.right >= 0 and not st.mma_sync):
         return False
     if p.q.dtype in (torch.bfloat16, torch.float16):
@@ -718,7 +740,7 @@ def _check_grad(*ts):
 
 def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None,
                              layout="bshd", q_norm=None, k_norm=None, cos=None, sin=None,
-                             rope_style="half", rotary_dim=None):
+                             rope_style="half", rotary_dim=None, precision=None):
     r"""Attention restricted to a band of keys around each query, optionally differential,
     optionally with the QK-norm + RoPE prologue fused in.
 
@@ -773,6 +795,13 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
     rotary_dim : int, optional
         Channels that rotate (the first ``rotary_dim``; SAME-L: 32 of 64); as in
         :func:`ditfuse.qk_norm_rope` (required when the table is ``D/2`` wide).
+    precision : {"highest", "high", "medium"}, optional
+        How fp32 inputs multiply, in PyTorch's terms; None (default) follows
+        ``torch.get_float32_matmul_precision()`` at the call, as ``torch.matmul`` does.
+        ``"highest"`` (PyTorch's default): fp32-accurate products (each operand split into
+        two tf32 terms, three tensor-core products); ``"high"`` / ``"medium"``: one tf32
+        product (faster; on sm_90 SAME-L's differential entry runs the Gluon kernel). No
+        effect on 16-bit inputs.
 
     Returns
     -------
@@ -792,11 +821,14 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
     * bf16 / fp16 (``2^-7`` / ``2^-10``): the output's rounding plus the probabilities
       rounded to the input dtype before ``P @ V`` (as FlashAttention does); Q, K, V are
       used as given. Measured: <= 5.2e-3 / 6.5e-4.
-    * fp32 (``2^-8``): tf32 tensor-core operands (10 mantissa bits; the GPU drops the low
-      13 bits of each operand). About 1e-3 relative for logits of order one (measured
-      <= 1.4e-3); a logit's error is bounded by ``2^-9 * scale * sum_d |q_d k_d|``, so it
-      grows with the logits' magnitude (~1e-2 at logits of ~10). Not fp32-exact: use the
-      reference for that.
+    * fp32 at ``precision="highest"`` (``ACCURACY_HIGHEST``, ``2^-16``): products as
+      accurate as fp32's (the tf32 split leaves ~2^-21 of each operand); with window 0 the
+      output is V to fp32 rounding.
+    * fp32 at ``"high"`` / ``"medium"`` (``2^-8``): tf32 tensor-core operands (10 mantissa
+      bits; the GPU drops the low 13 bits of each operand). About 1e-3 relative for logits
+      of order one (measured <= 1.4e-3); a logit's error is bounded by
+      ``2^-9 * scale * sum_d |q_d k_d|``, so it grows with the logits' magnitude (~1e-2 at
+      logits of ~10).
     * Differential: one rounding of the difference; diffusers' eager code rounds each
       map and then the difference, so the fused result is nearer the exact value. On
       sm_90, bf16 / fp16 at head_dim 64 in a narrow band without the prologue (SAME-L)
@@ -838,12 +870,12 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
     if torch.compiler.is_compiling():
         return _via_op(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
                        q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
-                       rotary_dim=rotary_dim)
+                       rotary_dim=rotary_dim, precision=precision)
     key = None
     if fastpath.usable(q):
         try:
             key, slots = _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm,
-                                   cos, sin, rope_style, rotary_dim)
+                                   cos, sin, rope_style, rotary_dim, precision)
             replay = _CACHE.get(key)
         except (AttributeError, TypeError, ValueError):  # the checks below explain
             key = replay = None
@@ -854,7 +886,7 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
                 return out
     p = plan(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
              q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
-             rotary_dim=rotary_dim)
+             rotary_dim=rotary_dim, precision=precision)
     if key is None:  # (a key implies a device the kernel runs on: fastpath.usable)
         return run(p)
     scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
@@ -878,7 +910,7 @@ _CACHE = fastpath.Cache()
 
 
 def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin,
-              rope_style, rotary_dim):
+              rope_style, rotary_dim, precision):
     """The signature of an eager call (every tensor's shape, strides, dtype, device and
     alignment; every scalar the launch takes, the norms' included; the launch table) and
     its tensors in replay-slot order. Raises TypeError / ValueError / AttributeError where
@@ -905,6 +937,7 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
            qn[3:], kn[3:], launch_settings, GLUON_SM90, joint,
+           dot_precision(q.dtype, precision),
            *(sig(t) for t in tensors))
     hash(key)
     return key, tensors
@@ -914,11 +947,12 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
 # torch.library op (used under torch.compile; eager calls launch directly)
 
 def _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout, qn, kn, cos, sin, rope_style,
-               rotary_dim):
+               rotary_dim, precision):
 
     return dict(q2=q2, k2=k2, lam=lam_t if lam_t is not None else lam, scale=scale,
                 layout=layout, q_norm=unflatten_norm(*qn), k_norm=unflatten_norm(*kn),
-                cos=cos, sin=sin, rope_style=rope_style, rotary_dim=rotary_dim or None)
+                cos=cos, sin=sin, rope_style=rope_style, rotary_dim=rotary_dim or None,
+                precision=precision)
 
 
 @library.op("ditfuse::sliding_window_attention", mutates_args=())
@@ -931,22 +965,23 @@ def sliding_window_attention_op(
     k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
     k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
     cos: Optional[Tensor], sin: Optional[Tensor], rope_style: str, rotary_dim: int,
+    precision: str,
 ) -> Tensor:
     kw = _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout,
                     (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                     (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                    cos, sin, rope_style, rotary_dim)
+                    cos, sin, rope_style, rotary_dim, precision)
     return run(plan(q, k, v, (left, right), **kw))
 
 
 @sliding_window_attention_op.register_fake
 def _(q, k, v, q2, k2, lam_t, lam, left, right, scale, layout, q_weight, q_bias, q_alpha_t,
       q_kind, q_eps, q_size, q_alpha, q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size,
-      k_alpha, k_pre, cos, sin, rope_style, rotary_dim):
+      k_alpha, k_pre, cos, sin, rope_style, rotary_dim, precision):
     kw = _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout,
                     (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
                     (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                    cos, sin, rope_style, rotary_dim)
+                    cos, sin, rope_style, rotary_dim, precision)
     p = plan(q, k, v, (left, right), **kw)
     B, N, H, D = p.q.shape
     shape = (B, N, H, D) if layout == "bshd" else (B, H, N, D)
@@ -954,8 +989,10 @@ def _(q, k, v, q2, k2, lam_t, lam, left, right, scale, layout, q_weight, q_bias,
 
 
 def op_args(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd",
-            q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half", rotary_dim=None):
-    """The arguments of ``torch.ops.ditfuse.sliding_window_attention`` for a public call."""
+            q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half", rotary_dim=None,
+            precision=None):
+    """The arguments of ``torch.ops.ditfuse.sliding_window_attention`` for a public call
+    (``precision`` resolved here: the setting when the call is traced)."""
 
     left, right = parse_window(window)
     lam_t = lam if isinstance(lam, Tensor) else None
@@ -966,7 +1003,8 @@ def op_args(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="b
         scale = float(scale)
     return (q, k, v, q2, k2, lam_t, lam_v, left, right, scale, layout,
             *flatten_norm(q_norm, "q_norm"), *flatten_norm(k_norm, "k_norm"),
-            cos, sin, rope_style, int(rotary_dim or 0))
+            cos, sin, rope_style, int(rotary_dim or 0),
+            torch.get_float32_matmul_precision() if precision is None else precision)
 
 
 def _via_op(q, k, v, window, **kw):

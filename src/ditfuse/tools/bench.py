@@ -289,7 +289,9 @@ def attention_copy_parts(parts):
 def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """Band (differential) attention: dense-mask SDPA as diffusers' SAME runs it,
     FlexAttention with a sliding-window block mask, and ditfuse. Floor: q/k (both halves when
-    differential) and v read once, the output written once."""
+    differential) and v read once, the output written once.  In fp32 the ``ditfuse`` rows multiply in
+    tf32 (``precision="high"``), the ``ditfuse-highest`` rows fp32-accurately (PyTorch's
+    default ``"highest"``), and FlexAttention at the process's setting (``"highest"``)."""
     import torch.nn.functional as F
 
     import ditfuse
@@ -320,13 +322,20 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
         q, k, v = p
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def fused(s):
+    def fused(s, precision="high"):  # fp32: tf32 products (the "ditfuse" rows since 2026-11-29)
         p = s["parts"]
         if shape.differential:
             q1, q2, k1, k2, v = p
-            return ditfuse.sliding_window_attention(q1, k1, v, w, q2=q2, k2=k2)
+            return ditfuse.sliding_window_attention(q1, k1, v, w, q2=q2, k2=k2,
+                                                    precision=precision)
         q, k, v = p
-        return ditfuse.sliding_window_attention(q, k, v, w)
+        return ditfuse.sliding_window_attention(q, k, v, w, precision=precision)
+
+    highest = None
+    if dtype == torch.float32:  # PyTorch's default float32 matmul precision: fp32-accurate
+
+        def highest(s):
+            return fused(s, "highest")
 
     flex = None
     if "flex" in impls and device != "cpu":
@@ -346,7 +355,8 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
 
     bench_case("sliding_window_attention", shape.name, dtype, nbytes, make, eager, fused,
                lambda s: attention_copy_parts(s["parts"]), ceiling, emit,
-               impls - {"compile"}, peers=[("flex", flex)], device=device, timer=timer)
+               impls - {"compile"}, peers=[("flex", flex), ("ditfuse-highest", highest)],
+               device=device, timer=timer)
 
 
 def _chart(rows, path):
@@ -415,7 +425,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
                     help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)}")
-    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex")
+    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex,"
+                                       "ditfuse-highest")
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--e2e", action="store_true",
                     help="whole models (random weights): transformers unpatched/patched x eager/compile "
