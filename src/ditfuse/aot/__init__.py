@@ -1,4 +1,4 @@
-"""Ahead-of-time packages of ditfuse kernels (``ditfuse export``; ``shared/spec/aot.md``).
+"""Ahead-of-time packages of ditfuse kernels (``ditfuse export``; ``docs/aot.md``).
 
 A package is a folder with ``kernel.ptx``, ``kernel.cubin`` and ``manifest.json`` (entry
 name, parameters in TensorRT's order -- input pointers, INT32 extras, output pointers --

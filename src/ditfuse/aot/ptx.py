@@ -1,4 +1,4 @@
-"""PTX text: the entry signature and the packaging rules of ``shared/spec/aot.md``.
+"""PTX text: the entry signature and the packaging rules of ``docs/aot.md``, "The contract a package meets".
 
 Pure text processing (no Triton, no GPU). Every rule either rewrites the PTX and says what
 it did, or refuses with an :class:`AotRefusal` that names the rule, what it found and what

@@ -1,4 +1,4 @@
-"""The one registry of production shapes (``shared/spec/models.md``), used by ``ditfuse check``
+"""The one registry of production shapes (the models' own code and configs: ``docs/patching.md``), used by ``ditfuse check``
 and ``ditfuse bench``."""
 from __future__ import annotations
 
