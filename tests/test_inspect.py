@@ -2,7 +2,7 @@
 
 Every shipped specialization (``ditfuse.inspect_kernels.SPECS``) is compiled for sm_90a
 with the ptxas of the Triton wheel -- no GPU needed -- in a subprocess with
-``TRITON_INTERPRET=0`` (this test session runs the interpreter), and must have no spill
+``TRITON_INTERPRET=0`` (the tests run the interpreter), and must have no spill
 stores/loads, no stack frame and no LDL/STL (local memory) in its SASS.
 """
 import json
