@@ -696,7 +696,8 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
     wgmma/mma instructions, no local memory inside a loop (``local_in_loops``), at most
     ``LOCAL_BYTES_MAX`` bytes of it outside."""
     names = ["same-l-bf16", "same-l-fp32", "d128-fp32-diff-prologue", "same-l-fp32-attn",
-             "same-l-trt-fp32", "same-l-fp32-plain"]
+             "same-l-trt-fp32", "same-l-fp32-plain", "same-l-fp32-attn-highest",
+             "same-l-fp32-plain-highest"]
     src = Path(A.__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -718,7 +719,10 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
         assert 0 < row["regs"] <= 255 and row["smem"] <= 227 * 1024, detail
         want = A.launch_settings(row["D"], getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
                                                          "fp16": "float16"}[row["dtype"]]),
-                                 17, 17, row["N"], row["differential"], row["prologue"])
+                                 17, 17, row["N"], row["differential"], row["prologue"],
+                                 A.dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
+                                                                 "fp16": "float16"}[row["dtype"]]),
+                                                 row["precision"]))
         assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == want[:4], detail
         assert row["maxnreg"] == want.maxnreg and row["step_m"] == want.step_m, detail
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()

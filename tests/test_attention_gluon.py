@@ -52,8 +52,13 @@ def test_routing(monkeypatch):
     assert _routes(*bhsd, layout="bhsd")
     assert not _routes(q1, k1, v, None, None)                            # plain
     f32 = _proj(1, 300, 3, torch.float32, "cpu")
-    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3])               # fp32 entry
-    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=(3, 20))
+    # fp32: the Gluon kernel multiplies in tf32 ("high" / "medium"); PyTorch's default
+    # "highest" takes the Triton kernel's three-term products
+    assert not _routes(f32[0], f32[2], f32[4], f32[1], f32[3])
+    assert not _routes(f32[0], f32[2], f32[4], f32[1], f32[3], precision="highest")
+    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], precision="high")  # fp32 entry
+    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], precision="medium")
+    assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=(3, 20), precision="high")
     assert not _routes(f32[0], f32[2], f32[4], None, None)               # fp32 plain
     assert not _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=40)
     assert not _routes(*[t[..., :32] for t in (f32[0], f32[2], f32[4], f32[1], f32[3])])
@@ -127,7 +132,7 @@ for label, B, N, H, dt, window, layout, lam_tensor in json.loads(sys.argv[1]):
         q1, q2, k1, k2, v = [torch.empty(B, H, N, 64, dtype=dt, device="meta")] * 5
     lam = torch.empty(H, dtype=torch.float32, device="meta") if lam_tensor else 0.8
     call = lambda: ditfuse.sliding_window_attention(q1, k1, v, window, q2=q2, k2=k2, lam=lam,
-                                                    layout=layout)
+                                                    layout=layout, precision="high")
     launches = intercept_launches([(ag, "_swa_diff_sm90_kernel"),
                                    (agf, "_swa_diff_fp32_sm90_kernel"),
                                    (_attn_kernel, "_swa_fwd_kernel")], call)
@@ -332,7 +337,8 @@ def test_fp32_within_contract(case, monkeypatch):
             q1, q2, k1, k2, v = [t.transpose(1, 2).contiguous() for t in (q1, q2, k1, k2, v)]
     if lam == "tensor":
         lam = (torch.rand(H, generator=torch.Generator().manual_seed(1)) + 0.1).cuda()
-    p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, lam=lam, layout=layout)
+    p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, lam=lam, layout=layout,
+                       precision="high")  # the tf32 products the Gluon fp32 kernel makes
     taken = []
     real = attention._launch_gluon
     monkeypatch.setattr(attention, "_launch_gluon",

@@ -248,7 +248,7 @@ def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
 
 
 def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
-                    differential: bool, prologue: bool) -> Settings:
+                    differential: bool, prologue: bool, prec: str = "tf32") -> Settings:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync,
     split_pv]) for one
     call: a small table, no autotuning.
@@ -301,18 +301,30 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
 
     The measurements in full: docs/design/attention.md.
     """
-    st = _tile_settings(D, dtype, left, right, N, differential, prologue)
+    st = _tile_settings(D, dtype, left, right, N, differential, prologue, prec)
     if left < 0 or right < 0:
         return st
     return st._replace(step_m=query_step(st.block_m, st.block_n, min(left, N), min(right, N)))
 
 
 def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
-                   differential: bool, prologue: bool) -> Settings:
+                   differential: bool, prologue: bool, prec: str = "tf32") -> Settings:
     """The table of :func:`launch_settings` before the query step."""
     D = tile_dim(D)
     span = (N if left < 0 else left) + (N if right < 0 else right) + 1
     fp32 = dtype == torch.float32
+    if fp32 and prec == "tf32x3" and differential and D == 64:
+        # three products a dot hold a third more operand registers: the tf32 entries below
+        # spill at sm_90 (SAME-L's 168-register cap: 844 B, 209 LDL / STL in the loop;
+        # the fused prologue's 8 warps: 136 B). Without the cap the two-warp tile holds
+        # 254 registers, no local memory: H200 (2026-12-04) SAME-L 8704 202.7 us, the
+        # TensorRT contract 109.3, 32946 747.6, against 356.1 / 189.0 / 1271.8 capped
+        # (spilling) and 393-479 / 212-248 / 1438-1759 for 64-query wgmma tiles. The
+        # prologue takes 16-key tiles (248 registers, no local memory)
+        if prologue:
+            return Settings(64, 16, 8, 2)
+        if span <= 64:
+            return Settings(32, 16, 2, 3, True, None, None, False, True)
     if D >= 128:
         block_n = 16 if differential else 32
         warps = 8 if (differential or prologue) else 4
@@ -433,7 +445,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         return
     diff = p.differential
     st = Settings(*(settings or launch_settings(
-        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None)))
+        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None, p.dot_prec)))
     bm, bn, num_warps, num_stages = st[:4]
     token_major = bool(st.token_major) if st.token_major is not None \
         else p.q.stride(2) < p.q.stride(1)

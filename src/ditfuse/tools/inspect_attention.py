@@ -30,6 +30,8 @@ class BuildSpec:
     window: object = 17
     trt: bool = False          # the seed's TensorRT contract: q/k of 2H heads [q1 | q2]
     gluon: bool = False        # the sm_90 Gluon kernel the call routes to (gluon_ok)
+    precision: str = "high"    # fp32 products: "high" (tf32; the Gluon entries' form) or
+                               # "highest" (PyTorch's default: three-term tf32)
 
 
 #: local memory a shipped build may touch outside its loops (bytes of spill / stack)
@@ -41,6 +43,9 @@ BUILD_SPECS = [
     BuildSpec("same-l-bf16-attn", prologue=False),
     BuildSpec("same-l-bf16-attn-gluon", prologue=False, gluon=True),
     BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
+    BuildSpec("same-l-fp32-attn-highest", dtype="fp32", prologue=False, precision="highest"),
+    BuildSpec("same-l-fp32-plain-highest", dtype="fp32", differential=False, prologue=False,
+              precision="highest"),
     BuildSpec("same-l-fp32-attn-gluon", dtype="fp32", prologue=False, gluon=True),
     BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
     BuildSpec("same-l-trt-fp32-gluon", dtype="fp32", N=4352, prologue=False, trt=True,
@@ -91,7 +96,7 @@ def _meta_call(spec: BuildSpec):
                   sin=torch.empty(N, R, device="meta"), rotary_dim=R)
 
     def call():
-        p = A.plan(q1, k1, v, spec.window, **kw)
+        p = A.plan(q1, k1, v, spec.window, precision=spec.precision, **kw)
         A.launch(p, torch.empty(p.q.shape, **meta))  # run()'s (B, N, H, D) output
 
     return call
@@ -150,7 +155,7 @@ def build(spec: BuildSpec) -> dict:
     pt = ik.run_ptxas(ptx, options, name)
     sass = ik.run_cuobjdump(ck.asm["cubin"], name)
     row = dict(
-        name=spec.name, dtype=spec.dtype, H=spec.H, D=spec.D, N=spec.N,
+        name=spec.name, dtype=spec.dtype, H=spec.H, D=spec.D, N=spec.N, precision=spec.precision,
         differential=spec.differential, prologue=spec.prologue, window=str(spec.window),
         block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], step_m=kwargs["STEP_M"],
         num_warps=ck.metadata.num_warps,
