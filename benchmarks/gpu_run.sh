@@ -18,7 +18,11 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 run() {
   if [ -d "$WHEELS" ] && compgen -G "$WHEELS/*.whl" > /dev/null; then
-    python3 -m pip install -q --no-index --find-links "$WHEELS" "$WHEELS"/*.whl || return 1
+    # --no-deps: the machine has their dependencies, and pip may not resolve a carried
+    # wheel's newer requirements without an index (importlib_metadata 10 -> lazy-importer)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+      "$WHEELS"/*.whl || return 1
+    export PYTHONPATH=/tmp/site:$PYTHONPATH
   fi
   echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv
