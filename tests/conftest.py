@@ -6,6 +6,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one process a core: no thread pool fighting it
+    torch.set_num_threads(1)
 
 import ditfuse  # noqa: E402,F401  (imported after the interpreter is set up)
 
@@ -24,6 +26,17 @@ TOL = {
     torch.float32: dict(rtol=2e-6, atol=2e-6),
 }
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+#: randomized cases in the default tier; the rest of ``DITFUSE_FUZZ_N`` carry the ``slow`` mark
+FUZZ_FAST = int(os.environ.get("DITFUSE_FUZZ_FAST", "6"))
+
+
+def fuzz_cases(n: int):
+    """Case numbers 0..n-1 as parameters: the first ``FUZZ_FAST`` in the default tier, the
+    others in the slow tier (``pytest -m slow``). A case draws the same inputs whichever tier
+    runs it."""
+    return [pytest.param(i, id=f"case{i}", marks=() if i < FUZZ_FAST else pytest.mark.slow)
+            for i in range(n)]
 
 
 def assert_close_report(out, ref, dtype, what=""):

@@ -366,6 +366,7 @@ json.dump(rows, sys.stdout)
 """
 
 
+@pytest.mark.slow
 def test_sm90_build_no_spills():
     """The shipped builds at the registry's shapes, compiled for sm_90a without a GPU (as
     ``ditfuse inspect`` does, in a subprocess with TRITON_INTERPRET=0): no spills, stack or

@@ -137,6 +137,7 @@ def test_head_dims(D, small_tiles, monkeypatch):
     check(out, reference(q, k, v, (5, 2), compute_dtype=torch.float64), v, torch.float16, f"D={D}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["fused", "apart"])
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("D", [48, 80, 96])
@@ -287,6 +288,7 @@ def test_query_step():
                                                  False).step_m is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", [1, 5, 13, 16])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @torch.no_grad()
@@ -335,6 +337,7 @@ def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
     assert os.environ.get("DISABLE_MMA_V3") == before
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("D", [64, 48, 80, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -479,6 +482,7 @@ def _prologue_kwargs(g, name, N, D, dtype):
     return kw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROLOGUES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @torch.no_grad()
@@ -687,6 +691,7 @@ def _missing_tools():
     return missing_tools()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(_missing_tools()), reason="the Triton wheel has no ptxas/cuobjdump")
 def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
     """SAME-L (bf16 and fp32, differential + DyT/RoPE prologue; fp32 without it, the
@@ -728,6 +733,7 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(_missing_tools()), reason="the Triton wheel has no ptxas/cuobjdump")
 def test_sm90_build_mma_sync_option(tmp_path):
     """A 64-query fp32 tile on 4 warps builds to wgmma; with ``mma_sync`` to mma.sync (each
@@ -755,6 +761,7 @@ def test_sm90_build_mma_sync_option(tmp_path):
     assert ms["loop_local"] == 0 and not ms["violations"] and ms["regs"] <= 255, ms
 
 
+@pytest.mark.slow
 @torch.no_grad()
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_grid_order_does_not_change_bits(layout):
@@ -773,6 +780,7 @@ def test_grid_order_does_not_change_bits(layout):
     assert torch.equal(ref, outs[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @torch.no_grad()
 def test_d128_differential_prologue_runs_apart(dtype, monkeypatch):
@@ -802,6 +810,7 @@ def test_d128_differential_prologue_runs_apart(dtype, monkeypatch):
           lam=0.8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "separate"])
 @torch.no_grad()
 def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
@@ -842,6 +851,7 @@ def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
         assert torch.equal(out, two)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_replay_keeps_the_one_pass_to_heads_that_follow():
     """The one-pass prologue reads Q2 as the heads behind Q: a repeat call whose tensors

@@ -17,6 +17,7 @@ import torch
 from ditfuse.ops import attention as A
 from ditfuse.norms import NormSpec
 from ditfuse import sliding_window_attention_reference as reference
+from conftest import fuzz_cases
 from test_attention import DEVICE, DTYPES, SMALL, check, rnd, same_tables
 
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "24"))
@@ -67,7 +68,7 @@ def _norm(g, kind, D, dtype):
     return None
 
 
-@pytest.mark.parametrize("i", range(N_CASES), ids=[f"case{i}" for i in range(N_CASES)])
+@pytest.mark.parametrize("i", fuzz_cases(N_CASES))
 def test_fuzz_against_fp64_reference(i, monkeypatch):
     c = draw(i)
     if c["small"]:

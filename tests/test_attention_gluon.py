@@ -169,6 +169,7 @@ FP32_BUILD_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
 def test_sm90_build():
     env = dict(os.environ, PYTHONPATH=str(SRC))
@@ -194,6 +195,7 @@ def test_sm90_build():
     assert rows[0]["step"] == 62 and rows[0]["grid"] == [24, -(-8704 // 62)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
 def test_sm90_build_fp32():
     """The fp32 kernel as the launcher specializes it: tf32 wgmma only (the score products
@@ -270,6 +272,7 @@ def test_bitwise_triton_kernel(case, monkeypatch):
         f"{(g != t).sum().item()} elements differ, max |d| {(g.float() - t.float()).abs().max()}"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
 def test_build_report_row():
     """``attention.build_report`` builds the Gluon kernel for its spec (the launch an sm_90 GPU
@@ -284,6 +287,7 @@ def test_build_report_row():
         (t["block_m"], t["block_n"], t["step_m"], t["grid"])  # the same tiles and programs
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
 def test_build_report_rows_fp32():
     """The fp32 Gluon specs (SAME-L 8704 and the TensorRT contract's (B, N, 2H, D) halves):

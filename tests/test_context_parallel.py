@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 pytest.importorskip("diffusers")
 # the gloo ranks run on the CPU through Triton's interpreter; on a CUDA host the spawned
 # children import Triton (through diffusers) before they could turn the interpreter on
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="CPU (gloo + Triton interpreter) test; a CUDA host "
-                                       "runs the kernels compiled")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(),
+                                               reason="CPU (gloo + Triton interpreter) test; a CUDA host "
+                                                      "runs the kernels compiled")]
 
 WORLD = 2
 

@@ -21,6 +21,7 @@ from ditfuse.tools import e2e
 TRANSFORMERS = [n for n, s in e2e.E2E_MODELS.items() if s.kind == "transformer"]
 
 
+@pytest.mark.slow
 def test_run_e2e_tiny_every_model(tmp_path):
     """run_e2e end to end on every model (the tiny configs through the real builders): the
     rows print as they finish, the CSV holds every row, transformers' trajectories are
@@ -56,6 +57,7 @@ def test_run_e2e_tiny_every_model(tmp_path):
         assert float(pat["psnr"]) > float(unp["psnr"]) - 3, (unp, pat)
 
 
+@pytest.mark.slow
 def test_run_model_compile_rows():
     """The four timed variants with torch.compile (dynamo, eager backend) on tiny FLUX.1."""
     rows = []
@@ -158,6 +160,7 @@ def test_as_loaded_matches_from_pretrained(name, monkeypatch):
         assert got["decoder.blocks.0.transformers.0.attn.rope.inv_freq"] == torch.float32
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_same_oom_row_and_agreement(monkeypatch):
     """An out-of-memory in the unpatched decode (the dense (N, N) mask) becomes an OOM row

@@ -342,6 +342,7 @@ def _dyt(D, g):
                     alpha=torch.tensor([0.7], dtype=torch.bfloat16, device=DEVICE), eps=None)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_attention_replay(replays, monkeypatch):
     """sliding_window_attention: differential on views of a packed projection (SAME-L's

@@ -14,6 +14,8 @@ import pytest
 
 from ditfuse.aot.compile import missing_tools
 
+pytestmark = pytest.mark.slow  # the slow tier (CONTRIBUTING.md)
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: (label, op, shape, groups or None, dtype)

@@ -151,6 +151,7 @@ def _cl(x):
                         else torch.channels_last_3d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("launch", list(CL_LAUNCHES))
 @pytest.mark.parametrize("case", CL_CASES, ids=lambda c: c[0])
@@ -174,6 +175,7 @@ def test_channels_last_split_vs_fp64(case, launch, dtype):
     within(yn, gn_chain(x, G, None, None, 1e-6, silu=False), f"{name} {launch} plain")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @torch.no_grad()
@@ -209,6 +211,7 @@ def test_channels_last_table_defaults():
     assert cf.path == "split" and (cf.TPP, cf.P) == (4, 18)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 64, 8, 8), (2, 32, 2, 4, 8)], ids=["4d", "5d"])
 @torch.no_grad()
 def test_channels_last_whole_tiles_and_int64_offsets(shape, monkeypatch):
@@ -278,6 +281,7 @@ def test_rms_column_pieces_masks_and_offsets(shape, monkeypatch):
     within(y, rms_chain(x, g, bias), str(shape))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "channel_slice"])
 @torch.no_grad()
 def test_split_path_int64_tile_offsets(layout, monkeypatch):

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.slow  # the slow tier (CONTRIBUTING.md)
+
 
 def _free_port():
     with socket.socket() as s:

@@ -37,6 +37,7 @@ def rows(tmp_path_factory):
     return {row["name"]: row for row in json.loads(out.read_text())["kernels"]}
 
 
+@pytest.mark.slow
 def test_report_names_every_specialization(rows):
     assert list(rows) == SPEC_NAMES
     assert len(set(SPEC_NAMES)) == len(SPEC_NAMES)

@@ -46,6 +46,7 @@ def _models():
             "hunyuan-video": (lambda: tm._hunyuan(single_layers=2), tm._hunyuan_inputs)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flux1", "hunyuan-video"])
 @torch.no_grad()
 def test_single_blocks_join_without_copy(name, monkeypatch):

@@ -18,7 +18,7 @@ from ditfuse.ops import group_norm as gn
 from ditfuse.reference import adaln_reference
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain
-from conftest import DEVICE, DTYPES, assert_close_report
+from conftest import DEVICE, DTYPES, assert_close_report, fuzz_cases
 from test_adaln import _mod
 from test_group_norm import SPLIT, SPLIT_LOOP, within
 
@@ -43,7 +43,7 @@ def _x(r, g, N, C, spatial, dtype):
     return x, layout
 
 
-@pytest.mark.parametrize("i", range(N_CASES), ids=[f"case{i}" for i in range(N_CASES)])
+@pytest.mark.parametrize("i", fuzz_cases(N_CASES))
 @torch.no_grad()
 def test_group_norm_fuzz(i):
     r = random.Random(7000 + i)
@@ -69,7 +69,7 @@ def test_group_norm_fuzz(i):
     within(y, gn_chain(x, G, w, b, 1e-6, silu=silu), what)
 
 
-@pytest.mark.parametrize("i", range(N_CASES), ids=[f"case{i}" for i in range(N_CASES)])
+@pytest.mark.parametrize("i", fuzz_cases(N_CASES))
 @torch.no_grad()
 def test_rms_channels_fuzz(i):
     r = random.Random(8000 + i)
@@ -89,7 +89,7 @@ def test_rms_channels_fuzz(i):
     within(y, rms_chain(x, gamma, bias, scale=scale, silu=silu), what)
 
 
-@pytest.mark.parametrize("i", range(N_CASES), ids=[f"case{i}" for i in range(N_CASES)])
+@pytest.mark.parametrize("i", fuzz_cases(N_CASES))
 @torch.no_grad()
 def test_adaln_fuzz(i):
     r = random.Random(9000 + i)
@@ -139,7 +139,7 @@ def test_adaln_fuzz(i):
     assert_close_report(m, rm, dtype, "modulated " + what)
 
 
-@pytest.mark.parametrize("i", range(N_CASES), ids=[f"case{i}" for i in range(N_CASES)])
+@pytest.mark.parametrize("i", fuzz_cases(N_CASES))
 @torch.no_grad()
 def test_activations_fuzz(i):
     """SwiGLU / GELU (tanh, erf) over ranks 1-4, odd widths, column slices of a wider

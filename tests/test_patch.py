@@ -45,7 +45,8 @@ def _spy_activations(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the CPU through "
                     "Triton's interpreter, which is off on a CUDA host (CPU tensors then take "
                     "the reference path and no kernel launches)")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow),
+                                   torch.bfloat16])  # bf16 (the bitwise claim) in the default tier
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypatch):
@@ -102,6 +103,7 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypa
         assert "forward" not in m.__dict__
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flux1", "flux2", "hunyuan-video"])
 @torch.no_grad()
 def test_activations_off_and_fallbacks(name, monkeypatch):
@@ -166,6 +168,7 @@ def test_grad_mode_falls_back_to_the_original_code():
     assert torch.equal(out, ref) and out.requires_grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 def test_compile_fullgraph_patched(name, make, inputs, expected):
     """Every patched model (fused processors and blocks) traces whole: torch.compile with
@@ -212,6 +215,7 @@ def test_same_autoencoder_band_attention_without_dense_mask(dtype, monkeypatch):
     assert torch.equal(model(**kw)[0], ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["flux1", "qwen-image", "hunyuan-video"])
 def test_inductor_writes_joint_qk_rows_in_place(name):
     """The joint-attention processors write each stream's normalised, rotated Q / K into

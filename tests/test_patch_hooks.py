@@ -56,6 +56,7 @@ def test_hooks_after_patch_wrap_the_fused_forwards(name, make, inputs, label):
     assert torch.equal(out, ref)  # ... around the fused forwards (bitwise in bf16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,make,inputs,label", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_blocks_hooked_before_patch_keep_their_forward(name, make, inputs, label):

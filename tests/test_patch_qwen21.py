@@ -132,6 +132,7 @@ def test_qwen21_falls_back_without_complex_table(monkeypatch):
     assert not seen
 
 
+@pytest.mark.slow
 def test_qwen21_processor_compiles_fullgraph():
     """The fused processor (its projection proxy included) traces with fullgraph=True and
     gives the eager fused output, at every call mode."""

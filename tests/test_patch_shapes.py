@@ -11,8 +11,8 @@ diffusers = pytest.importorskip("diffusers")
 from ditfuse.tools.tiny_models import _flux, _flux2, _hunyuan, _qwen, _sa3, _wan, to_dtype  # noqa: E402
 from test_patch import _close  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="the tiny models run on the CPU through the interpreter")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(),
+                                               reason="the tiny models run on the CPU through the interpreter")]
 
 
 def _g(seed):

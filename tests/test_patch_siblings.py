@@ -247,7 +247,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow),
+                                   torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch):
@@ -280,6 +281,7 @@ def test_sibling_models_patched(name, make, inputs, expected, dtype, monkeypatch
 COMPILE_CASES = [c for c in CASES if c[0] in ("wan-animate", "flux3", "hunyuan-video-1.5", "chronoedit")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,make,inputs,expected", COMPILE_CASES,
                          ids=[c[0] for c in COMPILE_CASES])
 def test_sibling_compile_fullgraph_patched(name, make, inputs, expected):

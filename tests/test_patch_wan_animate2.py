@@ -114,6 +114,7 @@ ROPE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("D,grids,S,stride", ROPE_CASES)
 def test_rotation_is_rope_apply(D, grids, S, stride, dtype):
@@ -222,6 +223,7 @@ def test_bf16_cast_model_blocks_fall_back():
     assert report.counts.get("attention processors (QK-norm + RoPE)") == 2 * LAYERS
 
 
+@pytest.mark.slow
 def test_compile_repeated_blocks_patched():
     """The patched blocks under ``compile_repeated_blocks`` (how the model's cached pass is
     meant to run: its flex attention compiled; not fullgraph -- the processors read the grid

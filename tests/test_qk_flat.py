@@ -110,6 +110,7 @@ def test_split_and_warps_do_not_change_bits(hd, dtype):
             assert_close_report(a, b, dtype, f"{warps} warps vs 1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hd", [(40, 128), (7, 32), (6, 16), (3, 64)], ids=lambda h: f"{h[0]}x{h[1]}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("table", ["S,W/2", "wan-views", "B,S,1,W/2", "S,H,W/2", "pos"])
@@ -311,6 +312,7 @@ def test_pair_form_where_it_applies(case, monkeypatch, poison_outputs):
     _check_against_reference(got, q, k, cos, sin, qn, kn, kw, dtype, case)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(24), ids=[f"case{i}" for i in range(24)])
 @torch.no_grad()
 def test_pair_form_fuzz(i, monkeypatch, poison_outputs):

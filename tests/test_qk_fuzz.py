@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ditfuse
-from conftest import DTYPES, assert_close_report
+from conftest import DTYPES, assert_close_report, fuzz_cases
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "40"))
@@ -44,11 +44,7 @@ def draw(i):
     return c
 
 
-def _ids():
-    return [f"case{i}" for i in range(N_CASES)]
-
-
-@pytest.mark.parametrize("i", range(N_CASES), ids=_ids())
+@pytest.mark.parametrize("i", fuzz_cases(N_CASES))
 def test_fuzz_against_fp64_reference(i, poison_outputs):
     c = draw(i)
     g = torch.Generator().manual_seed(c["seed"])

@@ -177,6 +177,7 @@ def test_bitwise_shared_vs_expanded_table(style, H, D):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["interleaved", "half"])
 @torch.no_grad()
 def test_bitwise_equivalent_table_forms(style):
@@ -250,6 +251,7 @@ def test_single_token_and_eps_default():
     assert_close_report(out_q, want, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024", "same-l-decoder"])
 @torch.no_grad()
 def test_launch_settings_do_not_change_bits(name):

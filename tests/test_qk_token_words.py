@@ -15,6 +15,8 @@ from ditfuse.norms import NormSpec
 from conftest import DEVICE, assert_close_report
 from test_qk_norm_rope import make_norm, make_tables
 
+pytestmark = pytest.mark.slow  # the slow tier (CONTRIBUTING.md)
+
 mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
 # (case, heads, head_dim, norm kind, norm span, table kind, rotary_dim or None)
