@@ -859,7 +859,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def _jit(m, t):
     """The JIT (Triton) result of the package's op on copies of ``t``: the Triton kernel
     the package holds, also where an sm_90 call would route to a Gluon kernel (SAME-L's
-    fp32 entry: other tiles, so other last bits; ``attention.GLUON_SM90``)."""
+    fp32 entry: other tiles, so other last bits; ``attention.gluon_ok``)."""
     from ditfuse.ops import attention
     from ditfuse.aot.ops import get
     entry = get(m["op"])
@@ -867,11 +867,11 @@ def _jit(m, t):
     for p in m["parameters"]:  # aliased outputs stay aliased
         if p.get("aliases"):
             c[p["name"]] = c[p["aliases"]]
-    gluon, attention.GLUON_SM90 = attention.GLUON_SM90, False
+    device_test, attention._gluon_device = attention._gluon_device, lambda o4: False
     try:
         entry.call(entry.resolve(**m["options"]), c)
     finally:
-        attention.GLUON_SM90 = gluon
+        attention._gluon_device = device_test
     return c
 
 

@@ -4,7 +4,7 @@ CPU: which calls route to it (``attention.gluon_ok``), and its sm_90 build as th
 specializes it -- wgmma with the hand-placed waits (1, 1, then 0 ending each trip) that ptxas
 keeps (no C7514 serialization), TMA copies, no spills at 128 registers, at most 56 KB of
 shared memory at SAME-L (4 programs an SM).
-GPU (sm_90 only): its output bitwise the Triton kernel's (``GLUON_SM90 = False``) on SAME's
+GPU (sm_90 only): its output bitwise the Triton kernel's (``_gluon_device`` off) on SAME's
 packed projection views and awkward cases, every element of a poisoned output written.
 """
 import json
@@ -75,8 +75,6 @@ def test_routing(monkeypatch):
     assert not _routes(off[0], off[2], off[4], off[1], off[3])
     strided = torch.randn(1, 300, 3, 128).to(torch.bfloat16)[..., ::2]
     assert not _routes(strided, k1, v, q2, k2)
-    monkeypatch.setattr(attention, "GLUON_SM90", False)
-    assert not _routes(q1, k1, v, q2, k2)
 
 
 
@@ -257,10 +255,12 @@ def test_bitwise_triton_kernel(case, monkeypatch):
     o4s = []
     taken = []
     real = attention._launch_gluon
+    device_test = attention._gluon_device
     monkeypatch.setattr(attention, "_launch_gluon",
                         lambda *a, **k: (taken.append(1), real(*a, **k)))
     for gluon in (True, False):
-        monkeypatch.setattr(attention, "GLUON_SM90", gluon)
+        monkeypatch.setattr(attention, "_gluon_device",
+                            device_test if gluon else (lambda o4: False))
         out = torch.full(p.q.shape, float("nan"), dtype=dt, device="cuda")  # poisoned
         attention.launch(p, out)
         o4s.append(out)
@@ -345,11 +345,13 @@ def test_fp32_within_contract(case, monkeypatch):
                        precision="high")  # the tf32 products the Gluon fp32 kernel makes
     taken = []
     real = attention._launch_gluon
+    device_test = attention._gluon_device
     monkeypatch.setattr(attention, "_launch_gluon",
                         lambda *a, **k: (taken.append(1), real(*a, **k)))
     outs = []
     for gluon in (True, False):
-        monkeypatch.setattr(attention, "GLUON_SM90", gluon)
+        monkeypatch.setattr(attention, "_gluon_device",
+                            device_test if gluon else (lambda o4: False))
         out = torch.full(p.q.shape, float("nan"), device="cuda")
         attention.launch(p, out)
         outs.append(out)

@@ -43,6 +43,7 @@ def test_report_names_every_specialization(rows):
     assert len(set(SPEC_NAMES)) == len(SPEC_NAMES)
 
 
+@pytest.mark.slow
 def test_registers_sane(rows):
     for name, r in rows.items():
         assert 0 < r["regs"] <= 255, (name, r["regs"])
@@ -55,12 +56,14 @@ def test_registers_sane(rows):
             assert 0 < v["regs"] <= 255, (name, v)
 
 
+@pytest.mark.slow
 def test_packed_qkv_is_the_same_binary(rows):
     """Q/K slices of a fused QKV projection (in place) reuse the contiguous build (both with
     the half-width tables the patched Wan passes)."""
     assert rows["wan14b-packed"]["hash"] == rows["wan14b-half-table"]["hash"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SPEC_NAMES)
 def test_no_spills_no_stack_no_local_memory(rows, name):
     r = rows[name]

@@ -42,12 +42,17 @@ def _spy_activations(monkeypatch):
     return seen
 
 
+#: variants of a model family already in the default tier (Wan T2V, SA3 DiT)
+_VARIANTS = ("wan-i2v", "wan-ti2v", "sa3-dit-inpaint")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the CPU through "
                     "Triton's interpreter, which is off on a CUDA host (CPU tensors then take "
                     "the reference path and no kernel launches)")
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow),
                                    torch.bfloat16])  # bf16 (the bitwise claim) in the default tier
-@pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name,make,inputs,expected", [  # a family's variants in the slow tier
+    pytest.param(*c, id=c[0], marks=pytest.mark.slow if c[0] in _VARIANTS else ()) for c in CASES])
 @torch.no_grad()
 def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypatch):
     from ditfuse.ops import adaln

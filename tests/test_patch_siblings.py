@@ -247,6 +247,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow),
                                    torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name,make,inputs,expected", CASES, ids=[c[0] for c in CASES])

@@ -11,7 +11,6 @@ Tolerance: within one rounding of the activation dtype, ``|ours - theirs| <= tol
 + tol * rms(theirs)`` (the absolute term covers rotated outputs that cancel to near zero),
 plus a floor on the share of bitwise-equal elements. Run with ``-s`` to see the shares.
 """
-import copy
 import os
 
 import pytest
@@ -282,8 +281,6 @@ def test_same_attn_processor(dtype, monkeypatch, record_property):
     monkeypatch.setattr(sm, "dispatch_attention_fn", rec)
     q_in, k_in = record_inputs(attn.q_norm), record_inputs(attn.k_norm)
     x = randn(g, B, S, H * D, dtype=dtype)
-    # DyT evaluated in fp32 and rounded once (ditfuse's documented contract)
-    q_norm32, k_norm32 = copy.deepcopy(attn.q_norm).float(), copy.deepcopy(attn.k_norm).float()
     with torch.no_grad():
         attn(x)
         freqs = attn.rope(S, x.device)  # what the processor rotates by (its rope module's dtype)
@@ -298,14 +295,10 @@ def test_same_attn_processor(dtype, monkeypatch, record_property):
                 check(oq, tq, dtype, f"same q{i + 1}", record_property)
                 check(ok, tk, dtype, f"same k{i + 1}", record_property)
                 continue
-            # (a) exact contract: diffusers' DynamicTanh in fp32, one rounding, its own RoPE
-            for o, xin, n32, nm in ((oq, q_in[i], q_norm32, "q"), (ok, k_in[i], k_norm32, "k")):
-                ref = sm._apply_rotary_partial(n32(xin.float()).to(dtype), freqs)
-                check(o, ref, dtype, f"same-fp32dyt {nm}{i + 1}", record_property)
-            # (b) the half-precision module as is: diffusers rounds after alpha*x, tanh,
-            # gamma*, +beta (4 roundings) where ditfuse rounds once -> a 4-rounding budget
-            check(oq, tq, dtype, f"same q{i + 1}", record_property, rounds=4, min_equal=0.5)
-            check(ok, tk, dtype, f"same k{i + 1}", record_property, rounds=4, min_equal=0.5)
+            # the half-precision module as is: it rounds after alpha * x, tanh, * gamma and
+            # + beta, and so does ditfuse for a 16-bit DynamicTanh (round_before_weight)
+            check(oq, tq, dtype, f"same q{i + 1}", record_property, min_equal=0.95)
+            check(ok, tk, dtype, f"same k{i + 1}", record_property, min_equal=0.95)
 
 
 # ---------------------------------------------------------------------------------------

@@ -395,7 +395,7 @@ SLIDING_WINDOW_ATTENTION = OpExport(
              "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam, precision='high') for N > window (for N <= "
              "window the JIT clamps the window to N, which selects the same keys), run with "
              "the Triton kernel (on sm_90 the JIT routes SAME-L's calls to Gluon kernels: "
-             "the same bits in 16-bit, within the fp32 contract in fp32, attention.GLUON_SM90)",
+             "the same bits in 16-bit, within the fp32 contract in fp32: attention.gluon_ok)",
 )
 
 

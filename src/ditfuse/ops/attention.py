@@ -109,12 +109,19 @@ def _heads(x, name: str, layout: str) -> Tensor:
 PRECISIONS = {"highest": "tf32x3", "high": "tf32", "medium": "tf32"}
 
 
+@torch.compiler.assume_constant_result
+def _matmul_precision() -> str:
+    """``torch.get_float32_matmul_precision()``; under torch.compile a constant of the trace
+    (a setting changed afterwards takes a recompile, as for torch.matmul's own kernels)."""
+    return torch.get_float32_matmul_precision()
+
+
 def dot_precision(dtype, precision=None) -> str:
     """The kernel's fp32 product form for ``precision`` (None: PyTorch's
     ``torch.get_float32_matmul_precision()``, read at the call); "tf32" for 16-bit inputs,
     whose operands are exact on the tensor cores."""
     if precision is None:
-        precision = torch.get_float32_matmul_precision()
+        precision = _matmul_precision()
     elif precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (PyTorch's float32 "
                          f"matmul precisions) or None, got {precision!r}")
@@ -519,10 +526,8 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
 #: TMA copies; H200, 2026-12-04: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's
 #: 62.5), and its fp32 entry :mod:`ditfuse.kernels.attention_sm90_fp32` (tf32 wgmma, V
 #: transposed in shared memory; H200, 2026-12-04: 57.5 us at the TensorRT contract shape
-#: against 63.0; not the Triton kernel's bits: within the fp32 contract). False: the Triton
-#: kernel everywhere (A/B runs, the AOT package's kernel; part of the eager call's replay
-#: key).
-GLUON_SM90 = True
+#: against 63.0; not the Triton kernel's bits: within the fp32 contract). A compiled launch
+#: on an sm_90 GPU only (:func:`_gluon_device`); everywhere else the Triton kernel.
 _SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
 _SM90_FP32_ENTRY = Settings(32, 16, 2, 3, True, 168)
 _CAPABILITY: dict = {}
@@ -552,7 +557,7 @@ def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
     warps: :mod:`ditfuse.kernels.attention_sm90`, the same bits) or fp32 at its fp32 entry
     (32 / 16-key tiles on 2 warps, split P @ V: :mod:`ditfuse.kernels.attention_sm90_fp32`,
     64 / 32-key tf32 wgmma tiles)."""
-    if not (GLUON_SM90 and p.differential and p.qk is None and p.q.shape[3] == 64
+    if not (p.differential and p.qk is None and p.q.shape[3] == 64
             and p.dot_prec == "tf32"
             and p.left >= 0 and p.right >= 0 and not st.mma_sync):
         return False
@@ -948,7 +953,7 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
             for a, b in ((q, q2), (k, k2)))
     key = (win, None if lam_t is not None else float(lam),
            None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, GLUON_SM90, joint,
+           qn[3:], kn[3:], launch_settings, joint,
            dot_precision(q.dtype, precision),
            *(sig(t) for t in tensors))
     hash(key)
@@ -1016,7 +1021,7 @@ def op_args(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="b
     return (q, k, v, q2, k2, lam_t, lam_v, left, right, scale, layout,
             *flatten_norm(q_norm, "q_norm"), *flatten_norm(k_norm, "k_norm"),
             cos, sin, rope_style, int(rotary_dim or 0),
-            torch.get_float32_matmul_precision() if precision is None else precision)
+            _matmul_precision() if precision is None else precision)
 
 
 def _via_op(q, k, v, window, **kw):
