@@ -140,7 +140,7 @@ def test_head_dims(D, small_tiles, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ["fused", "apart"])
 @pytest.mark.parametrize("norm", ["layer", "rms"])
-@pytest.mark.parametrize("D", [48, 80, 96])
+@pytest.mark.parametrize("D", [48, 96])  # padded to 64 and to 128 (80 pads as 96 does)
 @torch.no_grad()
 def test_padded_head_dims_differential_prologue(D, norm, route, small_tiles):
     """A head dim that is not a power of two with everything on: differential, a norm whose
@@ -339,7 +339,7 @@ def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
 
 @pytest.mark.slow
 @torch.no_grad()
-@pytest.mark.parametrize("D", [64, 48, 80, 32])
+@pytest.mark.parametrize("D", [64, 48, 32])  # 48: a padded head dim
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("diff", [True, False], ids=["diff", "plain"])
 def test_split_pv_same_bits(D, dtype, diff, exact_interpreter_dots):

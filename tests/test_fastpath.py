@@ -236,7 +236,7 @@ def _qk_make(H, D, S, norm_kind, form):
     return make
 
 
-@pytest.mark.parametrize("form", ["bshd", "flat"])
+@pytest.mark.parametrize("form", [pytest.param("bshd", marks=pytest.mark.slow), "flat"])
 @torch.no_grad()
 def test_qk_replay(form, replays, poison_outputs):
     H, D, S = 3, 32, 5

@@ -104,7 +104,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=["bf16"])  # fp32: test_patch.py
 @pytest.mark.parametrize("name,make,inputs", CASES, ids=[c[0] for c in CASES])
 @torch.no_grad()
 def test_patched_matches_unpatched_at_other_shapes(name, make, inputs, dtype):
