@@ -1,6 +1,6 @@
 """Resource gate: no shipped QK-norm + RoPE specialization may spill on sm_90.
 
-Every shipped specialization (``ditfuse.inspect_kernels.SPECS``) is compiled for sm_90a
+Every shipped specialization (``ditfuse.tools.inspect.SPECS``) is compiled for sm_90a
 with the ptxas of the Triton wheel -- no GPU needed -- in a subprocess with
 ``TRITON_INTERPRET=0`` (the tests run the interpreter), and must have no spill
 stores/loads, no stack frame and no LDL/STL (local memory) in its SASS.

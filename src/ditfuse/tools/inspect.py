@@ -19,13 +19,13 @@ would build it, and measured:
 
 Compiling needs ``TRITON_INTERPRET=0`` *before* Triton defines the kernels, and ditfuse
 turns the interpreter on when there is no GPU; so when this process cannot compile,
-:func:`report` runs ``python -m ditfuse.inspect_kernels`` in a subprocess with
+:func:`report` runs ``python -m ditfuse.tools.inspect`` in a subprocess with
 ``TRITON_INTERPRET=0`` and reads its JSON.
 
 Usage::
 
     ditfuse inspect [--json PATH] [--only NAME ...] [--check] [--list]
-    python -m ditfuse.inspect_kernels [same options]
+    python -m ditfuse.tools.inspect [same options]
 """
 from __future__ import annotations
 
