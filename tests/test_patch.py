@@ -39,6 +39,8 @@ def _spy_activations(monkeypatch):
             return launch
 
     monkeypatch.setattr(act, "_act_kernel", Spy())
+    # every call launches (a replay recorded by an earlier test would bypass the spy)
+    monkeypatch.setattr(_fastpath, "ENABLED", False)
     return seen
 
 
@@ -128,8 +130,9 @@ def test_activations_off_and_fallbacks(name, monkeypatch):
         for m in model.modules():
             if type(m).__name__ == "Flux2SwiGLU":
                 m.gate_fn = torch.nn.GELU()
-    else:
-        model.single_transformer_blocks[0].act_mlp = torch.nn.SiLU()
+    else:  # every single block: one left on GELU would take the kernel
+        for block in model.single_transformer_blocks:
+            block.act_mlp = torch.nn.SiLU()
     ref = model(**kw)[0]
     ditfuse.patch(model)
     assert torch.equal(model(**kw)[0], ref) and not acts
