@@ -9,6 +9,7 @@ process keeps whatever the environment says.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 
@@ -72,7 +73,9 @@ def _interpreted(f):
     return hit
 
 
+@functools.lru_cache(maxsize=None)
 def _kernel_class():
+    """One subclass for every interpreted kernel of ditfuse's (built on first use)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     class _Interpreted(InterpretedFunction):
