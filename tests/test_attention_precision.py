@@ -88,8 +88,9 @@ def test_16bit_unaffected(dtype):
 
 def test_bad_precision_names_the_argument():
     q = torch.randn(1, 8, 1, 32, device=DEVICE)
-    with pytest.raises(ValueError, match="precision must be one of"):
-        SWA(q, q, q, 2, precision="tf32")
+    for bad in ("tf32", 1, ["highest"]):
+        with pytest.raises(ValueError, match="precision must be one of"):
+            SWA(q, q, q, 2, precision=bad)
 
 
 def test_precision_in_the_op_arguments(matmul_precision):

@@ -122,7 +122,7 @@ def dot_precision(dtype, precision=None) -> str:
     whose operands are exact on the tensor cores."""
     if precision is None:
         precision = _matmul_precision()
-    elif precision not in PRECISIONS:
+    elif not isinstance(precision, str) or precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (PyTorch's float32 "
                          f"matmul precisions) or None, got {precision!r}")
     return PRECISIONS[precision] if dtype == torch.float32 else "tf32"
