@@ -9,6 +9,7 @@ from ditfuse.norms import NormSpec
 from ditfuse.ops.activations import gelu, swiglu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.attention import sliding_window_attention, sliding_window_attention_reference
+from ditfuse.ops.attention_fp8 import attention
 from ditfuse.ops.group_norm import group_norm_silu, rms_norm_silu_channels
 from ditfuse.ops.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
 from ditfuse.patching import patch, unpatch
@@ -17,5 +18,5 @@ from ditfuse._version import __version__
 
 __all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "adaln_modulate",
            "gated_residual", "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels",
-           "swiglu", "gelu", "sliding_window_attention", "sliding_window_attention_reference",
+           "swiglu", "gelu", "attention", "sliding_window_attention", "sliding_window_attention_reference",
            "patch", "unpatch", "__version__"]

@@ -397,3 +397,45 @@ def sliding_window_attention_core(p, compute_dtype=torch.float32):
         lam = p.lam_value if p.lam_tensor is None else p.lam_tensor.to(cd).reshape(1, 1, H, 1)
         out = out - lam * _masked_attention(q2, k2, p.v, bias, p.scale, cd)
     return out.to(act)
+
+
+def quantize_v_e4m3(v: torch.Tensor):
+    """V ``(B, S, H, D)`` as the 8-bit attention quantizes it: ``(v8, scale)`` with
+    ``scale[b, h, d] = amax_s |v| / 448`` (1 for a zero channel, fp32) and
+    ``v8 = e4m3(v / scale)`` in V's shape."""
+    x = v.float()
+    amax = x.abs().amax(dim=1)                                     # (B, H, D)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1,
+                        chunk=1024):
+    """8-bit attention emulated in PyTorch (fp32): the operands dequantized exactly as the
+    kernel's (``q = q8 * q_scale``, V through :func:`quantize_v_e4m3`), the scores and the
+    softmax in fp32, P times 256 rounded to e4m3, ``out = (P8 @ V8) / (256 * l) * v_scale``
+    with ``l`` the row sum of the fp32 probabilities. q8 / k8 / v ``(B, S, H, D)``, scales
+    ``(B, H, S)``; the output ``(B, S_q, H, D)`` in v's dtype, queries ``chunk`` at a time."""
+    B, S_q, H, D = q8.shape
+    S_kv = k8.shape[1]
+    qf = q8.float().transpose(1, 2) * q_scale[..., None]           # (B, H, S_q, D)
+    kf = k8.float().transpose(1, 2) * k_scale[..., None]
+    v8, vs = quantize_v_e4m3(v)
+    vf = v8.float().transpose(1, 2)                                # (B, H, S_kv, D)
+    out = torch.empty(B, H, S_q, D, dtype=torch.float32, device=q8.device)
+    j = torch.arange(S_kv, device=q8.device)
+    for i0 in range(0, S_q, chunk):
+        s = (qf[:, :, i0:i0 + chunk] @ kf.transpose(-1, -2)) * scale
+        if left >= 0 or right >= 0:
+            i = torch.arange(i0, min(i0 + chunk, S_q), device=q8.device)[:, None]
+            keep = torch.ones(i.shape[0], S_kv, dtype=torch.bool, device=q8.device)
+            if left >= 0:
+                keep &= j[None, :] >= i - left
+            if right >= 0:
+                keep &= j[None, :] <= i + right
+            s = s.masked_fill(~keep, float("-inf"))
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        p8 = (p * 256.0).to(torch.float8_e4m3fn).float()
+        out[:, :, i0:i0 + chunk] = (p8 @ vf) / (256.0 * p.sum(-1, keepdim=True))
+    out = out * vs[:, :, None, :]
+    return out.transpose(1, 2).to(v.dtype)

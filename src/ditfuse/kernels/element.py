@@ -10,6 +10,10 @@ from ditfuse.runtime.backend import INTERPRET, jit
 # Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest even; under
 # it, round in integer arithmetic first so the CPU results match the GPU's cvt.rn.bf16.
 _SOFT_BF16 = tl.constexpr(INTERPRET)
+# Triton's interpreter rounds fp32 -> e4m3 wrongly where the rounding carries into the next
+# binade (31.5 -> 16 instead of 32); under it, round to the e4m3 grid in fp32 arithmetic first
+# (values on the grid it converts exactly)
+_SOFT_E4M3 = tl.constexpr(INTERPRET)
 # inline PTX (single-instruction exp2 / division / conversions) on the GPU; the interpreter
 # has none and takes the plain Triton forms
 _PTX = tl.constexpr(not INTERPRET)
@@ -33,6 +37,23 @@ def _cast_out(x, DT: tl.constexpr):
         return _rnd(x, DT).to(DT)
     else:
         return x.to(DT)
+
+
+@jit
+def _cast_e4m3(x):
+    """``x`` (fp32) as ``float8_e4m3fn``: round to nearest even, saturating at +-448 (the
+    GPU's ``cvt.rn.satfinite``; the interpreter gets the same bits)."""
+    if _SOFT_E4M3:
+        x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+        e = (x.to(tl.uint32, bitcast=True) >> 23) & 0xFF
+        # the grid's spacing around x: 2^(E - 3) for E >= -6, 2^-9 below (subnormals)
+        ulp_e = tl.maximum(e.to(tl.int32), 127 - 6) - 3
+        big = (ulp_e.to(tl.uint32) << 23).to(tl.float32, bitcast=True) * 12582912.0
+        r = (x + big) - big
+        # keep the sign of a value that rounds to zero (-0 as the GPU writes it)
+        x = (r.to(tl.uint32, bitcast=True) | (x.to(tl.uint32, bitcast=True) & 0x80000000)
+             ).to(tl.float32, bitcast=True)
+    return x.to(tl.float8e4nv)
 
 
 @jit

@@ -1,0 +1,200 @@
+"""The Triton kernels of 8-bit attention (private; the plan, launch and public function are
+in :mod:`ditfuse.ops.attention_fp8`; design and measurements: docs/design/attention_fp8.md).
+
+Operands (quantized by the prologue or by the op itself):
+
+- Q, K: int8 (or e4m3) with one fp32 scale per (batch, head, token): the scores of a key tile
+  are ``dot(q, k^T)`` on the tensor cores (int32 accumulation, exact) times the query row's
+  scale and the key column's scale.
+- V: e4m3 with one fp32 scale per (batch, head, channel) over the whole sequence, stored
+  transposed, ``(B, H, D, S_pad)`` with the tokens contiguous: an 8-bit wgmma reads both of its
+  operands K-major, and the reduction dimension of ``P @ V`` is the token.
+- P: the probabilities times 256 (``exp2`` of the log2-scaled score minus the row max plus 8),
+  rounded to e4m3 -- the factor keeps the small probabilities out of e4m3's subnormals and
+  cancels against the row sum, which is accumulated from the same fp32 values.
+
+The int32 scores become fp32 without a conversion instruction (I2F runs at a quarter of the
+FP32 rate on Hopper): for |s| < 2^22 the bits of ``s + 0x4B400000`` read as fp32 are
+``1.5 * 2^23 + s`` exactly (a D <= 128 dot of int8 values is at most 127^2 * 128 < 2^21).
+
+P @ V accumulates in two levels: each key tile's product in the tensor core's own
+accumulator, added to the fp32 running output outside it (``max_num_imprecise_acc`` = the
+tile's keys), which is what keeps e4m3 products from drifting over tens of thousands of keys.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from ditfuse.kernels.element import _cast_e4m3
+from ditfuse.runtime.backend import INTERPRET, jit
+
+_INTERP_LOOP = tl.constexpr(INTERPRET)
+_MAGIC_I = tl.constexpr(0x4B400000)   # the int32 bits of 1.5 * 2^23
+_MAGIC_F = tl.constexpr(12582912.0)   # 1.5 * 2^23
+_LOG2E = tl.constexpr(1.4426950408889634)
+_NEG = tl.constexpr(-1.0e30)          # the running max before any key: finite, so that a
+#                                       row with no key yet rescales by exp2(0), not NaN
+
+
+@jit
+def _v_amax_kernel(v_ptr, amax_ptr, S, H,
+                   stride_vb, stride_vs, stride_vh, stride_vd,
+                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (atomic max of one token block)."""
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh - b * H
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    base = b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
+                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    tl.atomic_max(amax_ptr + bh * D + d, tl.max(tl.abs(x), axis=0))
+
+
+@jit
+def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
+                    stride_vb, stride_vs, stride_vh, stride_vd,
+                    D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d]), scale = amax / 448 (1 where the
+    channel is zero); tokens S..S_pad of the last block are written as zeros."""
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh - b * H
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    amax = tl.load(amax_ptr + bh * D + d)
+    scale = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
+    base = b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
+                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    y = _cast_e4m3(tl.div_rn(x, scale[None, :]))
+    obase = bh.to(tl.int64) * D * S_pad
+    tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + rows[None, :], tl.trans(y),
+             mask=(rows < S_pad)[None, :])
+    if pid_s == 0:
+        tl.store(vscale_ptr + bh * D + d, scale)
+
+
+@jit
+def _scores(q, k, ks, QK_INT: tl.constexpr):
+    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col]."""
+    if QK_INT:
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+        s = (s + _MAGIC_I).to(tl.float32, bitcast=True) - _MAGIC_F
+    else:
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
+    return s * ks[None, :]
+
+
+@jit
+def _key_tile(start_n, q, c, acc, m_i, l_i, rows,
+              k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base, S_pad,
+              S_kv, left, right,
+              D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
+              MASK: tl.constexpr, BAND: tl.constexpr):
+    """Scores, online-softmax update and P @ V of one key tile."""
+    cols = start_n + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, D)
+    if MASK:
+        kmask = cols < S_kv
+        k = tl.load(k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
+                    mask=kmask[:, None], other=0)
+        ks = tl.load(ks_ptr + ks_base + cols, mask=kmask, other=0.0)
+    else:
+        k = tl.load(k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd)
+        ks = tl.load(ks_ptr + ks_base + cols)
+    t = _scores(q, k, ks, QK_INT)
+    if MASK:
+        ok = (cols < S_kv)[None, :]
+        if BAND:
+            ok = ok & (cols[None, :] >= rows[:, None] - left) & (cols[None, :] <= rows[:, None] + right)
+        t = tl.where(ok, t, float("-inf"))
+    # c > 0 (a scale is never zero), so max(t * c) = c * max(t): one multiply a row
+    m_new = tl.maximum(m_i, tl.max(t, axis=1) * c)
+    # exp2(t * c - m + 8) = 256 * p: P in e4m3 away from the subnormals; the factor cancels
+    # in acc / l, which sums the same fp32 values
+    p = tl.math.exp2(t * c[:, None] - (m_new - 8.0)[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if MASK:
+        vt = tl.load(vt_ptr + vt_base + d[:, None].to(tl.int64) * S_pad + cols[None, :],
+                     mask=(cols < S_pad)[None, :], other=0.0)
+    else:
+        vt = tl.load(vt_ptr + vt_base + d[:, None].to(tl.int64) * S_pad + cols[None, :])
+    pv = tl.dot(_cast_e4m3(p), tl.trans(vt), out_dtype=tl.float32,
+                max_num_imprecise_acc=BLOCK_N)
+    acc = acc * alpha[:, None] + pv
+    return acc, m_new, l_i
+
+
+@jit
+def _attention_8bit_kernel(
+    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr,
+    S_q, S_kv, S_pad, H, sm_scale, left, right,
+    stride_qb, stride_qs, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_ob, stride_os, stride_oh, stride_od,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    QK_INT: tl.constexpr, BAND: tl.constexpr,
+):
+    """One program: BLOCK_M queries of one (batch, head) against every key of the row's band
+    (all keys without ``BAND``)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh - b * H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < S_q
+    d = tl.arange(0, D)
+    q_base = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    q = tl.load(q_ptr + q_base + rows.to(tl.int64)[:, None] * stride_qs + d[None, :] * stride_qd,
+                mask=rmask[:, None], other=0)
+    # the query row's scale times softmax's scale in log2 units: a row constant
+    c = tl.load(qs_ptr + bh.to(tl.int64) * S_q + rows, mask=rmask, other=1.0) * (sm_scale * _LOG2E)
+    ks_base = bh.to(tl.int64) * S_kv
+    vt_base = bh.to(tl.int64) * D * S_pad
+
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], _NEG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if BAND:
+        lo = tl.maximum(pid_m * BLOCK_M - left, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1 + right + 1, S_kv)
+        full_hi = lo  # every tile masked: the band cuts through them
+    else:
+        lo = 0
+        hi = S_kv
+        full_hi = S_kv // BLOCK_N * BLOCK_N
+    if _INTERP_LOOP:
+        # the interpreter cannot take tensor bounds in range() under numpy >= 2.3: the same
+        # tiles in the same order as while loops
+        start_n = lo
+        while start_n < full_hi:
+            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
+                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
+                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, False, BAND)
+            start_n += BLOCK_N
+        start_n = full_hi
+        while start_n < hi:
+            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
+                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
+                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, True, BAND)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, full_hi, BLOCK_N):
+            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
+                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
+                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, False, BAND)
+        for start_n in range(full_hi, hi, BLOCK_N):
+            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
+                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
+                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, True, BAND)
+    vs = tl.load(vs_ptr + bh * D + d)
+    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None] * vs[None, :]  # l = 0: rows past S_q
+    o_base = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * stride_os + d[None, :] * stride_od,
+             o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

@@ -1,0 +1,340 @@
+"""Attention, one front door: :func:`attention` -- the exact 16-bit path (PyTorch's SDPA, or
+the band kernel of :mod:`ditfuse.ops.attention` for a window) or 8-bit tensor-core attention
+on Hopper (``precision="fp8"``): validate -> quantize what is not quantized yet -> launch,
+and at the end the ``torch.library`` op with its fake.
+
+The 8-bit scheme (kernels in :mod:`ditfuse.kernels.attention_fp8`; design and measurements:
+docs/design/attention_fp8.md): Q and K int8 with one fp32 scale per (batch, head, token) --
+what ``qk_norm_rope(..., quantize="int8")`` writes in the pass that norms and rotates them --
+V e4m3 with one scale per (batch, head, channel), P e4m3, scores and the softmax in fp32, P V
+accumulated in fp32 across key tiles. On devices other than sm_90 (and the CPU without
+Triton's interpreter) the same quantization is emulated in PyTorch
+(:func:`ditfuse.reference.attention_8bit_core`), never a different formula.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ditfuse.runtime import backend, library
+from ditfuse.ops.attention import parse_window, sliding_window_attention
+from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.reference import attention_8bit_core
+
+#: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores
+PRECISIONS = (None, "fp8")
+LAYOUTS = ("bshd", "bhsd")
+HEAD_DIMS = (64, 128)
+ACT_DTYPES = (torch.float16, torch.bfloat16)
+QK_8BIT = (torch.int8, torch.float8_e4m3fn)
+V_8BIT = torch.float8_e4m3fn
+#: tokens of V quantized a program; V's transposed copy is padded to a multiple of it (16-byte
+#: rows of e4m3 for the key tiles' loads)
+V_BLOCK = 64
+
+
+@dataclass
+class Plan:
+    """One checked 8-bit call: every tensor as a (B, S, H, D) view (no copy)."""
+
+    q: Tensor            # int8 / e4m3 (B, S_q, H, D)
+    k: Tensor            # int8 / e4m3 (B, S_kv, H, D)
+    v: Tensor            # 16-bit (B, S_kv, H, D)
+    q_scale: Tensor      # fp32 (B, H, S_q) contiguous
+    k_scale: Tensor      # fp32 (B, H, S_kv) contiguous
+    scale: float
+    left: int            # -1: unbounded
+    right: int
+    layout: str
+
+    @property
+    def band(self) -> bool:
+        return self.left >= 0 or self.right >= 0
+
+
+class Settings(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_settings(D: int) -> Settings:
+    """Tile and warps of the attention kernel (H200 measurements: docs/design/attention_fp8.md):
+    128 x 128 tiles on two warpgroups, three stages of K / V in flight."""
+    return Settings(128, 128, 8, 3)
+
+
+def _heads(x, name: str, layout: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 4:
+        want = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
+        raise ValueError(f"{name} must be 4-D {want} (layout={layout!r}), got shape "
+                         f"{tuple(x.shape)}")
+    return x if layout == "bshd" else x.transpose(1, 2)
+
+
+def _check_scale(s, name: str, of: str, shape: tuple, device) -> Tensor:
+    if s is None:
+        raise ValueError(f"{name} is required with 8-bit {of} ({of}.dtype is 8-bit): the "
+                         f"per-token scales, float32 of shape (B, H, S) = {shape}, as "
+                         f"ditfuse.qk_norm_rope(..., quantize=...) returns them")
+    if not isinstance(s, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
+    if s.dtype != torch.float32:
+        raise TypeError(f"{name}.dtype must be torch.float32, got {s.dtype}")
+    if tuple(s.shape) != shape:
+        raise ValueError(f"{name} must have shape (B, H, S) = {shape} (one scale per batch, "
+                         f"head and token of {of}), got {tuple(s.shape)}")
+    if s.device != device:
+        raise ValueError(f"{name} is on {s.device}, {of} on {device}: all on one device")
+    return s.contiguous()
+
+
+def _check_precision(precision):
+    if not (precision is None or (isinstance(precision, str) and precision in PRECISIONS)):
+        raise ValueError(f"precision must be None (the exact 16-bit path) or 'fp8', got "
+                         f"{precision!r}")
+
+
+def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
+         layout="bshd") -> Plan:
+    """Validate an 8-bit call whose q / k are already 8-bit (see :func:`attention`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    q4, k4, v4 = _heads(q, "q", layout), _heads(k, "k", layout), _heads(v, "v", layout)
+    for name, t in (("q", q4), ("k", k4)):
+        if t.dtype not in QK_8BIT:
+            raise TypeError(f"{name}.dtype must be torch.int8 or torch.float8_e4m3fn here, got "
+                            f"{t.dtype}")
+    if q4.dtype != k4.dtype:
+        raise TypeError(f"q and k must share one 8-bit dtype, got {q4.dtype} and {k4.dtype}")
+    if v4.dtype not in ACT_DTYPES:
+        raise TypeError(f"v.dtype must be float16 or bfloat16 (the output's dtype), got "
+                        f"{v4.dtype}")
+    dev = q4.device
+    for name, t in (("k", k4), ("v", v4)):
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device}, q on {dev}: all on one device")
+    B, S_q, H, D = q4.shape
+    if D not in HEAD_DIMS:
+        raise ValueError(f"head_dim (the last dim of q) must be one of {HEAD_DIMS} for "
+                         f"precision='fp8', got {D}")
+    if k4.shape[0] != B or k4.shape[2] != H or k4.shape[3] != D:
+        raise ValueError(f"k must match q's batch, heads and head_dim {(B, H, D)}, got "
+                         f"{(k4.shape[0], k4.shape[2], k4.shape[3])}")
+    if tuple(v4.shape) != tuple(k4.shape):
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    S_kv = k4.shape[1]
+    if S_q == 0 or S_kv == 0 or B == 0 or H == 0:
+        raise ValueError(f"empty attention: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    qs = _check_scale(q_scale, "q_scale", "q", (B, H, S_q), dev)
+    ks = _check_scale(k_scale, "k_scale", "k", (B, H, S_kv), dev)
+    if window is None:
+        left = right = -1
+    else:
+        left, right = parse_window(window)
+        if S_q != S_kv:
+            raise ValueError(f"window needs as many queries as keys (the band is around the "
+                             f"diagonal), got {S_q} and {S_kv}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+            math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
+    return Plan(q4, k4, v4, qs, ks, float(scale), left, right, layout)
+
+
+def _kernel_ok(p: Plan) -> bool:
+    if backend.INTERPRET:
+        return p.q.device.type == "cpu"
+    return p.q.is_cuda and torch.cuda.get_device_capability(p.q.device)[0] == 9
+
+
+def quantize_v(v4: Tensor):
+    """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
+    ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
+    over the tokens (1 for a zero channel); tokens past S are zeros."""
+    from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
+
+    B, S, H, D = v4.shape
+    S_pad = -(-S // V_BLOCK) * V_BLOCK
+    amax = torch.zeros(B, H, D, dtype=torch.float32, device=v4.device)
+    vt = torch.empty(B, H, D, S_pad, dtype=V_8BIT, device=v4.device)
+    vscale = torch.empty(B, H, D, dtype=torch.float32, device=v4.device)
+    grid = (S_pad // V_BLOCK, B * H)
+    st = v4.stride()
+    _v_amax_kernel[grid](v4, amax, S, H, *st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
+    _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, *st, D=D, BLOCK_S=V_BLOCK,
+                          num_warps=4)
+    return vt, vscale
+
+
+def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
+    """Run the 8-bit kernel of ``p``; the output in the caller's layout, contiguous."""
+    from ditfuse.kernels.attention_fp8 import _attention_8bit_kernel
+
+    B, S_q, H, D = p.q.shape
+    S_kv = p.k.shape[1]
+    st = settings or launch_settings(D)
+    vt, vscale = quantize_v(p.v)
+    shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
+    out = torch.empty(shape, dtype=p.v.dtype, device=p.v.device)
+    o4 = out if p.layout == "bshd" else out.transpose(1, 2)
+    big = 1 << 30  # an unbounded side of the band
+    left = big if p.left < 0 else p.left
+    right = big if p.right < 0 else p.right
+    grid = (triton_cdiv(S_q, st.block_m), B * H)
+    _attention_8bit_kernel[grid](
+        p.q, p.k, vt, p.q_scale, p.k_scale, vscale, o4,
+        S_q, S_kv, vt.shape[3], H, p.scale, left, right,
+        *p.q.stride(), *p.k.stride(), *o4.stride(),
+        D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
+        QK_INT=p.q.dtype == torch.int8, BAND=p.band,
+        num_warps=st.num_warps, num_stages=st.num_stages)
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def run(p: Plan) -> Tensor:
+    """The kernel where it runs (sm_90, or the interpreter on the CPU), else the PyTorch
+    emulation of the same quantization."""
+    if _kernel_ok(p):
+        return launch(p)
+    out = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
+                              left=p.left, right=p.right)
+    return out if p.layout == "bshd" else out.transpose(1, 2).contiguous()
+
+
+def _quantize_qk(q, k, layout: str):
+    """16-bit q / k -> int8 with per-token scales (the prologue with no norm and no RoPE)."""
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in ACT_DTYPES:
+            raise TypeError(f"{name}.dtype must be float16 / bfloat16 (quantized here) or "
+                            f"int8 / float8_e4m3fn with {name}_scale, got {t.dtype}")
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must share one dtype, got {q.dtype} and {k.dtype}")
+    if q.dim() != 4 or k.dim() != 4:
+        want = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
+        raise ValueError(f"q and k must be 4-D {want}, got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head_dim (the last dim of q) must be one of {HEAD_DIMS} for "
+                         f"precision='fp8', got {q.shape[-1]}")
+    if q.device != k.device:
+        raise ValueError(f"k is on {k.device}, q on {q.device}: all on one device")
+    out = qk_norm_rope(q, k, layout=layout, quantize="int8")
+    return out.q, out.k, out.q_scale, out.k_scale
+
+
+def _check_grad(*ts):
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
+        raise RuntimeError("ditfuse.attention is inference-only (no backward): call it under "
+                           "torch.no_grad() or torch.inference_mode()")
+
+
+def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=None,
+              scale=None, layout="bshd"):
+    r"""Softmax attention of every query over the keys (or over a band of them).
+
+    Inference-only (no backward).
+
+    Parameters
+    ----------
+    q, k, v : Tensor
+        ``(B, S, H, D)`` (``layout="bshd"``) or ``(B, H, S, D)`` (``"bhsd"``), any strides;
+        q may have another sequence length than k / v. 16-bit (fp16 / bf16) -- or, with
+        ``precision="fp8"``, q and k int8 / float8_e4m3fn as
+        ``ditfuse.qk_norm_rope(..., quantize=...)`` writes them, with their scales.
+    precision : {None, "fp8"}
+        ``None``: the exact 16-bit path -- PyTorch's ``scaled_dot_product_attention`` (its
+        best backend), or :func:`ditfuse.sliding_window_attention` with a ``window``.
+        ``"fp8"``: 8-bit tensor cores on sm_90 (head_dim 64 or 128): Q K^T in int8 (e4m3
+        for e4m3 inputs) with per-token scales, fp32 online softmax, P and V in e4m3 (V with
+        one scale per (batch, head, channel), quantized here), P V accumulated in fp32
+        across key tiles; output in v's dtype. Elsewhere the same quantization emulated in
+        PyTorch (:func:`ditfuse.reference.attention_8bit_core`).
+    q_scale, k_scale : Tensor, optional
+        float32 ``(B, H, S)`` (one per batch, head and token; ``q = q_8bit * q_scale``):
+        required with 8-bit q / k, not accepted with 16-bit ones.
+    window : int or (int, int), optional
+        Only keys ``i - left <= j <= i + right`` (``-1``: unbounded side); needs as many
+        queries as keys.
+    scale : float, optional
+        Softmax scale; default ``1 / sqrt(D)``.
+    layout : {"bshd", "bhsd"}
+
+    Returns
+    -------
+    Tensor
+        ``(B, S_q, H, D)`` or ``(B, H, S_q, D)`` (q's layout), contiguous, v's dtype.
+
+    Notes
+    -----
+    Accuracy of ``"fp8"`` (H200, random normal Q/K/V and Q/K after RMSNorm, against fp64):
+    cosine similarity and relative L2 error in docs/attention_fp8.md; the kernel's operands
+    are exactly :func:`ditfuse.reference.quantize_per_token`'s and
+    :func:`quantize_v`'s, so the emulation differs from it only in summation order and where
+    the online softmax rescales.
+    """
+    _check_precision(precision)
+    _check_grad(q, k, v)
+    if precision is None:
+        if q_scale is not None or k_scale is not None:
+            raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
+        if window is not None:
+            return sliding_window_attention(q, k, v, window, scale=scale, layout=layout)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+        o = F.scaled_dot_product_attention(t(q), t(k), t(v), scale=scale)
+        return t(o).contiguous()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if isinstance(q, Tensor) and q.dtype in ACT_DTYPES:
+        if q_scale is not None or k_scale is not None:
+            raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
+                             "quantized here (pass neither)")
+        q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
+    if torch.compiler.is_compiling():
+        return _via_op(q, k, v, q_scale, k_scale, window, scale, layout)
+    return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window, scale=scale,
+                    layout=layout))
+
+
+def _op_window(left: int, right: int):
+    return None if left < 0 and right < 0 else (left, right)
+
+
+@library.op("ditfuse::attention_8bit")
+def attention_8bit_op(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor,
+                      left: int, right: int, scale: Optional[float], layout: str) -> Tensor:
+    return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=_op_window(left, right),
+                    scale=scale, layout=layout))
+
+
+@attention_8bit_op.register_fake
+def _(q, k, v, q_scale, k_scale, left, right, scale, layout):
+    p = plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=_op_window(left, right),
+             scale=scale, layout=layout)
+    B, S_q, H, D = p.q.shape
+    shape = (B, S_q, H, D) if layout == "bshd" else (B, H, S_q, D)
+    return torch.empty(shape, dtype=v.dtype, device=v.device)
+
+
+def _via_op(q, k, v, q_scale, k_scale, window, scale, layout):
+    left, right = (-1, -1) if window is None else parse_window(window)
+    if scale is not None and not isinstance(scale, bool) and isinstance(scale, (int, float)):
+        scale = float(scale)
+    return attention_8bit_op(q, k, v, q_scale, k_scale, left, right, scale, layout)
