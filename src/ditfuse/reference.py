@@ -96,6 +96,49 @@ def qk_norm_rope_core(p, compute_dtype=torch.float32):
     return outs[0], outs[1]
 
 
+#: the largest magnitude of each 8-bit format a head's amax maps to
+QUANT_MAX = {"int8": 127.0, "fp8": 448.0}
+QUANT_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+
+
+def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_heads=None):
+    """8-bit values and fp32 scales of ``y``, one scale per (batch, head, token): the
+    quantization of :func:`ditfuse.qk_norm_rope` with ``quantize=fmt`` (``"int8"`` or
+    ``"fp8"``), applied to its 16-bit (or fp32) output ``y``.
+
+    ``y``: ``(B, S, H, D)`` (``layout="bshd"``), ``(B, H, S, D)`` (``"bhsd"``) or
+    ``(B, S, H*D)`` with ``num_heads``. For each head row ``y[b, s, h, :]``, in fp32 with
+    IEEE division::
+
+        amax  = max_d |y[d]|
+        scale = amax / 127 (int8) or amax / 448 (fp8);  1.0 where amax == 0
+        int8: clamp(round_half_to_even(y / scale), -127, 127)
+        fp8:  (y / scale).to(torch.float8_e4m3fn)        (round to nearest even)
+
+    Returns ``(values, scales)``: values in ``y``'s shape (contiguous, torch.int8 or
+    torch.float8_e4m3fn), scales ``(B, H, S)`` float32 (contiguous).
+    """
+    if fmt not in QUANT_MAX:
+        raise ValueError(f"fmt must be one of {tuple(QUANT_MAX)}, got {fmt!r}")
+    if y.dim() == 3:
+        y4 = y.unflatten(2, (num_heads, y.shape[2] // num_heads))
+    else:
+        y4 = y if layout == "bshd" else y.transpose(1, 2)
+    yf = y4.float()
+    amax = yf.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / QUANT_MAX[fmt])
+    t = yf / scale
+    if fmt == "int8":
+        v = torch.round(t).clamp(-127, 127).to(torch.int8)
+    else:
+        v = t.to(torch.float8_e4m3fn)
+    if y.dim() == 3:
+        v = v.flatten(2)
+    elif layout != "bshd":
+        v = v.transpose(1, 2)
+    return v.contiguous(), scale[..., 0].transpose(1, 2).contiguous()
+
+
 # --------------------------------------------------------------------------------------
 # AdaLN modulation and the gated residual (ditfuse.adaln)
 
