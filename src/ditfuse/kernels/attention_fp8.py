@@ -82,11 +82,14 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
 def _scores(q, k, ks, QK_INT: tl.constexpr):
     """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col]."""
     if QK_INT:
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
-        s = (s + _MAGIC_I).to(tl.float32, bitcast=True) - _MAGIC_F
+        # the accumulator starts at the magic number (Triton folds the add into the dot's
+        # initial value); (1.5 * 2^23 + s) * ks - 1.5 * 2^23 * ks in one fma an element, the
+        # second term one multiply a column: its rounding is under one unit of s, far below
+        # the int8 rounding of q and k
+        s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + _MAGIC_I).to(tl.float32, bitcast=True)
+        return s * ks[None, :] + (ks * -_MAGIC_F)[None, :]
     else:
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.float32)
-    return s * ks[None, :]
+        return tl.dot(q, tl.trans(k), out_dtype=tl.float32) * ks[None, :]
 
 
 @jit
@@ -101,7 +104,7 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows,
     if MASK:
         kmask = cols < S_kv
         k = tl.load(k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
-                    mask=kmask[:, None], other=0)
+                    mask=kmask[:, None])  # keys past S_kv: scores set to -inf below
         ks = tl.load(ks_ptr + ks_base + cols, mask=kmask, other=0.0)
     else:
         k = tl.load(k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd)
@@ -152,7 +155,7 @@ def _attention_8bit_kernel(
     q_base = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     q = tl.load(q_ptr + q_base + rows.to(tl.int64)[:, None] * stride_qs + d[None, :] * stride_qd,
-                mask=rmask[:, None], other=0)
+                mask=rmask[:, None])  # rows past S_q: never stored
     # the query row's scale times softmax's scale in log2 units: a row constant
     c = tl.load(qs_ptr + bh.to(tl.int64) * S_q + rows, mask=rmask, other=1.0) * (sm_scale * _LOG2E)
     ks_base = bh.to(tl.int64) * S_kv
