@@ -1,0 +1,152 @@
+"""sm_90 builds of the 8-bit attention kernel on the CPU (no GPU): the launch that
+:func:`ditfuse.ops.attention_fp8.launch` makes for each production shape, specialized as
+Triton specializes it, compiled for sm_90a and measured with the wheel's ``ptxas -v`` and
+``cuobjdump``: registers, spills, shared memory, and the instructions of the key loop that
+set its speed (integer / e4m3 wgmma, ``MUFU.EX2``, no ``I2F``). Why each property matters:
+docs/design/attention_fp8.md."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    name: str
+    H: int = 40
+    S: int = 32760
+    D: int = 128
+    qk: str = "int8"        # "int8" | "fp8" (e4m3 q / k)
+    window: object = None
+
+
+BUILD_SPECS = [
+    BuildSpec("wan14b-480p"),
+    BuildSpec("flux2-1024", H=48, S=4608),
+    BuildSpec("d64-int8", H=16, S=4096, D=64),
+    BuildSpec("wan14b-480p-e4m3", qk="fp8"),
+    BuildSpec("band-d128", H=16, S=8192, window=(256, 256)),
+]
+BUILD_NAMES = [s.name for s in BUILD_SPECS]
+
+_CHILD_ENV = "DITFUSE_INSPECT_FP8_CHILD"
+
+
+def capture_launch(spec: BuildSpec):
+    """(grid, args, kwargs) of the attention kernel's launch for ``spec`` (meta tensors)."""
+    from ditfuse.aot.compile import intercept_launches
+    from ditfuse.kernels import attention_fp8 as K
+    from ditfuse.ops import attention_fp8 as A
+
+    dt = torch.int8 if spec.qk == "int8" else torch.float8_e4m3fn
+    meta = dict(device="meta")
+    q = torch.empty(1, spec.S, spec.H, spec.D, dtype=dt, **meta)
+    v = torch.empty(1, spec.S, spec.H, spec.D, dtype=torch.bfloat16, **meta)
+    sc = torch.empty(1, spec.H, spec.S, dtype=torch.float32, **meta)
+    p = A.plan(q, q, v, q_scale=sc, k_scale=sc, window=spec.window)
+    calls = intercept_launches([(K, "_attention_8bit_kernel"), (K, "_v_amax_kernel"),
+                                (K, "_v_quant_kernel")], lambda: A.launch(p))
+    calls = [c for c in calls if "QK_INT" in c[2]]
+    if len(calls) != 1:
+        raise RuntimeError(f"{spec.name}: expected one attention launch, saw {len(calls)}")
+    return calls[0]
+
+
+def _loop_bodies(sass: str):
+    """The SASS instructions inside loops (between a backward branch's target and it)."""
+    from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
+
+    ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
+    loops = [(int(m.group(1), 16), addr) for addr, text in ins
+             if (m := _SASS_BRA.search(text)) and int(m.group(1), 16) < addr]
+    return [text for addr, text in ins if any(lo <= addr <= hi for lo, hi in loops)]
+
+
+def build(spec: BuildSpec) -> dict:
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ditfuse.aot.compile import ARCH, run_ptxas, specialize, tool_path
+    from ditfuse.kernels.attention_fp8 import _attention_8bit_kernel as kernel
+
+    grid, args, kwargs = capture_launch(spec)
+    target = GPUTarget("cuda", ARCH, 32)
+    signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
+    ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                        options=options.__dict__)
+    pt = run_ptxas(ck.asm["ptx"], options, ck.metadata.name)
+    with tempfile.TemporaryDirectory(prefix="ditfuse-fp8-") as d:
+        f = Path(d) / "k.cubin"
+        f.write_bytes(ck.asm["cubin"])
+        sass = subprocess.run([tool_path("cuobjdump"), "--dump-sass", str(f)],
+                              capture_output=True, text=True, check=True).stdout
+    loop = _loop_bodies(sass)
+
+    def count(pat):
+        return sum(1 for t in loop if re.match(rf"(?:@!?U?P\w+\s+)?{pat}", t))
+
+    row = dict(name=spec.name, H=spec.H, S=spec.S, D=spec.D, qk=spec.qk, window=str(spec.window),
+               block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"],
+               num_warps=ck.metadata.num_warps, num_stages=kwargs["num_stages"],
+               smem=ck.metadata.shared,
+               **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
+               loop_igmma=count(r"IGMMA"), loop_qgmma=count(r"QGMMA"),
+               loop_i2f=count(r"I2F"), loop_ex2=count(r"MUFU\.EX2"),
+               loop_local=count(r"(LDL|STL)"), loop_instructions=len(loop))
+    bad = []
+    if max(row["spill_stores"], row["spill_loads"], row["stack"]):
+        bad.append(f"spills {row['spill_stores']} / {row['spill_loads']} B, stack {row['stack']} B")
+    if row["loop_local"]:
+        bad.append(f"{row['loop_local']} LDL / STL in the key loop")
+    if spec.qk == "int8" and not row["loop_igmma"]:
+        bad.append("no integer wgmma (IGMMA) in the key loop")
+    if not row["loop_qgmma"]:
+        bad.append("no e4m3 wgmma (QGMMA) in the key loop")
+    if row["loop_i2f"]:
+        bad.append(f"{row['loop_i2f']} I2F in the key loop (the scores convert without one)")
+    if row["smem"] > 227 * 1024:
+        bad.append(f"shared memory {row['smem']} B > 227 KB")
+    row["violations"] = bad
+    return row
+
+
+def build_report(names=None) -> list:
+    """One row per :data:`BUILD_SPECS` entry (``names`` selects); compiles in a
+    ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from ditfuse.aot.compile import can_compile_here
+
+    unknown = set(names or ()) - set(BUILD_NAMES)
+    if unknown:
+        raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {BUILD_NAMES}")
+    specs = [s for s in BUILD_SPECS if not names or s.name in names]
+    if can_compile_here():
+        return [build(s) for s in specs]
+    if os.environ.get(_CHILD_ENV):
+        raise RuntimeError("the kernels are interpreted although TRITON_INTERPRET=0")
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    env = dict(os.environ, TRITON_INTERPRET="0", **{_CHILD_ENV: "1"})
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                  else []))
+    with tempfile.TemporaryDirectory(prefix="ditfuse-fp8-") as d:
+        out = Path(d) / "rows.json"
+        code = ("import json; from ditfuse.tools.inspect_attention_fp8 import build_report; "
+                f"json.dump(build_report({[s.name for s in specs]!r}), open({str(out)!r}, 'w'))")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if r.returncode or not out.exists():
+            raise RuntimeError(f"sm_90 build failed ({r.returncode}):\n"
+                               f"{(r.stdout + r.stderr)[-6000:]}")
+        return json.loads(out.read_text())
