@@ -185,7 +185,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     st = settings or launch_settings(D)
     vt, vscale = quantize_v(p.v)
     shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
-    out = torch.empty(shape, dtype=p.v.dtype, device=p.v.device)
+    out = _new_out(shape, p.v.dtype, p.v.device)
     o4 = out if p.layout == "bshd" else out.transpose(1, 2)
     big = 1 << 30  # an unbounded side of the band
     left = big if p.left < 0 else p.left
@@ -199,6 +199,10 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
         QK_INT=p.q.dtype == torch.int8, BAND=p.band,
         num_warps=st.num_warps, num_stages=st.num_stages)
     return out
+
+
+def _new_out(shape, dtype, device) -> Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def triton_cdiv(a: int, b: int) -> int:
