@@ -11,12 +11,12 @@ from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_ada
 from ditfuse.ops.attention import sliding_window_attention, sliding_window_attention_reference
 from ditfuse.ops.attention_fp8 import attention
 from ditfuse.ops.group_norm import group_norm_silu, rms_norm_silu_channels
-from ditfuse.ops.qk_norm_rope import qk_norm_rope, qk_norm_rope_reference
+from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope, qk_norm_rope_reference
 from ditfuse.patching import patch, unpatch
 
 from ditfuse._version import __version__
 
-__all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "adaln_modulate",
-           "gated_residual", "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels",
+__all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "QuantizedQK",
+           "adaln_modulate", "gated_residual", "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels",
            "swiglu", "gelu", "attention", "sliding_window_attention", "sliding_window_attention_reference",
            "patch", "unpatch", "__version__"]

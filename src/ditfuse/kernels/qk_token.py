@@ -26,9 +26,14 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from ditfuse.runtime.backend import jit
+from ditfuse.runtime.backend import INTERPRET, jit
 
 from ditfuse.kernels.element import _cast_out, _pack, _rnd, _tanh, _unpack
+
+# Triton's interpreter rounds fp32 -> float8e4nv by the first cut-off bit (ties away, and no
+# sticky bits); under it the values are rounded to the e4m3 grid in fp32 first, which the
+# cast then takes exactly. The GPU's cvt.rn.satfinite.e4m3x2.f32 rounds to nearest even.
+_SOFT_FP8 = tl.constexpr(INTERPRET)
 
 
 @jit
@@ -209,6 +214,69 @@ def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
 
 
 @jit
+def _e4m3_rn(t):
+    """fp32 ``t`` (|t| <= 448 up to a rounding) rounded to the nearest float8 e4m3fn value
+    (ties to even, saturating at 448), still as fp32 with t's sign (-0.0 kept)."""
+    a = tl.minimum(tl.abs(t), 448.0)
+    u = a.to(tl.uint32, bitcast=True)
+    # normal range (>= 2^-6): keep 3 of fp32's 23 fraction bits, ties to even
+    rn = ((u + (0x7FFFF + ((u >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
+    # below 2^-6: multiples of 2^-9, the spacing of fp32 at 2^14 (exact, ties to even)
+    rs = (a + 16384.0) - 16384.0
+    r = tl.where(a < 0.015625, rs, rn).to(tl.uint32, bitcast=True)
+    return (r | (t.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
+
+
+@jit
+def _quant_values(y, scale, QUANT: tl.constexpr):
+    """``y / scale`` (IEEE division) as the 8-bit format takes it: int8 rounded half to even
+    and clamped to [-127, 127] (integral fp32, cast exactly by the store); fp8 rounded to
+    e4m3 by the store's cast (under the interpreter here, ``_e4m3_rn``)."""
+    t = tl.div_rn(y, scale)
+    if QUANT == 1:
+        # round half to even: adding 1.5 * 2^23 leaves no fraction bits (exact for |t| < 2^22)
+        t = (t + 12582912.0) - 12582912.0
+        t = tl.minimum(tl.maximum(t, -127.0), 127.0)
+    elif _SOFT_FP8:
+        t = _e4m3_rn(t)
+    return t
+
+
+@jit
+def _quantize_store(o_ptr, obase, hh, hmask, stride_oh, stride_od, sc_ptr, scbase, stride_sch,
+                    oa, ob, yp, ma, mp, R2: tl.constexpr, P: tl.constexpr, NH: tl.constexpr,
+                    HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr):
+    """Quantize each head of a piece to 8 bits with one fp32 scale a head (QUANT 1: int8,
+    2: fp8 e4m3): the values are the ones the 16-bit path stores (rounded to ``ACT``), the
+    amax spans the head's rotary pairs and pass-through channels (docs/qk_norm_rope.md,
+    "8-bit output")."""
+    if ACT != tl.float32:
+        oa = _rnd(oa, ACT)
+        ob = _rnd(ob, ACT)
+        if P > 0:
+            yp = _rnd(yp, ACT)
+    amax = tl.maximum(tl.max(tl.where(ma, tl.abs(oa), 0.0), 1),
+                      tl.max(tl.where(ma, tl.abs(ob), 0.0), 1))
+    if P > 0:
+        amax = tl.maximum(amax, tl.max(tl.where(mp, tl.abs(yp), 0.0), 1))
+    amax = amax[:, None]
+    if QUANT == 1:
+        scale = tl.div_rn(amax, 127.0)
+    else:
+        scale = tl.div_rn(amax, 448.0)
+    scale = tl.where(amax == 0.0, 1.0, scale)
+    tl.store(sc_ptr + scbase + hh.to(tl.int64) * stride_sch, scale, mask=hmask)
+    _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od,
+                 _quant_values(oa, scale, QUANT), _quant_values(ob, scale, QUANT),
+                 NH, R2, HALF_PAD, INTERLEAVED, False)
+    if P > 0:
+        jp = tl.arange(0, PASS_PAD)[None, :]
+        tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
+                 _cast_out(_quant_values(yp, scale, QUANT), o_ptr.dtype.element_ty), mask=mp)
+
+
+@jit
 def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
                   xa, xb, xp, mp, mean, rstd, alpha, w_ptr, b_ptr,
                   cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
@@ -218,7 +286,8 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
                   NH: tl.constexpr, NORM: tl.constexpr, SPAN_ALL: tl.constexpr,
                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                   ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, INTERLEAVED: tl.constexpr,
-                  ACT: tl.constexpr, X_WORDS: tl.constexpr = False,
+                  ACT: tl.constexpr, sc_ptr, scbase, stride_sch, QUANT: tl.constexpr,
+                  X_WORDS: tl.constexpr = False,
                   W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False,
                   W_ROW: tl.constexpr = False, T_ROW: tl.constexpr = False):
     # weight/bias: per head (same D channels for every head: head stride 0, L1 hits) or
@@ -255,8 +324,10 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
     else:
         oa = ya
         ob = yb
-    _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od, oa, ob, NH, R2, HALF_PAD,
-                 INTERLEAVED, X_WORDS)
+    if QUANT == 0:
+        _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od, oa, ob, NH, R2, HALF_PAD,
+                     INTERLEAVED, X_WORDS)
+    yp = 0.0
     if P > 0:
         jp = tl.arange(0, PASS_PAD)[None, :]
         wp = 1.0
@@ -268,8 +339,16 @@ def _finish_piece(o_ptr, obase, hh, hmask, stride_oh, stride_od, h_start,
             bp = tl.load(b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp,
                          other=0.0).to(tl.float32)
         yp = _norm_affine(xp, wp, bp, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
-        tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
-                 _cast_out(yp, o_ptr.dtype.element_ty), mask=mp)
+        if QUANT == 0:
+            tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
+                     _cast_out(yp, o_ptr.dtype.element_ty), mask=mp)
+    if QUANT != 0:
+        # the head's scale needs all of its channels: the rotary pairs are stored with the
+        # pass-through ones, after the amax (one pass, the head's values in registers)
+        ma = hmask & (tl.arange(0, HALF_PAD)[None, :] < R2)
+        _quantize_store(o_ptr, obase, hh, hmask, stride_oh, stride_od, sc_ptr, scbase,
+                        stride_sch, oa, ob, yp, ma, mp, R2, P, NH, HALF_PAD, PASS_PAD,
+                        INTERLEAVED, ACT, QUANT)
 
 
 @jit
@@ -372,13 +451,17 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       HAS_B: tl.constexpr, ALPHA_FROM_PTR: tl.constexpr,
                       ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
                       ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, ACT: tl.constexpr,
-                      STATS: tl.constexpr, OFF64: tl.constexpr, X_WORDS: tl.constexpr = False,
+                      STATS: tl.constexpr, OFF64: tl.constexpr,
+                      sc_ptr, scbase, stride_sch,  # per-head scales (B, H, S) of QUANT
+                      QUANT: tl.constexpr,
+                      X_WORDS: tl.constexpr = False,
                       W_WORDS: tl.constexpr = False, T_WORDS: tl.constexpr = False,
                       W_ROW: tl.constexpr = False, T_ROW: tl.constexpr = False):
     """Normalise, rotate and store one tensor's tiles (loaded by ``_load_tensor``)."""
     ia = tl.arange(0, HALF_PAD)[None, :]
     jp = tl.arange(0, PASS_PAD)[None, :]
     obase = obase + h_start * stride_oh
+    scbase = scbase + h_start * stride_sch
     hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
     ma0 = hm0 & (ia < R2)
     mp0 = hm0 & (jp < P)
@@ -400,14 +483,15 @@ def _norm_rope_tensor(xa0, xb0, xp0, xa1, xb1, xp1,
                       mean0, rstd0, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase, t_ch,
                       stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P, HALF_PAD,
                       PASS_PAD, P0, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE,
-                      INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS, W_ROW, T_ROW)
+                      INTERLEAVED, ACT, sc_ptr, scbase, stride_sch, QUANT, X_WORDS, W_WORDS,
+                      T_WORDS, W_ROW, T_ROW)
         if P1 > 0:
             _finish_piece(o_ptr, obase, hh1, hm1, stride_oh, stride_od, h_start, xa1, xb1, xp1, mp1,
                           mean1, rstd1, alpha, w_ptr, b_ptr, cos_ptr, sin_ptr, cbase, sbase,
                           t_ch, stride_cw, t_sh, stride_sw, TABLE_HALF, D, R2, P,
                           HALF_PAD, PASS_PAD, P1, NORM, SPAN_ALL, HAS_W, HAS_B, ROUND_PRE_W,
-                          ROUND_NORM, ROPE, INTERLEAVED, ACT, X_WORDS, W_WORDS, T_WORDS, W_ROW,
-                          T_ROW)
+                          ROUND_NORM, ROPE, INTERLEAVED, ACT, sc_ptr, scbase, stride_sch,
+                          QUANT, X_WORDS, W_WORDS, T_WORDS, W_ROW, T_ROW)
 
 
 @jit
@@ -446,6 +530,7 @@ def _qk_norm_rope_kernel(
     q_eps, k_eps,
     q_n, k_n,                 # channels one norm statistic spans (D or H*D), as float
     q_stats_ptr, k_stats_ptr,  # fp32 (B*S,) each: per-token sums of squares of Q, K (STATS)
+    q_scale_ptr, k_scale_ptr,  # fp32 (B, H, S) each: a scale per head and token (QUANT)
     S, H,                     # tokens per batch entry, heads
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_qob, stride_qos, stride_qoh, stride_qod,
@@ -454,6 +539,7 @@ def _qk_norm_rope_kernel(
     stride_cb, stride_cs, stride_ch, stride_cw,
     stride_sb, stride_ss, stride_sh, stride_sw,
     stride_pb, stride_ps,
+    stride_scb, stride_sch, stride_scs,  # of both scale tensors
     D: tl.constexpr,          # head_dim
     R2: tl.constexpr,         # rotary_dim // 2 (0 without RoPE)
     P: tl.constexpr,          # pass-through channels: D - rotary_dim
@@ -479,6 +565,8 @@ def _qk_norm_rope_kernel(
     Q_W_ROW: tl.constexpr = False,  # Q's weight / bias one row for every head, read once
     K_W_ROW: tl.constexpr = False,
     T_ROW: tl.constexpr = False,    # the table one row for every head, read once
+    QUANT: tl.constexpr = 0,        # outputs 0: in the activation dtype; 1: int8, 2: float8
+                                    # e4m3, each head of a token with its fp32 scale
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * HG
@@ -494,6 +582,7 @@ def _qk_norm_rope_kernel(
     qobase = b * stride_qob + s * stride_qos
     kbase = b * stride_kb + s * stride_ks
     kobase = b * stride_kob + s * stride_kos
+    scbase = b * stride_scb + s * stride_scs
     # Issue every load of Q and K before the first store: the compiler may not move a load
     # of K above a store to Q (they could alias), and one memory latency per program is
     # what the kernel can afford.
@@ -510,6 +599,7 @@ def _qk_norm_rope_kernel(
                       D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                       Q_NORM, Q_SPAN_ALL, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
                       ROUND_NORM, ROPE, INTERLEAVED, q_ptr.dtype.element_ty, STATS, OFF64,
+                      q_scale_ptr, scbase, stride_sch, QUANT,
                       X_WORDS, W_WORDS, T_WORDS, Q_W_ROW, T_ROW)
     if HAS_K:
         _norm_rope_tensor(k0a, k0b, k0p, k1a, k1b, k1p, ko_ptr, kw_ptr, kb_ptr, ka_ptr,
@@ -518,4 +608,5 @@ def _qk_norm_rope_kernel(
                           TABLE_HALF, D, R2, P, HALF_PAD, PASS_PAD, P0, P1,
                           K_NORM, K_SPAN_ALL, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
                           ROUND_NORM, ROPE, INTERLEAVED, k_ptr.dtype.element_ty, STATS, OFF64,
+                          k_scale_ptr, scbase, stride_sch, QUANT,
                           X_WORDS, W_WORDS, T_WORDS, K_W_ROW, T_ROW)

@@ -14,20 +14,46 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
 from ditfuse.runtime import fastpath, library
 from ditfuse.runtime import backend
-from ditfuse.reference import qk_norm_rope_core
+from ditfuse.reference import QUANT_DTYPES, qk_norm_rope_core, quantize_per_token
 from ditfuse.norms import NormSpec, flatten_norm, needs_grad, resolve_norm, unflatten_norm
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 ROPE_STYLES = ("interleaved", "half")
 LAYOUTS = ("bshd", "bhsd")
+QUANTIZE = ("int8", "fp8")
+_QUANT_CODE = {"int8": 1, "fp8": 2}  # the per-token kernel's QUANT
+
+
+class QuantizedQK(NamedTuple):
+    """What :func:`qk_norm_rope` returns with ``quantize``: the 8-bit Q and K (the input's
+    shape, torch.int8 or torch.float8_e4m3fn) and their fp32 scales, one per (batch, head,
+    token), shape ``(B, H, S)``; ``k`` and ``k_scale`` are None when K is."""
+
+    q: Tensor
+    k: Optional[Tensor]
+    q_scale: Tensor
+    k_scale: Optional[Tensor]
+
+
+def _check_quantize(quantize, inplace=False, out=None, process_group=None) -> None:
+    """A ValueError for an unknown ``quantize`` or an argument that cannot go with it."""
+    if quantize is None:
+        return
+    if not isinstance(quantize, str) or quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be None or one of {QUANTIZE}, got {quantize!r}")
+    for name, given in (("inplace=True", bool(inplace)), ("out=", out is not None),
+                        ("process_group", process_group is not None)):
+        if given:
+            raise ValueError(f"{name} cannot be combined with quantize={quantize!r}: the 8-bit "
+                             "values and their scales are new tensors, computed in one kernel")
 
 
 @dataclass
@@ -368,19 +394,22 @@ def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
 
 
 def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
-           stats: Optional[torch.Tensor] = None, stats_mode: int = 0) -> None:
+           stats: Optional[torch.Tensor] = None, stats_mode: int = 0, quant=None) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``: the
     flat-row kernel where it applies (:func:`flat_applies`), else the per-token kernel.
 
     ``settings`` = (heads per program, num_warps) runs the per-token kernel with these
-    instead of its table (tests check that they do not change the bits).
+    instead of its table (tests check that they do not change the bits). ``quant`` =
+    (format, q_scale, k_scale): 8-bit outputs with (B, H, S) fp32 scales, always through
+    the per-token kernel (a token's heads in one program: each head's amax in the same pass,
+    norms across heads included).
     """
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
 
     B, S, H, D = p.q.shape
     if B * S == 0 or H == 0:
         return
-    if stats is None and settings is None and flat_applies(p, q_out, k_out):
+    if stats is None and settings is None and quant is None and flat_applies(p, q_out, k_out):
         launch_flat(p, q_out, k_out)
         return
     has_k = p.k is not None
@@ -393,13 +422,22 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     P = D - p.rotary_dim
     k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
     grid = (B * S, triton_cdiv(H, hg))
+    if quant is not None:
+        qsc = quant[1]
+        ksc = quant[2] if quant[2] is not None else qsc
+        scst = qsc.stride()
+        assert ksc.stride() == scst and qsc.shape == (B, H, S)
+    else:
+        qsc = ksc = p.q
+        scst = (0, 0, 0)
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
-        stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q, S, H,
+        stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q,
+        qsc, ksc, S, H,
         *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
-        *cst, *sst, *pst,
+        *cst, *sst, *pst, *scst,
     )
     constexprs = dict(
         D=D, R2=R2, P=P, HALF_PAD=_next_pow2(max(R2, 1)), PASS_PAD=_next_pow2(max(P, 1)),
@@ -413,6 +451,8 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
         OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
     )
+    if quant is not None:
+        constexprs["QUANT"] = _QUANT_CODE[quant[0]]
     # the word form where every interleaved pair is one aligned word (``_pair_words_ok``),
     # with the rows every head shares (a per-head norm's weight / bias, a table shared by
     # the heads) read once as [1, pairs] tiles broadcast over the heads (H200, bf16, the
@@ -636,6 +676,48 @@ def _outputs(q, k, inplace: bool, out, p: Optional[Plan] = None):
     return _out_like(q, p), (_out_like(k, p) if k is not None else None)
 
 
+def _quant_empty(shape, dtype, device) -> torch.Tensor:
+    """A new tensor for an 8-bit output or its scales (tests poison it)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _quant_outputs(q, k, quantize: str, num_heads, layout) -> QuantizedQK:
+    """New 8-bit Q / K in the caller's shapes and their (B, H, S) fp32 scales."""
+    if q.dim() == 3:
+        bhs = (q.shape[0], num_heads, q.shape[1])
+    elif layout == "bhsd":
+        bhs = tuple(q.shape[:3])
+    else:
+        bhs = (q.shape[0], q.shape[2], q.shape[1])
+    dt = QUANT_DTYPES[quantize]
+
+    def values(x):
+        return None if x is None else _quant_empty(x.shape, dt, x.device)
+
+    def scales(x):
+        return None if x is None else _quant_empty(bhs, torch.float32, x.device)
+
+    return QuantizedQK(values(q), values(k), scales(q), scales(k))
+
+
+def run_quantized(p: Plan, q, k, quantize: str) -> QuantizedQK:
+    """Allocate the 8-bit outputs and their scales and compute them (the reference's
+    quantization of its output where Triton cannot run)."""
+    res = _quant_outputs(q, k, quantize, p.q.shape[2], p.layout)
+    qo4 = _as_heads(res.q, p)
+    ko4 = _as_heads(res.k, p) if res.k is not None else None
+    if backend.kernel_device_ok(p.q):
+        launch(p, qo4, ko4, quant=(quantize, res.q_scale, res.k_scale))
+    else:
+        for y, o4, sc in zip(qk_norm_rope_core(p, torch.float32), (qo4, ko4),
+                             (res.q_scale, res.k_scale)):
+            if y is not None:
+                v, s = quantize_per_token(y, quantize)
+                o4.copy_(v)
+                sc.copy_(s)
+    return res
+
+
 def run(p: Plan, q, k, inplace: bool, out=None):
     """Allocate (unless in place or given ``out``) and compute; returns outputs in the
     caller's shapes."""
@@ -695,12 +777,13 @@ def _slots(q, k, cos, sin, q_out, k_out, qs, ks, inplace):
 
 def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
          rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
-         round_after_norm=True, layout="bshd", out=None, process_group=None):
+         round_after_norm=True, layout="bshd", out=None, process_group=None, quantize=None):
     """The eager call behind :func:`qk_norm_rope` and its ops: check, allocate, launch. A
     call whose signature (every tensor's shape, strides, dtype, device and alignment, the
-    norms' numbers, every option) was seen before replays its launch (``_fastpath``);
-    calls with ``positions`` (their range is checked on the data) or a process group
-    always take the checked path."""
+    norms' numbers, every option, ``quantize`` included) was seen before replays its launch
+    (``_fastpath``); calls with ``positions`` (their range is checked on the data) or a
+    process group always take the checked path."""
+    _check_quantize(quantize, inplace, out, process_group)
     key = None
     if positions is None and process_group is None and fastpath.usable(q):
         try:
@@ -709,19 +792,32 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             sig = fastpath.sig
             key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
                    sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm), _norm_key(k_norm),
-                   None if out is None else tuple(map(sig, out)))
+                   None if out is None else tuple(map(sig, out)), quantize)
             replay = _CACHE.get(key)
         except (AttributeError, TypeError):  # the checked path says what is wrong
             key = replay = None
         if replay is not None and not (k is not None and k.data_ptr() == q.data_ptr()):
-            q_out, k_out = _outputs(q, k, inplace, out)
-            if replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)):
-                return q_out, k_out
+            if quantize is not None:
+                res = _quant_outputs(q, k, quantize, num_heads, layout)
+                if replay((*_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm, False),
+                           res.q_scale, res.k_scale)):
+                    return res
+            else:
+                q_out, k_out = _outputs(q, k, inplace, out)
+                if replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)):
+                    return q_out, k_out
     if out is not None:
         _check_out(out, q, k, inplace)
     p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
              rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
              round_after_norm=round_after_norm, layout=layout, process_group=process_group)
+    if quantize is not None:
+        with fastpath.Recorder() as rec:
+            res = run_quantized(p, q, k, quantize)
+        if key is not None:
+            _CACHE.put(key, rec.replay((*_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm,
+                                                False), res.q_scale, res.k_scale)))
+        return res
     with fastpath.Recorder() as rec:
         q_out, k_out = run(p, q, k, inplace, out)
     if key is not None:
@@ -739,7 +835,8 @@ def _check_grad(*ts):
 
 def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                  rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
-                 round_after_norm=True, layout="bshd", out=None, process_group=None):
+                 round_after_norm=True, layout="bshd", out=None, process_group=None,
+                 quantize=None):
     r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
 
     Inference-only: the op has no backward. With grad mode on it refuses inputs that
@@ -849,10 +946,17 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     torch.Size([1, 1024, 5120])
     """
     _check_grad(q, k, cos, sin, q_norm, k_norm)
+    _check_quantize(quantize, inplace, out, process_group)
     if torch.compiler.is_compiling() and process_group is not None:
         raise ValueError("process_group is supported in eager mode only (call qk_norm_rope "
                          "outside the compiled region, or without process_group)")
     if torch.compiler.is_compiling():
+        if quantize is not None:
+            return qk_norm_rope_quant_via_op(q, k, cos, sin, quantize=quantize, q_norm=q_norm,
+                                             k_norm=k_norm, num_heads=num_heads,
+                                             rope_style=rope_style, rotary_dim=rotary_dim,
+                                             positions=positions,
+                                             round_after_norm=round_after_norm, layout=layout)
         if out is not None:  # the mutating out= op: inductor writes the caller's views
             _check_out(out, q, k, inplace)
             out = tuple(out)
@@ -864,14 +968,18 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     return call(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
                 rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
                 inplace=inplace, round_after_norm=round_after_norm, layout=layout, out=out,
-                process_group=process_group)
+                process_group=process_group, quantize=quantize)
 
 
-def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.float32, **kwargs):
+def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.float32,
+                           quantize=None, **kwargs):
     """Pure-PyTorch :func:`ditfuse.qk_norm_rope` (same arguments; ``inplace`` not taken).
 
-    Outputs are new tensors in the caller's shapes.
+    Outputs are new tensors in the caller's shapes. With ``quantize``: a
+    :class:`QuantizedQK` of this function's own output, quantized by
+    :func:`ditfuse.reference.quantize_per_token`.
     """
+    _check_quantize(quantize)
     p = plan(q, k, cos, sin, **kwargs)
     rq, rk = qk_norm_rope_core(p, compute_dtype)
 
@@ -882,7 +990,14 @@ def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.floa
             return r.flatten(2)
         return r if p.layout == "bshd" else r.transpose(1, 2)
 
-    return back(rq, q), back(rk, k)
+    oq, ok = back(rq, q), back(rk, k)
+    if quantize is None:
+        return oq, ok
+    vq, sq = quantize_per_token(oq, quantize, layout=p.layout, num_heads=p.q.shape[2])
+    vk = sk = None
+    if ok is not None:
+        vk, sk = quantize_per_token(ok, quantize, layout=p.layout, num_heads=p.q.shape[2])
+    return QuantizedQK(vq, vk, sq, sk)
 
 
 # ---------------------------------------------------------------------------------------
@@ -980,6 +1095,42 @@ def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_s
     return None
 
 
+@library.op("ditfuse::qk_norm_rope_quant", mutates_args=())
+def qk_norm_rope_quant_op(
+    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
+    positions: Optional[Tensor],
+    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
+    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
+    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
+    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
+    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
+    quantize: str,
+) -> List[Tensor]:
+    """The ``quantize=`` form: [q, q_scale] or [q, k, q_scale, k_scale] (8-bit values in
+    the input's shape, (B, H, S) fp32 scales)."""
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    r = call(q, k, cos, sin, inplace=False, quantize=quantize, **kw)
+    return [r.q, r.q_scale] if r.k is None else [r.q, r.k, r.q_scale, r.k_scale]
+
+
+@qk_norm_rope_quant_op.register_fake
+def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
+      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
+      rope_style, rotary_dim, round_after_norm, layout, quantize):
+    _check_quantize(quantize)
+    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
+    p = plan(q, k, cos, sin, runtime_checks=False, **kw)
+    B, S, H, _ = p.q.shape
+    dt = QUANT_DTYPES[quantize]
+    values = [torch.empty(x.shape, dtype=dt, device=x.device) for x in (q, k) if x is not None]
+    scales = [torch.empty(B, H, S, dtype=torch.float32, device=q.device) for _ in values]
+    return values + scales
+
+
 def op_args(q, k, cos, sin, *, q_norm, k_norm, num_heads, rope_style, rotary_dim, positions,
             round_after_norm, layout):
     return (q, k, cos, sin, positions, *flatten_norm(q_norm, "q_norm"),
@@ -997,3 +1148,10 @@ def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):
         return q, k
     outs = torch.ops.ditfuse.qk_norm_rope(*args)
     return outs[0], (outs[1] if k is not None else None)
+
+
+def qk_norm_rope_quant_via_op(q, k, cos, sin, *, quantize, **kw) -> QuantizedQK:
+    outs = torch.ops.ditfuse.qk_norm_rope_quant(*op_args(q, k, cos, sin, **kw), quantize)
+    if k is None:
+        return QuantizedQK(outs[0], None, outs[1], None)
+    return QuantizedQK(outs[0], outs[1], outs[2], outs[3])

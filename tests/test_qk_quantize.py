@@ -1,0 +1,427 @@
+"""``ditfuse.qk_norm_rope(..., quantize="int8" | "fp8")``: the per-token kernel's 8-bit output,
+one fp32 scale per (batch, head, token), bitwise equal to
+``ditfuse.reference.quantize_per_token`` of the 16-bit output that the per-token kernel
+stores (every norm, RoPE style, table form, layout and dtype), within the reference's
+tolerance of the fp64 reference's quantization; every element written (outputs start as
+values the quantization never produces), zero heads, head groups, bad arguments, the
+fast-path cache and the ``torch.library`` op under ``torch.compile``."""
+import itertools
+import sys
+import zlib
+
+import pytest
+import torch
+
+import ditfuse
+from ditfuse import NormSpec, QuantizedQK
+from ditfuse.reference import ROUNDING, quantize_per_token
+from ditfuse.runtime import fastpath
+from conftest import DEVICE, DTYPES, TOL, rope_tables
+from test_qk_norm_rope import make_norm, make_qk, make_tables
+
+mod = sys.modules["ditfuse.ops.qk_norm_rope"]
+
+FORMATS = ["int8", "fp8"]
+QMAX = {"int8": 127.0, "fp8": 448.0}
+#: half the spacing of each format's values relative to |t| (normal fp8: 3 fraction bits),
+#: and absolutely (int8: 0.5; fp8 subnormals: 2^-10), in units of the scale
+HALF_STEP = {"int8": (0.0, 0.5), "fp8": (2.0**-4, 2.0**-10)}
+SENTINEL = {torch.int8: -128, torch.float8_e4m3fn: float("nan"), torch.float32: float("nan")}
+
+
+@pytest.fixture
+def poison_quant(monkeypatch):
+    """Every 8-bit output starts as a value the quantization never writes (int8 -128, fp8
+    and scale NaN)."""
+    def full(shape, dtype, device):
+        if dtype == torch.float8_e4m3fn:
+            return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
+        return torch.full(shape, SENTINEL[dtype], dtype=dtype, device=device)
+
+    monkeypatch.setattr(mod, "_quant_empty", full)
+
+
+def _token_path(monkeypatch, *args, **kw):
+    """qk_norm_rope's 16-bit output through the per-token kernel: the values the quantizing
+    call quantizes (a norm across heads with whole-head interleaved RoPE otherwise takes
+    the flat-row kernel, whose fp32 sum of squares runs in another order)."""
+    with monkeypatch.context() as m:
+        m.setattr(mod, "flat_applies", lambda *a: False)
+        m.setattr(fastpath, "ENABLED", False)
+        return ditfuse.qk_norm_rope(*args, **kw)
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _heads(v, layout, H):
+    """(B, S, H, D) view of a values tensor in the caller's shape."""
+    if v.dim() == 3:
+        return v.unflatten(2, (H, v.shape[2] // H))
+    return v if layout == "bshd" else v.transpose(1, 2)
+
+
+def _dequant(v, s, layout, H):
+    """fp32 values times their (B, H, S) scales, as (B, S, H, D)."""
+    return _heads(v, layout, H).float() * s.transpose(1, 2)[..., None]
+
+
+def _check_written(res, fmt, layout, H):
+    """Every value and scale written; each nonzero head row reaches the format's maximum."""
+    for v, s in ((res.q, res.q_scale), (res.k, res.k_scale)):
+        if v is None:
+            assert s is None
+            continue
+        assert s.dtype == torch.float32 and s.is_contiguous() and v.is_contiguous()
+        assert torch.isfinite(s).all() and (s > 0).all()
+        if fmt == "int8":
+            assert (v != -128).all()
+        else:
+            assert not v.float().isnan().any()
+        amax = _heads(v, layout, H).float().abs().amax(-1).transpose(1, 2)  # (B, H, S)
+        zero = amax == 0
+        assert (amax[~zero] == QMAX[fmt]).all()
+        assert (s[zero] == 1.0).all()
+
+
+def _check_against(res, y16, fmt, layout, H):
+    """Bitwise quantize_per_token of the 16-bit output ``y16`` = (q, k)."""
+    for v, s, y in ((res.q, res.q_scale, y16[0]), (res.k, res.k_scale, y16[1])):
+        if y is None:
+            assert v is None and s is None
+            continue
+        wv, ws = quantize_per_token(y, fmt, layout=layout, num_heads=H)
+        assert v.shape == y.shape and v.dtype == wv.dtype and s.shape == ws.shape
+        bad = _bits(v) != _bits(wv)
+        assert not bad.any(), (f"{int(bad.sum())} of {v.numel()} values differ",
+                               v[bad][:8], wv[bad][:8])
+        assert torch.equal(s, ws)
+
+
+def _check_reference(res, ref, ref16, fmt, dtype, layout, H):
+    """Within the reference's tolerance: the scales within the 16-bit outputs' tolerance of
+    the reference's (the amax moves with one element), each dequantized value within half
+    a step of the format (plus the 16-bit tolerance) of the reference's 16-bit output."""
+    tol = TOL[dtype]
+    rel, absolute = HALF_STEP[fmt]
+    for v, s, rs, y in ((res.q, res.q_scale, ref.q_scale, ref16[0]),
+                        (res.k, res.k_scale, ref.k_scale, ref16[1])):
+        if y is None:
+            continue
+        floor = tol["rtol"] * y.float().pow(2).mean().sqrt().item()  # as assert_close_report
+        torch.testing.assert_close(s, rs, rtol=tol["rtol"], atol=max(tol["atol"], floor) / QMAX[fmt])
+        yr = _heads(y, layout, H).float()
+        err = (_dequant(v, s, layout, H) - yr).abs()
+        u = ROUNDING[torch.float32][0]
+        bound = (rel * yr.abs() + absolute * s.transpose(1, 2)[..., None]) * (1 + 4 * u) \
+            + tol["rtol"] * yr.abs() + max(tol["atol"], floor)
+        assert (err <= bound).all(), float((err - bound).max())
+
+
+def _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial, B, S, fmts):
+    g = torch.Generator().manual_seed(zlib.crc32(f"q8{kind}{span}{style}{dtype}{table}{form}{S}".encode()))
+    q, k, kw, _ = make_qk(form, B, S, H, D, dtype, g)
+    qn = make_norm(kind, span, H, D, dtype, g)
+    kn = make_norm(kind, span, H, D, dtype, g)
+    cos = sin = None
+    if style is not None:
+        R = D // 2 if partial else D
+        R -= R % 2
+        cos, sin, tkw = make_tables(table, B, S, H, R, style, g)
+        kw.update(tkw, rope_style=style)
+    layout = kw.get("layout", "bshd")
+    q_in, k_in = q.clone(), k.clone()
+    y16 = _token_path(monkeypatch, q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    ref16 = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
+                                           compute_dtype=torch.float64, **kw)
+    for fmt in fmts:
+        res = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, quantize=fmt, **kw)
+        assert isinstance(res, QuantizedQK)
+        assert torch.equal(q, q_in) and torch.equal(k, k_in), "inputs changed"
+        assert res.q_scale.shape == (B, H, S) and res.k_scale.shape == (B, H, S)
+        assert res.q.shape == q.shape and res.q.dtype == mod.QUANT_DTYPES[fmt]
+        _check_written(res, fmt, layout, H)
+        _check_against(res, y16, fmt, layout, H)
+        ref = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
+                                             compute_dtype=torch.float64, quantize=fmt, **kw)
+        assert isinstance(ref, QuantizedQK)
+        _check_reference(res, ref, ref16, fmt, dtype, layout, H)
+
+
+NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
+SPANS = ["head", "all"]
+STYLES = ["interleaved", "half", None]
+TABLES = ["S,W", "1,S,1,W", "B,S,W", "B,S,1,W", "S,H,W", "B,S,H,W", "unique", "pos", "pos_b",
+          "bf16"]
+FORMS = ["bshd", "bhsd", "flat", "packed", "strided_d"]
+HEAD_SHAPES = [(3, 64), (5, 32), (2, 80), (6, 16), (1, 128), (7, 24)]
+
+
+def _sweep():
+    out = []
+    i = 0
+    for kind, span, style, dtype in itertools.product(NORMS, SPANS, STYLES, DTYPES):
+        if kind is None and span == "all":
+            continue
+        H, D = HEAD_SHAPES[i % len(HEAD_SHAPES)]
+        table = TABLES[i % len(TABLES)]
+        form = FORMS[(i // 2) % len(FORMS)]
+        partial = style is not None and i % 4 == 1
+        B = 1 + i % 2
+        S = 37 if i % 11 == 5 else 5
+        out.append(pytest.param(kind, span, style, dtype, H, D, table, form, partial, B, S,
+                                id=f"{kind}-{span}-{style}-{str(dtype)[6:]}-{H}x{D}-{table}-{form}"
+                                   f"{'-partial' if partial else ''}-B{B}-S{S}"))
+        i += 1
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,span,style,dtype,H,D,table,form,partial,B,S", _sweep())
+@torch.no_grad()
+def test_sweep(kind, span, style, dtype, H, D, table, form, partial, B, S, monkeypatch,
+               poison_quant):
+    _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial, B, S, FORMATS)
+
+
+# the default tier: one case per norm kind, both spans, both rotary styles and no RoPE,
+# every layout, dtype and format, two pieces of heads (5 = 4 + 1, 7 = 4 + 3 -> 4 + 4 masked),
+# partial rotary, half-width / per-head / gathered tables, S = 37
+FAST = [
+    ("rms", "head", "interleaved", torch.bfloat16, 3, 64, "S,W", "bshd", False, 2, 5, "int8"),
+    ("rms", "all", "interleaved", torch.bfloat16, 5, 32, "1,S,1,W", "flat", False, 1, 37, "fp8"),
+    ("layer", "all", "half", torch.float16, 3, 64, "B,S,W", "bhsd", False, 2, 4, "int8"),
+    ("dyt", "head", "half", torch.bfloat16, 5, 32, "unique", "packed", False, 1, 5, "fp8"),
+    ("rms_roundw", "head", "interleaved", torch.float16, 7, 24, "S,H,W", "strided_d", True, 1, 4,
+     "int8"),
+    ("rms_noaffine", "head", "half", torch.float32, 2, 80, "pos_b", "bshd", True, 2, 3, "fp8"),
+    (None, "head", "interleaved", torch.bfloat16, 6, 16, "unique", "bhsd", False, 1, 37, "int8"),
+    ("layer", "head", None, torch.bfloat16, 1, 128, None, "flat", False, 2, 4, "fp8"),
+    ("dyt", "all", "interleaved", torch.float32, 3, 64, "pos", "packed", True, 1, 5, "int8"),
+    ("rms", "head", "half", torch.float16, 5, 32, "B,S,H,W", "flat", False, 2, 3, "fp8"),
+]
+
+
+@pytest.mark.parametrize(
+    "kind,span,style,dtype,H,D,table,form,partial,B,S,fmt",
+    [pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-{c[4]}x{c[5]}-{c[6]}-{c[7]}"
+                        f"{'-partial' if c[8] else ''}-B{c[9]}-S{c[10]}-{c[11]}") for c in FAST])
+@torch.no_grad()
+def test_representative(kind, span, style, dtype, H, D, table, form, partial, B, S, fmt,
+                        monkeypatch, poison_quant):
+    _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial, B, S, [fmt])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_zero_head_and_k_none(fmt, poison_quant):
+    """A head whose output is all zeros: scale 1, values 0; the other heads of the token
+    keep their own scales. Without K: k and k_scale None."""
+    g = torch.Generator().manual_seed(3)
+    B, S, H, D, dtype = 2, 3, 3, 32, torch.bfloat16
+    q = (torch.randn(B, S, H, D, generator=g) * 2 + 0.3).to(dtype).to(DEVICE)
+    q[1, 2, 1] = 0
+    q[0, 0, 2] = 0
+    cos, sin = rope_tables(S, D)
+    norm = NormSpec("rms", weight=(torch.randn(D, generator=g) - 0.2).to(dtype).to(DEVICE), eps=1e-6)
+    res = ditfuse.qk_norm_rope(q, None, cos, sin, q_norm=norm, quantize=fmt)
+    assert res.k is None and res.k_scale is None
+    assert res.q_scale[1, 1, 2] == 1.0 and res.q_scale[0, 2, 0] == 1.0
+    assert (res.q[1, 2, 1].float() == 0).all() and (res.q[0, 0, 2].float() == 0).all()
+    _check_written(res, fmt, "bshd", H)
+    y, _ = ditfuse.qk_norm_rope(q, None, cos, sin, q_norm=norm)
+    _check_against(res, (y, None), fmt, "bshd", H)
+
+
+@torch.no_grad()
+def test_ties_round_to_even(poison_quant):
+    """No norm, no RoPE: y = x. A head row whose amax is 127 (448) has scale 1, so the
+    quantized value is the rounding of x itself: ties go to even (int8: 2.5 -> 2, -3.5 -> -4;
+    fp8: 1.0625 -> 1, 1.1875 -> 1.25, 17 -> 16, subnormal 1.5 * 2^-9 -> 2^-8, 2^-10 -> 0)."""
+    D = 16
+    row8 = [127.0, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5, 0.25, 0.75, -1.5, 4.5, 5.5, 0.0]
+    rowf = [448.0, 1.0625, 1.1875, -1.0625, 17.0, -19.0, 1.5 * 2**-9, 2.0**-10, -(2.0**-10),
+            2.5 * 2**-9, 240.0, 232.0, 0.0, 3.0 * 2**-9, -416.0, 15.0 * 2**-10]
+    want8 = [127, 2, -2, 4, -4, 0, 0, 2, 126, -126, 0, 1, -2, 4, 6, 0]
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x8 = torch.tensor(row8).reshape(1, 1, 1, D).to(dtype).to(DEVICE)
+        xf = torch.tensor(rowf).reshape(1, 1, 1, D).to(dtype).to(DEVICE)
+        assert x8.float().flatten().tolist() == row8 and xf.float().flatten().tolist() == rowf
+        r8 = ditfuse.qk_norm_rope(x8, None, quantize="int8")
+        assert r8.q_scale.item() == 1.0 and r8.q.flatten().tolist() == want8
+        rf = ditfuse.qk_norm_rope(xf, None, quantize="fp8")
+        assert rf.q_scale.item() == 1.0
+        wf = torch.tensor(rowf).to(torch.float8_e4m3fn)  # torch rounds to nearest even
+        assert torch.equal(_bits(rf.q.flatten().cpu()), _bits(wf))
+        assert rf.q.flatten()[1:8].float().tolist() == [1.0, 1.25, -1.0, 16.0, -20.0, 2.0**-8, 0.0]
+        assert _bits(rf.q.flatten())[8].item() == 0x80  # -2^-10 -> -0
+        for r, y in ((r8, x8), (rf, xf)):
+            _check_against(r, (y, None), "int8" if r is r8 else "fp8", "bshd", 1)
+
+
+@pytest.mark.parametrize("settings", [(5, 2), (2, 2), (3, 4), (1, 2)])
+@torch.no_grad()
+def test_heads_per_program_same_bits(settings, poison_quant):
+    """Heads in groups of 1, 2, 3 (pieces 2 + 1) or all 5 (4 + 1) per program: each head's
+    amax is its own, the same bits."""
+    g = torch.Generator().manual_seed(8)
+    B, S, H, D, dtype = 1, 3, 5, 32, torch.bfloat16
+    q = (torch.randn(B, S, H, D, generator=g) * 2).to(dtype).to(DEVICE)
+    k = (torch.randn(B, S, H, D, generator=g) * 2).to(dtype).to(DEVICE)
+    cos, sin = rope_tables(S, D, style="half")
+    norm = NormSpec("layer", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE),
+                    bias=torch.randn(D, generator=g).to(dtype).to(DEVICE), eps=1e-6)
+    p = mod.plan(q, k, cos, sin, q_norm=norm, k_norm=norm, rope_style="half")
+    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, rope_style="half",
+                                quantize="int8")
+    got = mod._quant_outputs(q, k, "int8", None, "bshd")
+    mod.launch(p, got.q, got.k, settings=settings, quant=("int8", got.q_scale, got.k_scale))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_head_groups_with_masked_heads(fmt, monkeypatch, poison_quant):
+    """40 heads of 256 channels: 16 heads a program (the launch table), the last group
+    masked (8 of 16)."""
+    _run_case(monkeypatch, "rms", "head", "interleaved", torch.bfloat16, 40, 256, "S,W", "bshd",
+              False, 1, 2, [fmt])
+
+
+@torch.no_grad()
+def test_norm_across_heads_against_the_flat_path(monkeypatch, poison_quant):
+    """Wan's form (RMSNorm across heads, interleaved RoPE over whole heads): the 16-bit call
+    takes the flat-row kernel, the quantizing call the per-token kernel. Bitwise the per-token
+    16-bit output's quantization; against the flat path's 16-bit output within a rounding
+    of it before quantization (the fp32 sums of squares run in another order)."""
+    g = torch.Generator().manual_seed(12)
+    B, S, H, D, dtype = 1, 4, 4, 64, torch.bfloat16
+    q = (torch.randn(B, S, H * D, generator=g) * 2).to(dtype).to(DEVICE)
+    k = (torch.randn(B, S, H * D, generator=g) * 2).to(dtype).to(DEVICE)
+    cos, sin = rope_tables(S, D)
+    norm = NormSpec("rms", weight=(torch.randn(H * D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
+    kw = dict(q_norm=norm, k_norm=norm, num_heads=H)
+    p = mod.plan(q, k, cos, sin, **kw)
+    assert mod.flat_applies(p, p.q, p.k)
+    res = ditfuse.qk_norm_rope(q, k, cos, sin, quantize="int8", **kw)
+    _check_against(res, _token_path(monkeypatch, q, k, cos, sin, **kw), "int8", "bshd", H)
+    flat = ditfuse.qk_norm_rope(q, k, cos, sin, **kw)
+    tol = TOL[dtype]
+    for v, s, y in ((res.q, res.q_scale, flat[0]), (res.k, res.k_scale, flat[1])):
+        yr = _heads(y, "bshd", H).float()
+        err = (_dequant(v, s, "bshd", H) - yr).abs()
+        floor = tol["rtol"] * yr.pow(2).mean().sqrt().item()  # as assert_close_report
+        assert (err <= 0.5 * s.transpose(1, 2)[..., None] * (1 + 2**-20)
+                + tol["rtol"] * yr.abs() + floor).all()
+
+
+@torch.no_grad()
+def test_bad_arguments():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 2, 2, 16, generator=g).to(torch.bfloat16).to(DEVICE)
+    k = torch.randn(1, 2, 2, 16, generator=g).to(torch.bfloat16).to(DEVICE)
+    for bad in ("int4", "INT8", 8, True, ""):
+        with pytest.raises(ValueError, match=r"quantize must be None or one of \('int8', 'fp8'\)"):
+            ditfuse.qk_norm_rope(q, k, quantize=bad)
+    with pytest.raises(ValueError, match="quantize must be"):
+        ditfuse.qk_norm_rope_reference(q, k, quantize="int4")
+    with pytest.raises(ValueError, match="inplace=True"):
+        ditfuse.qk_norm_rope(q, k, inplace=True, quantize="int8")
+    with pytest.raises(ValueError, match="out="):
+        ditfuse.qk_norm_rope(q, k, out=(torch.empty_like(q), torch.empty_like(k)), quantize="fp8")
+    with pytest.raises(ValueError, match="process_group"):
+        ditfuse.qk_norm_rope(q, k, process_group=object(), quantize="int8")
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        quantize_per_token(q, "int4")
+    # without quantize: today's plain pair
+    out = ditfuse.qk_norm_rope(q, k)
+    assert type(out) is tuple and len(out) == 2
+
+
+@torch.no_grad()
+def test_replays_keep_formats_apart(monkeypatch, poison_quant):
+    """One signature called 16-bit, int8, fp8, then each again with fresh data: the repeats
+    replay their own format's recording (the cache key holds ``quantize``), equal to the
+    checked path bitwise."""
+    mod._CACHE.clear()
+    n = [0]
+    orig = fastpath.Replay.__call__
+
+    def counted(self, tensors):
+        n[0] += 1
+        return orig(self, tensors)
+
+    monkeypatch.setattr(fastpath.Replay, "__call__", counted)
+    B, S, H, D, dtype = 1, 3, 2, 32, torch.bfloat16
+    g = torch.Generator().manual_seed(4)
+    # two norms: a tensor passed twice (one weight for Q and K) is an alias, never cached
+    nq, nk = [NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE),
+                       eps=1e-6) for _ in range(2)]
+    cos, sin = rope_tables(S, D)
+
+    def fresh():
+        return [(torch.randn(B, S, H, D, generator=g) * 2).to(dtype).to(DEVICE) for _ in range(2)]
+
+    try:
+        for rnd in range(2):
+            for fmt in (None, "int8", "fp8"):
+                q, k = fresh()
+                before = n[0]
+                got = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=nq, k_norm=nk, quantize=fmt)
+                assert (n[0] > before) == (rnd == 1)
+                with monkeypatch.context() as m:
+                    m.setattr(fastpath, "ENABLED", False)
+                    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=nq, k_norm=nk,
+                                                quantize=fmt)
+                assert type(got) is type(want)
+                for a, b in zip(got, want):
+                    assert torch.equal(_bits(a), _bits(b))
+        assert len(mod._CACHE) == 3
+    finally:
+        mod._CACHE.clear()
+
+
+def _lib_inputs(dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(5)
+    B, S, H, D = 1, 4, 3, 32
+    q = torch.randn(B, S, H * D, generator=g).to(dtype).to(DEVICE)
+    k = torch.randn(B, S, H * D, generator=g).to(dtype).to(DEVICE)
+    cos, sin = rope_tables(S, D)
+    w = (torch.randn(H * D, generator=g) + 1).to(dtype).to(DEVICE)
+    return q, k, cos, sin, NormSpec("rms", weight=w, eps=1e-6), H
+
+
+def test_opcheck_quant():
+    q, k, cos, sin, norm, H = _lib_inputs()
+    kw = dict(q_norm=norm, k_norm=norm, num_heads=H, rope_style="interleaved", rotary_dim=None,
+              positions=None, round_after_norm=True, layout="bshd")
+    args = mod.op_args(q, k, cos, sin, **kw)
+    torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope_quant.default, (*args, "int8"))
+    args = mod.op_args(q, None, cos, sin, **dict(kw, k_norm=None))
+    torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope_quant.default, (*args, "fp8"))
+
+
+@pytest.mark.parametrize("fmt,with_k,backend", [("int8", True, "inductor"),
+                                                ("fp8", False, "aot_eager")])
+@torch.no_grad()
+def test_compile_fullgraph_matches_eager(fmt, with_k, backend):
+    q, k, cos, sin, norm, H = _lib_inputs()
+    k = k if with_k else None
+    torch._dynamo.reset()
+
+    def f(q, k, cos, sin):
+        q = q * 1.5  # an op around the custom op
+        r = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm if k is not None else None,
+                                 num_heads=H, quantize=fmt)
+        return r.q, r.k, r.q_scale * 2, r.k_scale
+
+    want = f(q, k, cos, sin)
+    got = torch.compile(f, fullgraph=True, backend=backend)(q, k, cos, sin)
+    for a, b in zip(got, want):
+        if b is None:
+            assert a is None
+            continue
+        assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
