@@ -11,9 +11,13 @@ import zlib
 
 import pytest
 import torch
+import triton.language as tl
 
 import ditfuse
 from ditfuse import NormSpec, QuantizedQK
+from ditfuse.kernels.element import _cast_out
+from ditfuse.kernels.qk_token import _quant_values
+from ditfuse.runtime.backend import jit
 from ditfuse.reference import ROUNDING, quantize_per_token
 from ditfuse.runtime import fastpath
 from conftest import DEVICE, DTYPES, TOL, rope_tables
@@ -258,6 +262,52 @@ def test_ties_round_to_even(poison_quant):
         assert _bits(rf.q.flatten())[8].item() == 0x80  # -2^-10 -> -0
         for r, y in ((r8, x8), (rf, xf)):
             _check_against(r, (y, None), "int8" if r is r8 else "fp8", "bshd", 1)
+
+
+@jit
+def _rounding_kernel(y_ptr, o_ptr, scale, N, BLOCK: tl.constexpr, QUANT: tl.constexpr):
+    """The 8-bit rounding of the per-token kernel's store, on a flat array."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < N
+    y = tl.load(y_ptr + i, mask=m, other=0.0)
+    tl.store(o_ptr + i, _cast_out(_quant_values(y, scale, QUANT), o_ptr.dtype.element_ty),
+             mask=m)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("scale", [1.0, 0.37, 3.0e-3])
+def test_rounding_matches_torch(fmt, scale):
+    """The kernel's ``y / scale`` and rounding (``_quant_values`` and the store's cast) against
+    PyTorch's over every finite bf16 and fp16 value in range, every midpoint of the format's
+    grid (ties) and random fp32 values of every binade down to subnormal results."""
+    qmax = QMAX[fmt]
+    g = torch.Generator().manual_seed(1)
+    lim = qmax * scale
+    pools = [torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float(),
+             torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16).float()]
+    if fmt == "int8":
+        grid = torch.arange(-127, 128, dtype=torch.float32)
+    else:
+        grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        grid = grid[grid.isfinite()].unique()
+    mids = (grid[1:] + grid[:-1]) / 2  # exact in fp32: ties of the format's rounding
+    pools += [mids * scale, grid * scale, (mids + mids.abs() * 2**-20) * scale]
+    e = torch.rand(2**16, generator=g) * 40 - 30
+    pools.append(torch.exp2(e) * (torch.rand(2**16, generator=g) * 2 - 1) * lim)
+    y = torch.cat(pools)
+    y = y[y.isfinite() & (y.abs() <= lim)].contiguous()
+    ref = y / torch.tensor(scale, dtype=torch.float32)
+    if fmt == "int8":
+        ref = torch.round(ref).clamp(-127, 127).to(torch.int8)
+    else:
+        ref = ref.to(torch.float8_e4m3fn)
+    out = torch.full(y.shape, 1, dtype=torch.uint8).view(ref.dtype).to(DEVICE)
+    block = 65536 if DEVICE == "cpu" else 1024
+    n = y.numel()
+    _rounding_kernel[(-(-n // block),)](y.to(DEVICE), out, scale, n, BLOCK=block,
+                                          QUANT=1 if fmt == "int8" else 2)
+    bad = _bits(out.cpu()) != _bits(ref)
+    assert not bad.any(), (int(bad.sum()), y[bad][:8], out.cpu()[bad][:8], ref[bad][:8])
 
 
 @pytest.mark.parametrize("settings", [(5, 2), (2, 2), (3, 4), (1, 2)])

@@ -17,6 +17,7 @@ from ditfuse.patching import patch, unpatch
 from ditfuse._version import __version__
 
 __all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "QuantizedQK",
-           "adaln_modulate", "gated_residual", "gated_residual_adaln", "group_norm_silu", "rms_norm_silu_channels",
+           "adaln_modulate", "gated_residual", "gated_residual_adaln", "group_norm_silu",
+           "rms_norm_silu_channels",
            "swiglu", "gelu", "attention", "sliding_window_attention", "sliding_window_attention_reference",
            "patch", "unpatch", "__version__"]

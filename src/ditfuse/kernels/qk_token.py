@@ -21,19 +21,20 @@ width pass through the norm only.
 
 Floating-point contraction is switched off at launch (``enable_fp_fusion=False``) so the
 rotation rounds exactly as eager PyTorch does: round(round(a*c) - round(b*s)).
+
+With ``QUANT`` (1: int8, 2: float8 e4m3) the outputs are 8-bit: each head's values, rounded
+to the activation dtype as the 16-bit store would round them, share one fp32 scale (their
+amax over 127 or 448, IEEE division), stored per (batch, head, token). A token's heads are
+in the program already, so the amax costs no extra pass (docs/qk_norm_rope.md, "8-bit
+output").
 """
 from __future__ import annotations
 
 import triton.language as tl
 
-from ditfuse.runtime.backend import INTERPRET, jit
+from ditfuse.runtime.backend import jit
 
 from ditfuse.kernels.element import _cast_out, _pack, _rnd, _tanh, _unpack
-
-# Triton's interpreter rounds fp32 -> float8e4nv by the first cut-off bit (ties away, and no
-# sticky bits); under it the values are rounded to the e4m3 grid in fp32 first, which the
-# cast then takes exactly. The GPU's cvt.rn.satfinite.e4m3x2.f32 rounds to nearest even.
-_SOFT_FP8 = tl.constexpr(INTERPRET)
 
 
 @jit
@@ -229,15 +230,17 @@ def _e4m3_rn(t):
 
 @jit
 def _quant_values(y, scale, QUANT: tl.constexpr):
-    """``y / scale`` (IEEE division) as the 8-bit format takes it: int8 rounded half to even
-    and clamped to [-127, 127] (integral fp32, cast exactly by the store); fp8 rounded to
-    e4m3 by the store's cast (under the interpreter here, ``_e4m3_rn``)."""
+    """``y / scale`` (IEEE division) rounded to the 8-bit format's grid, still fp32 (the
+    store's cast then converts an exactly representable value): int8 half to even, clamped
+    to [-127, 127]; fp8 e4m3 to nearest even (``_e4m3_rn``). Rounding here rather than in
+    the cast keeps the bits independent of how a conversion is lowered: Triton's interpreter
+    rounds fp32 -> float8e4nv by the first cut-off bit alone (ties away, no sticky bits)."""
     t = tl.div_rn(y, scale)
     if QUANT == 1:
         # round half to even: adding 1.5 * 2^23 leaves no fraction bits (exact for |t| < 2^22)
         t = (t + 12582912.0) - 12582912.0
         t = tl.minimum(tl.maximum(t, -127.0), 127.0)
-    elif _SOFT_FP8:
+    else:
         t = _e4m3_rn(t)
     return t
 

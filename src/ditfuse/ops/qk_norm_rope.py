@@ -5,8 +5,10 @@ Two kernels compute the op: the flat-row kernel of :mod:`ditfuse.kernels.qk_flat
 token's channels as flat rows: norms across heads, or none, with interleaved RoPE over
 whole heads -- Wan) where :func:`flat_applies`, else the per-token kernel of
 :mod:`ditfuse.kernels.qk_token` (one token's heads as [heads, pairs] tiles: per-head norms,
-any rotary layout). The pure-PyTorch reference, also the fallback on devices Triton cannot
-run on, is :func:`ditfuse.reference.qk_norm_rope_core`; the ``torch.library`` ops that
+any rotary layout; also the only one that quantizes, ``quantize=``). The pure-PyTorch
+reference, also the fallback on devices Triton cannot run on, is
+:func:`ditfuse.reference.qk_norm_rope_core` (and :func:`ditfuse.reference.quantize_per_token`
+for the 8-bit outputs); the ``torch.library`` ops that
 ``torch.compile`` and CUDA-graph capture see are at the end of this module. Measurements
 behind the launch tables: ``docs/design/qk_norm_rope.md``.
 """
@@ -906,11 +908,23 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
         the norm weight is this rank's shard (``H_local * D``). Each rank's sums of squares
         are all-reduced before normalising: two kernels and one all-reduce of 8 bytes a
         token, equal to the single-GPU result up to the reduction order. Eager only.
+    quantize : {None, "int8", "fp8"}
+        ``None`` (default): outputs in the activation dtype. ``"int8"`` / ``"fp8"``: the
+        same pass stores 8-bit values (torch.int8 / torch.float8_e4m3fn) with one fp32 scale
+        per (batch, head, token) -- the quantization block is one head of one token, whose
+        heads one program holds, norms across heads included (see Notes). Not with
+        ``inplace``, ``out`` or ``process_group`` (ValueError).
 
     Returns
     -------
     (q_out, k_out) : tuple of Tensor
-        In the input's shape and dtype (``k_out`` is ``None`` when ``k`` is).
+        Without ``quantize``: in the input's shape and dtype (``k_out`` is ``None`` when
+        ``k`` is).
+    QuantizedQK(q, k, q_scale, k_scale)
+        With ``quantize``: ``q``, ``k`` new contiguous 8-bit tensors in the input's shape;
+        ``q_scale``, ``k_scale`` new contiguous float32 tensors of shape ``(B, H, S)``
+        (``k`` and ``k_scale`` are ``None`` when ``k`` is). Dequantized:
+        ``q[b, s, h, d] * q_scale[b, h, s]`` (in the ``"bshd"`` layout).
 
     Notes
     -----
@@ -925,6 +939,21 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     reduction order and ``rsqrt`` may differ in the last fp32 bit; DyT's ``tanh`` is
     evaluated in fp32 to within 8 ulp -- the GPU's ``ex2`` / ``rcp`` approximations -- where
     a bf16 model would round between its steps).
+
+    Quantization (``quantize``): ``y`` is the output the call without ``quantize`` stores
+    (rounded to the activation dtype; fp32 inputs: the fp32 output), read as fp32. For each
+    head row ``y[b, s, h, 0:D]``, in fp32 with IEEE round-to-nearest division::
+
+        amax  = max_d |y[d]|
+        scale = amax / 127  ("int8")   or   amax / 448  ("fp8");   scale = 1 where amax == 0
+        int8: q = clamp(round_half_to_even(y / scale), -127, 127)
+        fp8:  q = (y / scale) rounded to float8_e4m3fn, to nearest even
+
+    Bitwise equal to :func:`ditfuse.reference.quantize_per_token` of the per-token kernel's
+    16-bit output: of this function's own output, except for a norm across heads with
+    interleaved RoPE over whole heads (Wan), whose 16-bit call takes the flat-row kernel --
+    there the quantized values come from outputs within a rounding of it (the order of the
+    fp32 sum of squares).
 
     Examples
     --------
@@ -944,6 +973,14 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     ...                                         k_norm=norm_k, num_heads=H)
     >>> q_out.shape
     torch.Size([1, 1024, 5120])
+
+    The same call storing int8 Q / K for 8-bit attention, a scale per head and token:
+
+    >>> with torch.no_grad():
+    ...     r = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm_q, k_norm=norm_k,
+    ...                              num_heads=H, quantize="int8")
+    >>> r.q.dtype, r.q_scale.shape
+    (torch.int8, torch.Size([1, 40, 1024]))
     """
     _check_grad(q, k, cos, sin, q_norm, k_norm)
     _check_quantize(quantize, inplace, out, process_group)
