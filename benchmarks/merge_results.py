@@ -31,7 +31,7 @@ def main(out, base, *newer):
         new = _read(path)
         cases = {tuple(r[c] for c in cols) for r in new}
         rows = [r for r in rows if tuple(r[c] for c in cols) not in cases] + new
-    rows = [{c: r[c] for c in COLUMNS} for r in rows]
+    rows = [{c: r.get(c) or "" for c in COLUMNS} for r in rows]  # older CSVs: fewer columns
     _write_csv(rows, out)
     _chart(rows, out[:-4] + ".png")
     print(f"{out}: {len(rows)} rows")

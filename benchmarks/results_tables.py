@@ -7,7 +7,10 @@ CSV has for the op -- "copy" is a contiguous copy of the op's main tensors (Q an
 x and y), what moving them takes at this size (at tens of MB it stays well under the 2 GiB
 copy's rate) --, % of the
 ceiling and the speed-up over torch.compile (over FlexAttention for attention), both from
-the CUDA-graph time."""
+the CUDA-graph time. The 8-bit attention rows (op ``attention_fp8``, compute-bound) get a table
+of their own: time, TFLOP/s, speed-ups over the fastest SDPA backend and SageAttention,
+accuracy against float64 on both input kinds, and the note (a refused backend, a missing
+package)."""
 import csv
 import sys
 from collections import defaultdict
@@ -16,11 +19,37 @@ ORDER = ["copy", "eager", "compile", "liger", "flex", "ditfuse", "ditfuse-graph"
 NAMES = {"compile": "torch.compile", "ditfuse": "ditfuse call", "ditfuse-graph": "ditfuse graph"}
 
 
+def attention_fp8_table(rows):
+    """Markdown table of the ``attention_fp8`` rows."""
+    def cell(r, c, fmt):
+        v = r.get(c) or ""
+        try:
+            return format(float(v), fmt) if v.lower() != "nan" else "-"
+        except ValueError:
+            return v
+
+    out = ["`attention_fp8`", "",
+           "| shape | dtype | impl | us | TFLOP/s | x best SDPA | x Sage | cos randn | rel L2 randn "
+           "| cos rmsnorm | rel L2 rmsnorm | note |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        out.append(f"| {r['shape']} | {r['dtype']} | {r['impl']} | {cell(r, 'us', '.1f')} | "
+                   f"{cell(r, 'tflops', '.1f')} | {cell(r, 'x_best_sdpa', '.3f')} | "
+                   f"{cell(r, 'x_sage', '.3f')} | {cell(r, 'cos_randn', '.6f')} | "
+                   f"{cell(r, 'rel_l2_randn', '.2e')} | {cell(r, 'cos_rmsnorm', '.6f')} | "
+                   f"{cell(r, 'rel_l2_rmsnorm', '.2e')} | {(r.get('note') or '').replace('|', '/')} |")
+    return out + [""]
+
+
 def tables(path, ops=None):
     cases = defaultdict(dict)
+    fp8 = []
     for r in csv.DictReader(open(path)):
+        if r["op"] == "attention_fp8":
+            fp8.append(r)
+            continue
         cases[(r["op"], r["shape"], r["dtype"])][r["impl"]] = (float(r["us"]), float(r["pct_copy"]))
-    out = []
+    out = attention_fp8_table(fp8) if fp8 and (not ops or "attention_fp8" in ops) else []
     for op in dict.fromkeys(k[0] for k in cases):
         if ops and op not in ops:
             continue

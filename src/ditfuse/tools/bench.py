@@ -8,7 +8,17 @@ inputs are also rotated over several copies when one set would fit in L2. The co
 ceiling is a 2 GiB device-to-device copy measured in the same run.
 
 Writes ``benchmarks/results/<gpu>-<date>.csv`` (columns op, shape, impl, dtype, us, gbps,
-pct_copy, gpu, torch, triton, date) and a PNG chart next to it.
+pct_copy, gpu, torch, triton, date; then tflops, x_best_sdpa, x_sage, cos_* / rel_l2_*, note,
+filled by the 8-bit attention rows only) and a PNG chart next to it.
+
+``--op attention-fp8``: full attention at the models' shapes (``FULL_ATTN_SHAPES``), compute-
+bound, so no bytes model: SDPA with each backend forced, SageAttention, and
+``ditfuse.attention(precision="fp8")`` from 16-bit and from prologue-quantized q / k; CUDA-
+graph time, TFLOP/s, speed-ups over the fastest SDPA backend and SageAttention, and accuracy
+against float64 on a subset of the output (:func:`bench_attention_fp8`).
+
+``--smoke``: every selected case at a few tokens on the CPU (the interpreter), one wall-clock
+call a row: the code paths, not the speed.
 """
 from __future__ import annotations
 
@@ -359,9 +369,155 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
                device=device, timer=timer)
 
 
+#: the 8-bit attention rows' implementations, in row order ("sdpa-best" is derived)
+ATTN_FP8_IMPLS = ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sage", "ditfuse-fp8",
+                  "ditfuse-fp8-prologue")
+#: the accuracy subset: query rows evenly spread over the sequence, heads evenly spread
+ACCURACY_ROWS, ACCURACY_HEADS = 2048, 2
+
+
+def _short(e: BaseException, n: int = 200) -> str:
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg[:n]}"
+
+
+def attention_fp8_methods():
+    """(impl, prepare) pairs. ``prepare(q, k, v)`` ((B, S, H, D) inputs) does what is not
+    timed and returns ``fn()`` -> the (B, S, H, D) output of one call.
+
+    SDPA: diffusers' call, ``(B, H, S, D)`` views of the (B, S, H, D) projections, one
+    backend forced through ``sdpa_kernel``. SageAttention: ``sageattn`` on the (B, S, H, D)
+    tensors (``tensor_layout="NHD"``); it subtracts the keys' mean from ``k`` in place, so it
+    gets its own copy of k. ditfuse-fp8: ``ditfuse.attention(q, k, v, precision="fp8")`` from
+    the 16-bit q / k / v, every quantization in the call. ditfuse-fp8-prologue: q / k
+    quantized beforehand by ``ditfuse.qk_norm_rope(q, k, quantize="int8")`` (what the
+    patched model's fused prologue hands the attention), V still quantized in the call."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import ditfuse
+
+    def sdpa(backend):
+        def prepare(q, k, v):
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+            def fn():
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+            return fn
+        return prepare
+
+    def sage(q, k, v):
+        import sageattention  # ImportError: the "unavailable" row
+
+        kc = k.clone()
+        return lambda: sageattention.sageattn(q, kc, v, tensor_layout="NHD", is_causal=False)
+
+    def fp8(q, k, v):
+        return lambda: ditfuse.attention(q, k, v, precision="fp8")
+
+    def fp8_prologue(q, k, v):
+        qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
+        return lambda: ditfuse.attention(qq.q, qq.k, v, precision="fp8", q_scale=qq.q_scale,
+                                         k_scale=qq.k_scale)
+
+    return [("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+            ("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+            ("sdpa-efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)),
+            ("sage", sage), ("ditfuse-fp8", fp8), ("ditfuse-fp8-prologue", fp8_prologue)]
+
+
+def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None,
+                        accuracy_rows=ACCURACY_ROWS, accuracy_heads=ACCURACY_HEADS):
+    """Full attention at one model shape (``FULL_ATTN_SHAPES``): SDPA with each backend
+    forced, SageAttention, and ditfuse's 8-bit attention from 16-bit and from
+    prologue-quantized q / k, on the same inputs.
+
+    Time: ``graph_us`` (one call captured in a CUDA graph, replayed, L2 flushed before every
+    replay: GPU time only) on random normal q / k / v; TFLOP/s = 4 B H S^2 D / time; the
+    speed-ups are over the fastest SDPA backend (also a row of its own, ``sdpa-best``, its
+    note naming the backend) and over SageAttention. Accuracy, for both input kinds
+    (``workloads.full_attention_inputs``: N(0, 1), and q / k after an RMSNorm with random
+    per-channel weights): cosine similarity and relative L2 error against float64 attention,
+    on ``accuracy_heads`` heads x ``accuracy_rows`` query rows spread over the sequence, over
+    every key (the same positions of every method's full output). A backend that refuses the
+    inputs, an implementation that is not installed or fails: a row with no time and a note
+    saying so. ``gbps`` / ``pct_copy`` are NaN: the op is compute-bound (``tflops``).
+    ``ceiling`` is unused (the registry runner's signature)."""
+    import warnings
+
+    from ditfuse.tools.workloads import (ATTN_INPUT_KINDS, attention_reference_subset,
+                                         attention_subset, full_attention_inputs,
+                                         subset_errors)
+
+    timer = timer or graph_us
+    gpu = device != "cpu"
+    methods = [(i, p) for i, p in attention_fp8_methods() if i in impls]
+    res = {i: dict(us=float("nan"), note="", acc={}) for i, _ in methods}
+    rows, heads = attention_subset(shape.S, shape.H, accuracy_rows, accuracy_heads, device)
+    for kind in ATTN_INPUT_KINDS:
+        q, k, v = full_attention_inputs(shape, device, dtype, kind, seed=0)
+        ref = attention_reference_subset(q, k, v, rows, heads)
+        for impl, prepare in methods:
+            r = res[impl]
+            if r["note"]:  # refused / unavailable / failed on the first kind
+                continue
+            fn = out = None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    with torch.no_grad():
+                        fn = prepare(q, k, v)
+                        out = fn()
+                        r["acc"][kind] = subset_errors(out, ref, rows, heads)
+                        out = None
+                        if kind == "randn":
+                            r["us"] = timer(fn)
+                except ImportError as e:
+                    r["note"] = f"unavailable: {_short(e)}"
+                except torch.cuda.OutOfMemoryError as e:
+                    r["note"] = f"OOM ({kind}): {_short(e, 80)}"
+                except RuntimeError as e:
+                    why = "; ".join(" ".join(str(w.message).split())[:160] for w in caught[:3])
+                    refused = impl.startswith("sdpa") and ("No available kernel" in str(e)
+                                                           or "No viable backend" in str(e))
+                    r["note"] = (f"refused: {why or _short(e)}" if refused
+                                 else f"error ({kind}): {_short(e)}")
+                except Exception as e:  # noqa: BLE001 -- a row saying why, the others still run
+                    r["note"] = f"error ({kind}): {_short(e)}"
+            fn = out = None
+            if gpu:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        q = k = v = ref = None
+
+    sdpa_us = {i: r["us"] for i, r in res.items() if i.startswith("sdpa") and math.isfinite(r["us"])}
+    best = min(sdpa_us, key=sdpa_us.get) if sdpa_us else None
+    order = list(res)
+    if best is not None:
+        res["sdpa-best"] = dict(res[best], note=f"= {best}")
+        order.insert(max(n for n, i in enumerate(order) if i.startswith("sdpa")) + 1, "sdpa-best")
+    best_us = res[best]["us"] if best else float("nan")
+    sage_us = res["sage"]["us"] if "sage" in res else float("nan")
+    nan = float("nan")
+    for impl in order:
+        r = res[impl]
+        us = r["us"]
+        acc = {f"{m}_{kind}": v for kind, (c, e) in r["acc"].items() for m, v in (("cos", c), ("rel_l2", e))}
+        emit("attention_fp8", shape.name, impl, dtype, us, nan, nan,
+             tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
+             x_best_sdpa=best_us / us if math.isfinite(us) else nan,
+             x_sage=sage_us / us if math.isfinite(us) else nan,
+             **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS}, note=r["note"])
+
+
 def _chart(rows, path):
     """One panel per op: % of the copy ceiling per (shape, dtype) and implementation. Bars
-    above 150% (copies of inputs small enough to stay in L2) are clipped and labelled."""
+    above 150% (copies of inputs small enough to stay in L2) are clipped and labelled. Rows
+    without a finite % (the compute-bound 8-bit attention rows) have no bar."""
+    rows = [r for r in rows if math.isfinite(float(r["pct_copy"]))]
+    if not rows:
+        return
     try:
         import matplotlib
 
@@ -406,51 +562,109 @@ def _chart(rows, path):
     print(f"chart: {path}")
 
 
-COLUMNS = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton", "date"]
+#: accuracy columns of the 8-bit attention rows: <metric>_<input kind>
+ACCURACY_COLUMNS = ("cos_randn", "rel_l2_randn", "cos_rmsnorm", "rel_l2_rmsnorm")
+#: columns every row has; then columns only some ops fill (empty elsewhere, and in CSVs
+#: written before they existed): the 8-bit attention rows' TFLOP/s, speed-ups, accuracy, note
+BASE_COLUMNS = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton",
+                "date"]
+EXTRA_COLUMNS = ["tflops", "x_best_sdpa", "x_sage", *ACCURACY_COLUMNS, "note"]
+COLUMNS = BASE_COLUMNS + EXTRA_COLUMNS
+_FORMATS = {"tflops": ".1f", "x_best_sdpa": ".3f", "x_sage": ".3f", "cos_randn": ".8f",
+            "cos_rmsnorm": ".8f", "rel_l2_randn": ".4e", "rel_l2_rmsnorm": ".4e"}
 
 
 def _write_csv(rows, path):
-    with open(path, "w") as f:
-        f.write(",".join(COLUMNS) + "\n")
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(COLUMNS)
         for r in rows:
-            f.write(",".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS) + "\n")
+            w.writerow([format(r[c], _FORMATS.get(c, ".2f")) if isinstance(r.get(c), float)
+                        else str(r.get(c, "")) for c in COLUMNS])
+
+
+def _wall_us(fn) -> float:
+    """Wall-clock us of one call (``--smoke``: the code paths, not the speed)."""
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e6
+
+
+def _attention_fp8_summary(rows):
+    """The 8-bit attention rows as a table: time, TFLOP/s, speed-ups, accuracy."""
+    mine = [r for r in rows if r["op"] == "attention_fp8"]
+    if not mine:
+        return
+    print("\n8-bit attention (time: CUDA graph replay; accuracy vs float64 on "
+          f"{ACCURACY_HEADS} heads x {ACCURACY_ROWS} query rows, all keys):")
+    print(f"{'shape':24s} {'impl':21s} {'us':>10s} {'TFLOP/s':>8s} {'x sdpa':>7s} {'x sage':>7s} "
+          f"{'cos randn':>10s} {'relL2 randn':>11s} {'cos rms':>10s} {'relL2 rms':>10s}  note")
+    for r in mine:
+        print(f"{r['shape']:24s} {r['impl']:21s} {r['us']:10.1f} {r['tflops']:8.1f} "
+              f"{r['x_best_sdpa']:7.3f} {r['x_sage']:7.3f} {r['cos_randn']:10.6f} "
+              f"{r['rel_l2_randn']:11.3e} {r['cos_rmsnorm']:10.6f} {r['rel_l2_rmsnorm']:10.3e}  "
+              f"{r['note']}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", default="all",
-                    choices=["all", "qk_norm_rope", "adaln", "activations", "group_norm", "attention"])
+                    choices=["all", "qk_norm_rope", "adaln", "activations", "group_norm", "attention",
+                             "attention-fp8"],
+                    help="one op family (attention-fp8: full attention, SDPA backends / "
+                         "SageAttention / ditfuse 8-bit, time and accuracy)")
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
     ap.add_argument("--extra-dtypes", default="fp16,fp32",
-                    help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)}")
+                    help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)} "
+                         "(not for attention-fp8)")
     ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex,"
-                                       "ditfuse-highest")
-    ap.add_argument("--out-dir", default="benchmarks/results")
+                                       "ditfuse-highest," + ",".join(ATTN_FP8_IMPLS))
+    ap.add_argument("--out-dir", default=None,
+                    help="where the CSV goes (default benchmarks/results; with --smoke a "
+                         "temporary folder)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="on the CPU (Triton's interpreter): every selected case at a few tokens, "
+                         "one wall-clock call a row -- the code paths, not the speed")
     ap.add_argument("--e2e", action="store_true",
                     help="whole models (random weights): transformers unpatched/patched x eager/compile "
                          "and a 20-step trajectory comparison; SAME-L decode of 1 and 3 minutes")
+    ap.add_argument("--fp8", action="store_true",
+                    help="with --e2e: the 8-bit attention rows instead -- unpatched, patched and "
+                         "patched with attention='fp8', each under torch.compile, time a step and "
+                         "trajectories against unpatched eager (models: "
+                         "flux2-1024,wan14b-480p,hunyuan-video-544p,wan14b-720p)")
     ap.add_argument("--models", default="all",
-                    help="with --e2e: comma-separated, from wan14b-480p,flux1-1024,flux2-1024,qwen-image-1328,hunyuan-video-544p,same-l")
+                    help="with --e2e: comma-separated, from wan14b-480p,wan14b-720p,flux1-1024,"
+                         "flux2-1024,qwen-image-1328,hunyuan-video-544p,same-l")
     ap.add_argument("--no-compile", action="store_true", help="with --e2e: skip the torch.compile rows")
-    ap.add_argument("--layers", type=int, default=2, help="with --e2e: double-stream blocks")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="with --e2e: double-stream blocks (default 2; with --fp8 Wan 4, "
+                         "FLUX.2 / HunyuanVideo 1, i.e. 1 + 2 single)")
+    ap.add_argument("--steps", type=int, default=20, help="with --e2e: trajectory steps")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="with --e2e: interleaved timing rounds (default 5; with --fp8 2)")
     args = ap.parse_args(argv)
     if args.e2e:
         from ditfuse.tools.e2e import main as e2e_main
         return e2e_main(args)
-    if not torch.cuda.is_available():
-        print("ditfuse bench: no CUDA GPU here; benchmarks need one (use `ditfuse check` on the CPU)",
-              file=sys.stderr)
+    if not torch.cuda.is_available() and not args.smoke:
+        print("ditfuse bench: no CUDA GPU here; benchmarks need one (use `ditfuse check` on the CPU, "
+              "or `ditfuse bench --smoke` for the code paths)", file=sys.stderr)
         return 2
     import triton
 
-    from ditfuse.tools.shapes import ACT_SHAPES, ADALN_SHAPES, ATTN_SHAPES, GN_SHAPES
+    from ditfuse.tools.shapes import (ACT_SHAPES, ADALN_SHAPES, ATTN_SHAPES, FULL_ATTN_SHAPES,
+                                      GN_SHAPES)
 
     registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln),
                   "activations": (ACT_SHAPES, bench_activation),
                   "group_norm": (GN_SHAPES, bench_group_norm),
-                  "attention": (ATTN_SHAPES, bench_attention)}
+                  "attention": (ATTN_SHAPES, bench_attention),
+                  "attention-fp8": (FULL_ATTN_SHAPES, bench_attention_fp8)}
     ops = list(registries) if args.op == "all" else [args.op]
     jobs = []
     for op in ops:
@@ -462,34 +676,57 @@ def main(argv=None) -> int:
                 print(f"unknown shape(s) {unknown}; known: {', '.join(n for o in ops for n in registries[o][0])}",
                       file=sys.stderr)
                 return 2
-        jobs += [(op, n, d) for d in args.dtypes.split(",") for n in names]
+        dtypes = args.dtypes.split(",")
+        if op == "attention-fp8":  # 8-bit attention takes 16-bit q / k / v
+            jobs += [(op, n, d) for d in dtypes if d in ("bf16", "fp16") for n in names]
+            continue
+        jobs += [(op, n, d) for d in dtypes for n in names]
         if args.extra_dtypes:
             jobs += [(op, n, d) for d in args.extra_dtypes.split(",") for n in DEFAULT_EXTRA_DTYPE_SHAPES
                      if n in names and (op, n, d) not in jobs]
     impls = set(args.impls.split(","))
-    torch._dynamo.config.cache_size_limit = 256
-    gpu = torch.cuda.get_device_name()
     date = _dt.date.today().isoformat()
-    ceiling = copy_ceiling_gbps()
-    print(f"{gpu}: copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device); torch "
-          f"{torch.__version__}, triton {triton.__version__}")
+    if args.smoke:
+        device, timer, ceiling, gpu = "cpu", _wall_us, float("nan"), "cpu-smoke"
+        impls -= {"compile", "flex", "liger", "ditfuse-graph"}
+        out_dir = args.out_dir or __import__("tempfile").mkdtemp(prefix="ditfuse-bench-smoke-")
+        from ditfuse.runtime.backend import INTERPRET
+
+        print(f"smoke run on the CPU (ditfuse's kernels interpreted: {INTERPRET}): a few tokens a "
+              f"case, wall-clock times of one call")
+    else:
+        device, timer, out_dir = "cuda", None, args.out_dir or "benchmarks/results"
+        torch._dynamo.config.cache_size_limit = 256
+        gpu = torch.cuda.get_device_name()
+        ceiling = copy_ceiling_gbps()
+        print(f"{gpu}: copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device); torch "
+              f"{torch.__version__}, triton {triton.__version__}")
     print(f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s}")
     rows = []
 
-    def emit(op, shape, impl, dtype, us, gbps, pct):
+    def emit(op, shape, impl, dtype, us, gbps, pct, **extra):
         dname = {v: k for k, v in _DT.items()}[dtype]
         rows.append(dict(op=op, shape=shape, impl=impl, dtype=dname, us=us, gbps=gbps, pct_copy=pct,
-                         gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date))
-        print(f"{op:20s} {shape:20s} {dname:5s} {impl:13s} {us:10.1f} {gbps:8.0f} {pct:6.1f}", flush=True)
+                         gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date, **extra))
+        line = f"{op:20s} {shape:20s} {dname:5s} {impl:13s} {us:10.1f} {gbps:8.0f} {pct:6.1f}"
+        if extra:  # the 8-bit attention rows: TFLOP/s, speed-ups, accuracy
+            line += (f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_best_sdpa']:.3f} sdpa "
+                     f"x{extra['x_sage']:.3f} sage; cos {extra['cos_randn']:.6f} / "
+                     f"{extra['cos_rmsnorm']:.6f}, rel L2 {extra['rel_l2_randn']:.2e} / "
+                     f"{extra['rel_l2_rmsnorm']:.2e} (randn / rmsnorm) {extra['note']}")
+        print(line, flush=True)
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    stem = os.path.join(args.out_dir, f"{gpu.replace(' ', '-')}-{date}")
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{gpu.replace(' ', '-')}-{date}")
     t0 = time.time()
     for i, (op, n, d) in enumerate(jobs):
         print(f"[{i + 1}/{len(jobs)}] {op} {n} {d} ({time.time() - t0:.0f} s)", flush=True)
         reg, fn = registries[op]
-        fn(reg[n], _DT[d], ceiling, emit, impls)
-        torch.cuda.empty_cache()
+        if args.smoke:
+            fn(reg[n].small(), _DT[d], ceiling, emit, impls, device=device, timer=timer)
+        else:
+            fn(reg[n], _DT[d], ceiling, emit, impls)
+            torch.cuda.empty_cache()
         _write_csv(rows, stem + ".csv")  # after every job: a cut-short run keeps its rows
 
     print("\nsummary (ditfuse eager call; ditfuse-graph: the same call replayed from a CUDA graph):")
@@ -504,7 +741,8 @@ def main(argv=None) -> int:
         xc = ref.get("compile", float("nan")) / r["us"]
         print(f"{r['op']:20s} {r['shape']:20s} {r['dtype']:5s} {r['impl']:13s} {r['us']:9.1f} {r['pct_copy']:6.1f} "
               f"{xe:8.1f} {xc:9.1f}")
-    print(f"csv: {stem}.csv")
+    _attention_fp8_summary(rows)
+    print(f"csv: {stem}.csv ({time.time() - t0:.0f} s)")
     _chart(rows, stem + ".png")
     return 0
 

@@ -5,7 +5,12 @@ Transformers (Wan 2.1 14B, FLUX.1-dev, FLUX.2-dev): real-size configs with rando
 ways -- unpatched eager, unpatched ``torch.compile``, patched eager, patched + compile --
 with steps run back to back as a pipeline's loop runs them (:func:`loop_timer`); then a
 20-step Euler trajectory patched vs unpatched (PSNR and max |diff| of the final latents,
-on the "patched eager" row).
+on the "patched eager" row). ``wan14b-720p`` runs only when named (``--models``).
+
+``--fp8`` (:func:`run_model_fp8`): the 8-bit attention rows of Wan 2.1 14B at 480p and 720p,
+HunyuanVideo and FLUX.2 -- unpatched, ``ditfuse.patch`` and ``ditfuse.patch(attention="fp8")``,
+each under ``torch.compile``: a step's time, the speed-up over unpatched + compile, and each
+one's 20-step trajectory against the unpatched eager one (``e2e-fp8-<gpu>-<date>.csv``).
 
 SAME-L (``AutoencoderSAME``, Stable Audio 3's autoencoder) at full size: ``decode`` of 1 and
 3 minutes of latents, unpatched (diffusers' dense (N, N) band mask) vs patched
@@ -65,7 +70,7 @@ SAME_L = {"audio_channels": 2, "patch_size": 256, "encoder_channels": 256, "enco
           "encoder_sinusoidal_blocks": (0,), "decoder_sinusoidal_blocks": (8,), "sampling_rate": 44100}
 
 ROW_FIELDS = ["model", "impl", "dtype", "blocks", "ms", "ms_per_block", "peak_gib", "psnr",
-              "max_abs_diff", "shape", "note"]
+              "max_abs_diff", "shape", "note", "speedup"]
 
 
 def _randomize(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -273,6 +278,7 @@ class E2EModel:
     kind: str = "transformer"               # "transformer" | "vae-decode"
     randomize: Callable = _randomize
     dtypes: tuple = (torch.bfloat16,)
+    in_all: bool = True                     # run by ``--models all``; else only when named
 
 
 E2E_MODELS: dict[str, E2EModel] = {m.name: m for m in [
@@ -280,6 +286,12 @@ E2E_MODELS: dict[str, E2EModel] = {m.name: m for m in [
              tiny_config={"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4,
                           "text_dim": 16, "ffn_dim": 32, "rope_max_seq_len": 32},
              tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6}),
+    # 720x1280, 81 frames: latents 21 x 90 x 160, 75600 tokens a block's self-attention
+    E2EModel("wan14b-720p", _wan14b, _wan_inputs, time_scale=1000.0,
+             sizes={"frames": 21, "h": 90, "w": 160}, in_all=False,
+             tiny_config={"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4,
+                          "text_dim": 16, "ffn_dim": 32, "rope_max_seq_len": 32},
+             tiny_sizes={"frames": 1, "h": 8, "w": 6, "text_len": 6}),
     E2EModel("flux1-1024", _flux1, _flux1_inputs, time_scale=1.0,
              tiny_config={"in_channels": 4, "attention_head_dim": 16, "num_attention_heads": 2,
                           "joint_attention_dim": 32, "pooled_projection_dim": 32, "axes_dims_rope": (4, 4, 8)},
@@ -418,6 +430,113 @@ def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, time
                       peak_gib=max(peaks[impl]) if mem else None, shape=shape, **extra))
         torch._dynamo.reset()
     return rows, quality, report
+
+
+# ---------------------------------------------------------------------------------------
+# 8-bit attention end to end (``ditfuse bench --e2e --fp8``)
+
+#: the models the 8-bit rows run by default, quickest first (a cut-short run keeps rows)
+FP8_MODELS = ("flux2-1024", "wan14b-480p", "hunyuan-video-544p", "wan14b-720p")
+#: their double-stream blocks (FLUX.2 / HunyuanVideo: + 2x single-stream), unless --layers
+FP8_LAYERS = {"wan14b-480p": 4, "wan14b-720p": 4, "flux2-1024": 1, "hunyuan-video-544p": 1}
+
+
+def fp8_patch_missing() -> str | None:
+    """Why this ditfuse's ``patch`` cannot install 8-bit attention, or None when it can: its
+    ``attention`` a plain bool ("fp8" would read as True and install the exact path without
+    a word)."""
+    import inspect
+
+    import ditfuse
+
+    sig = inspect.signature(ditfuse.patch)
+    param = sig.parameters.get("attention")
+    if param is None or (param.annotation in (bool, "bool") and "fp8" not in (ditfuse.patch.__doc__ or "")):
+        return (f"ditfuse.patch(model, attention='fp8') is not available in this ditfuse "
+                f"(patch{sig}): the 8-bit attention rows need it")
+    return None
+
+
+def patch_fp8(model):
+    """``ditfuse.patch(model, attention="fp8")``, or a RuntimeError saying why not."""
+    import ditfuse
+
+    missing = fp8_patch_missing()
+    if missing:
+        raise RuntimeError(missing)
+    try:
+        return ditfuse.patch(model, attention="fp8")
+    except (TypeError, ValueError) as e:
+        raise RuntimeError(f"ditfuse.patch(model, attention='fp8') failed: {e}") from e
+
+
+def run_model_fp8(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, timer, emit,
+                  compile_backend: str | None = "inductor", steps: int = 20, config=None,
+                  sizes=None, mem=None, rounds: int = 2, patch_8bit=None):
+    """One step three ways, each under ``torch.compile`` (``compile_backend``; eager where
+    None): unpatched (the baseline), ``ditfuse.patch`` (exact) and
+    ``ditfuse.patch(attention="fp8")`` (``patch_8bit``, default :func:`patch_fp8`), on
+    copies of one model; time a step in ``rounds`` interleaved rounds, the speed-up over the
+    baseline, and a ``steps``-step trajectory of each (the compiled callable) against the
+    unpatched eager one in ``dtype``: PSNR and max |diff| of the final latents. Returns
+    (rows {impl: ms}, quality {impl: {psnr, max_abs_diff}}, the two patch reports)."""
+    import ditfuse
+
+    patch_8bit = patch_8bit or patch_fp8
+    model = build_model(spec, layers, device, dtype, **(config or {}))
+    kw = spec.inputs(device, dtype, cfg=model.config, **(spec.sizes if sizes is None else sizes))
+    blocks = sum(1 for m in model.modules() if type(m).__name__.endswith("TransformerBlock"))
+    lat, txt = kw[spec.latent_key], kw.get("encoder_hidden_states")
+    shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
+    way = " compile" if compile_backend else " eager"
+    rows, quality, trajs, fns = {}, {}, {}, {}
+    limit = torch._dynamo.config.cache_size_limit
+    torch._dynamo.reset()
+    # three instances of one class share the forward's code: room for every instance's
+    # graph, so that none falls back to eager
+    torch._dynamo.config.cache_size_limit = max(limit, 64)
+    try:
+        with torch.no_grad():
+            ref = trajectory(model, kw, spec, steps)  # unpatched eager: the reference
+            exact, fp8 = copy.deepcopy(model), copy.deepcopy(model)
+            reports = (ditfuse.patch(exact), patch_8bit(fp8))
+            for name, m in (("unpatched", model), ("patched", exact), ("patched fp8", fp8)):
+                impl = name + way
+                fn = m
+                if compile_backend:
+                    fn = torch.compile(m, backend=compile_backend)
+                    fn(**kw)  # compiles
+                trajs[impl] = trajectory(fn, kw, spec, steps)
+                quality[impl] = _compare(trajs[impl], ref)
+                fns[impl] = lambda fn=fn: fn(**kw)
+            times = {impl: [] for impl in fns}
+            hosts = {impl: [] for impl in fns}
+            peaks = {impl: [] for impl in fns}
+            for _ in range(rounds):  # interleaved: the clock's drift weighs on each the same
+                for impl, fn in fns.items():
+                    if mem:
+                        mem.reset()
+                    times[impl].append(timer(fn))
+                    hosts[impl].append(getattr(timer, "host_ms", None))
+                    peaks[impl].append(mem.peak() if mem else None)
+            base = next(iter(fns))
+            for impl in fns:
+                rows[impl] = statistics.median(times[impl])
+            for impl in fns:
+                ms = rows[impl]
+                note = (f"{steps}-step trajectory vs unpatched eager {str(dtype).replace('torch.', '')}; "
+                        f"rounds " + "/".join(f"{t:.2f}" for t in times[impl]))
+                if all(h is not None for h in hosts[impl]):
+                    note += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
+                if impl.startswith("patched fp8") and torch.equal(trajs[impl], trajs["patched" + way]):
+                    note += "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
+                emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
+                          peak_gib=max(peaks[impl]) if mem else None, shape=shape, note=note,
+                          speedup=rows[base] / ms, **quality[impl]))
+    finally:
+        torch._dynamo.config.cache_size_limit = limit
+        torch._dynamo.reset()
+    return rows, quality, reports
 
 
 def _oom_note(err: BaseException) -> str:
@@ -587,12 +706,14 @@ def format_row(r: dict) -> str:
         return "-" if v is None else format(v, fmt)
 
     ms = "OOM" if r["ms"] is None and (r["note"] or "").startswith("OOM") else num(r["ms"], ".2f")
-    return (f"{r['model']:12s} {r['impl']:18s} {r['dtype']:8s} {num(r['blocks'], 'd'):>6s} {ms:>10s} "
+    return (f"{r['model']:12s} {r['impl']:20s} {r['dtype']:8s} {num(r['blocks'], 'd'):>6s} {ms:>10s} "
             f"{num(r['ms_per_block'], '.2f'):>9s} {num(r['peak_gib'], '.2f'):>8s} {num(r['psnr'], '.1f'):>7s} "
-            f"{num(r['max_abs_diff'], '.3g'):>9s}  {r['shape'] or ''}{'  ' + r['note'] if r['note'] else ''}")
+            f"{num(r['max_abs_diff'], '.3g'):>9s}  {r['shape'] or ''}"
+            f"{'  x' + format(r['speedup'], '.3f') + ' vs baseline' if r.get('speedup') is not None else ''}"
+            f"{'  ' + r['note'] if r['note'] else ''}")
 
 
-HEADER = (f"{'model':12s} {'impl':18s} {'dtype':8s} {'blocks':>6s} {'ms':>10s} {'ms/block':>9s} "
+HEADER = (f"{'model':12s} {'impl':20s} {'dtype':8s} {'blocks':>6s} {'ms':>10s} {'ms/block':>9s} "
           f"{'peak GiB':>8s} {'PSNR':>7s} {'max|d|':>9s}  shape / note")
 
 
@@ -603,12 +724,14 @@ def write_csv(path: str, rows) -> None:
         w.writerows(rows)
 
 
-def run_e2e(names, device: str, layers: int, csv_path: str, timer, slow_timer, mem=None,
+def run_e2e(names, device: str, layers, csv_path: str, timer, slow_timer, mem=None,
             compile_backend: str | None = "inductor", steps: int = 20, tiny: bool = False,
-            out=sys.stdout, rounds: int = 3) -> int:
+            out=sys.stdout, rounds: int = 3, fp8: bool = False) -> int:
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
-    test's configs and sizes through the same builders. Returns the number of failures."""
+    test's configs and sizes through the same builders. ``layers``: a count, or a count per
+    model name. ``fp8``: :func:`run_model_fp8`'s three ways instead of the four (transformers
+    only). Returns the number of failures."""
     rows, failed = [], 0
 
     def emit(r):
@@ -621,11 +744,21 @@ def run_e2e(names, device: str, layers: int, csv_path: str, timer, slow_timer, m
         spec = E2E_MODELS[n]
         t0 = time.time()
         kw = {"config": spec.tiny_config, "sizes": spec.tiny_sizes} if tiny else {}
+        n_layers = layers[n] if isinstance(layers, dict) else layers
         try:
-            if spec.kind == "vae-decode":
+            if fp8:
+                if spec.kind != "transformer":
+                    print(f"  {n}: no 8-bit attention rows (not a transformer)", file=out, flush=True)
+                    continue
+                _, _, reports = run_model_fp8(spec, device, torch.bfloat16, n_layers, timer, emit,
+                                              compile_backend=compile_backend, steps=steps, mem=mem,
+                                              rounds=rounds, **kw)
+                print(f"  ditfuse.patch: {reports[0]}\n  ditfuse.patch(attention='fp8'): {reports[1]}",
+                      file=out, flush=True)
+            elif spec.kind == "vae-decode":
                 run_same(spec, device, slow_timer, emit, mem=mem, **kw)
             else:
-                _, _, report = run_model(spec, device, torch.bfloat16, layers, timer, emit,
+                _, _, report = run_model(spec, device, torch.bfloat16, n_layers, timer, emit,
                                          compile_backend=compile_backend, steps=steps, mem=mem,
                                          rounds=rounds, **kw)
                 print(f"  ditfuse.patch: {report}", file=out, flush=True)
@@ -639,13 +772,17 @@ def run_e2e(names, device: str, layers: int, csv_path: str, timer, slow_timer, m
 
 
 def main(args) -> int:
-    """Called by ``ditfuse bench --e2e``."""
+    """Called by ``ditfuse bench --e2e`` (``--fp8``: the 8-bit attention rows)."""
     import datetime as _dt
     import os
 
     import triton
 
-    names = list(E2E_MODELS) if args.models == "all" else [n.strip() for n in args.models.split(",") if n.strip()]
+    fp8 = getattr(args, "fp8", False)
+    if args.models == "all":
+        names = list(FP8_MODELS) if fp8 else [n for n, s in E2E_MODELS.items() if s.in_all]
+    else:
+        names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in E2E_MODELS]
     if unknown or not names:
         print(f"ditfuse bench --e2e: unknown model(s) {unknown}; known: {','.join(E2E_MODELS)}", file=sys.stderr)
@@ -653,18 +790,35 @@ def main(args) -> int:
     if not torch.cuda.is_available():
         print("ditfuse bench --e2e: no CUDA GPU here", file=sys.stderr)
         return 2
+    if fp8 and fp8_patch_missing():
+        print(f"ditfuse bench --e2e --fp8: {fp8_patch_missing()}", file=sys.stderr)
+        return 2
     compile_backend = None if getattr(args, "no_compile", False) else "inductor"
+    layers = getattr(args, "layers", None)
+    if layers is None:
+        layers = {n: FP8_LAYERS.get(n, 2) for n in names} if fp8 else 2
+    rounds = getattr(args, "rounds", None) or (2 if fp8 else 5)
+    steps = getattr(args, "steps", 20)
+    blocks = (", ".join(f"{n} {v}" for n, v in layers.items()) if isinstance(layers, dict)
+              else str(layers))
+    if fp8:
+        what = (f"8-bit attention: unpatched, patched, patched with attention='fp8'"
+                f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
+                f"trajectories against unpatched eager bf16; {rounds} timing rounds")
+    else:
+        what = (f"{'' if compile_backend else 'no compile rows; '}SAME-L: full size, decode, bf16 and fp32; "
+                f"peak GiB includes the weights")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; random "
-          f"weights. Transformers: bf16, {args.layers} double-stream blocks (FLUX, HunyuanVideo: + 2x single)"
-          f"{'' if compile_backend else ', no compile rows'}. SAME-L: full size, decode, bf16 and fp32; "
-          f"peak GiB includes the weights.", flush=True)
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, f"e2e-{torch.cuda.get_device_name().replace(' ', '-')}-"
-                                      f"{_dt.date.today().isoformat()}.csv")
+          f"weights. Transformers: bf16, double-stream blocks {blocks} (FLUX, HunyuanVideo: + 2x single). "
+          f"{what}.", flush=True)
+    out_dir = getattr(args, "out_dir", None) or "benchmarks/results"
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"e2e{'-fp8' if fp8 else ''}-{torch.cuda.get_device_name().replace(' ', '-')}-"
+                                 f"{_dt.date.today().isoformat()}.csv")
     t0 = time.time()
-    failed = run_e2e(names, "cuda", args.layers, path,
+    failed = run_e2e(names, "cuda", layers, path,
                      timer=loop_timer(),  # ms a step, per round
                      slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend,
-                     rounds=5)
+                     rounds=rounds, steps=steps, fp8=fp8)
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0

@@ -223,3 +223,39 @@ GN_SHAPES = {s.name: s for s in [
     GNShape("wan-vae-out-480p", "Wan2.1 VAE decoder 480p, norm_out", (1, 96, 4, 480, 832),
             op="rms"),
 ]}
+
+
+@dataclass(frozen=True)
+class FullAttnShape:
+    """One full (unmasked) self-attention call of a model: q, k, v (B, S, H, D), every query
+    over every key, as the model's attention processor hands it to SDPA (joint attention:
+    the text tokens concatenated to the image / video tokens)."""
+
+    name: str
+    model: str
+    S: int
+    H: int
+    D: int = 128
+    B: int = 1
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds of Q K^T and P V, two flops each: 4 B H S^2 D."""
+        return 4 * self.B * self.H * self.S * self.S * self.D
+
+    def small(self, S: int = 40) -> "FullAttnShape":
+        """The same head_dim with few tokens and two heads, for the interpreter."""
+        return replace(self, S=min(S, self.S), H=min(self.H, 2))
+
+
+FULL_ATTN_SHAPES = {s.name: s for s in [
+    FullAttnShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f (self-attention)", 21 * 30 * 52, 40),
+    FullAttnShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f (self-attention)", 21 * 45 * 80, 40),
+    # 544x960, 129 frames: 33 x 34 x 60 video tokens + 256 text tokens, joint attention
+    FullAttnShape("hunyuan-video-544p-129f", "HunyuanVideo 544x960 129f", 33 * 34 * 60 + 256, 24),
+    FullAttnShape("flux2-1024", "FLUX.2-dev 1024^2 (joint attention)", 4096 + 512, 48),
+    # head_dim 64: CogVideoX-5B at 720x480, 49 frames (13 x 30 x 45 video tokens + 226 text
+    # tokens, 48 heads of 64)
+    FullAttnShape("cogvideox-5b-480p", "CogVideoX-5B 720x480 49f (joint attention)",
+                  13 * 30 * 45 + 226, 48, 64),
+]}

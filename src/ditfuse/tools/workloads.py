@@ -213,3 +213,65 @@ def adaln_eager(shape):
         def residual(s):  # the FFN residual: (x.float() + ff.float() * c_gate).type_as(x)
             return (s["x"].float() + s["y"].float() * s["gate"]).type_as(s["x"])
     return mod, res, residual
+
+
+# --------------------------------------------------------------------------------------
+# Full attention (the 8-bit attention rows): inputs, the fp64 reference on a subset
+
+#: the two kinds of q / k the accuracy columns are measured on
+ATTN_INPUT_KINDS = ("randn", "rmsnorm")
+
+
+def full_attention_inputs(shape, device, dtype=torch.bfloat16, kind: str = "randn", seed: int = 0):
+    """q, k, v (B, S, H, D) in ``dtype``. ``kind="randn"``: every element N(0, 1).
+    ``kind="rmsnorm"``: q and k after a per-head RMSNorm (over D, eps 1e-6) with random
+    per-channel weights ``w = clamp(1 + 0.5 * N(0, 1), min=0.1)`` of their own (shape (D,),
+    shared by the heads, as FLUX's / HunyuanVideo's norm_q / norm_k), computed in fp32 and
+    rounded once; v N(0, 1) in both kinds."""
+    if kind not in ATTN_INPUT_KINDS:
+        raise ValueError(f"kind must be one of {ATTN_INPUT_KINDS}, got {kind!r}")
+    g = torch.Generator(device=device).manual_seed(seed)
+    sz = (shape.B, shape.S, shape.H, shape.D)
+    q, k, v = (torch.randn(sz, generator=g, device=device, dtype=torch.float32) for _ in range(3))
+    if kind == "rmsnorm":
+        def norm(x):
+            w = (1 + 0.5 * torch.randn(shape.D, generator=g, device=device)).clamp_min(0.1)
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+        q, k = norm(q), norm(k)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def attention_subset(S: int, H: int, rows: int = 2048, heads: int = 2, device="cpu"):
+    """(query rows, heads) of the accuracy subset: ``rows`` query positions evenly spread
+    over the sequence (all of them when S <= rows) and ``heads`` heads evenly spread (the
+    first and the last of two)."""
+    r = torch.linspace(0, S - 1, min(rows, S), device=device).round().long().unique()
+    h = torch.linspace(0, H - 1, min(heads, H), device=device).round().long().unique()
+    return r, h
+
+
+def attention_reference_subset(q, k, v, rows, heads, scale=None, chunk: int = 256):
+    """fp64 softmax attention of the chosen query rows and heads over every key: (B, R, h, D)
+    float64, the same positions as ``out[:, rows][:, :, heads]`` of a (B, S, H, D) output."""
+    D = q.shape[-1]
+    scale = 1.0 / D**0.5 if scale is None else scale
+    kh = k[:, :, heads].double().transpose(1, 2)   # (B, h, S, D)
+    vh = v[:, :, heads].double().transpose(1, 2)
+    outs = []
+    for i in range(0, rows.numel(), chunk):
+        qh = q[:, rows[i:i + chunk]][:, :, heads].double().transpose(1, 2)  # (B, h, r, D)
+        p = torch.softmax(qh @ kh.transpose(-1, -2) * scale, dim=-1)
+        outs.append((p @ vh).transpose(1, 2))
+        del p
+    return torch.cat(outs, 1)
+
+
+def subset_errors(out, ref, rows, heads) -> tuple:
+    """(cosine similarity, relative L2 error) of ``out[:, rows][:, :, heads]`` (a (B, S, H, D)
+    output) flattened against ``ref`` (:func:`attention_reference_subset`)."""
+    a = out[:, rows][:, :, heads].double().flatten()
+    b = ref.flatten()
+    cos = (a @ b / (a.norm() * b.norm())).item()
+    rel = ((a - b).norm() / b.norm()).item()
+    return cos, rel
