@@ -368,6 +368,26 @@ def test_norm_across_heads_against_the_flat_path(monkeypatch, poison_quant):
                 + tol["rtol"] * yr.abs() + floor).all()
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_fallback_without_kernels(fmt, monkeypatch, poison_quant):
+    """Where Triton cannot run (e.g. CPU tensors on a CUDA machine): the fp32 reference's
+    output, quantized by quantize_per_token -- the reference's own quantize= result."""
+    g = torch.Generator().manual_seed(6)
+    q = (torch.randn(2, 3, 4, 16, generator=g) * 2).to(torch.bfloat16).to(DEVICE)
+    k = (torch.randn(2, 3, 4, 16, generator=g) * 2).to(torch.bfloat16).to(DEVICE)
+    cos, sin = rope_tables(4, 16, style="half")
+    norm = NormSpec("layer", weight=(torch.randn(16, generator=g) + 1).to(DEVICE), eps=1e-5)
+    kw = dict(q_norm=norm, k_norm=norm, rope_style="half", layout="bhsd")
+    monkeypatch.setattr(mod.backend, "kernel_device_ok", lambda t: False)
+    got = ditfuse.qk_norm_rope(q, k, cos, sin, quantize=fmt, **kw)
+    want = ditfuse.qk_norm_rope_reference(q, k, cos, sin, quantize=fmt, **kw)
+    assert got.q_scale.shape == (2, 3, 4)
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+    _check_written(got, fmt, "bhsd", 3)
+
+
 @torch.no_grad()
 def test_bad_arguments():
     g = torch.Generator().manual_seed(2)
