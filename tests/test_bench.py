@@ -107,3 +107,139 @@ def test_chart_one_panel_per_op(tmp_path):
     path = tmp_path / "c.png"
     bench._chart(rows, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _fake_sage(monkeypatch, calls):
+    """A ``sageattention`` module whose ``sageattn`` is SDPA on (B, S, H, D) tensors and,
+    like the real one (smooth_k), subtracts the keys' mean from k in place."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    def sageattn(q, k, v, tensor_layout="HND", is_causal=False):
+        assert tensor_layout == "NHD" and not is_causal
+        calls.append(k)
+        k -= k.mean(dim=1, keepdim=True)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return o.transpose(1, 2)
+
+    monkeypatch.setitem(sys.modules, "sageattention", types.SimpleNamespace(sageattn=sageattn))
+
+
+def test_attention_fp8_bench_case_on_cpu(monkeypatch):
+    """Every 8-bit attention impl gives a row at a small shape (the interpreter): backends
+    the CPU refuses say so, the fastest SDPA backend is named, speed-ups and accuracy
+    against float64 on both input kinds are filled where a method ran; SageAttention
+    gets its own copy of k (it changes k in place)."""
+    import math
+    from dataclasses import replace
+
+    from ditfuse.tools.shapes import FULL_ATTN_SHAPES
+
+    rows, sage_k = {}, []
+    _fake_sage(monkeypatch, sage_k)
+
+    def emit(op, shape, impl, dtype, us, gbps, pct, **extra):
+        assert op == "attention_fp8" and math.isnan(gbps) and math.isnan(pct)
+        rows[impl] = dict(us=us, **extra)
+
+    us = {"n": 0}
+
+    def timer(fn):
+        fn()
+        us["n"] += 1
+        return 10.0 * us["n"]  # sdpa-flash 10, sage 20, ditfuse-fp8 30, prologue 40
+
+    shape = replace(FULL_ATTN_SHAPES["flux2-1024"], S=24, H=2)
+    bench.bench_attention_fp8(shape, torch.bfloat16, float("nan"), emit, set(bench.ATTN_FP8_IMPLS),
+                              device="cpu", timer=timer)
+    assert list(rows) == ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-best", "sage",
+                          "ditfuse-fp8", "ditfuse-fp8-prologue"]
+    for impl in ("sdpa-cudnn", "sdpa-efficient"):  # not on the CPU
+        r = rows[impl]
+        assert math.isnan(r["us"]) and r["note"].startswith("refused"), r
+        assert all(math.isnan(r[c]) for c in bench.ACCURACY_COLUMNS), r
+    assert rows["sdpa-best"]["note"] == "= sdpa-flash" and rows["sdpa-best"]["us"] == 10.0
+    for impl, t in (("sdpa-flash", 10.0), ("sage", 20.0), ("ditfuse-fp8", 30.0),
+                    ("ditfuse-fp8-prologue", 40.0)):
+        r = rows[impl]
+        assert r["us"] == t and not r["note"], r
+        assert r["tflops"] == pytest.approx(shape.flops / (t * 1e-6) / 1e12)
+        assert r["x_best_sdpa"] == pytest.approx(10.0 / t) and r["x_sage"] == pytest.approx(20.0 / t)
+        exact = not impl.startswith("ditfuse")  # 16-bit: one rounding of the output
+        for kind in ("randn", "rmsnorm"):
+            cos, rel = r[f"cos_{kind}"], r[f"rel_l2_{kind}"]
+            assert (cos > 1 - 1e-5 and rel < 2**-7) if exact else (cos > 0.99 and rel < 0.1), (impl, r)
+    # sageattn saw a copy of k (one per input kind), never the tensor the others read
+    assert len(sage_k) == 3 and sage_k[0] is sage_k[1] and sage_k[2] is not sage_k[0]
+
+
+def test_attention_fp8_unavailable_sage_and_failures_are_rows(monkeypatch):
+    """No SageAttention: an "unavailable" row, no x_sage anywhere; a method that raises: a row
+    with the error, the others still timed."""
+    import math
+    import sys
+    from dataclasses import replace
+
+    from ditfuse.tools.shapes import FULL_ATTN_SHAPES
+
+    monkeypatch.setitem(sys.modules, "sageattention", None)  # import fails
+    methods = bench.attention_fp8_methods()
+
+    def broken(q, k, v):
+        raise ValueError("no such kernel")
+
+    monkeypatch.setattr(bench, "attention_fp8_methods",
+                        lambda: [m if m[0] != "ditfuse-fp8" else ("ditfuse-fp8", broken) for m in methods])
+    rows = {}
+    bench.bench_attention_fp8(replace(FULL_ATTN_SHAPES["cogvideox-5b-480p"], S=16, H=1), torch.bfloat16,
+                              float("nan"), lambda *a, **kw: rows.setdefault(a[2], dict(us=a[4], **kw)),
+                              {"sdpa-flash", "sage", "ditfuse-fp8"}, device="cpu",
+                              timer=lambda f: (f(), 5.0)[1])
+    assert list(rows) == ["sdpa-flash", "sdpa-best", "sage", "ditfuse-fp8"]
+    assert rows["sage"]["note"].startswith("unavailable") and math.isnan(rows["sage"]["us"])
+    assert rows["ditfuse-fp8"]["note"] == "error (randn): ValueError: no such kernel"
+    assert rows["sdpa-flash"]["us"] == 5.0 and math.isnan(rows["sdpa-flash"]["x_sage"])
+
+
+def test_bench_smoke_attention_fp8_writes_the_csv(tmp_path, capsys):
+    """``ditfuse bench --smoke --op attention-fp8`` on the CPU: the registry runner, the CSV
+    (the 8-bit columns, the notes quoted) and the summary; fp32 is no 8-bit attention dtype."""
+    import csv
+
+    assert bench.main(["--smoke", "--op", "attention-fp8", "--shapes", "flux2-1024",
+                       "--dtypes", "bf16,fp32", "--impls", "sdpa-cudnn,sdpa-flash,ditfuse-fp8-prologue",
+                       "--out-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "8-bit attention (time: CUDA graph replay" in out
+    (path,) = tmp_path.glob("cpu-smoke-*.csv")
+    with open(path) as f:
+        got = list(csv.DictReader(f))
+    assert list(got[0]) == bench.COLUMNS
+    assert [(r["op"], r["shape"], r["dtype"], r["impl"]) for r in got] == [
+        ("attention_fp8", "flux2-1024", "bf16", i)
+        for i in ("sdpa-cudnn", "sdpa-flash", "sdpa-best", "ditfuse-fp8-prologue")]
+    assert got[0]["us"] == "nan" and got[0]["note"].startswith("refused")
+    assert float(got[3]["us"]) > 0 and 0.99 < float(got[3]["cos_rmsnorm"]) <= 1.0
+    assert not list(tmp_path.glob("*.png"))  # no bytes model, no % of the copy ceiling: no chart
+
+
+def test_csv_extra_columns(tmp_path):
+    """Rows of ops without the 8-bit columns leave them empty; a note with a comma stays one
+    field."""
+    import csv
+    import math
+
+    base = dict(op="o", shape="s", impl="i", dtype="bf16", us=1.0, gbps=2.0, pct_copy=3.0, gpu="G",
+                torch="t", triton="t", date="d")
+    rows = [base, dict(base, us=float("nan"), tflops=float("nan"), x_best_sdpa=1.5,
+                       cos_randn=0.123456789, note="refused: a, b")]
+    path = tmp_path / "r.csv"
+    bench._write_csv(rows, str(path))
+    with open(path) as f:
+        got = list(csv.DictReader(f))
+    assert got[0]["us"] == "1.00" and got[0]["tflops"] == "" and got[0]["note"] == ""
+    assert got[1]["us"] == "nan" and math.isnan(float(got[1]["tflops"]))
+    assert got[1]["x_best_sdpa"] == "1.500" and got[1]["cos_randn"] == "0.12345679"
+    assert got[1]["note"] == "refused: a, b"

@@ -244,3 +244,84 @@ def test_loop_timer_runs_steps_back_to_back():
     timer = e2e.loop_timer(min_ms=50, settle_ms=60, warmup=2, min_steps=3)
     timer(step)
     assert 6 + 4 <= len(calls) <= 7 + 6, len(calls)  # the warm-up lasts ~60 ms
+
+
+def test_fp8_patch_guard(monkeypatch):
+    """A ditfuse whose patch() takes ``attention`` as a plain bool (``"fp8"`` would read as
+    True and install the exact path) is refused with a clear error before anything runs; a
+    patch that rejects the value surfaces as the same error kind."""
+    def old_patch(obj, *, qk_norm_rope: bool = True, attention: bool = True):
+        return None
+
+    monkeypatch.setattr(ditfuse, "patch", old_patch)
+    assert "attention='fp8') is not available" in e2e.fp8_patch_missing()
+    with pytest.raises(RuntimeError, match=r"attention='fp8'\) is not available"):
+        e2e.patch_fp8(torch.nn.Linear(2, 2))
+
+    def rejecting_patch(obj, *, attention: "bool | str" = True):
+        raise ValueError("attention must be True, False or 'fp8'")
+
+    monkeypatch.setattr(ditfuse, "patch", rejecting_patch)
+    assert e2e.fp8_patch_missing() is None
+    with pytest.raises(RuntimeError, match="failed: attention must be"):
+        e2e.patch_fp8(torch.nn.Linear(2, 2))
+
+
+def test_cli_parses_e2e_fp8_flags(capsys):
+    from ditfuse.tools import bench
+
+    if torch.cuda.is_available():
+        pytest.skip("would run the GPU benchmark")
+    assert bench.main(["--e2e", "--fp8", "--models", "wan14b-720p,flux2-1024", "--layers", "1",
+                       "--steps", "2", "--rounds", "1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert bench.main(["--e2e", "--fp8", "--models", "wan14b-1080p"]) == 2
+    assert "unknown model(s) ['wan14b-1080p']" in capsys.readouterr().err
+    assert set(e2e.FP8_MODELS) <= set(e2e.E2E_MODELS) and set(e2e.FP8_LAYERS) == set(e2e.FP8_MODELS)
+    assert not e2e.E2E_MODELS["wan14b-720p"].in_all  # `--e2e` alone keeps its four-way models
+
+
+@pytest.mark.slow
+def test_run_e2e_fp8_rows_tiny(tmp_path, monkeypatch):
+    """run_e2e(fp8=True): three rows a transformer (unpatched, patched, patched with the 8-bit
+    patcher), the speed-up over the first, trajectories against unpatched eager; the VAE is
+    skipped. The 8-bit patcher here is the exact patch, so its row carries the warning that
+    no 8-bit attention ran."""
+    monkeypatch.setattr(e2e, "patch_fp8", lambda m: ditfuse.patch(m))
+    out, path = io.StringIO(), tmp_path / "e2e.csv"
+    t = iter([2.0, 1.0, 0.5] * 2)
+    failed = e2e.run_e2e(["wan14b-720p", "same-l"], DEVICE, 1, str(path), timer=lambda f: (f(), next(t))[1],
+                         slow_timer=None, compile_backend=None, steps=1, tiny=True, out=out, rounds=2,
+                         fp8=True)
+    log = out.getvalue()
+    assert failed == 0, log
+    assert "same-l: no 8-bit attention rows" in log
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["impl"] for r in rows] == ["unpatched eager", "patched eager", "patched fp8 eager"], log
+    assert [float(r["speedup"]) for r in rows] == [1.0, 2.0, 4.0]
+    assert rows[0]["note"].startswith("1-step trajectory vs unpatched eager bfloat16; rounds 2.00/2.00")
+    for r in rows:  # bf16: the exact patch is bitwise the unpatched model
+        assert float(r["max_abs_diff"]) == 0.0 and math.isinf(float(r["psnr"])), r
+    assert "WARNING: trajectory equal to the exact patch's" in rows[2]["note"]
+    assert "WARNING" not in rows[1]["note"]
+
+
+@pytest.mark.slow
+def test_run_model_fp8_head_dim_64():
+    """The real ``patch(attention="fp8")`` on tiny FLUX.2 with 64-wide heads (an 8-bit head
+    width), under torch.compile (dynamo, eager backend): the 8-bit trajectory differs from the
+    exact one by rounding only."""
+    if e2e.fp8_patch_missing():
+        pytest.skip(e2e.fp8_patch_missing())
+    spec = e2e.E2E_MODELS["flux2-1024"]
+    cfg = dict(spec.tiny_config, attention_head_dim=64, num_attention_heads=1, axes_dims_rope=(16, 16, 16, 16))
+    rows = []
+    _, quality, reports = e2e.run_model_fp8(spec, DEVICE, torch.bfloat16, 1, lambda f: (f(), 1.0)[1], rows.append,
+                                            compile_backend="eager", steps=1, config=cfg,
+                                            sizes=spec.tiny_sizes, rounds=1)
+    assert [r["impl"] for r in rows] == ["unpatched compile", "patched compile", "patched fp8 compile"]
+    assert quality["patched compile"]["max_abs_diff"] == 0.0
+    fp8 = quality["patched fp8 compile"]
+    assert 0 < fp8["max_abs_diff"] and 35 < fp8["psnr"] < float("inf"), fp8
+    assert "WARNING" not in rows[2]["note"]
