@@ -16,7 +16,7 @@ import triton.language as tl
 import ditfuse
 from ditfuse import NormSpec, QuantizedQK
 from ditfuse.kernels.element import _cast_out
-from ditfuse.kernels.qk_token import _quant_values
+from ditfuse.kernels.qk_token import _quant_ptr, _quant_values
 from ditfuse.runtime.backend import jit
 from ditfuse.reference import ROUNDING, quantize_per_token
 from ditfuse.runtime import fastpath
@@ -270,7 +270,8 @@ def _rounding_kernel(y_ptr, o_ptr, scale, N, BLOCK: tl.constexpr, QUANT: tl.cons
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     y = tl.load(y_ptr + i, mask=m, other=0.0)
-    tl.store(o_ptr + i, _cast_out(_quant_values(y, scale, QUANT), o_ptr.dtype.element_ty),
+    qo_ptr = _quant_ptr(o_ptr, QUANT)
+    tl.store(qo_ptr + i, _cast_out(_quant_values(y, scale, QUANT), qo_ptr.dtype.element_ty),
              mask=m)
 
 

@@ -229,20 +229,41 @@ def _e4m3_rn(t):
 
 
 @jit
+def _e4m3_code(r):
+    """The float8 e4m3fn bit pattern (0..255, uint32) of fp32 ``r``, a value of the e4m3
+    grid (``_e4m3_rn``)."""
+    u = r.to(tl.uint32, bitcast=True)
+    a = u & 0x7FFFFFFF
+    af = a.to(tl.float32, bitcast=True)
+    normal = (a >> 20) - 960  # exponent and 3 fraction bits, the bias 127 rebased to 7
+    sub = (af * 512.0).to(tl.uint32)  # below 2^-6: multiples of 2^-9 (8 -> 2^-6, 0x08)
+    return tl.where(af < 0.015625, sub, normal) | ((u >> 24) & 0x80)
+
+
+@jit
 def _quant_values(y, scale, QUANT: tl.constexpr):
-    """``y / scale`` (IEEE division) rounded to the 8-bit format's grid, still fp32 (the
-    store's cast then converts an exactly representable value): int8 half to even, clamped
-    to [-127, 127]; fp8 e4m3 to nearest even (``_e4m3_rn``). Rounding here rather than in
-    the cast keeps the bits independent of how a conversion is lowered: Triton's interpreter
-    rounds fp32 -> float8e4nv by the first cut-off bit alone (ties away, no sticky bits)."""
+    """``y / scale`` (IEEE division) rounded to the 8-bit format, as ``_quant_ptr``'s
+    pointer stores it: int8 half to even, clamped to [-127, 127] (integral fp32); fp8 e4m3 to
+    nearest even, as its bit pattern. Rounding in arithmetic rather than by a conversion
+    keeps the bits independent of how one is lowered (Triton's interpreter rounds fp32 ->
+    float8e4nv by the first cut-off bit alone: ties away, no sticky bits) and of whether
+    the GPU converts to float8 at all (sm_89+)."""
     t = tl.div_rn(y, scale)
     if QUANT == 1:
         # round half to even: adding 1.5 * 2^23 leaves no fraction bits (exact for |t| < 2^22)
         t = (t + 12582912.0) - 12582912.0
-        t = tl.minimum(tl.maximum(t, -127.0), 127.0)
+        return tl.minimum(tl.maximum(t, -127.0), 127.0)
     else:
-        t = _e4m3_rn(t)
-    return t
+        return _e4m3_code(_e4m3_rn(t))
+
+
+@jit
+def _quant_ptr(o_ptr, QUANT: tl.constexpr):
+    """Where ``_quant_values`` are stored: the int8 output, or the float8 output's bytes."""
+    if QUANT == 2:
+        return o_ptr.to(tl.pointer_type(tl.uint8))
+    else:
+        return o_ptr
 
 
 @jit
@@ -270,13 +291,14 @@ def _quantize_store(o_ptr, obase, hh, hmask, stride_oh, stride_od, sc_ptr, scbas
         scale = tl.div_rn(amax, 448.0)
     scale = tl.where(amax == 0.0, 1.0, scale)
     tl.store(sc_ptr + scbase + hh.to(tl.int64) * stride_sch, scale, mask=hmask)
-    _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od,
+    qo_ptr = _quant_ptr(o_ptr, QUANT)
+    _store_pairs(qo_ptr, obase, hh, hmask, stride_oh, stride_od,
                  _quant_values(oa, scale, QUANT), _quant_values(ob, scale, QUANT),
                  NH, R2, HALF_PAD, INTERLEAVED, False)
     if P > 0:
         jp = tl.arange(0, PASS_PAD)[None, :]
-        tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
-                 _cast_out(_quant_values(yp, scale, QUANT), o_ptr.dtype.element_ty), mask=mp)
+        tl.store(qo_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
+                 _cast_out(_quant_values(yp, scale, QUANT), qo_ptr.dtype.element_ty), mask=mp)
 
 
 @jit
