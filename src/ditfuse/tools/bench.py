@@ -434,7 +434,8 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
     prologue-quantized q / k, on the same inputs.
 
     Time: ``graph_us`` (one call captured in a CUDA graph, replayed, L2 flushed before every
-    replay: GPU time only) on random normal q / k / v; TFLOP/s = 4 B H S^2 D / time; the
+    replay: GPU time only; do_bench's eager median, noted, for a method a graph cannot
+    capture) on random normal q / k / v; TFLOP/s = 4 B H S^2 D / time; the
     speed-ups are over the fastest SDPA backend (also a row of its own, ``sdpa-best``, its
     note naming the backend) and over SageAttention. Accuracy, for both input kinds
     (``workloads.full_attention_inputs``: N(0, 1), and q / k after an RMSNorm with random
@@ -450,10 +451,23 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
                                          attention_subset, full_attention_inputs,
                                          subset_errors)
 
-    timer = timer or graph_us
     gpu = device != "cpu"
+
+    def timed(fn):
+        """(us, note): the CUDA-graph time; where a method cannot be captured, do_bench's
+        eager median, saying so."""
+        if timer is not None:
+            return timer(fn), ""
+        try:
+            return graph_us(fn), ""
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            torch.cuda.synchronize()
+            return _median_us(fn), f"timed without a CUDA graph ({_short(e, 120)})"
+
     methods = [(i, p) for i, p in attention_fp8_methods() if i in impls]
-    res = {i: dict(us=float("nan"), note="", acc={}) for i, _ in methods}
+    res = {i: dict(us=float("nan"), note="", acc={}, timing="") for i, _ in methods}
     rows, heads = attention_subset(shape.S, shape.H, accuracy_rows, accuracy_heads, device)
     for kind in ATTN_INPUT_KINDS:
         q, k, v = full_attention_inputs(shape, device, dtype, kind, seed=0)
@@ -472,7 +486,7 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
                         r["acc"][kind] = subset_errors(out, ref, rows, heads)
                         out = None
                         if kind == "randn":
-                            r["us"] = timer(fn)
+                            r["us"], r["timing"] = timed(fn)
                 except ImportError as e:
                     r["note"] = f"unavailable: {_short(e)}"
                 except torch.cuda.OutOfMemoryError as e:
@@ -508,7 +522,8 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
              tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
              x_best_sdpa=best_us / us if math.isfinite(us) else nan,
              x_sage=sage_us / us if math.isfinite(us) else nan,
-             **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS}, note=r["note"])
+             **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS},
+             note="; ".join(x for x in (r["note"], r["timing"]) if x))
 
 
 def _chart(rows, path):
