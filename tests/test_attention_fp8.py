@@ -270,3 +270,14 @@ def test_gpu_band():
     out = ditfuse.attention(q, k, v, precision="fp8", window=(300, 200))
     cos, rel = metrics(out, reference64(q, k, v, (300, 200)))
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+@pytest.mark.slow
+def test_check_gates_small():
+    """``ditfuse check``'s 8-bit attention and quantizing-prologue gates pass (few tokens)."""
+    from ditfuse.tools.check import Gates
+    from ditfuse.tools import check_attention_fp8
+
+    g = Gates(echo=False)
+    check_attention_fp8.check_gates(g, DEVICE, True)
+    assert len(g.rows) == check_attention_fp8.planned() and g.ok, g.table()

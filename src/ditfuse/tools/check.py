@@ -18,6 +18,7 @@ from ditfuse.norms import NormSpec
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse import qk_norm_rope_reference
 from ditfuse.tools.check_attention import check_gates as attention_gates
+from ditfuse.tools import check_attention_fp8
 from ditfuse.tools.check_group_norm import check_gates as group_norm_gates
 from ditfuse.tools.shapes import QK_SHAPES
 from ditfuse.tools.workloads import eager_fn, qk_inputs, rope_table
@@ -438,6 +439,7 @@ def planned_gates(small: bool, int64: bool) -> int:
     n = len(QK_SHAPES) * nd + len(_LAYOUT_STYLES) * len(_LAYOUT_HEADS)
     n += len(ADALN_SHAPES) * nd + len(ACT_SHAPES) * nd
     n += _group_norm_count(small) + 4  # swa: fp32 / bf16, plain / differential
+    n += check_attention_fp8.planned()
     have = find_spec("diffusers") is not None
     n += 2 * len(CASES) if have else 1  # bf16 and fp32 each, or one SKIP row
     n += 2 * len(VAE_CASES) if have else 1
@@ -469,6 +471,7 @@ def main(argv=None) -> int:
     activation_accuracy(g, device, small, dtypes)
     group_norm_gates(g, device, small)
     attention_gates(g, device, small)
+    check_attention_fp8.check_gates(g, device, small)
     patch_gates(g, device)
     vae_patch_gates(g, device)
     if int64:

@@ -1,0 +1,95 @@
+"""``ditfuse check`` gates of 8-bit attention and its quantizing prologue."""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+import ditfuse
+from ditfuse.ops import attention_fp8 as A
+from ditfuse.reference import attention_8bit_core, quantize_per_token
+
+#: the accuracy 8-bit attention promises against float64 (docs/attention_fp8.md)
+COS_MIN = 0.999
+REL_L2_MAX = 0.05
+#: the kernel against its PyTorch emulation (same operands; P rounded against the running max)
+KERNEL_VS_EMULATION = 0.03
+
+#: (name, H, S, D) at production size; the interpreter runs S_SMALL tokens of 2 heads
+SHAPES = [("wan14b-480p", 40, 32760, 128), ("flux2-1024", 48, 4608, 128),
+          ("d64", 16, 4096, 64)]
+KINDS = ("randn", "rmsnorm")
+S_SMALL = 160
+#: heads and query rows the float64 reference evaluates (all keys)
+REF_HEADS = 2
+REF_ROWS = 1024
+
+
+def planned() -> int:
+    return len(SHAPES) * len(KINDS) + 2
+
+
+def _metrics(o, r):
+    o, r = o.double().flatten(), r.double().flatten()
+    return (o @ r / (o.norm() * r.norm())).item(), ((o - r).norm() / r.norm()).item()
+
+
+@torch.no_grad()
+def check_gates(g, device, small: bool):
+    """Accuracy of ``attention(precision="fp8")`` (16-bit q / k / v in, the op quantizing
+    them) against float64 on a subset of heads and rows, and against its emulation; the
+    prologue's 8-bit output bitwise equal to the quantization of its 16-bit output."""
+    for name, H, S, D in SHAPES:
+        if small:
+            H, S = 2, S_SMALL
+        for kind in KINDS:
+            gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{name} {kind}".encode()))
+            q, k, v = (torch.randn(1, S, H, D, generator=gen, device=device).bfloat16()
+                       for _ in range(3))
+            if kind == "rmsnorm":
+                w = (1 + 0.5 * torch.randn(D, generator=gen, device=device)).abs() + 0.1
+                q = (F.rms_norm(q.float(), (D,)) * w).bfloat16()
+                k = (F.rms_norm(k.float(), (D,)) * w).bfloat16()
+            out = ditfuse.attention(q, k, v, precision="fp8")
+            heads = torch.linspace(0, H - 1, min(REF_HEADS, H), device=device).long()
+            rows = torch.linspace(0, S - 1, min(REF_ROWS, S), device=device).long()
+            qd = q[:, rows][:, :, heads].double().transpose(1, 2)
+            kd, vd = (x[:, :, heads].double().transpose(1, 2) for x in (k, v))
+            ref = ((qd @ kd.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ vd).transpose(1, 2)
+            sub = out[:, rows][:, :, heads]
+            cos, rel = _metrics(sub, ref)
+            qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
+            p = A.plan(qq.q, qq.k, v, q_scale=qq.q_scale, k_scale=qq.k_scale)
+            emu = attention_8bit_core(p.q[:, rows][:, :, heads], p.k[:, :, heads],
+                                      p.v[:, :, heads], p.q_scale[:, heads][:, :, rows],
+                                      p.k_scale[:, heads], scale=p.scale)
+            dev = _metrics(sub, emu)[1]
+            finite = bool(torch.isfinite(out).all())
+            ok = finite and cos >= COS_MIN and rel <= REL_L2_MAX and dev <= KERNEL_VS_EMULATION
+            g.add("attention fp8", f"{name} {kind}", ok,
+                  f"H={H} S={S} D={D} vs fp64 ({len(heads)} heads x {len(rows)} rows): cos "
+                  f"{cos:.5f} (>= {COS_MIN}), rel L2 {rel:.4f} (<= {REL_L2_MAX}); vs emulation "
+                  f"{dev:.4f} (<= {KERNEL_VS_EMULATION}){'' if finite else '; NON-FINITE'}")
+            del q, k, v, out, qq, p
+    # the prologue: Wan's norm across heads with interleaved RoPE, FLUX's per-head RMSNorm
+    H, D, S = (2, 128, 24) if small else (40, 128, 4096)
+    gen = torch.Generator(device=device).manual_seed(7)
+    angle = torch.rand(S, D // 2, generator=gen, device=device) * 6.28
+    cos_t, sin_t = (f(angle).repeat_interleave(2, -1) for f in (torch.cos, torch.sin))
+    for name, across in (("wan across-heads rms + rope", True), ("flux per-head rms + rope", False)):
+        q, k = (torch.randn(1, S, H * D, generator=gen, device=device).bfloat16() for _ in range(2))
+        n = H * D if across else D
+        norm = torch.nn.RMSNorm(n, eps=1e-6, device=device, dtype=torch.bfloat16)
+        norm.weight.copy_(1 + 0.3 * torch.randn(n, generator=gen, device=device))
+        kw = dict(q_norm=norm, k_norm=norm, num_heads=H)
+        y_q, y_k = ditfuse.qk_norm_rope(q, k, cos_t, sin_t, **kw)
+        qq = ditfuse.qk_norm_rope(q, k, cos_t, sin_t, quantize="int8", **kw)
+        rq, rqs = quantize_per_token(y_q, "int8", num_heads=H)
+        rk, rks = quantize_per_token(y_k, "int8", num_heads=H)
+        same = (torch.equal(qq.q, rq) and torch.equal(qq.k, rk) and torch.equal(qq.q_scale, rqs)
+                and torch.equal(qq.k_scale, rks))
+        g.add("qk quantize bitwise", name, same,
+              f"H={H} D={D} S={S} bf16: int8 Q/K and scales "
+              f"{'equal' if same else 'DIFFER from'} quantize_per_token(16-bit output)")
