@@ -142,6 +142,20 @@ def test_strided_inputs_and_scale(poisoned):
     assert metrics(out, reference64(q, k, v, scale=0.2))[0] >= COS_MIN
 
 
+def test_strided_scales(poisoned):
+    """Scales read through their strides (a slice of a wider buffer), never copied."""
+    q, k, v = inputs(1, 100, 100, 2, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    wide = torch.randn(2, 1, 2, 128, device=DEVICE)
+    wide[0, :, :, 5:105] = qs
+    wide[1, :, :, 5:105] = ks
+    qv, kv = wide[0, :, :, 5:105], wide[1, :, :, 5:105]
+    assert not qv.is_contiguous()
+    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qv, k_scale=kv)
+    assert torch.equal(out, ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs,
+                                              k_scale=ks))
+
+
 def test_quantize_v_matches_reference():
     """V's e4m3 copy and scales bitwise equal to the reference; a zero channel gets scale 1
     and the padding past S is zero."""

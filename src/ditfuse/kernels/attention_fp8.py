@@ -93,27 +93,29 @@ def _scores(q, k, ks, QK_INT: tl.constexpr):
 
 
 @jit
-def _key_tile(start_n, q, c, acc, m_i, l_i, rows,
-              k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base, S_pad,
-              S_kv, left, right,
+def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
               D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
               MASK: tl.constexpr, BAND: tl.constexpr):
-    """Scores, online-softmax update and P @ V of one key tile."""
+    """Scores, online-softmax update and P @ V of one key tile. ``kv``: K's pointer, base and
+    strides, the key scales' pointer, base and stride, V^T's pointer, base and row length."""
+    k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad = kv
     cols = start_n + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
+    k_ptrs = k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd
+    vt_ptrs = vt_ptr + vt_base + d[:, None].to(tl.int64) * S_pad + cols[None, :]
     if MASK:
         kmask = cols < S_kv
-        k = tl.load(k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
-                    mask=kmask[:, None])  # keys past S_kv: scores set to -inf below
-        ks = tl.load(ks_ptr + ks_base + cols, mask=kmask, other=0.0)
+        k = tl.load(k_ptrs, mask=kmask[:, None])  # keys past S_kv: scores set to -inf below
+        ks = tl.load(ks_ptr + ks_base + cols * stride_kss, mask=kmask, other=0.0)
     else:
-        k = tl.load(k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd)
-        ks = tl.load(ks_ptr + ks_base + cols)
+        k = tl.load(k_ptrs)
+        ks = tl.load(ks_ptr + ks_base + cols * stride_kss)
     t = _scores(q, k, ks, QK_INT)
     if MASK:
         ok = (cols < S_kv)[None, :]
         if BAND:
-            ok = ok & (cols[None, :] >= rows[:, None] - left) & (cols[None, :] <= rows[:, None] + right)
+            ok = ok & (cols[None, :] >= rows[:, None] - left) & (
+                cols[None, :] <= rows[:, None] + right)
         t = tl.where(ok, t, float("-inf"))
     # c > 0 (a scale is never zero), so max(t * c) = c * max(t): one multiply a row
     m_new = tl.maximum(m_i, tl.max(t, axis=1) * c)
@@ -123,10 +125,9 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows,
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if MASK:
-        vt = tl.load(vt_ptr + vt_base + d[:, None].to(tl.int64) * S_pad + cols[None, :],
-                     mask=(cols < S_pad)[None, :], other=0.0)
+        vt = tl.load(vt_ptrs, mask=(cols < S_pad)[None, :], other=0.0)
     else:
-        vt = tl.load(vt_ptr + vt_base + d[:, None].to(tl.int64) * S_pad + cols[None, :])
+        vt = tl.load(vt_ptrs)
     pv = tl.dot(_cast_e4m3(p), tl.trans(vt), out_dtype=tl.float32,
                 max_num_imprecise_acc=BLOCK_N)
     acc = acc * alpha[:, None] + pv
@@ -134,9 +135,30 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows,
 
 
 @jit
+def _key_range(lo, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
+               D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
+               MASK: tl.constexpr, BAND: tl.constexpr):
+    """The key tiles lo, lo + BLOCK_N, ... below hi: ``range`` on the GPU (software-
+    pipelined); the interpreter cannot take tensor bounds in range() under numpy >= 2.3, so
+    there the same tiles in the same order as a while loop."""
+    if _INTERP_LOOP:
+        start_n = lo
+        while start_n < hi:
+            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
+                                      D, BLOCK_N, QK_INT, MASK, BAND)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
+                                      D, BLOCK_N, QK_INT, MASK, BAND)
+    return acc, m_i, l_i
+
+
+@jit
 def _attention_8bit_kernel(
     q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr,
     S_q, S_kv, S_pad, H, sm_scale, left, right,
+    stride_qsb, stride_qsh, stride_qss, stride_ksb, stride_ksh, stride_kss,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_ob, stride_os, stride_oh, stride_od,
@@ -157,8 +179,9 @@ def _attention_8bit_kernel(
     q = tl.load(q_ptr + q_base + rows.to(tl.int64)[:, None] * stride_qs + d[None, :] * stride_qd,
                 mask=rmask[:, None])  # rows past S_q: never stored
     # the query row's scale times softmax's scale in log2 units: a row constant
-    c = tl.load(qs_ptr + bh.to(tl.int64) * S_q + rows, mask=rmask, other=1.0) * (sm_scale * _LOG2E)
-    ks_base = bh.to(tl.int64) * S_kv
+    c = tl.load(qs_ptr + b.to(tl.int64) * stride_qsb + h.to(tl.int64) * stride_qsh
+                + rows * stride_qss, mask=rmask, other=1.0) * (sm_scale * _LOG2E)
+    ks_base = b.to(tl.int64) * stride_ksb + h.to(tl.int64) * stride_ksh
     vt_base = bh.to(tl.int64) * D * S_pad
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -172,32 +195,16 @@ def _attention_8bit_kernel(
         lo = 0
         hi = S_kv
         full_hi = S_kv // BLOCK_N * BLOCK_N
-    if _INTERP_LOOP:
-        # the interpreter cannot take tensor bounds in range() under numpy >= 2.3: the same
-        # tiles in the same order as while loops
-        start_n = lo
-        while start_n < full_hi:
-            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
-                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
-                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, False, BAND)
-            start_n += BLOCK_N
-        start_n = full_hi
-        while start_n < hi:
-            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
-                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
-                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, True, BAND)
-            start_n += BLOCK_N
-    else:
-        for start_n in range(lo, full_hi, BLOCK_N):
-            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
-                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
-                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, False, BAND)
-        for start_n in range(full_hi, hi, BLOCK_N):
-            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, k_ptr, k_base,
-                                      stride_ks, stride_kd, ks_ptr, ks_base, vt_ptr, vt_base,
-                                      S_pad, S_kv, left, right, D, BLOCK_N, QK_INT, True, BAND)
+    kv = (k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base,
+          S_pad)
+    # the tiles every key of which is in range, without masks; then the masked ones
+    acc, m_i, l_i = _key_range(lo, full_hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
+                               D, BLOCK_N, QK_INT, False, BAND)
+    acc, m_i, l_i = _key_range(full_hi, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
+                               D, BLOCK_N, QK_INT, True, BAND)
     vs = tl.load(vs_ptr + bh * D + d)
-    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None] * vs[None, :]  # l = 0: rows past S_q
+    # l = 0 only in rows past S_q (never stored)
+    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None] * vs[None, :]
     o_base = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * stride_os + d[None, :] * stride_od,
              o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

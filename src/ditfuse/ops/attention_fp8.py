@@ -45,8 +45,8 @@ class Plan:
     q: Tensor            # int8 / e4m3 (B, S_q, H, D)
     k: Tensor            # int8 / e4m3 (B, S_kv, H, D)
     v: Tensor            # 16-bit (B, S_kv, H, D)
-    q_scale: Tensor      # fp32 (B, H, S_q) contiguous
-    k_scale: Tensor      # fp32 (B, H, S_kv) contiguous
+    q_scale: Tensor      # fp32 (B, H, S_q), any strides
+    k_scale: Tensor      # fp32 (B, H, S_kv)
     scale: float
     left: int            # -1: unbounded
     right: int
@@ -94,7 +94,7 @@ def _check_scale(s, name: str, of: str, shape: tuple, device) -> Tensor:
                          f"head and token of {of}), got {tuple(s.shape)}")
     if s.device != device:
         raise ValueError(f"{name} is on {s.device}, {of} on {device}: all on one device")
-    return s.contiguous()
+    return s
 
 
 def _check_precision(precision):
@@ -194,7 +194,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     _attention_8bit_kernel[grid](
         p.q, p.k, vt, p.q_scale, p.k_scale, vscale, o4,
         S_q, S_kv, vt.shape[3], H, p.scale, left, right,
-        *p.q.stride(), *p.k.stride(), *o4.stride(),
+        *p.q_scale.stride(), *p.k_scale.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
         D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
         QK_INT=p.q.dtype == torch.int8, BAND=p.band,
         num_warps=st.num_warps, num_stages=st.num_stages)
