@@ -27,7 +27,7 @@ def metrics(out, ref):
     return (o @ r / (o.norm() * r.norm())).item(), ((o - r).norm() / r.norm()).item()
 
 
-def reference64(q, k, v, window=None, scale=None, layout="bshd"):
+def reference64(q, k, v, window=None, scale=None, layout="bshd", key_mask=None):
     """Softmax attention in float64 on the 16-bit inputs, (B, S, H, D) out."""
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
@@ -43,6 +43,8 @@ def reference64(q, k, v, window=None, scale=None, layout="bshd"):
         if right >= 0:
             keep &= j <= i + right
         s = s.masked_fill(~keep, float("-inf"))
+    if key_mask is not None:
+        s = s.masked_fill(~key_mask[:, None, None, :], float("-inf"))
     return (s.softmax(-1) @ vd).transpose(1, 2)
 
 
@@ -156,6 +158,42 @@ def test_strided_scales(poisoned):
                                               k_scale=ks))
 
 
+def test_key_mask(poisoned):
+    """Text-padding masks: HunyuanVideo's (video + the valid text tokens: a prefix of each
+    batch entry's keys) and Qwen-Image's (text first, its padding in the middle); the
+    16-bit path takes the same mask through SDPA."""
+    B, S, H, D = 2, 190, 2, 64
+    q, k, v = inputs(B, S, S, H, D)
+    j = torch.arange(S, device=DEVICE)
+    prefix = j[None] < torch.tensor([150, 171], device=DEVICE)[:, None]
+    middle = (j[None] >= 40) | (j[None] < torch.tensor([17, 33], device=DEVICE)[:, None])
+    q8, k8, qs, ks = quantized(q, k)
+    for mask in (prefix, middle):
+        out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks,
+                                key_mask=mask)
+        ref = reference64(q, k, v, key_mask=mask)
+        cos, rel = metrics(out, ref)
+        assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+        p = A.plan(q8, k8, v, q_scale=qs, k_scale=ks, key_mask=mask)
+        emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
+                                  key_mask=mask)
+        assert metrics(out, emu)[1] <= KERNEL_VS_EMULATION
+        exact = ditfuse.attention(q, k, v, key_mask=mask)
+        sdpa = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                              attn_mask=mask[:, None, None, :]).transpose(1, 2)
+        assert torch.equal(exact, sdpa)
+    # a batch entry with no key left: zeros, never NaN
+    none = prefix.clone()
+    none[1] = False
+    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, key_mask=none)
+    assert torch.isfinite(out).all() and not out[1].any()
+    # with a band
+    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, window=20,
+                            key_mask=middle)
+    ref = reference64(q, k, v, window=20, key_mask=middle)
+    assert metrics(out, ref)[0] >= COS_MIN
+
+
 def test_quantize_v_matches_reference():
     """V's e4m3 copy and scales bitwise equal to the reference; a zero channel gets scale 1
     and the padding past S is zero."""
@@ -232,6 +270,10 @@ def test_bad_inputs():
     _bad(r"v.dtype must be float16 or bfloat16", v=v.float())
     _bad("window needs as many queries as keys", q=q8[:, :32], q_scale=qs[..., :32], window=4)
     _bad("scale must be a positive", scale=-1.0)
+    _bad(r"key_mask.dtype must be torch.bool", key_mask=torch.ones(1, 64, device=DEVICE))
+    _bad(r"key_mask must have shape \(B, S_kv\)",
+         key_mask=torch.ones(1, 1, 1, 64, dtype=torch.bool, device=DEVICE))
+    _bad("key_mask is on meta", key_mask=torch.ones(1, 64, dtype=torch.bool, device="meta"))
     _bad("k is on meta", k=k8.to("meta"))
     _bad(r"q_scale is on meta", q_scale=qs.to("meta"))
     q96, k96, v96 = inputs(1, 64, 64, 2, 96)

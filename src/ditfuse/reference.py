@@ -453,12 +453,13 @@ def quantize_v_e4m3(v: torch.Tensor):
 
 
 def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1,
-                        chunk=1024):
+                        key_mask=None, chunk=1024):
     """8-bit attention emulated in PyTorch (fp32): the operands dequantized exactly as the
     kernel's (``q = q8 * q_scale``, V through :func:`quantize_v_e4m3`), the scores and the
     softmax in fp32, P times 256 rounded to e4m3, ``out = (P8 @ V8) / (256 * l) * v_scale``
     with ``l`` the row sum of the fp32 probabilities. q8 / k8 / v ``(B, S, H, D)``, scales
-    ``(B, H, S)``; the output ``(B, S_q, H, D)`` in v's dtype, queries ``chunk`` at a time."""
+    ``(B, H, S)``, ``key_mask`` bool ``(B, S_kv)`` (keys kept); the output ``(B, S_q, H, D)``
+    in v's dtype (zeros in a row with no key), queries ``chunk`` at a time."""
     B, S_q, H, D = q8.shape
     S_kv = k8.shape[1]
     qf = q8.float().transpose(1, 2) * q_scale[..., None]           # (B, H, S_q, D)
@@ -477,8 +478,12 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
             if right >= 0:
                 keep &= j[None, :] <= i + right
             s = s.masked_fill(~keep, float("-inf"))
-        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        if key_mask is not None:
+            s = s.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
         p8 = (p * 256.0).to(torch.float8_e4m3fn).float()
-        out[:, :, i0:i0 + chunk] = (p8 @ vf) / (256.0 * p.sum(-1, keepdim=True))
+        l = p.sum(-1, keepdim=True)
+        out[:, :, i0:i0 + chunk] = (p8 @ vf) / (256.0 * torch.where(l > 0, l, torch.ones_like(l)))
     out = out * vs[:, :, None, :]
     return out.transpose(1, 2).to(v.dtype)

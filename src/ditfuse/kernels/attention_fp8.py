@@ -79,26 +79,32 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
 
 
 @jit
-def _scores(q, k, ks, QK_INT: tl.constexpr):
-    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col]."""
+def _scores(q, k, ks, kbias, QK_INT: tl.constexpr, KMASK: tl.constexpr):
+    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col], -inf
+    in the columns of keys the key mask drops (``kbias``: 0 or -inf a column)."""
     if QK_INT:
         # the accumulator starts at the magic number (Triton folds the add into the dot's
         # initial value); (1.5 * 2^23 + s) * ks - 1.5 * 2^23 * ks in one fma an element, the
         # second term one multiply a column: its rounding is under one unit of s, far below
-        # the int8 rounding of q and k
+        # the int8 rounding of q and k; a dropped key's column term is -inf
         s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + _MAGIC_I).to(tl.float32, bitcast=True)
-        return s * ks[None, :] + (ks * -_MAGIC_F)[None, :]
+        return s * ks[None, :] + (ks * -_MAGIC_F + kbias)[None, :]
     else:
-        return tl.dot(q, tl.trans(k), out_dtype=tl.float32) * ks[None, :]
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * ks[None, :]
+        if KMASK:
+            s = s + kbias[None, :]
+        return s
 
 
 @jit
 def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
               D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
-              MASK: tl.constexpr, BAND: tl.constexpr):
+              MASK: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr):
     """Scores, online-softmax update and P @ V of one key tile. ``kv``: K's pointer, base and
-    strides, the key scales' pointer, base and stride, V^T's pointer, base and row length."""
-    k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad = kv
+    strides, the key scales' pointer, base and stride, V^T's pointer, base and row length,
+    the key mask's pointer, base and stride."""
+    (k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad,
+     km_ptr, km_base, stride_kms) = kv
     cols = start_n + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     k_ptrs = k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd
@@ -110,7 +116,11 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
     else:
         k = tl.load(k_ptrs)
         ks = tl.load(ks_ptr + ks_base + cols * stride_kss)
-    t = _scores(q, k, ks, QK_INT)
+    kbias = 0.0
+    if KMASK:  # a key mask (padding of the text tokens): 0 or -inf a column
+        keep = tl.load(km_ptr + km_base + cols * stride_kms, mask=cols < S_kv, other=0)
+        kbias = tl.where(keep != 0, 0.0, float("-inf"))
+    t = _scores(q, k, ks, kbias, QK_INT, KMASK)
     if MASK:
         ok = (cols < S_kv)[None, :]
         if BAND:
@@ -137,7 +147,7 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
 @jit
 def _key_range(lo, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
                D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
-               MASK: tl.constexpr, BAND: tl.constexpr):
+               MASK: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr):
     """The key tiles lo, lo + BLOCK_N, ... below hi: ``range`` on the GPU (software-
     pipelined); the interpreter cannot take tensor bounds in range() under numpy >= 2.3, so
     there the same tiles in the same order as a while loop."""
@@ -145,28 +155,30 @@ def _key_range(lo, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
         start_n = lo
         while start_n < hi:
             acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                                      D, BLOCK_N, QK_INT, MASK, BAND)
+                                      D, BLOCK_N, QK_INT, MASK, BAND, KMASK)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                                      D, BLOCK_N, QK_INT, MASK, BAND)
+                                      D, BLOCK_N, QK_INT, MASK, BAND, KMASK)
     return acc, m_i, l_i
 
 
 @jit
 def _attention_8bit_kernel(
-    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr,
+    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, km_ptr,
     S_q, S_kv, S_pad, H, sm_scale, left, right,
     stride_qsb, stride_qsh, stride_qss, stride_ksb, stride_ksh, stride_kss,
+    stride_kmb, stride_kms,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_ob, stride_os, stride_oh, stride_od,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    QK_INT: tl.constexpr, BAND: tl.constexpr,
+    QK_INT: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one (batch, head) against every key of the row's band
-    (all keys without ``BAND``)."""
+    (all keys without ``BAND``) that the key mask keeps (every key without ``KMASK``); a row
+    left with no key is written as zeros."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -196,14 +208,14 @@ def _attention_8bit_kernel(
         hi = S_kv
         full_hi = S_kv // BLOCK_N * BLOCK_N
     kv = (k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base,
-          S_pad)
+          S_pad, km_ptr, b.to(tl.int64) * stride_kmb, stride_kms)
     # the tiles every key of which is in range, without masks; then the masked ones
     acc, m_i, l_i = _key_range(lo, full_hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                               D, BLOCK_N, QK_INT, False, BAND)
+                               D, BLOCK_N, QK_INT, False, BAND, KMASK)
     acc, m_i, l_i = _key_range(full_hi, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                               D, BLOCK_N, QK_INT, True, BAND)
+                               D, BLOCK_N, QK_INT, True, BAND, KMASK)
     vs = tl.load(vs_ptr + bh * D + d)
-    # l = 0 only in rows past S_q (never stored)
+    # l = 0: rows past S_q (never stored), or rows whose every key is masked (zeros)
     o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None] * vs[None, :]
     o_base = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * stride_os + d[None, :] * stride_od,

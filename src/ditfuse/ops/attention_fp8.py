@@ -51,6 +51,7 @@ class Plan:
     left: int            # -1: unbounded
     right: int
     layout: str
+    key_mask: Optional[Tensor] = None  # uint8 view (B, S_kv) of the bool mask: keys kept
 
     @property
     def band(self) -> bool:
@@ -64,10 +65,12 @@ class Settings(NamedTuple):
     num_stages: int
 
 
-def launch_settings(D: int) -> Settings:
-    """Tile and warps of the attention kernel (H200 measurements: docs/design/attention_fp8.md):
-    128 x 128 tiles on two warpgroups, three stages of K / V in flight."""
-    return Settings(128, 128, 8, 3)
+def launch_settings(D: int, key_mask: bool = False) -> Settings:
+    """Tile and warps of the attention kernel (docs/design/attention_fp8.md): 128 x 128 tiles
+    on two warpgroups, three stages of K / V in flight -- two with a key mask, whose column
+    bias takes the registers a third stage needs (sm_90a build with three: 40 B of spill,
+    14 local loads / stores in the key loop; with two: none)."""
+    return Settings(128, 128, 8, 2 if key_mask else 3)
 
 
 def _heads(x, name: str, layout: str) -> Tensor:
@@ -103,8 +106,24 @@ def _check_precision(precision):
                          f"{precision!r}")
 
 
+def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
+    if m is None:
+        return None
+    if not isinstance(m, Tensor):
+        raise TypeError(f"key_mask must be a torch.Tensor, got {type(m).__name__}")
+    if m.dtype != torch.bool:
+        raise TypeError(f"key_mask.dtype must be torch.bool (True: the key is attended), got "
+                        f"{m.dtype}")
+    if tuple(m.shape) != (B, S_kv):
+        raise ValueError(f"key_mask must have shape (B, S_kv) = {(B, S_kv)}, got "
+                         f"{tuple(m.shape)}")
+    if m.device != device:
+        raise ValueError(f"key_mask is on {m.device}, q on {device}: all on one device")
+    return m.view(torch.uint8)
+
+
 def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
-         layout="bshd") -> Plan:
+         layout="bshd", key_mask=None) -> Plan:
     """Validate an 8-bit call whose q / k are already 8-bit (see :func:`attention`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -148,7 +167,8 @@ def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
             math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
-    return Plan(q4, k4, v4, qs, ks, float(scale), left, right, layout)
+    km = _check_key_mask(key_mask, B, S_kv, dev)
+    return Plan(q4, k4, v4, qs, ks, float(scale), left, right, layout, km)
 
 
 def _kernel_ok(p: Plan) -> bool:
@@ -182,7 +202,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
 
     B, S_q, H, D = p.q.shape
     S_kv = p.k.shape[1]
-    st = settings or launch_settings(D)
+    st = settings or launch_settings(D, p.key_mask is not None)
     vt, vscale = quantize_v(p.v)
     shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
     out = _new_out(shape, p.v.dtype, p.v.device)
@@ -191,12 +211,13 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     left = big if p.left < 0 else p.left
     right = big if p.right < 0 else p.right
     grid = (triton_cdiv(S_q, st.block_m), B * H)
+    km = p.key_mask if p.key_mask is not None else p.k_scale[0]  # unused without KMASK
     _attention_8bit_kernel[grid](
-        p.q, p.k, vt, p.q_scale, p.k_scale, vscale, o4,
+        p.q, p.k, vt, p.q_scale, p.k_scale, vscale, o4, km,
         S_q, S_kv, vt.shape[3], H, p.scale, left, right,
-        *p.q_scale.stride(), *p.k_scale.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
+        *p.q_scale.stride(), *p.k_scale.stride(), *km.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
         D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
-        QK_INT=p.q.dtype == torch.int8, BAND=p.band,
+        QK_INT=p.q.dtype == torch.int8, BAND=p.band, KMASK=p.key_mask is not None,
         num_warps=st.num_warps, num_stages=st.num_stages)
     return out
 
@@ -214,8 +235,9 @@ def run(p: Plan) -> Tensor:
     emulation of the same quantization."""
     if _kernel_ok(p):
         return launch(p)
+    km = None if p.key_mask is None else p.key_mask.view(torch.bool)
     out = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
-                              left=p.left, right=p.right)
+                              left=p.left, right=p.right, key_mask=km)
     return out if p.layout == "bshd" else out.transpose(1, 2).contiguous()
 
 
@@ -249,7 +271,7 @@ def _check_grad(*ts):
 
 
 def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=None,
-              scale=None, layout="bshd"):
+              scale=None, layout="bshd", key_mask=None):
     r"""Softmax attention of every query over the keys (or over a band of them).
 
     Inference-only (no backward).
@@ -278,6 +300,11 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
     scale : float, optional
         Softmax scale; default ``1 / sqrt(D)``.
     layout : {"bshd", "bhsd"}
+    key_mask : Tensor, optional
+        bool ``(B, S_kv)``: the keys each batch entry attends (``False``: dropped, as
+        diffusers' text-padding masks of HunyuanVideo and Qwen-Image drop padded tokens;
+        SDPA's ``attn_mask`` of shape ``(B, 1, 1, S_kv)``). A query whose every key is
+        dropped gets zeros (SDPA: NaN).
 
     Returns
     -------
@@ -298,11 +325,19 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
         if q_scale is not None or k_scale is not None:
             raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
         if window is not None:
+            if key_mask is not None:
+                raise ValueError("key_mask with window: not supported by the 16-bit band "
+                                 "kernel (precision='fp8' takes both)")
             return sliding_window_attention(q, k, v, window, scale=scale, layout=layout)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
-        o = F.scaled_dot_product_attention(t(q), t(k), t(v), scale=scale)
+        mask = None
+        if key_mask is not None:
+            _check_key_mask(key_mask, q.shape[0], k.shape[1 if layout == "bshd" else 2],
+                            q.device)
+            mask = key_mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=mask, scale=scale)
         return t(o).contiguous()
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -312,9 +347,9 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
                              "quantized here (pass neither)")
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
-        return _via_op(q, k, v, q_scale, k_scale, window, scale, layout)
+        return _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
     return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window, scale=scale,
-                    layout=layout))
+                    layout=layout, key_mask=key_mask))
 
 
 def _op_window(left: int, right: int):
@@ -323,22 +358,23 @@ def _op_window(left: int, right: int):
 
 @library.op("ditfuse::attention_8bit")
 def attention_8bit_op(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor,
-                      left: int, right: int, scale: Optional[float], layout: str) -> Tensor:
+                      left: int, right: int, scale: Optional[float], layout: str,
+                      key_mask: Optional[Tensor]) -> Tensor:
     return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=_op_window(left, right),
-                    scale=scale, layout=layout))
+                    scale=scale, layout=layout, key_mask=key_mask))
 
 
 @attention_8bit_op.register_fake
-def _(q, k, v, q_scale, k_scale, left, right, scale, layout):
+def _(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask):
     p = plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=_op_window(left, right),
-             scale=scale, layout=layout)
+             scale=scale, layout=layout, key_mask=key_mask)
     B, S_q, H, D = p.q.shape
     shape = (B, S_q, H, D) if layout == "bshd" else (B, H, S_q, D)
     return torch.empty(shape, dtype=v.dtype, device=v.device)
 
 
-def _via_op(q, k, v, q_scale, k_scale, window, scale, layout):
+def _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask=None):
     left, right = (-1, -1) if window is None else parse_window(window)
     if scale is not None and not isinstance(scale, bool) and isinstance(scale, (int, float)):
         scale = float(scale)
-    return attention_8bit_op(q, k, v, q_scale, k_scale, left, right, scale, layout)
+    return attention_8bit_op(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask)

@@ -20,6 +20,7 @@ class BuildSpec:
     D: int = 128
     qk: str = "int8"        # "int8" | "fp8" (e4m3 q / k)
     window: object = None
+    key_mask: bool = False  # a text-padding mask (HunyuanVideo, Qwen-Image)
 
 
 BUILD_SPECS = [
@@ -28,6 +29,7 @@ BUILD_SPECS = [
     BuildSpec("d64-int8", H=16, S=4096, D=64),
     BuildSpec("wan14b-480p-e4m3", qk="fp8"),
     BuildSpec("band-d128", H=16, S=8192, window=(256, 256)),
+    BuildSpec("hunyuan-544p-key-mask", H=24, S=67576, key_mask=True),
 ]
 BUILD_NAMES = [s.name for s in BUILD_SPECS]
 
@@ -45,7 +47,8 @@ def capture_launch(spec: BuildSpec):
     q = torch.empty(1, spec.S, spec.H, spec.D, dtype=dt, **meta)
     v = torch.empty(1, spec.S, spec.H, spec.D, dtype=torch.bfloat16, **meta)
     sc = torch.empty(1, spec.H, spec.S, dtype=torch.float32, **meta)
-    p = A.plan(q, q, v, q_scale=sc, k_scale=sc, window=spec.window)
+    km = torch.empty(1, spec.S, dtype=torch.bool, **meta) if spec.key_mask else None
+    p = A.plan(q, q, v, q_scale=sc, k_scale=sc, window=spec.window, key_mask=km)
     calls = intercept_launches([(K, "_attention_8bit_kernel"), (K, "_v_amax_kernel"),
                                 (K, "_v_quant_kernel")], lambda: A.launch(p))
     calls = [c for c in calls if "QK_INT" in c[2]]
