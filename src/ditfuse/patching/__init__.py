@@ -7,8 +7,10 @@ on the module so :func:`unpatch` restores exactly what was there. Nothing global
 """
 from __future__ import annotations
 
-from ditfuse.patching.common import _ORIG_PROC, _PATCHED_FWD, HOOKED, PatchReport  # noqa: F401
-from ditfuse.patching.registry import VAE_CLASSES, model_patches
+from typing import Union
+
+from ditfuse.patching.common import _ORIG_PROC, _PATCHED_FWD, FP8, HOOKED, PatchReport, check_attention  # noqa: F401
+from ditfuse.patching.registry import FP8_CLASSES, VAE_CLASSES, model_patches
 
 import torch
 
@@ -22,8 +24,9 @@ def _models(obj):
     raise TypeError(f"patch() takes a diffusers model or pipeline, got {type(obj).__name__}")
 
 
-def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool = True,
-          activations: bool = True, vae: bool = True) -> PatchReport:
+def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
+          attention: Union[bool, str] = True, activations: bool = True,
+          vae: bool = True) -> PatchReport:
     """Install ditfuse's fused kernels into a diffusers model or pipeline, in place.
 
     Parameters
@@ -44,7 +47,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         ``AutoencoderKLFlux2``, ``AutoencoderKLHunyuanVideo``, ``AutoencoderKLWan``,
         ``AutoencoderKLQwenImage``) or a pipeline, in which every component of a known class
         is patched (Wan 2.2's ``transformer`` and ``transformer_2`` both, and the ``vae``).
-    qk_norm_rope, adaln, attention, activations : bool
+    qk_norm_rope, adaln, activations : bool
+    attention : bool or "fp8"
         Which fusions to install. ``qk_norm_rope``: the attention processors' QK-norm + RoPE
         as one kernel. ``adaln``: the blocks' norm + modulate and gated-residual chains as
         the AdaLN kernels (Wan: norm1 + modulate, gated residual + norm2, residual + norm3
@@ -54,7 +58,15 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         modulate of every block (the joint blocks' streams into the rows of the joint
         sequence) and its gated residuals; the SA3 DiT: its RMS norms + modulate and gated
         residuals). ``attention``: the SAME autoencoder's band attention on
-        ``sliding_window_attention`` (no dense mask). ``activations``: the MLP activations
+        ``sliding_window_attention`` (no dense mask); ``"fp8"``: that, and the DiT
+        attention processors that ``qk_norm_rope`` installs (Wan 2.x and its variants,
+        FLUX.1 / Chroma, FLUX.2, HunyuanVideo / FramePack / 1.5, Qwen-Image) on 8-bit
+        attention: the QK-norm + RoPE kernel writes Q / K as int8 with per-token scales and
+        ``ditfuse.attention(..., precision="fp8")`` attends -- where the kernel takes the
+        call (no mask that masks anything, head_dim 64 / 128, a 16-bit model, no context
+        parallelism, an sm_90 GPU or the CPU interpreter); elsewhere the exact 16-bit path
+        (docs/patching.md, "8-bit attention"). Needs ``qk_norm_rope=True``.
+        ``activations``: the MLP activations
         as one kernel, written straight into the concat buffer the output projection reads
         (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream processor, which
         ``qk_norm_rope`` installs; FLUX.3: every ``Flux3SwiGLU``; FLUX.1: the single-stream
@@ -80,6 +92,11 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
     those then wrap the fused forwards. A block whose forward is already hooked keeps it
     (its processors are still replaced), counted under :data:`HOOKED` in the report.
     """
+    check_attention(attention)
+    if attention == FP8 and not qk_norm_rope:
+        raise ValueError("attention='fp8' runs in the attention processors that "
+                         "qk_norm_rope=True installs (their kernel writes the 8-bit Q / K); "
+                         "got qk_norm_rope=False")
     report = PatchReport()
     reg = model_patches()
     flags = dict(qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention,
@@ -102,6 +119,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True, attention: bool
         fn(model, report, **kw)
         done = {k: v - before.get(k, 0) for k, v in report.counts.items() if v - before.get(k, 0)}
         what = ", ".join(f"{v} {k}" for k, v in done.items()) or "nothing new (already patched)"
+        if attention == FP8 and cls not in FP8_CLASSES and cls not in VAE_CLASSES:
+            what += " (attention='fp8': no 8-bit path for this class, its attention stays 16-bit)"
         report.lines.append(f"{name}: {cls}: {what}")
     return report
 

@@ -13,7 +13,9 @@ import torch
 from ditfuse.norms import norm_readable
 from ditfuse.ops.activations import supported
 from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
-from ditfuse.runtime import library
+from ditfuse.ops.attention_fp8 import attention as _attention
+from ditfuse.ops.qk_norm_rope import QuantizedQK
+from ditfuse.runtime import backend, library
 
 
 @library.op("ditfuse::copy_into", mutates_args=("dst",))
@@ -51,9 +53,16 @@ class PatchReport:
 
 def set_processor(attn, new_proc) -> bool:
     """Replace ``attn``'s processor by ``new_proc`` (keeping the attention backend and the
-    context-parallel config of the old one); False if it already is a ditfuse one."""
+    context-parallel config of the old one); False if it already is a ditfuse one -- unless
+    that one's attention precision (``patch(attention="fp8")`` or not) differs from
+    ``new_proc``'s: then it is switched to ``new_proc``'s (True; the original processor
+    stays recorded for ``unpatch``)."""
     old = attn.processor
     if getattr(old, "_ditfuse", False):
+        fp8 = getattr(new_proc, "_ditfuse_fp8", False)
+        if hasattr(type(old), "_ditfuse_fp8") and old._ditfuse_fp8 != fp8:
+            old._ditfuse_fp8 = fp8
+            return True
         return False
     new_proc.__dict__.update({k: v for k, v in old.__dict__.items() if k not in new_proc.__dict__})
     setattr(attn, _ORIG_PROC, old)
@@ -61,11 +70,137 @@ def set_processor(attn, new_proc) -> bool:
     return True
 
 
+#: ``patch(attention=FP8)``
+FP8 = "fp8"
+FP8_LABEL = ", 8-bit attention)"
+
+
+def original_processor_type(module):
+    """The class of ``module``'s processor before :func:`patch` replaced it (None: no
+    processor)."""
+    return type(module.__dict__.get(_ORIG_PROC, getattr(module, "processor", None)))
+
+
+def check_attention(attention) -> None:
+    """``patch(attention=...)``: True / False (SAME's band attention on / off) or ``"fp8"``
+    (that, and the DiT attention processors on 8-bit attention); anything else a ValueError."""
+    if isinstance(attention, bool) or (isinstance(attention, str) and attention == FP8):
+        return
+    raise ValueError(f"attention must be True, False or {FP8!r} (8-bit attention in the DiT "
+                     f"attention processors), got {attention!r}")
+
+
+def fp8_label(label: str, fp8: bool) -> str:
+    """A processor count's label, with the 8-bit attention named where it is on."""
+    return label[:-1] + FP8_LABEL if fp8 else label
+
+
+def processor_factory(cls, fp8: bool):
+    """A constructor of ditfuse processor class ``cls`` (one with an 8-bit path: a class
+    attribute ``_ditfuse_fp8 = False``) for :func:`replace_processors`; its processors take
+    the 8-bit attention path (:func:`use_8bit`) when ``fp8``."""
+    def make():
+        proc = cls()
+        proc._ditfuse_fp8 = fp8
+        return proc
+    return make
+
+
+#: head_dims the 8-bit attention kernel takes (``ditfuse.ops.attention_fp8.HEAD_DIMS``)
+HEAD_DIMS_8BIT = (64, 128)
+
+
+def kernel_8bit_ok(t: torch.Tensor) -> bool:
+    """The 8-bit attention kernel runs on ``t``'s device: an sm_90 GPU, or the CPU under
+    Triton's interpreter. Elsewhere ``ditfuse.attention`` would emulate it in PyTorch (fp32
+    scores of the whole sequence), where the 16-bit path is the faster and exact one."""
+    if backend.INTERPRET:
+        return t.device.type == "cpu"
+    return t.is_cuda and _sm90(t.device.index if t.device.index is not None
+                               else torch.cuda.current_device())
+
+
+@torch.compiler.assume_constant_result
+def _sm90(index: int) -> bool:
+    """Device ``index`` is an sm_90 GPU (under torch.compile a constant of the trace)."""
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _mask_8bit_dtype(mask) -> bool:
+    """A mask :func:`keeps_all` reads: boolean (True keeps a pair) or an additive bias."""
+    return isinstance(mask, torch.Tensor) and (mask.dtype == torch.bool or mask.is_floating_point())
+
+
+def keeps_all(mask) -> torch.Tensor:
+    """Whether ``mask`` (boolean, or an additive bias) masks nothing, as a 0-d bool tensor:
+    all True, or all zero."""
+    return mask.all() if mask.dtype == torch.bool else (mask == 0).all()
+
+
+def capturing() -> bool:
+    """Inside a CUDA-graph capture (no host synchronisation allowed)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def use_8bit(proc, query: torch.Tensor, value: torch.Tensor, head_dim: int, mask=None,
+             parallel_config=None) -> bool:
+    """Whether a patched processor's call can take the 8-bit path, before looking at the
+    mask's values: ``patch(attention="fp8")``, Q / K projections and V in one 16-bit dtype
+    (the output's: fp32 models stay exact), a head_dim the kernel takes, a device it runs on,
+    no context-parallel config the 16-bit call would pass (diffusers' dispatch does the
+    sequence exchange), and no mask or one :func:`keeps_all` reads."""
+    return (getattr(proc, "_ditfuse_fp8", False) and parallel_config is None
+            and value.dtype in (torch.float16, torch.bfloat16) and query.dtype == value.dtype
+            and head_dim in HEAD_DIMS_8BIT and kernel_8bit_ok(value)
+            and (mask is None or _mask_8bit_dtype(mask)))
+
+
+def attend(eight: bool, mask, attend_8bit: Callable, attend_16bit: Callable, operands: tuple):
+    """A patched processor's attention output: ``attend_8bit(*operands)`` where ``eight``
+    (:func:`use_8bit`) holds and ``mask`` masks nothing -- an all-True mask is dropped
+    (eager: one device sync to see it; under torch.compile a ``torch.cond`` on it, the same
+    sync at run time, both branches traced) -- else ``attend_16bit(*operands)``, the exact
+    16-bit path. Inside a CUDA-graph capture a given mask takes the 16-bit path (no sync
+    there). Both return the (B, S, H*D) output, contiguous, in V's dtype."""
+    if not eight:
+        return attend_16bit(*operands)
+    if mask is None:
+        return attend_8bit(*operands)
+    if compiling():
+        return torch.cond(keeps_all(mask), lambda *a: attend_8bit(*a).contiguous(),
+                          lambda *a: attend_16bit(*a).contiguous(), operands)
+    if capturing() or not bool(keeps_all(mask)):
+        return attend_16bit(*operands)
+    return attend_8bit(*operands)
+
+
+def cat_quantized(parts) -> QuantizedQK:
+    """The joint sequence of quantized streams ((B, S_i, H, D) int8 Q / K with (B, H, S_i)
+    scales), in ``parts``' order: the scales are per token, so the streams' concatenation is
+    the concatenation of their values and of their scales."""
+    if len(parts) == 1:
+        return parts[0]
+    return QuantizedQK(torch.cat([p.q for p in parts], dim=1),
+                       torch.cat([p.k for p in parts], dim=1),
+                       torch.cat([p.q_scale for p in parts], dim=2),
+                       torch.cat([p.k_scale for p in parts], dim=2))
+
+
+def attention_8bit(qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None) -> torch.Tensor:
+    """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) int8 Q / K with their
+    per-token scales (``k`` / ``k_scale``: other keys for the same queries) and 16-bit V;
+    (B, S, H, D) in V's dtype."""
+    k, k_scale = (qk.k, qk.k_scale) if k is None else (k, k_scale)
+    return _attention(qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale)
+
+
 def replace_processors(model, report, table, label: str) -> None:
     """Give every module whose processor's class is a key of ``table`` a new instance of
-    the mapped ditfuse class; counted in ``report`` under ``label``."""
+    the mapped ditfuse class (a module patched before: its original processor's class, so
+    that patching again with another ``attention`` switches its precision); counted in
+    ``report`` under ``label``."""
     for m in model.modules():
-        new = table.get(type(getattr(m, "processor", None)))
+        new = table.get(original_processor_type(m))
         if new is not None and set_processor(m, new()):
             report.add(label)
 

@@ -10,7 +10,7 @@ import torch
 from ditfuse.ops.activations import GELU_KINDS, gelu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forwards, cat_activation, cat_fusable, grad_needed, join_tokens, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, set_processor
+from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, cat_quantized, fp8_label, grad_needed, join_tokens, norms_ok, original_processor_type, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, set_processor, use_8bit
 
 
 def _make_processor():
@@ -25,9 +25,15 @@ def _make_processor():
         Falls back to ``FluxAttnProcessor.__call__`` when autograd needs gradients, when a
         q/k norm is not an RMSNorm (torch's or diffusers'), or when ``image_rotary_emb`` is
         not a (cos, sin) pair of (S_total, D) tables.
+
+        With ``patch(attention="fp8")``: each stream's Q / K also quantized to int8 with
+        per-token scales by its kernel, the streams concatenated (text first), and the
+        attention on ``ditfuse.attention(..., precision="fp8")`` where the call allows it
+        (:func:`joint_attention`); else the 16-bit path.
         """
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
@@ -38,13 +44,9 @@ def _make_processor():
                                         image_rotary_emb)
             query, key, value, encoder_query, encoder_key, encoder_value = tf._get_qkv_projections(
                 attn, hidden_states, encoder_hidden_states)
-            query, key, value = joint_qk(attn, query, key, value, encoder_query, encoder_key,
-                                         encoder_value, image_rotary_emb, joint)
-
-            hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-                parallel_config=self._parallel_config)
-            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            hidden_states = joint_attention(self, attn, query, key, value, encoder_query,
+                                            encoder_key, encoder_value, image_rotary_emb, joint,
+                                            attention_mask, dispatch_attention_fn)
             if encoder_hidden_states is not None:
                 encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
                     [encoder_hidden_states.shape[1],
@@ -102,6 +104,48 @@ def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value,
     qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q, k_norm=attn.norm_k,
                  out=(q_all[:, T:], k_all[:, T:]))
     return q_all, k_all, torch.cat([encoder_value, value], dim=1)
+
+
+def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, encoder_value,
+                    rope, joint, mask, dispatch_attention_fn):
+    """The FLUX processors' attention from the projections to the (B, S_total, H*D) output:
+    :func:`joint_qk` and the model's dispatch (16 bits), or with ``patch(attention="fp8")``
+    where the call allows it (``common.use_8bit`` / ``common.attend``) each stream
+    normalised, rotated and quantized (int8, per-token scales) by one kernel, the streams
+    concatenated text first (their values and their scales), V as the processor
+    concatenates it, and ``ditfuse.attention(..., precision="fp8")``."""
+    D = attn.head_dim
+    enc = (encoder_query, encoder_key, encoder_value) if joint else ()
+
+    def attend_16bit(query, key, value, *enc):
+        query, key, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope,
+                                     joint)
+        out = dispatch_attention_fn(query, key, value, attn_mask=mask,
+                                    backend=proc._attention_backend,
+                                    parallel_config=proc._parallel_config)
+        return out.flatten(2, 3).to(query.dtype)
+
+    def attend_8bit(query, key, value, *enc):
+        query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
+        cos, sin = rope if rope is not None else (None, None)
+        if not enc:
+            qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                              quantize="int8")
+        else:
+            encoder_query, encoder_key, encoder_value = (t.unflatten(-1, (-1, D)) for t in enc)
+            T = encoder_query.shape[1]
+            S = query.shape[1]
+            qk = cat_quantized([
+                qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T),
+                             q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
+                             quantize="int8"),
+                qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q,
+                             k_norm=attn.norm_k, quantize="int8")])
+            value = torch.cat([encoder_value, value], dim=1)
+        return attention_8bit(qk, value).flatten(2, 3)
+
+    eight = use_8bit(proc, query, value, D, mask, proc._parallel_config)
+    return attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc))
 
 
 def _ada_ok(self, x, emb_dtype) -> bool:
@@ -256,12 +300,13 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                                                                 FluxSingleTransformerBlock,
                                                                 FluxTransformerBlock)
 
-    proc_cls = _make_processor() if qk_norm_rope else None
+    fp8 = attention == FP8
+    proc = processor_factory(_make_processor(), fp8) if qk_norm_rope else None
     for m in model.modules():
-        if proc_cls is not None and isinstance(m, FluxAttention) and \
-                type(m.processor) is FluxAttnProcessor:
-            if set_processor(m, proc_cls()):
-                report.add("attention processors (QK-norm + RoPE)")
+        if proc is not None and isinstance(m, FluxAttention) and \
+                original_processor_type(m) is FluxAttnProcessor:
+            if set_processor(m, proc()):
+                report.add(fp8_label("attention processors (QK-norm + RoPE)", fp8))
     if adaln:
         bind_forwards(model, report, {
             **_chroma_norms(),

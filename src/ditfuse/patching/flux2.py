@@ -11,8 +11,8 @@ import torch
 from ditfuse.ops.activations import supported, swiglu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forwards, cat_activation, cat_fusable, compiling, grad_needed, params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors
-from ditfuse.patching.flux import joint_qk, qk_ok
+from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, compiling, fp8_label, grad_needed, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, replace_processors, use_8bit
+from ditfuse.patching.flux import joint_attention, qk_ok
 
 _PROC_LABEL = "attention processors (QK-norm + RoPE)"
 _PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
@@ -44,9 +44,13 @@ def _make_processors(fuse_act: bool = True):
     class DitfuseFlux2AttnProcessor(t2.Flux2AttnProcessor):
         """Flux2AttnProcessor with each stream's QK-norm + RoPE in one kernel, written into
         its slice of the joint Q/K. Falls back to the original when autograd needs
-        gradients, a q/k norm is not an RMSNorm, or the RoPE is not a (cos, sin) pair."""
+        gradients, a q/k norm is not an RMSNorm, or the RoPE is not a (cos, sin) pair.
+        With ``patch(attention="fp8")``: each stream's Q / K quantized by its kernel and the
+        attention on 8 bits where the call allows it, as FLUX.1's processor
+        (:func:`~ditfuse.patching.flux.joint_attention`)."""
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
@@ -57,12 +61,9 @@ def _make_processors(fuse_act: bool = True):
                                         image_rotary_emb)
             query, key, value, encoder_query, encoder_key, encoder_value = t2._get_qkv_projections(
                 attn, hidden_states, encoder_hidden_states)
-            query, key, value = joint_qk(attn, query, key, value, encoder_query, encoder_key,
-                                         encoder_value, image_rotary_emb, joint)
-            hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-                parallel_config=self._parallel_config)
-            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            hidden_states = joint_attention(self, attn, query, key, value, encoder_query,
+                                            encoder_key, encoder_value, image_rotary_emb, joint,
+                                            attention_mask, dispatch_attention_fn)
             if encoder_hidden_states is not None:
                 encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
                     [encoder_hidden_states.shape[1],
@@ -82,9 +83,12 @@ def _make_processors(fuse_act: bool = True):
         values as ``torch.cat([attn, mlp_act_fn(mlp)], -1)`` without the activation's own
         tensor and the cat's second copy. Falls back to the original in the same cases as
         the double-stream processor; to ``mlp_act_fn`` + cat when it is not a Flux2SwiGLU
-        or the kernel cannot take the input."""
+        or the kernel cannot take the input. With ``patch(attention="fp8")`` Q / K also
+        quantized by the kernel and the attention on 8 bits where the call allows it
+        (``common.use_8bit``, ``common.attend``)."""
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __init__(self, fuse_act: bool = fuse_act):  # default: patch(activations=...)
             super().__init__()
@@ -105,14 +109,26 @@ def _make_processors(fuse_act: bool = True):
             key = key.unflatten(-1, (-1, D))
             value = value.unflatten(-1, (-1, D))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
-            # into fresh Q / K (contiguous for the attention) rather than in place on the
-            # projection's chunks: the same bits, 65.2 vs 66.2 us at 1024^2 (H200,
-            # 2026-12-01; docs/design/qk_norm_rope.md)
-            query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k)
-            hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-                parallel_config=self._parallel_config)
-            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+
+            def attend_16bit(query, key, value):
+                # into fresh Q / K (contiguous for the attention) rather than in place on the
+                # projection's chunks: the same bits, 65.2 vs 66.2 us at 1024^2 (H200,
+                # 2026-12-01; docs/design/qk_norm_rope.md)
+                query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
+                                          k_norm=attn.norm_k)
+                out = dispatch_attention_fn(
+                    query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+                    parallel_config=self._parallel_config)
+                return out.flatten(2, 3).to(query.dtype)
+
+            def attend_8bit(query, key, value):
+                qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                                  quantize="int8")
+                return attention_8bit(qk, value).flatten(2, 3)
+
+            hidden_states = attend(
+                use_8bit(self, query, value, D, attention_mask, self._parallel_config),
+                attention_mask, attend_8bit, attend_16bit, (query, key, value))
             if self._fuse_act and _is_swiglu(attn.mlp_act_fn) and \
                     cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
                 return attn.to_out(cat_activation(hidden_states, mlp_hidden_states, swiglu,
@@ -198,12 +214,13 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                                                                  Flux2TransformerBlock)
 
     if qk_norm_rope:
+        fp8 = attention == FP8
         procs = _make_processors(activations)
-        replace_processors(model, report, {t2.Flux2AttnProcessor: procs[t2.Flux2AttnProcessor]},
-                           _PROC_LABEL)
-        replace_processors(model, report, {t2.Flux2ParallelSelfAttnProcessor:
-                                           procs[t2.Flux2ParallelSelfAttnProcessor]},
-                           _PARALLEL_ACT_LABEL if activations else _PROC_LABEL)
+        replace_processors(model, report, {t2.Flux2AttnProcessor: processor_factory(
+            procs[t2.Flux2AttnProcessor], fp8)}, fp8_label(_PROC_LABEL, fp8))
+        replace_processors(model, report, {t2.Flux2ParallelSelfAttnProcessor: processor_factory(
+            procs[t2.Flux2ParallelSelfAttnProcessor], fp8)},
+            fp8_label(_PARALLEL_ACT_LABEL if activations else _PROC_LABEL, fp8))
     if activations:
         bind_forwards(model, report, {
             t2.Flux2SwiGLU: (_swiglu_forward, "SwiGLU activations (one kernel)")})

@@ -14,7 +14,7 @@ import torch
 from ditfuse.ops.activations import GELU_KINDS, gelu
 from ditfuse.ops.adaln import gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forwards, cat_activation, cat_fusable, grad_needed, join_tokens, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors
+from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, cat_quantized, fp8_label, grad_needed, join_tokens, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, replace_processors, use_8bit
 from ditfuse.patching.flux import _ada_zero_forward, _ada_zero_single_forward
 
 
@@ -31,6 +31,16 @@ def _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin):
     qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
                  out=(q_all[:, S:], k_all[:, S:]))
     return q_all, k_all
+
+
+def _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin):
+    """:func:`_joint_qk` quantized: each stream's Q / K normalised (the image also rotated)
+    and quantized to int8 with per-token scales by one kernel, concatenated image first."""
+    return cat_quantized([
+        qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                     quantize="int8"),
+        qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
+                     k_norm=attn.norm_added_k, quantize="int8")])
 
 
 def _split_out(attn, hidden_states, T):
@@ -58,9 +68,17 @@ def _make_processor():
 
         Falls back to the original when autograd needs gradients, a q/k norm is not an
         RMSNorm/LayerNorm, or the RoPE is not a (cos, sin) pair of (S_image, D) tables.
+
+        With ``patch(attention="fp8")``: each stream's (the single-stream blocks: each token
+        range's) Q / K also quantized to int8 with per-token scales by its kernel, the
+        quantized streams concatenated image first, and the attention on
+        ``ditfuse.attention(..., precision="fp8")`` where the call allows it
+        (``common.use_8bit``, ``common.attend``) -- the model's joint mask all True (a
+        prompt padded to its text length masks the padding: the 16-bit path).
         """
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
@@ -83,32 +101,59 @@ def _make_processor():
             key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
             value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            enc = ()
             if attn.add_q_proj is not None and encoder_hidden_states is not None:
-                # dual stream: each stream normalised (the image also rotated) straight into
-                # its rows of the joint Q / K the attention reads -- the eager processor
-                # normalises in place and then concatenates: two more passes over Q and K
-                encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                query, key = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
-                value = torch.cat([value, encoder_value], dim=1)
-            else:
-                # into fresh Q / K rather than in place: the same bits, and faster on the H200
-                # (HunyuanVideo 544p 215.0 vs 220.0 us, 2026-12-01; docs/design/qk_norm_rope.md)
-                q_new, k_new = torch.empty_like(query), torch.empty_like(key)
-                img = slice(0, n_img)
-                qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
-                             k_norm=attn.norm_k, out=(q_new[:, img], k_new[:, img]))
-                if single:  # the text tail is normalised but not rotated
-                    txt = slice(n_img, n_img + T)
-                    qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
-                                 k_norm=attn.norm_k, out=(q_new[:, txt], k_new[:, txt]))
-                query, key = q_new, k_new
+                enc = tuple(proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+                            for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
 
-            hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                backend=self._attention_backend, parallel_config=self._parallel_config)
-            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            def attend_16bit(query, key, value, *enc):
+                if enc:
+                    # dual stream: each stream normalised (the image also rotated) straight
+                    # into its rows of the joint Q / K the attention reads -- the eager
+                    # processor normalises in place and then concatenates: two more passes
+                    # over Q and K
+                    encoder_query, encoder_key, encoder_value = enc
+                    query, key = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
+                    value = torch.cat([value, encoder_value], dim=1)
+                else:
+                    # into fresh Q / K rather than in place: the same bits, and faster on the
+                    # H200 (HunyuanVideo 544p 215.0 vs 220.0 us, 2026-12-01;
+                    # docs/design/qk_norm_rope.md)
+                    q_new, k_new = torch.empty_like(query), torch.empty_like(key)
+                    img = slice(0, n_img)
+                    qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
+                                 k_norm=attn.norm_k, out=(q_new[:, img], k_new[:, img]))
+                    if single:  # the text tail is normalised but not rotated
+                        txt = slice(n_img, n_img + T)
+                        qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
+                                     k_norm=attn.norm_k, out=(q_new[:, txt], k_new[:, txt]))
+                    query, key = q_new, k_new
+                out = dispatch_attention_fn(
+                    query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                    backend=self._attention_backend, parallel_config=self._parallel_config)
+                return out.flatten(2, 3).to(query.dtype)
+
+            def attend_8bit(query, key, value, *enc):
+                if enc:
+                    encoder_query, encoder_key, encoder_value = enc
+                    qk = _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin)
+                    value = torch.cat([value, encoder_value], dim=1)
+                else:
+                    img = slice(0, n_img)
+                    parts = [qk_norm_rope(query[:, img], key[:, img], cos, sin,
+                                          q_norm=attn.norm_q, k_norm=attn.norm_k,
+                                          quantize="int8")]
+                    if single:  # the text tail: normalised, not rotated
+                        txt = slice(n_img, n_img + T)
+                        parts.append(qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
+                                                  k_norm=attn.norm_k, quantize="int8"))
+                    qk = cat_quantized(parts)
+                return attention_8bit(qk, value).flatten(2, 3)
+
+            eight = use_8bit(self, query, value, value.shape[-1], attention_mask,
+                             self._parallel_config)
+            hidden_states = attend(eight, attention_mask, attend_8bit, attend_16bit,
+                                   (query, key, value, *enc))
             if encoder_hidden_states is not None:
                 hidden_states, encoder_hidden_states = _split_out(attn, hidden_states, T)
             return hidden_states, encoder_hidden_states
@@ -132,9 +177,13 @@ def _make_processor_15():
         Falls back to the original when autograd needs gradients, a q/k norm is not one
         ``qk_norm_rope`` reads exactly, there is no text stream or mask, or the RoPE is not
         a (cos, sin) pair of (S_image, D) tables.
+
+        With ``patch(attention="fp8")``: as HunyuanVideo's processor, where the token mask
+        keeps every token (else the 16-bit path with the joint mask).
         """
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
@@ -158,20 +207,28 @@ def _make_processor_15():
             encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (H, -1))
             B, T = query.shape[0], encoder_query.shape[1]
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
-            q_all, k_all = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
-            value = torch.cat([value, encoder_value], dim=1)
-
             # the eager processor's joint mask: the token mask left-padded with True to the
             # joint length, a pair kept where both tokens are
             n = S + T
-            mask = F.pad(attention_mask, (n - attention_mask.shape[1], 0), value=True).bool()
-            rows = mask.view(B, 1, 1, n).repeat(1, 1, n, 1)
-            mask = rows & rows.transpose(2, 3)
+            tokens = F.pad(attention_mask, (n - attention_mask.shape[1], 0), value=True).bool()
 
-            hidden_states = dispatch_attention_fn(
-                q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                backend=self._attention_backend, parallel_config=self._parallel_config)
-            hidden_states = hidden_states.flatten(2, 3).to(q_all.dtype)
+            def attend_16bit(query, key, value, encoder_query, encoder_key, encoder_value):
+                q_all, k_all = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
+                value = torch.cat([value, encoder_value], dim=1)
+                rows = tokens.view(B, 1, 1, n).repeat(1, 1, n, 1)
+                mask = rows & rows.transpose(2, 3)
+                out = dispatch_attention_fn(
+                    q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                    backend=self._attention_backend, parallel_config=self._parallel_config)
+                return out.flatten(2, 3).to(q_all.dtype)
+
+            def attend_8bit(query, key, value, encoder_query, encoder_key, encoder_value):
+                qk = _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin)
+                return attention_8bit(qk, torch.cat([value, encoder_value], dim=1)).flatten(2, 3)
+
+            eight = use_8bit(self, query, value, value.shape[-1], tokens, self._parallel_config)
+            hidden_states = attend(eight, tokens, attend_8bit, attend_16bit,
+                                   (query, key, value, encoder_query, encoder_key, encoder_value))
             return _split_out(attn, hidden_states, T)
 
     return DitfuseHunyuanVideo15AttnProcessor
@@ -262,8 +319,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
         HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
 
     if qk_norm_rope:
-        replace_processors(model, report, {HunyuanVideoAttnProcessor2_0: _make_processor()},
-                           "attention processors (QK-norm + RoPE)")
+        fp8 = attention == FP8
+        replace_processors(model, report, {HunyuanVideoAttnProcessor2_0: processor_factory(
+            _make_processor(), fp8)}, fp8_label("attention processors (QK-norm + RoPE)", fp8))
     if adaln:
         bind_forwards(model, report, {
             AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
@@ -283,8 +341,9 @@ def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     from diffusers.models.transformers import transformer_hunyuan_video15 as th
 
     if qk_norm_rope:
-        replace_processors(model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()},
-                           "attention processors (QK-norm + RoPE)")
+        fp8 = attention == FP8
+        replace_processors(model, report, {th.HunyuanVideo15AttnProcessor2_0: processor_factory(
+            _make_processor_15(), fp8)}, fp8_label("attention processors (QK-norm + RoPE)", fp8))
     if adaln:
         bind_forwards(model, report, {
             AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),

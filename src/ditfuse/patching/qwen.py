@@ -12,7 +12,7 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forwards, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, replace_processors, table_once
+from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_quantized, fp8_label, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, replace_processors, table_once, use_8bit
 
 
 def _real(f):
@@ -41,9 +41,16 @@ def _make_processor():
 
         Falls back to the original when autograd needs gradients, a q/k norm is not an
         RMSNorm, or the RoPE is not an (image, text) pair of complex (S, D/2) tables.
+
+        With ``patch(attention="fp8")``: each stream's Q / K also quantized to int8 with
+        per-token scales by its kernel, concatenated text first, and the attention on
+        ``ditfuse.attention(..., precision="fp8")`` where the call allows it
+        (``common.use_8bit``, ``common.attend``) -- ``encoder_hidden_states_mask`` None or
+        all True (a padded prompt: the 16-bit path with the joint mask).
         """
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None,
                      encoder_hidden_states_mask=None, attention_mask=None, image_rotary_emb=None):
@@ -77,23 +84,42 @@ def _make_processor():
                                               attn.add_k_proj(encoder_hidden_states),
                                               attn.add_v_proj(encoder_hidden_states)))
             B, S, H = img_q.shape[:3]
-            q = img_q.new_empty(B, T + S, H, D)
-            k = img_k.new_empty(B, T + S, H, D)
             if image_rotary_emb is not None:
                 (ic, is_), (tc, ts) = _cs(image_rotary_emb[0]), _cs(image_rotary_emb[1])
                 rot = dict(rotary_dim=D)
             else:
                 ic = is_ = tc = ts = None
                 rot = {}
-            qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
-                         out=(q[:, :T], k[:, :T]), **rot)
-            qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                         out=(q[:, T:], k[:, T:]), **rot)
             v = torch.cat([txt_v, img_v], dim=1)
-            joint = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
-                                          is_causal=False, backend=self._attention_backend,
-                                          parallel_config=self._parallel_config)
-            joint = joint.flatten(2, 3).to(q.dtype)
+
+            def attend_16bit(img_q, img_k, txt_q, txt_k, v):
+                q = img_q.new_empty(B, T + S, H, D)
+                k = img_k.new_empty(B, T + S, H, D)
+                qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q,
+                             k_norm=attn.norm_added_k, out=(q[:, :T], k[:, :T]), **rot)
+                qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                             out=(q[:, T:], k[:, T:]), **rot)
+                joint = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
+                                              is_causal=False, backend=self._attention_backend,
+                                              parallel_config=self._parallel_config)
+                return joint.flatten(2, 3).to(q.dtype)
+
+            def attend_8bit(img_q, img_k, txt_q, txt_k, v):
+                qk = cat_quantized([
+                    qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q,
+                                 k_norm=attn.norm_added_k, quantize="int8", **rot),
+                    qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                                 quantize="int8", **rot)])
+                return attention_8bit(qk, v).flatten(2, 3)
+
+            eight = use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)
+            joint = attend(eight, attention_mask, attend_8bit, attend_16bit,
+                           (img_q, img_k, txt_q, txt_k, v))
+            return self._out(attn, joint, T)
+
+        @staticmethod
+        def _out(attn, joint, T):
+            """The joint attention output's text and image rows through their projections."""
             txt_out, img_out = joint[:, :T, :], joint[:, T:, :]
             img_out = attn.to_out[0](img_out.contiguous())
             if len(attn.to_out) > 1:
@@ -215,8 +241,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                                                                      QwenImageTransformerBlock)
 
     if qk_norm_rope:
-        replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()},
-                           "attention processors (QK-norm + RoPE)")
+        fp8 = attention == FP8
+        replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: processor_factory(
+            _make_processor(), fp8)}, fp8_label("attention processors (QK-norm + RoPE)", fp8))
     if adaln:
         bind_forwards(model, report,
                       {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})

@@ -9,7 +9,7 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors, table_once
+from ditfuse.patching.common import FP8, QuantizedQK, attend, attention_8bit, bind_forward, fp8_label, grad_needed, norms_ok, params_need_grad, processor_factory, replace_processors, table_once, use_8bit
 
 
 def _wan_cos(t):
@@ -20,10 +20,12 @@ def _wan_sin(t):
     return t[..., 1::2].contiguous()
 
 
-def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
+def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None, quantize=None):
     """Norm (+ Wan's RoPE) of q (and k) as (B, S, H*D), into fresh tensors (as Wan's own
-    processor: ``norm_q`` and ``apply_rotary_emb`` return new ones)."""
-    if cos is None and isinstance(norm, torch.nn.Identity) and (k is None or isinstance(k_norm, torch.nn.Identity)):
+    processor: ``norm_q`` and ``apply_rotary_emb`` return new ones); with ``quantize``, their
+    8-bit values and per-token scales (``QuantizedQK``, written by the same kernel)."""
+    if quantize is None and cos is None and isinstance(norm, torch.nn.Identity) and \
+            (k is None or isinstance(k_norm, torch.nn.Identity)):
         return x, k
     D = x.shape[-1] // H
     if cos is not None:
@@ -40,7 +42,14 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None):
     # 14B 480p 334.0 vs 338.2 us (separate projections), 337.0 vs 351.5 on the chunks of a
     # fused QKV projection, 1.3B 110.0 vs 111.2 (2026-12-01; docs/design/qk_norm_rope.md)
     return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
-                        rotary_dim=D if cos is not None else None)
+                        rotary_dim=D if cos is not None else None,
+                        **({"quantize": quantize} if quantize else {}))
+
+
+def _heads8(r: QuantizedQK, H: int) -> QuantizedQK:
+    """(B, S, H*D) quantized Q / K as (B, S, H, D) views (the scales are (B, H, S) already)."""
+    return QuantizedQK(r.q.unflatten(2, (H, -1)), None if r.k is None else r.k.unflatten(2, (H, -1)),
+                       r.q_scale, r.k_scale)
 
 
 def _make_processor(tw=None, base=None, skyreels: bool = False):
@@ -70,9 +79,16 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         rest one unit apart, 2026-12-02: docs/design/qk_norm_rope.md); a model cast
         whole with ``.to(bfloat16)`` has bf16 tables, where eager Wan rounds every RoPE
         product in bf16 and the kernel rounds once (within a rounding).
+
+        With ``patch(attention="fp8")`` the same kernel also writes Q and K as int8 with
+        per-token scales, and self-, cross- and I2V image attention run on
+        ``ditfuse.attention(..., precision="fp8")`` where ``common.use_8bit`` holds (head_dim
+        64 / 128, a 16-bit model, no context-parallel exchange in the call, a device the
+        kernel runs on) and the mask masks nothing (``common.attend``); else the 16-bit path.
         """
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      rotary_emb=None):
@@ -94,35 +110,69 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
 
             query, key, value = tw._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
             H = attn.heads
-            if rotary_emb is not None and query.shape == key.shape:
-                query, key = _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k)
-            else:
-                query, _ = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)))
-                key, _ = _qk(key, attn.norm_k, H)
-            query = query.unflatten(2, (H, -1))
-            key = key.unflatten(2, (H, -1))
-            value = value.unflatten(2, (H, -1))
-
-            hidden_states_img = None
+            img = ()
             if encoder_hidden_states_img is not None:
-                key_img, value_img = tw._get_added_kv_projections(attn, encoder_hidden_states_img)
-                key_img, _ = _qk(key_img, attn.norm_added_k, H)
-                key_img = key_img.unflatten(2, (H, -1))
-                value_img = value_img.unflatten(2, (H, -1))
-                hidden_states_img = dispatch_attention_fn(
-                    query, key_img, value_img, attn_mask=None, dropout_p=0.0, is_causal=False,
-                    backend=self._attention_backend,
-                    parallel_config=self._parallel_config if skyreels else None)
-                hidden_states_img = hidden_states_img.flatten(2, 3).type_as(query)
+                img = tw._get_added_kv_projections(attn, encoder_hidden_states_img)
+            eight = (use_8bit(self, query, value, value.shape[-1] // H, attention_mask,
+                              self._parallel_config if skyreels or encoder_hidden_states is None
+                              else None)
+                     and key.shape[1] > 0 and (not img or (
+                         img[0].shape[1] > 0 and (not skyreels or self._parallel_config is None))))
 
-            hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                backend=self._attention_backend,
-                parallel_config=(self._parallel_config if skyreels or encoder_hidden_states is None
-                                 else None))
-            hidden_states = hidden_states.flatten(2, 3).type_as(query)
-            if hidden_states_img is not None:
-                hidden_states = hidden_states + hidden_states_img
+            def attend_16bit(query, key, value, *img):
+                if rotary_emb is not None and query.shape == key.shape:
+                    query, key = _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k)
+                else:
+                    query, _ = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)))
+                    key, _ = _qk(key, attn.norm_k, H)
+                query = query.unflatten(2, (H, -1))
+                key = key.unflatten(2, (H, -1))
+                value = value.unflatten(2, (H, -1))
+
+                hidden_states_img = None
+                if img:
+                    key_img, value_img = img
+                    key_img, _ = _qk(key_img, attn.norm_added_k, H)
+                    key_img = key_img.unflatten(2, (H, -1))
+                    value_img = value_img.unflatten(2, (H, -1))
+                    hidden_states_img = dispatch_attention_fn(
+                        query, key_img, value_img, attn_mask=None, dropout_p=0.0, is_causal=False,
+                        backend=self._attention_backend,
+                        parallel_config=self._parallel_config if skyreels else None)
+                    hidden_states_img = hidden_states_img.flatten(2, 3).type_as(query)
+
+                hidden_states = dispatch_attention_fn(
+                    query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                    backend=self._attention_backend,
+                    parallel_config=(self._parallel_config if skyreels or encoder_hidden_states is None
+                                     else None))
+                hidden_states = hidden_states.flatten(2, 3).type_as(query)
+                if hidden_states_img is not None:
+                    hidden_states = hidden_states + hidden_states_img
+                return hidden_states
+
+            def attend_8bit(query, key, value, *img):
+                # Q (and K) normalised (and rotated) and quantized by one kernel; the I2V
+                # image keys attended with the same quantized Q
+                if rotary_emb is not None and query.shape == key.shape:
+                    qk = _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k,
+                             quantize="int8")
+                else:
+                    q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize="int8")
+                    k = _qk(key, attn.norm_k, H, quantize="int8")
+                    qk = QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
+                qk = _heads8(qk, H)
+                hidden_states = attention_8bit(qk, value.unflatten(2, (H, -1))).flatten(2, 3)
+                if img:
+                    key_img, value_img = img
+                    k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
+                    hidden_states = hidden_states + attention_8bit(
+                        qk, value_img.unflatten(2, (H, -1)), k=k_img.q,
+                        k_scale=k_img.q_scale).flatten(2, 3)
+                return hidden_states
+
+            hidden_states = attend(eight, attention_mask, attend_8bit, attend_16bit,
+                                   (query, key, value, *img))
             hidden_states = attn.to_out[0](hidden_states)
             hidden_states = attn.to_out[1](hidden_states)
             return hidden_states
@@ -219,7 +269,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     from diffusers.models.transformers import transformer_wan as tw
 
     _patch(model, report, qk_norm_rope, adaln, tw, tw.WanAttnProcessor, tw.WanTransformerBlock,
-           _block_forward, skyreels=False)
+           _block_forward, skyreels=False, attention=attention)
 
 
 def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -230,7 +280,7 @@ def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=Tru
     from diffusers.models.transformers import transformer_wan_animate as ta
 
     _patch(model, report, qk_norm_rope, adaln, ta, ta.WanAttnProcessor, ta.WanTransformerBlock,
-           _block_forward, skyreels=False)
+           _block_forward, skyreels=False, attention=attention)
 
 
 def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -242,7 +292,7 @@ def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=
     from diffusers.models.transformers import transformer_chronoedit as tc
 
     _patch(model, report, qk_norm_rope, adaln, tc, tc.WanAttnProcessor, tc.WanTransformerBlock,
-           _block_forward, skyreels=False)
+           _block_forward, skyreels=False, attention=attention)
 
 
 def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -251,13 +301,16 @@ def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     from diffusers.models.transformers import transformer_skyreels_v2 as ts
 
     _patch(model, report, qk_norm_rope, adaln, ts, ts.SkyReelsV2AttnProcessor,
-           ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True)
+           ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True, attention=attention)
 
 
-def _patch(model, report, qk_norm_rope, adaln, module, proc_base, block_cls, block_fwd, skyreels):
+def _patch(model, report, qk_norm_rope, adaln, module, proc_base, block_cls, block_fwd, skyreels,
+           attention=True):
     if qk_norm_rope:
-        replace_processors(model, report, {proc_base: _make_processor(module, proc_base, skyreels)},
-                           "attention processors (QK-norm + RoPE)")
+        fp8 = attention == FP8
+        proc = processor_factory(_make_processor(module, proc_base, skyreels), fp8)
+        replace_processors(model, report, {proc_base: proc},
+                           fp8_label("attention processors (QK-norm + RoPE)", fp8))
     if adaln:  # only blocks whose norms the chain reproduces: the report counts what runs
         for m in model.modules():
             if type(m) is block_cls and _block_ok(m) and bind_forward(m, block_fwd, report):

@@ -12,8 +12,8 @@ import math
 import torch
 
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forward, grad_needed, norms_ok, params_need_grad, replace_processors, table_once
-from ditfuse.patching.wan import _qk, chain_norms_ok, wan_chain
+from ditfuse.patching.common import FP8, QuantizedQK, attention_8bit, bind_forward, fp8_label, grad_needed, norms_ok, params_need_grad, processor_factory, replace_processors, table_once, use_8bit
+from ditfuse.patching.wan import _heads8, _qk, chain_norms_ok, wan_chain
 
 
 def _grid_list(grid_sizes) -> list | None:
@@ -74,11 +74,13 @@ def _rope_tables(freqs, grid, stride, S):
     return slot["tables"]
 
 
-def _rotate(x, cos, sin, H):
+def _rotate(x, cos, sin, H, quantize=None):
     """``rope_apply`` on already-normalised rows ``x`` (B, S, H*D) or (B, S, H, D): the
-    rotation alone (no norm), into a fresh tensor."""
+    rotation alone (no norm), into a fresh tensor (``quantize``: its ``QuantizedQK``)."""
     D = x.shape[-1] if x.dim() == 4 else x.shape[-1] // H
-    return qk_norm_rope(x, None, cos, sin, num_heads=None if x.dim() == 4 else H, rotary_dim=D)[0]
+    out = qk_norm_rope(x, None, cos, sin, num_heads=None if x.dim() == 4 else H, rotary_dim=D,
+                       **({"quantize": quantize} if quantize else {}))
+    return out if quantize else out[0]
 
 
 def _make_processors():
@@ -103,9 +105,15 @@ def _make_processors():
 
         Falls back to the base processor when autograd needs gradients, a norm is not one
         the kernel reads, or the rotary table / grid is not one :func:`_tables` reproduces.
+
+        With ``patch(attention="fp8")``, "extract": the rotated Q / K also quantized to int8
+        with per-token scales by their kernels (the cache keeps the normalised 16-bit K) and
+        the dense pass (no mask) on ``ditfuse.attention(..., precision="fp8")`` where
+        ``common.use_8bit`` holds; "cached" (a flex block mask) keeps the 16-bit path.
         """
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, rotary_emb, grid_sizes, kv_cache, kv_cache_mode,
                      rope_stride=1, reference_rotary_emb=None, reference_grid_sizes=None,
@@ -142,6 +150,14 @@ def _make_processors():
                 # two agree as the processor's do (one norm, then rope_apply)
                 key, _ = _qk(key, attn.norm_k, H)
                 kv_cache.store(key.unflatten(2, (H, -1)), value)
+                if use_8bit(self, query, value, D, None, self._parallel_config):
+                    q = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
+                                     rotary_dim=D, quantize="int8")
+                    k = _rotate(key, cos, sin, H, quantize="int8")
+                    qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
+                    hidden_states = attention_8bit(qk, value).flatten(2, 3)
+                    hidden_states = attn.to_out[0](hidden_states)
+                    return attn.to_out[1](hidden_states)
                 query = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
                                      rotary_dim=D)[0]
                 key = _rotate(key, cos, sin, H)
@@ -169,9 +185,12 @@ def _make_processors():
         """WanAnimate2CrossAttnProcessor with ``norm_q``, ``norm_k`` and the CLIP keys'
         ``norm_added_k`` (RMSNorms across heads) as ditfuse kernels: the norms within one
         rounding of ``torch.nn.RMSNorm`` (the statistic's summation order). Falls back to the base processor
-        when autograd needs gradients or a norm is not one the kernel reads."""
+        when autograd needs gradients or a norm is not one the kernel reads. With
+        ``patch(attention="fp8")``: Q and the (text, image) keys quantized by their kernels and
+        both attentions (no mask) on 8 bits where ``common.use_8bit`` holds."""
 
         _ditfuse = True
+        _ditfuse_fp8 = False
 
         def __call__(self, attn, hidden_states, encoder_hidden_states,
                      encoder_hidden_states_image=None):
@@ -187,6 +206,8 @@ def _make_processors():
                 return super().__call__(attn, hidden_states, encoder_hidden_states,
                                         encoder_hidden_states_image)
             query, key, value = ta._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+            if use_8bit(self, query, value, value.shape[-1] // H, None, self._parallel_config):
+                return self._call_8bit(attn, query, key, value, encoder_hidden_states_image)
             query, _ = _qk(query, attn.norm_q, H)
             key, _ = _qk(key, attn.norm_k, H)
             query = query.unflatten(2, (H, -1))
@@ -202,6 +223,22 @@ def _make_processors():
                     attn_mask=None, backend=self._attention_backend,
                     parallel_config=self._parallel_config)
                 hidden_states = hidden_states + hidden_states_image.flatten(2, 3).type_as(query)
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+            return hidden_states
+
+        def _call_8bit(self, attn, query, key, value, encoder_hidden_states_image):
+            H = attn.heads
+            q = _qk(query, attn.norm_q, H, quantize="int8")
+            k = _qk(key, attn.norm_k, H, quantize="int8")
+            qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
+            hidden_states = attention_8bit(qk, value.unflatten(2, (H, -1))).flatten(2, 3)
+            if encoder_hidden_states_image is not None:
+                key_image, value_image = ta._get_added_kv_projections(attn, encoder_hidden_states_image)
+                k_img = _heads8(_qk(key_image, attn.norm_added_k, H, quantize="int8"), H)
+                hidden_states = hidden_states + attention_8bit(
+                    qk, value_image.unflatten(2, (H, -1)), k=k_img.q,
+                    k_scale=k_img.q_scale).flatten(2, 3)
             hidden_states = attn.to_out[0](hidden_states)
             hidden_states = attn.to_out[1](hidden_states)
             return hidden_states
@@ -283,7 +320,10 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2TransformerBlock
 
     if qk_norm_rope:
-        replace_processors(model, report, _make_processors(), "attention processors (QK-norm + RoPE)")
+        fp8 = attention == FP8
+        replace_processors(model, report,
+                           {k: processor_factory(v, fp8) for k, v in _make_processors().items()},
+                           fp8_label("attention processors (QK-norm + RoPE)", fp8))
     if adaln:
         for m in model.modules():
             if type(m) is WanAnimate2TransformerBlock and _block_ok(m) and bind_forward(m, _block_forward, report):

@@ -28,6 +28,13 @@ def to_dtype(model, dtype):
     return model
 
 
+def _axes(head_dim, n):
+    """RoPE axis widths (even, summing to ``head_dim``) of a tiny model at another head_dim:
+    the first axis takes what the equal split of the others leaves."""
+    rest = (head_dim // n) // 2 * 2
+    return [head_dim - rest * (n - 1)] + [rest] * (n - 1)
+
+
 def _randomize(m, seed=0):  # noqa: D103
     g = torch.Generator().manual_seed(seed)
     for p in m.parameters():
@@ -35,22 +42,24 @@ def _randomize(m, seed=0):  # noqa: D103
     return m.eval()
 
 
-def _wan(i2v=False):
+def _wan(i2v=False, head_dim=12):
     from diffusers import WanTransformer3DModel
 
 
-    kw = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+    kw = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=head_dim, in_channels=4,
               out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2,
               cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
     if i2v:
-        kw.update(image_dim=8, added_kv_proj_dim=24)
+        kw.update(image_dim=8, added_kv_proj_dim=2 * head_dim)
     return _randomize(WanTransformer3DModel(**kw))
 
 
-def _wan_inputs(dtype, i2v=False, per_token=False):
+def _wan_inputs(dtype, i2v=False, per_token=False, text=6):
+    """``text``: prompt tokens (Wan I2V's cross-attention takes the tokens before the last
+    512 as the image's: with fewer, its image keys are empty)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 4, 1, 8, 8, generator=g).to(dtype)
-    e = torch.randn(1, 6, 16, generator=g).to(dtype)
+    e = torch.randn(1, text, 16, generator=g).to(dtype)
     kw = dict(hidden_states=x, encoder_hidden_states=e, return_dict=False)
     if per_token:  # Wan 2.2 TI2V: one timestep per token
         kw["timestep"] = torch.full((1, 16), 500.0).to(dtype)
@@ -61,14 +70,14 @@ def _wan_inputs(dtype, i2v=False, per_token=False):
     return kw
 
 
-def _flux():
+def _flux(head_dim=16):
     from diffusers import FluxTransformer2DModel
 
 
     return _randomize(FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
-        axes_dims_rope=[4, 4, 8]))
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2,
+        attention_head_dim=head_dim, num_attention_heads=2, joint_attention_dim=32,
+        pooled_projection_dim=32, axes_dims_rope=[4, 4, 8] if head_dim == 16 else _axes(head_dim, 3)))
 
 
 def _flux_inputs(dtype):
@@ -83,13 +92,13 @@ def _flux_inputs(dtype):
 
 
 
-def _flux2():
+def _flux2(head_dim=16):
     from diffusers import Flux2Transformer2DModel
 
     return _randomize(Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
-        axes_dims_rope=(4, 4, 4, 4)))
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+        attention_head_dim=head_dim, num_attention_heads=2, joint_attention_dim=32,
+        timestep_guidance_channels=32, axes_dims_rope=(head_dim // 4,) * 4))
 
 
 def _flux2_inputs(dtype):
@@ -102,13 +111,14 @@ def _flux2_inputs(dtype):
                 return_dict=False)
 
 
-def _hunyuan(single_layers=1):
+def _hunyuan(single_layers=1, head_dim=10):
     from diffusers import HunyuanVideoTransformer3DModel
 
     return _randomize(HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-        num_single_layers=single_layers, num_refiner_layers=1, patch_size=1, patch_size_t=1,
-        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)))
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=head_dim,
+        num_layers=1, num_single_layers=single_layers, num_refiner_layers=1, patch_size=1,
+        patch_size_t=1, guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8,
+        rope_axes_dim=(2, 4, 4) if head_dim == 10 else _axes(head_dim, 3)))
 
 
 def _hunyuan_inputs(dtype):
@@ -142,12 +152,13 @@ def _sa3_inputs(dtype, inpaint=True):
     return kw
 
 
-def _qwen():
+def _qwen(head_dim=16):
     from diffusers import QwenImageTransformer2DModel
 
     return _randomize(QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4)))
+        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=head_dim,
+        num_attention_heads=2, joint_attention_dim=16,
+        axes_dims_rope=(8, 4, 4) if head_dim == 16 else (head_dim // 2, head_dim // 4, head_dim // 4)))
 
 
 def _qwen_inputs(dtype):
@@ -178,6 +189,19 @@ CASES = [
     ("sa3-dit-inpaint", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1,
                                             "blocks (AdaLN + gated residuals)": 1}),
     ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1}),
+]
+
+
+#: the families ``patch(attention="fp8")`` puts on 8-bit attention, at head_dim 64 (the
+#: 8-bit kernel takes 64 and 128): (name, make, inputs, 8-bit attention calls a forward --
+#: every patched processor once; Wan I2V's cross-attention twice, text and image keys)
+FP8_CASES = [
+    ("wan-t2v", lambda: _wan(head_dim=64), lambda dt: _wan_inputs(dt), 4),
+    ("wan-i2v", lambda: _wan(i2v=True, head_dim=64), lambda dt: _wan_inputs(dt, i2v=True, text=512), 6),
+    ("flux1", lambda: _flux(head_dim=64), _flux_inputs, 3),
+    ("flux2", lambda: _flux2(head_dim=64), _flux2_inputs, 2),
+    ("hunyuan-video", lambda: _hunyuan(head_dim=64), _hunyuan_inputs, 2),
+    ("qwen-image", lambda: _qwen(head_dim=64), _qwen_inputs, 1),
 ]
 
 

@@ -1,0 +1,256 @@
+"""ditfuse.patch(..., attention="fp8"): the DiT attention processors on 8-bit attention (Q / K
+int8 with per-token scales from the QK-norm + RoPE kernel, ``ditfuse.attention(...,
+precision="fp8")``). Tiny models at head_dim 64, bf16: the 8-bit path really runs (a spy on
+the attention op's ``run``), the output close to the unpatched model's, every case the
+kernel does not take (a mask that masks something, head_dim, fp32, classes without an 8-bit
+path) the exact 16-bit path, unpatch restores the original bits, bad values rejected."""
+import pytest
+import torch
+
+import ditfuse
+
+diffusers = pytest.importorskip("diffusers")
+from ditfuse.ops import attention_fp8 as _attention_fp8  # noqa: E402
+from ditfuse.tools.tiny_models import CASES, FP8_CASES, _qwen, _qwen_inputs, to_dtype  # noqa: E402
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the "
+                                "CPU, where the 8-bit kernel runs through Triton's interpreter")
+
+# A whole (tiny) model's output with 8-bit attention against the unpatched bf16 model: Q K^T
+# in int8 (per-token scales), P and V in e4m3 (3 mantissa bits) in every attention of the
+# model. Measured 0.99980 .. 0.99998 and 0.006 .. 0.021 (docs/patching.md, "8-bit attention").
+COS_MIN = 0.999
+REL_L2_MAX = 0.05
+
+_FP8_LABEL = "attention processors (QK-norm + RoPE, 8-bit attention)"
+_FP8 = {c[0]: c for c in FP8_CASES}
+_CASES = {c[0]: c for c in CASES}
+#: Wan I2V needs 512 prompt tokens for non-empty image keys: the slow tier
+_SLOW = ("wan-i2v",)
+
+
+def _spy(monkeypatch):
+    """Count the 8-bit attention launches (``ditfuse.ops.attention_fp8.run``: the kernel, or
+    its emulation, of every 8-bit call, eager or through the torch.library op)."""
+    calls = []
+    real = _attention_fp8.run
+
+    def run(p):
+        calls.append(tuple(p.q.shape))
+        return real(p)
+
+    monkeypatch.setattr(_attention_fp8, "run", run)
+    return calls
+
+
+def _accuracy(out, ref):
+    o, r = out.float().flatten(), ref.float().flatten()
+    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
+    rel = ((o - r).norm() / r.norm()).item()
+    return cos, rel
+
+
+def _originals(model):
+    for m in model.modules():
+        if hasattr(m, "processor"):
+            assert not getattr(m.processor, "_ditfuse", False), type(m.processor)
+        assert "forward" not in m.__dict__
+
+
+def _fp8_params():
+    return [pytest.param(*c, id=c[0], marks=pytest.mark.slow if c[0] in _SLOW else ())
+            for c in FP8_CASES]
+
+
+@pytest.mark.parametrize("name,make,inputs,calls", _fp8_params())
+@torch.no_grad()
+def test_fp8_close_to_unpatched(name, make, inputs, calls, monkeypatch):
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ref = model(**kw)[0]
+    report = ditfuse.patch(model, attention="fp8")
+    labels = [k for k in report.counts if "8-bit attention" in k]
+    assert labels, report.counts
+    n_procs = sum(report.counts[k] for k in labels)
+    seen = _spy(monkeypatch)
+    out = model(**kw)[0]
+    assert len(seen) == calls, f"{len(seen)} 8-bit attention calls, {calls} wanted"
+    monkeypatch.undo()
+    cos, rel = _accuracy(out, ref)
+    print(f"{name}: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit calls)")
+    assert torch.isfinite(out).all()
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    assert ditfuse.unpatch(model) == n_procs + sum(
+        v for k, v in report.counts.items() if k not in labels)
+    assert torch.equal(model(**kw)[0], ref), "unpatch must restore the original outputs exactly"
+    _originals(model)
+
+
+def _masked(name, model, kw):
+    """Inputs of ``name`` whose attention mask masks something, and the attention module
+    call that receives it (None: the model's forward)."""
+    kw = dict(kw)
+    if name == "hunyuan-video":  # the model's joint mask drops the padded prompt tokens
+        m = torch.ones_like(kw["encoder_attention_mask"])
+        m[:, -2:] = 0
+        kw["encoder_attention_mask"] = m
+    elif name == "qwen-image":
+        m = kw["encoder_hidden_states_mask"].clone()
+        m[:, -3:] = False
+        kw["encoder_hidden_states_mask"] = m
+    elif name in ("flux1", "flux2"):  # the processors' attention_mask, through the blocks
+        n = kw["hidden_states"].shape[1] + kw["encoder_hidden_states"].shape[1]
+        m = torch.ones(1, 1, 1, n, dtype=torch.bool)
+        m[..., 1] = False
+        kw["joint_attention_kwargs"] = {"attention_mask": m}
+    else:  # Wan's model takes no mask: its self-attention module called with one
+        return None, kw
+    return model, kw
+
+
+def _wan_self_attention_call(model, dtype):
+    g = torch.Generator().manual_seed(11)
+    attn = model.blocks[0].attn1
+    x = torch.randn(1, 16, attn.inner_dim, generator=g).to(dtype)
+    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool)
+    mask[..., 3] = False
+    return lambda masked: attn(x, None, mask if masked else None, None)
+
+
+@pytest.mark.parametrize("name", [  # FLUX.1 / FLUX.2: seconds a forward in the interpreter
+    pytest.param(c[0], marks=pytest.mark.slow if c[0] in _SLOW + ("flux1", "flux2") else ())
+    for c in FP8_CASES])
+@torch.no_grad()
+def test_fp8_masked_call_takes_the_16bit_path(name, monkeypatch):
+    """A mask that masks something: the exact 16-bit path of ``patch(attention=True)``
+    (bitwise), no 8-bit launch; an all-True mask (HunyuanVideo's joint mask, Qwen-Image's
+    prompt mask of the tiny inputs) is dropped: the 8-bit path (the test above)."""
+    _, make, inputs, _ = _FP8[name]
+    model = to_dtype(make(), torch.bfloat16)
+    fwd, kw = _masked(name, model, inputs(torch.bfloat16))
+    if fwd is None:
+        call = _wan_self_attention_call(model, torch.bfloat16)
+    else:
+        def call(masked):
+            return model(**kw)[0]
+    ditfuse.patch(model)
+    want = call(True)
+    ditfuse.unpatch(model)
+    ditfuse.patch(model, attention="fp8")
+    seen = _spy(monkeypatch)
+    got = call(True)
+    assert not seen, f"a masked call took the 8-bit path: {seen}"
+    assert torch.equal(got, want), "the masked call must be the exact 16-bit path"
+    if fwd is None:  # the same module without the mask: 8-bit
+        call(False)
+        assert len(seen) == 1, seen
+
+
+@pytest.mark.parametrize("name,why", [
+    ("qwen-image", "head_dim"), ("qwen-image", "fp32"),
+    pytest.param("hunyuan-video", "head_dim", marks=pytest.mark.slow),
+    pytest.param("flux1", "fp32", marks=pytest.mark.slow),
+    pytest.param("wan-t2v", "fp32", marks=pytest.mark.slow)])
+@torch.no_grad()
+def test_fp8_unsupported_calls_take_the_16bit_path(name, why, monkeypatch):
+    """head_dim 16 (the default tiny configs) and fp32 models: no 8-bit launch, bitwise the
+    output of ``patch(attention=True)``."""
+    if why == "head_dim":
+        make, inputs, dtype = _CASES[name][1], _CASES[name][2], torch.bfloat16
+    else:
+        make, inputs, dtype = _FP8[name][1], _FP8[name][2], torch.float32
+    model = to_dtype(make(), dtype)
+    kw = inputs(dtype)
+    ditfuse.patch(model)
+    want = model(**kw)[0]
+    ditfuse.unpatch(model)
+    report = ditfuse.patch(model, attention="fp8")
+    assert any("8-bit attention" in k for k in report.counts), report.counts
+    seen = _spy(monkeypatch)
+    got = model(**kw)[0]
+    assert not seen, f"{why}: the 8-bit path ran {seen}"
+    assert torch.equal(got, want)
+
+
+@torch.no_grad()
+def test_fp8_switch_and_back(monkeypatch):
+    """Patching again with another ``attention`` switches the processors' precision (counted
+    in the report); unpatch restores the original processors whichever was last."""
+    model = to_dtype(_qwen(head_dim=64), torch.bfloat16)
+    kw = _qwen_inputs(torch.bfloat16)
+    ref = model(**kw)[0]
+    ditfuse.patch(model)
+    out16 = model(**kw)[0]
+    report = ditfuse.patch(model, attention="fp8")
+    assert report.counts == {_FP8_LABEL: 1}, report.counts
+    assert not ditfuse.patch(model, attention="fp8").counts, "the same patch twice: nothing new"
+    seen = _spy(monkeypatch)
+    out8 = model(**kw)[0]
+    assert len(seen) == 1 and not torch.equal(out8, out16)
+    report = ditfuse.patch(model, attention=True)
+    assert report.counts == {"attention processors (QK-norm + RoPE)": 1}, report.counts
+    assert torch.equal(model(**kw)[0], out16) and len(seen) == 1
+    ditfuse.patch(model, attention="fp8")
+    assert ditfuse.unpatch(model) == 2  # the processor and the block
+    assert torch.equal(model(**kw)[0], ref)
+    _originals(model)
+
+
+@torch.no_grad()
+def test_fp8_class_without_8bit_path(monkeypatch):
+    """A class with no 8-bit path (the SA3 DiT): patched as with ``attention=True`` (bitwise
+    its output), and the report says its attention stays 16-bit."""
+    name, make, inputs, _ = _CASES["sa3-dit"]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ditfuse.patch(model)
+    want = model(**kw)[0]
+    ditfuse.unpatch(model)
+    report = ditfuse.patch(model, attention="fp8")
+    assert "no 8-bit path" in str(report), str(report)
+    seen = _spy(monkeypatch)
+    assert torch.equal(model(**kw)[0], want) and not seen
+
+
+@pytest.mark.parametrize("bad", ["bogus", "FP8", "int8", 1, 0, None, 1.0])
+def test_attention_value_rejected(bad):
+    model = _qwen()
+    with pytest.raises(ValueError, match="attention"):
+        ditfuse.patch(model, attention=bad)
+    _originals(model)  # rejected before anything was replaced
+
+
+def test_fp8_needs_the_qk_processors():
+    model = _qwen()
+    with pytest.raises(ValueError, match="qk_norm_rope"):
+        ditfuse.patch(model, attention="fp8", qk_norm_rope=False)
+    _originals(model)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,masked", [
+    ("flux1", False), ("flux2", False), ("wan-t2v", False), ("qwen-image", False),
+    ("hunyuan-video", False), ("hunyuan-video", True), ("qwen-image", True)])
+@torch.no_grad()
+def test_fp8_compile_fullgraph(name, masked, monkeypatch):
+    """The 8-bit processors trace whole (torch.compile fullgraph=True: the prologue and the
+    attention are torch.library ops, a given mask a ``torch.cond`` on whether it masks
+    anything): the eager output -- 8-bit where the mask is all True (HunyuanVideo's joint
+    mask, Qwen-Image's prompt mask of the tiny inputs), the 16-bit path of
+    ``patch(attention=True)`` where it masks a padded prompt."""
+    _, make, inputs, calls = _FP8[name]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    if masked:
+        _, kw = _masked(name, model, kw)
+        calls = 0
+    ditfuse.patch(model, attention="fp8")
+    want = model(**kw)[0]
+    torch._dynamo.reset()
+    seen = _spy(monkeypatch)
+    try:
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw)[0]
+    finally:
+        torch._dynamo.reset()
+    assert len(seen) == calls, seen
+    torch.testing.assert_close(got, want, rtol=2.0**-6, atol=2.0**-6 * want.abs().max().item())
