@@ -79,20 +79,27 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
 
 
 @jit
-def _scores(q, k, ks, kbias, QK_INT: tl.constexpr, KMASK: tl.constexpr):
-    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col], -inf
-    in the columns of keys the key mask drops (``kbias``: 0 or -inf a column)."""
+def _scores(q, k, ks, QK_INT: tl.constexpr, KMASK: tl.constexpr):
+    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col].
+    ``KMASK``: a key the mask drops comes with a negative scale (scales are positive
+    otherwise) and scores -inf -- the mask costs no load of its own."""
+    if KMASK:
+        kept = ks > 0.0
+        term = tl.where(kept, 0.0, float("-inf"))
+        ks = tl.where(kept, ks, 0.0)
+    else:
+        term = 0.0
     if QK_INT:
         # the accumulator starts at the magic number (Triton folds the add into the dot's
         # initial value); (1.5 * 2^23 + s) * ks - 1.5 * 2^23 * ks in one fma an element, the
         # second term one multiply a column: its rounding is under one unit of s, far below
-        # the int8 rounding of q and k; a dropped key's column term is -inf
+        # the int8 rounding of q and k
         s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + _MAGIC_I).to(tl.float32, bitcast=True)
-        return s * ks[None, :] + (ks * -_MAGIC_F + kbias)[None, :]
+        return s * ks[None, :] + (ks * -_MAGIC_F + term)[None, :]
     else:
         s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * ks[None, :]
         if KMASK:
-            s = s + kbias[None, :]
+            s = s + term[None, :]
         return s
 
 
@@ -101,10 +108,8 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
               D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
               MASK: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr):
     """Scores, online-softmax update and P @ V of one key tile. ``kv``: K's pointer, base and
-    strides, the key scales' pointer, base and stride, V^T's pointer, base and row length,
-    the key mask's pointer, base and stride."""
-    (k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad,
-     km_ptr, km_base, stride_kms) = kv
+    strides, the key scales' pointer, base and stride, V^T's pointer, base and row length."""
+    k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad = kv
     cols = start_n + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     k_ptrs = k_ptr + k_base + cols.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd
@@ -116,11 +121,7 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
     else:
         k = tl.load(k_ptrs)
         ks = tl.load(ks_ptr + ks_base + cols * stride_kss)
-    kbias = 0.0
-    if KMASK:  # a key mask (padding of the text tokens): 0 or -inf a column
-        keep = tl.load(km_ptr + km_base + cols * stride_kms, mask=cols < S_kv, other=0)
-        kbias = tl.where(keep != 0, 0.0, float("-inf"))
-    t = _scores(q, k, ks, kbias, QK_INT, KMASK)
+    t = _scores(q, k, ks, QK_INT, KMASK)
     if MASK:
         ok = (cols < S_kv)[None, :]
         if BAND:
@@ -166,10 +167,9 @@ def _key_range(lo, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
 
 @jit
 def _attention_8bit_kernel(
-    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr, km_ptr,
+    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr,
     S_q, S_kv, S_pad, H, sm_scale, left, right,
     stride_qsb, stride_qsh, stride_qss, stride_ksb, stride_ksh, stride_kss,
-    stride_kmb, stride_kms,
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_ob, stride_os, stride_oh, stride_od,
@@ -208,7 +208,7 @@ def _attention_8bit_kernel(
         hi = S_kv
         full_hi = S_kv // BLOCK_N * BLOCK_N
     kv = (k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base,
-          S_pad, km_ptr, b.to(tl.int64) * stride_kmb, stride_kms)
+          S_pad)
     # the tiles every key of which is in range, without masks; then the masked ones
     acc, m_i, l_i = _key_range(lo, full_hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
                                D, BLOCK_N, QK_INT, False, BAND, KMASK)

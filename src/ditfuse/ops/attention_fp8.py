@@ -65,12 +65,10 @@ class Settings(NamedTuple):
     num_stages: int
 
 
-def launch_settings(D: int, key_mask: bool = False) -> Settings:
+def launch_settings(D: int) -> Settings:
     """Tile and warps of the attention kernel (docs/design/attention_fp8.md): 128 x 128 tiles
-    on two warpgroups, three stages of K / V in flight -- two with a key mask, whose column
-    bias takes the registers a third stage needs (sm_90a build with three: 40 B of spill,
-    14 local loads / stores in the key loop; with two: none)."""
-    return Settings(128, 128, 8, 2 if key_mask else 3)
+    on two warpgroups, three stages of K / V in flight."""
+    return Settings(128, 128, 8, 3)
 
 
 def _heads(x, name: str, layout: str) -> Tensor:
@@ -202,7 +200,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
 
     B, S_q, H, D = p.q.shape
     S_kv = p.k.shape[1]
-    st = settings or launch_settings(D, p.key_mask is not None)
+    st = settings or launch_settings(D)
     vt, vscale = quantize_v(p.v)
     shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
     out = _new_out(shape, p.v.dtype, p.v.device)
@@ -211,15 +209,22 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     left = big if p.left < 0 else p.left
     right = big if p.right < 0 else p.right
     grid = (triton_cdiv(S_q, st.block_m), B * H)
-    km = p.key_mask if p.key_mask is not None else p.k_scale[0]  # unused without KMASK
+    ks = p.k_scale if p.key_mask is None else _signed_scales(p)
     _attention_8bit_kernel[grid](
-        p.q, p.k, vt, p.q_scale, p.k_scale, vscale, o4, km,
+        p.q, p.k, vt, p.q_scale, ks, vscale, o4,
         S_q, S_kv, vt.shape[3], H, p.scale, left, right,
-        *p.q_scale.stride(), *p.k_scale.stride(), *km.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
+        *p.q_scale.stride(), *ks.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
         D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
         QK_INT=p.q.dtype == torch.int8, BAND=p.band, KMASK=p.key_mask is not None,
         num_warps=st.num_warps, num_stages=st.num_stages)
     return out
+
+
+def _signed_scales(p: Plan) -> Tensor:
+    """The key mask carried by the key scales' sign, fp32 (B, H, S_kv): the scale of a kept
+    key (always > 0), -1 for a dropped one -- the kernel reads no mask of its own (a mask
+    loaded a column took the registers of a pipeline stage: 40 B of spill)."""
+    return torch.where(p.key_mask.view(torch.bool)[:, None, :], p.k_scale, -1.0)
 
 
 def _new_out(shape, dtype, device) -> Tensor:
@@ -292,8 +297,8 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
         across key tiles; output in v's dtype. Elsewhere the same quantization emulated in
         PyTorch (:func:`ditfuse.reference.attention_8bit_core`).
     q_scale, k_scale : Tensor, optional
-        float32 ``(B, H, S)`` (one per batch, head and token; ``q = q_8bit * q_scale``):
-        required with 8-bit q / k, not accepted with 16-bit ones.
+        float32 ``(B, H, S)``, positive (one per batch, head and token; ``q = q_8bit *
+        q_scale``), any strides: required with 8-bit q / k, not accepted with 16-bit ones.
     window : int or (int, int), optional
         Only keys ``i - left <= j <= i + right`` (``-1``: unbounded side); needs as many
         queries as keys.

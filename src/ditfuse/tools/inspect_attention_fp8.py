@@ -57,14 +57,37 @@ def capture_launch(spec: BuildSpec):
     return calls[0]
 
 
-def _loop_bodies(sass: str):
-    """The SASS instructions inside loops (between a backward branch's target and it)."""
+def _loops(sass: str):
+    """Each loop of the SASS (between a backward branch's target and the branch) as its list
+    of instructions, in program order."""
     from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
 
     ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
-    loops = [(int(m.group(1), 16), addr) for addr, text in ins
+    spans = [(int(m.group(1), 16), addr) for addr, text in ins
              if (m := _SASS_BRA.search(text)) and int(m.group(1), 16) < addr]
-    return [text for addr, text in ins if any(lo <= addr <= hi for lo, hi in loops)]
+    return [[text for addr, text in ins if lo <= addr <= hi] for lo, hi in spans]
+
+
+def _loop_bodies(sass: str):
+    """The SASS instructions inside loops."""
+    return [t for loop in _loops(sass) for t in loop]
+
+
+def _opcode(text: str) -> str:
+    """``@P0 FFMA.FTZ R1, ...`` -> ``FFMA``."""
+    words = text.split()
+    op = words[1] if words[0].startswith("@") else words[0]
+    return op.split(".")[0]
+
+
+def loop_mix(sass: str, top: int = 12):
+    """The first (unmasked) key loop: instructions a trip and the most frequent opcodes."""
+    from collections import Counter
+
+    loops = _loops(sass)
+    if not loops:
+        return 0, []
+    return len(loops[0]), Counter(_opcode(t) for t in loops[0]).most_common(top)
 
 
 def build(spec: BuildSpec) -> dict:
@@ -102,7 +125,8 @@ def build(spec: BuildSpec) -> dict:
                **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
                loop_igmma=count(r"IGMMA"), loop_qgmma=count(r"QGMMA"),
                loop_i2f=count(r"I2F"), loop_ex2=count(r"MUFU\.EX2"),
-               loop_local=count(r"(LDL|STL)"), loop_instructions=len(loop))
+               loop_local=count(r"(LDL|STL)"), loop_instructions=len(loop),
+               first_loop=loop_mix(sass))
     bad = []
     if max(row["spill_stores"], row["spill_loads"], row["stack"]):
         bad.append(f"spills {row['spill_stores']} / {row['spill_loads']} B, stack {row['stack']} B")
