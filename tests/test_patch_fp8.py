@@ -254,3 +254,116 @@ def test_fp8_compile_fullgraph(name, masked, monkeypatch):
         torch._dynamo.reset()
     assert len(seen) == calls, seen
     torch.testing.assert_close(got, want, rtol=2.0**-6, atol=2.0**-6 * want.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------
+# The variants whose processors are their own code or reach the 8-bit path another way, at
+# head_dim 64 (slow tier): Chroma (FLUX.1's processor under a text mask), HunyuanVideo
+# FramePack (HunyuanVideo's processor) and 1.5 (its own processor, the joint mask built
+# inside), Wan-Animate-2 ("extract": its self-attention and cross-attention on 8 bits;
+# "cached": its flex block-mask self-attention 16-bit, the cross-attention 8-bit).
+
+def _variant(name):
+    from diffusers import (ChromaTransformer2DModel, HunyuanVideo15Transformer3DModel,
+                           HunyuanVideoFramepackTransformer3DModel)
+
+    from ditfuse.tools.tiny_models import _randomize
+
+    g = torch.Generator().manual_seed(31)
+
+    def r(*s):
+        return torch.randn(*s, generator=g).to(torch.bfloat16)
+
+    if name == "chroma":
+        model = ChromaTransformer2DModel(
+            patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=64,
+            num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(16, 24, 24),
+            approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1)
+        S, T = 9, 5
+        kw = dict(hidden_states=r(2, S, 4), encoder_hidden_states=r(2, T, 32),
+                  timestep=torch.tensor([0.5, 0.2]).to(torch.bfloat16),
+                  img_ids=torch.randn(S, 3, generator=g), txt_ids=torch.randn(T, 3, generator=g),
+                  attention_mask=torch.ones(2, S + T, dtype=torch.bool), return_dict=False)
+        return _randomize(model), kw, "attention_mask", 3
+    if name == "framepack":
+        model = HunyuanVideoFramepackTransformer3DModel(
+            in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64,
+            num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1,
+            guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8,
+            rope_axes_dim=(16, 24, 24), image_condition_type=None, has_image_proj=True,
+            image_proj_dim=8, has_clean_x_embedder=True)
+        F, H, W = 2, 4, 4
+        kw = dict(hidden_states=r(1, 4, F, H, W), timestep=torch.tensor([3.0]).to(torch.bfloat16),
+                  encoder_hidden_states=r(1, 5, 16),
+                  encoder_attention_mask=torch.ones(1, 5).to(torch.bfloat16),
+                  pooled_projections=r(1, 8), image_embeds=r(1, 3, 8),
+                  indices_latents=torch.arange(F) + 7, latents_clean=r(1, 4, 1, H, W),
+                  indices_latents_clean=torch.tensor([0]), latents_history_2x=r(1, 4, 2, H, W),
+                  indices_latents_history_2x=torch.tensor([1, 2]),
+                  latents_history_4x=r(1, 4, 4, H, W),
+                  indices_latents_history_4x=torch.tensor([3, 4, 5, 6]),
+                  guidance=torch.tensor([5.0]).to(torch.bfloat16), return_dict=False)
+        return _randomize(model), kw, "encoder_attention_mask", 2
+    model = HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=64, num_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(16, 24, 24), target_size=16,
+        task_type="i2v")
+    kw = dict(hidden_states=r(2, 9, 2, 4, 4), timestep=torch.tensor([500.0, 30.0]).to(torch.bfloat16),
+              encoder_hidden_states=r(2, 5, 16), encoder_attention_mask=torch.ones(2, 5),
+              encoder_hidden_states_2=r(2, 3, 8), encoder_attention_mask_2=torch.ones(2, 3),
+              image_embeds=r(2, 4, 8), return_dict=False)
+    return _randomize(model), kw, "encoder_attention_mask", 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["chroma", "framepack", "hunyuan15"])
+@torch.no_grad()
+def test_fp8_variants(name, monkeypatch):
+    """All-True masks: the 8-bit path, close to unpatched; the last prompt padded (a mask
+    that masks): no 8-bit launch, bitwise ``patch(attention=True)`` -- except FramePack,
+    whose forward at batch 1 drops the padded prompt tokens and passes no mask: 8-bit."""
+    model, kw, mask_arg, calls = _variant(name)
+    model = to_dtype(model, torch.bfloat16)
+    ref = model(**kw)[0]
+    ditfuse.patch(model, attention="fp8")
+    seen = _spy(monkeypatch)
+    out = model(**kw)[0]
+    assert len(seen) == calls, seen
+    cos, rel = _accuracy(out, ref)
+    print(f"{name}: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit calls)")
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    padded = kw[mask_arg].clone()
+    padded[-1, -2:] = 0
+    kw[mask_arg] = padded
+    seen.clear()
+    got = model(**kw)[0]
+    if name == "framepack":
+        assert len(seen) == calls, seen
+        return
+    assert not seen, seen
+    ditfuse.unpatch(model)
+    ditfuse.patch(model)
+    assert torch.equal(got, model(**kw)[0])
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_fp8_wan_animate2(monkeypatch):
+    from test_patch_wan_animate2 import LAYERS, _inputs, _model, _run
+
+    model = to_dtype(_model(dim=128), torch.bfloat16)  # 2 heads of 64
+    extract, cached = _inputs(torch.bfloat16)
+    ref, _ = _run(model, extract, cached)
+    report = ditfuse.patch(model, attention="fp8")
+    assert report.counts.get(_FP8_LABEL) == 2 * LAYERS, report.counts
+    seen = _spy(monkeypatch)
+    out, _ = _run(model, extract, cached)
+    # extract: self-attention + cross-attention (text and CLIP keys) a layer; cached: the
+    # cross-attention's two (the flex block-mask self-attention stays 16-bit)
+    assert len(seen) == 5 * LAYERS, seen
+    cos, rel = _accuracy(out, ref)
+    print(f"wan-animate-2: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit calls)")
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    ditfuse.unpatch(model)
+    assert torch.equal(_run(model, extract, cached)[0], ref)
