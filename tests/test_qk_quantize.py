@@ -1,13 +1,18 @@
-"""``ditfuse.qk_norm_rope(..., quantize="int8" | "fp8")``: the per-token kernel's 8-bit output,
-one fp32 scale per (batch, head, token), bitwise equal to
-``ditfuse.reference.quantize_per_token`` of the 16-bit output that the per-token kernel
-stores (every norm, RoPE style, table form, layout and dtype), within the reference's
-tolerance of the fp64 reference's quantization; every element written (outputs start as
-values the quantization never produces), zero heads, head groups, bad arguments, the
+"""``ditfuse.qk_norm_rope(..., quantize="int8" | "fp8")``: 8-bit output with one fp32 scale per
+(batch, head, token), from the kernel and form that the call without ``quantize`` takes (the
+per-token kernel, or the flat-row kernel's pair or channel form for a norm across heads with
+whole-head interleaved RoPE -- Wan), bitwise equal to ``ditfuse.reference.quantize_per_token``
+of that call's 16-bit output (every norm, RoPE style, table form, layout and dtype), within the
+reference's tolerance of the fp64 reference's quantization; every element written (outputs
+start as values the quantization never produces), zero heads, head groups, bad arguments, the
 fast-path cache and the ``torch.library`` op under ``torch.compile``."""
 import itertools
+import json
+import os
+import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +20,9 @@ import triton.language as tl
 
 import ditfuse
 from ditfuse import NormSpec, QuantizedQK
+from ditfuse.aot.compile import missing_tools
 from ditfuse.kernels.element import _cast_out
+from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
 from ditfuse.kernels.qk_token import _quant_ptr, _quant_values
 from ditfuse.runtime.backend import jit
 from ditfuse.reference import ROUNDING, quantize_per_token
@@ -30,6 +37,7 @@ QMAX = {"int8": 127.0, "fp8": 448.0}
 #: half the spacing of each format's values relative to |t| (normal fp8: 3 fraction bits),
 #: and absolutely (int8: 0.5; fp8 subnormals: 2^-10), in units of the scale
 HALF_STEP = {"int8": (0.0, 0.5), "fp8": (2.0**-4, 2.0**-10)}
+_QCODE = {"int8": 1, "fp8": 2}
 SENTINEL = {torch.int8: -128, torch.float8_e4m3fn: float("nan"), torch.float32: float("nan")}
 
 
@@ -45,14 +53,39 @@ def poison_quant(monkeypatch):
     monkeypatch.setattr(mod, "_quant_empty", full)
 
 
-def _token_path(monkeypatch, *args, **kw):
-    """qk_norm_rope's 16-bit output through the per-token kernel: the values the quantizing
-    call quantizes (a norm across heads with whole-head interleaved RoPE otherwise takes
-    the flat-row kernel, whose fp32 sum of squares runs in another order)."""
-    with monkeypatch.context() as m:
-        m.setattr(mod, "flat_applies", lambda *a: False)
-        m.setattr(fastpath, "ENABLED", False)
-        return ditfuse.qk_norm_rope(*args, **kw)
+@pytest.fixture
+def launches(monkeypatch):
+    """Every call launches (no replays); collects each launch as (kernel, grid, launch
+    options and constexprs but QUANT, QUANT): a quantizing call must launch what the 16-bit
+    call launches, so that its fp32 statistics run in the same order."""
+    monkeypatch.setattr(fastpath, "ENABLED", False)
+    seen = []
+    orig = fastpath.launch
+
+    def record(kernel, grid, args, kw):
+        seen.append((kernel, tuple(grid), {k: v for k, v in kw.items() if k != "QUANT"},
+                     kw.get("QUANT", 0)))
+        return orig(kernel, grid, args, kw)
+
+    monkeypatch.setattr(fastpath, "launch", record)
+    return seen
+
+
+def _quantize_as_16_bit(launches, q, k, cos, sin, fmts, **kw):
+    """The 16-bit call's outputs, and for each format the quantizing call's result, which
+    launched the same kernel with the same settings."""
+    launches.clear()
+    y16 = ditfuse.qk_norm_rope(q, k, cos, sin, **kw)
+    assert len(launches) == 1 and launches[0][3] == 0
+    want = launches[0]
+    out = {}
+    for fmt in fmts:
+        launches.clear()
+        out[fmt] = ditfuse.qk_norm_rope(q, k, cos, sin, quantize=fmt, **kw)
+        assert [x[:3] for x in launches] == [want[:3]], \
+            "the quantizing call launched another kernel, form or launch setting"
+        assert launches[0][3] == _QCODE[fmt]
+    return y16, want, out
 
 
 def _bits(t):
@@ -123,7 +156,7 @@ def _check_reference(res, ref, ref16, fmt, dtype, layout, H):
         assert (err <= bound).all(), float((err - bound).max())
 
 
-def _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial, B, S, fmts):
+def _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B, S, fmts):
     g = torch.Generator().manual_seed(zlib.crc32(f"q8{kind}{span}{style}{dtype}{table}{form}{S}".encode()))
     q, k, kw, _ = make_qk(form, B, S, H, D, dtype, g)
     qn = make_norm(kind, span, H, D, dtype, g)
@@ -136,11 +169,12 @@ def _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial,
         kw.update(tkw, rope_style=style)
     layout = kw.get("layout", "bshd")
     q_in, k_in = q.clone(), k.clone()
-    y16 = _token_path(monkeypatch, q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
+    y16, _, results = _quantize_as_16_bit(launches, q, k, cos, sin, fmts, q_norm=qn, k_norm=kn,
+                                          **kw)
     ref16 = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
                                            compute_dtype=torch.float64, **kw)
     for fmt in fmts:
-        res = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, quantize=fmt, **kw)
+        res = results[fmt]
         assert isinstance(res, QuantizedQK)
         assert torch.equal(q, q_in) and torch.equal(k, k_in), "inputs changed"
         assert res.q_scale.shape == (B, H, S) and res.k_scale.shape == (B, H, S)
@@ -163,38 +197,42 @@ HEAD_SHAPES = [(3, 64), (5, 32), (2, 80), (6, 16), (1, 128), (7, 24)]
 
 
 def _sweep():
+    """Each (norm, span, rotary style) once (33 cases, not the 99 of the cross product with
+    the dtypes: the interpreter's time is per program); the dtype turns with the style's
+    turn, so every style meets every dtype, and the head shape, table form, layout, partial
+    rotary, batch and token count cycle, so each value of each occurs (both formats every
+    case)."""
     out = []
-    i = 0
-    for kind, span, style, dtype in itertools.product(NORMS, SPANS, STYLES, DTYPES):
-        if kind is None and span == "all":
-            continue
+    triples = [t for t in itertools.product(NORMS, SPANS, STYLES)
+               if not (t[0] is None and t[1] == "all")]
+    for i, (kind, span, style) in enumerate(triples):
+        dtype = DTYPES[(i + i // 3) % len(DTYPES)]
         H, D = HEAD_SHAPES[i % len(HEAD_SHAPES)]
         table = TABLES[i % len(TABLES)]
         form = FORMS[(i // 2) % len(FORMS)]
         partial = style is not None and i % 4 == 1
         B = 1 + i % 2
-        S = 37 if i % 11 == 5 else 5
+        S = 7 if i % 5 == 3 else 3
         out.append(pytest.param(kind, span, style, dtype, H, D, table, form, partial, B, S,
                                 id=f"{kind}-{span}-{style}-{str(dtype)[6:]}-{H}x{D}-{table}-{form}"
                                    f"{'-partial' if partial else ''}-B{B}-S{S}"))
-        i += 1
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,span,style,dtype,H,D,table,form,partial,B,S", _sweep())
 @torch.no_grad()
-def test_sweep(kind, span, style, dtype, H, D, table, form, partial, B, S, monkeypatch,
+def test_sweep(kind, span, style, dtype, H, D, table, form, partial, B, S, launches,
                poison_quant):
-    _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial, B, S, FORMATS)
+    _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B, S, FORMATS)
 
 
 # the default tier: one case per norm kind, both spans, both rotary styles and no RoPE,
 # every layout, dtype and format, two pieces of heads (5 = 4 + 1, 7 = 4 + 3 -> 4 + 4 masked),
-# partial rotary, half-width / per-head / gathered tables, S = 37
+# partial rotary, half-width / per-head / gathered tables, S = 17 and 37
 FAST = [
     ("rms", "head", "interleaved", torch.bfloat16, 3, 64, "S,W", "bshd", False, 2, 5, "int8"),
-    ("rms", "all", "interleaved", torch.bfloat16, 5, 32, "1,S,1,W", "flat", False, 1, 37, "fp8"),
+    ("rms", "all", "interleaved", torch.bfloat16, 5, 32, "1,S,1,W", "flat", False, 1, 17, "fp8"),
     ("layer", "all", "half", torch.float16, 3, 64, "B,S,W", "bhsd", False, 2, 4, "int8"),
     ("dyt", "head", "half", torch.bfloat16, 5, 32, "unique", "packed", False, 1, 5, "fp8"),
     ("rms_roundw", "head", "interleaved", torch.float16, 7, 24, "S,H,W", "strided_d", True, 1, 4,
@@ -213,8 +251,8 @@ FAST = [
                         f"{'-partial' if c[8] else ''}-B{c[9]}-S{c[10]}-{c[11]}") for c in FAST])
 @torch.no_grad()
 def test_representative(kind, span, style, dtype, H, D, table, form, partial, B, S, fmt,
-                        monkeypatch, poison_quant):
-    _run_case(monkeypatch, kind, span, style, dtype, H, D, table, form, partial, B, S, [fmt])
+                        launches, poison_quant):
+    _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B, S, [fmt])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -335,38 +373,160 @@ def test_heads_per_program_same_bits(settings, poison_quant):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 @torch.no_grad()
-def test_head_groups_with_masked_heads(fmt, monkeypatch, poison_quant):
+def test_head_groups_with_masked_heads(fmt, launches, poison_quant):
     """40 heads of 256 channels: 16 heads a program (the launch table), the last group
     masked (8 of 16)."""
-    _run_case(monkeypatch, "rms", "head", "interleaved", torch.bfloat16, 40, 256, "S,W", "bshd",
+    _run_case(launches, "rms", "head", "interleaved", torch.bfloat16, 40, 256, "S,W", "bshd",
               False, 1, 2, [fmt])
 
 
+# Wan's form (a norm across every head, interleaved RoPE over whole heads): the flat-row
+# kernel, in its pair form (16-bit rows pair-aligned, Q and K in programs of their own) or its
+# channel form (fp32; rows not contiguous; the pair form turned off: contiguous rows a channel
+# a lane; Q alone). Token rows as two pieces of uneven sizes: 5120 = 4096 + 1024 (Wan 14B),
+# 1536 = 1024 + 512 at head_dim 128 (Wan 1.3B) and 64, 224 = 128 + 128 with the second piece
+# masked (a dead head)
+WAN_SHAPES = [(40, 128), (12, 128), (24, 64), (7, 32)]
+WAN_FORMS = [(torch.bfloat16, "pairs"), (torch.bfloat16, "channel"), (torch.float16, "pairs"),
+             (torch.float16, "channel"), (torch.float32, "channel")]
+WAN_FAST = {((40, 128), torch.bfloat16, "pairs"), ((12, 128), torch.float16, "channel"),
+            ((24, 64), torch.float32, "channel"), ((7, 32), torch.bfloat16, "bhsd"),
+            ((12, 128), torch.bfloat16, "q-only")}
+
+
+def _wan_cases():
+    out = []
+    cases = [(hd, dt, form) for hd in WAN_SHAPES for dt, form in WAN_FORMS]
+    cases += [((7, 32), torch.bfloat16, "bhsd"), ((40, 128), torch.float16, "bhsd"),
+              ((12, 128), torch.bfloat16, "q-only"), ((24, 64), torch.float32, "q-only")]
+    for i, (hd, dtype, form) in enumerate(cases):
+        table = ("unique", "1,S,1,W", "S,W")[i % 3]  # half-width (patched Wan), Wan's own, 2-D
+        B, S = (1, 5) if i % 2 else (2, 3)
+        marks = () if (hd, dtype, form) in WAN_FAST else (pytest.mark.slow,)
+        out.append(pytest.param(hd, dtype, form, table, B, S, marks=marks,
+                                id=f"{hd[0]}x{hd[1]}-{str(dtype)[6:]}-{form}-{table}-B{B}-S{S}"))
+    return out
+
+
+@pytest.mark.parametrize("hd,dtype,form,table,B,S", _wan_cases())
 @torch.no_grad()
-def test_norm_across_heads_against_the_flat_path(monkeypatch, poison_quant):
-    """Wan's form (RMSNorm across heads, interleaved RoPE over whole heads): the 16-bit call
-    takes the flat-row kernel, the quantizing call the per-token kernel. Bitwise the per-token
-    16-bit output's quantization; against the flat path's 16-bit output within a rounding
-    of it before quantization (the fp32 sums of squares run in another order)."""
-    g = torch.Generator().manual_seed(12)
-    B, S, H, D, dtype = 1, 4, 4, 64, torch.bfloat16
-    q = (torch.randn(B, S, H * D, generator=g) * 2).to(dtype).to(DEVICE)
-    k = (torch.randn(B, S, H * D, generator=g) * 2).to(dtype).to(DEVICE)
-    cos, sin = rope_tables(S, D)
-    norm = NormSpec("rms", weight=(torch.randn(H * D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
-    kw = dict(q_norm=norm, k_norm=norm, num_heads=H)
+def test_norm_across_heads_bitwise(hd, dtype, form, table, B, S, launches, monkeypatch,
+                                   poison_quant):
+    """Wan's form quantizes the 16-bit call's own output bitwise: the quantizing call runs
+    the flat-row kernel in the form the 16-bit call takes (the fp32 sum of squares in the
+    same order), each head of a piece with its own scale; a zero head of a token: scale 1."""
+    H, D = hd
+    g = torch.Generator().manual_seed(zlib.crc32(f"wan{hd}{dtype}{form}{table}".encode()))
+    q, k, kw, _ = make_qk("bhsd" if form == "bhsd" else "flat", B, S, H, D, dtype, g)
+    (q if form == "bhsd" else q.unflatten(2, (H, D)).transpose(1, 2))[B - 1, H // 2, S - 1] = 0
+    if form == "q-only":
+        k = None
+    qn = make_norm("rms", "all", H, D, dtype, g)
+    kn = make_norm("rms", "all", H, D, dtype, g) if k is not None else None
+    cos, sin, tkw = make_tables(table, B, S, H, D, "interleaved", g)
+    kw.update(tkw, q_norm=qn, k_norm=kn)
+    if form == "channel" and dtype != torch.float32:
+        monkeypatch.setattr(mod, "pairs_applies", lambda *a: False)
+    layout = kw.get("layout", "bshd")
     p = mod.plan(q, k, cos, sin, **kw)
     assert mod.flat_applies(p, p.q, p.k)
-    res = ditfuse.qk_norm_rope(q, k, cos, sin, quantize="int8", **kw)
-    _check_against(res, _token_path(monkeypatch, q, k, cos, sin, **kw), "int8", "bshd", H)
-    flat = ditfuse.qk_norm_rope(q, k, cos, sin, **kw)
-    tol = TOL[dtype]
-    for v, s, y in ((res.q, res.q_scale, flat[0]), (res.k, res.k_scale, flat[1])):
-        yr = _heads(y, "bshd", H).float()
-        err = (_dequant(v, s, "bshd", H) - yr).abs()
-        floor = tol["rtol"] * yr.pow(2).mean().sqrt().item()  # as assert_close_report
-        assert (err <= 0.5 * s.transpose(1, 2)[..., None] * (1 + 2**-20)
-                + tol["rtol"] * yr.abs() + floor).all()
+    y16, launch, res = _quantize_as_16_bit(launches, q, k, cos, sin, FORMATS, **kw)
+    opts = launch[2]
+    assert launch[0] is _qk_norm_rope_flat_kernel and "N0" in opts
+    assert opts.get("PAIRS", False) == (form == "pairs")
+    assert opts["ROW_CONTIG"] == (form != "bhsd")
+    assert opts["SPLIT_QK"] == (k is not None) and opts["N1"] > 0
+    for fmt in FORMATS:
+        r = res[fmt]
+        _check_written(r, fmt, layout, H)
+        _check_against(r, y16, fmt, layout, H)
+        assert r.q_scale[B - 1, H // 2, S - 1] == 1.0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_flat_split_and_warps_same_bits(fmt, poison_quant):
+    """The flat kernel quantizing with Q and K in programs of their own or together (the
+    channel form's two paths) and at other warps: the bits of the public call (the
+    interpreter has no warps; on the GPU the fp32 sums follow the warps, which the launch
+    keeps equal to the 16-bit call's)."""
+    H, D, dtype = 5, 32, torch.float32
+    g = torch.Generator().manual_seed(21)
+    q, k, kw, _ = make_qk("flat", 2, 3, H, D, dtype, g)
+    qn = make_norm("layer", "all", H, D, dtype, g)
+    kn = make_norm("layer", "all", H, D, dtype, g)
+    cos, sin, tkw = make_tables("1,S,1,W", 2, 3, H, D, "interleaved", g)
+    kw.update(tkw, q_norm=qn, k_norm=kn)
+    p = mod.plan(q, k, cos, sin, **kw)
+    assert mod.flat_applies(p, p.q, p.k)
+    want = ditfuse.qk_norm_rope(q, k, cos, sin, quantize=fmt, **kw)
+    for warps, split in ((1, True), (1, False), (4, False)):
+        got = mod._quant_outputs(q, k, fmt, H, "bshd")
+        mod.launch_flat(p, _heads(got.q, "bshd", H), _heads(got.k, "bshd", H), num_warps=warps,
+                        split=split, quant=(fmt, got.q_scale, got.k_scale))
+        for a, b in zip(got, want):
+            assert torch.equal(_bits(a), _bits(b)), (warps, split)
+
+
+# Built for sm_90 in a child process (compiling needs TRITON_INTERPRET=0 before Triton defines
+# the kernels): the flat kernel's fp32 sums, per build, as (operand layout, shape) of each
+# add-reduction, Q's and K's. The interpreter sums in numpy's order whatever the layout; on
+# the GPU a reduction's order follows its operand's register layout, which the coalescing
+# pass derives from the memory accesses of the same shape -- an 8-bit store among them must
+# not change it (qk_flat._same_order).
+_SUM_LAYOUTS = r"""
+import dataclasses, json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ditfuse.aot.compile import ARCH, specialize
+from ditfuse.tools import inspect as ins
+
+def sums(spec):
+    grid, args, kwargs = ins.capture_launch(spec)
+    kernel = ins.qk_kernel_of(kwargs)
+    target = GPUTarget("cuda", ARCH, 32)
+    sig, cex, attrs, opts = specialize(kernel, args, kwargs, target)
+    ttgir = triton.compile(ASTSource(kernel, sig, cex, attrs), target=target,
+                           options=opts.__dict__).asm["ttgir"]
+    alias = dict(re.findall(r"^(#\w+) = (#ttg\.\S.*)$", ttgir, re.M))
+    out = []
+    for m in re.finditer(r'"tt\.reduce".*?\n(.*?)\}\) : \((tensor<[^>]*?, (#\w+)>)\)', ttgir, re.S):
+        if re.search(r"arith\.addf", m.group(1)):
+            out.append([kernel.fn.__name__, m.group(2).split(",")[0], alias[m.group(3)]])
+    return out
+
+rows = {}
+for name, over in json.loads(sys.argv[1]):
+    base = dataclasses.replace(next(s for s in ins.SPECS if s.name == name), packed=0, **over)
+    rows[name + json.dumps(over)] = {str(q): sums(dataclasses.replace(base, quantize=q))
+                                     for q in (None, "int8", "fp8")}
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel has no ptxas / cuobjdump")
+def test_sm90_builds_sum_in_the_16_bit_order():
+    """On sm_90 the quantizing flat-row builds reduce the fp32 statistics over the register
+    layouts of the 16-bit builds (the summation order, so the bits, of the norm): the pair
+    form (Wan 14B bf16 with half-width tables; fp16), the channel form with contiguous rows
+    (fp32) and strided ones (bhsd), a masked second piece (7 x 32)."""
+    specs = [("wan14b-half-table", {}), ("wan14b-fp16", {}), ("wan14b-fp32", {}),
+             ("wan14b", {"layout": "bhsd"}), ("wan14b", {"H": 7, "D": 32})]
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(ditfuse.__file__).parents[1])] + (
+        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    r = subprocess.run([sys.executable, "-c", _SUM_LAYOUTS, json.dumps(specs)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == len(specs)
+    for name, builds in rows.items():
+        want = builds["None"]
+        assert want and all(k == "_qk_norm_rope_flat_kernel" for k, _, _ in want), (name, want)
+        for q in ("int8", "fp8"):
+            assert builds[q] == want, (name, q, builds[q], want)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -27,6 +27,14 @@ contiguous and pair-aligned, Q and K in programs of their own with norms of one 
 holds a piece as [pairs] of 32-bit words, each an interleaved pair (2i, 2i+1), and needs no
 reshape, split or join for the rotation (H200, 2026-12-01, Wan 14B 480p in place: 370 us
 against the channel form's 385; ``docs/design/qk_norm_rope.md``).
+
+With ``QUANT`` (1: int8, 2: float8 e4m3) both forms store 8-bit values with one fp32 scale
+per head of the token, after the same statistics as the 16-bit store: the fp32 sums run in
+the same order, so the 8-bit values are bitwise the quantization of what the 16-bit call
+stores (``docs/qk_norm_rope.md``, "8-bit output"). Each piece holds whole heads (D, a power
+of two, divides both power-of-two pieces and where the second starts), so a head's amax is
+one reduction of the piece viewed as [heads, D], with the per-token kernel's rounding
+(``_quant_scale``, ``_quant_values``).
 """
 from __future__ import annotations
 
@@ -35,7 +43,8 @@ import triton.language as tl
 from ditfuse.runtime.backend import jit
 
 from ditfuse.kernels.element import _PTX, _cast_out, _pack, _rnd, _unpack
-from ditfuse.kernels.qk_token import _alpha, _norm_affine, _table_row
+from ditfuse.kernels.qk_token import (_alpha, _norm_affine, _quant_ptr, _quant_scale,
+                                      _quant_values, _table_row)
 
 
 @jit
@@ -90,12 +99,64 @@ def _f32_again(x):
 
 
 @jit
+def _same_order(off, VEC: tl.constexpr):
+    """The 8-bit store's offsets ``off`` as a value of their own (64-bit: no other access
+    shares it), declared contiguous in runs of ``VEC`` only: the 16-bit store's widest
+    vector. The coalescing pass gives every memory access of a piece's shape the widest
+    vector any of them allows, and with it the piece's register layout, which sets the
+    order of the fp32 sums on the GPU. An 8-bit store left at 16 bytes a thread re-lays the
+    loads and the sums (sm_90, Wan 14B: 8 pairs a thread instead of the 16-bit build's 4),
+    and the 8-bit values would quantize another rounding of the statistics than the 16-bit
+    call's output (tests/test_qk_quantize.py compares the sm_90 builds' layouts)."""
+    return tl.max_contiguous(off.to(tl.int64), VEC)
+
+
+@jit
+def _store_scales(sc_ptr, scbase, stride_sch, scale, C0: tl.constexpr, NC, D: tl.constexpr,
+                  NH: tl.constexpr, MASKED: tl.constexpr):
+    """The fp32 scales of a piece's NH heads (from channel C0), heads past the token's NC
+    channels (a piece's dead lanes: whole heads) left out."""
+    h = C0 // D + tl.arange(0, NH)
+    p = sc_ptr + scbase + h.to(tl.int64) * stride_sch
+    if MASKED:
+        tl.store(p, scale, mask=h * D < NC)
+    else:
+        tl.store(p, scale)
+
+
+@jit
+def _quantize_piece(y, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_od,
+                    sc_ptr, scbase, stride_sch, NC, D: tl.constexpr, N: tl.constexpr,
+                    ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr, ACT: tl.constexpr,
+                    QUANT: tl.constexpr):
+    """The channel form's 8-bit store: ``y`` rounded to ``ACT`` as the 16-bit store rounds
+    it, viewed as [heads, D] for each head's amax and scale, quantized, stored."""
+    tl.static_assert(N % D == 0 and C0 % D == 0, "a piece holds whole heads")
+    NH: tl.constexpr = N // D
+    if ACT != tl.float32:
+        y = _rnd(y, ACT)
+    y2 = tl.reshape(y, (NH, D))
+    scale = _quant_scale(tl.max(tl.abs(y2), 1), QUANT)
+    _store_scales(sc_ptr, scbase, stride_sch, scale, C0, NC, D, NH, MASKED)
+    v = tl.reshape(_quant_values(y2, scale[:, None], QUANT), (N,))
+    qo_ptr = _quant_ptr(o_ptr, QUANT)
+    # vectorised no wider than the 16-bit store (128 bits of ACT a thread): see _same_order
+    p = qo_ptr + obase + _same_order(_offsets(c, stride_oh, stride_od, D, ROW_CONTIG),
+                                     128 // ACT.primitive_bitwidth)
+    if MASKED:
+        tl.store(p, _cast_out(v, qo_ptr.dtype.element_ty), mask=live)
+    else:
+        tl.store(p, _cast_out(v, qo_ptr.dtype.element_ty))
+
+
+@jit
 def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr,
                   mean, rstd, alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh,
                   stride_sw, D: tl.constexpr, N: tl.constexpr, NORM: tl.constexpr,
                   HAS_W: tl.constexpr, HAS_B: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                   ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
-                  ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr, ACT: tl.constexpr):
+                  ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr, ACT: tl.constexpr,
+                  sc_ptr, scbase, stride_sch, NC, QUANT: tl.constexpr):
     """Weight, bias, rotate and store one piece with the token's statistics."""
     w = 1.0
     b = 0.0
@@ -137,11 +198,15 @@ def _finish_piece(x, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, stride_
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
         y = tl.reshape(tl.join(oa, ob), (N,))
-    p = o_ptr + obase + _offsets(c, stride_oh, stride_od, D, ROW_CONTIG)
-    if MASKED:
-        tl.store(p, _cast_out(y, o_ptr.dtype.element_ty), mask=live)
+    if QUANT != 0:
+        _quantize_piece(y, c, live, C0, o_ptr, obase, stride_oh, stride_od, sc_ptr, scbase,
+                        stride_sch, NC, D, N, ROW_CONTIG, MASKED, ACT, QUANT)
     else:
-        tl.store(p, _cast_out(y, o_ptr.dtype.element_ty))
+        p = o_ptr + obase + _offsets(c, stride_oh, stride_od, D, ROW_CONTIG)
+        if MASKED:
+            tl.store(p, _cast_out(y, o_ptr.dtype.element_ty), mask=live)
+        else:
+            tl.store(p, _cast_out(y, o_ptr.dtype.element_ty))
 
 
 @jit
@@ -152,7 +217,8 @@ def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
                  MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
                  HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                  ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
-                 ROW_CONTIG: tl.constexpr, ACT: tl.constexpr):
+                 ROW_CONTIG: tl.constexpr, ACT: tl.constexpr,
+                 sc_ptr, scbase, stride_sch, NC, QUANT: tl.constexpr):
     """One statistic for the token (fp32), then each piece normalised, rotated, stored."""
     f0 = x0.to(tl.float32)
     f1 = x1
@@ -180,12 +246,12 @@ def _flat_tensor(x0, x1, c0, l0, c1, l1, o_ptr, obase, stride_oh, stride_od,
     _finish_piece(x0, c0, l0, 0, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr, mean, rstd,
                   alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                   D, N0, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
-                  ROW_CONTIG, MASK0, ACT)
+                  ROW_CONTIG, MASK0, ACT, sc_ptr, scbase, stride_sch, NC, QUANT)
     if N1 > 0:
         _finish_piece(x1, c1, l1, N0, o_ptr, obase, stride_oh, stride_od, w_ptr, b_ptr, mean, rstd,
                       alpha, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                       D, N1, NORM, HAS_W, HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF,
-                      ROW_CONTIG, MASK1, ACT)
+                      ROW_CONTIG, MASK1, ACT, sc_ptr, scbase, stride_sch, NC, QUANT)
 
 
 @jit
@@ -196,7 +262,8 @@ def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase
                 MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
                 HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                 ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
-                ROW_CONTIG: tl.constexpr):
+                ROW_CONTIG: tl.constexpr, sc_ptr, scbase, stride_sch, NC,
+                QUANT: tl.constexpr):
     x0 = _load_piece(x_ptr, xbase, c0, l0, stride_xh, stride_xd, D, ROW_CONTIG, MASK0)
     x1 = 0.0
     if N1 > 0:
@@ -205,7 +272,7 @@ def _one_tensor(x_ptr, xbase, stride_xh, stride_xd, c0, l0, c1, l1, o_ptr, obase
                  a_ptr, alpha_val, eps, n_norm, cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw,
                  t_sh, stride_sw, D, N0, N1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
-                 x_ptr.dtype.element_ty)
+                 x_ptr.dtype.element_ty, sc_ptr, scbase, stride_sch, NC, QUANT)
 
 
 # ---- the pair form: a token's 16-bit channels as [pairs] of 32-bit words ----------------
@@ -286,13 +353,45 @@ def _load_words(ptr, base, p, live, MASKED: tl.constexpr):
 
 
 @jit
+def _quantize_pairs(oa, ob, p, live, Q0: tl.constexpr, NP: tl.constexpr, o_ptr, obase,
+                    sc_ptr, scbase, stride_sch, NC, D: tl.constexpr, MASKED: tl.constexpr,
+                    ACT: tl.constexpr, QUANT: tl.constexpr):
+    """The pair form's 8-bit store: pairs ``p`` (NP from pair Q0) rounded to ``ACT`` as the
+    16-bit store's pack rounds them, viewed as [heads, D/2] for each head's amax and scale;
+    a pair's two bytes stored as one 16-bit word (lo = channel 2p)."""
+    HP: tl.constexpr = D // 2
+    tl.static_assert(NP % HP == 0 and Q0 % HP == 0, "a piece holds whole heads")
+    NH: tl.constexpr = NP // HP
+    if ACT != tl.float32:
+        oa, ob = _rnd_pair(oa, ob, ACT)
+    a2 = tl.reshape(oa, (NH, HP))
+    b2 = tl.reshape(ob, (NH, HP))
+    scale = _quant_scale(tl.maximum(tl.max(tl.abs(a2), 1), tl.max(tl.abs(b2), 1)), QUANT)
+    _store_scales(sc_ptr, scbase, stride_sch, scale, 2 * Q0, NC, D, NH, MASKED)
+    va = tl.reshape(_quant_values(a2, scale[:, None], QUANT), (NP,))
+    vb = tl.reshape(_quant_values(b2, scale[:, None], QUANT), (NP,))
+    if QUANT == 1:  # integral fp32 in [-127, 127]: the two's-complement byte
+        va = va.to(tl.int32).to(tl.uint32, bitcast=True) & 0xFF
+        vb = vb.to(tl.int32).to(tl.uint32, bitcast=True) & 0xFF
+    word = (va | (vb << 8)).to(tl.uint16)
+    # vectorised no wider than the 16-bit store (4 words a thread): see _same_order
+    wp = (o_ptr + obase).to(tl.pointer_type(tl.uint16)) + _same_order(p, 4)
+    if MASKED:
+        tl.store(wp, word, mask=live)
+    else:
+        tl.store(wp, word)
+
+
+@jit
 def _finish_pairs(u, p, live, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha,
                   cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw,
                   D: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
                   ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr, ROPE: tl.constexpr,
                   TABLE_HALF: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr,
-                  MASKED: tl.constexpr, ACT: tl.constexpr):
-    """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1)."""
+                  MASKED: tl.constexpr, ACT: tl.constexpr, Q0: tl.constexpr, NP: tl.constexpr,
+                  sc_ptr, scbase, stride_sch, NC, QUANT: tl.constexpr):
+    """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1); the piece is NP
+    pairs from pair Q0."""
     xa, xb = _unpack_again(u, ACT)
     wa = 1.0
     wb = 1.0
@@ -325,21 +424,26 @@ def _finish_pairs(u, p, live, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha,
     else:
         oa = ya
         ob = yb
-    wp = (o_ptr + obase).to(tl.pointer_type(tl.uint32)) + p
-    if MASKED:
-        tl.store(wp, _pack(oa, ob, ACT), mask=live)
+    if QUANT != 0:
+        _quantize_pairs(oa, ob, p, live, Q0, NP, o_ptr, obase, sc_ptr, scbase, stride_sch, NC,
+                        D, MASKED, ACT, QUANT)
     else:
-        tl.store(wp, _pack(oa, ob, ACT))
+        wp = (o_ptr + obase).to(tl.pointer_type(tl.uint32)) + p
+        if MASKED:
+            tl.store(wp, _pack(oa, ob, ACT), mask=live)
+        else:
+            tl.store(wp, _pack(oa, ob, ACT))
 
 
 @jit
 def _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, obase, w_ptr, b_ptr, a_ptr, alpha_val, eps,
                   n_norm, cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw,
-                  D: tl.constexpr, P1: tl.constexpr, MASK0: tl.constexpr, MASK1: tl.constexpr,
-                  NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                  ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr, ROUND_NORM: tl.constexpr,
-                  ROPE: tl.constexpr, TABLE_HALF: tl.constexpr, W_WORDS: tl.constexpr,
-                  T_WORDS: tl.constexpr, ACT: tl.constexpr):
+                  D: tl.constexpr, P0: tl.constexpr, P1: tl.constexpr, MASK0: tl.constexpr,
+                  MASK1: tl.constexpr, NORM: tl.constexpr, HAS_W: tl.constexpr,
+                  HAS_B: tl.constexpr, ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
+                  ROUND_NORM: tl.constexpr, ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
+                  W_WORDS: tl.constexpr, T_WORDS: tl.constexpr, ACT: tl.constexpr,
+                  sc_ptr, scbase, stride_sch, NC, QUANT: tl.constexpr):
     """``_flat_tensor`` in the pair form: one statistic for the token, then each piece."""
     a0, b0 = _unpack(u0, ACT)
     a1 = a0
@@ -367,18 +471,20 @@ def _pairs_tensor(u0, u1, p0, l0, p1, l1, o_ptr, obase, w_ptr, b_ptr, a_ptr, alp
         rstd = 1.0 / tl.sqrt(sq / n_norm + eps)
     _finish_pairs(u0, p0, l0, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha, cos_ptr, sin_ptr,
                   cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, NORM, HAS_W, HAS_B,
-                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK0, ACT)
+                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK0, ACT,
+                  0, P0, sc_ptr, scbase, stride_sch, NC, QUANT)
     if P1 > 0:
         _finish_pairs(u1, p1, l1, o_ptr, obase, w_ptr, b_ptr, mean, rstd, alpha, cos_ptr,
                       sin_ptr, cbase, sbase, t_ch, t_sh, stride_cw, stride_sw, D, NORM, HAS_W,
                       HAS_B, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, MASK1,
-                      ACT)
+                      ACT, P0, P1, sc_ptr, scbase, stride_sch, NC, QUANT)
 
 
 @jit
 def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
-                   q_eps, k_eps, q_n, k_n, b, s, NC,
+                   q_eps, k_eps, q_n, k_n, b, s, NC, q_scale_ptr, k_scale_ptr, scbase,
+                   stride_sch,
                    stride_qb, stride_qs, stride_qob, stride_qos,
                    stride_kb, stride_ks, stride_kob, stride_kos,
                    stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss, stride_sh,
@@ -389,7 +495,8 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                    ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
                    ROPE: tl.constexpr, TABLE_HALF: tl.constexpr,
                    TABLE_PER_HEAD: tl.constexpr, HAS_POS: tl.constexpr,
-                   ROUND_NORM: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr):
+                   ROUND_NORM: tl.constexpr, W_WORDS: tl.constexpr, T_WORDS: tl.constexpr,
+                   QUANT: tl.constexpr):
     """Program (token, 0) does the token's Q, (token, 1) its K, in the pair form (the flat
     kernel with PAIRS, which the launcher sets only with Q and K in programs of their own
     and norms of one body: one set of norm flags here, Q's)."""
@@ -422,8 +529,9 @@ def _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                   tl.where(isq, qb_ptr, kb_ptr), tl.where(isq, qa_ptr, ka_ptr),
                   tl.where(isq, q_alpha, k_alpha), tl.where(isq, q_eps, k_eps),
                   tl.where(isq, q_n, k_n), cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh,
-                  stride_cw, stride_sw, D, P1, MASK0, MASK1, NORM, HAS_W, HAS_B, ALPHA_PTR,
-                  ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT)
+                  stride_cw, stride_sw, D, N0 // 2, P1, MASK0, MASK1, NORM, HAS_W, HAS_B,
+                  ALPHA_PTR, ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, W_WORDS, T_WORDS, ACT,
+                  tl.where(isq, q_scale_ptr, k_scale_ptr), scbase, stride_sch, NC, QUANT)
 
 
 @jit
@@ -437,6 +545,7 @@ def _qk_norm_rope_flat_kernel(
     q_alpha, k_alpha,         # DyT alpha when given as a Python float
     q_eps, k_eps,
     q_n, k_n,                 # channels the statistic spans (H*D), as float
+    q_scale_ptr, k_scale_ptr,  # fp32 (B, H, S) each: a scale per head and token (QUANT)
     S, NC,                    # tokens per batch entry; channels of a token (H*D)
     stride_qb, stride_qs, stride_qh, stride_qd,
     stride_qob, stride_qos, stride_qoh, stride_qod,
@@ -445,6 +554,7 @@ def _qk_norm_rope_flat_kernel(
     stride_cb, stride_cs, stride_ch, stride_cw,
     stride_sb, stride_ss, stride_sh, stride_sw,
     stride_pb, stride_ps,
+    stride_scb, stride_sch, stride_scs,  # of both scale tensors
     D: tl.constexpr,          # head_dim (the rotary width when ROPE), a power of two
     N0: tl.constexpr,         # channels of piece 0 (a power of two, from channel 0)
     N1: tl.constexpr,         # channels of piece 1 (a power of two from N0; 0: none)
@@ -466,21 +576,26 @@ def _qk_norm_rope_flat_kernel(
                                   # 4-byte aligned, even H*D; pieces N0, N1 = N0/2, N1/2 words
     W_WORDS: tl.constexpr = False,  # (PAIRS) norm weights / biases loaded a pair a word
     T_WORDS: tl.constexpr = False,  # (PAIRS) cos / sin column pairs loaded a pair a word
+    QUANT: tl.constexpr = 0,        # outputs 0: in the activation dtype; 1: int8, 2: float8
+                                    # e4m3, each head of a token with its fp32 scale
 ):
     tok = tl.program_id(0).to(tl.int64)
     b = tok // S
     s = tok - b * S
+    scbase = b * stride_scb + s * stride_scs
     if PAIRS:
         tl.static_assert(SPLIT_QK and HAS_K, "the pair form runs Q and K in programs of their own")
         _pairs_program(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                        qw_ptr, qb_ptr, qa_ptr, kw_ptr, kb_ptr, ka_ptr, q_alpha, k_alpha,
-                       q_eps, k_eps, q_n, k_n, b, s, NC,
+                       q_eps, k_eps, q_n, k_n, b, s, NC, q_scale_ptr, k_scale_ptr, scbase,
+                       stride_sch,
                        stride_qb, stride_qs, stride_qob, stride_qos,
                        stride_kb, stride_ks, stride_kob, stride_kos,
                        stride_cb, stride_cs, stride_ch, stride_cw, stride_sb, stride_ss,
                        stride_sh, stride_sw, stride_pb, stride_ps, D, N0, N1, MASK0, MASK1,
                        Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                       ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, W_WORDS, T_WORDS)
+                       ROPE, TABLE_HALF, TABLE_PER_HEAD, HAS_POS, ROUND_NORM, W_WORDS, T_WORDS,
+                       QUANT)
         return
     c0, l0 = _piece(0, N0, NC)
     c1 = c0
@@ -501,14 +616,16 @@ def _qk_norm_rope_flat_kernel(
                         qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps, q_n,
                         cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                         D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR,
-                        Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG)
+                        Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                        q_scale_ptr, scbase, stride_sch, NC, QUANT)
         else:
             _one_tensor(k_ptr, kbase, stride_kh, stride_kd, c0, l0, c1, l1, ko_ptr,
                         b * stride_kob + s * stride_kos, stride_koh, stride_kod,
                         kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
                         cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                         D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
-                        K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG)
+                        K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
+                        k_scale_ptr, scbase, stride_sch, NC, QUANT)
     else:
         # both tensors' loads before the first store (a store to Q may alias K for the
         # compiler: one memory latency a program, not two)
@@ -527,11 +644,11 @@ def _qk_norm_rope_flat_kernel(
                      cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                      D, N0, N1, MASK0, MASK1, Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR,
                      Q_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
-                     q_ptr.dtype.element_ty)
+                     q_ptr.dtype.element_ty, q_scale_ptr, scbase, stride_sch, NC, QUANT)
         if HAS_K:
             _flat_tensor(k0, k1, c0, l0, c1, l1, ko_ptr, b * stride_kob + s * stride_kos,
                          stride_koh, stride_kod, kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps, k_n,
                          cos_ptr, sin_ptr, cbase, sbase, t_ch, stride_cw, t_sh, stride_sw,
                          D, N0, N1, MASK0, MASK1, K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR,
                          K_ROUND_PRE_W, ROUND_NORM, ROPE, TABLE_HALF, ROW_CONTIG,
-                         k_ptr.dtype.element_ty)
+                         k_ptr.dtype.element_ty, k_scale_ptr, scbase, stride_sch, NC, QUANT)

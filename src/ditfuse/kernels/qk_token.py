@@ -258,6 +258,17 @@ def _quant_values(y, scale, QUANT: tl.constexpr):
 
 
 @jit
+def _quant_scale(amax, QUANT: tl.constexpr):
+    """The fp32 scale of a head whose values reach ``amax``: amax / 127 (int8) or / 448
+    (fp8), IEEE division; 1 where amax is 0 (the flat-row kernel's store shares it)."""
+    if QUANT == 1:
+        scale = tl.div_rn(amax, 127.0)
+    else:
+        scale = tl.div_rn(amax, 448.0)
+    return tl.where(amax == 0.0, 1.0, scale)
+
+
+@jit
 def _quant_ptr(o_ptr, QUANT: tl.constexpr):
     """Where ``_quant_values`` are stored: the int8 output, or the float8 output's bytes."""
     if QUANT == 2:
@@ -284,12 +295,7 @@ def _quantize_store(o_ptr, obase, hh, hmask, stride_oh, stride_od, sc_ptr, scbas
                       tl.max(tl.where(ma, tl.abs(ob), 0.0), 1))
     if P > 0:
         amax = tl.maximum(amax, tl.max(tl.where(mp, tl.abs(yp), 0.0), 1))
-    amax = amax[:, None]
-    if QUANT == 1:
-        scale = tl.div_rn(amax, 127.0)
-    else:
-        scale = tl.div_rn(amax, 448.0)
-    scale = tl.where(amax == 0.0, 1.0, scale)
+    scale = _quant_scale(amax[:, None], QUANT)
     tl.store(sc_ptr + scbase + hh.to(tl.int64) * stride_sch, scale, mask=hmask)
     qo_ptr = _quant_ptr(o_ptr, QUANT)
     _store_pairs(qo_ptr, obase, hh, hmask, stride_oh, stride_od,

@@ -5,7 +5,9 @@ Two kernels compute the op: the flat-row kernel of :mod:`ditfuse.kernels.qk_flat
 token's channels as flat rows: norms across heads, or none, with interleaved RoPE over
 whole heads -- Wan) where :func:`flat_applies`, else the per-token kernel of
 :mod:`ditfuse.kernels.qk_token` (one token's heads as [heads, pairs] tiles: per-head norms,
-any rotary layout; also the only one that quantizes, ``quantize=``). The pure-PyTorch
+any rotary layout). A quantizing call (``quantize=``) takes the kernel, and the form of it,
+that the same call without ``quantize`` takes, so its 8-bit values quantize that call's
+output bitwise. The pure-PyTorch
 reference, also the fallback on devices Triton cannot run on, is
 :func:`ditfuse.reference.qk_norm_rope_core` (and :func:`ditfuse.reference.quantize_per_token`
 for the 8-bit outputs); the ``torch.library`` ops that
@@ -31,7 +33,7 @@ MAX_HEAD_DIM = 256
 ROPE_STYLES = ("interleaved", "half")
 LAYOUTS = ("bshd", "bhsd")
 QUANTIZE = ("int8", "fp8")
-_QUANT_CODE = {"int8": 1, "fp8": 2}  # the per-token kernel's QUANT
+_QUANT_CODE = {"int8": 1, "fp8": 2}  # the kernels' QUANT
 
 
 class QuantizedQK(NamedTuple):
@@ -402,17 +404,18 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
 
     ``settings`` = (heads per program, num_warps) runs the per-token kernel with these
     instead of its table (tests check that they do not change the bits). ``quant`` =
-    (format, q_scale, k_scale): 8-bit outputs with (B, H, S) fp32 scales, always through
-    the per-token kernel (a token's heads in one program: each head's amax in the same pass,
-    norms across heads included).
+    (format, q_scale, k_scale): 8-bit outputs with (B, H, S) fp32 scales, from the kernel
+    (and its form, launch settings included) that the 16-bit call takes, so that the fp32
+    statistics run in the same order and the 8-bit values quantize its output bitwise (a
+    token's heads are in one program of either kernel: each head's amax in the same pass).
     """
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
 
     B, S, H, D = p.q.shape
     if B * S == 0 or H == 0:
         return
-    if stats is None and settings is None and quant is None and flat_applies(p, q_out, k_out):
-        launch_flat(p, q_out, k_out)
+    if stats is None and settings is None and flat_applies(p, q_out, k_out):
+        launch_flat(p, q_out, k_out, quant=quant)
         return
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
@@ -424,14 +427,7 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
     P = D - p.rotary_dim
     k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
     grid = (B * S, triton_cdiv(H, hg))
-    if quant is not None:
-        qsc = quant[1]
-        ksc = quant[2] if quant[2] is not None else qsc
-        scst = qsc.stride()
-        assert ksc.stride() == scst and qsc.shape == (B, H, S)
-    else:
-        qsc = ksc = p.q
-        scst = (0, 0, 0)
+    qsc, ksc, scst = _scale_args(p, quant)
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
@@ -470,6 +466,18 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
                           T_ROW=not p.table_per_head)
     fastpath.launch(_qk_norm_rope_kernel, grid, args,
                      dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
+
+
+def _scale_args(p: Plan, quant):
+    """The scale tensors of ``quant`` (K's is Q's when there is no K: the kernels do not
+    touch it) and their (B, H, S) strides, shared; q itself and zero strides without."""
+    if quant is None:
+        return p.q, p.q, (0, 0, 0)
+    B, S, H, _ = p.q.shape
+    qsc = quant[1]
+    ksc = quant[2] if quant[2] is not None else qsc
+    assert ksc.stride() == qsc.stride() and qsc.shape == (B, H, S)
+    return qsc, ksc, qsc.stride()
 
 
 def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
@@ -586,10 +594,14 @@ def _words_ok(ts) -> bool:
 
 
 def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-                num_warps: Optional[int] = None, split: Optional[bool] = None) -> None:
+                num_warps: Optional[int] = None, split: Optional[bool] = None,
+                quant=None) -> None:
     """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps`` and ``split`` (Q
     and K in programs of their own) override :func:`flat_settings` (tests check that they
-    do not change the bits)."""
+    do not change the bits). ``quant`` = (format, q_scale, k_scale): ``q_out`` / ``k_out``
+    are 8-bit, each head of a token with its fp32 scale; the form, pieces and warps are
+    those of the 16-bit call (the fp32 statistics in the same order: outputs of the same
+    shape and strides make the same choices)."""
     from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
 
     B, S, H, D = p.q.shape
@@ -598,11 +610,12 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
                      for t in (p.q, q_out, k, ko))
     n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k, p.q.element_size())
+    qsc, ksc, scst = _scale_args(p, quant)
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
-        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], S, H * D,
-        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(), *cst, *sst, *pst,
+        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], qsc, ksc, S, H * D,
+        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(), *cst, *sst, *pst, *scst,
     )
     constexprs = dict(
         D=D, N0=n0, N1=n1, MASK0=mask0, MASK1=mask1,
@@ -615,6 +628,8 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
         SPLIT_QK=has_k and (table_split if split is None else bool(split)),
     )
+    if quant is not None:
+        constexprs["QUANT"] = _QUANT_CODE[quant[0]]
     # the pair form where Q and K run in programs of their own through one body (H200,
     # 2026-12-01: Wan 14B 480p 384.8 -> 370.1 us in place with full-width tables, 337.2 us
     # with half-width ones); two bodies measured no faster (389.2 vs 387.5), so mixed norms
@@ -949,11 +964,10 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
         int8: q = clamp(round_half_to_even(y / scale), -127, 127)
         fp8:  q = (y / scale) rounded to float8_e4m3fn, to nearest even
 
-    Bitwise equal to :func:`ditfuse.reference.quantize_per_token` of the per-token kernel's
-    16-bit output: of this function's own output, except for a norm across heads with
-    interleaved RoPE over whole heads (Wan), whose 16-bit call takes the flat-row kernel --
-    there the quantized values come from outputs within a rounding of it (the order of the
-    fp32 sum of squares).
+    Bitwise equal to :func:`ditfuse.reference.quantize_per_token` of this function's own
+    16-bit output for the same arguments, a norm across heads (Wan) included: the quantizing
+    call runs the kernel and form that the 16-bit call runs, so the fp32 sums of the norm
+    run in the same order.
 
     Examples
     --------
