@@ -64,6 +64,21 @@ def test_packed_qkv_is_the_same_binary(rows):
 
 
 @pytest.mark.slow
+def test_quantizing_builds_take_the_16_bit_kernel_and_form(rows):
+    """The int8 prologue of 8-bit attention builds the kernel and form of its 16-bit call:
+    Wan's across-heads norm the flat-row kernel's pair form (the pieces and warps of the
+    16-bit build), FLUX.2's per-head norm the per-token kernel."""
+    wan, wan16 = rows["wan14b-int8"], rows["wan14b-half-table"]
+    assert wan["kernel"] == wan16["kernel"] == "_qk_norm_rope_flat_kernel"
+    assert wan["constexprs"]["QUANT"] == 1 and wan["constexprs"]["PAIRS"]
+    assert (wan["p0"], wan["p1"], wan["num_warps"]) == (wan16["p0"], wan16["p1"], wan16["num_warps"])
+    flux, flux16 = rows["flux2-int8"], rows["flux2"]
+    assert flux["kernel"] == flux16["kernel"] == "_qk_norm_rope_kernel"
+    assert flux["constexprs"]["QUANT"] == 1
+    assert (flux["hg"], flux["num_warps"]) == (flux16["hg"], flux16["num_warps"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SPEC_NAMES)
 def test_no_spills_no_stack_no_local_memory(rows, name):
     r = rows[name]

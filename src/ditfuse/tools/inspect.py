@@ -88,6 +88,7 @@ class Spec:
     packed: int = 0                  # q, k are chunks of one fused projection of this many
     k_chunk: int = 1                 # chunks (in place); k is chunk number k_chunk
     B: int = 1
+    quantize: Optional[str] = None   # "int8" | "fp8": the 8-bit outputs of 8-bit attention
 
     @property
     def R(self) -> int:
@@ -113,7 +114,8 @@ class Spec:
             rope += " per-head"
         if self.table_view:
             rope += " view"
-        return f"{norm}, {rope}"
+        out = f", {self.quantize} out" if self.quantize else ""
+        return f"{norm}, {rope}{out}"
 
 
 _WAN14B = dict(model="Wan2.1 14B 720p", H=40, D=128, S=21 * 45 * 80, norm="rms", span_all=True,
@@ -161,6 +163,11 @@ SPECS: List[Spec] = [
     # the table expanded per head: (1, S, H, D) (TABLE_PER_HEAD)
     Spec("wan14b-table-per-head", **{**_WAN14B, "model": "Wan2.1 14B, per-head table"},
          table_per_head=True),
+    # the quantizing prologue of 8-bit attention (quantize="int8"): Wan through the flat-row
+    # kernel's pair form (the 16-bit call's form), FLUX.2 through the per-token kernel
+    Spec("wan14b-int8", **{**_WAN14B, "model": "Wan2.1 14B, int8 Q / K"}, table_width=64,
+         quantize="int8"),
+    Spec("flux2-int8", **{**_FLUX2, "model": "FLUX.2, int8 Q / K"}, quantize="int8"),
 ]
 
 SPEC_NAMES: List[str] = [s.name for s in SPECS]
@@ -231,6 +238,8 @@ def _call_args(spec: Spec):
         sin = torch.empty(S, W, dtype=tdt, **meta)
     kw.update(q_norm=norm(), k_norm=norm(), rope_style=spec.rope_style,
               inplace=bool(spec.packed))
+    if spec.quantize:
+        kw["quantize"] = spec.quantize
     if spec.rotary_dim is not None or spec.table_width is not None:
         kw["rotary_dim"] = spec.R
     return (q, k, cos, sin), kw
