@@ -298,10 +298,11 @@ def test_sm90_builds():
     from ditfuse.tools.inspect_attention_fp8 import build_report
 
     rows = build_report()
-    assert len(rows) >= 5
+    assert len(rows) >= 8
     for r in rows:
         assert not r["violations"], (r["name"], r["violations"])
-        assert r["loop_ex2"] > 0
+        if r["kernel"] == "_attention_8bit_kernel":
+            assert r["loop_ex2"] > 0
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")

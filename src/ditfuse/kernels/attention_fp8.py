@@ -37,10 +37,10 @@ _NEG = tl.constexpr(-1.0e30)          # the running max before any key: finite, 
 
 
 @jit
-def _v_amax_kernel(v_ptr, amax_ptr, S, H,
-                   stride_vb, stride_vs, stride_vh, stride_vd,
-                   D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (atomic max of one token block)."""
+def _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd,
+             D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """This program's block of V: (bh, its tokens, the channels, the fp32 [BLOCK_S, D] tile,
+    zero past S)."""
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -50,6 +50,15 @@ def _v_amax_kernel(v_ptr, amax_ptr, S, H,
     base = b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
     x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
                 mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    return bh, rows, d, x
+
+
+@jit
+def _v_amax_kernel(v_ptr, amax_ptr, S, H,
+                   stride_vb, stride_vs, stride_vh, stride_vd,
+                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (atomic max of one token block)."""
+    bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
     tl.atomic_max(amax_ptr + bh * D + d, tl.max(tl.abs(x), axis=0))
 
 
@@ -59,22 +68,14 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
                     D: tl.constexpr, BLOCK_S: tl.constexpr):
     """vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d]), scale = amax / 448 (1 where the
     channel is zero); tokens S..S_pad of the last block are written as zeros."""
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh - b * H
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    d = tl.arange(0, D)
+    bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
     amax = tl.load(amax_ptr + bh * D + d)
     scale = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
-    base = b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
-                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
     y = _cast_e4m3(tl.div_rn(x, scale[None, :]))
     obase = bh.to(tl.int64) * D * S_pad
     tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + rows[None, :], tl.trans(y),
              mask=(rows < S_pad)[None, :])
-    if pid_s == 0:
+    if tl.program_id(0) == 0:
         tl.store(vscale_ptr + bh * D + d, scale)
 
 

@@ -21,6 +21,7 @@ class BuildSpec:
     qk: str = "int8"        # "int8" | "fp8" (e4m3 q / k)
     window: object = None
     key_mask: bool = False  # a text-padding mask (HunyuanVideo, Qwen-Image)
+    kernel: str = "_attention_8bit_kernel"  # or V's "_v_amax_kernel" / "_v_quant_kernel"
 
 
 BUILD_SPECS = [
@@ -30,6 +31,8 @@ BUILD_SPECS = [
     BuildSpec("wan14b-480p-e4m3", qk="fp8"),
     BuildSpec("band-d128", H=16, S=8192, window=(256, 256)),
     BuildSpec("hunyuan-544p-key-mask", H=24, S=67576, key_mask=True),
+    BuildSpec("v-amax-wan14b-480p", kernel="_v_amax_kernel"),
+    BuildSpec("v-quant-wan14b-480p", kernel="_v_quant_kernel"),
 ]
 BUILD_NAMES = [s.name for s in BUILD_SPECS]
 
@@ -37,7 +40,8 @@ _CHILD_ENV = "DITFUSE_INSPECT_FP8_CHILD"
 
 
 def capture_launch(spec: BuildSpec):
-    """(grid, args, kwargs) of the attention kernel's launch for ``spec`` (meta tensors)."""
+    """(grid, args, kwargs) of ``spec.kernel``'s launch in ``ditfuse.ops.attention_fp8.launch``
+    for ``spec`` (meta tensors)."""
     from ditfuse.aot.compile import intercept_launches
     from ditfuse.kernels import attention_fp8 as K
     from ditfuse.ops import attention_fp8 as A
@@ -49,12 +53,11 @@ def capture_launch(spec: BuildSpec):
     sc = torch.empty(1, spec.H, spec.S, dtype=torch.float32, **meta)
     km = torch.empty(1, spec.S, dtype=torch.bool, **meta) if spec.key_mask else None
     p = A.plan(q, q, v, q_scale=sc, k_scale=sc, window=spec.window, key_mask=km)
-    calls = intercept_launches([(K, "_attention_8bit_kernel"), (K, "_v_amax_kernel"),
-                                (K, "_v_quant_kernel")], lambda: A.launch(p))
-    calls = [c for c in calls if "QK_INT" in c[2]]
-    if len(calls) != 1:
-        raise RuntimeError(f"{spec.name}: expected one attention launch, saw {len(calls)}")
-    return calls[0]
+    order = ("_v_amax_kernel", "_v_quant_kernel", "_attention_8bit_kernel")  # as launched
+    calls = intercept_launches([(K, n) for n in order], lambda: A.launch(p))
+    if len(calls) != len(order):
+        raise RuntimeError(f"{spec.name}: expected {len(order)} launches, saw {len(calls)}")
+    return calls[order.index(spec.kernel)]
 
 
 def _loops(sass: str):
@@ -100,7 +103,10 @@ def build(spec: BuildSpec) -> dict:
     from triton.compiler import ASTSource
 
     from ditfuse.aot.compile import ARCH, run_ptxas, specialize, tool_path
-    from ditfuse.kernels.attention_fp8 import _attention_8bit_kernel as kernel
+    from ditfuse.kernels import attention_fp8 as K
+
+    kernel = getattr(K, spec.kernel)
+    attention = spec.kernel == "_attention_8bit_kernel"
 
     grid, args, kwargs = capture_launch(spec)
     target = GPUTarget("cuda", ARCH, 32)
@@ -119,8 +125,8 @@ def build(spec: BuildSpec) -> dict:
         return sum(1 for t in loop if re.match(rf"(?:@!?U?P\w+\s+)?{pat}", t))
 
     row = dict(name=spec.name, H=spec.H, S=spec.S, D=spec.D, qk=spec.qk, window=str(spec.window),
-               block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"],
-               num_warps=ck.metadata.num_warps, num_stages=kwargs["num_stages"],
+               kernel=spec.kernel, block_m=kwargs.get("BLOCK_M"), block_n=kwargs.get("BLOCK_N"),
+               num_warps=ck.metadata.num_warps, num_stages=kwargs.get("num_stages"),
                smem=ck.metadata.shared,
                **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
                loop_igmma=count(r"IGMMA"), loop_qgmma=count(r"QGMMA"),
@@ -132,9 +138,9 @@ def build(spec: BuildSpec) -> dict:
         bad.append(f"spills {row['spill_stores']} / {row['spill_loads']} B, stack {row['stack']} B")
     if row["loop_local"]:
         bad.append(f"{row['loop_local']} LDL / STL in the key loop")
-    if spec.qk == "int8" and not row["loop_igmma"]:
+    if attention and spec.qk == "int8" and not row["loop_igmma"]:
         bad.append("no integer wgmma (IGMMA) in the key loop")
-    if not row["loop_qgmma"]:
+    if attention and not row["loop_qgmma"]:
         bad.append("no e4m3 wgmma (QGMMA) in the key loop")
     if row["loop_i2f"]:
         bad.append(f"{row['loop_i2f']} I2F in the key loop (the scores convert without one)")
