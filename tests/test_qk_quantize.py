@@ -469,11 +469,11 @@ def test_flat_split_and_warps_same_bits(fmt, poison_quant):
 
 
 # Built for sm_90 in a child process (compiling needs TRITON_INTERPRET=0 before Triton defines
-# the kernels): the flat kernel's fp32 sums, per build, as (operand layout, shape) of each
-# add-reduction, Q's and K's. The interpreter sums in numpy's order whatever the layout; on
-# the GPU a reduction's order follows its operand's register layout, which the coalescing
-# pass derives from the memory accesses of the same shape -- an 8-bit store among them must
-# not change it (qk_flat._same_order).
+# the kernels): the fp32 sums of each build, as (kernel, operand shape, operand layout) of
+# each add-reduction. The interpreter sums in numpy's order whatever the layout; on the GPU a
+# reduction's order follows its operand's register layout, which the coalescing pass derives
+# from the memory accesses of the same shape -- an 8-bit store among them must not change it
+# (qk_token._same_order).
 _SUM_LAYOUTS = r"""
 import dataclasses, json, re, sys
 import triton
@@ -508,12 +508,16 @@ print(json.dumps(rows))
 @pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel has no ptxas / cuobjdump")
 def test_sm90_builds_sum_in_the_16_bit_order():
-    """On sm_90 the quantizing flat-row builds reduce the fp32 statistics over the register
-    layouts of the 16-bit builds (the summation order, so the bits, of the norm): the pair
-    form (Wan 14B bf16 with half-width tables; fp16), the channel form with contiguous rows
-    (fp32) and strided ones (bhsd), a masked second piece (7 x 32)."""
+    """On sm_90 the quantizing builds reduce the fp32 statistics over the register layouts
+    of the 16-bit builds (the summation order, so the bits, of the norm). The flat-row
+    kernel: the pair form (Wan 14B bf16 with half-width tables; fp16), the channel form with
+    contiguous rows (fp32) and strided ones (bhsd), a masked second piece (7 x 32). The
+    per-token kernel: FLUX.2 in bf16 (pairs a word) and fp32 (pairs split from channel rows,
+    whose 8-bit store shares their shape), Stable Audio 3's partial rotate-half with
+    pass-through channels."""
     specs = [("wan14b-half-table", {}), ("wan14b-fp16", {}), ("wan14b-fp32", {}),
-             ("wan14b", {"layout": "bhsd"}), ("wan14b", {"H": 7, "D": 32})]
+             ("wan14b", {"layout": "bhsd"}), ("wan14b", {"H": 7, "D": 32}), ("flux2", {}),
+             ("flux2-fp32", {}), ("sa3", {"dtype": "fp32"})]
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["PYTHONPATH"] = os.pathsep.join([str(Path(ditfuse.__file__).parents[1])] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -524,7 +528,9 @@ def test_sm90_builds_sum_in_the_16_bit_order():
     assert len(rows) == len(specs)
     for name, builds in rows.items():
         want = builds["None"]
-        assert want and all(k == "_qk_norm_rope_flat_kernel" for k, _, _ in want), (name, want)
+        flat = name.startswith("wan")
+        assert want and all((k == "_qk_norm_rope_flat_kernel") == flat for k, _, _ in want), \
+            (name, want)
         for q in ("int8", "fp8"):
             assert builds[q] == want, (name, q, builds[q], want)
 

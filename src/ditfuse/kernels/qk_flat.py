@@ -34,7 +34,8 @@ the same order, so the 8-bit values are bitwise the quantization of what the 16-
 stores (``docs/qk_norm_rope.md``, "8-bit output"). Each piece holds whole heads (D, a power
 of two, divides both power-of-two pieces and where the second starts), so a head's amax is
 one reduction of the piece viewed as [heads, D], with the per-token kernel's rounding
-(``_quant_scale``, ``_quant_values``).
+(``_quant_scale``, ``_quant_values``) and its store held to the 16-bit store's vector width
+(``_same_order``: on the GPU the width sets the register layout of the sums).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from ditfuse.runtime.backend import jit
 
 from ditfuse.kernels.element import _PTX, _cast_out, _pack, _rnd, _unpack
 from ditfuse.kernels.qk_token import (_alpha, _norm_affine, _quant_ptr, _quant_scale,
-                                      _quant_values, _table_row)
+                                      _quant_values, _same_order, _table_row)
 
 
 @jit
@@ -96,19 +97,6 @@ def _f32_again(x):
                                          is_pure=True, pack=1)
     else:
         return x.to(tl.float32)
-
-
-@jit
-def _same_order(off, VEC: tl.constexpr):
-    """The 8-bit store's offsets ``off`` as a value of their own (64-bit: no other access
-    shares it), declared contiguous in runs of ``VEC`` only: the 16-bit store's widest
-    vector. The coalescing pass gives every memory access of a piece's shape the widest
-    vector any of them allows, and with it the piece's register layout, which sets the
-    order of the fp32 sums on the GPU. An 8-bit store left at 16 bytes a thread re-lays the
-    loads and the sums (sm_90, Wan 14B: 8 pairs a thread instead of the 16-bit build's 4),
-    and the 8-bit values would quantize another rounding of the statistics than the 16-bit
-    call's output (tests/test_qk_quantize.py compares the sm_90 builds' layouts)."""
-    return tl.max_contiguous(off.to(tl.int64), VEC)
 
 
 @jit

@@ -26,7 +26,8 @@ With ``QUANT`` (1: int8, 2: float8 e4m3) the outputs are 8-bit: each head's valu
 to the activation dtype as the 16-bit store would round them, share one fp32 scale (their
 amax over 127 or 448, IEEE division), stored per (batch, head, token). A token's heads are
 in the program already, so the amax costs no extra pass (docs/qk_norm_rope.md, "8-bit
-output").
+output"); the 8-bit stores are vectorised no wider than the 16-bit ones (``_same_order``), so
+that on the GPU the fp32 sums keep the 16-bit build's register layout, and their order.
 """
 from __future__ import annotations
 
@@ -119,7 +120,10 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
 @jit
 def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
                  NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, WORDS: tl.constexpr = False):
+                 INTERLEAVED: tl.constexpr, WORDS: tl.constexpr = False,
+                 VEC: tl.constexpr = 0):
+    """``VEC`` (the 8-bit store): offsets declared contiguous in runs of VEC only
+    (``_same_order``)."""
     if INTERLEAVED and WORDS:  # 16-bit: a pair a 32-bit word, rounded by one conversion
         i = tl.arange(0, HALF_PAD)[None, :]
         wp = (ptr + base + hh * stride_h).to(tl.pointer_type(tl.uint32)) + i
@@ -128,11 +132,18 @@ def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         m = hmask & (j < 2 * R2)
         y = tl.reshape(tl.join(ya, yb), (NH, 2 * HALF_PAD))
-        tl.store(ptr + base + hh * stride_h + j * stride_d, _cast_out(y, ptr.dtype.element_ty), mask=m)
+        if VEC > 0:
+            p = ptr + base + _same_order(hh * stride_h + j * stride_d, VEC, True)
+        else:
+            p = ptr + base + hh * stride_h + j * stride_d
+        tl.store(p, _cast_out(y, ptr.dtype.element_ty), mask=m)
     else:
         i = tl.arange(0, HALF_PAD)[None, :]
         m = hmask & (i < R2)
-        p = ptr + base + hh * stride_h + i * stride_d
+        if VEC > 0:
+            p = ptr + base + _same_order(hh * stride_h + i * stride_d, VEC, True)
+        else:
+            p = ptr + base + hh * stride_h + i * stride_d
         tl.store(p, _cast_out(ya, ptr.dtype.element_ty), mask=m)
         tl.store(p + R2 * stride_d, _cast_out(yb, ptr.dtype.element_ty), mask=m)
 
@@ -269,6 +280,24 @@ def _quant_scale(amax, QUANT: tl.constexpr):
 
 
 @jit
+def _same_order(off, VEC: tl.constexpr, ROWS: tl.constexpr = False):
+    """An 8-bit store's offsets ``off`` as a value of their own (64-bit: no other access
+    shares it), declared contiguous in runs of ``VEC`` only -- the 16-bit store's widest
+    vector -- along the channels (the last axis of [heads, channels] tiles with ``ROWS``).
+    The coalescing pass gives every memory access of a tile's shape the widest vector any
+    of them allows, and with it the tile's register layout, which sets the order of the
+    fp32 sums on the GPU. An 8-bit store left at 16 bytes a thread re-lays the loads and
+    the sums (sm_90, the flat-row kernel at Wan 14B: 8 pairs a thread instead of the 16-bit
+    build's 4; the per-token kernel in fp32), and the 8-bit values would quantize another
+    rounding of the statistics than the 16-bit call's output (tests/test_qk_quantize.py
+    compares the sm_90 builds' layouts)."""
+    if ROWS:
+        return tl.max_contiguous(off.to(tl.int64), [1, VEC])
+    else:
+        return tl.max_contiguous(off.to(tl.int64), VEC)
+
+
+@jit
 def _quant_ptr(o_ptr, QUANT: tl.constexpr):
     """Where ``_quant_values`` are stored: the int8 output, or the float8 output's bytes."""
     if QUANT == 2:
@@ -298,12 +327,15 @@ def _quantize_store(o_ptr, obase, hh, hmask, stride_oh, stride_od, sc_ptr, scbas
     scale = _quant_scale(amax[:, None], QUANT)
     tl.store(sc_ptr + scbase + hh.to(tl.int64) * stride_sch, scale, mask=hmask)
     qo_ptr = _quant_ptr(o_ptr, QUANT)
+    # vectorised no wider than the 16-bit stores (128 bits of ACT a thread): _same_order
+    VEC: tl.constexpr = 128 // ACT.primitive_bitwidth
     _store_pairs(qo_ptr, obase, hh, hmask, stride_oh, stride_od,
                  _quant_values(oa, scale, QUANT), _quant_values(ob, scale, QUANT),
-                 NH, R2, HALF_PAD, INTERLEAVED, False)
+                 NH, R2, HALF_PAD, INTERLEAVED, False, VEC)
     if P > 0:
         jp = tl.arange(0, PASS_PAD)[None, :]
-        tl.store(qo_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
+        tl.store(qo_ptr + obase + _same_order(hh * stride_oh + (2 * R2 + jp) * stride_od, VEC,
+                                              True),
                  _cast_out(_quant_values(yp, scale, QUANT), qo_ptr.dtype.element_ty), mask=mp)
 
 
