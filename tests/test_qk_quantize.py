@@ -276,6 +276,20 @@ def test_zero_head_and_k_none(fmt, poison_quant):
     _check_against(res, (y, None), fmt, "bshd", H)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@torch.no_grad()
+def test_tiny_heads(fmt, poison_quant):
+    """fp32 heads whose amax is so small that M / amax passes the largest fp32 (amax < 4e-37:
+    subnormal and tiny normal values): the reciprocal is capped, values stay finite and in
+    range, and the bits are the reference's."""
+    D = 16
+    vals = torch.tensor([1e-38, -3e-39, 1e-45, 0.0, 2e-40, -1e-38, 5e-39, 1e-44] * 2)
+    x = vals.reshape(1, 1, 1, D).to(DEVICE)
+    r = ditfuse.qk_norm_rope(x, None, quantize=fmt)
+    assert torch.isfinite(r.q.float()).all() and torch.isfinite(r.q_scale).all()
+    _check_against(r, (x, None), fmt, "bshd", 1)
+
+
 @torch.no_grad()
 def test_ties_round_to_even(poison_quant):
     """No norm, no RoPE: y = x. A head row whose amax is 127 (448) has scale 1, so the
@@ -303,24 +317,27 @@ def test_ties_round_to_even(poison_quant):
 
 
 @jit
-def _rounding_kernel(y_ptr, o_ptr, scale, N, BLOCK: tl.constexpr, QUANT: tl.constexpr):
+def _rounding_kernel(y_ptr, o_ptr, inv, N, BLOCK: tl.constexpr, QUANT: tl.constexpr):
     """The 8-bit rounding of the per-token kernel's store, on a flat array."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < N
     y = tl.load(y_ptr + i, mask=m, other=0.0)
     qo_ptr = _quant_ptr(o_ptr, QUANT)
-    tl.store(qo_ptr + i, _cast_out(_quant_values(y, scale, QUANT), qo_ptr.dtype.element_ty),
+    tl.store(qo_ptr + i, _cast_out(_quant_values(y, inv, QUANT), qo_ptr.dtype.element_ty),
              mask=m)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("scale", [1.0, 0.37, 3.0e-3])
-def test_rounding_matches_torch(fmt, scale):
-    """The kernel's ``y / scale`` and rounding (``_quant_values`` and the store's cast) against
+@pytest.mark.parametrize("inv", [1.0, 2.0**-3, 1 / 0.37, 1 / 3.0e-3])
+def test_rounding_matches_torch(fmt, inv):
+    """The kernel's ``y * inv`` and rounding (``_quant_values`` and the store's cast) against
     PyTorch's over every finite bf16 and fp16 value in range, every midpoint of the format's
-    grid (ties) and random fp32 values of every binade down to subnormal results."""
+    grid (ties: exact ones where ``inv`` is a power of two) and random fp32 values of every
+    binade down to subnormal results."""
     qmax = QMAX[fmt]
     g = torch.Generator().manual_seed(1)
+    inv = float(torch.tensor(inv, dtype=torch.float32))  # the fp32 value the kernel gets
+    scale = 1 / inv
     lim = qmax * scale
     pools = [torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float(),
              torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16).float()]
@@ -335,7 +352,7 @@ def test_rounding_matches_torch(fmt, scale):
     pools.append(torch.exp2(e) * (torch.rand(2**16, generator=g) * 2 - 1) * lim)
     y = torch.cat(pools)
     y = y[y.isfinite() & (y.abs() <= lim)].contiguous()
-    ref = y / torch.tensor(scale, dtype=torch.float32)
+    ref = y * torch.tensor(inv, dtype=torch.float32)
     if fmt == "int8":
         ref = torch.round(ref).clamp(-127, 127).to(torch.int8)
     else:
@@ -343,7 +360,7 @@ def test_rounding_matches_torch(fmt, scale):
     out = torch.full(y.shape, 1, dtype=torch.uint8).view(ref.dtype).to(DEVICE)
     block = 65536 if DEVICE == "cpu" else 1024
     n = y.numel()
-    _rounding_kernel[(-(-n // block),)](y.to(DEVICE), out, scale, n, BLOCK=block,
+    _rounding_kernel[(-(-n // block),)](y.to(DEVICE), out, inv, n, BLOCK=block,
                                           QUANT=1 if fmt == "int8" else 2)
     bad = _bits(out.cpu()) != _bits(ref)
     assert not bad.any(), (int(bad.sum()), y[bad][:8], out.cpu()[bad][:8], ref[bad][:8])

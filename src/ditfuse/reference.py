@@ -107,13 +107,13 @@ def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_h
     ``"fp8"``), applied to its 16-bit (or fp32) output ``y``.
 
     ``y``: ``(B, S, H, D)`` (``layout="bshd"``), ``(B, H, S, D)`` (``"bhsd"``) or
-    ``(B, S, H*D)`` with ``num_heads``. For each head row ``y[b, s, h, :]``, in fp32 with
-    IEEE division::
+    ``(B, S, H*D)`` with ``num_heads``. For each head row ``y[b, s, h, :]``, in fp32::
 
         amax  = max_d |y[d]|
-        scale = amax / 127 (int8) or amax / 448 (fp8);  1.0 where amax == 0
-        int8: clamp(round_half_to_even(y / scale), -127, 127)
-        fp8:  (y / scale).to(torch.float8_e4m3fn)        (round to nearest even)
+        scale = amax / M,  inv = M / amax   (M = 127 int8, 448 fp8; both 1.0 where amax == 0;
+                                             inv capped at the largest fp32)
+        int8: clamp(round_half_to_even(y * inv), -127, 127)
+        fp8:  (y * inv).to(torch.float8_e4m3fn)          (round to nearest even)
 
     Returns ``(values, scales)``: values in ``y``'s shape (contiguous, torch.int8 or
     torch.float8_e4m3fn), scales ``(B, H, S)`` float32 (contiguous).
@@ -126,8 +126,13 @@ def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_h
         y4 = y if layout == "bshd" else y.transpose(1, 2)
     yf = y4.float()
     amax = yf.abs().amax(-1, keepdim=True)
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / QUANT_MAX[fmt])
-    t = yf / scale
+    # tensor / tensor: PyTorch evaluates a Python number over a tensor as a multiply by the
+    # reciprocal (two roundings); the kernel divides once, correctly rounded
+    M = torch.full_like(amax, QUANT_MAX[fmt])
+    one = torch.ones_like(amax)
+    scale = torch.where(amax == 0, one, amax / M)
+    inv = torch.where(amax == 0, one, (M / amax).clamp(max=torch.finfo(torch.float32).max))
+    t = yf * inv
     if fmt == "int8":
         v = torch.round(t).clamp(-127, 127).to(torch.int8)
     else:
@@ -445,11 +450,15 @@ def sliding_window_attention_core(p, compute_dtype=torch.float32):
 def quantize_v_e4m3(v: torch.Tensor):
     """V ``(B, S, H, D)`` as the 8-bit attention quantizes it: ``(v8, scale)`` with
     ``scale[b, h, d] = amax_s |v| / 448`` (1 for a zero channel, fp32) and
-    ``v8 = e4m3(v / scale)`` in V's shape."""
+    ``v8 = e4m3(v * (448 / amax))`` (1 for a zero channel; the division once a channel, capped
+    at the largest fp32) in V's shape."""
     x = v.float()
     amax = x.abs().amax(dim=1)                                     # (B, H, D)
-    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    return (x / scale[:, None]).to(torch.float8_e4m3fn), scale
+    one = torch.ones_like(amax)
+    M = torch.full_like(amax, 448.0)  # tensor / tensor: one rounding, as the kernel's division
+    scale = torch.where(amax > 0, amax / M, one)
+    inv = torch.where(amax > 0, (M / amax).clamp(max=torch.finfo(torch.float32).max), one)
+    return (x * inv[:, None]).to(torch.float8_e4m3fn), scale
 
 
 def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1,

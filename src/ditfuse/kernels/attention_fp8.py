@@ -66,12 +66,14 @@ def _v_amax_kernel(v_ptr, amax_ptr, S, H,
 def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
                     stride_vb, stride_vs, stride_vh, stride_vd,
                     D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d]), scale = amax / 448 (1 where the
-    channel is zero); tokens S..S_pad of the last block are written as zeros."""
+    """vt[b, h, d, s] = e4m3(v[b, s, h, d] * inv[b, h, d]), inv = 448 / amax, scale = amax /
+    448 (both 1 where the channel is zero; one division a channel, a multiply a value);
+    tokens S..S_pad of the last block are written as zeros."""
     bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
     amax = tl.load(amax_ptr + bh * D + d)
     scale = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
-    y = _cast_e4m3(tl.div_rn(x, scale[None, :]))
+    inv = tl.where(amax > 0.0, tl.minimum(tl.div_rn(448.0, amax), 3.4028234663852886e38), 1.0)
+    y = _cast_e4m3(x * inv[None, :])
     obase = bh.to(tl.int64) * D * S_pad
     tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + rows[None, :], tl.trans(y),
              mask=(rows < S_pad)[None, :])

@@ -124,9 +124,9 @@ def _quantize_piece(y, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, strid
     if ACT != tl.float32:
         y = _rnd(y, ACT)
     y2 = tl.reshape(y, (NH, D))
-    scale = _quant_scale(tl.max(tl.abs(y2), 1), QUANT)
+    scale, inv = _quant_scale(tl.max(tl.abs(y2), 1), QUANT)
     _store_scales(sc_ptr, scbase, stride_sch, scale, C0, NC, D, NH, MASKED)
-    v = tl.reshape(_quant_values(y2, scale[:, None], QUANT), (N,))
+    v = tl.reshape(_quant_values(y2, inv[:, None], QUANT), (N,))
     qo_ptr = _quant_ptr(o_ptr, QUANT)
     # vectorised no wider than the 16-bit store (128 bits of ACT a thread): see _same_order
     p = qo_ptr + obase + _same_order(_offsets(c, stride_oh, stride_od, D, ROW_CONTIG),
@@ -354,13 +354,13 @@ def _quantize_pairs(oa, ob, p, live, Q0: tl.constexpr, NP: tl.constexpr, o_ptr, 
         oa, ob = _rnd_pair(oa, ob, ACT)
     a2 = tl.reshape(oa, (NH, HP))
     b2 = tl.reshape(ob, (NH, HP))
-    scale = _quant_scale(tl.maximum(tl.max(tl.abs(a2), 1), tl.max(tl.abs(b2), 1)), QUANT)
+    scale, inv = _quant_scale(tl.maximum(tl.max(tl.abs(a2), 1), tl.max(tl.abs(b2), 1)), QUANT)
     _store_scales(sc_ptr, scbase, stride_sch, scale, 2 * Q0, NC, D, NH, MASKED)
-    va = tl.reshape(_quant_values(a2, scale[:, None], QUANT), (NP,))
-    vb = tl.reshape(_quant_values(b2, scale[:, None], QUANT), (NP,))
-    if QUANT == 1:  # integral fp32 in [-127, 127]: the two's-complement byte
-        va = va.to(tl.int32).to(tl.uint32, bitcast=True) & 0xFF
-        vb = vb.to(tl.int32).to(tl.uint32, bitcast=True) & 0xFF
+    va = tl.reshape(_quant_values(a2, inv[:, None], QUANT), (NP,))
+    vb = tl.reshape(_quant_values(b2, inv[:, None], QUANT), (NP,))
+    # int8: the two's-complement byte of the int32; fp8: the bit pattern (0..255)
+    va = va.to(tl.uint32, bitcast=True) & 0xFF
+    vb = vb.to(tl.uint32, bitcast=True) & 0xFF
     word = (va | (vb << 8)).to(tl.uint16)
     # vectorised no wider than the 16-bit store (4 words a thread): see _same_order
     wp = (o_ptr + obase).to(tl.pointer_type(tl.uint16)) + _same_order(p, 4)

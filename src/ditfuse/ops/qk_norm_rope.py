@@ -957,12 +957,13 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
 
     Quantization (``quantize``): ``y`` is the output the call without ``quantize`` stores
     (rounded to the activation dtype; fp32 inputs: the fp32 output), read as fp32. For each
-    head row ``y[b, s, h, 0:D]``, in fp32 with IEEE round-to-nearest division::
+    head row ``y[b, s, h, 0:D]``, in fp32 (IEEE round-to-nearest divisions, once a head)::
 
         amax  = max_d |y[d]|
-        scale = amax / 127  ("int8")   or   amax / 448  ("fp8");   scale = 1 where amax == 0
-        int8: q = clamp(round_half_to_even(y / scale), -127, 127)
-        fp8:  q = (y / scale) rounded to float8_e4m3fn, to nearest even
+        M     = 127 ("int8")  or  448 ("fp8")
+        scale = amax / M,  inv = min(M / amax, largest fp32);  both 1 where amax == 0
+        int8: q = clamp(round_half_to_even(y * inv), -127, 127)
+        fp8:  q = (y * inv) rounded to float8_e4m3fn, to nearest even
 
     Bitwise equal to :func:`ditfuse.reference.quantize_per_token` of this function's own
     16-bit output for the same arguments, a norm across heads (Wan) included: the quantizing
