@@ -1,6 +1,6 @@
-"""Element helpers shared by every ditfuse kernel: rounding to an activation dtype exactly
-as the GPU does (also under the interpreter), one-instruction exp2 and reciprocal, and a
-tanh accurate to a few fp32 ulp."""
+"""Element helpers shared by every ditfuse kernel: rounding to an activation dtype and to
+float8 e4m3 exactly as the GPU does (also under the interpreter), one-instruction exp2 and
+reciprocal, and a tanh accurate to a few fp32 ulp."""
 from __future__ import annotations
 
 import triton.language as tl
@@ -10,9 +10,9 @@ from ditfuse.runtime.backend import INTERPRET, jit
 # Triton's interpreter truncates fp32 -> bf16 instead of rounding to nearest even; under
 # it, round in integer arithmetic first so the CPU results match the GPU's cvt.rn.bf16.
 _SOFT_BF16 = tl.constexpr(INTERPRET)
-# Triton's interpreter rounds fp32 -> e4m3 wrongly where the rounding carries into the next
-# binade (31.5 -> 16 instead of 32); under it, round to the e4m3 grid in fp32 arithmetic first
-# (values on the grid it converts exactly)
+# Triton's interpreter rounds fp32 -> e4m3 by the first cut-off bit alone (ties away, no
+# sticky bits; 31.5 -> 16); under it, round to the e4m3 grid in fp32 arithmetic first (values
+# on the grid it converts exactly)
 _SOFT_E4M3 = tl.constexpr(INTERPRET)
 # inline PTX (single-instruction exp2 / division / conversions) on the GPU; the interpreter
 # has none and takes the plain Triton forms
@@ -40,19 +40,38 @@ def _cast_out(x, DT: tl.constexpr):
 
 
 @jit
+def _e4m3_rn(t):
+    """fp32 ``t`` (|t| <= 448 up to a rounding) rounded to the nearest float8 e4m3fn value
+    (ties to even, saturating at 448), still as fp32 with t's sign (-0.0 kept)."""
+    a = tl.minimum(tl.abs(t), 448.0)
+    u = a.to(tl.uint32, bitcast=True)
+    # normal range (>= 2^-6): keep 3 of fp32's 23 fraction bits, ties to even
+    rn = ((u + (0x7FFFF + ((u >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
+    # below 2^-6: multiples of 2^-9, the spacing of fp32 at 2^14 (exact, ties to even)
+    rs = (a + 16384.0) - 16384.0
+    r = tl.where(a < 0.015625, rs, rn).to(tl.uint32, bitcast=True)
+    return (r | (t.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
+
+
+@jit
+def _e4m3_code(r):
+    """The float8 e4m3fn bit pattern (0..255, uint32) of fp32 ``r``, a value of the e4m3
+    grid (``_e4m3_rn``)."""
+    u = r.to(tl.uint32, bitcast=True)
+    a = u & 0x7FFFFFFF
+    af = a.to(tl.float32, bitcast=True)
+    normal = (a >> 20) - 960  # exponent and 3 fraction bits, the bias 127 rebased to 7
+    sub = (af * 512.0).to(tl.uint32)  # below 2^-6: multiples of 2^-9 (8 -> 2^-6, 0x08)
+    return tl.where(af < 0.015625, sub, normal) | ((u >> 24) & 0x80)
+
+
+@jit
 def _cast_e4m3(x):
     """``x`` (fp32) as ``float8_e4m3fn``: round to nearest even, saturating at +-448 (the
-    GPU's ``cvt.rn.satfinite``; the interpreter gets the same bits)."""
+    GPU's ``cvt.rn.satfinite``; under the interpreter :func:`_e4m3_rn` first, so that the
+    conversion only sees values of the grid)."""
     if _SOFT_E4M3:
-        x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-        e = (x.to(tl.uint32, bitcast=True) >> 23) & 0xFF
-        # the grid's spacing around x: 2^(E - 3) for E >= -6, 2^-9 below (subnormals)
-        ulp_e = tl.maximum(e.to(tl.int32), 127 - 6) - 3
-        big = (ulp_e.to(tl.uint32) << 23).to(tl.float32, bitcast=True) * 12582912.0
-        r = (x + big) - big
-        # keep the sign of a value that rounds to zero (-0 as the GPU writes it)
-        x = (r.to(tl.uint32, bitcast=True) | (x.to(tl.uint32, bitcast=True) & 0x80000000)
-             ).to(tl.float32, bitcast=True)
+        x = _e4m3_rn(x)
     return x.to(tl.float8e4nv)
 
 

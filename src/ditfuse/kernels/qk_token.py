@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ditfuse.runtime.backend import jit
 
-from ditfuse.kernels.element import _cast_out, _pack, _rnd, _tanh, _unpack
+from ditfuse.kernels.element import _cast_out, _e4m3_code, _e4m3_rn, _pack, _rnd, _tanh, _unpack
 
 
 @jit
@@ -224,32 +224,6 @@ def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
         return tl.sum(s, 0)
     else:
         return s[:, None]
-
-
-@jit
-def _e4m3_rn(t):
-    """fp32 ``t`` (|t| <= 448 up to a rounding) rounded to the nearest float8 e4m3fn value
-    (ties to even, saturating at 448), still as fp32 with t's sign (-0.0 kept)."""
-    a = tl.minimum(tl.abs(t), 448.0)
-    u = a.to(tl.uint32, bitcast=True)
-    # normal range (>= 2^-6): keep 3 of fp32's 23 fraction bits, ties to even
-    rn = ((u + (0x7FFFF + ((u >> 20) & 1))) & 0xFFF00000).to(tl.float32, bitcast=True)
-    # below 2^-6: multiples of 2^-9, the spacing of fp32 at 2^14 (exact, ties to even)
-    rs = (a + 16384.0) - 16384.0
-    r = tl.where(a < 0.015625, rs, rn).to(tl.uint32, bitcast=True)
-    return (r | (t.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
-
-
-@jit
-def _e4m3_code(r):
-    """The float8 e4m3fn bit pattern (0..255, uint32) of fp32 ``r``, a value of the e4m3
-    grid (``_e4m3_rn``)."""
-    u = r.to(tl.uint32, bitcast=True)
-    a = u & 0x7FFFFFFF
-    af = a.to(tl.float32, bitcast=True)
-    normal = (a >> 20) - 960  # exponent and 3 fraction bits, the bias 127 rebased to 7
-    sub = (af * 512.0).to(tl.uint32)  # below 2^-6: multiples of 2^-9 (8 -> 2^-6, 0x08)
-    return tl.where(af < 0.015625, sub, normal) | ((u >> 24) & 0x80)
 
 
 @jit
