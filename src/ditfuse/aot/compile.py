@@ -47,6 +47,31 @@ def can_compile_here() -> bool:
     return isinstance(k, JITFunction) and not isinstance(k, InterpretedFunction)
 
 
+def report_in_compiler(module: str, names: List[str], child_env: str) -> list:
+    """``module.build_report(names)`` in a subprocess with ``TRITON_INTERPRET=0`` (for a
+    process whose ditfuse kernels are interpreted); its rows, read back as JSON. The child
+    is marked with ``child_env`` so that a child that cannot compile either raises instead
+    of starting another."""
+    import json
+    import sys
+
+    if os.environ.get(child_env):
+        raise RuntimeError("the kernels are interpreted although TRITON_INTERPRET=0")
+    root = str(Path(__file__).resolve().parent.parent.parent)  # src/, above the package
+    env = dict(os.environ, TRITON_INTERPRET="0", **{child_env: "1"})
+    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                                                  else []))
+    with tempfile.TemporaryDirectory(prefix="ditfuse-build-") as d:
+        out = Path(d) / "rows.json"
+        code = (f"import json; from {module} import build_report; "
+                f"json.dump(build_report({list(names)!r}), open({str(out)!r}, 'w'))")
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        if r.returncode or not out.exists():
+            raise RuntimeError(f"sm_90 build failed ({r.returncode}):\n"
+                               f"{(r.stdout + r.stderr)[-6000:]}")
+        return json.loads(out.read_text())
+
+
 class _LaunchStub:
     """Stands in for the kernel: ``kernel[grid](*args, **kwargs)`` is recorded, not run."""
 

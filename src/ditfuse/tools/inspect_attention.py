@@ -189,35 +189,13 @@ def build(spec: BuildSpec) -> dict:
 def build_report(names=None) -> list:
     """One row per :data:`BUILD_SPECS` entry (``names`` selects). Compiles in a
     ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
+    from ditfuse.aot.compile import can_compile_here, report_in_compiler
 
     specs = [s for s in BUILD_SPECS if not names or s.name in names]
     unknown = set(names or ()) - set(BUILD_NAMES)
     if unknown:
         raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {BUILD_NAMES}")
-    from ditfuse.tools.inspect import can_compile_here
-
     if can_compile_here():
         return [build(s) for s in specs]
-    if os.environ.get(_CHILD_ENV):
-        raise RuntimeError("the attention kernel is interpreted although TRITON_INTERPRET=0")
-    root = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, TRITON_INTERPRET="0", **{_CHILD_ENV: "1"})
-    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
-                                                  else []))
-    with tempfile.TemporaryDirectory(prefix="ditfuse-attn-") as d:
-        out = Path(d) / "rows.json"
-        code = ("import json, sys; from ditfuse.tools.inspect_attention import build_report; "
-                f"json.dump(build_report({[s.name for s in specs]!r}), open({str(out)!r}, 'w'))")
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-        if r.returncode or not out.exists():
-            raise RuntimeError(f"sm_90 build failed ({r.returncode}):\n"
-                               f"{(r.stdout + r.stderr)[-6000:]}")
-        return json.loads(out.read_text())
-
-
+    return report_in_compiler("ditfuse.tools.inspect_attention", [s.name for s in specs],
+                              _CHILD_ENV)
