@@ -32,7 +32,26 @@ def test_bench_cases_run_on_cpu():
     for op in ("qk_norm_rope", "adaln_modulate", "gated_residual_adaln"):
         for impl in impls:
             assert (op, impl) in ops, (op, impl)
+    # the quantizing prologue: 16-bit models only, no copy row (its floor is not a copy)
+    assert {i for o, _, i in rows if o == "qk_norm_rope_int8"} == {"eager", "ditfuse"}
+    assert {s for o, s, _ in rows if o == "qk_norm_rope_int8"} == {"wan14b-480p"}
     assert calls["n"] == len(rows)
+
+
+def test_qk_int8_bytes_model():
+    """The quantizing prologue's floor: Q / K read in 16 bits, written in 8, a 4-byte scale a
+    head row, the table as the 16-bit op's."""
+    from ditfuse.tools.workloads import qk_bytes
+
+    sh = QK_SHAPES["wan14b-480p"]
+    seen = {}
+    bench.bench_qk_int8(sh.small(2), torch.bfloat16, 4000.0,
+                        lambda op, shape, impl, dtype, us, gbps, pct: seen.update(gbps=gbps),
+                        {"ditfuse"}, device="cpu", timer=lambda fn: 1e6)
+    small = sh.small(2)
+    n = small.B * small.S * small.H * small.D
+    want = qk_bytes(small) - 4 * n + 2 * n + 2 * small.B * small.S * small.H * 4
+    assert abs(seen["gbps"] - want / 1e9) < 1e-12
 
 
 def test_bench_without_gpu_exits_nonzero(capsys):

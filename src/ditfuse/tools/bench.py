@@ -176,6 +176,40 @@ def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
                lambda s: (s["q"], s["k"]), ceiling, emit, impls,
                peers=[("liger", _liger_fn(shape) if "liger" in impls else None)],
                device=device, timer=timer)
+    if dtype != torch.float32:
+        bench_qk_int8(shape, dtype, ceiling, emit, impls, device, timer)
+
+
+def bench_qk_int8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    """The quantizing prologue (``quantize="int8"``, what ``patch(attention="fp8")`` runs) at
+    one shape: op ``qk_norm_rope_int8``. Floor: Q and K read in 16 bits, written in 8 with a
+    4-byte scale a head row, the table as for the 16-bit op. Eager / compile: the model's
+    code followed by the same quantization in PyTorch (``quantize_per_token``)."""
+    import ditfuse
+    from ditfuse.reference import quantize_per_token
+    from ditfuse.tools.workloads import eager_fn, qk_bytes, qk_inputs
+
+    el = torch.empty((), dtype=dtype).element_size()
+    n = shape.B * shape.S * shape.H * shape.D
+    nbytes = qk_bytes(shape, dtype) - 2 * n * el + 2 * n + 2 * shape.B * shape.S * shape.H * 4
+    model = eager_fn(shape)
+
+    def eager(s):
+        kw = s["kwargs"]
+        layout, heads = kw.get("layout", "bshd"), kw.get("num_heads")
+        return [quantize_per_token(t, "int8", layout=layout, num_heads=heads)
+                for t in model(s)]
+
+    def fused(s):
+        return ditfuse.qk_norm_rope(s["q"], s["k"], s["call_cos"], s["call_sin"],
+                                    q_norm=s["q_norm"], k_norm=s["k_norm"], quantize="int8",
+                                    **s["kwargs"])
+
+    bench_case("qk_norm_rope_int8", shape.name, dtype, nbytes,
+               lambda i: qk_inputs(shape, device, dtype, seed=i), eager, fused,
+               lambda s: (s["q"], s["k"]), ceiling, emit,
+               [i for i in impls if i in ("eager", "compile", "ditfuse", "ditfuse-graph")],
+               device=device, timer=timer)
 
 
 def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
