@@ -1,9 +1,10 @@
 """ditfuse.patch(..., attention="fp8"): the DiT attention processors on 8-bit attention (Q / K
 int8 with per-token scales from the QK-norm + RoPE kernel, ``ditfuse.attention(...,
 precision="fp8")``). Tiny models at head_dim 64, bf16: the 8-bit path really runs (a spy on
-the attention op's ``run``), the output close to the unpatched model's, every case the
-kernel does not take (a mask that masks something, head_dim, fp32, classes without an 8-bit
-path) the exact 16-bit path, unpatch restores the original bits, bad values rejected."""
+the attention op's ``run``), the output close to the unpatched model's -- key-padding masks
+that drop keys included (the kernel's ``key_mask``) --, every case the kernel does not take
+(another mask that masks something, head_dim, fp32, classes without an 8-bit path) the exact
+16-bit path, unpatch restores the original bits, bad values rejected."""
 import pytest
 import torch
 
@@ -30,13 +31,14 @@ _SLOW = ("wan-i2v",)
 
 
 def _spy(monkeypatch):
-    """Count the 8-bit attention launches (``ditfuse.ops.attention_fp8.run``: the kernel, or
-    its emulation, of every 8-bit call, eager or through the torch.library op)."""
+    """Record the 8-bit attention launches (``ditfuse.ops.attention_fp8.run``: the kernel, or
+    its emulation, of every 8-bit call, eager or through the torch.library op): Q's shape and
+    whether a key mask came with it."""
     calls = []
     real = _attention_fp8.run
 
     def run(p):
-        calls.append(tuple(p.q.shape))
+        calls.append((tuple(p.q.shape), p.key_mask is not None))
         return real(p)
 
     monkeypatch.setattr(_attention_fp8, "run", run)
@@ -86,53 +88,148 @@ def test_fp8_close_to_unpatched(name, make, inputs, calls, monkeypatch):
     _originals(model)
 
 
-def _masked(name, model, kw):
-    """Inputs of ``name`` whose attention mask masks something, and the attention module
-    call that receives it (None: the model's forward)."""
-    kw = dict(kw)
-    if name == "hunyuan-video":  # the model's joint mask drops the padded prompt tokens
-        m = torch.ones_like(kw["encoder_attention_mask"])
-        m[:, -2:] = 0
+#: the inputs given a second batch entry of their own (the rest repeated)
+_FRESH = ("hidden_states", "encoder_hidden_states", "pooled_projections", "image_embeds",
+          "latents_clean", "latents_history_2x", "latents_history_4x")
+
+
+def _batch2(kw):
+    """``kw`` at batch 2: the second entry's activations fresh random, every other batched
+    input (first dim 1: timestep, guidance, masks, FLUX.2's ids; not FramePack's frame
+    indices) repeated."""
+    g = torch.Generator().manual_seed(23)
+    out = dict(kw)
+    for k, v in kw.items():
+        if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1 and \
+                not k.startswith("indices_"):
+            second = torch.randn(v.shape, generator=g).to(v.dtype) if k in _FRESH else v
+            out[k] = torch.cat([v, second])
+    if "img_shapes" in kw:  # Qwen-Image: one entry a batch entry
+        out["img_shapes"] = kw["img_shapes"] * 2
+    return out
+
+
+def _key_padded(name, kw):
+    """Batch-2 inputs of ``name`` whose attention sees a key-padding mask that drops keys --
+    bool (B or 1, 1, 1, N) in the joint token order -- and the same inputs with no key
+    dropped; the batch entries it drops keys of. HunyuanVideo and Qwen-Image build the mask
+    from the prompt mask (the second prompt padded); FLUX.1 / FLUX.2 get it through
+    ``joint_attention_kwargs``: FLUX.1 one (B, 1, 1, N) mask, two text and five image keys
+    of the first entry dropped and every key of the second (a batch entry with nothing to
+    attend: SDPA writes zeros on the CPU, as the kernel does); FLUX.2 one (1, 1, 1, N) row
+    for both entries."""
+    kw = _batch2(kw)
+    free = dict(kw)
+    if name == "hunyuan-video":
+        m = kw["encoder_attention_mask"].clone()
+        m[1, -2:] = 0
         kw["encoder_attention_mask"] = m
-    elif name == "qwen-image":
+        return kw, free, (1,)
+    if name == "qwen-image":
         m = kw["encoder_hidden_states_mask"].clone()
-        m[:, -3:] = False
+        m[1, -3:] = False
         kw["encoder_hidden_states_mask"] = m
-    elif name in ("flux1", "flux2"):  # the processors' attention_mask, through the blocks
-        n = kw["hidden_states"].shape[1] + kw["encoder_hidden_states"].shape[1]
+        return kw, free, (1,)
+    T = kw["encoder_hidden_states"].shape[1]
+    n = kw["hidden_states"].shape[1] + T
+    if name == "flux1":
+        m = torch.ones(2, 1, 1, n, dtype=torch.bool)
+        m[0, ..., [1, 4, T + 2, T + 5, T + 8, T + 11, T + 14]] = False
+        m[1] = False
+    else:
         m = torch.ones(1, 1, 1, n, dtype=torch.bool)
-        m[..., 1] = False
-        kw["joint_attention_kwargs"] = {"attention_mask": m}
-    else:  # Wan's model takes no mask: its self-attention module called with one
-        return None, kw
-    return model, kw
+        m[..., [T - 1, T + 4, T + 9]] = False
+    kw["joint_attention_kwargs"] = {"attention_mask": m}
+    return kw, free, (0, 1)
 
 
-def _wan_self_attention_call(model, dtype):
+_KEY_PADDED = [pytest.param(n, marks=pytest.mark.slow if n in ("flux1", "flux2") else ())
+               for n in ("hunyuan-video", "qwen-image", "flux1", "flux2")]
+
+
+@pytest.mark.parametrize("name", _KEY_PADDED)
+@torch.no_grad()
+def test_fp8_key_padding_mask(name, monkeypatch):
+    """A key-padding mask that drops keys: the 8-bit path (the kernel's ``key_mask``), every
+    batch entry close to the unpatched masked model -- less than half as far as the
+    unpatched model without the mask is (the dropped keys really dropped); an entry with every key
+    dropped: finite, bitwise the unpatched model's (zeros from both attentions)."""
+    _, make, inputs, calls = _FP8[name]
+    model = to_dtype(make(), torch.bfloat16)
+    kw, free, dropped = _key_padded(name, inputs(torch.bfloat16))
+    ref = model(**kw)[0]
+    unmasked = model(**free)[0]
+    assert torch.isfinite(ref).all()  # the CPU's SDPA: zeros for a row with no key
+    ditfuse.patch(model, attention="fp8")
+    seen = _spy(monkeypatch)
+    out = model(**kw)[0]
+    assert len(seen) == calls, f"{len(seen)} 8-bit attention calls, {calls} wanted"
+    assert all(masked for _, masked in seen), seen
+    assert torch.isfinite(out).all()
+    for b in range(2):
+        cos, rel = _accuracy(out[b], ref[b])
+        print(f"{name} entry {b}: cosine {cos:.6f}, relative L2 {rel:.4f}"
+              + (f" (unmasked model {_accuracy(unmasked[b], ref[b])[1]:.4f})"
+                 if b in dropped else ""))
+        assert cos >= COS_MIN and rel <= REL_L2_MAX, (b, cos, rel)
+        if b in dropped:
+            assert rel < _accuracy(unmasked[b], ref[b])[1] / 2, (b, rel)
+    if name == "flux1":  # its second entry drops every key
+        assert torch.equal(out[1], ref[1])
+
+
+def _call(name, model, kw, dtype):
+    """(``name``'s call with a mask that is no key-padding mask, the same call without it, its
+    8-bit launches): a query x key mask (the outer product of a token mask, as Chroma builds
+    it; Wan's per-query form of a dropped key) or an additive bias (FLUX.2 through
+    ``joint_attention_kwargs``, Qwen-Image's joint mask from a float prompt mask: the
+    processor concatenates it with its boolean image mask into a float bias); FLUX.2's
+    unmasked call passes an all-zero bias, which is dropped."""
     g = torch.Generator().manual_seed(11)
-    attn = model.blocks[0].attn1
+    if name in ("flux1", "flux2"):
+        n = kw["hidden_states"].shape[1] + kw["encoder_hidden_states"].shape[1]
+        if name == "flux1":
+            t = torch.ones(n, dtype=torch.bool)
+            t[[2, n - 3]] = False
+            m, none = (t[None, None, None, :] * t[None, None, :, None]), None
+        else:
+            none = torch.zeros(1, 1, 1, n, dtype=dtype)
+            m = none.clone()
+            m[..., [1, n - 4]] = float("-inf")
+            m[..., 5] = -0.5
+        return (lambda masked: model(**kw, joint_attention_kwargs={
+            "attention_mask": m if masked else none})[0]), _FP8[name][3]
+    if name.startswith("wan"):
+        attn = model.blocks[0].attn1
+        x = torch.randn(1, 16, attn.inner_dim, generator=g).to(dtype)
+        m = torch.ones(1, 1, 16, 16, dtype=torch.bool)
+        m[..., 3] = False
+        return (lambda masked: attn(x, None, m if masked else None, None)), 1
+    attn = model.transformer_blocks[0].attn
     x = torch.randn(1, 16, attn.inner_dim, generator=g).to(dtype)
-    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool)
-    mask[..., 3] = False
-    return lambda masked: attn(x, None, mask if masked else None, None)
+    T = 5 if name == "hunyuan-video" else 7
+    e = torch.randn(1, T, attn.inner_dim, generator=g).to(dtype)
+    if name == "hunyuan-video":
+        t = torch.ones(16 + T, dtype=torch.bool)
+        t[-2:] = False
+        m = t[None, None, None, :] * t[None, None, :, None]
+        return (lambda masked: attn(x, e, m if masked else None)), 1
+    m = torch.ones(1, T, dtype=dtype)
+    m[:, -3:] = 0
+    return (lambda masked: attn(x, e, encoder_hidden_states_mask=m if masked else None)), 1
 
 
 @pytest.mark.parametrize("name", [  # FLUX.1 / FLUX.2: seconds a forward in the interpreter
     pytest.param(c[0], marks=pytest.mark.slow if c[0] in _SLOW + ("flux1", "flux2") else ())
     for c in FP8_CASES])
 @torch.no_grad()
-def test_fp8_masked_call_takes_the_16bit_path(name, monkeypatch):
-    """A mask that masks something: the exact 16-bit path of ``patch(attention=True)``
-    (bitwise), no 8-bit launch; an all-True mask (HunyuanVideo's joint mask, Qwen-Image's
-    prompt mask of the tiny inputs) is dropped: the 8-bit path (the test above)."""
+def test_fp8_other_masks_take_the_16bit_path(name, monkeypatch):
+    """A mask that is no key-padding mask and masks something: the exact 16-bit path of
+    ``patch(attention=True)`` (bitwise), no 8-bit launch; the same call without it (or with
+    an all-zero bias, dropped): 8-bit."""
     _, make, inputs, _ = _FP8[name]
     model = to_dtype(make(), torch.bfloat16)
-    fwd, kw = _masked(name, model, inputs(torch.bfloat16))
-    if fwd is None:
-        call = _wan_self_attention_call(model, torch.bfloat16)
-    else:
-        def call(masked):
-            return model(**kw)[0]
+    call, calls = _call(name, model, inputs(torch.bfloat16), torch.bfloat16)
     ditfuse.patch(model)
     want = call(True)
     ditfuse.unpatch(model)
@@ -140,10 +237,11 @@ def test_fp8_masked_call_takes_the_16bit_path(name, monkeypatch):
     seen = _spy(monkeypatch)
     got = call(True)
     assert not seen, f"a masked call took the 8-bit path: {seen}"
-    assert torch.equal(got, want), "the masked call must be the exact 16-bit path"
-    if fwd is None:  # the same module without the mask: 8-bit
-        call(False)
-        assert len(seen) == 1, seen
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w), "the masked call must be the exact 16-bit path"
+    call(False)
+    assert len(seen) == calls, seen
 
 
 @pytest.mark.parametrize("name,why", [
@@ -228,22 +326,31 @@ def test_fp8_needs_the_qk_processors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,masked", [
-    ("flux1", False), ("flux2", False), ("wan-t2v", False), ("qwen-image", False),
-    ("hunyuan-video", False), ("hunyuan-video", True), ("qwen-image", True)])
+@pytest.mark.parametrize("name,mask", [
+    ("flux1", None), ("flux2", None), ("wan-t2v", None), ("qwen-image", None),
+    ("hunyuan-video", None), ("hunyuan-video", "key-padding"), ("qwen-image", "key-padding"),
+    ("flux2", "key-padding"), ("flux2", "query-key, all True"), ("flux2", "query-key")])
 @torch.no_grad()
-def test_fp8_compile_fullgraph(name, masked, monkeypatch):
+def test_fp8_compile_fullgraph(name, mask, monkeypatch):
     """The 8-bit processors trace whole (torch.compile fullgraph=True: the prologue and the
-    attention are torch.library ops, a given mask a ``torch.cond`` on whether it masks
-    anything): the eager output -- 8-bit where the mask is all True (HunyuanVideo's joint
-    mask, Qwen-Image's prompt mask of the tiny inputs), the 16-bit path of
-    ``patch(attention=True)`` where it masks a padded prompt."""
+    attention are torch.library ops): the eager output. A key-padding mask goes to the kernel
+    in the graph, no branch -- HunyuanVideo's and Qwen-Image's joint masks always (all True
+    for the tiny inputs), and masks that drop keys (``_key_padded``); another mask is a
+    ``torch.cond`` on whether it masks anything -- FLUX.2 with a query x key mask: all True,
+    8-bit; masking, the 16-bit path of ``patch(attention=True)``."""
     _, make, inputs, calls = _FP8[name]
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)
-    if masked:
-        _, kw = _masked(name, model, kw)
-        calls = 0
+    if mask == "key-padding":
+        kw = _key_padded(name, kw)[0]
+    elif mask is not None:
+        n = kw["hidden_states"].shape[1] + kw["encoder_hidden_states"].shape[1]
+        t = torch.ones(n, dtype=torch.bool)
+        if mask == "query-key":
+            t[[1, n - 2]] = False
+            calls = 0
+        kw["joint_attention_kwargs"] = {"attention_mask": t[None, None, None, :]
+                                        * t[None, None, :, None]}
     ditfuse.patch(model, attention="fp8")
     want = model(**kw)[0]
     torch._dynamo.reset()
@@ -253,6 +360,8 @@ def test_fp8_compile_fullgraph(name, masked, monkeypatch):
     finally:
         torch._dynamo.reset()
     assert len(seen) == calls, seen
+    keyed = mask == "key-padding" or name in ("hunyuan-video", "qwen-image")
+    assert all(masked == keyed for _, masked in seen), seen
     torch.testing.assert_close(got, want, rtol=2.0**-6, atol=2.0**-6 * want.abs().max().item())
 
 
@@ -320,31 +429,38 @@ def _variant(name):
 @pytest.mark.parametrize("name", ["chroma", "framepack", "hunyuan15"])
 @torch.no_grad()
 def test_fp8_variants(name, monkeypatch):
-    """All-True masks: the 8-bit path, close to unpatched; the last prompt padded (a mask
-    that masks): no 8-bit launch, bitwise ``patch(attention=True)`` -- except FramePack,
-    whose forward at batch 1 drops the padded prompt tokens and passes no mask: 8-bit."""
+    """All-True masks: the 8-bit path, close to unpatched. The last prompt padded: HunyuanVideo
+    1.5's token mask and FramePack's joint mask at batch 2 are key-padding masks -- 8-bit,
+    close to the unpatched padded model (FramePack at batch 1 drops the padded tokens itself
+    and passes no mask: 8-bit too); Chroma's query x key mask: no 8-bit launch, bitwise
+    ``patch(attention=True)``."""
     model, kw, mask_arg, calls = _variant(name)
     model = to_dtype(model, torch.bfloat16)
-    ref = model(**kw)[0]
+    padded = dict(kw)
+    padded[mask_arg] = kw[mask_arg].clone()
+    padded[mask_arg][-1, -2:] = 0
+    cases = {"": (kw, model(**kw)[0]), "padded": (padded, model(**padded)[0])}
+    if name == "framepack":
+        kw2 = _batch2(kw)
+        kw2[mask_arg][-1, -2:] = 0
+        cases["padded, batch 2"] = (kw2, model(**kw2)[0])
     ditfuse.patch(model, attention="fp8")
     seen = _spy(monkeypatch)
-    out = model(**kw)[0]
-    assert len(seen) == calls, seen
-    cos, rel = _accuracy(out, ref)
-    print(f"{name}: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit calls)")
-    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
-    padded = kw[mask_arg].clone()
-    padded[-1, -2:] = 0
-    kw[mask_arg] = padded
-    seen.clear()
-    got = model(**kw)[0]
-    if name == "framepack":
+    for case, (inputs, ref) in cases.items():
+        seen.clear()
+        out = model(**inputs)[0]
+        if name == "chroma" and case:
+            assert not seen, seen
+            ditfuse.unpatch(model)
+            ditfuse.patch(model)
+            assert torch.equal(out, model(**inputs)[0])
+            continue
         assert len(seen) == calls, seen
-        return
-    assert not seen, seen
-    ditfuse.unpatch(model)
-    ditfuse.patch(model)
-    assert torch.equal(got, model(**kw)[0])
+        assert torch.isfinite(ref).all() and torch.isfinite(out).all()
+        cos, rel = _accuracy(out, ref)
+        print(f"{name} {case}: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit "
+              f"calls)")
+        assert cos >= COS_MIN and rel <= REL_L2_MAX, (case, cos, rel)
 
 
 @pytest.mark.slow

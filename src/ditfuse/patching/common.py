@@ -155,23 +155,65 @@ def use_8bit(proc, query: torch.Tensor, value: torch.Tensor, head_dim: int, mask
             and (mask is None or _mask_8bit_dtype(mask)))
 
 
-def attend(eight: bool, mask, attend_8bit: Callable, attend_16bit: Callable, operands: tuple):
+def key_padding(mask, batch: int, keys: int):
+    """``mask`` as ``ditfuse.attention``'s ``key_mask`` -- bool (``batch``, ``keys``), True:
+    the key is attended -- where it is a key-padding mask in SDPA's broadcast form: bool,
+    shape (``batch`` or 1, 1, 1, ``keys``), one row of kept keys for every head and query of
+    a batch entry (HunyuanVideo's and Qwen-Image's joint masks, FLUX's through
+    ``joint_attention_kwargs``). Anything else -- a query x key mask (Chroma's, SkyReels-V2's),
+    an additive bias, an integer mask (SDPA refuses it), other shapes -- None. Shapes only,
+    never values: no device sync, nothing for torch.compile to branch on."""
+    if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4):
+        return None
+    b, h, q, n = mask.shape
+    if b not in (1, batch) or h != 1 or q != 1 or n != keys:
+        return None
+    return mask.reshape(b, n).expand(batch, n)
+
+
+def attend(eight: bool, mask, attend_8bit: Callable, attend_16bit: Callable, operands: tuple,
+           keys=None):
     """A patched processor's attention output: ``attend_8bit(*operands)`` where ``eight``
-    (:func:`use_8bit`) holds and ``mask`` masks nothing -- an all-True mask is dropped
-    (eager: one device sync to see it; under torch.compile a ``torch.cond`` on it, the same
-    sync at run time, both branches traced) -- else ``attend_16bit(*operands)``, the exact
-    16-bit path. Inside a CUDA-graph capture a given mask takes the 16-bit path (no sync
-    there). Both return the (B, S, H*D) output, contiguous, in V's dtype."""
+    (:func:`use_8bit`) holds and the call can be attended in 8 bits, else
+    ``attend_16bit(*operands)``, the exact 16-bit path. Both return the (B, S, H*D) output,
+    contiguous, in V's dtype.
+
+    ``keys``: (batch, joint key count) of a processor whose ``attend_8bit`` takes
+    ``key_mask=``; a key-padding ``mask`` (:func:`key_padding`) then goes to the kernel as
+    its ``key_mask``, whatever it masks -- no sync, the same graph under torch.compile and in
+    a CUDA-graph capture. Any other mask (or any mask without ``keys``) is attended in 8 bits
+    only where it masks nothing, the mask then dropped: eager, one device sync to see it;
+    under torch.compile a ``torch.cond`` on it (the same sync at run time, both branches
+    traced); inside a CUDA-graph capture the 16-bit path (no sync there)."""
     if not eight:
         return attend_16bit(*operands)
     if mask is None:
         return attend_8bit(*operands)
+    key_mask = None if keys is None else key_padding(mask, *keys)
+    if key_mask is not None:
+        return attend_8bit(*operands, key_mask=key_mask)
     if compiling():
         return torch.cond(keeps_all(mask), lambda *a: attend_8bit(*a).contiguous(),
-                          lambda *a: attend_16bit(*a).contiguous(), operands)
+                          lambda *a: attend_16bit(*a).contiguous(), _apart(operands))
     if capturing() or not bool(keeps_all(mask)):
         return attend_16bit(*operands)
     return attend_8bit(*operands)
+
+
+def _apart(operands) -> tuple:
+    """``operands`` with no two in one tensor's memory: ``torch.cond`` refuses branch inputs
+    that alias each other, as Q / K / V chunked from one projection do (FLUX.2's
+    single-stream blocks; fused QKV projections) -- a view of a tensor an earlier operand
+    already views is copied. ``_base`` is known while tracing: no op where nothing aliases."""
+    roots, out = [], []
+    for t in operands:
+        root = t if t._base is None else t._base
+        if any(root is r for r in roots):
+            t = t.clone()
+        else:
+            roots.append(root)
+        out.append(t)
+    return tuple(out)
 
 
 def cat_quantized(parts) -> QuantizedQK:
@@ -186,12 +228,15 @@ def cat_quantized(parts) -> QuantizedQK:
                        torch.cat([p.k_scale for p in parts], dim=2))
 
 
-def attention_8bit(qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None) -> torch.Tensor:
+def attention_8bit(qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None,
+                   key_mask=None) -> torch.Tensor:
     """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) int8 Q / K with their
-    per-token scales (``k`` / ``k_scale``: other keys for the same queries) and 16-bit V;
-    (B, S, H, D) in V's dtype."""
+    per-token scales (``k`` / ``k_scale``: other keys for the same queries) and 16-bit V,
+    ``key_mask`` (bool (B, S_kv), :func:`key_padding`) the keys attended; (B, S, H, D) in
+    V's dtype."""
     k, k_scale = (qk.k, qk.k_scale) if k is None else (k, k_scale)
-    return _attention(qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale)
+    return _attention(qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale,
+                      key_mask=key_mask)
 
 
 def replace_processors(model, report, table, label: str) -> None:

@@ -113,7 +113,8 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
     where the call allows it (``common.use_8bit`` / ``common.attend``) each stream
     normalised, rotated and quantized (int8, per-token scales) by one kernel, the streams
     concatenated text first (their values and their scales), V as the processor
-    concatenates it, and ``ditfuse.attention(..., precision="fp8")``."""
+    concatenates it, and ``ditfuse.attention(..., precision="fp8")`` -- a key-padding
+    ``mask`` (bool (B or 1, 1, 1, S_total), ``common.key_padding``) as its ``key_mask``."""
     D = attn.head_dim
     enc = (encoder_query, encoder_key, encoder_value) if joint else ()
 
@@ -125,7 +126,7 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
                                     parallel_config=proc._parallel_config)
         return out.flatten(2, 3).to(query.dtype)
 
-    def attend_8bit(query, key, value, *enc):
+    def attend_8bit(query, key, value, *enc, key_mask=None):
         query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
         cos, sin = rope if rope is not None else (None, None)
         if not enc:
@@ -142,10 +143,12 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
                 qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q,
                              k_norm=attn.norm_k, quantize="int8")])
             value = torch.cat([encoder_value, value], dim=1)
-        return attention_8bit(qk, value).flatten(2, 3)
+        return attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
     eight = use_8bit(proc, query, value, D, mask, proc._parallel_config)
-    return attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc))
+    n = query.shape[1] + (encoder_query.shape[1] if joint else 0)
+    return attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc),
+                  keys=(query.shape[0], n))
 
 
 def _ada_ok(self, x, emb_dtype) -> bool:

@@ -85,7 +85,8 @@ def _make_processors(fuse_act: bool = True):
         the double-stream processor; to ``mlp_act_fn`` + cat when it is not a Flux2SwiGLU
         or the kernel cannot take the input. With ``patch(attention="fp8")`` Q / K also
         quantized by the kernel and the attention on 8 bits where the call allows it
-        (``common.use_8bit``, ``common.attend``)."""
+        (``common.use_8bit``, ``common.attend``; a key-padding mask the kernel's
+        ``key_mask``)."""
 
         _ditfuse = True
         _ditfuse_fp8 = False
@@ -121,14 +122,15 @@ def _make_processors(fuse_act: bool = True):
                     parallel_config=self._parallel_config)
                 return out.flatten(2, 3).to(query.dtype)
 
-            def attend_8bit(query, key, value):
+            def attend_8bit(query, key, value, key_mask=None):
                 qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
                                   quantize="int8")
-                return attention_8bit(qk, value).flatten(2, 3)
+                return attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             hidden_states = attend(
                 use_8bit(self, query, value, D, attention_mask, self._parallel_config),
-                attention_mask, attend_8bit, attend_16bit, (query, key, value))
+                attention_mask, attend_8bit, attend_16bit, (query, key, value),
+                keys=tuple(key.shape[:2]))
             if self._fuse_act and _is_swiglu(attn.mlp_act_fn) and \
                     cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
                 return attn.to_out(cat_activation(hidden_states, mlp_hidden_states, swiglu,

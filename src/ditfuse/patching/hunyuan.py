@@ -73,8 +73,9 @@ def _make_processor():
         range's) Q / K also quantized to int8 with per-token scales by its kernel, the
         quantized streams concatenated image first, and the attention on
         ``ditfuse.attention(..., precision="fp8")`` where the call allows it
-        (``common.use_8bit``, ``common.attend``) -- the model's joint mask all True (a
-        prompt padded to its text length masks the padding: the 16-bit path).
+        (``common.use_8bit``, ``common.attend``): the model's joint mask, bool (B, 1, 1, N),
+        is a key-padding mask -- the padded prompt tokens go to the kernel as its
+        ``key_mask``; another mask 8-bit only where it masks nothing.
         """
 
         _ditfuse = True
@@ -133,7 +134,7 @@ def _make_processor():
                     backend=self._attention_backend, parallel_config=self._parallel_config)
                 return out.flatten(2, 3).to(query.dtype)
 
-            def attend_8bit(query, key, value, *enc):
+            def attend_8bit(query, key, value, *enc, key_mask=None):
                 if enc:
                     encoder_query, encoder_key, encoder_value = enc
                     qk = _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin)
@@ -148,12 +149,12 @@ def _make_processor():
                         parts.append(qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
                                                   k_norm=attn.norm_k, quantize="int8"))
                     qk = cat_quantized(parts)
-                return attention_8bit(qk, value).flatten(2, 3)
+                return attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             eight = use_8bit(self, query, value, value.shape[-1], attention_mask,
                              self._parallel_config)
             hidden_states = attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                   (query, key, value, *enc))
+                                   (query, key, value, *enc), keys=(query.shape[0], n_img + T))
             if encoder_hidden_states is not None:
                 hidden_states, encoder_hidden_states = _split_out(attn, hidden_states, T)
             return hidden_states, encoder_hidden_states
@@ -178,8 +179,12 @@ def _make_processor_15():
         ``qk_norm_rope`` reads exactly, there is no text stream or mask, or the RoPE is not
         a (cos, sin) pair of (S_image, D) tables.
 
-        With ``patch(attention="fp8")``: as HunyuanVideo's processor, where the token mask
-        keeps every token (else the 16-bit path with the joint mask).
+        With ``patch(attention="fp8")``: as HunyuanVideo's processor, the token mask (padded
+        with True for the image tokens) the kernel's ``key_mask``. The eager joint mask also
+        drops the padded text tokens' own queries (rows all False: what SDPA writes there is
+        its own); the kernel attends them over the kept keys. Nothing reads those rows: as
+        keys those tokens stay masked in every block, and the model's output is the image
+        tokens'.
         """
 
         _ditfuse = True
@@ -222,13 +227,16 @@ def _make_processor_15():
                     backend=self._attention_backend, parallel_config=self._parallel_config)
                 return out.flatten(2, 3).to(q_all.dtype)
 
-            def attend_8bit(query, key, value, encoder_query, encoder_key, encoder_value):
+            def attend_8bit(query, key, value, encoder_query, encoder_key, encoder_value,
+                            key_mask=None):
                 qk = _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin)
-                return attention_8bit(qk, torch.cat([value, encoder_value], dim=1)).flatten(2, 3)
+                return attention_8bit(qk, torch.cat([value, encoder_value], dim=1),
+                                      key_mask=key_mask).flatten(2, 3)
 
             eight = use_8bit(self, query, value, value.shape[-1], tokens, self._parallel_config)
-            hidden_states = attend(eight, tokens, attend_8bit, attend_16bit,
-                                   (query, key, value, encoder_query, encoder_key, encoder_value))
+            hidden_states = attend(eight, tokens.view(B, 1, 1, n), attend_8bit, attend_16bit,
+                                   (query, key, value, encoder_query, encoder_key, encoder_value),
+                                   keys=(B, n))
             return _split_out(attn, hidden_states, T)
 
     return DitfuseHunyuanVideo15AttnProcessor

@@ -45,8 +45,10 @@ def _make_processor():
         With ``patch(attention="fp8")``: each stream's Q / K also quantized to int8 with
         per-token scales by its kernel, concatenated text first, and the attention on
         ``ditfuse.attention(..., precision="fp8")`` where the call allows it
-        (``common.use_8bit``, ``common.attend``) -- ``encoder_hidden_states_mask`` None or
-        all True (a padded prompt: the 16-bit path with the joint mask).
+        (``common.use_8bit``, ``common.attend``): the joint mask built from a boolean
+        ``encoder_hidden_states_mask`` (the model's forward makes it one) is a key-padding
+        mask, the kernel's ``key_mask``; a float prompt mask (the processor called with one:
+        the joint mask an additive bias) 8-bit only where it is all zero.
         """
 
         _ditfuse = True
@@ -104,17 +106,17 @@ def _make_processor():
                                               parallel_config=self._parallel_config)
                 return joint.flatten(2, 3).to(q.dtype)
 
-            def attend_8bit(img_q, img_k, txt_q, txt_k, v):
+            def attend_8bit(img_q, img_k, txt_q, txt_k, v, key_mask=None):
                 qk = cat_quantized([
                     qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q,
                                  k_norm=attn.norm_added_k, quantize="int8", **rot),
                     qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
                                  quantize="int8", **rot)])
-                return attention_8bit(qk, v).flatten(2, 3)
+                return attention_8bit(qk, v, key_mask=key_mask).flatten(2, 3)
 
             eight = use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)
             joint = attend(eight, attention_mask, attend_8bit, attend_16bit,
-                           (img_q, img_k, txt_q, txt_k, v))
+                           (img_q, img_k, txt_q, txt_k, v), keys=(B, T + S))
             return self._out(attn, joint, T)
 
         @staticmethod
