@@ -337,4 +337,4 @@ def test_check_gates_small():
 
     g = Gates(echo=False)
     check_attention_fp8.check_gates(g, DEVICE, True)
-    assert len(g.rows) == check_attention_fp8.planned() and g.ok, g.table()
+    assert len(g.rows) == check_attention_fp8.planned(True) and g.ok, g.table()

@@ -18,7 +18,10 @@ from conftest import DEVICE
 import ditfuse
 from ditfuse.tools import e2e
 
-TRANSFORMERS = [n for n, s in e2e.E2E_MODELS.items() if s.kind == "transformer"]
+# wan14b-720p is wan14b-480p's builder and tiny model at another token count: the every-model
+# run leaves it out (the tests below that name it run it)
+EVERY = [n for n in e2e.E2E_MODELS if n != "wan14b-720p"]
+TRANSFORMERS = [n for n in EVERY if e2e.E2E_MODELS[n].kind == "transformer"]
 
 
 @pytest.mark.slow
@@ -28,7 +31,7 @@ def test_run_e2e_tiny_every_model(tmp_path):
     bitwise equal patched vs unpatched in bf16, SAME's decode agrees within rounding.
     (No compile rows here: test_run_model_compile_rows has them.)"""
     out, path = io.StringIO(), tmp_path / "e2e.csv"
-    failed = e2e.run_e2e(list(e2e.E2E_MODELS), DEVICE, 1, str(path), timer=lambda f: (f(), 1.0)[1],
+    failed = e2e.run_e2e(EVERY, DEVICE, 1, str(path), timer=lambda f: (f(), 1.0)[1],
                          slow_timer=lambda f: (f(), 2.0)[1], compile_backend=None, steps=1, tiny=True,
                          out=out)
     log = out.getvalue()

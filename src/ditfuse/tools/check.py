@@ -439,7 +439,7 @@ def planned_gates(small: bool, int64: bool) -> int:
     n = len(QK_SHAPES) * nd + len(_LAYOUT_STYLES) * len(_LAYOUT_HEADS)
     n += len(ADALN_SHAPES) * nd + len(ACT_SHAPES) * nd
     n += _group_norm_count(small) + 4  # swa: fp32 / bf16, plain / differential
-    n += check_attention_fp8.planned()
+    n += check_attention_fp8.planned(small)
     have = find_spec("diffusers") is not None
     n += 2 * len(CASES) if have else 1  # bf16 and fp32 each, or one SKIP row
     n += 2 * len(VAE_CASES) if have else 1
