@@ -284,6 +284,23 @@ def test_bad_inputs():
         ditfuse.attention(a8, b8, v96, precision="fp8", q_scale=a_s, k_scale=b_s)
     with pytest.raises(ValueError, match="q_scale / k_scale go with precision='fp8'"):
         ditfuse.attention(q, k, v, q_scale=qs, k_scale=ks)
+    # 16-bit q / k: a bad v / window / scale / key_mask fails before the prologue quantizes
+    from ditfuse.ops import qk_norm_rope as QK
+
+    def no_prologue(*a, **kw):
+        raise AssertionError("the prologue ran before the arguments were checked")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(A, "qk_norm_rope", no_prologue)
+        for kw, match in ((dict(v=v.float()), "v.dtype"), (dict(window=-3), "window"),
+                          (dict(scale=0.0), "scale must be"),
+                          (dict(key_mask=torch.ones(1, 63, dtype=torch.bool, device=DEVICE)),
+                           "key_mask must have shape"),
+                          (dict(v=v[:, :32]), "v must have k's shape")):
+            args = dict(v=v)
+            args.update(kw)
+            with pytest.raises((ValueError, TypeError), match=match):
+                ditfuse.attention(q, k, args.pop("v"), precision="fp8", **args)
+    assert QK.qk_norm_rope is not no_prologue
     with pytest.raises(RuntimeError, match="inference-only"):
         ditfuse.attention(q.requires_grad_(), k, v, precision="fp8")
 

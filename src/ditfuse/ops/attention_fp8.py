@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ditfuse.runtime import backend, library
-from ditfuse.ops.attention import parse_window, sliding_window_attention
+from ditfuse.ops.attention import _sm90, parse_window, sliding_window_attention
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.reference import attention_8bit_core
 
@@ -172,7 +172,7 @@ def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
 def _kernel_ok(p: Plan) -> bool:
     if backend.INTERPRET:
         return p.q.device.type == "cpu"
-    return p.q.is_cuda and torch.cuda.get_device_capability(p.q.device)[0] == 9
+    return p.q.is_cuda and _sm90(p.q.device)  # cached a device: no query a call
 
 
 def quantize_v(v4: Tensor):
@@ -269,6 +269,25 @@ def _quantize_qk(q, k, layout: str):
     return out.q, out.k, out.q_scale, out.k_scale
 
 
+def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
+    """Every argument the 8-bit call checks, before the prologue quantizes 16-bit q / k (no
+    kernel runs on a call that then fails): :func:`plan` on zero-stride int8 / fp32 stand-ins
+    of the quantized q / k and their scales (shapes, dtypes and devices only, no memory)."""
+    if not (isinstance(k, Tensor) and k.dtype == q.dtype and q.dim() == 4 and k.dim() == 4):
+        return  # _quantize_qk names the problem
+    q4, k4 = (q, k) if layout != "bhsd" else (q.transpose(1, 2), k.transpose(1, 2))
+    (B, S_q, H, _), S_kv = q4.shape, k4.shape[1]
+
+    def stand_in(x, dtype):
+        return torch.empty((), dtype=dtype, device=x.device).expand(x.shape)
+
+    def scales(S):
+        return torch.empty((), dtype=torch.float32, device=q.device).expand(B, H, S)
+
+    plan(stand_in(q, torch.int8), stand_in(k, torch.int8), v, q_scale=scales(S_q),
+         k_scale=scales(S_kv), window=window, scale=scale, layout=layout, key_mask=key_mask)
+
+
 def _check_grad(*ts):
     if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
         raise RuntimeError("ditfuse.attention is inference-only (no backward): call it under "
@@ -350,6 +369,7 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
         if q_scale is not None or k_scale is not None:
             raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
                              "quantized here (pass neither)")
+        _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
         return _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)

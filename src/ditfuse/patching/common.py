@@ -13,7 +13,7 @@ import torch
 from ditfuse.norms import norm_readable
 from ditfuse.ops.activations import supported
 from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
-from ditfuse.ops.attention_fp8 import attention as _attention
+from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT, attention as _attention
 from ditfuse.ops.qk_norm_rope import QuantizedQK
 from ditfuse.runtime import backend, library
 
@@ -104,10 +104,6 @@ def processor_factory(cls, fp8: bool):
         proc._ditfuse_fp8 = fp8
         return proc
     return make
-
-
-#: head_dims the 8-bit attention kernel takes (``ditfuse.ops.attention_fp8.HEAD_DIMS``)
-HEAD_DIMS_8BIT = (64, 128)
 
 
 def kernel_8bit_ok(t: torch.Tensor) -> bool:
