@@ -285,12 +285,12 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="q_scale / k_scale go with precision='fp8'"):
         ditfuse.attention(q, k, v, q_scale=qs, k_scale=ks)
     # 16-bit q / k: a bad v / window / scale / key_mask fails before the prologue quantizes
-    from ditfuse.ops import qk_norm_rope as QK
+    real_quantize = A.quantize_per_token
 
     def no_prologue(*a, **kw):
-        raise AssertionError("the prologue ran before the arguments were checked")
+        raise AssertionError("q / k were quantized before the arguments were checked")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(A, "qk_norm_rope", no_prologue)
+        mp.setattr(A, "quantize_per_token", no_prologue)
         for kw, match in ((dict(v=v.float()), "v.dtype"), (dict(window=-3), "window"),
                           (dict(scale=0.0), "scale must be"),
                           (dict(key_mask=torch.ones(1, 63, dtype=torch.bool, device=DEVICE)),
@@ -300,9 +300,201 @@ def test_bad_inputs():
             args.update(kw)
             with pytest.raises((ValueError, TypeError), match=match):
                 ditfuse.attention(q, k, args.pop("v"), precision="fp8", **args)
-    assert QK.qk_norm_rope is not no_prologue
+    assert A.quantize_per_token is real_quantize
     with pytest.raises(RuntimeError, match="inference-only"):
         ditfuse.attention(q.requires_grad_(), k, v, precision="fp8")
+
+
+def test_scales_refused_or_harmless(poisoned):
+    """q_scale / k_scale: positive and finite (NaN passes: a NaN token's scale); a zero, a
+    negative or an infinite one is refused eagerly on the CPU, naming the argument. The kernel
+    itself stays NaN-free for a zero scale -- masked scores (band, tail, key mask) are set to
+    -inf after the scales multiply, never 0 * -inf -- and gives the emulation's answer: a
+    zero query scale attends uniformly over the row's keys."""
+    q, k, v = inputs(1, 150, 150, 2, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    for name, bad in (("q_scale", 0.0), ("k_scale", -0.5), ("q_scale", math.inf),
+                      ("k_scale", -math.inf)):
+        t = (qs if name == "q_scale" else ks).clone()
+        t[0, 1, 7] = bad
+        _bad(f"{name} must be positive and finite", **{name: t[..., :64]},
+             **{"q_scale" if name == "k_scale" else "k_scale": (ks if name == "q_scale"
+                                                                else qs)[..., :64]})
+    mask = torch.rand(1, 150, device=DEVICE) > 0.3
+    zq = qs.clone()
+    zq[0, 0, ::3] = 0.0
+    zk = ks.clone()
+    zk[0, 1, 5::4] = 0.0
+    for window, key_mask in ((None, None), ((20, 9), None), (None, mask), ((31, -1), mask)):
+        p = A.plan(q8, k8, v, q_scale=zq, k_scale=zk, window=window, key_mask=key_mask,
+                   check_scale_values=False)
+        out = A.launch(p)
+        assert not out.isnan().any(), (window, key_mask is not None)
+        emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
+                                  left=p.left, right=p.right, key_mask=key_mask)
+        torch.testing.assert_close(out, emu, rtol=0.05, atol=0.05)
+        # rows with a zero query scale: every score 0, P the same for every key
+        assert metrics(out[0, ::3, 0], emu[0, ::3, 0])[1] <= 2.0**-7
+
+
+def test_window_side_past_int32(poisoned):
+    """A band side at or past the sequence reaches every key: (0, 2^31 - 1) is the causal
+    band's mirror (0, -1) -- the same bits -- not a band emptied by an int32 overflow; the
+    16-bit band kernel agrees."""
+    q, k, v = inputs(1, 300, 300, 1, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    kw = dict(precision="fp8", q_scale=qs, k_scale=ks)
+    for big, unbounded in (((0, 2**31 - 1), (0, -1)), ((2**31 - 1, 3), (-1, 3)),
+                           ((300, 2**31 - 1), None)):
+        out = ditfuse.attention(q8, k8, v, window=big, **kw)
+        want = ditfuse.attention(q8, k8, v, window=unbounded, **kw)
+        assert torch.equal(out, want), big
+        exact = ditfuse.attention(q, k, v, window=big)
+        cos, rel = metrics(out, exact)
+        assert cos >= COS_MIN and rel <= REL_L2_MAX, (big, cos, rel)
+
+
+def test_16bit_route_any_lengths_and_aliased_qk(poisoned):
+    """16-bit q / k are quantized apart (bitwise ``reference.quantize_per_token``): q with
+    another length than k, and q and k one tensor (self-attention on one projection)."""
+    q, k, v = inputs(1, 77, 150, 2, 64)
+    out = ditfuse.attention(q, k, v, precision="fp8")
+    q8, k8, qs, ks = quantized(q, k)
+    assert torch.equal(out, ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs,
+                                              k_scale=ks))
+    assert metrics(out, reference64(q, k, v))[0] >= COS_MIN
+    x = k.transpose(1, 2).contiguous()  # (B, H, S, D)
+    vt = v.transpose(1, 2).contiguous()
+    out = ditfuse.attention(x, x, vt, precision="fp8", layout="bhsd")
+    x8, xs = quantize_per_token(x, "int8", layout="bhsd")
+    assert torch.equal(out, ditfuse.attention(x8, x8, vt, precision="fp8", q_scale=xs,
+                                              k_scale=xs, layout="bhsd"))
+    assert metrics(out.transpose(1, 2), reference64(k, k, v))[0] >= COS_MIN
+
+
+@pytest.mark.parametrize("dtype,layout", [(torch.bfloat16, "bshd"), (torch.float16, "bhsd")])
+def test_quantize_per_token_matches_reference(dtype, layout):
+    """The op's per-token int8 quantizer, bitwise the reference: strided input (a slice of a
+    packed projection), a zero token (scale 1), ties of the rounding, a token holding a NaN
+    (NaN scale, values 0) and one holding an infinity (infinite scale)."""
+    B, S, H, D = 2, 70, 3, 128
+    qkv = torch.randn(B, S, 3, H, D, device=DEVICE).to(dtype) * 4
+    x = qkv[:, :, 1]
+    if layout == "bhsd":
+        x = x.transpose(1, 2)
+    x4 = x if layout == "bshd" else x.transpose(1, 2)
+    x4[0, 3, 1] = 0
+    x4[1, 5, 2] = torch.arange(D, device=DEVICE).to(dtype) - 63.5  # amax 127: x * inv ties
+    x4[1, 9, 0, 17] = float("nan")
+    x4[0, 11, 2, 3] = float("inf")
+    y, s = A.quantize_per_token(x, layout)
+    ry, rs = quantize_per_token(x, "int8", layout=layout)
+    assert y.shape == x.shape and y.dtype == torch.int8 and s.shape == (B, H, S)
+    assert torch.equal(y, ry)
+    assert torch.equal(s.nan_to_num(-1.0), rs.nan_to_num(-1.0))
+    assert s[0, 1, 3] == 1.0 and s[1, 0, 9].isnan() and s[0, 2, 11].isinf()
+    assert (s.isnan().sum(), s.isinf().sum()) == (1, 1)
+    assert not y.transpose(1, 2)[1, 9, 0].any() if layout == "bhsd" else not y[1, 9, 0].any()
+
+
+def test_row_sum_of_the_rounded_p(poisoned):
+    """The row sum is the sum of the rounded P that multiplies V: one key 2.5 nats above
+    4,095 equal ones (its P rounds to 256, theirs, 256 e^-2.5 = 21.01, to 22) with V all one
+    value gives exactly that value -- 1.0, and fp16 64,000 (not inf) --, kernel and
+    emulation; with random V every output lies within its channel's quantized values."""
+    S, D = 4096, 64
+    q8 = torch.zeros(1, 8, 1, D, dtype=torch.int8, device=DEVICE)
+    q8[..., 0] = 1
+    k8 = torch.zeros(1, S, 1, D, dtype=torch.int8, device=DEVICE)
+    big = int(torch.randint(0, S, ()))
+    k8[0, big, 0, 0] = 1
+    qs = torch.ones(1, 1, 8, device=DEVICE)
+    ks = torch.full((1, 1, S), 2.5, device=DEVICE)
+    for value, dtype in ((1.0, torch.bfloat16), (64000.0, torch.float16)):
+        v = torch.full((1, S, 1, D), value, dtype=dtype, device=DEVICE)
+        out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, scale=1.0)
+        emu = attention_8bit_core(q8, k8, v, qs, ks, scale=1.0)
+        assert (out == value).all() and (emu == value).all(), (value, out.max(), emu.max())
+    # random inputs: a convex combination of the quantized rows of V
+    q, k, v = inputs(1, 100, 1000, 2, 64)
+    v = v + 3  # one-signed channels: an unnormalised P would leave their range
+    q8, k8, qs, ks = quantized(q, k)
+    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks)
+    v8, vs = quantize_v_e4m3(v)
+    vq = (v8.float() * vs[:, None]).to(v.dtype)
+    lo, hi = vq.amin(1, keepdim=True), vq.amax(1, keepdim=True)
+    assert ((out >= lo) & (out <= hi)).all()
+
+
+def test_nan_propagates_as_in_softmax_attention(poisoned):
+    """A NaN in q / k / v gives NaN where softmax attention (SDPA, the 16-bit band kernel)
+    does, and finite values elsewhere: q[i] -> row i; k[j] -> every row that attends key j;
+    v[j, d] -> channel d of every row (through V's channel scale); the 16-bit route and the
+    emulation alike."""
+    B, S, H, D = 1, 160, 2, 64
+    q, k, v = inputs(B, S, S, H, D)
+    q[0, 5, 0, 9] = float("nan")
+    k[0, 77, 1, 3] = float("nan")
+    v[0, 40, 0, 17] = float("nan")
+    out = ditfuse.attention(q, k, v, precision="fp8")
+    ref = ditfuse.attention(q, k, v)
+    assert ref.isnan().any() and torch.equal(out.isnan(), ref.isnan())
+    q8, k8, qs, ks = quantized(q, k)
+    emu = attention_8bit_core(q8, k8, v, qs, ks, scale=1 / math.sqrt(D))
+    assert torch.equal(emu.isnan(), ref.isnan())
+    # in a band, a NaN key only reaches the rows whose band holds it
+    v = v.nan_to_num(0.5)
+    for window in ((10, 20), (-1, 0)):
+        out = ditfuse.attention(q, k, v, precision="fp8", window=window)
+        ref = ditfuse.attention(q, k, v, window=window)
+        assert ref.isnan().any() and torch.equal(out.isnan(), ref.isnan()), window
+    # a key mask keeps a key whose scale is NaN
+    mask = torch.ones(B, S, dtype=torch.bool, device=DEVICE)
+    mask[0, 100:] = False
+    out = ditfuse.attention(q, k, v, precision="fp8", key_mask=mask)
+    ref = ditfuse.attention(q, k, v, key_mask=mask)
+    assert torch.equal(out.isnan(), ref.isnan()) and out[:, :, 1].isnan().all()
+
+
+def test_quantize_v_nan_channel():
+    """A NaN in V makes its channel's scale NaN (kernel and reference); the other channels'
+    scales and values stay bitwise the reference's."""
+    v = torch.randn(2, 90, 3, 64, dtype=torch.bfloat16, device=DEVICE)
+    v[1, 70, 2, 8] = float("nan")
+    vt, vs = A.quantize_v(v)
+    v8, rs = quantize_v_e4m3(v)
+    assert vs[1, 2, 8].isnan() and rs[1, 2, 8].isnan() and vs.isnan().sum() == 1
+    assert torch.equal(vs.nan_to_num(-1.0), rs.nan_to_num(-1.0))
+    ok = ~vs.isnan()
+    a = vt[..., :90].view(torch.uint8).permute(0, 3, 1, 2)
+    assert torch.equal(a[:, :, ok[0] & ok[1]], v8.view(torch.uint8)[:, :, ok[0] & ok[1]])
+
+
+def test_large_key_scales(poisoned):
+    """Key scales near fp32's top with query scales near its bottom (|k| ~ 1e33, |q| ~
+    1e-33: scores of order one): the integer score times the key scale, no overflow of
+    (1.5 * 2^23 + s) * k_scale."""
+    q, k, v = inputs(1, 130, 130, 2, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    qs, ks = qs * 1e-33, ks * 1e33
+    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks)
+    emu = attention_8bit_core(q8, k8, v, qs, ks, scale=1 / 8)
+    assert torch.isfinite(out).all() and torch.isfinite(emu).all()
+    assert metrics(out, emu)[1] <= KERNEL_VS_EMULATION
+    assert metrics(out, reference64(q, k, v))[0] >= COS_MIN
+
+
+def test_scales_requiring_grad_and_fp32_q():
+    q, k, v = inputs(1, 64, 64, 2, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    for name in ("q_scale", "k_scale"):
+        kw = dict(q_scale=qs, k_scale=ks)
+        kw[name] = kw[name].clone().requires_grad_()
+        with pytest.raises(RuntimeError, match="inference-only"):
+            ditfuse.attention(q8, k8, v, precision="fp8", **kw)
+    with pytest.raises(TypeError, match=r"q.dtype must be float16 / bfloat16 .*int8 / "
+                                        r"float8_e4m3fn with q_scale.*float32"):
+        ditfuse.attention(q.float(), k.float(), v, precision="fp8")
 
 
 # ---------------------------------------------------------------------------------------

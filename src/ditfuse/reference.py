@@ -109,11 +109,14 @@ def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_h
     ``y``: ``(B, S, H, D)`` (``layout="bshd"``), ``(B, H, S, D)`` (``"bhsd"``) or
     ``(B, S, H*D)`` with ``num_heads``. For each head row ``y[b, s, h, :]``, in fp32::
 
-        amax  = max_d |y[d]|
+        amax  = max_d |y[d]|                (NaN if a value is NaN)
         scale = amax / M,  inv = M / amax   (M = 127 int8, 448 fp8; both 1.0 where amax == 0;
                                              inv capped at the largest fp32)
-        int8: clamp(round_half_to_even(y * inv), -127, 127)
+        int8: clamp(round_half_to_even(y * inv), -127, 127)   (0 where that is NaN)
         fp8:  (y * inv).to(torch.float8_e4m3fn)          (round to nearest even)
+
+    A head row holding a NaN gets a NaN scale (an infinity: an infinite scale), so that
+    attention on the 8-bit values is NaN where softmax attention on ``y`` is.
 
     Returns ``(values, scales)``: values in ``y``'s shape (contiguous, torch.int8 or
     torch.float8_e4m3fn), scales ``(B, H, S)`` float32 (contiguous).
@@ -134,7 +137,8 @@ def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_h
     inv = torch.where(amax == 0, one, (M / amax).clamp(max=torch.finfo(torch.float32).max))
     t = yf * inv
     if fmt == "int8":
-        v = torch.round(t).clamp(-127, 127).to(torch.int8)
+        r = torch.round(t).clamp(-127, 127)
+        v = torch.where(r == r, r, torch.zeros_like(r)).to(torch.int8)
     else:
         v = t.to(torch.float8_e4m3fn)
     if y.dim() == 3:
@@ -449,15 +453,15 @@ def sliding_window_attention_core(p, compute_dtype=torch.float32):
 
 def quantize_v_e4m3(v: torch.Tensor):
     """V ``(B, S, H, D)`` as the 8-bit attention quantizes it: ``(v8, scale)`` with
-    ``scale[b, h, d] = amax_s |v| / 448`` (1 for a zero channel, fp32) and
-    ``v8 = e4m3(v * (448 / amax))`` (1 for a zero channel; the division once a channel, capped
-    at the largest fp32) in V's shape."""
+    ``scale[b, h, d] = amax_s |v| / 448`` (1 for a zero channel, NaN for a channel holding a
+    NaN, fp32) and ``v8 = e4m3(v * (448 / amax))`` (1 for a zero channel; the division once a
+    channel, capped at the largest fp32) in V's shape."""
     x = v.float()
-    amax = x.abs().amax(dim=1)                                     # (B, H, D)
+    amax = x.abs().amax(dim=1)                                     # (B, H, D), NaN propagates
     one = torch.ones_like(amax)
     M = torch.full_like(amax, 448.0)  # tensor / tensor: one rounding, as the kernel's division
-    scale = torch.where(amax > 0, amax / M, one)
-    inv = torch.where(amax > 0, (M / amax).clamp(max=torch.finfo(torch.float32).max), one)
+    scale = torch.where(amax == 0, one, amax / M)
+    inv = torch.where(amax == 0, one, (M / amax).clamp(max=torch.finfo(torch.float32).max))
     return (x * inv[:, None]).to(torch.float8_e4m3fn), scale
 
 
@@ -465,10 +469,13 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
                         key_mask=None, chunk=1024):
     """8-bit attention emulated in PyTorch (fp32): the operands dequantized exactly as the
     kernel's (``q = q8 * q_scale``, V through :func:`quantize_v_e4m3`), the scores and the
-    softmax in fp32, P times 256 rounded to e4m3, ``out = (P8 @ V8) / (256 * l) * v_scale``
-    with ``l`` the row sum of the fp32 probabilities. q8 / k8 / v ``(B, S, H, D)``, scales
-    ``(B, H, S)``, ``key_mask`` bool ``(B, S_kv)`` (keys kept); the output ``(B, S_q, H, D)``
-    in v's dtype (zeros in a row with no key), queries ``chunk`` at a time."""
+    softmax in fp32, P times 256 rounded to e4m3, ``out = (P8 @ V8) / l8 * v_scale`` with
+    ``l8`` the row sum of the rounded P8 (the output a convex combination of V's quantized
+    rows). NaN in an operand propagates as in softmax attention (NaN scores: the row; a NaN
+    scale of V: its channel); masked scores are -inf after the scales multiply. q8 / k8 / v
+    ``(B, S, H, D)``, scales ``(B, H, S)``, ``key_mask`` bool ``(B, S_kv)`` (keys kept); the
+    output ``(B, S_q, H, D)`` in v's dtype (zeros in a row with no key), queries ``chunk`` at
+    a time."""
     B, S_q, H, D = q8.shape
     S_kv = k8.shape[1]
     qf = q8.float().transpose(1, 2) * q_scale[..., None]           # (B, H, S_q, D)
@@ -492,7 +499,7 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
         m = s.amax(dim=-1, keepdim=True)
         p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
         p8 = (p * 256.0).to(torch.float8_e4m3fn).float()
-        l = p.sum(-1, keepdim=True)
-        out[:, :, i0:i0 + chunk] = (p8 @ vf) / (256.0 * torch.where(l > 0, l, torch.ones_like(l)))
+        l8 = p8.sum(-1, keepdim=True)
+        out[:, :, i0:i0 + chunk] = (p8 @ vf) / torch.where(l8 > 0, l8, torch.ones_like(l8))
     out = out * vs[:, :, None, :]
     return out.transpose(1, 2).to(v.dtype)

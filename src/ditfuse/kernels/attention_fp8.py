@@ -11,11 +11,20 @@ Operands (quantized by the prologue or by the op itself):
   operands K-major, and the reduction dimension of ``P @ V`` is the token.
 - P: the probabilities times 256 (``exp2`` of the log2-scaled score minus the row max plus 8),
   rounded to e4m3 -- the factor keeps the small probabilities out of e4m3's subnormals and
-  cancels against the row sum, which is accumulated from the same fp32 values.
+  cancels against the row sum, which is summed from the same rounded values (converted back
+  to fp32): the output is a convex combination of V's quantized rows, never outside their
+  range (summed from the unrounded p, e4m3's rounding of P went uncancelled: up to +6 %).
 
 The int32 scores become fp32 without a conversion instruction (I2F runs at a quarter of the
 FP32 rate on Hopper): for |s| < 2^22 the bits of ``s + 0x4B400000`` read as fp32 are
 ``1.5 * 2^23 + s`` exactly (a D <= 128 dot of int8 values is at most 127^2 * 128 < 2^21).
+The magic number is subtracted (exact) before the key scale multiplies: ``(1.5 * 2^23 + s) *
+k_scale`` would overflow fp32 for a key scale above 2.7e31 (bf16 keys above 3.4e33).
+
+NaN propagates as in softmax attention: a NaN in a token of Q / K makes its per-token scale
+NaN (:func:`_qk_quant_kernel`), a NaN in a channel of V that channel's scale
+(:func:`_v_amax_kernel`); masked scores are set to -inf with a ``where`` on the final,
+scaled score, so that no scale (zero included) meets an infinity in arithmetic.
 
 P @ V accumulates in two levels: each key tile's product in the tensor core's own
 accumulator, added to the fp32 running output outside it (``max_num_imprecise_acc`` = the
@@ -37,12 +46,57 @@ _NEG = tl.constexpr(-1.0e30)          # the running max before any key: finite, 
 
 
 @jit
+def _row_amax(x, axis: tl.constexpr):
+    """max |x| along ``axis``, NaN where a NaN is among the values (``tl.max`` on the GPU
+    skips NaN, as ``fmax`` does)."""
+    amax = tl.max(tl.abs(x), axis=axis)
+    nan = tl.max((x != x).to(tl.int32), axis=axis) > 0
+    return tl.where(nan, float("nan"), amax)
+
+
+@jit
+def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H,
+                     stride_xb, stride_xs, stride_xh, stride_xd,
+                     stride_yb, stride_ys, stride_yh, stride_yd,
+                     D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Per-token int8 quantization of one head of a block of tokens, as
+    :func:`ditfuse.reference.quantize_per_token` (bitwise): x (B, S, H, D) 16-bit, any
+    strides -> y int8 (B, S, H, D), scales fp32 (B, H, S) contiguous. scale = amax / 127,
+    inv = 127 / amax (IEEE divisions; both 1 where amax is 0, inv capped at the largest
+    fp32), ``round_half_even(x * inv)``; a token with a NaN gets a NaN scale (its values 0),
+    one with an infinity an infinite scale."""
+    bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = bh // H
+    h = bh - b * H
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    rmask = (rows < S)[:, None]
+    d = tl.arange(0, D)
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
+                + r64 * stride_xs + d[None, :] * stride_xd, mask=rmask, other=0.0).to(tl.float32)
+    amax = _row_amax(x, 1)
+    zero = amax == 0.0
+    scale = tl.where(zero, 1.0, tl.div_rn(amax, 127.0))
+    inv = tl.where(zero, 1.0, tl.minimum(tl.div_rn(127.0, amax), 3.4028234663852886e38,
+                                         propagate_nan=tl.PropagateNan.ALL))
+    t = x * inv[:, None]
+    # + 1.5 * 2^23 rounds half to even and leaves the integer in the low mantissa bits
+    # (|t| < 127.5: no clamp); NaN (a NaN token, or inf * 0) stored as 0
+    v = (t + _MAGIC_F).to(tl.int32, bitcast=True) - _MAGIC_I
+    v = tl.where(t == t, v, 0)
+    tl.store(y_ptr + b.to(tl.int64) * stride_yb + h.to(tl.int64) * stride_yh + r64 * stride_ys
+             + d[None, :] * stride_yd, v.to(tl.int8), mask=rmask)
+    tl.store(s_ptr + bh.to(tl.int64) * S + rows, scale, mask=rows < S)
+
+
+@jit
 def _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd,
              D: tl.constexpr, BLOCK_S: tl.constexpr):
     """This program's block of V: (bh, its tokens, the channels, the fp32 [BLOCK_S, D] tile,
-    zero past S)."""
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
+    zero past S). Grid: (B * H, token blocks) -- B * H on axis 0, which has no 65,535 bound."""
+    bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
     b = bh // H
     h = bh - b * H
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -57,9 +111,11 @@ def _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd,
 def _v_amax_kernel(v_ptr, amax_ptr, S, H,
                    stride_vb, stride_vs, stride_vh, stride_vd,
                    D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (atomic max of one token block)."""
+    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]|, NaN if one is NaN: an atomic
+    max of one token block on the int32 bits of the (non-negative) fp32 amax, which order as
+    the values do, with a positive NaN above +inf (Triton's float atomic max drops NaN)."""
     bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
-    tl.atomic_max(amax_ptr + bh * D + d, tl.max(tl.abs(x), axis=0))
+    tl.atomic_max(amax_ptr + bh * D + d, _row_amax(x, 0).to(tl.int32, bitcast=True))
 
 
 @jit
@@ -67,43 +123,52 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
                     stride_vb, stride_vs, stride_vh, stride_vd,
                     D: tl.constexpr, BLOCK_S: tl.constexpr):
     """vt[b, h, d, s] = e4m3(v[b, s, h, d] * inv[b, h, d]), inv = 448 / amax, scale = amax /
-    448 (both 1 where the channel is zero; one division a channel, a multiply a value);
-    tokens S..S_pad of the last block are written as zeros."""
+    448 (both 1 where the channel is zero, NaN where it holds a NaN; one division a channel,
+    a multiply a value); tokens S..S_pad of the last block are written as zeros. ``amax``:
+    the int32 bits of :func:`_v_amax_kernel`."""
     bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
-    amax = tl.load(amax_ptr + bh * D + d)
-    scale = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
-    inv = tl.where(amax > 0.0, tl.minimum(tl.div_rn(448.0, amax), 3.4028234663852886e38), 1.0)
+    amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
+    zero = amax == 0.0
+    scale = tl.where(zero, 1.0, tl.div_rn(amax, 448.0))
+    inv = tl.where(zero, 1.0, tl.minimum(tl.div_rn(448.0, amax), 3.4028234663852886e38,
+                                         propagate_nan=tl.PropagateNan.ALL))
     y = _cast_e4m3(x * inv[None, :])
     obase = bh.to(tl.int64) * D * S_pad
     tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + rows[None, :], tl.trans(y),
              mask=(rows < S_pad)[None, :])
-    if tl.program_id(0) == 0:
+    if tl.program_id(1) == 0:
         tl.store(vscale_ptr + bh * D + d, scale)
 
 
 @jit
-def _scores(q, k, ks, QK_INT: tl.constexpr, KMASK: tl.constexpr):
-    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col].
-    ``KMASK``: a key the mask drops comes with a negative scale (scales are positive
-    otherwise) and scores -inf -- the mask costs no load of its own."""
-    if KMASK:
-        kept = ks > 0.0
-        term = tl.where(kept, 0.0, float("-inf"))
-        ks = tl.where(kept, ks, 0.0)
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@jit
+def _row_max(x):
+    """The row max of the scores, NaN where a score is NaN (``max.NaN``; ``tl.max`` skips
+    NaN): the running max, and with it every rescale factor and the row's output, turns NaN
+    -- whatever the e4m3 conversion of a NaN P gives (the interpreter's is finite). The
+    interpreter runs a combine function in Python: there ``tl.max`` and a NaN test."""
+    if _INTERP_LOOP:
+        return tl.where(tl.max((x != x).to(tl.int32), axis=1) > 0, float("nan"),
+                        tl.max(x, axis=1))
     else:
-        term = 0.0
+        return tl.reduce(x, 1, _max_nan)
+
+
+@jit
+def _scores(q, k, ks, QK_INT: tl.constexpr):
+    """One key tile's scores before the query row's scale: dot(q, k^T) * k_scale[col]."""
     if QK_INT:
         # the accumulator starts at the magic number (Triton folds the add into the dot's
-        # initial value); (1.5 * 2^23 + s) * ks - 1.5 * 2^23 * ks in one fma an element, the
-        # second term one multiply a column: its rounding is under one unit of s, far below
-        # the int8 rounding of q and k
+        # initial value); subtracting it is exact, and the key scale multiplies the integer
+        # score itself: no intermediate above |s| * k_scale to overflow
         s = (tl.dot(q, tl.trans(k), out_dtype=tl.int32) + _MAGIC_I).to(tl.float32, bitcast=True)
-        return s * ks[None, :] + (ks * -_MAGIC_F + term)[None, :]
+        return (s - _MAGIC_F) * ks[None, :]
     else:
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * ks[None, :]
-        if KMASK:
-            s = s + term[None, :]
-        return s
+        return tl.dot(q, tl.trans(k), out_dtype=tl.float32) * ks[None, :]
 
 
 @jit
@@ -124,25 +189,41 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
     else:
         k = tl.load(k_ptrs)
         ks = tl.load(ks_ptr + ks_base + cols * stride_kss)
-    t = _scores(q, k, ks, QK_INT, KMASK)
-    if MASK:
-        ok = (cols < S_kv)[None, :]
-        if BAND:
-            ok = ok & (cols[None, :] >= rows[:, None] - left) & (
-                cols[None, :] <= rows[:, None] + right)
-        t = tl.where(ok, t, float("-inf"))
-    # c > 0 (a scale is never zero), so max(t * c) = c * max(t): one multiply a row
-    m_new = tl.maximum(m_i, tl.max(t, axis=1) * c)
-    # exp2(t * c - m + 8) = 256 * p: P in e4m3 away from the subnormals; the factor cancels
-    # in acc / l, which sums the same fp32 values
-    p = tl.math.exp2(t * c[:, None] - (m_new - 8.0)[:, None])
+    if KMASK:
+        # a key the mask drops comes with a negative scale (a kept key's is >= 0, or NaN,
+        # which stays kept and propagates): the mask costs no load of its own
+        kept = ~(ks < 0.0)
+        ks = tl.where(kept, ks, 0.0)
+    t = _scores(q, k, ks, QK_INT)
+    if MASK or KMASK:
+        if MASK:
+            ok = (cols < S_kv)[None, :]
+            if BAND:
+                ok = ok & (cols[None, :] >= rows[:, None] - left) & (
+                    cols[None, :] <= rows[:, None] + right)
+            if KMASK:
+                ok = ok & kept[None, :]
+        else:
+            ok = kept[None, :]
+        # the final score, then -inf where masked: a zero scale never meets -inf (0 * -inf)
+        x = tl.where(ok, t * c[:, None], float("-inf"))
+        m_new = _max_nan(m_i, _row_max(x))
+        p = tl.math.exp2(x - (m_new - 8.0)[:, None])
+    else:
+        # c >= 0 (a scale is positive), so max(t * c) = c * max(t): one multiply a row;
+        # exp2(t * c - m + 8) = 256 * p: P in e4m3 away from the subnormals
+        m_new = _max_nan(m_i, _row_max(t) * c)
+        p = tl.math.exp2(t * c[:, None] - (m_new - 8.0)[:, None])
     alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p8 = _cast_e4m3(p)
+    # the row sum of the rounded P that multiplies V: the factor 256 and e4m3's rounding
+    # cancel in acc / l
+    l_i = l_i * alpha + tl.sum(p8.to(tl.float32), axis=1)
     if MASK:
         vt = tl.load(vt_ptrs, mask=(cols < S_pad)[None, :], other=0.0)
     else:
         vt = tl.load(vt_ptrs)
-    pv = tl.dot(_cast_e4m3(p), tl.trans(vt), out_dtype=tl.float32,
+    pv = tl.dot(p8, tl.trans(vt), out_dtype=tl.float32,
                 max_num_imprecise_acc=BLOCK_N)
     acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i
@@ -181,9 +262,13 @@ def _attention_8bit_kernel(
 ):
     """One program: BLOCK_M queries of one (batch, head) against every key of the row's band
     (all keys without ``BAND``) that the key mask keeps (every key without ``KMASK``); a row
-    left with no key is written as zeros."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    left with no key is written as zeros. One flat grid, query tiles fastest: the programs
+    of one (batch, head) run together and share its K / V in L2, and B * H is not bound by
+    the 65,535 programs of grid axis 1."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(S_q, BLOCK_M)
+    bh = pid // n_m
+    pid_m = pid - bh * n_m
     b = bh // H
     h = bh - b * H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -218,8 +303,11 @@ def _attention_8bit_kernel(
     acc, m_i, l_i = _key_range(full_hi, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
                                D, BLOCK_N, QK_INT, True, BAND, KMASK)
     vs = tl.load(vs_ptr + bh * D + d)
-    # l = 0: rows past S_q (never stored), or rows whose every key is masked (zeros)
-    o = acc * (1.0 / tl.where(l_i > 0.0, l_i, 1.0))[:, None] * vs[None, :]
+    # l = 0: rows past S_q (never stored), or rows whose every key is masked (zeros). A
+    # correctly rounded division (once an output element): equal values of V give exactly
+    # their quantized value, not one rounding of a reciprocal off it (fp16 64,000 * (1 +
+    # 2^-24) is still 64,000, but 448 * l * (1 / l) need not be 448)
+    o = tl.div_rn(acc, tl.where(l_i > 0.0, l_i, 1.0)[:, None]) * vs[None, :]
     o_base = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * stride_os + d[None, :] * stride_od,
              o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

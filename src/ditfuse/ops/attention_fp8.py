@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,6 @@ from torch import Tensor
 
 from ditfuse.runtime import backend, library
 from ditfuse.ops.attention import _sm90, parse_window, sliding_window_attention
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.reference import attention_8bit_core
 
 #: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores
@@ -36,6 +35,8 @@ V_8BIT = torch.float8_e4m3fn
 #: tokens of V quantized a program; V's transposed copy is padded to a multiple of it (16-byte
 #: rows of e4m3 for the key tiles' loads)
 V_BLOCK = 64
+#: tokens of one head of 16-bit q / k quantized a program (the 16-bit route)
+QK_BLOCK = 32
 
 
 @dataclass
@@ -98,6 +99,27 @@ def _check_scale(s, name: str, of: str, shape: tuple, device) -> Tensor:
     return s
 
 
+def _check_scale_values(s: Tensor, name: str) -> None:
+    """Positive and finite scales -- or NaN ones, which a quantizer writes for a token holding
+    a NaN (the output is NaN there, as softmax attention's). Checked where it costs no device
+    synchronisation: eager, on the CPU; never while tracing (torch.compile, fake tensors,
+    meta) or in a CUDA-graph capture, and not for GPU tensors, whose check would wait for
+    the stream. The kernel gives NaN-free outputs for a zero scale anyway (masked scores are
+    set to -inf after the scales multiply)."""
+    if (s.device.type != "cpu" or torch.compiler.is_compiling()
+            or isinstance(s, torch._subclasses.FakeTensor) or _capturing()):
+        return
+    bad = ~((s > 0) & (s < math.inf)) & (s == s)
+    if bool(bad.any()):
+        v = s[bad][0].item()
+        raise ValueError(f"{name} must be positive and finite (or NaN, from a token holding a "
+                         f"NaN), got {v} at index {tuple(bad.nonzero()[0].tolist())}")
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def _check_precision(precision):
     if not (precision is None or (isinstance(precision, str) and precision in PRECISIONS)):
         raise ValueError(f"precision must be None (the exact 16-bit path) or 'fp8', got "
@@ -121,15 +143,18 @@ def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
 
 
 def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
-         layout="bshd", key_mask=None) -> Plan:
-    """Validate an 8-bit call whose q / k are already 8-bit (see :func:`attention`)."""
+         layout="bshd", key_mask=None, check_scale_values=True) -> Plan:
+    """Validate an 8-bit call whose q / k are already 8-bit (see :func:`attention`).
+    ``check_scale_values``: the scales' values too (:func:`_check_scale_values`; off for the
+    scales :func:`quantize_per_token` wrote, which are NaN / inf for a token holding one)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     q4, k4, v4 = _heads(q, "q", layout), _heads(k, "k", layout), _heads(v, "v", layout)
     for name, t in (("q", q4), ("k", k4)):
         if t.dtype not in QK_8BIT:
-            raise TypeError(f"{name}.dtype must be torch.int8 or torch.float8_e4m3fn here, got "
-                            f"{t.dtype}")
+            raise TypeError(f"{name}.dtype must be float16 / bfloat16 (quantized here), or "
+                            f"int8 / float8_e4m3fn with {name}_scale, one dtype for q and k; "
+                            f"got {t.dtype}")
     if q4.dtype != k4.dtype:
         raise TypeError(f"q and k must share one 8-bit dtype, got {q4.dtype} and {k4.dtype}")
     if v4.dtype not in ACT_DTYPES:
@@ -153,6 +178,9 @@ def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
         raise ValueError(f"empty attention: q {tuple(q.shape)}, k {tuple(k.shape)}")
     qs = _check_scale(q_scale, "q_scale", "q", (B, H, S_q), dev)
     ks = _check_scale(k_scale, "k_scale", "k", (B, H, S_kv), dev)
+    if check_scale_values:
+        for name, t in (("q_scale", qs), ("k_scale", ks)):
+            _check_scale_values(t, name)
     if window is None:
         left = right = -1
     else:
@@ -178,15 +206,16 @@ def _kernel_ok(p: Plan) -> bool:
 def quantize_v(v4: Tensor):
     """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
     ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
-    over the tokens (1 for a zero channel); tokens past S are zeros."""
+    over the tokens (1 for a zero channel, NaN for a channel holding a NaN); tokens past S are
+    zeros."""
     from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
 
     B, S, H, D = v4.shape
     S_pad = -(-S // V_BLOCK) * V_BLOCK
-    amax = torch.zeros(B, H, D, dtype=torch.float32, device=v4.device)
+    amax = torch.zeros(B, H, D, dtype=torch.int32, device=v4.device)  # fp32 bits
     vt = torch.empty(B, H, D, S_pad, dtype=V_8BIT, device=v4.device)
     vscale = torch.empty(B, H, D, dtype=torch.float32, device=v4.device)
-    grid = (S_pad // V_BLOCK, B * H)
+    grid = (B * H, S_pad // V_BLOCK)
     st = v4.stride()
     _v_amax_kernel[grid](v4, amax, S, H, *st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
     _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, *st, D=D, BLOCK_S=V_BLOCK,
@@ -205,24 +234,30 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
     out = _new_out(shape, p.v.dtype, p.v.device)
     o4 = out if p.layout == "bshd" else out.transpose(1, 2)
-    big = 1 << 30  # an unbounded side of the band
-    left = big if p.left < 0 else p.left
-    right = big if p.right < 0 else p.right
-    grid = (triton_cdiv(S_q, st.block_m), B * H)
+    left, right = _band_sides(p.left, p.right, S_kv)
+    grid = (triton_cdiv(S_q, st.block_m) * B * H,)  # query tiles fastest (the kernel's note)
     ks = p.k_scale if p.key_mask is None else _signed_scales(p)
     _attention_8bit_kernel[grid](
         p.q, p.k, vt, p.q_scale, ks, vscale, o4,
         S_q, S_kv, vt.shape[3], H, p.scale, left, right,
         *p.q_scale.stride(), *ks.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
         D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
-        QK_INT=p.q.dtype == torch.int8, BAND=p.band, KMASK=p.key_mask is not None,
+        QK_INT=p.q.dtype == torch.int8, BAND=left < S_kv or right < S_kv,
+        KMASK=p.key_mask is not None,
         num_warps=st.num_warps, num_stages=st.num_stages)
     return out
 
 
+def _band_sides(left: int, right: int, S_kv: int):
+    """The band's sides as the kernel takes them: a side of at least S_kv (or -1) reaches every
+    key, and is passed as S_kv -- the kernel adds a side to a row index in int32, where a side
+    near 2^31 wrapped around and emptied the band."""
+    return tuple(S_kv if x < 0 or x >= S_kv else x for x in (left, right))
+
+
 def _signed_scales(p: Plan) -> Tensor:
     """The key mask carried by the key scales' sign, fp32 (B, H, S_kv): the scale of a kept
-    key (always > 0), -1 for a dropped one -- the kernel reads no mask of its own (a mask
+    key (> 0; a zero or NaN one stays kept), -1 for a dropped one -- the kernel reads no mask of its own (a mask
     loaded a column took the registers of a pipeline stage: 40 B of spill)."""
     return torch.where(p.key_mask.view(torch.bool)[:, None, :], p.k_scale, -1.0)
 
@@ -247,7 +282,7 @@ def run(p: Plan) -> Tensor:
 
 
 def _quantize_qk(q, k, layout: str):
-    """16-bit q / k -> int8 with per-token scales (the prologue with no norm and no RoPE)."""
+    """16-bit q / k -> int8 with per-token scales (:func:`quantize_per_token`, each apart)."""
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -265,13 +300,49 @@ def _quantize_qk(q, k, layout: str):
                          f"precision='fp8', got {q.shape[-1]}")
     if q.device != k.device:
         raise ValueError(f"k is on {k.device}, q on {q.device}: all on one device")
-    out = qk_norm_rope(q, k, layout=layout, quantize="int8")
-    return out.q, out.k, out.q_scale, out.k_scale
+    if torch.compiler.is_compiling():
+        (q8, qs), (k8, ks) = (quantize_per_token_op(x, layout) for x in (q, k))
+    else:
+        (q8, qs), (k8, ks) = (quantize_per_token(x, layout) for x in (q, k))
+    return q8, k8, qs, ks
+
+
+def quantize_per_token(x: Tensor, layout: str = "bshd"):
+    """16-bit ``x`` ((B, S, H, D) or, ``layout="bhsd"``, (B, H, S, D); any strides) -> int8
+    values in x's shape (contiguous) and fp32 scales (B, H, S): bitwise
+    :func:`ditfuse.reference.quantize_per_token` (``"int8"``) -- ``scale = amax / 127`` of
+    each token's head row, ``round_half_even(x * 127 / amax)``, NaN scale for a row holding a
+    NaN. q and k are quantized apart (any sequence lengths, q and k may be one tensor)."""
+    from ditfuse.kernels.attention_fp8 import _qk_quant_kernel
+
+    x4 = x if layout == "bshd" else x.transpose(1, 2)
+    B, S, H, D = x4.shape
+    y = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    y4 = y if layout == "bshd" else y.transpose(1, 2)
+    scales = torch.empty(B, H, S, dtype=torch.float32, device=x.device)
+    if y.numel():
+        grid = (B * H, triton_cdiv(S, QK_BLOCK))
+        _qk_quant_kernel[grid](x4, y4, scales, S, H, *x4.stride(), *y4.stride(), D=D,
+                               BLOCK_S=QK_BLOCK, num_warps=4)
+    return y, scales
+
+
+@library.op("ditfuse::quantize_per_token_int8")
+def quantize_per_token_op(x: Tensor, layout: str) -> List[Tensor]:
+    return list(quantize_per_token(x, layout))
+
+
+@quantize_per_token_op.register_fake
+def _(x, layout):
+    B, S, H = (x.shape[0], x.shape[1], x.shape[2]) if layout == "bshd" else (
+        x.shape[0], x.shape[2], x.shape[1])
+    return [torch.empty(x.shape, dtype=torch.int8, device=x.device),
+            torch.empty(B, H, S, dtype=torch.float32, device=x.device)]
 
 
 def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
-    """Every argument the 8-bit call checks, before the prologue quantizes 16-bit q / k (no
-    kernel runs on a call that then fails): :func:`plan` on zero-stride int8 / fp32 stand-ins
+    """Every argument the 8-bit call checks, before :func:`quantize_per_token` quantizes
+    16-bit q / k (no kernel runs on a call that then fails): :func:`plan` on zero-stride int8 / fp32 stand-ins
     of the quantized q / k and their scales (shapes, dtypes and devices only, no memory)."""
     if not (isinstance(k, Tensor) and k.dtype == q.dtype and q.dim() == 4 and k.dim() == 4):
         return  # _quantize_qk names the problem
@@ -285,7 +356,8 @@ def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
         return torch.empty((), dtype=torch.float32, device=q.device).expand(B, H, S)
 
     plan(stand_in(q, torch.int8), stand_in(k, torch.int8), v, q_scale=scales(S_q),
-         k_scale=scales(S_kv), window=window, scale=scale, layout=layout, key_mask=key_mask)
+         k_scale=scales(S_kv), window=window, scale=scale, layout=layout, key_mask=key_mask,
+         check_scale_values=False)
 
 
 def _check_grad(*ts):
@@ -344,7 +416,7 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
     the online softmax rescales.
     """
     _check_precision(precision)
-    _check_grad(q, k, v)
+    _check_grad(q, k, v, q_scale, k_scale)
     if precision is None:
         if q_scale is not None or k_scale is not None:
             raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
@@ -365,7 +437,8 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
         return t(o).contiguous()
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if isinstance(q, Tensor) and q.dtype in ACT_DTYPES:
+    here = isinstance(q, Tensor) and q.dtype in ACT_DTYPES
+    if here:
         if q_scale is not None or k_scale is not None:
             raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
                              "quantized here (pass neither)")
@@ -374,7 +447,7 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
     if torch.compiler.is_compiling():
         return _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
     return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window, scale=scale,
-                    layout=layout, key_mask=key_mask))
+                    layout=layout, key_mask=key_mask, check_scale_values=not here))
 
 
 def _op_window(left: int, right: int):
