@@ -252,7 +252,7 @@ def test_fp8_other_masks_take_the_16bit_path(name, monkeypatch):
 @torch.no_grad()
 def test_fp8_unsupported_calls_take_the_16bit_path(name, why, monkeypatch):
     """head_dim 16 (the default tiny configs) and fp32 models: no 8-bit launch, bitwise the
-    output of ``patch(attention=True)``."""
+    output of ``patch(attention=True)``; the report names the exact attention and why."""
     if why == "head_dim":
         make, inputs, dtype = _CASES[name][1], _CASES[name][2], torch.bfloat16
     else:
@@ -263,11 +263,50 @@ def test_fp8_unsupported_calls_take_the_16bit_path(name, why, monkeypatch):
     want = model(**kw)[0]
     ditfuse.unpatch(model)
     report = ditfuse.patch(model, attention="fp8")
-    assert any("8-bit attention" in k for k in report.counts), report.counts
+    reason = {"head_dim": "exact attention: head_dim 16, the 8-bit kernel takes 64 or 128",
+              "fp32": "exact attention: float32 model"}[why]
+    assert not any("8-bit attention" in k for k in report.counts), report.counts
+    assert any(reason in k for k in report.counts), report.counts
     seen = _spy(monkeypatch)
     got = model(**kw)[0]
     assert not seen, f"{why}: the 8-bit path ran {seen}"
     assert torch.equal(got, want)
+
+
+def test_fp8_report_names_the_attention_run(monkeypatch):
+    """The report names the attention each processor will run: 8-bit (with the mask rule),
+    or exact and why -- head_dim 32, an fp32 model, a device the kernel does not run on (the
+    CPU without Triton's interpreter) -- never "8-bit attention" for those."""
+    from ditfuse.runtime import backend
+
+    class Report:
+        def __init__(self, model):
+            report = ditfuse.patch(model, attention="fp8")
+            ditfuse.unpatch(model)
+            self.text = str(report)
+            self.counts = {k: v for k, v in report.counts.items()
+                           if k.startswith("attention processors")}
+
+        def __str__(self):
+            return self.text
+
+    labels = Report
+
+    r = labels(to_dtype(_qwen(head_dim=64), torch.bfloat16))
+    assert r.counts == {_FP8_LABEL: 1}, r.counts
+    assert "key-padding mask" in str(r), str(r)
+    r = labels(to_dtype(_qwen(head_dim=32), torch.bfloat16))
+    assert r.counts == {"attention processors (QK-norm + RoPE, exact attention: head_dim 32, "
+                        "the 8-bit kernel takes 64 or 128)": 1}, r.counts
+    assert "8-bit" not in str(r).replace("8-bit kernel", ""), str(r)
+    r = labels(to_dtype(_qwen(head_dim=64), torch.float32))
+    assert list(r.counts) == ["attention processors (QK-norm + RoPE, exact attention: float32 "
+                              "model, the 8-bit path takes float16 / bfloat16)"], r.counts
+    monkeypatch.setattr(backend, "INTERPRET", False)
+    r = labels(to_dtype(_qwen(head_dim=64), torch.bfloat16))
+    assert list(r.counts) == ["attention processors (QK-norm + RoPE, exact attention: on cpu, "
+                              "the 8-bit kernel runs on an sm_90 GPU or the CPU under Triton's "
+                              "interpreter)"], r.counts
 
 
 @torch.no_grad()

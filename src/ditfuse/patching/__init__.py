@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Union
 
-from ditfuse.patching.common import _ORIG_PROC, _PATCHED_FWD, FP8, HOOKED, PatchReport, check_attention  # noqa: F401
+from ditfuse.patching.common import _ORIG_PROC, _PATCHED_FWD, FP8, FP8_LABEL, HOOKED, PatchReport, check_attention  # noqa: F401
 from ditfuse.patching.registry import FP8_CLASSES, VAE_CLASSES, model_patches
 
 import torch
@@ -121,6 +121,9 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
         what = ", ".join(f"{v} {k}" for k, v in done.items()) or "nothing new (already patched)"
         if attention == FP8 and cls not in FP8_CLASSES and cls not in VAE_CLASSES:
             what += " (attention='fp8': no 8-bit path for this class, its attention stays 16-bit)"
+        elif any(k.endswith(FP8_LABEL) for k in done):
+            what += (" (8-bit attention for calls with no mask or a key-padding mask; another "
+                     "mask that masks something: exact)")
         report.lines.append(f"{name}: {cls}: {what}")
     return report
 

@@ -95,6 +95,49 @@ def fp8_label(label: str, fp8: bool) -> str:
     return label[:-1] + FP8_LABEL if fp8 else label
 
 
+def _head_dim(attn):
+    """The head_dim a processor of ``attn`` attends with: Q's projection width over the
+    heads (None where the module does not say)."""
+    heads, to_q = getattr(attn, "heads", None), getattr(attn, "to_q", None)
+    width = getattr(to_q, "out_features", None)
+    if isinstance(heads, int) and heads > 0 and isinstance(width, int):
+        return width // heads
+    hd = getattr(attn, "head_dim", None)
+    return hd if isinstance(hd, int) else None
+
+
+def exact_reason(attn):
+    """Why the processor of attention module ``attn`` will attend on the exact 16-bit path
+    although ``patch(attention="fp8")`` -- what :func:`use_8bit` checks that the module
+    already fixes: its head_dim, its dtype, the device it is on (as patched: a model cast or
+    moved later is decided at its calls) -- or None where its calls take the 8-bit kernel
+    (those with no mask or a key-padding mask, :func:`attend`)."""
+    hd = _head_dim(attn)
+    if hd is not None and hd not in HEAD_DIMS_8BIT:
+        return (f"head_dim {hd}, the 8-bit kernel takes "
+                f"{' or '.join(map(str, HEAD_DIMS_8BIT))}")
+    w = next(iter(attn.parameters()), None)
+    if w is None:
+        return None
+    if w.dtype not in (torch.float16, torch.bfloat16):
+        return f"{str(w.dtype).replace('torch.', '')} model, the 8-bit path takes float16 / bfloat16"
+    if not kernel_8bit_ok(w):
+        where = ("an sm_90 GPU or the CPU under Triton's interpreter" if w.device.type == "cpu"
+                 else "an sm_90 GPU")
+        return f"on {w.device}, the 8-bit kernel runs on {where}"
+    return None
+
+
+def fp8_report_label(label: str, attn) -> str:
+    """``label`` of a processor count (with the 8-bit attention named, :func:`fp8_label`) as it
+    holds for module ``attn``: unchanged where its calls take the 8-bit kernel, else the
+    exact attention it will run and why (:func:`exact_reason`)."""
+    if not label.endswith(FP8_LABEL):
+        return label
+    why = exact_reason(attn)
+    return label if why is None else label[:-len(FP8_LABEL)] + f", exact attention: {why})"
+
+
 def processor_factory(cls, fp8: bool):
     """A constructor of ditfuse processor class ``cls`` (one with an 8-bit path: a class
     attribute ``_ditfuse_fp8 = False``) for :func:`replace_processors`; its processors take
@@ -239,11 +282,12 @@ def replace_processors(model, report, table, label: str) -> None:
     """Give every module whose processor's class is a key of ``table`` a new instance of
     the mapped ditfuse class (a module patched before: its original processor's class, so
     that patching again with another ``attention`` switches its precision); counted in
-    ``report`` under ``label``."""
+    ``report`` under ``label`` -- an 8-bit label under the exact attention a module will run
+    instead, with the reason (:func:`fp8_report_label`)."""
     for m in model.modules():
         new = table.get(original_processor_type(m))
         if new is not None and set_processor(m, new()):
-            report.add(label)
+            report.add(fp8_report_label(label, m))
 
 
 def plain_layer_norms(*norms) -> bool:

@@ -10,7 +10,7 @@ import torch
 from ditfuse.ops.activations import GELU_KINDS, gelu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, cat_quantized, fp8_label, grad_needed, join_tokens, norms_ok, original_processor_type, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, set_processor, use_8bit
+from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, cat_quantized, fp8_label, fp8_report_label, grad_needed, join_tokens, norms_ok, original_processor_type, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, set_processor, use_8bit
 
 
 def _make_processor():
@@ -309,7 +309,8 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
         if proc is not None and isinstance(m, FluxAttention) and \
                 original_processor_type(m) is FluxAttnProcessor:
             if set_processor(m, proc()):
-                report.add(fp8_label("attention processors (QK-norm + RoPE)", fp8))
+                report.add(fp8_report_label(fp8_label("attention processors (QK-norm + RoPE)",
+                                                      fp8), m))
     if adaln:
         bind_forwards(model, report, {
             **_chroma_norms(),
