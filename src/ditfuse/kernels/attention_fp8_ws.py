@@ -1,0 +1,341 @@
+"""Warp-specialized 8-bit attention for sm_90, in Gluon (private; the plan, quantizers and
+launch are in :mod:`ditfuse.ops.attention_fp8`; design and measurements:
+docs/design/attention_fp8.md).
+
+A program owns 128 queries of one (batch, head) and walks every key tile of 128 keys:
+
+- a **producer warp** copies Q (two 64-row boxes) once, then K and V^T tiles by TMA into a
+  ring of ``STAGES`` shared-memory slots, each slot with a K and a V mbarrier; a slot is
+  refilled once both consumers released it (an "empty" mbarrier of count 2);
+- two **consumer warpgroups**, 64 query rows each, take turns on the tensor cores
+  (ping-pong through two mbarriers): while one issues its ``S = Q K^T`` (int8, int32
+  accumulation) and ``P V`` (e4m3, fp32) of a trip, the other runs its softmax -- on
+  Hopper the exponentials (16 a clock an SM) take as long as the 8-bit products, so the
+  two only add up to the kernel's time if one warpgroup does both.
+
+Operands:
+
+- Q int8 with one fp32 scale per token (from the prologue or the op's quantizer); the
+  row's scale times the softmax scale and log2(e) is a row constant;
+- K int8 with one fp32 scale per 128-key tile of one (batch, head), quantized after the
+  (batch, head)'s mean key was subtracted (softmax is invariant to it: the mean adds
+  ``q . mean`` to every score of a row): the tile scale is a row constant too, so a score
+  costs one FFMA and an exponential;
+- V e4m3 with one scale per (batch, head, channel), transposed to ``(B*H*D, S_pad)`` with
+  the tokens contiguous (both operands of an 8-bit wgmma are K-major);
+- P = 256 * p rounded to e4m3 (the factor keeps small probabilities out of e4m3's
+  subnormals).
+
+The int32 scores become fp32 without a conversion instruction: the accumulator starts at
+``0x4B400000``, whose bits read as fp32 are ``1.5 * 2^23``, and ``1.5 * 2^23 + s`` is exact
+for ``|s| < 2^22`` (an int8 dot over 128 channels is below 2^21).
+
+The row sum is summed from the rounded P (the e4m3 values read back): numerator and
+denominator then sum the same values, so equal values of V come out as themselves and the
+output stays inside V's range.
+
+``P @ V`` of each key tile accumulates into a fresh accumulator that is then added to the
+fp32 output in registers (``o * alpha + pv``, one FFMA an element): Hopper's fp8 tensor-core
+accumulation keeps about 14 bits, too few for tens of thousands of keys.
+
+Nothing stays in flight across a trip's back edge (ptxas serializes every wgmma of a kernel
+that leaves one there: C7514).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+
+#: queries a consumer warpgroup owns; a program has two
+WG_M = gl.constexpr(64)
+BLOCK_M = gl.constexpr(128)
+BLOCK_N_DEFAULT = 128
+#: the accumulator's start: 1.5 * 2^23 as int32 bits, and as fp32
+_MAGIC_I = gl.constexpr(0x4B400000)
+_MAGIC_F = gl.constexpr(12582912.0)
+#: the running max before the first key: finite, so a row's first rescale is exp2(-huge) = 0
+_NEG = gl.constexpr(-1.0e30)
+_WG0 = gl.constexpr(0)
+_WG1 = gl.constexpr(1)
+
+
+@gluon.jit
+def _ex2(x):
+    """2^x: one ``ex2.approx.ftz.f32``."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, vt_desc, q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
+              b, h, start_m, vt_row, n_tiles):
+    # a partition takes no constexpr arguments: the shapes of the ring carry them
+    STAGES: gl.constexpr = k_s.shape[0]
+    BLOCK_N: gl.constexpr = k_s.shape[2]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, start_m, h, 0], q_bar, q_s.index(0))
+    tma.async_copy_global_to_shared(q_desc, [b, start_m + WG_M, h, 0], q_bar, q_s.index(1))
+    for j in range(n_tiles):
+        slot = j % STAGES
+        # a fresh mbarrier reads as phase 1 complete: the first STAGES waits pass
+        mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, h, 0], k_ready.index(slot),
+                                        k_s.index(slot))
+        mbarrier.expect(v_ready.index(slot), vt_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(vt_desc, [vt_row, j * BLOCK_N], v_ready.index(slot),
+                                        v_s.index(slot))
+
+
+@gluon.jit
+def _a_order(p):
+    """P's columns in the order in which the score accumulator already holds them in the
+    registers of the 8-bit wgmma's A operand: within each 16 keys, column ``8 hi + 2 q + i``
+    of the accumulator is key ``4 q + 2 hi + i`` of the operand. V^T's keys are stored in
+    the same order (:func:`ditfuse.reference.a_operand_key_order`), so P V is unchanged and
+    P reaches the A operand without a shuffle."""
+    M: gl.constexpr = p.shape[0]
+    N: gl.constexpr = p.shape[1]
+    return p.reshape([M, N // 16, 2, 4, 2]).permute((0, 1, 3, 2, 4)).reshape([M, N])
+
+
+@gluon.jit
+def _to_e4m3x4(x):
+    """fp32 -> e4m3 (round to nearest even, saturating), four values a register: two
+    ``cvt.rn.satfinite.e4m3x2.f32`` and one byte merge (Triton's own conversion unpacks the
+    pairs and repacks them byte by byte)."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
+        "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
+        "=r,r,r,r,r", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _from_e4m3x4(x):
+    """e4m3 -> fp32 (exact), four values a register: two ``cvt.rn.f16x2.e4m3x2`` and four
+    half-to-single conversions."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h01, h23; mov.b32 {lo, hi}, $4; "
+        "cvt.rn.f16x2.e4m3x2 h01, lo; cvt.rn.f16x2.e4m3x2 h23, hi; "
+        "mov.b32 {a, b}, h01; mov.b32 {c, d}, h23; "
+        "cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; cvt.f32.f16 $2, c; cvt.f32.f16 $3, d; }",
+        "=r,=r,=r,=r,r", [x], dtype=gl.float32, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
+    """One key tile's probabilities (times 256, e4m3) and the row max / rescale factor.
+    ``s``: the tile's raw scores (``1.5 * 2^23 + dot`` for int8 inputs, the dot for e4m3);
+    ``g``: the row's scale in log2 units times the tile's key scale (> 0)."""
+    if MASKED:
+        s = gl.where(col_ok[None, :], s, float("-inf"))
+    if QK_INT:
+        base = _MAGIC_F
+    else:
+        base = 0.0
+    # g > 0: max_j((s - base) * g) = (max_j s - base) * g, one multiply a row
+    m_new = gl.maximum(m_i, (gl.max(s, 1) - base) * g)
+    # 256 * p = exp2((s - base) * g - m + 8) in one FFMA an element
+    r = 8.0 - m_new - base * g
+    p = _ex2(s * g[:, None] + r[:, None])
+    alpha = _ex2(m_i - m_new)
+    return p, alpha, m_new
+
+
+@gluon.jit
+def _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+          WG: gl.constexpr, SCORES: gl.constexpr, PV: gl.constexpr, MASKED: gl.constexpr):
+    """Trip j of a consumer warpgroup (event j of its ping-pong): ``S_j = Q K_j^T``
+    (``SCORES``) and ``P_{j-1} V_{j-1}`` (``PV``) issued together, the
+    previous tile's output folded in, then tile j's softmax. ``bars``: the ring's K-ready,
+    V-ready and empty barriers and the turn barriers; ``inits``: the scores' start and
+    the zero accumulator of P V; ``state``: (running max, the rescale of
+    the previous tile, output, row sums, P of the previous tile)."""
+    k_ready, v_ready, empty, turn = bars
+    s_init, zero_o = inits
+    m_i, alpha, o, l_i, p8 = state
+    STAGES: gl.constexpr = k_s.shape[0]
+    BLOCK_N: gl.constexpr = k_s.shape[2]
+    D: gl.constexpr = k_s.shape[4]
+    QK_INT: gl.constexpr = k_s.dtype == gl.int8
+    PINGPONG: gl.constexpr = turn.shape[0] == 2
+    KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
+    S_L: gl.constexpr = s_init.type.layout
+    O_L: gl.constexpr = zero_o.type.layout
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
+    slot = j % STAGES
+    prev = (j + STAGES - 1) % STAGES
+    if SCORES:
+        kb = gl.load(kb_ptr + kb_off + j)
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (j & 1) ^ (1 - WG))
+    if SCORES:
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        k_t = k_s.index(slot)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
+        s_tok = warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
+    if PV:
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        pv_tok = warpgroup_mma(p8, v_s.index(prev).permute((1, 0)), zero_o, use_acc=False,
+                               is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+    if PV:
+        pv = warpgroup_mma_wait(0, deps=[pv_tok])
+        mbarrier.arrive(empty.index(prev))
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None] + pv
+    if SCORES:
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        if QK_INT:
+            s = s.to(gl.float32, bitcast=True)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+        p, alpha, m_i = _softmax(s, c * kb, m_i, cols < S_kv - j * BLOCK_N, MASKED, QK_INT)
+        p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
+        # the row sum of the rounded P, so that it cancels against P V's
+        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, O_L)) + gl.convert_layout(
+            gl.sum(_from_e4m3x4(p8), 1), gl.SliceLayout(1, O_L))
+    return m_i, alpha, o, l_i, p8
+
+
+@gluon.jit
+def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty, turn,
+              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
+              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG: gl.constexpr):
+    STAGES: gl.constexpr = k_s.shape[0]
+    BLOCK_N: gl.constexpr = k_s.shape[2]
+    D: gl.constexpr = k_s.shape[4]
+    QK_INT: gl.constexpr = q_s.dtype == gl.int8
+    PINGPONG: gl.constexpr = turn.shape[0] == 2
+    # Q and K tiles: rows of D bytes, swizzled over D bytes (the TMA boxes' layout)
+    KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 32])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, D, 32])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
+    ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    qk_dtype: gl.constexpr = q_s.dtype
+
+    rows = start_m + WG * WG_M + gl.arange(0, WG_M, layout=ROW_S)
+    c = gl.load(qs_ptr + qs_off + rows.to(gl.int64) * stride_qss, mask=rows < S_q,
+                other=1.0) * c_scale
+    if QK_INT:
+        s_init = gl.full([WG_M, BLOCK_N], _MAGIC_I, gl.int32, S_L)
+    else:
+        s_init = gl.zeros([WG_M, BLOCK_N], gl.float32, S_L)
+    zero_o = gl.zeros([WG_M, D], gl.float32, O_L)
+    o = gl.zeros([WG_M, D], gl.float32, O_L)
+    l_i = gl.zeros([WG_M], gl.float32, ROW_O)
+    m_i = gl.full([WG_M], _NEG, gl.float32, ROW_S)
+    alpha = gl.zeros([WG_M], gl.float32, ROW_S)
+    p8 = gl.convert_layout(gl.zeros([WG_M, BLOCK_N], gl.float32, S_L).to(gl.float8e4nv), P_L)
+    q_t = q_s.index(WG)._reinterpret(qk_dtype, [WG_M, D], KK_SL)
+    n_tiles = gl.cdiv(S_kv, BLOCK_N)
+    n_full = S_kv // BLOCK_N
+
+    bars = (k_ready, v_ready, empty, turn)
+    inits = (s_init, zero_o)
+    state = (m_i, alpha, o, l_i, p8)
+    mbarrier.wait(q_bar, 0)
+    # tile 0: scores only (masked: it may be the only, partial, tile)
+    state = _step(0, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+                  WG, SCORES=True, PV=False, MASKED=True)
+    for j in range(1, n_full):
+        state = _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+                      WG, SCORES=True, PV=True, MASKED=False)
+    if n_full > 0:
+        if n_tiles > n_full:  # the partial last tile
+            state = _step(n_full, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state,
+                          S_kv, WG, SCORES=True, PV=True, MASKED=True)
+    # the last tile's P V
+    state = _step(n_tiles, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+                  WG, SCORES=False, PV=True, MASKED=False)
+    m_i, alpha, o, l_i, p8 = state
+
+    vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
+    inv_l = 1.0 / gl.convert_layout(l_i, ROW_O)
+    out = o * inv_l[:, None] * vs[None, :]
+    rows_o = start_m + WG * WG_M + gl.arange(0, WG_M, layout=ROW_O)
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
+    ptrs = o_ptr + o_off + rows_o.to(gl.int64)[:, None] * stride_os + d[None, :]
+    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows_o < S_q)[:, None])
+
+
+@gluon.jit
+def _consumer_0(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty, turn,
+                qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
+                o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
+    _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty, turn,
+              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
+              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, 0)
+
+
+@gluon.jit
+def _consumer_1(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty, turn,
+                qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
+                o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
+    _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty, turn,
+              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
+              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, 1)
+
+
+@gluon.jit
+def _attention_8bit_ws_kernel(
+    q_desc, k_desc, vt_desc,             # TMA: Q, K (B, S, H, D) 8-bit; V^T (B*H*D, S_pad) e4m3
+    qs_ptr, kb_ptr, vs_ptr, o_ptr,       # q scales (B, H, S_q); key tile scales (B*H, tiles);
+                                         # V scales (B*H, D); output (B, S_q, H, D), channels
+                                         # contiguous
+    S_q, S_kv, H, n_m, c_scale,          # c_scale: softmax scale * log2(e)
+    stride_qsb, stride_qsh, stride_qss,
+    stride_ob, stride_os, stride_oh,
+    D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    QK_INT: gl.constexpr, PINGPONG: gl.constexpr,
+):
+    # one flat grid, query tiles fastest: the programs of one (batch, head) run together
+    # and share its K / V in L2 (and B * H is not bound by the 65,535 of grid axis 1)
+    pid = gl.program_id(0)
+    bh = pid // n_m
+    start_m = (pid - bh * n_m) * BLOCK_M
+    b = bh // H
+    h = bh - b * H
+    n_tiles = gl.cdiv(S_kv, BLOCK_N)
+
+    qk_dtype: gl.constexpr = q_desc.dtype
+    # the 4-D TMA boxes (1, rows, 1, D); the consumers read them as 2-D tiles
+    q_s = gl.allocate_shared_memory(qk_dtype, [2, 1, WG_M, 1, D], q_desc.layout)
+    k_s = gl.allocate_shared_memory(qk_dtype, [STAGES, 1, BLOCK_N, 1, D], k_desc.layout)
+    v_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BLOCK_N],
+                                    gl.NVMMASharedLayout.get_default_for([D, BLOCK_N],
+                                                                         gl.float8e4nv))
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # ping-pong: one turn barrier a consumer (a single one: no ping-pong)
+    turn = gl.allocate_shared_memory(gl.int64, [2 if PINGPONG else 1, 1],
+                                     mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    mbarrier.init(turn.index(0), count=1)
+    if PINGPONG:
+        mbarrier.init(turn.index(1), count=1)
+    fence_async_shared()
+
+    qs_off = b.to(gl.int64) * stride_qsb + h.to(gl.int64) * stride_qsh
+    kb_off = bh.to(gl.int64) * n_tiles
+    vs_off = bh.to(gl.int64) * D
+    o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    cargs = (q_s, k_s, v_s, q_bar, k_ready, v_ready, empty, turn,
+             qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
+             o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale)
+    gl.warp_specialize([
+        (_consumer_0, cargs),
+        (_consumer_1, cargs),
+        (_producer, (q_desc, k_desc, vt_desc, q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
+                     b, h, start_m, bh * D, n_tiles)),
+    ], [4, 1], [240, 24])
