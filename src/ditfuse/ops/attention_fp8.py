@@ -388,11 +388,16 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
         across key tiles; output in v's dtype. Elsewhere the same quantization emulated in
         PyTorch (:func:`ditfuse.reference.attention_8bit_core`).
     q_scale, k_scale : Tensor, optional
-        float32 ``(B, H, S)``, positive (one per batch, head and token; ``q = q_8bit *
-        q_scale``), any strides: required with 8-bit q / k, not accepted with 16-bit ones.
+        float32 ``(B, H, S)``, positive and finite (one per batch, head and token; ``q = q_8bit
+        * q_scale``; NaN for a token holding a NaN), any strides: required with 8-bit q / k,
+        not accepted with 16-bit ones (those are quantized here, q and k apart:
+        :func:`quantize_per_token`). A zero, negative or infinite scale is refused (ValueError)
+        where that costs no device sync -- eager, CPU tensors; on a GPU, under torch.compile
+        and in a CUDA-graph capture it is not checked (a zero scale still gives NaN-free
+        output: masked scores are set to -inf after the scales multiply).
     window : int or (int, int), optional
-        Only keys ``i - left <= j <= i + right`` (``-1``: unbounded side); needs as many
-        queries as keys.
+        Only keys ``i - left <= j <= i + right`` (``-1``, or a side ``>= S_kv``: unbounded);
+        needs as many queries as keys.
     scale : float, optional
         Softmax scale; default ``1 / sqrt(D)``.
     layout : {"bshd", "bhsd"}
@@ -413,7 +418,10 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
     cosine similarity and relative L2 error in docs/attention_fp8.md; the kernel's operands
     are exactly :func:`ditfuse.reference.quantize_per_token`'s and
     :func:`quantize_v`'s, so the emulation differs from it only in summation order and where
-    the online softmax rescales.
+    the online softmax rescales. The row sum is the sum of the rounded P, so the output lies
+    within the range of V's quantized values. NaN propagates as in softmax attention: a NaN
+    in q / k makes its token's scale NaN (the rows attending it NaN), one in V its channel's
+    scale (that channel NaN).
     """
     _check_precision(precision)
     _check_grad(q, k, v, q_scale, k_scale)
