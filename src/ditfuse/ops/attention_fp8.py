@@ -451,11 +451,50 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
             raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
                              "quantized here (pass neither)")
         _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
+        if _ws_ok(q, k, window, key_mask):
+            s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            if torch.compiler.is_compiling():
+                return attention_8bit_ws_op(q, k, v, s, layout)
+            return run_ws(q, k, v, s, layout)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
         return _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
     return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window, scale=scale,
                     layout=layout, key_mask=key_mask, check_scale_values=not here))
+
+
+def _ws_ok(q: Tensor, k: Tensor, window, key_mask) -> bool:
+    """The warp-specialized kernel takes a 16-bit call on sm_90 without a window or a key
+    mask (the Triton kernel takes those, and 8-bit q / k with per-token key scales)."""
+    return (window is None and key_mask is None and not backend.INTERPRET and q.is_cuda
+            and isinstance(k, Tensor) and k.dtype == q.dtype and _sm90(q.device))
+
+
+def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:
+    """16-bit q / k / v (checked) -> the warp-specialized kernel's output in q's layout,
+    contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
+    the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`)."""
+    from ditfuse.ops import attention_fp8_ws as ws
+
+    q8, qs = quantize_per_token(q, layout)
+    t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
+    q4, k4, v4 = t(q8), t(k), t(v)
+    B, S_q, H, D = q4.shape
+    out = _new_out((B, S_q, H, D) if layout == "bshd" else (B, H, S_q, D), v.dtype,
+                   v.device)
+    ws.launch(q4, qs, k4, v4, t(out), scale)
+    return out
+
+
+@library.op("ditfuse::attention_8bit_ws")
+def attention_8bit_ws_op(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                         layout: str) -> Tensor:
+    return run_ws(q, k, v, scale, layout)
+
+
+@attention_8bit_ws_op.register_fake
+def _(q, k, v, scale, layout):
+    return torch.empty(q.shape, dtype=v.dtype, device=v.device)
 
 
 def _op_window(left: int, right: int):

@@ -1,0 +1,121 @@
+"""The warp-specialized sm_90 8-bit attention from 16-bit Q / K / V: quantize, then launch
+(kernels in :mod:`ditfuse.kernels.attention_fp8_ws` and :mod:`ditfuse.kernels.quantize_8bit`;
+the front door and its checks are :func:`ditfuse.ops.attention_fp8.attention`; design and
+measurements: docs/design/attention_fp8.md).
+
+Quantization of one call:
+
+- Q: int8, one scale per (batch, head, token) (:func:`ditfuse.ops.attention_fp8.quantize_per_token`,
+  bitwise :func:`ditfuse.reference.quantize_per_token`);
+- K: the (batch, head)'s mean key subtracted, then int8 with one scale per tile of
+  ``BLOCK_N`` keys (:func:`ditfuse.reference.quantize_k_blocks`);
+- V: e4m3, one scale per (batch, head, channel), transposed with each 16 keys in the
+  wgmma A operand's order (:func:`ditfuse.reference.quantize_vt_e4m3`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: keys a tile (the K scales' granularity); queries a program (two warpgroups of 64)
+BLOCK_N = 128
+BLOCK_M = 128
+#: tokens of V quantized a program; V^T is padded to a multiple (16-byte TMA rows)
+V_BLOCK = 64
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """Launch settings of the warp-specialized kernel (docs/design/attention_fp8.md):
+    ``stages`` K / V^T slots in the TMA ring; ``maxnreg``: the kernel's register cap at
+    entry (the consumers raise theirs to 240, the producer warp drops to 24)."""
+
+    stages: int
+    maxnreg: int = 168
+
+    @staticmethod
+    def for_head_dim(D: int) -> "WsConfig":
+        # two stages: the fastest or within 1% at every measured shape (the design note)
+        return WsConfig(stages=2)
+
+
+def quantize_k_blocks(k4: Tensor):
+    """K (B, S, H, D) 16-bit -> (k8 int8 (B, S, H, D) contiguous, scales fp32 (B*H, tiles)):
+    ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s tokens."""
+    import triton
+
+    from ditfuse.kernels.quantize_8bit import _k_block_quant_kernel, _k_mean_kernel
+
+    B, S, H, D = k4.shape
+    mean = torch.zeros(B, H, D, dtype=torch.float32, device=k4.device)
+    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](k4, mean, S, H, *k4.stride(), D=D,
+                                                     BLOCK_S=V_BLOCK)
+    tiles = triton.cdiv(S, BLOCK_N)
+    k8 = torch.empty(B, S, H, D, dtype=torch.int8, device=k4.device)
+    kb = torch.empty(B * H, tiles, dtype=torch.float32, device=k4.device)
+    _k_block_quant_kernel[(tiles, B * H)](k4, mean, k8, kb, S, H, tiles, *k4.stride(),
+                                          *k8.stride()[:3], D=D, BLOCK_N=BLOCK_N, num_warps=8)
+    return k8, kb
+
+
+def quantize_vt(v4: Tensor):
+    """V (B, S, H, D) 16-bit -> (vt e4m3 (B*H*D, S_pad), scales fp32 (B*H, D)) in the key
+    order of :func:`ditfuse.kernels.quantize_8bit.key_position`."""
+    import triton
+
+    from ditfuse.kernels.quantize_8bit import _v_amax_kernel, _vt_quant_kernel
+
+    B, S, H, D = v4.shape
+    S_pad = triton.cdiv(S, V_BLOCK) * V_BLOCK
+    amax = torch.zeros(B * H, D, dtype=torch.float32, device=v4.device)
+    vt = torch.empty(B * H * D, S_pad, dtype=torch.float8_e4m3fn, device=v4.device)
+    vs = torch.empty(B * H, D, dtype=torch.float32, device=v4.device)
+    grid = (S_pad // V_BLOCK, B * H)
+    _v_amax_kernel[grid](v4, amax, S, H, *v4.stride(), D=D, BLOCK_S=V_BLOCK)
+    _vt_quant_kernel[grid](v4, amax, vt, vs, S, S_pad, H, *v4.stride(), D=D, BLOCK_S=V_BLOCK)
+    return vt, vs
+
+
+def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, scale: float,
+           config: WsConfig | None = None) -> Tensor:
+    """``out4`` (B, S_q, H, D view, channels contiguous) = 8-bit attention of int8 ``q8``
+    (B, S_q, H, D, 16-byte aligned strides) with its per-token scales (B, H, S_q) over the
+    16-bit ``k4`` / ``v4`` (B, S_kv, H, D), quantized here."""
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ditfuse.kernels.attention_fp8_ws import _attention_8bit_ws_kernel
+
+    B, S_q, H, D = q8.shape
+    S_kv = k4.shape[1]
+    cfg = config or WsConfig.for_head_dim(D)
+    k8, kb = quantize_k_blocks(k4)
+    vt, vs = quantize_vt(v4)
+    box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
+    q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
+    k_desc = TensorDescriptor(k8, list(k8.shape), list(k8.stride()), [1, BLOCK_N, 1, D], box)
+    vt_desc = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [D, BLOCK_N],
+                               gl.NVMMASharedLayout.get_default_for([D, BLOCK_N],
+                                                                    gl.float8e4nv))
+    n_m = triton.cdiv(S_q, BLOCK_M)
+    _attention_8bit_ws_kernel[(n_m * B * H,)](
+        q_desc, k_desc, vt_desc, q_scale, kb, vs, out4, S_q, S_kv, H, n_m, scale * _LOG2E,
+        *q_scale.stride(), out4.stride(0), out4.stride(1), out4.stride(2),
+        D=D, BLOCK_N=BLOCK_N, STAGES=cfg.stages, QK_INT=True,
+        num_warps=4, maxnreg=cfg.maxnreg)
+    return out4
+
+
+def fits(q: Tensor, D: int) -> bool:
+    """Whether the kernel takes this call: head_dim 64 / 128 (the one other condition,
+    16-byte aligned rows, holds for every tensor the op quantizes)."""
+    return D in (64, 128) and q.is_cuda
+
+
+def scale_or_default(scale, D: int) -> float:
+    return 1.0 / math.sqrt(D) if scale is None else float(scale)

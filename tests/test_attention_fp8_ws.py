@@ -1,0 +1,163 @@
+"""The warp-specialized sm_90 8-bit attention: its quantizers (kernels under the interpreter
+on the CPU), the key order that lets P reach the wgmma A operand without a shuffle, the
+routing of ditfuse.attention, the sm_90a build (CPU), and the kernel on an sm_90 GPU."""
+import math
+
+import pytest
+import torch
+
+from conftest import DEVICE
+import ditfuse
+from ditfuse.ops import attention_fp8 as A
+from ditfuse.ops import attention_fp8_ws as WS
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+COS_MIN = 0.999
+REL_L2_MAX = 0.05
+
+
+def key_position(s: torch.Tensor) -> torch.Tensor:
+    return (s & ~15) | (((s >> 1) & 3) << 2) | (((s >> 3) & 1) << 1) | (s & 1)
+
+
+def test_key_order_matches_the_a_operand_permutation():
+    # the kernel's _a_order: P_A[:, k] = P[:, perm[k]] (reshape (N/16, 2, 4, 2), swap the
+    # middle axes); V^T must hold key perm[k] at position k
+    perm = torch.arange(128).reshape(8, 2, 4, 2).permute(0, 2, 1, 3).reshape(128)
+    assert torch.equal(key_position(perm), torch.arange(128))
+    assert torch.equal(torch.sort(key_position(torch.arange(128))).values, torch.arange(128))
+
+
+@pytest.mark.parametrize("S,D", [(300, 64), (129, 128), (64, 128)])
+def test_quantize_k_blocks(S, D):
+    B, H = 2, 3
+    k = (torch.randn(B, S, H, D) * 2 + torch.randn(D) * 5).to(torch.bfloat16)
+    k8 = torch.full((B, S, H, D), 99, dtype=torch.int8)
+    k8, kb = WS.quantize_k_blocks(k)
+    tiles = -(-S // WS.BLOCK_N)
+    assert k8.dtype == torch.int8 and kb.shape == (B * H, tiles)
+    mean = k.float().mean(1)                                        # (B, H, D)
+    x = (k.float() - mean[:, None]).permute(0, 2, 1, 3).reshape(B * H, S, D)
+    for t in range(tiles):
+        xs = x[:, t * 128:(t + 1) * 128]
+        amax = xs.abs().amax(dim=(1, 2))
+        torch.testing.assert_close(kb[:, t], amax / 127, rtol=1e-5, atol=0)
+        q = k8.permute(0, 2, 1, 3).reshape(B * H, S, D)[:, t * 128:(t + 1) * 128].float()
+        err = (q * kb[:, t, None, None] - xs).abs()
+        # one rounding of the mean's summation order on top of half a step
+        assert (err <= kb[:, t, None, None] * 0.5 + 1e-3 * amax[:, None, None]).all()
+
+
+def test_quantize_k_blocks_nan_tile():
+    k = torch.randn(1, 200, 1, 64, dtype=torch.bfloat16)
+    k[0, 150, 0, 5] = float("nan")
+    _, kb = WS.quantize_k_blocks(k)
+    assert kb[0, 1].isnan() and kb[0, 0].isnan()  # the mean is NaN too: every tile
+
+
+@pytest.mark.parametrize("S,D", [(300, 64), (100, 128)])
+def test_quantize_vt(S, D):
+    B, H = 1, 2
+    v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(torch.bfloat16)
+    vt, vs = WS.quantize_vt(v)
+    S_pad = -(-S // 64) * 64
+    assert vt.shape == (B * H * D, S_pad) and vs.shape == (B * H, D)
+    pos = key_position(torch.arange(S_pad))
+    deq = vt.float().view(B * H, D, S_pad)[:, :, pos] * vs[..., None]   # natural key order
+    ref = v.float().permute(0, 2, 3, 1).reshape(B * H, D, S)
+    torch.testing.assert_close(vs, ref.abs().amax(-1) / 448, rtol=1e-6, atol=0)
+    assert (deq[..., :S] - ref).abs().max() <= (ref.abs() * 2 ** -4 + vs[..., None] * 2 ** -9).max()
+    assert (deq[..., S:] == 0).all()
+
+
+def test_quantize_vt_nan_channel():
+    v = torch.randn(1, 70, 1, 64, dtype=torch.bfloat16)
+    v[0, 3, 0, 9] = float("nan")
+    _, vs = WS.quantize_vt(v)
+    assert vs[0, 9].isnan() and not vs[0, :9].isnan().any()
+
+
+def test_routing():
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
+    assert not A._ws_ok(q, q, None, None)  # CPU: the interpreter runs the Triton kernel
+    assert WS.WsConfig.for_head_dim(128).stages >= 2
+
+
+_BUILD = r"""
+import json, re, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from ditfuse.aot.compile import run_cuobjdump, run_ptxas, specialize
+from ditfuse.kernels.attention_fp8_ws import _attention_8bit_ws_kernel as kern
+from ditfuse.ops.attention_fp8_ws import WsConfig
+out = []
+for D in (64, 128):
+    S, H = 4608, 4
+    q = torch.empty(1, S, H, D, dtype=torch.int8, device="meta")
+    vt = torch.empty(H * D, S, dtype=torch.float8_e4m3fn, device="meta")
+    box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
+    qd = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 64, 1, D], box)
+    kd = TensorDescriptor(q, list(q.shape), list(q.stride()), [1, 128, 1, D], box)
+    vd = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [D, 128],
+                          gl.NVMMASharedLayout.get_default_for([D, 128], gl.float8e4nv))
+    qs = torch.empty(1, H, S, device="meta")
+    o = torch.empty(1, S, H, D, dtype=torch.bfloat16, device="meta")
+    args = (qd, kd, vd, qs, torch.empty(H, 36, device="meta"), torch.empty(H, D, device="meta"),
+            o, S, S, H, 36, 0.1, *qs.stride(), o.stride(0), o.stride(1), o.stride(2))
+    cfg = WsConfig.for_head_dim(D)
+    kw = dict(D=D, BLOCK_N=128, STAGES=cfg.stages, QK_INT=True, num_warps=4, maxnreg=cfg.maxnreg)
+    t = GPUTarget("cuda", 90, 32)
+    sig, cex, attrs, opts = specialize(kern, args, kw, t)
+    ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t, options=opts.__dict__)
+    ptx = ck.asm["ptx"]
+    pt = run_ptxas(ptx, opts, ck.metadata.name)
+    sass = run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
+    out.append(dict(D=D, int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
+                    e4m3=bool(re.search(r"wgmma\.mma_async\S*\.f32\.e4m3\.e4m3", ptx)),
+                    tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx,
+                    loop_local=sass["loop_local"],
+                    serialized=[l for l in pt["ptxas_log"] if "C7514" in l or "C7515" in l]))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_sm90_build():
+    """The kernel compiles for sm_90a (a child process without Triton's interpreter): int8
+    and e4m3 wgmma, the producer's TMA loads, register reallocation between the partitions,
+    no local memory inside its loops, no wgmma serialized by ptxas."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _BUILD], capture_output=True, text=True, env=env,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for row in json.loads(r.stdout.strip().splitlines()[-1]):
+        assert row["int8"] and row["e4m3"] and row["tma"] and row["setmaxnreg"], row
+        assert row["loop_local"] == 0 and not row["serialized"], row
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("B,Sq,Skv,H,D,layout", [(2, 1000, 1777, 3, 128, "bshd"),
+                                                  (1, 300, 300, 2, 64, "bhsd"),
+                                                  (3, 1, 129, 1, 64, "bshd")])
+def test_gpu_kernel(B, Sq, Skv, H, D, layout):
+    q = torch.randn(B, Sq, H, D, device="cuda").bfloat16()
+    k = (torch.randn(B, Skv, H, D, device="cuda") + 3 * torch.randn(D, device="cuda")).bfloat16()
+    v = torch.randn(B, Skv, H, D, device="cuda").bfloat16()
+    t = (lambda x: x.transpose(1, 2)) if layout == "bhsd" else (lambda x: x)
+    with torch.no_grad():
+        assert A._ws_ok(q, k, None, None)
+        out = t(ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout))
+    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+    ref = (torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(D), -1) @ vd).transpose(1, 2)
+    o, r = out.double().flatten(), ref.flatten()
+    cos = (o @ r / (o.norm() * r.norm())).item()
+    rel = ((o - r).norm() / r.norm()).item()
+    assert torch.isfinite(out).all() and cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
