@@ -79,7 +79,7 @@ def test_quantize_vt_nan_channel():
 
 def test_routing():
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
-    assert not A._ws_ok(q, q, None, None)  # CPU: the interpreter runs the Triton kernel
+    assert not A._ws_ok(q, q, None)  # CPU: the interpreter runs the Triton kernel
     assert WS.WsConfig.for_head_dim(128).stages >= 2
 
 
@@ -90,11 +90,12 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from ditfuse.aot.compile import run_cuobjdump, run_ptxas, specialize
+from ditfuse.aot.compile import run_ptxas, specialize, tool_path
+import subprocess, tempfile, pathlib
 from ditfuse.kernels.attention_fp8_ws import _attention_8bit_ws_kernel as kern
 from ditfuse.ops.attention_fp8_ws import WsConfig
 out = []
-for D in (64, 128):
+for D, VARLEN in ((64, False), (128, False), (128, True)):
     S, H = 4608, 4
     q = torch.empty(1, S, H, D, dtype=torch.int8, device="meta")
     vt = torch.empty(H * D, S, dtype=torch.float8_e4m3fn, device="meta")
@@ -106,19 +107,32 @@ for D in (64, 128):
     qs = torch.empty(1, H, S, device="meta")
     o = torch.empty(1, S, H, D, dtype=torch.bfloat16, device="meta")
     args = (qd, kd, vd, qs, torch.empty(H, 36, device="meta"), torch.empty(H, D, device="meta"),
-            o, S, S, H, 36, 0.1, *qs.stride(), o.stride(0), o.stride(1), o.stride(2))
+            o, torch.empty(1, dtype=torch.int32, device="meta"), S, S, H, 36, 0.1, *qs.stride(), o.stride(0), o.stride(1), o.stride(2))
     cfg = WsConfig.for_head_dim(D)
-    kw = dict(D=D, BLOCK_N=128, STAGES=cfg.stages, QK_INT=True, num_warps=4, maxnreg=cfg.maxnreg)
+    kw = dict(D=D, BLOCK_N=128, STAGES=cfg.stages, QK_INT=True, VARLEN=VARLEN, num_warps=4, maxnreg=cfg.maxnreg)
     t = GPUTarget("cuda", 90, 32)
     sig, cex, attrs, opts = specialize(kern, args, kw, t)
     ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t, options=opts.__dict__)
     ptx = ck.asm["ptx"]
     pt = run_ptxas(ptx, opts, ck.metadata.name)
-    sass = run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
+    with tempfile.TemporaryDirectory() as d:
+        f = pathlib.Path(d) / "k.cubin"
+        f.write_bytes(ck.asm["cubin"])
+        sass = subprocess.run([tool_path("cuobjdump"), "--dump-sass", str(f)],
+                              capture_output=True, text=True, check=True).stdout
+    ins = [(int(a, 16), t) for a, t in re.findall(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", sass, re.M)]
+    # the key loops: backward branches over a few hundred instructions that issue wgmma
+    loops = []
+    for addr, t in ins:
+        m = re.search(r"BRA\s.*?0x([0-9a-f]+)", t)
+        if m and int(m.group(1), 16) < addr:
+            body = [x for a, x in ins if int(m.group(1), 16) <= a <= addr]
+            if any("IGMMA" in x for x in body) and any("QGMMA" in x for x in body):
+                loops.append(dict(n=len(body), local=sum(1 for x in body if re.search(r"\b(LDL|STL)\b", x))))
     out.append(dict(D=D, int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
                     e4m3=bool(re.search(r"wgmma\.mma_async\S*\.f32\.e4m3\.e4m3", ptx)),
                     tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx,
-                    loop_local=sass["loop_local"],
+                    loops=loops,
                     serialized=[l for l in pt["ptxas_log"] if "C7514" in l or "C7515" in l]))
 print(json.dumps(out))
 """
@@ -140,7 +154,10 @@ def test_sm90_build():
     assert r.returncode == 0, r.stderr[-3000:]
     for row in json.loads(r.stdout.strip().splitlines()[-1]):
         assert row["int8"] and row["e4m3"] and row["tma"] and row["setmaxnreg"], row
-        assert row["loop_local"] == 0 and not row["serialized"], row
+        assert row["loops"] and not row["serialized"], row
+        # the two consumers' key loops: the innermost (shortest) loops with both products
+        key_loops = sorted(row["loops"], key=lambda lp: lp["n"])[:2]
+        assert all(lp["local"] == 0 for lp in key_loops), row
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
@@ -153,7 +170,7 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     v = torch.randn(B, Skv, H, D, device="cuda").bfloat16()
     t = (lambda x: x.transpose(1, 2)) if layout == "bhsd" else (lambda x: x)
     with torch.no_grad():
-        assert A._ws_ok(q, k, None, None)
+        assert A._ws_ok(q, k, None)
         out = t(ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout))
     qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
     ref = (torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(D), -1) @ vd).transpose(1, 2)
