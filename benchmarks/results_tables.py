@@ -9,18 +9,21 @@ copy's rate) --, % of the
 ceiling and the speed-up over torch.compile (over FlexAttention for attention), both from
 the CUDA-graph time. The 8-bit attention rows (op ``attention_fp8``, compute-bound) get a table
 of their own: time, TFLOP/s, speed-ups over the fastest SDPA backend and SageAttention,
-accuracy against float64 on both input kinds, and the note (a refused backend, a missing
+accuracy against float64 per input family, and the note (a refused backend, a missing
 package)."""
 import csv
 import sys
 from collections import defaultdict
+
+from ditfuse.tools.bench import ACCURACY_COLUMNS, LEGACY_ACCURACY_COLUMNS
 
 ORDER = ["copy", "eager", "compile", "liger", "flex", "ditfuse", "ditfuse-graph"]
 NAMES = {"compile": "torch.compile", "ditfuse": "ditfuse call", "ditfuse-graph": "ditfuse graph"}
 
 
 def attention_fp8_table(rows):
-    """Markdown table of the ``attention_fp8`` rows."""
+    """Markdown table of the ``attention_fp8`` rows: a cos / rel L2 column pair per input
+    family the CSV has values for (older CSVs: randn and rmsnorm)."""
     def cell(r, c, fmt):
         v = r.get(c) or ""
         try:
@@ -28,16 +31,17 @@ def attention_fp8_table(rows):
         except ValueError:
             return v
 
+    fams = list(dict.fromkeys(c[4:] for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS
+                              if c.startswith("cos_") and any(r.get(c) for r in rows)))
+    head = "".join(f" cos {f} | rel L2 {f} |" for f in fams)
     out = ["`attention_fp8`", "",
-           "| shape | dtype | impl | us | TFLOP/s | x best SDPA | x Sage | cos randn | rel L2 randn "
-           "| cos rmsnorm | rel L2 rmsnorm | note |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           f"| shape | dtype | impl | us | TFLOP/s | x best SDPA | x Sage |{head} note |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * len(fams) + " --- |"]
     for r in rows:
+        acc = "".join(f" {cell(r, f'cos_{f}', '.6f')} | {cell(r, f'rel_l2_{f}', '.2e')} |" for f in fams)
         out.append(f"| {r['shape']} | {r['dtype']} | {r['impl']} | {cell(r, 'us', '.1f')} | "
                    f"{cell(r, 'tflops', '.1f')} | {cell(r, 'x_best_sdpa', '.3f')} | "
-                   f"{cell(r, 'x_sage', '.3f')} | {cell(r, 'cos_randn', '.6f')} | "
-                   f"{cell(r, 'rel_l2_randn', '.2e')} | {cell(r, 'cos_rmsnorm', '.6f')} | "
-                   f"{cell(r, 'rel_l2_rmsnorm', '.2e')} | {(r.get('note') or '').replace('|', '/')} |")
+                   f"{cell(r, 'x_sage', '.3f')} |{acc} {(r.get('note') or '').replace('|', '/')} |")
     return out + [""]
 
 

@@ -1,9 +1,12 @@
 """The benchmark machinery on the CPU (a stub timer): every op, shape and impl produces a
 row, and `ditfuse bench` without a GPU says so and exits non-zero."""
+import sys
+
 import pytest
 import torch
 
 from ditfuse.tools import bench
+from ditfuse.tools.attention_inputs import FAMILIES
 from ditfuse.tools.shapes import ADALN_SHAPES, QK_SHAPES
 
 
@@ -158,6 +161,7 @@ def test_attention_fp8_bench_case_on_cpu(monkeypatch):
 
     rows, sage_k = {}, []
     _fake_sage(monkeypatch, sage_k)
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # the cudnn frontend: not installed
 
     def emit(op, shape, impl, dtype, us, gbps, pct, **extra):
         assert op == "attention_fp8" and math.isnan(gbps) and math.isnan(pct)
@@ -174,10 +178,11 @@ def test_attention_fp8_bench_case_on_cpu(monkeypatch):
     bench.bench_attention_fp8(shape, torch.bfloat16, float("nan"), emit, set(bench.ATTN_FP8_IMPLS),
                               device="cpu", timer=timer)
     assert list(rows) == ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-best", "sage",
-                          "ditfuse-fp8", "ditfuse-fp8-prologue"]
-    for impl in ("sdpa-cudnn", "sdpa-efficient"):  # not on the CPU
+                          "cudnn-fp8", "cudnn-fp8-e2e", "ditfuse-fp8", "ditfuse-fp8-prologue"]
+    for impl in ("sdpa-cudnn", "sdpa-efficient", "cudnn-fp8", "cudnn-fp8-e2e"):  # not here
         r = rows[impl]
-        assert math.isnan(r["us"]) and r["note"].startswith("refused"), r
+        assert math.isnan(r["us"]), r
+        assert r["note"].startswith("unavailable" if impl.startswith("cudnn") else "refused"), r
         assert all(math.isnan(r[c]) for c in bench.ACCURACY_COLUMNS), r
     assert rows["sdpa-best"]["note"] == "= sdpa-flash" and rows["sdpa-best"]["us"] == 10.0
     for impl, t in (("sdpa-flash", 10.0), ("sage", 20.0), ("ditfuse-fp8", 30.0),
@@ -187,11 +192,11 @@ def test_attention_fp8_bench_case_on_cpu(monkeypatch):
         assert r["tflops"] == pytest.approx(shape.flops / (t * 1e-6) / 1e12)
         assert r["x_best_sdpa"] == pytest.approx(10.0 / t) and r["x_sage"] == pytest.approx(20.0 / t)
         exact = not impl.startswith("ditfuse")  # 16-bit: one rounding of the output
-        for kind in ("randn", "rmsnorm"):
+        for kind in FAMILIES:
             cos, rel = r[f"cos_{kind}"], r[f"rel_l2_{kind}"]
-            assert (cos > 1 - 1e-5 and rel < 2**-7) if exact else (cos > 0.99 and rel < 0.1), (impl, r)
-    # sageattn saw a copy of k (one per input kind), never the tensor the others read
-    assert len(sage_k) == 3 and sage_k[0] is sage_k[1] and sage_k[2] is not sage_k[0]
+            assert (cos > 1 - 1e-5 and rel < 2**-7) if exact else (cos > 0.99 and rel < 0.1), (impl, kind, r)
+    # sageattn saw a copy of k (one per input family), never the tensor the others read
+    assert len(sage_k) == len(FAMILIES) + 1 and sage_k[0] is sage_k[1] and sage_k[2] is not sage_k[0]
 
 
 def test_attention_fp8_unavailable_sage_and_failures_are_rows(monkeypatch):
@@ -240,7 +245,7 @@ def test_bench_smoke_attention_fp8_writes_the_csv(tmp_path, capsys):
         ("attention_fp8", "flux2-1024", "bf16", i)
         for i in ("sdpa-cudnn", "sdpa-flash", "sdpa-best", "ditfuse-fp8-prologue")]
     assert got[0]["us"] == "nan" and got[0]["note"].startswith("refused")
-    assert float(got[3]["us"]) > 0 and 0.99 < float(got[3]["cos_rmsnorm"]) <= 1.0
+    assert float(got[3]["us"]) > 0 and 0.99 < float(got[3]["cos_rmsnorm_rope"]) <= 1.0
     assert not list(tmp_path.glob("*.png"))  # no bytes model, no % of the copy ceiling: no chart
 
 
@@ -262,3 +267,80 @@ def test_csv_extra_columns(tmp_path):
     assert got[1]["us"] == "nan" and math.isnan(float(got[1]["tflops"]))
     assert got[1]["x_best_sdpa"] == "1.500" and got[1]["cos_randn"] == "0.12345679"
     assert got[1]["note"] == "refused: a, b"
+
+
+def test_cudnn_fp8_registered_and_unavailable_rows(monkeypatch):
+    """cuDNN's FP8 attention is an 8-bit attention impl (pre-quantized and quantizing in the
+    call); without the cudnn frontend each gives an "unavailable" row with the reason and
+    no time, and the other rows still run."""
+    import math
+    from dataclasses import replace
+
+    from ditfuse.tools.shapes import FULL_ATTN_SHAPES
+
+    assert {"cudnn-fp8", "cudnn-fp8-e2e"} <= set(bench.ATTN_FP8_IMPLS)
+    assert [i for i, _ in bench.attention_fp8_methods()] == list(bench.ATTN_FP8_IMPLS)
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # import fails
+    rows = {}
+    bench.bench_attention_fp8(replace(FULL_ATTN_SHAPES["flux2-1024"], S=16, H=1), torch.bfloat16,
+                              float("nan"), lambda *a, **kw: rows.setdefault(a[2], dict(us=a[4], **kw)),
+                              {"sdpa-flash", "cudnn-fp8", "cudnn-fp8-e2e"}, device="cpu",
+                              timer=lambda f: (f(), 5.0)[1])
+    assert list(rows) == ["sdpa-flash", "sdpa-best", "cudnn-fp8", "cudnn-fp8-e2e"]
+    for impl in ("cudnn-fp8", "cudnn-fp8-e2e"):
+        r = rows[impl]
+        assert r["note"].startswith("unavailable: ImportError") and math.isnan(r["us"]), r
+        assert all(math.isnan(r[c]) for c in bench.ACCURACY_COLUMNS), r
+    assert rows["sdpa-flash"]["us"] == 5.0 and rows["sdpa-flash"]["cos_local"] > 1 - 1e-5
+
+
+def test_cudnn_fp8_graph_build_failure_is_unavailable(monkeypatch):
+    """A cudnn frontend that imports but cannot build the FP8 graph: the build's exception is
+    kept per layout and O dtype (raised again, not rebuilt, for the next input family); the
+    (B, S, H, D) memory goes to cuDNN as (B, H, S, D) dims with the strides permuted."""
+    import types
+
+    calls = []
+
+    def build(cudnn, dims, st, D, device, out_bf16):
+        calls.append((tuple(dims), tuple(st), out_bf16))
+        raise RuntimeError(f"not supported (bf16 O: {out_bf16})")
+
+    monkeypatch.setitem(sys.modules, "cudnn", types.SimpleNamespace())
+    monkeypatch.setattr(bench, "_build_cudnn_fp8_graph", build)
+    monkeypatch.setattr(bench, "_CUDNN_FP8_GRAPHS", {})
+    q8 = torch.zeros(2, 8, 3, 16, dtype=torch.float8_e4m3fn)
+    for _ in range(2):  # the failure is kept: built once per layout and O dtype
+        with pytest.raises(RuntimeError, match="bf16 O: True"):
+            bench._cudnn_fp8_graph(q8, out_bf16=True)
+    # (B, S, H, D) memory as (B, H, S, D) dims with the strides permuted
+    assert calls == [((2, 3, 8, 16), (384, 16, 48, 1), True)]
+
+
+def test_attention_input_families():
+    """Every family: (B, S, H, D) bf16, the same draw for the same seed, another for another
+    seed; the properties each family is built for."""
+    from ditfuse.tools.attention_inputs import attention_inputs
+
+    B, S, H, D = 1, 512, 2, 128
+    for fam in FAMILIES:
+        q, k, v = attention_inputs(fam, B, S, H, D, seed=3)
+        assert q.shape == k.shape == v.shape == (B, S, H, D) and q.dtype == torch.bfloat16
+        assert all(torch.equal(a, b) for a, b in zip((q, k, v), attention_inputs(fam, B, S, H, D, seed=3)))
+        assert not torch.equal(q, attention_inputs(fam, B, S, H, D, seed=4)[0])
+    q, k, v = (t.float() for t in attention_inputs("sharp", B, S, H, D))
+    logits = torch.einsum("bshd,bthd->bhst", q, k) * D**-0.5
+    assert 5.5 < logits.std().item() < 6.5
+    q, k, v = (t.float() for t in attention_inputs("k_offset", B, S, H, D))
+    assert k.mean(1).std().item() > 4 and q.mean(1).std().item() < 0.2
+    q, k, v = (t.float() for t in attention_inputs("v_outlier", B, S, H, D))
+    assert (v.abs().amax((0, 1, 2)) > 40).sum().item() == 4
+    q, k, v = (t.float() for t in attention_inputs("local", B, S, H, D))
+    near = torch.nn.functional.cosine_similarity(q[:, 1:], q[:, :-1], dim=-1).mean().item()
+    assert near > 0.9
+    q, k, v = (t.float() for t in attention_inputs("rmsnorm_rope", B, S, H, D))
+    # RoPE keeps each pair's energy, which the log-normal channel weights make unequal
+    pair = (q[..., 0::2].pow(2) + q[..., 1::2].pow(2)).mean((0, 1, 2))
+    assert pair.max() > 3 * pair.min() and abs(q.pow(2).mean().item() - 1) < 1
+    with pytest.raises(ValueError, match="family"):
+        attention_inputs("rmsnorm", B, S, H, D)

@@ -13,6 +13,7 @@ filled by the 8-bit attention rows only) and a PNG chart next to it.
 
 ``--op attention-fp8``: full attention at the models' shapes (``FULL_ATTN_SHAPES``), compute-
 bound, so no bytes model: SDPA with each backend forced, SageAttention, and
+cuDNN's FP8 attention (the cudnn frontend's ``sdpa_fp8``, per-tensor e4m3 scales), and
 ``ditfuse.attention(precision="fp8")`` from 16-bit and from prologue-quantized q / k; CUDA-
 graph time, TFLOP/s, speed-ups over the fastest SDPA backend and SageAttention, and accuracy
 against float64 on a subset of the output (:func:`bench_attention_fp8`).
@@ -31,6 +32,7 @@ import time
 
 import torch
 
+from ditfuse.tools.attention_inputs import FAMILIES
 from ditfuse.tools.shapes import QK_SHAPES
 
 L2_BYTES = 60 * 2**20
@@ -404,10 +406,12 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
 
 
 #: the 8-bit attention rows' implementations, in row order ("sdpa-best" is derived)
-ATTN_FP8_IMPLS = ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sage", "ditfuse-fp8",
-                  "ditfuse-fp8-prologue")
+ATTN_FP8_IMPLS = ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sage", "cudnn-fp8",
+                  "cudnn-fp8-e2e", "ditfuse-fp8", "ditfuse-fp8-prologue")
 #: the accuracy subset: query rows evenly spread over the sequence, heads evenly spread
-ACCURACY_ROWS, ACCURACY_HEADS = 2048, 2
+ACCURACY_ROWS, ACCURACY_HEADS = 256, 2
+#: cuDNN's FP8 softmax scale: P in [0, 1] stored as e4m3 of 256 P (ditfuse's own P scaling)
+CUDNN_FP8_SCALE_S = 256.0
 
 
 def _short(e: BaseException, n: int = 200) -> str:
@@ -458,22 +462,142 @@ def attention_fp8_methods():
     return [("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
             ("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
             ("sdpa-efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)),
-            ("sage", sage), ("ditfuse-fp8", fp8), ("ditfuse-fp8-prologue", fp8_prologue)]
+            ("sage", sage), ("cudnn-fp8", cudnn_fp8_prepare(quantize_in_call=False)),
+            ("cudnn-fp8-e2e", cudnn_fp8_prepare(quantize_in_call=True)),
+            ("ditfuse-fp8", fp8), ("ditfuse-fp8-prologue", fp8_prologue)]
+
+
+def _e4m3_per_tensor(x):
+    """(x8, descale): ``x8 = e4m3(x / descale)``, ``descale = amax|x| / 448`` as a (1, 1, 1, 1)
+    fp32 tensor (no host sync; an all-zero x gets descale 1)."""
+    amax = x.abs().amax().float().reshape(1, 1, 1, 1)
+    descale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (x.float() / descale).to(torch.float8_e4m3fn), descale
+
+
+#: (shape, strides, device, O dtype name) -> (graph, handle, tensors, workspace)
+_CUDNN_FP8_GRAPHS: dict = {}
+
+
+def _cudnn_fp8_graph(q8, out_bf16: bool):
+    """cuDNN's FP8 SDPA forward graph (cudnn frontend's Python graph API) for e4m3 q / k / v
+    of q8's (B, S, H, D) shape and strides, passed as (B, H, S, D) dims with the strides
+    permuted; O in the same layout, bf16 or e4m3. Built once per shape; raises where the
+    frontend or cuDNN declines."""
+    import cudnn  # ImportError: the "unavailable" row
+
+    B, S, H, D = q8.shape
+    dims = [B, H, S, D]
+    st = [q8.stride(0), q8.stride(2), q8.stride(1), q8.stride(3)]
+    key = (tuple(dims), tuple(st), str(q8.device), out_bf16)
+    if key in _CUDNN_FP8_GRAPHS:  # a graph, or the exception its build raised
+        got = _CUDNN_FP8_GRAPHS[key]
+        if isinstance(got, Exception):
+            raise got
+        return got
+    try:
+        entry = _build_cudnn_fp8_graph(cudnn, dims, st, D, q8.device, out_bf16)
+    except Exception as e:  # noqa: BLE001 -- kept: each input family would build it again
+        _CUDNN_FP8_GRAPHS[key] = e
+        raise
+    _CUDNN_FP8_GRAPHS[key] = entry
+    return entry
+
+
+def _build_cudnn_fp8_graph(cudnn, dims, st, D, device, out_bf16):
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    handle = cudnn.create_handle()  # the graph lowers on it: no device query of its own
+    g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32,
+                      handle=handle)
+    t = {n: g.tensor(name=n, dim=dims, stride=st, data_type=e4m3) for n in ("q", "k", "v")}
+    for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
+        t[n] = g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
+    o, _, amax_s, amax_o = g.sdpa_fp8(
+        q=t["q"], k=t["k"], v=t["v"], descale_q=t["descale_q"], descale_k=t["descale_k"],
+        descale_v=t["descale_v"], descale_s=t["descale_s"], scale_s=t["scale_s"],
+        scale_o=t["scale_o"], is_inference=True, attn_scale=D**-0.5, use_causal_mask=False,
+        name="sdpa_fp8")
+    o.set_output(True).set_dim(dims).set_stride(st).set_data_type(
+        cudnn.data_type.BFLOAT16 if out_bf16 else e4m3)
+    for a in (amax_s, amax_o):
+        a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+    t.update(o=o, amax_s=amax_s, amax_o=amax_o)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    ws = torch.empty(max(g.get_workspace_size(), 1), dtype=torch.uint8, device=device)
+    return cudnn, g, handle, t, ws
+
+
+def cudnn_fp8_prepare(quantize_in_call: bool):
+    """``prepare(q, k, v)`` of cuDNN's FP8 attention (``graph.sdpa_fp8``, the cudnn frontend,
+    a bench-only dependency): q / k / v cast to e4m3 with one fp32 descale a tensor
+    (amax / 448), P stored as e4m3 of 256 P, fp32 softmax. O is bf16 where cuDNN builds that
+    graph, else e4m3 at ``scale_o = 224 / amax|v|`` (|O| <= amax|v|, half of e4m3's range
+    spare), dequantized to bf16 in the call (one elementwise pass). ``quantize_in_call``
+    False (``cudnn-fp8``): q / k / v quantized beforehand, the call is the graph (the peer
+    as a kernel); True (``cudnn-fp8-e2e``): the amax / scale / cast of the bf16 q / k / v is
+    timed too (eager PyTorch), what a 16-bit caller pays."""
+    def prepare(q, k, v):
+        if q.device.type != "cuda":
+            raise ImportError("cuDNN FP8 attention needs a CUDA device")
+        q8, _ = _e4m3_per_tensor(q)
+        note = "O bf16"
+        try:
+            cudnn, g, handle, t, ws = _cudnn_fp8_graph(q8, out_bf16=True)
+        except ImportError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- no bf16 O here: e4m3 O, dequantized
+            try:
+                cudnn, g, handle, t, ws = _cudnn_fp8_graph(q8, out_bf16=False)
+            except ImportError:
+                raise
+            except Exception as e2:  # noqa: BLE001
+                raise ImportError(f"cuDNN FP8 graph not built: {_short(e2, 160)} "
+                                  f"(bf16 O: {_short(e, 120)})") from e2
+            note = "O e4m3, dequantized in the call"
+        dev = q.device
+        scale_s = torch.full((1, 1, 1, 1), CUDNN_FP8_SCALE_S, dtype=torch.float32, device=dev)
+        descale_s = 1.0 / scale_s
+        one = torch.ones_like(scale_s)
+        amax_s, amax_o = torch.empty_like(one), torch.empty_like(one)
+        out_bf16 = note == "O bf16"
+        pre = None if quantize_in_call else [_e4m3_per_tensor(x) for x in (q, k, v)]
+
+        def fn():
+            (q8, dq), (k8, dk), (v8, dv) = pre or [_e4m3_per_tensor(x) for x in (q, k, v)]
+            scale_o = one if out_bf16 else 0.5 / dv
+            o = torch.empty(q.shape, dtype=torch.bfloat16 if out_bf16 else torch.float8_e4m3fn,
+                            device=dev)
+            cudnn.set_stream(handle, torch.cuda.current_stream(dev).cuda_stream)
+            g.execute({t["q"]: q8, t["k"]: k8, t["v"]: v8, t["descale_q"]: dq,
+                       t["descale_k"]: dk, t["descale_v"]: dv, t["descale_s"]: descale_s,
+                       t["scale_s"]: scale_s, t["scale_o"]: scale_o, t["o"]: o,
+                       t["amax_s"]: amax_s, t["amax_o"]: amax_o}, ws, handle=handle)
+            return o if out_bf16 else (o.float() / scale_o).to(torch.bfloat16)
+
+        fn.note = note
+        return fn
+    return prepare
 
 
 def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None,
                         accuracy_rows=ACCURACY_ROWS, accuracy_heads=ACCURACY_HEADS):
     """Full attention at one model shape (``FULL_ATTN_SHAPES``): SDPA with each backend
-    forced, SageAttention, and ditfuse's 8-bit attention from 16-bit and from
+    forced, SageAttention, cuDNN's FP8 attention (from e4m3 q / k / v, and from bf16 with
+    the quantization timed), and ditfuse's 8-bit attention from 16-bit and from
     prologue-quantized q / k, on the same inputs.
 
     Time: ``graph_us`` (one call captured in a CUDA graph, replayed, L2 flushed before every
     replay: GPU time only; do_bench's eager median, noted, for a method a graph cannot
     capture) on random normal q / k / v; TFLOP/s = 4 B H S^2 D / time; the
     speed-ups are over the fastest SDPA backend (also a row of its own, ``sdpa-best``, its
-    note naming the backend) and over SageAttention. Accuracy, for both input kinds
-    (``workloads.full_attention_inputs``: N(0, 1), and q / k after an RMSNorm with random
-    per-channel weights): cosine similarity and relative L2 error against float64 attention,
+    note naming the backend) and over SageAttention. Accuracy, for every input family of
+    ``tools.attention_inputs`` (random normal, RMSNorm'd + RoPE'd q / k, a key offset shared
+    by the tokens, sharp softmax, outlier V channels, neighbouring tokens alike): cosine
+    similarity and relative L2 error against float64 attention,
     on ``accuracy_heads`` heads x ``accuracy_rows`` query rows spread over the sequence, over
     every key (the same positions of every method's full output). A backend that refuses the
     inputs, an implementation that is not installed or fails: a row with no time and a note
@@ -501,7 +625,7 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
             return _median_us(fn), f"timed without a CUDA graph ({_short(e, 120)})"
 
     methods = [(i, p) for i, p in attention_fp8_methods() if i in impls]
-    res = {i: dict(us=float("nan"), note="", acc={}, timing="") for i, _ in methods}
+    res = {i: dict(us=float("nan"), note="", acc={}, timing="", info="") for i, _ in methods}
     rows, heads = attention_subset(shape.S, shape.H, accuracy_rows, accuracy_heads, device)
     for kind in ATTN_INPUT_KINDS:
         q, k, v = full_attention_inputs(shape, device, dtype, kind, seed=0)
@@ -516,6 +640,7 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
                 try:
                     with torch.no_grad():
                         fn = prepare(q, k, v)
+                        r["info"] = getattr(fn, "note", "")
                         out = fn()
                         r["acc"][kind] = subset_errors(out, ref, rows, heads)
                         out = None
@@ -557,7 +682,7 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
              x_best_sdpa=best_us / us if math.isfinite(us) else nan,
              x_sage=sage_us / us if math.isfinite(us) else nan,
              **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS},
-             note="; ".join(x for x in (r["note"], r["timing"]) if x))
+             note="; ".join(x for x in (r["note"], r["timing"], r["info"]) if x))
 
 
 def _chart(rows, path):
@@ -611,16 +736,22 @@ def _chart(rows, path):
     print(f"chart: {path}")
 
 
-#: accuracy columns of the 8-bit attention rows: <metric>_<input kind>
-ACCURACY_COLUMNS = ("cos_randn", "rel_l2_randn", "cos_rmsnorm", "rel_l2_rmsnorm")
+#: accuracy columns of the 8-bit attention rows: <metric>_<input family>
+#: (``tools.attention_inputs.FAMILIES``)
+ACCURACY_COLUMNS = tuple(f"{m}_{f}" for f in FAMILIES for m in ("cos", "rel_l2"))
+#: the columns of CSVs written before the input families (q / k RMSNorm'd with weights
+#: 1 + 0.5 N(0, 1), no RoPE; 2 heads x 2048 query rows): kept so that merged tables keep them
+LEGACY_ACCURACY_COLUMNS = ("cos_rmsnorm", "rel_l2_rmsnorm")
 #: columns every row has; then columns only some ops fill (empty elsewhere, and in CSVs
 #: written before they existed): the 8-bit attention rows' TFLOP/s, speed-ups, accuracy, note
 BASE_COLUMNS = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton",
                 "date"]
-EXTRA_COLUMNS = ["tflops", "x_best_sdpa", "x_sage", *ACCURACY_COLUMNS, "note"]
+EXTRA_COLUMNS = ["tflops", "x_best_sdpa", "x_sage", *ACCURACY_COLUMNS, "note",
+                 *LEGACY_ACCURACY_COLUMNS]
 COLUMNS = BASE_COLUMNS + EXTRA_COLUMNS
-_FORMATS = {"tflops": ".1f", "x_best_sdpa": ".3f", "x_sage": ".3f", "cos_randn": ".8f",
-            "cos_rmsnorm": ".8f", "rel_l2_randn": ".4e", "rel_l2_rmsnorm": ".4e"}
+_FORMATS = {"tflops": ".1f", "x_best_sdpa": ".3f", "x_sage": ".3f",
+            **{c: ".8f" if c.startswith("cos") else ".4e"
+               for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS}}
 
 
 def _write_csv(rows, path):
@@ -647,14 +778,15 @@ def _attention_fp8_summary(rows):
     if not mine:
         return
     print("\n8-bit attention (time: CUDA graph replay; accuracy vs float64 on "
-          f"{ACCURACY_HEADS} heads x {ACCURACY_ROWS} query rows, all keys):")
-    print(f"{'shape':24s} {'impl':21s} {'us':>10s} {'TFLOP/s':>8s} {'x sdpa':>7s} {'x sage':>7s} "
-          f"{'cos randn':>10s} {'relL2 randn':>11s} {'cos rms':>10s} {'relL2 rms':>10s}  note")
+          f"{ACCURACY_HEADS} heads x {ACCURACY_ROWS} query rows, all keys; cos / rel L2 per "
+          "input family):")
+    fams = "".join(f" {f:>21s}" for f in FAMILIES)
+    print(f"{'shape':24s} {'impl':21s} {'us':>10s} {'TFLOP/s':>8s} {'x sdpa':>7s} {'x sage':>7s}"
+          f"{fams}  note")
     for r in mine:
+        acc = "".join(f" {r[f'cos_{f}']:10.6f}/{r[f'rel_l2_{f}']:10.3e}" for f in FAMILIES)
         print(f"{r['shape']:24s} {r['impl']:21s} {r['us']:10.1f} {r['tflops']:8.1f} "
-              f"{r['x_best_sdpa']:7.3f} {r['x_sage']:7.3f} {r['cos_randn']:10.6f} "
-              f"{r['rel_l2_randn']:11.3e} {r['cos_rmsnorm']:10.6f} {r['rel_l2_rmsnorm']:10.3e}  "
-              f"{r['note']}")
+              f"{r['x_best_sdpa']:7.3f} {r['x_sage']:7.3f}{acc}  {r['note']}")
 
 
 def main(argv=None) -> int:
@@ -760,9 +892,10 @@ def main(argv=None) -> int:
         line = f"{op:20s} {shape:20s} {dname:5s} {impl:13s} {us:10.1f} {gbps:8.0f} {pct:6.1f}"
         if extra:  # the 8-bit attention rows: TFLOP/s, speed-ups, accuracy
             line += (f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_best_sdpa']:.3f} sdpa "
-                     f"x{extra['x_sage']:.3f} sage; cos {extra['cos_randn']:.6f} / "
-                     f"{extra['cos_rmsnorm']:.6f}, rel L2 {extra['rel_l2_randn']:.2e} / "
-                     f"{extra['rel_l2_rmsnorm']:.2e} (randn / rmsnorm) {extra['note']}")
+                     f"x{extra['x_sage']:.3f} sage; cos "
+                     + " / ".join(f"{extra[f'cos_{f}']:.6f}" for f in FAMILIES) + ", rel L2 "
+                     + " / ".join(f"{extra[f'rel_l2_{f}']:.2e}" for f in FAMILIES)
+                     + f" ({' / '.join(FAMILIES)}) {extra['note']}")
         print(line, flush=True)
 
     os.makedirs(out_dir, exist_ok=True)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ditfuse.norms import NormSpec
+from ditfuse.tools.attention_inputs import FAMILIES, attention_inputs
 from ditfuse.tools.shapes import QKShape
 
 
@@ -218,28 +219,16 @@ def adaln_eager(shape):
 # --------------------------------------------------------------------------------------
 # Full attention (the 8-bit attention rows): inputs, the fp64 reference on a subset
 
-#: the two kinds of q / k the accuracy columns are measured on
-ATTN_INPUT_KINDS = ("randn", "rmsnorm")
+#: the input families the accuracy columns are measured on (``tools.attention_inputs``)
+ATTN_INPUT_KINDS = FAMILIES
 
 
 def full_attention_inputs(shape, device, dtype=torch.bfloat16, kind: str = "randn", seed: int = 0):
-    """q, k, v (B, S, H, D) in ``dtype``. ``kind="randn"``: every element N(0, 1).
-    ``kind="rmsnorm"``: q and k after a per-head RMSNorm (over D, eps 1e-6) with random
-    per-channel weights ``w = clamp(1 + 0.5 * N(0, 1), min=0.1)`` of their own (shape (D,),
-    shared by the heads, as FLUX's / HunyuanVideo's norm_q / norm_k), computed in fp32 and
-    rounded once; v N(0, 1) in both kinds."""
-    if kind not in ATTN_INPUT_KINDS:
-        raise ValueError(f"kind must be one of {ATTN_INPUT_KINDS}, got {kind!r}")
-    g = torch.Generator(device=device).manual_seed(seed)
-    sz = (shape.B, shape.S, shape.H, shape.D)
-    q, k, v = (torch.randn(sz, generator=g, device=device, dtype=torch.float32) for _ in range(3))
-    if kind == "rmsnorm":
-        def norm(x):
-            w = (1 + 0.5 * torch.randn(shape.D, generator=g, device=device)).clamp_min(0.1)
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
-
-        q, k = norm(q), norm(k)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
+    """q, k, v (B, S, H, D) in ``dtype`` at a ``FullAttnShape``: one input family of
+    :func:`ditfuse.tools.attention_inputs.attention_inputs` (``kind``: random normal,
+    RMSNorm'd + RoPE'd q / k, a key offset shared by the tokens, sharp softmax, outlier V
+    channels, neighbouring tokens alike)."""
+    return attention_inputs(kind, shape.B, shape.S, shape.H, shape.D, device, dtype, seed)
 
 
 def attention_subset(S: int, H: int, rows: int = 2048, heads: int = 2, device="cpu"):
