@@ -178,3 +178,47 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     cos = (o @ r / (o.norm() * r.norm())).item()
     rel = ((o - r).norm() / r.norm()).item()
     assert torch.isfinite(out).all() and cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+def test_keys_from_mask():
+    km = torch.rand(3, 50) > 0.4
+    km[2] = False
+    keys = WS.Keys.from_mask(km)
+    for b in range(3):
+        kept = km[b].nonzero().flatten().to(torch.int32)
+        assert keys.count[b].item() == kept.numel()
+        assert torch.equal(keys.kept[b, :kept.numel()], kept)
+
+
+def test_quantize_compacted_and_scaled_keys():
+    """Under a key mask the quantizers see only the kept keys, compacted to the front: the
+    same values as quantizing ``k[:, kept]``; int8 keys with per-token scales quantize as
+    their dequantized values."""
+    B, S, H, D = 2, 200, 2, 64
+    k = (torch.randn(B, S, H, D) + torch.randn(D) * 3).to(torch.bfloat16)
+    v = torch.randn(B, S, H, D).to(torch.bfloat16)
+    km = torch.rand(B, S) > 0.3
+    keys = WS.Keys.from_mask(km)
+    k8, kb = WS.quantize_k_blocks(k, keys)
+    vt, vs = WS.quantize_vt(v, keys)
+    for b in range(B):
+        n = int(km[b].sum())
+        kc = k[b:b + 1, km[b]]
+        k8c, kbc = WS.quantize_k_blocks(kc)
+        torch.testing.assert_close(kb.view(B, H, -1)[b, :, :kbc.shape[1]], kbc, rtol=1e-5, atol=0)
+        assert (k8[b, :n].int() - k8c[0].int()).abs().max() <= 1  # the mean's sum order
+        vtc, vsc = WS.quantize_vt(v[b:b + 1, km[b]])
+        torch.testing.assert_close(vs.view(B, H, D)[b], vsc, rtol=0, atol=0)
+        S_pad = vt.shape[1]
+        got = vt.view(B, H, D, S_pad)[b].float()[..., key_position(torch.arange(S_pad))]
+        ref = vtc.view(H, D, -1).float()[..., key_position(torch.arange(vtc.shape[1]))]
+        assert torch.equal(got[..., :n], ref[..., :n])
+        assert (got[..., n:] == 0).all()
+    # int8 with per-token scales
+    from ditfuse.reference import quantize_per_token
+    k8t, kst = quantize_per_token(k, "int8")
+    k8s, kbs = WS.quantize_k_blocks(k8t, WS.Keys(k_scale=kst))
+    deq = (k8t.float() * kst.transpose(1, 2)[..., None]).to(torch.float32)
+    k8d, kbd = WS.quantize_k_blocks(deq)
+    torch.testing.assert_close(kbs, kbd, rtol=1e-6, atol=0)
+    assert (k8s.int() - k8d.int()).abs().max() <= 1
