@@ -679,3 +679,44 @@ def test_compile_fullgraph_matches_eager(fmt, with_k, backend):
             assert a is None
             continue
         assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("form", ["token", "flat"])
+@torch.no_grad()
+def test_nan_head_gets_a_nan_scale(fmt, form, poison_quant):
+    """A NaN in a head's output makes that head's scale NaN, as the reference's amax does,
+    so that attention on the 8-bit values is NaN where softmax attention on the 16-bit
+    output is; the other heads keep their scales. The per-token kernel (no norm: y = x) and
+    the flat-row kernel (Wan's norm across heads: the NaN reaches every head of its token)."""
+    g = torch.Generator().manual_seed(11)
+    B, S, H, D, dtype = 1, 4, 3, 32, torch.bfloat16
+    if form == "token":
+        q = torch.randn(B, S, H, D, generator=g).to(dtype).to(DEVICE)
+        q[0, 1, 2, 5] = float("nan")
+        res = ditfuse.qk_norm_rope(q, None, quantize=fmt)
+        y = q
+        nan_heads = torch.zeros(B, H, S, dtype=torch.bool)
+        nan_heads[0, 2, 1] = True
+    else:
+        q, _, kw, _ = make_qk("flat", B, S, H, D, dtype, g)
+        q[0, 2, 7] = float("nan")
+        qn = make_norm("rms", "all", H, D, dtype, g)
+        cos, sin, tkw = make_tables("S,W", B, S, H, D, "interleaved", g)
+        kw.update(tkw, q_norm=qn)
+        p = mod.plan(q, None, cos, sin, **kw)
+        assert mod.flat_applies(p, p.q, p.k)
+        res = ditfuse.qk_norm_rope(q, None, cos, sin, quantize=fmt, **kw)
+        y, _ = ditfuse.qk_norm_rope(q, None, cos, sin, **kw)
+        nan_heads = torch.zeros(B, H, S, dtype=torch.bool)
+        nan_heads[0, :, 2] = True
+    v_ref, s_ref = quantize_per_token(y, fmt, layout="bshd", num_heads=H)
+    assert torch.equal(res.q_scale.isnan().cpu(), nan_heads), res.q_scale
+    assert torch.equal(s_ref.isnan().cpu(), nan_heads)
+    fin = ~nan_heads
+    assert torch.equal(res.q_scale.cpu()[fin], s_ref.cpu()[fin])
+    # the other heads' values bitwise; a NaN head's values are any (each times a NaN scale)
+    fin_v = fin.transpose(1, 2)[..., None].expand(B, S, H, D)
+    got = res.q.reshape(B, S, H, D).cpu()[fin_v]
+    ref = v_ref.reshape(B, S, H, D).cpu()[fin_v]
+    assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8))

@@ -44,8 +44,8 @@ import triton.language as tl
 from ditfuse.runtime.backend import jit
 
 from ditfuse.kernels.element import _PTX, _cast_out, _pack, _rnd, _unpack
-from ditfuse.kernels.qk_token import (_alpha, _norm_affine, _quant_ptr, _quant_scale,
-                                      _quant_values, _same_order, _table_row)
+from ditfuse.kernels.qk_token import (_alpha, _nan_in, _norm_affine, _quant_ptr,
+                                      _quant_scale, _quant_values, _same_order, _table_row)
 
 
 @jit
@@ -124,7 +124,8 @@ def _quantize_piece(y, c, live, C0: tl.constexpr, o_ptr, obase, stride_oh, strid
     if ACT != tl.float32:
         y = _rnd(y, ACT)
     y2 = tl.reshape(y, (NH, D))
-    scale, inv = _quant_scale(tl.max(tl.abs(y2), 1), QUANT)
+    a2 = tl.abs(y2)
+    scale, inv = _quant_scale(tl.max(a2, 1) + _nan_in(a2, 1), QUANT)  # NaN: a NaN scale
     _store_scales(sc_ptr, scbase, stride_sch, scale, C0, NC, D, NH, MASKED)
     v = tl.reshape(_quant_values(y2, inv[:, None], QUANT), (N,))
     qo_ptr = _quant_ptr(o_ptr, QUANT)
@@ -354,7 +355,9 @@ def _quantize_pairs(oa, ob, p, live, Q0: tl.constexpr, NP: tl.constexpr, o_ptr, 
         oa, ob = _rnd_pair(oa, ob, ACT)
     a2 = tl.reshape(oa, (NH, HP))
     b2 = tl.reshape(ob, (NH, HP))
-    scale, inv = _quant_scale(tl.maximum(tl.max(tl.abs(a2), 1), tl.max(tl.abs(b2), 1)), QUANT)
+    xa, xb = tl.abs(a2), tl.abs(b2)
+    amax = tl.maximum(tl.max(xa, 1), tl.max(xb, 1)) + (_nan_in(xa, 1) + _nan_in(xb, 1))
+    scale, inv = _quant_scale(amax, QUANT)  # a NaN in the head: a NaN scale
     _store_scales(sc_ptr, scbase, stride_sch, scale, 2 * Q0, NC, D, NH, MASKED)
     va = tl.reshape(_quant_values(a2, inv[:, None], QUANT), (NP,))
     vb = tl.reshape(_quant_values(b2, inv[:, None], QUANT), (NP,))

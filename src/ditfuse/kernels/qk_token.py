@@ -260,7 +260,19 @@ def _quant_scale(amax, QUANT: tl.constexpr):
     zero = amax == 0.0
     scale = tl.where(zero, 1.0, tl.div_rn(amax, M))
     inv = tl.where(zero, 1.0, tl.minimum(tl.div_rn(M, amax), 3.4028234663852886e38))
+    # a NaN amax (:func:`_nan_in`): scale and inv NaN, as the reference's; the GPU's minimum
+    # returns the operand that is not NaN
+    inv = tl.where(amax == amax, inv, amax)
     return scale, inv
+
+
+@jit
+def _nan_in(a, axis: tl.constexpr):
+    """0 along ``axis`` where ``a`` holds no NaN, else NaN: added to a head's max of |y| it
+    makes the amax NaN where a value is (the max reductions and ``tl.maximum`` drop NaN on
+    the GPU; ``reference.quantize_per_token``'s amax keeps it), and leaves a finite amax's
+    bits as they are (amax + 0)."""
+    return tl.sum(tl.where(a == a, 0.0, a), axis)
 
 
 @jit
@@ -304,10 +316,15 @@ def _quantize_store(o_ptr, obase, hh, hmask, stride_oh, stride_od, sc_ptr, scbas
         ob = _rnd(ob, ACT)
         if P > 0:
             yp = _rnd(yp, ACT)
-    amax = tl.maximum(tl.max(tl.where(ma, tl.abs(oa), 0.0), 1),
-                      tl.max(tl.where(ma, tl.abs(ob), 0.0), 1))
+    xa = tl.where(ma, tl.abs(oa), 0.0)
+    xb = tl.where(ma, tl.abs(ob), 0.0)
+    amax = tl.maximum(tl.max(xa, 1), tl.max(xb, 1))
+    nan = _nan_in(xa, 1) + _nan_in(xb, 1)
     if P > 0:
-        amax = tl.maximum(amax, tl.max(tl.where(mp, tl.abs(yp), 0.0), 1))
+        xp = tl.where(mp, tl.abs(yp), 0.0)
+        amax = tl.maximum(amax, tl.max(xp, 1))
+        nan += _nan_in(xp, 1)
+    amax += nan  # a NaN in the head: a NaN scale
     scale, inv = _quant_scale(amax[:, None], QUANT)
     tl.store(sc_ptr + scbase + hh.to(tl.int64) * stride_sch, scale, mask=hmask)
     qo_ptr = _quant_ptr(o_ptr, QUANT)

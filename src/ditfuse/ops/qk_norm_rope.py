@@ -959,7 +959,7 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     (rounded to the activation dtype; fp32 inputs: the fp32 output), read as fp32. For each
     head row ``y[b, s, h, 0:D]``, in fp32 (IEEE round-to-nearest divisions, once a head)::
 
-        amax  = max_d |y[d]|
+        amax  = max_d |y[d]|                (NaN if a value is NaN)
         M     = 127 ("int8")  or  448 ("fp8")
         scale = amax / M,  inv = min(M / amax, largest fp32);  both 1 where amax == 0
         int8: q = clamp(round_half_to_even(y * inv), -127, 127)
@@ -968,7 +968,9 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     Bitwise equal to :func:`ditfuse.reference.quantize_per_token` of this function's own
     16-bit output for the same arguments, a norm across heads (Wan) included: the quantizing
     call runs the kernel and form that the 16-bit call runs, so the fp32 sums of the norm
-    run in the same order.
+    run in the same order. A head row holding a NaN gets a NaN scale (its 8-bit values are
+    then any: each dequantizes to NaN), so attention on the 8-bit output is NaN where
+    attention on the 16-bit output is.
 
     Examples
     --------
