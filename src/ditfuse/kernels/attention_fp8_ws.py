@@ -146,7 +146,7 @@ def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
 
 
 @gluon.jit
-def _step(j, q_t, k_s, v_s, p_t, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+def _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
           WG: gl.constexpr, SCORES: gl.constexpr, PV: gl.constexpr, MASKED: gl.constexpr):
     """Trip j of a consumer warpgroup: ``S_j = Q K_j^T``
     (``SCORES``) and ``P_{j-1} V_{j-1}`` (``PV``) issued together, the
@@ -175,38 +175,27 @@ def _step(j, q_t, k_s, v_s, p_t, bars, inits, kb_ptr, kb_off, c, state, S_kv,
         s_tok = warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
     if PV:
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        pv_tok = warpgroup_mma(p_t.index(2 * WG + (j - 1) % 2), v_s.index(prev).permute((1, 0)),
-                               zero_o, use_acc=False, is_async=True)
-    if SCORES:
-        # S_j done, P_{j-1} V_{j-1} still on the tensor cores under this tile's softmax
-        if PV:
-            s = warpgroup_mma_wait(1, deps=[s_tok])
-        else:
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-        if QK_INT:
-            s = s.to(gl.float32, bitcast=True)
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
-        p, alpha_new, m_i = _softmax(s, c * kb, m_i, cols < S_kv - j * BLOCK_N, MASKED, QK_INT)
-        p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
-        # P V reads P from shared memory (two buffers: the previous tile's is being read):
-        # registers hold four keys of P a word there, and the wgmma's register operand
-        # would take them apart and repack them byte by byte
-        p_t.index(2 * WG + j % 2).store(p8)
-        fence_async_shared()
-        # the row sum of the rounded P, so that it cancels against P V's
-        l_i = l_i * gl.convert_layout(alpha_new, gl.SliceLayout(1, O_L)) + gl.convert_layout(
-            gl.sum(_from_e4m3x4(p8), 1), gl.SliceLayout(1, O_L))
+        pv_tok = warpgroup_mma(p8, v_s.index(prev).permute((1, 0)), zero_o, use_acc=False,
+                               is_async=True)
     if PV:
         pv = warpgroup_mma_wait(0, deps=[pv_tok])
         mbarrier.arrive(empty.index(prev))
         o = o * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None] + pv
     if SCORES:
-        alpha = alpha_new
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        if QK_INT:
+            s = s.to(gl.float32, bitcast=True)
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+        p, alpha, m_i = _softmax(s, c * kb, m_i, cols < S_kv - j * BLOCK_N, MASKED, QK_INT)
+        p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
+        # the row sum of the rounded P, so that it cancels against P V's
+        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, O_L)) + gl.convert_layout(
+            gl.sum(_from_e4m3x4(p8), 1), gl.SliceLayout(1, O_L))
     return m_i, alpha, o, l_i, p8
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
+def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
               qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
               o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG: gl.constexpr):
     STAGES: gl.constexpr = k_s.shape[0]
@@ -238,8 +227,7 @@ def _consumer(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
     alpha = gl.zeros([WG_M], gl.float32, ROW_S)
     p8 = gl.convert_layout(gl.zeros([WG_M, BLOCK_N], gl.float32, S_L).to(gl.float8e4nv), P_L)
     q_t = q_s.index(WG)._reinterpret(qk_dtype, [WG_M, D], KK_SL)
-    p_t = p_s
-    n_tiles = gl.maximum(gl.cdiv(S_kv, BLOCK_N), 1)
+    n_tiles = gl.cdiv(S_kv, BLOCK_N)
     n_full = S_kv // BLOCK_N
 
     bars = (k_ready, v_ready, empty)
@@ -247,24 +235,22 @@ def _consumer(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
     state = (m_i, alpha, o, l_i, p8)
     mbarrier.wait(q_bar, 0)
     # tile 0: scores only (masked: it may be the only, partial, tile)
-    state = _step(0, q_t, k_s, v_s, p_t, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+    state = _step(0, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
                   WG, SCORES=True, PV=False, MASKED=True)
     for j in range(1, n_full):
-        state = _step(j, q_t, k_s, v_s, p_t, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+        state = _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
                       WG, SCORES=True, PV=True, MASKED=False)
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
-            state = _step(n_full, q_t, k_s, v_s, p_t, bars, inits, kb_ptr, kb_off, c, state,
+            state = _step(n_full, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state,
                           S_kv, WG, SCORES=True, PV=True, MASKED=True)
     # the last tile's P V
-    state = _step(n_tiles, q_t, k_s, v_s, p_t, bars, inits, kb_ptr, kb_off, c, state, S_kv,
+    state = _step(n_tiles, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
                   WG, SCORES=False, PV=True, MASKED=False)
     m_i, alpha, o, l_i, p8 = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
-    # l = 0: a query with no key (zeros)
-    l_o = gl.convert_layout(l_i, ROW_O)
-    inv_l = gl.where(l_o > 0.0, 1.0 / l_o, 0.0)
+    inv_l = 1.0 / gl.convert_layout(l_i, ROW_O)
     out = o * inv_l[:, None] * vs[None, :]
     rows_o = start_m + WG * WG_M + gl.arange(0, WG_M, layout=ROW_O)
     d = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
@@ -273,19 +259,19 @@ def _consumer(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
 
 
 @gluon.jit
-def _consumer_0(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
+def _consumer_0(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
                 qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
                 o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
-    _consumer(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
+    _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
               qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
               o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, 0)
 
 
 @gluon.jit
-def _consumer_1(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
+def _consumer_1(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
                 qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
                 o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
-    _consumer(q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
+    _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
               qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
               o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, 1)
 
@@ -296,12 +282,11 @@ def _attention_8bit_ws_kernel(
     qs_ptr, kb_ptr, vs_ptr, o_ptr,       # q scales (B, H, S_q); key tile scales (B*H, tiles);
                                          # V scales (B*H, D); output (B, S_q, H, D), channels
                                          # contiguous
-    count_ptr,                           # VARLEN: the keys of each batch entry (B,) int32
     S_q, S_kv, H, n_m, c_scale,          # c_scale: softmax scale * log2(e)
     stride_qsb, stride_qsh, stride_qss,
     stride_ob, stride_os, stride_oh,
     D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    QK_INT: gl.constexpr, VARLEN: gl.constexpr,
+    QK_INT: gl.constexpr,
 ):
     # one flat grid, query tiles fastest: the programs of one (batch, head) run together
     # and share its K / V in L2 (and B * H is not bound by the 65,535 of grid axis 1)
@@ -310,11 +295,7 @@ def _attention_8bit_ws_kernel(
     start_m = (pid - bh * n_m) * BLOCK_M
     b = bh // H
     h = bh - b * H
-    kb_off = bh.to(gl.int64) * gl.cdiv(S_kv, BLOCK_N)  # the key scales' rows: all keys
-    if VARLEN:  # a key mask's kept keys, compacted to the front
-        S_kv = gl.load(count_ptr + b)
-    # at least one tile: a batch entry with no key runs one fully masked tile (zeros out)
-    n_tiles = gl.maximum(gl.cdiv(S_kv, BLOCK_N), 1)
+    n_tiles = gl.cdiv(S_kv, BLOCK_N)
 
     qk_dtype: gl.constexpr = q_desc.dtype
     # the 4-D TMA boxes (1, rows, 1, D); the consumers read them as 2-D tiles
@@ -322,9 +303,6 @@ def _attention_8bit_ws_kernel(
     k_s = gl.allocate_shared_memory(qk_dtype, [STAGES, 1, BLOCK_N, 1, D], k_desc.layout)
     v_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BLOCK_N],
                                     gl.NVMMASharedLayout.get_default_for([D, BLOCK_N],
-                                                                         gl.float8e4nv))
-    p_s = gl.allocate_shared_memory(gl.float8e4nv, [4, WG_M, BLOCK_N],
-                                    gl.NVMMASharedLayout.get_default_for([WG_M, BLOCK_N],
                                                                          gl.float8e4nv))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -338,9 +316,10 @@ def _attention_8bit_ws_kernel(
     fence_async_shared()
 
     qs_off = b.to(gl.int64) * stride_qsb + h.to(gl.int64) * stride_qsh
+    kb_off = bh.to(gl.int64) * n_tiles
     vs_off = bh.to(gl.int64) * D
     o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-    cargs = (q_s, k_s, v_s, p_s, q_bar, k_ready, v_ready, empty,
+    cargs = (q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale)
     gl.warp_specialize([

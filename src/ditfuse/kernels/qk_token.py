@@ -272,7 +272,8 @@ def _nan_in(a, axis: tl.constexpr):
     makes the amax NaN where a value is (the max reductions and ``tl.maximum`` drop NaN on
     the GPU; ``reference.quantize_per_token``'s amax keeps it), and leaves a finite amax's
     bits as they are (amax + 0)."""
-    return tl.sum(tl.where(a == a, 0.0, a), axis)
+    # a max of flags, not a sum: the builds' fp32 sums stay those of the 16-bit builds
+    return tl.where(tl.max(tl.where(a == a, 0.0, 1.0), axis) > 0.0, float("nan"), 0.0)
 
 
 @jit

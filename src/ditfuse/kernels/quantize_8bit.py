@@ -30,66 +30,38 @@ def key_position(s):
 
 
 @jit
-def _tokens(x, src, b, h, rows, D: tl.constexpr, GATHER: tl.constexpr, SCALED: tl.constexpr):
-    """Tokens ``rows`` of (b, h) of the 4-D tensor ``x = (pointer, (sb, ss, sh, sd), S)`` as
-    an fp32 [rows, D] block (zero past the sequence) and the rows' mask. ``src = (kept,
-    count, scales, (qb, qh, qs))``: with ``GATHER`` row r is token ``kept[b, r]`` and rows
-    from ``count[b]`` on are past the sequence (the keys a key mask keeps, compacted: softmax
-    does not depend on the keys' order); with ``SCALED`` the values are int8 times their
-    token's scale."""
-    x_ptr, (sb, ss, sh, sd), S = x
-    kept_ptr, count_ptr, ks_ptr, (qb, qh, qs) = src
-    if GATHER:
-        ok = rows < tl.load(count_ptr + b)
-        tok = tl.load(kept_ptr + b.to(tl.int64) * S + rows, mask=ok, other=0)
-    else:
-        ok = rows < S
-        tok = rows
-    d = tl.arange(0, D)
-    v = tl.load(x_ptr + b.to(tl.int64) * sb + h.to(tl.int64) * sh
-                + tok.to(tl.int64)[:, None] * ss + d[None, :] * sd,
-                mask=ok[:, None], other=0).to(tl.float32)
-    if SCALED:
-        v = v * tl.load(ks_ptr + b.to(tl.int64) * qb + h.to(tl.int64) * qh + tok * qs,
-                        mask=ok, other=0.0)[:, None]
-    return v, ok
-
-
-@jit
-def _count(src, b, S, GATHER: tl.constexpr):
-    if GATHER:
-        return tl.load(src[1] + b)
-    return S
-
-
-@jit
-def _k_mean_kernel(k, src, mean_ptr, H, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                   GATHER: tl.constexpr, SCALED: tl.constexpr):
-    """mean[b, h, d] += the sum over this program's tokens of k[b, s, h, d] / their count
-    (fp32 atomics)."""
-    bh = tl.program_id(0)
+def _k_mean_kernel(k_ptr, mean_ptr, S, H, stride_kb, stride_ks, stride_kh, stride_kd,
+                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """mean[b, h, d] += sum over this program's tokens of k[b, s, h, d] / S (fp32 atomics)."""
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
     b = bh // H
     h = bh - b * H
-    rows = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
-    x, ok = _tokens(k, src, b, h, rows, D, GATHER, SCALED)
-    n = _count(src, b, k[2], GATHER)
-    tl.atomic_add(mean_ptr + bh * D + tl.arange(0, D), tl.sum(x, axis=0) / tl.maximum(n, 1))
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    x = tl.load(k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+                + rows.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
+                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / S)
 
 
 @jit
-def _k_block_quant_kernel(k, src, mean_ptr, k8_ptr, k8_strides, kscale_ptr, H, n_tiles,
-                          D: tl.constexpr, BLOCK_N: tl.constexpr, GATHER: tl.constexpr,
-                          SCALED: tl.constexpr):
+def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
+                          stride_kb, stride_ks, stride_kh, stride_kd,
+                          stride_ob, stride_os, stride_oh,
+                          D: tl.constexpr, BLOCK_N: tl.constexpr):
     """One tile of BLOCK_N keys of one (batch, head): int8 of ``k - mean`` with the tile's
-    scale; rows past the sequence are not stored (the attention masks them)."""
-    bh = tl.program_id(0)
-    pid_t = tl.program_id(1)
+    scale; keys past S are not stored (TMA reads them as zeros)."""
+    pid_t = tl.program_id(0)
+    bh = tl.program_id(1)
     b = bh // H
     h = bh - b * H
     rows = pid_t * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
-    x, ok = _tokens(k, src, b, h, rows, D, GATHER, SCALED)
-    rm = ok[:, None]
+    rm = (rows < S)[:, None]
+    x = tl.load(k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+                + rows.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
+                mask=rm, other=0.0).to(tl.float32)
     x = tl.where(rm, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     amax = tl.where(tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0, float("nan"),
@@ -100,48 +72,55 @@ def _k_block_quant_kernel(k, src, mean_ptr, k8_ptr, k8_strides, kscale_ptr, H, n
     inv = tl.where(ok, tl.div_rn(127.0, amax), 1.0)
     # round half to even through the magic number (|x * inv| <= 127)
     y = ((x * inv + 12582912.0) - 12582912.0).to(tl.int8)
-    ob, os_, oh = k8_strides
-    tl.store(k8_ptr + b.to(tl.int64) * ob + h.to(tl.int64) * oh
-             + rows.to(tl.int64)[:, None] * os_ + d[None, :], y, mask=rm)
+    tl.store(k8_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+             + rows.to(tl.int64)[:, None] * stride_os + d[None, :], y, mask=rm)
     tl.store(kscale_ptr + bh.to(tl.int64) * n_tiles + pid_t, scale)
 
 
 @jit
-def _v_amax_kernel(v, src, amax_ptr, H, D: tl.constexpr, BLOCK_S: tl.constexpr,
-                   GATHER: tl.constexpr):
-    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (+inf for a channel holding a
-    NaN: atomic max ignores NaN; the quantizer reads it back as a NaN scale)."""
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh - b * H
-    rows = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
-    x, ok = _tokens(v, src, b, h, rows, D, GATHER, False)
-    nan = tl.sum((x != x).to(tl.int32), axis=0) > 0
-    tl.atomic_max(amax_ptr + bh * D + tl.arange(0, D),
-                  tl.where(nan, float("inf"), tl.max(tl.abs(x), axis=0)))
-
-
-@jit
-def _vt_quant_kernel(v, src, amax_ptr, vt_ptr, vscale_ptr, S_pad, H, D: tl.constexpr,
-                     BLOCK_S: tl.constexpr, GATHER: tl.constexpr):
-    """vt[b, h, d, key_position(s)] = e4m3(v[b, s, h, d] * 448 / amax[b, h, d]), zero past
-    the sequence; the scale ``amax / 448`` (1 for a zero channel, NaN for a channel holding
-    NaN or inf)."""
-    bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
+def _v_amax_kernel(v_ptr, amax_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd,
+                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (NaN if any is NaN)."""
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
     b = bh // H
     h = bh - b * H
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    x, ok = _tokens(v, src, b, h, rows, D, GATHER, False)
+    x = tl.load(v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+                + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
+                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    m = tl.max(tl.abs(x), axis=0)
+    # a NaN channel is marked by +inf (atomic max ignores NaN), which the quantizer reads
+    # back as NaN
+    nan = tl.sum((x != x).to(tl.int32), axis=0) > 0
+    tl.atomic_max(amax_ptr + bh * D + d, tl.where(nan, float("inf"), m))
+
+
+@jit
+def _vt_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
+                     stride_vb, stride_vs, stride_vh, stride_vd,
+                     D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """vt[b, h, d, key_position(s)] = e4m3(v[b, s, h, d] * 448 / amax[b, h, d]); the scale
+    ``amax / 448`` (1 for a zero channel, NaN for a channel holding NaN or inf)."""
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh - b * H
+    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    x = tl.load(v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+                + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
+                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
     amax = tl.load(amax_ptr + bh * D + d)
     bad = amax == float("inf")
     scale = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
     scale = tl.where(bad, float("nan"), scale)
     inv = tl.where(amax > 0.0, tl.div_rn(448.0, amax), 1.0)
     inv = tl.where(bad, float("nan"), inv)
-    y = _cast_e4m3(tl.where(ok[:, None], x * inv[None, :], 0.0))
+    y = _cast_e4m3(x * inv[None, :])
+    pos = key_position(rows)
     tl.store(vt_ptr + bh.to(tl.int64) * D * S_pad + d[:, None].to(tl.int64) * S_pad
-             + key_position(rows)[None, :], tl.trans(y), mask=(rows < S_pad)[None, :])
+             + pos[None, :], tl.trans(y), mask=(rows < S_pad)[None, :])
     if pid_s == 0:
         tl.store(vscale_ptr + bh * D + d, scale)

@@ -66,10 +66,15 @@ class Settings(NamedTuple):
     num_stages: int
 
 
-def launch_settings(D: int) -> Settings:
-    """Tile and warps of the attention kernel (docs/design/attention_fp8.md): 128 x 128 tiles
-    on two warpgroups, three stages of K / V in flight."""
-    return Settings(128, 128, 8, 3)
+def launch_settings(D: int, qk_dtype: torch.dtype = torch.int8,
+                    key_mask: bool = False) -> Settings:
+    """Tile and warps of the Triton kernel (docs/design/attention_fp8.md): 128 x 128 tiles on
+    two warpgroups, three stages of K / V in flight; two stages for e4m3 q / k and 64-key
+    tiles under a key mask, whose key loops (with the rounded P's row sum) spill otherwise
+    (sm_90a builds, ``test_sm90_builds``)."""
+    if key_mask:
+        return Settings(128, 64, 8, 3)
+    return Settings(128, 128, 8, 2 if qk_dtype == torch.float8_e4m3fn else 3)
 
 
 def _heads(x, name: str, layout: str) -> Tensor:
@@ -229,7 +234,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
 
     B, S_q, H, D = p.q.shape
     S_kv = p.k.shape[1]
-    st = settings or launch_settings(D)
+    st = settings or launch_settings(D, p.q.dtype, p.key_mask is not None)
     vt, vscale = quantize_v(p.v)
     shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
     out = _new_out(shape, p.v.dtype, p.v.device)
@@ -271,12 +276,8 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def run(p: Plan) -> Tensor:
-    """On sm_90 the warp-specialized kernel (int8 q / k without a window) or the Triton
-    kernel (band windows, e4m3 q / k, q strides TMA cannot read); the Triton kernel under the
-    interpreter on the CPU; elsewhere the PyTorch emulation of the Triton kernel's
-    quantization."""
-    if _ws_plan_ok(p):
-        return _run_ws_plan(p)
+    """The Triton kernel where it runs (sm_90, or the interpreter on the CPU), else the
+    PyTorch emulation of the same quantization."""
     if _kernel_ok(p):
         return launch(p)
     km = None if p.key_mask is None else p.key_mask.view(torch.bool)
@@ -455,11 +456,11 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
             raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
                              "quantized here (pass neither)")
         _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
-        if _ws_ok(q, k, window):
+        if _ws_ok(q, k, window, key_mask):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             if torch.compiler.is_compiling():
-                return attention_8bit_ws_op(q, k, v, s, layout, key_mask)
-            return run_ws(q, k, v, s, layout, key_mask)
+                return attention_8bit_ws_op(q, k, v, s, layout)
+            return run_ws(q, k, v, s, layout)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
         return _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
@@ -467,62 +468,35 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
                     layout=layout, key_mask=key_mask, check_scale_values=not here))
 
 
-def _ws_device(x: Tensor) -> bool:
-    """Where the warp-specialized kernel runs: sm_90 (compiled; not the interpreter)."""
-    return not backend.INTERPRET and x.is_cuda and _sm90(x.device)
+def _ws_ok(q: Tensor, k: Tensor, window, key_mask) -> bool:
+    """The warp-specialized kernel takes a 16-bit call on sm_90 without a window or a key
+    mask (the Triton kernel takes those, and 8-bit q / k with per-token key scales)."""
+    return (window is None and key_mask is None and not backend.INTERPRET and q.is_cuda
+            and isinstance(k, Tensor) and k.dtype == q.dtype and _sm90(q.device))
 
 
-def _ws_ok(q: Tensor, k: Tensor, window) -> bool:
-    """A 16-bit call the warp-specialized kernel takes: no window (the Triton kernel takes
-    band windows), q and k of one 16-bit dtype, on sm_90."""
-    return (window is None and isinstance(k, Tensor) and k.dtype == q.dtype
-            and _ws_device(q))
-
-
-def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str,
-           key_mask: Optional[Tensor] = None) -> Tensor:
+def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:
     """16-bit q / k / v (checked) -> the warp-specialized kernel's output in q's layout,
     contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
-    the mean key, V e4m3 a channel, only the keys ``key_mask`` keeps
-    (:mod:`ditfuse.ops.attention_fp8_ws`)."""
+    the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`)."""
     from ditfuse.ops import attention_fp8_ws as ws
 
     q8, qs = quantize_per_token(q, layout)
     t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
     q4, k4, v4 = t(q8), t(k), t(v)
     out = _new_out(q.shape, v.dtype, v.device)
-    ws.launch(q4, qs, k4, v4, t(out), scale, ws.Keys.from_mask(key_mask))
-    return out
-
-
-def _ws_plan_ok(p: Plan) -> bool:
-    """An 8-bit call the warp-specialized kernel takes: int8 q / k (their per-token K scales
-    requantized to the kernel's tiles), no window, q readable by TMA."""
-    from ditfuse.ops.attention_fp8_ws import tma_ok
-
-    return (p.q.dtype == torch.int8 and not p.band and _ws_device(p.q) and tma_ok(p.q))
-
-
-def _run_ws_plan(p: Plan) -> Tensor:
-    from ditfuse.ops import attention_fp8_ws as ws
-
-    B, S_q, H, D = p.q.shape
-    out = _new_out((B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D), p.v.dtype,
-                   p.v.device)
-    o4 = out if p.layout == "bshd" else out.transpose(1, 2)
-    km = None if p.key_mask is None else p.key_mask.view(torch.bool)
-    ws.launch(p.q, p.q_scale, p.k, p.v, o4, p.scale, ws.Keys.from_mask(km, p.k_scale))
+    ws.launch(q4, qs, k4, v4, t(out), scale)
     return out
 
 
 @library.op("ditfuse::attention_8bit_ws")
-def attention_8bit_ws_op(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str,
-                         key_mask: Optional[Tensor]) -> Tensor:
-    return run_ws(q, k, v, scale, layout, key_mask)
+def attention_8bit_ws_op(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                         layout: str) -> Tensor:
+    return run_ws(q, k, v, scale, layout)
 
 
 @attention_8bit_ws_op.register_fake
-def _(q, k, v, scale, layout, key_mask):
+def _(q, k, v, scale, layout):
     return torch.empty(q.shape, dtype=v.dtype, device=v.device)
 
 

@@ -14,6 +14,7 @@ Quantization of one call:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -42,68 +43,28 @@ class WsConfig:
         return WsConfig(stages=2)
 
 
-@dataclass(frozen=True)
-class Keys:
-    """Which keys a call attends and how they arrive: ``kept`` / ``count`` (B, S_kv) int32 and
-    (B,) int32 -- the kept keys of each batch entry, compacted (key ``kept[b, r]`` at row r,
-    rows from ``count[b]`` on unused), or None for every key; ``k_scale`` (B, H, S_kv) fp32,
-    the per-token scales of int8 K, or None for 16-bit K."""
-
-    kept: Tensor | None = None
-    count: Tensor | None = None
-    k_scale: Tensor | None = None
-
-    @staticmethod
-    def from_mask(key_mask: Tensor | None, k_scale: Tensor | None = None) -> "Keys":
-        """The compaction of a bool (B, S_kv) key mask, without a host sync: row
-        ``cumsum - 1`` of each kept key."""
-        if key_mask is None:
-            return Keys(k_scale=k_scale)
-        B, S = key_mask.shape
-        pos = torch.cumsum(key_mask, dim=1, dtype=torch.int32) - 1
-        kept = torch.zeros(B, S + 1, dtype=torch.int32, device=key_mask.device)
-        tok = torch.arange(S, dtype=torch.int32, device=key_mask.device).expand(B, S)
-        kept.scatter_(1, torch.where(key_mask, pos, S).long(), tok)
-        count = key_mask.sum(dim=1, dtype=torch.int32)
-        return Keys(kept[:, :S].contiguous(), count, k_scale)
-
-    def src(self, dummy: Tensor):
-        """The kernels' ``src`` tuple (kept, count, scales, scale strides)."""
-        ks = self.k_scale
-        return (dummy if self.kept is None else self.kept,
-                dummy if self.count is None else self.count,
-                dummy if ks is None else ks,
-                (0, 0, 0) if ks is None else tuple(ks.stride()))
-
-
-def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
-    """K (B, S, H, D), 16-bit or int8 with ``keys.k_scale`` -> (k8 int8 (B, S, H, D)
-    contiguous, scales fp32 (B*H, tiles)): ``k8 = rne((k - mean) * 127 / amax)`` a tile of
-    BLOCK_N keys, mean over the (batch, head)'s (kept) keys; row r is key ``keys.kept[b, r]``
-    under a key mask."""
+def quantize_k_blocks(k4: Tensor):
+    """K (B, S, H, D) 16-bit -> (k8 int8 (B, S, H, D) contiguous, scales fp32 (B*H, tiles)):
+    ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s tokens."""
     import triton
 
     from ditfuse.kernels.quantize_8bit import _k_block_quant_kernel, _k_mean_kernel
 
     B, S, H, D = k4.shape
     mean = torch.zeros(B, H, D, dtype=torch.float32, device=k4.device)
-    x = (k4, tuple(k4.stride()), S)
-    src = keys.src(mean)
-    flags = dict(GATHER=keys.kept is not None, SCALED=keys.k_scale is not None)
-    _k_mean_kernel[(B * H, triton.cdiv(S, V_BLOCK))](x, src, mean, H, D=D, BLOCK_S=V_BLOCK,
-                                                     **flags)
+    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](k4, mean, S, H, *k4.stride(), D=D,
+                                                     BLOCK_S=V_BLOCK)
     tiles = triton.cdiv(S, BLOCK_N)
     k8 = torch.empty(B, S, H, D, dtype=torch.int8, device=k4.device)
     kb = torch.empty(B * H, tiles, dtype=torch.float32, device=k4.device)
-    _k_block_quant_kernel[(B * H, tiles)](x, src, mean, k8, tuple(k8.stride()[:3]), kb, H,
-                                          tiles, D=D, BLOCK_N=BLOCK_N, num_warps=8, **flags)
+    _k_block_quant_kernel[(tiles, B * H)](k4, mean, k8, kb, S, H, tiles, *k4.stride(),
+                                          *k8.stride()[:3], D=D, BLOCK_N=BLOCK_N, num_warps=8)
     return k8, kb
 
 
-def quantize_vt(v4: Tensor, keys: Keys = Keys()):
+def quantize_vt(v4: Tensor):
     """V (B, S, H, D) 16-bit -> (vt e4m3 (B*H*D, S_pad), scales fp32 (B*H, D)) in the key
-    order of :func:`ditfuse.kernels.quantize_8bit.key_position` (of the compacted keys under
-    a key mask), zero past the sequence."""
+    order of :func:`ditfuse.kernels.quantize_8bit.key_position`."""
     import triton
 
     from ditfuse.kernels.quantize_8bit import _v_amax_kernel, _vt_quant_kernel
@@ -113,22 +74,17 @@ def quantize_vt(v4: Tensor, keys: Keys = Keys()):
     amax = torch.zeros(B * H, D, dtype=torch.float32, device=v4.device)
     vt = torch.empty(B * H * D, S_pad, dtype=torch.float8_e4m3fn, device=v4.device)
     vs = torch.empty(B * H, D, dtype=torch.float32, device=v4.device)
-    x = (v4, tuple(v4.stride()), S)
-    src = Keys(keys.kept, keys.count).src(amax)
-    grid = (B * H, S_pad // V_BLOCK)
-    g = keys.kept is not None
-    _v_amax_kernel[grid](x, src, amax, H, D=D, BLOCK_S=V_BLOCK, GATHER=g)
-    _vt_quant_kernel[grid](x, src, amax, vt, vs, S_pad, H, D=D, BLOCK_S=V_BLOCK, GATHER=g)
+    grid = (S_pad // V_BLOCK, B * H)
+    _v_amax_kernel[grid](v4, amax, S, H, *v4.stride(), D=D, BLOCK_S=V_BLOCK)
+    _vt_quant_kernel[grid](v4, amax, vt, vs, S, S_pad, H, *v4.stride(), D=D, BLOCK_S=V_BLOCK)
     return vt, vs
 
 
 def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, scale: float,
-           keys: Keys = Keys(), config: WsConfig | None = None) -> Tensor:
+           config: WsConfig | None = None) -> Tensor:
     """``out4`` (B, S_q, H, D view, channels contiguous) = 8-bit attention of int8 ``q8``
-    (B, S_q, H, D, 16-byte aligned strides) with its per-token scales (B, H, S_q) over
-    ``k4`` (B, S_kv, H, D; 16-bit, or int8 with ``keys.k_scale``) and 16-bit ``v4``,
-    quantized here; only the keys of ``keys`` (all without a mask). A query with no key
-    gets zeros."""
+    (B, S_q, H, D, 16-byte aligned strides) with its per-token scales (B, H, S_q) over the
+    16-bit ``k4`` / ``v4`` (B, S_kv, H, D), quantized here."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -138,9 +94,8 @@ def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, sc
     B, S_q, H, D = q8.shape
     S_kv = k4.shape[1]
     cfg = config or WsConfig.for_head_dim(D)
-    k8, kb = quantize_k_blocks(k4, keys)
-    vt, vs = quantize_vt(v4, keys)
-    count = kb if keys.count is None else keys.count
+    k8, kb = quantize_k_blocks(k4)
+    vt, vs = quantize_vt(v4)
     box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
     q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
     k_desc = TensorDescriptor(k8, list(k8.shape), list(k8.stride()), [1, BLOCK_N, 1, D], box)
@@ -149,15 +104,18 @@ def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, sc
                                                                     gl.float8e4nv))
     n_m = triton.cdiv(S_q, BLOCK_M)
     _attention_8bit_ws_kernel[(n_m * B * H,)](
-        q_desc, k_desc, vt_desc, q_scale, kb, vs, out4, count, S_q, S_kv, H, n_m,
-        scale * _LOG2E, *q_scale.stride(), out4.stride(0), out4.stride(1), out4.stride(2),
-        D=D, BLOCK_N=BLOCK_N, STAGES=cfg.stages, QK_INT=True, VARLEN=keys.count is not None,
+        q_desc, k_desc, vt_desc, q_scale, kb, vs, out4, S_q, S_kv, H, n_m, scale * _LOG2E,
+        *q_scale.stride(), out4.stride(0), out4.stride(1), out4.stride(2),
+        D=D, BLOCK_N=BLOCK_N, STAGES=cfg.stages, QK_INT=True,
         num_warps=4, maxnreg=cfg.maxnreg)
     return out4
 
 
-def tma_ok(x: Tensor) -> bool:
-    """Whether an 8-bit (B, S, H, D) view can be read by TMA: channels contiguous, the other
-    strides and the base 16-byte aligned."""
-    return (x.stride(-1) == 1 and all(s % 16 == 0 for s in x.stride()[:-1])
-            and x.data_ptr() % 16 == 0)
+def fits(q: Tensor, D: int) -> bool:
+    """Whether the kernel takes this call: head_dim 64 / 128 (the one other condition,
+    16-byte aligned rows, holds for every tensor the op quantizes)."""
+    return D in (64, 128) and q.is_cuda
+
+
+def scale_or_default(scale, D: int) -> float:
+    return 1.0 / math.sqrt(D) if scale is None else float(scale)
