@@ -59,9 +59,10 @@ def test_quantize_k_blocks_nan_tile():
 def test_quantize_vt(S, D):
     B, H = 1, 2
     v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(torch.bfloat16)
-    vt, vs = WS.quantize_vt(v)
+    vt, vs = WS.quantize_v(v, a_order=True)
     S_pad = -(-S // 64) * 64
-    assert vt.shape == (B * H * D, S_pad) and vs.shape == (B * H, D)
+    assert vt.shape == (B, H, D, S_pad) and vs.shape == (B, H, D)
+    vt, vs = vt.view(B * H * D, S_pad), vs.view(B * H, D)
     pos = key_position(torch.arange(S_pad))
     deq = vt.float().view(B * H, D, S_pad)[:, :, pos] * vs[..., None]   # natural key order
     ref = v.float().permute(0, 2, 3, 1).reshape(B * H, D, S)
@@ -73,8 +74,8 @@ def test_quantize_vt(S, D):
 def test_quantize_vt_nan_channel():
     v = torch.randn(1, 70, 1, 64, dtype=torch.bfloat16)
     v[0, 3, 0, 9] = float("nan")
-    _, vs = WS.quantize_vt(v)
-    assert vs[0, 9].isnan() and not vs[0, :9].isnan().any()
+    _, vs = WS.quantize_v(v, a_order=True)
+    assert vs[0, 0, 9].isnan() and not vs[0, 0, :9].isnan().any()
 
 
 def test_routing():

@@ -35,6 +35,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_e4m3
+from ditfuse.kernels.quantize_8bit import key_position
 from ditfuse.runtime.backend import INTERPRET, jit
 
 _INTERP_LOOP = tl.constexpr(INTERPRET)
@@ -121,11 +122,12 @@ def _v_amax_kernel(v_ptr, amax_ptr, S, H,
 @jit
 def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
                     stride_vb, stride_vs, stride_vh, stride_vd,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr):
+                    D: tl.constexpr, BLOCK_S: tl.constexpr, A_ORDER: tl.constexpr = False):
     """vt[b, h, d, s] = e4m3(v[b, s, h, d] * inv[b, h, d]), inv = 448 / amax, scale = amax /
     448 (both 1 where the channel is zero, NaN where it holds a NaN; one division a channel,
     a multiply a value); tokens S..S_pad of the last block are written as zeros. ``amax``:
-    the int32 bits of :func:`_v_amax_kernel`."""
+    the int32 bits of :func:`_v_amax_kernel`. ``A_ORDER``: token s stored at
+    :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's order)."""
     bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
     amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
     zero = amax == 0.0
@@ -134,7 +136,8 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
                                          propagate_nan=tl.PropagateNan.ALL))
     y = _cast_e4m3(x * inv[None, :])
     obase = bh.to(tl.int64) * D * S_pad
-    tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + rows[None, :], tl.trans(y),
+    cols = key_position(rows) if A_ORDER else rows
+    tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + cols[None, :], tl.trans(y),
              mask=(rows < S_pad)[None, :])
     if tl.program_id(1) == 0:
         tl.store(vscale_ptr + bh * D + d, scale)

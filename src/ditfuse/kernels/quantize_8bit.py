@@ -1,24 +1,21 @@
-"""Triton kernels that quantize K and V for the warp-specialized 8-bit attention (private;
-the launch is in :mod:`ditfuse.ops.attention_fp8`, the references in
-:mod:`ditfuse.reference`).
+"""Triton kernels that quantize K for the warp-specialized 8-bit attention, and V's key order
+(private; the launch is in :mod:`ditfuse.ops.attention_fp8_ws`).
 
 - K: int8 with one fp32 scale per tile of ``BLOCK_N`` keys of one (batch, head), after the
   (batch, head)'s mean key is subtracted: ``k8 = rne((k - mean) * 127 / amax)``,
   ``scale = amax / 127`` (1 for an all-zero tile). The mean takes the shared channel
   offsets of real DiT keys out of the amax; softmax does not see it (it adds ``q . mean`` to
   every score of a row).
-- V: e4m3 with one scale per (batch, head, channel), transposed to ``(B, H, D, S_pad)`` with
-  each 16 keys stored in the order of the 8-bit wgmma's A-operand registers
-  (:func:`key_position`), tokens ``S..S_pad`` zero.
+- V: the Triton kernel's quantizer (:mod:`ditfuse.kernels.attention_fp8`, ``A_ORDER``), each
+  16 keys stored in the order of the 8-bit wgmma's A-operand registers (:func:`key_position`).
 
-A NaN anywhere in a tile of K (a channel of V) makes its scale NaN, so the attention's
+A NaN anywhere in a tile of K makes its scale NaN, so the attention's
 output is NaN where SDPA's is (the maxima propagate NaN).
 """
 from __future__ import annotations
 
 import triton.language as tl
 
-from ditfuse.kernels.element import _cast_e4m3
 from ditfuse.runtime.backend import jit
 
 @jit
@@ -75,52 +72,3 @@ def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
     tl.store(k8_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
              + rows.to(tl.int64)[:, None] * stride_os + d[None, :], y, mask=rm)
     tl.store(kscale_ptr + bh.to(tl.int64) * n_tiles + pid_t, scale)
-
-
-@jit
-def _v_amax_kernel(v_ptr, amax_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd,
-                   D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]| (NaN if any is NaN)."""
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh - b * H
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    d = tl.arange(0, D)
-    x = tl.load(v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-                + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
-                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
-    m = tl.max(tl.abs(x), axis=0)
-    # a NaN channel is marked by +inf (atomic max ignores NaN), which the quantizer reads
-    # back as NaN
-    nan = tl.sum((x != x).to(tl.int32), axis=0) > 0
-    tl.atomic_max(amax_ptr + bh * D + d, tl.where(nan, float("inf"), m))
-
-
-@jit
-def _vt_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
-                     stride_vb, stride_vs, stride_vh, stride_vd,
-                     D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """vt[b, h, d, key_position(s)] = e4m3(v[b, s, h, d] * 448 / amax[b, h, d]); the scale
-    ``amax / 448`` (1 for a zero channel, NaN for a channel holding NaN or inf)."""
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh - b * H
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    d = tl.arange(0, D)
-    x = tl.load(v_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-                + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
-                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
-    amax = tl.load(amax_ptr + bh * D + d)
-    bad = amax == float("inf")
-    scale = tl.where(amax > 0.0, tl.div_rn(amax, 448.0), 1.0)
-    scale = tl.where(bad, float("nan"), scale)
-    inv = tl.where(amax > 0.0, tl.div_rn(448.0, amax), 1.0)
-    inv = tl.where(bad, float("nan"), inv)
-    y = _cast_e4m3(x * inv[None, :])
-    pos = key_position(rows)
-    tl.store(vt_ptr + bh.to(tl.int64) * D * S_pad + d[:, None].to(tl.int64) * S_pad
-             + pos[None, :], tl.trans(y), mask=(rows < S_pad)[None, :])
-    if pid_s == 0:
-        tl.store(vscale_ptr + bh * D + d, scale)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ditfuse.runtime import backend, library
 from ditfuse.ops.attention import _sm90, parse_window, sliding_window_attention
+from ditfuse.ops.attention_fp8_ws import quantize_v
 from ditfuse.reference import attention_8bit_core
 
 #: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores
@@ -32,9 +33,6 @@ HEAD_DIMS = (64, 128)
 ACT_DTYPES = (torch.float16, torch.bfloat16)
 QK_8BIT = (torch.int8, torch.float8_e4m3fn)
 V_8BIT = torch.float8_e4m3fn
-#: tokens of V quantized a program; V's transposed copy is padded to a multiple of it (16-byte
-#: rows of e4m3 for the key tiles' loads)
-V_BLOCK = 64
 #: tokens of one head of 16-bit q / k quantized a program (the 16-bit route)
 QK_BLOCK = 32
 
@@ -206,26 +204,6 @@ def _kernel_ok(p: Plan) -> bool:
     if backend.INTERPRET:
         return p.q.device.type == "cpu"
     return p.q.is_cuda and _sm90(p.q.device)  # cached a device: no query a call
-
-
-def quantize_v(v4: Tensor):
-    """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
-    ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
-    over the tokens (1 for a zero channel, NaN for a channel holding a NaN); tokens past S are
-    zeros."""
-    from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
-
-    B, S, H, D = v4.shape
-    S_pad = -(-S // V_BLOCK) * V_BLOCK
-    amax = torch.zeros(B, H, D, dtype=torch.int32, device=v4.device)  # fp32 bits
-    vt = torch.empty(B, H, D, S_pad, dtype=V_8BIT, device=v4.device)
-    vscale = torch.empty(B, H, D, dtype=torch.float32, device=v4.device)
-    grid = (B * H, S_pad // V_BLOCK)
-    st = v4.stride()
-    _v_amax_kernel[grid](v4, amax, S, H, *st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
-    _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, *st, D=D, BLOCK_S=V_BLOCK,
-                          num_warps=4)
-    return vt, vscale
 
 
 def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:

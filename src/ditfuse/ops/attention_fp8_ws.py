@@ -8,9 +8,10 @@ Quantization of one call:
 - Q: int8, one scale per (batch, head, token) (:func:`ditfuse.ops.attention_fp8.quantize_per_token`,
   bitwise :func:`ditfuse.reference.quantize_per_token`);
 - K: the (batch, head)'s mean key subtracted, then int8 with one scale per tile of
-  ``BLOCK_N`` keys (:func:`ditfuse.reference.quantize_k_blocks`);
+  ``BLOCK_N`` keys (:func:`quantize_k_blocks`);
 - V: e4m3, one scale per (batch, head, channel), transposed with each 16 keys in the
-  wgmma A operand's order (:func:`ditfuse.reference.quantize_vt_e4m3`).
+  wgmma A operand's order (:func:`quantize_v` with ``a_order``; the Triton kernel's V in
+  token order: bitwise :func:`ditfuse.reference.quantize_v_e4m3` but for the layout).
 """
 from __future__ import annotations
 
@@ -62,22 +63,25 @@ def quantize_k_blocks(k4: Tensor):
     return k8, kb
 
 
-def quantize_vt(v4: Tensor):
-    """V (B, S, H, D) 16-bit -> (vt e4m3 (B*H*D, S_pad), scales fp32 (B*H, D)) in the key
-    order of :func:`ditfuse.kernels.quantize_8bit.key_position`."""
-    import triton
-
-    from ditfuse.kernels.quantize_8bit import _v_amax_kernel, _vt_quant_kernel
+def quantize_v(v4: Tensor, a_order: bool = False):
+    """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
+    ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
+    over the tokens (1 for a zero channel, NaN for a channel holding a NaN); tokens past S are
+    zeros. ``a_order``: token s at column
+    :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's V)."""
+    from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
 
     B, S, H, D = v4.shape
-    S_pad = triton.cdiv(S, V_BLOCK) * V_BLOCK
-    amax = torch.zeros(B * H, D, dtype=torch.float32, device=v4.device)
-    vt = torch.empty(B * H * D, S_pad, dtype=torch.float8_e4m3fn, device=v4.device)
-    vs = torch.empty(B * H, D, dtype=torch.float32, device=v4.device)
-    grid = (S_pad // V_BLOCK, B * H)
-    _v_amax_kernel[grid](v4, amax, S, H, *v4.stride(), D=D, BLOCK_S=V_BLOCK)
-    _vt_quant_kernel[grid](v4, amax, vt, vs, S, S_pad, H, *v4.stride(), D=D, BLOCK_S=V_BLOCK)
-    return vt, vs
+    S_pad = -(-S // V_BLOCK) * V_BLOCK
+    amax = torch.zeros(B, H, D, dtype=torch.int32, device=v4.device)  # fp32 bits
+    vt = torch.empty(B, H, D, S_pad, dtype=torch.float8_e4m3fn, device=v4.device)
+    vscale = torch.empty(B, H, D, dtype=torch.float32, device=v4.device)
+    grid = (B * H, S_pad // V_BLOCK)
+    st = v4.stride()
+    _v_amax_kernel[grid](v4, amax, S, H, *st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
+    _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, *st, D=D, BLOCK_S=V_BLOCK,
+                          A_ORDER=a_order, num_warps=4)
+    return vt, vscale
 
 
 def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, scale: float,
@@ -95,7 +99,8 @@ def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, sc
     S_kv = k4.shape[1]
     cfg = config or WsConfig.for_head_dim(D)
     k8, kb = quantize_k_blocks(k4)
-    vt, vs = quantize_vt(v4)
+    vt, vs = quantize_v(v4, a_order=True)
+    vt = vt.view(-1, vt.shape[-1])  # (B*H*D, S_pad): V^T's TMA rows
     box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
     q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
     k_desc = TensorDescriptor(k8, list(k8.shape), list(k8.stride()), [1, BLOCK_N, 1, D], box)
