@@ -503,3 +503,33 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
         out[:, :, i0:i0 + chunk] = (p8 @ vf) / torch.where(l8 > 0, l8, torch.ones_like(l8))
     out = out * vs[:, :, None, :]
     return out.transpose(1, 2).to(v.dtype)
+
+
+def quantize_rows_fp8_reference(x2: torch.Tensor):
+    """(M, K) -> (e4m3 (M, K), fp32 (M,)): each row scaled by ``448 / amax`` and rounded to
+    nearest even; ``scale = amax / 448`` (an all-zero row: 1; a row with a NaN: NaN, and zeros). The
+    contract of :func:`ditfuse.ops.linear_fp8.quantize_rows`, bitwise."""
+    xf = x2.float()
+    amax = xf.abs().amax(dim=1)
+    amax = torch.where(torch.isnan(xf).any(dim=1), torch.full_like(amax, float("nan")), amax)
+    zero = amax == 0
+    safe = torch.where(zero, torch.ones_like(amax), amax)
+    e4m3_max = torch.full_like(amax, 448.0)  # tensor / tensor: `448.0 / t` is a reciprocal
+    inv = torch.where(zero, torch.ones_like(amax), e4m3_max / safe)  # times 448, not div.rn
+    scale = torch.where(zero, torch.ones_like(amax), safe / e4m3_max)
+    y = (xf * inv[:, None]).clamp(-448.0, 448.0)
+    q = torch.where(torch.isnan(amax)[:, None], torch.zeros_like(y), y).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def linear_fp8_reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
+    """The FP8 linear in fp64 from the quantized operands (activations a row, the weight an
+    output channel): what :func:`ditfuse.ops.linear_fp8.linear_fp8` computes up to its fp32
+    accumulation and final rounding."""
+    x2 = x.reshape(-1, x.shape[-1])
+    qx, sx = quantize_rows_fp8_reference(x2)
+    qw, sw = quantize_rows_fp8_reference(w)
+    y = (qx.double() * sx.double()[:, None]) @ (qw.double() * sw.double()[:, None]).t()
+    if bias is not None:
+        y = y + bias.double()
+    return y.view(*x.shape[:-1], w.shape[0])
