@@ -10,21 +10,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one process a core: no thread pool 
     torch.set_num_threads(1)
 
 import ditfuse  # noqa: E402,F401  (imported after the interpreter is set up)
+from ditfuse.tolerances import TWO_ROUNDINGS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: DITFUSE_TEST_SEED=n draws other rotary tables (0, the default, is what CI runs): a claim
 #: of equal bits that holds for one draw only shows up under other seeds
 SEED = int(os.environ.get("DITFUSE_TEST_SEED", "0"))
 
-# Two roundings of the activation dtype: the kernel rounds twice (after the norm, at the
-# store) and the float64 reference rounds at the same points, so a tie flipped by fp32 vs
-# fp64 arithmetic at the first rounding can move the result by one more ulp. (Relative ulp
-# at the bottom of a binade is 2^-m.) The absolute floor covers results that cancel to ~0.
-TOL = {
-    torch.bfloat16: dict(rtol=2.0**-6, atol=2.0**-12),
-    torch.float16: dict(rtol=2.0**-9, atol=2.0**-14),
-    torch.float32: dict(rtol=2e-6, atol=2e-6),
-}
+#: two roundings of the activation dtype (``ditfuse.tolerances.TWO_ROUNDINGS``) as
+#: ``assert_close``'s keywords
+TOL = {dtype: tol._asdict() for dtype, tol in TWO_ROUNDINGS.items()}
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 #: randomized cases in the default tier; the rest of ``DITFUSE_FUZZ_N`` carry the ``slow`` mark

@@ -10,10 +10,10 @@ from conftest import DEVICE
 import ditfuse
 from ditfuse.ops import attention_fp8 as A
 from ditfuse.ops import attention_fp8_ws as WS
+from ditfuse.tolerances import ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-COS_MIN = 0.999
-REL_L2_MAX = 0.05
+COS_MIN, REL_L2_MAX = ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX
 
 
 def key_position(s: torch.Tensor) -> torch.Tensor:

@@ -6,13 +6,13 @@ import torch
 
 import ditfuse
 from ditfuse.ops import attention as A
+from ditfuse.tolerances import ATTENTION_HIGH_REL, ATTENTION_HIGHEST_REL, ATTENTION_WINDOW0_REL
 from conftest import DEVICE
 
 SWA = ditfuse.sliding_window_attention
 #: the issue's bounds: relative to max |ref| of an fp64 evaluation of the formula
-HIGHEST_REL = 2e-5
-HIGH_REL = 3e-3
-WINDOW0_REL = 1e-6
+HIGHEST_REL, HIGH_REL = ATTENTION_HIGHEST_REL, ATTENTION_HIGH_REL
+WINDOW0_REL = ATTENTION_WINDOW0_REL
 
 
 @pytest.fixture

@@ -55,7 +55,8 @@ def results(tmp_path_factory):
 
 
 def _check(results, mode):
-    from ditfuse.examples.wan_context_parallel import PROCESSORS, REL_TOL
+    from ditfuse.examples.wan_context_parallel import PROCESSORS
+    from ditfuse.tolerances import CONTEXT_PARALLEL as REL_TOL
 
     for rank, res in enumerate(results):
         r = res[mode]

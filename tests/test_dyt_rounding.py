@@ -8,12 +8,13 @@ import torch
 
 import ditfuse
 from ditfuse.ops import attention as A
+from ditfuse.tolerances import DYT_MIN_BITWISE
 from conftest import DEVICE
 
 same = pytest.importorskip("diffusers.models.autoencoders.autoencoder_same")
 
 #: share of elements that must equal the module's bit for bit
-MIN_BITWISE = 0.95
+MIN_BITWISE = DYT_MIN_BITWISE
 
 
 def _dyt(D, dtype, g):

@@ -54,6 +54,7 @@ def _worker(rank, world, port, dtype, out_dir):
 def test_two_ranks_match_one(tmp_path, dtype):
     import ditfuse
     from ditfuse import NormSpec
+    from ditfuse.tolerances import HEAD_PARALLEL
 
     world = 2
     mp.spawn(_worker, args=(world, _free_port(), dtype, str(tmp_path)), nprocs=world, join=True)
@@ -65,7 +66,7 @@ def test_two_ranks_match_one(tmp_path, dtype):
     gq = torch.cat([p[0] for p in parts], -1)
     gk = torch.cat([p[1] for p in parts], -1)
     # identical up to the order of the sum of squares (two partial sums, then one add)
-    tol = dict(rtol=2e-6, atol=2e-6) if dtype == torch.float32 else dict(rtol=2.0**-7, atol=2.0**-7)
+    tol = HEAD_PARALLEL[dtype]._asdict()
     torch.testing.assert_close(gq.float(), rq.float(), **tol)
     torch.testing.assert_close(gk.float(), rk.float(), **tol)
     share = min((gq == rq).float().mean().item(), (gk == rk).float().mean().item())

@@ -1,6 +1,8 @@
 """The package's layers import downward only, and no module imports itself back.
 
-    runtime, norms, reference, _version   (leaves: where kernels run, norm specs, references)
+    runtime, norms, reference, tolerances, _version
+                                          (leaves: where kernels run, norm specs, references,
+                                          the contracts' tolerances)
     kernels                               (@triton.jit / Gluon code)
     ops                                   (plan, settings, launch, public function, op + fake)
     patching | aot                        (diffusers integration | ahead-of-time packages)
@@ -21,7 +23,7 @@ PKG = SRC / "ditfuse"
 
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("ditfuse._version", 0), ("ditfuse.runtime", 0), ("ditfuse.norms", 0),
-    ("ditfuse.reference", 0),
+    ("ditfuse.reference", 0), ("ditfuse.tolerances", 0),
     ("ditfuse.kernels", 1),
     ("ditfuse.ops", 2),
     ("ditfuse.patching", 3), ("ditfuse.aot", 3),
@@ -107,6 +109,12 @@ def test_imports_point_down(mod):
 
 def test_reference_imports_no_op():
     assert not {t for t in GRAPH["ditfuse.reference"] if layer(t) > 0}
+
+
+def test_tolerances_import_nothing_of_ditfuse():
+    """The tolerances are read by the references, the tests and ``ditfuse check``: a leaf
+    that imports no other ditfuse module."""
+    assert GRAPH["ditfuse.tolerances"] == set()
 
 
 def test_no_import_cycles():

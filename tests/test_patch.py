@@ -6,13 +6,10 @@ import torch
 import ditfuse
 from ditfuse.runtime import fastpath as _fastpath
 from ditfuse.ops.activations import SWIGLU
+from ditfuse.tolerances import PATCHED_MODEL as TOL
 
 diffusers = pytest.importorskip("diffusers")
 from ditfuse.tools.tiny_models import CASES, _wan, _wan_inputs, to_dtype  # noqa: E402
-
-# outputs of a whole (tiny) model: a few roundings of the activation dtype through the
-# blocks, relative to the output's scale
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-6}
 
 
 def _close(out, ref, dtype):

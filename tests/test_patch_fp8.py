@@ -12,6 +12,7 @@ import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
 from ditfuse.ops import attention_fp8 as _attention_fp8  # noqa: E402
+from ditfuse.tolerances import ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX  # noqa: E402
 from ditfuse.tools.tiny_models import CASES, FP8_CASES, _qwen, _qwen_inputs, to_dtype  # noqa: E402
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the "
@@ -20,8 +21,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny mode
 # A whole (tiny) model's output with 8-bit attention against the unpatched bf16 model: Q K^T
 # in int8 (per-token scales), P and V in e4m3 (3 mantissa bits) in every attention of the
 # model. Measured 0.99980 .. 0.99998 and 0.006 .. 0.021 (docs/patching.md, "8-bit attention").
-COS_MIN = 0.999
-REL_L2_MAX = 0.05
+COS_MIN, REL_L2_MAX = ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX
 
 _FP8_LABEL = "attention processors (QK-norm + RoPE, 8-bit attention)"
 _FP8 = {c[0]: c for c in FP8_CASES}

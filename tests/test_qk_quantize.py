@@ -25,8 +25,9 @@ from ditfuse.kernels.element import _cast_out
 from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
 from ditfuse.kernels.qk_token import _quant_ptr, _quant_values
 from ditfuse.runtime.backend import jit
-from ditfuse.reference import ROUNDING, quantize_per_token
+from ditfuse.reference import quantize_per_token
 from ditfuse.runtime import fastpath
+from ditfuse.tolerances import UNIT_ROUNDOFF
 from conftest import DEVICE, DTYPES, TOL, rope_tables
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
@@ -150,7 +151,7 @@ def _check_reference(res, ref, ref16, fmt, dtype, layout, H):
         torch.testing.assert_close(s, rs, rtol=tol["rtol"], atol=max(tol["atol"], floor) / QMAX[fmt])
         yr = _heads(y, layout, H).float()
         err = (_dequant(v, s, layout, H) - yr).abs()
-        u = ROUNDING[torch.float32][0]
+        u = UNIT_ROUNDOFF[torch.float32].rtol
         bound = (rel * yr.abs() + absolute * s.transpose(1, 2)[..., None]) * (1 + 4 * u) \
             + tol["rtol"] * yr.abs() + max(tol["atol"], floor)
         assert (err <= bound).all(), float((err - bound).max())

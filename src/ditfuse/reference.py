@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import torch
 
+from ditfuse.tolerances import ACT_EVAL, UNIT_ROUNDOFF
+
 
 def _norm(x: torch.Tensor, n, act_dtype, cd) -> torch.Tensor:
     """x: (B, S, H, D) in the compute dtype ``cd``; ``n``: a resolved norm or None."""
@@ -362,21 +364,14 @@ def gelu_reference(x, approximate="tanh", *, compute_dtype=torch.float32, round_
     return y.to(x.dtype) if round_output else y
 
 
-#: Unit roundoff (half an ulp, relative) and half the smallest subnormal spacing per dtype:
-#: "one rounding" of v is |error| <= u |v| + tiny.
-ROUNDING = {torch.bfloat16: (2.0**-8, 2.0**-134), torch.float16: (2.0**-11, 2.0**-25),
-            torch.float32: (2.0**-24, 2.0**-150)}
-#: fp32 evaluation error of the activations (2^-22 = four fp32 units): SwiGLU's
-#: x / (1 + exp(-x)) relative; GELU's 1 + tanh / 1 + erf *absolute* (tanhf / erff are
-#: 1-2 ulp), times 0.5 |x|, so where 1 + tanh cancels (x below about -3) it exceeds the
-#: output's own rounding, in eager PyTorch as well.
-ACT_EVAL = 2.0**-22
+# "one rounding" of v: |error| <= u |v| + tiny (``UNIT_ROUNDOFF``); the activations' fp32
+# evaluation error ``ACT_EVAL``: both in ditfuse.tolerances
 
 
 def swiglu_bound(x):
     """(fp64 ``silu(x1) * x2``, the contract's bound on |y - it|): two eager ops, each
     rounded once to x's dtype, plus the fp32 evaluation of silu."""
-    u, tiny = ROUNDING[x.dtype]
+    u, tiny = UNIT_ROUNDOFF[x.dtype]
     H = x.shape[-1] // 2
     x1, x2 = x[..., :H].double(), x[..., H:].double()
     exact = x1 / (1 + torch.exp(-x1)) * x2
@@ -386,7 +381,7 @@ def swiglu_bound(x):
 def gelu_bound(x, approximate="tanh", loose=1.0):
     """(fp64 GELU, the contract's bound on |y - it|): one rounding to x's dtype plus
     ``loose`` times the fp32 evaluation error (``ACT_EVAL`` of |x| + |y|)."""
-    u, tiny = ROUNDING[x.dtype]
+    u, tiny = UNIT_ROUNDOFF[x.dtype]
     exact = gelu_reference(x, approximate, compute_dtype=torch.float64, round_output=False)
     return exact, u * exact.abs() + tiny + loose * ACT_EVAL * (x.double().abs() + exact.abs())
 

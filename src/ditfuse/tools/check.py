@@ -14,6 +14,7 @@ import time
 import torch
 
 from ditfuse.runtime import backend
+from ditfuse.tolerances import PATCHED_MODEL, PATCHED_VAE, TWO_ROUNDINGS
 from ditfuse.norms import NormSpec
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse import qk_norm_rope_reference
@@ -23,14 +24,8 @@ from ditfuse.tools.check_group_norm import check_gates as group_norm_gates
 from ditfuse.tools.shapes import QK_SHAPES
 from ditfuse.tools.workloads import eager_fn, qk_inputs, rope_table
 
-# Within two roundings of the activation dtype: the kernel rounds after the norm and at the
-# store, and the float64 reference rounds at the same points, so one tie flipped at the
-# first rounding can add an ulp. The absolute term covers results that cancel to ~0.
-TOL = {
-    torch.bfloat16: (2.0**-6, 2.0**-12),
-    torch.float16: (2.0**-9, 2.0**-14),
-    torch.float32: (2e-6, 2e-6),
-}
+#: within two roundings of the activation dtype (``ditfuse.tolerances.TWO_ROUNDINGS``)
+TOL = TWO_ROUNDINGS
 
 
 def _pair_magnitude(ref: torch.Tensor, style: str, R: int) -> torch.Tensor:
@@ -371,7 +366,7 @@ def patch_gates(g: Gates, device):
             n, (ref,), (out,), restored = _patch_round_trip(model, lambda: (model(**kw)[0],))
             err, scale, share = close(out, ref, dtype)
             ok = restored and n == sum(expected.values()) and (
-                share == 1.0 if dtype == torch.bfloat16 else err <= 1e-5 * scale)
+                share == 1.0 if dtype == torch.bfloat16 else err <= PATCHED_MODEL[dtype] * scale)
             g.add("patch (tiny model)", f"{name} {str(dtype)[6:]}", ok,
                   f"{n} replacements; patched vs unpatched: {100 * share:.1f}% bitwise, max diff "
                   f"{err:.2g} of {scale:.2g}; unpatch {'restores' if restored else 'DOES NOT restore'}")
@@ -398,7 +393,7 @@ def vae_patch_gates(g: Gates, device):
                 n, ref, out, restored = _patch_round_trip(
                     vae, lambda: (vae.decode(z).sample, vae.encode(x).latent_dist.mean))
                 stats = [close(o, r, dtype) for o, r in zip(out, ref)]
-                bound = 1e-5 if dtype == torch.float32 else 0.05
+                bound = PATCHED_VAE[dtype]
                 ok = restored and n == pairs and all(e <= bound * sc for e, sc, _ in stats)
                 g.add("patch (tiny VAE)", f"{name} {str(dtype)[6:]}", ok,
                       f"{n} norm + SiLU pairs; decode / encode patched vs unpatched: max diff "

@@ -11,17 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-#: One rounding of each activation dtype, as (rtol, atol): R(v) = rtol |v| + atol. rtol is
-#: the spacing of the dtype's values relative to the bottom of a binade (2^-7 bf16, 2^-10
-#: fp16), so R(v) bounds the step between two neighbouring values near v, and the distance
-#: between the roundings of two numbers within fp32 arithmetic of each other (two
-#: half-spacing errors). In fp32 it is the chains' fp32 arithmetic budget (~17 ulps of
-#: 2^-23). atol: a floor for values near 0.
-ROUNDING = {
-    torch.bfloat16: (2.0**-7, 2.0**-12),
-    torch.float16: (2.0**-10, 2.0**-14),
-    torch.float32: (2e-6, 2e-6),
-}
+from ditfuse.tolerances import ONE_ROUNDING
+
+#: one rounding of each activation dtype, as (rtol, atol): R(v) = rtol |v| + atol
+#: (``ditfuse.tolerances.ONE_ROUNDING``, which says why each has its size)
+ROUNDING = ONE_ROUNDING
 
 #: silu'(y) = sigmoid(y) (1 + y (1 - sigmoid(y))) has its extrema where y tanh(y / 2) = 2:
 #: 1.0998 at +_SILU_YC, -0.0998 at -_SILU_YC; |silu'| is monotone between and beyond them
