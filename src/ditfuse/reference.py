@@ -151,7 +151,7 @@ def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_h
 
 
 # --------------------------------------------------------------------------------------
-# AdaLN modulation and the gated residual (ditfuse.adaln)
+# AdaLN modulation and the gated residual (ditfuse.ops.adaln)
 
 def _adaln_norm(x, norm, weight, bias, eps, cd):
     if norm == "layer":
@@ -211,7 +211,7 @@ def adaln_reference(x, shift=None, scale=None, *, norm="layer", weight=None, bia
 
 
 # --------------------------------------------------------------------------------------
-# GroupNorm + SiLU and Wan's channel RMS norm + SiLU (ditfuse.group_norm)
+# GroupNorm + SiLU and Wan's channel RMS norm + SiLU (ditfuse.ops.group_norm)
 
 def _channel_shape(p, x):
     """A per-channel parameter (C elements, any (C,)/(C, 1, 1)-like shape) broadcast to x."""
@@ -340,7 +340,7 @@ def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, sca
 
 
 # --------------------------------------------------------------------------------------
-# MLP activations (ditfuse.activations)
+# MLP activations (ditfuse.ops.activations)
 
 def swiglu_reference(x, *, compute_dtype=torch.float32):
     """Pure-PyTorch :func:`ditfuse.swiglu` (no ``out``; does not validate): Flux2SwiGLU's two

@@ -2,10 +2,9 @@
 same signature.
 
 An eager ditfuse call pays for argument checks, launch-setting tables and Triton's
-``JITFunction.run`` (argument binding, cache key) on every call. On the H200 machine's host
-that was 87-186 us a call against 11-19 us for an eager torch op (2026-11-30;
-docs/design/host_cost.md), and FLUX.1's patched eager step, whose kernels are
-short, waited on the host. A diffusion model calls each op with the same shapes every step,
+``JITFunction.run`` (argument binding, cache key) on every call: several times an eager
+torch op's host cost, enough for a patched step of short kernels to wait on the host
+(docs/design/host_cost.md). A diffusion model calls each op with the same shapes every step,
 so each op keys its calls by a *signature*: every tensor argument's shape, strides, dtype,
 device and 16-byte alignment, and every scalar option. Everything the slow path derives
 (the checks' verdict, grid, integer arguments, constexprs, Triton's specialization) is a
@@ -127,8 +126,8 @@ def _rebase(desc, t: torch.Tensor):
     """``desc`` over the memory of ``t`` (the call's tensor whose view it describes: its
     address; the view's shape and strides stay the descriptor's). A field copy, not
     ``dataclasses.replace``: the descriptor's checks ran when it was recorded, and ``t``
-    has the recorded tensor's signature (the replay key), its address's alignment too;
-    0.7 us against 5.1 us re-validated on a 2-core CI host, five descriptors a call."""
+    has the recorded tensor's signature (the replay key), its address's alignment too
+    (a fraction of the re-validated copy's host cost: docs/design/host_cost.md)."""
     if desc.base is t:
         return desc
     new = object.__new__(type(desc))

@@ -1,13 +1,9 @@
 """Registering ditfuse's ops with the dispatcher at low host cost.
 
 ``torch.library.custom_op`` wraps every call in Python (an autograd kernel, per-argument
-handling, an output-aliasing check): for qk_norm_rope's 26 arguments, on the CPU with the
-launch stubbed, 79-80 us a call through a custom_op against 56-57 us through this module's
-registration and 41-42 us for the eager public function
-(CPU, launch stubbed, 2026-11-29; docs/design/host_cost.md). Inside a
-compiled graph every ditfuse kernel is reached through its op, so at FLUX.1's 12 blocks a
-step's host time passed its GPU time (H200, 2026-11-29: 32.5 vs 24.0 ms) and the patched +
-compiled model ran slower than patched eager.
+handling, an output-aliasing check). Inside a compiled graph every ditfuse kernel is reached
+through its op, so that wrapper's cost is paid at every kernel of a step: enough for a
+patched + compiled model's host time to pass its GPU time (docs/design/host_cost.md).
 
 :func:`op` keeps custom_op's spelling (the schema inferred from the annotations,
 ``.register_fake``) but registers the implementation directly for the CPU and CUDA

@@ -327,8 +327,7 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
 def attention_copy_parts(parts):
     """The tensors the attention rows' ``copy`` moves (each read and written once): half of
     the (B, N, H, D) projection chunks, rounded up -- as many bytes as the floor counts (the
-    n inputs read, the output written: n + 1 tensors' worth). Before 2026-12-01 every chunk
-    and the output's size were copied, twice the floor's bytes (docs/design/attention.md)."""
+    n inputs read, the output written: n + 1 tensors' worth; docs/design/end_to_end.md)."""
     return list(parts[:(len(parts) + 1) // 2])
 
 
@@ -368,7 +367,7 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
         q, k, v = p
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-    def fused(s, precision="high"):  # fp32: tf32 products (the "ditfuse" rows since 2026-11-29)
+    def fused(s, precision="high"):  # fp32: tf32 products (the "ditfuse" rows)
         p = s["parts"]
         if shape.differential:
             q1, q2, k1, k2, v = p

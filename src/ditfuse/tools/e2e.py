@@ -653,15 +653,11 @@ def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2
     host time says nothing). The host prepares a step while the GPU runs the one before, so
     a step's host cost counts only where it exceeds its GPU time.
 
-    Why seconds, not a few steps: the H200 runs these models at its 700 W power limit, its
-    SM clock set by the load (1520-1660 MHz of 1980 under the four ways at FLUX, 2026-12-01;
-    docs/design/end_to_end.md); a denser way (compiled: fewer gaps between kernels) draws
-    more and clocks lower. Timed over ~200 ms right after another way (as on 2026-11-30),
-    a way ran partly at the clock the previous one left; after ``settle_ms`` of its own load
-    and over ``min_ms`` it runs at its own, as a pipeline's 20-50 steps do. (Before
-    2026-11-30 each step was timed alone by do_bench, after an L2 flush, from an idle GPU:
-    every step also paid its host latency up to the first kernel, up to 2.6 ms of a 26 ms
-    FLUX.1 step for the compiled models' guards.)"""
+    Why seconds, not a few steps: a GPU at its power limit sets its SM clock by the load, and
+    a denser way (compiled: fewer gaps between kernels) draws more and clocks lower; after
+    ``settle_ms`` of its own load and over ``min_ms`` a way runs at its own clock, as a
+    pipeline's 20-50 steps do, not at the one the previous way left
+    (docs/design/end_to_end.md)."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
     def timer(fn):

@@ -1,7 +1,7 @@
 """``ditfuse inspect``: registers, spills, stack and local memory of the shipped kernels.
 
 Every *shipped specialization* of the QK-norm + RoPE kernel (one per production model
-shape, below) is compiled for sm_90 (H100/H200) without a GPU, exactly as a real call
+shape, below) is compiled for sm_90 (Hopper) without a GPU, exactly as a real call
 would build it, and measured:
 
 * the call is made through the public ``ditfuse.qk_norm_rope`` on ``meta`` tensors of the
@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
+
+import triton
 
 from ditfuse.aot.compile import (ARCH, can_compile_here, intercept_launches, missing_tools,
                                  run_cuobjdump, run_ptxas, specialize, wheel_tool_path)
@@ -267,7 +269,7 @@ def capture_launch(spec: Spec):
 
 def occupancy_warps(regs: int, num_warps: int, smem_bytes: int) -> int:
     """Theoretical resident warps per SM on Hopper (registers, smem, block/warp limits)."""
-    per_warp = -(-max(regs, 1) // 8) * 8 * WARP_SIZE
+    per_warp = triton.cdiv(max(regs, 1), 8) * 8 * WARP_SIZE  # allocated in units of 8
     blocks = min(_SM_MAX_BLOCKS, _SM_MAX_WARPS // num_warps,
                  (_SM_REGS // per_warp) // num_warps,
                  _SM_SMEM // (smem_bytes + _SM_SMEM_RESERVED_PER_BLOCK))

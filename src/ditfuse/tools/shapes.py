@@ -46,7 +46,7 @@ QK_SHAPES = {s.name: s for s in [
     # diffusers' Wan projects Q, K and V with to_q / to_k / to_v (tensors of their own)
     # unless ``fuse_projections()`` was called: then Q and K are chunks of to_qkv's rows
     # (the "-fused" rows); the patched processor writes fresh Q / K in either case (out of
-    # place: faster than in place on the H200, 2026-12-01; docs/design/qk_norm_rope.md)
+    # place: faster than in place, docs/design/qk_norm_rope.md)
     QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, span="all", form="flat",
             table="wan"),
     QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, span="all", form="flat",
