@@ -5,20 +5,45 @@ Row ``m`` of ``x`` (K elements, any float dtype) becomes ``q = e4m3_rne(x * (448
 ``scale = amax / 448`` with ``amax = max |x[m, :]|`` in fp32 (both divisions correctly
 rounded); an all-zero row gets ``scale = 1`` and zeros. A NaN anywhere in a row makes its
 scale NaN and its values 0, so the GEMM's output row is NaN where a 16-bit linear's is.
+
+With ``GELU`` the row is first ``gelu_tanh(x)`` as :func:`ditfuse.gelu` computes it, rounded
+to x's dtype: the FFN's activation and the next GEMM's quantization in one pass, bitwise the
+two ops one after the other.
 """
 from __future__ import annotations
 
 import triton.language as tl
 
-from ditfuse.kernels.element import _cast_e4m3
+from ditfuse.kernels.activations import _act_tanh
+from ditfuse.kernels.element import _cast_e4m3, _rnd
 from ditfuse.runtime.backend import jit
 
-E4M3_MAX: tl.constexpr = 448.0
+E4M3_MAX = tl.constexpr(448.0)
+
+
+@jit
+def _load_row(x_ptr, rows, cols, ok, stride_xm, GELU: tl.constexpr):
+    """A (ROWS, BLOCK_K) tile of x in fp32 (0 outside ``ok``), through GELU when asked."""
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
+    DT: tl.constexpr = x_ptr.dtype.element_ty
+    x = x.to(tl.float32)
+    if GELU:
+        inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
+        x = _rnd((0.5 * x) * (1.0 + _act_tanh(inner)), DT)
+    return x
+
+
+@jit
+def _store_q(q_ptr, x, inv, has_nan, rows, cols, ok, stride_qm):
+    y = tl.clamp(x * inv[:, None], -E4M3_MAX, E4M3_MAX)
+    y = tl.where(has_nan[:, None], 0.0, y)
+    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], _cast_e4m3(y), mask=ok)
 
 
 @jit
 def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
-                          ROWS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr):
+                          ROWS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
+                          GELU: tl.constexpr):
     """q[m, :] and scale[m] for ROWS rows a program. One chunk (BLOCK_K >= K): each row is read
     once and held in registers; CHUNKS of BLOCK_K columns otherwise: a first pass finds the
     amax and a second one (from L2: the rows were just read) writes."""
@@ -27,8 +52,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
     if CHUNKS == 1:
         cols = tl.arange(0, BLOCK_K)
         ok = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
-        x = x.to(tl.float32)
+        x = _load_row(x_ptr, rows, cols, ok, stride_xm, GELU)
         amax = tl.max(tl.abs(x), axis=1)
         nan = tl.max((x != x).to(tl.int32), axis=1)
     else:
@@ -37,28 +61,20 @@ def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
         for c in range(CHUNKS):
             cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
             ok = row_ok[:, None] & (cols < K)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
-            x = x.to(tl.float32)
+            x = _load_row(x_ptr, rows, cols, ok, stride_xm, GELU)
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
             nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=1))
     has_nan = nan > 0
     amax = tl.where(has_nan, float("nan"), amax)
     zero = amax == 0.0
-    inv = tl.where(zero, 1.0, tl.math.div_rn(tl.full(amax.shape, E4M3_MAX, tl.float32),
-                                             tl.where(zero, 1.0, amax)))
-    scale = tl.where(zero, 1.0, tl.math.div_rn(amax, tl.full(amax.shape, E4M3_MAX, tl.float32)))
-    tl.store(scale_ptr + rows, scale, mask=row_ok)
-    if CHUNKS == 1:
-        y = tl.clamp(x * inv[:, None], -E4M3_MAX, E4M3_MAX)
-        y = tl.where(has_nan[:, None], 0.0, y)
-        tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :],
-                 _cast_e4m3(y), mask=ok)
+    e4m3_max = tl.full(amax.shape, E4M3_MAX, tl.float32)
+    inv = tl.where(zero, 1.0, tl.math.div_rn(e4m3_max, tl.where(zero, 1.0, amax)))
+    tl.store(scale_ptr + rows, tl.where(zero, 1.0, tl.math.div_rn(amax, e4m3_max)), mask=row_ok)
+    if CHUNKS == 1:  # the row is still in registers
+        _store_q(q_ptr, x, inv, has_nan, rows, cols, ok, stride_qm)
     else:
         for c in range(CHUNKS):
             cols = c * BLOCK_K + tl.arange(0, BLOCK_K)
             ok = row_ok[:, None] & (cols < K)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
-            y = tl.clamp(x.to(tl.float32) * inv[:, None], -E4M3_MAX, E4M3_MAX)
-            y = tl.where(has_nan[:, None], 0.0, y)
-            tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :],
-                     _cast_e4m3(y), mask=ok)
+            x = _load_row(x_ptr, rows, cols, ok, stride_xm, GELU)
+            _store_q(q_ptr, x, inv, has_nan, rows, cols, ok, stride_qm)

@@ -78,43 +78,56 @@ def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
 _CACHE = fastpath.Cache()
 
 
-def _quantize(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+#: activations :func:`quantize_rows` can apply first (``activation=``): kernel's GELU switch
+ACTIVATIONS = {None: False, "gelu_tanh": True}
+
+
+def _check_activation(activation) -> bool:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or 'gelu_tanh', got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def _quantize(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, gelu: bool) -> None:
     M, K = x2.shape
     if M == 0:
         return
     cfg = QuantRowsConfig.for_width(K)
     fastpath.launch(_quantize_rows_kernel, (triton.cdiv(M, cfg.rows),),
                     (x2, q, scale, M, K, x2.stride(0), q.stride(0)),
-                    dict(ROWS=cfg.rows, BLOCK_K=cfg.block_k, CHUNKS=cfg.chunks,
+                    dict(ROWS=cfg.rows, BLOCK_K=cfg.block_k, CHUNKS=cfg.chunks, GELU=gelu,
                          num_warps=cfg.num_warps))
 
 
-def _run(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def _run(x: torch.Tensor, activation: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    gelu = _check_activation(activation)
     x2 = _rows_view(x, "x")
     M, K = x2.shape
     q = torch.empty((M, K), dtype=FP8, device=x.device)
     scale = torch.empty((M,), dtype=torch.float32, device=x.device)
     if not backend.kernel_device_ok(x):
         from ditfuse.reference import quantize_rows_fp8_reference
-        rq, rs = quantize_rows_fp8_reference(x2)
+        rq, rs = quantize_rows_fp8_reference(x2, activation)
         q.copy_(rq)
         scale.copy_(rs)
         return q, scale
     key = None
     if fastpath.usable(x):
-        key = ("quantize_rows", fastpath.sig(x2))
+        key = ("quantize_rows", gelu, fastpath.sig(x2))
         replay = _CACHE.get(key)
         if replay is not None and replay((x2, q, scale)):
             return q, scale
     with fastpath.Recorder() as rec:
-        _quantize(x2, q, scale)
+        _quantize(x2, q, scale, gelu)
     if key is not None:
         _CACHE.put(key, rec.replay((x2, q, scale)))
     return q, scale
 
 
-def quantize_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    r"""Quantize each row (token) of ``x`` to float8 e4m3 with one fp32 scale.
+def quantize_rows(x: torch.Tensor, *, activation: Optional[str] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    r"""Quantize each row (token) of ``x`` -- or of ``gelu(x)`` -- to float8 e4m3 with one fp32
+    scale.
 
     ``amax = max |x[m, :]|`` (fp32); ``q[m, :] = e4m3_rne(x[m, :] * (448 / amax))``,
     ``scale[m] = amax / 448`` (both divisions correctly rounded), so ``q * scale`` is ``x``
@@ -125,17 +138,22 @@ def quantize_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     ----------
     x : torch.Tensor, shape (..., K)
         float16 / bfloat16 / float32, unit stride in K, leading dimensions one row stride.
+    activation : None or "gelu_tanh"
+        "gelu_tanh": the rows quantized are ``ditfuse.gelu(x, "tanh")`` (fp32, rounded to
+        x's dtype as the 16-bit model stores them): an FFN's activation and its output
+        projection's quantization in one pass.
 
     Returns
     -------
     q : torch.Tensor, shape (M, K), float8_e4m3fn, M = x.numel() // K
     scale : torch.Tensor, shape (M,), float32
 
-    Bitwise equal to :func:`ditfuse.reference.quantize_rows_fp8_reference`.
+    Bitwise equal to :func:`ditfuse.reference.quantize_rows_fp8_reference` (with
+    "gelu_tanh": to it applied to :func:`ditfuse.gelu`'s output).
     """
     if torch.compiler.is_compiling():
-        return torch.ops.ditfuse.quantize_rows_fp8(x)
-    return _run(x)
+        return torch.ops.ditfuse.quantize_rows_fp8(x, activation)
+    return _run(x, activation)
 
 
 def quantize_weight(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -158,9 +176,11 @@ def fp8_gemm_ok(device: torch.device) -> bool:
 
 
 def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    r"""``x @ w^T + bias`` on FP8 tensor cores: ``x`` quantized a token at a time
-    (:func:`quantize_rows`), the weight given quantized (:func:`quantize_weight`).
+               bias: Optional[torch.Tensor] = None, *,
+               activation: Optional[str] = None) -> torch.Tensor:
+    r"""``act(x) @ w^T + bias`` on FP8 tensor cores: ``act(x)`` quantized a token at a time
+    (:func:`quantize_rows`, which applies ``activation`` in the same pass), the weight given
+    quantized (:func:`quantize_weight`).
 
     Parameters
     ----------
@@ -168,6 +188,8 @@ def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     w_q : torch.Tensor, shape (N, K), float8_e4m3fn, row-major
     w_scale : torch.Tensor, shape (N,), float32
     bias : torch.Tensor, shape (N,), optional, x's dtype
+    activation : None or "gelu_tanh"
+        applied to ``x`` first (``ditfuse.gelu(x, "tanh")``, rounded to x's dtype)
 
     Returns
     -------
@@ -201,7 +223,7 @@ def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     if not fp8_gemm_ok(x.device):
         raise RuntimeError(f"the FP8 GEMM needs an sm_89+ GPU; {x.device} is "
                            f"sm_{''.join(map(str, torch.cuda.get_device_capability(x.device)))}")
-    q, s = quantize_rows(x)
+    q, s = quantize_rows(x, activation=activation)
     y = torch._scaled_mm(q, w_q.t(), scale_a=s[:, None], scale_b=w_scale[None, :], bias=bias,
                          out_dtype=x.dtype, use_fast_accum=True)
     return y.view(*x.shape[:-1], N)
@@ -211,12 +233,14 @@ def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
 # torch.library op (used under torch.compile; eager calls launch directly)
 
 @library.op("ditfuse::quantize_rows_fp8", mutates_args=())
-def _quantize_rows_op(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _run(x)
+def _quantize_rows_op(x: torch.Tensor, activation: Optional[str]
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _run(x, activation)
 
 
 @_quantize_rows_op.register_fake
-def _(x):
+def _(x, activation):
+    _check_activation(activation)
     x2 = _rows_view(x, "x")
     M, K = x2.shape
     return (x.new_empty((M, K), dtype=FP8), x.new_empty((M,), dtype=torch.float32))

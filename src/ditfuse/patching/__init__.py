@@ -7,9 +7,10 @@ on the module so :func:`unpatch` restores exactly what was there. Nothing global
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Tuple, Union
 
 from ditfuse.patching.common import _ORIG_PROC, _PATCHED_FWD, FP8, FP8_LABEL, HOOKED, PatchReport, check_attention  # noqa: F401
+from ditfuse.patching.linear_fp8 import DEFAULT_EXCLUDE, LINEAR_FP8, check_linear, patch_linears, unpatch_linears
 from ditfuse.patching.registry import FP8_CLASSES, VAE_CLASSES, model_patches
 
 import torch
@@ -26,7 +27,8 @@ def _models(obj):
 
 def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
           attention: Union[bool, str] = True, activations: bool = True,
-          vae: bool = True) -> PatchReport:
+          vae: bool = True, linear: Optional[str] = None,
+          linear_exclude: Tuple[str, ...] = DEFAULT_EXCLUDE) -> PatchReport:
     """Install ditfuse's fused kernels into a diffusers model or pipeline, in place.
 
     Parameters
@@ -71,6 +73,18 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
         (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream processor, which
         ``qk_norm_rope`` installs; FLUX.3: every ``Flux3SwiGLU``; FLUX.1: the single-stream
         blocks' GELU, in the block forward that ``adaln`` installs).
+    linear : None or "fp8"
+        ``"fp8"``: the transformer blocks' linear layers as FP8 GEMMs
+        (``ditfuse.patching.linear_fp8``): e4m3 weights with a scale per output channel,
+        quantized here (the 16-bit weights move to the CPU until :func:`unpatch`), e4m3
+        activations with a scale per token, quantized by one pass before each GEMM (an
+        FFN's tanh GELU in that pass); cuBLASLt's row-wise scaled FP8 GEMM with the bias in
+        its epilogue. Needs a 16-bit model on an sm_89+ GPU (or the CPU: tests); elsewhere
+        the layers stay exact, the report says why. Combines with ``attention="fp8"``.
+    linear_exclude : tuple of str
+        fnmatch patterns of block linears (names relative to the model) kept in 16 bits;
+        the default keeps the modulation and embedding linears (``*norm*``, ``*img_mod*``,
+        ``*txt_mod*``, ``*emb*``). The report names every block linear and its precision.
     vae : bool
         The VAEs' norm -> SiLU pairs (their ResNet blocks' and encoder / decoder heads'
         GroupNorm -> SiLU, Wan's and Qwen-Image's channel RMS norm -> SiLU) as one kernel
@@ -93,6 +107,10 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
     (its processors are still replaced), counted under :data:`HOOKED` in the report.
     """
     check_attention(attention)
+    check_linear(linear)
+    if isinstance(linear_exclude, str) or not all(isinstance(p, str) for p in linear_exclude):
+        raise ValueError(f"linear_exclude must be a tuple of fnmatch patterns, got "
+                         f"{linear_exclude!r}")
     if attention == FP8 and not qk_norm_rope:
         raise ValueError("attention='fp8' runs in the attention processors that "
                          "qk_norm_rope=True installs (their kernel writes the 8-bit Q / K); "
@@ -125,6 +143,8 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
             what += (" (8-bit attention for calls with no mask or a key-padding mask; another "
                      "mask that masks something: exact)")
         report.lines.append(f"{name}: {cls}: {what}")
+        if linear == LINEAR_FP8:
+            patch_linears(model, report, linear_exclude)
     return report
 
 
@@ -132,6 +152,7 @@ def unpatch(obj) -> int:
     """Restore every processor and forward that :func:`patch` replaced; returns how many."""
     n = 0
     for _, model in _models(obj):
+        n += unpatch_linears(model)  # before the forwards: it gives the weights back
         for m in model.modules():
             if _ORIG_PROC in m.__dict__:
                 m.processor = m.__dict__.pop(_ORIG_PROC)

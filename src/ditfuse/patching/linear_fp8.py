@@ -1,0 +1,167 @@
+"""``patch(model, linear="fp8")``: a DiT's block linears as FP8 GEMMs.
+
+Every ``nn.Linear`` inside the model's transformer blocks (a top-level child whose name holds
+``blocks``: Wan's ``blocks``, FLUX's ``transformer_blocks`` / ``single_transformer_blocks``,
+...) whose name matches none of the ``exclude`` patterns gets its weight quantized once to
+e4m3 with a scale per output channel and a forward bound on the instance that quantizes the
+input a token at a time and runs :func:`ditfuse.ops.linear_fp8.linear_fp8`. The layers kept
+in 16 bits by default (:data:`DEFAULT_EXCLUDE`) are the modulation linears inside the blocks
+(AdaLN's ``norm*.linear``, Qwen-Image's ``img_mod`` / ``txt_mod``: a handful of rows whose
+errors scale every token) and any embedding; outside the blocks (patch / time / text
+embeddings, the final projection) nothing is touched.
+
+A ``FeedForward`` with a tanh GELU whose two linears are both FP8 gets one more forward: the
+output projection's quantization applies the GELU in the same pass
+(``linear_fp8(h, ..., activation="gelu_tanh")``), so the activation is never written in 16
+bits; bitwise the layers' own FP8 forwards one after the other.
+
+The 16-bit weight leaves the GPU: it is kept on the CPU (bitwise) for :func:`unpatch_linears`,
+and the module's ``weight`` becomes an empty tensor of the same dtype and device, so code
+that reads a patched layer's weight fails loudly instead of reading stale values.
+"""
+from __future__ import annotations
+
+import fnmatch
+import types
+from typing import Iterable, Optional, Tuple
+
+import torch
+
+from ditfuse.ops.linear_fp8 import DIM_MULTIPLE, fp8_gemm_ok, linear_fp8, quantize_weight
+from ditfuse.patching.common import _PATCHED_FWD, PatchReport
+
+LINEAR_FP8 = "fp8"
+#: Name patterns (fnmatch, relative to the model) of block linears kept in 16 bits.
+DEFAULT_EXCLUDE: Tuple[str, ...] = ("*norm*", "*img_mod*", "*txt_mod*", "*emb*")
+_W16 = "_ditfuse_w16"
+LABEL = "fp8 linears"
+FFN_LABEL = "FFNs (GELU fused into the FP8 quantization)"
+_FFN = "_ditfuse_fp8_ffn"
+
+
+def check_linear(linear) -> None:
+    if linear not in (None, False, LINEAR_FP8):
+        raise ValueError(f"linear must be None or 'fp8', got {linear!r}")
+
+
+def _in_blocks(name: str) -> bool:
+    return "blocks" in name.split(".", 1)[0]
+
+
+def _why_not(module: torch.nn.Linear) -> Optional[str]:
+    w = module.weight
+    if w.dtype not in (torch.float16, torch.bfloat16):
+        return f"{w.dtype} weights (FP8 GEMMs serve 16-bit models)"
+    if not fp8_gemm_ok(w.device):
+        return f"{w.device} has no FP8 tensor cores (sm_89 or newer)"
+    if module.in_features % DIM_MULTIPLE or module.out_features % DIM_MULTIPLE:
+        return (f"{module.in_features} -> {module.out_features} features (the FP8 GEMM wants "
+                f"multiples of {DIM_MULTIPLE})")
+    return None
+
+
+def _fp8_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise RuntimeError("ditfuse FP8 linears are inference-only: call the model under "
+                           "torch.no_grad() or torch.inference_mode(), or unpatch it")
+    if x.dtype != self.weight.dtype:
+        raise TypeError(f"FP8 linear of a {self.weight.dtype} model got {x.dtype} input")
+    if x.stride(-1) != 1 or not _views_as_rows(x):
+        x = x.contiguous()
+    return linear_fp8(x, self._ditfuse_w8, self._ditfuse_w8_scale, self.bias)
+
+
+def _ffn_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    proj, out = self.net[0].proj, self.net[-1]
+    h = proj(hidden_states)
+    if h.stride(-1) != 1 or not _views_as_rows(h):
+        h = h.contiguous()
+    return linear_fp8(h, out._ditfuse_w8, out._ditfuse_w8_scale, out.bias,
+                      activation="gelu_tanh")
+
+
+def _fusable_ffn(m: torch.nn.Module) -> bool:
+    """A diffusers ``FeedForward`` = [GELU(approximate="tanh") with its ``proj``, Dropout
+    (inactive), Linear], both linears FP8, its forward the class's."""
+    net = getattr(m, "net", None)
+    if type(m).__name__ != "FeedForward" or not isinstance(net, torch.nn.ModuleList) \
+            or len(net) != 3 or m.__dict__.get(_PATCHED_FWD):
+        return False
+    act, drop, out = net
+    return (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
+            and _W16 in getattr(act, "proj", torch.nn.Module()).__dict__
+            and isinstance(drop, torch.nn.Dropout) and (drop.p == 0 or not drop.training)
+            and _W16 in out.__dict__)
+
+
+def _views_as_rows(x: torch.Tensor) -> bool:
+    try:
+        x.view(-1, x.shape[-1])
+        return True
+    except RuntimeError:
+        return False
+
+
+def patch_linears(model: torch.nn.Module, report: PatchReport,
+                  exclude: Iterable[str] = DEFAULT_EXCLUDE) -> None:
+    """Quantize ``model``'s block linears and bind the FP8 forward on each (module
+    docstring); one report line a layer with its precision, counted under :data:`LABEL`."""
+    exclude = tuple(exclude)
+    for name, m in model.named_modules():
+        if type(m) is not torch.nn.Linear or not _in_blocks(name):
+            continue
+        if m.__dict__.get(_PATCHED_FWD) and _W16 in m.__dict__:
+            continue  # already FP8
+        if any(fnmatch.fnmatchcase(name, p) for p in exclude):
+            report.lines.append(f"  {name}: {m.weight.dtype} (excluded: {_match(name, exclude)})")
+            continue
+        if m.__dict__.get(_PATCHED_FWD):
+            report.lines.append(f"  {name}: {m.weight.dtype} (its forward is already replaced)")
+            continue
+        why = _why_not(m)
+        if why is not None:
+            report.lines.append(f"  {name}: {m.weight.dtype}, exact ({why})")
+            continue
+        w = m.weight.data
+        with torch.no_grad():
+            w8, s8 = quantize_weight(w)
+        m.register_buffer("_ditfuse_w8", w8, persistent=False)
+        m.register_buffer("_ditfuse_w8_scale", s8, persistent=False)
+        m.__dict__[_W16] = w if w.device.type == "cpu" else w.to("cpu", copy=True)
+        m.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
+        m.forward = types.MethodType(_fp8_forward, m)
+        m.__dict__[_PATCHED_FWD] = True
+        report.add(LABEL)
+        report.lines.append(f"  {name}: fp8 (e4m3 x e4m3, per-token x per-channel scales)")
+    for name, m in model.named_modules():
+        if _in_blocks(name) and _fusable_ffn(m):
+            m.forward = types.MethodType(_ffn_forward, m)
+            m.__dict__[_PATCHED_FWD] = True
+            m.__dict__[_FFN] = True
+            report.add(FFN_LABEL)
+            report.lines.append(f"  {name}: GELU + the output projection's quantization in one "
+                                f"pass")
+
+
+def _match(name: str, patterns) -> str:
+    return next(p for p in patterns if fnmatch.fnmatchcase(name, p))
+
+
+def unpatch_linears(model: torch.nn.Module) -> int:
+    """Give every FP8 linear its 16-bit weight back (bitwise) and its class's forward;
+    returns how many."""
+    n = 0
+    for m in model.modules():
+        if m.__dict__.pop(_FFN, False):
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop(_PATCHED_FWD, None)
+            n += 1
+        w16 = m.__dict__.pop(_W16, None)
+        if w16 is None:
+            continue
+        m.weight.data = w16.to(m._ditfuse_w8.device)
+        del m._buffers["_ditfuse_w8"], m._buffers["_ditfuse_w8_scale"]
+        m.__dict__.pop("forward", None)
+        m.__dict__.pop(_PATCHED_FWD, None)
+        n += 1
+    return n
