@@ -1,4 +1,4 @@
-"""Wan-Animate-2's self-attention QK-norm + RoPE on the H200: the processor's eager code
+"""Wan-Animate-2's self-attention QK-norm + RoPE on a GPU: the processor's eager code
 (``norm_q`` / ``norm_k``: torch RMSNorm across heads, then ``rope_apply``: complex fp64
 multipliers per grid cell, cast to fp32 and back) against the patched processor's call
 (``qk_norm_rope`` on the half-width fp32 tables of :func:`ditfuse.patching.wan_animate2._tables`,
