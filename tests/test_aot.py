@@ -795,6 +795,46 @@ def test_capture_refusals():
         bind(entry, None, caps(lambda B, N: 1, block=lambda B, N: 64 if N < 120 else 128), kernel)
 
 
+def test_tuple_parameters_bind_item_by_item():
+    """A tensor's strides as one tuple (positional or by keyword) bind item by item, and a
+    NamedTuple of flags is a constexpr the wrapper writes as a module constant."""
+    import dataclasses
+    from typing import NamedTuple
+
+    from ditfuse.aot.export import Capture, bind, jsonable, wrapper_source
+    from ditfuse.aot.ops import OpExport, TensorSpec
+
+    class Flags(NamedTuple):
+        on: bool
+        kind: int
+
+    entry = OpExport(op="toy", summary="", kernel="x:y", options=(),
+                     tensors=lambda o: [TensorSpec("x", "input", ("B", "N", 8), "fp32"),
+                                        TensorSpec("y", "output", ("B", "N", 8), "fp32")],
+                     call=None, writes={"y_ptr": "y"}, grid=None, tag=None)
+    names = ["x_ptr", "y_ptr", "n", "x_strides", "y_strides", "BLOCK", "FLAGS"]
+    params = [types.SimpleNamespace(name=n, is_constexpr=n.isupper()) for n in names]
+    kernel = types.SimpleNamespace(arg_names=names, params=params)
+    caps = []
+    for B in (2, 3):
+        for N in (100, 101, 137):
+            x = torch.empty(B, N, 8, device="meta")
+            y = torch.empty(B, N, 8, device="meta")
+            caps.append(Capture(B, N, {"x": x, "y": y}, (B * N, 1, 1), (x, y, N, x.stride()),
+                                {"y_strides": y.stride(), "BLOCK": 64, "FLAGS": Flags(True, 3),
+                                 "num_warps": 4}))
+    b, cst, opts = bind(entry, None, caps, kernel)
+    assert [x.describe() for x in b] == ["x", "y", "N", ["8 * N", 8, 1], ["8 * N", 8, 1]]
+    assert cst == {"BLOCK": 64, "FLAGS": Flags(True, 3)} and opts == {"num_warps": 4}
+    assert jsonable(cst["FLAGS"]) == {"on": True, "kind": 3}
+    src = wrapper_source(entry, "w", [], b, cst)
+    assert "x_strides=(N.to(tl.int64) * 8, 8, 1)" in src
+    assert "_FLAGS = tl.constexpr(Flags(on=True, kind=3))" in src and "FLAGS=_FLAGS" in src
+    with pytest.raises(P.AotRefusal, match="shape-dependent-launch"):
+        bind(entry, None, caps[:3] + [dataclasses.replace(caps[3], kwargs={
+            **caps[3].kwargs, "FLAGS": Flags(False, 3)})], kernel)
+
+
 def test_cli_usage():
     from ditfuse.aot.cli import main
     assert main(["--list"]) == 0

@@ -13,7 +13,11 @@ from typing import Optional, Union
 import torch
 
 NORM_KINDS = ("rms", "layer", "dyt")
-_KIND_CODE = {None: 0, "rms": 1, "layer": 2, "dyt": 3}
+#: The kernels' norm kind (their ``NORM`` constexpr; ``ditfuse.kernels.common`` names them
+#: for the kernels) and the ``torch.library`` schemas' ``*_kind`` argument.
+NO_NORM, RMS, LAYER, DYT = 0, 1, 2, 3
+KIND_CODE = {"rms": RMS, "layer": LAYER, "dyt": DYT}
+_KIND_NAME = {code: name for name, code in KIND_CODE.items()}
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class NormSpec:
 
     @property
     def code(self) -> int:
-        return _KIND_CODE[self.kind]
+        """The kernels' kind: ``RMS``, ``LAYER`` or ``DYT``."""
+        return KIND_CODE[self.kind]
 
     def span(self) -> Optional[int]:
         if self.size is not None:
@@ -158,14 +163,12 @@ def needs_grad(t) -> bool:
 
 
 # a norm as plain op arguments (torch.library schemas take tensors and scalars, not objects)
-_KIND_NAME = {0: None, 1: "rms", 2: "layer", 3: "dyt"}
-
 
 def flatten_norm(norm, arg):
     """A norm as op arguments: (weight, bias, alpha tensor, kind, eps, size, alpha, pre)."""
     spec = resolve_norm(norm, arg)
     if spec is None:
-        return None, None, None, 0, -1.0, 0, 0.0, False
+        return None, None, None, NO_NORM, -1.0, 0, 0.0, False
     a_t = spec.alpha if isinstance(spec.alpha, torch.Tensor) else None
     a_v = float(spec.alpha) if (spec.alpha is not None and a_t is None) else 0.0
     return (spec.weight, spec.bias, a_t, spec.code, -1.0 if spec.eps is None else float(spec.eps),
@@ -173,8 +176,8 @@ def flatten_norm(norm, arg):
 
 
 def unflatten_norm(w, b, a_t, kind, eps, size, a_v, pre):
-    if kind == 0:
+    if kind == NO_NORM:
         return None
-    alpha = a_t if a_t is not None else (a_v if kind == 3 else None)
+    alpha = a_t if a_t is not None else (a_v if kind == DYT else None)
     return NormSpec(_KIND_NAME[kind], weight=w, bias=b, eps=None if eps < 0 else eps, alpha=alpha,
                     size=size or None, round_before_weight=pre)

@@ -78,14 +78,16 @@ class Capture:
 
 @dataclass
 class Binding:
-    """How the wrapper produces one argument of the real kernel."""
+    """How the wrapper produces one argument of the real kernel (or one item of a tuple
+    argument: a tensor's strides travel as one tuple)."""
 
     param: str
-    kind: str            # "tensor" | "int" | "float" | "bool" | "none"
+    kind: str            # "tensor" | "int" | "float" | "bool" | "none" | "tuple"
     ref: Optional[str] = None   # tensor: runtime tensor name
     offset: int = 0      # tensor: element offset; int: constant term
     per_n: int = 0       # int: coefficient of N
-    value: Any = None    # float / bool constant
+    value: Any = None    # float / bool constant; tuple: its NamedTuple class, or None
+    items: Tuple["Binding", ...] = ()  # tuple: one binding an item
 
     def source(self, n: str = "N") -> str:
         if self.kind == "tensor":
@@ -99,6 +101,11 @@ class Binding:
             return f"({s} + {self.offset})" if self.offset else s
         if self.kind == "none":
             return "None"
+        if self.kind == "tuple":
+            inner = ", ".join(b.source(n) for b in self.items)
+            if self.value is not None:
+                return f"{self.value.__name__}({inner})"
+            return f"({inner},)" if len(self.items) == 1 else f"({inner})"
         return repr(self.value)
 
     def describe(self) -> Any:
@@ -109,7 +116,18 @@ class Binding:
             return s + (f" + {self.offset}" if self.offset else "")
         if self.kind == "tensor":
             return self.ref + (f" + {self.offset}" if self.offset else "")
+        if self.kind == "tuple":
+            if self.value is not None:
+                return {f: b.describe() for f, b in zip(self.value._fields, self.items)}
+            return [b.describe() for b in self.items]
         return self.value
+
+    def classes(self) -> List[type]:
+        """The NamedTuple classes the wrapper builds this argument with."""
+        if self.kind != "tuple":
+            return []
+        own = [self.value] if self.value is not None else []
+        return own + [c for b in self.items for c in b.classes()]
 
 
 #: Longest entry name. PTX and ELF put no limit on a symbol, TensorRT one of 1023 bytes on a
@@ -225,66 +243,106 @@ def _resolve_tensor(entry: OpExport, specs: Dict[str, TensorSpec], cap: Capture,
     return name, offset
 
 
-def bind(entry: OpExport, opts, caps: List[Capture], kernel=None
-         ) -> Tuple[List[Binding], Dict[str, Any], Dict[str, Any]]:
-    """(bindings of the kernel's positional params, constexprs, launch options)."""
+def _is_namedtuple(v) -> bool:
+    return isinstance(v, tuple) and hasattr(type(v), "_fields")
+
+
+def _constexpr_names(kernel, kwargs) -> set:
+    """The kernel's compile-time parameters; for a kernel known by its ``arg_names`` only,
+    every keyword argument."""
+    params = getattr(kernel, "params", None)
+    if params is None:
+        return set(kwargs)
+    return {p.name for p in params if p.is_constexpr}
+
+
+def _runtime_args(kernel, cap: Capture, constexprs: set) -> Dict[str, Any]:
+    """The kernel's run-time arguments of one launch by parameter name, in parameter order:
+    the positional ones and those passed by keyword (tuples of strides, say)."""
+    names = kernel.arg_names
+    given = dict(zip(names, cap.args))
+    given.update({k: v for k, v in cap.kwargs.items() if k in names and k not in constexprs})
+    return {n: given[n] for n in names if n in given}
+
+
+def _bind_one(entry: OpExport, specs: Dict[str, TensorSpec], caps: List[Capture], fit: List[int],
+              pname: str, vals: list) -> Binding:
+    """The binding of one run-time argument (``vals``: its value at each capture); tuples
+    item by item. ``fit``: the two captures (same B) that fit an int's a + b*N."""
     import torch
 
+    v0 = vals[0]
+    if isinstance(v0, torch.Tensor):
+        refs = [_resolve_tensor(entry, specs, c, pname, v) for c, v in zip(caps, vals)]
+        if len(set(refs)) != 1:
+            raise P.AotRefusal("shape-dependent-pointer",
+                               f"kernel parameter {pname} points to {sorted(set(refs))} at "
+                               "different shapes; the offset must be a constant")
+        return Binding(pname, "tensor", ref=refs[0][0], offset=refs[0][1])
+    if v0 is None:
+        return Binding(pname, "none")
+    if isinstance(v0, tuple):
+        if any(type(v) is not type(v0) or len(v) != len(v0) for v in vals):
+            raise P.AotRefusal("shape-dependent-scalar",
+                               f"kernel parameter {pname} takes values {vals} at (B, N) = "
+                               f"{[(c.B, c.N) for c in caps]}: tuples of one length and type")
+        items = tuple(_bind_one(entry, specs, caps, fit, f"{pname}[{j}]", [v[j] for v in vals])
+                      for j in range(len(v0)))
+        return Binding(pname, "tuple", value=type(v0) if _is_namedtuple(v0) else None,
+                       items=items)
+    if isinstance(v0, bool) or isinstance(v0, float):
+        if any(type(v) is not type(v0) or v != v0 for v in vals):
+            raise P.AotRefusal("shape-dependent-scalar",
+                               f"kernel parameter {pname} takes values {vals} at (B, N) = "
+                               f"{[(c.B, c.N) for c in caps]}; only N can change at run time")
+        if isinstance(v0, float) and not math.isfinite(v0):
+            raise P.AotRefusal("scalar", f"kernel parameter {pname} = {v0} is not finite")
+        return Binding(pname, "bool" if isinstance(v0, bool) else "float", value=v0)
+    if isinstance(v0, int):
+        (ca, va), (cb, vb) = ((caps[i], vals[i]) for i in fit)
+        b = (vb - va) // (cb.N - ca.N)
+        a = va - b * ca.N
+        bad = [(c.B, c.N, v) for c, v in zip(caps, vals) if a + b * c.N != v]
+        if bad or (vb - va) % (cb.N - ca.N):
+            raise P.AotRefusal(
+                "non-affine-scalar",
+                f"kernel parameter {pname} takes values {vals} at (B, N) = "
+                f"{[(c.B, c.N) for c in caps]}: not a + b*N with a, b constants "
+                "independent of the batch. Only the INT32 extras reach the kernel at run "
+                "time, so every other integer must be a constant or follow from N.")
+        return Binding(pname, "int", offset=a, per_n=b)
+    raise P.AotRefusal("scalar", f"kernel parameter {pname} has an unsupported value "
+                                 f"{v0!r} ({type(v0).__name__})")
+
+
+def bind(entry: OpExport, opts, caps: List[Capture], kernel=None
+         ) -> Tuple[List[Binding], Dict[str, Any], Dict[str, Any]]:
+    """(bindings of the kernel's run-time params, constexprs, launch options).
+
+    A run-time parameter may come positionally or by keyword, and may be a tuple (a
+    tensor's strides): each item is bound as a parameter of its own would be."""
     kernel = kernel if kernel is not None else _kernel(entry)
     names = kernel.arg_names
     c0 = caps[0]
     specs = {s.name: s for s in entry.tensors(opts)}
-    for c in caps[1:]:
-        if len(c.args) != len(c0.args) or c.kwargs != c0.kwargs:
-            diff = {k: (c0.kwargs.get(k), c.kwargs.get(k)) for k in set(c0.kwargs) | set(c.kwargs)
-                    if c0.kwargs.get(k) != c.kwargs.get(k)}
+    cst_names = _constexpr_names(kernel, c0.kwargs)
+    runtime = [_runtime_args(kernel, c, cst_names) for c in caps]
+    settings = [{k: v for k, v in c.kwargs.items() if k not in r} for c, r in zip(caps, runtime)]
+    for c, r, st in zip(caps[1:], runtime[1:], settings[1:]):
+        if list(r) != list(runtime[0]) or st != settings[0]:
+            diff = {k: (settings[0].get(k), st.get(k)) for k in set(settings[0]) | set(st)
+                    if settings[0].get(k) != st.get(k)}
             raise P.AotRefusal(
                 "shape-dependent-launch",
                 f"{entry.op}'s launch settings change with the shape: {diff} between (B, N) = "
                 f"({c0.B}, {c0.N}) and ({c.B}, {c.N}). A package has one set of constexprs; "
                 "it cannot follow a run-time N that changes them.")
     # the two points that fit a + b*N (same B), the rest check it
-    fa = [c for c in caps if c.B == c0.B]
-    out = []
-    for i in range(len(c0.args)):
-        pname = names[i]
-        vals = [c.args[i] for c in caps]
-        v0 = vals[0]
-        if isinstance(v0, torch.Tensor):
-            refs = [_resolve_tensor(entry, specs, c, pname, c.args[i]) for c in caps]
-            if len(set(refs)) != 1:
-                raise P.AotRefusal("shape-dependent-pointer",
-                                   f"kernel parameter {pname} points to {sorted(set(refs))} at "
-                                   "different shapes; the offset must be a constant")
-            out.append(Binding(pname, "tensor", ref=refs[0][0], offset=refs[0][1]))
-        elif v0 is None:
-            out.append(Binding(pname, "none"))
-        elif isinstance(v0, bool) or isinstance(v0, float):
-            if any(type(v) is not type(v0) or v != v0 for v in vals):
-                raise P.AotRefusal("shape-dependent-scalar",
-                                   f"kernel parameter {pname} takes values {vals} at (B, N) = "
-                                   f"{[(c.B, c.N) for c in caps]}; only N can change at run time")
-            if isinstance(v0, float) and not math.isfinite(v0):
-                raise P.AotRefusal("scalar", f"kernel parameter {pname} = {v0} is not finite")
-            out.append(Binding(pname, "bool" if isinstance(v0, bool) else "float", value=v0))
-        elif isinstance(v0, int):
-            (ca, va), (cb, vb) = (fa[0], fa[0].args[i]), (fa[1], fa[1].args[i])
-            b = (vb - va) // (cb.N - ca.N)
-            a = va - b * ca.N
-            bad = [(c.B, c.N, v) for c, v in zip(caps, vals) if a + b * c.N != v]
-            if bad or (vb - va) % (cb.N - ca.N):
-                raise P.AotRefusal(
-                    "non-affine-scalar",
-                    f"kernel parameter {pname} takes values {vals} at (B, N) = "
-                    f"{[(c.B, c.N) for c in caps]}: not a + b*N with a, b constants "
-                    "independent of the batch. Only the INT32 extras reach the kernel at run "
-                    "time, so every other integer must be a constant or follow from N.")
-            out.append(Binding(pname, "int", offset=a, per_n=b))
-        else:
-            raise P.AotRefusal("scalar", f"kernel parameter {pname} has an unsupported value "
-                                         f"{v0!r} ({type(v0).__name__})")
-    constexprs = {k: v for k, v in c0.kwargs.items() if k in names}
-    launch_opts = {k: v for k, v in c0.kwargs.items() if k not in names}
+    fit = [i for i, c in enumerate(caps) if c.B == c0.B][:2]
+    out = [_bind_one(entry, specs, caps, fit, pname, [r[pname] for r in runtime])
+           for pname in runtime[0]]
+    constexprs = {k: v for k, v in settings[0].items() if k in names}
+    launch_opts = {k: v for k, v in settings[0].items() if k not in names}
     unknown = set(launch_opts) - _LAUNCH_OPTIONS
     if unknown:
         raise P.AotRefusal("capture", f"unknown launch keyword(s) {sorted(unknown)}")
@@ -328,13 +386,54 @@ def _literal(v) -> str:
         return repr(v)
     if isinstance(v, tl.dtype):
         return f"tl.{v.name if hasattr(v, 'name') else v}"
+    if _is_namedtuple(v):
+        fields = ", ".join(f"{f}={_literal(x)}" for f, x in zip(v._fields, v))
+        return f"{type(v).__name__}({fields})"
+    if isinstance(v, tuple):
+        inner = ", ".join(_literal(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
     raise P.AotRefusal("constexpr", f"cannot write constexpr value {v!r} ({type(v).__name__})")
+
+
+def _classes(v) -> List[type]:
+    """The NamedTuple classes a constexpr value is written with."""
+    if not isinstance(v, tuple):
+        return []
+    own = [type(v)] if _is_namedtuple(v) else []
+    return own + [c for x in v for c in _classes(x)]
+
+
+def jsonable(v) -> Any:
+    """A constexpr value as the manifest writes it (a NamedTuple as its fields)."""
+    if _is_namedtuple(v):
+        return {f: jsonable(x) for f, x in zip(v._fields, v)}
+    if isinstance(v, tuple):
+        return [jsonable(x) for x in v]
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    return str(v)
 
 
 def wrapper_source(entry: OpExport, fn_name: str, params: List[RuntimeParam],
                    bindings: List[Binding], constexprs: Dict[str, Any]) -> str:
+    """The wrapper kernel: the runtime parameters in TensorRT's order, and one call of the
+    real kernel with every argument by name. A constexpr that is no plain literal (a
+    NamedTuple of flags) is a module-level ``tl.constexpr`` of the wrapper, as the JIT
+    call passes it: one value, not a tuple built inside the kernel."""
     mod, attr = entry.kernel.split(":")
-    args = [b.source() for b in bindings] + [f"{k}={_literal(v)}" for k, v in constexprs.items()]
+    glob, args = [], [f"{b.param}={b.source()}" for b in bindings]
+    for k, v in constexprs.items():
+        if isinstance(v, tuple):
+            glob.append(f"_{k} = tl.constexpr({_literal(v)})")
+            args.append(f"{k}=_{k}")
+        else:
+            args.append(f"{k}={_literal(v)}")
+    classes = {c: None for b in bindings for c in b.classes()}
+    classes.update({c: None for v in constexprs.values() for c in _classes(v)})
+    imports = "".join(f"from {c.__module__} import {c.__name__}\n" for c in classes
+                      if c.__module__ != mod) + \
+        f"from {mod} import {attr} as _kernel" + \
+        "".join(f", {c.__name__}" for c in classes if c.__module__ == mod) + "\n"
     lines, cur = [], "    _kernel("
     for i, a in enumerate(args):
         piece = a + ("," if i < len(args) - 1 else ")")
@@ -346,13 +445,15 @@ def wrapper_source(entry: OpExport, fn_name: str, params: List[RuntimeParam],
     sig = ", ".join(p.name for p in params)
     doc = "\n".join(f"    #   {p.name:10} {p.kind:6} {p.dtype}" +
                     (f" {tuple(p.spec.shape)}" if p.spec else "") for p in params)
+    consts = "".join(g + "\n" for g in glob)
     return (f'"""Generated by ditfuse.aot.export for {entry.op}: do not edit.\n\n'
             "Provenance only: the source kernel.ptx was compiled from (it needs triton and\n"
             "ditfuse); nothing loads it at run time (ditfuse_aot_loader.py launches the package).\n\n"
             f"TensorRT's argument order (inputs, INT32 extras, outputs); every other argument of\n"
             f"{entry.kernel} is a compile-time constant of this specialization.\n\"\"\"\n"
-            f"import triton\nimport triton.language as tl\n\nfrom {mod} import {attr} as _kernel\n\n\n"
-            f"@triton.jit\ndef {fn_name}({sig}):\n{doc}\n" + "\n".join(lines) + "\n")
+            f"import triton\nimport triton.language as tl\n\n{imports}\n"
+            + (f"{consts}\n" if consts else "") +
+            f"\n@triton.jit\ndef {fn_name}({sig}):\n{doc}\n" + "\n".join(lines) + "\n")
 
 
 def _import_wrapper(src: str, fn_name: str, tmpdir: str):
@@ -572,7 +673,7 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
         "stack": asm["stack"],
         "local_memory_instructions": {"LDL": sass["ldl"], "STL": sass["stl"]},
         "sass_instructions": sass["sass_instructions"],
-        "constexprs": constexprs,
+        "constexprs": {k: jsonable(v) for k, v in constexprs.items()},
         "bindings": {b.param: b.describe() for b in bindings},
         "kernel": entry.kernel,
         "compile_options": {"num_warps": options.num_warps, "num_stages": options.num_stages,

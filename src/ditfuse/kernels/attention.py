@@ -42,7 +42,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _ex2, _rnd
-from ditfuse.kernels.qk_token import _alpha, _norm_affine
+from ditfuse.kernels.common import _alpha, _norm_affine
 from ditfuse.runtime.backend import INTERPRET, jit
 
 # Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor
