@@ -33,29 +33,14 @@ import time
 import torch
 
 from ditfuse.tools.attention_inputs import FAMILIES
+from ditfuse.tools.timing import _median_us, graph_us  # noqa: F401 (the sweeps import them here)
+from ditfuse.tools.bench_linear import LINEAR_IMPLS, LINEAR_SHAPES, bench_linear_fp8
 from ditfuse.tools.shapes import QK_SHAPES
 
 L2_BYTES = 60 * 2**20
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit",  # any registry
                               "same-l-8704", "same-l-trt")
-
-
-def _median_us(fn, warmup=25, rep=100) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
-
-
-def graph_us(fn) -> float:
-    """GPU time of ``fn`` (one call, warmed up) captured in a CUDA graph and replayed:
-    do_bench median, L2 flushed before every replay. The sweeps' timer."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return _median_us(g.replay)
 
 
 def copy_ceiling_gbps(device="cuda") -> float:
@@ -746,9 +731,10 @@ LEGACY_ACCURACY_COLUMNS = ("cos_rmsnorm", "rel_l2_rmsnorm")
 BASE_COLUMNS = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton",
                 "date"]
 EXTRA_COLUMNS = ["tflops", "x_best_sdpa", "x_sage", *ACCURACY_COLUMNS, "note",
-                 *LEGACY_ACCURACY_COLUMNS]
+                 *LEGACY_ACCURACY_COLUMNS, "x_bf16", "cos", "rel_l2"]
 COLUMNS = BASE_COLUMNS + EXTRA_COLUMNS
-_FORMATS = {"tflops": ".1f", "x_best_sdpa": ".3f", "x_sage": ".3f",
+_FORMATS = {"tflops": ".1f", "x_best_sdpa": ".3f", "x_sage": ".3f", "x_bf16": ".3f",
+            "cos": ".8f", "rel_l2": ".4e",
             **{c: ".8f" if c.startswith("cos") else ".4e"
                for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS}}
 
@@ -793,7 +779,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", default="all",
                     choices=["all", "qk_norm_rope", "adaln", "activations", "group_norm", "attention",
-                             "attention-fp8"],
+                             "attention-fp8", "linear-fp8"],
                     help="one op family (attention-fp8: full attention, SDPA backends / "
                          "SageAttention / ditfuse 8-bit, time and accuracy)")
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
@@ -802,7 +788,8 @@ def main(argv=None) -> int:
                     help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)} "
                          "(not for attention-fp8)")
     ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex,"
-                                       "ditfuse-highest," + ",".join(ATTN_FP8_IMPLS))
+                                       "ditfuse-highest," + ",".join(ATTN_FP8_IMPLS) + ","
+                                       + ",".join(LINEAR_IMPLS))
     ap.add_argument("--out-dir", default=None,
                     help="where the CSV goes (default benchmarks/results; with --smoke a "
                          "temporary folder)")
@@ -817,6 +804,9 @@ def main(argv=None) -> int:
                          "patched with attention='fp8', each under torch.compile, time a step and "
                          "trajectories against unpatched eager (models: "
                          "flux2-1024,wan14b-480p,hunyuan-video-544p,wan14b-720p)")
+    ap.add_argument("--linear-fp8", action="store_true",
+                    help="with --e2e --fp8: the FP8 linear rows -- unpatched, attention='fp8', "
+                         "linear='fp8', both, and torchao's float8 per-row linears as the peer")
     ap.add_argument("--models", default="all",
                     help="with --e2e: comma-separated, from wan14b-480p,wan14b-720p,flux1-1024,"
                          "flux2-1024,qwen-image-1328,hunyuan-video-544p,same-l")
@@ -844,7 +834,8 @@ def main(argv=None) -> int:
                   "activations": (ACT_SHAPES, bench_activation),
                   "group_norm": (GN_SHAPES, bench_group_norm),
                   "attention": (ATTN_SHAPES, bench_attention),
-                  "attention-fp8": (FULL_ATTN_SHAPES, bench_attention_fp8)}
+                  "attention-fp8": (FULL_ATTN_SHAPES, bench_attention_fp8),
+                  "linear-fp8": (LINEAR_SHAPES, bench_linear_fp8)}
     ops = list(registries) if args.op == "all" else [args.op]
     jobs = []
     for op in ops:
@@ -857,7 +848,7 @@ def main(argv=None) -> int:
                       file=sys.stderr)
                 return 2
         dtypes = args.dtypes.split(",")
-        if op == "attention-fp8":  # 8-bit attention takes 16-bit q / k / v
+        if op in ("attention-fp8", "linear-fp8"):  # 16-bit inputs only
             jobs += [(op, n, d) for d in dtypes if d in ("bf16", "fp16") for n in names]
             continue
         jobs += [(op, n, d) for d in dtypes for n in names]
@@ -889,7 +880,10 @@ def main(argv=None) -> int:
         rows.append(dict(op=op, shape=shape, impl=impl, dtype=dname, us=us, gbps=gbps, pct_copy=pct,
                          gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date, **extra))
         line = f"{op:20s} {shape:20s} {dname:5s} {impl:13s} {us:10.1f} {gbps:8.0f} {pct:6.1f}"
-        if extra:  # the 8-bit attention rows: TFLOP/s, speed-ups, accuracy
+        if "x_bf16" in extra:  # the FP8 linear rows: TFLOP/s, speed-up over bf16, accuracy
+            line += (f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_bf16']:.3f} bf16; cos "
+                     f"{extra['cos']:.6f}, rel L2 {extra['rel_l2']:.2e} {extra['note']}")
+        elif extra:  # the 8-bit attention rows: TFLOP/s, speed-ups, accuracy
             line += (f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_best_sdpa']:.3f} sdpa "
                      f"x{extra['x_sage']:.3f} sage; cos "
                      + " / ".join(f"{extra[f'cos_{f}']:.6f}" for f in FAMILIES) + ", rel L2 "

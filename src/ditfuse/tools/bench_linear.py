@@ -26,6 +26,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from ditfuse.tools.timing import graph_or_eager_us
+
 
 @dataclass(frozen=True)
 class LinearShape:
@@ -80,24 +82,13 @@ def _torchao_linear(w, b):
     return torch.compile(lin)
 
 
-def _graph_or_eager_us(fn) -> float:
-    """The CUDA-graph time; do_bench's eager median where the call cannot be captured."""
-    from ditfuse.tools.bench import _median_us, graph_us
-
-    try:
-        return graph_us(fn)
-    except Exception:  # noqa: BLE001 -- e.g. a compiled peer that refuses capture
-        torch.cuda.synchronize()
-        return _median_us(fn)
-
-
 def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cuda",
                      timer=None):
     """The rows of the module docstring for one shape; ``timer`` (us of a callable) defaults
     to the CUDA-graph timer."""
     from ditfuse.ops.linear_fp8 import linear_fp8, quantize_rows, quantize_weight
 
-    timer = timer or _graph_or_eager_us
+    timer = timer or graph_or_eager_us
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(shape.M, shape.K, generator=g).to(device, dtype)
     w = (torch.randn(shape.N, shape.K, generator=g) / math.sqrt(shape.K)).to(device, dtype)

@@ -470,16 +470,40 @@ def patch_fp8(model):
         raise RuntimeError(f"ditfuse.patch(model, attention='fp8') failed: {e}") from e
 
 
+def linear_fp8_ways():
+    """The ways of ``ditfuse bench --e2e --fp8 --linear-fp8``: (label, patch) after the
+    unpatched baseline -- 8-bit attention, FP8 linears, both, and torchao's float8 dynamic
+    per-row linears (the peer) on the model's block linears."""
+    import ditfuse
+
+    def torchao_linears(model):
+        from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, PerRow,
+                                          quantize_)
+
+        def block_linear(mod, fqn):
+            return (isinstance(mod, torch.nn.Linear) and "blocks" in fqn.split(".", 1)[0]
+                    and not any(p in fqn for p in ("norm", "img_mod", "txt_mod", "emb")))
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+                  filter_fn=block_linear)
+        return "torchao float8 dynamic per-row block linears"
+
+    return [("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
+            ("patched linear-fp8", lambda m: ditfuse.patch(m, linear="fp8")),
+            ("patched fp8 + linear-fp8", lambda m: ditfuse.patch(m, attention="fp8", linear="fp8")),
+            ("torchao linear-fp8", torchao_linears)]
+
+
 def run_model_fp8(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, timer, emit,
                   compile_backend: str | None = "inductor", steps: int = 20, config=None,
-                  sizes=None, mem=None, rounds: int = 2, patch_8bit=None):
+                  sizes=None, mem=None, rounds: int = 2, patch_8bit=None, ways=None):
     """One step three ways, each under ``torch.compile`` (``compile_backend``; eager where
     None): unpatched (the baseline), ``ditfuse.patch`` (exact) and
     ``ditfuse.patch(attention="fp8")`` (``patch_8bit``, default :func:`patch_fp8`), on
     copies of one model; time a step in ``rounds`` interleaved rounds, the speed-up over the
     baseline, and a ``steps``-step trajectory of each (the compiled callable) against the
-    unpatched eager one in ``dtype``: PSNR and max |diff| of the final latents. Returns
-    (rows {impl: ms}, quality {impl: {psnr, max_abs_diff}}, the two patch reports)."""
+    unpatched eager one in ``dtype``: PSNR and max |diff| of the final latents. ``ways``:
+    (label, patch) pairs instead of the exact and 8-bit patches (:func:`linear_fp8_ways`).
+    Returns (rows {impl: ms}, quality {impl: {psnr, max_abs_diff}}, the patch reports)."""
     import ditfuse
 
     patch_8bit = patch_8bit or patch_fp8
@@ -498,9 +522,11 @@ def run_model_fp8(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, 
     try:
         with torch.no_grad():
             ref = trajectory(model, kw, spec, steps)  # unpatched eager: the reference
-            exact, fp8 = copy.deepcopy(model), copy.deepcopy(model)
-            reports = (ditfuse.patch(exact), patch_8bit(fp8))
-            for name, m in (("unpatched", model), ("patched", exact), ("patched fp8", fp8)):
+            if ways is None:
+                ways = [("patched", ditfuse.patch), ("patched fp8", patch_8bit)]
+            copies = [(label, copy.deepcopy(model)) for label, _ in ways]
+            reports = tuple(fn(m) for (_, fn), (_, m) in zip(ways, copies))
+            for name, m in [("unpatched", model)] + copies:
                 impl = name + way
                 fn = m
                 if compile_backend:
@@ -528,7 +554,8 @@ def run_model_fp8(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, 
                         f"rounds " + "/".join(f"{t:.2f}" for t in times[impl]))
                 if all(h is not None for h in hosts[impl]):
                     note += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
-                if impl.startswith("patched fp8") and torch.equal(trajs[impl], trajs["patched" + way]):
+                if impl.startswith("patched fp8") and "patched" + way in trajs \
+                        and torch.equal(trajs[impl], trajs["patched" + way]):
                     note += "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
                 emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
                           peak_gib=max(peaks[impl]) if mem else None, shape=shape, note=note,
@@ -722,7 +749,7 @@ def write_csv(path: str, rows) -> None:
 
 def run_e2e(names, device: str, layers, csv_path: str, timer, slow_timer, mem=None,
             compile_backend: str | None = "inductor", steps: int = 20, tiny: bool = False,
-            out=sys.stdout, rounds: int = 3, fp8: bool = False) -> int:
+            out=sys.stdout, rounds: int = 3, fp8: bool = False, linear: bool = False) -> int:
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
     test's configs and sizes through the same builders. ``layers``: a count, or a count per
@@ -746,11 +773,14 @@ def run_e2e(names, device: str, layers, csv_path: str, timer, slow_timer, mem=No
                 if spec.kind != "transformer":
                     print(f"  {n}: no 8-bit attention rows (not a transformer)", file=out, flush=True)
                     continue
+                ways = linear_fp8_ways() if linear else None
                 _, _, reports = run_model_fp8(spec, device, torch.bfloat16, n_layers, timer, emit,
                                               compile_backend=compile_backend, steps=steps, mem=mem,
-                                              rounds=rounds, **kw)
-                print(f"  ditfuse.patch: {reports[0]}\n  ditfuse.patch(attention='fp8'): {reports[1]}",
-                      file=out, flush=True)
+                                              rounds=rounds, ways=ways, **kw)
+                labels = [w[0] for w in ways] if ways else ["ditfuse.patch",
+                                                            "ditfuse.patch(attention='fp8')"]
+                for label, rep in zip(labels, reports):
+                    print(f"  {label}: {rep}", file=out, flush=True)
             elif spec.kind == "vae-decode":
                 run_same(spec, device, slow_timer, emit, mem=mem, **kw)
             else:
@@ -775,6 +805,10 @@ def main(args) -> int:
     import triton
 
     fp8 = getattr(args, "fp8", False)
+    linear = getattr(args, "linear_fp8", False)
+    if linear and not fp8:
+        print("ditfuse bench --e2e: --linear-fp8 goes with --fp8", file=sys.stderr)
+        return 2
     if args.models == "all":
         names = list(FP8_MODELS) if fp8 else [n for n, s in E2E_MODELS.items() if s.in_all]
     else:
@@ -797,7 +831,11 @@ def main(args) -> int:
     steps = getattr(args, "steps", 20)
     blocks = (", ".join(f"{n} {v}" for n, v in layers.items()) if isinstance(layers, dict)
               else str(layers))
-    if fp8:
+    if linear:
+        what = (f"FP8: unpatched, {', '.join(w[0] for w in linear_fp8_ways())}"
+                f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
+                f"trajectories against unpatched eager bf16; {rounds} timing rounds")
+    elif fp8:
         what = (f"8-bit attention: unpatched, patched, patched with attention='fp8'"
                 f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
                 f"trajectories against unpatched eager bf16; {rounds} timing rounds")
@@ -809,12 +847,12 @@ def main(args) -> int:
           f"{what}.", flush=True)
     out_dir = getattr(args, "out_dir", None) or "benchmarks/results"
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"e2e{'-fp8' if fp8 else ''}-{torch.cuda.get_device_name().replace(' ', '-')}-"
+    path = os.path.join(out_dir, f"e2e{'-fp8' if fp8 else ''}{'-linear' if linear else ''}-{torch.cuda.get_device_name().replace(' ', '-')}-"
                                  f"{_dt.date.today().isoformat()}.csv")
     t0 = time.time()
     failed = run_e2e(names, "cuda", layers, path,
                      timer=loop_timer(),  # ms a step, per round
                      slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend,
-                     rounds=rounds, steps=steps, fp8=fp8)
+                     rounds=rounds, steps=steps, fp8=fp8, linear=linear)
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0
