@@ -135,7 +135,8 @@ CL_LAUNCHES = {
     "cl": dict(fit_max=0, tile=64),                  # the groups side by side in one tile
     # several group blocks, statistics programs of several tiles (rounded up to a power of
     # two: programs' tiles past the end), a masked tail tile
-    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=8, tpp_pow2=True),
+    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, cl_stats_programs=8,
+                           cl_tpp_pow2=True),
 }
 CL_CASES = [  # (name, shape, groups)
     ("4d cpg2 N2", (2, 64, 5, 7), 32),
@@ -165,7 +166,7 @@ def test_channels_last_split_vs_fp64(case, launch, dtype):
     st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]), c_inner=True, **L)
     assert st.path == "split-cl"
     if launch == "cl-blocks-loop":
-        assert gn._cdiv(G, st.GB) > 1 or st.GB * st.CPP > 8
+        assert math.ceil(G / st.GB) > 1 or st.GB * st.CPP > 8
         assert st.TPP > 1 and st.P * st.TPP > st.n_ts  # tiles past the end are masked
     y = gn.group_norm_silu(xl, G, w, b, 1e-6, _launch=L)
     assert y.stride() == xl.stride()
@@ -180,11 +181,11 @@ def test_channels_last_split_vs_fp64(case, launch, dtype):
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 @torch.no_grad()
 def test_statistics_tile_counts_not_powers_of_two(layout, dtype):
-    """Statistics programs of 3 / 5 tiles (``tpp_pow2=False``: the channels-last default),
+    """Statistics programs of 3 / 5 tiles (``cl_tpp_pow2=False``: the channels-last default),
     the last program's tiles partly past the group's end."""
     if layout == "channels_last":
         shape, G = (2, 16, 5, 10), 4
-        L = dict(fit_max=0, tile=32, cl_lanes=8, stats_programs=20, tpp_pow2=False)
+        L = dict(fit_max=0, tile=32, cl_lanes=8, cl_stats_programs=20, cl_tpp_pow2=False)
         want, path = 3, "split-cl"
     else:
         shape, G = (2, 8, 9, 9), 2
@@ -206,7 +207,7 @@ def test_channels_last_table_defaults():
     rounded (hunyuan-vae-up-9f: 9 tiles a program, 128 programs a group block)."""
     st = gn.gn_settings(1, 32, 4, 9 * 128 * 128, c_inner=True)
     assert st.path == "split-cl" and (st.TPP, st.P, st.GB) == (9, 128, 16)
-    assert st.P * gn._cdiv(32, st.GB) == gn.CL_STATS_PROGRAMS
+    assert st.P * math.ceil(32 / st.GB) == gn.GN_TABLE.cl_stats_programs
     cf = gn.gn_settings(1, 32, 4, 9 * 128 * 128)  # channels-first keeps power-of-two counts
     assert cf.path == "split" and (cf.TPP, cf.P) == (4, 18)
 
@@ -745,18 +746,18 @@ def test_launch_table():
         st = gn.gn_settings(s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]),
                             c_inner=s.channels_last)
         assert st.path == ("split-cl" if s.channels_last else "split"), s
-        assert st.BC * st.BS <= gn.SPLIT_TILE
+        assert st.BC * st.BS <= gn.GN_TABLE.tile
         if s.channels_last:  # one tile of whole groups' lanes; a merge program a group
-            assert st.BC == st.GB * st.CPP <= gn.CL_LANES and st.CPP == s.C // 32
+            assert st.BC == st.GB * st.CPP <= gn.GN_TABLE.cl_lanes and st.CPP == s.C // 32
             continue
-        assert st.P <= gn.MAX_PARTIALS
+        assert st.P <= gn.GN_TABLE.max_partials
         assert st.TPP & (st.TPP - 1) == 0 and (st.P - 1) * st.TPP < st.T <= st.P * st.TPP
         assert st.P_PAD >= st.P
     fit = gn.gn_settings(1, 32, 16, 32 * 32)  # 16 ch x 32^2 = 16K elements: one program
-    assert fit.path == "fit" and fit.BC * fit.BS <= gn.FIT_MAX and fit.num_warps == 16
+    assert fit.path == "fit" and fit.BC * fit.BS <= gn.GN_TABLE.fit_max and fit.num_warps == 16
     assert gn.gn_settings(1, 32, 16, 32 * 33).path == "split"
     r = gn.rms_settings(384, 60 * 104)
-    assert r.NCH == 1 and r.BC * r.BS <= gn.RMS_TILE
+    assert r.NCH == 1 and r.BC * r.BS <= gn.RMS_TABLE.tile
     assert gn.rms_settings(4096, 100).NCH > 1
 
 

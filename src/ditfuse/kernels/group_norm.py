@@ -102,8 +102,8 @@ def _gn_fit_kernel(
     w = _load_channels(w_ptr, ch, stride_w, cm, HAS_W, False, 1.0)
     b = _load_channels(b_ptr, ch, stride_b, cm, HAS_B, False, 0.0)
     y = (d - corr) * (rstd * w)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, b,
-               HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, b, HAS_B=HAS_B,
+               SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
 
 
 @jit
@@ -176,7 +176,6 @@ def _gn_stats_kernel(
         corner = base + (tc * BC) * stride_xc + (ts * BS) * stride_xs
         # evict_last: the apply pass reads x again; what of it is still in L2 when the
         # statistics end should stay there over the apply pass's first (DRAM) tiles
-        # (H200, 2026-11-30: -2.4 to -7.5% at the <= 67 MB shapes, +0.3% at 268 MB)
         if EVEN:  # every tile whole, every program's tiles inside the group: no masks
             msk = None
             x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - K
@@ -269,15 +268,16 @@ def _gn_apply_kernel(
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
     y = (((x - K) - mhi) - corr) * (rstd * w)
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
-               _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b,
-               HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+               _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b, HAS_B=HAS_B,
+               SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
 
 
 # Channels-last input (x's channel stride 1): a position's channels are one contiguous row,
 # a group a run of C/G of them. The kernels above tile one group (rows of C/G channels, 8-32
 # bytes at the VAEs' 128-512 channels: a sector read for a quarter of its bytes at 4 channels
 # a group); these tile GB groups side by side (L = GB * CPP channel lanes, whole 128-byte rows
-# in bf16 at CL_LANES = 64) x BS positions, and keep per-group sums as [GB] vectors.
+# in bf16 at 64 lanes, ``GNTable.cl_lanes``) x BS positions, and keep per-group sums as [GB]
+# vectors.
 
 @jit
 def _group_sum(v, GB: tl.constexpr, CPP: tl.constexpr):
@@ -458,7 +458,7 @@ def _gn_cl_apply_kernel(
         b = b[None, :]
     _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
                _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64), m, y, b,
-               HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+               HAS_B=HAS_B, SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
 
 
 @jit
@@ -536,8 +536,7 @@ def _rms_ch_kernel(
                 m1 = cm1 & (si < tl.minimum(S - sb * BS, BS).to(tl.int32))
         # every load of the program ahead of the sum's barrier, gamma / bias first: a load
         # placed after a sum (or after a use of x) waits for it, and each such wait is one
-        # more memory round trip a program (two pieces loaded across the first piece's sum:
-        # 321 vs 282 us measured at wan-vae-out-480p)
+        # more memory round trip a program
         gm = _load_channels(g_ptr, c0, stride_g, cm, HAS_G, EVEN, 1.0)
         b = _load_channels(b_ptr, c0, stride_b, cm, HAS_B, EVEN, 0.0)
         if BC1 > 0:
@@ -553,11 +552,11 @@ def _rms_ch_kernel(
         else:
             ss = tl.sum(x * x, 0)[None, :]
         inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
-        _rms_finish(y0p, yo, m, x, inv, gm, b, scale,
-                    HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+        _rms_finish(y0p, yo, m, x, inv, gm, b, scale, HAS_G=HAS_G, HAS_B=HAS_B, SILU=SILU,
+                    ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
         if BC1 > 0:
-            _rms_finish(y0p, yo1, m1, x1, inv, gm1, b1, scale,
-                        HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+            _rms_finish(y0p, yo1, m1, x1, inv, gm1, b1, scale, HAS_G=HAS_G, HAS_B=HAS_B,
+                        SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
     else:
         # a column too tall for registers: sum of squares over channel chunks (one pass
         # loses nothing here: every term is positive), then re-read (from L1/L2) and apply
@@ -580,5 +579,6 @@ def _rms_ch_kernel(
             x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
             gm = _load_channels(g_ptr, c, stride_g, cm, HAS_G, False, 1.0)
             b = _load_channels(b_ptr, c, stride_b, cm, HAS_B, False, 0.0)
-            _rms_finish(y_ptr, yb + c * stride_yc, m, x, inv, gm, b, scale,
-                        HAS_G, HAS_B, SILU, ROUND_NORM, x_ptr.dtype.element_ty)
+            _rms_finish(y_ptr, yb + c * stride_yc, m, x, inv, gm, b, scale, HAS_G=HAS_G,
+                        HAS_B=HAS_B, SILU=SILU, ROUND_NORM=ROUND_NORM,
+                        ACT=x_ptr.dtype.element_ty)

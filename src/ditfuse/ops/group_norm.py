@@ -3,7 +3,8 @@
 Layout, as in ``ditfuse.ops.qk_norm_rope``: the Triton kernels (``_gn_fit_kernel``,
 ``_gn_stats_kernel`` + ``_gn_apply_kernel``, the channels-last ``_gn_cl_*`` kernels,
 ``_rms_ch_kernel``) are in :mod:`ditfuse.kernels.group_norm`; this module holds the small
-analytical launch table (``gn_settings``, ``rms_settings``), the launchers that validate ->
+analytical launch tables (``GN_TABLE`` read by ``gn_settings``, ``RMS_TABLE`` by
+``rms_settings``), the launchers that validate ->
 allocate -> launch, the public functions :func:`group_norm_silu` and
 :func:`rms_norm_silu_channels`, and at its end their ``torch.library`` ops
 (``ditfuse::group_norm_silu``, ``ditfuse::rms_norm_silu_channels``, with fake
@@ -27,11 +28,13 @@ norm over channels reads ``x`` once (a column of ``C`` channels is held on chip)
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+import triton
 
 from ditfuse.kernels.group_norm import (_gn_apply_kernel, _gn_cl_apply_kernel, _gn_cl_stats_kernel,
                                         _gn_fit_kernel, _gn_merge_kernel, _gn_stats_kernel,
@@ -40,72 +43,73 @@ from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+#: offsets inside a split-path tile (or a channel-RMS column block) are int32 below this;
+#: the tile's corner is int64
+OFF32_LIMIT = 2**31
+
 
 # ---------------------------------------------------------------------------------------
-# launch settings: analytical tables, no autotuning (the kernels are memory-bound)
+# launch settings: analytical tables, no autotuning (the kernels are memory-bound); the
+# measurements behind every entry are in docs/design/group_norm.md
 
-#: padded elements (next_pow2(C/G) * next_pow2(spatial)) of a group one program holds in
-#: registers (16 warps x 32 fp32 values a thread); larger groups take the split path
-FIT_MAX = 16384
-#: elements of one tile of the split path (8 warps x 32 values a thread): 8192 beat 4096 and
-#: 2048 at every split-path registry shape on the H200 (2026-11-29: FLUX VAE up2-512 136.6
-#: vs 164.9 us, out-1024 258.6 vs 309.8 us): twice the bytes in flight per program
-SPLIT_TILE = 8192
-#: statistics programs the split path aims for in total (about 8 per SM of a 132-SM H100 /
-#: H200), spread over the N * G groups ...
-STATS_PROGRAMS = 1024
-#: ... but at most this many per group: every apply program merges its group's partials
-MAX_PARTIALS = 128
-#: statistics programs of the channels-last path in total: fewer, longer programs than the
-#: channels-first path's, since each ends by merging its element slots' running moments
-#: (five cross-thread group sums), which a program of one or two tiles pays per tile. H200
-#: (2026-12-03, bf16, us, 1024 -> 256): flux-vae-mid-128 37.3 ->
-#: 27.1, up1-256 84.0 -> 71.6, up2-512 139.4 -> 126.7, out-1024 245.3 -> 232.0,
-#: hunyuan-vae-up-9f 53.5 -> 50.9, hunyuan-vae-mid 19.7 -> 18.7 (128 and 192 lose at the
-#: large shapes, 384 gives the same tiles as 256 there)
-CL_STATS_PROGRAMS = 256
-#: a statistics program's tile count rounded up to a power of two (fewer programs, fewer
-#: kernel variants) on the channels-first path; the channels-last path takes the count as
-#: it comes (table values of the two paths, the defaults of ``gn_settings(tpp_pow2=None)``).
-#: H200 (2026-12-03, bf16, us, pow2 / any): hunyuan-vae-up-9f channels-last 50.6 / 45.2
-#: (144 -> 256 statistics programs), channels-first 39.6 / 41.1; no other registry shape's
-#: count changes
-TPP_POW2 = True
-CL_TPP_POW2 = False
-#: channel lanes a channels-last split tile spans at most (several groups side by side:
-#: 128-byte rows of bf16). H200 (2026-12-02, the first statistics kernel): 64 lanes beat
-#: 128 and 256 at every GroupNorm registry shape (flux-vae-out-1024 416 vs 621 vs 623 us);
-#: groups of more than CL_CPP_MAX channels keep the one-group tiles
-CL_LANES = 64
-CL_CPP_MAX = 1024
-#: offsets inside a split-path tile are int32 below this (the tile's corner is int64)
-OFF32_LIMIT = 2**31
-#: registers a thread of the unmasked in-register channel-RMS program (16-bit x) may hold:
-#: 80 fits 6 programs of 4 warps an SM where the uncapped build's 86-96 fit 5; H200
-#: (2026-12-02): wan-vae-out-480p 178.7 vs 196.3 us, the same bits
-#: (72: 214.4, 64: 289.6 -- spilling). At 80 the sm_90 builds keep at most 16 bytes in
-#: local memory, outside any loop (the kernel has none)
-RMS_MAXNREG = 80
-#: channel elements x positions one program of the channel-RMS kernel holds
-RMS_TILE = 8192
-#: positions per program of the channel-RMS kernel at least (32 B rows of bf16: a sector)
-RMS_MIN_BS = 16
-#: a statistics program summing at most this many tiles runs 4 warps (else 8)
-STATS_FEW_TILES = 4
-#: elements a thread of the split path's apply pass and of the in-register channel RMS
-#: holds (sets num_warps): with the fast SiLU, 64 (4 warps a 8192 tile) beat 32 and 16 on
-#: the H200: GroupNorm flux-vae-out-1024 215.9 vs 223.2 (8 warps) vs 278.1 us (16); channel
-#: RMS wan-vae-out-480p 196.4 vs 236.7 us (2026-11-30): more independent loads a thread in
-#: flight
-APPLY_PER_THREAD = 64
+@dataclass(frozen=True, eq=False)
+class GNTable:
+    """The table :func:`gn_settings` derives a GroupNorm launch from.
+
+    Compared by identity: a call's replay key holds the table it was launched under.
+    """
+
+    #: padded elements (next_pow2(C/G) * next_pow2(spatial)) of a group one program holds
+    #: in registers (16 warps x 32 fp32 values a thread); larger groups take the split path
+    fit_max: int = 16384
+    #: elements of one split-path tile (8 warps x 32 values a thread): twice the bytes in
+    #: flight a program of 4096 or 2048, faster at every split-path shape
+    tile: int = 8192
+    #: channels-first statistics programs in total (about 8 an SM of a 132-SM GPU), spread
+    #: over the N * G groups ...
+    stats_programs: int = 1024
+    #: ... but at most this many a group: every apply program merges its group's partials
+    max_partials: int = 128
+    #: channels-first: a statistics program's tile count rounded up to a power of two
+    #: (fewer programs, fewer kernel variants)
+    tpp_pow2: bool = True
+    #: channels-last statistics programs in total: fewer, longer programs than
+    #: channels-first, since each ends by merging its element slots' running moments (five
+    #: cross-thread group sums a program)
+    cl_stats_programs: int = 256
+    #: channels-last: a statistics program's tile count as it comes (not rounded)
+    cl_tpp_pow2: bool = False
+    #: channel lanes a channels-last tile spans at most (several groups side by side:
+    #: 128-byte rows of bf16) ...
+    cl_lanes: int = 64
+    #: ... for groups of at most this many channels (larger ones keep one-group tiles)
+    cl_cpp_max: int = 1024
+    #: a statistics program summing at most this many tiles runs 4 warps (else 8)
+    stats_few_tiles: int = 4
+    #: elements a thread of the apply pass holds (sets num_warps): more independent loads
+    #: a thread in flight
+    apply_per_thread: int = 64
 
 
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+@dataclass(frozen=True, eq=False)
+class RMSTable:
+    """The table :func:`rms_settings` derives a channel-RMS launch from (compared by
+    identity, as :class:`GNTable`)."""
+
+    #: channel elements x positions one program holds
+    tile: int = 8192
+    #: positions a program at least (32-byte rows of bf16: a sector)
+    min_bs: int = 16
+    #: registers a thread of the unmasked in-register 16-bit column may hold (ptxas
+    #: .maxnreg): 6 programs of 4 warps an SM instead of 5, the same bits; at most 16
+    #: bytes of local memory, outside any loop (the kernel has none)
+    maxnreg: int = 80
+    #: elements a thread of the in-register column holds (sets num_warps)
+    per_thread: int = 64
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+GN_TABLE = GNTable()
+RMS_TABLE = RMSTable()
 
 
 def _warps(elems: int, per_thread: int, lo: int = 1, hi: int = 16) -> int:
@@ -143,64 +147,59 @@ def _stats_split(tiles: int, units: int, cap: int, total: int, pow2: bool) -> Tu
     """(tiles a statistics program, programs a unit) for ``units`` runs of ``tiles`` tiles
     (groups, or channels-last group blocks) sharing about ``total`` programs, at most
     ``cap`` a unit; the tile count rounded up to a power of two if ``pow2``."""
-    per = _cdiv(tiles, max(1, min(tiles, cap, _cdiv(total, units))))
-    per = _next_pow2(per) if pow2 else per
-    return per, _cdiv(tiles, per)
+    per = triton.cdiv(tiles, max(1, min(tiles, cap, triton.cdiv(total, units))))
+    per = triton.next_power_of_2(max(per, 1)) if pow2 else per  # per = 0: no tiles (S = 0)
+    return per, triton.cdiv(tiles, per)
 
 
 def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
-                fit_max: int = FIT_MAX, tile: int = SPLIT_TILE,
-                stats_programs: Optional[int] = None,
-                max_partials: int = MAX_PARTIALS, cl_lanes: int = CL_LANES,
-                tpp_pow2: Optional[bool] = None) -> GNSettings:
-    """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions.
+                **overrides) -> GNSettings:
+    """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions,
+    from ``GN_TABLE`` (``overrides``: fields of :class:`GNTable` replaced, for tests and
+    sweeps).
 
     A group whose padded tile has at most ``fit_max`` elements is read once (fit path);
     otherwise twice (split path). The split path gives each group
     ``min(T, max_partials, cdiv(stats_programs, N * G))`` statistics programs (rounded so
-    that each takes a power-of-two number of tiles unless ``tpp_pow2`` is False;
-    ``stats_programs`` defaults to ``STATS_PROGRAMS``). A split tile spans the positions
-    (contiguous in NCHW), or the group's channels first when they are the unit-stride axis
-    (``c_inner``: channels-last), so that its rows are whole sectors of memory.
-    Channels-last groups of at most ``CL_CPP_MAX`` channels take the "split-cl" path
-    instead: tiles of several groups' channels (up to ``cl_lanes`` lanes) x positions, all
-    of a tile's rows contiguous, ``cdiv(stats_programs, N * group blocks)`` statistics
-    programs a group block (``stats_programs`` defaults to ``CL_STATS_PROGRAMS`` there, and
-    a program's tile count is not rounded unless ``tpp_pow2`` is True).
+    that each takes a power-of-two number of tiles if ``tpp_pow2``). A split tile spans the
+    positions (contiguous in NCHW), or the group's channels first when they are the
+    unit-stride axis (``c_inner``: channels-last), so that its rows are whole sectors of
+    memory. Channels-last groups of at most ``cl_cpp_max`` channels take the "split-cl"
+    path instead: tiles of several groups' channels (up to ``cl_lanes`` lanes) x
+    positions, all of a tile's rows contiguous, ``cdiv(cl_stats_programs, N * group
+    blocks)`` statistics programs a group block (tile counts rounded if ``cl_tpp_pow2``).
     """
-    cp, sp = _next_pow2(cpg), _next_pow2(S)
-    if cp * sp <= fit_max:
-        return GNSettings("fit", cp, sp, _warps(cp * sp, 32))
-    if c_inner and cp <= CL_CPP_MAX:
-        GB = max(1, min(_next_pow2(G), max(cl_lanes, cp) // cp, max(tile, cp) // cp))
+    t = dataclasses.replace(GN_TABLE, **overrides) if overrides else GN_TABLE
+    cp, sp = triton.next_power_of_2(max(cpg, 1)), triton.next_power_of_2(max(S, 1))
+    if cp * sp <= t.fit_max:
+        return GNSettings(path="fit", BC=cp, BS=sp, num_warps=_warps(cp * sp, 32))
+    if c_inner and cp <= t.cl_cpp_max:
+        GB = max(1, min(triton.next_power_of_2(G), max(t.cl_lanes, cp) // cp,
+                        max(t.tile, cp) // cp))
         L = GB * cp
-        BS = min(sp, max(1, tile // L))
-        n_ts = _cdiv(S, BS)
-        n_gb = _cdiv(G, GB)
-        TPP, P = _stats_split(n_ts, N * n_gb, n_ts,
-                              CL_STATS_PROGRAMS if stats_programs is None else stats_programs,
-                              CL_TPP_POW2 if tpp_pow2 is None else tpp_pow2)
-        # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
-        sw = _warps(L * BS, 32, hi=8)
-        return GNSettings("split-cl", L, BS, _warps(L * BS, APPLY_PER_THREAD, hi=8), n_ts,
-                          n_ts, P, TPP, _next_pow2(P), sw, GB, cp)
+        BS = min(sp, max(1, t.tile // L))
+        n_ts = triton.cdiv(S, BS)
+        TPP, P = _stats_split(n_ts, N * triton.cdiv(G, GB), n_ts, t.cl_stats_programs,
+                              t.cl_tpp_pow2)
+        return GNSettings(
+            path="split-cl", BC=L, BS=BS, num_warps=_warps(L * BS, t.apply_per_thread, hi=8),
+            n_ts=n_ts, T=n_ts, P=P, TPP=TPP, P_PAD=triton.next_power_of_2(max(P, 1)),
+            # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
+            stats_warps=_warps(L * BS, 32, hi=8), GB=GB, CPP=cp)
     if c_inner:
-        BC = min(cp, tile)
-        BS = min(sp, max(1, tile // BC))
+        BC = min(cp, t.tile)
+        BS = min(sp, max(1, t.tile // BC))
     else:
-        BS = min(sp, tile)
-        BC = min(cp, max(1, tile // BS))
-    n_ts = _cdiv(S, BS)
-    T = _cdiv(cpg, BC) * n_ts
-    TPP, P = _stats_split(T, N * G, max_partials,
-                          STATS_PROGRAMS if stats_programs is None else stats_programs,
-                          TPP_POW2 if tpp_pow2 is None else tpp_pow2)
-    # statistics: 4 warps when a program sums at most STATS_FEW_TILES tiles (measured
-    # hunyuan-vae-up-9f 40.8 vs 44.2 us, level at the other such shapes), 8 for longer loops
-    # (flux-vae-out-1024, 16 tiles: 216.2 vs 219.2 us; H200, 2026-11-30)
-    sw = _warps(BC * BS, 16, hi=8 if TPP > STATS_FEW_TILES else 4)
-    return GNSettings("split", BC, BS, _warps(BC * BS, APPLY_PER_THREAD, hi=8), n_ts, T, P, TPP,
-                      _next_pow2(P), sw)
+        BS = min(sp, t.tile)
+        BC = min(cp, max(1, t.tile // BS))
+    n_ts = triton.cdiv(S, BS)
+    T = triton.cdiv(cpg, BC) * n_ts
+    TPP, P = _stats_split(T, N * G, t.max_partials, t.stats_programs, t.tpp_pow2)
+    return GNSettings(
+        path="split", BC=BC, BS=BS, num_warps=_warps(BC * BS, t.apply_per_thread, hi=8),
+        n_ts=n_ts, T=T, P=P, TPP=TPP, P_PAD=triton.next_power_of_2(max(P, 1)),
+        # 4 warps where a program sums few tiles, 8 for longer loops
+        stats_warps=_warps(BC * BS, 16, hi=8 if TPP > t.stats_few_tiles else 4))
 
 
 @dataclass(frozen=True)
@@ -213,23 +212,24 @@ class RMSSettings:
     maxnreg: int = 0  # registers a thread at most (ptxas .maxnreg) for unmasked launches; 0: none
 
 
-def rms_settings(C: int, S: int, *, tile: int = RMS_TILE, min_bs: int = RMS_MIN_BS,
-                 itemsize: int = 2, maxnreg: int = RMS_MAXNREG) -> RMSSettings:
-    """Launch settings for the channel RMS norm: a program takes BS positions and all C
-    channels, in ``NCH`` chunks of BC when the column does not fit ``tile`` elements.
-    ``itemsize``: x's element size; 16-bit columns held in registers take the register cap
-    ``maxnreg`` (applied to unmasked launches only: see ``RMS_MAXNREG``)."""
-    cp = _next_pow2(C)
-    BS = min(_next_pow2(S), max(min_bs, _next_pow2(max(1, tile // cp))))
-    if cp * BS <= tile:
+def rms_settings(C: int, S: int, *, itemsize: int = 2, **overrides) -> RMSSettings:
+    """Launch settings for the channel RMS norm, from ``RMS_TABLE`` (``overrides``: fields
+    of :class:`RMSTable` replaced): a program takes BS positions and all C channels, in
+    ``NCH`` chunks of BC when the column does not fit ``tile`` elements. ``itemsize``: x's
+    element size; 16-bit columns held in registers take the register cap ``maxnreg``
+    (applied to unmasked launches only)."""
+    t = dataclasses.replace(RMS_TABLE, **overrides) if overrides else RMS_TABLE
+    cp = triton.next_power_of_2(max(C, 1))
+    BS = min(triton.next_power_of_2(max(S, 1)),
+             max(t.min_bs, triton.next_power_of_2(max(1, t.tile // cp))))
+    if cp * BS <= t.tile:
         # the column as two power-of-two pieces: 96 = 64 + 32, 384 = 256 + 128
         BC = cp // 2 if C <= cp // 2 + cp // 4 and cp >= 4 else cp
-        BC1 = _next_pow2(C - BC) if C > BC else 0
-        return RMSSettings(BC, BS, 1, _warps(cp * BS, APPLY_PER_THREAD), BC1,
-                           maxnreg if itemsize == 2 else 0)
-    BC = max(1, tile // BS)
-    NCH = _cdiv(C, BC)
-    return RMSSettings(BC, BS, NCH, _warps(BC * BS, 32))
+        return RMSSettings(BC=BC, BS=BS, NCH=1, num_warps=_warps(cp * BS, t.per_thread),
+                           BC1=triton.next_power_of_2(C - BC) if C > BC else 0,
+                           maxnreg=t.maxnreg if itemsize == 2 else 0)
+    BC = max(1, t.tile // BS)
+    return RMSSettings(BC=BC, BS=BS, NCH=triton.cdiv(C, BC), num_warps=_warps(BC * BS, 32))
 
 
 # ---------------------------------------------------------------------------------------
@@ -421,13 +421,14 @@ def _tile_span(st: GNSettings, strides) -> int:
 
 
 def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
-                      **table) -> Tuple[GNSettings, tuple]:
+                      **overrides) -> Tuple[GNSettings, tuple]:
     """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``); returns the
-    settings and the scratch tensors the launches took."""
+    settings and the scratch tensors the launches took. ``overrides``: as for
+    :func:`gn_settings`."""
     N, C, S, G = p.N, p.C, p.S, p.groups
     cpg = C // G
     c_inner = p.xs[1] == 1 and p.xs[2] != 1 and S > 1
-    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **table)
+    st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **overrides)
     if N * C * S == 0:
         return st, ()
     dummy = p.x
@@ -468,7 +469,7 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
     part, stat = scratch
     NG = N * G
     ngp = NG * st.P
-    n_gb = _cdiv(G, st.GB)
+    n_gb = triton.cdiv(G, st.GB)
 
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     pow2 = cpg == st.CPP
@@ -494,13 +495,15 @@ def _col_span(st: RMSSettings, strides) -> int:
 
 
 def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
-                        **table) -> RMSSettings:
+                        **overrides) -> RMSSettings:
+    """Run the channel RMS norm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``).
+    ``overrides``: as for :func:`rms_settings`."""
     N, C, S = p.N, p.C, p.S
-    st = settings or rms_settings(C, S, itemsize=p.x.element_size(), **table)
+    st = settings or rms_settings(C, S, itemsize=p.x.element_size(), **overrides)
     if N * C * S == 0:
         return st
     dummy = p.x
-    n_sb = _cdiv(S, st.BS)
+    n_sb = triton.cdiv(S, st.BS)
     even = st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0
     # the cap only where it was measured and built: masked columns need far more registers
     # (the cap would spill them by kilobytes)
@@ -535,9 +538,7 @@ def _key(kind, x, weight, bias, out, opts, launch):
             return None
         sig = fastpath.sig
         return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
-                FIT_MAX, SPLIT_TILE, STATS_PROGRAMS, MAX_PARTIALS, CL_LANES, CL_CPP_MAX, RMS_TILE,
-                RMS_MIN_BS,
-                OFF32_LIMIT, sig(x), sig(weight), sig(bias), sig(out))
+                GN_TABLE, RMS_TABLE, OFF32_LIMIT, sig(x), sig(weight), sig(bias), sig(out))
     except (AttributeError, TypeError):
         return None
 
@@ -603,6 +604,11 @@ def _call(rms: bool, x, weight, bias, out, launch, **opts):
 # ---------------------------------------------------------------------------------------
 # public functions
 
+def _into(out: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+    """The traced op's result ``y``, copied into ``out`` when one is given."""
+    return y if out is None else out.copy_(y)
+
+
 def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
                     round_after_norm=True, out=None, _launch=None):
     r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
@@ -652,8 +658,8 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     -----
     Numerical contract: statistics and arithmetic in fp32; the statistics are two-pass
     (mean, then squared deviations from it, with the corrected-two-pass mean correction):
-    over registers when a group of at most ``FIT_MAX`` padded elements fits one program,
-    else per tile of data shifted by the group's first element, merged with Chan's
+    over registers when a group of at most ``GN_TABLE.fit_max`` padded elements fits one
+    program, else per tile of data shifted by the group's first element, merged with Chan's
     parallel formula (``gn_settings`` picks the path). Neither forms E[x^2] - E[x]^2, so a
     large offset costs no accuracy (fp32 data at 1e5 +- 1 normalises to fp32 accuracy).
     The two paths may differ in the last fp32 bits (different summation order).
@@ -676,7 +682,7 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     :math:`\mathrm{silu}'`: for negative :math:`\hat x` up to two roundings of the output
     (at -4), so "within one rounding of the output" does not hold for this chain. Such
     flips are rare: at most ``differ_limit`` of the elements differ from that reference
-    (0.10% in bf16, 0.82% in fp16; 0.001-0.006% at the VAE shapes on an H200).
+    (0.10% in bf16, 0.82% in fp16; measured 0.001-0.006% at the VAE shapes).
     Against eager ``GroupNorm -> SiLU``, which rounds at the same points, the same bound
     holds; where torch rounds the group's mean and rstd to ``x.dtype`` before applying
     them (its CUDA kernel before pytorch#183946, e.g. torch 2.11), that rounding adds
@@ -696,11 +702,8 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     """
     _check_grad(x, weight, bias)
     if torch.compiler.is_compiling():
-        y = torch.ops.ditfuse.group_norm_silu(x, num_groups, weight, bias, float(eps), silu,
-                                              round_after_norm)
-        if out is None:
-            return y
-        return out.copy_(y)
+        return _into(out, torch.ops.ditfuse.group_norm_silu(
+            x, num_groups, weight, bias, float(eps), silu, round_after_norm))
     return _call(False, x, weight, bias, out, _launch, num_groups=num_groups, eps=eps, silu=silu,
                  round_after_norm=round_after_norm)
 
@@ -762,7 +765,7 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
     value where fp32 and exact arithmetic straddle a rounding midpoint, and the later
     steps carry that spacing to the output (times :math:`s|\gamma|` for :math:`r_1`, s =
     sqrt(C) = 10-20 in the Wan VAE, then :math:`\mathrm{silu}'`): up to ~4 roundings of
-    the output at the Wan shapes on an H200, where 0.0004-0.0006% of the elements differ
+    the output at the Wan shapes, where 0.0004-0.0006% of the elements differ (measured)
     (limit ``differ_limit``: 0.20% in bf16). Without SiLU the last rounding is the
     output's own (factor 1 for the rest). Eager rounds at the same points: the same bound.
     ``round_after_norm=False``: fp32 throughout, one rounding at the store, within
@@ -778,12 +781,9 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
     _check_grad(x, gamma, bias)
     if torch.compiler.is_compiling():
         b = None if (isinstance(bias, (int, float)) and bias == 0) else bias
-        y = torch.ops.ditfuse.rms_norm_silu_channels(
+        return _into(out, torch.ops.ditfuse.rms_norm_silu_channels(
             x, gamma, b, float(eps), None if scale is None else float(scale), silu,
-            round_after_norm)
-        if out is None:
-            return y
-        return out.copy_(y)
+            round_after_norm))
     return _call(True, x, gamma, bias, out, _launch, eps=eps, scale=scale, silu=silu,
                  round_after_norm=round_after_norm)
 

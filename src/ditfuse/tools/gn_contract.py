@@ -90,7 +90,7 @@ def differ_limit(dtype, roundings: int, sides: int = 1) -> float | None:
     2 rtol32 / rtol of the values straddles one, per rounding (bf16 5.1e-4, fp16 4.1e-3)
     and per side computing in fp32 (``sides``=2 for two fp32 implementations): GroupNorm +
     SiLU in bf16 (2 roundings) 0.10%, Wan's chain (4) 0.20%. The kernels differ from the
-    fp64 reference at 0.0004-0.006% of the elements at the VAE shapes on an H200; a skipped
+    fp64 reference at 0.0004-0.006% of the elements at the VAE shapes (measured); a skipped
     intermediate rounding changes ~25-35% of them, statistics rounded to bf16 (torch 2.11's
     CUDA GroupNorm) 16-31%, an unbiased variance (groups of 128) ~50%.
     """
