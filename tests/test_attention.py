@@ -729,7 +729,8 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
                                  A.dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
                                                                  "fp16": "float16"}[row["dtype"]]),
                                                  row["precision"]))
-        assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == want[:4], detail
+        assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == \
+            (want.block_m, want.block_n, want.num_warps, want.num_stages), detail
         assert row["maxnreg"] == want.maxnreg and row["step_m"] == want.step_m, detail
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()
 

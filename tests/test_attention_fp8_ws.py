@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 
-from conftest import DEVICE
 import ditfuse
-from ditfuse.ops import attention_fp8 as A
+from ditfuse.ops import attention_api as API
 from ditfuse.ops import attention_fp8_ws as WS
 from ditfuse.tolerances import ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX
 
@@ -80,7 +79,7 @@ def test_quantize_vt_nan_channel():
 
 def test_routing():
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
-    assert not A._ws_ok(q, q, None, None)  # CPU: the interpreter runs the Triton kernel
+    assert not API._ws_ok(q, q, None, None)  # CPU: the interpreter runs the Triton kernel
     assert WS.WsConfig.for_head_dim(128).stages >= 2
 
 
@@ -154,7 +153,7 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     v = torch.randn(B, Skv, H, D, device="cuda").bfloat16()
     t = (lambda x: x.transpose(1, 2)) if layout == "bhsd" else (lambda x: x)
     with torch.no_grad():
-        assert A._ws_ok(q, k, None, None)
+        assert API._ws_ok(q, k, None, None)
         out = t(ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout))
     qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
     ref = (torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(D), -1) @ vd).transpose(1, 2)

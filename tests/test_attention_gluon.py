@@ -88,14 +88,14 @@ def test_max_trips_bounds_every_program(dtype):
     from ditfuse.kernels import attention_sm90 as ag
     from ditfuse.kernels import attention_sm90_fp32 as agf
 
-    entry = attention._SM90_ENTRY if dtype == torch.bfloat16 else attention._SM90_FP32_ENTRY
+    entry = attention.SAME_L_16BIT if dtype == torch.bfloat16 else attention.SAME_L_FP32
     kern = ag if dtype == torch.bfloat16 else agf
     windows = [(lft, rgt) for lft in range(0, 64, 3) for rgt in range(0, 64 - lft, 5)]
     windows += [(17, 17), (0, 0), (63, 0), (0, 63), (31, 32)]
     for lft0, rgt0 in windows:
         for N in (1, 2, 31, 32, 33, 63, 64, 65, 97, 300, 1000, 4352):
             st = attention.launch_settings(64, dtype, lft0, rgt0, N, True, False)
-            if tuple(st[:6]) != tuple(entry[:6]):
+            if not st.is_entry(entry):
                 continue
             lft, rgt = min(lft0, N), min(rgt0, N)
             # the fp32 kernel's own tiles (``_launch_gluon``), the 16-bit one the table's

@@ -9,7 +9,7 @@ from ditfuse.norms import NormSpec
 from ditfuse.ops.activations import gelu, swiglu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.attention import sliding_window_attention, sliding_window_attention_reference
-from ditfuse.ops.attention_fp8 import attention
+from ditfuse.ops.attention_api import attention
 from ditfuse.ops.group_norm import group_norm_silu, rms_norm_silu_channels
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope, qk_norm_rope_reference
 from ditfuse.patching import patch, unpatch

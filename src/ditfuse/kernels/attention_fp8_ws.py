@@ -1,6 +1,6 @@
-"""Warp-specialized 8-bit attention for sm_90, in Gluon (private; the plan, quantizers and
-launch are in :mod:`ditfuse.ops.attention_fp8`; design and measurements:
-docs/design/attention_fp8.md).
+"""Warp-specialized 8-bit attention for sm_90, in Gluon (private; the quantizers and the
+launch are in :mod:`ditfuse.ops.attention_fp8_ws`, the routing in
+:mod:`ditfuse.ops.attention_api`; design and measurements: docs/design/attention_fp8.md).
 
 A program owns 128 queries of one (batch, head) and walks every key tile of 128 keys:
 
@@ -95,8 +95,8 @@ def _a_order(p):
     """P's columns in the order in which the score accumulator already holds them in the
     registers of the 8-bit wgmma's A operand: within each 16 keys, column ``8 hi + 2 q + i``
     of the accumulator is key ``4 q + 2 hi + i`` of the operand. V^T's keys are stored in
-    the same order (:func:`ditfuse.reference.a_operand_key_order`), so P V is unchanged and
-    P reaches the A operand without a shuffle."""
+    the same order (:func:`ditfuse.kernels.quantize_8bit.key_position`), so P V is
+    unchanged and P reaches the A operand without a shuffle."""
     M: gl.constexpr = p.shape[0]
     N: gl.constexpr = p.shape[1]
     return p.reshape([M, N // 16, 2, 4, 2]).permute((0, 1, 3, 2, 4)).reshape([M, N])

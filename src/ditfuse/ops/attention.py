@@ -12,10 +12,11 @@ Measurements behind the table and the routes: docs/design/attention.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -219,10 +220,16 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
 # ---------------------------------------------------------------------------------------
 # launch settings: a small analytical table
 
-class Settings(NamedTuple):
-    """One launch: the tile, warps and pipeline depth; ``token_major`` None = by layout (see
-    :func:`launch`); ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``); ``step_m``,
-    ``mma_sync``, ``split_pv``: see :func:`launch`."""
+@dataclass(frozen=True)
+class Settings:
+    """One launch of the Triton kernel (fields by name; :func:`launch` also takes a tuple of
+    the leading fields as an override).
+
+    ``token_major``: None orders the grid by layout (see :func:`launch`); ``maxnreg`` caps the
+    registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m``: the queries a program
+    stores (None: ``block_m``; :func:`query_step`); ``mma_sync``: dots on mma.sync where
+    Triton would take wgmma (:func:`ditfuse.runtime.backend.mma_sync_only`); ``split_pv``:
+    P @ V and the store in two column halves (see :func:`launch`)."""
 
     block_m: int
     block_n: int
@@ -233,6 +240,15 @@ class Settings(NamedTuple):
     step_m: Optional[int] = None
     mma_sync: bool = False
     split_pv: bool = False
+
+    @classmethod
+    def of(cls, settings) -> "Settings":
+        """``settings`` as a :class:`Settings`: itself, or a tuple of the leading fields."""
+        return settings if isinstance(settings, cls) else cls(*settings)
+
+    def is_entry(self, entry: "Settings") -> bool:
+        """Whether these are ``entry``'s settings, whatever the query step."""
+        return dataclasses.replace(self, step_m=entry.step_m) == entry
 
 
 def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
@@ -254,141 +270,117 @@ def query_step(block_m: int, block_n: int, left: int, right: int) -> int:
     return s
 
 
+#: SAME-L's 16-bit differential entry (head_dim 64, narrow band, no prologue): one wgmma
+#: warpgroup, capped at 168 registers (3 programs an SM); on sm_90 the Gluon kernel of
+#: :mod:`ditfuse.kernels.attention_sm90` runs its launches (:func:`gluon_ok`)
+SAME_L_16BIT = Settings(block_m=64, block_n=32, num_warps=4, num_stages=3, maxnreg=168)
+#: SAME-L's fp32 entry (head_dim 64, narrow band, no prologue; differential or plain): two
+#: mma.sync warps of 16 query rows sharing each K / V tile, P @ V in column halves; on sm_90
+#: the differential launches run :mod:`ditfuse.kernels.attention_sm90_fp32` (:func:`gluon_ok`)
+SAME_L_FP32 = Settings(block_m=32, block_n=16, num_warps=2, num_stages=3, token_major=True,
+                       maxnreg=168, split_pv=True)
+
+
+@dataclass(frozen=True)
+class _Case:
+    """The conditions of a measured table row; None: any. ``tile_d``: :func:`tile_dim`;
+    ``narrow``: a band of at most 64 keys (``left + right + 1``); ``tf32x3``: fp32 products
+    at ``precision="highest"``."""
+
+    tile_d: Optional[int] = None
+    fp32: Optional[bool] = None
+    tf32x3: Optional[bool] = None
+    differential: Optional[bool] = None
+    prologue: Optional[bool] = None
+    narrow: Optional[bool] = None
+
+    def matches(self, call: "_Case") -> bool:
+        return all(want is None or want == getattr(call, f.name)
+                   for f in dataclasses.fields(self) for want in (getattr(self, f.name),))
+
+
+#: The measured rows (the measurements behind each: docs/design/attention.md, "Launch
+#: table"); no two rows match one call. Every other call takes :func:`_analytical_settings`.
+_MEASURED = (
+    # fp32 "highest" (three products a dot), differential: the tf32 rows' caps spill there
+    (_Case(tile_d=64, fp32=True, tf32x3=True, differential=True, prologue=True),
+     Settings(block_m=64, block_n=16, num_warps=8, num_stages=2)),
+    (_Case(tile_d=64, fp32=True, tf32x3=True, differential=True, prologue=False, narrow=True),
+     Settings(block_m=32, block_n=16, num_warps=2, num_stages=3, token_major=True,
+              split_pv=True)),
+    # the fused prologue at SAME-L's shape in 16-bit (the public call runs it apart:
+    # prologue_apart; this row is the fused launch of a plan that carries the prologue)
+    (_Case(tile_d=64, fp32=False, differential=True, prologue=True, narrow=True),
+     Settings(block_m=64, block_n=16, num_warps=4, num_stages=3, maxnreg=168)),
+    # SAME-L's attention, differential and plain
+    (_Case(tile_d=64, fp32=False, differential=True, prologue=False, narrow=True),
+     SAME_L_16BIT),
+    (_Case(tile_d=64, fp32=True, tf32x3=False, differential=True, prologue=False, narrow=True),
+     SAME_L_FP32),
+    (_Case(tile_d=64, fp32=False, differential=False, prologue=False, narrow=True),
+     Settings(block_m=64, block_n=32, num_warps=4, num_stages=3)),
+    (_Case(tile_d=64, fp32=True, differential=False, prologue=False, narrow=True),
+     SAME_L_FP32),
+    # head_dim 128 (and those padded to it), differential: two 4-warp programs an SM
+    (_Case(tile_d=128, fp32=False, differential=True, prologue=False),
+     Settings(block_m=64, block_n=16, num_warps=4, num_stages=3)),
+    (_Case(tile_d=128, fp32=True, differential=True, prologue=False),
+     Settings(block_m=64, block_n=16, num_warps=4, num_stages=2)),
+)
+
+
+def _analytical_settings(c: _Case) -> Settings:
+    """The register budget's rule for the calls no measured row takes.
+
+    * block_m = 64: the M of one Hopper wgmma (one warpgroup of 4 warps).
+    * block_n = 32: a narrow band's query tile visits ``(64 + left + right + 31) / 32`` key
+      tiles on average (~129 keys per 64 queries, where 64-key tiles would visit ~161 and
+      double the score registers); 16 at head_dim 128 when differential (two maps of [64,
+      128] state). A wide band without differential / prologue (16-bit up to head_dim 64,
+      fp32 at 32) takes 64-key tiles and a 3-stage pipeline.
+    * num_warps = 8 (two warpgroups splitting the tile) where 4 warps would pass ~200
+      registers: head_dim 64 differential with the prologue or fp32 operands; head_dim 128
+      differential or with the prologue. Otherwise 4.
+    * num_stages = 2 otherwise: a narrow band makes 3-5 loop trips; deeper pipelines only
+      fill shared memory (at most 112 KB here, below the 227 KB of a Hopper block).
+    """
+    if c.tile_d >= 128:
+        block_n = 16 if c.differential else 32
+        warps = 8 if (c.differential or c.prologue) else 4
+    elif c.tile_d >= 64:
+        block_n = 32
+        warps = 8 if c.differential and (c.prologue or c.fp32) else 4
+    else:
+        block_n, warps = 32, 4
+    plain = not c.differential and not c.prologue
+    if not c.narrow and plain and c.tile_d <= (32 if c.fp32 else 64):
+        return Settings(block_m=64, block_n=64, num_warps=warps, num_stages=3)
+    return Settings(block_m=64, block_n=block_n, num_warps=warps, num_stages=2)
+
+
 def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
                     differential: bool, prologue: bool, prec: str = "tf32") -> Settings:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync,
-    split_pv]) for one
-    call: a small table, no autotuning.
+    """The :class:`Settings` of one call: a small table, no autotuning.
 
     A program holds, per map (two when differential), a [BLOCK_M, D] fp32 accumulator, the
     Q tile and [BLOCK_M, BLOCK_N] fp32 scores/probabilities; the prologue adds the K tile's
     norm/rotation operands. The table keeps every specialization at most 255 registers a
     thread with no local memory inside its loops and at most ``LOCAL_BYTES_MAX`` bytes
     outside them (``ptxas -v`` and the SASS of the CPU-side sm_90 build, tests and
-    ``build_report``):
-
-    * BLOCK_M = 64: the M of one Hopper wgmma (one warpgroup of 4 warps); 32 (two warps of
-      mma.sync, 16 query rows each) for fp32 at head_dim 64 in a narrow band (the measured
-      entries below).
-    * BLOCK_N = 32 for a narrow band (left + right + 1 <= 64; SAME's window 17 spans 35
-      keys): a query tile visits ``(64 + left + right + BLOCK_N - 1) / BLOCK_N`` key tiles on
-      average, ~129 keys per 64 queries, where 64-key tiles would visit ~161 and double the
-      score registers. 16 at head_dim 128 when differential (two maps of [64, 128] state).
-      A wide band without differential/prologue (16-bit up to head_dim 64, fp32 at 32)
-      takes 64-key tiles and a 3-stage pipeline.
-    * num_warps = 8 (two warpgroups splitting the tile) where 4 warps would pass ~200
-      registers: head_dim 64 differential with the prologue or fp32 operands; head_dim 128
-      differential with the prologue (without it: the measured exception below). Otherwise 4.
-    * num_stages = 2 otherwise: a narrow band makes 3-5 loop trips; deeper pipelines only
-      fill shared memory (at most 112 KB here, below the 227 KB of an H100/H200 block).
-    * Measured exception (H200 sweep, 2026-11-30): head_dim 64, differential, no prologue,
-      narrow band (SAME-L's attention): 4 warps, 3 stages, in bf16 and fp32 (8 warps, 2
-      stages took 1.7x as long in fp32).
-    * Register cap (H200 sweep, 2026-11-30), same case: ptxas capped
-      at 168 registers schedules the loop better at the same 3 programs a SM (bf16: 167
-      registers instead of 141, 1416 SASS instructions instead of 1480; 72.7 vs 77.3 us at
-      SAME-L 8704, 244.4 vs 263.0 at 32946, the same bits; a cap of 176+ leaves 2 programs
-      a SM: 85 us); fp32 with 16-key tiles under the cap (fp32 173 registers uncapped):
-      164.8 vs 181.8 us at 8704, 90.3 vs 98.5 at the TensorRT contract shape.
-    * Measured exception (H200, 2026-11-30): head_dim 128 (and the head dims
-      padded to it), differential, no prologue: 4 warps (224 registers bf16, 255 fp32, no
-      spills), two programs a SM where the 8-warp entry fits one: 2.6x faster in bf16 (3
-      stages), 1.8x in fp32 (2 stages).
-    * Measured exception (H200, 2026-12-01): fp32, head_dim 64, narrow band, no prologue,
-      differential or not: 16-query tiles of one warp, 16-key tiles, 2 stages -- a 16-query
-      tile at window 17 spans 50 keys, so a query computes 64 scores where the 64-query
-      tile computes 112; 20-32% faster at every SAME-L shape. Since 2026-12-02: 32-query
-      tiles of two such warps sharing each K / V tile (``split_pv``), 1-8% faster again
-      (the TensorRT contract 69.9 -> 64.1 us).
-    * step_m (:func:`query_step`): where the band is bounded on both sides, a program stores
-      only as many of its BLOCK_M queries as span one key tile fewer (H200, 2026-12-01,
-      SAME-L window 17: 62 of 64 queries, bf16 8704 72.1 -> 64.8 us, 32946 243.9 -> 214.8,
-      plain 8704 47.5 -> 43.7; 14 of 16 in fp32: 131.5 -> 124.6, the TensorRT contract
-      shape 73.7 -> 70.5).
-
-    The measurements in full: docs/design/attention.md.
+    ``build_report``). A measured row (``_MEASURED``) where one matches, else the register
+    budget's rule (:func:`_analytical_settings`); then, where the band is bounded on both
+    sides, the query step (:func:`query_step`: a program stores only as many of its
+    ``block_m`` queries as span one key tile fewer).
     """
-    st = _tile_settings(D, dtype, left, right, N, differential, prologue, prec)
+    span = (N if left < 0 else left) + (N if right < 0 else right) + 1
+    call = _Case(tile_d=tile_dim(D), fp32=dtype == torch.float32, tf32x3=prec == "tf32x3",
+                 differential=differential, prologue=prologue, narrow=span <= 64)
+    st = next((s for case, s in _MEASURED if case.matches(call)), None) or \
+        _analytical_settings(call)
     if left < 0 or right < 0:
         return st
-    return st._replace(step_m=query_step(st.block_m, st.block_n, min(left, N), min(right, N)))
-
-
-def _tile_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
-                   differential: bool, prologue: bool, prec: str = "tf32") -> Settings:
-    """The table of :func:`launch_settings` before the query step."""
-    D = tile_dim(D)
-    span = (N if left < 0 else left) + (N if right < 0 else right) + 1
-    fp32 = dtype == torch.float32
-    if fp32 and prec == "tf32x3" and differential and D == 64:
-        # three products a dot hold a third more operand registers: the tf32 entries below
-        # spill at sm_90 (SAME-L's 168-register cap: 844 B, 209 LDL / STL in the loop;
-        # the fused prologue's 8 warps: 136 B). Without the cap the two-warp tile holds
-        # 254 registers, no local memory: H200 (2026-12-04) SAME-L 8704 202.7 us, the
-        # TensorRT contract 109.3, 32946 747.6, against 356.1 / 189.0 / 1271.8 capped
-        # (spilling) and 393-479 / 212-248 / 1438-1759 for 64-query wgmma tiles. The
-        # prologue takes 16-key tiles (248 registers, no local memory)
-        if prologue:
-            return Settings(64, 16, 8, 2)
-        if span <= 64:
-            return Settings(32, 16, 2, 3, True, None, None, False, True)
-    if D >= 128:
-        block_n = 16 if differential else 32
-        warps = 8 if (differential or prologue) else 4
-    elif D >= 64:
-        block_n = 32
-        warps = 8 if differential and (prologue or fp32) else 4
-    else:
-        block_n, warps = 32, 4
-    stages = 2
-    if span > 64 and not differential and not prologue and D <= (32 if fp32 else 64):
-        block_n, stages = 64, 3
-    if span <= 64 and differential and prologue and D == 64 and not fp32:
-        # the fused prologue at SAME-L's shape (H200, 2026-11-30): bf16 16-key tiles, 4
-        # warps, 3 stages, capped at 168 registers: 222 us where 8 warps / 2 stages took
-        # 405. fp32 keeps 8 warps / 2 stages: its faster settings (320 and 455 us against
-        # 568) spill on sm_90. The public call runs the prologue apart here
-        # (prologue_apart(), then the prologue-free entry below); this entry is the fused
-        # launch of a plan that carries the prologue (launch(), the sm_90 build report)
-        return Settings(64, 16, 4, 3, None, 168)
-    if span <= 64 and not differential and not prologue and D == 64:
-        if fp32:
-            # the differential fp32 entry's tile below (32 queries on 2 warps, P @ V split):
-            # SAME-L 8704 plain 70.3 us against 74.6 for 32 queries on one warp (H200,
-            # 2026-12-02; that one-warp tile had replaced 16-query tiles on 2026-12-01)
-            return Settings(32, 16, 2, 3, True, 168, None, False, True)
-        # 16-bit: the 64-query tile with 3 stages, uncapped (with the step: 41.8 us at SAME-L
-        # 8704 plain against 44.7 with 2 stages and 44.3 capped at 160; H200, 2026-12-01)
-        return Settings(64, 32, 4, 3)
-    if differential and not prologue and D >= 128:
-        # measured on the H200 (2026-11-30, N = 8704, window 17): the 8-warp entry above
-        # holds 142 registers, one program a SM: 365.6 us bf16, 632.6 fp32; two 4-warp
-        # programs (224 registers) 142.1 us bf16 with 3 stages, 342.1 fp32 with 2 (its 3
-        # stages: 408.2); the same bits (BLOCK_N unchanged)
-        return Settings(64, 16, 4, 2 if fp32 else 3)
-    if span <= 64 and differential and not prologue and 64 <= D < 128:
-        # measured on the H200 (2026-11-30, SAME-L window 17): 4 warps and a 3-stage
-        # pipeline beat the entries above by 10% in bf16 and 1.7x in fp32, same bits; a
-        # 168-register cap another 6% (bf16) / 9% (fp32 with 16-key tiles)
-        if D == 64:
-            if fp32:
-                # 32 queries on 2 warps of mma.sync, 16 rows a warp (split_pv: P @ V as two
-                # 32-column dots, so that Triton puts the warps along the rows), 30 stored, 3
-                # stages, capped at 168 registers (no spills; 3 warps a register-file quarter:
-                # 12 warps a SM). H200 (2026-12-02): the TensorRT contract 64.1 us, 8704
-                # 114.3, 32946 412.3 against 69.9 / 122.8 / 411.5 for the 2026-12-01 entry
-                # (16 queries on one warp, 14 stored, 224 registers: 8 warps a SM), whose
-                # programs read 3.4 K / V rows a stored query (Nsight Compute: L2 at 78-85%
-                # of its throughput) where these read 2.1. Without the split the same tile
-                # splits P @ V's columns across the warps: 85.6 us at the contract shape. In
-                # bf16 the tile loses to the wgmma entry below (67.9 vs 65.2 us at 8704). On
-                # sm_90 the differential call with this entry runs the Gluon kernel of
-                # kernels.attention_sm90_fp32 instead (gluon_ok: tf32 wgmma, 64 / 32-key
-                # tiles; the TensorRT contract 57.5-58.7 us against 63.0-63.6, 2026-12-04)
-                return Settings(32, 16, 2, 3, True, 168, None, False, True)
-            return Settings(64, 32, 4, 3, None, 168)
-        warps, stages = 4, 3
-    return Settings(64, block_n, warps, stages)
+    return dataclasses.replace(
+        st, step_m=query_step(st.block_m, st.block_n, min(left, N), min(right, N)))
 
 
 def _next_pow2(n: int) -> int:
@@ -428,17 +420,17 @@ def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
 def launch(p: Plan, o4: Tensor, settings=None) -> None:
     """Run the kernel for plan ``p``, writing the (B, N, H, D) view ``o4``.
 
-    ``settings`` (a :class:`Settings` or a tuple of its leading fields: BLOCK_M, BLOCK_N,
-    num_warps, num_stages[, token_major, maxnreg, step_m, mma_sync, split_pv]) overrides the table. ``token_major`` (default: the head stride is below the token
-    stride, as in bshd) orders the grid query tile first, every (batch, head) of it next;
-    ``maxnreg`` caps the registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m``
-    the queries a program stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`);
-    ``mma_sync`` compiles the dots to mma.sync where Triton would take wgmma (a 64-row tile
-    on 4 warps then runs FlashAttention-2's layout, each warp owning 16 query rows:
-    :func:`ditfuse.backend.mma_sync_only`; no table entry takes it yet); ``split_pv``
+    ``settings`` (a :class:`Settings`, or a tuple of its leading fields) overrides the table.
+    ``token_major`` (default: the head stride is below the token stride, as in bshd) orders
+    the grid query tile first, every (batch, head) of it next; ``maxnreg`` caps the
+    registers a thread (ptxas ``.maxnreg``; None: no cap); ``step_m`` the queries a program
+    stores, 1 .. BLOCK_M (None: BLOCK_M; :func:`query_step`); ``mma_sync`` compiles the dots
+    to mma.sync where Triton would take wgmma (a 64-row tile on 4 warps then runs
+    FlashAttention-2's layout, each warp owning 16 query rows:
+    :func:`ditfuse.runtime.backend.mma_sync_only`; no table entry takes it); ``split_pv``
     computes P @ V and stores the output as two halves of the tile's columns (the same
-    arithmetic a column; on the GPU other last bits than the column-split tile):
-    Triton gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
+    arithmetic a column; on the GPU other last bits than the column-split tile): Triton
+    gives a chain of mma.sync dots one warp layout, and a [BLOCK_M, D] product with
     BLOCK_M < D splits its columns across the warps; the halves put them along the rows.
     Without ``settings``, a call that :func:`gluon_ok` accepts (SAME-L's differential
     entries on sm_90) runs a Gluon kernel: :mod:`ditfuse.kernels.attention_sm90`'s in 16-bit
@@ -451,9 +443,9 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     if B * N * H == 0:
         return
     diff = p.differential
-    st = Settings(*(settings or launch_settings(
-        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None, p.dot_prec)))
-    bm, bn, num_warps, num_stages = st[:4]
+    st = Settings.of(settings or launch_settings(
+        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None, p.dot_prec))
+    bm, bn = st.block_m, st.block_n
     token_major = bool(st.token_major) if st.token_major is not None \
         else p.q.stride(2) < p.q.stride(1)
     cap = {"maxnreg": int(st.maxnreg)} if st.maxnreg else {}
@@ -510,26 +502,20 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
         TOKEN_MAJOR=token_major, PREC=p.dot_prec,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
-    # an AOT package (lam, scale bound as constants) must compute what this build does --
-    # with contraction on, folding ``lam * x`` at lam = 1.0 let LLVM fuse the *other*
-    # product of the output's ``acc1 / l1 - lam * (acc2 / l2)`` (its form until 2026-12-03)
-    # instead (seen on the H200: the sm_90a package differed from this kernel in the last
-    # bit). The output's one fma is explicit (tl.fma). Costs ~2% more instructions.
+    # an AOT package (lam, scale bound as constants) must compute what this build does (with
+    # contraction on, LLVM fused another product once ``lam * x`` folded at lam = 1.0:
+    # docs/design/attention.md). The output's one fma is explicit (tl.fma).
     with mma_sync_only(mma_sync):  # where the launch compiles its kernel
         fastpath.launch(_swa_fwd_kernel, grid, args,
-                         dict(constexprs, num_warps=num_warps, num_stages=num_stages,
-                              enable_fp_fusion=False, **cap))
+                        dict(constexprs, num_warps=st.num_warps, num_stages=st.num_stages,
+                             enable_fp_fusion=False, **cap))
 
 
-#: Hopper (sm_90): SAME-L's 16-bit differential entry runs the Gluon kernel
-#: (:mod:`ditfuse.kernels.attention_sm90`: the same bits, the wgmma waits placed by hand,
-#: TMA copies; H200, 2026-12-04: 52.9 us at SAME-L 8704 bf16 against the Triton kernel's
-#: 62.5), and its fp32 entry :mod:`ditfuse.kernels.attention_sm90_fp32` (tf32 wgmma, V
-#: transposed in shared memory; H200, 2026-12-04: 57.5 us at the TensorRT contract shape
-#: against 63.0; not the Triton kernel's bits: within the fp32 contract). A compiled launch
-#: on an sm_90 GPU only (:func:`_gluon_device`); everywhere else the Triton kernel.
-_SM90_ENTRY = Settings(64, 32, 4, 3, None, 168)
-_SM90_FP32_ENTRY = Settings(32, 16, 2, 3, True, 168)
+#: Hopper (sm_90): the launches of SAME-L's differential entries run Gluon kernels, a compiled
+#: launch on an sm_90 GPU only (:func:`_gluon_device`); everywhere else the Triton kernel
+#: (why and how fast: docs/design/attention.md)
+_GLUON_ENTRIES = {torch.bfloat16: SAME_L_16BIT, torch.float16: SAME_L_16BIT,
+                  torch.float32: SAME_L_FP32}
 _CAPABILITY: dict = {}
 
 
@@ -558,16 +544,11 @@ def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
     (32 / 16-key tiles on 2 warps, split P @ V: :mod:`ditfuse.kernels.attention_sm90_fp32`,
     64 / 32-key tf32 wgmma tiles)."""
     if not (p.differential and p.qk is None and p.q.shape[3] == 64
-            and p.dot_prec == "tf32"
-            and p.left >= 0 and p.right >= 0 and not st.mma_sync):
+            and p.dot_prec == "tf32" and p.left >= 0 and p.right >= 0):
         return False
-    if p.q.dtype in (torch.bfloat16, torch.float16):
-        entry = tuple(st[:6]) == tuple(_SM90_ENTRY[:6]) and not st.split_pv
-    elif p.q.dtype == torch.float32:
-        entry = tuple(st[:6]) == tuple(_SM90_FP32_ENTRY[:6]) and bool(st.split_pv)
-    else:
-        entry = False
-    return (entry and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
+    entry = _GLUON_ENTRIES.get(p.q.dtype)
+    return (entry is not None and st.is_entry(entry)
+            and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
             and _gluon_device(o4))
 
 
@@ -623,23 +604,15 @@ def prologue_apart(D: int, left: int, right: int, differential: bool, prologue: 
     """Whether the QK-norm + RoPE prologue runs as ``qk_norm_rope`` into scratch before a
     prologue-free attention launch instead of fused into the attention kernel.
 
-    Measured on the H200 (2026-11-30, SAME's own call: DyT + rotate-half RoPE over 32 of 64
-    channels, differential, window 17): the fused kernel normalises and rotates every K
-    tile once per query tile that visits it (about twice at this window), with DyT's tanh
-    and three dots a score, and took 221-248 us at N = 8704 bf16 (the best fused
-    settings), where qk_norm_rope twice (106 us) plus the attention without prologue (72
-    us) took 175 us; fp32 283 vs 340, N = 32946 bf16 613 vs 777; the same bits on the GPU
-    at the same attention settings. So: head_dim 64,
-    differential, a narrow band (SAME-L).
-
-    Also head_dim 128 differential, for correctness: there the fused sm_90 build (8 warps,
-    16-key tiles) returned wrong results on the H200 with a norm and a partial rotary width
-    together (errors of 0.3-0.7 of the output scale, bf16; with only one of them, without
-    the differential form, in fp32 or with 16 x 16 tiles it was right; the interpreter is
-    right everywhere; H200, 2026-11-30). Only that launch shape fails: with 32-key tiles or
-    4 warps the fused kernel was right in every case. Apart, the prologue runs as
-    ``qk_norm_rope`` and the attention without one. Elsewhere fused (not measured apart).
-    Details: docs/design/attention.md.
+    Apart at head_dim 64, differential, a narrow band (SAME-L): the fused kernel normalises
+    and rotates every K tile once per query tile that visits it (about twice at SAME's
+    window), with DyT's tanh and three dots a score, and measured slower than
+    ``qk_norm_rope`` into scratch plus the prologue-free attention (the same bits at the
+    same attention settings). Apart at head_dim 128 differential for correctness: the fused
+    sm_90 build of that launch shape (8 warps, 16-key tiles) returned wrong results on the
+    GPU with a norm and a partial rotary width together (the interpreter is right
+    everywhere). Elsewhere fused (not measured apart). The measurements and the failing
+    cases: docs/design/attention.md.
 
     A call with explicit launch settings (``run(p, settings)``) and :func:`launch` itself
     keep the prologue fused."""
@@ -684,8 +657,6 @@ def _joint_plan(p: Plan, scratch: tuple):
     None where the two passes cannot be one: per-head norms (not across heads), tables
     shared by the heads, and every pair laid out as :func:`_follows` says (SAME's packed
     ``to_qkv`` chunks: [q1 | q2 | k1 | k2 | v])."""
-    import dataclasses
-
     qk = p.qk
     if not p.differential or qk.table_per_head or qk.positions is not None:
         return None
@@ -713,8 +684,6 @@ def _apart(p: Plan, scratch: tuple) -> Plan:
     return the plan of the attention that reads it. Differential: one pass over Q / Q2 and
     K / K2 together where they lie head after head (:func:`_joint_plan`; per-head norms and
     a shared table give each head the arithmetic of its own pass), else two."""
-    import dataclasses
-
     qkr = qk_ops
     joint = _joint_plan(p, scratch)
     if joint is not None:
@@ -857,15 +826,13 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
       for DyT and RoPE; RMS/LayerNorm statistics may differ in reduction order in the
       last fp32 bit). Where it measured faster (:func:`prologue_apart`: head_dim 64,
       differential, a window of at most 64 keys -- SAME-L), and at head_dim 128 with the
-      differential form (the fused build gave wrong results there on the H200), it runs as
+      differential form (the fused build gave wrong results there on the GPU), it runs as
       ``qk_norm_rope`` into scratch (Q and K, and Q2 and K2: (B, N, H, D) views of the
       activation dtype; one pass over both pairs where Q2 / K2 lie head after head behind
       Q / K, as in SAME's packed projection) and the attention kernel reads that: the same
-      tiles (at
-      head_dim 64 the same bits as the fused kernel at the same launch settings on the
-      H200). Against
-      SAME's bf16 eager chain (DyT rounded after each of its four steps) the output is
-      within four roundings.
+      tiles (at head_dim 64 the same bits as the fused kernel at the same launch settings on
+      the GPU). Against SAME's bf16 eager chain (DyT rounded after each of its four steps)
+      the output is within four roundings.
 
     Inference only (no autograd). Rows never see an empty band (the diagonal is always in
     it). Bad input raises ``ValueError`` / ``TypeError`` naming the argument before any

@@ -1,7 +1,7 @@
-"""Attention, one front door: :func:`attention` -- the exact 16-bit path (PyTorch's SDPA, or
-the band kernel of :mod:`ditfuse.ops.attention` for a window) or 8-bit tensor-core attention
-on Hopper (``precision="fp8"``): validate -> quantize what is not quantized yet -> launch,
-and at the end the ``torch.library`` op with its fake.
+"""8-bit tensor-core attention on Hopper: validate -> launch (the Triton kernel, or the
+warp-specialized one through :func:`run_ws`), the per-token quantizer of 16-bit q / k, and
+at the end the ``torch.library`` ops with their fakes. The public entry point,
+``ditfuse.attention(..., precision="fp8")``, is :mod:`ditfuse.ops.attention_api`.
 
 The 8-bit scheme (kernels in :mod:`ditfuse.kernels.attention_fp8`; design and measurements:
 docs/design/attention_fp8.md): Q and K int8 with one fp32 scale per (batch, head, token) --
@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional
+from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ditfuse.runtime import backend, library
-from ditfuse.ops.attention import _sm90, parse_window, sliding_window_attention
+from ditfuse.ops.attention import _sm90, parse_window
 from ditfuse.ops.attention_fp8_ws import quantize_v
 from ditfuse.reference import attention_8bit_core
 
-#: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores
-PRECISIONS = (None, "fp8")
 LAYOUTS = ("bshd", "bhsd")
 HEAD_DIMS = (64, 128)
 ACT_DTYPES = (torch.float16, torch.bfloat16)
@@ -57,7 +54,10 @@ class Plan:
         return self.left >= 0 or self.right >= 0
 
 
-class Settings(NamedTuple):
+@dataclass(frozen=True)
+class Settings:
+    """One launch of the Triton kernel: the query and key tiles, warps, K / V stages."""
+
     block_m: int
     block_n: int
     num_warps: int
@@ -66,13 +66,14 @@ class Settings(NamedTuple):
 
 def launch_settings(D: int, qk_dtype: torch.dtype = torch.int8,
                     key_mask: bool = False) -> Settings:
-    """Tile and warps of the Triton kernel (docs/design/attention_fp8.md): 128 x 128 tiles on
+    """The :class:`Settings` of one call (docs/design/attention_fp8.md): 128 x 128 tiles on
     two warpgroups, three stages of K / V in flight; two stages for e4m3 q / k and 64-key
     tiles under a key mask, whose key loops (with the rounded P's row sum) spill otherwise
     (sm_90a builds, ``test_sm90_builds``)."""
     if key_mask:
-        return Settings(128, 64, 8, 3)
-    return Settings(128, 128, 8, 2 if qk_dtype == torch.float8_e4m3fn else 3)
+        return Settings(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    e4m3 = qk_dtype == torch.float8_e4m3fn
+    return Settings(block_m=128, block_n=128, num_warps=8, num_stages=2 if e4m3 else 3)
 
 
 def _heads(x, name: str, layout: str) -> Tensor:
@@ -123,12 +124,6 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _check_precision(precision):
-    if not (precision is None or (isinstance(precision, str) and precision in PRECISIONS)):
-        raise ValueError(f"precision must be None (the exact 16-bit path) or 'fp8', got "
-                         f"{precision!r}")
-
-
 def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
     if m is None:
         return None
@@ -147,7 +142,8 @@ def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
 
 def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
          layout="bshd", key_mask=None, check_scale_values=True) -> Plan:
-    """Validate an 8-bit call whose q / k are already 8-bit (see :func:`attention`).
+    """Validate an 8-bit call whose q / k are already 8-bit (see
+    :func:`ditfuse.ops.attention_api.attention`).
     ``check_scale_values``: the scales' values too (:func:`_check_scale_values`; off for the
     scales :func:`quantize_per_token` wrote, which are NaN / inf for a token holding one)."""
     if layout not in LAYOUTS:
@@ -240,8 +236,9 @@ def _band_sides(left: int, right: int, S_kv: int):
 
 def _signed_scales(p: Plan) -> Tensor:
     """The key mask carried by the key scales' sign, fp32 (B, H, S_kv): the scale of a kept
-    key (> 0; a zero or NaN one stays kept), -1 for a dropped one -- the kernel reads no mask of its own (a mask
-    loaded a column took the registers of a pipeline stage: 40 B of spill)."""
+    key (> 0; a zero or NaN one stays kept), -1 for a dropped one -- the kernel reads no mask
+    of its own (a mask loaded a column took the registers of a pipeline stage: 40 B of
+    spill)."""
     return torch.where(p.key_mask.view(torch.bool)[:, None, :], p.k_scale, -1.0)
 
 
@@ -262,32 +259,6 @@ def run(p: Plan) -> Tensor:
     out = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
                               left=p.left, right=p.right, key_mask=km)
     return out if p.layout == "bshd" else out.transpose(1, 2).contiguous()
-
-
-def _quantize_qk(q, k, layout: str):
-    """16-bit q / k -> int8 with per-token scales (:func:`quantize_per_token`, each apart)."""
-    for name, t in (("q", q), ("k", k)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in ACT_DTYPES:
-            raise TypeError(f"{name}.dtype must be float16 / bfloat16 (quantized here) or "
-                            f"int8 / float8_e4m3fn with {name}_scale, got {t.dtype}")
-    if q.dtype != k.dtype:
-        raise TypeError(f"q and k must share one dtype, got {q.dtype} and {k.dtype}")
-    if q.dim() != 4 or k.dim() != 4:
-        want = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
-        raise ValueError(f"q and k must be 4-D {want}, got {tuple(q.shape)} and "
-                         f"{tuple(k.shape)}")
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"head_dim (the last dim of q) must be one of {HEAD_DIMS} for "
-                         f"precision='fp8', got {q.shape[-1]}")
-    if q.device != k.device:
-        raise ValueError(f"k is on {k.device}, q on {q.device}: all on one device")
-    if torch.compiler.is_compiling():
-        (q8, qs), (k8, ks) = (quantize_per_token_op(x, layout) for x in (q, k))
-    else:
-        (q8, qs), (k8, ks) = (quantize_per_token(x, layout) for x in (q, k))
-    return q8, k8, qs, ks
 
 
 def quantize_per_token(x: Tensor, layout: str = "bshd"):
@@ -321,136 +292,6 @@ def _(x, layout):
         x.shape[0], x.shape[2], x.shape[1])
     return [torch.empty(x.shape, dtype=torch.int8, device=x.device),
             torch.empty(B, H, S, dtype=torch.float32, device=x.device)]
-
-
-def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
-    """Every argument the 8-bit call checks, before :func:`quantize_per_token` quantizes
-    16-bit q / k (no kernel runs on a call that then fails): :func:`plan` on zero-stride int8 / fp32 stand-ins
-    of the quantized q / k and their scales (shapes, dtypes and devices only, no memory)."""
-    if not (isinstance(k, Tensor) and k.dtype == q.dtype and q.dim() == 4 and k.dim() == 4):
-        return  # _quantize_qk names the problem
-    q4, k4 = (q, k) if layout != "bhsd" else (q.transpose(1, 2), k.transpose(1, 2))
-    (B, S_q, H, _), S_kv = q4.shape, k4.shape[1]
-
-    def stand_in(x, dtype):
-        return torch.empty((), dtype=dtype, device=x.device).expand(x.shape)
-
-    def scales(S):
-        return torch.empty((), dtype=torch.float32, device=q.device).expand(B, H, S)
-
-    plan(stand_in(q, torch.int8), stand_in(k, torch.int8), v, q_scale=scales(S_q),
-         k_scale=scales(S_kv), window=window, scale=scale, layout=layout, key_mask=key_mask,
-         check_scale_values=False)
-
-
-def _check_grad(*ts):
-    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
-        raise RuntimeError("ditfuse.attention is inference-only (no backward): call it under "
-                           "torch.no_grad() or torch.inference_mode()")
-
-
-def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=None,
-              scale=None, layout="bshd", key_mask=None):
-    r"""Softmax attention of every query over the keys (or over a band of them).
-
-    Inference-only (no backward).
-
-    Parameters
-    ----------
-    q, k, v : Tensor
-        ``(B, S, H, D)`` (``layout="bshd"``) or ``(B, H, S, D)`` (``"bhsd"``), any strides;
-        q may have another sequence length than k / v. 16-bit (fp16 / bf16) -- or, with
-        ``precision="fp8"``, q and k int8 / float8_e4m3fn as
-        ``ditfuse.qk_norm_rope(..., quantize=...)`` writes them, with their scales.
-    precision : {None, "fp8"}
-        ``None``: the exact 16-bit path -- PyTorch's ``scaled_dot_product_attention`` (its
-        best backend), or :func:`ditfuse.sliding_window_attention` with a ``window``.
-        ``"fp8"``: 8-bit tensor cores on sm_90 (head_dim 64 or 128): Q K^T in int8 (e4m3
-        for e4m3 inputs) with per-token scales, fp32 online softmax, P and V in e4m3 (V with
-        one scale per (batch, head, channel), quantized here), P V accumulated in fp32
-        across key tiles; output in v's dtype. Elsewhere the same quantization emulated in
-        PyTorch (:func:`ditfuse.reference.attention_8bit_core`).
-    q_scale, k_scale : Tensor, optional
-        float32 ``(B, H, S)``, positive and finite (one per batch, head and token; ``q = q_8bit
-        * q_scale``; NaN for a token holding a NaN), any strides: required with 8-bit q / k,
-        not accepted with 16-bit ones (those are quantized here, q and k apart:
-        :func:`quantize_per_token`). A zero, negative or infinite scale is refused (ValueError)
-        where that costs no device sync -- eager, CPU tensors; on a GPU, under torch.compile
-        and in a CUDA-graph capture it is not checked (a zero scale still gives NaN-free
-        output: masked scores are set to -inf after the scales multiply).
-    window : int or (int, int), optional
-        Only keys ``i - left <= j <= i + right`` (``-1``, or a side ``>= S_kv``: unbounded);
-        needs as many queries as keys.
-    scale : float, optional
-        Softmax scale; default ``1 / sqrt(D)``.
-    layout : {"bshd", "bhsd"}
-    key_mask : Tensor, optional
-        bool ``(B, S_kv)``: the keys each batch entry attends (``False``: dropped, as
-        diffusers' text-padding masks of HunyuanVideo and Qwen-Image drop padded tokens;
-        SDPA's ``attn_mask`` of shape ``(B, 1, 1, S_kv)``). A query whose every key is
-        dropped gets zeros (SDPA: NaN).
-
-    Returns
-    -------
-    Tensor
-        ``(B, S_q, H, D)`` or ``(B, H, S_q, D)`` (q's layout), contiguous, v's dtype.
-
-    Notes
-    -----
-    Accuracy of ``"fp8"`` (H200, random normal Q/K/V and Q/K after RMSNorm, against fp64):
-    cosine similarity and relative L2 error in docs/attention_fp8.md; the kernel's operands
-    are exactly :func:`ditfuse.reference.quantize_per_token`'s and
-    :func:`quantize_v`'s, so the emulation differs from it only in summation order and where
-    the online softmax rescales. The row sum is the sum of the rounded P, so the output lies
-    within the range of V's quantized values. NaN propagates as in softmax attention: a NaN
-    in q / k makes its token's scale NaN (the rows attending it NaN), one in V its channel's
-    scale (that channel NaN).
-    """
-    _check_precision(precision)
-    _check_grad(q, k, v, q_scale, k_scale)
-    if precision is None:
-        if q_scale is not None or k_scale is not None:
-            raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
-        if window is not None:
-            if key_mask is not None:
-                raise ValueError("key_mask with window: not supported by the 16-bit band "
-                                 "kernel (precision='fp8' takes both)")
-            return sliding_window_attention(q, k, v, window, scale=scale, layout=layout)
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
-        mask = None
-        if key_mask is not None:
-            _check_key_mask(key_mask, q.shape[0], k.shape[1 if layout == "bshd" else 2],
-                            q.device)
-            mask = key_mask[:, None, None, :]
-        o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=mask, scale=scale)
-        return t(o).contiguous()
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    here = isinstance(q, Tensor) and q.dtype in ACT_DTYPES
-    if here:
-        if q_scale is not None or k_scale is not None:
-            raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
-                             "quantized here (pass neither)")
-        _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
-        if _ws_ok(q, k, window, key_mask):
-            s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-            if torch.compiler.is_compiling():
-                return attention_8bit_ws_op(q, k, v, s, layout)
-            return run_ws(q, k, v, s, layout)
-        q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
-    if torch.compiler.is_compiling():
-        return _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
-    return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window, scale=scale,
-                    layout=layout, key_mask=key_mask, check_scale_values=not here))
-
-
-def _ws_ok(q: Tensor, k: Tensor, window, key_mask) -> bool:
-    """The warp-specialized kernel takes a 16-bit call on sm_90 without a window or a key
-    mask (the Triton kernel takes those, and 8-bit q / k with per-token key scales)."""
-    return (window is None and key_mask is None and not backend.INTERPRET and q.is_cuda
-            and isinstance(k, Tensor) and k.dtype == q.dtype and _sm90(q.device))
 
 
 def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:

@@ -1,12 +1,13 @@
 """The warp-specialized sm_90 8-bit attention from 16-bit Q / K / V: quantize, then launch
 (kernels in :mod:`ditfuse.kernels.attention_fp8_ws` and :mod:`ditfuse.kernels.quantize_8bit`;
-the front door and its checks are :func:`ditfuse.ops.attention_fp8.attention`; design and
-measurements: docs/design/attention_fp8.md).
+the front door and its checks are :func:`ditfuse.ops.attention_api.attention`; design
+and measurements: docs/design/attention_fp8.md).
 
 Quantization of one call:
 
-- Q: int8, one scale per (batch, head, token) (:func:`ditfuse.ops.attention_fp8.quantize_per_token`,
-  bitwise :func:`ditfuse.reference.quantize_per_token`);
+- Q: int8, one scale per (batch, head, token)
+  (:func:`ditfuse.ops.attention_fp8.quantize_per_token`, bitwise
+  :func:`ditfuse.reference.quantize_per_token`);
 - K: the (batch, head)'s mean key subtracted, then int8 with one scale per tile of
   ``BLOCK_N`` keys (:func:`quantize_k_blocks`);
 - V: e4m3, one scale per (batch, head, channel), transposed with each 16 keys in the

@@ -13,7 +13,8 @@ import torch
 from ditfuse.norms import norm_readable
 from ditfuse.ops.activations import supported
 from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
-from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT, attention as _attention
+from ditfuse.ops.attention_api import attention as _attention
+from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
 from ditfuse.ops.qk_norm_rope import QuantizedQK
 from ditfuse.runtime import backend, library
 

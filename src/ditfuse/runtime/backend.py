@@ -134,8 +134,14 @@ def _mma_sync_env():
 
 def mma_sync_only(on: bool):
     """Kernels that Triton compiles inside lower every ``tl.dot`` to ``mma.sync`` instead of
-    Hopper's ``wgmma`` (Triton's ``DISABLE_MMA_V3`` switch, read when a kernel compiles and
-    one of the variables its on-disk cache is keyed on, so the two builds are cached apart).
-    Used for a launch whose specialization asks for it (a constexpr keeps its in-memory cache
-    entry apart); a plain ``nullcontext`` when ``on`` is false (every other launch)."""
+    Hopper's ``wgmma``; a plain ``nullcontext`` when ``on`` is false (every other launch).
+
+    The one environment toggle in ditfuse, and why it stays one: Triton 3.6 has no compile
+    option for it. Its compiler's C++ passes read ``DISABLE_MMA_V3`` from the environment when
+    a kernel compiles (``CUDAOptions`` has no such field, and another ``arch`` option would
+    change the whole target, not the dots); the variable is one its on-disk cache is keyed
+    on, so the two builds are cached apart there. The in-memory cache is keyed on the
+    specialization only: a kernel compiled inside takes a constexpr that says so (the band
+    attention kernel's ``MMA_SYNC``, read by no code), which keeps that entry apart. The
+    variable is set under a lock and restored on exit."""
     return _mma_sync_env() if on else contextlib.nullcontext()

@@ -1,0 +1,188 @@
+"""``ditfuse.attention``: the one front door of attention. It routes a call to PyTorch's SDPA
+or the band kernel of :mod:`ditfuse.ops.attention` (the exact 16-bit path), or to 8-bit
+tensor-core attention (``precision="fp8"``): the warp-specialized sm_90 kernel for 16-bit
+calls without a window or key mask (:func:`ditfuse.ops.attention_fp8.run_ws`), else q / k
+quantized here where they are 16-bit and the Triton kernel of
+:mod:`ditfuse.ops.attention_fp8` (or its PyTorch emulation where it cannot run). Every
+argument is checked before anything is quantized or launched.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ditfuse.ops import attention_fp8 as fp8
+from ditfuse.ops.attention import _sm90, sliding_window_attention
+from ditfuse.runtime import backend
+
+#: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores
+PRECISIONS = (None, "fp8")
+
+
+def _check_precision(precision):
+    if not (precision is None or (isinstance(precision, str) and precision in PRECISIONS)):
+        raise ValueError(f"precision must be None (the exact 16-bit path) or 'fp8', got "
+                         f"{precision!r}")
+
+
+def _quantize_qk(q, k, layout: str):
+    """16-bit q / k -> int8 with per-token scales
+    (:func:`ditfuse.ops.attention_fp8.quantize_per_token`, each apart)."""
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in fp8.ACT_DTYPES:
+            raise TypeError(f"{name}.dtype must be float16 / bfloat16 (quantized here) or "
+                            f"int8 / float8_e4m3fn with {name}_scale, got {t.dtype}")
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must share one dtype, got {q.dtype} and {k.dtype}")
+    if q.dim() != 4 or k.dim() != 4:
+        want = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
+        raise ValueError(f"q and k must be 4-D {want}, got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
+    if q.shape[-1] not in fp8.HEAD_DIMS:
+        raise ValueError(f"head_dim (the last dim of q) must be one of {fp8.HEAD_DIMS} for "
+                         f"precision='fp8', got {q.shape[-1]}")
+    if q.device != k.device:
+        raise ValueError(f"k is on {k.device}, q on {q.device}: all on one device")
+    if torch.compiler.is_compiling():
+        (q8, qs), (k8, ks) = (fp8.quantize_per_token_op(x, layout) for x in (q, k))
+    else:
+        (q8, qs), (k8, ks) = (fp8.quantize_per_token(x, layout) for x in (q, k))
+    return q8, k8, qs, ks
+
+
+def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
+    """Every argument the 8-bit call checks, before 16-bit q / k are quantized (no kernel
+    runs on a call that then fails): :func:`ditfuse.ops.attention_fp8.plan` on zero-stride
+    int8 / fp32 stand-ins of the quantized q / k and their scales (shapes, dtypes and
+    devices only, no memory)."""
+    if not (isinstance(k, Tensor) and k.dtype == q.dtype and q.dim() == 4 and k.dim() == 4):
+        return  # _quantize_qk names the problem
+    q4, k4 = (q, k) if layout != "bhsd" else (q.transpose(1, 2), k.transpose(1, 2))
+    (B, S_q, H, _), S_kv = q4.shape, k4.shape[1]
+
+    def stand_in(x, dtype):
+        return torch.empty((), dtype=dtype, device=x.device).expand(x.shape)
+
+    def scales(S):
+        return torch.empty((), dtype=torch.float32, device=q.device).expand(B, H, S)
+
+    fp8.plan(stand_in(q, torch.int8), stand_in(k, torch.int8), v, q_scale=scales(S_q),
+         k_scale=scales(S_kv), window=window, scale=scale, layout=layout, key_mask=key_mask,
+         check_scale_values=False)
+
+
+def _check_grad(*ts):
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
+        raise RuntimeError("ditfuse.attention is inference-only (no backward): call it under "
+                           "torch.no_grad() or torch.inference_mode()")
+
+
+def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=None,
+              scale=None, layout="bshd", key_mask=None):
+    r"""Softmax attention of every query over the keys (or over a band of them).
+
+    Inference-only (no backward).
+
+    Parameters
+    ----------
+    q, k, v : Tensor
+        ``(B, S, H, D)`` (``layout="bshd"``) or ``(B, H, S, D)`` (``"bhsd"``), any strides;
+        q may have another sequence length than k / v. 16-bit (fp16 / bf16) -- or, with
+        ``precision="fp8"``, q and k int8 / float8_e4m3fn as
+        ``ditfuse.qk_norm_rope(..., quantize=...)`` writes them, with their scales.
+    precision : {None, "fp8"}
+        ``None``: the exact 16-bit path -- PyTorch's ``scaled_dot_product_attention`` (its
+        best backend), or :func:`ditfuse.sliding_window_attention` with a ``window``.
+        ``"fp8"``: 8-bit tensor cores on sm_90 (head_dim 64 or 128): Q K^T in int8 (e4m3
+        for e4m3 inputs) with per-token scales, fp32 online softmax, P and V in e4m3 (V with
+        one scale per (batch, head, channel), quantized here), P V accumulated in fp32
+        across key tiles; output in v's dtype. Elsewhere the same quantization emulated in
+        PyTorch (:func:`ditfuse.reference.attention_8bit_core`).
+    q_scale, k_scale : Tensor, optional
+        float32 ``(B, H, S)``, positive and finite (one per batch, head and token; ``q = q_8bit
+        * q_scale``; NaN for a token holding a NaN), any strides: required with 8-bit q / k,
+        not accepted with 16-bit ones (those are quantized here, q and k apart:
+        :func:`ditfuse.ops.attention_fp8.quantize_per_token`). A zero, negative or infinite
+        scale is refused (ValueError) where that costs no device sync -- eager, CPU tensors;
+        on a GPU, under torch.compile and in a CUDA-graph capture it is not checked (a zero
+        scale still gives NaN-free output: masked scores are set to -inf after the scales
+        multiply).
+    window : int or (int, int), optional
+        Only keys ``i - left <= j <= i + right`` (``-1``, or a side ``>= S_kv``: unbounded);
+        needs as many queries as keys.
+    scale : float, optional
+        Softmax scale; default ``1 / sqrt(D)``.
+    layout : {"bshd", "bhsd"}
+    key_mask : Tensor, optional
+        bool ``(B, S_kv)``: the keys each batch entry attends (``False``: dropped, as
+        diffusers' text-padding masks of HunyuanVideo and Qwen-Image drop padded tokens;
+        SDPA's ``attn_mask`` of shape ``(B, 1, 1, S_kv)``). A query whose every key is
+        dropped gets zeros (SDPA: NaN).
+
+    Returns
+    -------
+    Tensor
+        ``(B, S_q, H, D)`` or ``(B, H, S_q, D)`` (q's layout), contiguous, v's dtype.
+
+    Notes
+    -----
+    Accuracy of ``"fp8"`` (random normal Q/K/V and Q/K after RMSNorm, against fp64): cosine
+    similarity and relative L2 error in docs/attention_fp8.md; the kernel's operands are
+    exactly :func:`ditfuse.reference.quantize_per_token`'s and
+    :func:`ditfuse.ops.attention_fp8_ws.quantize_v`'s, so the emulation differs from it only
+    in summation order and where the online softmax rescales. The row sum is the sum of the
+    rounded P, so the output lies within the range of V's quantized values. NaN propagates as
+    in softmax attention: a NaN in q / k makes its token's scale NaN (the rows attending it
+    NaN), one in V its channel's scale (that channel NaN).
+    """
+    _check_precision(precision)
+    _check_grad(q, k, v, q_scale, k_scale)
+    if precision is None:
+        if q_scale is not None or k_scale is not None:
+            raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
+        if window is not None:
+            if key_mask is not None:
+                raise ValueError("key_mask with window: not supported by the 16-bit band "
+                                 "kernel (precision='fp8' takes both)")
+            return sliding_window_attention(q, k, v, window, scale=scale, layout=layout)
+        if layout not in fp8.LAYOUTS:
+            raise ValueError(f"layout must be one of {fp8.LAYOUTS}, got {layout!r}")
+        t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+        mask = None
+        if key_mask is not None:
+            fp8._check_key_mask(key_mask, q.shape[0], k.shape[1 if layout == "bshd" else 2],
+                                q.device)
+            mask = key_mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=mask, scale=scale)
+        return t(o).contiguous()
+    if layout not in fp8.LAYOUTS:
+        raise ValueError(f"layout must be one of {fp8.LAYOUTS}, got {layout!r}")
+    here = isinstance(q, Tensor) and q.dtype in fp8.ACT_DTYPES
+    if here:
+        if q_scale is not None or k_scale is not None:
+            raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
+                             "quantized here (pass neither)")
+        _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
+        if _ws_ok(q, k, window, key_mask):
+            s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            if torch.compiler.is_compiling():
+                return fp8.attention_8bit_ws_op(q, k, v, s, layout)
+            return fp8.run_ws(q, k, v, s, layout)
+        q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
+    if torch.compiler.is_compiling():
+        return fp8._via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
+    return fp8.run(fp8.plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window,
+                            scale=scale, layout=layout, key_mask=key_mask,
+                            check_scale_values=not here))
+
+
+def _ws_ok(q: Tensor, k: Tensor, window, key_mask) -> bool:
+    """The warp-specialized kernel takes a 16-bit call on sm_90 without a window or a key
+    mask (the Triton kernel takes those, and 8-bit q / k with per-token key scales)."""
+    return (window is None and key_mask is None and not backend.INTERPRET and q.is_cuda
+            and isinstance(k, Tensor) and k.dtype == q.dtype and _sm90(q.device))
