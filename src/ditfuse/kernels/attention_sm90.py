@@ -1,14 +1,14 @@
 """SAME-L's differential band attention on Hopper, written in Gluon (private; routed by
 :func:`ditfuse.ops.attention.launch`; design and measurements: docs/design/attention.md).
 
-Triton's ``tl.dot`` waits on each wgmma right after issuing it (``wgmma.wait_group 0``,
-seen in its sm_90 builds, 2026-12-03), so the kernel of :mod:`ditfuse.kernels.attention`
+Triton's ``tl.dot`` waits on each wgmma right after issuing it (``wgmma.wait_group 0``
+in its sm_90 builds), so the kernel of :mod:`ditfuse.kernels.attention`
 runs each score product, softmax and P @ V one after another. Gluon places the waits by
 hand: with two attention maps a trip can keep one map's tensor-core work in flight while
 the other's softmax runs (FlashAttention-3's intra-warpgroup overlap, with the second map
-as the partner). A program copies Q1, Q2 and every key tile of its band (``TRIPS`` of them, one
-shared-memory buffer each: no ring to refill) by TMA before its first trip, one mbarrier a
-tile and tensor; a trip over key tile t (wgmma groups complete in issue order):
+as the partner). A program copies Q1, Q2 and every key tile of its band (``TRIPS`` of
+them, one shared-memory buffer each: no ring to refill) by TMA before its first trip, one
+mbarrier a tile and tensor; a trip over key tile t (wgmma groups complete in issue order):
 
     wait for K1, K2, V of tile t                      (mbarriers)
     issue S1 = Q1 K1^T, S2 = Q2 K2^T                  (async)
@@ -19,14 +19,14 @@ tile and tensor; a trip over key tile t (wgmma groups complete in issue order):
     wait for both P @ V
 
 The last wait keeps every wgmma inside its trip. ptxas pipelines wgmma only where no
-non-wgmma instruction reads an accumulator whose wgmma is in flight; a product left in flight
-across the loop's back edge (an earlier form, 2026-12-04: O1 / O2 retired by the next
-trip's first wait) fails its analysis, and it then serializes every wgmma of the kernel
+non-wgmma instruction reads an accumulator whose wgmma is in flight; a product left in
+flight across the loop's back edge (O1 / O2 retired by the next trip's first wait) fails
+its analysis, and it then serializes every wgmma of the kernel
 (``ptxas -v``: C7514; every HGMMA followed by ``WARPGROUP.DEPBAR.LE gsb0, 0x0``). TMA
 instead of cp.async: one thread issues a tile's copies (no per-thread address arithmetic,
 no block barrier a trip), and the kernel fits 128 registers with no spills, so 4 programs
 an SM (52 KB of shared memory at SAME-L's 3 tiles). docs/design/attention.md has the
-measurements (H200, 2026-12-04); tests/test_attention_gluon.py builds this kernel for sm_90
+measurements; tests/test_attention_gluon.py builds this kernel for sm_90
 and checks the pipeline ptxas keeps (no C7514), TMA copies, registers and shared memory.
 
 Contract: **bitwise** the Triton kernel's output at the launch it replaces -- the table's
@@ -35,7 +35,7 @@ key, 4 warps): the same tiles, the same wgmma shapes and accumulation (``acc * a
 the product into it), the same softmax arithmetic (fp32, ``ex2.approx.ftz``, running max
 from -FLT_MAX, the band as one unsigned compare), the same epilogue (per-row reciprocals,
 one fma) with fp contraction off. TMA zero-fills the rows of a box past N, as the Triton
-kernel's masked loads do. Checked on the H200 by tests/test_attention_gluon.py.
+kernel's masked loads do. Checked on an sm_90 GPU by tests/test_attention_gluon.py.
 
 Scope (``attention.gluon_ok``): sm_90, differential, bf16 / fp16, head_dim 64, no prologue,
 the table's narrow-band entry (at most 4 key tiles a program), every operand's channels
@@ -53,8 +53,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
-#: ptxas's register cap: the kernel fits 128 with no spills (4 programs an SM; H200,
-#: 2026-12-04: 52.9 us at SAME-L 8704 bf16 against 58.0 uncapped at 3 an SM)
+#: ptxas's register cap: the kernel fits 128 with no spills, 4 programs an SM (faster than
+#: uncapped at 3 an SM: docs/design/attention.md)
 MAXNREG = 128
 
 

@@ -21,10 +21,10 @@ channels contiguous, so each trip copies V's tile through registers into ``vt``,
     wait for both P @ V (nothing in flight across the back edge: ``attention_sm90``)
 
 Shared memory at SAME-L's 3 key tiles: Q1 / Q2 32 KB, K1 / K2 / V 72 KB, vt 8 KB (112 KB: 2
-programs an SM; the output's layout change reuses dead buffers). Measured on the H200
-(2026-12-04): 57.5-58.2 us at the TensorRT contract shape against the
-Triton entry's 63.0-63.6; a second vt buffer (1 program an SM) 77 us; a 72 KB form with one
-K buffer and a two-deep V ring (3 programs an SM) 60.7 us, its refills exposed.
+programs an SM; the output's layout change reuses dead buffers). Faster than the Triton
+entry at the TensorRT contract shape; a second vt buffer (1 program an SM) and a 72 KB form
+with one K buffer and a two-deep V ring (3 programs an SM, its refills exposed) were slower
+(the measurements: docs/design/attention.md).
 
 Contract: fp32 in and out, tensor-core products at tf32 operand precision (as the Triton
 kernel's ``tl.dot``), fp32 softmax and accumulation; within ``ACCURACY[fp32]``

@@ -173,8 +173,8 @@ def build(spec: BuildSpec) -> dict:
     bad = []
     if not (row["wgmma"] or row["mma"]):
         bad.append("no mma/wgmma in the PTX")
-    # local memory only outside the key loop, a few bytes a program (the one-warp fp32
-    # entry of 2026-12-01 kept one 4-byte value across its loop: LDL / STL before and after)
+    # local memory only outside the key loop, a few bytes a program (a one-warp fp32 entry
+    # kept one 4-byte value across its loop: LDL / STL before and after)
     if row["loop_local"]:
         bad.append(f"{row['loop_local']} LDL / STL inside a loop")
     if max(row["spill_stores"], row["spill_loads"], row["stack"]) > LOCAL_BYTES_MAX:
