@@ -56,6 +56,7 @@ def test_linear_fp8_model(case, monkeypatch):
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_names = set(_block_linears(model))
     with torch.no_grad():
         ref = model(**kw)[0]
     rep = ditfuse.patch(model, qk_norm_rope=False, adaln=False, attention=False,
@@ -63,7 +64,13 @@ def test_linear_fp8_model(case, monkeypatch):
     text = str(rep)
     linears = _block_linears(model)
     fp8 = [n for n in linears if f"  {n}: fp8 " in text]
-    kept = [n for n in linears if n not in fp8]
+    fused = [n for n in linears if f"  {n}: fused into " in text]
+    kept = [n for n in linears if n not in fp8 and n not in fused]
+    # Q / K / V fused into one FP8 GEMM where the attention class takes it (Wan, FLUX.1/2)
+    assert bool(fused) == (case in ("wan-t2v", "flux1", "flux2")), fused
+    for n in fused:
+        target = text.split(f"  {n}: fused into ")[1].split("\n")[0]
+        assert target in fp8, (n, target)
     assert fp8, text
     # every block linear is named with its precision; the modulation ones stay 16-bit
     for n in linears:
@@ -81,11 +88,12 @@ def test_linear_fp8_model(case, monkeypatch):
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
     assert rel > 0  # the 8-bit GEMMs really ran
     # the 16-bit weights left the module; unpatch gives them back bitwise
-    assert all(linears[n].weight.numel() == 0 for n in fp8)
+    assert all(linears[n].weight.numel() == 0 for n in fp8 + fused)
     assert ditfuse.unpatch(model) >= len(fp8)
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved[k]), k
     assert not any("_ditfuse_w8" in k for k, _ in model.named_buffers())
+    assert set(_block_linears(model)) == {n for n in linears if n not in fp8 or n in saved_names}
     with torch.no_grad():
         again = model(**kw)[0]
     assert torch.equal(again, ref)
@@ -139,5 +147,5 @@ def test_bad_values():
         ditfuse.patch(model, linear="fp8", linear_exclude="*norm*")
     ditfuse.patch(model, linear="fp8")
     with pytest.raises(RuntimeError, match="inference-only"):
-        lin = model.blocks[0].attn1.to_q
+        lin = model.blocks[0].attn1.to_out[0]
         lin(torch.randn(2, lin.in_features, dtype=torch.bfloat16, requires_grad=True))

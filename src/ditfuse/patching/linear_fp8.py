@@ -10,6 +10,12 @@ in 16 bits by default (:data:`DEFAULT_EXCLUDE`) are the modulation linears insid
 errors scale every token) and any embedding; outside the blocks (patch / time / text
 embeddings, the final projection) nothing is touched.
 
+Where both the diffusers attention class and its processors (diffusers' and ditfuse's) take
+the fused projections (:data:`FUSABLE_ATTENTION`: Wan, FLUX.1, FLUX.2), the attention's Q / K /
+V linears are first fused (diffusers' ``fuse_projections``: ``to_qkv``, ``to_kv``,
+``to_added_qkv``, ``to_added_kv``): one quantization of the input and one wider GEMM instead
+of three. The per-channel weight scales make the fused weight the separate ones, row for row.
+
 A ``FeedForward`` with a tanh GELU whose two linears are both FP8 gets one more forward: the
 output projection's quantization applies the GELU in the same pass
 (``linear_fp8(h, ..., activation="gelu_tanh")``), so the activation is never written in 16
@@ -35,6 +41,13 @@ LINEAR_FP8 = "fp8"
 DEFAULT_EXCLUDE: Tuple[str, ...] = ("*norm*", "*img_mod*", "*txt_mod*", "*emb*")
 _W16 = "_ditfuse_w16"
 LABEL = "fp8 linears"
+#: attention classes whose processors read ``fused_projections`` (``_get_qkv_projections``)
+FUSABLE_ATTENTION = ("WanAttention", "FluxAttention", "Flux2Attention")
+_FUSED = "_ditfuse_fused_qkv"
+#: fused projection -> the linears it replaces
+_FUSES = {"to_qkv": ("to_q", "to_k", "to_v"), "to_kv": ("to_k", "to_v"),
+          "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj"),
+          "to_added_kv": ("add_k_proj", "add_v_proj")}
 FFN_LABEL = "FFNs (GELU fused into the FP8 quantization)"
 _FFN = "_ditfuse_fp8_ffn"
 
@@ -102,15 +115,57 @@ def _views_as_rows(x: torch.Tensor) -> bool:
         return False
 
 
+def _fuse_qkv(model: torch.nn.Module, exclude) -> dict:
+    """Fuse the Q / K / V linears of every fusable block attention whose linears are all
+    16-bit, unpatched and not excluded; {replaced linear's name: fused linear's name}."""
+    replaced = {}
+    for name, m in list(model.named_modules()):
+        if (type(m).__name__ not in FUSABLE_ATTENTION or not _in_blocks(name)
+                or not getattr(m, "_supports_qkv_fusion", False)
+                or getattr(m, "fused_projections", True)):
+            continue
+        parts = [getattr(m, p, None) for p in ("to_q", "to_k", "to_v")]
+        parts += [getattr(m, p) for p in ("add_q_proj", "add_k_proj", "add_v_proj")
+                  if getattr(m, p, None) is not None]
+        if not all(type(p) is torch.nn.Linear and p.weight.numel() and _why_not(p) is None
+                   and not p.__dict__.get(_PATCHED_FWD) for p in parts):
+            continue
+        if any(fnmatch.fnmatchcase(f"{name}.{p}", pat) for p in _FUSES["to_qkv"] for pat in exclude):
+            continue
+        with torch.no_grad():
+            m.fuse_projections()
+        if not getattr(m, "fused_projections", False):
+            continue
+        m.__dict__[_FUSED] = True
+        for fused, gone in _FUSES.items():
+            if isinstance(getattr(m, fused, None), torch.nn.Linear):
+                for g in gone:
+                    replaced[f"{name}.{g}"] = f"{name}.{fused}"
+    return replaced
+
+
+def _offload(m: torch.nn.Linear) -> None:
+    """The 16-bit weight to the CPU (bitwise, for unpatch); an empty one in its place."""
+    w = m.weight.data
+    m.__dict__[_W16] = w if w.device.type == "cpu" else w.to("cpu", copy=True)
+    m.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
+
+
 def patch_linears(model: torch.nn.Module, report: PatchReport,
                   exclude: Iterable[str] = DEFAULT_EXCLUDE) -> None:
     """Quantize ``model``'s block linears and bind the FP8 forward on each (module
     docstring); one report line a layer with its precision, counted under :data:`LABEL`."""
     exclude = tuple(exclude)
+    replaced = _fuse_qkv(model, exclude)
     for name, m in model.named_modules():
+        if name in replaced:
+            if _W16 not in m.__dict__:
+                _offload(m)  # unused while fused: off the GPU until unpatch
+            report.lines.append(f"  {name}: fused into {replaced[name]}")
+            continue
         if type(m) is not torch.nn.Linear or not _in_blocks(name):
             continue
-        if m.__dict__.get(_PATCHED_FWD) and _W16 in m.__dict__:
+        if _W16 in m.__dict__:
             continue  # already FP8
         if any(fnmatch.fnmatchcase(name, p) for p in exclude):
             report.lines.append(f"  {name}: {m.weight.dtype} (excluded: {_match(name, exclude)})")
@@ -127,8 +182,7 @@ def patch_linears(model: torch.nn.Module, report: PatchReport,
             w8, s8 = quantize_weight(w)
         m.register_buffer("_ditfuse_w8", w8, persistent=False)
         m.register_buffer("_ditfuse_w8_scale", s8, persistent=False)
-        m.__dict__[_W16] = w if w.device.type == "cpu" else w.to("cpu", copy=True)
-        m.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
+        _offload(m)
         m.forward = types.MethodType(_fp8_forward, m)
         m.__dict__[_PATCHED_FWD] = True
         report.add(LABEL)
@@ -159,9 +213,15 @@ def unpatch_linears(model: torch.nn.Module) -> int:
         w16 = m.__dict__.pop(_W16, None)
         if w16 is None:
             continue
-        m.weight.data = w16.to(m._ditfuse_w8.device)
-        del m._buffers["_ditfuse_w8"], m._buffers["_ditfuse_w8_scale"]
-        m.__dict__.pop("forward", None)
-        m.__dict__.pop(_PATCHED_FWD, None)
+        m.weight.data = w16.to(m.weight.device)
+        if "_ditfuse_w8" in m._buffers:
+            del m._buffers["_ditfuse_w8"], m._buffers["_ditfuse_w8_scale"]
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop(_PATCHED_FWD, None)
         n += 1
+    for m in model.modules():
+        if m.__dict__.pop(_FUSED, False):
+            m.unfuse_projections()
+            if hasattr(m, "to_added_kv"):  # diffusers' unfuse leaves this one
+                del m.to_added_kv
     return n
