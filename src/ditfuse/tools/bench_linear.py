@@ -49,9 +49,13 @@ class LinearShape:
 _WAN480, _WAN720 = 21 * 30 * 52, 21 * 45 * 80
 LINEAR_SHAPES = {s.name: s for s in [
     LinearShape("wan14b-480p-qkvo", "Wan2.x 14B 480p: Q / K / V / O", _WAN480, 5120, 5120),
+    LinearShape("wan14b-480p-qkv-fused", "Wan2.x 14B 480p: Q K V fused (linear='fp8')", _WAN480,
+                5120, 3 * 5120),
     LinearShape("wan14b-480p-ffn-in", "Wan2.x 14B 480p: FFN in", _WAN480, 5120, 13824),
     LinearShape("wan14b-480p-ffn-out", "Wan2.x 14B 480p: FFN out", _WAN480, 13824, 5120, True),
     LinearShape("wan14b-720p-qkvo", "Wan2.x 14B 720p: Q / K / V / O", _WAN720, 5120, 5120),
+    LinearShape("wan14b-720p-qkv-fused", "Wan2.x 14B 720p: Q K V fused (linear='fp8')", _WAN720,
+                5120, 3 * 5120),
     LinearShape("wan14b-720p-ffn-in", "Wan2.x 14B 720p: FFN in", _WAN720, 5120, 13824),
     LinearShape("wan14b-720p-ffn-out", "Wan2.x 14B 720p: FFN out", _WAN720, 13824, 5120, True),
     LinearShape("flux2-1024-qkv", "FLUX.2-dev 1024^2: fused QKV + MLP in (single)", 4608, 6144,
