@@ -472,8 +472,8 @@ def patch_fp8(model):
 
 def linear_fp8_ways():
     """The ways of ``ditfuse bench --e2e --fp8 --linear-fp8``: (label, patch) after the
-    unpatched baseline -- 8-bit attention, FP8 linears, both, and torchao's float8 dynamic
-    per-row linears (the peer) on the model's block linears."""
+    unpatched baseline -- the exact patch, 8-bit attention, FP8 linears, both, and torchao's
+    float8 dynamic per-row linears (the peer) on the model's block linears."""
     import ditfuse
 
     def torchao_linears(model):
@@ -487,7 +487,8 @@ def linear_fp8_ways():
                   filter_fn=block_linear)
         return "torchao float8 dynamic per-row block linears"
 
-    return [("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
+    return [("patched", ditfuse.patch),
+            ("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
             ("patched linear-fp8", lambda m: ditfuse.patch(m, linear="fp8")),
             ("patched fp8 + linear-fp8", lambda m: ditfuse.patch(m, attention="fp8", linear="fp8")),
             ("torchao linear-fp8", torchao_linears)]
