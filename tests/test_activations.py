@@ -398,10 +398,12 @@ def test_sm90_build_no_spills():
 
 def test_launch_settings_table():
     for N in (1, 3, 1000, 12288, 18432, 100000):
-        rows, block, warps = act.launch_settings(N)
+        st = act.launch_settings(N)
+        rows, block, warps = st.rows, st.block, st.num_warps
         assert block & (block - 1) == 0 and rows & (rows - 1) == 0 and 1 <= warps <= 8
         assert block <= 2048 and rows * block <= 2048
-    assert act.launch_settings(18432) == (1, 2048, 4) and 18432 % 2048 == 0
+    assert act.launch_settings(18432) == act.ActSettings(rows=1, block=2048, num_warps=4) \
+        and 18432 % 2048 == 0
 
 
 def test_zz_report_bitwise_shares():

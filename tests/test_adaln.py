@@ -1,5 +1,6 @@
 """ditfuse.adaln_modulate / gated_residual_adaln: fp64 reference, diffusers' own blocks,
 bad input, torch.library."""
+import dataclasses
 import itertools
 
 import pytest
@@ -215,14 +216,14 @@ def test_opcheck_and_compile():
 
 @pytest.mark.parametrize("D", [64, 96, 1000, 1536, 3072, 4096, 5120, 5632, 6144, 8192])
 def test_tile_settings_table(D):
-    """The launch table's rule (``tile_settings``): a program holds about 4096 elements (one
+    """The launch table's rule (``launch_settings``): a program holds about 4096 elements (one
     row from 3072 channels up, at most 16 rows), a thread at most 40 of a row at 4 warps, else 8 warps (FLUX.2's
     6144 channels: 79 registers at 4 warps on sm_90, 6 programs an SM; H200 modulate 34.1 vs
     37.2 us at 8 / 4 warps), and the tile (rows x padded width) covers every channel."""
     from ditfuse.ops import adaln
 
-    rows, warps = adaln.tile_settings(D)
-    a, b = adaln.tile_pieces(D)
+    st = adaln.launch_settings(D)
+    rows, warps, a, b = st.rows, st.num_warps, st.block_a, st.block_b
     assert a + b >= D and a & (a - 1) == 0 and (b == 0 or b & (b - 1) == 0)
     assert rows & (rows - 1) == 0 and rows * (a + b) <= max(4096, a + b)
     assert rows in (1, 16) or rows * (a + b) * 2 > 4096, "fewer rows than the table's 4096 elements"
@@ -257,10 +258,11 @@ def test_tile_settings_agree(monkeypatch, settings, D, mod):
                 return real[grid]
 
         monkeypatch.setattr(adaln, "_adaln_tile_kernel", Spy())
+        st = dataclasses.replace(adaln.launch_settings(D), rows=rows, num_warps=settings[1])
         got = adaln._run(x, y, gate, shift, scale, "layer", None, None, 1e-6, "once", False,
-                         None, tile=settings)
+                         None, settings=st)
         got_m = adaln._run(x, None, None, shift, scale, "rms", w, None, 1e-6, "once", False,
-                           None, tile=settings)[1]
+                           None, settings=st)[1]
     assert grids == [(-(-S // rows), B)] * 2
     assert torch.equal(got[0], want[0])
     for a, b in ((got[1], want[1]), (got_m, want_m)):

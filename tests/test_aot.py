@@ -139,7 +139,7 @@ def test_adaln_manifests(pkgs):
     assert [(p["name"], p["kind"]) for p in m["parameters"]] == [
         ("x", "input"), ("temb", "input"), ("N", "extra"), ("out", "output")]
     assert m["bindings"]["shift_ptr"] == "temb" and m["bindings"]["scale_ptr"] == "temb + 5120"
-    assert m["bindings"]["stride_shb"] == 6 * 5120 and m["bindings"]["stride_shs"] == 0
+    assert m["bindings"]["shift_strides"][:2] == [6 * 5120, 0]  # (b, s) strides of a chunk
     g = _manifest(pkgs["gated"])
     assert [(p["name"], p["kind"]) for p in g["parameters"]] == [
         ("x", "input"), ("y", "input"), ("temb", "input"), ("N", "extra"), ("x_new", "output"),

@@ -292,7 +292,7 @@ def test_checks_see_misses():
     assert not path_exists("benchmarks/flat_sweep.py") and path_exists("benchmarks/gpu_run.sh")
     assert path_exists("benchmarks/results/<gpu>-<date>.csv") and path_exists("ops/adaln.py")
     assert path_exists("tools/shapes.py") and not path_exists("kernels/nothing.py")
-    assert path_exists("ops/adaln.tile_settings") and path_exists("tests/test_*_fuzz.py")
+    assert path_exists("ops/adaln.launch_settings") and path_exists("tests/test_*_fuzz.py")
     assert [p for _, p in named_paths()]
     assert module_exists("ditfuse.tolerances.TWO_ROUNDINGS") and module_exists("ditfuse.ops")
     assert not module_exists("ditfuse.tolerances.NOTHING") and not module_exists("ditfuse.x")

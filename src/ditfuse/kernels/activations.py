@@ -10,7 +10,10 @@ from triton.language.extra import libdevice
 from ditfuse.runtime.backend import INTERPRET, jit
 from ditfuse.kernels.element import _cast_out, _ex2, _rcp, _rnd, _tanh
 
-SWIGLU, GELU_TANH, GELU_ERF = 0, 1, 2
+#: what ``_act_kernel`` computes (its ``KIND``; ``ditfuse.ops.activations`` passes the values)
+SWIGLU = tl.constexpr(0)
+GELU_TANH = tl.constexpr(1)
+GELU_ERF = tl.constexpr(2)
 
 # On the GPU, libdevice's exp / tanh / erf are the CUDA math library's expf / tanhf / erff,
 # which PyTorch's CUDA kernels call (tl.exp would be ex2.approx). The interpreter has no
@@ -47,7 +50,7 @@ def _tanhf(x):
     lanes straddle 0.6 runs both sides plus the branch's bookkeeping (BSSY / BRA / BSYNC, ~5
     instructions an element: GELU's inner argument straddles it in nearly every warp). Here
     both sides are computed and one selected, with libdevice's instructions and constants
-    (its sm_90 SASS): ``ex2.approx`` and ``rcp.approx`` as one MUFU each (their arguments
+    (its SASS): ``ex2.approx`` and ``rcp.approx`` as one MUFU each (their arguments
     there are >= 1.7 and >= 4.3: no flush can differ), the polynomial in fma."""
     a = tl.abs(x)
     r = _rcp(_ex2(a * 2.8853900432586669922) + 1.0)
@@ -76,7 +79,7 @@ def _act_kernel(
     out_ptr,                   # output rows (R, N); unit column stride; x's dtype
     R, N,                      # rows; output columns
     stride_xr, stride_or,      # row strides (elements) of x and out
-    KIND: tl.constexpr,        # 0 SwiGLU, 1 GELU (tanh), 2 GELU (erf)
+    KIND: tl.constexpr,        # SWIGLU, GELU_TANH or GELU_ERF
     ROWS: tl.constexpr,        # rows per program
     BLOCK: tl.constexpr,       # columns per program (power of two)
 ):
@@ -92,12 +95,12 @@ def _act_kernel(
     m = (r < R) & (c < N)
     xo = r * stride_xr + c
     x = tl.load(x_ptr + xo, mask=m, other=0.0).to(tl.float32)
-    if KIND == 0:
+    if KIND == SWIGLU:
         g = tl.load(x_ptr + xo + N, mask=m, other=0.0).to(tl.float32)
         # x / (1 + exp(-x)) divided with IEEE rounding as CUDA's '/' (Triton's '/' is div.full)
         a = _rnd(tl.math.div_rn(x, 1.0 + _exp(-x)), ACT)  # silu's output is stored in x's dtype
         y = a * g
-    elif KIND == 1:
+    elif KIND == GELU_TANH:
         inner = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
         y = (0.5 * x) * (1.0 + _act_tanh(inner))
     else:

@@ -10,6 +10,12 @@ import triton.language as tl
 from ditfuse.kernels.element import _cast_out, _rnd
 from ditfuse.runtime.backend import jit
 
+#: the norm the kernels apply (their ``NORM``); the values are the ``ditfuse::adaln`` ops'
+#: ``norm`` argument
+NO_NORM = tl.constexpr(0)
+LAYER_NORM = tl.constexpr(1)
+RMS_NORM = tl.constexpr(2)
+
 
 @jit
 def _vec(ptr, base, d, m, stride_d, ON: tl.constexpr):
@@ -71,6 +77,12 @@ def _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
 
 
 @jit
+def _row(strides, b, s):
+    """The offset of row (b, s) of a (B, S, D) tensor with (b, s, d) ``strides``."""
+    return b * strides[0] + s * strides[1]
+
+
+@jit
 def _adaln_kernel(
     x_ptr,                     # residual stream in, (B, S, D) any strides
     y_ptr, gate_ptr,           # branch output and its gate (RESIDUAL / HAS_GATE)
@@ -79,14 +91,10 @@ def _adaln_kernel(
     xnew_ptr,                  # new residual stream out (RESIDUAL; may be x itself)
     out_ptr,                   # modulated output
     S, D, eps,
-    stride_xb, stride_xs, stride_xd,
-    stride_yb, stride_ys, stride_yd,
-    stride_gb, stride_gs, stride_gd,
-    stride_shb, stride_shs, stride_shd,
-    stride_scb, stride_scs, stride_scd,
-    stride_nb, stride_ns, stride_nd,
-    stride_ob, stride_os, stride_od,
-    NORM: tl.constexpr,        # 0 none, 1 LayerNorm, 2 RMSNorm
+    # each (B, S, D) tensor's (b, s, d) element strides, a tuple
+    x_strides, y_strides, gate_strides, shift_strides, scale_strides, xnew_strides,
+    out_strides,
+    NORM: tl.constexpr,        # NO_NORM, LAYER_NORM or RMS_NORM
     HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
     HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr,
@@ -100,36 +108,31 @@ def _adaln_kernel(
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row - b * S
-    xb = b * stride_xb + s * stride_xs
-    yb = b * stride_yb + s * stride_ys
-    gb = b * stride_gb + s * stride_gs
-    shb = b * stride_shb + s * stride_shs
-    scb = b * stride_scb + s * stride_scs
-    nb = b * stride_nb + s * stride_ns
-    ob = b * stride_ob + s * stride_os
+    xb = _row(x_strides, b, s)
+    yb = _row(y_strides, b, s)
+    gb = _row(gate_strides, b, s)
+    shb = _row(shift_strides, b, s)
+    scb = _row(scale_strides, b, s)
+    nb = _row(xnew_strides, b, s)
+    ob = _row(out_strides, b, s)
     dd = tl.arange(0, BLOCK_D)
-    if not HAS_OUT:  # the gated residual alone
-        for c in range(NUM_CHUNKS):
-            d = c * BLOCK_D + dd
-            m = d < D
-            x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd,
-                         stride_gd, RESIDUAL, HAS_GATE, PER_OP, ACT)
-            tl.store(xnew_ptr + nb + d * stride_nd, _cast_out(x, ACT), mask=m)
-    else:
-        # pass 1: statistics by chunks (Chan's combination of count, mean, M2), storing the
-        # new residual stream on the way; pass 2 re-reads the row (from L2) and applies.
-        cnt = 0.0
-        mean = 0.0
-        m2 = 0.0
-        for c in range(NUM_CHUNKS):
-            d = c * BLOCK_D + dd
-            m = d < D
-            x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd,
-                         stride_gd, RESIDUAL, HAS_GATE, PER_OP, ACT)
-            if RESIDUAL:
-                tl.store(xnew_ptr + nb + d * stride_nd, _cast_out(x, ACT), mask=m)
+    # pass 1: the new residual stream stored on the way (without an output: all there is to
+    # do) and the statistics by chunks (Chan's combination of count, mean, M2); pass 2
+    # re-reads the row (from L2) and applies.
+    cnt = 0.0
+    mean = 0.0
+    m2 = 0.0
+    for c in range(NUM_CHUNKS):
+        d = c * BLOCK_D + dd
+        m = d < D
+        x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd=x_strides[2],
+                     stride_yd=y_strides[2], stride_gd=gate_strides[2], RESIDUAL=RESIDUAL,
+                     HAS_GATE=HAS_GATE, PER_OP=PER_OP, ACT=ACT)
+        if RESIDUAL or not HAS_OUT:
+            tl.store(xnew_ptr + nb + d * xnew_strides[2], _cast_out(x, ACT), mask=m)
+        if HAS_OUT:
             nc = tl.sum(m.to(tl.float32), 0)
-            if NORM == 1:
+            if NORM == LAYER_NORM:
                 mc = tl.sum(x, 0) / nc
                 xc = tl.where(m, x - mc, 0.0)
                 m2c = tl.sum(xc * xc, 0)
@@ -141,23 +144,26 @@ def _adaln_kernel(
             else:
                 m2 = m2 + tl.sum(x * x, 0)
                 cnt = cnt + nc
+    if HAS_OUT:
         rstd = 1.0 / tl.sqrt(m2 / D + eps)  # m2: sum of squared deviations (layer) or squares
         for c in range(NUM_CHUNKS):
             d = c * BLOCK_D + dd
             m = d < D
             if RESIDUAL:
-                x = tl.load(xnew_ptr + nb + d * stride_nd, mask=m, other=0.0).to(tl.float32)
+                x = tl.load(xnew_ptr + nb + d * xnew_strides[2], mask=m, other=0.0).to(tl.float32)
             else:
-                x = tl.load(x_ptr + xb + d * stride_xd, mask=m, other=0.0).to(tl.float32)
-            if NORM == 1:
+                x = tl.load(x_ptr + xb + d * x_strides[2], mask=m, other=0.0).to(tl.float32)
+            if NORM == LAYER_NORM:
                 n = (x - mean) * rstd
-            elif NORM == 2:
+            elif NORM == RMS_NORM:
                 n = x * rstd
             else:
                 n = x
-            n = _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd,
-                          stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
-            tl.store(out_ptr + ob + d * stride_od, _cast_out(n, out_ptr.dtype.element_ty),
+            n = _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb=shb, scb=scb,
+                          stride_shd=shift_strides[2], stride_scd=scale_strides[2], HAS_W=HAS_W,
+                          HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, HAS_SCALE=HAS_SCALE, PER_OP=PER_OP,
+                          ACT=ACT)
+            tl.store(out_ptr + ob + d * out_strides[2], _cast_out(n, out_ptr.dtype.element_ty),
                      mask=m)
 
 
@@ -165,13 +171,9 @@ def _adaln_kernel(
 def _adaln_tile_kernel(
     x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, xnew_ptr, out_ptr,
     S, D, eps,
-    stride_xb, stride_xs, stride_xd,
-    stride_yb, stride_ys, stride_yd,
-    stride_gb, stride_gs, stride_gd,
-    stride_shb, stride_shs, stride_shd,
-    stride_scb, stride_scs, stride_scd,
-    stride_nb, stride_ns, stride_nd,
-    stride_ob, stride_os, stride_od,
+    # each (B, S, D) tensor's (b, s, d) element strides, a tuple
+    x_strides, y_strides, gate_strides, shift_strides, scale_strides, xnew_strides,
+    out_strides,
     NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
     HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
@@ -194,32 +196,32 @@ def _adaln_tile_kernel(
     rm = s < S
     da = tl.arange(0, BLOCK_A)[None, :]
     ma = rm & (da < D)
-    xo = b * stride_xb + s * stride_xs
-    yo = b * stride_yb + s * stride_ys
+    xo = _row(x_strides, b, s)
+    yo = _row(y_strides, b, s)
     # per-row bases of the modulation rows: stride 0 along S unless per token (TI2V)
-    go = b * stride_gb + s * stride_gs
-    sho = b * stride_shb + s * stride_shs
-    sco = b * stride_scb + s * stride_scs
-    xa = _vec(x_ptr, xo, da, ma, stride_xd, True)
+    go = _row(gate_strides, b, s)
+    sho = _row(shift_strides, b, s)
+    sco = _row(scale_strides, b, s)
+    xa = _vec(x_ptr, xo, da, ma, x_strides[2], True)
     if RESIDUAL:
-        ya = _vec(y_ptr, yo, da, ma, stride_yd, True)
+        ya = _vec(y_ptr, yo, da, ma, y_strides[2], True)
     if BLOCK_B > 0:
         db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
         mb = rm & (db < D)
-        xb = _vec(x_ptr, xo, db, mb, stride_xd, True)
+        xb = _vec(x_ptr, xo, db, mb, x_strides[2], True)
         if RESIDUAL:
-            yb = _vec(y_ptr, yo, db, mb, stride_yd, True)
+            yb = _vec(y_ptr, yo, db, mb, y_strides[2], True)
     if RESIDUAL:
-        ga = _vec(gate_ptr, go, da, ma, stride_gd, HAS_GATE)
+        ga = _vec(gate_ptr, go, da, ma, gate_strides[2], HAS_GATE)
         xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
-        no = b * stride_nb + s * stride_ns
-        tl.store(xnew_ptr + no + da * stride_nd, _cast_out(xa, ACT), mask=ma)
+        no = _row(xnew_strides, b, s)
+        tl.store(xnew_ptr + no + da * xnew_strides[2], _cast_out(xa, ACT), mask=ma)
         if BLOCK_B > 0:
-            gbv = _vec(gate_ptr, go, db, mb, stride_gd, HAS_GATE)
+            gbv = _vec(gate_ptr, go, db, mb, gate_strides[2], HAS_GATE)
             xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
-            tl.store(xnew_ptr + no + db * stride_nd, _cast_out(xb, ACT), mask=mb)
+            tl.store(xnew_ptr + no + db * xnew_strides[2], _cast_out(xb, ACT), mask=mb)
     if HAS_OUT:
-        if NORM == 1:
+        if NORM == LAYER_NORM:
             tot = tl.sum(xa, 1)
             if BLOCK_B > 0:
                 tot += tl.sum(xb, 1)
@@ -233,7 +235,7 @@ def _adaln_tile_kernel(
             na = ca * rstd
             if BLOCK_B > 0:
                 nb = cb * rstd
-        elif NORM == 2:
+        elif NORM == RMS_NORM:
             q = tl.sum(xa * xa, 1)
             if BLOCK_B > 0:
                 q += tl.sum(xb * xb, 1)
@@ -245,14 +247,19 @@ def _adaln_tile_kernel(
             na = xa
             if BLOCK_B > 0:
                 nb = xb
-        oo = b * stride_ob + s * stride_os
-        na = _modulate(na, ma, da, w_ptr, b_ptr, shift_ptr, scale_ptr, sho, sco, stride_shd,
-                       stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
-        tl.store(out_ptr + oo + da * stride_od, _cast_out(na, out_ptr.dtype.element_ty), mask=ma)
+        oo = _row(out_strides, b, s)
+        na = _modulate(na, ma, da, w_ptr, b_ptr, shift_ptr, scale_ptr, shb=sho, scb=sco,
+                       stride_shd=shift_strides[2], stride_scd=scale_strides[2], HAS_W=HAS_W,
+                       HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, HAS_SCALE=HAS_SCALE, PER_OP=PER_OP,
+                       ACT=ACT)
+        tl.store(out_ptr + oo + da * out_strides[2], _cast_out(na, out_ptr.dtype.element_ty),
+                 mask=ma)
         if BLOCK_B > 0:
-            nb = _modulate(nb, mb, db, w_ptr, b_ptr, shift_ptr, scale_ptr, sho, sco, stride_shd,
-                           stride_scd, HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP, ACT)
-            tl.store(out_ptr + oo + db * stride_od, _cast_out(nb, out_ptr.dtype.element_ty),
+            nb = _modulate(nb, mb, db, w_ptr, b_ptr, shift_ptr, scale_ptr, shb=sho, scb=sco,
+                           stride_shd=shift_strides[2], stride_scd=scale_strides[2],
+                           HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, HAS_SCALE=HAS_SCALE,
+                           PER_OP=PER_OP, ACT=ACT)
+            tl.store(out_ptr + oo + db * out_strides[2], _cast_out(nb, out_ptr.dtype.element_ty),
                      mask=mb)
 
 
@@ -261,7 +268,7 @@ def _residual_flat_kernel(
     x_ptr, y_ptr, gate_ptr, xnew_ptr,
     S,
     stride_xb, stride_yb, stride_nb,       # batch strides (rows are contiguous: (S, D) dense)
-    stride_gb, stride_gs, stride_gd,
+    gate_strides,                          # the gate's (b, s, d) element strides, a tuple
     D: tl.constexpr,                       # channels of a row (compile-time: s, d by shifts
                                            # and a multiply, as inductor's kernel has them)
     HAS_GATE: tl.constexpr, GATE_PER_TOKEN: tl.constexpr, PER_OP: tl.constexpr,
@@ -293,9 +300,9 @@ def _residual_flat_kernel(
     if HAS_GATE:
         s = i // D
         d = i - s * D
-        go = b * stride_gb + d * stride_gd
+        go = b * gate_strides[0] + d * gate_strides[2]
         if GATE_PER_TOKEN:
-            go += s * stride_gs
+            go += s * gate_strides[1]
         if EVEN:
             g = tl.load(gate_ptr + go).to(tl.float32)
         else:

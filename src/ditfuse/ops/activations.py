@@ -21,27 +21,41 @@ writes ``H``); GELU reads ``N`` and writes ``N``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
-from ditfuse.kernels.activations import GELU_ERF, GELU_TANH, SWIGLU, _act_kernel
+from ditfuse.kernels import activations as _kernels
+from ditfuse.kernels.activations import _act_kernel
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: what the kernel computes: its ``KIND`` codes
+SWIGLU = _kernels.SWIGLU.value
+GELU_TANH = _kernels.GELU_TANH.value
+GELU_ERF = _kernels.GELU_ERF.value
 GELU_KINDS = {"tanh": GELU_TANH, "none": GELU_ERF}
 
 
-def launch_settings(N: int):
-    """(ROWS, BLOCK, num_warps) for rows of N output columns: a tile of up to 2048 columns
-    (18432 = 9 x 2048, 12288 = 6 x 2048: no masked lanes at the FLUX widths), rows added
-    until a program holds about 2048 outputs, 4 warps (16 a thread). Measured on the H200
-    (2026-11-29, 10 settings x 3 shapes; docs/design/activations.md): (1, 2048, 4)
-    fastest at every FLUX shape — SwiGLU 128.4 / 114.9 us, GELU 72.1 us; the first table
-    (2, 2048, 8) took 132.8 / 118.9 / 73.9 us, 4096-column tiles 80% of the ceiling."""
+@dataclass(frozen=True)
+class ActSettings:
+    """How ``_act_kernel`` is launched: ``rows`` x ``block`` outputs a program."""
+
+    rows: int
+    block: int
+    num_warps: int
+
+
+def launch_settings(N: int) -> ActSettings:
+    """Launch settings for rows of N output columns (the sweep behind the table:
+    docs/design/activations.md): a tile of up to 2048 columns (18432 = 9 x 2048, 12288 =
+    6 x 2048: no masked lanes at the FLUX widths; 4096-column tiles were slower), rows
+    added until a program holds about 2048 outputs (at most 64 rows), a warp for each 512
+    of them (16 a thread), at most 4."""
     block = min(2048, triton.next_power_of_2(max(N, 1)))
     rows = max(1, min(64, 2048 // block))
-    warps = max(1, min(4, rows * block // 512))
-    return rows, block, warps
+    return ActSettings(rows=rows, block=block, num_warps=max(1, min(4, rows * block // 512)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,10 +135,10 @@ def _new(x, N):
 _CACHE = fastpath.Cache()
 
 
-def _run(x, kind: int, out=None, settings=None):
+def _run(x, kind: int, out=None, settings: ActSettings | None = None):
     """Validate, allocate, launch (or the reference where Triton cannot run).
-    ``settings`` = (ROWS, BLOCK, num_warps) overrides the table (sweeps). A call whose
-    signature was seen before replays its launch (:mod:`ditfuse.runtime.fastpath`)."""
+    ``settings`` overrides the table (sweeps). A call whose signature was seen before
+    replays its launch (:mod:`ditfuse.runtime.fastpath`)."""
     key = None
     if fastpath.usable(x):
         try:
@@ -145,11 +159,11 @@ def _run(x, kind: int, out=None, settings=None):
     if R == 0 or N == 0:
         return out
     if backend.kernel_device_ok(x):
-        rows, block, warps = settings or launch_settings(N)
+        st = settings or launch_settings(N)
         with fastpath.Recorder() as rec:
-            fastpath.launch(_act_kernel, (triton.cdiv(R, rows), triton.cdiv(N, block)),
-                             (x, out, R, N, sx, so),
-                             dict(KIND=kind, ROWS=rows, BLOCK=block, num_warps=warps))
+            fastpath.launch(_act_kernel, (triton.cdiv(R, st.rows), triton.cdiv(N, st.block)),
+                            (x, out, R, N, sx, so),
+                            dict(KIND=kind, ROWS=st.rows, BLOCK=st.block, num_warps=st.num_warps))
         if key is not None:
             _CACHE.put(key, rec.replay((x, out)))
     else:

@@ -9,7 +9,7 @@ step alone (Wan's FFN residual, which feeds the next block): on dense rows one f
 elementwise run a batch entry (``_residual_flat_kernel``), else the tile kernel; the same bits.
 
 Layout: the Triton kernels are in :mod:`ditfuse.kernels.adaln`; this module holds the
-launch table (``tile_settings``, ``residual_settings``), validation -> allocation -> launch,
+launch table (``launch_settings``), validation -> allocation -> launch,
 the public functions, and at its end their ``torch.library`` ops (with fake
 implementations; eager calls launch directly, only code being compiled goes through the
 ops). The pure-PyTorch reference (the test oracle and the fallback for devices Triton cannot
@@ -18,34 +18,70 @@ the table: docs/design/adaln.md.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
 
 from ditfuse.runtime import backend, fastpath, library
-from ditfuse.kernels.adaln import _adaln_kernel, _adaln_tile_kernel, _residual_flat_kernel
+from ditfuse.kernels.adaln import (LAYER_NORM, NO_NORM, RMS_NORM, _adaln_kernel,
+                                   _adaln_tile_kernel, _residual_flat_kernel)
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-NORMS = {None: 0, "layer": 1, "rms": 2}
+NORMS = {None: NO_NORM.value, "layer": LAYER_NORM.value, "rms": RMS_NORM.value}
 ROUNDINGS = ("once", "per_op")
-MAX_ONE_PASS = 8192
-CHUNK = 4096
-
-
-def residual_settings(itemsize: int):
-    """(BLOCK, num_warps) of the flat residual kernel: 1024 values, 4 warps (8 a thread:
-    one 16-byte load of x and of y in 16-bit). H200, 2026-12-01 (bf16, us; docs/design/
-    adaln.md): Wan 14B 480p 235.1 (2048 x 4: 236.2, 2048 x 8: 235.4, 8192 x 8: 243.3; the
-    tile kernel 241.1, torch.compile 235.3), 720p 534.6 (compile 534.6), Wan 2.2 5B 194.7,
-    FLUX.1 26.6, FLUX.2 45.7: best or within 0.3% of the best everywhere."""
-    return 1024, 4
-
-
 #: offsets within a batch entry past which the flat residual kernel computes in int64
 OFF64_AT = 2 ** 31
 #: a CUDA grid's second and third axes hold at most 65535 programs
 GRID_Y_MAX = 65535
+
+
+# ---------------------------------------------------------------------------------------
+# launch settings: an analytical table, no autotuning
+
+@dataclass(frozen=True)
+class AdaLNSettings:
+    """How one call is launched. ``kernel`` "tile": ``rows`` rows a program, a row held as
+    the power-of-two pieces ``block_a`` + ``block_b`` (5120 = 4096 + 1024; ``block_b`` 0
+    when D is a power of two); "rows": one long row a program, in ``num_chunks`` chunks of
+    ``block``; "flat": the gated residual alone over dense rows, ``block`` values a
+    program (fields a kernel does not read are 0)."""
+
+    kernel: str
+    num_warps: int
+    rows: int
+    block_a: int
+    block_b: int
+    block: int
+    num_chunks: int
+
+
+def launch_settings(D: int, *, flat: bool = False) -> AdaLNSettings:
+    """Launch settings for rows of ``D > 0`` channels (the measurements behind the table:
+    docs/design/adaln.md).
+
+    * ``flat`` (the gated residual alone over dense rows): 1024 values a program on 4
+      warps, 8 a thread (one 16-byte load of x and of y in 16-bit).
+    * D <= 8192, the tile kernel: D as two power-of-two pieces; rows added until a program
+      holds about 4096 elements (at most 16; one row from 3072 channels up): more, smaller
+      programs keep more rows' loads in flight an SM. 4 warps while a thread holds at most
+      40 elements of a row, else 8: at 48 a thread (FLUX.2's 6144 channels) a 4-warp build
+      fits no more programs an SM than 8 warps.
+    * Longer rows, the one-row kernel: chunks of 4096 on 8 warps.
+    """
+    if flat:
+        return AdaLNSettings(kernel="flat", num_warps=4, rows=1, block_a=0, block_b=0,
+                             block=1024, num_chunks=0)
+    if D > 8192:
+        return AdaLNSettings(kernel="rows", num_warps=8, rows=1, block_a=0, block_b=0,
+                             block=4096, num_chunks=triton.cdiv(D, 4096))
+    a = 1 << (D.bit_length() - 1)  # the largest power of two <= D, then the rest
+    b = triton.next_power_of_2(D - a) if D > a else 0
+    rows = max(1, min(16, 4096 // (a + b)))
+    return AdaLNSettings(kernel="tile", num_warps=4 if a + b <= 40 * 128 else 8,
+                         rows=1 << (rows.bit_length() - 1), block_a=a, block_b=b, block=0,
+                         num_chunks=0)
 
 
 def _batch_grid(blocks: int, B: int):
@@ -67,45 +103,21 @@ def _dense_rows(t: torch.Tensor) -> bool:
 
 def _launch_residual_flat(x3, y3, g3, xn3, per_op) -> None:
     B, S, D = x3.shape
-    block, warps = residual_settings(x3.element_size())
+    st = launch_settings(D, flat=True)
     n = S * D
     gst = g3.stride() if g3 is not None else (0, 0, 0)
     # the gate's offsets within an entry: s * stride_gs + d * stride_gd (per token, Wan 2.2
     # TI2V's (B, S, 6, D) temb: 6 D values a token)
     gate_span = (S - 1) * abs(gst[1]) + (D - 1) * abs(gst[2]) + 1 if g3 is not None else 0
     args = (x3, y3, g3 if g3 is not None else x3, xn3, S,
-            x3.stride(0), y3.stride(0), xn3.stride(0), *gst)
-    grid, batch_x = _batch_grid(triton.cdiv(n, block), B)
+            x3.stride(0), y3.stride(0), xn3.stride(0))
+    grid, batch_x = _batch_grid(triton.cdiv(n, st.block), B)
     fastpath.launch(_residual_flat_kernel, grid, args,
-                     dict(D=D, HAS_GATE=g3 is not None, BATCH_X=batch_x,
-                          GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
-                          PER_OP=per_op, EVEN=n % block == 0,
-                          OFF64=max(n + block, gate_span) >= OFF64_AT,
-                          BLOCK=block, num_warps=warps, enable_fp_fusion=False))
-
-
-def tile_pieces(D: int):
-    """D as (BLOCK_A, BLOCK_B): the largest power of two <= D, then the rest rounded up
-    to a power of two (0 when D is a power of two)."""
-    a = 1 << (D.bit_length() - 1)
-    rest = D - a
-    return a, (triton.next_power_of_2(rest) if rest else 0)
-
-
-def tile_settings(D: int):
-    """(ROWS, num_warps) of the tile kernel for rows of D channels. Measured on the H200,
-    2026-11-29, Wan 480p modulate: 4 / 8 / 16 warps 197 / 253 / 348 us in one run, 4 / 2
-    warps 172 / 197 us in another: more, smaller programs keep more rows' loads in flight
-    per SM. One row a program at D >= 3072 (Wan, FLUX.1/2); narrow rows get several rows a
-    program (about 4096 elements a program). 4 warps while a thread holds at most 40
-    elements of a row (the tile's padded width / 128 threads), else 8: at FLUX.2's 6144
-    channels (48 a thread at 4 warps) the FLUX modulate build takes 79 registers, 6 programs
-    an SM, where 8 warps take 40; H200, 2026-12-01: 34.1 vs 37.2 us at 1024^2, 105.5 vs
-    111.2 at 2048^2, gated within 0.7% either way. At Wan's 5120 (40 a thread) 4 warps keep
-    8 programs an SM and win (171 vs 250 us, 2026-11-29). Details: docs/design/adaln.md."""
-    a, b = tile_pieces(D)
-    rows = max(1, min(16, 4096 // (a + b)))
-    return 1 << (rows.bit_length() - 1), (4 if a + b <= 40 * 128 else 8)
+                    dict(gate_strides=gst, D=D, HAS_GATE=g3 is not None, BATCH_X=batch_x,
+                         GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
+                         PER_OP=per_op, EVEN=n % st.block == 0,
+                         OFF64=max(n + st.block, gate_span) >= OFF64_AT,
+                         BLOCK=st.block, num_warps=st.num_warps, enable_fp_fusion=False))
 
 
 # ---------------------------------------------------------------------------------------
@@ -121,7 +133,7 @@ def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
     raise ValueError(f"{name} must be (B, S, D) or (B, D), got shape {tuple(x.shape)}")
 
 
-def _mod_view(t, name: str, x3: torch.Tensor, x_dim: int):
+def _mod_view(t, name: str, x3: torch.Tensor):
     """(B, S, D) broadcast view of shift / scale / gate, or None."""
     if t is None:
         return None
@@ -160,7 +172,25 @@ def _affine(p, name: str, D: int, x: torch.Tensor):
     return p
 
 
-def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
+@dataclass
+class Plan:
+    """A checked call: (B, S, D) views of its tensors (None where absent) and its options."""
+
+    x3: torch.Tensor
+    y3: Optional[torch.Tensor]
+    g3: Optional[torch.Tensor]       # gate
+    sh3: Optional[torch.Tensor]      # shift
+    sc3: Optional[torch.Tensor]      # scale
+    weight: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    norm: Optional[str]
+    eps: float
+    per_op: bool
+
+
+def _plan(x, y=None, gate=None, shift=None, scale=None, *, norm=None, weight=None, bias=None,
+          eps=0.0, rounding="once") -> Plan:
+    """Check every argument of a call; raises before anything runs."""
     x3 = _rows_view(x, "x")
     if x.dtype not in ACT_DTYPES:
         raise TypeError(f"x.dtype must be float16, bfloat16 or float32, got {x.dtype}")
@@ -180,9 +210,9 @@ def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
             raise ValueError(f"y.shape {tuple(y.shape)} must equal x.shape {tuple(x.shape)}")
         if y.device != x.device:
             raise ValueError(f"y is on {y.device}, x is on {x.device}")
-    g3 = _mod_view(gate, "gate", x3, x.dim())
-    sh3 = _mod_view(shift, "shift", x3, x.dim())
-    sc3 = _mod_view(scale, "scale", x3, x.dim())
+    g3 = _mod_view(gate, "gate", x3)
+    sh3 = _mod_view(shift, "shift", x3)
+    sc3 = _mod_view(scale, "scale", x3)
     w = _affine(weight, "weight", D, x)
     bb = _affine(bias, "bias", D, x)
     if norm is None and (w is not None or bb is not None):
@@ -192,48 +222,53 @@ def _plan(x, y, gate, shift, scale, norm, weight, bias, eps, rounding):
             if t is not None and t.dtype != x.dtype:
                 raise ValueError(f"rounding='per_op' emulates a chain computed in x's dtype: "
                                  f"{name}.dtype {t.dtype} must equal x.dtype {x.dtype}")
-    return x3, y3, g3, sh3, sc3, w, bb
+    return Plan(x3, y3, g3, sh3, sc3, w, bb, norm, eps, rounding == "per_op")
 
 
-def _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, per_op, tile=None, flat=True):
-    """``o3=None``: the gated residual alone (x_new only). ``tile``: (ROWS, num_warps) of the
-    tile kernel instead of ``tile_settings(D)`` (tests of other settings). ``flat=False``:
-    the gated residual alone on dense rows through the tile kernel too (the same bits; its
-    constexprs do not depend on the token count, as an ahead-of-time build needs)."""
+def _launch(p: Plan, xn3, o3, settings=None, flat=True):
+    """Launch plan ``p``'s kernel: ``xn3`` the new residual stream (None without ``y``),
+    ``o3`` the modulated output (None: the gated residual alone). ``settings``: an
+    :class:`AdaLNSettings` instead of ``launch_settings(D)`` (tests of other settings).
+    ``flat=False``: the gated residual alone on dense rows through the tile kernel too
+    (the same bits; its constexprs do not depend on the token count, as an ahead-of-time
+    build needs)."""
+    x3 = p.x3
     B, S, D = x3.shape
     if B * S == 0 or D == 0:
         return
-    dummy = x3
     has_out = o3 is not None
+    if (flat and not has_out and p.y3 is not None
+            and all(_dense_rows(t) for t in (x3, p.y3, xn3))):
+        _launch_residual_flat(x3, p.y3, p.g3, xn3, p.per_op)
+        return
+    st = settings or launch_settings(D)
+    dummy = x3
     o3 = o3 if has_out else dummy
-
-    def st(t):
-        return t.stride() if t is not None else (0, 0, 0)
 
     def opt(t):
         return t if t is not None else dummy
 
-    args = (x3, opt(y3), opt(g3), opt(sh3), opt(sc3), opt(w), opt(bb), opt(xn3), o3,
-            S, D, float(eps),
-            *x3.stride(), *st(y3), *st(g3), *st(sh3), *st(sc3), *st(xn3), *o3.stride())
-    flags = dict(NORM=NORMS[norm], HAS_W=w is not None, HAS_B=bb is not None,
-                 RESIDUAL=y3 is not None, HAS_GATE=g3 is not None,
-                 HAS_SHIFT=sh3 is not None, HAS_SCALE=sc3 is not None, PER_OP=per_op,
-                 HAS_OUT=has_out)
-    if (flat and not has_out and y3 is not None
-            and all(_dense_rows(t) for t in (x3, y3, xn3))):
-        _launch_residual_flat(x3, y3, g3, xn3, per_op)
-    elif D <= MAX_ONE_PASS:
-        rows, warps = tile if tile is not None else tile_settings(D)
-        ba, bb_ = tile_pieces(D)
-        grid, batch_x = _batch_grid(triton.cdiv(S, rows), B)
+    def strides(t):
+        return t.stride() if t is not None else (0, 0, 0)
+
+    args = (x3, opt(p.y3), opt(p.g3), opt(p.sh3), opt(p.sc3), opt(p.weight), opt(p.bias),
+            opt(xn3), o3, S, D, float(p.eps))
+    # the strides by keyword: a replayed launch substitutes the positional tensors only
+    kw = dict(x_strides=x3.stride(), y_strides=strides(p.y3), gate_strides=strides(p.g3),
+              shift_strides=strides(p.sh3), scale_strides=strides(p.sc3),
+              xnew_strides=strides(xn3), out_strides=o3.stride(),
+              NORM=NORMS[p.norm], HAS_W=p.weight is not None, HAS_B=p.bias is not None,
+              RESIDUAL=p.y3 is not None, HAS_GATE=p.g3 is not None,
+              HAS_SHIFT=p.sh3 is not None, HAS_SCALE=p.sc3 is not None, PER_OP=p.per_op,
+              HAS_OUT=has_out, num_warps=st.num_warps, enable_fp_fusion=False)
+    if st.kernel == "tile":
+        grid, batch_x = _batch_grid(triton.cdiv(S, st.rows), B)
         fastpath.launch(_adaln_tile_kernel, grid, args,
-                         dict(flags, ROWS=rows, BLOCK_A=ba, BLOCK_B=bb_, num_warps=warps,
-                              enable_fp_fusion=False, BATCH_X=batch_x))
+                        dict(kw, ROWS=st.rows, BLOCK_A=st.block_a, BLOCK_B=st.block_b,
+                             BATCH_X=batch_x))
     else:
         fastpath.launch(_adaln_kernel, (B * S,), args,
-                         dict(flags, BLOCK_D=CHUNK, NUM_CHUNKS=triton.cdiv(D, CHUNK),
-                              num_warps=CHUNK // 512, enable_fp_fusion=False))
+                        dict(kw, BLOCK_D=st.block, NUM_CHUNKS=st.num_chunks))
 
 
 def _new(x):
@@ -261,17 +296,18 @@ def _slots(x, y, gate, shift, scale, weight, bias, x_new, o):
             None if o is x else o)
 
 
-def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, out,
-         modulated=True, *, tile=None, flat=True):
+def _run(x, y=None, gate=None, shift=None, scale=None, norm=None, weight=None, bias=None,
+         eps=0.0, rounding="once", inplace=False, out=None, modulated=True, *, settings=None,
+         flat=True):
     """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
     ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes.
-    ``tile``, ``flat``: as in :func:`_launch`. A call whose signature was seen before
+    ``settings``, ``flat``: as in :func:`_launch`. A call whose signature was seen before
     replays its launches (:mod:`ditfuse.runtime.fastpath`)."""
     key = None
     if fastpath.usable(x):
         try:
             sig = fastpath.sig
-            key = (norm, eps, rounding, bool(inplace), modulated, out is x, tile, flat,
+            key = (norm, eps, rounding, bool(inplace), modulated, out is x, settings, flat,
                    sig(x), sig(y), sig(gate), sig(shift), sig(scale), sig(weight), sig(bias),
                    sig(out))
             replay = _CACHE.get(key)
@@ -281,8 +317,8 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
             x_new, o = _outputs(x, y, inplace, out, modulated)
             if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
                 return x_new, o
-    x3, y3, g3, sh3, sc3, w, bb = _plan(x, y, gate, shift, scale, norm, weight, bias, eps,
-                                        rounding)
+    p = _plan(x, y, gate, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
+              rounding=rounding)
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype \
                 or out.device != x.device:
@@ -291,10 +327,9 @@ def _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, o
     x_new, o = _outputs(x, y, inplace, out, modulated)
     o3 = _rows_view(o, "out") if o is not None else None
     xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
-    if backend.kernel_device_ok(x3):
+    if backend.kernel_device_ok(p.x3):
         with fastpath.Recorder() as rec:
-            _launch(x3, y3, g3, sh3, sc3, w, bb, xn3, o3, norm, eps, rounding == "per_op",
-                    tile, flat)
+            _launch(p, xn3, o3, settings, flat)
         if key is not None:
             _CACHE.put(key, rec.replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)))
     else:
@@ -361,7 +396,8 @@ def adaln_modulate(x, shift=None, scale=None, *, norm="layer", weight=None, bias
     if torch.compiler.is_compiling():
         return torch.ops.ditfuse.adaln(x, None, None, shift, scale, weight, bias,
                                        NORMS[norm], float(eps), rounding == "per_op")[0]
-    return _run(x, None, None, shift, scale, norm, weight, bias, eps, rounding, False, out)[1]
+    return _run(x, shift=shift, scale=scale, norm=norm, weight=weight, bias=bias, eps=eps,
+                rounding=rounding, out=out)[1]
 
 
 def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer", weight=None,
@@ -415,7 +451,8 @@ def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer
         xn, m = torch.ops.ditfuse.adaln(x, y, gate, shift, scale, weight, bias, NORMS[norm],
                                         float(eps), rounding == "per_op")
         return xn, m
-    return _run(x, y, gate, shift, scale, norm, weight, bias, eps, rounding, inplace, None)
+    return _run(x, y, gate, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
+                rounding=rounding, inplace=inplace)
 
 
 def gated_residual(x, y, gate=None, *, rounding="once", out=None):
@@ -446,9 +483,9 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
     -----
     Contract: bitwise equal to the eager chain (no reduction, no fused multiply-add).
     Inference only (no backward). x, y and the output with dense (S, D) rows (any batch
-    stride) run one flat elementwise kernel a batch entry (at the copy ceiling on the H200,
-    level with torch.compile's kernel); other layouts the row-tile kernel, with the same
-    bits.
+    stride) run one flat elementwise kernel a batch entry (at the copy ceiling, level with
+    torch.compile's kernel: docs/design/adaln.md); other layouts the row-tile kernel, with
+    the same bits.
 
     Examples
     --------
@@ -460,8 +497,7 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
     _no_grad_check(x, y, gate)
     if torch.compiler.is_compiling():
         return torch.ops.ditfuse.gated_residual(x, y, gate, rounding == "per_op")
-    return _run(x, y, gate, None, None, None, None, None, 0.0, rounding, False, out,
-                modulated=False)[0]
+    return _run(x, y, gate, rounding=rounding, out=out, modulated=False)[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,20 +506,24 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
 _NORM_NAMES = {v: k for k, v in NORMS.items()}
 
 
+def _op_options(norm: int, eps: float, per_op: bool) -> dict:
+    """:func:`_run`'s / :func:`_plan`'s options for the ops' ``norm``, ``eps``, ``per_op``."""
+    return dict(norm=_NORM_NAMES[norm], eps=eps, rounding="per_op" if per_op else "once")
+
+
 @library.op("ditfuse::adaln", mutates_args=())
 def _adaln_op(x: torch.Tensor, y: Optional[torch.Tensor], gate: Optional[torch.Tensor],
               shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
               weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
               eps: float, per_op: bool) -> list[torch.Tensor]:
-    xn, o = _run(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
-                 "per_op" if per_op else "once", False, None)
+    xn, o = _run(x, y, gate, shift, scale, weight=weight, bias=bias,
+                 **_op_options(norm, eps, per_op))
     return [o] if xn is None else [xn, o]
 
 
 @_adaln_op.register_fake
 def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
-    _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
-          "per_op" if per_op else "once")
+    _plan(x, y, gate, shift, scale, weight=weight, bias=bias, **_op_options(norm, eps, per_op))
     o = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return [o] if y is None else [torch.empty_like(o), o]
 
@@ -493,25 +533,23 @@ def _gated_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Ten
                       shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
                       weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
                       eps: float, per_op: bool) -> torch.Tensor:
-    return _run(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
-                "per_op" if per_op else "once", True, None)[1]
+    return _run(x, y, gate, shift, scale, weight=weight, bias=bias, inplace=True,
+                **_op_options(norm, eps, per_op))[1]
 
 
 @_gated_inplace_op.register_fake
 def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
-    _plan(x, y, gate, shift, scale, _NORM_NAMES[norm], weight, bias, eps,
-          "per_op" if per_op else "once")
+    _plan(x, y, gate, shift, scale, weight=weight, bias=bias, **_op_options(norm, eps, per_op))
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @library.op("ditfuse::gated_residual", mutates_args=())
 def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
                        per_op: bool) -> torch.Tensor:
-    return _run(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once",
-                False, None, modulated=False)[0]
+    return _run(x, y, gate, rounding="per_op" if per_op else "once", modulated=False)[0]
 
 
 @_gated_residual_op.register_fake
 def _(x, y, gate, per_op):
-    _plan(x, y, gate, None, None, None, None, None, 0.0, "per_op" if per_op else "once")
+    _plan(x, y, gate, rounding="per_op" if per_op else "once")
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
