@@ -87,6 +87,8 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
             name = str(dtype).replace("torch.", "")
             gate = "group_norm_silu" if s.op == "gn" else "rms_norm_silu_channels"
             shp = "x".join(map(str, s.shape))
-            gates.add(gate, f"{s.name}{f' ({path} forced)' if launch else ''} {name}", p.ok and p_e.ok,
-                      f"{shp} {path}; vs fp64 ref: {p.describe()}; vs eager{note}: {p_e.describe()}")
+            forced = f" ({path} forced)" if launch else ""
+            gates.add(gate, f"{s.name}{forced} {name}", p.ok and p_e.ok,
+                      f"{shp} {path}; vs fp64 ref: {p.describe()}; "
+                      f"vs eager{note}: {p_e.describe()}")
             del x, y, chain, eager, extra
