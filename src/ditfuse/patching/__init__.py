@@ -89,7 +89,7 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
         The VAEs' norm -> SiLU pairs (their ResNet blocks' and encoder / decoder heads'
         GroupNorm -> SiLU, Wan's and Qwen-Image's channel RMS norm -> SiLU) as one kernel
         each: ``group_norm_silu`` / ``rms_norm_silu_channels``, within one rounding of the
-        two modules (``ditfuse.patching._vae``).
+        two modules (``ditfuse.patching.vae``).
 
     Each fused forward / processor runs the original code instead when autograd needs
     gradients, or when a norm, dtype or input differs from what the kernels reproduce (its

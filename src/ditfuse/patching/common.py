@@ -107,6 +107,13 @@ def _head_dim(attn):
     return hd if isinstance(hd, int) else None
 
 
+def rope_pair_ok(rope, rows: int) -> bool:
+    """``rope`` is None or a (cos, sin) pair of 2-D tables of ``rows`` rows (the form FLUX's
+    and HunyuanVideo's processors receive)."""
+    return rope is None or (isinstance(rope, (tuple, list)) and len(rope) == 2
+                            and rope[0].dim() == 2 and rope[0].shape[0] == rows)
+
+
 def exact_reason(attn):
     """Why the processor of attention module ``attn`` will attend on the exact 16-bit path
     although ``patch(attention="fp8")`` -- what :func:`use_8bit` checks that the module
@@ -279,6 +286,19 @@ def attention_8bit(qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None,
                       key_mask=key_mask)
 
 
+#: the report's label of the attention processors with the fused QK-norm + RoPE
+QK_LABEL = "attention processors (QK-norm + RoPE)"
+
+
+def replace_qk_processors(model, report, table, attention, label: str = QK_LABEL) -> None:
+    """:func:`replace_processors` with the ditfuse classes of ``table`` (``{processor class:
+    ditfuse class}``, classes with an 8-bit path), on 8-bit attention where ``attention`` is
+    ``"fp8"`` (:func:`processor_factory`); counted under ``label`` (:func:`fp8_label`)."""
+    fp8 = attention == FP8
+    replace_processors(model, report, {k: processor_factory(v, fp8) for k, v in table.items()},
+                       fp8_label(label, fp8))
+
+
 def replace_processors(model, report, table, label: str) -> None:
     """Give every module whose processor's class is a key of ``table`` a new instance of
     the mapped ditfuse class (a module patched before: its original processor's class, so
@@ -289,6 +309,38 @@ def replace_processors(model, report, table, label: str) -> None:
         new = table.get(original_processor_type(m))
         if new is not None and set_processor(m, new()):
             report.add(fp8_report_label(label, m))
+
+
+def _identity(x):
+    return x
+
+
+def _returns(t):
+    return lambda *_: t
+
+
+class Projected:
+    """Attention module ``attn`` as its diffusers processor sees it once ditfuse has computed
+    the projections the processor reads, so that the processor's own code runs on them (its
+    attention calls and their context-parallel config, its KV cache): each keyword names a
+    projection of the module (``to_q=q``), whose call then returns that tensor whatever it is
+    given; the norms are identities (the tensors given are normalised, and rotated where the
+    processor is called without its rotary table); no fused projections (the processor calls
+    the projections one by one). ``out=False``: ``to_out`` identities too (the caller
+    projects the attention output). Every other attribute is the module's."""
+
+    norm_q = norm_k = norm_added_q = norm_added_k = staticmethod(_identity)
+    fused_projections = False
+
+    def __init__(self, attn, out: bool = True, **projections):
+        self._attn = attn
+        if not out:
+            self.to_out = (_identity, _identity)
+        for name, t in projections.items():
+            setattr(self, name, _returns(t))
+
+    def __getattr__(self, name):
+        return getattr(self._attn, name)
 
 
 def plain_layer_norms(*norms) -> bool:
@@ -405,11 +457,9 @@ def cat_fusable(first, h, op: str) -> bool:
     (cat would promote), same leading shape (the parts' tokens adding up to h's), an ``h``
     the kernel takes as it is. Under torch.compile GELU only: the kernel writes the buffer's
     MLP columns and ``first`` is copied into the others, both as mutating ops on views of
-    the fresh buffer that inductor performs in place, where inductor's own cat + GELU kernel
-    took 100 us a FLUX.1 single block against 69 + 12 us for ditfuse's GELU and the copy
-    (H200, 2026-12-01, 1024^2; docs/design/activations.md); SwiGLU stays
-    inductor's there (its fused kernel, 163 us at FLUX.2, leaves ditfuse's 128 us SwiGLU
-    plus the copy nothing to gain)."""
+    the fresh buffer that inductor performs in place, faster than inductor's own cat + GELU
+    kernel; SwiGLU stays inductor's there, its fused kernel leaving ditfuse's SwiGLU plus the
+    copy nothing to gain (docs/design/activations.md)."""
     parts = _parts(first)
     if compiling() and op != "gelu":
         return False

@@ -10,19 +10,23 @@ import torch
 from ditfuse.ops.activations import GELU_KINDS, gelu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, cat_quantized, fp8_label, fp8_report_label, grad_needed, join_tokens, norms_ok, original_processor_type, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, set_processor, use_8bit
+from ditfuse.patching import common
 
 
-def _make_processor():
-    from diffusers.models.transformers import transformer_flux as tf
+def joint_processor(base, get_qkv_projections, out):
+    """The fused subclass of a FLUX double-stream processor class ``base`` -- FLUX.1's
+    ``FluxAttnProcessor``, FLUX.2's ``Flux2AttnProcessor``: the same code but for the output
+    projections -- given its module's ``_get_qkv_projections`` and its output step ``out``
+    (``out(attn, hidden_states, encoder_hidden_states)``, the text rows None in a
+    single-stream call)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    class DitfuseFluxAttnProcessor(tf.FluxAttnProcessor):
-        """FluxAttnProcessor with the per-head QK-norm and the RoPE of each stream fused into
+    class DitfuseJointAttnProcessor(base):
+        """A FLUX processor with the per-head QK-norm and the RoPE of each stream fused into
         one kernel; the text and image streams are written straight into their slices of the
         concatenated Q/K (no separate concat copy of Q and K).
 
-        Falls back to ``FluxAttnProcessor.__call__`` when autograd needs gradients, when a
+        Falls back to the base processor's ``__call__`` when autograd needs gradients, when a
         q/k norm is not an RMSNorm (torch's or diffusers'), or when ``image_rotary_emb`` is
         not a (cos, sin) pair of (S_total, D) tables.
 
@@ -38,26 +42,39 @@ def _make_processor():
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
             joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
-            ok = qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint)
-            if not ok or (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
+            if not qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) or \
+                    (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                         image_rotary_emb)
-            query, key, value, encoder_query, encoder_key, encoder_value = tf._get_qkv_projections(
-                attn, hidden_states, encoder_hidden_states)
-            hidden_states = joint_attention(self, attn, query, key, value, encoder_query,
-                                            encoder_key, encoder_value, image_rotary_emb, joint,
+            projections = get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+            hidden_states = joint_attention(self, attn, *projections, image_rotary_emb, joint,
                                             attention_mask, dispatch_attention_fn)
-            if encoder_hidden_states is not None:
-                encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                    [encoder_hidden_states.shape[1],
-                     hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
-                hidden_states = attn.to_out[0](hidden_states.contiguous())
-                hidden_states = attn.to_out[1](hidden_states)
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
-                return hidden_states, encoder_hidden_states
-            return hidden_states
+            if encoder_hidden_states is None:
+                return out(attn, hidden_states, None)
+            T = encoder_hidden_states.shape[1]
+            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                [T, hidden_states.shape[1] - T], dim=1)
+            return out(attn, hidden_states, encoder_hidden_states)
 
-    return DitfuseFluxAttnProcessor
+    DitfuseJointAttnProcessor.__name__ = DitfuseJointAttnProcessor.__qualname__ = \
+        "Ditfuse" + base.__name__
+    return DitfuseJointAttnProcessor
+
+
+def _out(attn, hidden_states, encoder_hidden_states):
+    """FluxAttnProcessor's output step: the image rows through ``to_out``, the text rows
+    through ``to_add_out``; a single-stream call's attention output as it is."""
+    if encoder_hidden_states is None:
+        return hidden_states
+    hidden_states = attn.to_out[0](hidden_states.contiguous())
+    hidden_states = attn.to_out[1](hidden_states)
+    return hidden_states, attn.to_add_out(encoder_hidden_states.contiguous())
+
+
+def _make_processor():
+    from diffusers.models.transformers import transformer_flux as tf
+
+    return joint_processor(tf.FluxAttnProcessor, tf._get_qkv_projections, _out)
 
 
 def _rows(cos, sin, a, b):
@@ -67,17 +84,13 @@ def _rows(cos, sin, a, b):
 
 
 def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -> bool:
-    """Whether the fused Q/K path reproduces the processor: q/k norms qk_norm_rope reads, no gradients,
-    a (cos, sin) pair of (S_total, D) tables (or no RoPE)."""
-    ok = (norms_ok(attn.norm_q, attn.norm_k)
-          and (not joint or norms_ok(attn.norm_added_q, attn.norm_added_k))
-          and not grad_needed(hidden_states, encoder_hidden_states)
-          and not params_need_grad(attn))
+    """Whether the fused Q/K path reproduces the processor: q/k norms qk_norm_rope reads, no
+    gradients, a (cos, sin) pair of (S_total, D) tables (or no RoPE)."""
     total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)
-    if ok and image_rotary_emb is not None:
-        ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
-              and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == total)
-    return ok
+    return (common.norms_ok(attn.norm_q, attn.norm_k)
+            and (not joint or common.norms_ok(attn.norm_added_q, attn.norm_added_k))
+            and not common.grad_needed(hidden_states, encoder_hidden_states)
+            and not common.params_need_grad(attn) and common.rope_pair_ok(image_rotary_emb, total))
 
 
 def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint):
@@ -136,19 +149,19 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
             encoder_query, encoder_key, encoder_value = (t.unflatten(-1, (-1, D)) for t in enc)
             T = encoder_query.shape[1]
             S = query.shape[1]
-            qk = cat_quantized([
+            qk = common.cat_quantized([
                 qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T),
                              q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
                              quantize="int8"),
                 qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q,
                              k_norm=attn.norm_k, quantize="int8")])
             value = torch.cat([encoder_value, value], dim=1)
-        return attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
+        return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
-    eight = use_8bit(proc, query, value, D, mask, proc._parallel_config)
+    eight = common.use_8bit(proc, query, value, D, mask, proc._parallel_config)
     n = query.shape[1] + (encoder_query.shape[1] if joint else 0)
-    return attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc),
-                  keys=(query.shape[0], n))
+    return common.attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc),
+                         keys=(query.shape[0], n))
 
 
 def _ada_ok(self, x, emb_dtype) -> bool:
@@ -157,7 +170,7 @@ def _ada_ok(self, x, emb_dtype) -> bool:
     n = self.norm
     return (isinstance(n, (torch.nn.LayerNorm, FP32LayerNorm)) and n.weight is None
             and n.bias is None and emb_dtype == x.dtype and x.dim() == 3
-            and not grad_needed(x) and not params_need_grad(self))
+            and not common.grad_needed(x) and not common.params_need_grad(self))
 
 
 def _modulate(self, x, shift, scale, emb_dtype):
@@ -220,9 +233,20 @@ def _block_ok(self, x, c, temb) -> bool:
     """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
     fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
     the gates and modulations in that dtype too: ``temb``'s dtype after the AdaLN linear)."""
-    return (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
+    return (common.plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
             and c.dim() == 3 and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-            and not grad_needed(x, c, temb) and not params_need_grad(self))
+            and not common.grad_needed(x, c, temb) and not common.params_need_grad(self))
+
+
+def context_mlp_tail(block, x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp):
+    """The text stream's second half in FLUX's double-stream blocks (FLUX.1's and FLUX.2's):
+    :func:`~ditfuse.patching.common.per_op_mlp_tail` through ``norm2_context`` and
+    ``ff_context``, clipped to float16's range in float16 (as the blocks do)."""
+    x = common.per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, block.norm2_context,
+                               block.ff_context, gate_mlp)
+    if x.dtype == torch.float16:
+        x = x.clip(-65504, 65504)
+    return x
 
 
 def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
@@ -244,15 +268,12 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotar
                                   image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
     attn_output, context_attn_output = attention_outputs[:2]
 
-    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
-                                    self.norm2, self.ff, gate_mlp)
+    hidden_states = common.per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp,
+                                           scale_mlp, self.norm2, self.ff, gate_mlp)
     if len(attention_outputs) == 3:  # IP-adapter output, added as the block does
         hidden_states = hidden_states + attention_outputs[2]
-    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
-                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
-                                            self.ff_context, c_gate_mlp)
-    if encoder_hidden_states.dtype == torch.float16:
-        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    encoder_hidden_states = context_mlp_tail(self, encoder_hidden_states, context_attn_output,
+                                             c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp)
     return encoder_hidden_states, hidden_states
 
 
@@ -264,13 +285,14 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, imag
     buffer (the same values as ``torch.cat([attn, act_mlp(mlp)], dim=2)``)."""
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
 
-    if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
+    if common.grad_needed(hidden_states, encoder_hidden_states, temb) or \
+            common.params_need_grad(self) or \
             hidden_states.dtype != encoder_hidden_states.dtype or \
             hidden_states.dtype != self.norm.linear.weight.dtype:
         return FluxSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
                                                   image_rotary_emb, joint_attention_kwargs)
     text_seq_len = encoder_hidden_states.shape[1]
-    hidden_states = join_tokens(encoder_hidden_states, hidden_states)
+    hidden_states = common.join_tokens(encoder_hidden_states, hidden_states)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
     mlp_hidden_states = self.proj_mlp(norm_hidden_states)
@@ -278,10 +300,10 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, imag
                             **(joint_attention_kwargs or {}))
     act = self.act_mlp
     if fuse_act and type(act) is torch.nn.GELU and act.approximate in GELU_KINDS and \
-            attn_output.dim() == 3 and cat_fusable(attn_output, mlp_hidden_states, "gelu"):
-        hidden_states = cat_activation(attn_output, mlp_hidden_states,
-                                       lambda h, out: gelu(h, act.approximate, out=out),
-                                       mlp_hidden_states.shape[-1])
+            attn_output.dim() == 3 and common.cat_fusable(attn_output, mlp_hidden_states, "gelu"):
+        hidden_states = common.cat_activation(attn_output, mlp_hidden_states,
+                                              lambda h, out: gelu(h, act.approximate, out=out),
+                                              mlp_hidden_states.shape[-1])
     else:
         hidden_states = torch.cat([attn_output, act(mlp_hidden_states)], dim=2)
     hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
@@ -296,28 +318,38 @@ def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
                                  image_rotary_emb, joint_attention_kwargs, fuse_act=True)
 
 
+def zero_block_forwards(block, single_block, activations: bool) -> dict:
+    """The :func:`~ditfuse.patching.common.bind_forwards` table of FLUX.1's block layout,
+    which HunyuanVideo shares: AdaLayerNormZero(Single)'s norm + modulate, ``block`` (class,
+    forward) and ``single_block`` (class, forward, forward with the GELU written into the
+    concat buffer: with ``activations``)."""
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+
+    (block_cls, block_fwd), (single_cls, single_fwd, single_act_fwd) = block, single_block
+    single = ((single_act_fwd, "single blocks (gated residual, GELU into the concat buffer)")
+              if activations else (single_fwd, "single blocks (gated residual)"))
+    return {AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+            AdaLayerNormZeroSingle: (_ada_zero_single_forward,
+                                     "AdaLayerNormZeroSingle (modulate)"),
+            block_cls: (block_fwd, "blocks (gated residuals + norm2)"),
+            single_cls: single}
+
+
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 activations=True):
-    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
     from diffusers.models.transformers.transformer_flux import (FluxAttention, FluxAttnProcessor,
                                                                 FluxSingleTransformerBlock,
                                                                 FluxTransformerBlock)
 
-    fp8 = attention == FP8
-    proc = processor_factory(_make_processor(), fp8) if qk_norm_rope else None
+    fp8 = attention == common.FP8
+    proc = common.processor_factory(_make_processor(), fp8) if qk_norm_rope else None
     for m in model.modules():
         if proc is not None and isinstance(m, FluxAttention) and \
-                original_processor_type(m) is FluxAttnProcessor:
-            if set_processor(m, proc()):
-                report.add(fp8_report_label(fp8_label("attention processors (QK-norm + RoPE)",
-                                                      fp8), m))
+                common.original_processor_type(m) is FluxAttnProcessor:
+            if common.set_processor(m, proc()):
+                report.add(common.fp8_report_label(common.fp8_label(common.QK_LABEL, fp8), m))
     if adaln:
-        bind_forwards(model, report, {
-            **_chroma_norms(),
-            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
-            AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
-            FluxTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
-            FluxSingleTransformerBlock: (
-                (_single_block_forward_act,
-                 "single blocks (gated residual, GELU into the concat buffer)")
-                if activations else (_single_block_forward, "single blocks (gated residual)"))})
+        common.bind_forwards(model, report, {**_chroma_norms(), **zero_block_forwards(
+            (FluxTransformerBlock, _block_forward),
+            (FluxSingleTransformerBlock, _single_block_forward, _single_block_forward_act),
+            activations)})

@@ -11,10 +11,9 @@ import torch
 from ditfuse.ops.activations import supported, swiglu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, compiling, fp8_label, grad_needed, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, replace_processors, use_8bit
-from ditfuse.patching.flux import joint_attention, qk_ok
+from ditfuse.patching import common
+from ditfuse.patching.flux import context_mlp_tail, joint_processor, qk_ok
 
-_PROC_LABEL = "attention processors (QK-norm + RoPE)"
 _PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
 
 
@@ -30,50 +29,28 @@ def _swiglu_forward(self, x):
     same code) as one kernel with the eager ops' arithmetic and roundings
     (``ditfuse.swiglu``); the class's own forward when its gate is not a plain SiLU, autograd
     needs gradients, the kernel does not take ``x`` as it is (dtype, device, strides, odd
-    width), or under torch.compile (inductor fuses the same two ops: 109.9 vs 118.5 us at
-    FLUX.2's FF, H200, 2026-11-29; docs/design/activations.md)."""
-    if compiling() or type(self.gate_fn) is not torch.nn.SiLU or not supported(x, "swiglu"):
+    width), or under torch.compile (inductor fuses the same two ops, faster there:
+    docs/patching.md)."""
+    if common.compiling() or type(self.gate_fn) is not torch.nn.SiLU or not supported(x, "swiglu"):
         return type(self).forward(self, x)
     return swiglu(x)
+
+
+def _out(attn, hidden_states, encoder_hidden_states):
+    """Flux2AttnProcessor's output step: the text rows (if any) through ``to_add_out``, the
+    image rows through ``to_out``."""
+    if encoder_hidden_states is not None:
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    hidden_states = attn.to_out[0](hidden_states)
+    hidden_states = attn.to_out[1](hidden_states)
+    if encoder_hidden_states is not None:
+        return hidden_states, encoder_hidden_states
+    return hidden_states
 
 
 def _make_processors(fuse_act: bool = True):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_flux2 as t2
-
-    class DitfuseFlux2AttnProcessor(t2.Flux2AttnProcessor):
-        """Flux2AttnProcessor with each stream's QK-norm + RoPE in one kernel, written into
-        its slice of the joint Q/K. Falls back to the original when autograd needs
-        gradients, a q/k norm is not an RMSNorm, or the RoPE is not a (cos, sin) pair.
-        With ``patch(attention="fp8")``: each stream's Q / K quantized by its kernel and the
-        attention on 8 bits where the call allows it, as FLUX.1's processor
-        (:func:`~ditfuse.patching.flux.joint_attention`)."""
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
-
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                     image_rotary_emb=None):
-            joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
-            if not qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) or \
-                    (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
-                                        image_rotary_emb)
-            query, key, value, encoder_query, encoder_key, encoder_value = t2._get_qkv_projections(
-                attn, hidden_states, encoder_hidden_states)
-            hidden_states = joint_attention(self, attn, query, key, value, encoder_query,
-                                            encoder_key, encoder_value, image_rotary_emb, joint,
-                                            attention_mask, dispatch_attention_fn)
-            if encoder_hidden_states is not None:
-                encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                    [encoder_hidden_states.shape[1],
-                     hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-            hidden_states = attn.to_out[0](hidden_states)
-            hidden_states = attn.to_out[1](hidden_states)
-            if encoder_hidden_states is not None:
-                return hidden_states, encoder_hidden_states
-            return hidden_states
 
     class DitfuseFlux2ParallelSelfAttnProcessor(t2.Flux2ParallelSelfAttnProcessor):
         """Flux2ParallelSelfAttnProcessor with QK-norm + RoPE read from the Q/K views of the
@@ -113,8 +90,7 @@ def _make_processors(fuse_act: bool = True):
 
             def attend_16bit(query, key, value):
                 # into fresh Q / K (contiguous for the attention) rather than in place on the
-                # projection's chunks: the same bits, 65.2 vs 66.2 us at 1024^2 (H200,
-                # 2026-12-01; docs/design/qk_norm_rope.md)
+                # projection's chunks: the same bits, faster (docs/design/qk_norm_rope.md)
                 query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
                                           k_norm=attn.norm_k)
                 out = dispatch_attention_fn(
@@ -125,29 +101,30 @@ def _make_processors(fuse_act: bool = True):
             def attend_8bit(query, key, value, key_mask=None):
                 qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
                                   quantize="int8")
-                return attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
+                return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
-            hidden_states = attend(
-                use_8bit(self, query, value, D, attention_mask, self._parallel_config),
+            hidden_states = common.attend(
+                common.use_8bit(self, query, value, D, attention_mask, self._parallel_config),
                 attention_mask, attend_8bit, attend_16bit, (query, key, value),
                 keys=tuple(key.shape[:2]))
             if self._fuse_act and _is_swiglu(attn.mlp_act_fn) and \
-                    cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
-                return attn.to_out(cat_activation(hidden_states, mlp_hidden_states, swiglu,
-                                                  mlp_hidden_states.shape[-1] // 2))
+                    common.cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
+                return attn.to_out(common.cat_activation(hidden_states, mlp_hidden_states, swiglu,
+                                                         mlp_hidden_states.shape[-1] // 2))
             mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
             hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
             return attn.to_out(hidden_states)
 
-    return {t2.Flux2AttnProcessor: DitfuseFlux2AttnProcessor,
+    return {t2.Flux2AttnProcessor: joint_processor(t2.Flux2AttnProcessor,
+                                                   t2._get_qkv_projections, _out),
             t2.Flux2ParallelSelfAttnProcessor: DitfuseFlux2ParallelSelfAttnProcessor}
 
 
 def _fusable(block, norms, x, *ts) -> bool:
     """Affine-free LayerNorms, no autograd, and every tensor of the chain in x's dtype (the
     eager block rounds each step to it: ``rounding="per_op"``)."""
-    return (plain_layer_norms(*norms) and x.dim() == 3 and not grad_needed(x, *ts)
-            and not params_need_grad(block) and all(t.dtype == x.dtype for t in ts))
+    return (common.plain_layer_norms(*norms) and x.dim() == 3 and not common.grad_needed(x, *ts)
+            and not common.params_need_grad(block) and all(t.dtype == x.dtype for t in ts))
 
 
 def _block_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
@@ -172,13 +149,10 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, tem
         hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
         image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
 
-    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
-                                    self.norm2, self.ff, gate_mlp)
-    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
-                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
-                                            self.ff_context, c_gate_mlp)
-    if encoder_hidden_states.dtype == torch.float16:
-        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    hidden_states = common.per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp,
+                                           scale_mlp, self.norm2, self.ff, gate_mlp)
+    encoder_hidden_states = context_mlp_tail(self, encoder_hidden_states, context_attn_output,
+                                             c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp)
     return encoder_hidden_states, hidden_states
 
 
@@ -216,17 +190,16 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                                                                  Flux2TransformerBlock)
 
     if qk_norm_rope:
-        fp8 = attention == FP8
         procs = _make_processors(activations)
-        replace_processors(model, report, {t2.Flux2AttnProcessor: processor_factory(
-            procs[t2.Flux2AttnProcessor], fp8)}, fp8_label(_PROC_LABEL, fp8))
-        replace_processors(model, report, {t2.Flux2ParallelSelfAttnProcessor: processor_factory(
-            procs[t2.Flux2ParallelSelfAttnProcessor], fp8)},
-            fp8_label(_PARALLEL_ACT_LABEL if activations else _PROC_LABEL, fp8))
+        common.replace_qk_processors(model, report, {
+            t2.Flux2AttnProcessor: procs[t2.Flux2AttnProcessor]}, attention)
+        common.replace_qk_processors(model, report, {
+            t2.Flux2ParallelSelfAttnProcessor: procs[t2.Flux2ParallelSelfAttnProcessor]},
+            attention, _PARALLEL_ACT_LABEL if activations else common.QK_LABEL)
     if activations:
-        bind_forwards(model, report, {
+        common.bind_forwards(model, report, {
             t2.Flux2SwiGLU: (_swiglu_forward, "SwiGLU activations (one kernel)")})
     if adaln:
-        bind_forwards(model, report, {
+        common.bind_forwards(model, report, {
             Flux2TransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)"),
             Flux2SingleTransformerBlock: (_single_block_forward, "single blocks (AdaLN + gated residual)")})

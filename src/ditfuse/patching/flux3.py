@@ -15,9 +15,9 @@ from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.patching.flux import qk_ok
 from ditfuse.patching.flux2 import _swiglu_forward
-from ditfuse.patching.common import bind_forwards, compiling, grad_needed, params_need_grad, plain_layer_norms, replace_processors
-
-_PROC_LABEL = "attention processors (QK-norm + RoPE)"
+from ditfuse.patching.common import (
+    QK_LABEL, bind_forwards, compiling, grad_needed, params_need_grad, plain_layer_norms,
+    replace_processors)
 
 
 def _mods_ok(x, mod) -> bool:
@@ -121,7 +121,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     from diffusers.models.transformers import transformer_flux3 as t3
 
     if qk_norm_rope:
-        replace_processors(model, report, {t3.Flux3AttnProcessor: _make_processor()}, _PROC_LABEL)
+        replace_processors(model, report, {t3.Flux3AttnProcessor: _make_processor()}, QK_LABEL)
     table = {}
     if adaln:
         table[t3.Flux3ModeTransformerBlock] = (_mode_block_forward,

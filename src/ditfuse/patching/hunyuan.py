@@ -14,14 +14,20 @@ import torch
 from ditfuse.ops.activations import GELU_KINDS, gelu
 from ditfuse.ops.adaln import gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_activation, cat_fusable, cat_quantized, fp8_label, grad_needed, join_tokens, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, replace_processors, use_8bit
-from ditfuse.patching.flux import _ada_zero_forward, _ada_zero_single_forward
+from ditfuse.patching import common
+from ditfuse.patching.flux import _ada_zero_forward, zero_block_forwards
 
 
-def _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin):
-    """The joint (image then text) Q / K of a dual-stream block, each stream normalised (the
-    image also rotated) by one kernel straight into its rows -- where the eager processors
-    normalise, rotate and then concatenate: more passes over Q and K, the same values."""
+def _heads(attn, x, *projections):
+    """``x`` through each projection, as (B, S, H, D)."""
+    return tuple(proj(x).unflatten(2, (attn.heads, -1)) for proj in projections)
+
+
+def _dual_qkv(attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value):
+    """The joint (image then text) Q / K / V of a dual-stream block, each stream's Q / K
+    normalised (the image's also rotated) by one kernel straight into its rows -- where the
+    eager processors normalise, rotate and then concatenate: more passes over Q and K, the
+    same values."""
     B, S, H, D = query.shape
     T = encoder_query.shape[1]
     q_all = query.new_empty(B, S + T, H, D)
@@ -30,17 +36,48 @@ def _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin):
                  out=(q_all[:, :S], k_all[:, :S]))
     qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
                  out=(q_all[:, S:], k_all[:, S:]))
-    return q_all, k_all
+    return q_all, k_all, torch.cat([value, encoder_value], dim=1)
 
 
-def _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin):
-    """:func:`_joint_qk` quantized: each stream's Q / K normalised (the image also rotated)
-    and quantized to int8 with per-token scales by one kernel, concatenated image first."""
-    return cat_quantized([
+def _dual_8bit(attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value,
+               key_mask=None):
+    """A dual-stream block's attention on 8 bits: each stream's Q / K normalised (the image's
+    also rotated) and quantized to int8 with per-token scales by one kernel, concatenated
+    image first (values and scales), V as :func:`_dual_qkv` concatenates it."""
+    qk = common.cat_quantized([
         qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
                      quantize="int8"),
         qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
                      k_norm=attn.norm_added_k, quantize="int8")])
+    return common.attention_8bit(qk, torch.cat([value, encoder_value], dim=1),
+                                 key_mask=key_mask).flatten(2, 3)
+
+
+def _single_qk(attn, cos, sin, query, key, n_img, text=None, quantize=None):
+    """Q / K of a single-stream block's sequence, image rows (``n_img``) then the ``text``
+    rows (a slice; None: no text), one kernel each into fresh Q / K (rather than in place:
+    the same bits, faster: docs/design/qk_norm_rope.md): the image rows normalised and
+    rotated, the text rows normalised. With ``quantize`` their ``QuantizedQK``."""
+    img = slice(0, n_img)
+    kw = dict(q_norm=attn.norm_q, k_norm=attn.norm_k)
+    if quantize:
+        parts = [qk_norm_rope(query[:, img], key[:, img], cos, sin, quantize=quantize, **kw)]
+        if text is not None:
+            parts.append(qk_norm_rope(query[:, text], key[:, text], quantize=quantize, **kw))
+        return common.cat_quantized(parts)
+    q_new, k_new = torch.empty_like(query), torch.empty_like(key)
+    qk_norm_rope(query[:, img], key[:, img], cos, sin, out=(q_new[:, img], k_new[:, img]), **kw)
+    if text is not None:
+        qk_norm_rope(query[:, text], key[:, text], out=(q_new[:, text], k_new[:, text]), **kw)
+    return q_new, k_new
+
+
+def _sdpa(proc, dispatch, query, key, value, mask):
+    """The processors' 16-bit attention (the model's dispatch, with the processor's backend
+    and context-parallel config), (B, S, H*D) in Q's dtype."""
+    out = dispatch(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                   backend=proc._attention_backend, parallel_config=proc._parallel_config)
+    return out.flatten(2, 3).to(query.dtype)
 
 
 def _split_out(attn, hidden_states, T):
@@ -88,73 +125,39 @@ def _make_processor():
             single = attn.add_q_proj is None and encoder_hidden_states is not None
             T = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
             n_img = hidden_states.shape[1]
-            ok = (norms_ok(*norms) and not grad_needed(hidden_states, encoder_hidden_states)
-                  and not params_need_grad(attn))
-            if ok and image_rotary_emb is not None:
-                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
-                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == n_img)
-            if not ok:
+            if not (common.norms_ok(*norms)
+                    and not common.grad_needed(hidden_states, encoder_hidden_states)
+                    and not common.params_need_grad(attn)
+                    and common.rope_pair_ok(image_rotary_emb, n_img)):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                         image_rotary_emb)
             if single:
                 hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-            query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
-            key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
-            value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
-            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
-            enc = ()
+            operands = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v)
             if attn.add_q_proj is not None and encoder_hidden_states is not None:
-                enc = tuple(proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                            for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+                operands += _heads(attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj,
+                                   attn.add_v_proj)
+            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            text = slice(n_img, n_img + T) if single else None
 
             def attend_16bit(query, key, value, *enc):
-                if enc:
-                    # dual stream: each stream normalised (the image also rotated) straight
-                    # into its rows of the joint Q / K the attention reads -- the eager
-                    # processor normalises in place and then concatenates: two more passes
-                    # over Q and K
-                    encoder_query, encoder_key, encoder_value = enc
-                    query, key = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
-                    value = torch.cat([value, encoder_value], dim=1)
+                if enc:  # dual stream
+                    query, key, value = _dual_qkv(attn, cos, sin, query, key, value, *enc)
                 else:
-                    # into fresh Q / K rather than in place: the same bits, and faster on the
-                    # H200 (HunyuanVideo 544p 215.0 vs 220.0 us, 2026-12-01;
-                    # docs/design/qk_norm_rope.md)
-                    q_new, k_new = torch.empty_like(query), torch.empty_like(key)
-                    img = slice(0, n_img)
-                    qk_norm_rope(query[:, img], key[:, img], cos, sin, q_norm=attn.norm_q,
-                                 k_norm=attn.norm_k, out=(q_new[:, img], k_new[:, img]))
-                    if single:  # the text tail is normalised but not rotated
-                        txt = slice(n_img, n_img + T)
-                        qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
-                                     k_norm=attn.norm_k, out=(q_new[:, txt], k_new[:, txt]))
-                    query, key = q_new, k_new
-                out = dispatch_attention_fn(
-                    query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                    backend=self._attention_backend, parallel_config=self._parallel_config)
-                return out.flatten(2, 3).to(query.dtype)
+                    query, key = _single_qk(attn, cos, sin, query, key, n_img, text)
+                return _sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
 
             def attend_8bit(query, key, value, *enc, key_mask=None):
                 if enc:
-                    encoder_query, encoder_key, encoder_value = enc
-                    qk = _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin)
-                    value = torch.cat([value, encoder_value], dim=1)
-                else:
-                    img = slice(0, n_img)
-                    parts = [qk_norm_rope(query[:, img], key[:, img], cos, sin,
-                                          q_norm=attn.norm_q, k_norm=attn.norm_k,
-                                          quantize="int8")]
-                    if single:  # the text tail: normalised, not rotated
-                        txt = slice(n_img, n_img + T)
-                        parts.append(qk_norm_rope(query[:, txt], key[:, txt], q_norm=attn.norm_q,
-                                                  k_norm=attn.norm_k, quantize="int8"))
-                    qk = cat_quantized(parts)
-                return attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
+                    return _dual_8bit(attn, cos, sin, query, key, value, *enc, key_mask=key_mask)
+                qk = _single_qk(attn, cos, sin, query, key, n_img, text, quantize="int8")
+                return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
-            eight = use_8bit(self, query, value, value.shape[-1], attention_mask,
-                             self._parallel_config)
-            hidden_states = attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                   (query, key, value, *enc), keys=(query.shape[0], n_img + T))
+            query, value = operands[0], operands[2]
+            eight = common.use_8bit(self, query, value, value.shape[-1], attention_mask,
+                                    self._parallel_config)
+            hidden_states = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
+                                          operands, keys=(query.shape[0], n_img + T))
             if encoder_hidden_states is not None:
                 hidden_states, encoder_hidden_states = _split_out(attn, hidden_states, T)
             return hidden_states, encoder_hidden_states
@@ -169,11 +172,12 @@ def _make_processor_15():
     from diffusers.models.transformers import transformer_hunyuan_video15 as th
 
     class DitfuseHunyuanVideo15AttnProcessor(th.HunyuanVideo15AttnProcessor2_0):
-        """HunyuanVideo15AttnProcessor2_0 with QK-norm + RoPE fused: the image tokens'
-        Q / K normalised and rotated by one kernel, the text tokens' normalised by another,
-        each straight into its rows of the joint Q / K the attention reads (the eager
-        processor normalises, rotates, then concatenates: more passes over Q and K; same
-        values). The joint mask is built as the eager processor builds it.
+        """HunyuanVideo15AttnProcessor2_0 with QK-norm + RoPE fused as in HunyuanVideo's
+        dual-stream blocks: the image tokens' Q / K normalised and rotated by one kernel, the
+        text tokens' normalised by another, each straight into its rows of the joint Q / K
+        the attention reads (the eager processor normalises, rotates, then concatenates:
+        more passes over Q and K; same values). The joint mask is built as the eager
+        processor builds it.
 
         Falls back to the original when autograd needs gradients, a q/k norm is not one
         ``qk_norm_rope`` reads exactly, there is no text stream or mask, or the RoPE is not
@@ -193,50 +197,38 @@ def _make_processor_15():
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      image_rotary_emb=None):
             S = hidden_states.shape[1]
-            ok = (encoder_hidden_states is not None and attention_mask is not None
-                  and norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
-                  and not grad_needed(hidden_states, encoder_hidden_states)
-                  and not params_need_grad(attn))
-            if ok and image_rotary_emb is not None:
-                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
-                      and image_rotary_emb[0].dim() == 2 and image_rotary_emb[0].shape[0] == S)
-            if not ok:
+            if not (encoder_hidden_states is not None and attention_mask is not None
+                    and common.norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q,
+                                        attn.norm_added_k)
+                    and not common.grad_needed(hidden_states, encoder_hidden_states)
+                    and not common.params_need_grad(attn)
+                    and common.rope_pair_ok(image_rotary_emb, S)):
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                         image_rotary_emb)
-            H = attn.heads
-            query = attn.to_q(hidden_states).unflatten(2, (H, -1))
-            key = attn.to_k(hidden_states).unflatten(2, (H, -1))
-            value = attn.to_v(hidden_states).unflatten(2, (H, -1))
-            encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (H, -1))
-            encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (H, -1))
-            encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (H, -1))
-            B, T = query.shape[0], encoder_query.shape[1]
+            operands = (_heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v)
+                        + _heads(attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj,
+                                 attn.add_v_proj))
+            B, T = hidden_states.shape[0], encoder_hidden_states.shape[1]
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
             # the eager processor's joint mask: the token mask left-padded with True to the
             # joint length, a pair kept where both tokens are
             n = S + T
             tokens = F.pad(attention_mask, (n - attention_mask.shape[1], 0), value=True).bool()
 
-            def attend_16bit(query, key, value, encoder_query, encoder_key, encoder_value):
-                q_all, k_all = _joint_qk(attn, query, key, encoder_query, encoder_key, cos, sin)
-                value = torch.cat([value, encoder_value], dim=1)
+            def attend_16bit(*operands):
+                query, key, value = _dual_qkv(attn, cos, sin, *operands)
                 rows = tokens.view(B, 1, 1, n).repeat(1, 1, n, 1)
-                mask = rows & rows.transpose(2, 3)
-                out = dispatch_attention_fn(
-                    q_all, k_all, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                    backend=self._attention_backend, parallel_config=self._parallel_config)
-                return out.flatten(2, 3).to(q_all.dtype)
+                return _sdpa(self, dispatch_attention_fn, query, key, value,
+                             rows & rows.transpose(2, 3))
 
-            def attend_8bit(query, key, value, encoder_query, encoder_key, encoder_value,
-                            key_mask=None):
-                qk = _joint_qk_8bit(attn, query, key, encoder_query, encoder_key, cos, sin)
-                return attention_8bit(qk, torch.cat([value, encoder_value], dim=1),
-                                      key_mask=key_mask).flatten(2, 3)
+            def attend_8bit(*operands, key_mask=None):
+                return _dual_8bit(attn, cos, sin, *operands, key_mask=key_mask)
 
-            eight = use_8bit(self, query, value, value.shape[-1], tokens, self._parallel_config)
-            hidden_states = attend(eight, tokens.view(B, 1, 1, n), attend_8bit, attend_16bit,
-                                   (query, key, value, encoder_query, encoder_key, encoder_value),
-                                   keys=(B, n))
+            value = operands[2]
+            eight = common.use_8bit(self, operands[0], value, value.shape[-1], tokens,
+                                    self._parallel_config)
+            hidden_states = common.attend(eight, tokens.view(B, 1, 1, n), attend_8bit, attend_16bit,
+                                          operands, keys=(B, n))
             return _split_out(attn, hidden_states, T)
 
     return DitfuseHunyuanVideo15AttnProcessor
@@ -250,9 +242,9 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_m
     activation dtype). Falls back to the block's own forward when autograd is on or the
     norms / dtypes differ."""
     x, c = hidden_states, encoder_hidden_states
-    if not (plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
+    if not (common.plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
             and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-            and not grad_needed(x, c, temb) and not params_need_grad(self)):
+            and not common.grad_needed(x, c, temb) and not common.params_need_grad(self)):
         # the class's own forward (bound on exact block types only)
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb,
                                   attention_mask, freqs_cis, *args, **kwargs)
@@ -262,11 +254,11 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_m
     attn_output, context_attn_output = self.attn(
         hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
         attention_mask=attention_mask, image_rotary_emb=freqs_cis)
-    hidden_states = per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp,
-                                    self.norm2, self.ff, gate_mlp)
-    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, context_attn_output, c_gate_msa,
-                                            c_shift_mlp, c_scale_mlp, self.norm2_context,
-                                            self.ff_context, c_gate_mlp)
+    hidden_states = common.per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp,
+                                           scale_mlp, self.norm2, self.ff, gate_mlp)
+    encoder_hidden_states = common.per_op_mlp_tail(
+        encoder_hidden_states, context_attn_output, c_gate_msa, c_shift_mlp, c_scale_mlp,
+        self.norm2_context, self.ff_context, c_gate_mlp)
     return hidden_states, encoder_hidden_states
 
 
@@ -276,10 +268,10 @@ def _act_into_buffer(act, mlp, attn_output, context_attn_output):
     written by the kernel into the MLP columns); None when the eager code must run."""
     parts = (attn_output, context_attn_output)
     if type(act) is not torch.nn.GELU or act.approximate not in GELU_KINDS or \
-            not cat_fusable(parts, mlp, "gelu"):
+            not common.cat_fusable(parts, mlp, "gelu"):
         return None
-    return cat_activation(parts, mlp, lambda h, out: gelu(h, act.approximate, out=out),
-                          mlp.shape[-1])
+    return common.cat_activation(parts, mlp, lambda h, out: gelu(h, act.approximate, out=out),
+                                 mlp.shape[-1])
 
 
 def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
@@ -289,13 +281,14 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, atte
     one buffer (:func:`_act_into_buffer`)."""
     from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoSingleTransformerBlock
 
-    if grad_needed(hidden_states, encoder_hidden_states, temb) or params_need_grad(self) or \
+    if common.grad_needed(hidden_states, encoder_hidden_states, temb) or \
+            common.params_need_grad(self) or \
             not (hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype):
         return HunyuanVideoSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
                                                           attention_mask, image_rotary_emb, *args, **kwargs)
     text_seq_length = encoder_hidden_states.shape[1]
     # the previous single block's output halves: joined as a view, not copied again
-    hidden_states = join_tokens(hidden_states, encoder_hidden_states)
+    hidden_states = common.join_tokens(hidden_states, encoder_hidden_states)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
     mlp_hidden_states = self.proj_mlp(norm_hidden_states)
@@ -322,23 +315,16 @@ def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 activations=True):
-    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
-    from diffusers.models.transformers.transformer_hunyuan_video import (
-        HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
+    from diffusers.models.transformers import transformer_hunyuan_video as th
 
     if qk_norm_rope:
-        fp8 = attention == FP8
-        replace_processors(model, report, {HunyuanVideoAttnProcessor2_0: processor_factory(
-            _make_processor(), fp8)}, fp8_label("attention processors (QK-norm + RoPE)", fp8))
+        common.replace_qk_processors(
+            model, report, {th.HunyuanVideoAttnProcessor2_0: _make_processor()}, attention)
     if adaln:
-        bind_forwards(model, report, {
-            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
-            AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
-            HunyuanVideoTransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
-            HunyuanVideoSingleTransformerBlock: (
-                (_single_block_forward_act,
-                 "single blocks (gated residual, GELU into the concat buffer)")
-                if activations else (_single_block_forward, "single blocks (gated residual)"))})
+        common.bind_forwards(model, report, zero_block_forwards(
+            (th.HunyuanVideoTransformerBlock, _block_forward),
+            (th.HunyuanVideoSingleTransformerBlock, _single_block_forward,
+             _single_block_forward_act), activations))
 
 
 def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -349,10 +335,9 @@ def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     from diffusers.models.transformers import transformer_hunyuan_video15 as th
 
     if qk_norm_rope:
-        fp8 = attention == FP8
-        replace_processors(model, report, {th.HunyuanVideo15AttnProcessor2_0: processor_factory(
-            _make_processor_15(), fp8)}, fp8_label("attention processors (QK-norm + RoPE)", fp8))
+        common.replace_qk_processors(
+            model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()}, attention)
     if adaln:
-        bind_forwards(model, report, {
+        common.bind_forwards(model, report, {
             AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
             th.HunyuanVideo15TransformerBlock: (_block_forward, "blocks (gated residuals + norm2)")})

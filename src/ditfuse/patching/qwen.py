@@ -12,7 +12,7 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, attend, attention_8bit, bind_forwards, cat_quantized, fp8_label, grad_needed, norms_ok, params_need_grad, per_op_mlp_tail, plain_layer_norms, processor_factory, replace_processors, table_once, use_8bit
+from ditfuse.patching import common
 
 
 def _real(f):
@@ -25,11 +25,9 @@ def _imag(f):
 
 def _cs(freqs):
     """cos, sin of complex frequencies as contiguous (S, D/2) tables, made once per table:
-    the kernel's half-width path reads them with one load a pair (H200, Qwen-Image 1328^2:
-    52.3 us, 2026-11-30; docs/design/qk_norm_rope.md); the strided real / imaginary views
-    cost it a layout change through shared memory (sm_90: 128 registers instead of 60; not
-    timed)."""
-    return table_once(freqs, "real", _real), table_once(freqs, "imag", _imag)
+    the kernel's half-width path reads them with one load a pair, where the strided real /
+    imaginary views cost it a layout change through shared memory (docs/qk_norm_rope.md)."""
+    return common.table_once(freqs, "real", _real), common.table_once(freqs, "imag", _imag)
 
 
 def _make_processor():
@@ -58,9 +56,9 @@ def _make_processor():
                      encoder_hidden_states_mask=None, attention_mask=None, image_rotary_emb=None):
             norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
             ok = (encoder_hidden_states is not None and attention_mask is None
-                  and norms_ok(*norms)
-                  and not grad_needed(hidden_states, encoder_hidden_states)
-                  and not params_need_grad(attn))
+                  and common.norms_ok(*norms)
+                  and not common.grad_needed(hidden_states, encoder_hidden_states)
+                  and not common.params_need_grad(attn))
             if ok and image_rotary_emb is not None:
                 ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
                       and all(f.is_complex() and f.dim() == 2 for f in image_rotary_emb)
@@ -107,16 +105,16 @@ def _make_processor():
                 return joint.flatten(2, 3).to(q.dtype)
 
             def attend_8bit(img_q, img_k, txt_q, txt_k, v, key_mask=None):
-                qk = cat_quantized([
+                qk = common.cat_quantized([
                     qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q,
                                  k_norm=attn.norm_added_k, quantize="int8", **rot),
                     qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
                                  quantize="int8", **rot)])
-                return attention_8bit(qk, v, key_mask=key_mask).flatten(2, 3)
+                return common.attention_8bit(qk, v, key_mask=key_mask).flatten(2, 3)
 
-            eight = use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)
-            joint = attend(eight, attention_mask, attend_8bit, attend_16bit,
-                           (img_q, img_k, txt_q, txt_k, v), keys=(B, T + S))
+            eight = common.use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)
+            joint = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
+                                  (img_q, img_k, txt_q, txt_k, v), keys=(B, T + S))
             return self._out(attn, joint, T)
 
         @staticmethod
@@ -130,29 +128,6 @@ def _make_processor():
             return img_out, txt_out
 
     return DitfuseQwenDoubleStreamAttnProcessor
-
-
-class _Projected:
-    """Qwen-Image 2.1's attention module as its processors' shared QKV helper
-    (``_qwenimage21_prepare_qkv``) sees it, with Q and K already normalised and rotated:
-    ``to_q`` / ``to_k`` return the fused kernel's (B, S, H*D) output, the norms are
-    identities, everything else is the module's own. The processor then runs its own code
-    unchanged -- the KV cache's store / concatenation, the prefill's segments, the flex
-    path -- with ``rotary_emb=None`` (the rotation is done)."""
-
-    norm_q = norm_k = torch.nn.Identity()  # stateless: one for every call
-
-    def __init__(self, attn, query, key):
-        self._attn, self._q, self._k = attn, query, key
-
-    def to_q(self, hidden_states):
-        return self._q
-
-    def to_k(self, hidden_states):
-        return self._k
-
-    def __getattr__(self, name):
-        return getattr(self._attn, name)
 
 
 def _make_processor_21(base):
@@ -171,8 +146,8 @@ def _make_processor_21(base):
 
         def __call__(self, attn, hidden_states, attention_mask=None, rotary_emb=None, **kwargs):
             D = attn.inner_dim // attn.heads
-            ok = (norms_ok(attn.norm_q, attn.norm_k) and hidden_states.dim() == 3
-                  and not grad_needed(hidden_states) and not params_need_grad(attn))
+            ok = (common.norms_ok(attn.norm_q, attn.norm_k) and hidden_states.dim() == 3
+                  and not common.grad_needed(hidden_states) and not common.params_need_grad(attn))
             if ok and rotary_emb is not None:
                 ok = (isinstance(rotary_emb, torch.Tensor) and rotary_emb.is_complex()
                       and rotary_emb.dim() == 2 and rotary_emb.shape == (hidden_states.shape[1], D // 2))
@@ -183,8 +158,10 @@ def _make_processor_21(base):
             cos, sin = _cs(rotary_emb) if rotary_emb is not None else (None, None)
             q, k = qk_norm_rope(q, k, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
                                 **({"rotary_dim": D} if rotary_emb is not None else {}))
-            return super().__call__(_Projected(attn, q.flatten(2), k.flatten(2)), hidden_states,
-                                    attention_mask, None, **kwargs)
+            # the processor's own code (KV cache, prefill segments, flex path) on the fused
+            # Q / K, without its rotary table (the rotation is done)
+            projected = common.Projected(attn, to_q=q.flatten(2), to_k=k.flatten(2))
+            return super().__call__(projected, hidden_states, attention_mask, None, **kwargs)
 
     DitfuseQwenImage21AttnProcessor.__name__ = DitfuseQwenImage21AttnProcessor.__qualname__ = \
         "Ditfuse" + base.__name__
@@ -201,9 +178,9 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
     x, c = hidden_states, encoder_hidden_states
     norms = (self.img_norm1, self.img_norm2, self.txt_norm1, self.txt_norm2)
     if modulate_index is not None or not (
-            plain_layer_norms(*norms) and x.dim() == 3 and c.dim() == 3
+            common.plain_layer_norms(*norms) and x.dim() == 3 and c.dim() == 3
             and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
-            and not grad_needed(x, c, temb) and not params_need_grad(self)):
+            and not common.grad_needed(x, c, temb) and not common.params_need_grad(self)):
         return QwenImageTransformerBlock.forward(self, hidden_states, encoder_hidden_states,
                                                  encoder_hidden_states_mask, temb, image_rotary_emb,
                                                  joint_attention_kwargs, modulate_index)
@@ -226,10 +203,10 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
         hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
         encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
         **(joint_attention_kwargs or {}))
-    hidden_states = per_op_mlp_tail(hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, self.img_norm2,
-                                    self.img_mlp, i_g2)
-    encoder_hidden_states = per_op_mlp_tail(encoder_hidden_states, txt_attn_output, t_g1, t_sh2, t_sc2,
-                                            self.txt_norm2, self.txt_mlp, t_g2)
+    hidden_states = common.per_op_mlp_tail(hidden_states, img_attn_output, i_g1, i_sh2, i_sc2,
+                                           self.img_norm2, self.img_mlp, i_g2)
+    encoder_hidden_states = common.per_op_mlp_tail(encoder_hidden_states, txt_attn_output, t_g1,
+                                                   t_sh2, t_sc2, self.txt_norm2, self.txt_mlp, t_g2)
     if encoder_hidden_states.dtype == torch.float16:
         encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
     if hidden_states.dtype == torch.float16:
@@ -243,12 +220,11 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                                                                      QwenImageTransformerBlock)
 
     if qk_norm_rope:
-        fp8 = attention == FP8
-        replace_processors(model, report, {QwenDoubleStreamAttnProcessor2_0: processor_factory(
-            _make_processor(), fp8)}, fp8_label("attention processors (QK-norm + RoPE)", fp8))
+        common.replace_qk_processors(
+            model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()}, attention)
     if adaln:
-        bind_forwards(model, report,
-                      {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+        common.bind_forwards(model, report, {
+            QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
 
 
 def patch_model_21(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -259,7 +235,7 @@ def patch_model_21(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     from diffusers.models.transformers import transformer_qwenimage21 as t21
 
     if qk_norm_rope:
-        replace_processors(model, report, {
+        common.replace_processors(model, report, {
             cls: _make_processor_21(cls)
             for cls in (t21.QwenImage21AttnProcessor, t21.QwenImage21FlexAttnProcessor)},
-            "attention processors (QK-norm + RoPE)")
+            common.QK_LABEL)

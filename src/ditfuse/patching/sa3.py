@@ -8,7 +8,8 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors
+from ditfuse.patching.common import (
+    QK_LABEL, bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors)
 
 
 def _make_processor():
@@ -113,7 +114,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
 
     if qk_norm_rope:
         replace_processors(model, report, {StableAudio3SelfAttnProcessor: _make_processor()},
-                           "attention processors (QK-norm + RoPE)")
+                           QK_LABEL)
     if adaln:
         bind_forwards(model, report,
                       {StableAudio3DiTBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})

@@ -16,14 +16,12 @@ when all its norms and its activation are of the exact classes the kernels repro
 activation module belongs to that block alone and no hook wraps any of them.
 
 Under torch.compile the 4-D GroupNorm pairs (the AutoencoderKL VAEs: FLUX.1, FLUX.2) stay
-on the kernel, as the ``ditfuse::group_norm_silu`` op in the graph, and the others trace
-the modules' own code, so that inductor fuses those pairs with their neighbours as it does
-unpatched. Measured on the H200 (2026-12-02; docs/design/group_norm.md): FLUX.1's
-decode at 1024^2 35.2 ms compiled unpatched, 25.3 with the kernels in the graph (inductor
-lays the convolutions out channels-last, which the kernel reads in place:
-``group_norm_silu``'s "split-cl" path); HunyuanVideo's (5-D, channels-first under inductor)
-30.0 unpatched, 31.0 with them (29.4 / 29.6 traced) -- so 5-D pairs and the
-channel RMS (not measured compiled) trace the modules.
+on the kernel, as the ``ditfuse::group_norm_silu`` op in the graph (inductor lays the
+convolutions out channels-last, which the kernel reads in place: ``group_norm_silu``'s
+"split-cl" path), and the others trace the modules' own code, so that inductor fuses those
+pairs with their neighbours as it does unpatched: with the 5-D pairs (channels-first under
+inductor) in the graph a compiled decode was no faster (docs/design/group_norm.md); the
+channel RMS is not measured compiled.
 
 Each fused norm runs the original norm and SiLU instead when the kernels do not reproduce it
 (autograd needs gradients, a device Triton cannot run on, a dtype or a parameter dtype other

@@ -9,7 +9,7 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, QuantizedQK, attend, attention_8bit, bind_forward, fp8_label, grad_needed, norms_ok, params_need_grad, processor_factory, replace_processors, table_once, use_8bit
+from ditfuse.patching import common
 
 
 def _wan_cos(t):
@@ -22,51 +22,90 @@ def _wan_sin(t):
 
 def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None, quantize=None):
     """Norm (+ Wan's RoPE) of q (and k) as (B, S, H*D), into fresh tensors (as Wan's own
-    processor: ``norm_q`` and ``apply_rotary_emb`` return new ones); with ``quantize``, their
-    8-bit values and per-token scales (``QuantizedQK``, written by the same kernel)."""
+    processor: ``norm_q`` and ``apply_rotary_emb`` return new ones; out of place is also the
+    faster form: docs/design/qk_norm_rope.md); with ``quantize``, their 8-bit values and
+    per-token scales (``QuantizedQK``, written by the same kernel)."""
     if quantize is None and cos is None and isinstance(norm, torch.nn.Identity) and \
             (k is None or isinstance(k_norm, torch.nn.Identity)):
         return x, k
     D = x.shape[-1] // H
     if cos is not None:
         # Wan rotates with cos[..., 0::2] and sin[..., 1::2] for both channels of a pair:
-        # pass exactly those columns as half-width tables (one value a pair, so any table
-        # gives Wan's arithmetic, repeat-interleaved or not), packed once per table. The
-        # flat kernel's pair form reads a thread's half-table values in one 16-byte load:
-        # H200, Wan 14B 480p in place, 338.4 us against 370.6 us with the columns repeated
-        # to full width (2026-12-01; before the pair form, on 2026-11-30, the full width
-        # was the faster of the two: docs/design/qk_norm_rope.md)
-        cos = table_once(cos, "wan-cos", _wan_cos)
-        sin = table_once(sin, "wan-sin", _wan_sin)
-    # Out of place: the same bits as in place, and faster on the H200 at every Wan shape --
-    # 14B 480p 334.0 vs 338.2 us (separate projections), 337.0 vs 351.5 on the chunks of a
-    # fused QKV projection, 1.3B 110.0 vs 111.2 (2026-12-01; docs/design/qk_norm_rope.md)
+        # exactly those columns as half-width tables (one value a pair, so any table gives
+        # Wan's arithmetic, repeat-interleaved or not), packed once per table, which the
+        # kernel reads in one load a pair (docs/design/qk_norm_rope.md)
+        cos = common.table_once(cos, "wan-cos", _wan_cos)
+        sin = common.table_once(sin, "wan-sin", _wan_sin)
     return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
                         rotary_dim=D if cos is not None else None,
                         **({"quantize": quantize} if quantize else {}))
 
 
-def _heads8(r: QuantizedQK, H: int) -> QuantizedQK:
+def _heads8(r: common.QuantizedQK, H: int) -> common.QuantizedQK:
     """(B, S, H*D) quantized Q / K as (B, S, H, D) views (the scales are (B, H, S) already)."""
-    return QuantizedQK(r.q.unflatten(2, (H, -1)), None if r.k is None else r.k.unflatten(2, (H, -1)),
-                       r.q_scale, r.k_scale)
+    k = None if r.k is None else r.k.unflatten(2, (H, -1))
+    return common.QuantizedQK(r.q.unflatten(2, (H, -1)), k, r.q_scale, r.k_scale)
+
+
+def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
+    """A Wan processor's ``norm_q`` / ``norm_k`` (across heads) of the (B, S, H*D)
+    projections and, with ``rotary_emb`` (Wan's (cos, sin) pair), the rotation of both: one
+    kernel for Q and K where they have one shape, else one each (K not rotated: cross-
+    attention). (query, key), or with ``quantize`` one ``QuantizedQK``."""
+    H = attn.heads
+    if rotary_emb is not None and query.shape == key.shape:
+        return _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k,
+                   quantize=quantize)
+    q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize=quantize)
+    k = _qk(key, attn.norm_k, H, quantize=quantize)
+    return (q[0], k[0]) if quantize is None else common.QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
+
+
+def attention_8bit_i2v(attn, qk: common.QuantizedQK, value, image=()):
+    """Wan's attention on 8 bits from (B, S, H*D) quantized Q / K and 16-bit V: the text (or
+    self-attention) keys, plus with ``image`` (its key and value projections: I2V) the image
+    keys -- ``norm_added_k`` quantized by the kernel -- attended with the same quantized Q.
+    (B, S, H*D) in V's dtype."""
+    H = attn.heads
+    qk = _heads8(qk, H)
+    out = common.attention_8bit(qk, value.unflatten(2, (H, -1))).flatten(2, 3)
+    if image:
+        key_img, value_img = image
+        k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
+        out = out + common.attention_8bit(qk, value_img.unflatten(2, (H, -1)), k=k_img.q,
+                                          k_scale=k_img.q_scale).flatten(2, 3)
+    return out
+
+
+def projected(attn, query, key, value, image=(), rotary_emb=None):
+    """``attn`` as its processor sees it (:class:`~ditfuse.patching.common.Projected`) with Q /
+    K normalised (and rotated) by :func:`norm_rope` and, with ``image`` (I2V: its key and
+    value projections), the image keys by ``norm_added_k``; the processor is then called
+    without its rotary table, and the output projection is left to the caller."""
+    query, key = norm_rope(attn, query, key, rotary_emb)
+    if not image:
+        return common.Projected(attn, out=False, to_q=query, to_k=key, to_v=value)
+    key_img, _ = _qk(image[0], attn.norm_added_k, attn.heads)
+    return common.Projected(attn, out=False, to_q=query, to_k=key, to_v=value, add_k_proj=key_img,
+                            add_v_proj=image[1])
 
 
 def _make_processor(tw=None, base=None, skyreels: bool = False):
     """The fused subclass of processor class ``base`` of module ``tw`` (default Wan's
-    ``WanAttnProcessor``; Wan Animate's copy of it, or SkyReels-V2's, ``skyreels``; ``tw``
-    gives the module's own projection helpers): the same code but for the context-parallel
-    config, which SkyReels passes to every attention call and Wan only to self-attention
-    (diffusers PR 12909)."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-
+    ``WanAttnProcessor``; Wan Animate's or ChronoEdit's copy of it, or SkyReels-V2's,
+    ``skyreels``; ``tw`` gives the module's own projection helpers). The 16-bit path runs
+    the base processor's own code on the fused Q / K (:func:`projected`), so its attention
+    calls keep their context-parallel config, which SkyReels passes to every attention call
+    and Wan only to self-attention (diffusers PR 12909); the 8-bit path decides on the same
+    config (``skyreels``)."""
     if tw is None:
         from diffusers.models.transformers import transformer_wan as tw
         base = tw.WanAttnProcessor
 
     class DitfuseWanAttnProcessor(base):
-        """WanAttnProcessor (or SkyReelsV2AttnProcessor) with QK-norm (across heads) + RoPE
-        fused into one kernel, and the I2V ``norm_added_k`` through the same kernel.
+        """WanAttnProcessor (or a copy of it, or SkyReelsV2AttnProcessor) with QK-norm
+        (across heads) + RoPE fused into one kernel, and the I2V ``norm_added_k`` through the
+        same kernel.
 
         Falls back to the base processor's ``__call__`` when autograd needs gradients, when a
         q/k norm is not ``torch.nn.RMSNorm`` / ``Identity``, or when ``rotary_emb`` is not a
@@ -74,11 +113,10 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
 
         The eager processor's arithmetic when the RoPE tables are fp32 (as
         ``from_pretrained`` keeps them, ``_keep_in_fp32_modules``), up to the order in which
-        the norm's fp32 statistic is summed (bitwise at the tiny models; on the H200 at a
-        14B-size norm across heads, 99.999% of the bf16 elements equal torch's RMSNorm, the
-        rest one unit apart, 2026-12-02: docs/design/qk_norm_rope.md); a model cast
-        whole with ``.to(bfloat16)`` has bf16 tables, where eager Wan rounds every RoPE
-        product in bf16 and the kernel rounds once (within a rounding).
+        the norm's fp32 statistic is summed (within one rounding; bitwise at the tiny models:
+        docs/design/end_to_end.md); a model cast whole with ``.to(bfloat16)`` has bf16
+        tables, where eager Wan rounds every RoPE product in bf16 and the kernel rounds once
+        (within a rounding).
 
         With ``patch(attention="fp8")`` the same kernel also writes Q and K as int8 with
         per-token scales, and self-, cross- and I2V image attention run on
@@ -92,87 +130,39 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
 
         def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                      rotary_emb=None):
-            ok = (norms_ok(attn.norm_q, attn.norm_k)
-                  and (attn.add_k_proj is None or norms_ok(attn.norm_added_k))
-                  and not grad_needed(hidden_states, encoder_hidden_states)
-                  and not params_need_grad(attn))
+            ok = (common.norms_ok(attn.norm_q, attn.norm_k)
+                  and (attn.add_k_proj is None or common.norms_ok(attn.norm_added_k))
+                  and not common.grad_needed(hidden_states, encoder_hidden_states)
+                  and not common.params_need_grad(attn))
             if ok and rotary_emb is not None:
                 ok = (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2
                       and rotary_emb[0].dim() == 4 and rotary_emb[0].shape[2] == 1)
             if not ok:
                 return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                         rotary_emb)
-            encoder_hidden_states_img = None
-            if attn.add_k_proj is not None:
-                image_context_length = encoder_hidden_states.shape[1] - 512
-                encoder_hidden_states_img = encoder_hidden_states[:, :image_context_length]
-                encoder_hidden_states = encoder_hidden_states[:, image_context_length:]
-
-            query, key, value = tw._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-            H = attn.heads
-            img = ()
-            if encoder_hidden_states_img is not None:
-                img = tw._get_added_kv_projections(attn, encoder_hidden_states_img)
-            eight = (use_8bit(self, query, value, value.shape[-1] // H, attention_mask,
-                              self._parallel_config if skyreels or encoder_hidden_states is None
-                              else None)
+            context, image = encoder_hidden_states, None
+            if attn.add_k_proj is not None:  # I2V: the image tokens, then 512 text tokens
+                n = encoder_hidden_states.shape[1] - 512
+                image, context = encoder_hidden_states[:, :n], encoder_hidden_states[:, n:]
+            query, key, value = tw._get_qkv_projections(attn, hidden_states, context)
+            img = () if image is None else tw._get_added_kv_projections(attn, image)
+            parallel = self._parallel_config if skyreels or context is None else None
+            eight = (common.use_8bit(self, query, value, value.shape[-1] // attn.heads,
+                                     attention_mask, parallel)
                      and key.shape[1] > 0 and (not img or (
                          img[0].shape[1] > 0 and (not skyreels or self._parallel_config is None))))
 
             def attend_16bit(query, key, value, *img):
-                if rotary_emb is not None and query.shape == key.shape:
-                    query, key = _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k)
-                else:
-                    query, _ = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)))
-                    key, _ = _qk(key, attn.norm_k, H)
-                query = query.unflatten(2, (H, -1))
-                key = key.unflatten(2, (H, -1))
-                value = value.unflatten(2, (H, -1))
-
-                hidden_states_img = None
-                if img:
-                    key_img, value_img = img
-                    key_img, _ = _qk(key_img, attn.norm_added_k, H)
-                    key_img = key_img.unflatten(2, (H, -1))
-                    value_img = value_img.unflatten(2, (H, -1))
-                    hidden_states_img = dispatch_attention_fn(
-                        query, key_img, value_img, attn_mask=None, dropout_p=0.0, is_causal=False,
-                        backend=self._attention_backend,
-                        parallel_config=self._parallel_config if skyreels else None)
-                    hidden_states_img = hidden_states_img.flatten(2, 3).type_as(query)
-
-                hidden_states = dispatch_attention_fn(
-                    query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                    backend=self._attention_backend,
-                    parallel_config=(self._parallel_config if skyreels or encoder_hidden_states is None
-                                     else None))
-                hidden_states = hidden_states.flatten(2, 3).type_as(query)
-                if hidden_states_img is not None:
-                    hidden_states = hidden_states + hidden_states_img
-                return hidden_states
+                view = projected(attn, query, key, value, img, rotary_emb)
+                return base.__call__(self, view, hidden_states, encoder_hidden_states,
+                                     attention_mask)
 
             def attend_8bit(query, key, value, *img):
-                # Q (and K) normalised (and rotated) and quantized by one kernel; the I2V
-                # image keys attended with the same quantized Q
-                if rotary_emb is not None and query.shape == key.shape:
-                    qk = _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k,
-                             quantize="int8")
-                else:
-                    q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize="int8")
-                    k = _qk(key, attn.norm_k, H, quantize="int8")
-                    qk = QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
-                qk = _heads8(qk, H)
-                hidden_states = attention_8bit(qk, value.unflatten(2, (H, -1))).flatten(2, 3)
-                if img:
-                    key_img, value_img = img
-                    k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
-                    hidden_states = hidden_states + attention_8bit(
-                        qk, value_img.unflatten(2, (H, -1)), k=k_img.q,
-                        k_scale=k_img.q_scale).flatten(2, 3)
-                return hidden_states
+                qk = norm_rope(attn, query, key, rotary_emb, quantize="int8")
+                return attention_8bit_i2v(attn, qk, value, img)
 
-            hidden_states = attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                   (query, key, value, *img))
+            hidden_states = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
+                                          (query, key, value, *img))
             hidden_states = attn.to_out[0](hidden_states)
             hidden_states = attn.to_out[1](hidden_states)
             return hidden_states
@@ -187,7 +177,8 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     """WanTransformerBlock.forward with the three AdaLN chains fused (same arithmetic: fp32
     math, the model's casts): norm1 + modulate; gated residual + norm2; residual + norm3 +
     modulate; the FFN's gated residual (which feeds the next block) alone."""
-    if grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self):
+    if common.grad_needed(hidden_states, temb) or common.params_need_grad(self) or \
+            not _block_ok(self):
         # the class's own forward (bound on exact WanTransformerBlock types: Wan's, or Wan
         # Animate's copy of it)
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
@@ -205,8 +196,8 @@ def _skyreels_block_forward(self, hidden_states, encoder_hidden_states, temb, ro
     temb (B, 6, S, D) gives per-token modulation, and self-attention takes its mask."""
     from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2TransformerBlock
 
-    if grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self) or \
-            temb.dim() not in (3, 4):
+    if common.grad_needed(hidden_states, temb) or common.params_need_grad(self) or \
+            not _block_ok(self) or temb.dim() not in (3, 4):
         return SkyReelsV2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
                                                   rotary_emb, attention_mask)
     if temb.dim() == 4:
@@ -307,11 +298,9 @@ def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
 def _patch(model, report, qk_norm_rope, adaln, module, proc_base, block_cls, block_fwd, skyreels,
            attention=True):
     if qk_norm_rope:
-        fp8 = attention == FP8
-        proc = processor_factory(_make_processor(module, proc_base, skyreels), fp8)
-        replace_processors(model, report, {proc_base: proc},
-                           fp8_label("attention processors (QK-norm + RoPE)", fp8))
+        common.replace_qk_processors(
+            model, report, {proc_base: _make_processor(module, proc_base, skyreels)}, attention)
     if adaln:  # only blocks whose norms the chain reproduces: the report counts what runs
         for m in model.modules():
-            if type(m) is block_cls and _block_ok(m) and bind_forward(m, block_fwd, report):
+            if type(m) is block_cls and _block_ok(m) and common.bind_forward(m, block_fwd, report):
                 report.add("blocks (AdaLN)")

@@ -12,8 +12,16 @@ import math
 import torch
 
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import FP8, QuantizedQK, attention_8bit, bind_forward, fp8_label, grad_needed, norms_ok, params_need_grad, processor_factory, replace_processors, table_once, use_8bit
-from ditfuse.patching.wan import _heads8, _qk, chain_norms_ok, wan_chain
+from ditfuse.patching import common
+from ditfuse.patching.wan import (
+    _heads8,
+    _qk,
+    attention_8bit_i2v,
+    chain_norms_ok,
+    norm_rope,
+    projected,
+    wan_chain,
+)
 
 
 def _grid_list(grid_sizes) -> list | None:
@@ -66,7 +74,7 @@ def _rope_tables(freqs, grid, stride, S):
     object (the model's ``rope_freqs_cache`` keeps one a stream) with the same grid. One slot
     a table: the last grid's tables (a new resolution replaces them, so a long-lived table
     does not collect one set per resolution ever run)."""
-    slot = table_once(freqs, "wan-animate-2", lambda f: {})
+    slot = common.table_once(freqs, "wan-animate-2", lambda f: {})
     key = (tuple(grid), stride, S)
     if slot.get("key") != key:
         slot["tables"] = _tables(freqs, grid, stride, S)
@@ -91,17 +99,19 @@ def _make_processors():
         """WanAnimate2AttnProcessor with the QK-norm (across heads) and ``rope_apply`` as
         ditfuse kernels: "extract" normalises K once (the cached rows), rotates them, and
         normalises + rotates Q in one pass; "cached" normalises + rotates Q and K in one pass
-        and rotates the cached reference K; the packing and attention are the processor's.
+        and rotates the cached reference K; the packing and attention as the processor's.
+
+        ``rope_apply`` is a function of the processor's module that it calls directly (no
+        per-instance swap), so the processor's code is not run here: "cached"'s packing is
+        rewritten in :func:`_packed_attention`.
 
         Numerical contract: the norms within one rounding of ``torch.nn.RMSNorm`` (their
-        fp32 statistic summed in another order: on the H200 99.999% of the bf16 elements
-        equal, the rest one unit apart); the rotation in fp32 without fused multiply-add on
-        the multipliers rounded from fp64 to fp32, where ``rope_apply`` multiplies in fp64
-        and rounds to fp32 and then to the activation dtype: within one rounding of the
-        result plus a few fp32 roundings of the pair's size (where the rotation cancels, many
-        bf16 units of the tiny result). H200, the 14B denoising shape, 2026-12-02: 99.998%
-        of the rotated bf16 Q / K elements equal to the processor's
-        (docs/design/qk_norm_rope.md).
+        fp32 statistic summed in another order: docs/design/end_to_end.md); the rotation in fp32 without fused
+        multiply-add on the multipliers rounded from fp64 to fp32, where ``rope_apply``
+        multiplies in fp64 and rounds to fp32 and then to the activation dtype: within one
+        rounding of the result plus a few fp32 roundings of the pair's size (where the
+        rotation cancels, many bf16 units of the tiny result; measured:
+        docs/design/qk_norm_rope.md).
 
         Falls back to the base processor when autograd needs gradients, a norm is not one
         the kernel reads, or the rotary table / grid is not one :func:`_tables` reproduces.
@@ -125,8 +135,8 @@ def _make_processors():
             H = attn.heads
             ok = (kv_cache_mode in ("extract", "cached") and hidden_states.dim() == 3
                   and hidden_states.shape[-1] % H == 0
-                  and norms_ok(attn.norm_q, attn.norm_k)
-                  and not grad_needed(hidden_states) and not params_need_grad(attn))
+                  and common.norms_ok(attn.norm_q, attn.norm_k)
+                  and not common.grad_needed(hidden_states) and not common.params_need_grad(attn))
             grid = _grid_list(grid_sizes) if ok else None
             S = hidden_states.shape[1]
             D = hidden_states.shape[-1] // H if ok else 0
@@ -150,12 +160,12 @@ def _make_processors():
                 # two agree as the processor's do (one norm, then rope_apply)
                 key, _ = _qk(key, attn.norm_k, H)
                 kv_cache.store(key.unflatten(2, (H, -1)), value)
-                if use_8bit(self, query, value, D, None, self._parallel_config):
+                if common.use_8bit(self, query, value, D, None, self._parallel_config):
                     q = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
                                      rotary_dim=D, quantize="int8")
                     k = _rotate(key, cos, sin, H, quantize="int8")
-                    qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
-                    hidden_states = attention_8bit(qk, value).flatten(2, 3)
+                    qk = _heads8(common.QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
+                    hidden_states = common.attention_8bit(qk, value).flatten(2, 3)
                     hidden_states = attn.to_out[0](hidden_states)
                     return attn.to_out[1](hidden_states)
                 query = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
@@ -183,11 +193,12 @@ def _make_processors():
 
     class DitfuseWanAnimate2CrossAttnProcessor(ta.WanAnimate2CrossAttnProcessor):
         """WanAnimate2CrossAttnProcessor with ``norm_q``, ``norm_k`` and the CLIP keys'
-        ``norm_added_k`` (RMSNorms across heads) as ditfuse kernels: the norms within one
-        rounding of ``torch.nn.RMSNorm`` (the statistic's summation order). Falls back to the base processor
-        when autograd needs gradients or a norm is not one the kernel reads. With
-        ``patch(attention="fp8")``: Q and the (text, image) keys quantized by their kernels and
-        both attentions (no mask) on 8 bits where ``common.use_8bit`` holds."""
+        ``norm_added_k`` (RMSNorms across heads) as ditfuse kernels (within one rounding of
+        ``torch.nn.RMSNorm``: the statistic's summation order), the processor's own code
+        around them (:func:`~ditfuse.patching.wan.projected`). Falls back to the base
+        processor when autograd needs gradients or a norm is not one the kernel reads. With
+        ``patch(attention="fp8")``: Q and the (text, image) keys quantized by their kernels
+        and both attentions (no mask) on 8 bits where ``common.use_8bit`` holds."""
 
         _ditfuse = True
         _ditfuse_fp8 = False
@@ -198,50 +209,28 @@ def _make_processors():
             with_image = encoder_hidden_states_image is not None
             ok = (hidden_states.dim() == 3 and encoder_hidden_states.dim() == 3
                   and hidden_states.shape[-1] % H == 0
-                  and norms_ok(attn.norm_q, attn.norm_k)
-                  and (not with_image or norms_ok(attn.norm_added_k))
-                  and not grad_needed(hidden_states, encoder_hidden_states, encoder_hidden_states_image)
-                  and not params_need_grad(attn))
+                  and common.norms_ok(attn.norm_q, attn.norm_k)
+                  and (not with_image or common.norms_ok(attn.norm_added_k))
+                  and not common.grad_needed(hidden_states, encoder_hidden_states,
+                                             encoder_hidden_states_image)
+                  and not common.params_need_grad(attn))
             if not ok:
                 return super().__call__(attn, hidden_states, encoder_hidden_states,
                                         encoder_hidden_states_image)
             query, key, value = ta._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-            if use_8bit(self, query, value, value.shape[-1] // H, None, self._parallel_config):
-                return self._call_8bit(attn, query, key, value, encoder_hidden_states_image)
-            query, _ = _qk(query, attn.norm_q, H)
-            key, _ = _qk(key, attn.norm_k, H)
-            query = query.unflatten(2, (H, -1))
-            hidden_states = dispatch_attention_fn(
-                query, key.unflatten(2, (H, -1)), value.unflatten(2, (H, -1)), attn_mask=None,
-                backend=self._attention_backend, parallel_config=self._parallel_config)
-            hidden_states = hidden_states.flatten(2, 3).type_as(query)
+            img = ()
             if with_image:
-                key_image, value_image = ta._get_added_kv_projections(attn, encoder_hidden_states_image)
-                key_image, _ = _qk(key_image, attn.norm_added_k, H)
-                hidden_states_image = dispatch_attention_fn(
-                    query, key_image.unflatten(2, (H, -1)), value_image.unflatten(2, (H, -1)),
-                    attn_mask=None, backend=self._attention_backend,
-                    parallel_config=self._parallel_config)
-                hidden_states = hidden_states + hidden_states_image.flatten(2, 3).type_as(query)
+                img = ta._get_added_kv_projections(attn, encoder_hidden_states_image)
+            if common.use_8bit(self, query, value, value.shape[-1] // H, None,
+                               self._parallel_config):
+                qk = norm_rope(attn, query, key, quantize="int8")
+                hidden_states = attention_8bit_i2v(attn, qk, value, img)
+            else:  # the processor's own code on the normalised Q / K and image keys
+                hidden_states = super().__call__(projected(attn, query, key, value, img),
+                                                 hidden_states, encoder_hidden_states,
+                                                 encoder_hidden_states_image)
             hidden_states = attn.to_out[0](hidden_states)
-            hidden_states = attn.to_out[1](hidden_states)
-            return hidden_states
-
-        def _call_8bit(self, attn, query, key, value, encoder_hidden_states_image):
-            H = attn.heads
-            q = _qk(query, attn.norm_q, H, quantize="int8")
-            k = _qk(key, attn.norm_k, H, quantize="int8")
-            qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
-            hidden_states = attention_8bit(qk, value.unflatten(2, (H, -1))).flatten(2, 3)
-            if encoder_hidden_states_image is not None:
-                key_image, value_image = ta._get_added_kv_projections(attn, encoder_hidden_states_image)
-                k_img = _heads8(_qk(key_image, attn.norm_added_k, H, quantize="int8"), H)
-                hidden_states = hidden_states + attention_8bit(
-                    qk, value_image.unflatten(2, (H, -1)), k=k_img.q,
-                    k_scale=k_img.q_scale).flatten(2, 3)
-            hidden_states = attn.to_out[0](hidden_states)
-            hidden_states = attn.to_out[1](hidden_states)
-            return hidden_states
+            return attn.to_out[1](hidden_states)
 
     return {ta.WanAnimate2AttnProcessor: DitfuseWanAnimate2AttnProcessor,
             ta.WanAnimate2CrossAttnProcessor: DitfuseWanAnimate2CrossAttnProcessor}
@@ -303,8 +292,8 @@ def _block_forward(self, hidden_states, temb, encoder_hidden_states, kv_cache, k
                    reference_rotary_emb=reference_rotary_emb, reference_grid_sizes=reference_grid_sizes,
                    reference_rope_stride=self.refer_stride, attention_mask=attention_mask,
                    origin_latent_frames=origin_latent_frames, origin_latent_hw=origin_latent_hw)
-    if (grad_needed(hidden_states, temb) or params_need_grad(self) or not _block_ok(self)
-            or temb.dtype != torch.float32 or temb.dim() != 3):
+    if (common.grad_needed(hidden_states, temb) or common.params_need_grad(self)
+            or not _block_ok(self) or temb.dtype != torch.float32 or temb.dim() != 3):
         return WanAnimate2TransformerBlock.forward(
             self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode, rotary_emb,
             grid_sizes, encoder_hidden_states_image, reference_rotary_emb, reference_grid_sizes,
@@ -320,11 +309,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2TransformerBlock
 
     if qk_norm_rope:
-        fp8 = attention == FP8
-        replace_processors(model, report,
-                           {k: processor_factory(v, fp8) for k, v in _make_processors().items()},
-                           fp8_label("attention processors (QK-norm + RoPE)", fp8))
+        common.replace_qk_processors(model, report, _make_processors(), attention)
     if adaln:
         for m in model.modules():
-            if type(m) is WanAnimate2TransformerBlock and _block_ok(m) and bind_forward(m, _block_forward, report):
+            if type(m) is WanAnimate2TransformerBlock and _block_ok(m) and \
+                    common.bind_forward(m, _block_forward, report):
                 report.add("blocks (AdaLN)")
