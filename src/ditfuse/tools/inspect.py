@@ -8,8 +8,9 @@ would build it, and measured:
   production shape, with the kernel launch intercepted; the intercepted arguments go
   through Triton's own argument specialization (ints equal to 1 become constexprs, ints
   and pointers divisible by 16 get the divisibility attribute, large ints become i64),
-  so the signature, constexprs (HG/P0/P1 from ``launch_settings``), attributes and
-  options (``num_warps``, ``enable_fp_fusion=False``) are those of the shipped build;
+  so the signature, constexprs (the heads a program and their pieces from
+  ``launch_settings``), attributes and options (``num_warps``, ``enable_fp_fusion=False``)
+  are those of the shipped build;
 * ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` gives PTX, the cubin and the
   shared memory the launch requests;
 * the ``ptxas`` of the Triton wheel is run again on that PTX with Triton's own flags plus
@@ -315,20 +316,24 @@ def _build(spec: Spec) -> Dict:
     # the launch settings the call used, against the analytical table
     nw = kwargs["num_warps"]
     has_k = bool(kwargs.get("HAS_K", True))
+    itemsize = args[0].element_size()
     if kernel is _qk_norm_rope_flat_kernel:  # a whole token a program, no head groups
         hg, p0, p1 = spec.H, kwargs["N0"], kwargs["N1"]
-        table = qkr.flat_settings(spec.H, spec.D, has_k, args[0].element_size())
-        if (p0, p1, nw, kwargs["SPLIT_QK"]) != (table[0], table[1], table[4], table[5]):
-            raise RuntimeError(f"{spec.name}: flat launch used pieces / warps {(p0, p1, nw)}, "
-                               f"flat_settings gives {table}")
+        st = qkr.launch_settings(spec.H, spec.D, flat=True, has_k=has_k, itemsize=itemsize)
+        used = (p0, p1, nw, kwargs["SPLIT_QK"])
+        if used != (st.piece0, st.piece1, st.num_warps, st.split_qk):
+            raise RuntimeError(f"{spec.name}: flat launch used pieces / warps / split {used}, "
+                               f"launch_settings gives {st}")
     else:
-        hg, p0, p1 = kwargs["HG"], kwargs["P0"], kwargs["P1"]
-        span_all = bool(kwargs.get("Q_SPAN_ALL") or kwargs.get("K_SPAN_ALL"))
-        table = tuple(qkr.launch_settings(spec.H, spec.D, span_all, has_k,
-                                          args[0].element_size()))
-        if kernel is _qk_norm_rope_kernel and (hg, p0, p1, nw) != table:
-            raise RuntimeError(f"{spec.name}: launch used HG/P0/P1/num_warps "
-                               f"{(hg, p0, p1, nw)}, launch_settings gives {table}")
+        tile = kwargs["TILE"]
+        hg, p0, p1 = tile.heads, tile.piece0, tile.piece1
+        span_all = bool(kwargs["Q_NORM"].span_all or kwargs["K_NORM"].span_all)
+        st = qkr.launch_settings(spec.H, spec.D, flat=False, has_k=has_k, itemsize=itemsize,
+                                 span_all=span_all)
+        if kernel is _qk_norm_rope_kernel and (hg, p0, p1, nw) != (
+                st.heads, st.piece0, st.piece1, st.num_warps):
+            raise RuntimeError(f"{spec.name}: launch used heads / pieces / num_warps "
+                               f"{(hg, p0, p1, nw)}, launch_settings gives {st}")
     return dict(
         S=spec.S, kernel=kernel.fn.__name__, grid=list(grid), hg=hg, p0=p0, p1=p1,
         num_warps=ck.metadata.num_warps, smem=ck.metadata.shared,
