@@ -10,10 +10,10 @@ log2(e)-scaled scores), over only the key tiles that intersect the band
     i - LEFT <= j <= i + RIGHT    (FlashAttention's window_size=(left, right))
 
 of its queries: key tiles from ``max(0, start_m - LEFT)`` (the tile's first key, not
-aligned to BLOCK_N) up to ``min(N, start_m + STEP_M + RIGHT)``, masked per element (band and ``j < N``). Both
-matrix products run on tensor cores (``tl.dot``): bf16/fp16 operands (the probabilities
-are rounded to the input dtype before P @ V, as FlashAttention does) or, for fp32
-inputs, tf32 operands; fp32 accumulation throughout.
+aligned to BLOCK_N) up to ``min(N, start_m + STEP_M + RIGHT)``, masked per element (band and
+``j < N``). Both matrix products run on tensor cores (``tl.dot``): bf16/fp16 operands (the
+probabilities are rounded to the input dtype before P @ V, as FlashAttention does) or, for
+fp32 inputs, tf32 operands; fp32 accumulation throughout.
 
 Differential mode (``DIFF``): a second query/key pair shares the V tile, which is loaded
 once per key tile and multiplied by both probability tiles; the output is
@@ -34,15 +34,25 @@ Loop: ``range(lo, hi, BLOCK_N)`` on the GPU (software-pipelined); under Triton's
 interpreter the same tiles in the same order as a ``while`` loop (the interpreter's
 scalars are 1-element arrays that numpy >= 2.3 will not turn into range bounds).
 
+Arguments: a tensor travels with its (b, s, h, d) strides as one tuple, and the helpers
+read one (batch, head)'s slice of it as a :class:`HeadRows`; a norm's compile-time
+description is a :class:`~ditfuse.kernels.common.NormFlags`, its run-time scalars a
+:class:`~ditfuse.kernels.common.NormArgs`, the rotation's a
+:class:`~ditfuse.kernels.common.RopeFlags`. Tiles are as wide as the head dim padded to a
+power of two >= 16 (``_tile``).
+
 Offsets: every tile's base (batch, head, first row) is an int64 scalar; offsets inside a
 tile are int32 unless ``OFF64`` (strides so large that BLOCK * stride could pass 2^31).
 """
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
+import triton
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _ex2, _rnd
-from ditfuse.kernels.common import _alpha, _norm_affine
+from ditfuse.kernels.common import LAYER, NO_NORM, RMS, _alpha, _norm_affine
 from ditfuse.runtime.backend import INTERPRET, jit
 
 # Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor
@@ -50,6 +60,38 @@ from ditfuse.runtime.backend import INTERPRET, jit
 # truncated the same way, so CPU results carry the GPU's tf32 error.
 _SOFT_TF32 = tl.constexpr(INTERPRET)
 _INTERP_LOOP = tl.constexpr(INTERPRET)
+
+
+@triton.constexpr_function
+def _tile(n):
+    """``n`` channels padded to a power of two >= 16 (a dot's least K; the launcher's
+    ``tile_dim``)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+class HeadRows(NamedTuple):
+    """One (batch, head)'s (N, D) slice of a (B, N, H, D) tensor, as the helpers read it:
+    the tensor, the slice's int64 element offset, its token and channel strides."""
+
+    ptr: Any
+    base: Any
+    stride_s: Any
+    stride_d: Any
+
+
+class NormPtrs(NamedTuple):
+    """A norm's tensors: weight, bias and DyT's alpha (the query itself where absent)."""
+
+    w: Any
+    b: Any
+    alpha: Any
+
+
+@jit
+def _head_rows(ptr, strides, b, h):
+    """The :class:`HeadRows` of batch ``b``, head ``h`` of a tensor with (b, s, h, d)
+    ``strides``."""
+    return HeadRows(ptr, b * strides[0] + h * strides[2], strides[1], strides[3])
 
 
 @jit
@@ -82,172 +124,160 @@ def _dot_operand(x, ACT: tl.constexpr, PREC: tl.constexpr):
 
 
 @jit
-def _tile_ptrs(ptr, base, start, stride_s, stride_d, cols,
-               BLOCK: tl.constexpr, OFF64: tl.constexpr):
-    """Pointers of rows ``start .. start + BLOCK`` and columns ``cols`` of a (N, D) slice;
-    ``base`` is the int64 offset of the slice, the tile's first row is added in int64."""
+def _tile_ptrs(x, start, cols, BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Pointers of rows ``start .. start + BLOCK`` and columns ``cols`` of the slice ``x``
+    (:class:`HeadRows`); the tile's first row is added in int64."""
     r = tl.arange(0, BLOCK)
     if OFF64:
         r = r.to(tl.int64)
         cols = cols.to(tl.int64)
-    row0 = base + start.to(tl.int64) * stride_s
-    return ptr + row0 + (r * stride_s)[:, None] + (cols * stride_d)[None, :]
+    row0 = x.base + start.to(tl.int64) * x.stride_s
+    return x.ptr + row0 + (r * x.stride_s)[:, None] + (cols * x.stride_d)[None, :]
 
 
 @jit
-def _cols_mask(rmask, cmask, D: tl.constexpr, D_PAD: tl.constexpr):
+def _cols_mask(rmask, cmask, D: tl.constexpr):
     """Rows ``rmask`` x columns ``cmask`` as a load / store mask; the column test only where
-    the head dim is padded (D_PAD > D), so power-of-two head dims build as before."""
-    if D_PAD == D:
+    the head dim is padded, so power-of-two head dims build as before."""
+    if _tile(D) == D:
         return rmask[:, None]
     else:
         return rmask[:, None] & cmask[None, :]
 
 
 @jit
-def _load_cols(ptr, base, start, rmask, stride_s, stride_d, cols, cmask,
-               BLOCK: tl.constexpr, OFF64: tl.constexpr):
-    """Columns ``cols`` of rows ``start .. start + BLOCK`` as fp32, zero where masked."""
+def _load_cols(x, start, rmask, cols, cmask, BLOCK: tl.constexpr, OFF64: tl.constexpr):
+    """Columns ``cols`` of rows ``start .. start + BLOCK`` of ``x`` as fp32, zero where
+    masked."""
     m = rmask[:, None] & cmask[None, :]
-    return tl.load(_tile_ptrs(ptr, base, start, stride_s, stride_d, cols, BLOCK, OFF64),
-                   mask=m, other=0.0).to(tl.float32), m
+    t = tl.load(_tile_ptrs(x, start, cols, BLOCK, OFF64), mask=m, other=0.0)
+    return t.to(tl.float32), m
 
 
 @jit
-def _norm_piece(x, m, w_ptr, b_ptr, cols, cmask, mean, rstd, alpha,
-                NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
-    """Normalise one piece (channels ``cols``), rounded to the activation dtype; zero in
+def _norm_piece(x, m, norm, cols, cmask, mean, rstd, alpha, NORM: tl.constexpr,
+                ACT: tl.constexpr):
+    """Normalise one piece (channels ``cols``) with the norm ``NORM`` (:class:`NormFlags`;
+    its tensors ``norm``: :class:`NormPtrs`), rounded to the activation dtype; zero in
     padding columns (a DyT bias would otherwise leak into the scores)."""
     w = 1.0
     b = 0.0
-    if HAS_W:
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if HAS_B:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+    if NORM.has_w:
+        w = tl.load(norm.w + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if NORM.has_b:
+        b = tl.load(norm.b + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM=NORM.kind, HAS_W=NORM.has_w,
+                     HAS_B=NORM.has_b, ROUND_PRE_W=NORM.round_pre_w, ACT=ACT)
     return tl.where(m, _rnd(y, ACT), 0.0)
 
 
 @jit
-def _load_qk(x_ptr, base, start, rmask, stride_s, stride_d,
-             w_ptr, b_ptr, a_ptr, alpha_val, eps,
-             cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-             D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
-             PASS_PAD: tl.constexpr, BLOCK: tl.constexpr,
-             NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-             ALPHA_PTR: tl.constexpr, ROUND_PRE_W: tl.constexpr,
-             ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
-             ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
-    """A Q or K tile of BLOCK rows, ready for tl.dot: [norm -> round] [-> rotate -> round].
+def _load_qk(x, start, rmask, norm, args, cos, sin,
+             D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr,
+             ROPE: tl.constexpr, ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
+    """A Q or K tile of BLOCK rows of ``x`` (:class:`HeadRows`), ready for tl.dot: [norm ->
+    round] [-> rotate -> round]. ``NORM``: :class:`NormFlags` (``norm``: its tensors,
+    ``args``: its :class:`NormArgs`); ``ROPE``: :class:`RopeFlags` over the first ``R``
+    channels, ``cos`` / ``sin`` the tables' :class:`HeadRows`.
 
-    Without RoPE: one [BLOCK, D_PAD] tile, zero in the columns past D (and two unused
-    zeros). With RoPE: three pieces, as
-    ``qk_norm_rope`` holds them: the a and b channels of every rotary pair, [BLOCK,
-    HALF_PAD] each, and the pass-through channels [BLOCK, PASS_PAD] (zero-width when
-    R == D). The scores are then the sum of three dots, q_a.k_a + q_b.k_b + q_p.k_p: the
-    rotation needs no register shuffle and no channel is loaded twice.
+    Without RoPE: one [BLOCK, D padded] tile, zero in the columns past D (and two unused
+    zeros). With RoPE: three pieces, as ``qk_norm_rope`` holds them: the a and b channels of
+    every rotary pair, [BLOCK, R / 2 padded] each, and the pass-through channels [BLOCK,
+    D - R padded] (zero-width when R == D). The scores are then the sum of three dots,
+    q_a.k_a + q_b.k_b + q_p.k_p: the rotation needs no register shuffle and no channel is
+    loaded twice.
     """
-    alpha = _alpha(a_ptr, alpha_val, NORM, ALPHA_PTR)
-    if not ROPE:
+    alpha = _alpha(norm.alpha, args.alpha, NORM.kind, NORM.alpha_ptr)
+    if not ROPE.on:
+        D_PAD: tl.constexpr = _tile(D)
         d = tl.arange(0, D_PAD)
         dm = d < D
-        if NORM == 0:
-            x = tl.load(_tile_ptrs(x_ptr, base, start, stride_s, stride_d, d, BLOCK, OFF64),
-                        mask=_cols_mask(rmask, dm, D, D_PAD), other=0.0)
-            return _dot_operand(x, ACT, PREC), 0.0, 0.0
-        x, m = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, d, dm, BLOCK, OFF64)
+        if NORM.kind == NO_NORM:
+            v = tl.load(_tile_ptrs(x, start, d, BLOCK, OFF64), mask=_cols_mask(rmask, dm, D),
+                        other=0.0)
+            return _dot_operand(v, ACT, PREC), 0.0, 0.0
+        v, m = _load_cols(x, start, rmask, d, dm, BLOCK, OFF64)
         mean = 0.0
         rstd = 1.0
-        if NORM == 2:
-            mean = (tl.sum(x, 1) / D)[:, None]
-            xc = x - mean
+        if NORM.kind == LAYER:
+            mean = (tl.sum(v, 1) / D)[:, None]
+            xc = v - mean
             if D_PAD != D:  # padding columns hold 0, not the mean
                 xc = tl.where(m, xc, 0.0)
-            rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / D + eps))[:, None]
-        elif NORM == 1:
-            rstd = (1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps))[:, None]
-        y = _norm_piece(x, m, w_ptr, b_ptr, d, dm, mean, rstd, alpha,
-                        NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+            rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / D + args.eps))[:, None]
+        elif NORM.kind == RMS:
+            rstd = (1.0 / tl.sqrt(tl.sum(v * v, 1) / D + args.eps))[:, None]
+        y = _norm_piece(v, m, norm, d, dm, mean, rstd, alpha, NORM=NORM, ACT=ACT)
         return _dot_operand(y, ACT, PREC), 0.0, 0.0
     else:
         R2: tl.constexpr = R // 2
         P: tl.constexpr = D - R
-        i = tl.arange(0, HALF_PAD)
+        i = tl.arange(0, _tile(R2))
         im = i < R2
-        if INTERLEAVED:  # pairs (2i, 2i+1)
+        if ROPE.interleaved:  # pairs (2i, 2i+1)
             ca_col = 2 * i
             cb_col = 2 * i + 1
         else:  # rotate-half: pairs (i, i + R/2)
             ca_col = i
             cb_col = i + R2
-        xa, ma = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, ca_col, im,
-                            BLOCK, OFF64)
-        xb, mb = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, cb_col, im,
-                            BLOCK, OFF64)
-        j = R + tl.arange(0, PASS_PAD)
+        xa, ma = _load_cols(x, start, rmask, ca_col, im, BLOCK, OFF64)
+        xb, mb = _load_cols(x, start, rmask, cb_col, im, BLOCK, OFF64)
+        j = R + tl.arange(0, _tile(P))
         jm = j < D
         xp = 0.0
         if P > 0:
-            xp, mp = _load_cols(x_ptr, base, start, rmask, stride_s, stride_d, j, jm,
-                                BLOCK, OFF64)
-        if NORM != 0:
+            xp, mp = _load_cols(x, start, rmask, j, jm, BLOCK, OFF64)
+        if NORM.kind != NO_NORM:
             mean = 0.0
             rstd = 1.0
-            if NORM == 2:
+            if NORM.kind == LAYER:
                 tot = tl.sum(xa, 1) + tl.sum(xb, 1)
                 if P > 0:
                     tot += tl.sum(xp, 1)
                 mean = (tot / D)[:, None]
-            if NORM == 1 or NORM == 2:
+            if NORM.kind == RMS or NORM.kind == LAYER:
                 da = tl.where(ma, xa - mean, 0.0)
                 db = tl.where(mb, xb - mean, 0.0)
                 sq = tl.sum(da * da, 1) + tl.sum(db * db, 1)
                 if P > 0:
                     dp = tl.where(mp, xp - mean, 0.0)
                     sq += tl.sum(dp * dp, 1)
-                rstd = (1.0 / tl.sqrt(sq / D + eps))[:, None]
-            xa = _norm_piece(xa, ma, w_ptr, b_ptr, ca_col, im, mean, rstd, alpha,
-                             NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
-            xb = _norm_piece(xb, mb, w_ptr, b_ptr, cb_col, im, mean, rstd, alpha,
-                             NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+                rstd = (1.0 / tl.sqrt(sq / D + args.eps))[:, None]
+            xa = _norm_piece(xa, ma, norm, ca_col, im, mean, rstd, alpha, NORM=NORM, ACT=ACT)
+            xb = _norm_piece(xb, mb, norm, cb_col, im, mean, rstd, alpha, NORM=NORM, ACT=ACT)
             if P > 0:
-                xp = _norm_piece(xp, mp, w_ptr, b_ptr, j, jm, mean, rstd, alpha,
-                                 NORM, HAS_W, HAS_B, ROUND_PRE_W, ACT)
+                xp = _norm_piece(xp, mp, norm, j, jm, mean, rstd, alpha, NORM=NORM, ACT=ACT)
         # cos/sin of the a and b channel of each pair (a half-width table: one column each)
-        if TABLE_HALF:
+        if ROPE.table_half:
             ta_col = i
             tb_col = i
         else:
             ta_col = ca_col
             tb_col = cb_col
-        c_a, _ = _load_cols(cos_ptr, cbase, start, rmask, stride_cs, stride_cw, ta_col, im,
-                            BLOCK, OFF64)
-        s_a, _ = _load_cols(sin_ptr, sbase, start, rmask, stride_ss, stride_sw, ta_col, im,
-                            BLOCK, OFF64)
-        if TABLE_HALF:
+        c_a, _ = _load_cols(cos, start, rmask, ta_col, im, BLOCK, OFF64)
+        s_a, _ = _load_cols(sin, start, rmask, ta_col, im, BLOCK, OFF64)
+        if ROPE.table_half:
             c_b = c_a
             s_b = s_a
         else:
-            c_b, _ = _load_cols(cos_ptr, cbase, start, rmask, stride_cs, stride_cw, tb_col, im,
-                                BLOCK, OFF64)
-            s_b, _ = _load_cols(sin_ptr, sbase, start, rmask, stride_ss, stride_sw, tb_col, im,
-                                BLOCK, OFF64)
+            c_b, _ = _load_cols(cos, start, rmask, tb_col, im, BLOCK, OFF64)
+            s_b, _ = _load_cols(sin, start, rmask, tb_col, im, BLOCK, OFF64)
         # eager: x * cos + rotate_half(x) * sin, no fused multiply-add (qk_norm_rope's order)
         oa = _rnd(xa * c_a - xb * s_a, ACT)
         ob = _rnd(xb * c_b + xa * s_b, ACT)
-        return _dot_operand(oa, ACT, PREC), _dot_operand(ob, ACT, PREC), _dot_operand(xp, ACT, PREC)
+        return (_dot_operand(oa, ACT, PREC), _dot_operand(ob, ACT, PREC),
+                _dot_operand(xp, ACT, PREC))
 
 
 @jit
-def _scores(qa, qb, qp, ka, kb, kp, ROPE: tl.constexpr, HAS_PASS: tl.constexpr,
-            PREC: tl.constexpr):
-    """Raw scores q . k over all channels: one dot, or one per piece (RoPE)."""
-    s = tl.dot(qa, tl.trans(ka), input_precision=PREC)
-    if ROPE:
-        s = tl.dot(qb, tl.trans(kb), s, input_precision=PREC)
+def _scores(q, k, ROPE: tl.constexpr, HAS_PASS: tl.constexpr, PREC: tl.constexpr):
+    """Raw scores q . k over all channels: one dot, or one per piece (RoPE); ``q``, ``k``:
+    the (a, b, pass-through) pieces of :func:`_load_qk`."""
+    s = tl.dot(q[0], tl.trans(k[0]), input_precision=PREC)
+    if ROPE.on:
+        s = tl.dot(q[1], tl.trans(k[1]), s, input_precision=PREC)
         if HAS_PASS:
-            s = tl.dot(qp, tl.trans(kp), s, input_precision=PREC)
+            s = tl.dot(q[2], tl.trans(k[2]), s, input_precision=PREC)
     return s
 
 
@@ -270,42 +300,29 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 
 @jit
-def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
-              row_lo, row_span,
-              k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
-              stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
-              kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-              cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-              qk_scale, N,
-              D: tl.constexpr, D_PAD: tl.constexpr, R: tl.constexpr, HALF_PAD: tl.constexpr,
-              PASS_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
-              SPLIT_PV: tl.constexpr, K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
-              K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
-              ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+def _key_tile(start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo, row_span,
+              k, k2, v, k_norm, k_args, cos, sin, qk_scale, N,
+              D: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
+              SPLIT_PV: tl.constexpr, K_NORM: tl.constexpr, ROPE: tl.constexpr,
               ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
-    """One key tile: scores, online-softmax update and P @ V for one or both maps."""
+    """One key tile: scores, online-softmax update and P @ V for one or both maps. ``q1``,
+    ``q2``: the query tiles' pieces; ``k``, ``k2``, ``v``, ``cos``, ``sin``: the
+    (batch, head)'s :class:`HeadRows`."""
+    D_PAD: tl.constexpr = _tile(D)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     kmask = offs_n < N
     # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i], taken
     # as c - (lo_i - start_n) on the tile's column c (a subtraction a row, not an element)
     band = (tl.arange(0, BLOCK_N)[None, :] - (row_lo - start_n)[:, None]).to(
         tl.uint32, bitcast=True) <= row_span[:, None].to(tl.uint32, bitcast=True)
-    ka, kb, kp = _load_qk(k_ptr, k_base, start_n, kmask, stride_ks, stride_kd,
-                          kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
-                          stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
-                          K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
-    s1 = _scores(qa, qb, qp, ka, kb, kp, ROPE, R < D, PREC)
+    k1t = _load_qk(k, start_n, kmask, k_norm, k_args, cos, sin, D=D, R=R, BLOCK=BLOCK_N,
+                   NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64, PREC=PREC)
+    s1 = _scores(q1, k1t, ROPE=ROPE, HAS_PASS=R < D, PREC=PREC)
     p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
     if DIFF:
-        k2a, k2b, k2p = _load_qk(k2_ptr, k2_base, start_n, kmask, stride_k2s, stride_k2d,
-                                 kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
-                                 stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N,
-                                 K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
-        s2 = _scores(q2a, q2b, q2p, k2a, k2b, k2p, ROPE, R < D, PREC)
+        k2t = _load_qk(k2, start_n, kmask, k_norm, k_args, cos, sin, D=D, R=R, BLOCK=BLOCK_N,
+                       NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64, PREC=PREC)
+        s2 = _scores(q2, k2t, ROPE=ROPE, HAS_PASS=R < D, PREC=PREC)
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
     if SPLIT_PV:
@@ -316,11 +333,10 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
         # BLOCK_M >= D_PAD / 2 put the warps along the query rows, 16 rows each
         DH: tl.constexpr = D_PAD // 2
         dd = tl.arange(0, DH)
-        va = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
-                     mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
-        vb = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd + DH, BLOCK_N,
-                                OFF64),
-                     mask=_cols_mask(kmask, dd + DH < D, D, D_PAD), other=0.0)
+        va = tl.load(_tile_ptrs(v, start_n, dd, BLOCK_N, OFF64),
+                     mask=_cols_mask(kmask, dd < D, D), other=0.0)
+        vb = tl.load(_tile_ptrs(v, start_n, dd + DH, BLOCK_N, OFF64),
+                     mask=_cols_mask(kmask, dd + DH < D, D), other=0.0)
         va = _dot_operand(va, ACT, PREC)
         vb = _dot_operand(vb, ACT, PREC)
         pp1 = _dot_operand(p1, ACT, PREC)
@@ -332,29 +348,32 @@ def _key_tile(start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc
             acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision=PREC)
     else:
         dd = tl.arange(0, D_PAD)
-        v = tl.load(_tile_ptrs(v_ptr, v_base, start_n, stride_vs, stride_vd, dd, BLOCK_N, OFF64),
-                    mask=_cols_mask(kmask, dd < D, D, D_PAD), other=0.0)
-        v = _dot_operand(v, ACT, PREC)
-        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT, PREC), v, input_precision=PREC)
+        vt = tl.load(_tile_ptrs(v, start_n, dd, BLOCK_N, OFF64),
+                     mask=_cols_mask(kmask, dd < D, D), other=0.0)
+        vt = _dot_operand(vt, ACT, PREC)
+        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT, PREC), vt,
+                                           input_precision=PREC)
         if DIFF:
-            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT, PREC), v, input_precision=PREC)
+            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT, PREC), vt,
+                                               input_precision=PREC)
     return acc1, acc1b, m1, l1, acc2, acc2b, m2, l2
 
 
 @jit
-def _store_out(o_ptr, o_base, start_m, stride_os, stride_od, cols, smask, acc1, r1, acc2, c2,
-               D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-               DIFF: tl.constexpr, OFF64: tl.constexpr):
-    """``acc1 * r1 - acc2 * c2`` (or ``acc1 * r1``) for columns ``cols`` of the stored rows,
-    rounded once to the output dtype; ``r1 = 1 / l1`` and ``c2 = lambda / l2`` are per-row
-    factors, so an element costs a multiply and a fused multiply-add instead of two
-    divisions (each a reciprocal, a multiply and two range checks in ``div.full.f32``)."""
+def _store_out(o, start_m, cols, smask, acc1, r1, acc2, c2,
+               D: tl.constexpr, BLOCK_M: tl.constexpr, DIFF: tl.constexpr,
+               OFF64: tl.constexpr):
+    """``acc1 * r1 - acc2 * c2`` (or ``acc1 * r1``) for columns ``cols`` of the stored rows of
+    ``o`` (:class:`HeadRows`), rounded once to the output dtype; ``r1 = 1 / l1`` and ``c2 =
+    lambda / l2`` are per-row factors, so an element costs a multiply and a fused
+    multiply-add instead of two divisions (each a reciprocal, a multiply and two range
+    checks in ``div.full.f32``)."""
     out = acc1 * r1[:, None]
     if DIFF:
         out = tl.fma(acc2, -c2[:, None], out)
-    o_ptrs = _tile_ptrs(o_ptr, o_base, start_m, stride_os, stride_od, cols, BLOCK_M, OFF64)
-    tl.store(o_ptrs, _cast_out(out, o_ptr.dtype.element_ty),
-             mask=_cols_mask(smask, cols < D, D, D_PAD))
+    o_ptrs = _tile_ptrs(o, start_m, cols, BLOCK_M, OFF64)
+    tl.store(o_ptrs, _cast_out(out, o.ptr.dtype.element_ty),
+             mask=_cols_mask(smask, cols < D, D))
 
 
 @jit
@@ -368,43 +387,33 @@ def _swa_fwd_kernel(
     cos_ptr, sin_ptr,         # rotary tables, (B, N, H, W) broadcast views (ROPE)
     lam,                      # lambda as a Python float (not LAM_PTR)
     qk_scale,                 # softmax scale * log2(e)
-    q_alpha, k_alpha,         # DyT alpha as Python floats
-    q_eps, k_eps,
-    N, H: tl.constexpr, LEFT, RIGHT,  # tokens, heads (a constant: bh // H and bh % H by
-                              # multiplies), window (unbounded sides passed as N)
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_vb, stride_vs, stride_vh, stride_vd,
-    stride_q2b, stride_q2s, stride_q2h, stride_q2d,
-    stride_k2b, stride_k2s, stride_k2h, stride_k2d,
-    stride_ob, stride_os, stride_oh, stride_od,
-    stride_lam,
-    stride_cb, stride_cs, stride_ch, stride_cw,
-    stride_sb, stride_ss, stride_sh, stride_sw,
-    D: tl.constexpr,          # head_dim (1 .. 128)
-    D_PAD: tl.constexpr,      # D padded to a power of two >= 16 (tile width; columns past D
-                              # load 0 and are not stored)
+    q_args, k_args,           # NormArgs: each norm's (DyT alpha as a float, eps, n)
+    N, LEFT, RIGHT,           # tokens; the band's sides (unbounded ones passed as N)
+    q_strides, k_strides, v_strides,   # (b, s, h, d) strides of each tensor
+    q2_strides, k2_strides, o_strides,
+    lam_stride,
+    cos_strides, sin_strides,          # (b, s, h, w)
+    H: tl.constexpr,          # heads (a constant: bh // H and bh % H by multiplies)
+    D: tl.constexpr,          # head_dim (1 .. 128; tiles padded to a power of two >= 16,
+                              # columns past D load 0 and are not stored)
     R: tl.constexpr,          # rotary channels (ROPE), even, <= D
-    HALF_PAD: tl.constexpr,   # R / 2 padded to a power of two >= 16 (a dot's least K)
-    PASS_PAD: tl.constexpr,   # D - R padded likewise
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     STEP_M: tl.constexpr,     # queries a program stores (<= BLOCK_M; see attention.query_step)
-    MMA_SYNC: tl.constexpr,   # compiled with mma.sync instead of wgmma (no code of its own: it
-                              # keeps that build's cache entry apart; backend.mma_sync_only)
-    SPLIT_PV: tl.constexpr,   # P @ V and the output as two halves of D_PAD / 2 columns (the
+    MMA_SYNC: tl.constexpr,   # compiled with mma.sync instead of wgmma: read by no code, it
+                              # keeps that build's cache entry apart (the one environment
+                              # toggle: ditfuse.runtime.backend.mma_sync_only)
+    SPLIT_PV: tl.constexpr,   # P @ V and the output as two halves of the padded columns (the
                               # warps of a multi-warp mma.sync tile along its rows)
     DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
     LAM_PTR: tl.constexpr,
-    Q_NORM: tl.constexpr, Q_HAS_W: tl.constexpr, Q_HAS_B: tl.constexpr,
-    Q_ALPHA_PTR: tl.constexpr, Q_ROUND_PRE_W: tl.constexpr,
-    K_NORM: tl.constexpr, K_HAS_W: tl.constexpr, K_HAS_B: tl.constexpr,
-    K_ALPHA_PTR: tl.constexpr, K_ROUND_PRE_W: tl.constexpr,
-    ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE_HALF: tl.constexpr,
+    Q_NORM: tl.constexpr, K_NORM: tl.constexpr,  # NormFlags
+    ROPE: tl.constexpr,       # RopeFlags
     OFF64: tl.constexpr,
     TOKEN_MAJOR: tl.constexpr,  # grid (B*H, query tiles) rather than (query tiles, B*H)
     PREC: tl.constexpr = "tf32",  # fp32 products: "tf32", or "tf32x3" (fp32-accurate, 3 mma)
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
+    D_PAD: tl.constexpr = _tile(D)
     # programs start in grid order, axis 0 fastest
     if TOKEN_MAJOR:
         # the programs running together hold every head of a few query tiles: with heads
@@ -422,15 +431,14 @@ def _swa_fwd_kernel(
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < N
-    cbase = b * stride_cb + h * stride_ch
-    sbase = b * stride_sb + h * stride_sh
+    cos = _head_rows(cos_ptr, cos_strides, b, h)
+    sin = _head_rows(sin_ptr, sin_strides, b, h)
+    q_norm = NormPtrs(qw_ptr, qb_ptr, qa_ptr)
+    k_norm = NormPtrs(kw_ptr, kb_ptr, ka_ptr)
 
-    qa, qb, qp = _load_qk(q_ptr, b * stride_qb + h * stride_qh, start_m, qmask, stride_qs,
-                          stride_qd, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
-                          cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss,
-                          stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
-                          Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                          ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
+    q1 = _load_qk(_head_rows(q_ptr, q_strides, b, h), start_m, qmask, q_norm, q_args, cos,
+                  sin, D=D, R=R, BLOCK=BLOCK_M, NORM=Q_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64,
+                  PREC=PREC)
     m1 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # -FLT_MAX: _softmax_step
     l1 = tl.zeros([BLOCK_M], tl.float32)
     ACC_W: tl.constexpr = D_PAD // 2 if SPLIT_PV else D_PAD
@@ -438,29 +446,24 @@ def _swa_fwd_kernel(
     acc1b = 0.0
     if SPLIT_PV:
         acc1b = tl.zeros([BLOCK_M, ACC_W], tl.float32)
-    q2a = 0.0
-    q2b = 0.0
-    q2p = 0.0
+    q2 = (0.0, 0.0, 0.0)
     m2 = 0.0
     l2 = 0.0
     acc2 = 0.0
     acc2b = 0.0
     if DIFF:
-        q2a, q2b, q2p = _load_qk(q2_ptr, b * stride_q2b + h * stride_q2h, start_m, qmask,
-                                 stride_q2s, stride_q2d, qw_ptr, qb_ptr, qa_ptr, q_alpha, q_eps,
-                                 cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw,
-                                 stride_ss, stride_sw, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_M,
-                                 Q_NORM, Q_HAS_W, Q_HAS_B, Q_ALPHA_PTR, Q_ROUND_PRE_W,
-                                 ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
+        q2 = _load_qk(_head_rows(q2_ptr, q2_strides, b, h), start_m, qmask, q_norm, q_args,
+                      cos, sin, D=D, R=R, BLOCK=BLOCK_M, NORM=Q_NORM, ROPE=ROPE, ACT=ACT,
+                      OFF64=OFF64, PREC=PREC)
         m2 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
         acc2 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
         if SPLIT_PV:
             acc2b = tl.zeros([BLOCK_M, ACC_W], tl.float32)
 
-    k_base = b * stride_kb + h * stride_kh
-    k2_base = b * stride_k2b + h * stride_k2h
-    v_base = b * stride_vb + h * stride_vh
+    k = _head_rows(k_ptr, k_strides, b, h)
+    k2 = _head_rows(k2_ptr, k2_strides, b, h)
+    v = _head_rows(v_ptr, v_strides, b, h)
 
     # only the keys of the band of this query tile, in BLOCK_N tiles from its first key
     # (not aligned to BLOCK_N: 64 queries at window 17 span 98 keys, two 64-key trips
@@ -482,28 +485,18 @@ def _swa_fwd_kernel(
         start_n = lo
         while start_n < hi:
             acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
-                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
-                row_lo, row_span,
-                k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
-                stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
-                kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
-                K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
+                start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo, row_span,
+                k, k2, v, k_norm, k_args, cos, sin, qk_scale, N, D=D, R=R, BLOCK_N=BLOCK_N,
+                DIFF=DIFF, SPLIT_PV=SPLIT_PV, K_NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64,
+                PREC=PREC)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
             acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
-                start_n, qa, qb, qp, q2a, q2b, q2p, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2,
-                row_lo, row_span,
-                k_ptr, k2_ptr, v_ptr, k_base, k2_base, v_base,
-                stride_ks, stride_kd, stride_k2s, stride_k2d, stride_vs, stride_vd,
-                kw_ptr, kb_ptr, ka_ptr, k_alpha, k_eps,
-                cos_ptr, sin_ptr, cbase, sbase, stride_cs, stride_cw, stride_ss, stride_sw,
-                qk_scale, N, D, D_PAD, R, HALF_PAD, PASS_PAD, BLOCK_N, DIFF, SPLIT_PV,
-                K_NORM, K_HAS_W, K_HAS_B, K_ALPHA_PTR, K_ROUND_PRE_W,
-                ROPE, INTERLEAVED, TABLE_HALF, ACT, OFF64, PREC)
+                start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo, row_span,
+                k, k2, v, k_norm, k_args, cos, sin, qk_scale, N, D=D, R=R, BLOCK_N=BLOCK_N,
+                DIFF=DIFF, SPLIT_PV=SPLIT_PV, K_NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64,
+                PREC=PREC)
 
     # query rows past N have l = 0; they are not stored. Any other row's sum is >= 1 (its
     # max's own term), so the per-row reciprocals are of normal numbers
@@ -511,7 +504,7 @@ def _swa_fwd_kernel(
     c2 = 0.0
     if DIFF:
         if LAM_PTR:
-            lam_h = tl.load(lam_ptr + h * stride_lam).to(tl.float32)
+            lam_h = tl.load(lam_ptr + h * lam_stride).to(tl.float32)
         else:
             lam_h = lam
         # lam times a reciprocal, not lam / l2: an AOT package binding lam = 1.0 folds the
@@ -520,15 +513,15 @@ def _swa_fwd_kernel(
     smask = qmask
     if STEP_M < BLOCK_M:
         smask = qmask & (tl.arange(0, BLOCK_M) < STEP_M)
-    o_base = b * stride_ob + h * stride_oh
+    o = _head_rows(o_ptr, o_strides, b, h)
     if SPLIT_PV:
-        DH2: tl.constexpr = D_PAD // 2
-        dd = tl.arange(0, DH2)
-        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, r1, acc2, c2,
-                   D, D_PAD, BLOCK_M, DIFF, OFF64)
-        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd + DH2, smask, acc1b, r1,
-                   acc2b, c2, D, D_PAD, BLOCK_M, DIFF, OFF64)
+        DH: tl.constexpr = D_PAD // 2
+        dd = tl.arange(0, DH)
+        _store_out(o, start_m, dd, smask, acc1, r1, acc2, c2, D=D, BLOCK_M=BLOCK_M, DIFF=DIFF,
+                   OFF64=OFF64)
+        _store_out(o, start_m, dd + DH, smask, acc1b, r1, acc2b, c2, D=D, BLOCK_M=BLOCK_M,
+                   DIFF=DIFF, OFF64=OFF64)
     else:
         dd = tl.arange(0, D_PAD)
-        _store_out(o_ptr, o_base, start_m, stride_os, stride_od, dd, smask, acc1, r1, acc2, c2,
-                   D, D_PAD, BLOCK_M, DIFF, OFF64)
+        _store_out(o, start_m, dd, smask, acc1, r1, acc2, c2, D=D, BLOCK_M=BLOCK_M, DIFF=DIFF,
+                   OFF64=OFF64)

@@ -56,13 +56,12 @@ def _row_amax(x, axis: tl.constexpr):
 
 
 @jit
-def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H,
-                     stride_xb, stride_xs, stride_xh, stride_xd,
-                     stride_yb, stride_ys, stride_yh, stride_yd,
+def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H, x_strides, y_strides,
                      D: tl.constexpr, BLOCK_S: tl.constexpr):
     """Per-token int8 quantization of one head of a block of tokens, as
     :func:`ditfuse.reference.quantize_per_token` (bitwise): x (B, S, H, D) 16-bit, any
-    strides -> y int8 (B, S, H, D), scales fp32 (B, H, S) contiguous. scale = amax / 127,
+    strides -> y int8 (B, S, H, D), scales fp32 (B, H, S) contiguous (``x_strides``,
+    ``y_strides``: (b, s, h, d)). scale = amax / 127,
     inv = 127 / amax (IEEE divisions; both 1 where amax is 0, inv capped at the largest
     fp32), ``round_half_even(x * inv)``; a token with a NaN gets a NaN scale (its values 0),
     one with an infinity an infinite scale."""
@@ -74,8 +73,9 @@ def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H,
     rmask = (rows < S)[:, None]
     d = tl.arange(0, D)
     r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh
-                + r64 * stride_xs + d[None, :] * stride_xd, mask=rmask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + b.to(tl.int64) * x_strides[0] + h.to(tl.int64) * x_strides[2]
+                + r64 * x_strides[1] + d[None, :] * x_strides[3], mask=rmask,
+                other=0.0).to(tl.float32)
     amax = _row_amax(x, 1)
     zero = amax == 0.0
     scale = tl.where(zero, 1.0, tl.div_rn(amax, 127.0))
@@ -86,49 +86,46 @@ def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H,
     # (|t| < 127.5: no clamp); NaN (a NaN token, or inf * 0) stored as 0
     v = (t + _MAGIC_F).to(tl.int32, bitcast=True) - _MAGIC_I
     v = tl.where(t == t, v, 0)
-    tl.store(y_ptr + b.to(tl.int64) * stride_yb + h.to(tl.int64) * stride_yh + r64 * stride_ys
-             + d[None, :] * stride_yd, v.to(tl.int8), mask=rmask)
+    tl.store(y_ptr + b.to(tl.int64) * y_strides[0] + h.to(tl.int64) * y_strides[2]
+             + r64 * y_strides[1] + d[None, :] * y_strides[3], v.to(tl.int8), mask=rmask)
     tl.store(s_ptr + bh.to(tl.int64) * S + rows, scale, mask=rows < S)
 
 
 @jit
-def _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd,
-             D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """This program's block of V: (bh, its tokens, the channels, the fp32 [BLOCK_S, D] tile,
-    zero past S). Grid: (B * H, token blocks) -- B * H on axis 0, which has no 65,535 bound."""
+def _v_block(v_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """This program's block of V (``v_strides``: (b, s, h, d)): (bh, its tokens, the channels,
+    the fp32 [BLOCK_S, D] tile, zero past S). Grid: (B * H, token blocks) -- B * H on axis 0,
+    which has no 65,535 bound."""
     bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = bh // H
     h = bh - b * H
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    base = b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
-    x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * stride_vs + d[None, :] * stride_vd,
-                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    base = b.to(tl.int64) * v_strides[0] + h.to(tl.int64) * v_strides[2]
+    x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * v_strides[1]
+                + d[None, :] * v_strides[3], mask=(rows < S)[:, None], other=0.0).to(tl.float32)
     return bh, rows, d, x
 
 
 @jit
-def _v_amax_kernel(v_ptr, amax_ptr, S, H,
-                   stride_vb, stride_vs, stride_vh, stride_vd,
-                   D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _v_amax_kernel(v_ptr, amax_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
     """amax[b, h, d] = max over the tokens of |v[b, s, h, d]|, NaN if one is NaN: an atomic
     max of one token block on the int32 bits of the (non-negative) fp32 amax, which order as
     the values do, with a positive NaN above +inf (Triton's float atomic max drops NaN)."""
-    bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
+    bh, rows, d, x = _v_block(v_ptr, S, H, v_strides, D, BLOCK_S)
     tl.atomic_max(amax_ptr + bh * D + d, _row_amax(x, 0).to(tl.int32, bitcast=True))
 
 
 @jit
-def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H,
-                    stride_vb, stride_vs, stride_vh, stride_vd,
+def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H, v_strides,
                     D: tl.constexpr, BLOCK_S: tl.constexpr, A_ORDER: tl.constexpr = False):
     """vt[b, h, d, s] = e4m3(v[b, s, h, d] * inv[b, h, d]), inv = 448 / amax, scale = amax /
     448 (both 1 where the channel is zero, NaN where it holds a NaN; one division a channel,
     a multiply a value); tokens S..S_pad of the last block are written as zeros. ``amax``:
     the int32 bits of :func:`_v_amax_kernel`. ``A_ORDER``: token s stored at
     :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's order)."""
-    bh, rows, d, x = _v_block(v_ptr, S, H, stride_vb, stride_vs, stride_vh, stride_vd, D, BLOCK_S)
+    bh, rows, d, x = _v_block(v_ptr, S, H, v_strides, D, BLOCK_S)
     amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
     zero = amax == 0.0
     scale = tl.where(zero, 1.0, tl.div_rn(amax, 448.0))
@@ -243,23 +240,25 @@ def _key_range(lo, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
         start_n = lo
         while start_n < hi:
             acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                                      D, BLOCK_N, QK_INT, MASK, BAND, KMASK)
+                                      D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=MASK,
+                                      BAND=BAND, KMASK=KMASK)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
             acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                                      D, BLOCK_N, QK_INT, MASK, BAND, KMASK)
+                                      D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=MASK,
+                                      BAND=BAND, KMASK=KMASK)
     return acc, m_i, l_i
 
 
 @jit
 def _attention_8bit_kernel(
-    q_ptr, k_ptr, vt_ptr, qs_ptr, ks_ptr, vs_ptr, o_ptr,
+    q_ptr, k_ptr, vt_ptr,                # q, k 8-bit (B, S, H, D); V^T e4m3 (B, H, D, S_pad)
+    qs_ptr, ks_ptr, vs_ptr,              # q / k scales fp32 (B, H, S); V's (B, H, D)
+    o_ptr,                               # output (B, S_q, H, D)
     S_q, S_kv, S_pad, H, sm_scale, left, right,
-    stride_qsb, stride_qsh, stride_qss, stride_ksb, stride_ksh, stride_kss,
-    stride_qb, stride_qs, stride_qh, stride_qd,
-    stride_kb, stride_ks, stride_kh, stride_kd,
-    stride_ob, stride_os, stride_oh, stride_od,
+    qs_strides, ks_strides,              # (b, h, s) of the scales
+    q_strides, k_strides, o_strides,     # (b, s, h, d)
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     QK_INT: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr,
 ):
@@ -277,14 +276,14 @@ def _attention_8bit_kernel(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < S_q
     d = tl.arange(0, D)
-    q_base = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    q = tl.load(q_ptr + q_base + rows.to(tl.int64)[:, None] * stride_qs + d[None, :] * stride_qd,
-                mask=rmask[:, None])  # rows past S_q: never stored
+    q_base = b.to(tl.int64) * q_strides[0] + h.to(tl.int64) * q_strides[2]
+    k_base = b.to(tl.int64) * k_strides[0] + h.to(tl.int64) * k_strides[2]
+    q = tl.load(q_ptr + q_base + rows.to(tl.int64)[:, None] * q_strides[1]
+                + d[None, :] * q_strides[3], mask=rmask[:, None])  # rows past S_q: never stored
     # the query row's scale times softmax's scale in log2 units: a row constant
-    c = tl.load(qs_ptr + b.to(tl.int64) * stride_qsb + h.to(tl.int64) * stride_qsh
-                + rows * stride_qss, mask=rmask, other=1.0) * (sm_scale * _LOG2E)
-    ks_base = b.to(tl.int64) * stride_ksb + h.to(tl.int64) * stride_ksh
+    c = tl.load(qs_ptr + b.to(tl.int64) * qs_strides[0] + h.to(tl.int64) * qs_strides[1]
+                + rows * qs_strides[2], mask=rmask, other=1.0) * (sm_scale * _LOG2E)
+    ks_base = b.to(tl.int64) * ks_strides[0] + h.to(tl.int64) * ks_strides[1]
     vt_base = bh.to(tl.int64) * D * S_pad
 
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -298,19 +297,21 @@ def _attention_8bit_kernel(
         lo = 0
         hi = S_kv
         full_hi = S_kv // BLOCK_N * BLOCK_N
-    kv = (k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base,
-          S_pad)
+    kv = (k_ptr, k_base, k_strides[1], k_strides[3], ks_ptr, ks_base, ks_strides[2], vt_ptr,
+          vt_base, S_pad)
     # the tiles every key of which is in range, without masks; then the masked ones
     acc, m_i, l_i = _key_range(lo, full_hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                               D, BLOCK_N, QK_INT, False, BAND, KMASK)
+                               D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=False, BAND=BAND,
+                               KMASK=KMASK)
     acc, m_i, l_i = _key_range(full_hi, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                               D, BLOCK_N, QK_INT, True, BAND, KMASK)
+                               D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=True, BAND=BAND,
+                               KMASK=KMASK)
     vs = tl.load(vs_ptr + bh * D + d)
     # l = 0: rows past S_q (never stored), or rows whose every key is masked (zeros). A
     # correctly rounded division (once an output element): equal values of V give exactly
     # their quantized value, not one rounding of a reciprocal off it (fp16 64,000 * (1 +
     # 2^-24) is still 64,000, but 448 * l * (1 / l) need not be 448)
     o = tl.div_rn(acc, tl.where(l_i > 0.0, l_i, 1.0)[:, None]) * vs[None, :]
-    o_base = b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-    tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * stride_os + d[None, :] * stride_od,
-             o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+    o_base = b.to(tl.int64) * o_strides[0] + h.to(tl.int64) * o_strides[2]
+    tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * o_strides[1]
+             + d[None, :] * o_strides[3], o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

@@ -198,7 +198,6 @@ def _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
 def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
               qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
               o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG: gl.constexpr):
-    STAGES: gl.constexpr = k_s.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]
     D: gl.constexpr = k_s.shape[4]
     QK_INT: gl.constexpr = q_s.dtype == gl.int8
@@ -235,18 +234,19 @@ def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
     state = (m_i, alpha, o, l_i, p8)
     mbarrier.wait(q_bar, 0)
     # tile 0: scores only (masked: it may be the only, partial, tile)
-    state = _step(0, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
-                  WG, SCORES=True, PV=False, MASKED=True)
+    state = _step(0, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off, c=c,
+                  state=state, S_kv=S_kv, WG=WG, SCORES=True, PV=False, MASKED=True)
     for j in range(1, n_full):
-        state = _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
-                      WG, SCORES=True, PV=True, MASKED=False)
+        state = _step(j, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off, c=c,
+                      state=state, S_kv=S_kv, WG=WG, SCORES=True, PV=True, MASKED=False)
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
-            state = _step(n_full, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state,
-                          S_kv, WG, SCORES=True, PV=True, MASKED=True)
+            state = _step(n_full, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off,
+                          c=c, state=state, S_kv=S_kv, WG=WG, SCORES=True, PV=True,
+                          MASKED=True)
     # the last tile's P V
-    state = _step(n_tiles, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
-                  WG, SCORES=False, PV=True, MASKED=False)
+    state = _step(n_tiles, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off, c=c,
+                  state=state, S_kv=S_kv, WG=WG, SCORES=False, PV=True, MASKED=False)
     m_i, alpha, o, l_i, p8 = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
@@ -264,7 +264,7 @@ def _consumer_0(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
                 o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
     _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
               qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, 0)
+              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG=0)
 
 
 @gluon.jit
@@ -273,7 +273,7 @@ def _consumer_1(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
                 o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
     _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
               qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, 1)
+              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG=1)
 
 
 @gluon.jit

@@ -87,12 +87,16 @@ def _ex2(x):
 
 
 @gluon.jit
-def _copy3(d0, d1, d2, b, row, h, bar0, bar1, bar2, s0, s1, s2, NBYTES: gl.constexpr):
-    """TMA of three boxes (batch b, tokens from ``row``, head h) into ``s0``..``s2``, each
-    arriving on its own mbarrier; the expects first, then the copies (Gluon's
+def _copy3(descs, b, row, h, bars, bufs, NBYTES: gl.constexpr):
+    """TMA of three boxes (batch b, tokens from ``row``, head h) of the descriptors ``descs``
+    into the buffers ``bufs``, each arriving on its mbarrier of ``bars``; the expects first,
+    then the copies (Gluon's
     shared-memory barrier analysis puts a block barrier between copies that arrive on one
     mbarrier, and more between interleaved expects and copies: 12 ``BAR.SYNC`` in the
     SAME-L build against 17 interleaved and 23 with one mbarrier a tile)."""
+    d0, d1, d2 = descs
+    bar0, bar1, bar2 = bars
+    s0, s1, s2 = bufs
     mbarrier.expect(bar0, NBYTES)
     mbarrier.expect(bar1, NBYTES)
     mbarrier.expect(bar2, NBYTES)
@@ -216,9 +220,9 @@ def _swa_diff_sm90_kernel(
     tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
     for t in gl.static_range(TRIPS):
         if t < trips:
-            _copy3(k_desc, k2_desc, v_desc, b, lo + t * BLOCK_N, h, k_bar.index(t),
-                   k2_bar.index(t), v_bar.index(t), k_s.index(t), k2_s.index(t),
-                   v_s.index(t), NB_K)
+            _copy3((k_desc, k2_desc, v_desc), b, lo + t * BLOCK_N, h,
+                   (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
+                   (k_s.index(t), k2_s.index(t), v_s.index(t)), NB_K)
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
     # each row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width (rows
@@ -262,5 +266,7 @@ def _swa_diff_sm90_kernel(
         # nothing in flight across the back edge (else ptxas serializes every wgmma)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
-               stride_ob, stride_os, stride_oh, ROW_O, LD, BLOCK_M, D, STEP_M, LAM_PTR)
+    _store_out(acc1, acc2, l1, l2, lam_ptr=lam_ptr, lam=lam, stride_lam=stride_lam,
+               o_ptr=o_ptr, b=b, h=h, start_m=start_m, N=N, stride_ob=stride_ob,
+               stride_os=stride_os, stride_oh=stride_oh, ROW_O=ROW_O, LD=LD, BLOCK_M=BLOCK_M,
+               D=D, STEP_M=STEP_M, LAM_PTR=LAM_PTR)

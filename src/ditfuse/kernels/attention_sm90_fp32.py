@@ -43,7 +43,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from ditfuse.kernels.attention_sm90 import _copy3, _softmax_step, _store_out, descriptor  # noqa: F401
+from ditfuse.kernels.attention_sm90 import _copy3, _softmax_step, _store_out
+from ditfuse.kernels.attention_sm90 import descriptor  # noqa: F401  (the launcher's, by module)
 from ditfuse.kernels.attention_sm90 import max_trips as _max_trips
 
 BLOCK_M = 64
@@ -132,9 +133,9 @@ def _swa_diff_fp32_sm90_kernel(
     tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
     for t in gl.static_range(TRIPS):
         if t < trips:
-            _copy3(k_desc, k2_desc, v_desc, b, lo + t * BLOCK_N, h, k_bar.index(t),
-                   k2_bar.index(t), v_bar.index(t), k_s.index(t), k2_s.index(t),
-                   v_s.index(t), NB_K)
+            _copy3((k_desc, k2_desc, v_desc), b, lo + t * BLOCK_N, h,
+                   (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
+                   (k_s.index(t), k2_s.index(t), v_s.index(t)), NB_K)
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_lo = offs_m - LEFT
@@ -181,5 +182,7 @@ def _swa_diff_fp32_sm90_kernel(
                              is_async=True)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
-               stride_ob, stride_os, stride_oh, ROW_O, LD, BLOCK_M, D, STEP_M, LAM_PTR)
+    _store_out(acc1, acc2, l1, l2, lam_ptr=lam_ptr, lam=lam, stride_lam=stride_lam,
+               o_ptr=o_ptr, b=b, h=h, start_m=start_m, N=N, stride_ob=stride_ob,
+               stride_os=stride_os, stride_oh=stride_oh, ROW_O=ROW_O, LD=LD, BLOCK_M=BLOCK_M,
+               D=D, STEP_M=STEP_M, LAM_PTR=LAM_PTR)

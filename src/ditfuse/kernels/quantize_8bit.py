@@ -18,6 +18,7 @@ import triton.language as tl
 
 from ditfuse.runtime.backend import jit
 
+
 @jit
 def key_position(s):
     """Where key ``s`` is stored in V^T: within each 16 keys, key ``8 hi + 2 q + i`` at
@@ -27,28 +28,27 @@ def key_position(s):
 
 
 @jit
-def _k_mean_kernel(k_ptr, mean_ptr, S, H, stride_kb, stride_ks, stride_kh, stride_kd,
-                   D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """mean[b, h, d] += sum over this program's tokens of k[b, s, h, d] / S (fp32 atomics)."""
+def _k_mean_kernel(k_ptr, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """mean[b, h, d] += sum over this program's tokens of k[b, s, h, d] / S (fp32 atomics;
+    ``k_strides``: (b, s, h, d))."""
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh - b * H
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    x = tl.load(k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-                + rows.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
+    x = tl.load(k_ptr + b.to(tl.int64) * k_strides[0] + h.to(tl.int64) * k_strides[2]
+                + rows.to(tl.int64)[:, None] * k_strides[1] + d[None, :] * k_strides[3],
                 mask=(rows < S)[:, None], other=0.0).to(tl.float32)
     tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / S)
 
 
 @jit
 def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
-                          stride_kb, stride_ks, stride_kh, stride_kd,
-                          stride_ob, stride_os, stride_oh,
-                          D: tl.constexpr, BLOCK_N: tl.constexpr):
+                          k_strides, k8_strides, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """One tile of BLOCK_N keys of one (batch, head): int8 of ``k - mean`` with the tile's
-    scale; keys past S are not stored (TMA reads them as zeros)."""
+    scale; keys past S are not stored (TMA reads them as zeros). ``k_strides``: (b, s, h,
+    d); ``k8_strides``: (b, s, h), the channels contiguous."""
     pid_t = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -56,8 +56,8 @@ def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
     rows = pid_t * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     rm = (rows < S)[:, None]
-    x = tl.load(k_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-                + rows.to(tl.int64)[:, None] * stride_ks + d[None, :] * stride_kd,
+    x = tl.load(k_ptr + b.to(tl.int64) * k_strides[0] + h.to(tl.int64) * k_strides[2]
+                + rows.to(tl.int64)[:, None] * k_strides[1] + d[None, :] * k_strides[3],
                 mask=rm, other=0.0).to(tl.float32)
     x = tl.where(rm, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
@@ -69,6 +69,6 @@ def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
     inv = tl.where(ok, tl.div_rn(127.0, amax), 1.0)
     # round half to even through the magic number (|x * inv| <= 127)
     y = ((x * inv + 12582912.0) - 12582912.0).to(tl.int8)
-    tl.store(k8_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
-             + rows.to(tl.int64)[:, None] * stride_os + d[None, :], y, mask=rm)
+    tl.store(k8_ptr + b.to(tl.int64) * k8_strides[0] + h.to(tl.int64) * k8_strides[2]
+             + rows.to(tl.int64)[:, None] * k8_strides[1] + d[None, :], y, mask=rm)
     tl.store(kscale_ptr + bh.to(tl.int64) * n_tiles + pid_t, scale)

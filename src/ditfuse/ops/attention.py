@@ -26,6 +26,7 @@ from ditfuse.runtime import library
 from ditfuse.runtime import backend
 from ditfuse.runtime.backend import mma_sync_only
 from ditfuse.norms import flatten_norm, needs_grad, unflatten_norm
+from ditfuse.kernels.common import NormArgs, NormFlags, RopeFlags
 from ditfuse.ops import qk_norm_rope as qk_ops
 from ditfuse.reference import sliding_window_attention_core
 
@@ -399,9 +400,13 @@ def tile_dim(D: int) -> int:
     return max(16, _next_pow2(D))
 
 
-def _norm_args(n, dummy):
-
-    return qk_ops._norm_args(n, dummy)
+def _norm_args(n, dummy: Tensor):
+    """A norm's tensors (weight, bias, DyT's alpha: ``dummy`` where absent), its
+    :class:`NormFlags` and :class:`NormArgs` (``n`` None: no norm)."""
+    a = qk_ops._norm_args(n, dummy)
+    flags = NormFlags(kind=a["NORM"], has_w=a["HAS_W"], has_b=a["HAS_B"],
+                      alpha_ptr=a["ALPHA_PTR"], round_pre_w=a["PRE"])
+    return (a["w"], a["b"], a["a"]), flags, NormArgs(alpha=a["alpha"], eps=a["eps"], n=a["n"])
 
 
 def _fits_int32(p: Plan, o4: Tensor, block: int) -> bool:
@@ -465,41 +470,34 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     grid, token_major = _grid(B * H, N, step, token_major)
     dummy = p.q
     qk = p.qk
-    qa = _norm_args(qk.q_norm if qk is not None else None, dummy)
-    ka = _norm_args(qk.k_norm if qk is not None else None, dummy)
+    q_norm, q_flags, q_args = _norm_args(qk.q_norm if qk is not None else None, dummy)
+    k_norm, k_flags, k_args = _norm_args(qk.k_norm if qk is not None else None, dummy)
     rope = qk is not None and qk.cos is not None
     if rope:
         cos, sin = qk.cos, qk.sin
-        cst, sst = cos.stride(), sin.stride()
         R = qk.rotary_dim
     else:
         cos = sin = dummy
-        cst = sst = (0, 0, 0, 0)
         R = 0
     q2, k2 = (p.q2, p.k2) if diff else (p.q, p.k)
     lam_t = p.lam_tensor if p.lam_tensor is not None else dummy
     lam_st = p.lam_tensor.stride(0) if p.lam_tensor is not None else 0
-    args = (
-        p.q, p.k, p.v, q2, k2, o4, lam_t,
-        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"], cos, sin,
-        p.lam_value, p.scale * LOG2E, qa["alpha"], ka["alpha"], qa["eps"], ka["eps"],
-        N, H, left, right,
-        *p.q.stride(), *p.k.stride(), *p.v.stride(), *q2.stride(), *k2.stride(), *o4.stride(),
-        lam_st, *cst, *sst,
-    )
-    constexprs = dict(
-        D=D, D_PAD=tile_dim(D), R=R, HALF_PAD=max(16, _next_pow2(R // 2)),
-        PASS_PAD=max(16, _next_pow2(D - R)),
-        BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync, SPLIT_PV=split_pv, DIFF=diff,
-        LAM_PTR=p.lam_tensor is not None,
-        Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
-        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
-        K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
-        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
-        ROPE=rope, INTERLEAVED=bool(rope and qk.interleaved),
-        TABLE_HALF=bool(rope and qk.table_half),
-        OFF64=not _fits_int32(p, o4, max(bm, bn)),
-        TOKEN_MAJOR=token_major, PREC=p.dot_prec,
+    # tensors and the scalars before the tuples by position (a replay puts a call's tensors
+    # in their places), the rest by keyword (fixed for a recorded signature)
+    args = (p.q, p.k, p.v, q2, k2, o4, lam_t, *q_norm, *k_norm, cos, sin,
+            p.lam_value, p.scale * LOG2E)
+    kwargs = dict(
+        q_args=q_args, k_args=k_args, N=N, LEFT=left, RIGHT=right,
+        q_strides=p.q.stride(), k_strides=p.k.stride(), v_strides=p.v.stride(),
+        q2_strides=q2.stride(), k2_strides=k2.stride(), o_strides=o4.stride(),
+        lam_stride=lam_st, cos_strides=cos.stride() if rope else (0, 0, 0, 0),
+        sin_strides=sin.stride() if rope else (0, 0, 0, 0),
+        H=H, D=D, R=R, BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync,
+        SPLIT_PV=split_pv, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
+        Q_NORM=q_flags, K_NORM=k_flags,
+        ROPE=RopeFlags(on=rope, interleaved=bool(rope and qk.interleaved),
+                       table_half=bool(rope and qk.table_half)),
+        OFF64=not _fits_int32(p, o4, max(bm, bn)), TOKEN_MAJOR=token_major, PREC=p.dot_prec,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does (with
@@ -507,7 +505,7 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     # docs/design/attention.md). The output's one fma is explicit (tl.fma).
     with mma_sync_only(mma_sync):  # where the launch compiles its kernel
         fastpath.launch(_swa_fwd_kernel, grid, args,
-                        dict(constexprs, num_warps=st.num_warps, num_stages=st.num_stages,
+                        dict(kwargs, num_warps=st.num_warps, num_stages=st.num_stages,
                              enable_fp_fusion=False, **cap))
 
 

@@ -219,7 +219,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     _attention_8bit_kernel[grid](
         p.q, p.k, vt, p.q_scale, ks, vscale, o4,
         S_q, S_kv, vt.shape[3], H, p.scale, left, right,
-        *p.q_scale.stride(), *ks.stride(), *p.q.stride(), *p.k.stride(), *o4.stride(),
+        p.q_scale.stride(), ks.stride(), p.q.stride(), p.k.stride(), o4.stride(),
         D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
         QK_INT=p.q.dtype == torch.int8, BAND=left < S_kv or right < S_kv,
         KMASK=p.key_mask is not None,
@@ -276,7 +276,7 @@ def quantize_per_token(x: Tensor, layout: str = "bshd"):
     scales = torch.empty(B, H, S, dtype=torch.float32, device=x.device)
     if y.numel():
         grid = (B * H, triton_cdiv(S, QK_BLOCK))
-        _qk_quant_kernel[grid](x4, y4, scales, S, H, *x4.stride(), *y4.stride(), D=D,
+        _qk_quant_kernel[grid](x4, y4, scales, S, H, x4.stride(), y4.stride(), D=D,
                                BLOCK_S=QK_BLOCK, num_warps=4)
     return y, scales
 

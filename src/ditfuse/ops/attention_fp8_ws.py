@@ -54,13 +54,13 @@ def quantize_k_blocks(k4: Tensor):
 
     B, S, H, D = k4.shape
     mean = torch.zeros(B, H, D, dtype=torch.float32, device=k4.device)
-    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](k4, mean, S, H, *k4.stride(), D=D,
+    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](k4, mean, S, H, k4.stride(), D=D,
                                                      BLOCK_S=V_BLOCK)
     tiles = triton.cdiv(S, BLOCK_N)
     k8 = torch.empty(B, S, H, D, dtype=torch.int8, device=k4.device)
     kb = torch.empty(B * H, tiles, dtype=torch.float32, device=k4.device)
-    _k_block_quant_kernel[(tiles, B * H)](k4, mean, k8, kb, S, H, tiles, *k4.stride(),
-                                          *k8.stride()[:3], D=D, BLOCK_N=BLOCK_N, num_warps=8)
+    _k_block_quant_kernel[(tiles, B * H)](k4, mean, k8, kb, S, H, tiles, k4.stride(),
+                                          k8.stride()[:3], D=D, BLOCK_N=BLOCK_N, num_warps=8)
     return k8, kb
 
 
@@ -79,8 +79,8 @@ def quantize_v(v4: Tensor, a_order: bool = False):
     vscale = torch.empty(B, H, D, dtype=torch.float32, device=v4.device)
     grid = (B * H, S_pad // V_BLOCK)
     st = v4.stride()
-    _v_amax_kernel[grid](v4, amax, S, H, *st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
-    _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, *st, D=D, BLOCK_S=V_BLOCK,
+    _v_amax_kernel[grid](v4, amax, S, H, st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
+    _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, st, D=D, BLOCK_S=V_BLOCK,
                           A_ORDER=a_order, num_warps=4)
     return vt, vscale
 
