@@ -120,12 +120,12 @@ def test_wan_qk_default_manifest(pkgs):
     assert m["grid"] == ["B * N", "2", "1"]
     assert m["block"] == [m["num_warps"] * 32, 1, 1]
     c = m["constexprs"]
-    assert (c["D"], c["N0"], c["N1"], c["SPLIT_QK"], c["ROW_CONTIG"], c["TABLE_HALF"]) == \
-        (128, 4096, 1024, True, True, False)
+    assert (c["D"], c["N0"], c["N1"], c["SPLIT_QK"], c["ROW_CONTIG"], c["ROPE"]["table_half"]) \
+        == (128, 4096, 1024, True, True, False)
     b = m["bindings"]
     # every scalar a constant of the specialization; strides that grow with N from N
     assert b["S"] == "N" and b["NC"] == 5120 and b["q_eps"] == 1e-6 and b["q_n"] == 5120.0
-    assert b["stride_qs"] == 15360 and b["stride_qb"] == "15360 * N"
+    assert b["q_strides"][:2] == ["15360 * N", 15360]  # (b, s) strides of Q
     assert b["k_ptr"] == "qkv + 5120" and b["ko_ptr"] == "qkv_out + 5120"
     assert m["compile_options"]["enable_fp_fusion"] is False
     # the wrapper's signature is the runtime order and nothing else
@@ -257,7 +257,8 @@ def test_variant_options(pkgs):
     p = {q["name"]: q for q in m["parameters"]}
     assert p["qkv"]["dtype"] == "fp16" and p["qkv"]["shape"] == ["B", "N", 3 * 12 * 128]
     assert p["q_weight"]["shape"] == [128]
-    assert m["constexprs"]["INTERLEAVED"] is False and m["constexprs"]["Q_SPAN_ALL"] is False
+    assert m["constexprs"]["ROPE"]["interleaved"] is False
+    assert m["constexprs"]["Q_NORM"]["span_all"] is False
     assert _manifest(pkgs["qk_sm80"])["target"] == "sm_80"
     assert _manifest(pkgs["adaln_sm89"])["target"] == "sm_89"
 

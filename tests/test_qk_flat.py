@@ -199,16 +199,20 @@ def test_flat_does_not_apply(why):
 def test_flat_settings_table():
     """Two power-of-two pieces covering the token (the second masked only where it passes
     it), Q and K in programs of their own, about 80 live channels a thread."""
-    assert mod.flat_settings(40, 128, True) == (4096, 1024, False, False, 2, True)
-    assert mod.flat_settings(24, 128, True) == (2048, 1024, False, False, 2, True)
-    assert mod.flat_settings(12, 128, True) == (1024, 512, False, False, 1, True)
-    assert mod.flat_settings(7, 32, True) == (128, 128, False, True, 1, True)
-    assert mod.flat_settings(40, 128, True, 4) == (4096, 1024, False, False, 1, True)  # fp32
-    assert mod.flat_settings(1, 64, False) == (64, 0, False, False, 1, False)
+    def table(H, D, has_k, itemsize=2):
+        st = mod.launch_settings(H, D, flat=True, has_k=has_k, itemsize=itemsize)
+        return (st.piece0, st.piece1, st.mask0, st.mask1, st.num_warps, st.split_qk)
+
+    assert table(40, 128, True) == (4096, 1024, False, False, 2, True)
+    assert table(24, 128, True) == (2048, 1024, False, False, 2, True)
+    assert table(12, 128, True) == (1024, 512, False, False, 1, True)
+    assert table(7, 32, True) == (128, 128, False, True, 1, True)
+    assert table(40, 128, True, 4) == (4096, 1024, False, False, 1, True)  # fp32
+    assert table(1, 64, False) == (64, 0, False, False, 1, False)
     for H, D in itertools.product((1, 3, 5, 12, 24, 40, 48, 96), (16, 32, 64, 128)):
         if H * D > mod.FLAT_MAX_CHANNELS:
             continue
-        n0, n1, m0, m1, warps, split = mod.flat_settings(H, D, True)
+        n0, n1, m0, m1, warps, split = table(H, D, True)
         # piece 0 the largest power of two in the token, piece 1 the rest rounded up
         assert n0 & (n0 - 1) == 0 and n0 <= H * D <= n0 + n1 and not m0
         assert (n1 == 0) == (n0 == H * D) and (n1 == 0 or n1 & (n1 - 1) == 0)

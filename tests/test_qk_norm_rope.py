@@ -275,20 +275,27 @@ def test_launch_settings_do_not_change_bits(name):
     variants = [_table_settings(mod, p), (shape.H, 2), (shape.H, 8)]
     if shape.span != "all":
         variants += [(8, 4), (5, 2)]
-    for st in variants:
+    for heads, warps in variants:
         qo, ko = torch.empty_like(p.q), torch.empty_like(p.k)
-        mod.launch(p, qo, ko, settings=st)
+        mod.launch(p, qo, ko, settings=_settings(mod, p, heads, warps))
         outs.append((qo, ko))
     for qo, ko in outs[1:]:
         assert torch.equal(qo, outs[0][0]) and torch.equal(ko, outs[0][1])
 
 
+def _settings(mod, p, heads=None, num_warps=None):
+    """The per-token kernel's launch settings for plan ``p``: its table's, or these heads
+    per program and warps."""
+    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
+    return mod.launch_settings(p.q.shape[2], p.q.shape[3], flat=False, has_k=p.k is not None,
+                               itemsize=p.q.element_size(), span_all=span_all, heads=heads,
+                               num_warps=num_warps)
+
+
 def _table_settings(mod, p):
     """The per-token kernel's own (heads per program, num_warps) for plan ``p``."""
-    span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    hg, _, _, num_warps = mod.launch_settings(p.q.shape[2], p.q.shape[3], span_all,
-                                              p.k is not None, p.q.element_size())
-    return hg, num_warps
+    st = _settings(mod, p)
+    return st.heads, st.num_warps
 
 
 @pytest.mark.parametrize("name", ["wan14b-480p", "flux1-1024"])
@@ -314,7 +321,7 @@ def test_64_bit_token_offsets_same_bits(monkeypatch, name):
                  k_norm=inp["k_norm"], **inp["kwargs"])
     # the per-token kernel, with its own table: the flat kernel has no 64-bit variant (a
     # call whose offsets need one is not the flat kernel's, Wan's included)
-    st = _table_settings(mod, p)
+    st = _settings(mod, p)
     outs = []
     for wide in (False, True):
         monkeypatch.setattr(mod, "_needs_off64", lambda *a, wide=wide: wide)

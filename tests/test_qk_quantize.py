@@ -23,7 +23,7 @@ from ditfuse import NormSpec, QuantizedQK
 from ditfuse.aot.compile import missing_tools
 from ditfuse.kernels.element import _cast_out
 from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
-from ditfuse.kernels.qk_token import _quant_ptr, _quant_values
+from ditfuse.kernels.common import _quant_ptr, _quant_values
 from ditfuse.runtime.backend import jit
 from ditfuse.reference import quantize_per_token
 from ditfuse.runtime import fastpath
@@ -58,13 +58,15 @@ def poison_quant(monkeypatch):
 def launches(monkeypatch):
     """Every call launches (no replays); collects each launch as (kernel, grid, launch
     options and constexprs but QUANT, QUANT): a quantizing call must launch what the 16-bit
-    call launches, so that its fp32 statistics run in the same order."""
+    call launches, so that its fp32 statistics run in the same order. (The tensors' stride
+    tuples, also keyword arguments, are run-time values: the scales' are the 8-bit call's.)"""
     monkeypatch.setattr(fastpath, "ENABLED", False)
     seen = []
     orig = fastpath.launch
 
     def record(kernel, grid, args, kw):
-        seen.append((kernel, tuple(grid), {k: v for k, v in kw.items() if k != "QUANT"},
+        seen.append((kernel, tuple(grid), {k: v for k, v in kw.items()
+                                           if k != "QUANT" and not k.endswith("_strides")},
                      kw.get("QUANT", 0)))
         return orig(kernel, grid, args, kw)
 
@@ -383,7 +385,10 @@ def test_heads_per_program_same_bits(settings, poison_quant):
     want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, rope_style="half",
                                 quantize="int8")
     got = mod._quant_outputs(q, k, "int8", None, "bshd")
-    mod.launch(p, got.q, got.k, settings=settings, quant=("int8", got.q_scale, got.k_scale))
+    heads, warps = settings
+    st = mod.launch_settings(H, D, flat=False, has_k=True, itemsize=2, heads=heads,
+                             num_warps=warps)
+    mod.launch(p, got.q, got.k, settings=st, quant=("int8", got.q_scale, got.k_scale))
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 
@@ -491,7 +496,7 @@ def test_flat_split_and_warps_same_bits(fmt, poison_quant):
 # each add-reduction. The interpreter sums in numpy's order whatever the layout; on the GPU a
 # reduction's order follows its operand's register layout, which the coalescing pass derives
 # from the memory accesses of the same shape -- an 8-bit store among them must not change it
-# (qk_token._same_order).
+# (common._same_order).
 _SUM_LAYOUTS = r"""
 import dataclasses, json, re, sys
 import triton

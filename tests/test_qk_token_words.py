@@ -102,8 +102,9 @@ def test_word_form_where_it_applies(case, H, D, kind, span, table, R, dtype, mon
     seen = []
     orig = mod.fastpath.launch
     monkeypatch.setattr(mod.fastpath, "launch", lambda kern, grid, args, kw_: (
-        seen.append({f: kw_.get(f, False) for f in ("X_WORDS", "W_WORDS", "T_WORDS", "Q_W_ROW",
-                                                    "K_W_ROW", "T_ROW")}),
+        seen.append(dict(X_WORDS=kw_.get("X_WORDS", False), W_WORDS=kw_["Q_NORM"].words,
+                         T_WORDS=kw_["ROPE"].words, Q_W_ROW=kw_["Q_NORM"].w_row,
+                         K_W_ROW=kw_["K_NORM"].w_row, T_ROW=kw_["ROPE"].row)),
         orig(kern, grid, args, kw_))[1])
     got = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw)
     assert len(seen) == 1

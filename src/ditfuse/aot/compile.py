@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-#: sm_90 (H100 / H200); ptxas is given --gpu-name=sm_90a, as Triton does
+#: sm_90 (Hopper); ptxas is given --gpu-name=sm_90a, as Triton does
 ARCH = 90
 
 

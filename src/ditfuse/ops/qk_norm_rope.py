@@ -16,7 +16,9 @@ behind the launch tables: ``docs/design/qk_norm_rope.md``.
 """
 from __future__ import annotations
 
+import inspect
 import math
+import typing
 from dataclasses import dataclass
 from typing import List, NamedTuple, Optional
 
@@ -26,14 +28,16 @@ from torch import Tensor
 from ditfuse.runtime import fastpath, library
 from ditfuse.runtime import backend
 from ditfuse.reference import QUANT_DTYPES, qk_norm_rope_core, quantize_per_token
-from ditfuse.norms import NormSpec, flatten_norm, needs_grad, resolve_norm, unflatten_norm
+from ditfuse.norms import (NO_NORM, RMS, NormSpec, flatten_norm, needs_grad, resolve_norm,
+                           unflatten_norm)
+from ditfuse.kernels.common import QUANT_CODE, NormFlags, RopeFlags
+from ditfuse.kernels.qk_token import STATS_LOAD, STATS_STORE, TokenTile
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 ROPE_STYLES = ("interleaved", "half")
 LAYOUTS = ("bshd", "bhsd")
 QUANTIZE = ("int8", "fp8")
-_QUANT_CODE = {"int8": 1, "fp8": 2}  # the kernels' QUANT
 
 
 class QuantizedQK(NamedTuple):
@@ -318,7 +322,7 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             raise ValueError("process_group given but torch.distributed is not initialized")
         world = dist.get_world_size(process_group)
         for name, n in (("q_norm", qn), ("k_norm", kn)):
-            if n is not None and not (n.code == 1 and (n.span_all or H == 1) and n.n == H * D):
+            if n is not None and not (n.code == RMS and (n.span_all or H == 1) and n.n == H * D):
                 raise ValueError(f"{name}: with process_group the norm must be an RMSNorm across "
                                  f"this rank's heads (weight of H_local*D = {H * D} elements); "
                                  "per-head norms need no process group")
@@ -331,45 +335,97 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
 
 
 # ---------------------------------------------------------------------------------------
-# launch settings: an analytical table, no autotuning (the kernel is memory-bound)
+# launch settings: an analytical table, no autotuning (the kernels are memory-bound)
+
+@dataclass(frozen=True)
+class TokenSettings:
+    """The per-token kernel's launch: ``heads`` of a token a program, held as two
+    power-of-two pieces of ``piece0`` and ``piece1`` heads (``piece1`` may be 0), and the
+    program's warps."""
+
+    heads: int
+    piece0: int
+    piece1: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class FlatSettings:
+    """The flat-row kernel's launch: a token's H*D channels as two power-of-two pieces of
+    ``piece0`` and ``piece1`` channels (``mask0`` / ``mask1``: the piece reaches past the
+    token), the program's warps, and whether Q and K run in programs of their own."""
+
+    piece0: int
+    piece1: int
+    mask0: bool
+    mask1: bool
+    num_warps: int
+    split_qk: bool
+
 
 def _next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def _pieces(hg: int):
-    p0 = 1 << (hg.bit_length() - 1)
-    rest = hg - p0
+def _pow2_pieces(n: int):
+    """``n`` as the largest power of two in it and the power of two covering the rest."""
+    p0 = 1 << (n.bit_length() - 1)
+    rest = n - p0
     return p0, (_next_pow2(rest) if rest else 0)
 
 
-def launch_settings(H: int, D: int, span_all: bool, has_k: bool, itemsize: int):
-    """(heads per program, piece sizes, num_warps) for one (H, D) problem.
+#: H*D of a token the flat-row kernel takes at most: 8 warps a tensor hold 48 live
+#: channels a thread
+FLAT_MAX_CHANNELS = 12288
 
-    A program takes all heads of a token when the norm spans them or the row is small
-    (at most 8192 channels); otherwise groups of heads holding 4096 channels. num_warps
-    gives each thread about 48 live values of Q and K (measured on the H200 over the
-    registry shapes, ``docs/design/qk_norm_rope.md``), at most 16 warps and at least 2 for
-    16-bit activations (``itemsize`` 2), 4 for fp32. The floor of 2 warps measured at
-    head_dim 64 x 24 heads (H200, 2026-11-30): SAME-L 153 -> 136 us, SA3 24.8 -> 21.5 in
-    bf16 (fp16 alike); in fp32 SA3 took 34.8 us at 2 warps against 31.7 at 4.
+
+def launch_settings(H: int, D: int, *, flat: bool, has_k: bool, itemsize: int,
+                    span_all: bool = False, heads: Optional[int] = None,
+                    num_warps: Optional[int] = None) -> "TokenSettings | FlatSettings":
+    """The launch of one (H, D) problem: :class:`FlatSettings` for the flat-row kernel
+    (``flat``; :func:`flat_applies`), else :class:`TokenSettings` for the per-token kernel.
+    ``itemsize``: bytes of an activation. ``heads`` / ``num_warps`` replace the table's heads
+    a program / warps of the per-token kernel (tests check that they do not change the
+    bits). Measurements behind the table: ``docs/design/qk_norm_rope.md``.
+
+    Per-token kernel: a program takes all heads of a token when the norm spans them
+    (``span_all``) or the row is small (at most 8192 channels); otherwise groups of heads
+    holding 4096 channels. Warps give each thread about 48 live values of Q and K, at most
+    16 warps and at least 2 for 16-bit activations, 4 for fp32 (the floor measured at
+    head_dim 64 x 24 heads).
+
+    Flat-row kernel: the token's H*D channels as a power of two and the power of two
+    covering the rest (5120 = 4096 + 1024, 3072 = 2048 + 1024, 1536 = 1024 + 512: no dead
+    lanes). Q and K in programs of their own whenever both are given (which is also what
+    lets 16-bit rows take the pair form). Warps: about 80 live channels a thread for 16-bit
+    values (they stay packed as loaded), 160 for fp32 (Wan 14B and 5B: 2 warps, Wan 1.3B: 1;
+    fp32: 1). The programs a SM that the registers allow set the bytes in flight; register
+    caps that would allow more spill (a shipped QK build must not: ``ditfuse inspect``).
     """
-    if span_all or H * D <= 8192:
-        hg = H
-    else:
-        hg = max(1, 4096 // _next_pow2(D))
-    p0, p1 = _pieces(hg)
-    elems = (p0 + p1) * _next_pow2(D) * (2 if has_k else 1)
-    target = elems / (32 * 48)
-    num_warps = 1 << max(0, round(math.log2(max(target, 1e-9))))
-    num_warps = min(16, max(2 if itemsize <= 2 else 4, num_warps))
-    return hg, p0, p1, num_warps
+    if flat:
+        nc = H * D
+        n0, n1 = _pow2_pieces(nc)
+        per_thread = 80 if itemsize <= 2 else 160
+        warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * per_thread)))))
+        return FlatSettings(piece0=n0, piece1=n1, mask0=False, mask1=n1 > nc - n0,
+                            num_warps=warps, split_qk=has_k)
+    if heads is None:
+        heads = H if span_all or H * D <= 8192 else max(1, 4096 // _next_pow2(D))
+    p0, p1 = _pow2_pieces(heads)
+    if num_warps is None:
+        elems = (p0 + p1) * _next_pow2(D) * (2 if has_k else 1)
+        target = elems / (32 * 48)
+        num_warps = 1 << max(0, round(math.log2(max(target, 1e-9))))
+        num_warps = min(16, max(2 if itemsize <= 2 else 4, num_warps))
+    return TokenSettings(heads=heads, piece0=p0, piece1=p1, num_warps=num_warps)
 
 
 def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
+    """A norm's kernel arguments by name: tensors ``w``, ``b``, ``a`` (``dummy`` where
+    absent), scalars ``alpha``, ``eps``, ``n`` and the flags of :class:`NormFlags`."""
     if n is None:
-        return dict(w=dummy, b=dummy, a=dummy, alpha=0.0, eps=0.0, n=1.0,
-                    NORM=0, SPAN_ALL=False, HAS_W=False, HAS_B=False, ALPHA_PTR=False, PRE=False)
+        return dict(w=dummy, b=dummy, a=dummy, alpha=0.0, eps=0.0, n=1.0, NORM=NO_NORM,
+                    SPAN_ALL=False, HAS_W=False, HAS_B=False, ALPHA_PTR=False, PRE=False)
     return dict(w=n.weight if n.weight is not None else dummy,
                 b=n.bias if n.bias is not None else dummy,
                 a=n.alpha_tensor if n.alpha_tensor is not None else dummy,
@@ -378,10 +434,25 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
                 ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
 
 
+def _norm_flags(a: dict, w_row: bool = False, words: bool = False) -> NormFlags:
+    """The kernel's compile-time description of the norm of ``_norm_args`` ``a``."""
+    return NormFlags(kind=a["NORM"], span_all=a["SPAN_ALL"], has_w=a["HAS_W"],
+                     has_b=a["HAS_B"], alpha_ptr=a["ALPHA_PTR"], round_pre_w=a["PRE"],
+                     w_row=w_row, words=words)
+
+
+def _rope_flags(p: Plan, interleaved: bool, words: bool = False, row: bool = False) -> RopeFlags:
+    return RopeFlags(on=p.cos is not None, interleaved=interleaved, table_half=p.table_half,
+                     per_head=p.table_per_head, positions=p.positions is not None,
+                     words=words, row=row)
+
+
 def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
     """What the per-token and flat launches pass alike: K and its output (Q's when there
     is no K: the kernel does not touch them), both norms' arguments, the tables and the
-    positions with their strides (q itself and zero strides where absent)."""
+    positions (q itself where absent), and every tensor's strides as keyword arguments
+    (zero strides where absent): tuples follow the tensors and scalars, which the launch
+    replay (``fastpath``) substitutes by position."""
     dummy = p.q
     k, ko = (p.k, k_out) if p.k is not None else (p.q, q_out)
     if p.cos is not None:
@@ -393,21 +464,26 @@ def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
         pos, pst = p.positions, p.positions.stride()
     else:
         pos, pst = dummy, (0, 0)
-    return (k, ko, _norm_args(p.q_norm, dummy), _norm_args(p.k_norm, dummy), cos, sin, cst,
-            sst, pos, pst)
+    qa, ka = _norm_args(p.q_norm, dummy), _norm_args(p.k_norm, dummy)
+    strides = dict(
+        q_strides=p.q.stride(), qo_strides=q_out.stride(), k_strides=k.stride(),
+        ko_strides=ko.stride(), cos_strides=cst, sin_strides=sst, pos_strides=pst)
+    return k, ko, qa, ka, cos, sin, pos, strides
 
 
-def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings=None,
-           stats: Optional[torch.Tensor] = None, stats_mode: int = 0, quant=None) -> None:
+def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
+           settings: Optional[TokenSettings] = None, stats: Optional[torch.Tensor] = None,
+           stats_mode: int = 0, quant=None) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``: the
     flat-row kernel where it applies (:func:`flat_applies`), else the per-token kernel.
 
-    ``settings`` = (heads per program, num_warps) runs the per-token kernel with these
-    instead of its table (tests check that they do not change the bits). ``quant`` =
-    (format, q_scale, k_scale): 8-bit outputs with (B, H, S) fp32 scales, from the kernel
-    (and its form, launch settings included) that the 16-bit call takes, so that the fp32
-    statistics run in the same order and the 8-bit values quantize its output bitwise (a
-    token's heads are in one program of either kernel: each head's amax in the same pass).
+    ``settings`` runs the per-token kernel with these instead of its table (tests check
+    that they do not change the bits). ``stats`` / ``stats_mode`` (``STATS_STORE``,
+    ``STATS_LOAD``): the head-parallel passes. ``quant`` = (format, q_scale, k_scale): 8-bit
+    outputs with (B, H, S) fp32 scales, from the kernel (and its form, launch settings
+    included) that the 16-bit call takes, so that the fp32 statistics run in the same order
+    and the 8-bit values quantize its output bitwise (a token's heads are in one program of
+    either kernel: each head's amax in the same pass).
     """
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
 
@@ -419,14 +495,12 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         return
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    hg, p0, p1, num_warps = launch_settings(H, D, span_all, has_k, p.q.element_size())
-    if settings is not None:
-        hg, num_warps = settings
-        p0, p1 = _pieces(hg)
+    st = settings or launch_settings(H, D, flat=False, has_k=has_k,
+                                     itemsize=p.q.element_size(), span_all=span_all)
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
-    k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
-    grid = (B * S, triton_cdiv(H, hg))
+    k, ko, qa, ka, cos, sin, pos, strides = _launch_args(p, q_out, k_out)
+    grid = (B * S, triton_cdiv(H, st.heads))
     qsc, ksc, scst = _scale_args(p, quant)
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
@@ -434,38 +508,36 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], settings
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
         stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q,
         qsc, ksc, S, H,
-        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(),
-        *cst, *sst, *pst, *scst,
     )
-    constexprs = dict(
-        D=D, R2=R2, P=P, HALF_PAD=_next_pow2(max(R2, 1)), PASS_PAD=_next_pow2(max(P, 1)),
-        HG=hg, P0=p0, P1=p1,
-        Q_NORM=qa["NORM"], Q_SPAN_ALL=qa["SPAN_ALL"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
-        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
-        K_NORM=ka["NORM"], K_SPAN_ALL=ka["SPAN_ALL"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
-        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
-        HAS_K=has_k, ROPE=p.cos is not None, INTERLEAVED=p.interleaved and p.cos is not None,
-        TABLE_HALF=p.table_half, TABLE_PER_HEAD=p.table_per_head,
-        HAS_POS=p.positions is not None, ROUND_NORM=p.round_after_norm, STATS=stats_mode,
-        OFF64=_needs_off64(p0 + p1, D, (p.q, q_out, k, ko), cst, sst),
-    )
-    if quant is not None:
-        constexprs["QUANT"] = _QUANT_CODE[quant[0]]
+    interleaved = p.interleaved and p.cos is not None
     # the word form where every interleaved pair is one aligned word (``_pair_words_ok``),
     # with the rows every head shares (a per-head norm's weight / bias, a table shared by
-    # the heads) read once as [1, pairs] tiles broadcast over the heads (H200, bf16, the
-    # same bits as the channel form: FLUX.2 65.4 us against 70.3, FLUX.1 37.1 / 38.1,
-    # HunyuanVideo 222.1 / 223.5, Qwen-Image 52.4 / 52.5; either change alone was slower,
-    # and the shared rows alone slowed the rotate-half SA3 21.0 -> 23.1, 2026-12-01:
-    # docs/design/qk_norm_rope.md)
-    if constexprs["INTERLEAVED"] and _pair_words_ok(p, q_out, k_out):
-        constexprs.update(X_WORDS=True, W_WORDS=_words_ok(_norm_tensors(p)),
-                          T_WORDS=not p.table_half and _words_ok([p.cos, p.sin]),
-                          Q_W_ROW=(qa["HAS_W"] or qa["HAS_B"]) and not qa["SPAN_ALL"],
-                          K_W_ROW=(ka["HAS_W"] or ka["HAS_B"]) and not ka["SPAN_ALL"],
-                          T_ROW=not p.table_per_head)
+    # the heads) read once as [1, pairs] tiles broadcast over the heads: faster together,
+    # either alone slower (docs/design/qk_norm_rope.md)
+    words = interleaved and _pair_words_ok(p, q_out, k_out)
+    w_words = words and _words_ok(_norm_tensors(p))
+    constexprs = dict(
+        D=D, R2=R2,
+        TILE=TokenTile(heads=st.heads, piece0=st.piece0, piece1=st.piece1,
+                       half_pad=_next_pow2(max(R2, 1)), pass_pad=_next_pow2(max(P, 1))),
+        Q_NORM=_norm_flags(qa, w_row=words and (qa["HAS_W"] or qa["HAS_B"])
+                           and not qa["SPAN_ALL"], words=w_words),
+        K_NORM=_norm_flags(ka, w_row=words and (ka["HAS_W"] or ka["HAS_B"])
+                           and not ka["SPAN_ALL"], words=w_words),
+        HAS_K=has_k,
+        ROPE=_rope_flags(p, interleaved,
+                         words=words and not p.table_half and _words_ok([p.cos, p.sin]),
+                         row=words and not p.table_per_head),
+        ROUND_NORM=p.round_after_norm, STATS=stats_mode,
+        OFF64=_needs_off64(st.piece0 + st.piece1, D, (p.q, q_out, k, ko),
+                           strides["cos_strides"], strides["sin_strides"]),
+        X_WORDS=words,
+    )
+    if quant is not None:
+        constexprs["QUANT"] = QUANT_CODE[quant[0]]
     fastpath.launch(_qk_norm_rope_kernel, grid, args,
-                     dict(constexprs, num_warps=num_warps, enable_fp_fusion=False))
+                    dict(strides, scale_strides=scst, **constexprs, num_warps=st.num_warps,
+                         enable_fp_fusion=False))
 
 
 def _scale_args(p: Plan, quant):
@@ -495,9 +567,6 @@ def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) 
     return True
 
 
-FLAT_MAX_CHANNELS = 12288  # H*D of a token: 8 warps a tensor hold 48 live channels a thread
-
-
 def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) -> bool:
     """Whether the flat-row kernel computes plan ``p``: every norm spans the token's heads
     (or there is none), the rotation (if any) is interleaved over whole heads, head_dim a
@@ -516,34 +585,6 @@ def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) ->
     cst = p.cos.stride() if p.cos is not None else (0, 0, 0, 0)
     sst = p.sin.stride() if p.sin is not None else (0, 0, 0, 0)
     return not _needs_off64(H, D, tensors, cst, sst)
-
-
-def flat_settings(H: int, D: int, has_k: bool, itemsize: int = 2):
-    """(piece 0, piece 1, mask 0, mask 1, num_warps, split) of the flat kernel.
-
-    Pieces: the token's H*D channels as a power of two and the power of two covering the
-    rest (5120 = 4096 + 1024, 3072 = 2048 + 1024, 1536 = 1024 + 512: no dead lanes).
-    Split: Q and K in programs of their own (which is also what lets 16-bit rows take the
-    pair form). Warps: about 80 live channels a thread for 16-bit values (they stay packed
-    as loaded), 160 for fp32: Wan 14B and 5B 2 warps a tensor, Wan 1.3B 1 warp; in fp32 1
-    warp (H200, 2026-12-01: Wan 14B 480p 659.2 us at 1 warp, 723.7 at 2, 663.6 at 4; Wan
-    1.3B 206.3 at 1 or 2). H200 sweeps of the same day with the half-width tables the
-    patched Wan passes (``benchmarks/flat_sweep.py``, bf16; us for warps 1 / 2 / 4 split,
-    then 2 together): Wan 14B 480p 396.1 / 337.2 / 338.0, together 368.2; Wan 2.2 5B 704p
-    169.6 / 170.0 / 178.4, together 225.8; Wan 1.3B 480p 110.7 / 113.4 / 128.2, together
-    124.4. Q and K together in one program also varied with where the two tensors lie:
-    124.5 us alone, 143.4 us inside a ``ditfuse bench`` run. The programs a SM that the
-    registers allow set the bytes in flight; register caps that would allow more spill (a
-    shipped QK build must not: ``ditfuse inspect``). Details: ``docs/design/qk_norm_rope.md``.
-    """
-    nc = H * D
-    n0 = 1 << (nc.bit_length() - 1)
-    rest = nc - n0
-    n1 = _next_pow2(rest) if rest else 0
-    split = has_k
-    per_thread = 80 if itemsize <= 2 else 160
-    num_warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * per_thread)))))
-    return n0, n1, False, n1 > rest, num_warps, split
 
 
 def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
@@ -597,7 +638,7 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
                 num_warps: Optional[int] = None, split: Optional[bool] = None,
                 quant=None) -> None:
     """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps`` and ``split`` (Q
-    and K in programs of their own) override :func:`flat_settings` (tests check that they
+    and K in programs of their own) override :func:`launch_settings` (tests check that they
     do not change the bits). ``quant`` = (format, q_scale, k_scale): ``q_out`` / ``k_out``
     are 8-bit, each head of a token with its fp32 scale; the form, pieces and warps are
     those of the 16-bit call (the fp32 statistics in the same order: outputs of the same
@@ -606,43 +647,37 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
 
     B, S, H, D = p.q.shape
     has_k = p.k is not None
-    k, ko, qa, ka, cos, sin, cst, sst, pos, pst = _launch_args(p, q_out, k_out)
+    k, ko, qa, ka, cos, sin, pos, strides = _launch_args(p, q_out, k_out)
     row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
                      for t in (p.q, q_out, k, ko))
-    n0, n1, mask0, mask1, warps, table_split = flat_settings(H, D, has_k, p.q.element_size())
+    st = launch_settings(H, D, flat=True, has_k=has_k, itemsize=p.q.element_size())
+    split_qk = has_k and (st.split_qk if split is None else bool(split))
     qsc, ksc, scst = _scale_args(p, quant)
     args = (
         p.q, q_out, k, ko, cos, sin, pos,
         qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
         qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], qsc, ksc, S, H * D,
-        *p.q.stride(), *q_out.stride(), *k.stride(), *ko.stride(), *cst, *sst, *pst, *scst,
     )
+    # the pair form where Q and K run in programs of their own through one body; mixed
+    # norms keep the channel form (two bodies measured no faster: docs/design/qk_norm_rope.md)
+    pairs = split_qk and _same_body(qa, ka) and pairs_applies(p, q_out, k_out, row_contig)
+    w_words = pairs and _words_ok(_norm_tensors(p))
     constexprs = dict(
-        D=D, N0=n0, N1=n1, MASK0=mask0, MASK1=mask1,
-        Q_NORM=qa["NORM"], Q_HAS_W=qa["HAS_W"], Q_HAS_B=qa["HAS_B"],
-        Q_ALPHA_PTR=qa["ALPHA_PTR"], Q_ROUND_PRE_W=qa["PRE"],
-        K_NORM=ka["NORM"], K_HAS_W=ka["HAS_W"], K_HAS_B=ka["HAS_B"],
-        K_ALPHA_PTR=ka["ALPHA_PTR"], K_ROUND_PRE_W=ka["PRE"],
-        HAS_K=has_k, ROPE=p.cos is not None, TABLE_HALF=p.table_half,
-        TABLE_PER_HEAD=p.table_per_head, HAS_POS=p.positions is not None,
-        ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig,
-        SPLIT_QK=has_k and (table_split if split is None else bool(split)),
+        D=D, N0=st.piece0, N1=st.piece1, MASK0=st.mask0, MASK1=st.mask1,
+        Q_NORM=_norm_flags(qa, words=w_words), K_NORM=_norm_flags(ka, words=w_words),
+        HAS_K=has_k,
+        ROPE=_rope_flags(p, p.interleaved and p.cos is not None,
+                         words=pairs and p.cos is not None and not p.table_half
+                         and _words_ok([p.cos, p.sin])),
+        ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig, SPLIT_QK=split_qk,
+        PAIRS=pairs,
     )
     if quant is not None:
-        constexprs["QUANT"] = _QUANT_CODE[quant[0]]
-    # the pair form where Q and K run in programs of their own through one body (H200,
-    # 2026-12-01: Wan 14B 480p 384.8 -> 370.1 us in place with full-width tables, 337.2 us
-    # with half-width ones); two bodies measured no faster (389.2 vs 387.5), so mixed norms
-    # keep the channel form (docs/design/qk_norm_rope.md)
-    pairs = (constexprs["SPLIT_QK"] and _same_body(qa, ka)
-             and pairs_applies(p, q_out, k_out, row_contig))
-    if pairs:
-        constexprs.update(PAIRS=True, W_WORDS=_words_ok(_norm_tensors(p)),
-                          T_WORDS=p.cos is not None and not p.table_half
-                          and _words_ok([p.cos, p.sin]))
-    opts = dict(num_warps=num_warps or warps, enable_fp_fusion=False)
-    grid = (B * S, 2 if constexprs["SPLIT_QK"] else 1)
-    fastpath.launch(_qk_norm_rope_flat_kernel, grid, args, dict(constexprs, **opts))
+        constexprs["QUANT"] = QUANT_CODE[quant[0]]
+    opts = dict(num_warps=num_warps or st.num_warps, enable_fp_fusion=False)
+    grid = (B * S, 2 if split_qk else 1)
+    fastpath.launch(_qk_norm_rope_flat_kernel, grid, args,
+                    dict(strides, scale_strides=scst, **constexprs, **opts))
 
 
 def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
@@ -765,9 +800,9 @@ def _launch_head_parallel(p: Plan, qo4, ko4) -> None:
 
     B, S = p.q.shape[:2]
     stats = torch.empty(2, B * S, dtype=torch.float32, device=p.q.device)
-    launch(p, qo4, ko4, stats=stats, stats_mode=1)
+    launch(p, qo4, ko4, stats=stats, stats_mode=STATS_STORE.value)
     dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=p.process_group)
-    launch(p, qo4, ko4, stats=stats, stats_mode=2)
+    launch(p, qo4, ko4, stats=stats, stats_mode=STATS_LOAD.value)
 
 
 _CACHE = fastpath.Cache()
@@ -1057,139 +1092,154 @@ def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.floa
 # ---------------------------------------------------------------------------------------
 # torch.library ops: what torch.compile and CUDA-graph capture see (eager calls launch directly)
 
-def _kwargs(positions, qn, kn, num_heads, rope_style, rotary_dim, round_after_norm, layout):
-    return dict(q_norm=unflatten_norm(*qn), k_norm=unflatten_norm(*kn),
-                num_heads=num_heads or None, rope_style=rope_style,
-                rotary_dim=rotary_dim or None, positions=positions,
-                round_after_norm=round_after_norm, layout=layout)
+class OpArgs(NamedTuple):
+    """The arguments every ``ditfuse::qk_norm_rope*`` op takes first, in schema order: the
+    public call flattened to tensors and scalars (each norm as
+    :func:`ditfuse.norms.flatten_norm` writes it). The ops' schemas are written from these
+    fields (:func:`_op`)."""
+
+    q: Tensor
+    k: Optional[Tensor]
+    cos: Optional[Tensor]
+    sin: Optional[Tensor]
+    positions: Optional[Tensor]
+    q_weight: Optional[Tensor]
+    q_bias: Optional[Tensor]
+    q_alpha_t: Optional[Tensor]
+    q_kind: int
+    q_eps: float
+    q_size: int
+    q_alpha: float
+    q_pre: bool
+    k_weight: Optional[Tensor]
+    k_bias: Optional[Tensor]
+    k_alpha_t: Optional[Tensor]
+    k_kind: int
+    k_eps: float
+    k_size: int
+    k_alpha: float
+    k_pre: bool
+    num_heads: int
+    rope_style: str
+    rotary_dim: int
+    round_after_norm: bool
+    layout: str
+
+    def call_kwargs(self) -> dict:
+        """The public call's keyword arguments (``q``, ``k``, ``cos``, ``sin`` aside)."""
+        return dict(q_norm=unflatten_norm(*self[5:13]), k_norm=unflatten_norm(*self[13:21]),
+                    num_heads=self.num_heads or None, rope_style=self.rope_style,
+                    rotary_dim=self.rotary_dim or None, positions=self.positions,
+                    round_after_norm=self.round_after_norm, layout=self.layout)
 
 
-@library.op("ditfuse::qk_norm_rope", mutates_args=())
-def qk_norm_rope_op(
-    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
-    positions: Optional[Tensor],
-    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
-    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
-    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
-    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
-    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
-) -> List[Tensor]:
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    qo, ko = call(q, k, cos, sin, inplace=False, **kw)
+_N_OP_ARGS = len(OpArgs._fields)
+
+
+def _flat(fn, signature: inspect.Signature):
+    """``fn(OpArgs, *extra)`` as the function of the schema's flat arguments the dispatcher
+    calls (``signature``: what ``torch.library`` reads the schema from)."""
+    make = OpArgs._make
+
+    def flat(*args):
+        return fn(make(args[:_N_OP_ARGS]), *args[_N_OP_ARGS:])
+
+    flat.__signature__ = signature
+    flat.__name__, flat.__doc__ = fn.__name__, fn.__doc__
+    return flat
+
+
+def _op(name: str, returns, mutates_args=(), extra=()):
+    """``@_op(name, returns, ...)`` on ``fn(a: OpArgs, *extra)``: the op ``ditfuse::<name>``
+    with the schema of :class:`OpArgs`' fields, then ``extra`` ((name, type) pairs); its
+    ``.register_fake`` takes a fake of the same form."""
+    fields = typing.get_type_hints(OpArgs)
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t)
+              for n, t in (*fields.items(), *extra)]
+    signature = inspect.Signature(params, return_annotation=returns)
+
+    def wrap(fn):
+        registered = library.op(f"ditfuse::{name}", mutates_args=mutates_args)(
+            _flat(fn, signature))
+        register_fake = registered.register_fake
+        registered.register_fake = lambda fake: register_fake(_flat(fake, signature))
+        return registered
+
+    return wrap
+
+
+def _fake_plan(a: OpArgs) -> Plan:
+    """The plan of an op's arguments on fake tensors: bad input fails while tracing."""
+    return plan(a.q, a.k, a.cos, a.sin, runtime_checks=False, **a.call_kwargs())
+
+
+@_op("qk_norm_rope", List[Tensor])
+def qk_norm_rope_op(a: OpArgs) -> List[Tensor]:
+    """The functional form: [q_out] or [q_out, k_out]."""
+    qo, ko = call(a.q, a.k, a.cos, a.sin, inplace=False, **a.call_kwargs())
     return [qo] if ko is None else [qo, ko]
 
 
 @qk_norm_rope_op.register_fake
-def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
-      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
-      rope_style, rotary_dim, round_after_norm, layout):
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    plan(q, k, cos, sin, runtime_checks=False, **kw)
-    outs = [torch.empty(q.shape, dtype=q.dtype, device=q.device)]
-    if k is not None:
-        outs.append(torch.empty(k.shape, dtype=k.dtype, device=k.device))
+def _(a: OpArgs):
+    _fake_plan(a)
+    outs = [torch.empty(a.q.shape, dtype=a.q.dtype, device=a.q.device)]
+    if a.k is not None:
+        outs.append(torch.empty(a.k.shape, dtype=a.k.dtype, device=a.k.device))
     return outs
 
 
-@library.op("ditfuse::qk_norm_rope_", mutates_args=("q", "k"))
-def qk_norm_rope_inplace_op(
-    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
-    positions: Optional[Tensor],
-    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
-    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
-    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
-    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
-    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
-) -> None:
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    call(q, k, cos, sin, inplace=True, **kw)
+@_op("qk_norm_rope_", None, mutates_args=("q", "k"))
+def qk_norm_rope_inplace_op(a: OpArgs) -> None:
+    """The ``inplace=True`` form."""
+    call(a.q, a.k, a.cos, a.sin, inplace=True, **a.call_kwargs())
 
 
 @qk_norm_rope_inplace_op.register_fake
-def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
-      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
-      rope_style, rotary_dim, round_after_norm, layout):
+def _(a: OpArgs):
     return None
 
 
-@library.op("ditfuse::qk_norm_rope_out", mutates_args=("q_out", "k_out"))
-def qk_norm_rope_out_op(
-    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
-    positions: Optional[Tensor],
-    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
-    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
-    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
-    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
-    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
-    q_out: Tensor, k_out: Optional[Tensor],
-) -> None:
+@_op("qk_norm_rope_out", None, mutates_args=("q_out", "k_out"),
+     extra=(("q_out", Tensor), ("k_out", Optional[Tensor])))
+def qk_norm_rope_out_op(a: OpArgs, q_out: Tensor, k_out: Optional[Tensor]) -> None:
     """The ``out=`` form: results written into the caller's buffers (the joint-attention
     processors' rows of the joint Q / K). A mutating op, so inductor writes the views of
     the joint buffer in place instead of a functional result plus a copy into the rows."""
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    call(q, k, cos, sin, inplace=False, out=(q_out, k_out), **kw)
+    call(a.q, a.k, a.cos, a.sin, inplace=False, out=(q_out, k_out), **a.call_kwargs())
 
 
 @qk_norm_rope_out_op.register_fake
-def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
-      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
-      rope_style, rotary_dim, round_after_norm, layout, q_out, k_out):
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    plan(q, k, cos, sin, runtime_checks=False, **kw)  # bad input fails while tracing
+def _(a: OpArgs, q_out, k_out):
+    _fake_plan(a)
     return None
 
 
-@library.op("ditfuse::qk_norm_rope_quant", mutates_args=())
-def qk_norm_rope_quant_op(
-    q: Tensor, k: Optional[Tensor], cos: Optional[Tensor], sin: Optional[Tensor],
-    positions: Optional[Tensor],
-    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
-    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
-    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
-    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
-    num_heads: int, rope_style: str, rotary_dim: int, round_after_norm: bool, layout: str,
-    quantize: str,
-) -> List[Tensor]:
+@_op("qk_norm_rope_quant", List[Tensor], extra=(("quantize", str),))
+def qk_norm_rope_quant_op(a: OpArgs, quantize: str) -> List[Tensor]:
     """The ``quantize=`` form: [q, q_scale] or [q, k, q_scale, k_scale] (8-bit values in
     the input's shape, (B, H, S) fp32 scales)."""
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    r = call(q, k, cos, sin, inplace=False, quantize=quantize, **kw)
+    r = call(a.q, a.k, a.cos, a.sin, inplace=False, quantize=quantize, **a.call_kwargs())
     return [r.q, r.q_scale] if r.k is None else [r.q, r.k, r.q_scale, r.k_scale]
 
 
 @qk_norm_rope_quant_op.register_fake
-def _(q, k, cos, sin, positions, q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha,
-      q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre, num_heads,
-      rope_style, rotary_dim, round_after_norm, layout, quantize):
+def _(a: OpArgs, quantize):
     _check_quantize(quantize)
-    kw = _kwargs(positions, (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                 (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                 num_heads, rope_style, rotary_dim, round_after_norm, layout)
-    p = plan(q, k, cos, sin, runtime_checks=False, **kw)
+    p = _fake_plan(a)
     B, S, H, _ = p.q.shape
     dt = QUANT_DTYPES[quantize]
-    values = [torch.empty(x.shape, dtype=dt, device=x.device) for x in (q, k) if x is not None]
-    scales = [torch.empty(B, H, S, dtype=torch.float32, device=q.device) for _ in values]
+    values = [torch.empty(x.shape, dtype=dt, device=x.device) for x in (a.q, a.k)
+              if x is not None]
+    scales = [torch.empty(B, H, S, dtype=torch.float32, device=a.q.device) for _ in values]
     return values + scales
 
 
 def op_args(q, k, cos, sin, *, q_norm, k_norm, num_heads, rope_style, rotary_dim, positions,
-            round_after_norm, layout):
-    return (q, k, cos, sin, positions, *flatten_norm(q_norm, "q_norm"),
-            *flatten_norm(k_norm, "k_norm"), int(num_heads or 0), rope_style,
-            int(rotary_dim or 0), bool(round_after_norm), layout)
+            round_after_norm, layout) -> OpArgs:
+    return OpArgs(q, k, cos, sin, positions, *flatten_norm(q_norm, "q_norm"),
+                  *flatten_norm(k_norm, "k_norm"), int(num_heads or 0), rope_style,
+                  int(rotary_dim or 0), bool(round_after_norm), layout)
 
 
 def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):
