@@ -574,16 +574,18 @@ def _qk_norm_rope_flat_kernel(
     kbase = b * k_strides[0] + s * k_strides[1]
     if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K: half the live values a program
         if tl.program_id(1) == 0:
-            _one_tensor(q_ptr, qbase, q_strides, c0, l0, c1, l1, qo_ptr,
-                        b * qo_strides[0] + s * qo_strides[1], o_strides=qo_strides,
+            qobase = b * qo_strides[0] + s * qo_strides[1]
+            _one_tensor(q_ptr, qbase, q_strides, c0, l0, c1, l1, qo_ptr, obase=qobase,
+                        o_strides=qo_strides,
                         w_ptr=qw_ptr, b_ptr=qb_ptr, a_ptr=qa_ptr,
                         args=NormArgs(q_alpha, q_eps, q_n), row=row,
                         sc_ptr=q_scale_ptr, scbase=scbase, sc_strides=scale_strides, NC=NC,
                         D=D, N0=N0, N1=N1, MASK0=MASK0, MASK1=MASK1, NORM=Q_NORM, ROPE=ROPE,
                         ROUND_NORM=ROUND_NORM, ROW_CONTIG=ROW_CONTIG, QUANT=QUANT)
         else:
-            _one_tensor(k_ptr, kbase, k_strides, c0, l0, c1, l1, ko_ptr,
-                        b * ko_strides[0] + s * ko_strides[1], o_strides=ko_strides,
+            kobase = b * ko_strides[0] + s * ko_strides[1]
+            _one_tensor(k_ptr, kbase, k_strides, c0, l0, c1, l1, ko_ptr, obase=kobase,
+                        o_strides=ko_strides,
                         w_ptr=kw_ptr, b_ptr=kb_ptr, a_ptr=ka_ptr,
                         args=NormArgs(k_alpha, k_eps, k_n), row=row,
                         sc_ptr=k_scale_ptr, scbase=scbase, sc_strides=scale_strides, NC=NC,

@@ -323,10 +323,10 @@ def _finish_piece(xa, xb, xp, mp, mean, rstd, alpha, hh, hmask, h_start, o_ptr, 
         # the head's scale needs all of its channels: the rotary pairs are stored with the
         # pass-through ones, after the amax (one pass, the head's values in registers)
         ma = hmask & (tl.arange(0, HALF_PAD)[None, :] < R2)
-        _quantize_store(oa, ob, yp, ma, mp, hh, hmask, o_ptr, obase, o_strides=o_strides,
-                        sc_ptr=sc_ptr, scbase=scbase, sc_strides=sc_strides, R2=R2, P=P,
-                        NH=NH, HALF_PAD=HALF_PAD, PASS_PAD=PASS_PAD,
-                        INTERLEAVED=ROPE.interleaved, ACT=ACT, QUANT=QUANT)
+        _quantize_store(oa, ob, yp, ma, mp, hh, hmask, o_ptr=o_ptr, obase=obase,
+                        o_strides=o_strides, sc_ptr=sc_ptr, scbase=scbase,
+                        sc_strides=sc_strides, R2=R2, P=P, NH=NH, HALF_PAD=HALF_PAD,
+                        PASS_PAD=PASS_PAD, INTERLEAVED=ROPE.interleaved, ACT=ACT, QUANT=QUANT)
 
 
 @jit
@@ -463,16 +463,16 @@ def _norm_rope_tensor(x, tok, h_start, h_end, o_ptr, obase, o_strides, w_ptr, b_
 
     # --- normalise, rotate, store --------------------------------------------------
     if STATS != STATS_STORE:
-        _finish_piece(xa0, xb0, xp0, mp0, mean0, rstd0, alpha, hh0, hm0, h_start,
-                      o_ptr=o_ptr, obase=obase, o_strides=o_strides, w_ptr=w_ptr, b_ptr=b_ptr,
-                      row=row, sc_ptr=sc_ptr, scbase=scbase, sc_strides=sc_strides, D=D,
-                      R2=R2, HALF_PAD=HALF_PAD, PASS_PAD=PASS_PAD, NH=P0, NORM=NORM,
-                      ROPE=ROPE, ROUND_NORM=ROUND_NORM, ACT=ACT, X_WORDS=X_WORDS,
-                      QUANT=QUANT)
+        _finish_piece(xa0, xb0, xp0, mp0, mean0, rstd0, alpha, hh0, hmask=hm0,
+                      h_start=h_start, o_ptr=o_ptr, obase=obase, o_strides=o_strides,
+                      w_ptr=w_ptr, b_ptr=b_ptr, row=row, sc_ptr=sc_ptr, scbase=scbase,
+                      sc_strides=sc_strides, D=D, R2=R2, HALF_PAD=HALF_PAD, PASS_PAD=PASS_PAD,
+                      NH=P0, NORM=NORM, ROPE=ROPE, ROUND_NORM=ROUND_NORM, ACT=ACT,
+                      X_WORDS=X_WORDS, QUANT=QUANT)
         if P1 > 0:
-            _finish_piece(xa1, xb1, xp1, mp1, mean1, rstd1, alpha, hh1, hm1, h_start,
-                          o_ptr=o_ptr, obase=obase, o_strides=o_strides, w_ptr=w_ptr,
-                          b_ptr=b_ptr, row=row, sc_ptr=sc_ptr, scbase=scbase,
+            _finish_piece(xa1, xb1, xp1, mp1, mean1, rstd1, alpha, hh1, hmask=hm1,
+                          h_start=h_start, o_ptr=o_ptr, obase=obase, o_strides=o_strides,
+                          w_ptr=w_ptr, b_ptr=b_ptr, row=row, sc_ptr=sc_ptr, scbase=scbase,
                           sc_strides=sc_strides, D=D, R2=R2, HALF_PAD=HALF_PAD,
                           PASS_PAD=PASS_PAD, NH=P1, NORM=NORM, ROPE=ROPE,
                           ROUND_NORM=ROUND_NORM, ACT=ACT, X_WORDS=X_WORDS, QUANT=QUANT)

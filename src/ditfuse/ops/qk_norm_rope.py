@@ -164,8 +164,9 @@ def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
         eps = torch.finfo(torch.float32).eps if spec.kind != "dyt" else 0.0
     round_pre_w = bool(spec.round_before_weight and spec.weight is not None
                        and spec.weight.dtype == x.dtype and x.dtype != torch.float32)
-    return _Norm(spec.code, spec.weight, spec.bias, alpha_t, alpha_v, float(eps),
-                 span == H * D and H > 1, round_pre_w, span)
+    return _Norm(code=spec.code, weight=spec.weight, bias=spec.bias, alpha_tensor=alpha_t,
+                 alpha_value=alpha_v, eps=float(eps), span_all=span == H * D and H > 1,
+                 round_pre_w=round_pre_w, n=span)
 
 
 def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Optional[int]):
@@ -329,9 +330,11 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             if n is not None:
                 n.n = world * H * D  # the statistic spans every rank's heads
                 n.span_all = True
-    return Plan(q4, k4, cos4, sin4, pos2, qn, kn, R, rope_style == "interleaved", table_half,
-                per_head, bool(round_after_norm), tuple(q.shape), layout,
-                num_heads if q.dim() == 3 else None, process_group)
+    return Plan(q=q4, k=k4, cos=cos4, sin=sin4, positions=pos2, q_norm=qn, k_norm=kn,
+                rotary_dim=R, interleaved=rope_style == "interleaved", table_half=table_half,
+                table_per_head=per_head, round_after_norm=bool(round_after_norm),
+                q_shape=tuple(q.shape), layout=layout,
+                num_heads_3d=num_heads if q.dim() == 3 else None, process_group=process_group)
 
 
 # ---------------------------------------------------------------------------------------
