@@ -15,7 +15,7 @@ from ditfuse.ops.activations import supported
 from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
 from ditfuse.ops.attention_api import attention as _attention
 from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
-from ditfuse.ops.qk_norm_rope import QuantizedQK
+from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.runtime import backend, library
 
 
@@ -261,6 +261,29 @@ def _apart(operands) -> tuple:
             roots.append(root)
         out.append(t)
     return tuple(out)
+
+
+def joint_qk(streams, quantize=None, like: int = 0):
+    """The joint Q / K of a joint-attention call, its streams in the model's token order:
+    ``streams`` of (q, k, kwargs), (B, S_i, H, D) Q / K and the ``qk_norm_rope`` keywords of
+    that stream (its norms, its rows of the rotary tables). Each stream is normalised (and
+    rotated) by one kernel straight into its rows of fresh joint Q / K, allocated like stream
+    ``like``'s -- where the eager processors normalise, rotate and then concatenate: more
+    passes over Q and K, the same values. With ``quantize``: each stream's ``QuantizedQK``
+    from its kernel, concatenated (:func:`cat_quantized`)."""
+    if quantize:
+        return cat_quantized([qk_norm_rope(q, k, quantize=quantize, **kw)
+                              for q, k, kw in streams])
+    q_like, k_like, _ = streams[like]
+    B, _, H, D = q_like.shape
+    n = sum(q.shape[1] for q, _, _ in streams)
+    q_all, k_all = q_like.new_empty(B, n, H, D), k_like.new_empty(B, n, H, D)
+    row = 0
+    for q, k, kw in streams:
+        rows = slice(row, row + q.shape[1])
+        qk_norm_rope(q, k, out=(q_all[:, rows], k_all[:, rows]), **kw)
+        row = rows.stop
+    return q_all, k_all
 
 
 def cat_quantized(parts) -> QuantizedQK:

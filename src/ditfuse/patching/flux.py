@@ -93,30 +93,32 @@ def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -
             and not common.params_need_grad(attn) and common.rope_pair_ok(image_rotary_emb, total))
 
 
-def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint):
+def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint,
+             quantize=None):
     """Per-head norm + RoPE of the (text +) image streams, as the FLUX processors do before
     attention: unflatten to heads, norm each stream with its own norms, concatenate text
-    first, rotate the whole sequence. Each stream is written into its slice of the joint Q/K
-    by one kernel call; returns (query, key, value) as (B, S_total, H, D)."""
+    first, rotate the whole sequence -- each stream by one kernel call into its rows of the
+    joint Q / K (:func:`~ditfuse.patching.common.joint_qk`). (query, key, value) as
+    (B, S_total, H, D); with ``quantize`` (``QuantizedQK``, value)."""
     D = attn.head_dim
-    query = query.unflatten(-1, (-1, D))
-    key = key.unflatten(-1, (-1, D))
-    value = value.unflatten(-1, (-1, D))
+    query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
     cos, sin = rope if rope is not None else (None, None)
     if not joint:
-        return (*qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k), value)
-    encoder_query = encoder_query.unflatten(-1, (-1, D))
-    encoder_key = encoder_key.unflatten(-1, (-1, D))
-    encoder_value = encoder_value.unflatten(-1, (-1, D))
-    T = encoder_query.shape[1]
-    B, S, H = query.shape[:3]
-    q_all = query.new_empty(B, T + S, H, D)
-    k_all = key.new_empty(B, T + S, H, D)
-    qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T), q_norm=attn.norm_added_q,
-                 k_norm=attn.norm_added_k, out=(q_all[:, :T], k_all[:, :T]))
-    qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q, k_norm=attn.norm_k,
-                 out=(q_all[:, T:], k_all[:, T:]))
-    return q_all, k_all, torch.cat([encoder_value, value], dim=1)
+        qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
+                          **({"quantize": quantize} if quantize else {}))
+    else:
+        encoder_query, encoder_key, encoder_value = (
+            t.unflatten(-1, (-1, D)) for t in (encoder_query, encoder_key, encoder_value))
+        T, S = encoder_query.shape[1], query.shape[1]
+        c_cos, c_sin = _rows(cos, sin, 0, T)
+        i_cos, i_sin = _rows(cos, sin, T, T + S)
+        qk = common.joint_qk([
+            (encoder_query, encoder_key, dict(cos=c_cos, sin=c_sin, q_norm=attn.norm_added_q,
+                                              k_norm=attn.norm_added_k)),
+            (query, key, dict(cos=i_cos, sin=i_sin, q_norm=attn.norm_q, k_norm=attn.norm_k))],
+            quantize=quantize, like=1)
+        value = torch.cat([encoder_value, value], dim=1)
+    return (qk, value) if quantize else (*qk, value)
 
 
 def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, encoder_value,
@@ -128,7 +130,6 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
     concatenated text first (their values and their scales), V as the processor
     concatenates it, and ``ditfuse.attention(..., precision="fp8")`` -- a key-padding
     ``mask`` (bool (B or 1, 1, 1, S_total), ``common.key_padding``) as its ``key_mask``."""
-    D = attn.head_dim
     enc = (encoder_query, encoder_key, encoder_value) if joint else ()
 
     def attend_16bit(query, key, value, *enc):
@@ -140,25 +141,11 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
         return out.flatten(2, 3).to(query.dtype)
 
     def attend_8bit(query, key, value, *enc, key_mask=None):
-        query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
-        cos, sin = rope if rope is not None else (None, None)
-        if not enc:
-            qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                              quantize="int8")
-        else:
-            encoder_query, encoder_key, encoder_value = (t.unflatten(-1, (-1, D)) for t in enc)
-            T = encoder_query.shape[1]
-            S = query.shape[1]
-            qk = common.cat_quantized([
-                qk_norm_rope(encoder_query, encoder_key, *_rows(cos, sin, 0, T),
-                             q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
-                             quantize="int8"),
-                qk_norm_rope(query, key, *_rows(cos, sin, T, T + S), q_norm=attn.norm_q,
-                             k_norm=attn.norm_k, quantize="int8")])
-            value = torch.cat([encoder_value, value], dim=1)
+        qk, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope, joint,
+                             quantize="int8")
         return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
-    eight = common.use_8bit(proc, query, value, D, mask, proc._parallel_config)
+    eight = common.use_8bit(proc, query, value, attn.head_dim, mask, proc._parallel_config)
     n = query.shape[1] + (encoder_query.shape[1] if joint else 0)
     return common.attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc),
                          keys=(query.shape[0], n))

@@ -13,7 +13,6 @@ import torch
 
 from ditfuse.ops.activations import GELU_KINDS, gelu
 from ditfuse.ops.adaln import gated_residual
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.patching import common
 from ditfuse.patching.flux import _ada_zero_forward, zero_block_forwards
 
@@ -23,19 +22,19 @@ def _heads(attn, x, *projections):
     return tuple(proj(x).unflatten(2, (attn.heads, -1)) for proj in projections)
 
 
+def _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key):
+    """A dual-stream block's streams for :func:`~ditfuse.patching.common.joint_qk`, image
+    first: the image's Q / K normalised and rotated, the text's normalised."""
+    return [(query, key, dict(cos=cos, sin=sin, q_norm=attn.norm_q, k_norm=attn.norm_k)),
+            (encoder_query, encoder_key, dict(q_norm=attn.norm_added_q,
+                                              k_norm=attn.norm_added_k))]
+
+
 def _dual_qkv(attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value):
     """The joint (image then text) Q / K / V of a dual-stream block, each stream's Q / K
-    normalised (the image's also rotated) by one kernel straight into its rows -- where the
-    eager processors normalise, rotate and then concatenate: more passes over Q and K, the
-    same values."""
-    B, S, H, D = query.shape
-    T = encoder_query.shape[1]
-    q_all = query.new_empty(B, S + T, H, D)
-    k_all = key.new_empty(B, S + T, H, D)
-    qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                 out=(q_all[:, :S], k_all[:, :S]))
-    qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
-                 out=(q_all[:, S:], k_all[:, S:]))
+    straight into its rows (:func:`~ditfuse.patching.common.joint_qk`)."""
+    q_all, k_all = common.joint_qk(_dual_streams(attn, cos, sin, query, key, encoder_query,
+                                                 encoder_key))
     return q_all, k_all, torch.cat([value, encoder_value], dim=1)
 
 
@@ -44,11 +43,8 @@ def _dual_8bit(attn, cos, sin, query, key, value, encoder_query, encoder_key, en
     """A dual-stream block's attention on 8 bits: each stream's Q / K normalised (the image's
     also rotated) and quantized to int8 with per-token scales by one kernel, concatenated
     image first (values and scales), V as :func:`_dual_qkv` concatenates it."""
-    qk = common.cat_quantized([
-        qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                     quantize="int8"),
-        qk_norm_rope(encoder_query, encoder_key, q_norm=attn.norm_added_q,
-                     k_norm=attn.norm_added_k, quantize="int8")])
+    qk = common.joint_qk(_dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key),
+                         quantize="int8")
     return common.attention_8bit(qk, torch.cat([value, encoder_value], dim=1),
                                  key_mask=key_mask).flatten(2, 3)
 
@@ -59,17 +55,11 @@ def _single_qk(attn, cos, sin, query, key, n_img, text=None, quantize=None):
     the same bits, faster: docs/design/qk_norm_rope.md): the image rows normalised and
     rotated, the text rows normalised. With ``quantize`` their ``QuantizedQK``."""
     img = slice(0, n_img)
-    kw = dict(q_norm=attn.norm_q, k_norm=attn.norm_k)
-    if quantize:
-        parts = [qk_norm_rope(query[:, img], key[:, img], cos, sin, quantize=quantize, **kw)]
-        if text is not None:
-            parts.append(qk_norm_rope(query[:, text], key[:, text], quantize=quantize, **kw))
-        return common.cat_quantized(parts)
-    q_new, k_new = torch.empty_like(query), torch.empty_like(key)
-    qk_norm_rope(query[:, img], key[:, img], cos, sin, out=(q_new[:, img], k_new[:, img]), **kw)
+    norms = dict(q_norm=attn.norm_q, k_norm=attn.norm_k)
+    streams = [(query[:, img], key[:, img], dict(cos=cos, sin=sin, **norms))]
     if text is not None:
-        qk_norm_rope(query[:, text], key[:, text], out=(q_new[:, text], k_new[:, text]), **kw)
-    return q_new, k_new
+        streams.append((query[:, text], key[:, text], norms))
+    return common.joint_qk(streams, quantize=quantize)
 
 
 def _sdpa(proc, dispatch, query, key, value, mask):

@@ -83,7 +83,6 @@ def _make_processor():
             txt_q, txt_k, txt_v = map(heads, (attn.add_q_proj(encoder_hidden_states),
                                               attn.add_k_proj(encoder_hidden_states),
                                               attn.add_v_proj(encoder_hidden_states)))
-            B, S, H = img_q.shape[:3]
             if image_rotary_emb is not None:
                 (ic, is_), (tc, ts) = _cs(image_rotary_emb[0]), _cs(image_rotary_emb[1])
                 rot = dict(rotary_dim=D)
@@ -92,29 +91,26 @@ def _make_processor():
                 rot = {}
             v = torch.cat([txt_v, img_v], dim=1)
 
+            def streams(img_q, img_k, txt_q, txt_k):  # text first, each with its tables
+                return [(txt_q, txt_k, dict(cos=tc, sin=ts, q_norm=attn.norm_added_q,
+                                            k_norm=attn.norm_added_k, **rot)),
+                        (img_q, img_k, dict(cos=ic, sin=is_, q_norm=attn.norm_q,
+                                            k_norm=attn.norm_k, **rot))]
+
             def attend_16bit(img_q, img_k, txt_q, txt_k, v):
-                q = img_q.new_empty(B, T + S, H, D)
-                k = img_k.new_empty(B, T + S, H, D)
-                qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q,
-                             k_norm=attn.norm_added_k, out=(q[:, :T], k[:, :T]), **rot)
-                qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                             out=(q[:, T:], k[:, T:]), **rot)
+                q, k = common.joint_qk(streams(img_q, img_k, txt_q, txt_k), like=1)
                 joint = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
                                               is_causal=False, backend=self._attention_backend,
                                               parallel_config=self._parallel_config)
                 return joint.flatten(2, 3).to(q.dtype)
 
             def attend_8bit(img_q, img_k, txt_q, txt_k, v, key_mask=None):
-                qk = common.cat_quantized([
-                    qk_norm_rope(txt_q, txt_k, tc, ts, q_norm=attn.norm_added_q,
-                                 k_norm=attn.norm_added_k, quantize="int8", **rot),
-                    qk_norm_rope(img_q, img_k, ic, is_, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                                 quantize="int8", **rot)])
+                qk = common.joint_qk(streams(img_q, img_k, txt_q, txt_k), quantize="int8")
                 return common.attention_8bit(qk, v, key_mask=key_mask).flatten(2, 3)
 
             eight = common.use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)
             joint = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                  (img_q, img_k, txt_q, txt_k, v), keys=(B, T + S))
+                                  (img_q, img_k, txt_q, txt_k, v), keys=tuple(v.shape[:2]))
             return self._out(attn, joint, T)
 
         @staticmethod

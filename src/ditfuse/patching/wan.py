@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.patching import common
 
 
@@ -41,10 +41,10 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None, quantize=None):
                         **({"quantize": quantize} if quantize else {}))
 
 
-def _heads8(r: common.QuantizedQK, H: int) -> common.QuantizedQK:
+def _heads8(r: QuantizedQK, H: int) -> QuantizedQK:
     """(B, S, H*D) quantized Q / K as (B, S, H, D) views (the scales are (B, H, S) already)."""
     k = None if r.k is None else r.k.unflatten(2, (H, -1))
-    return common.QuantizedQK(r.q.unflatten(2, (H, -1)), k, r.q_scale, r.k_scale)
+    return QuantizedQK(r.q.unflatten(2, (H, -1)), k, r.q_scale, r.k_scale)
 
 
 def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
@@ -58,10 +58,10 @@ def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
                    quantize=quantize)
     q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize=quantize)
     k = _qk(key, attn.norm_k, H, quantize=quantize)
-    return (q[0], k[0]) if quantize is None else common.QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
+    return (q[0], k[0]) if quantize is None else QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
 
 
-def attention_8bit_i2v(attn, qk: common.QuantizedQK, value, image=()):
+def attention_8bit_i2v(attn, qk: QuantizedQK, value, image=()):
     """Wan's attention on 8 bits from (B, S, H*D) quantized Q / K and 16-bit V: the text (or
     self-attention) keys, plus with ``image`` (its key and value projections: I2V) the image
     keys -- ``norm_added_k`` quantized by the kernel -- attended with the same quantized Q.
@@ -259,8 +259,7 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
                 activations=True):
     from diffusers.models.transformers import transformer_wan as tw
 
-    _patch(model, report, qk_norm_rope, adaln, tw, tw.WanAttnProcessor, tw.WanTransformerBlock,
-           _block_forward, skyreels=False, attention=attention)
+    _patch(model, report, tw, qk_norm_rope, adaln, attention)
 
 
 def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -270,8 +269,7 @@ def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=Tru
     cross-attention (``WanAnimateFaceBlockAttnProcessor``) keeps its own processor."""
     from diffusers.models.transformers import transformer_wan_animate as ta
 
-    _patch(model, report, qk_norm_rope, adaln, ta, ta.WanAttnProcessor, ta.WanTransformerBlock,
-           _block_forward, skyreels=False, attention=attention)
+    _patch(model, report, ta, qk_norm_rope, adaln, attention)
 
 
 def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -282,8 +280,7 @@ def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=
     Wan's (1, S, 1, D) cos / sin pair."""
     from diffusers.models.transformers import transformer_chronoedit as tc
 
-    _patch(model, report, qk_norm_rope, adaln, tc, tc.WanAttnProcessor, tc.WanTransformerBlock,
-           _block_forward, skyreels=False, attention=attention)
+    _patch(model, report, tc, qk_norm_rope, adaln, attention)
 
 
 def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
@@ -291,12 +288,16 @@ def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
     """SkyReels-V2 (SkyReelsV2Transformer3DModel): Wan's architecture in its own classes."""
     from diffusers.models.transformers import transformer_skyreels_v2 as ts
 
-    _patch(model, report, qk_norm_rope, adaln, ts, ts.SkyReelsV2AttnProcessor,
-           ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True, attention=attention)
+    _patch(model, report, ts, qk_norm_rope, adaln, attention, ts.SkyReelsV2AttnProcessor,
+           ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True)
 
 
-def _patch(model, report, qk_norm_rope, adaln, module, proc_base, block_cls, block_fwd, skyreels,
-           attention=True):
+def _patch(model, report, module, qk_norm_rope, adaln, attention, proc_base=None,
+           block_cls=None, block_fwd=_block_forward, skyreels=False):
+    """Wan's processors and blocks in diffusers module ``module`` (Wan's, or a copy of them:
+    its ``WanAttnProcessor`` and ``WanTransformerBlock`` unless named)."""
+    proc_base = proc_base or module.WanAttnProcessor
+    block_cls = block_cls or module.WanTransformerBlock
     if qk_norm_rope:
         common.replace_qk_processors(
             model, report, {proc_base: _make_processor(module, proc_base, skyreels)}, attention)

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.patching import common
 from ditfuse.patching.wan import (
     _heads8,
@@ -164,7 +164,7 @@ def _make_processors():
                     q = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
                                      rotary_dim=D, quantize="int8")
                     k = _rotate(key, cos, sin, H, quantize="int8")
-                    qk = _heads8(common.QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
+                    qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
                     hidden_states = common.attention_8bit(qk, value).flatten(2, 3)
                     hidden_states = attn.to_out[0](hidden_states)
                     return attn.to_out[1](hidden_states)
