@@ -500,10 +500,13 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
     return out.transpose(1, 2).to(v.dtype)
 
 
-def quantize_rows_fp8_reference(x2: torch.Tensor):
+def quantize_rows_fp8_reference(x2: torch.Tensor, activation=None):
     """(M, K) -> (e4m3 (M, K), fp32 (M,)): each row scaled by ``448 / amax`` and rounded to
-    nearest even; ``scale = amax / 448`` (an all-zero row: 1; a row with a NaN: NaN, and zeros). The
-    contract of :func:`ditfuse.ops.linear_fp8.quantize_rows`, bitwise."""
+    nearest even; ``scale = amax / 448`` (an all-zero row: 1; a row with a NaN: NaN, and
+    zeros); ``activation="gelu_tanh"``: of :func:`gelu_reference` of the rows. The contract of
+    :func:`ditfuse.ops.linear_fp8.quantize_rows`, bitwise."""
+    if activation == "gelu_tanh":
+        x2 = gelu_reference(x2, "tanh")
     xf = x2.float()
     amax = xf.abs().amax(dim=1)
     amax = torch.where(torch.isnan(xf).any(dim=1), torch.full_like(amax, float("nan")), amax)
