@@ -149,3 +149,19 @@ def test_bad_values():
     with pytest.raises(RuntimeError, match="inference-only"):
         lin = model.blocks[0].attn1.to_out[0]
         lin(torch.randn(2, lin.in_features, dtype=torch.bfloat16, requires_grad=True))
+
+
+def test_device_without_fp8(monkeypatch):
+    from ditfuse.ops import linear_fp8 as ops
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not ops.fp8_gemm_ok(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert ops.fp8_gemm_ok(torch.device("cuda"))
+    # a model on a device without FP8 GEMMs: every layer exact, the report says why
+    monkeypatch.setattr(_linear_fp8, "fp8_gemm_ok", lambda device: False)
+    model = to_dtype(_CASES["wan-t2v"][1](), torch.bfloat16)
+    rep = ditfuse.patch(model, linear="fp8")
+    assert not rep.counts.get(_linear_fp8.LABEL)
+    assert "has no FP8 tensor cores (sm_89 or newer)" in str(rep)
+    assert all(m.weight.numel() for m in _block_linears(model).values())
