@@ -74,6 +74,9 @@ HEAD_PARALLEL = {FP32: Tol(2e-6, 2e-6), BF16: Tol(2.0**-7, 2.0**-7)}
 #: Sliding-window attention against the fp64 formula, as a share of
 #: ``|ref| + (1 + |lam|) rms(v)`` (``ops.attention.ACCURACY``).
 ATTENTION = {BF16: 2.0**-7, FP16: 2.0**-10, FP32: 2.0**-8}
+#: fp32 at precision="highest" (three-term tf32 products), the same share
+#: (``ops.attention.ACCURACY_HIGHEST``).
+ATTENTION_HIGHEST = 2.0**-16
 #: The fused QK prologue against ``qk_norm_rope`` followed by the kernel without prologue:
 #: one rounding apart (rtol; atol in units of 2 rms(v)).
 ATTENTION_PROLOGUE_VS_UNFUSED = {FP32: 1e-5, BF16: 2.0**-8}

@@ -44,6 +44,7 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 
 
 def _cdiv(a, b):
+    """ceil(a / b) of ints or TensorRT's symbolic sizes (this file imports no Triton)."""
     return -(-a // b)
 
 

@@ -13,14 +13,17 @@ Measurements behind the table and the routes: docs/design/attention.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import triton
 from torch import Tensor
 
+from ditfuse import tolerances
 from ditfuse.runtime import fastpath
 from ditfuse.runtime import library
 from ditfuse.runtime import backend
@@ -38,9 +41,9 @@ LAYOUTS = ("bshd", "bhsd")
 ROPE_STYLES = ("half", "interleaved")
 LOG2E = 1.4426950408889634
 #: Accuracy against the fp64 formula, as a share of ``|ref| + (1 + |lam|) rms(v)``.
-ACCURACY = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-8}
+ACCURACY = tolerances.ATTENTION
 #: fp32 at precision="highest" (three-term tf32 products), the same share
-ACCURACY_HIGHEST = 2.0**-16
+ACCURACY_HIGHEST = tolerances.ATTENTION_HIGHEST
 
 
 @dataclass
@@ -384,20 +387,17 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
         st, step_m=query_step(st.block_m, st.block_n, min(left, N), min(right, N)))
 
 
-def _next_pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
-
-
 def head_dim_ok(D: int) -> bool:
     """Whether the kernel takes head_dim ``D`` (1 .. MAX_HEAD_DIM)."""
     return 1 <= D <= MAX_HEAD_DIM
 
 
+@functools.lru_cache(maxsize=None)  # on the replay path (prologue_apart): a dict look-up
 def tile_dim(D: int) -> int:
     """The kernel's tile width for head_dim ``D``: D padded to a power of two >= 16 (a
     dot's least K). Launch settings and routing go by it: a padded tile holds the registers
     of its padded width."""
-    return max(16, _next_pow2(D))
+    return max(16, triton.next_power_of_2(D))
 
 
 def _norm_args(n, dummy: Tensor):

@@ -8,14 +8,15 @@ import torch
 import torch.nn.functional as F
 
 import ditfuse
+from ditfuse import tolerances
 from ditfuse.ops import attention_fp8 as A
 from ditfuse.reference import attention_8bit_core, quantize_per_token
 
 #: the accuracy 8-bit attention promises against float64 (docs/attention_fp8.md)
-COS_MIN = 0.999
-REL_L2_MAX = 0.05
+COS_MIN = tolerances.ATTENTION_8BIT_COS_MIN
+REL_L2_MAX = tolerances.ATTENTION_8BIT_REL_L2_MAX
 #: the kernel against its PyTorch emulation (same operands; P rounded against the running max)
-KERNEL_VS_EMULATION = 0.03
+KERNEL_VS_EMULATION = tolerances.ATTENTION_8BIT_VS_EMULATION
 
 #: (name, H, S, D) at production size; the interpreter runs S_SMALL tokens of 2 heads
 SHAPES = [("wan14b-480p", 40, 32760, 128), ("flux2-1024", 48, 4608, 128),
