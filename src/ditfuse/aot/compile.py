@@ -13,7 +13,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Sequence
 
 #: sm_90 (Hopper); ptxas is given --gpu-name=sm_90a, as Triton does
 ARCH = 90
@@ -45,6 +45,21 @@ def can_compile_here() -> bool:
     from triton.runtime.interpreter import InterpretedFunction
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel as k
     return isinstance(k, JITFunction) and not isinstance(k, InterpretedFunction)
+
+
+def build_rows(module: str, specs: Sequence, build: Callable, child_env: str,
+               names=None) -> list:
+    """``build(spec)`` of each of ``specs`` (``names`` selects by ``spec.name``) where the
+    kernels compile here, else in a ``TRITON_INTERPRET=0`` subprocess running
+    ``module.build_report`` (:func:`report_in_compiler`)."""
+    known = [s.name for s in specs]
+    unknown = set(names or ()) - set(known)
+    if unknown:
+        raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {known}")
+    chosen = [s for s in specs if not names or s.name in names]
+    if can_compile_here():
+        return [build(s) for s in chosen]
+    return report_in_compiler(module, [s.name for s in chosen], child_env)
 
 
 def report_in_compiler(module: str, names: List[str], child_env: str) -> list:

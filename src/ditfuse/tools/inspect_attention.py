@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ditfuse.aot.compile import build_rows
 from ditfuse.norms import NormSpec
 from ditfuse.ops import attention as A
 from ditfuse.runtime.backend import mma_sync_only
@@ -189,13 +190,5 @@ def build(spec: BuildSpec) -> dict:
 def build_report(names=None) -> list:
     """One row per :data:`BUILD_SPECS` entry (``names`` selects). Compiles in a
     ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
-    from ditfuse.aot.compile import can_compile_here, report_in_compiler
-
-    specs = [s for s in BUILD_SPECS if not names or s.name in names]
-    unknown = set(names or ()) - set(BUILD_NAMES)
-    if unknown:
-        raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {BUILD_NAMES}")
-    if can_compile_here():
-        return [build(s) for s in specs]
-    return report_in_compiler("ditfuse.tools.inspect_attention", [s.name for s in specs],
-                              _CHILD_ENV)
+    return build_rows("ditfuse.tools.inspect_attention", BUILD_SPECS, build, _CHILD_ENV,
+                      names)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ditfuse.aot.compile import build_rows
+
 
 @dataclass(frozen=True)
 class BuildSpec:
@@ -153,13 +155,5 @@ def build(spec: BuildSpec) -> dict:
 def build_report(names=None) -> list:
     """One row per :data:`BUILD_SPECS` entry (``names`` selects); compiles in a
     ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
-    from ditfuse.aot.compile import can_compile_here, report_in_compiler
-
-    unknown = set(names or ()) - set(BUILD_NAMES)
-    if unknown:
-        raise ValueError(f"unknown build spec(s) {sorted(unknown)}; known: {BUILD_NAMES}")
-    specs = [s for s in BUILD_SPECS if not names or s.name in names]
-    if can_compile_here():
-        return [build(s) for s in specs]
-    return report_in_compiler("ditfuse.tools.inspect_attention_fp8", [s.name for s in specs],
-                              _CHILD_ENV)
+    return build_rows("ditfuse.tools.inspect_attention_fp8", BUILD_SPECS, build, _CHILD_ENV,
+                      names)
