@@ -6,6 +6,7 @@ back to back for SECONDS while ``nvidia-smi`` samples the SM clock, power and te
 every 20 ms: per way the step time, mean SM clock, mean power.
 
 usage: python benchmarks/e2e_clocks.py [MODEL] [LAYERS] [SECONDS] [ROUNDS]"""
+
 import copy
 import os
 import statistics
@@ -28,17 +29,30 @@ model = build_model(spec, layers, "cuda", torch.bfloat16)
 kw = spec.inputs("cuda", torch.bfloat16, cfg=model.config, **spec.sizes)
 
 log = tempfile.NamedTemporaryFile("w+", suffix=".csv", delete=False)
-smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                        "--format=csv,noheader,nounits", "-lms", "20", "-i",
-                        os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]],
-                       stdout=log, stderr=subprocess.DEVNULL)
+smi = subprocess.Popen(
+    [
+        "nvidia-smi",
+        "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
+        "--format=csv,noheader,nounits",
+        "-lms",
+        "20",
+        "-i",
+        os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
+    ],
+    stdout=log,
+    stderr=subprocess.DEVNULL,
+)
 
 with torch.no_grad():
     patched = copy.deepcopy(model)
     ditfuse.patch(patched)
     cu, cp = torch.compile(model), torch.compile(patched)
-    fns = {"unpatched eager": lambda: model(**kw), "unpatched compile": lambda: cu(**kw),
-           "patched eager": lambda: patched(**kw), "patched compile": lambda: cp(**kw)}
+    fns = {
+        "unpatched eager": lambda: model(**kw),
+        "unpatched compile": lambda: cu(**kw),
+        "patched eager": lambda: patched(**kw),
+        "patched compile": lambda: cp(**kw),
+    }
     for fn in fns.values():
         fn()
         fn()
@@ -64,8 +78,9 @@ samples = []
 for line in log:
     parts = [p.strip() for p in line.split(",")]
     try:
-        ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + \
-            float("0." + parts[0].split(".")[1])
+        ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + float(
+            "0." + parts[0].split(".")[1]
+        )
         samples.append((ts, float(parts[1]), float(parts[2]), float(parts[3])))
     except (ValueError, IndexError):
         continue
@@ -78,5 +93,7 @@ for impl, t0, t1, n in spans:
     w = statistics.mean(x[2] for x in s) if s else float("nan")
     wmax = max((x[2] for x in s), default=float("nan"))
     c = statistics.mean(x[3] for x in s) if s else float("nan")
-    print(f"{impl:18s} {(t1 - t0) / n * 1e3:8.2f} {mhz:7.0f} {lo:5.0f} {w:6.0f} {wmax:6.0f} {c:4.0f}",
-          flush=True)
+    print(
+        f"{impl:18s} {(t1 - t0) / n * 1e3:8.2f} {mhz:7.0f} {lo:5.0f} {w:6.0f} {wmax:6.0f} {c:4.0f}",
+        flush=True,
+    )

@@ -9,6 +9,7 @@ launcher alone, and a cProfile of the public call. Two eager torch ops for scale
 usage: python benchmarks/host_cost.py [--profile]
 
 docs/design/host_cost.md has what it measured before and after launches were replayed."""
+
 import cProfile
 import pstats
 import sys
@@ -80,14 +81,26 @@ def pieces(fn):
     stream = driver.active.get_current_stream(device)
 
     def direct():
-        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None,
-                   None, None, *vals)
+        kernel.run(
+            g[0],
+            g[1],
+            g[2],
+            stream,
+            kernel.function,
+            kernel.packed_metadata,
+            None,
+            None,
+            None,
+            *vals,
+        )
 
     return {
         "jit.run": host_us(lambda: jit.run(*args, grid=grid, warmup=False, **dict(kwargs))),
         "binder": host_us(lambda: binder(*args, **kw)),
         "C launcher": host_us(direct),
-        "n_args": len(args), "n_kw": len(kwargs), "name": jit.__name__,
+        "n_args": len(args),
+        "n_kw": len(kwargs),
+        "name": jit.__name__,
     }
 
 
@@ -105,10 +118,12 @@ def main():
     kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
     q, k, c, s = inp["q"], inp["k"], inp["cos"], inp["sin"]
     ops = {
-        "adaln_modulate": lambda: ditfuse.adaln_modulate(x, sh, sc, norm="layer", eps=1e-6,
-                                                         rounding="per_op"),
+        "adaln_modulate": lambda: ditfuse.adaln_modulate(
+            x, sh, sc, norm="layer", eps=1e-6, rounding="per_op"
+        ),
         "gated_residual_adaln": lambda: ditfuse.gated_residual_adaln(
-            x, y, g, sh2, sc2, norm="layer", eps=1e-6, rounding="per_op"),
+            x, y, g, sh2, sc2, norm="layer", eps=1e-6, rounding="per_op"
+        ),
         "gated_residual": lambda: ditfuse.gated_residual(x, y, g2, rounding="per_op"),
         "gelu": lambda: ditfuse.gelu(h, "tanh"),
         "qk_norm_rope": lambda: ditfuse.qk_norm_rope(q, k, c, s, **kw),
@@ -118,16 +133,21 @@ def main():
         "torch: layer_norm": lambda: torch.nn.functional.layer_norm(x, (D,), eps=1e-6),
         "torch: empty_like": lambda: torch.empty_like(x),
     }
-    print(f"torch {torch.__version__}, triton {triton.__version__}, "
-          f"{torch.cuda.get_device_name()}; host us a call, {N} calls, no sync")
+    print(
+        f"torch {torch.__version__}, triton {triton.__version__}, "
+        f"{torch.cuda.get_device_name()}; host us a call, {N} calls, no sync"
+    )
     with torch.no_grad():
         for name, fn in torch_ops.items():
             print(f"{name:28s} {host_us(fn):8.1f} us", flush=True)
         for name, fn in ops.items():
             p = pieces(fn)
-            print(f"{name:28s} {host_us(fn):8.1f} us  | {p['name']} ({p['n_args']} args + "
-                  f"{p['n_kw']} kw): jit.run {p['jit.run']:.1f}, binder {p['binder']:.1f}, "
-                  f"C launcher {p['C launcher']:.1f}", flush=True)
+            print(
+                f"{name:28s} {host_us(fn):8.1f} us  | {p['name']} ({p['n_args']} args + "
+                f"{p['n_kw']} kw): jit.run {p['jit.run']:.1f}, binder {p['binder']:.1f}, "
+                f"C launcher {p['C launcher']:.1f}",
+                flush=True,
+            )
         if "--profile" in sys.argv:
             for name, fn in ops.items():
                 pr = cProfile.Profile()

@@ -7,6 +7,7 @@ the same (op, shape, dtype) case. Writes the merged CSV and its chart.
 run of one implementation (``ditfuse bench --impls copy``) updates that column and keeps the
 case's other rows.
 """
+
 import csv
 import sys
 

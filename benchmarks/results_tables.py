@@ -11,6 +11,7 @@ the CUDA-graph time. The 8-bit attention rows (op ``attention_fp8``, compute-bou
 of their own: time, TFLOP/s, speed-ups over the fastest SDPA backend and SageAttention,
 accuracy against float64 per input family, and the note (a refused backend, a missing
 package)."""
+
 import csv
 import sys
 from collections import defaultdict
@@ -24,6 +25,7 @@ NAMES = {"compile": "torch.compile", "ditfuse": "ditfuse call", "ditfuse-graph":
 def attention_fp8_table(rows):
     """Markdown table of the ``attention_fp8`` rows: a cos / rel L2 column pair per input
     family the CSV has values for (older CSVs: randn and rmsnorm)."""
+
     def cell(r, c, fmt):
         v = r.get(c) or ""
         try:
@@ -31,17 +33,29 @@ def attention_fp8_table(rows):
         except ValueError:
             return v
 
-    fams = list(dict.fromkeys(c[4:] for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS
-                              if c.startswith("cos_") and any(r.get(c) for r in rows)))
+    fams = list(
+        dict.fromkeys(
+            c[4:]
+            for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS
+            if c.startswith("cos_") and any(r.get(c) for r in rows)
+        )
+    )
     head = "".join(f" cos {f} | rel L2 {f} |" for f in fams)
-    out = ["`attention_fp8`", "",
-           f"| shape | dtype | impl | us | TFLOP/s | x best SDPA | x Sage |{head} note |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * len(fams) + " --- |"]
+    out = [
+        "`attention_fp8`",
+        "",
+        f"| shape | dtype | impl | us | TFLOP/s | x best SDPA | x Sage |{head} note |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * len(fams) + " --- |",
+    ]
     for r in rows:
-        acc = "".join(f" {cell(r, f'cos_{f}', '.6f')} | {cell(r, f'rel_l2_{f}', '.2e')} |" for f in fams)
-        out.append(f"| {r['shape']} | {r['dtype']} | {r['impl']} | {cell(r, 'us', '.1f')} | "
-                   f"{cell(r, 'tflops', '.1f')} | {cell(r, 'x_best_sdpa', '.3f')} | "
-                   f"{cell(r, 'x_sage', '.3f')} |{acc} {(r.get('note') or '').replace('|', '/')} |")
+        acc = "".join(
+            f" {cell(r, f'cos_{f}', '.6f')} | {cell(r, f'rel_l2_{f}', '.2e')} |" for f in fams
+        )
+        out.append(
+            f"| {r['shape']} | {r['dtype']} | {r['impl']} | {cell(r, 'us', '.1f')} | "
+            f"{cell(r, 'tflops', '.1f')} | {cell(r, 'x_best_sdpa', '.3f')} | "
+            f"{cell(r, 'x_sage', '.3f')} |{acc} {(r.get('note') or '').replace('|', '/')} |"
+        )
     return out + [""]
 
 
@@ -60,17 +74,27 @@ def tables(path, ops=None):
         keys = [k for k in cases if k[0] == op]
         impls = [i for i in ORDER if any(i in cases[k] for k in keys)]
         vs = "flex" if "flex" in impls else "compile"
-        out += [f"`{op}`", "", "| shape | dtype | floor us | " + " | ".join(NAMES.get(i, i) for i in impls)
-                + f" | % ceiling | x {'flex' if vs == 'flex' else 'compile'} |",
-                "| --- | --- | ---: | " + " | ".join("---:" for _ in impls) + " | ---: | ---: |"]
+        out += [
+            f"`{op}`",
+            "",
+            "| shape | dtype | floor us | "
+            + " | ".join(NAMES.get(i, i) for i in impls)
+            + f" | % ceiling | x {'flex' if vs == 'flex' else 'compile'} |",
+            "| --- | --- | ---: | " + " | ".join("---:" for _ in impls) + " | ---: | ---: |",
+        ]
         for k in keys:
             c = cases[k]
             g = c.get("ditfuse-graph")
             floor = g[0] * g[1] / 100 if g else float("nan")
             cells = [f"{c[i][0]:.1f}" if i in c else "-" for i in impls]
             speed = f"{c[vs][0] / g[0]:.2f}" if g and vs in c else "-"
-            out.append(f"| {k[1]} | {k[2]} | {floor:.1f} | " + " | ".join(cells)
-                       + f" | {g[1]:.1f} | {speed} |" if g else "")
+            out.append(
+                f"| {k[1]} | {k[2]} | {floor:.1f} | "
+                + " | ".join(cells)
+                + f" | {g[1]:.1f} | {speed} |"
+                if g
+                else ""
+            )
         out.append("")
     return "\n".join(out)
 

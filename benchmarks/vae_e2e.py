@@ -12,6 +12,7 @@ hunyuan-256-9f (HunyuanVideo's VAE, 256^2, 3 latent frames), qwen-1328 (Qwen-Ima
 (under compile the 4-D GroupNorm pairs stay on the kernel, channels-last; the 5-D VAEs' pairs
 trace the modules' code). Results: docs/design/group_norm.md.
 """
+
 import statistics
 import sys
 
@@ -46,25 +47,36 @@ def compiled_ms(vae, z):
 
 def flux():
     from diffusers import AutoencoderKL
-    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=16,
-                         down_block_types=("DownEncoderBlock2D",) * 4,
-                         up_block_types=("UpDecoderBlock2D",) * 4,
-                         block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-                         norm_num_groups=32, use_quant_conv=False, use_post_quant_conv=False)
+
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(128, 256, 512, 512),
+        layers_per_block=2,
+        norm_num_groups=32,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+    )
 
 
 def wan():
     from diffusers import AutoencoderKLWan
+
     return AutoencoderKLWan()
 
 
 def hunyuan():
     from diffusers import AutoencoderKLHunyuanVideo
+
     return AutoencoderKLHunyuanVideo()
 
 
 def qwen():
     from diffusers import AutoencoderKLQwenImage
+
     return AutoencoderKLQwenImage()
 
 
@@ -74,6 +86,8 @@ CASES = {  # name: (builder, latent shape, dtypes)
     "hunyuan-256-9f": (hunyuan, (1, 16, 3, 32, 32), (torch.bfloat16,)),
     "qwen-1328": (qwen, (1, 16, 1, 166, 166), (torch.bfloat16,)),
 }
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     for name in args or list(CASES):
@@ -94,8 +108,10 @@ def main():
                 tcp = compiled_ms(vae, z) if "--compile" in sys.argv else None
             err = (out.float() - ref.float()).abs().max().item()
             scale = ref.float().abs().max().item()
-            line = (f"{name:15s} {str(dt):15s} out {tuple(out.shape)}  unpatched {t0:8.2f} ms  patched "
-                    f"{t1:8.2f} ms  ({t0 / t1:.2f}x)")
+            line = (
+                f"{name:15s} {str(dt):15s} out {tuple(out.shape)}  unpatched {t0:8.2f} ms  patched "
+                f"{t1:8.2f} ms  ({t0 / t1:.2f}x)"
+            )
             if "--compile" in sys.argv:
                 line += f"  compiled: unpatched {tc:8.2f} ms, patched {tcp:8.2f} ms"
             print(f"{line}  max|d| {err:.3g} of {scale:.3g}  {r.counts}", flush=True)

@@ -1,4 +1,5 @@
 """Shared test settings: tolerances written once, input builders, poisoned outputs."""
+
 import os
 
 import pytest
@@ -30,8 +31,10 @@ def fuzz_cases(n: int):
     """Case numbers 0..n-1 as parameters: the first ``FUZZ_FAST`` in the default tier, the
     others in the slow tier (``pytest -m slow``). A case draws the same inputs whichever tier
     runs it."""
-    return [pytest.param(i, id=f"case{i}", marks=() if i < FUZZ_FAST else pytest.mark.slow)
-            for i in range(n)]
+    return [
+        pytest.param(i, id=f"case{i}", marks=() if i < FUZZ_FAST else pytest.mark.slow)
+        for i in range(n)
+    ]
 
 
 def assert_close_report(out, ref, dtype, what=""):
@@ -77,8 +80,7 @@ def exact_interpreter_dots(monkeypatch):
     plain = builder.create_dot
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if a.data.dtype != np.float32 or b.data.dtype != np.float32 or \
-                d.data.dtype != np.float32:
+        if a.data.dtype != np.float32 or b.data.dtype != np.float32 or d.data.dtype != np.float32:
             return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
         prod = np.matmul(a.data.astype(np.float64), b.data.astype(np.float64))
         return interpreter.TensorHandle(prod.astype(np.float32) + d.data, d.dtype.scalar)
@@ -100,8 +102,9 @@ def poison_outputs(monkeypatch):
     yield
 
 
-def rope_tables(S, W, dtype=torch.float32, style="interleaved", unique=False, device=DEVICE,
-                base=10000.0):
+def rope_tables(
+    S, W, dtype=torch.float32, style="interleaved", unique=False, device=DEVICE, base=10000.0
+):
     """cos/sin as diffusers builds them: repeat-interleaved ('interleaved') or cat-duplicated
     ('half'); ``unique`` gives the W/2 unique frequencies only."""
     half = W // 2

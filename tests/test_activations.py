@@ -1,13 +1,14 @@
 """ditfuse.swiglu / ditfuse.gelu: fp64 bounds, torch's eager ops (bitwise shares), strided
 inputs, out= slices of a wider buffer, bad input before any launch, torch.library."""
+
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, DTYPES
 
 import ditfuse
 from ditfuse.ops import activations as act
 from ditfuse.reference import gelu_bound, swiglu_bound, swiglu_reference
-from conftest import DEVICE, DTYPES
 
 SHARES = {}
 
@@ -29,8 +30,13 @@ def _rand(shape, dtype, seed, scale=1.0):
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     """Every output ditfuse allocates starts as NaN, so an element left unwritten fails."""
-    monkeypatch.setattr(act, "_new", lambda x, N: torch.full(
-        tuple(x.shape[:-1]) + (N,), float("nan"), dtype=x.dtype, device=x.device))
+    monkeypatch.setattr(
+        act,
+        "_new",
+        lambda x, N: torch.full(
+            tuple(x.shape[:-1]) + (N,), float("nan"), dtype=x.dtype, device=x.device
+        ),
+    )
 
 
 def _gelu64(x, approximate):
@@ -74,8 +80,11 @@ def test_swiglu(shape, dtype):
     assert_swiglu_bound(y, x)
     # the contract's own chain (fp64 silu, rounded; the product, rounded): all but the rare
     # tie that the fp32 silu puts on the other side
-    s_ref = _share(f"swiglu {str(dtype)[6:]} vs contract chain (fp64)", y,
-                   swiglu_reference(x, compute_dtype=torch.float64))
+    s_ref = _share(
+        f"swiglu {str(dtype)[6:]} vs contract chain (fp64)",
+        y,
+        swiglu_reference(x, compute_dtype=torch.float64),
+    )
     s_eager = _share(f"swiglu {str(dtype)[6:]} vs eager F.silu(x1) * x2", y, _eager_swiglu(x))
     if dtype != torch.float32:
         assert s_ref >= 0.999 and s_eager >= 0.999, (s_ref, s_eager)
@@ -85,8 +94,11 @@ def test_swiglu(shape, dtype):
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-@pytest.mark.parametrize("shape", [(2, 5, 1000), (1, 1, 3), (7, 1), (3, 4, 64), (17,)],
-                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 5, 1000), (1, 1, 3), (7, 1), (3, 4, 64), (17,)],
+    ids=lambda s: "x".join(map(str, s)),
+)
 @torch.no_grad()
 def test_gelu(shape, dtype, approximate):
     x = _rand(shape, dtype, sum(shape) + len(approximate), scale=3.0)  # down to the tail
@@ -101,10 +113,14 @@ def test_gelu(shape, dtype, approximate):
     # cancel (in the tail torch's CPU erff and the kernel's differ by more than an ulp)
     s = _share(f"gelu({approximate}) {str(dtype)[6:]} vs eager F.gelu", y, e)
     head = x >= -3
-    s_head = _share(f"gelu({approximate}) {str(dtype)[6:]} vs eager F.gelu, x >= -3",
-                    y[head], e[head])
-    _share(f"gelu({approximate}) {str(dtype)[6:]} vs fp64 formula, rounded", y,
-           _gelu64(x, approximate).to(dtype))
+    s_head = _share(
+        f"gelu({approximate}) {str(dtype)[6:]} vs eager F.gelu, x >= -3", y[head], e[head]
+    )
+    _share(
+        f"gelu({approximate}) {str(dtype)[6:]} vs fp64 formula, rounded",
+        y,
+        _gelu64(x, approximate).to(dtype),
+    )
     if dtype != torch.float32:
         assert s_head >= 0.99, (s_head, s)
         # the tail's share depends on the host CPU's erf (vectorised paths differ between
@@ -131,12 +147,28 @@ def test_gelu_tanh_bitwise_eager_on_the_gpu():
     x = torch.randn(1 << 22, generator=g, dtype=torch.float64)
     x = (x * torch.exp2(torch.randint(-30, 8, x.shape, generator=g).double())).float()
     k = 0.7978845608028654
-    edges = torch.tensor([0.6, 9.010913848876953, 1e-39, -1e-39, 1e-20, 0.0, -0.0,
-                          float("inf"), float("-inf"), 88.0, -88.0], dtype=torch.float32)
+    edges = torch.tensor(
+        [
+            0.6,
+            9.010913848876953,
+            1e-39,
+            -1e-39,
+            1e-20,
+            0.0,
+            -0.0,
+            float("inf"),
+            float("-inf"),
+            88.0,
+            -88.0,
+        ],
+        dtype=torch.float32,
+    )
     for sgn in (1.0, -1.0):  # inner arguments around tanhf's two thresholds
         for t in (0.6, 9.010913848876953):
             z = torch.tensor(sgn * t / k, dtype=torch.float32)
-            edges = torch.cat([edges, z + torch.arange(-64, 65) * torch.finfo(torch.float32).eps * z.abs()])
+            edges = torch.cat(
+                [edges, z + torch.arange(-64, 65) * torch.finfo(torch.float32).eps * z.abs()]
+            )
     x = torch.cat([x, edges]).to(DEVICE)
     y, e = ditfuse.gelu(x, "tanh"), F.gelu(x, approximate="tanh")
     bad["float32"] = int((~((y == e) | (y.isnan() & e.isnan()))).sum())
@@ -151,18 +183,18 @@ def test_strided_input_and_out_slice(dtype):
     columns of the buffer are left as they were."""
     B, S, inner, H = 2, 5, 48, 333
     proj = _rand((B, S, 3 * inner + 2 * H), dtype, 7, scale=2.0)
-    x = proj[..., 3 * inner:]
+    x = proj[..., 3 * inner :]
     buf = _rand((B, S, inner + H + 5), dtype, 8)
-    buf[..., inner:inner + H] = float("nan")
+    buf[..., inner : inner + H] = float("nan")
     before = buf.clone()
-    got = ditfuse.swiglu(x, out=buf[..., inner:inner + H])
+    got = ditfuse.swiglu(x, out=buf[..., inner : inner + H])
     assert got.data_ptr() == buf[..., inner:].data_ptr()
     assert torch.equal(buf[..., :inner], before[..., :inner])
-    assert torch.equal(buf[..., inner + H:], before[..., inner + H:])
-    assert_swiglu_bound(buf[..., inner:inner + H], x)
-    assert torch.equal(buf[..., inner:inner + H], ditfuse.swiglu(x.contiguous()))
+    assert torch.equal(buf[..., inner + H :], before[..., inner + H :])
+    assert_swiglu_bound(buf[..., inner : inner + H], x)
+    assert torch.equal(buf[..., inner : inner + H], ditfuse.swiglu(x.contiguous()))
     # GELU into the MLP half of FLUX.1's single-stream concat buffer, from a strided view
-    xg = proj[:, :, 7:7 + 2 * H]
+    xg = proj[:, :, 7 : 7 + 2 * H]
     buf2 = _rand((B, S, inner + 2 * H), dtype, 9)
     buf2[..., inner:] = float("nan")
     keep = buf2[..., :inner].clone()
@@ -260,6 +292,7 @@ def test_grad_raises():
 # ---------------------------------------------------------------------------------------
 # torch.library
 
+
 @torch.no_grad()
 def test_opcheck():
     x = _rand((2, 3, 16), torch.bfloat16, 14)
@@ -309,6 +342,7 @@ def test_inductor_cat_activation_writes_the_buffer_in_place(parts):
     inductor: both halves written by mutating ops on views of one fresh buffer (no
     functional GELU result, no slice_scatter copy of the buffer), bitwise the eager call."""
     from torch._inductor.utils import run_and_get_code
+
     from ditfuse.patching.common import cat_activation
 
     attn = _rand((1, 7, 8), torch.bfloat16, 3)
@@ -382,16 +416,22 @@ def test_sm90_build_no_spills():
     if missing_tools():
         pytest.skip(f"the Triton wheel has no {missing_tools()}: cannot compile for sm_90")
     src = str(Path(__file__).resolve().parents[1] / "src")
-    env = dict(os.environ, TRITON_INTERPRET="0",
-               PYTHONPATH=os.pathsep.join([src] + ([os.environ["PYTHONPATH"]]
-                                                  if os.environ.get("PYTHONPATH") else [])))
-    r = subprocess.run([sys.executable, "-c", _SM90_BUILD], env=env, capture_output=True,
-                       text=True, timeout=600)
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="0",
+        PYTHONPATH=os.pathsep.join(
+            [src] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _SM90_BUILD], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     for row in json.loads(r.stdout):
         print(row)
-        assert not (row["spill_stores"] or row["spill_loads"] or row["stack"] or row["ldl"]
-                    or row["stl"]), row
+        assert not (
+            row["spill_stores"] or row["spill_loads"] or row["stack"] or row["ldl"] or row["stl"]
+        ), row
         assert 0 < row["regs"] <= 128, row
         assert row["div_rn"] == row["name"].startswith("swiglu"), row
 
@@ -402,8 +442,10 @@ def test_launch_settings_table():
         rows, block, warps = st.rows, st.block, st.num_warps
         assert block & (block - 1) == 0 and rows & (rows - 1) == 0 and 1 <= warps <= 8
         assert block <= 2048 and rows * block <= 2048
-    assert act.launch_settings(18432) == act.ActSettings(rows=1, block=2048, num_warps=4) \
+    assert (
+        act.launch_settings(18432) == act.ActSettings(rows=1, block=2048, num_warps=4)
         and 18432 % 2048 == 0
+    )
 
 
 def test_zz_report_bitwise_shares():

@@ -1,14 +1,15 @@
 """ditfuse.adaln_modulate / gated_residual_adaln: fp64 reference, diffusers' own blocks,
 bad input, torch.library."""
+
 import dataclasses
 import itertools
 
 import pytest
 import torch
+from conftest import DEVICE, DTYPES, TOL, assert_close_report
 
 import ditfuse
 from ditfuse.reference import adaln_reference
-from conftest import DEVICE, DTYPES, TOL, assert_close_report
 
 SHAPES = [(2, 5, 64), (1, 1, 1000), (3, 4, 48), (1, 2, 9000)]  # S = 1, odd D, chunked D
 MODS = ["chunk_b6d", "b1d", "per_token", "1d", "d", None]
@@ -23,7 +24,13 @@ def _mod(kind, B, S, D, dtype, g, k=0):
     if kind == "b1d":  # FLUX: emb.chunk(6, dim=1) of (B, 6D) -> (B, D) strided
         return (torch.randn(B, 6 * D, generator=g) * 0.3).to(dtype).to(DEVICE).chunk(6, 1)[k]
     if kind == "per_token":  # Wan 2.2 TI2V: (B, S, 6, D).chunk(6, dim=2)[i].squeeze(2)
-        return (torch.randn(B, S, 6, D, generator=g) * 0.3).to(dtype).to(DEVICE).chunk(6, 2)[k].squeeze(2)
+        return (
+            (torch.randn(B, S, 6, D, generator=g) * 0.3)
+            .to(dtype)
+            .to(DEVICE)
+            .chunk(6, 2)[k]
+            .squeeze(2)
+        )
     if kind == "1d":
         return (torch.randn(1, D, generator=g) * 0.3).to(dtype).to(DEVICE)
     if kind == "d":
@@ -38,9 +45,19 @@ def _cases():
         affine = i % 3 == 0 and norm is not None
         per_op = i % 4 == 1 and dtype != torch.float32
         residual = ["none", "gated", "plain"][i % 3]
-        out.append(pytest.param(norm, dtype, mod, shape, affine, per_op, residual,
-                                id=f"{norm}-{str(dtype)[6:]}-{mod}-{'x'.join(map(str, shape))}"
-                                   f"{'-affine' if affine else ''}{'-per_op' if per_op else ''}-{residual}"))
+        out.append(
+            pytest.param(
+                norm,
+                dtype,
+                mod,
+                shape,
+                affine,
+                per_op,
+                residual,
+                id=f"{norm}-{str(dtype)[6:]}-{mod}-{'x'.join(map(str, shape))}"
+                f"{'-affine' if affine else ''}{'-per_op' if per_op else ''}-{residual}",
+            )
+        )
     return out
 
 
@@ -67,8 +84,12 @@ def test_against_fp64_reference(norm, dtype, mod, shape, affine, per_op, residua
     else:
         y = torch.randn(B, S, D, generator=g).to(dtype if per_op else torch.float32).to(DEVICE)
         x0 = x.clone()
-        xn, m = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, inplace=residual == "plain", **kw)
-        rxn, rm = adaln_reference(x0, shift, scale, residual=y, gate=gate, compute_dtype=torch.float64, **kw)
+        xn, m = ditfuse.gated_residual_adaln(
+            x, y, gate, shift, scale, inplace=residual == "plain", **kw
+        )
+        rxn, rm = adaln_reference(
+            x0, shift, scale, residual=y, gate=gate, compute_dtype=torch.float64, **kw
+        )
         if residual == "plain":
             assert xn.data_ptr() == x.data_ptr()
         else:
@@ -101,15 +122,18 @@ def test_wan_block_arithmetic(dtype):
     s1 = assert_close_report(got1, want1, dtype, "norm1 modulate")
     want_x = (x.float() + attn * gate).type_as(x)
     want2 = norm2(want_x.float()).type_as(x)
-    got_x, got2 = ditfuse.gated_residual_adaln(x, attn, gate, norm="layer", weight=norm2.weight,
-                                               bias=norm2.bias, eps=1e-6)
+    got_x, got2 = ditfuse.gated_residual_adaln(
+        x, attn, gate, norm="layer", weight=norm2.weight, bias=norm2.bias, eps=1e-6
+    )
     assert torch.equal(got_x, want_x), "the gated residual must be bitwise Wan's"
     s2 = assert_close_report(got2, want2, dtype, "norm2")
     # FFN residual with fp32 branch output, then the next block's norm1 modulation
     ff = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
     want_x3 = (x.float() + ff.float() * c_gate).type_as(x)
     want3 = (norm1(want_x3.float()) * (1 + c_scale) + c_shift).type_as(x)
-    got_x3, got3 = ditfuse.gated_residual_adaln(x, ff.float(), c_gate, c_shift, c_scale, norm="layer")
+    got_x3, got3 = ditfuse.gated_residual_adaln(
+        x, ff.float(), c_gate, c_shift, c_scale, norm="layer"
+    )
     assert torch.equal(got_x3, want_x3)
     s3 = assert_close_report(got3, want3, dtype, "ffn residual + modulate")
     print(f"Wan {dtype}: bitwise share norm1 {s1:.4f} norm2 {s2:.4f} ffn+mod {s3:.4f}")
@@ -137,8 +161,9 @@ def test_flux_adalayernormzero_per_op(dtype):
     want_x = x + gate_msa.unsqueeze(1) * attn
     norm2 = torch.nn.LayerNorm(D, elementwise_affine=False, eps=1e-6)
     want_m = norm2(want_x) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
-    got_x, got_m = ditfuse.gated_residual_adaln(x, attn, gate_msa, shift_mlp, scale_mlp,
-                                                norm="layer", eps=1e-6, rounding="per_op")
+    got_x, got_m = ditfuse.gated_residual_adaln(
+        x, attn, gate_msa, shift_mlp, scale_mlp, norm="layer", eps=1e-6, rounding="per_op"
+    )
     assert torch.equal(got_x, want_x)
     share2 = assert_close_report(got_m, want_m, dtype)
     print(f"FLUX {dtype}: bitwise share modulate {share:.4f}, residual+modulate {share2:.4f}")
@@ -154,10 +179,16 @@ def test_against_torch_norm_modules():
     ln.bias.normal_(0, 0.3)
     rms = torch.nn.RMSNorm(200, eps=1e-6).to(DEVICE)
     rms.weight.normal_(1, 0.3)
-    torch.testing.assert_close(ditfuse.adaln_modulate(x, norm="layer", weight=ln.weight, bias=ln.bias, eps=1e-5), ln(x),
-                               **TOL[torch.float32])
-    torch.testing.assert_close(ditfuse.adaln_modulate(x, norm="rms", weight=rms.weight, eps=1e-6), rms(x),
-                               **TOL[torch.float32])
+    torch.testing.assert_close(
+        ditfuse.adaln_modulate(x, norm="layer", weight=ln.weight, bias=ln.bias, eps=1e-5),
+        ln(x),
+        **TOL[torch.float32],
+    )
+    torch.testing.assert_close(
+        ditfuse.adaln_modulate(x, norm="rms", weight=rms.weight, eps=1e-6),
+        rms(x),
+        **TOL[torch.float32],
+    )
 
 
 def _bad():
@@ -167,18 +198,57 @@ def _bad():
         ("x int", lambda: ditfuse.adaln_modulate(x.int(), v, v), TypeError, "x.dtype"),
         ("x 4-D", lambda: ditfuse.adaln_modulate(x[None], v, v), ValueError, "x must be"),
         ("shift D", lambda: ditfuse.adaln_modulate(x, v[:, :8], v), ValueError, "shift"),
-        ("scale batch", lambda: ditfuse.adaln_modulate(x, v, torch.randn(3, 16, device=DEVICE)), ValueError, "scale"),
+        (
+            "scale batch",
+            lambda: ditfuse.adaln_modulate(x, v, torch.randn(3, 16, device=DEVICE)),
+            ValueError,
+            "scale",
+        ),
         ("scale int", lambda: ditfuse.adaln_modulate(x, v, v.int()), TypeError, "scale"),
         ("norm", lambda: ditfuse.adaln_modulate(x, v, v, norm="group"), ValueError, "norm"),
-        ("rounding", lambda: ditfuse.adaln_modulate(x, v, v, rounding="twice"), ValueError, "rounding"),
-        ("per_op dtype", lambda: ditfuse.adaln_modulate(x.bfloat16(), v, v, rounding="per_op"), ValueError, "per_op"),
-        ("weight size", lambda: ditfuse.adaln_modulate(x, v, v, weight=torch.ones(15, device=DEVICE)), ValueError, "weight"),
-        ("weight without norm", lambda: ditfuse.adaln_modulate(x, v, v, norm=None, weight=torch.ones(16, device=DEVICE)), ValueError, "weight"),
+        (
+            "rounding",
+            lambda: ditfuse.adaln_modulate(x, v, v, rounding="twice"),
+            ValueError,
+            "rounding",
+        ),
+        (
+            "per_op dtype",
+            lambda: ditfuse.adaln_modulate(x.bfloat16(), v, v, rounding="per_op"),
+            ValueError,
+            "per_op",
+        ),
+        (
+            "weight size",
+            lambda: ditfuse.adaln_modulate(x, v, v, weight=torch.ones(15, device=DEVICE)),
+            ValueError,
+            "weight",
+        ),
+        (
+            "weight without norm",
+            lambda: ditfuse.adaln_modulate(
+                x, v, v, norm=None, weight=torch.ones(16, device=DEVICE)
+            ),
+            ValueError,
+            "weight",
+        ),
         ("eps", lambda: ditfuse.adaln_modulate(x, v, v, eps=-1.0), ValueError, "eps"),
         ("y shape", lambda: ditfuse.gated_residual_adaln(x, x[:, :2], v), ValueError, "y.shape"),
         ("y missing", lambda: ditfuse.gated_residual_adaln(x, None, v), ValueError, "y"),
-        ("gate shape", lambda: ditfuse.gated_residual_adaln(x, x.clone(), torch.randn(2, 2, 16, device=DEVICE)), ValueError, "gate"),
-        ("out shape", lambda: ditfuse.adaln_modulate(x, v, v, out=torch.empty(2, 3, 8, device=DEVICE)), ValueError, "out"),
+        (
+            "gate shape",
+            lambda: ditfuse.gated_residual_adaln(
+                x, x.clone(), torch.randn(2, 2, 16, device=DEVICE)
+            ),
+            ValueError,
+            "gate",
+        ),
+        (
+            "out shape",
+            lambda: ditfuse.adaln_modulate(x, v, v, out=torch.empty(2, 3, 8, device=DEVICE)),
+            ValueError,
+            "out",
+        ),
     ]
 
 
@@ -197,10 +267,16 @@ def test_opcheck_and_compile():
     y = torch.randn(2, 3, 32, generator=g).bfloat16().to(DEVICE)
     temb = torch.randn(2, 6, 32, generator=g).to(DEVICE)
     sh, sc, gt = temb.chunk(6, 1)[:3]
-    torch.library.opcheck(torch.ops.ditfuse.adaln.default, (x, None, None, sh, sc, None, None, 1, 1e-6, False))
-    torch.library.opcheck(torch.ops.ditfuse.adaln.default, (x, y, gt, sh, sc, None, None, 2, 1e-6, False))
-    torch.library.opcheck(torch.ops.ditfuse.gated_residual_adaln_.default,
-                          (x.clone(), y, gt, sh, sc, None, None, 1, 1e-6, False))
+    torch.library.opcheck(
+        torch.ops.ditfuse.adaln.default, (x, None, None, sh, sc, None, None, 1, 1e-6, False)
+    )
+    torch.library.opcheck(
+        torch.ops.ditfuse.adaln.default, (x, y, gt, sh, sc, None, None, 2, 1e-6, False)
+    )
+    torch.library.opcheck(
+        torch.ops.ditfuse.gated_residual_adaln_.default,
+        (x.clone(), y, gt, sh, sc, None, None, 1, 1e-6, False),
+    )
 
     def f(x, y, temb):
         sh, sc, gt = temb.chunk(6, 1)[:3]
@@ -217,9 +293,10 @@ def test_opcheck_and_compile():
 @pytest.mark.parametrize("D", [64, 96, 1000, 1536, 3072, 4096, 5120, 5632, 6144, 8192])
 def test_tile_settings_table(D):
     """The launch table's rule (``launch_settings``): a program holds about 4096 elements (one
-    row from 3072 channels up, at most 16 rows), a thread at most 40 of a row at 4 warps, else 8 warps (FLUX.2's
-    6144 channels: 79 registers at 4 warps on sm_90, 6 programs an SM; H200 modulate 34.1 vs
-    37.2 us at 8 / 4 warps), and the tile (rows x padded width) covers every channel."""
+    row from 3072 channels up, at most 16 rows), a thread at most 40 of a row at 4 warps, else
+    8 warps (FLUX.2's 6144 channels: 79 registers at 4 warps on sm_90, 6 programs an SM; H200
+    modulate 34.1 vs 37.2 us at 8 / 4 warps), and the tile (rows x padded width) covers every
+    channel."""
     from ditfuse.ops import adaln
 
     st = adaln.launch_settings(D)
@@ -259,10 +336,12 @@ def test_tile_settings_agree(monkeypatch, settings, D, mod):
 
         monkeypatch.setattr(adaln, "_adaln_tile_kernel", Spy())
         st = dataclasses.replace(adaln.launch_settings(D), rows=rows, num_warps=settings[1])
-        got = adaln._run(x, y, gate, shift, scale, "layer", None, None, 1e-6, "once", False,
-                         None, settings=st)
-        got_m = adaln._run(x, None, None, shift, scale, "rms", w, None, 1e-6, "once", False,
-                           None, settings=st)[1]
+        got = adaln._run(
+            x, y, gate, shift, scale, "layer", None, None, 1e-6, "once", False, None, settings=st
+        )
+        got_m = adaln._run(
+            x, None, None, shift, scale, "rms", w, None, 1e-6, "once", False, None, settings=st
+        )[1]
     assert grids == [(-(-S // rows), B)] * 2
     assert torch.equal(got[0], want[0])
     for a, b in ((got[1], want[1]), (got_m, want_m)):
@@ -283,7 +362,11 @@ def test_gated_residual_is_the_eager_chain(D, mod, dtype):
     y = torch.randn(B, S, D, generator=g).to(dtype).to(DEVICE)
     gate = _mod(mod, B, S, D, torch.float32, g, 5)
     gb = gate.unsqueeze(1) if gate is not None and gate.dim() == 2 else gate  # FLUX's (B, D)
-    want = (x.float() + y.float() * gb).type_as(x) if gate is not None else (x.float() + y.float()).type_as(x)
+    want = (
+        (x.float() + y.float() * gb).type_as(x)
+        if gate is not None
+        else (x.float() + y.float()).type_as(x)
+    )
     out = torch.full_like(x, float("nan"))
     assert ditfuse.gated_residual(x, y, gate, out=out) is out
     assert torch.equal(out, want)
@@ -298,7 +381,9 @@ def test_gated_residual_per_op_is_fluxs_chain():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 9, 3072, generator=g).to(torch.bfloat16).to(DEVICE)
     ff = torch.randn(2, 9, 3072, generator=g).to(torch.bfloat16).to(DEVICE)
-    gate = (torch.randn(2, 6 * 3072, generator=g) * 0.3).to(torch.bfloat16).to(DEVICE).chunk(6, 1)[5]
+    gate = (
+        (torch.randn(2, 6 * 3072, generator=g) * 0.3).to(torch.bfloat16).to(DEVICE).chunk(6, 1)[5]
+    )
     want = x + gate.unsqueeze(1) * ff
     assert torch.equal(ditfuse.gated_residual(x, ff, gate, rounding="per_op"), want)
 
@@ -310,14 +395,17 @@ def test_gated_residual_bad_input_and_compile():
     with pytest.raises(ValueError, match="gate has shape"):
         ditfuse.gated_residual(x, x, torch.randn(3, 64).to(DEVICE))
     with pytest.raises(ValueError, match="per_op"):
-        ditfuse.gated_residual(x.bfloat16(), x.bfloat16(), torch.randn(1, 64).to(DEVICE), rounding="per_op")
+        ditfuse.gated_residual(
+            x.bfloat16(), x.bfloat16(), torch.randn(1, 64).to(DEVICE), rounding="per_op"
+        )
     y, gate = torch.randn(1, 4, 64).to(DEVICE), torch.randn(1, 6, 64).to(DEVICE).chunk(6, 1)[2]
     torch.library.opcheck(torch.ops.ditfuse.gated_residual.default, (x, y, gate, False))
     torch._dynamo.reset()
     with torch.no_grad():
         want = ditfuse.gated_residual(x, y, gate)
-        got = torch.compile(lambda a, b, c: ditfuse.gated_residual(a, b, c), fullgraph=True,
-                            backend="aot_eager")(x, y, gate)
+        got = torch.compile(
+            lambda a, b, c: ditfuse.gated_residual(a, b, c), fullgraph=True, backend="aot_eager"
+        )(x, y, gate)
     assert torch.equal(got, want)
 
 
@@ -331,9 +419,12 @@ def test_tile_kernel_odd_widths_and_strides(D, layout):
     every element written."""
     g = torch.Generator().manual_seed(D)
     for S in (1, 5):
+
         def make():
             if layout == "transposed":  # (B, S, D) view of a (B, D, S) buffer: stride_d = S
-                return torch.randn(2, D, S, generator=g).to(torch.bfloat16).to(DEVICE).transpose(1, 2)
+                return (
+                    torch.randn(2, D, S, generator=g).to(torch.bfloat16).to(DEVICE).transpose(1, 2)
+                )
             if layout == "sliced":  # every other channel of a wider row
                 return torch.randn(2, S, 2 * D, generator=g).to(torch.bfloat16).to(DEVICE)[..., ::2]
             return torch.randn(2, S, D, generator=g).to(torch.bfloat16).to(DEVICE)
@@ -342,11 +433,16 @@ def test_tile_kernel_odd_widths_and_strides(D, layout):
         shift, scale, gate = (torch.randn(2, 6, D, generator=g) * 0.3).to(DEVICE).chunk(6, 1)[:3]
         out = torch.full(x.shape, float("nan"), dtype=x.dtype, device=DEVICE)
         m = ditfuse.adaln_modulate(x, shift, scale, out=out)
-        assert_close_report(m, adaln_reference(x, shift, scale, compute_dtype=torch.float64),
-                            torch.bfloat16, "modulate")
+        assert_close_report(
+            m,
+            adaln_reference(x, shift, scale, compute_dtype=torch.float64),
+            torch.bfloat16,
+            "modulate",
+        )
         xn, m2 = ditfuse.gated_residual_adaln(x, y, gate, shift, scale, norm="rms")
-        _, rm2 = adaln_reference(x, shift, scale, norm="rms", residual=y, gate=gate,
-                                 compute_dtype=torch.float64)
+        _, rm2 = adaln_reference(
+            x, shift, scale, norm="rms", residual=y, gate=gate, compute_dtype=torch.float64
+        )
         eager_x = (x.float() + y.float() * gate).to(torch.bfloat16)  # fp32 math, one rounding
         assert torch.equal(xn, eager_x)
         assert_close_report(m2, rm2, torch.bfloat16, "gated")
@@ -360,6 +456,7 @@ def test_reference_and_fallback_read_2d_operands_per_batch(B, S, monkeypatch):
     fallback that runs it off the GPU, as in the kernel: the same result as its (B, 1, D)
     view, also when B == S (where plain broadcasting would apply it per token)."""
     from ditfuse.runtime import backend as _runtime
+
     g = torch.Generator().manual_seed(B * 10 + S)
     D = 16
     x = torch.randn(B, S, D, generator=g).to(DEVICE)
@@ -377,24 +474,45 @@ def test_reference_and_fallback_read_2d_operands_per_batch(B, S, monkeypatch):
     assert torch.equal(xn, wxn) and torch.equal(m, wm)
 
 
-@pytest.mark.parametrize("case", ["wan", "odd-d", "per-token", "s1", "batch-view", "y-fp32",
-                                  "no-gate", "per-op", "strided-x", "off64"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "wan",
+        "odd-d",
+        "per-token",
+        "s1",
+        "batch-view",
+        "y-fp32",
+        "no-gate",
+        "per-op",
+        "strided-x",
+        "off64",
+    ],
+)
 @torch.no_grad()
 def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     """The gated residual on dense rows runs the flat kernel (``_residual_flat_kernel``);
     its output is bitwise the eager chain's and the tile kernel's (``flat=False``: the
     kernel of the ahead-of-time package), every element written, in place too; rows that
     are not dense keep the tile kernel."""
-    from ditfuse.runtime import fastpath as _fastpath
     from ditfuse.ops import adaln as A
+    from ditfuse.runtime import fastpath as _fastpath
 
     monkeypatch.setattr(_fastpath, "ENABLED", False)  # no replay of an earlier test's launch
     g = torch.Generator().manual_seed(len(case))
     dt = torch.bfloat16
-    B, S, D = {"wan": (1, 5, 640), "odd-d": (2, 3, 1000), "per-token": (2, 4, 96),
-               "s1": (3, 1, 72), "batch-view": (2, 3, 256), "y-fp32": (1, 7, 48),
-               "no-gate": (2, 2, 80), "per-op": (2, 9, 192), "strided-x": (2, 3, 64),
-               "off64": (2, 5, 100)}[case]
+    B, S, D = {
+        "wan": (1, 5, 640),
+        "odd-d": (2, 3, 1000),
+        "per-token": (2, 4, 96),
+        "s1": (3, 1, 72),
+        "batch-view": (2, 3, 256),
+        "y-fp32": (1, 7, 48),
+        "no-gate": (2, 2, 80),
+        "per-op": (2, 9, 192),
+        "strided-x": (2, 3, 64),
+        "off64": (2, 5, 100),
+    }[case]
     x = (torch.randn(B, S, D, generator=g) * 2).to(dt)
     y = torch.randn(B, S, D, generator=g).to(torch.float32 if case == "y-fp32" else dt)
     gate = torch.randn(B, 6 * D, generator=g).chunk(6, 1)[4]  # FLUX / Wan: a strided chunk
@@ -434,8 +552,22 @@ def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     assert torch.equal(out, want)
     tile = torch.full_like(x, float("nan"))
     launched.clear()
-    A._run(x, y, gate, None, None, None, None, None, 0.0, per_op, False, tile, modulated=False,
-           flat=False)
+    A._run(
+        x,
+        y,
+        gate,
+        None,
+        None,
+        None,
+        None,
+        None,
+        0.0,
+        per_op,
+        False,
+        tile,
+        modulated=False,
+        flat=False,
+    )
     assert not launched
     assert torch.equal(tile, out)
     x2 = x.clone()
@@ -449,8 +581,8 @@ def test_many_batch_entries_put_the_batch_on_the_grids_first_axis(op, monkeypatc
     """A (tokens, D) input is tokens batch entries of one row: past the grid's second axis
     (65535; lowered to 4 here) the batch moves to the first axis (``BATCH_X``), with the
     same bits as the usual grid; both axes past it is a clear error before any launch."""
-    from ditfuse.runtime import fastpath as _fastpath
     from ditfuse.ops import adaln as A
+    from ditfuse.runtime import fastpath as _fastpath
 
     monkeypatch.setattr(_fastpath, "ENABLED", False)
     g = torch.Generator().manual_seed(11)

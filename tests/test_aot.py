@@ -10,6 +10,7 @@ ditfuse importable) and its no-GPU error, the TensorRT plugin against a stub ``t
 Every refusal fires on a hand-written PTX. Loading through the driver, bitwise parity with
 the JIT kernel, CUDA-graph replay and launch timing need a GPU (not here).
 """
+
 import json
 import os
 import re
@@ -23,19 +24,23 @@ import pytest
 import torch
 
 from ditfuse.aot import ptx as P
-from ditfuse.aot.loader import eval_formula, load
 from ditfuse.aot.compile import missing_tools, wheel_tool_path
+from ditfuse.aot.loader import eval_formula, load
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 needs_tools = pytest.mark.skipif(
     bool(missing_tools()),
-    reason=f"the Triton wheel has no {', '.join(missing_tools())} (looked in {wheel_tool_path('')})")
+    reason=f"the Triton wheel has no {', '.join(missing_tools())} "
+    f"(looked in {wheel_tool_path('')})",
+)
 
 
 def _env(interpret: str):
     env = dict(os.environ, TRITON_INTERPRET=interpret)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     return env
 
 
@@ -46,8 +51,13 @@ EXAMPLES = [
     ("residual", "gated_residual", "sm_90", {}, False),
     ("qk_sm80", "qk_norm_rope", "sm_80", {}, False),
     ("adaln_sm89", "adaln_modulate", "sm_89", {}, False),
-    ("qk_variant", "qk_norm_rope", "sm_90",
-     dict(heads=12, dtype="fp16", norm_span="head", rope="half"), False),
+    (
+        "qk_variant",
+        "qk_norm_rope",
+        "sm_90",
+        dict(heads=12, dtype="fp16", norm_span="head", rope="half"),
+        False,
+    ),
 ]
 # SAME-L: 24 heads x 64, window 17, fp32, differential; its default target (sm_80)
 EXAMPLES.append(("swa", "sliding_window_attention", None, {}, True))
@@ -71,13 +81,22 @@ def pkgs(tmp_path_factory):
     if missing_tools():
         pytest.skip("no ptxas / cuobjdump in the Triton wheel")
     root = tmp_path_factory.mktemp("aot")
-    r = subprocess.run([sys.executable, "-m", "ditfuse", "export", "qk_norm_rope", "-o",
-                        str(root / "qk")], env=_env("1"), capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "ditfuse", "export", "qk_norm_rope", "-o", str(root / "qk")],
+        env=_env("1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ditfuse_qk_norm_rope" in r.stdout and "grid (B * N, 2, 1)" in r.stdout, r.stdout
-    r = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(EXAMPLES), str(root)],
-                       env=_env("0"), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _DRIVER, json.dumps(EXAMPLES), str(root)],
+        env=_env("0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     return {name: root / name for name in ["qk"] + [e[0] for e in EXAMPLES]}
 
@@ -89,9 +108,11 @@ def _manifest(d):
 # ---------------------------------------------------------------------------------------
 # the packages
 
+
 @needs_tools
 def test_every_example_is_packaged(pkgs):
     import hashlib
+
     for name, d in pkgs.items():
         m = _manifest(d)
         assert m["format"] == "ditfuse-aot/1", name
@@ -108,9 +129,14 @@ def test_wan_qk_default_manifest(pkgs):
     m = _manifest(pkgs["qk"])
     assert m["op"] == "qk_norm_rope" and m["target"] == "sm_90"
     assert [(p["name"], p["kind"], p["dtype"]) for p in m["parameters"]] == [
-        ("qkv", "input", "bf16"), ("cos", "input", "fp32"), ("sin", "input", "fp32"),
-        ("q_weight", "input", "bf16"), ("k_weight", "input", "bf16"), ("N", "extra", "int32"),
-        ("qkv_out", "output", "bf16")]
+        ("qkv", "input", "bf16"),
+        ("cos", "input", "fp32"),
+        ("sin", "input", "fp32"),
+        ("q_weight", "input", "bf16"),
+        ("k_weight", "input", "bf16"),
+        ("N", "extra", "int32"),
+        ("qkv_out", "output", "bf16"),
+    ]
     p = {q["name"]: q for q in m["parameters"]}
     assert p["qkv"]["shape"] == ["B", "N", 15360] and p["cos"]["shape"] == [1, "N", 1, 128]
     assert p["q_weight"]["shape"] == [5120] and p["qkv_out"]["aliases"] == "qkv"
@@ -120,8 +146,14 @@ def test_wan_qk_default_manifest(pkgs):
     assert m["grid"] == ["B * N", "2", "1"]
     assert m["block"] == [m["num_warps"] * 32, 1, 1]
     c = m["constexprs"]
-    assert (c["D"], c["N0"], c["N1"], c["SPLIT_QK"], c["ROW_CONTIG"], c["ROPE"]["table_half"]) \
-        == (128, 4096, 1024, True, True, False)
+    assert (c["D"], c["N0"], c["N1"], c["SPLIT_QK"], c["ROW_CONTIG"], c["ROPE"]["table_half"]) == (
+        128,
+        4096,
+        1024,
+        True,
+        True,
+        False,
+    )
     b = m["bindings"]
     # every scalar a constant of the specialization; strides that grow with N from N
     assert b["S"] == "N" and b["NC"] == 5120 and b["q_eps"] == 1e-6 and b["q_n"] == 5120.0
@@ -137,13 +169,22 @@ def test_wan_qk_default_manifest(pkgs):
 def test_adaln_manifests(pkgs):
     m = _manifest(pkgs["adaln"])
     assert [(p["name"], p["kind"]) for p in m["parameters"]] == [
-        ("x", "input"), ("temb", "input"), ("N", "extra"), ("out", "output")]
+        ("x", "input"),
+        ("temb", "input"),
+        ("N", "extra"),
+        ("out", "output"),
+    ]
     assert m["bindings"]["shift_ptr"] == "temb" and m["bindings"]["scale_ptr"] == "temb + 5120"
     assert m["bindings"]["shift_strides"][:2] == [6 * 5120, 0]  # (b, s) strides of a chunk
     g = _manifest(pkgs["gated"])
     assert [(p["name"], p["kind"]) for p in g["parameters"]] == [
-        ("x", "input"), ("y", "input"), ("temb", "input"), ("N", "extra"), ("x_new", "output"),
-        ("out", "output")]
+        ("x", "input"),
+        ("y", "input"),
+        ("temb", "input"),
+        ("N", "extra"),
+        ("x_new", "output"),
+        ("out", "output"),
+    ]
     assert g["bindings"]["gate_ptr"] == "temb + 10240" and g["bindings"]["xnew_ptr"] == "x_new"
     assert m["grid"] == g["grid"] == ["N", "B", "1"]
 
@@ -204,21 +245,31 @@ def test_resources_come_from_ptxas(pkgs):
     """Re-assemble each kernel.ptx here with the wheel's ptxas -v (the package's flags) and
     read the cubin's resource usage with cuobjdump: both equal the manifest."""
     from ditfuse.aot.compile import tool_path
+
     for name, d in pkgs.items():
         m = _manifest(d)
         flags = m["ptxas"]["cmd"].split()[1:-3]  # "ptxas <flags> kernel.ptx -o kernel.cubin"
         out = d.parent / f"{name}.recheck.cubin"
-        r = subprocess.run([tool_path("ptxas"), *flags, str(d / "kernel.ptx"), "-o", str(out)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [tool_path("ptxas"), *flags, str(d / "kernel.ptx"), "-o", str(out)],
+            capture_output=True,
+            text=True,
+        )
         assert r.returncode == 0, r.stderr
         log = r.stdout + r.stderr
         assert f"Used {m['registers']} registers" in log, (name, log)
-        assert (f"{m['stack']} bytes stack frame, {m['spill_stores']} bytes spill stores, "
-                f"{m['spill_loads']} bytes spill loads") in log, (name, log)
+        assert (
+            f"{m['stack']} bytes stack frame, {m['spill_stores']} bytes spill stores, "
+            f"{m['spill_loads']} bytes spill loads"
+        ) in log, (name, log)
         assert f"--gpu-name={m['target']}" in flags
         assert ("--fmad=false" in flags) == (not m["compile_options"]["enable_fp_fusion"])
-        res = subprocess.run([tool_path("cuobjdump"), "--dump-resource-usage", str(d / "kernel.cubin")],
-                             capture_output=True, text=True, check=True).stdout
+        res = subprocess.run(
+            [tool_path("cuobjdump"), "--dump-resource-usage", str(d / "kernel.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert re.search(rf"Function {m['entry']}:\s*\n\s*REG:{m['registers']} ", res), (name, res)
         assert m["shared_mem"] <= P.SMEM_LIMIT
         if m["op"] != "sliding_window_attention":  # the memory-bound kernels: no local memory
@@ -307,8 +358,11 @@ def test_c_header_pair(pkgs, name, tmp_path):
         modes.append(["-I/usr/local/cuda/include"])
     for extra in modes:
         for cmd in (["gcc", "-std=c11"], ["gcc", "-x", "c++", "-std=c++14"]):
-            r = subprocess.run([*cmd, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *extra,
-                                str(d / "kernel.c")], capture_output=True, text=True)
+            r = subprocess.run(
+                [*cmd, "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *extra, str(d / "kernel.c")],
+                capture_output=True,
+                text=True,
+            )
             assert r.returncode == 0, (cmd, extra, r.stderr)
     # run the launcher against a stub driver: grid, block, shared memory, argument order
     name_c = re.sub(r"\W", "_", m["entry"])
@@ -321,28 +375,47 @@ def test_c_header_pair(pkgs, name, tmp_path):
             vals.append(f"(CUdeviceptr)0x{(i + 1) * 0x1000:x}")
             prints.append(f'    printf("{p["name"]} %llx\\n", *(CUdeviceptr *)params[{i}]);')
     vals.append(str(B))  # grid symbol B
-    src = (_STUB_MAIN.replace("%PRINT%", "\n".join(prints)).replace("%NAME%", name_c)
-           .replace("%ARGS%", ", ".join(vals)))
+    src = (
+        _STUB_MAIN.replace("%PRINT%", "\n".join(prints))
+        .replace("%NAME%", name_c)
+        .replace("%ARGS%", ", ".join(vals))
+    )
     (tmp_path / "main.c").write_text(src)
     exe = tmp_path / "launch"
-    r = subprocess.run(["gcc", "-std=c11", "-Wall", "-DDITFUSE_AOT_NO_CUDA_H", f"-I{d}",
-                        str(tmp_path / "main.c"), str(d / "kernel.c"), "-o", str(exe)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "gcc",
+            "-std=c11",
+            "-Wall",
+            "-DDITFUSE_AOT_NO_CUDA_H",
+            f"-I{d}",
+            str(tmp_path / "main.c"),
+            str(d / "kernel.c"),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     out = subprocess.run([str(exe)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == f"entry {m['entry']}" and lines[1] == "elf 1"
     grid = [eval_formula(g, {"B": B, "N": N}) for g in m["grid"]]
-    assert lines[2] == (f"grid {grid[0]} {grid[1]} {grid[2]} block {m['block'][0]} 1 1 "
-                        f"smem {m['shared_mem']}")
-    want = [f"{p['name']} {N}" if p["kind"] == "extra" else f"{p['name']} {(i + 1) * 0x1000:x}"
-            for i, p in enumerate(m["parameters"])]
+    assert lines[2] == (
+        f"grid {grid[0]} {grid[1]} {grid[2]} block {m['block'][0]} 1 1 smem {m['shared_mem']}"
+    )
+    want = [
+        f"{p['name']} {N}" if p["kind"] == "extra" else f"{p['name']} {(i + 1) * 0x1000:x}"
+        for i, p in enumerate(m["parameters"])
+    ]
     assert lines[3:] == want
 
 
 # ---------------------------------------------------------------------------------------
 # the loader (no GPU here: binding only)
+
 
 @needs_tools
 def test_loader_binds_in_runtime_order(pkgs):
@@ -355,14 +428,25 @@ def test_loader_binds_in_runtime_order(pkgs):
     b = k.bind(qkv, cos, sin, w, w)
     assert b.grid == (B * N, 2, 1) and b.block == (k.manifest["block"][0], 1, 1)
     assert [(n, kind) for n, kind, _ in b.args] == [
-        ("qkv", "ptr"), ("cos", "ptr"), ("sin", "ptr"), ("q_weight", "ptr"), ("k_weight", "ptr"),
-        ("N", "i32"), ("qkv_out", "ptr")]
+        ("qkv", "ptr"),
+        ("cos", "ptr"),
+        ("sin", "ptr"),
+        ("q_weight", "ptr"),
+        ("k_weight", "ptr"),
+        ("N", "i32"),
+        ("qkv_out", "ptr"),
+    ]
     assert b.args[5][2] == N and b.outputs[0] is qkv  # in place: qkv_out is qkv
     with pytest.raises(TypeError, match="dtype"):
         k.bind(qkv.float(), cos, sin, w, w)
     with pytest.raises(ValueError, match="contiguous"):
-        k.bind(torch.empty(B, 15360, N, dtype=torch.bfloat16, device="meta").transpose(1, 2),
-               cos, sin, w, w)
+        k.bind(
+            torch.empty(B, 15360, N, dtype=torch.bfloat16, device="meta").transpose(1, 2),
+            cos,
+            sin,
+            w,
+            w,
+        )
     with pytest.raises(ValueError, match="shape"):
         k.bind(qkv, cos[:, :5], sin, w, w)
     # real (CPU) memory for the address checks
@@ -381,6 +465,7 @@ def test_loader_binds_in_runtime_order(pkgs):
     assert bg.grid == (5, 3, 1) and len(bg.outputs) == 2  # outputs allocated
     if not torch.cuda.is_available():  # launching needs a GPU, its driver and cuda-python
         from ditfuse.aot.loader import NoGPUError
+
         with pytest.raises(NoGPUError, match=r"no CUDA driver / GPU.*cuda-python"):
             g(x, x, temb)
 
@@ -391,10 +476,10 @@ def test_loader_has_no_triton(pkgs):
     code = f"""
 import sys, importlib.util, torch
 sys.modules["triton"] = None
-spec = importlib.util.spec_from_file_location("aot_loader", {str(SRC / 'ditfuse/aot/loader.py')!r})
+spec = importlib.util.spec_from_file_location("aot_loader", {str(SRC / "ditfuse/aot/loader.py")!r})
 mod = importlib.util.module_from_spec(spec); sys.modules["aot_loader"] = mod
 spec.loader.exec_module(mod)
-k = mod.load({str(pkgs['adaln'])!r})
+k = mod.load({str(pkgs["adaln"])!r})
 x = torch.empty(1, 9, 5120, dtype=torch.bfloat16, device="meta")
 b = k.bind(x, torch.empty(1, 6, 5120, device="meta"))
 assert b.grid == (9, 1, 1), b.grid
@@ -445,6 +530,7 @@ def test_package_says_what_each_file_is(pkgs):
     only; the kernel name in whole words."""
     from ditfuse.aot.export import entry_name
     from ditfuse.aot.ops import get
+
     for name, d in pkgs.items():
         m = _manifest(d)
         assert set(m["file_roles"]) == set(m["files"].values()) | {"manifest.json"}, name
@@ -467,11 +553,13 @@ def test_formula():
     with pytest.raises(ValueError):
         eval_formula("__import__('os')", {})
     from ditfuse.aot.cheader import formula_to_c
+
     assert formula_to_c("cdiv(N, 64)") == "(((int64_t)N + INT64_C(64) - 1) / INT64_C(64))"
 
 
 # ---------------------------------------------------------------------------------------
 # the TensorRT plugin, against a stub tensorrt.plugin
+
 
 class _Expr:
     """Stand-in for trtp.ShapeExpr: records the arithmetic it went through."""
@@ -502,7 +590,9 @@ def _stub_trt():
             def inner(fn):
                 reg.setdefault(pid, {})[kind] = fn
                 return fn
+
             return inner
+
         return outer
 
     for kind in ("register", "autotune", "aot_impl", "impl"):
@@ -541,6 +631,7 @@ def _stub_trt():
 def test_trt_plugin_registration(pkgs, monkeypatch):
     import inspect
     import typing
+
     trt, trtp, reg = _stub_trt()
     monkeypatch.setitem(sys.modules, "tensorrt", trt)
     monkeypatch.setitem(sys.modules, "tensorrt.plugin", trtp)
@@ -549,11 +640,19 @@ def test_trt_plugin_registration(pkgs, monkeypatch):
 
     pid = trt_plugin.register(pkgs["qk"])
     m = _manifest(pkgs["qk"])
-    assert pid == "ditfuse::" + m["entry"][len("ditfuse_"):]
+    assert pid == "ditfuse::" + m["entry"][len("ditfuse_") :]
     fns = reg[pid]
     assert set(fns) == {"register", "autotune", "aot_impl", "impl"}
     sig = inspect.signature(fns["aot_impl"])
-    assert list(sig.parameters) == ["qkv", "cos", "sin", "q_weight", "k_weight", "outputs", "tactic"]
+    assert list(sig.parameters) == [
+        "qkv",
+        "cos",
+        "sin",
+        "q_weight",
+        "k_weight",
+        "outputs",
+        "tactic",
+    ]
     hints = typing.get_type_hints(fns["register"])
     assert hints["qkv"] is trtp.TensorDesc
     B, N = _Expr(2, "B"), _Expr(100, "N")
@@ -562,7 +661,9 @@ def test_trt_plugin_registration(pkgs, monkeypatch):
     w = trtp.TensorDesc((5120,), "bfloat16")
     out = fns["register"](qkv, tab, tab, w, w)
     assert out.alias_of is qkv  # in place
-    assert fns["autotune"](qkv, tab, tab, w, w, ()) == [("combo", "BF16, FP32, FP32, BF16, BF16, BF16")]
+    assert fns["autotune"](qkv, tab, tab, w, w, ()) == [
+        ("combo", "BF16, FP32, FP32, BF16, BF16, BF16")
+    ]
     name, ptx, launch, extras = fns["aot_impl"](qkv, tab, tab, w, w, (out,), 0)
     assert name == m["entry"] and ptx == (pkgs["qk"] / "kernel.ptx").read_text()
     assert launch.grid_x.s == "(B * N)" and launch.grid_x.v == 200
@@ -621,8 +722,9 @@ def test_strip_unread_scratch_params():
     assert [p.name for p in P.entry(text).params] == ["k_param_0", "k_param_1", "k_param_2"]
 
 
-@pytest.mark.parametrize("use", ["\tld.param.b64 \t%rd3, [k_param_4];",
-                                 "\tmov.b64 \t%rd3, k_param_3;"])
+@pytest.mark.parametrize(
+    "use", ["\tld.param.b64 \t%rd3, [k_param_4];", "\tmov.b64 \t%rd3, k_param_3;"]
+)
 def test_refuses_to_strip_a_read_scratch_param(use):
     with pytest.raises(P.AotRefusal, match=r"scratch-param-read.*reads it") as e:
         P.strip_unread_params(_ptx(body=use), 3)
@@ -638,9 +740,11 @@ def test_retarget_plain_and_refuse_arch_specific():
     text, note = P.retarget(_ptx(), "sm_90")
     assert P.target(text) == "sm_90" and "sm_90a -> sm_90" in note
     assert P.retarget(_ptx(target="sm_80"), "sm_80") == (_ptx(target="sm_80"), None)
-    for ins in ("\twgmma.fence.sync.aligned;",
-                "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 1, 1;",
-                "\tsetmaxnreg.inc.sync.aligned.u32 240;"):
+    for ins in (
+        "\twgmma.fence.sync.aligned;",
+        "\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, 1, 1, 1, 1, 1;",
+        "\tsetmaxnreg.inc.sync.aligned.u32 240;",
+    ):
         with pytest.raises(P.AotRefusal, match=r"arch-specific.*sm_90a") as e:
             P.retarget(_ptx(body=ins), "sm_90")
         assert e.value.rule == "arch-specific" and "--target sm_90a" in str(e.value)
@@ -673,8 +777,10 @@ def test_refuses_tensor_core_op_without_mma():
     with pytest.raises(P.AotRefusal, match=r"no-tensor-cores.*fell back to FMA") as e:
         P.check_tensor_cores(_ptx(), "sliding_window_attention")
     assert e.value.rule == "no-tensor-cores"
-    mma = ("\tmma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1, %f2, %f3, %f3}, "
-           "{%r1, %r2, %r3, %r3}, {%r1, %r2}, {%f1, %f2, %f3, %f3};")
+    mma = (
+        "\tmma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f1, %f2, %f3, %f3}, "
+        "{%r1, %r2, %r3, %r3}, {%r1, %r2}, {%f1, %f2, %f3, %f3};"
+    )
     assert P.check_tensor_cores(_ptx(body=mma), "x") == {"mma": 1}
     wg = "\twgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%r1}, %rd1, %rd2, 0, 1, 1;"
     assert P.check_tensor_cores(_ptx(body=wg), "x") == {"wgmma": 1}
@@ -688,13 +794,18 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     as a tensor-core op without them."""
     from ditfuse.aot import REGISTRY
     from ditfuse.aot.export import package_ptx
+
     entry = REGISTRY["sliding_window_attention"]
     d = pkgs["swa"]
     m = _manifest(d)
     assert entry.tensor_cores and m["target"] == "sm_80"
     assert [(p["name"], p["kind"], p.get("shape")) for p in m["parameters"]] == [
-        ("q", "input", ["B", "N", 48, 64]), ("k", "input", ["B", "N", 48, 64]),
-        ("v", "input", ["B", "N", 24, 64]), ("N", "extra", None), ("out", "output", ["B", "N", 24, 64])]
+        ("q", "input", ["B", "N", 48, 64]),
+        ("k", "input", ["B", "N", 48, 64]),
+        ("v", "input", ["B", "N", 24, 64]),
+        ("N", "extra", None),
+        ("out", "output", ["B", "N", 24, 64]),
+    ]
     # token-major (the operands are (B, N, H, D)): every (batch, head) of a query tile first
     assert m["constexprs"]["TOKEN_MAJOR"] is True
     # a program stores 30 of its 32 queries (their band spans 4 key tiles of 16, not 5)
@@ -714,13 +825,20 @@ def test_attention_package_and_its_mma_refusal(pkgs):
     assert P.check_tensor_cores(text, entry.op)["mma"] > 0
     assert any(r.startswith("tensor cores:") for r in m["rewrites"])
     no_mma = "\n".join(ln for ln in text.splitlines() if not re.match(r"\s*mma\.", ln))
-    kw = dict(op=entry.op, metadata={"shared": m["shared_mem"]}, allow_large_smem=False,
-              no_contraction=False, param_kinds=[p["kind"] for p in m["parameters"]])
+    kw = dict(
+        op=entry.op,
+        metadata={"shared": m["shared_mem"]},
+        allow_large_smem=False,
+        no_contraction=False,
+        param_kinds=[p["kind"] for p in m["parameters"]],
+    )
     with pytest.raises(P.AotRefusal, match="no-tensor-cores"):
-        package_ptx(no_mma, m["entry"], len(m["parameters"]), "sm_80",
-                    tensor_cores=entry.tensor_cores, **kw)
-    package_ptx(text, m["entry"], len(m["parameters"]), "sm_80",
-                tensor_cores=entry.tensor_cores, **kw)
+        package_ptx(
+            no_mma, m["entry"], len(m["parameters"]), "sm_80", tensor_cores=entry.tensor_cores, **kw
+        )
+    package_ptx(
+        text, m["entry"], len(m["parameters"]), "sm_80", tensor_cores=entry.tensor_cores, **kw
+    )
     k = load(d)
     q = torch.empty(2, 100, 48, 64, device="meta")
     b = k.bind(q, q, torch.empty(2, 100, 24, 64, device="meta"))
@@ -731,10 +849,25 @@ def test_attention_package_and_its_mma_refusal(pkgs):
 def test_attention_for_sm90_is_refused_with_its_reason(tmp_path):
     """In bf16 its sm_90 PTX uses wgmma (64-query tiles): .target sm_90a cannot become
     sm_90."""
-    r = subprocess.run([sys.executable, "-m", "ditfuse", "export", "sliding_window_attention",
-                        "--dtype", "bf16", "--target", "sm_90", "-o", str(tmp_path / "x")],
-                       env=_env("0"),
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ditfuse",
+            "export",
+            "sliding_window_attention",
+            "--dtype",
+            "bf16",
+            "--target",
+            "sm_90",
+            "-o",
+            str(tmp_path / "x"),
+        ],
+        env=_env("0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 3, r.stdout + r.stderr
     assert "refused [arch-specific]" in r.stderr and "wgmma" in r.stderr
     assert not (tmp_path / "x").exists()
@@ -744,18 +877,36 @@ def test_package_pipeline_refuses_tensor_core_op_without_mma():
     """The exporter's whole PTX pipeline, for an op flagged as a tensor-core kernel (the
     sliding-window attention's entry sets tensor_cores=True)."""
     from ditfuse.aot.export import package_ptx
-    kw = dict(op="sliding_window_attention", metadata={"shared": 0}, allow_large_smem=False,
-              no_contraction=True, param_kinds=["input", "extra", "output"])
+
+    kw = dict(
+        op="sliding_window_attention",
+        metadata={"shared": 0},
+        allow_large_smem=False,
+        no_contraction=True,
+        param_kinds=["input", "extra", "output"],
+    )
     with pytest.raises(P.AotRefusal, match="no-tensor-cores"):
         package_ptx(_ptx(), "k", 3, "sm_90", tensor_cores=True, **kw)
     text, notes, smem = package_ptx(_ptx(), "k", 3, "sm_90", tensor_cores=False, **kw)
     assert P.target(text) == "sm_90" and len(P.entry(text).params) == 3
     with pytest.raises(P.AotRefusal, match="scratch-size"):
-        package_ptx(_ptx(), "k", 3, "sm_90", tensor_cores=False,
-                    **{**kw, "metadata": {"shared": 0, "global_scratch_size": 64}})
+        package_ptx(
+            _ptx(),
+            "k",
+            3,
+            "sm_90",
+            tensor_cores=False,
+            **{**kw, "metadata": {"shared": 0, "global_scratch_size": 64}},
+        )
     with pytest.raises(P.AotRefusal, match="signature"):  # a pointer where an extra goes
-        package_ptx(_ptx(), "k", 3, "sm_90", tensor_cores=False,
-                    **{**kw, "param_kinds": ["input", "input", "output"]})
+        package_ptx(
+            _ptx(),
+            "k",
+            3,
+            "sm_90",
+            tensor_cores=False,
+            **{**kw, "param_kinds": ["input", "input", "output"]},
+        )
 
 
 def test_refuses_uncontracted_float_ops():
@@ -769,10 +920,20 @@ def test_capture_refusals():
     from ditfuse.aot.export import Capture, bind
     from ditfuse.aot.ops import OpExport, TensorSpec
 
-    entry = OpExport(op="toy", summary="", kernel="x:y", options=(),
-                     tensors=lambda o: [TensorSpec("x", "input", ("B", "N"), "fp32"),
-                                        TensorSpec("y", "output", ("B", "N"), "fp32")],
-                     call=None, writes={"y_ptr": "y"}, grid=None, tag=None)
+    entry = OpExport(
+        op="toy",
+        summary="",
+        kernel="x:y",
+        options=(),
+        tensors=lambda o: [
+            TensorSpec("x", "input", ("B", "N"), "fp32"),
+            TensorSpec("y", "output", ("B", "N"), "fp32"),
+        ],
+        call=None,
+        writes={"y_ptr": "y"},
+        grid=None,
+        tag=None,
+    )
     kernel = types.SimpleNamespace(arg_names=["x_ptr", "y_ptr", "n", "stride", "BLOCK"])
 
     def caps(f, block=lambda B, N: 64):
@@ -781,8 +942,16 @@ def test_capture_refusals():
             for N in (100, 101, 137):
                 x = torch.empty(B, N, device="meta")
                 y = torch.empty(B, N, device="meta")
-                out.append(Capture(B, N, {"x": x, "y": y}, (B * N, 1, 1),
-                                   (x, y, N, f(B, N)), {"BLOCK": block(B, N), "num_warps": 4}))
+                out.append(
+                    Capture(
+                        B,
+                        N,
+                        {"x": x, "y": y},
+                        (B * N, 1, 1),
+                        (x, y, N, f(B, N)),
+                        {"BLOCK": block(B, N), "num_warps": 4},
+                    )
+                )
         return out
 
     b, cst, opts = bind(entry, None, caps(lambda B, N: 4 * N + 1), kernel)
@@ -809,10 +978,20 @@ def test_tuple_parameters_bind_item_by_item():
         on: bool
         kind: int
 
-    entry = OpExport(op="toy", summary="", kernel="x:y", options=(),
-                     tensors=lambda o: [TensorSpec("x", "input", ("B", "N", 8), "fp32"),
-                                        TensorSpec("y", "output", ("B", "N", 8), "fp32")],
-                     call=None, writes={"y_ptr": "y"}, grid=None, tag=None)
+    entry = OpExport(
+        op="toy",
+        summary="",
+        kernel="x:y",
+        options=(),
+        tensors=lambda o: [
+            TensorSpec("x", "input", ("B", "N", 8), "fp32"),
+            TensorSpec("y", "output", ("B", "N", 8), "fp32"),
+        ],
+        call=None,
+        writes={"y_ptr": "y"},
+        grid=None,
+        tag=None,
+    )
     names = ["x_ptr", "y_ptr", "n", "x_strides", "y_strides", "BLOCK", "FLAGS"]
     params = [types.SimpleNamespace(name=n, is_constexpr=n.isupper()) for n in names]
     kernel = types.SimpleNamespace(arg_names=names, params=params)
@@ -821,9 +1000,16 @@ def test_tuple_parameters_bind_item_by_item():
         for N in (100, 101, 137):
             x = torch.empty(B, N, 8, device="meta")
             y = torch.empty(B, N, 8, device="meta")
-            caps.append(Capture(B, N, {"x": x, "y": y}, (B * N, 1, 1), (x, y, N, x.stride()),
-                                {"y_strides": y.stride(), "BLOCK": 64, "FLAGS": Flags(True, 3),
-                                 "num_warps": 4}))
+            caps.append(
+                Capture(
+                    B,
+                    N,
+                    {"x": x, "y": y},
+                    (B * N, 1, 1),
+                    (x, y, N, x.stride()),
+                    {"y_strides": y.stride(), "BLOCK": 64, "FLAGS": Flags(True, 3), "num_warps": 4},
+                )
+            )
     b, cst, opts = bind(entry, None, caps, kernel)
     assert [x.describe() for x in b] == ["x", "y", "N", ["8 * N", 8, 1], ["8 * N", 8, 1]]
     assert cst == {"BLOCK": 64, "FLAGS": Flags(True, 3)} and opts == {"num_warps": 4}
@@ -832,32 +1018,45 @@ def test_tuple_parameters_bind_item_by_item():
     assert "x_strides=(N.to(tl.int64) * 8, 8, 1)" in src
     assert "_FLAGS = tl.constexpr(Flags(on=True, kind=3))" in src and "FLAGS=_FLAGS" in src
     with pytest.raises(P.AotRefusal, match="shape-dependent-launch"):
-        bind(entry, None, caps[:3] + [dataclasses.replace(caps[3], kwargs={
-            **caps[3].kwargs, "FLAGS": Flags(False, 3)})], kernel)
+        bind(
+            entry,
+            None,
+            caps[:3]
+            + [dataclasses.replace(caps[3], kwargs={**caps[3].kwargs, "FLAGS": Flags(False, 3)})],
+            kernel,
+        )
 
 
 def test_cli_usage():
     from ditfuse.aot.cli import main
+
     assert main(["--list"]) == 0
     with pytest.raises(SystemExit):
         main(["qk_norm_rope", "-o", "x", "--target", "sm_75"])
     from ditfuse.tools.cli import USAGE
+
     assert "export" in USAGE
 
 
 def test_registry_has_the_examples():
     from ditfuse.aot import REGISTRY
+
     assert {"qk_norm_rope", "adaln_modulate", "gated_residual_adaln"} <= set(REGISTRY)
     try:
         import ditfuse.ops.attention as attention  # noqa: F401
     except ImportError:
-        pytest.skip("ditfuse.attention not written yet: no sliding_window_attention export "
-                    "(the entry template is in ditfuse/aot/ops.py)")
-    assert "sliding_window_attention" in REGISTRY and REGISTRY["sliding_window_attention"].tensor_cores
+        pytest.skip(
+            "ditfuse.attention not written yet: no sliding_window_attention export "
+            "(the entry template is in ditfuse/aot/ops.py)"
+        )
+    assert (
+        "sliding_window_attention" in REGISTRY and REGISTRY["sliding_window_attention"].tensor_cores
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # on a GPU: the package launched through the driver API against the JIT kernel
+
 
 def _random_inputs(m, B, N, device, seed=0):
     """Runtime tensors for a package (inputs random, outputs poisoned / aliased)."""
@@ -901,8 +1100,9 @@ def _jit(m, t):
     """The JIT (Triton) result of the package's op on copies of ``t``: the Triton kernel
     the package holds, also where an sm_90 call would route to a Gluon kernel (SAME-L's
     fp32 entry: other tiles, so other last bits; ``attention.gluon_ok``)."""
-    from ditfuse.ops import attention
     from ditfuse.aot.ops import get
+    from ditfuse.ops import attention
+
     entry = get(m["op"])
     c = {n: x.clone() for n, x in t.items()}
     for p in m["parameters"]:  # aliased outputs stay aliased
@@ -935,14 +1135,18 @@ def _assert_matches_jit(m, got, want, what):
     """Bitwise where the package is the JIT's code; else within the kernel's tf32 contract
     (and reported)."""
     if _same_code_as_jit(m):
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), \
-            (*what, (got.float() - want.float()).abs().max())
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (
+            *what,
+            (got.float() - want.float()).abs().max(),
+        )
     else:
         err = (got.float() - want.float()).abs().max().item()
         scale = want.float().abs().max().item()
         assert err <= 1e-5 * scale, (*what, err, scale)  # fp32 sums re-associated
-        print(f"{what}: {m['target']} package vs the JIT's sm_90a kernel: max |diff| {err:.3g} "
-              f"(max |out| {scale:.3g}); not bitwise by construction")
+        print(
+            f"{what}: {m['target']} package vs the JIT's sm_90a kernel: max |diff| {err:.3g} "
+            f"(max |out| {scale:.3g}); not bitwise by construction"
+        )
 
 
 @gpu
@@ -960,8 +1164,9 @@ def test_gpu_driver_launch_is_bitwise_the_jit(pkgs, image):
             ref = _jit(m, t)
             k(**t)
             torch.cuda.synchronize()
-            for p, got, want in zip([p for p in m["parameters"] if p["kind"] == "output"],
-                                    _outs(m, t), _outs(m, ref)):
+            for p, got, want in zip(
+                [p for p in m["parameters"] if p["kind"] == "output"], _outs(m, t), _outs(m, ref)
+            ):
                 _assert_matches_jit(m, got, want, (name, image, B, N, p["name"]))
 
 
@@ -1034,6 +1239,7 @@ def test_gpu_launch_time_parity(pkgs):
             return best
 
         from ditfuse.aot.ops import get
+
         entry = get(m["op"])
         opts = entry.resolve(**m["options"])
         aot = timed(lambda: k(**t))

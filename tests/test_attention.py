@@ -20,6 +20,7 @@ Most tests run with 16 x 16 tiles (``small_tiles``) so that a few dozen tokens s
 query and key tiles and the band's first/last tile arithmetic is exercised; one test runs
 the production launch table.
 """
+
 import json
 import math
 import os
@@ -34,9 +35,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import ditfuse  # noqa: E402,F401  (after the interpreter is set up)
-from ditfuse.ops import attention as A  # noqa: E402
-from ditfuse.norms import NormSpec  # noqa: E402
 from ditfuse import sliding_window_attention_reference as reference  # noqa: E402
+from ditfuse.norms import NormSpec  # noqa: E402
+from ditfuse.ops import attention as A  # noqa: E402
 from ditfuse.reference import band_keep  # noqa: E402
 from ditfuse.tolerances import ATTENTION, ATTENTION_PROLOGUE_VS_UNFUSED  # noqa: E402
 from ditfuse.tools import inspect_attention as AB  # noqa: E402
@@ -83,9 +84,13 @@ def same_tables(N, R, base=10000.0):
 
 
 def dyt(g, D, dtype):
-    return NormSpec("dyt", weight=rnd(g, D, dtype=dtype, scale=0.3) + 1,
-                    bias=rnd(g, D, dtype=dtype, scale=0.1),
-                    alpha=torch.tensor([0.7], dtype=dtype, device=DEVICE), eps=None)
+    return NormSpec(
+        "dyt",
+        weight=rnd(g, D, dtype=dtype, scale=0.3) + 1,
+        bias=rnd(g, D, dtype=dtype, scale=0.1),
+        alpha=torch.tensor([0.7], dtype=dtype, device=DEVICE),
+        eps=None,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,8 +135,11 @@ def test_production_launch_table(dtype):
 def test_head_dims(D, small_tiles, monkeypatch):
     """Power-of-two head dims fill the tiles; the others run on padded ones (columns past D
     load 0 and are not stored; a NaN-poisoned output comes back finite: every element written)."""
-    monkeypatch.setattr(A, "_new_out", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        A,
+        "_new_out",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
     g = torch.Generator().manual_seed(D)
     q, k, v = qkv(g, 1, 24, 2, D, torch.float16)
     out = SWA(q, k, v, (5, 2))
@@ -155,16 +163,34 @@ def test_padded_head_dims_differential_prologue(D, norm, route, small_tiles):
     R = D // 2
     cos, sin = same_tables(37, R)
     cos, sin = (t[:, : R // 2].repeat_interleave(2, -1) for t in (cos, sin))
-    nspec = (NormSpec("layer", eps=1e-5) if norm == "layer" else
-             NormSpec("rms", weight=rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1, eps=1e-6))
-    kw = dict(q2=q2, k2=k2, lam=0.7, q_norm=nspec, k_norm=nspec, cos=cos, sin=sin,
-              rope_style="interleaved", rotary_dim=R)
+    nspec = (
+        NormSpec("layer", eps=1e-5)
+        if norm == "layer"
+        else NormSpec("rms", weight=rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1, eps=1e-6)
+    )
+    kw = dict(
+        q2=q2,
+        k2=k2,
+        lam=0.7,
+        q_norm=nspec,
+        k_norm=nspec,
+        cos=cos,
+        sin=sin,
+        rope_style="interleaved",
+        rotary_dim=R,
+    )
     if route == "apart":
         out = SWA(q, k, v, (4, 9), **kw)
     else:
         out = A.run(A.plan(q, k, v, (4, 9), **kw), SMALL)
-    check(out, reference(q, k, v, (4, 9), compute_dtype=torch.float64, **kw), v, torch.bfloat16,
-          f"D={D} {norm} {route}", lam=0.7)
+    check(
+        out,
+        reference(q, k, v, (4, 9), compute_dtype=torch.float64, **kw),
+        v,
+        torch.bfloat16,
+        f"D={D} {norm} {route}",
+        lam=0.7,
+    )
 
 
 @torch.no_grad()
@@ -172,8 +198,13 @@ def test_scale(small_tiles):
     g = torch.Generator().manual_seed(3)
     q, k, v = qkv(g, 1, 20, 2, 32, torch.float32)
     out = SWA(q, k, v, 3, scale=0.05)
-    check(out, reference(q, k, v, 3, scale=0.05, compute_dtype=torch.float64), v, torch.float32,
-          "scale")
+    check(
+        out,
+        reference(q, k, v, 3, scale=0.05, compute_dtype=torch.float64),
+        v,
+        torch.float32,
+        "scale",
+    )
 
 
 def test_band_keep_is_sames_band_mask():
@@ -182,11 +213,14 @@ def test_band_keep_is_sames_band_mask():
         assert torch.equal(band_keep(n, w, w), same._band_mask(n, w, "cpu", torch.float32) == 0)
     keep = band_keep(6, 2, 0)  # causal with 2 keys of history
     assert keep[5].tolist() == [False, False, False, True, True, True]
-    assert band_keep(6, -1, -1).all() and torch.equal(band_keep(6, -1, 0), torch.ones(6, 6).tril().bool())
+    assert band_keep(6, -1, -1).all() and torch.equal(
+        band_keep(6, -1, 0), torch.ones(6, 6).tril().bool()
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # layouts and views
+
 
 @torch.no_grad()
 def test_packed_projection_views_no_copy(small_tiles):
@@ -210,8 +244,9 @@ def test_packed_projection_views_no_copy(small_tiles):
     finally:
         A.launch = saved
     assert seen == [t.data_ptr() for t in (q1, k1, v, q2, k2)]  # views, no copies
-    twin = SWA(*(t.contiguous() for t in (q1, k1, v)), 17, q2=q2.contiguous(),
-               k2=k2.contiguous(), lam=0.5)
+    twin = SWA(
+        *(t.contiguous() for t in (q1, k1, v)), 17, q2=q2.contiguous(), k2=k2.contiguous(), lam=0.5
+    )
     assert out.is_contiguous() and out.shape == (B, N, H, D)
     assert torch.equal(out, twin)
     ref = reference(q1, k1, v, 17, q2=q2, k2=k2, lam=0.5, compute_dtype=torch.float64)
@@ -229,8 +264,11 @@ def test_bhsd_layout(small_tiles):
 
 @torch.no_grad()
 def test_poisoned_output_fully_written(small_tiles, monkeypatch):
-    monkeypatch.setattr(A, "_new_out", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        A,
+        "_new_out",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
     g = torch.Generator().manual_seed(13)
     for layout, N in (("bshd", 35), ("bhsd", 17)):
         q, k, v, q2, k2 = qkv(g, 2, N, 2, 32, torch.bfloat16, n=5)
@@ -261,9 +299,12 @@ def test_visits_only_key_tiles_in_the_band(step, monkeypatch):
         hi = min(N, start + S + right)
         end = lo + -(-(hi - lo) // BN) * BN  # the last visited tile's end
         if lo <= j0 < end:
-            want[start:start + S] = True
+            want[start : start + S] = True
     got = torch.isnan(out[0, :, 0]).any(-1).cpu()
-    assert torch.equal(got, want), (got.nonzero().flatten().tolist(), want.nonzero().flatten().tolist())
+    assert torch.equal(got, want), (
+        got.nonzero().flatten().tolist(),
+        want.nonzero().flatten().tolist(),
+    )
     assert 0 < want.sum() < N
 
 
@@ -272,10 +313,10 @@ def test_query_step():
     fewer and that saves >= 10% of the key slots a query; the band's keys fit the tiles."""
     qs = A.query_step
     assert qs(64, 32, 17, 17) == 62 and qs(16, 16, 17, 17) == 14 and qs(32, 16, 17, 17) == 30
-    assert qs(64, 32, 0, 0) == 64      # 64 keys in 2 tiles already: nothing to save
-    assert qs(64, 32, 17, 0) == 64     # 47 queries in 2 tiles: 9% fewer slots, kept
+    assert qs(64, 32, 0, 0) == 64  # 64 keys in 2 tiles already: nothing to save
+    assert qs(64, 32, 17, 0) == 64  # 47 queries in 2 tiles: 9% fewer slots, kept
     assert qs(64, 32, -1, 0) == qs(64, 32, 3, -1) == 64  # unbounded sides
-    assert qs(64, 64, 17, 17) == 64    # 30 queries would be under half the tile
+    assert qs(64, 64, 17, 17) == 64  # 30 queries would be under half the tile
     for bm, bn in ((16, 16), (32, 16), (64, 16), (64, 32), (64, 64)):
         for left in range(0, 40, 3):
             for right in range(0, 40, 5):
@@ -285,8 +326,10 @@ def test_query_step():
                 if s < bm:
                     assert -(-(s + left + right) // bn) == trips - 1 and s >= bm // 2
     st = A.launch_settings(64, torch.bfloat16, 17, 17, 8704, True, False)
-    assert st.step_m == 62 and A.launch_settings(64, torch.bfloat16, -1, 0, 8704, False,
-                                                 False).step_m is None
+    assert (
+        st.step_m == 62
+        and A.launch_settings(64, torch.bfloat16, -1, 0, 8704, False, False).step_m is None
+    )
 
 
 @pytest.mark.slow
@@ -298,8 +341,11 @@ def test_any_query_step_gives_the_formula(step, layout, monkeypatch):
     and every element is written: NaN-poisoned output, batch 2, a ragged last program,
     differential with a per-head lambda, both grid orders."""
     monkeypatch.setattr(A, "launch_settings", lambda *a, **k: (16, 16, 4, 1, None, None, step))
-    monkeypatch.setattr(A, "_new_out", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        A,
+        "_new_out",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
     g = torch.Generator().manual_seed(30 + step)
     B, N, H, D = 2, 45, 3, 32
     q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.float32, n=5)
@@ -310,8 +356,14 @@ def test_any_query_step_gives_the_formula(step, layout, monkeypatch):
     out = SWA(q, k, v, (6, 3), q2=q2, k2=k2, lam=lam, layout=layout)
     if layout == "bhsd":
         out = out.transpose(1, 2)
-    check(out, ref, v if layout == "bshd" else v.transpose(1, 2), torch.float32,
-          f"step {step} {layout}", lam=lam)
+    check(
+        out,
+        ref,
+        v if layout == "bshd" else v.transpose(1, 2),
+        torch.float32,
+        f"step {step} {layout}",
+        lam=lam,
+    )
 
 
 def test_bad_query_step_is_refused():
@@ -328,6 +380,7 @@ def test_mma_sync_option_same_bits_and_environment_restored(monkeypatch):
     """``mma_sync`` (the 8th launch setting) only changes how Triton lowers the dots: on the
     interpreter the same bits; the process's environment is as before the call."""
     import os
+
     g = torch.Generator().manual_seed(31)
     q, k, v, q2, k2 = qkv(g, 1, 40, 2, 32, torch.float32, n=5)
     p = A.plan(q, k, v, 5, q2=q2, k2=k2)
@@ -348,9 +401,9 @@ def test_split_pv_same_bits(D, dtype, diff, exact_interpreter_dots):
     tile's columns) computes every output column with the same products and sums: on the
     interpreter (op-by-op arithmetic, each dot's sums in fp64: ``exact_interpreter_dots``)
     the same bits as the one-dot tile, padded head dims (48 -> 64, 80 -> 128: the masked
-    columns in the upper half) and a ragged last query tile included. On the GPU the one-dot 2-warp tile is lowered with its columns split across the
-    warps and differs in the last bits (seen on the H200, 2026-12-02): there both are held
-    to the fp64 contract."""
+    columns in the upper half) and a ragged last query tile included. On the GPU the one-dot
+    2-warp tile is lowered with its columns split across the warps and differs in the last
+    bits (seen on the H200, 2026-12-02): there both are held to the fp64 contract."""
     g = torch.Generator().manual_seed(40 + D)
     n = 5 if diff else 3
     t = qkv(g, 2, 45, 3, D, dtype, n=n)
@@ -377,8 +430,13 @@ def test_split_pv_with_the_fused_prologue_same_bits(exact_interpreter_dots):
     q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
     w = rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1
     cos, sin = same_tables(N, 32)
-    kw = dict(q_norm=NormSpec("rms", weight=w, eps=1e-6), k_norm=NormSpec("rms", weight=w, eps=1e-6),
-              cos=cos, sin=sin, rotary_dim=32)
+    kw = dict(
+        q_norm=NormSpec("rms", weight=w, eps=1e-6),
+        k_norm=NormSpec("rms", weight=w, eps=1e-6),
+        cos=cos,
+        sin=sin,
+        rotary_dim=32,
+    )
     p = A.plan(q, k, v, 5, q2=q2, k2=k2, **kw)
     want = A.run(p, (32, 16, 2, 2, True, None, 30, False, False))
     got = A.run(p, (32, 16, 2, 2, True, None, 30, False, True))
@@ -423,15 +481,18 @@ def test_reference_fallback_where_triton_cannot_run(monkeypatch):
 # ---------------------------------------------------------------------------------------
 # differential
 
+
 @pytest.mark.parametrize("lam", ["float", "per-head", "one-element"])
 @torch.no_grad()
 def test_differential_lambda(lam, small_tiles):
     g = torch.Generator().manual_seed(15)
     B, N, H, D = 2, 30, 3, 32
     q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.float32, n=5)
-    lam_v = {"float": 0.8,
-             "per-head": torch.tensor([0.2, -0.5, 1.3], dtype=torch.bfloat16, device=DEVICE),
-             "one-element": torch.tensor([0.6], device=DEVICE)}[lam]
+    lam_v = {
+        "float": 0.8,
+        "per-head": torch.tensor([0.2, -0.5, 1.3], dtype=torch.bfloat16, device=DEVICE),
+        "one-element": torch.tensor([0.6], device=DEVICE),
+    }[lam]
     out = SWA(q, k, v, 5, q2=q2, k2=k2, lam=lam_v)
     ref = reference(q, k, v, 5, q2=q2, k2=k2, lam=lam_v, compute_dtype=torch.float64)
     check(out, ref, v, torch.float32, f"lam {lam}", lam=lam_v)
@@ -451,8 +512,9 @@ PROLOGUES = {
     "rms-interleaved-full": dict(norm="rms", rope_style="interleaved", R=64, table="full"),
     # R/2 = 8 and D - R = 48 pad to 16 and 64 channels: the padding must stay zero in the
     # dots although a LayerNorm without affine maps a zero to -mean * rstd
-    "layer-plain-interleaved-r16": dict(norm="layer-plain", rope_style="interleaved", R=16,
-                                        table="full"),
+    "layer-plain-interleaved-r16": dict(
+        norm="layer-plain", rope_style="interleaved", R=16, table="full"
+    ),
     "layer-half-unique": dict(norm="layer", rope_style="half", R=64, table="unique"),
     "norm-only": dict(norm="rms", rope_style="half", R=0, table=None),
     "rope-only": dict(norm=None, rope_style="half", R=32, table="full"),
@@ -470,8 +532,12 @@ def _prologue_kwargs(g, name, N, D, dtype):
         elif cfg["norm"] == "layer-plain":
             kw[side] = NormSpec("layer", eps=1e-5)
         elif cfg["norm"] == "layer":
-            kw[side] = NormSpec("layer", weight=rnd(g, D, dtype=dtype, scale=0.2) + 1,
-                                bias=rnd(g, D, dtype=dtype, scale=0.1), eps=1e-5)
+            kw[side] = NormSpec(
+                "layer",
+                weight=rnd(g, D, dtype=dtype, scale=0.2) + 1,
+                bias=rnd(g, D, dtype=dtype, scale=0.1),
+                eps=1e-5,
+            )
     R = cfg["R"]
     if R:
         cos, sin = same_tables(N, R)
@@ -499,8 +565,12 @@ def test_prologue_vs_fp64_and_vs_qk_norm_rope(name, dtype, small_tiles):
     out = SWA(q, k, v, 6, q2=q2, k2=k2, **kw)
     ref = reference(q, k, v, 6, q2=q2, k2=k2, compute_dtype=torch.float64, **kw)
     check(out, ref, v, dtype, name, lam=1.0)
-    qkw = dict(q_norm=kw.get("q_norm"), k_norm=kw.get("k_norm"),
-               rope_style=kw.get("rope_style", "half"), rotary_dim=kw.get("rotary_dim"))
+    qkw = dict(
+        q_norm=kw.get("q_norm"),
+        k_norm=kw.get("k_norm"),
+        rope_style=kw.get("rope_style", "half"),
+        rotary_dim=kw.get("rotary_dim"),
+    )
     qa, ka = ditfuse.qk_norm_rope(q, k, kw.get("cos"), kw.get("sin"), **qkw)
     qb, kb = ditfuse.qk_norm_rope(q2, k2, kw.get("cos"), kw.get("sin"), **qkw)
     unfused = SWA(qa, ka, v, 6, q2=qb, k2=kb)
@@ -518,6 +588,7 @@ def test_prologue_vs_fp64_and_vs_qk_norm_rope(name, dtype, small_tiles):
 # ---------------------------------------------------------------------------------------
 # against diffusers' SAME code
 
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @torch.no_grad()
 def test_vs_band_mask_sdpa(dtype, small_tiles):
@@ -528,7 +599,8 @@ def test_vs_band_mask_sdpa(dtype, small_tiles):
     q, k, v = qkv(g, B, N, H, D, dtype)
     mask = same._band_mask(N, w, q.device, dtype)
     eager = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask).transpose(1, 2)
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
+    ).transpose(1, 2)
     # eager rounds the probabilities no differently than the kernel: same tolerance
     check(SWA(q, k, v, w), eager, v, dtype, "band mask sdpa")
 
@@ -551,7 +623,9 @@ def test_vs_same_attn_processor(dtype, small_tiles):
     B, N, H, D, w = 2, 36, 2, 64, 17
     attn = same.SAMEAttention(H * D, dim_heads=D, use_differential=True)
     with torch.no_grad():
-        attn.to_qkv.weight.copy_(torch.randn(attn.to_qkv.weight.shape, generator=g) / math.sqrt(H * D))
+        attn.to_qkv.weight.copy_(
+            torch.randn(attn.to_qkv.weight.shape, generator=g) / math.sqrt(H * D)
+        )
         attn.to_out.weight.copy_(torch.eye(H * D))
         for norm in (attn.q_norm, attn.k_norm):
             norm.alpha.fill_(0.9)
@@ -563,12 +637,34 @@ def test_vs_same_attn_processor(dtype, small_tiles):
 
     q1, q2, k1, k2, v = (t.unflatten(-1, (H, D)) for t in attn.to_qkv(x).chunk(5, dim=-1))
     freqs = attn.rope(N, x.device).float()
-    out = SWA(q1, k1, v, w, q2=q2, k2=k2, q_norm=attn.q_norm, k_norm=attn.k_norm,
-              cos=freqs.cos(), sin=freqs.sin(), rotary_dim=freqs.shape[-1])
+    out = SWA(
+        q1,
+        k1,
+        v,
+        w,
+        q2=q2,
+        k2=k2,
+        q_norm=attn.q_norm,
+        k_norm=attn.k_norm,
+        cos=freqs.cos(),
+        sin=freqs.sin(),
+        rotary_dim=freqs.shape[-1],
+    )
     assert out.shape == eager.shape and out.dtype == dtype
-    ref = reference(q1, k1, v, w, q2=q2, k2=k2, q_norm=attn.q_norm, k_norm=attn.k_norm,
-                    cos=freqs.cos(), sin=freqs.sin(), rotary_dim=freqs.shape[-1],
-                    compute_dtype=torch.float64)
+    ref = reference(
+        q1,
+        k1,
+        v,
+        w,
+        q2=q2,
+        k2=k2,
+        q_norm=attn.q_norm,
+        k_norm=attn.k_norm,
+        cos=freqs.cos(),
+        sin=freqs.sin(),
+        rotary_dim=freqs.shape[-1],
+        compute_dtype=torch.float64,
+    )
     check(out, ref, v, dtype, "SAME vs fp64", lam=1.0)
     o, e = out.double(), eager.double()
     tol = 4 * TOL[dtype] if dtype != torch.float32 else TOL[dtype]
@@ -579,6 +675,7 @@ def test_vs_same_attn_processor(dtype, small_tiles):
 
 # ---------------------------------------------------------------------------------------
 # bad input: an error naming the argument, before any kernel runs
+
 
 def _bad_cases():
     g = torch.Generator().manual_seed(0)
@@ -594,13 +691,27 @@ def _bad_cases():
         ("k2 without q2", (q, k, v, 3), dict(k2=k2), ValueError, "k2 given without q2"),
         ("lam without q2", (q, k, v, 3), dict(lam=0.5), ValueError, "lam"),
         ("lam shape", (q, k, v, 3), dict(q2=q2, k2=k2, lam=torch.ones(3)), ValueError, "lam"),
-        ("lam int tensor", (q, k, v, 3), dict(q2=q2, k2=k2, lam=torch.ones(2, dtype=torch.long)),
-         TypeError, "lam.dtype"),
+        (
+            "lam int tensor",
+            (q, k, v, 3),
+            dict(q2=q2, k2=k2, lam=torch.ones(2, dtype=torch.long)),
+            TypeError,
+            "lam.dtype",
+        ),
         ("head_dim mismatch k", (q, k[..., :32], v, 3), {}, ValueError, "head_dim mismatch: k"),
         ("head_dim mismatch v", (q, k, v[..., :32], 3), {}, ValueError, "head_dim mismatch: v"),
-        ("head_dim 160", (q[..., :40].repeat(1, 1, 1, 4), k[..., :40].repeat(1, 1, 1, 4),
-                          v[..., :40].repeat(1, 1, 1, 4), 3), {}, ValueError,
-         "head_dim must be between 1 and 128, got 160"),
+        (
+            "head_dim 160",
+            (
+                q[..., :40].repeat(1, 1, 1, 4),
+                k[..., :40].repeat(1, 1, 1, 4),
+                v[..., :40].repeat(1, 1, 1, 4),
+                3,
+            ),
+            {},
+            ValueError,
+            "head_dim must be between 1 and 128, got 160",
+        ),
         ("dtype k", (q, k.float(), v, 3), {}, TypeError, "k.dtype"),
         ("dtype q2", (q, k, v, 3), dict(q2=q2.half(), k2=k2), TypeError, "q2.dtype"),
         ("int q", (q.to(torch.int32), k, v, 3), {}, TypeError, "q.dtype"),
@@ -610,11 +721,21 @@ def _bad_cases():
         ("layout", (q, k, v, 3), dict(layout="sbhd"), ValueError, "layout"),
         ("rope_style", (q, k, v, 3), dict(rope_style="neox"), ValueError, "rope_style"),
         ("scale", (q, k, v, 3), dict(scale=-1.0), ValueError, "scale"),
-        ("norm across heads", (q, k, v, 3),
-         dict(q_norm=NormSpec("rms", weight=torch.ones(2 * 64, device=DEVICE))), ValueError,
-         "across all 2 heads"),
+        (
+            "norm across heads",
+            (q, k, v, 3),
+            dict(q_norm=NormSpec("rms", weight=torch.ones(2 * 64, device=DEVICE))),
+            ValueError,
+            "across all 2 heads",
+        ),
         ("cos without sin", (q, k, v, 3), dict(cos=cos), ValueError, "both cos and sin"),
-        ("cos rows", (q, k, v, 3), dict(cos=cos[:5], sin=sin[:5], rotary_dim=32), ValueError, "cos"),
+        (
+            "cos rows",
+            (q, k, v, 3),
+            dict(cos=cos[:5], sin=sin[:5], rotary_dim=32),
+            ValueError,
+            "cos",
+        ),
         ("cos D/2 ambiguous", (q, k, v, 3), dict(cos=cos, sin=sin), ValueError, "rotary_dim"),
         ("norm module", (q, k, v, 3), dict(k_norm=torch.nn.GroupNorm(1, 64)), TypeError, "k_norm"),
     ]
@@ -650,18 +771,34 @@ def test_empty():
 # ---------------------------------------------------------------------------------------
 # torch.library boundary
 
+
 @torch.no_grad()
 def test_opcheck(small_tiles):
     g = torch.Generator().manual_seed(31)
     q, k, v, q2, k2 = qkv(g, 1, 12, 2, 64, torch.bfloat16, n=5)
     cos, sin = same_tables(12, 32)
     norm = dyt(g, 64, torch.bfloat16)
-    torch.library.opcheck(torch.ops.ditfuse.sliding_window_attention.default,
-                          A.op_args(q, k, v, (2, 3)))
+    torch.library.opcheck(
+        torch.ops.ditfuse.sliding_window_attention.default, A.op_args(q, k, v, (2, 3))
+    )
     lam = torch.tensor([0.5, 1.5], device=DEVICE)
-    torch.library.opcheck(torch.ops.ditfuse.sliding_window_attention.default,
-                          A.op_args(q, k, v, 3, q2=q2, k2=k2, lam=lam, q_norm=norm, k_norm=norm,
-                                    cos=cos, sin=sin, rotary_dim=32))
+    torch.library.opcheck(
+        torch.ops.ditfuse.sliding_window_attention.default,
+        A.op_args(
+            q,
+            k,
+            v,
+            3,
+            q2=q2,
+            k2=k2,
+            lam=lam,
+            q_norm=norm,
+            k_norm=norm,
+            cos=cos,
+            sin=sin,
+            rotary_dim=32,
+        ),
+    )
 
 
 @torch.no_grad()
@@ -675,8 +812,9 @@ def test_compile_fullgraph_matches_eager(small_tiles):
 
     def f(buf):
         q1, q2, k1, k2, v = (t.unflatten(-1, (H, D)) for t in buf.chunk(5, -1))
-        out = SWA(q1, k1, v, 3, q2=q2, k2=k2, q_norm=norm, k_norm=norm, cos=cos, sin=sin,
-                  rotary_dim=32)
+        out = SWA(
+            q1, k1, v, 3, q2=q2, k2=k2, q_norm=norm, k_norm=norm, cos=cos, sin=sin, rotary_dim=32
+        )
         return out.flatten(2) * 2
 
     want = f(buf)
@@ -687,8 +825,10 @@ def test_compile_fullgraph_matches_eager(small_tiles):
 # ---------------------------------------------------------------------------------------
 # sm_90 build on the CPU: tensor cores, no spills
 
+
 def _missing_tools():
     from ditfuse.aot.compile import missing_tools
+
     return missing_tools()
 
 
@@ -696,22 +836,34 @@ def _missing_tools():
 @pytest.mark.skipif(bool(_missing_tools()), reason="the Triton wheel has no ptxas/cuobjdump")
 def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
     """SAME-L (bf16 and fp32, differential + DyT/RoPE prologue; fp32 without it, the
-    one-warp entries, differential, plain and the TensorRT contract) and the heaviest table entry (head_dim 128,
-    fp32, differential + prologue), compiled for sm_90a in a
+    one-warp entries, differential, plain and the TensorRT contract) and the heaviest table
+    entry (head_dim 128, fp32, differential + prologue), compiled for sm_90a in a
     ``TRITON_INTERPRET=0`` subprocess exactly as a call builds them: the PTX holds
     wgmma/mma instructions, no local memory inside a loop (``local_in_loops``), at most
     ``LOCAL_BYTES_MAX`` bytes of it outside."""
-    names = ["same-l-bf16", "same-l-fp32", "d128-fp32-diff-prologue", "same-l-fp32-attn",
-             "same-l-trt-fp32", "same-l-fp32-plain", "same-l-fp32-attn-highest",
-             "same-l-fp32-plain-highest"]
+    names = [
+        "same-l-bf16",
+        "same-l-fp32",
+        "d128-fp32-diff-prologue",
+        "same-l-fp32-attn",
+        "same-l-trt-fp32",
+        "same-l-fp32-plain",
+        "same-l-fp32-attn-highest",
+        "same-l-fp32-plain-highest",
+    ]
     src = Path(A.__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     out = tmp_path / "rows.json"
-    code = ("import json; from ditfuse.tools.inspect_attention import build_report; "
-            f"json.dump(build_report({names!r}), open({str(out)!r}, 'w'))")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+    code = (
+        "import json; from ditfuse.tools.inspect_attention import build_report; "
+        f"json.dump(build_report({names!r}), open({str(out)!r}, 'w'))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0 and out.exists(), (r.stdout + r.stderr)[-6000:]
     rows = {row["name"]: row for row in json.loads(out.read_text())}
     assert sorted(rows) == sorted(names)
@@ -721,16 +873,33 @@ def test_sm90_build_uses_tensor_cores_without_local_memory_in_loops(tmp_path):
         # local memory: none inside a loop, a few bytes outside (the one-warp fp32 entry
         # keeps one value across its key loop)
         assert row["loop_local"] == 0 and not row["violations"], detail
-        assert max(row["spill_stores"], row["spill_loads"], row["stack"]) <= AB.LOCAL_BYTES_MAX, detail
+        assert max(row["spill_stores"], row["spill_loads"], row["stack"]) <= AB.LOCAL_BYTES_MAX, (
+            detail
+        )
         assert 0 < row["regs"] <= 255 and row["smem"] <= 227 * 1024, detail
-        want = A.launch_settings(row["D"], getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
-                                                         "fp16": "float16"}[row["dtype"]]),
-                                 17, 17, row["N"], row["differential"], row["prologue"],
-                                 A.dot_precision(getattr(torch, {"bf16": "bfloat16", "fp32": "float32",
-                                                                 "fp16": "float16"}[row["dtype"]]),
-                                                 row["precision"]))
-        assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == \
-            (want.block_m, want.block_n, want.num_warps, want.num_stages), detail
+        want = A.launch_settings(
+            row["D"],
+            getattr(
+                torch, {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}[row["dtype"]]
+            ),
+            17,
+            17,
+            row["N"],
+            row["differential"],
+            row["prologue"],
+            A.dot_precision(
+                getattr(
+                    torch, {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}[row["dtype"]]
+                ),
+                row["precision"],
+            ),
+        )
+        assert (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == (
+            want.block_m,
+            want.block_n,
+            want.num_warps,
+            want.num_stages,
+        ), detail
         assert row["maxnreg"] == want.maxnreg and row["step_m"] == want.step_m, detail
         assert row["enable_fp_fusion"] is False, detail  # no contraction: see launch()
 
@@ -743,19 +912,25 @@ def test_sm90_build_mma_sync_option(tmp_path):
     src = Path(A.__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("DISABLE_MMA_V3", None)
-    env["PYTHONPATH"] = os.pathsep.join([str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(src)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     out = tmp_path / "rows.json"
     code = (
-        "import json, os; from ditfuse.ops import attention as A; from ditfuse.tools import inspect_attention as AB\n"
+        "import json, os; from ditfuse.ops import attention as A; "
+        "from ditfuse.tools import inspect_attention as AB\n"
         "spec = next(s for s in AB.BUILD_SPECS if s.name == 'same-l-fp32-attn')\n"
         "rows = []\n"
         "for mma in (False, True):\n"
-        "    A.launch_settings = lambda *a, mma=mma, **k: A.Settings(64, 16, 4, 3, True, None, 62, mma)\n"
+        "    A.launch_settings = lambda *a, mma=mma, **k: "
+        "A.Settings(64, 16, 4, 3, True, None, 62, mma)\n"
         "    rows.append(AB.build(spec))\n"
         "    assert 'DISABLE_MMA_V3' not in os.environ\n"
-        f"json.dump(rows, open({str(out)!r}, 'w'))\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+        f"json.dump(rows, open({str(out)!r}, 'w'))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0 and out.exists(), (r.stdout + r.stderr)[-6000:]
     wg, ms = json.loads(out.read_text())
     assert wg["wgmma"] > 0 and wg["mma"] == 0, wg
@@ -774,7 +949,9 @@ def test_grid_order_does_not_change_bits(layout):
     B, N, H, D = 2, 37, 3, 32
     q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
     if layout == "bhsd":
-        q, k, v, q2, k2 = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, q2, k2))
+        q, k, v, q2, k2 = (
+            t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, q2, k2)
+        )
     p = A.plan(q, k, v, 5, q2=q2, k2=k2)
     outs = [A.run(p, (16, 16, 4, 1, tm)) for tm in (True, False)]
     assert torch.equal(outs[0], outs[1])
@@ -800,16 +977,31 @@ def test_d128_differential_prologue_runs_apart(dtype, monkeypatch):
     q, k, v, q2, k2 = (t.transpose(1, 2) for t in qkv(g, B, N, H, D, dtype, n=5))
     cos, sin = same_tables(N, R)
     cos, sin = (t[:, : R // 2].repeat_interleave(2, -1) for t in (cos, sin))
-    kw = dict(q2=q2, k2=k2, lam=0.8, layout="bhsd", q_norm=NormSpec("layer", eps=1e-5),
-              k_norm=NormSpec("layer", eps=1e-5), cos=cos, sin=sin, rope_style="interleaved",
-              rotary_dim=R)
+    kw = dict(
+        q2=q2,
+        k2=k2,
+        lam=0.8,
+        layout="bhsd",
+        q_norm=NormSpec("layer", eps=1e-5),
+        k_norm=NormSpec("layer", eps=1e-5),
+        cos=cos,
+        sin=sin,
+        rope_style="interleaved",
+        rotary_dim=R,
+    )
     launched = []
     real = A._apart
     monkeypatch.setattr(A, "_apart", lambda *a, **k: launched.append(1) or real(*a, **k))
     out = SWA(q, k, v, 3, **kw)
     assert launched, "the prologue did not run apart"
-    check(out, reference(q, k, v, 3, compute_dtype=torch.float64, **kw), v, dtype, "d128 apart",
-          lam=0.8)
+    check(
+        out,
+        reference(q, k, v, 3, compute_dtype=torch.float64, **kw),
+        v,
+        dtype,
+        "d128 apart",
+        lam=0.8,
+    )
 
 
 @pytest.mark.slow
@@ -822,8 +1014,9 @@ def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
     (``_joint_plan``); separate tensors take two passes. Either way the fp64 reference's
     contract holds, and under the interpreter the one pass gives the two passes' bits of
     contiguous copies (per head, the same arithmetic)."""
-    from ditfuse.runtime import fastpath as _fastpath
     import importlib
+
+    from ditfuse.runtime import fastpath as _fastpath
 
     qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     monkeypatch.setattr(_fastpath, "ENABLED", False)
@@ -835,19 +1028,36 @@ def test_differential_prologue_apart_in_one_pass(packed, monkeypatch):
     else:
         q, k, v, q2, k2 = qkv(g, B, N, H, D, torch.bfloat16, n=5)
     cos, sin = same_tables(N, R)
-    kw = dict(q2=q2, k2=k2, lam=0.6, q_norm=dyt(g, D, torch.bfloat16),
-              k_norm=dyt(g, D, torch.bfloat16), cos=cos, sin=sin, rotary_dim=R)
+    kw = dict(
+        q2=q2,
+        k2=k2,
+        lam=0.6,
+        q_norm=dyt(g, D, torch.bfloat16),
+        k_norm=dyt(g, D, torch.bfloat16),
+        cos=cos,
+        sin=sin,
+        rotary_dim=R,
+    )
     assert A.prologue_apart(D, 17, 17, True, True)
     heads = []
     real = qkr.launch
-    monkeypatch.setattr(qkr, "launch", lambda p, *a, **k: heads.append(p.q.shape[2]) or real(p, *a, **k))
+    monkeypatch.setattr(
+        qkr, "launch", lambda p, *a, **k: heads.append(p.q.shape[2]) or real(p, *a, **k)
+    )
     out = SWA(q, k, v, 17, **kw)
     assert heads == ([2 * H] if packed else [H, H]), heads
-    check(out, reference(q, k, v, 17, compute_dtype=torch.float64, **kw), v, torch.bfloat16,
-          "SAME apart", lam=0.6)
+    check(
+        out,
+        reference(q, k, v, 17, compute_dtype=torch.float64, **kw),
+        v,
+        torch.bfloat16,
+        "SAME apart",
+        lam=0.6,
+    )
     heads.clear()
-    two = SWA(*(t.contiguous() for t in (q, k, v)), 17,
-              **dict(kw, q2=q2.contiguous(), k2=k2.contiguous()))
+    two = SWA(
+        *(t.contiguous() for t in (q, k, v)), 17, **dict(kw, q2=q2.contiguous(), k2=k2.contiguous())
+    )
     assert heads == [H, H]
     if DEVICE == "cpu":
         assert torch.equal(out, two)
@@ -865,14 +1075,26 @@ def test_replay_keeps_the_one_pass_to_heads_that_follow():
     a = [t.unflatten(-1, (H, D)) for t in bufs[0].chunk(5, -1)]
     b = [t.unflatten(-1, (H, D)) for t in bufs[1].chunk(5, -1)]
     cos, sin = same_tables(N, R)
-    kw = dict(q_norm=dyt(g, D, torch.bfloat16), k_norm=dyt(g, D, torch.bfloat16), cos=cos,
-              sin=sin, rotary_dim=R, lam=0.5)
+    kw = dict(
+        q_norm=dyt(g, D, torch.bfloat16),
+        k_norm=dyt(g, D, torch.bfloat16),
+        cos=cos,
+        sin=sin,
+        rotary_dim=R,
+        lam=0.5,
+    )
     SWA(a[0], a[2], a[4], 17, q2=a[1], k2=a[3], **kw)  # records the one-pass launches
     # q2 / k2 from the other buffer: same signature tensor by tensor, not behind q / k
     out = SWA(a[0], a[2], a[4], 17, q2=b[1], k2=b[3], **kw)
     kw2 = dict(kw, q2=b[1], k2=b[3])
-    check(out, reference(a[0], a[2], a[4], 17, compute_dtype=torch.float64, **kw2), a[4],
-          torch.bfloat16, "replay, Q2 elsewhere", lam=0.5)
+    check(
+        out,
+        reference(a[0], a[2], a[4], 17, compute_dtype=torch.float64, **kw2),
+        a[4],
+        torch.bfloat16,
+        "replay, Q2 elsewhere",
+        lam=0.5,
+    )
 
 
 def test_joint_prologue_plan_conditions():
@@ -891,8 +1113,19 @@ def test_joint_prologue_plan_conditions():
         cos, sin = same_tables(N, R)
         if per_head_table:
             cos, sin = (t[None, :, None].expand(1, N, H, R).contiguous() for t in (cos, sin))
-        p = A.plan(q, k, v, 17, q2=q2, k2=k2, q_norm=dyt(g, D, torch.bfloat16),
-                   k_norm=dyt(g, D, torch.bfloat16), cos=cos, sin=sin, rotary_dim=R)
+        p = A.plan(
+            q,
+            k,
+            v,
+            17,
+            q2=q2,
+            k2=k2,
+            q_norm=dyt(g, D, torch.bfloat16),
+            k_norm=dyt(g, D, torch.bfloat16),
+            cos=cos,
+            sin=sin,
+            rotary_dim=R,
+        )
         return A._joint_plan(p, A.prologue_scratch(q, "bshd", True))
 
     joint = plan_of(3)
@@ -905,9 +1138,24 @@ def test_joint_prologue_plan_conditions():
     q, q2, k, k2, v = (t.unflatten(-1, (1, D)) for t in buf.chunk(5, -1))
     cos, sin = (t[:, : D // 2].repeat_interleave(2, -1) for t in same_tables(N, D))
     rms = NormSpec("rms", weight=rnd(g, D, dtype=torch.bfloat16, scale=0.2) + 1, eps=1e-6)
-    p = A.plan(q, k, v, 17, q2=q2, k2=k2, q_norm=rms, k_norm=rms, cos=cos, sin=sin,
-               rope_style="interleaved", rotary_dim=D)
+    p = A.plan(
+        q,
+        k,
+        v,
+        17,
+        q2=q2,
+        k2=k2,
+        q_norm=rms,
+        k_norm=rms,
+        cos=cos,
+        sin=sin,
+        rope_style="interleaved",
+        rotary_dim=D,
+    )
     scratch = A.prologue_scratch(q, "bshd", True)
     import importlib
-    assert importlib.import_module("ditfuse.ops.qk_norm_rope").flat_applies(p.qk, scratch[0], scratch[1])
+
+    assert importlib.import_module("ditfuse.ops.qk_norm_rope").flat_applies(
+        p.qk, scratch[0], scratch[1]
+    )
     assert A._joint_plan(p, scratch) is None

@@ -1,17 +1,21 @@
 """ditfuse.attention: the 8-bit path (kernel under the interpreter on the CPU, compiled on
 sm_90), its PyTorch emulation, the 16-bit front door, bad inputs and the sm_90 builds."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import DEVICE
+
 import ditfuse
 from ditfuse.ops import attention_fp8 as A
 from ditfuse.reference import attention_8bit_core, quantize_per_token, quantize_v_e4m3
-from ditfuse.tolerances import (ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX,
-                                ATTENTION_8BIT_VS_EMULATION)
+from ditfuse.tolerances import (
+    ATTENTION_8BIT_COS_MIN,
+    ATTENTION_8BIT_REL_L2_MAX,
+    ATTENTION_8BIT_VS_EMULATION,
+)
 
 # Accuracy of 8-bit attention against float64 on the same inputs (the issue's target; CPU
 # emulation of the scheme measures 0.9993-0.9995 / 0.033-0.036 on random normal inputs)
@@ -70,39 +74,44 @@ def quantized(q, k, fmt="int8", layout="bshd"):
 @pytest.fixture
 def poisoned(monkeypatch):
     """Outputs filled with NaN before the kernel writes them: an element it skips fails."""
+
     def new(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
     monkeypatch.setattr(A, "_new_out", new)
 
 
 CASES = [
     # B, S_q, S_kv, H, D, window, layout
     (1, 200, 200, 2, 64, None, "bshd"),
-    (2, 77, 150, 1, 128, None, "bshd"),       # tails: neither length a multiple of a tile
-    (1, 300, 300, 2, 64, (37, 5), "bshd"),    # a band
-    (1, 130, 130, 2, 128, (-1, 0), "bhsd"),   # causal as a band, (B, H, S, D)
+    (2, 77, 150, 1, 128, None, "bshd"),  # tails: neither length a multiple of a tile
+    (1, 300, 300, 2, 64, (37, 5), "bshd"),  # a band
+    (1, 130, 130, 2, 128, (-1, 0), "bhsd"),  # causal as a band, (B, H, S, D)
     (1, 257, 257, 1, 64, (16, -1), "bshd"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[1]}x{c[2]}-h{c[3]}-d{c[4]}-w{c[5]}-{c[6]}"
-                                             for c in CASES])
+@pytest.mark.parametrize(
+    "case", CASES, ids=[f"{c[1]}x{c[2]}-h{c[3]}-d{c[4]}-w{c[5]}-{c[6]}" for c in CASES]
+)
 def test_kernel_accuracy_and_emulation(case, poisoned):
     B, Sq, Skv, H, D, window, layout = case
     q, k, v = inputs(B, Sq, Skv, H, D)
     if layout == "bhsd":
         q, k, v = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     q8, k8, qs, ks = quantized(q, k, layout=layout)
-    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, window=window,
-                            layout=layout)
+    out = ditfuse.attention(
+        q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, window=window, layout=layout
+    )
     assert out.shape == q.shape and out.dtype == v.dtype
     assert torch.isfinite(out).all()
     o4 = out if layout == "bshd" else out.transpose(1, 2)
     cos, rel = metrics(o4, reference64(q, k, v, window, layout=layout))
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
     p = A.plan(q8, k8, v, q_scale=qs, k_scale=ks, window=window, layout=layout)
-    emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale, left=p.left,
-                              right=p.right)
+    emu = attention_8bit_core(
+        p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale, left=p.left, right=p.right
+    )
     assert metrics(o4, emu)[1] <= KERNEL_VS_EMULATION
 
 
@@ -113,8 +122,9 @@ def test_16bit_inputs_quantized_by_the_op(kind, poisoned):
     q, k, v = inputs(1, 160, 160, 2, 128, kind)
     out = ditfuse.attention(q, k, v, precision="fp8")
     qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
-    again = ditfuse.attention(qq.q, qq.k, v, precision="fp8", q_scale=qq.q_scale,
-                              k_scale=qq.k_scale)
+    again = ditfuse.attention(
+        qq.q, qq.k, v, precision="fp8", q_scale=qq.q_scale, k_scale=qq.k_scale
+    )
     assert torch.equal(out, again)
     cos, rel = metrics(out, reference64(q, k, v))
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
@@ -156,8 +166,7 @@ def test_strided_scales(poisoned):
     qv, kv = wide[0, :, :, 5:105], wide[1, :, :, 5:105]
     assert not qv.is_contiguous()
     out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qv, k_scale=kv)
-    assert torch.equal(out, ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs,
-                                              k_scale=ks))
+    assert torch.equal(out, ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks))
 
 
 def test_key_mask(poisoned):
@@ -171,18 +180,17 @@ def test_key_mask(poisoned):
     middle = (j[None] >= 40) | (j[None] < torch.tensor([17, 33], device=DEVICE)[:, None])
     q8, k8, qs, ks = quantized(q, k)
     for mask in (prefix, middle):
-        out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks,
-                                key_mask=mask)
+        out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, key_mask=mask)
         ref = reference64(q, k, v, key_mask=mask)
         cos, rel = metrics(out, ref)
         assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
         p = A.plan(q8, k8, v, q_scale=qs, k_scale=ks, key_mask=mask)
-        emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
-                                  key_mask=mask)
+        emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale, key_mask=mask)
         assert metrics(out, emu)[1] <= KERNEL_VS_EMULATION
         exact = ditfuse.attention(q, k, v, key_mask=mask)
-        sdpa = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
-                                              attn_mask=mask[:, None, None, :]).transpose(1, 2)
+        sdpa = F.scaled_dot_product_attention(
+            *(x.transpose(1, 2) for x in (q, k, v)), attn_mask=mask[:, None, None, :]
+        ).transpose(1, 2)
         assert torch.equal(exact, sdpa)
     # a batch entry with no key left: zeros, never NaN
     none = prefix.clone()
@@ -190,8 +198,9 @@ def test_key_mask(poisoned):
     out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, key_mask=none)
     assert torch.isfinite(out).all() and not out[1].any()
     # with a band
-    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, window=20,
-                            key_mask=middle)
+    out = ditfuse.attention(
+        q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, window=20, key_mask=middle
+    )
     ref = reference64(q, k, v, window=20, key_mask=middle)
     assert metrics(out, ref)[0] >= COS_MIN
 
@@ -247,6 +256,7 @@ def test_emulation_fallback_off_the_kernel_device(monkeypatch):
 # ---------------------------------------------------------------------------------------
 # bad inputs: rejected before any kernel runs, with the argument named
 
+
 def _bad(match, **over):
     q, k, v = inputs(1, 64, 64, 2, 64)
     q8, k8, qs, ks = quantized(q, k)
@@ -273,8 +283,10 @@ def test_bad_inputs():
     _bad("window needs as many queries as keys", q=q8[:, :32], q_scale=qs[..., :32], window=4)
     _bad("scale must be a positive", scale=-1.0)
     _bad(r"key_mask.dtype must be torch.bool", key_mask=torch.ones(1, 64, device=DEVICE))
-    _bad(r"key_mask must have shape \(B, S_kv\)",
-         key_mask=torch.ones(1, 1, 1, 64, dtype=torch.bool, device=DEVICE))
+    _bad(
+        r"key_mask must have shape \(B, S_kv\)",
+        key_mask=torch.ones(1, 1, 1, 64, dtype=torch.bool, device=DEVICE),
+    )
     _bad("key_mask is on meta", key_mask=torch.ones(1, 64, dtype=torch.bool, device="meta"))
     _bad("k is on meta", k=k8.to("meta"))
     _bad(r"q_scale is on meta", q_scale=qs.to("meta"))
@@ -291,13 +303,19 @@ def test_bad_inputs():
 
     def no_prologue(*a, **kw):
         raise AssertionError("q / k were quantized before the arguments were checked")
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(A, "quantize_per_token", no_prologue)
-        for kw, match in ((dict(v=v.float()), "v.dtype"), (dict(window=-3), "window"),
-                          (dict(scale=0.0), "scale must be"),
-                          (dict(key_mask=torch.ones(1, 63, dtype=torch.bool, device=DEVICE)),
-                           "key_mask must have shape"),
-                          (dict(v=v[:, :32]), "v must have k's shape")):
+        for kw, match in (
+            (dict(v=v.float()), "v.dtype"),
+            (dict(window=-3), "window"),
+            (dict(scale=0.0), "scale must be"),
+            (
+                dict(key_mask=torch.ones(1, 63, dtype=torch.bool, device=DEVICE)),
+                "key_mask must have shape",
+            ),
+            (dict(v=v[:, :32]), "v must have k's shape"),
+        ):
             args = dict(v=v)
             args.update(kw)
             with pytest.raises((ValueError, TypeError), match=match):
@@ -315,25 +333,52 @@ def test_scales_refused_or_harmless(poisoned):
     zero query scale attends uniformly over the row's keys."""
     q, k, v = inputs(1, 150, 150, 2, 64)
     q8, k8, qs, ks = quantized(q, k)
-    for name, bad in (("q_scale", 0.0), ("k_scale", -0.5), ("q_scale", math.inf),
-                      ("k_scale", -math.inf)):
+    for name, bad in (
+        ("q_scale", 0.0),
+        ("k_scale", -0.5),
+        ("q_scale", math.inf),
+        ("k_scale", -math.inf),
+    ):
         t = (qs if name == "q_scale" else ks).clone()
         t[0, 1, 7] = bad
-        _bad(f"{name} must be positive and finite", **{name: t[..., :64]},
-             **{"q_scale" if name == "k_scale" else "k_scale": (ks if name == "q_scale"
-                                                                else qs)[..., :64]})
+        _bad(
+            f"{name} must be positive and finite",
+            **{name: t[..., :64]},
+            **{
+                "q_scale" if name == "k_scale" else "k_scale": (ks if name == "q_scale" else qs)[
+                    ..., :64
+                ]
+            },
+        )
     mask = torch.rand(1, 150, device=DEVICE) > 0.3
     zq = qs.clone()
     zq[0, 0, ::3] = 0.0
     zk = ks.clone()
     zk[0, 1, 5::4] = 0.0
     for window, key_mask in ((None, None), ((20, 9), None), (None, mask), ((31, -1), mask)):
-        p = A.plan(q8, k8, v, q_scale=zq, k_scale=zk, window=window, key_mask=key_mask,
-                   check_scale_values=False)
+        p = A.plan(
+            q8,
+            k8,
+            v,
+            q_scale=zq,
+            k_scale=zk,
+            window=window,
+            key_mask=key_mask,
+            check_scale_values=False,
+        )
         out = A.launch(p)
         assert not out.isnan().any(), (window, key_mask is not None)
-        emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
-                                  left=p.left, right=p.right, key_mask=key_mask)
+        emu = attention_8bit_core(
+            p.q,
+            p.k,
+            p.v,
+            p.q_scale,
+            p.k_scale,
+            scale=p.scale,
+            left=p.left,
+            right=p.right,
+            key_mask=key_mask,
+        )
         torch.testing.assert_close(out, emu, rtol=0.05, atol=0.05)
         # rows with a zero query scale: every score 0, P the same for every key
         assert metrics(out[0, ::3, 0], emu[0, ::3, 0])[1] <= 2.0**-7
@@ -346,8 +391,11 @@ def test_window_side_past_int32(poisoned):
     q, k, v = inputs(1, 300, 300, 1, 64)
     q8, k8, qs, ks = quantized(q, k)
     kw = dict(precision="fp8", q_scale=qs, k_scale=ks)
-    for big, unbounded in (((0, 2**31 - 1), (0, -1)), ((2**31 - 1, 3), (-1, 3)),
-                           ((300, 2**31 - 1), None)):
+    for big, unbounded in (
+        ((0, 2**31 - 1), (0, -1)),
+        ((2**31 - 1, 3), (-1, 3)),
+        ((300, 2**31 - 1), None),
+    ):
         out = ditfuse.attention(q8, k8, v, window=big, **kw)
         want = ditfuse.attention(q8, k8, v, window=unbounded, **kw)
         assert torch.equal(out, want), big
@@ -362,15 +410,15 @@ def test_16bit_route_any_lengths_and_aliased_qk(poisoned):
     q, k, v = inputs(1, 77, 150, 2, 64)
     out = ditfuse.attention(q, k, v, precision="fp8")
     q8, k8, qs, ks = quantized(q, k)
-    assert torch.equal(out, ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs,
-                                              k_scale=ks))
+    assert torch.equal(out, ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks))
     assert metrics(out, reference64(q, k, v))[0] >= COS_MIN
     x = k.transpose(1, 2).contiguous()  # (B, H, S, D)
     vt = v.transpose(1, 2).contiguous()
     out = ditfuse.attention(x, x, vt, precision="fp8", layout="bhsd")
     x8, xs = quantize_per_token(x, "int8", layout="bhsd")
-    assert torch.equal(out, ditfuse.attention(x8, x8, vt, precision="fp8", q_scale=xs,
-                                              k_scale=xs, layout="bhsd"))
+    assert torch.equal(
+        out, ditfuse.attention(x8, x8, vt, precision="fp8", q_scale=xs, k_scale=xs, layout="bhsd")
+    )
     assert metrics(out.transpose(1, 2), reference64(k, k, v))[0] >= COS_MIN
 
 
@@ -494,13 +542,17 @@ def test_scales_requiring_grad_and_fp32_q():
         kw[name] = kw[name].clone().requires_grad_()
         with pytest.raises(RuntimeError, match="inference-only"):
             ditfuse.attention(q8, k8, v, precision="fp8", **kw)
-    with pytest.raises(TypeError, match=r"q.dtype must be float16 / bfloat16 .*int8 / "
-                                        r"float8_e4m3fn with q_scale.*float32"):
+    with pytest.raises(
+        TypeError,
+        match=r"q.dtype must be float16 / bfloat16 .*int8 / "
+        r"float8_e4m3fn with q_scale.*float32",
+    ):
         ditfuse.attention(q.float(), k.float(), v, precision="fp8")
 
 
 # ---------------------------------------------------------------------------------------
 # sm_90 builds on the CPU and the kernel on the GPU
+
 
 @pytest.mark.slow
 def test_sm90_builds():
@@ -518,8 +570,9 @@ def test_sm90_builds():
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
 @pytest.mark.parametrize("kind", ["randn", "rmsnorm"])
-@pytest.mark.parametrize("shape", [(1, 4096, 4096, 8, 128), (2, 1000, 1777, 4, 64),
-                                   (1, 4608, 4608, 4, 128)])
+@pytest.mark.parametrize(
+    "shape", [(1, 4096, 4096, 8, 128), (2, 1000, 1777, 4, 64), (1, 4608, 4608, 4, 128)]
+)
 def test_gpu_kernel(shape, kind, poisoned):
     B, Sq, Skv, H, D = shape
     q, k, v = inputs(B, Sq, Skv, H, D, kind, device="cuda")
@@ -543,8 +596,8 @@ def test_gpu_band():
 @pytest.mark.slow
 def test_check_gates_small():
     """``ditfuse check``'s 8-bit attention and quantizing-prologue gates pass (few tokens)."""
-    from ditfuse.tools.check import Gates
     from ditfuse.tools import check_attention_fp8
+    from ditfuse.tools.check import Gates
 
     g = Gates(echo=False)
     check_attention_fp8.check_gates(g, DEVICE, True)

@@ -1,6 +1,7 @@
 """The warp-specialized sm_90 8-bit attention: its quantizers (kernels under the interpreter
 on the CPU), the key order that lets P reach the wgmma A operand without a shuffle, the
 routing of ditfuse.attention, the sm_90a build (CPU), and the kernel on an sm_90 GPU."""
+
 import math
 
 import pytest
@@ -35,13 +36,13 @@ def test_quantize_k_blocks(S, D):
     k8, kb = WS.quantize_k_blocks(k)
     tiles = -(-S // WS.BLOCK_N)
     assert k8.dtype == torch.int8 and kb.shape == (B * H, tiles)
-    mean = k.float().mean(1)                                        # (B, H, D)
+    mean = k.float().mean(1)  # (B, H, D)
     x = (k.float() - mean[:, None]).permute(0, 2, 1, 3).reshape(B * H, S, D)
     for t in range(tiles):
-        xs = x[:, t * 128:(t + 1) * 128]
+        xs = x[:, t * 128 : (t + 1) * 128]
         amax = xs.abs().amax(dim=(1, 2))
         torch.testing.assert_close(kb[:, t], amax / 127, rtol=1e-5, atol=0)
-        q = k8.permute(0, 2, 1, 3).reshape(B * H, S, D)[:, t * 128:(t + 1) * 128].float()
+        q = k8.permute(0, 2, 1, 3).reshape(B * H, S, D)[:, t * 128 : (t + 1) * 128].float()
         err = (q * kb[:, t, None, None] - xs).abs()
         # one rounding of the mean's summation order on top of half a step
         assert (err <= kb[:, t, None, None] * 0.5 + 1e-3 * amax[:, None, None]).all()
@@ -63,10 +64,10 @@ def test_quantize_vt(S, D):
     assert vt.shape == (B, H, D, S_pad) and vs.shape == (B, H, D)
     vt, vs = vt.view(B * H * D, S_pad), vs.view(B * H, D)
     pos = key_position(torch.arange(S_pad))
-    deq = vt.float().view(B * H, D, S_pad)[:, :, pos] * vs[..., None]   # natural key order
+    deq = vt.float().view(B * H, D, S_pad)[:, :, pos] * vs[..., None]  # natural key order
     ref = v.float().permute(0, 2, 3, 1).reshape(B * H, D, S)
     torch.testing.assert_close(vs, ref.abs().amax(-1) / 448, rtol=1e-6, atol=0)
-    assert (deq[..., :S] - ref).abs().max() <= (ref.abs() * 2 ** -4 + vs[..., None] * 2 ** -9).max()
+    assert (deq[..., :S] - ref).abs().max() <= (ref.abs() * 2**-4 + vs[..., None] * 2**-9).max()
     assert (deq[..., S:] == 0).all()
 
 
@@ -135,8 +136,9 @@ def test_sm90_build():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _BUILD], capture_output=True, text=True, env=env,
-                       timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", _BUILD], capture_output=True, text=True, env=env, timeout=900
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     for row in json.loads(r.stdout.strip().splitlines()[-1]):
         assert row["int8"] and row["e4m3"] and row["tma"] and row["setmaxnreg"], row
@@ -144,9 +146,10 @@ def test_sm90_build():
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("B,Sq,Skv,H,D,layout", [(2, 1000, 1777, 3, 128, "bshd"),
-                                                  (1, 300, 300, 2, 64, "bhsd"),
-                                                  (3, 1, 129, 1, 64, "bshd")])
+@pytest.mark.parametrize(
+    "B,Sq,Skv,H,D,layout",
+    [(2, 1000, 1777, 3, 128, "bshd"), (1, 300, 300, 2, 64, "bhsd"), (3, 1, 129, 1, 64, "bshd")],
+)
 def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     q = torch.randn(B, Sq, H, D, device="cuda").bfloat16()
     k = (torch.randn(B, Skv, H, D, device="cuda") + 3 * torch.randn(D, device="cuda")).bfloat16()

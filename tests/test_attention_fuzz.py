@@ -4,21 +4,22 @@ and (left, right) windows with unbounded sides, the differential form with a flo
 per-head lambda, both layouts, chunks of one packed projection, an explicit scale, the fused
 prologue (norm kinds x rotary style x partial / unique tables), head dims that are not a
 power of two (padded tiles), 16-token tiles (storing all 16 queries, the table's query
-step or any count) and production tiles, grad mode on with nothing requiring grad. Each case against the float64 dense-mask
-reference with the tolerance of ``test_attention.py``. ``DITFUSE_FUZZ_N`` cases (default
-16), reproducible from the case number.
+step or any count) and production tiles, grad mode on with nothing requiring grad. Each case
+against the float64 dense-mask reference with the tolerance of ``test_attention.py``.
+``DITFUSE_FUZZ_N`` cases (default 16), reproducible from the case number.
 """
+
 import os
 import random
 
 import pytest
 import torch
-
-from ditfuse.ops import attention as A
-from ditfuse.norms import NormSpec
-from ditfuse import sliding_window_attention_reference as reference
 from conftest import fuzz_cases
 from test_attention import DEVICE, DTYPES, SMALL, check, rnd, same_tables
+
+from ditfuse import sliding_window_attention_reference as reference
+from ditfuse.norms import NormSpec
+from ditfuse.ops import attention as A
 
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "16"))
 
@@ -27,14 +28,23 @@ def draw(i):
     r = random.Random(5000 + i)
     side = lambda: r.choice([-1, 0, 1, 2, 5, 17, 40])  # noqa: E731
     c = dict(
-        dtype=r.choice(DTYPES), B=r.choice([1, 2]), N=r.choice([1, 2, 15, 16, 17, 33, 70]),
-        H=r.choice([1, 2, 3]), D=r.choice([32, 64, 128]),
+        dtype=r.choice(DTYPES),
+        B=r.choice([1, 2]),
+        N=r.choice([1, 2, 15, 16, 17, 33, 70]),
+        H=r.choice([1, 2, 3]),
+        D=r.choice([32, 64, 128]),
         window=r.choice([r.choice([0, 1, 3, 17, -1]), (side(), side())]),
-        diff=r.random() < 0.5, lam=r.choice(["float", "per-head"]),
-        layout=r.choice(["bshd", "bhsd"]), packed=r.random() < 0.4,
-        scale=r.choice([None, None, 0.3]), norm=r.choice([None, None, "rms", "dyt", "layer"]),
-        rope=r.choice([None, "half", "interleaved"]), partial=r.random() < 0.5,
-        unique=r.random() < 0.3, small=r.random() < 0.7, grad_mode=r.random() < 0.3,
+        diff=r.random() < 0.5,
+        lam=r.choice(["float", "per-head"]),
+        layout=r.choice(["bshd", "bhsd"]),
+        packed=r.random() < 0.4,
+        scale=r.choice([None, None, 0.3]),
+        norm=r.choice([None, None, "rms", "dyt", "layer"]),
+        rope=r.choice([None, "half", "interleaved"]),
+        partial=r.random() < 0.5,
+        unique=r.random() < 0.3,
+        small=r.random() < 0.7,
+        grad_mode=r.random() < 0.3,
         seed=r.randrange(2**31),
     )
     if r.random() < 0.3:  # a head dim that is not a power of two (padded tiles)
@@ -51,8 +61,11 @@ def _small_settings(c):
     if step == "table":
         w = c["window"]
         left, right = (w, w) if isinstance(w, int) else w
-        step = A.query_step(SMALL[0], SMALL[1], min(left, c["N"]), min(right, c["N"])) \
-            if left >= 0 and right >= 0 else None
+        step = (
+            A.query_step(SMALL[0], SMALL[1], min(left, c["N"]), min(right, c["N"]))
+            if left >= 0 and right >= 0
+            else None
+        )
     return tuple(SMALL) + (None, None, step)
 
 
@@ -60,9 +73,13 @@ def _norm(g, kind, D, dtype):
     if kind == "rms":
         return NormSpec("rms", weight=rnd(g, D, dtype=dtype, scale=0.2) + 1, eps=1e-6)
     if kind == "dyt":
-        return NormSpec("dyt", weight=rnd(g, D, dtype=dtype, scale=0.3) + 1,
-                        bias=rnd(g, D, dtype=dtype, scale=0.1),
-                        alpha=torch.tensor([0.7], dtype=dtype, device=DEVICE), eps=None)
+        return NormSpec(
+            "dyt",
+            weight=rnd(g, D, dtype=dtype, scale=0.3) + 1,
+            bias=rnd(g, D, dtype=dtype, scale=0.1),
+            alpha=torch.tensor([0.7], dtype=dtype, device=DEVICE),
+            eps=None,
+        )
     if kind == "layer":
         return NormSpec("layer", eps=1e-5)
     return None
@@ -90,8 +107,11 @@ def test_fuzz_against_fp64_reference(i, monkeypatch):
         (q, k, v), q2, k2 = parts, None, None
     kw = dict(layout=c["layout"], scale=c["scale"])
     if c["diff"]:
-        kw.update(q2=q2, k2=k2, lam=0.8 if c["lam"] == "float" else
-                  torch.linspace(-0.5, 1.2, H, device=DEVICE))
+        kw.update(
+            q2=q2,
+            k2=k2,
+            lam=0.8 if c["lam"] == "float" else torch.linspace(-0.5, 1.2, H, device=DEVICE),
+        )
     if c["norm"]:
         kw.update(q_norm=_norm(g, c["norm"], D, dtype), k_norm=_norm(g, c["norm"], D, dtype))
     if c["rope"]:
@@ -100,8 +120,9 @@ def test_fuzz_against_fp64_reference(i, monkeypatch):
         if c["rope"] == "interleaved":
             cos, sin = (t[:, : R // 2].repeat_interleave(2, -1) for t in (cos, sin))
         if c["unique"]:
-            cos, sin = (t[:, 0::2] if c["rope"] == "interleaved" else t[:, : R // 2]
-                        for t in (cos, sin))
+            cos, sin = (
+                t[:, 0::2] if c["rope"] == "interleaved" else t[:, : R // 2] for t in (cos, sin)
+            )
         kw.update(cos=cos, sin=sin, rope_style=c["rope"], rotary_dim=R)
     before = [t.clone() for t in parts]
     with torch.set_grad_enabled(c["grad_mode"]):

@@ -7,6 +7,7 @@ shared memory at SAME-L (4 programs an SM).
 GPU (sm_90 only): its output bitwise the Triton kernel's (``_gluon_device`` off) on SAME's
 packed projection views and awkward cases, every element of a poisoned output written.
 """
+
 import json
 import os
 import subprocess
@@ -16,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ditfuse.aot.compile import missing_tools
 from ditfuse.ops import attention
 from ditfuse.tools import inspect_attention as AB
-from ditfuse.aot.compile import missing_tools
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -33,8 +34,9 @@ def _proj(B, N, H, dt, device, seed=0):
 def _routes(q1, k1, v, q2, k2, window=17, **kw):
     p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, **kw)
     B, N, H, D = p.q.shape
-    st = attention.launch_settings(D, p.q.dtype, p.left, p.right, N, p.differential,
-                                   p.qk is not None)
+    st = attention.launch_settings(
+        D, p.q.dtype, p.left, p.right, N, p.differential, p.qk is not None
+    )
     o4 = torch.empty(B, N, H, D, dtype=q1.dtype, device=q1.device)
     return attention.gluon_ok(p, o4, st)
 
@@ -50,7 +52,7 @@ def test_routing(monkeypatch):
     assert _routes(*[t.half() for t in (q1, k1, v, q2, k2)])  # fp16 (contiguous copies)
     bhsd = [t.transpose(1, 2).contiguous() for t in (q1, k1, v, q2, k2)]
     assert _routes(*bhsd, layout="bhsd")
-    assert not _routes(q1, k1, v, None, None)                            # plain
+    assert not _routes(q1, k1, v, None, None)  # plain
     f32 = _proj(1, 300, 3, torch.float32, "cpu")
     # fp32: the Gluon kernel multiplies in tf32 ("high" / "medium"); PyTorch's default
     # "highest" takes the Triton kernel's three-term products
@@ -59,23 +61,22 @@ def test_routing(monkeypatch):
     assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], precision="high")  # fp32 entry
     assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], precision="medium")
     assert _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=(3, 20), precision="high")
-    assert not _routes(f32[0], f32[2], f32[4], None, None)               # fp32 plain
+    assert not _routes(f32[0], f32[2], f32[4], None, None)  # fp32 plain
     assert not _routes(f32[0], f32[2], f32[4], f32[1], f32[3], window=40)
     assert not _routes(*[t[..., :32] for t in (f32[0], f32[2], f32[4], f32[1], f32[3])])
     flat32 = torch.randn(1, 300, 5 * 3 * 64 + 2)
     off32 = [t.unflatten(-1, (3, 64)) for t in flat32[..., 2:].chunk(5, dim=-1)]
     assert not _routes(off32[0], off32[2], off32[4], off32[1], off32[3])  # 8 bytes off
-    assert not _routes(q1, k1, v, q2, k2, window=(-1, 0))               # unbounded side
-    assert not _routes(q1, k1, v, q2, k2, window=40)                     # wide band
+    assert not _routes(q1, k1, v, q2, k2, window=(-1, 0))  # unbounded side
+    assert not _routes(q1, k1, v, q2, k2, window=40)  # wide band
     small = [t[..., :32] for t in (q1, k1, v, q2, k2)]
-    assert not _routes(*small)                                          # head_dim 32
+    assert not _routes(*small)  # head_dim 32
     # a view one element off 16-byte alignment, channels not contiguous
     flat = torch.randn(1, 300, 5 * 3 * 64 + 1).to(torch.bfloat16)
     off = [t.unflatten(-1, (3, 64)) for t in flat[..., 1:].chunk(5, dim=-1)]
     assert not _routes(off[0], off[2], off[4], off[1], off[3])
     strided = torch.randn(1, 300, 3, 128).to(torch.bfloat16)[..., ::2]
     assert not _routes(strided, k1, v, q2, k2)
-
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["16-bit", "fp32"])
@@ -99,15 +100,19 @@ def test_max_trips_bounds_every_program(dtype):
                 continue
             lft, rgt = min(lft0, N), min(rgt0, N)
             # the fp32 kernel's own tiles (``_launch_gluon``), the 16-bit one the table's
-            step = st.step_m if kern is ag else attention.query_step(agf.BLOCK_M, agf.BLOCK_N,
-                                                                      lft, rgt)
+            step = (
+                st.step_m
+                if kern is ag
+                else attention.query_step(agf.BLOCK_M, agf.BLOCK_N, lft, rgt)
+            )
             bound = kern.max_trips(N, lft, rgt, step)
             assert 1 <= bound <= 4, (lft0, rgt0, N, bound)
             for start in range(0, N, step):
                 lo, hi = max(start - lft, 0), min(start + step + rgt, N)
                 assert -(-(hi - lo) // kern.BLOCK_N) <= bound, (lft0, rgt0, N, start)
 
-_PROBE = r'''
+
+_PROBE = r"""
 import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -152,7 +157,7 @@ for label, B, N, H, dt, window, layout, lam_tensor in json.loads(sys.argv[1]):
                     tma=ptx.count("cp.async.bulk.tensor.4d"), cp_async=ptx.count("cp.async.cg"),
                     step=kw["STEP_M"], grid=list(grid)))
 print(json.dumps(out))
-'''
+"""
 
 BUILD_CASES = [
     ("same-l-8704-bf16", 1, 8704, 24, "bfloat16", 17, "bshd", False),
@@ -172,8 +177,13 @@ FP32_BUILD_CASES = [
 def test_sm90_build():
     env = dict(os.environ, PYTHONPATH=str(SRC))
     env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(BUILD_CASES)], env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(BUILD_CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["label"] for row in rows] == [c[0] for c in BUILD_CASES]
@@ -202,8 +212,13 @@ def test_sm90_build_fp32():
     at SAME-L's 3 key tiles at most 113 KB of shared memory (2 programs an SM)."""
     env = dict(os.environ, PYTHONPATH=str(SRC))
     env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(FP32_BUILD_CASES)], env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(FP32_BUILD_CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert [row["label"] for row in rows] == [c[0] for c in FP32_BUILD_CASES]
@@ -221,9 +236,13 @@ def test_sm90_build_fp32():
 # ---------------------------------------------------------------------------------------
 # GPU: bitwise the Triton kernel
 
+
 def _sm90_gpu() -> bool:
-    return (not attention.backend.INTERPRET and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] == 9)
+    return (
+        not attention.backend.INTERPRET
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability()[0] == 9
+    )
 
 
 GPU_CASES = [
@@ -231,11 +250,11 @@ GPU_CASES = [
     (1, 8704, 24, torch.bfloat16, 17, "bshd", 1.0),
     (2, 1000, 24, torch.bfloat16, 17, "bshd", 0.8),
     (1, 4352, 24, torch.float16, 17, "bshd", 0.5),
-    (2, 33, 5, torch.bfloat16, 17, "bshd", 0.8),       # N < a tile, odd heads
-    (1, 300, 3, torch.bfloat16, 0, "bshd", 0.8),       # window 0
+    (2, 33, 5, torch.bfloat16, 17, "bshd", 0.8),  # N < a tile, odd heads
+    (1, 300, 3, torch.bfloat16, 0, "bshd", 0.8),  # window 0
     (1, 301, 3, torch.float16, (3, 20), "bshd", "tensor"),
     (1, 257, 2, torch.bfloat16, (0, 17), "bhsd", 1.0),
-    (1, 1, 4, torch.bfloat16, 17, "bshd", 0.8),        # one token
+    (1, 1, 4, torch.bfloat16, 17, "bshd", 0.8),  # one token
     (3, 129, 7, torch.bfloat16, (17, 0), "bhsd", "tensor"),
     (1, 500, 3, torch.bfloat16, (31, 32), "bshd", 0.8),  # 4 key tiles a program (TRIPS 4)
     (2, 640, 5, torch.float16, (10, 53), "bhsd", "tensor"),
@@ -256,11 +275,13 @@ def test_bitwise_triton_kernel(case, monkeypatch):
     taken = []
     real = attention._launch_gluon
     device_test = attention._gluon_device
-    monkeypatch.setattr(attention, "_launch_gluon",
-                        lambda *a, **k: (taken.append(1), real(*a, **k)))
+    monkeypatch.setattr(
+        attention, "_launch_gluon", lambda *a, **k: (taken.append(1), real(*a, **k))
+    )
     for gluon in (True, False):
-        monkeypatch.setattr(attention, "_gluon_device",
-                            device_test if gluon else (lambda o4: False))
+        monkeypatch.setattr(
+            attention, "_gluon_device", device_test if gluon else (lambda o4: False)
+        )
         out = torch.full(p.q.shape, float("nan"), dtype=dt, device="cuda")  # poisoned
         attention.launch(p, out)
         o4s.append(out)
@@ -268,8 +289,9 @@ def test_bitwise_triton_kernel(case, monkeypatch):
     assert taken == [1]
     g, t = o4s
     assert not torch.isnan(g).any()
-    assert torch.equal(g.view(torch.int16), t.view(torch.int16)), \
+    assert torch.equal(g.view(torch.int16), t.view(torch.int16)), (
         f"{(g != t).sum().item()} elements differ, max |d| {(g.float() - t.float()).abs().max()}"
+    )
 
 
 @pytest.mark.slow
@@ -278,13 +300,16 @@ def test_build_report_row():
     """``attention.build_report`` builds the Gluon kernel for its spec (the launch an sm_90 GPU
     takes at SAME-L 8704 bf16) and gates it like the Triton builds: tensor cores, no local
     memory in loops, no spills."""
-    rows = {r["name"]: r for r in AB.build_report(["same-l-bf16-attn-gluon",
-                                                           "same-l-bf16-attn"])}
+    rows = {r["name"]: r for r in AB.build_report(["same-l-bf16-attn-gluon", "same-l-bf16-attn"])}
     g, t = rows["same-l-bf16-attn-gluon"], rows["same-l-bf16-attn"]
     assert g["kernel"] == "gluon" and t["kernel"] == "triton"
     assert g["wgmma"] > 0 and not g["violations"] and g["loop_local"] == 0, g
-    assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == \
-        (t["block_m"], t["block_n"], t["step_m"], t["grid"])  # the same tiles and programs
+    assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == (
+        t["block_m"],
+        t["block_n"],
+        t["step_m"],
+        t["grid"],
+    )  # the same tiles and programs
 
 
 @pytest.mark.slow
@@ -293,14 +318,19 @@ def test_build_report_rows_fp32():
     """The fp32 Gluon specs (SAME-L 8704 and the TensorRT contract's (B, N, 2H, D) halves):
     the fp32 kernel's own tiles (64 / 32, 62 stored, not the Triton entry's 32 / 16), wgmma
     only, gated like the Triton builds."""
-    rows = {r["name"]: r for r in AB.build_report(["same-l-fp32-attn-gluon",
-                                                           "same-l-trt-fp32-gluon"])}
+    rows = {
+        r["name"]: r for r in AB.build_report(["same-l-fp32-attn-gluon", "same-l-trt-fp32-gluon"])
+    }
     for name, N in (("same-l-fp32-attn-gluon", 8704), ("same-l-trt-fp32-gluon", 4352)):
         g = rows[name]
         assert g["kernel"] == "gluon" and g["wgmma"] > 0 and g["mma"] == 0, g
         assert not g["violations"] and g["loop_local"] == 0 and g["spill_stores"] == 0, g
-        assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == \
-            (64, 32, 62, [24, -(-N // 62)]), g
+        assert (g["block_m"], g["block_n"], g["step_m"], g["grid"]) == (
+            64,
+            32,
+            62,
+            [24, -(-N // 62)],
+        ), g
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,26 +338,28 @@ def test_build_report_rows_fp32():
 
 FP32_GPU_CASES = [
     # B, N, H, window, layout, lam
-    (1, 4352, 24, 17, "trt", 1.0),                     # the TensorRT contract's q / k views
+    (1, 4352, 24, 17, "trt", 1.0),  # the TensorRT contract's q / k views
     (1, 8704, 24, 17, "bshd", 0.8),
     (2, 1000, 5, 17, "bshd", "tensor"),
-    (2, 33, 5, 17, "bshd", 0.8),                       # N < a tile, odd heads
-    (1, 300, 3, 0, "bshd", 0.8),                       # window 0
+    (2, 33, 5, 17, "bshd", 0.8),  # N < a tile, odd heads
+    (1, 300, 3, 0, "bshd", 0.8),  # window 0
     (1, 301, 3, (3, 20), "bhsd", "tensor"),
     (3, 129, 7, (17, 0), "bhsd", 0.5),
-    (1, 500, 3, (31, 32), "bshd", 0.8),                # 4 key tiles a program (TRIPS 4)
-    (1, 1, 4, 17, "bshd", 0.8),                        # one token
+    (1, 500, 3, (31, 32), "bshd", 0.8),  # 4 key tiles a program (TRIPS 4)
+    (1, 1, 4, 17, "bshd", 0.8),  # one token
 ]
 
 
 @pytest.mark.skipif(not _sm90_gpu(), reason="needs an sm_90 GPU (Gluon's wgmma kernel)")
-@pytest.mark.parametrize("case", FP32_GPU_CASES,
-                         ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}-{c[4]}")
+@pytest.mark.parametrize(
+    "case", FP32_GPU_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3]}-{c[4]}"
+)
 def test_fp32_within_contract(case, monkeypatch):
     """The fp32 kernel's output (a NaN-poisoned buffer, every element written) within
     ``ACCURACY[fp32]`` of the fp64 formula, as the Triton kernel's; the two kernels agree to
     tf32 rounding."""
     from ditfuse import reference
+
     B, N, H, window, layout, lam = case
     g = torch.Generator(device="cuda").manual_seed(N)
     if layout == "trt":  # q / k of 2H heads, [q1 | q2]
@@ -341,17 +373,20 @@ def test_fp32_within_contract(case, monkeypatch):
             q1, q2, k1, k2, v = [t.transpose(1, 2).contiguous() for t in (q1, q2, k1, k2, v)]
     if lam == "tensor":
         lam = (torch.rand(H, generator=torch.Generator().manual_seed(1)) + 0.1).cuda()
-    p = attention.plan(q1, k1, v, window, q2=q2, k2=k2, lam=lam, layout=layout,
-                       precision="high")  # the tf32 products the Gluon fp32 kernel makes
+    p = attention.plan(
+        q1, k1, v, window, q2=q2, k2=k2, lam=lam, layout=layout, precision="high"
+    )  # the tf32 products the Gluon fp32 kernel makes
     taken = []
     real = attention._launch_gluon
     device_test = attention._gluon_device
-    monkeypatch.setattr(attention, "_launch_gluon",
-                        lambda *a, **k: (taken.append(1), real(*a, **k)))
+    monkeypatch.setattr(
+        attention, "_launch_gluon", lambda *a, **k: (taken.append(1), real(*a, **k))
+    )
     outs = []
     for gluon in (True, False):
-        monkeypatch.setattr(attention, "_gluon_device",
-                            device_test if gluon else (lambda o4: False))
+        monkeypatch.setattr(
+            attention, "_gluon_device", device_test if gluon else (lambda o4: False)
+        )
         out = torch.full(p.q.shape, float("nan"), device="cuda")
         attention.launch(p, out)
         outs.append(out)

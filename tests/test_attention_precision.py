@@ -1,13 +1,14 @@
 """fp32 band attention follows PyTorch's float32 matmul precision: ``"highest"`` (PyTorch's
 default) multiplies fp32-accurately, ``"high"`` / ``"medium"`` in tf32; ``precision=``
 overrides the global setting. 16-bit inputs are unaffected."""
+
 import pytest
 import torch
+from conftest import DEVICE
 
 import ditfuse
 from ditfuse.ops import attention as A
 from ditfuse.tolerances import ATTENTION_HIGH_REL, ATTENTION_HIGHEST_REL, ATTENTION_WINDOW0_REL
-from conftest import DEVICE
 
 SWA = ditfuse.sliding_window_attention
 #: the issue's bounds: relative to max |ref| of an fp64 evaluation of the formula
@@ -50,8 +51,7 @@ def test_highest_and_high_vs_fp64(D, diff, matmul_precision):
     g = torch.Generator().manual_seed(D + 7 * diff)
     q, k, v, q2, k2 = _qkv(g, 1, 90, 2, D, n=5)
     kw = dict(q2=q2, k2=k2, lam=0.7) if diff else {}
-    ref = ditfuse.sliding_window_attention_reference(q, k, v, 17, compute_dtype=torch.float64,
-                                                     **kw)
+    ref = ditfuse.sliding_window_attention_reference(q, k, v, 17, compute_dtype=torch.float64, **kw)
     scale = ref.abs().max().item()
     for prec, bound in (("highest", HIGHEST_REL), ("high", HIGH_REL), ("medium", HIGH_REL)):
         out = SWA(q, k, v, 17, precision=prec, **kw)
@@ -73,7 +73,7 @@ def test_explicit_precision_overrides_the_global_setting(matmul_precision):
     a = SWA(q, k, v, 0, precision="highest")
     matmul_precision("highest")
     b = SWA(q, k, v, 0, precision="high")
-    assert ((a - v).abs().max() <= WINDOW0_REL * v.abs().max())
+    assert (a - v).abs().max() <= WINDOW0_REL * v.abs().max()
     assert (b - v).abs().max() > 1e-4 * v.abs().max()  # tf32 rounding of v shows
 
 

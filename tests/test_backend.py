@@ -1,5 +1,6 @@
 """``import ditfuse`` without a GPU runs ditfuse's own kernels through Triton's interpreter
 and leaves every other Triton kernel of the process as the environment configures it."""
+
 import os
 import subprocess
 import sys
@@ -31,7 +32,8 @@ with torch.no_grad():
     ref = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H)
     assert all(torch.equal(a, b) for a, b in zip(out, ref)), "qk_norm_rope != reference"
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
-    shift, scale = torch.randn(2, 1, 64, dtype=torch.bfloat16), torch.randn(2, 1, 64, dtype=torch.bfloat16)
+    shift = torch.randn(2, 1, 64, dtype=torch.bfloat16)
+    scale = torch.randn(2, 1, 64, dtype=torch.bfloat16)
     y = ditfuse.adaln_modulate(x, shift, scale, norm="layer")
     assert torch.isfinite(y).all()
 # Triton's library functions are its own again after ditfuse's launches
@@ -44,8 +46,11 @@ def test_no_process_wide_interpreter(tmp_path):
     script = tmp_path / "child.py"  # Triton reads a kernel's source from its file
     script.write_text(_CHILD)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([SRC] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                       timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [SRC] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    r = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["ok", str(not torch.cuda.is_available())], r.stdout

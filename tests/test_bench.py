@@ -1,5 +1,6 @@
 """The benchmark machinery on the CPU (a stub timer): every op, shape and impl produces a
 row, and `ditfuse bench` without a GPU says so and exits non-zero."""
+
 import sys
 
 import pytest
@@ -25,12 +26,42 @@ def test_bench_cases_run_on_cpu():
         return 10.0
 
     impls = {"copy", "eager", "ditfuse"}
-    bench.bench_qk(QK_SHAPES["flux1-1024"].small(2), torch.float32, 4000.0, emit, impls, device="cpu", timer=timer)
-    bench.bench_qk(QK_SHAPES["wan14b-480p"].small(2), torch.bfloat16, 4000.0, emit, impls, device="cpu", timer=timer)
-    bench.bench_adaln(ADALN_SHAPES["wan5b-ti2v-704p"].small(2), torch.bfloat16, 4000.0, emit, impls,
-                      device="cpu", timer=timer)
-    bench.bench_adaln(ADALN_SHAPES["flux1-1024"].small(2), torch.bfloat16, 4000.0, emit, impls,
-                      device="cpu", timer=timer)
+    bench.bench_qk(
+        QK_SHAPES["flux1-1024"].small(2),
+        torch.float32,
+        4000.0,
+        emit,
+        impls,
+        device="cpu",
+        timer=timer,
+    )
+    bench.bench_qk(
+        QK_SHAPES["wan14b-480p"].small(2),
+        torch.bfloat16,
+        4000.0,
+        emit,
+        impls,
+        device="cpu",
+        timer=timer,
+    )
+    bench.bench_adaln(
+        ADALN_SHAPES["wan5b-ti2v-704p"].small(2),
+        torch.bfloat16,
+        4000.0,
+        emit,
+        impls,
+        device="cpu",
+        timer=timer,
+    )
+    bench.bench_adaln(
+        ADALN_SHAPES["flux1-1024"].small(2),
+        torch.bfloat16,
+        4000.0,
+        emit,
+        impls,
+        device="cpu",
+        timer=timer,
+    )
     ops = {(o, i) for o, _, i in rows}
     for op in ("qk_norm_rope", "adaln_modulate", "gated_residual_adaln"):
         for impl in impls:
@@ -48,9 +79,15 @@ def test_qk_int8_bytes_model():
 
     sh = QK_SHAPES["wan14b-480p"]
     seen = {}
-    bench.bench_qk_int8(sh.small(2), torch.bfloat16, 4000.0,
-                        lambda op, shape, impl, dtype, us, gbps, pct: seen.update(gbps=gbps),
-                        {"ditfuse"}, device="cpu", timer=lambda fn: 1e6)
+    bench.bench_qk_int8(
+        sh.small(2),
+        torch.bfloat16,
+        4000.0,
+        lambda op, shape, impl, dtype, us, gbps, pct: seen.update(gbps=gbps),
+        {"ditfuse"},
+        device="cpu",
+        timer=lambda fn: 1e6,
+    )
     small = sh.small(2)
     n = small.B * small.S * small.H * small.D
     want = qk_bytes(small) - 4 * n + 2 * n + 2 * small.B * small.S * small.H * 4
@@ -73,9 +110,20 @@ def test_group_norm_bench_case_on_cpu():
         rows.append((op, impl))
 
     for name in ("flux-vae-mid-128", "wan-vae-mid-480p"):
-        bench.bench_group_norm(GN_SHAPES[name].small(3), torch.bfloat16, 4000.0, emit,
-                               {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
-    assert {("group_norm_silu", "ditfuse"), ("rms_norm_silu", "eager"), ("rms_norm_silu", "copy")} <= set(rows)
+        bench.bench_group_norm(
+            GN_SHAPES[name].small(3),
+            torch.bfloat16,
+            4000.0,
+            emit,
+            {"copy", "eager", "ditfuse"},
+            device="cpu",
+            timer=lambda f: (f(), 5.0)[1],
+        )
+    assert {
+        ("group_norm_silu", "ditfuse"),
+        ("rms_norm_silu", "eager"),
+        ("rms_norm_silu", "copy"),
+    } <= set(rows)
 
 
 def test_activation_bench_case_on_cpu():
@@ -87,10 +135,21 @@ def test_activation_bench_case_on_cpu():
         rows.append((op, shape, impl))
 
     for shape in ACT_SHAPES.values():
-        bench.bench_activation(shape.small(2), torch.bfloat16, 4000.0, emit,
-                               {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
-    assert {("swiglu", "flux2-1024", "ditfuse"), ("swiglu", "flux2-1024-ff", "eager"),
-            ("gelu_tanh", "flux1-1024", "copy"), ("gelu_tanh", "flux1-1024", "ditfuse")} <= set(rows)
+        bench.bench_activation(
+            shape.small(2),
+            torch.bfloat16,
+            4000.0,
+            emit,
+            {"copy", "eager", "ditfuse"},
+            device="cpu",
+            timer=lambda f: (f(), 5.0)[1],
+        )
+    assert {
+        ("swiglu", "flux2-1024", "ditfuse"),
+        ("swiglu", "flux2-1024-ff", "eager"),
+        ("gelu_tanh", "flux1-1024", "copy"),
+        ("gelu_tanh", "flux1-1024", "ditfuse"),
+    } <= set(rows)
 
 
 def test_attention_bench_case_on_cpu():
@@ -102,8 +161,15 @@ def test_attention_bench_case_on_cpu():
         rows.append((op, impl))
 
     for name in ("same-l-8704", "same-l-8704-plain"):
-        bench.bench_attention(ATTN_SHAPES[name].small(20), torch.float32, 4000.0, emit,
-                              {"copy", "eager", "ditfuse"}, device="cpu", timer=lambda f: (f(), 5.0)[1])
+        bench.bench_attention(
+            ATTN_SHAPES[name].small(20),
+            torch.float32,
+            4000.0,
+            emit,
+            {"copy", "eager", "ditfuse"},
+            device="cpu",
+            timer=lambda f: (f(), 5.0)[1],
+        )
     assert rows.count(("sliding_window_attention", "ditfuse")) == 2
     assert ("sliding_window_attention", "eager") in rows
 
@@ -122,10 +188,24 @@ def test_chart_one_panel_per_op(tmp_path):
     pytest.importorskip("matplotlib")
     from ditfuse.tools import bench
 
-    rows = [dict(op=op, shape=s, impl=i, dtype="bf16", us=1.0, gbps=1.0, pct_copy=p, gpu="G",
-                 torch="t", triton="t", date="d")
-            for op in ("qk_norm_rope", "adaln_modulate") for s in ("a", "b")
-            for i, p in (("copy", 260.0), ("ditfuse-graph", 60.0), ("compile", 30.0))]
+    rows = [
+        dict(
+            op=op,
+            shape=s,
+            impl=i,
+            dtype="bf16",
+            us=1.0,
+            gbps=1.0,
+            pct_copy=p,
+            gpu="G",
+            torch="t",
+            triton="t",
+            date="d",
+        )
+        for op in ("qk_norm_rope", "adaln_modulate")
+        for s in ("a", "b")
+        for i, p in (("copy", 260.0), ("ditfuse-graph", 60.0), ("compile", 30.0))
+    ]
     path = tmp_path / "c.png"
     bench._chart(rows, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -175,28 +255,56 @@ def test_attention_fp8_bench_case_on_cpu(monkeypatch):
         return 10.0 * us["n"]  # sdpa-flash 10, sage 20, ditfuse-fp8 30, prologue 40
 
     shape = replace(FULL_ATTN_SHAPES["flux2-1024"], S=24, H=2)
-    bench.bench_attention_fp8(shape, torch.bfloat16, float("nan"), emit, set(bench.ATTN_FP8_IMPLS),
-                              device="cpu", timer=timer)
-    assert list(rows) == ["sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-best", "sage",
-                          "cudnn-fp8", "cudnn-fp8-e2e", "ditfuse-fp8", "ditfuse-fp8-prologue"]
+    bench.bench_attention_fp8(
+        shape,
+        torch.bfloat16,
+        float("nan"),
+        emit,
+        set(bench.ATTN_FP8_IMPLS),
+        device="cpu",
+        timer=timer,
+    )
+    assert list(rows) == [
+        "sdpa-cudnn",
+        "sdpa-flash",
+        "sdpa-efficient",
+        "sdpa-best",
+        "sage",
+        "cudnn-fp8",
+        "cudnn-fp8-e2e",
+        "ditfuse-fp8",
+        "ditfuse-fp8-prologue",
+    ]
     for impl in ("sdpa-cudnn", "sdpa-efficient", "cudnn-fp8", "cudnn-fp8-e2e"):  # not here
         r = rows[impl]
         assert math.isnan(r["us"]), r
         assert r["note"].startswith("unavailable" if impl.startswith("cudnn") else "refused"), r
         assert all(math.isnan(r[c]) for c in bench.ACCURACY_COLUMNS), r
     assert rows["sdpa-best"]["note"] == "= sdpa-flash" and rows["sdpa-best"]["us"] == 10.0
-    for impl, t in (("sdpa-flash", 10.0), ("sage", 20.0), ("ditfuse-fp8", 30.0),
-                    ("ditfuse-fp8-prologue", 40.0)):
+    for impl, t in (
+        ("sdpa-flash", 10.0),
+        ("sage", 20.0),
+        ("ditfuse-fp8", 30.0),
+        ("ditfuse-fp8-prologue", 40.0),
+    ):
         r = rows[impl]
         assert r["us"] == t and not r["note"], r
         assert r["tflops"] == pytest.approx(shape.flops / (t * 1e-6) / 1e12)
-        assert r["x_best_sdpa"] == pytest.approx(10.0 / t) and r["x_sage"] == pytest.approx(20.0 / t)
+        assert r["x_best_sdpa"] == pytest.approx(10.0 / t) and r["x_sage"] == pytest.approx(
+            20.0 / t
+        )
         exact = not impl.startswith("ditfuse")  # 16-bit: one rounding of the output
         for kind in FAMILIES:
             cos, rel = r[f"cos_{kind}"], r[f"rel_l2_{kind}"]
-            assert (cos > 1 - 1e-5 and rel < 2**-7) if exact else (cos > 0.99 and rel < 0.1), (impl, kind, r)
+            assert (cos > 1 - 1e-5 and rel < 2**-7) if exact else (cos > 0.99 and rel < 0.1), (
+                impl,
+                kind,
+                r,
+            )
     # sageattn saw a copy of k (one per input family), never the tensor the others read
-    assert len(sage_k) == len(FAMILIES) + 1 and sage_k[0] is sage_k[1] and sage_k[2] is not sage_k[0]
+    assert (
+        len(sage_k) == len(FAMILIES) + 1 and sage_k[0] is sage_k[1] and sage_k[2] is not sage_k[0]
+    )
 
 
 def test_attention_fp8_unavailable_sage_and_failures_are_rows(monkeypatch):
@@ -214,13 +322,21 @@ def test_attention_fp8_unavailable_sage_and_failures_are_rows(monkeypatch):
     def broken(q, k, v):
         raise ValueError("no such kernel")
 
-    monkeypatch.setattr(bench, "attention_fp8_methods",
-                        lambda: [m if m[0] != "ditfuse-fp8" else ("ditfuse-fp8", broken) for m in methods])
+    monkeypatch.setattr(
+        bench,
+        "attention_fp8_methods",
+        lambda: [m if m[0] != "ditfuse-fp8" else ("ditfuse-fp8", broken) for m in methods],
+    )
     rows = {}
-    bench.bench_attention_fp8(replace(FULL_ATTN_SHAPES["cogvideox-5b-480p"], S=16, H=1), torch.bfloat16,
-                              float("nan"), lambda *a, **kw: rows.setdefault(a[2], dict(us=a[4], **kw)),
-                              {"sdpa-flash", "sage", "ditfuse-fp8"}, device="cpu",
-                              timer=lambda f: (f(), 5.0)[1])
+    bench.bench_attention_fp8(
+        replace(FULL_ATTN_SHAPES["cogvideox-5b-480p"], S=16, H=1),
+        torch.bfloat16,
+        float("nan"),
+        lambda *a, **kw: rows.setdefault(a[2], dict(us=a[4], **kw)),
+        {"sdpa-flash", "sage", "ditfuse-fp8"},
+        device="cpu",
+        timer=lambda f: (f(), 5.0)[1],
+    )
     assert list(rows) == ["sdpa-flash", "sdpa-best", "sage", "ditfuse-fp8"]
     assert rows["sage"]["note"].startswith("unavailable") and math.isnan(rows["sage"]["us"])
     assert rows["ditfuse-fp8"]["note"] == "error (randn): ValueError: no such kernel"
@@ -232,9 +348,24 @@ def test_bench_smoke_attention_fp8_writes_the_csv(tmp_path, capsys):
     (the 8-bit columns, the notes quoted) and the summary; fp32 is no 8-bit attention dtype."""
     import csv
 
-    assert bench.main(["--smoke", "--op", "attention-fp8", "--shapes", "flux2-1024",
-                       "--dtypes", "bf16,fp32", "--impls", "sdpa-cudnn,sdpa-flash,ditfuse-fp8-prologue",
-                       "--out-dir", str(tmp_path)]) == 0
+    assert (
+        bench.main(
+            [
+                "--smoke",
+                "--op",
+                "attention-fp8",
+                "--shapes",
+                "flux2-1024",
+                "--dtypes",
+                "bf16,fp32",
+                "--impls",
+                "sdpa-cudnn,sdpa-flash,ditfuse-fp8-prologue",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "8-bit attention (time: CUDA graph replay" in out
     (path,) = tmp_path.glob("cpu-smoke-*.csv")
@@ -243,7 +374,8 @@ def test_bench_smoke_attention_fp8_writes_the_csv(tmp_path, capsys):
     assert list(got[0]) == bench.COLUMNS
     assert [(r["op"], r["shape"], r["dtype"], r["impl"]) for r in got] == [
         ("attention_fp8", "flux2-1024", "bf16", i)
-        for i in ("sdpa-cudnn", "sdpa-flash", "sdpa-best", "ditfuse-fp8-prologue")]
+        for i in ("sdpa-cudnn", "sdpa-flash", "sdpa-best", "ditfuse-fp8-prologue")
+    ]
     assert got[0]["us"] == "nan" and got[0]["note"].startswith("refused")
     assert float(got[3]["us"]) > 0 and 0.99 < float(got[3]["cos_rmsnorm_rope"]) <= 1.0
     assert not list(tmp_path.glob("*.png"))  # no bytes model, no % of the copy ceiling: no chart
@@ -255,10 +387,30 @@ def test_csv_extra_columns(tmp_path):
     import csv
     import math
 
-    base = dict(op="o", shape="s", impl="i", dtype="bf16", us=1.0, gbps=2.0, pct_copy=3.0, gpu="G",
-                torch="t", triton="t", date="d")
-    rows = [base, dict(base, us=float("nan"), tflops=float("nan"), x_best_sdpa=1.5,
-                       cos_randn=0.123456789, note="refused: a, b")]
+    base = dict(
+        op="o",
+        shape="s",
+        impl="i",
+        dtype="bf16",
+        us=1.0,
+        gbps=2.0,
+        pct_copy=3.0,
+        gpu="G",
+        torch="t",
+        triton="t",
+        date="d",
+    )
+    rows = [
+        base,
+        dict(
+            base,
+            us=float("nan"),
+            tflops=float("nan"),
+            x_best_sdpa=1.5,
+            cos_randn=0.123456789,
+            note="refused: a, b",
+        ),
+    ]
     path = tmp_path / "r.csv"
     bench._write_csv(rows, str(path))
     with open(path) as f:
@@ -282,10 +434,15 @@ def test_cudnn_fp8_registered_and_unavailable_rows(monkeypatch):
     assert [i for i, _ in bench.attention_fp8_methods()] == list(bench.ATTN_FP8_IMPLS)
     monkeypatch.setitem(sys.modules, "cudnn", None)  # import fails
     rows = {}
-    bench.bench_attention_fp8(replace(FULL_ATTN_SHAPES["flux2-1024"], S=16, H=1), torch.bfloat16,
-                              float("nan"), lambda *a, **kw: rows.setdefault(a[2], dict(us=a[4], **kw)),
-                              {"sdpa-flash", "cudnn-fp8", "cudnn-fp8-e2e"}, device="cpu",
-                              timer=lambda f: (f(), 5.0)[1])
+    bench.bench_attention_fp8(
+        replace(FULL_ATTN_SHAPES["flux2-1024"], S=16, H=1),
+        torch.bfloat16,
+        float("nan"),
+        lambda *a, **kw: rows.setdefault(a[2], dict(us=a[4], **kw)),
+        {"sdpa-flash", "cudnn-fp8", "cudnn-fp8-e2e"},
+        device="cpu",
+        timer=lambda f: (f(), 5.0)[1],
+    )
     assert list(rows) == ["sdpa-flash", "sdpa-best", "cudnn-fp8", "cudnn-fp8-e2e"]
     for impl in ("cudnn-fp8", "cudnn-fp8-e2e"):
         r = rows[impl]
@@ -326,7 +483,9 @@ def test_attention_input_families():
     for fam in FAMILIES:
         q, k, v = attention_inputs(fam, B, S, H, D, seed=3)
         assert q.shape == k.shape == v.shape == (B, S, H, D) and q.dtype == torch.bfloat16
-        assert all(torch.equal(a, b) for a, b in zip((q, k, v), attention_inputs(fam, B, S, H, D, seed=3)))
+        assert all(
+            torch.equal(a, b) for a, b in zip((q, k, v), attention_inputs(fam, B, S, H, D, seed=3))
+        )
         assert not torch.equal(q, attention_inputs(fam, B, S, H, D, seed=4)[0])
     q, k, v = (t.float() for t in attention_inputs("sharp", B, S, H, D))
     logits = torch.einsum("bshd,bthd->bhst", q, k) * D**-0.5

@@ -1,11 +1,11 @@
 """``ditfuse check``'s QK gates on the CPU (small shapes): every registry shape within the
 contract, the shared-table == expanded-table bitwise gate, and the tolerance's rotary-pair
 magnitude (``_pair_magnitude``)."""
+
 import torch
+from conftest import DEVICE
 
 from ditfuse.tools import check as c
-
-from conftest import DEVICE
 
 
 def test_pair_magnitude_interleaved_and_half():
@@ -30,7 +30,7 @@ def test_pair_scale_admits_a_rounding_of_the_pair_not_more():
     ref = ref.to(torch.bfloat16).double()
     m = c._pair_magnitude(ref, "interleaved", 1002)
     moved = ref.clone()
-    moved[0, 0] += 2.0 ** -6  # half a bf16 ulp of the pair's magnitude (4: ulp 2^-5)
+    moved[0, 0] += 2.0**-6  # half a bf16 ulp of the pair's magnitude (4: ulp 2^-5)
     out = moved.to(torch.bfloat16)
     assert c._err(out, ref) > 1
     assert c._err(out, ref, scale=m) <= 1

@@ -1,6 +1,7 @@
 """The ``ditfuse`` command's surface, on the CPU and fast: ``--version`` / ``--help``, the
 check's summary (a skipped gate is not a passed one), the AOT kernel names (whole words,
 or cut at a word boundary with a hash) and the loader's error where no GPU is."""
+
 import hashlib
 import json
 import re
@@ -17,20 +18,23 @@ from ditfuse.tools.cli import USAGE, main
 
 
 def test_version(capsys):
-    from ditfuse._version import __version__
     import triton
+
+    from ditfuse._version import __version__
 
     assert main(["--version"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"ditfuse {__version__}"
     assert f"torch {torch.__version__}" in out and f"triton {triton.__version__}" in out
     from ditfuse.runtime.backend import describe_backend
+
     assert f"backend {describe_backend()}" in out
 
 
 def test_version_as_a_command():
-    r = subprocess.run([sys.executable, "-m", "ditfuse", "--version"], capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "ditfuse", "--version"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and r.stdout.startswith("ditfuse "), r.stdout + r.stderr
 
 
@@ -54,6 +58,7 @@ def test_check_help(capsys):
 # ---------------------------------------------------------------------------------------
 # ditfuse check: PASS / FAIL / SKIP
 
+
 def test_summary_counts_skipped_apart(capsys):
     g = c.Gates(total=4)
     g.add("qk accuracy", "wan14b bfloat16", True, "fine")
@@ -63,8 +68,9 @@ def test_summary_counts_skipped_apart(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[1/4] PASS") and out[2].startswith("[3/4] SKIP")
     assert g.ok and g.counts() == (2, 0, 2)
-    assert g.summary() == ("2/2 gates passed, 2 skipped (diffusers is not installed: "
-                           "pip install 'ditfuse[diffusers]')")
+    assert g.summary() == (
+        "2/2 gates passed, 2 skipped (diffusers is not installed: pip install 'ditfuse[diffusers]')"
+    )
     assert [r[2] for r in g.rows] == ["PASS", "PASS", "SKIP", "SKIP"]
     assert "| SKIP " in g.table() and g.table().count("\n") == 5  # header, rule, 4 rows
     g.add("adaln accuracy", "x", False, "bad")  # past the planned total: the count grows
@@ -79,12 +85,14 @@ def test_patch_gates_without_diffusers_skip(monkeypatch, capsys):
     c.patch_gates(g, "cpu")
     c.vae_patch_gates(g, "cpu")
     assert [r[2] for r in g.rows] == ["SKIP", "SKIP"] and g.ok
-    assert g.summary() == ("0/0 gates passed, 2 skipped (diffusers is not installed: "
-                           "pip install 'ditfuse[diffusers]')")
+    assert g.summary() == (
+        "0/0 gates passed, 2 skipped (diffusers is not installed: pip install 'ditfuse[diffusers]')"
+    )
 
 
 def test_planned_gates():
     from importlib.util import find_spec
+
     from ditfuse.tools.shapes import QK_SHAPES
     from ditfuse.tools.tiny_models import CASES, VAE_CASES
 
@@ -98,6 +106,7 @@ def test_planned_gates():
 # ---------------------------------------------------------------------------------------
 # AOT kernel names
 
+
 def _whole_words(name: str, words: str) -> bool:
     return all(w in words.split("_") for w in name.split("_"))
 
@@ -107,17 +116,21 @@ def test_entry_name_whole():
     assert n == "ditfuse_qk_norm_rope_h40d128_bf16_all_interleaved"
     assert entry_name("a.b", "x-y") == "ditfuse_a_b_x_y"  # an identifier
     from ditfuse.aot.ops import REGISTRY
+
     for e in REGISTRY.values():  # every registered default: whole
         full = f"ditfuse_{e.op}_{e.tag(e.defaults())}"
         assert entry_name(e.op, e.tag(e.defaults())) == full
 
 
-@pytest.mark.parametrize("tag", [
-    "h40d128_bf16_all_interleaved_with_many_more_specialization_words",
-    "h40d128_" + "x" * 80,
-    "a_" * 40 + "end",
-    "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb_cc_ddddddddddddd",
-])
+@pytest.mark.parametrize(
+    "tag",
+    [
+        "h40d128_bf16_all_interleaved_with_many_more_specialization_words",
+        "h40d128_" + "x" * 80,
+        "a_" * 40 + "end",
+        "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb_cc_ddddddddddddd",
+    ],
+)
 def test_entry_name_cut_at_a_word_boundary_with_a_hash(tag):
     full = re.sub(r"\W", "_", f"ditfuse_qk_norm_rope_{tag}")
     n = entry_name("qk_norm_rope", tag)
@@ -136,19 +149,28 @@ def test_entry_name_cut_at_a_word_boundary_with_a_hash(tag):
 # ---------------------------------------------------------------------------------------
 # the loader without a GPU
 
+
 def _fake_package(d, target="sm_90"):
     ptx, cubin = b"// ptx\n", b"\x7fELF"
     m = {
-        "format": FORMAT, "op": "toy", "entry": "ditfuse_toy_d8_fp32", "target": target,
+        "format": FORMAT,
+        "op": "toy",
+        "entry": "ditfuse_toy_d8_fp32",
+        "target": target,
         "parameters": [
             {"name": "x", "kind": "input", "dtype": "fp32", "shape": ["B", "N", 8]},
             {"name": "N", "kind": "extra", "dtype": "int32", "value": "N"},
-            {"name": "y", "kind": "output", "dtype": "fp32", "shape": ["B", "N", 8]}],
+            {"name": "y", "kind": "output", "dtype": "fp32", "shape": ["B", "N", 8]},
+        ],
         "symbols": {"B": "x.shape[0]", "N": "x.shape[1]"},
-        "grid": ["N", "B", "1"], "block": [128, 1, 1], "shared_mem": 0,
+        "grid": ["N", "B", "1"],
+        "block": [128, 1, 1],
+        "shared_mem": 0,
         "files": {"ptx": "kernel.ptx", "cubin": "kernel.cubin"},
-        "sha256": {"ptx": hashlib.sha256(ptx).hexdigest(),
-                   "cubin": hashlib.sha256(cubin).hexdigest()},
+        "sha256": {
+            "ptx": hashlib.sha256(ptx).hexdigest(),
+            "cubin": hashlib.sha256(cubin).hexdigest(),
+        },
     }
     (d / "kernel.ptx").write_bytes(ptx)
     (d / "kernel.cubin").write_bytes(cubin)

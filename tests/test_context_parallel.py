@@ -6,6 +6,7 @@ matching half of the RoPE tables: misaligned tables would move the output by ~1e
 The flow is ``ditfuse.examples.wan_context_parallel``'s (``run_mode``), including its
 CPU stand-ins for what diffusers 0.42.1 lacks on CPU (see ``cpu_workarounds``).
 """
+
 import os
 import socket
 
@@ -16,9 +17,13 @@ import torch.multiprocessing as mp
 pytest.importorskip("diffusers")
 # the gloo ranks run on the CPU through Triton's interpreter; on a CUDA host the spawned
 # children import Triton (through diffusers) before they could turn the interpreter on
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(),
-                                               reason="CPU (gloo + Triton interpreter) test; a CUDA host "
-                                                      "runs the kernels compiled")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        torch.cuda.is_available(),
+        reason="CPU (gloo + Triton interpreter) test; a CUDA host runs the kernels compiled",
+    ),
+]
 
 WORLD = 2
 
@@ -35,7 +40,9 @@ def _worker(rank, world, port, out_dir):
 
     from ditfuse.examples import wan_context_parallel as cp
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     dev, dt = torch.device("cpu"), torch.float32
     base, kw = cp.build(True, 2, dt, dev)
     res = {m: cp.run_mode(base, kw, m, world, dev, dt) for m in ("ulysses", "ring")}
@@ -68,8 +75,10 @@ def _check(results, mode):
         assert r["err"] <= REL_TOL[torch.float32] * r["scale"], (rank, r["err"], r["scale"])
         assert r["ok"]
     r = results[0][mode]
-    print(f"{mode}: max |2 processes - 1| = {r['err']:.3g} (scale {r['scale']:.3g}), "
-          f"{100 * r['share']:.1f}% bitwise; unpatched {r['unpatched']['err']:.3g}")
+    print(
+        f"{mode}: max |2 processes - 1| = {r['err']:.3g} (scale {r['scale']:.3g}), "
+        f"{100 * r['share']:.1f}% bitwise; unpatched {r['unpatched']['err']:.3g}"
+    )
 
 
 def test_ulysses_matches_one_process(results):
@@ -86,8 +95,10 @@ def test_ring_native_backend(results):
     msg = results[0]["ring-native"]
     if isinstance(msg, str):
         assert "return_lse" in msg, msg
-        pytest.skip("diffusers 0.42.1: ring attention (TemplatedRingAttention) merges the chunks by "
-                    "their log-sum-exp, but the native backend's forward op raises "
-                    f"{msg!r}, and the backends that return it (_native_cudnn, _native_flash, flash, "
-                    "sage) need CUDA; test_ring_matches_one_process covers ring with a CPU LSE op")
+        pytest.skip(
+            "diffusers 0.42.1: ring attention (TemplatedRingAttention) merges the chunks by "
+            "their log-sum-exp, but the native backend's forward op raises "
+            f"{msg!r}, and the backends that return it (_native_cudnn, _native_flash, flash, "
+            "sage) need CUDA; test_ring_matches_one_process covers ring with a CPU LSE op"
+        )
     _check(results, "ring-native")

@@ -18,6 +18,7 @@ code alike). Named there and checked here:
 
 Each test fails listing every miss as ``file:line: name``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,11 +40,33 @@ REPO_ROOTS = ("src", "tests", "docs", "benchmarks", ".ci")
 PKG_ROOTS = ("ditfuse", "kernels", "ops", "runtime", "tools", "patching", "aot", "examples")
 #: a path: one of the roots, a slash, then path characters (placeholders <x>, {x}, * kept);
 #: not inside another path, a URL, a revision (``REV:path``) or a variable (``$OUT/...``)
-PATH = re.compile(r"(?<![\w./\-:~$])((?:" + "|".join(re.escape(r) for r in REPO_ROOTS + PKG_ROOTS)
-                  + r")/[\w.\-/<>{}*]*)")
+PATH = re.compile(
+    r"(?<![\w./\-:~$])((?:"
+    + "|".join(re.escape(r) for r in REPO_ROOTS + PKG_ROOTS)
+    + r")/[\w.\-/<>{}*]*)"
+)
 #: suffixes of files; a last part with another suffix is ``module.attribute``
-FILE_SUFFIXES = {".py", ".md", ".csv", ".log", ".txt", ".sh", ".png", ".json", ".toml", ".cfg",
-                 ".yaml", ".yml", ".h", ".c", ".cu", ".so", ".whl", ".tar", ".gz"}
+FILE_SUFFIXES = {
+    ".py",
+    ".md",
+    ".csv",
+    ".log",
+    ".txt",
+    ".sh",
+    ".png",
+    ".json",
+    ".toml",
+    ".cfg",
+    ".yaml",
+    ".yml",
+    ".h",
+    ".c",
+    ".cu",
+    ".so",
+    ".whl",
+    ".tar",
+    ".gz",
+}
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 MODULE = re.compile(r"(?<![\w.])(ditfuse(?:\.\w+)+)")
 ENV_SWITCH = re.compile(r"\bDITFUSE_[A-Z0-9_]+")
@@ -69,6 +92,7 @@ def _fail(misses, what):
 # --------------------------------------------------------------------------------------
 # paths and links
 
+
 def _resolve(p: str) -> str:
     """A named path as a repository path (package paths under src/ditfuse)."""
     head = p.split("/", 1)[0]
@@ -81,8 +105,12 @@ def _resolve(p: str) -> str:
 
 def path_exists(p: str) -> bool:
     last = p.rstrip("/").rsplit("/", 1)[-1]
-    if "." in last.lstrip(".") and "<" not in last and "{" not in last \
-            and Path(last).suffix not in FILE_SUFFIXES:  # module.attribute: the module's file
+    if (
+        "." in last.lstrip(".")
+        and "<" not in last
+        and "{" not in last
+        and Path(last).suffix not in FILE_SUFFIXES
+    ):  # module.attribute: the module's file
         p = p[: len(p) - len(last)] + last.split(".")[0] + ".py"
     r = _resolve(p)
     pattern = re.sub(r"<[^>]*>|\{[^}]*\}", "*", r)
@@ -159,7 +187,7 @@ MODULES = _module_files()
 def defined_names(mod: str) -> frozenset:
     """Names a module defines or imports at any level (functions, classes, assignments,
     imports), and its submodules."""
-    names = {m[len(mod) + 1:].split(".")[0] for m in MODULES if m.startswith(mod + ".")}
+    names = {m[len(mod) + 1 :].split(".")[0] for m in MODULES if m.startswith(mod + ".")}
     for node in ast.walk(ast.parse(MODULES[mod].read_text())):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
@@ -182,8 +210,13 @@ def module_exists(dotted: str) -> bool:
 
 
 def test_named_modules_exist():
-    misses = [f"{_where(f, i)}: {m.group(1)}" for f in SCANNED for i, line in _lines(f)
-              for m in MODULE.finditer(line) if not module_exists(m.group(1))]
+    misses = [
+        f"{_where(f, i)}: {m.group(1)}"
+        for f in SCANNED
+        for i, line in _lines(f)
+        for m in MODULE.finditer(line)
+        if not module_exists(m.group(1))
+    ]
     _fail(misses, "named modules or module attributes")
 
 
@@ -203,8 +236,11 @@ def _code_words(path: Path) -> str:
                 docstrings.add(id(body[0].value))
     words = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                and id(node) not in docstrings:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
             words.append(node.value)
         elif isinstance(node, ast.Name):
             words.append(node.id)
@@ -217,8 +253,9 @@ def _code_words(path: Path) -> str:
     return "\n".join(words)
 
 
-CODE_FILES = SOURCES + [f for f in sorted((ROOT / "tests").rglob("*.py"))
-                        if f.name != Path(__file__).name]
+CODE_FILES = SOURCES + [
+    f for f in sorted((ROOT / "tests").rglob("*.py")) if f.name != Path(__file__).name
+]
 
 
 @lru_cache(maxsize=None)

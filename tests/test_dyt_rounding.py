@@ -3,13 +3,14 @@ time, each result rounded to the activation dtype. ditfuse follows that rounding
 module reads as ``NormSpec(round_before_weight=True)``), so its output equals the module's
 bit for bit wherever fp32 tanh's last bits do not move a rounding, within one rounding
 elsewhere."""
+
 import pytest
 import torch
+from conftest import DEVICE
 
 import ditfuse
 from ditfuse.ops import attention as A
 from ditfuse.tolerances import DYT_MIN_BITWISE
-from conftest import DEVICE
 
 same = pytest.importorskip("diffusers.models.autoencoders.autoencoder_same")
 

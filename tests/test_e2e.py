@@ -3,6 +3,7 @@ every model of E2E_MODELS at its tiny config and sizes (rows printed, CSV writte
 patched vs unpatched compared), the real-size input builders (dtypes and shapes of the
 diffusers pipelines) and real-size forwards on the meta device, the SAME OOM row, and the
 from_pretrained-like cast."""
+
 import csv
 import io
 import math
@@ -32,9 +33,18 @@ def test_run_e2e_tiny_every_model(tmp_path):
     bitwise equal patched vs unpatched in bf16, SAME's decode agrees within rounding.
     (No compile rows here: test_run_model_compile_rows has them.)"""
     out, path = io.StringIO(), tmp_path / "e2e.csv"
-    failed = e2e.run_e2e(EVERY, DEVICE, 1, str(path), timer=lambda f: (f(), 1.0)[1],
-                         slow_timer=lambda f: (f(), 2.0)[1], compile_backend=None, steps=1, tiny=True,
-                         out=out)
+    failed = e2e.run_e2e(
+        EVERY,
+        DEVICE,
+        1,
+        str(path),
+        timer=lambda f: (f(), 1.0)[1],
+        slow_timer=lambda f: (f(), 2.0)[1],
+        compile_backend=None,
+        steps=1,
+        tiny=True,
+        out=out,
+    )
     log = out.getvalue()
     assert failed == 0, log
     with open(path) as f:
@@ -56,7 +66,10 @@ def test_run_e2e_tiny_every_model(tmp_path):
             assert float(r["psnr"]) > (58 if r["dtype"] == "float32" else 38), r
     # bf16 decodes against the fp32 one: patched as close as unpatched (rounding, not error)
     assert [(r["impl"], r["dtype"], r["shape"]) for r in vs32] == [
-        (i, "bfloat16", f"{n} latents") for n in (4, 9) for i in ("unpatched vs fp32", "patched vs fp32")]
+        (i, "bfloat16", f"{n} latents")
+        for n in (4, 9)
+        for i in ("unpatched vs fp32", "patched vs fp32")
+    ]
     for unp, pat in zip(vs32[::2], vs32[1::2]):
         assert float(pat["psnr"]) > float(unp["psnr"]) - 3, (unp, pat)
 
@@ -66,11 +79,24 @@ def test_run_model_compile_rows():
     """The four timed variants with torch.compile (dynamo, eager backend) on tiny FLUX.1."""
     rows = []
     spec = e2e.E2E_MODELS["flux1-1024"]
-    _, quality, report = e2e.run_model(spec, DEVICE, torch.bfloat16, 1, timer=lambda f: (f(), 1.0)[1],
-                                       emit=rows.append, compile_backend="eager", steps=1,
-                                       config=spec.tiny_config, sizes=spec.tiny_sizes)
-    assert [r["impl"] for r in rows] == ["unpatched eager", "unpatched compile", "patched eager",
-                                         "patched compile"]
+    _, quality, report = e2e.run_model(
+        spec,
+        DEVICE,
+        torch.bfloat16,
+        1,
+        timer=lambda f: (f(), 1.0)[1],
+        emit=rows.append,
+        compile_backend="eager",
+        steps=1,
+        config=spec.tiny_config,
+        sizes=spec.tiny_sizes,
+    )
+    assert [r["impl"] for r in rows] == [
+        "unpatched eager",
+        "unpatched compile",
+        "patched eager",
+        "patched compile",
+    ]
     assert report.counts and rows[2]["psnr"] == quality["psnr"]
     assert quality["max_abs_diff"] == 0.0 and math.isinf(quality["psnr"])
 
@@ -117,7 +143,11 @@ def test_inputs_match_the_pipelines():
     assert kw["img_ids"].dtype == bf and torch.equal(kw["img_ids"], want)
     assert kw["txt_ids"].dtype == bf and kw["txt_ids"].shape == (7, 3) and not kw["txt_ids"].any()
     assert kw["timestep"].dtype == bf and kw["guidance"].dtype == torch.float32
-    assert kw["hidden_states"].shape == (1, 15, 64) and kw["encoder_hidden_states"].shape == (1, 7, 4096)
+    assert kw["hidden_states"].shape == (1, 15, 64) and kw["encoder_hidden_states"].shape == (
+        1,
+        7,
+        4096,
+    )
     assert kw["pooled_projections"].shape == (1, 768)
 
     kw = e2e._flux2_inputs("cpu", bf, height=3, width=5, text_len=7, cfg=e2e.FLUX2_DEV)
@@ -127,7 +157,11 @@ def test_inputs_match_the_pipelines():
     want = torch.tensor([[[0, 0, 0, i] for i in range(7)]])
     assert kw["txt_ids"].dtype == torch.int64 and torch.equal(kw["txt_ids"], want)
     assert kw["timestep"].dtype == bf and kw["guidance"].dtype == torch.float32
-    assert kw["hidden_states"].shape == (1, 15, 128) and kw["encoder_hidden_states"].shape == (1, 7, 15360)
+    assert kw["hidden_states"].shape == (1, 15, 128) and kw["encoder_hidden_states"].shape == (
+        1,
+        7,
+        15360,
+    )
 
     kw = e2e._wan_inputs("cpu", bf, frames=2, h=4, w=6, text_len=5)
     assert kw["hidden_states"].shape == (1, 16, 2, 4, 6) and kw["hidden_states"].dtype == bf
@@ -176,16 +210,29 @@ def test_same_oom_row_and_agreement(monkeypatch):
 
     def mask_or_oom(seq_len, *a, **k):
         if seq_len > 20:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.04 GiB. GPU 0 ...")
+            raise torch.cuda.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 4.04 GiB. GPU 0 ..."
+            )
         return band_mask(seq_len, *a, **k)
 
     monkeypatch.setattr(am, "_band_mask", mask_or_oom)
     rows = []
-    res = e2e.run_same(spec, DEVICE, lambda f: (f(), 3.0)[1], rows.append, dtypes=(torch.float32,),
-                       config=spec.tiny_config, sizes={"latents": (5, 9)}, single_call_s=None)
+    res = e2e.run_same(
+        spec,
+        DEVICE,
+        lambda f: (f(), 3.0)[1],
+        rows.append,
+        dtypes=(torch.float32,),
+        config=spec.tiny_config,
+        sizes={"latents": (5, 9)},
+        single_call_s=None,
+    )
     assert [(r["impl"], r["ms"], r["note"]) for r in rows] == [
-        ("unpatched", 3.0, None), ("patched", 3.0, None),
-        ("unpatched", None, "OOM (tried to allocate 4.04 GiB)"), ("patched", 3.0, None)]
+        ("unpatched", 3.0, None),
+        ("patched", 3.0, None),
+        ("unpatched", None, "OOM (tried to allocate 4.04 GiB)"),
+        ("patched", 3.0, None),
+    ]
     assert res[(torch.float32, 9)] == {"unpatched": None, "patched": 3.0}
     assert rows[1]["psnr"] > 58 and rows[3]["psnr"] is None
     line = e2e.format_row(rows[2])
@@ -194,8 +241,16 @@ def test_same_oom_row_and_agreement(monkeypatch):
     # an unpatched first call slower than single_call_s is its row's one timed call (the
     # 3-minute dense path); the patched row always has its warm-up (Triton JIT) untimed
     rows = []
-    e2e.run_same(spec, DEVICE, lambda f: (f(), 4.0)[1], rows.append, dtypes=(torch.float32,),
-                 config=spec.tiny_config, sizes={"latents": (5,)}, single_call_s=0.0)
+    e2e.run_same(
+        spec,
+        DEVICE,
+        lambda f: (f(), 4.0)[1],
+        rows.append,
+        dtypes=(torch.float32,),
+        config=spec.tiny_config,
+        sizes={"latents": (5,)},
+        single_call_s=0.0,
+    )
     assert [r["note"] for r in rows] == ["one call (no warm-up)", None]
     assert rows[0]["ms"] > 0 and rows[0]["ms"] != 4.0 and rows[1]["ms"] == 4.0
 
@@ -216,7 +271,9 @@ def test_cli_parses_e2e_flags(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("would run the GPU benchmark")
-    assert bench.main(["--e2e", "--models", "flux1-1024,same-l", "--no-compile", "--layers", "1"]) == 2
+    assert (
+        bench.main(["--e2e", "--models", "flux1-1024,same-l", "--no-compile", "--layers", "1"]) == 2
+    )
     assert "no CUDA GPU" in capsys.readouterr().err
     assert bench.main(["--e2e", "--models", "flux1,same-l"]) == 2
     assert "unknown model(s) ['flux1']" in capsys.readouterr().err
@@ -232,6 +289,7 @@ def test_loop_timer_runs_steps_back_to_back():
     """loop_timer: warm-up calls (at least ``warmup``, for at least ``settle_ms``), then
     enough consecutive calls for min_ms, ms per call."""
     import time as _time
+
     calls = []
 
     def step():
@@ -254,6 +312,7 @@ def test_fp8_patch_guard(monkeypatch):
     """A ditfuse whose patch() takes ``attention`` as a plain bool (``"fp8"`` would read as
     True and install the exact path) is refused with a clear error before anything runs; a
     patch that rejects the value surfaces as the same error kind."""
+
     def old_patch(obj, *, qk_norm_rope: bool = True, attention: bool = True):
         return None
 
@@ -276,8 +335,23 @@ def test_cli_parses_e2e_fp8_flags(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("would run the GPU benchmark")
-    assert bench.main(["--e2e", "--fp8", "--models", "wan14b-720p,flux2-1024", "--layers", "1",
-                       "--steps", "2", "--rounds", "1"]) == 2
+    assert (
+        bench.main(
+            [
+                "--e2e",
+                "--fp8",
+                "--models",
+                "wan14b-720p,flux2-1024",
+                "--layers",
+                "1",
+                "--steps",
+                "2",
+                "--rounds",
+                "1",
+            ]
+        )
+        == 2
+    )
     assert "no CUDA GPU" in capsys.readouterr().err
     assert bench.main(["--e2e", "--fp8", "--models", "wan14b-1080p"]) == 2
     assert "unknown model(s) ['wan14b-1080p']" in capsys.readouterr().err
@@ -294,17 +368,32 @@ def test_run_e2e_fp8_rows_tiny(tmp_path, monkeypatch):
     monkeypatch.setattr(e2e, "patch_fp8", lambda m: ditfuse.patch(m))
     out, path = io.StringIO(), tmp_path / "e2e.csv"
     t = iter([2.0, 1.0, 0.5] * 2)
-    failed = e2e.run_e2e(["wan14b-720p", "same-l"], DEVICE, 1, str(path), timer=lambda f: (f(), next(t))[1],
-                         slow_timer=None, compile_backend=None, steps=1, tiny=True, out=out, rounds=2,
-                         fp8=True)
+    failed = e2e.run_e2e(
+        ["wan14b-720p", "same-l"],
+        DEVICE,
+        1,
+        str(path),
+        timer=lambda f: (f(), next(t))[1],
+        slow_timer=None,
+        compile_backend=None,
+        steps=1,
+        tiny=True,
+        out=out,
+        rounds=2,
+        fp8=True,
+    )
     log = out.getvalue()
     assert failed == 0, log
     assert "same-l: no 8-bit attention rows" in log
     with open(path) as f:
         rows = list(csv.DictReader(f))
-    assert [r["impl"] for r in rows] == ["unpatched eager", "patched eager", "patched fp8 eager"], log
+    assert [r["impl"] for r in rows] == ["unpatched eager", "patched eager", "patched fp8 eager"], (
+        log
+    )
     assert [float(r["speedup"]) for r in rows] == [1.0, 2.0, 4.0]
-    assert rows[0]["note"].startswith("1-step trajectory vs unpatched eager bfloat16; rounds 2.00/2.00")
+    assert rows[0]["note"].startswith(
+        "1-step trajectory vs unpatched eager bfloat16; rounds 2.00/2.00"
+    )
     for r in rows:  # bf16: the exact patch is bitwise the unpatched model
         assert float(r["max_abs_diff"]) == 0.0 and math.isinf(float(r["psnr"])), r
     assert "WARNING: trajectory equal to the exact patch's" in rows[2]["note"]
@@ -319,12 +408,31 @@ def test_run_model_fp8_head_dim_64():
     if e2e.fp8_patch_missing():
         pytest.skip(e2e.fp8_patch_missing())
     spec = e2e.E2E_MODELS["flux2-1024"]
-    cfg = dict(spec.tiny_config, attention_head_dim=64, num_attention_heads=1, axes_dims_rope=(16, 16, 16, 16))
+    cfg = dict(
+        spec.tiny_config,
+        attention_head_dim=64,
+        num_attention_heads=1,
+        axes_dims_rope=(16, 16, 16, 16),
+    )
     rows = []
-    _, quality, reports = e2e.run_model_fp8(spec, DEVICE, torch.bfloat16, 1, lambda f: (f(), 1.0)[1], rows.append,
-                                            compile_backend="eager", steps=1, config=cfg,
-                                            sizes=spec.tiny_sizes, rounds=1)
-    assert [r["impl"] for r in rows] == ["unpatched compile", "patched compile", "patched fp8 compile"]
+    _, quality, reports = e2e.run_model_fp8(
+        spec,
+        DEVICE,
+        torch.bfloat16,
+        1,
+        lambda f: (f(), 1.0)[1],
+        rows.append,
+        compile_backend="eager",
+        steps=1,
+        config=cfg,
+        sizes=spec.tiny_sizes,
+        rounds=1,
+    )
+    assert [r["impl"] for r in rows] == [
+        "unpatched compile",
+        "patched compile",
+        "patched fp8 compile",
+    ]
     assert quality["patched compile"]["max_abs_diff"] == 0.0
     fp8 = quality["patched fp8 compile"]
     assert 0 < fp8["max_abs_diff"] and 35 < fp8["psnr"] < float("inf"), fp8

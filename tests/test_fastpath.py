@@ -3,22 +3,21 @@ reuses the recorded launches with its own tensors. Each case calls an op twice w
 data of one signature, checks the second call was a replay and that it equals the checked
 path (the cache off) bitwise, with NaN-poisoned outputs; aliasing at record time, in-place
 outputs, changed signatures and nested recordings are covered."""
+
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEVICE, rope_tables
 
 import ditfuse
-import sys
-
-from ditfuse.runtime import fastpath as _fastpath
-from ditfuse.ops import activations
-from ditfuse.ops import adaln
-from ditfuse.ops import attention as attn_mod
 from ditfuse.norms import NormSpec
+from ditfuse.ops import activations, adaln
+from ditfuse.ops import attention as attn_mod
 from ditfuse.ops import group_norm as gn
-from conftest import DEVICE, rope_tables
+from ditfuse.runtime import fastpath as _fastpath
 
 qk_mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 CACHES = (adaln._CACHE, activations._CACHE, qk_mod._CACHE, gn._CACHE, attn_mod._CACHE)
@@ -89,20 +88,35 @@ def _twice(make, op, replays, expect_replay=True):
 
 
 ADALN_CASES = {
-    "modulate-flux": (lambda g: (_rand(2, 7, 48, g=g), *_rand(2, 6 * 48, g=g).chunk(6, 1)[:2]),
-                      lambda x, sh, sc: ditfuse.adaln_modulate(x, sh, sc, rounding="per_op")),
+    "modulate-flux": (
+        lambda g: (_rand(2, 7, 48, g=g), *_rand(2, 6 * 48, g=g).chunk(6, 1)[:2]),
+        lambda x, sh, sc: ditfuse.adaln_modulate(x, sh, sc, rounding="per_op"),
+    ),
     "modulate-2d-rms-affine": (
-        lambda g: (_rand(5, 40, g=g), _rand(40, dtype=torch.float32, g=g),
-                   _rand(5, 40, dtype=torch.float32, g=g), _rand(40, dtype=torch.float32, g=g)),
-        lambda x, sh, sc, w: ditfuse.adaln_modulate(x, sh, sc, norm="rms", weight=w)),
+        lambda g: (
+            _rand(5, 40, g=g),
+            _rand(40, dtype=torch.float32, g=g),
+            _rand(5, 40, dtype=torch.float32, g=g),
+            _rand(40, dtype=torch.float32, g=g),
+        ),
+        lambda x, sh, sc, w: ditfuse.adaln_modulate(x, sh, sc, norm="rms", weight=w),
+    ),
     "gated-adaln-per-token": (
-        lambda g: (_rand(1, 6, 64, g=g), _rand(1, 6, 64, g=g),
-                   *_rand(1, 6, 3, 64, dtype=torch.float32, g=g).unbind(2)),
-        lambda x, y, ga, sh, sc: ditfuse.gated_residual_adaln(x, y, ga, sh, sc)),
-    "gated-residual": (lambda g: (_rand(2, 5, 32, g=g), _rand(2, 5, 32, g=g), _rand(2, 32, g=g)),
-                       lambda x, y, ga: ditfuse.gated_residual(x, y, ga, rounding="per_op")),
-    "chunked-d": (lambda g: (_rand(1, 2, 9000, g=g), _rand(1, 9000, dtype=torch.float32, g=g)),
-                  lambda x, sh: ditfuse.adaln_modulate(x, sh, None, norm="layer")),
+        lambda g: (
+            _rand(1, 6, 64, g=g),
+            _rand(1, 6, 64, g=g),
+            *_rand(1, 6, 3, 64, dtype=torch.float32, g=g).unbind(2),
+        ),
+        lambda x, y, ga, sh, sc: ditfuse.gated_residual_adaln(x, y, ga, sh, sc),
+    ),
+    "gated-residual": (
+        lambda g: (_rand(2, 5, 32, g=g), _rand(2, 5, 32, g=g), _rand(2, 32, g=g)),
+        lambda x, y, ga: ditfuse.gated_residual(x, y, ga, rounding="per_op"),
+    ),
+    "chunked-d": (
+        lambda g: (_rand(1, 2, 9000, g=g), _rand(1, 9000, dtype=torch.float32, g=g)),
+        lambda x, sh: ditfuse.adaln_modulate(x, sh, None, norm="layer"),
+    ),
 }
 
 
@@ -132,8 +146,9 @@ def test_adaln_inplace_and_out_x(replays):
         assert r is x
         return x.clone()
 
-    _twice(lambda g: (_rand(2, 4, 32, g=g), _rand(2, 4, 32, g=g), _rand(2, 32, g=g)), out_x,
-           replays)
+    _twice(
+        lambda g: (_rand(2, 4, 32, g=g), _rand(2, 4, 32, g=g), _rand(2, 32, g=g)), out_x, replays
+    )
     # a later call with a distinct out of the same signature must not write into x
     g = torch.Generator().manual_seed(5)
     x, y, ga = _rand(2, 4, 32, g=g), _rand(2, 4, 32, g=g), _rand(2, 32, g=g)
@@ -168,8 +183,12 @@ def test_signature_change_misses(replays):
     sh = _rand(2, 40, g=g)
     ditfuse.adaln_modulate(base, sh, None)
     n = replays[0]
-    for x in (base[:, :5], base.transpose(0, 1).contiguous().transpose(0, 1), base.float(),
-              _rand(2, 6, 41, g=g)[..., 1:]):  # fewer tokens, strides, dtype, alignment
+    for x in (
+        base[:, :5],
+        base.transpose(0, 1).contiguous().transpose(0, 1),
+        base.float(),
+        _rand(2, 6, 41, g=g)[..., 1:],
+    ):  # fewer tokens, strides, dtype, alignment
         s = sh if x.dtype == sh.dtype else sh.float()
         r = ditfuse.adaln_modulate(x, s, None)
         _equal(r, _checked(lambda: ditfuse.adaln_modulate(x, s, None)))
@@ -180,10 +199,14 @@ def test_signature_change_misses(replays):
 @torch.no_grad()
 def test_activation_replay(replays):
     def gelu_into(h, first):
-        buf = torch.full((*h.shape[:-1], first.shape[-1] + h.shape[-1]), float("nan"),
-                         dtype=h.dtype, device=h.device)
-        buf[..., :first.shape[-1]].copy_(first)
-        ditfuse.gelu(h, "tanh", out=buf[..., first.shape[-1]:])
+        buf = torch.full(
+            (*h.shape[:-1], first.shape[-1] + h.shape[-1]),
+            float("nan"),
+            dtype=h.dtype,
+            device=h.device,
+        )
+        buf[..., : first.shape[-1]].copy_(first)
+        ditfuse.gelu(h, "tanh", out=buf[..., first.shape[-1] :])
         return buf
 
     _twice(lambda g: (_rand(2, 5, 96, g=g), _rand(2, 5, 32, g=g)), gelu_into, replays)
@@ -199,15 +222,23 @@ GN_LAUNCH = {"fit": None, "split": dict(fit_max=0, tile=16)}
 def test_group_norm_replay(path, replays, monkeypatch):
     """Both paths, the split path's partials made afresh for each replay: NaN partials and
     NaN outputs; out= a channel slice; the channel RMS norm too."""
-    monkeypatch.setattr(gn, "_partials", lambda n, device: torch.full(
-        (4 * n,), float("nan"), dtype=torch.float32, device=device))
+    monkeypatch.setattr(
+        gn,
+        "_partials",
+        lambda n, device: torch.full((4 * n,), float("nan"), dtype=torch.float32, device=device),
+    )
     monkeypatch.setattr(gn, "_out_like", lambda x: torch.full_like(x, float("nan")))
     launch = GN_LAUNCH[path]
-    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, g=g), _rand(8, g=g)),
-           lambda x, w, b: ditfuse.group_norm_silu(x, 4, w, b, _launch=launch), replays)
-    _twice(lambda g: (_rand(1, 6, 2, 3, 4, dtype=torch.float16, g=g),),
-           lambda x: ditfuse.group_norm_silu(x, 2, eps=1e-5, silu=False, _launch=launch),
-           replays)
+    _twice(
+        lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, g=g), _rand(8, g=g)),
+        lambda x, w, b: ditfuse.group_norm_silu(x, 4, w, b, _launch=launch),
+        replays,
+    )
+    _twice(
+        lambda g: (_rand(1, 6, 2, 3, 4, dtype=torch.float16, g=g),),
+        lambda x: ditfuse.group_norm_silu(x, 2, eps=1e-5, silu=False, _launch=launch),
+        replays,
+    )
 
     def into(x, w):
         buf = torch.full((2, 12, 3, 5), float("nan"), dtype=x.dtype, device=x.device)
@@ -215,15 +246,20 @@ def test_group_norm_replay(path, replays, monkeypatch):
         assert torch.isnan(buf[:, :2]).all() and torch.isnan(buf[:, 10:]).all()
         return buf[:, 2:10]
 
-    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, dtype=torch.float32, g=g)), into,
-           replays)
+    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, dtype=torch.float32, g=g)), into, replays)
     assert len(gn._CACHE) == 3
     # in place: x and out alias, never cached
-    _twice(lambda g: (_rand(2, 8, 3, 5, g=g),),
-           lambda x: ditfuse.group_norm_silu(x, 4, out=x, _launch=launch), replays,
-           expect_replay=False)
-    _twice(lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, 1, 1, g=g)),
-           lambda x, gm: ditfuse.rms_norm_silu_channels(x, gm, 0.0), replays)
+    _twice(
+        lambda g: (_rand(2, 8, 3, 5, g=g),),
+        lambda x: ditfuse.group_norm_silu(x, 4, out=x, _launch=launch),
+        replays,
+        expect_replay=False,
+    )
+    _twice(
+        lambda g: (_rand(2, 8, 3, 5, g=g), _rand(8, 1, 1, g=g)),
+        lambda x, gm: ditfuse.rms_norm_silu_channels(x, gm, 0.0),
+        replays,
+    )
 
 
 def _qk_make(H, D, S, norm_kind, form):
@@ -233,6 +269,7 @@ def _qk_make(H, D, S, norm_kind, form):
         if form == "flat":
             q, k = q.flatten(2), k.flatten(2)
         return q, k, c, s
+
     return make
 
 
@@ -246,12 +283,18 @@ def test_qk_replay(form, replays, poison_outputs):
     nq.weight.data.copy_(_rand(D, g=g))
     nk.weight.data.copy_(_rand(D, g=g))
     kw = dict(q_norm=nq, k_norm=nk, num_heads=H if form == "flat" else None)
-    _twice(_qk_make(H, D, S, "rms", form),
-           lambda q, k, c, s: ditfuse.qk_norm_rope(q, k, c, s, **kw), replays)
+    _twice(
+        _qk_make(H, D, S, "rms", form),
+        lambda q, k, c, s: ditfuse.qk_norm_rope(q, k, c, s, **kw),
+        replays,
+    )
     # a new weight tensor on the module: still the module's current weight
     nq.weight = torch.nn.Parameter(_rand(D, g=g), requires_grad=False)
-    _twice(_qk_make(H, D, S, "rms", form),
-           lambda q, k, c, s: ditfuse.qk_norm_rope(q, k, c, s, **kw), replays)
+    _twice(
+        _qk_make(H, D, S, "rms", form),
+        lambda q, k, c, s: ditfuse.qk_norm_rope(q, k, c, s, **kw),
+        replays,
+    )
 
     def into(q, k, c, s):  # slices of a text + image buffer, as the FLUX patch writes
         buf_q = torch.full((2, S + 2, *q.shape[2:]), float("nan"), dtype=q.dtype, device=q.device)
@@ -270,8 +313,11 @@ def test_qk_replay(form, replays, poison_outputs):
 
 @torch.no_grad()
 def test_qk_without_k_and_norms(replays):
-    _twice(lambda g: (_rand(1, 4, 2, 16, g=g), *rope_tables(4, 16)),
-           lambda q, c, s: ditfuse.qk_norm_rope(q, None, c, s), replays)
+    _twice(
+        lambda g: (_rand(1, 4, 2, 16, g=g), *rope_tables(4, 16)),
+        lambda q, c, s: ditfuse.qk_norm_rope(q, None, c, s),
+        replays,
+    )
 
 
 @torch.no_grad()
@@ -331,15 +377,22 @@ def test_recording_is_per_thread(replays):
 
 def _same_proj(B, N, H, D, dtype=torch.bfloat16):
     """q1, q2, k1, k2, v as views of one packed projection (SAME's ``to_qkv(x).chunk(5)``)."""
+
     def make(g):
         proj = _rand(B, N, 5 * H * D, dtype=dtype, g=g)
         return tuple(t.unflatten(-1, (H, D)) for t in proj.chunk(5, dim=-1))
+
     return make
 
 
 def _dyt(D, g):
-    return NormSpec("dyt", weight=_rand(D, g=g) * 0.3 + 1, bias=_rand(D, g=g) * 0.1,
-                    alpha=torch.tensor([0.7], dtype=torch.bfloat16, device=DEVICE), eps=None)
+    return NormSpec(
+        "dyt",
+        weight=_rand(D, g=g) * 0.3 + 1,
+        bias=_rand(D, g=g) * 0.1,
+        alpha=torch.tensor([0.7], dtype=torch.bfloat16, device=DEVICE),
+        eps=None,
+    )
 
 
 @pytest.mark.slow
@@ -350,43 +403,68 @@ def test_attention_replay(replays, monkeypatch):
     prologue with a per-head lam, RMSNorm modules with a one-element lam; outputs
     NaN-poisoned. A changed lam, window or launch
     table misses."""
-    monkeypatch.setattr(attn_mod, "_new_out", lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        attn_mod,
+        "_new_out",
+        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device),
+    )
     B, N, H, D = 2, 21, 2, 64
-    _twice(_same_proj(B, N, H, D),
-           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
-               q1, k1, v, 17, q2=q2, k2=k2, lam=0.8), replays)
+    _twice(
+        _same_proj(B, N, H, D),
+        lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+            q1, k1, v, 17, q2=q2, k2=k2, lam=0.8
+        ),
+        replays,
+    )
     # fp32 (on sm_90: the fp32 Gluon kernel, its descriptors rebuilt at replay)
-    _twice(_same_proj(1, 70, 3, D, torch.float32),
-           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
-               q1, k1, v, 17, q2=q2, k2=k2, lam=0.8), replays)
-    _twice(lambda g: tuple(_rand(1, 3, 13, 32, g=g) for _ in range(3)),
-           lambda q, k, v: ditfuse.sliding_window_attention(q, k, v, (3, -1), layout="bhsd"),
-           replays)
+    _twice(
+        _same_proj(1, 70, 3, D, torch.float32),
+        lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+            q1, k1, v, 17, q2=q2, k2=k2, lam=0.8
+        ),
+        replays,
+    )
+    _twice(
+        lambda g: tuple(_rand(1, 3, 13, 32, g=g) for _ in range(3)),
+        lambda q, k, v: ditfuse.sliding_window_attention(q, k, v, (3, -1), layout="bhsd"),
+        replays,
+    )
     g = torch.Generator().manual_seed(9)
     qn, kn = _dyt(D, g), _dyt(D, g)
     lam = _rand(H, dtype=torch.float32, g=g)
     c, s = rope_tables(N, 32, style="half")
     kw = dict(q_norm=qn, k_norm=kn, cos=c, sin=s, rotary_dim=32)
-    _twice(_same_proj(1, N, H, D),
-           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
-               q1, k1, v, 5, q2=q2, k2=k2, lam=lam, **kw), replays)
+    _twice(
+        _same_proj(1, N, H, D),
+        lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+            q1, k1, v, 5, q2=q2, k2=k2, lam=lam, **kw
+        ),
+        replays,
+    )
     # norms as modules (torch's RMSNorm per head), a one-element lam tensor
     nq, nk = (torch.nn.RMSNorm(D, eps=1e-6).to(DEVICE, torch.bfloat16) for _ in range(2))
     nq.weight.data.copy_(_rand(D, g=g))
     nk.weight.data.copy_(_rand(D, g=g))
     lam1 = _rand(1, dtype=torch.float32, g=g)
-    _twice(_same_proj(B, N, H, D),
-           lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
-               q1, k1, v, (4, 9), q2=q2, k2=k2, lam=lam1, q_norm=nq, k_norm=nk), replays)
+    _twice(
+        _same_proj(B, N, H, D),
+        lambda q1, q2, k1, k2, v: ditfuse.sliding_window_attention(
+            q1, k1, v, (4, 9), q2=q2, k2=k2, lam=lam1, q_norm=nq, k_norm=nk
+        ),
+        replays,
+    )
     # same tensors, another lam / window / table: new signatures, no replay
     q1, q2, k1, k2, v = _same_proj(B, N, H, D)(g)
-    for call in (lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2, lam=0.5),
-                 lambda: ditfuse.sliding_window_attention(q1, k1, v, 16, q2=q2, k2=k2, lam=0.8)):
+    for call in (
+        lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2, lam=0.5),
+        lambda: ditfuse.sliding_window_attention(q1, k1, v, 16, q2=q2, k2=k2, lam=0.8),
+    ):
         n = replays[0]
         _equal(call(), _checked(call))
         assert replays[0] == n
-    monkeypatch.setattr(attn_mod, "launch_settings", lambda *a, **k: attn_mod.Settings(64, 16, 4, 1))
+    monkeypatch.setattr(
+        attn_mod, "launch_settings", lambda *a, **k: attn_mod.Settings(64, 16, 4, 1)
+    )
     call = lambda: ditfuse.sliding_window_attention(q1, k1, v, 17, q2=q2, k2=k2, lam=0.8)  # noqa: E731
     n = replays[0]
     _equal(call(), _checked(call))
@@ -416,8 +494,9 @@ def test_descriptor_args_rebased_at_replay():
     a, out = torch.randn(2, 8, 3, 4), torch.empty(2, 8, 3, 4)
     view = a.transpose(1, 2)  # the launcher's view of the call's tensor: same address
     with _fastpath.Recorder() as rec:
-        _fastpath.launch(Kernel(), (1,), (Desc(view, list(view.shape), list(view.stride())),
-                                          out, 7), {})
+        _fastpath.launch(
+            Kernel(), (1,), (Desc(view, list(view.shape), list(view.stride())), out, 7), {}
+        )
     rep = rec.replay((a, out))
     assert rep is not None
     a2, out2 = torch.randn(2, 8, 3, 4), torch.empty(2, 8, 3, 4)
@@ -428,7 +507,7 @@ def test_descriptor_args_rebased_at_replay():
         assert rep((a2, out2))
     finally:
         _fastpath.INTERPRET = interp
-    (d, o, n), = seen
+    ((d, o, n),) = seen
     assert d.base is a2 and d.shape == list(view.shape) and d.strides == list(view.stride())
     assert o is out2 and n == 7
     with _fastpath.Recorder() as rec:

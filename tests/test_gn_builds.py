@@ -4,6 +4,7 @@ no spills, stack or local memory; SiLU as the single ``ex2.approx.ftz`` / ``div.
 instructions; and in the channel-RMS column program every vector load of x issued before
 the first barrier (a load placed after the sum's barrier costs each program a second memory
 round trip: 321 vs 238 us measured on the H200 at Wan's VAE: docs/design/group_norm.md, v4)."""
+
 import json
 import os
 import subprocess
@@ -40,12 +41,13 @@ CASES = [
     ("gn-cl-cpg10-fp16", "gn", (1, 320, 64, 64), 32, "float16", "cl"),
 ]
 
-_PROBE = r'''
+_PROBE = r"""
 import json, re, sys, torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from ditfuse.ops import group_norm as gn
-from ditfuse.aot.compile import intercept_launches, specialize, run_ptxas, run_cuobjdump, wheel_tool_path, local_in_loops
+from ditfuse.aot.compile import (intercept_launches, specialize, run_ptxas, run_cuobjdump,
+                                 wheel_tool_path, local_in_loops)
 import subprocess, tempfile
 
 KERNELS = ["_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel",
@@ -88,14 +90,15 @@ for label, op, shape, groups, dt, *layout in json.loads(sys.argv[1]):
             maxnreg=kw.get("maxnreg"), local_in_loops=local_in_loops(sass), even=kw.get("EVEN"),
             regs=pt["regs"], spills=pt["spill_stores"] + pt["spill_loads"], stack=pt["stack"],
             local=cu["ldl"] + cu["stl"] + cu["cubin_local"],
-            ex2=ck.asm["ptx"].count("ex2.approx.ftz.f32"), div=ck.asm["ptx"].count("div.approx.ftz.f32"),
+            ex2=ck.asm["ptx"].count("ex2.approx.ftz.f32"),
+            div=ck.asm["ptx"].count("div.approx.ftz.f32"),
             first_bar=bars[0] if bars else None, last_vec_load=vec[-1] if vec else None,
             vec_loads=len(vec),
             ptx_vec_loads=len(re.findall(r"ld\.global(?:\.[\w:]+)*\.v[24]\.", ck.asm["ptx"])),
             evict_last=ck.asm["ptx"].count("evict_last"),
             evict_first=ck.asm["ptx"].count("evict_first"),
             st_cs=len(re.findall(r"st\.global\.cs", ck.asm["ptx"])))), flush=True)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +106,14 @@ def rows():
     if missing_tools():
         pytest.skip("no ptxas / cuobjdump in the Triton wheel")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(SRC))
-    r = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(CASES)], env=env,
-                       capture_output=True, text=True, timeout=900, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     out = [json.loads(ln[4:]) for ln in r.stdout.splitlines() if ln.startswith("ROW ")]
     assert {o["label"] for o in out} == {c[0] for c in CASES}, r.stdout
@@ -119,9 +128,12 @@ def test_channels_last_tiles_load_whole_vectors(rows):
     """The channels-last tiles' rows are contiguous runs of channels: with C / G a power of
     two their x loads are vector loads (``ld.global...v2`` / ``.v4``), as the channels-first
     tiles'."""
-    cl = [r for r in rows if r["kernel"] in ("_gn_cl_stats_kernel", "_gn_cl_apply_kernel")
-          and r["label"] in ("flux-vae-out-1024-cl", "flux-vae-up1-256-cl",
-                             "hunyuan-vae-up-9f-cl")]
+    cl = [
+        r
+        for r in rows
+        if r["kernel"] in ("_gn_cl_stats_kernel", "_gn_cl_apply_kernel")
+        and r["label"] in ("flux-vae-out-1024-cl", "flux-vae-up1-256-cl", "hunyuan-vae-up-9f-cl")
+    ]
     assert len(cl) == 6, rows
     for r in cl:
         assert r["even"] and r["ptx_vec_loads"] > 0, r
@@ -138,11 +150,15 @@ def test_no_spills_no_stack_no_local_memory(rows):
         assert r["kernel"] == "_rms_ch_kernel" and r["path"] == 1, r
         assert r["regs"] <= r["maxnreg"] and r["local_in_loops"] == 0, r
         assert max(r["spills"], r["stack"]) <= LOCAL_BYTES_MAX, r
-    assert {r["label"] for r in capped} >= {"wan-vae-out-480p", "wan-vae-out-480p-fp16",
-                                            "rms-192"}, capped
+    assert {r["label"] for r in capped} >= {
+        "wan-vae-out-480p",
+        "wan-vae-out-480p-fp16",
+        "rms-192",
+    }, capped
     # masked columns and fp32 launch uncapped (their builds would spill kilobytes)
-    assert not any(r["maxnreg"] for r in rows if r["label"] in ("rms-96-masked", "rms-160-fp32",
-                                                                 "rms-12-odd")), rows
+    assert not any(
+        r["maxnreg"] for r in rows if r["label"] in ("rms-96-masked", "rms-160-fp32", "rms-12-odd")
+    ), rows
 
 
 def test_silu_is_one_ex2_and_one_approximate_division(rows):
@@ -178,8 +194,10 @@ def test_cache_hints(rows):
     by = {}
     for r in rows:
         by.setdefault(r["kernel"], []).append(r)
-    for stats, apply in (("_gn_stats_kernel", "_gn_apply_kernel"),
-                         ("_gn_cl_stats_kernel", "_gn_cl_apply_kernel")):  # channels-last
+    for stats, apply in (
+        ("_gn_stats_kernel", "_gn_apply_kernel"),
+        ("_gn_cl_stats_kernel", "_gn_cl_apply_kernel"),
+    ):  # channels-last
         assert by.get(stats) and by.get(apply), rows
         for r in by[stats]:
             assert r["evict_last"] > 0 and r["evict_first"] == 0, r

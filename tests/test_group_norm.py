@@ -1,30 +1,31 @@
 """group_norm_silu / rms_norm_silu_channels: fp64 reference on both paths, torch's GroupNorm
 and diffusers' WanRMS_norm, strided views, poisoned outputs, bad input, torch.library; the
 numerical contract itself (an intermediate rounding amplified by SiLU, wrong outputs caught)."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE, DTYPES
 
 import ditfuse  # noqa: F401  (sets up the interpreter)
-from ditfuse.tools import gn_contract as gc
 from ditfuse.ops import group_norm as gn
-from ditfuse.tools import check_group_norm
-from ditfuse.tools.shapes import GN_SHAPES
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain
-from conftest import DEVICE, DTYPES
+from ditfuse.tools import check_group_norm
+from ditfuse.tools import gn_contract as gc
+from ditfuse.tools.shapes import GN_SHAPES
 
 # SiLU of a very negative fp32 value: exp(-y) overflows to inf and y / inf = -0, as in
 # PyTorch; numpy (the interpreter) warns about it
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
 
 # Launch-table overrides that force each path at small shapes:
-FIT = None                                    # the default table: these groups fit
-SPLIT = dict(fit_max=0, tile=16)              # split: 16-element tiles, one partial a tile
+FIT = None  # the default table: these groups fit
+SPLIT = dict(fit_max=0, tile=16)  # split: 16-element tiles, one partial a tile
 SPLIT_LOOP = dict(fit_max=0, tile=16, max_partials=3)  # several tiles a statistics program,
-                                              # masked tail tiles past the group's end
+# masked tail tiles past the group's end
 PATHS = {"fit": FIT, "split": SPLIT, "split-loop": SPLIT_LOOP}
 
 SHARES = {}  # bitwise shares seen, printed at the end (pytest -s)
@@ -111,9 +112,15 @@ def test_split_path_vs_fp64(case, path, dtype):
     _note(f"gn split vs fp64 {dtype}", within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {path}"))
 
 
-@pytest.mark.parametrize("case", [((2, 8, 4, 8), 4, {}), ((2, 8, 4, 8), 4, dict(max_partials=2)),
-                                  ((1, 4, 6, 8), 4, dict(max_partials=2))],
-                         ids=["even", "even-loop", "even-tiles-masked-tail"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((2, 8, 4, 8), 4, {}),
+        ((2, 8, 4, 8), 4, dict(max_partials=2)),
+        ((1, 4, 6, 8), 4, dict(max_partials=2)),
+    ],
+    ids=["even", "even-loop", "even-tiles-masked-tail"],
+)
 @torch.no_grad()
 def test_split_path_whole_tiles_vs_fp64(case):
     """Whole tiles (BC | C/G, BS | spatial) skip their masks, the statistics pass too when
@@ -132,24 +139,24 @@ def test_split_path_whole_tiles_vs_fp64(case):
 # channels-last x: the "split-cl" kernels (tiles of several groups' channel lanes x positions,
 # a merge program a group)
 CL_LAUNCHES = {
-    "cl": dict(fit_max=0, tile=64),                  # the groups side by side in one tile
+    "cl": dict(fit_max=0, tile=64),  # the groups side by side in one tile
     # several group blocks, statistics programs of several tiles (rounded up to a power of
     # two: programs' tiles past the end), a masked tail tile
-    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, cl_stats_programs=8,
-                           cl_tpp_pow2=True),
+    "cl-blocks-loop": dict(fit_max=0, tile=32, cl_lanes=8, cl_stats_programs=8, cl_tpp_pow2=True),
 }
 CL_CASES = [  # (name, shape, groups)
     ("4d cpg2 N2", (2, 64, 5, 7), 32),
     ("5d cpg4", (1, 32, 3, 4, 5), 8),
-    ("odd cpg5 G3 N2", (2, 15, 4, 5), 3),            # lanes past a group's channels masked
-    ("G6 cpg4", (1, 24, 6, 6), 6),                   # lanes of groups past G masked
+    ("odd cpg5 G3 N2", (2, 15, 4, 5), 3),  # lanes past a group's channels masked
+    ("G6 cpg4", (1, 24, 6, 6), 6),  # lanes of groups past G masked
     ("G1 cpg16", (1, 16, 5, 9), 1),
 ]
 
 
 def _cl(x):
-    return x.contiguous(memory_format=torch.channels_last if x.dim() == 4
-                        else torch.channels_last_3d)
+    return x.contiguous(
+        memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    )
 
 
 @pytest.mark.slow
@@ -170,8 +177,10 @@ def test_channels_last_split_vs_fp64(case, launch, dtype):
         assert st.TPP > 1 and st.P * st.TPP > st.n_ts  # tiles past the end are masked
     y = gn.group_norm_silu(xl, G, w, b, 1e-6, _launch=L)
     assert y.stride() == xl.stride()
-    _note(f"gn channels-last vs fp64 {dtype}",
-          within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {launch}"))
+    _note(
+        f"gn channels-last vs fp64 {dtype}",
+        within(y, gn_chain(x, G, w, b, 1e-6), f"{name} {launch}"),
+    )
     yn = gn.group_norm_silu(xl, G, None, None, 1e-6, silu=False, _launch=L)
     within(yn, gn_chain(x, G, None, None, 1e-6, silu=False), f"{name} {launch} plain")
 
@@ -194,8 +203,9 @@ def test_statistics_tile_counts_not_powers_of_two(layout, dtype):
     x = _rand(shape, dtype, 43)
     xl = _cl(x) if layout == "channels_last" else x
     w, b = _params(shape[1], dtype, 43)
-    st = gn.gn_settings(shape[0], G, shape[1] // G, math.prod(shape[2:]),
-                        c_inner=layout == "channels_last", **L)
+    st = gn.gn_settings(
+        shape[0], G, shape[1] // G, math.prod(shape[2:]), c_inner=layout == "channels_last", **L
+    )
     tiles = st.n_ts if path == "split-cl" else st.T
     assert st.path == path and st.TPP == want and st.P * st.TPP > tiles, st
     y = gn.group_norm_silu(xl, G, w, b, 1e-6, _launch=L)
@@ -261,9 +271,11 @@ def test_channels_last_large_offset_statistics(dtype):
         within(y, gn_chain(x, 2, eps=1e-6), f"offset {off} {launch}")
 
 
-@pytest.mark.parametrize("shape", [(2, 12, 4, 16), (1, 12, 2, 4, 8), (2, 13, 4, 16),
-                                   (2, 12, 5, 7), (2, 10, 4, 8), (1, 20, 3, 5)],
-                         ids=["even", "even-5d", "odd-C", "odd-S", "pieces-8+2", "pieces-16+4-odd"])
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 12, 4, 16), (1, 12, 2, 4, 8), (2, 13, 4, 16), (2, 12, 5, 7), (2, 10, 4, 8), (1, 20, 3, 5)],
+    ids=["even", "even-5d", "odd-C", "odd-S", "pieces-8+2", "pieces-16+4-odd"],
+)
 @torch.no_grad()
 def test_rms_column_pieces_masks_and_offsets(shape, monkeypatch):
     """The channel-RMS column as two power-of-two pieces (12 = 8 + 4; 10 = 8 + 2 and 20 = 16
@@ -321,8 +333,9 @@ def test_silu_off_and_round_after_norm(path):
     w, b = _params(4, torch.bfloat16, 4)
     for silu in (False, True):
         for rr in (False, True):
-            y = gn.group_norm_silu(x, 2, w, b, 1e-5, silu=silu, round_after_norm=rr,
-                                   _launch=PATHS[path])
+            y = gn.group_norm_silu(
+                x, 2, w, b, 1e-5, silu=silu, round_after_norm=rr, _launch=PATHS[path]
+            )
             ref = gn_chain(x, 2, w, b, 1e-5, silu=silu, round_after_norm=rr)
             within(y, ref, f"{path} silu={silu} round={rr}")
 
@@ -341,9 +354,11 @@ def test_paths_agree():
 # ---------------------------------------------------------------------------------------
 # against the models' eager code
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape,path", [((1, 64, 6, 6), "fit"), ((2, 64, 2, 3, 4), "fit"),
-                                        ((1, 64, 3, 4), "split")])
+@pytest.mark.parametrize(
+    "shape,path", [((1, 64, 6, 6), "fit"), ((2, 64, 2, 3, 4), "fit"), ((1, 64, 3, 4), "split")]
+)
 @torch.no_grad()
 def test_vs_torch_groupnorm_silu(shape, path, dtype):
     """The VAEs' ResNet norm: torch.nn.GroupNorm(32, C, eps=1e-6) then F.silu."""
@@ -359,8 +374,11 @@ def test_vs_torch_groupnorm_silu(shape, path, dtype):
     # same contract; plus eager's rounding of the group statistics where torch makes it
     ref = gn_chain(x, 32, norm.weight, norm.bias, norm.eps)
     within(y, ref, f"{shape} {path} vs fp64")
-    extra = gc.eager_gn_stat_steps(ref, x, norm.weight) \
-        if gc._eager_gn_rounds_stats(x.device, dtype) else ()
+    extra = (
+        gc.eager_gn_stat_steps(ref, x, norm.weight)
+        if gc._eager_gn_rounds_stats(x.device, dtype)
+        else ()
+    )
     share = within(y, ref, f"{shape} {path} vs eager", against=eager, extra=extra, sides=2)
     _note(f"gn vs eager torch {dtype}", share)
     if dtype != torch.float32 and not extra:
@@ -417,6 +435,7 @@ def test_rms_chunked_column(dtype):
 # ---------------------------------------------------------------------------------------
 # strided views: read and written in place, or a clear error
 
+
 def _strided_cases():
     big = _rand((3, 20, 5, 6), torch.bfloat16, 14)
     v5 = _rand((1, 8, 4, 3, 5), torch.bfloat16, 15)
@@ -444,8 +463,9 @@ def test_strided_input_read_in_place(case, path):
     g = w[:, None, None] if x.dim() == 4 else w[:, None, None, None]
     yr = gn.rms_norm_silu_channels(x, g)
     within(yr, rms_chain(x.contiguous(), g), f"rms {name}")
-    if x.is_contiguous(memory_format=torch.channels_last) or \
-            x.is_contiguous(memory_format=torch.channels_last_3d):
+    if x.is_contiguous(memory_format=torch.channels_last) or x.is_contiguous(
+        memory_format=torch.channels_last_3d
+    ):
         assert y.stride() == x.stride()  # a dense input's layout is kept
 
 
@@ -483,6 +503,7 @@ def test_out_into_channel_slice_and_in_place(path):
 # ---------------------------------------------------------------------------------------
 # poisoned outputs: an element a kernel does not write stays NaN and fails
 
+
 @pytest.fixture
 def poison(monkeypatch):
     def nan_like(x):
@@ -515,14 +536,22 @@ def test_poisoned_outputs(poison, path):
 # ---------------------------------------------------------------------------------------
 # bad input: an error naming the argument, before any kernel runs
 
+
 @pytest.fixture
 def no_launch(monkeypatch):
     class Refuse:
         def __getitem__(self, grid):
             raise AssertionError("a kernel was launched")
 
-    for k in ("_gn_fit_kernel", "_gn_stats_kernel", "_gn_apply_kernel", "_rms_ch_kernel",
-              "_gn_cl_stats_kernel", "_gn_merge_kernel", "_gn_cl_apply_kernel"):
+    for k in (
+        "_gn_fit_kernel",
+        "_gn_stats_kernel",
+        "_gn_apply_kernel",
+        "_rms_ch_kernel",
+        "_gn_cl_stats_kernel",
+        "_gn_merge_kernel",
+        "_gn_cl_apply_kernel",
+    ):
         monkeypatch.setattr(gn, k, Refuse())
 
 
@@ -541,23 +570,78 @@ def _bad_cases():
         ("groups not dividing", lambda: gnf(x, 3), ValueError, "num_groups=3"),
         ("groups zero", lambda: gnf(x, 0), ValueError, "num_groups=0"),
         ("groups float", lambda: gnf(x, 4.0), ValueError, "num_groups=4.0"),
-        ("weight size", lambda: gnf(x, 4, torch.ones(9, device=DEVICE)), ValueError, "weight has shape (9,)"),
-        ("weight 2-D", lambda: gnf(x, 4, torch.ones(4, 2, device=DEVICE)), ValueError, "weight has shape (4, 2)"),
-        ("weight int", lambda: gnf(x, 4, torch.ones(8, dtype=torch.int64, device=DEVICE)), TypeError, "weight.dtype"),
+        (
+            "weight size",
+            lambda: gnf(x, 4, torch.ones(9, device=DEVICE)),
+            ValueError,
+            "weight has shape (9,)",
+        ),
+        (
+            "weight 2-D",
+            lambda: gnf(x, 4, torch.ones(4, 2, device=DEVICE)),
+            ValueError,
+            "weight has shape (4, 2)",
+        ),
+        (
+            "weight int",
+            lambda: gnf(x, 4, torch.ones(8, dtype=torch.int64, device=DEVICE)),
+            TypeError,
+            "weight.dtype",
+        ),
         ("weight not tensor", lambda: gnf(x, 4, [1.0] * 8), TypeError, "weight must be"),
-        ("weight device", lambda: gnf(x, 4, torch.ones(8, device="meta")), ValueError, "weight is on meta"),
-        ("bias size", lambda: gnf(x, 4, w, torch.ones(4, device=DEVICE)), ValueError, "bias has shape (4,)"),
+        (
+            "weight device",
+            lambda: gnf(x, 4, torch.ones(8, device="meta")),
+            ValueError,
+            "weight is on meta",
+        ),
+        (
+            "bias size",
+            lambda: gnf(x, 4, w, torch.ones(4, device=DEVICE)),
+            ValueError,
+            "bias has shape (4,)",
+        ),
         ("eps negative", lambda: gnf(x, 4, eps=-1.0), ValueError, "eps"),
         ("eps nan", lambda: gnf(x, 4, eps=float("nan")), ValueError, "eps"),
         ("silu not bool", lambda: gnf(x, 4, silu=1), TypeError, "silu"),
         ("out dtype", lambda: gnf(x, 4, out=nan(x.float())), TypeError, "out.dtype"),
         ("out shape", lambda: gnf(x, 4, out=nan(x[:1])), ValueError, "out.shape"),
-        ("out device", lambda: gnf(x, 4, out=torch.empty(x.shape, dtype=x.dtype, device="meta")), ValueError, "out is on meta"),
-        ("out expanded", lambda: gnf(x, 4, out=nan(x[:1]).expand(x.shape)), ValueError, "out has overlapping"),
-        ("out overlaps x", lambda: gnf(big[:, :, :3], 4, out=big[:, :, 1:4]), ValueError, "overlaps x"),
-        ("out spatial crop", lambda: gnf(x, 4, out=torch.empty(2, 8, 3, 5, dtype=x.dtype, device=DEVICE)[..., :4]), ValueError, "out of shape"),
-        ("rms gamma size", lambda: rms(x, torch.ones(8, 2, 1, device=DEVICE)), ValueError, "gamma has shape (8, 2, 1)"),
-        ("rms gamma int", lambda: rms(x, torch.ones(8, dtype=torch.int32, device=DEVICE)), TypeError, "gamma.dtype"),
+        (
+            "out device",
+            lambda: gnf(x, 4, out=torch.empty(x.shape, dtype=x.dtype, device="meta")),
+            ValueError,
+            "out is on meta",
+        ),
+        (
+            "out expanded",
+            lambda: gnf(x, 4, out=nan(x[:1]).expand(x.shape)),
+            ValueError,
+            "out has overlapping",
+        ),
+        (
+            "out overlaps x",
+            lambda: gnf(big[:, :, :3], 4, out=big[:, :, 1:4]),
+            ValueError,
+            "overlaps x",
+        ),
+        (
+            "out spatial crop",
+            lambda: gnf(x, 4, out=torch.empty(2, 8, 3, 5, dtype=x.dtype, device=DEVICE)[..., :4]),
+            ValueError,
+            "out of shape",
+        ),
+        (
+            "rms gamma size",
+            lambda: rms(x, torch.ones(8, 2, 1, device=DEVICE)),
+            ValueError,
+            "gamma has shape (8, 2, 1)",
+        ),
+        (
+            "rms gamma int",
+            lambda: rms(x, torch.ones(8, dtype=torch.int32, device=DEVICE)),
+            TypeError,
+            "gamma.dtype",
+        ),
         ("rms bias float", lambda: rms(x, w, 0.5), TypeError, "bias must be"),
         ("rms scale", lambda: rms(x, w, scale=float("inf")), ValueError, "scale"),
         ("rms eps", lambda: rms(x, w, eps=-1e-12), ValueError, "eps"),
@@ -590,6 +674,7 @@ def test_empty_and_fallback(monkeypatch):
     assert gn.rms_norm_silu_channels(e, None).shape == e.shape
     # a device Triton cannot run on: the fp32 reference, same contract
     from ditfuse.runtime import backend as _runtime
+
     monkeypatch.setattr(_runtime, "kernel_device_ok", lambda t: False)
     x = _rand((2, 8, 3, 4), torch.bfloat16, 24)
     within(gn.group_norm_silu(x, 4), gn_chain(x, 4), "fallback")
@@ -600,6 +685,7 @@ def test_empty_and_fallback(monkeypatch):
 # the contract itself: an intermediate rounding that flips is amplified by SiLU (what the
 # old "one rounding of the output" gate failed on at the VAE shapes on an H200), and
 # wrong outputs are still caught
+
 
 def _bump_ulps(t, i, k):
     """A copy of ``t`` with flat element ``i`` moved ``k`` ulps away from 0."""
@@ -724,8 +810,11 @@ def test_eager_rounded_statistics():
     w, b = _params(64, bf, 32)
     ref = gn_chain(x, 32, w, b)
     mean, rstd = ref.stats["mean"].to(bf).double(), ref.stats["rstd"].to(bf).double()
-    v = ((x.double() - mean) * rstd * w.double().view(1, -1, 1, 1)
-         + b.double().view(1, -1, 1, 1)).to(bf).double()
+    v = (
+        ((x.double() - mean) * rstd * w.double().view(1, -1, 1, 1) + b.double().view(1, -1, 1, 1))
+        .to(bf)
+        .double()
+    )
     eager = (v / (1 + torch.exp(-v))).to(bf)
     y = gn.group_norm_silu(x, 32, w, b)
     assert not gc.parity(y, eager, ref, sides=2).ok
@@ -738,13 +827,15 @@ def test_eager_rounded_statistics():
 # ---------------------------------------------------------------------------------------
 # launch table, registry, check gates
 
+
 def test_launch_table():
     # the VAE shapes: groups of 16 ch x 128^2 (and larger) take the split path
     for s in GN_SHAPES.values():
         if s.op != "gn":
             continue
-        st = gn.gn_settings(s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]),
-                            c_inner=s.channels_last)
+        st = gn.gn_settings(
+            s.shape[0], 32, s.C // 32, math.prod(s.shape[2:]), c_inner=s.channels_last
+        )
         assert st.path == ("split-cl" if s.channels_last else "split"), s
         assert st.BC * st.BS <= gn.GN_TABLE.tile
         if s.channels_last:  # one tile of whole groups' lanes; a merge program a group
@@ -770,9 +861,14 @@ def test_check_gates_small():
             self.rows.append((gate, case, ok, detail))
 
     g = Rows()
-    shapes = [GN_SHAPES["hunyuan-vae-up-9f"], GN_SHAPES["flux-vae-mid-128"],
-              GN_SHAPES["wan-vae-mid-480p"]]
-    check_group_norm.check_gates(g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes)
+    shapes = [
+        GN_SHAPES["hunyuan-vae-up-9f"],
+        GN_SHAPES["flux-vae-mid-128"],
+        GN_SHAPES["wan-vae-mid-480p"],
+    ]
+    check_group_norm.check_gates(
+        g, DEVICE, True, dtypes=[torch.bfloat16, torch.float32], shapes=shapes
+    )
     # 3 shapes + the first one on the forced split paths (channels-first and -last), 2 dtypes
     assert len(g.rows) == 10
     assert sum(" split;" in r[3] for r in g.rows) == 2
@@ -783,19 +879,25 @@ def test_check_gates_small():
 # ---------------------------------------------------------------------------------------
 # torch.library: opcheck, torch.compile(fullgraph=True)
 
+
 @torch.no_grad()
 def test_opcheck():
     x = _rand((2, 8, 3, 4), torch.bfloat16, 25)
     w, b = _params(8, torch.bfloat16, 25)
-    torch.library.opcheck(torch.ops.ditfuse.group_norm_silu.default, (x, 4, w, b, 1e-6, True, False))
-    torch.library.opcheck(torch.ops.ditfuse.group_norm_silu.default,
-                          (x.contiguous(memory_format=torch.channels_last), 2, None, None, 1e-5,
-                           False, True))
+    torch.library.opcheck(
+        torch.ops.ditfuse.group_norm_silu.default, (x, 4, w, b, 1e-6, True, False)
+    )
+    torch.library.opcheck(
+        torch.ops.ditfuse.group_norm_silu.default,
+        (x.contiguous(memory_format=torch.channels_last), 2, None, None, 1e-5, False, True),
+    )
     g = w[:, None, None]
-    torch.library.opcheck(torch.ops.ditfuse.rms_norm_silu_channels.default,
-                          (x, g, None, 1e-12, None, True, False))
-    torch.library.opcheck(torch.ops.ditfuse.rms_norm_silu_channels.default,
-                          (x, g, b, 1e-12, 2.0, False, True))
+    torch.library.opcheck(
+        torch.ops.ditfuse.rms_norm_silu_channels.default, (x, g, None, 1e-12, None, True, False)
+    )
+    torch.library.opcheck(
+        torch.ops.ditfuse.rms_norm_silu_channels.default, (x, g, b, 1e-12, 2.0, False, True)
+    )
 
 
 @pytest.mark.parametrize("with_out", [False, True])

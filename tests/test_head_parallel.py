@@ -1,5 +1,6 @@
 """Head-parallel across-heads norm (qk_norm_rope(process_group=...)): two processes on the
 gloo backend, each holding half the heads, match the single-process result."""
+
 import os
 import socket
 
@@ -35,17 +36,23 @@ def _worker(rank, world, port, dtype, out_dir):
     import ditfuse
     from ditfuse import NormSpec
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     q, k, wq, wk, cos, sin, H, D = _problem(dtype)
     Hl = H // world
     sl = slice(rank * Hl * D, (rank + 1) * Hl * D)
     with torch.no_grad():
         oq, ok = ditfuse.qk_norm_rope(
-            q[..., sl].contiguous(), k[..., sl].contiguous(), cos, sin,
+            q[..., sl].contiguous(),
+            k[..., sl].contiguous(),
+            cos,
+            sin,
             q_norm=NormSpec("rms", weight=wq[sl].contiguous(), eps=1e-6),
             k_norm=NormSpec("rms", weight=wk[sl].contiguous(), eps=1e-6),
-            num_heads=Hl, process_group=dist.group.WORLD)
+            num_heads=Hl,
+            process_group=dist.group.WORLD,
+        )
     torch.save((oq, ok), os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -60,8 +67,15 @@ def test_two_ranks_match_one(tmp_path, dtype):
     mp.spawn(_worker, args=(world, _free_port(), dtype, str(tmp_path)), nprocs=world, join=True)
     q, k, wq, wk, cos, sin, H, D = _problem(dtype)
     with torch.no_grad():
-        rq, rk = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=NormSpec("rms", weight=wq, eps=1e-6),
-                                      k_norm=NormSpec("rms", weight=wk, eps=1e-6), num_heads=H)
+        rq, rk = ditfuse.qk_norm_rope(
+            q,
+            k,
+            cos,
+            sin,
+            q_norm=NormSpec("rms", weight=wq, eps=1e-6),
+            k_norm=NormSpec("rms", weight=wk, eps=1e-6),
+            num_heads=H,
+        )
     parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     gq = torch.cat([p[0] for p in parts], -1)
     gk = torch.cat([p[1] for p in parts], -1)
@@ -82,5 +96,10 @@ def test_process_group_validation():
     q = torch.randn(1, 2, 64)
     with pytest.raises(ValueError, match="not initialized"):
         with torch.no_grad():
-            ditfuse.qk_norm_rope(q, q.clone(), q_norm=NormSpec("rms", weight=torch.ones(64)),
-                                 num_heads=2, process_group=object())
+            ditfuse.qk_norm_rope(
+                q,
+                q.clone(),
+                q_norm=NormSpec("rms", weight=torch.ones(64)),
+                num_heads=2,
+                process_group=object(),
+            )

@@ -5,6 +5,7 @@ with the ptxas of the Triton wheel -- no GPU needed -- in a subprocess with
 ``TRITON_INTERPRET=0`` (the tests run the interpreter), and must have no spill
 stores/loads, no stack frame and no LDL/STL (local memory) in its SASS.
 """
+
 import json
 import os
 import subprocess
@@ -13,27 +14,30 @@ from pathlib import Path
 
 import pytest
 
-from ditfuse.tools.inspect import SPEC_NAMES
-
 from ditfuse.aot.compile import missing_tools, wheel_tool_path
+from ditfuse.tools.inspect import SPEC_NAMES
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 pytestmark = pytest.mark.skipif(
     bool(missing_tools()),
     reason=f"the Triton wheel has no {', '.join(missing_tools())} "
-           f"(looked in {wheel_tool_path('')}): cannot compile for sm_90 without a GPU")
+    f"(looked in {wheel_tool_path('')}): cannot compile for sm_90 without a GPU",
+)
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("inspect") / "report.json"
     env = dict(os.environ, TRITON_INTERPRET="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SRC)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     cmd = [sys.executable, "-m", "ditfuse.tools.inspect", "--quiet", "--json", str(out)]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and out.exists(), (
-        f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}")
+        f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}"
+    )
     return {row["name"]: row for row in json.loads(out.read_text())["kernels"]}
 
 
@@ -71,7 +75,11 @@ def test_quantizing_builds_take_the_16_bit_kernel_and_form(rows):
     wan, wan16 = rows["wan14b-int8"], rows["wan14b-half-table"]
     assert wan["kernel"] == wan16["kernel"] == "_qk_norm_rope_flat_kernel"
     assert wan["constexprs"]["QUANT"] == 1 and wan["constexprs"]["PAIRS"]
-    assert (wan["p0"], wan["p1"], wan["num_warps"]) == (wan16["p0"], wan16["p1"], wan16["num_warps"])
+    assert (wan["p0"], wan["p1"], wan["num_warps"]) == (
+        wan16["p0"],
+        wan16["p1"],
+        wan16["num_warps"],
+    )
     flux, flux16 = rows["flux2-int8"], rows["flux2"]
     assert flux["kernel"] == flux16["kernel"] == "_qk_norm_rope_kernel"
     assert flux["constexprs"]["QUANT"] == 1
@@ -82,10 +90,12 @@ def test_quantizing_builds_take_the_16_bit_kernel_and_form(rows):
 @pytest.mark.parametrize("name", SPEC_NAMES)
 def test_no_spills_no_stack_no_local_memory(rows, name):
     r = rows[name]
-    detail = (f"{name} ({r['model']}: {r['H']}x{r['D']} {r['dtype']}, {r['config']}; "
-              f"HG={r['hg']}={r['p0']}+{r['p1']}, num_warps={r['num_warps']}): "
-              f"{r['regs']} registers, spill stores {r['spill_stores']} B, spill loads "
-              f"{r['spill_loads']} B, stack {r['stack']} B, LDL {r['ldl']}, STL {r['stl']}")
+    detail = (
+        f"{name} ({r['model']}: {r['H']}x{r['D']} {r['dtype']}, {r['config']}; "
+        f"HG={r['hg']}={r['p0']}+{r['p1']}, num_warps={r['num_warps']}): "
+        f"{r['regs']} registers, spill stores {r['spill_stores']} B, spill loads "
+        f"{r['spill_loads']} B, stack {r['stack']} B, LDL {r['ldl']}, STL {r['stl']}"
+    )
     assert not r["violations"], f"{detail}\n  " + "\n  ".join(r["violations"])
 
 
@@ -96,11 +106,20 @@ def test_local_in_loops_counts_only_local_memory_inside_backward_branches():
     from ditfuse.aot.compile import local_in_loops
 
     def sass(body):
-        return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(body))
+        return "\n".join(
+            f"        /*{16 * i:04x}*/                   {op} ;" for i, op in enumerate(body)
+        )
 
-    kept = ["MOV R1, c[0x0][0x28]", "STL [R1], R4", "HMMA.1688.F32.TF32 R8, R12, R16, R8",
-            "ISETP.GE.AND P0, PT, R2, R3, PT", "@!P0 BRA 0x20", "LDL.LU R4, [R1]", "EXIT",
-            "BRA 0x70"]
+    kept = [
+        "MOV R1, c[0x0][0x28]",
+        "STL [R1], R4",
+        "HMMA.1688.F32.TF32 R8, R12, R16, R8",
+        "ISETP.GE.AND P0, PT, R2, R3, PT",
+        "@!P0 BRA 0x20",
+        "LDL.LU R4, [R1]",
+        "EXIT",
+        "BRA 0x70",
+    ]
     assert local_in_loops(sass(kept)) == 0
     inside = list(kept)
     inside[3] = "@P1 LDL R5, [R1+0x4]"

@@ -1,6 +1,7 @@
 """patching.join_tokens: torch.cat along the tokens, a view (no copy) when the two parts
 are adjacent token ranges of one buffer (FLUX.1's single blocks pass each other
 ``out[:, :T], out[:, T:]``), a real cat otherwise."""
+
 import pytest
 import torch
 
@@ -14,7 +15,10 @@ def test_adjacent_halves_are_joined_without_copy(B):
     a, b = buf[:, :4], buf[:, 4:]
     j = join_tokens(a, b)
     assert torch.equal(j, torch.cat([a, b], dim=1))
-    assert j.data_ptr() == buf.data_ptr() and j.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    assert (
+        j.data_ptr() == buf.data_ptr()
+        and j.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    )
     assert j.shape == buf.shape and j.stride() == buf.stride()
 
 
@@ -26,7 +30,9 @@ def _cases():
     yield "gap between", buf[:, :3], buf[:, 4:]
     yield "channel slices", buf[:, :4, :4], buf[:, 4:, :4]
     yield "batch rows of a wider buffer", torch.randn(2, 12, 8, generator=g)[:, :4], buf[:, 4:]
-    wide = torch.randn(2, 12, 8, generator=g)  # adjacent in memory, but each batch row has 12 tokens
+    wide = torch.randn(
+        2, 12, 8, generator=g
+    )  # adjacent in memory, but each batch row has 12 tokens
     yield "B > 1, rows of 12 tokens", wide[:, :4], wide[:, 4:11]
     yield "converted copies", buf[:, :4].double(), buf[:, 4:].double()
 
@@ -35,15 +41,19 @@ def _cases():
 def test_otherwise_a_real_cat(name, a, b):
     j = join_tokens(a, b)
     assert torch.equal(j, torch.cat([a, b], dim=1))
-    assert j.untyped_storage().data_ptr() not in (a.untyped_storage().data_ptr(),
-                                                  b.untyped_storage().data_ptr())
+    assert j.untyped_storage().data_ptr() not in (
+        a.untyped_storage().data_ptr(),
+        b.untyped_storage().data_ptr(),
+    )
 
 
 def _models():
     from ditfuse.tools import tiny_models as tm
 
-    return {"flux1": (tm._flux, tm._flux_inputs),  # two single blocks
-            "hunyuan-video": (lambda: tm._hunyuan(single_layers=2), tm._hunyuan_inputs)}
+    return {
+        "flux1": (tm._flux, tm._flux_inputs),  # two single blocks
+        "hunyuan-video": (lambda: tm._hunyuan(single_layers=2), tm._hunyuan_inputs),
+    }
 
 
 @pytest.mark.slow

@@ -2,12 +2,13 @@
 reciprocal, checked against float64 over dense ranges of fp32 inputs. On the CPU the
 interpreter takes the plain Triton forms; on the GPU the approximate PTX instructions
 (``ex2.approx.ftz``, ``rcp.approx.ftz``), which these bounds are written for."""
+
 import pytest
 import torch
 import triton
 import triton.language as tl
-
 from conftest import DEVICE
+
 from ditfuse.kernels.element import _ex2, _rcp, _tanh
 
 BLOCK = 1024
@@ -51,7 +52,7 @@ def test_tanh_within_a_few_ulp(lo, hi):
     ulp = torch.finfo(torch.float32).eps * ref.abs().clamp_min(torch.finfo(torch.float32).tiny)
     err = ((y - ref).abs() / ulp).max().item()
     assert err <= 8.0, f"max error {err:.2f} ulp"
-    assert torch.equal(y[:n], -y[n:2 * n])
+    assert torch.equal(y[:n], -y[n : 2 * n])
     assert y[-1].item() == 1.0
 
 

@@ -11,6 +11,7 @@
 
 Every import counts, also the ones inside functions: a lazy import is still a dependency.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,13 +23,19 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "ditfuse"
 
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
-    ("ditfuse._version", 0), ("ditfuse.runtime", 0), ("ditfuse.norms", 0),
-    ("ditfuse.reference", 0), ("ditfuse.tolerances", 0),
+    ("ditfuse._version", 0),
+    ("ditfuse.runtime", 0),
+    ("ditfuse.norms", 0),
+    ("ditfuse.reference", 0),
+    ("ditfuse.tolerances", 0),
     ("ditfuse.kernels", 1),
     ("ditfuse.ops", 2),
-    ("ditfuse.patching", 3), ("ditfuse.aot", 3),
+    ("ditfuse.patching", 3),
+    ("ditfuse.aot", 3),
     ("ditfuse", 4),  # the package root: the public API
-    ("ditfuse.tools", 5), ("ditfuse.examples", 5), ("ditfuse.__main__", 5),
+    ("ditfuse.tools", 5),
+    ("ditfuse.examples", 5),
+    ("ditfuse.__main__", 5),
 ]
 
 
@@ -75,8 +82,9 @@ def imports(mod: str) -> set:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = _resolve(mod, node, path.name == "__init__.py")
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base
-                     for a in node.names]
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+            ]
         else:
             continue
         for n in names:

@@ -2,6 +2,7 @@
 its reference (awkward widths, the two-pass form, zero / NaN / huge rows, strided rows), the
 FP8 GEMM against the fp64 product of the quantized operands and against the 16-bit linear,
 the torch.library op under torch.compile, bad inputs rejected by name before any launch."""
+
 import pytest
 import torch
 
@@ -28,9 +29,9 @@ def _same(a, b):
 def test_quantize_rows_bitwise(K, dtype):
     M = 7 if K > 10000 else 37
     x = (torch.randn(M, K, dtype=torch.float32) * torch.rand(M, 1) * 5).to(dtype).to(DEV)
-    x[1] = 0.0                               # all-zero row: zeros, scale 1
-    x[2, K // 2] = float("nan")              # NaN row: scale NaN, zeros
-    x[3, -1] = 6e4 if dtype == torch.float16 else 1e30   # one huge element dominates the amax
+    x[1] = 0.0  # all-zero row: zeros, scale 1
+    x[2, K // 2] = float("nan")  # NaN row: scale NaN, zeros
+    x[3, -1] = 6e4 if dtype == torch.float16 else 1e30  # one huge element dominates the amax
     x[4] = x[4] * 1e-30 if dtype != torch.float16 else x[4]  # tiny row (fp32 / bf16 range)
     q, s = quantize_rows(x)
     rq, rs = quantize_rows_fp8_reference(x)
@@ -43,12 +44,12 @@ def test_quantize_rows_bitwise(K, dtype):
     ok = torch.isfinite(s)
     deq = q.float()[ok] * s[ok, None]
     ref = x.float()[ok]
-    assert ((deq - ref).abs() <= ref.abs() * 2.0 ** -4 + s[ok, None] * 2.0 ** -9).all()
+    assert ((deq - ref).abs() <= ref.abs() * 2.0**-4 + s[ok, None] * 2.0**-9).all()
 
 
 def test_quantize_rows_strided_and_batched():
     base = torch.randn(3, 40, 2 * 256, dtype=torch.bfloat16, device=DEV)
-    x = base[..., 256:]                      # row stride 512, unit column stride
+    x = base[..., 256:]  # row stride 512, unit column stride
     q, s = quantize_rows(x)
     rq, rs = quantize_rows_fp8_reference(x.reshape(-1, 256))
     assert q.shape == (120, 256)
@@ -61,8 +62,9 @@ def test_quantize_rows_empty():
 
 
 def test_config_table():
-    assert QuantRowsConfig.for_width(5120) == QuantRowsConfig(rows=1, block_k=8192, chunks=1,
-                                                              num_warps=8)
+    assert QuantRowsConfig.for_width(5120) == QuantRowsConfig(
+        rows=1, block_k=8192, chunks=1, num_warps=8
+    )
     assert QuantRowsConfig.for_width(64).rows == 16
     big = QuantRowsConfig.for_width(20000)
     assert big.chunks * big.block_k >= 20000 and big.chunks > 1
@@ -73,7 +75,7 @@ def test_config_table():
 def test_linear_fp8_close(shape, bias):
     K, N = shape[-1], 512
     x = torch.randn(*shape, dtype=torch.bfloat16, device=DEV)
-    w = (torch.randn(N, K) / K ** 0.5).to(torch.bfloat16).to(DEV)
+    w = (torch.randn(N, K) / K**0.5).to(torch.bfloat16).to(DEV)
     b = torch.randn(N, dtype=torch.bfloat16, device=DEV) if bias else None
     wq, ws = quantize_weight(w)
     y = torch.full((*shape[:-1], N), float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -81,7 +83,7 @@ def test_linear_fp8_close(shape, bias):
     assert y.shape == (*shape[:-1], N) and y.dtype == torch.bfloat16
     # against the fp64 product of the quantized operands: fp32 accumulation + bf16 output
     r = linear_fp8_reference(x, w, b)
-    assert ((y.double() - r).abs() <= r.abs() * 2.0 ** -7 + 1e-2).all()
+    assert ((y.double() - r).abs() <= r.abs() * 2.0**-7 + 1e-2).all()
     # against the 16-bit linear: the scheme's error
     e = x.double() @ w.double().t() + (b.double() if bias else 0)
     cos = torch.nn.functional.cosine_similarity(y.double().flatten(), e.flatten(), dim=0)

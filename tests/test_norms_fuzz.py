@@ -7,20 +7,21 @@ poisoned buffers; for AdaLN odd widths, S = 1, strided x, every shift / scale / 
 within its op's contract of the float64 reference. ``DITFUSE_FUZZ_N`` cases per op family
 (default 24), reproducible from the case number.
 """
+
 import os
 import random
 
 import pytest
 import torch
+from conftest import DEVICE, DTYPES, assert_close_report, fuzz_cases
+from test_adaln import _mod
+from test_group_norm import SPLIT, SPLIT_LOOP, within
 
 from ditfuse import adaln_modulate, gated_residual_adaln
 from ditfuse.ops import group_norm as gn
 from ditfuse.reference import adaln_reference
 from ditfuse.reference import group_norm_silu_chain as gn_chain
 from ditfuse.reference import rms_norm_silu_channels_chain as rms_chain
-from conftest import DEVICE, DTYPES, assert_close_report, fuzz_cases
-from test_adaln import _mod
-from test_group_norm import SPLIT, SPLIT_LOOP, within
 
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "24"))
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
@@ -33,7 +34,7 @@ def _x(r, g, N, C, spatial, dtype):
     if layout == "channels_last" and len(spatial) == 2:
         t = torch.randn(N, *spatial, C, generator=g).permute(0, 3, 1, 2)
     elif layout == "channel_slice":
-        t = torch.randn(N, C + 3, *spatial, generator=g)[:, 2:C + 2]
+        t = torch.randn(N, C + 3, *spatial, generator=g)[:, 2 : C + 2]
     elif layout == "batch_slice":
         t = torch.randn(N + 1, C, *spatial, generator=g)[1:]
     else:
@@ -59,7 +60,9 @@ def test_group_norm_fuzz(i):
     b = (torch.randn(C, generator=g) * 0.2).to(dtype).to(DEVICE) if affine else None
     silu = r.random() < 0.8
     launch = r.choice([None, SPLIT, SPLIT_LOOP])
-    out = torch.full(x.shape, float("nan"), dtype=dtype, device=DEVICE) if r.random() < 0.5 else None
+    out = (
+        torch.full(x.shape, float("nan"), dtype=dtype, device=DEVICE) if r.random() < 0.5 else None
+    )
     what = f"case{i} G{G} C{C} N{N} {spatial} {layout} {dtype} affine={affine} silu={silu} {launch}"
     x0 = x.clone()
     y = gn.group_norm_silu(x, G, w, b, 1e-6, silu=silu, out=out, _launch=launch)
@@ -81,7 +84,9 @@ def test_rms_channels_fuzz(i):
     x, layout = _x(r, g, N, C, spatial, dtype)
     pshape = (C,) + (1,) * len(spatial)
     gamma = (torch.randn(pshape, generator=g) * 0.5 + 1).to(dtype).to(DEVICE)
-    bias = (torch.randn(pshape, generator=g) * 0.2).to(dtype).to(DEVICE) if r.random() < 0.6 else None
+    bias = (
+        (torch.randn(pshape, generator=g) * 0.2).to(dtype).to(DEVICE) if r.random() < 0.6 else None
+    )
     scale = r.choice([None, 2.0])
     silu = r.random() < 0.8
     what = f"case{i} C{C} N{N} {spatial} {layout} {dtype} bias={bias is not None} {scale} {silu}"
@@ -117,20 +122,27 @@ def test_adaln_fuzz(i):
     w = (torch.randn(D, generator=g) * 0.3 + 1).to(DEVICE) if affine else None
     b = (torch.randn(D, generator=g) * 0.3).to(DEVICE) if affine and norm == "layer" else None
     kw = dict(norm=norm, weight=w, bias=b, eps=1e-6, rounding="per_op" if per_op else "once")
-    what = f"case{i} B{B} S{S} D{D} {dtype} {mod} {mdt} {layout} {kw['norm']} affine={affine} {kw['rounding']}"
+    what = (
+        f"case{i} B{B} S{S} D{D} {dtype} {mod} {mdt} {layout} {kw['norm']} "
+        f"affine={affine} {kw['rounding']}"
+    )
     if r.random() < 0.5:
         got = adaln_modulate(x, shift, scale, **kw)
         want = adaln_reference(x, shift, scale, compute_dtype=torch.float64, **kw)
         assert_close_report(got, want, dtype, what)
         return
     y = act() if per_op else act().float()
-    gate = _mod(r.choice(["chunk_b6d", "b1d", "per_token", "1d"]), B, S, D, mdt, g, 2) \
-        if r.random() < 0.7 else None
+    gate = (
+        _mod(r.choice(["chunk_b6d", "b1d", "per_token", "1d"]), B, S, D, mdt, g, 2)
+        if r.random() < 0.7
+        else None
+    )
     inplace = r.random() < 0.4
     x0 = x.clone()
     xn, m = gated_residual_adaln(x, y, gate, shift, scale, inplace=inplace, **kw)
-    rxn, rm = adaln_reference(x0, shift, scale, residual=y, gate=gate,
-                              compute_dtype=torch.float64, **kw)
+    rxn, rm = adaln_reference(
+        x0, shift, scale, residual=y, gate=gate, compute_dtype=torch.float64, **kw
+    )
     if inplace:
         assert xn.data_ptr() == x.data_ptr(), what
     else:
@@ -145,8 +157,9 @@ def test_activations_fuzz(i):
     """SwiGLU / GELU (tanh, erf) over ranks 1-4, odd widths, column slices of a wider
     projection, out= into a column slice of a NaN-filled buffer (FLUX's concat buffer):
     within the fp64 bounds of test_activations.py, every element written."""
-    from ditfuse import gelu, swiglu
     from test_activations import assert_gelu_bound, assert_swiglu_bound
+
+    from ditfuse import gelu, swiglu
 
     r = random.Random(10000 + i)
     g = torch.Generator().manual_seed(r.randrange(2**31))
@@ -157,7 +170,7 @@ def test_activations_fuzz(i):
     off = r.choice([0, 0, 3, 16])
     t = torch.randn(*lead, off + W + r.choice([0, 5]), generator=g, dtype=torch.float64) * 3
     t = torch.where(t.abs() < 1e-3, torch.full_like(t, 1e-3), t)
-    x = t.to(dtype).to(DEVICE)[..., off:off + W]  # a column slice, as FLUX's MLP input
+    x = t.to(dtype).to(DEVICE)[..., off : off + W]  # a column slice, as FLUX's MLP input
     N = W // 2 if op == "swiglu" else W
     out = None
     if r.random() < 0.5:  # into the columns after D of a concat buffer, NaN first

@@ -1,11 +1,12 @@
 """ditfuse.patch on diffusers' models (tiny configs): patched vs unpatched outputs,
 unpatch restores exactly, patching twice is harmless, unknown classes are left alone."""
+
 import pytest
 import torch
 
 import ditfuse
-from ditfuse.runtime import fastpath as _fastpath
 from ditfuse.ops.activations import SWIGLU
+from ditfuse.runtime import fastpath as _fastpath
 from ditfuse.tolerances import PATCHED_MODEL as TOL
 
 diffusers = pytest.importorskip("diffusers")
@@ -16,8 +17,10 @@ def _close(out, ref, dtype):
     scale = ref.float().abs().max().item()
     err = (out.float() - ref.float()).abs().max().item()
     share = (out == ref).float().mean().item()
-    print(f"{dtype}: max |patched - unpatched| {err:.3g} (output scale {scale:.3g}), "
-          f"{100 * share:.1f}% bitwise")
+    print(
+        f"{dtype}: max |patched - unpatched| {err:.3g} (output scale {scale:.3g}), "
+        f"{100 * share:.1f}% bitwise"
+    )
     assert err <= TOL[dtype] * scale, (err, scale)
     return share
 
@@ -33,6 +36,7 @@ def _spy_activations(monkeypatch):
             def launch(x, out, R, N, sx, so, **kw):
                 seen.append((kw["KIND"], N, so))
                 return real[grid](x, out, R, N, sx, so, **kw)
+
             return launch
 
     monkeypatch.setattr(act, "_act_kernel", Spy())
@@ -45,13 +49,22 @@ def _spy_activations(monkeypatch):
 _VARIANTS = ("wan-i2v", "wan-ti2v", "sa3-dit-inpaint")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the CPU through "
-                    "Triton's interpreter, which is off on a CUDA host (CPU tensors then take "
-                    "the reference path and no kernel launches)")
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow),
-                                   torch.bfloat16])  # bf16 (the bitwise claim) in the default tier
-@pytest.mark.parametrize("name,make,inputs,expected", [  # a family's variants in the slow tier
-    pytest.param(*c, id=c[0], marks=pytest.mark.slow if c[0] in _VARIANTS else ()) for c in CASES])
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the tiny models run on the CPU through "
+    "Triton's interpreter, which is off on a CUDA host (CPU tensors then take "
+    "the reference path and no kernel launches)",
+)
+@pytest.mark.parametrize(
+    "dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16]
+)  # bf16 (the bitwise claim) in the default tier
+@pytest.mark.parametrize(
+    "name,make,inputs,expected",
+    [  # a family's variants in the slow tier
+        pytest.param(*c, id=c[0], marks=pytest.mark.slow if c[0] in _VARIANTS else ())
+        for c in CASES
+    ],
+)
 @torch.no_grad()
 def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypatch):
     from ditfuse.ops import adaln
@@ -68,13 +81,16 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypa
     monkeypatch.setattr(_fastpath, "ENABLED", False)  # every launch through the spies
     out = model(**kw)[0]
     monkeypatch.undo()
-    if any("AdaLN" in k or "adaln" in k.lower() or "residual" in k or "modulate" in k for k in expected):
+    if any(
+        "AdaLN" in k or "adaln" in k.lower() or "residual" in k or "modulate" in k for k in expected
+    ):
         assert launches, "the patched blocks fell back to their own forward"
     if any("concat buffer" in k for k in expected):  # out= a column slice: row stride > width
         assert any(so > n for _, n, so in acts), "the fused activation fell back to act + torch.cat"
     if any("SwiGLU activations" in k for k in expected):
-        assert any(kind == SWIGLU and so == n for kind, n, so in acts), \
+        assert any(kind == SWIGLU and so == n for kind, n, so in acts), (
             "the patched Flux2SwiGLU modules fell back to their own forward"
+        )
     share = _close(out, ref, dtype)
     if dtype == torch.bfloat16:
         # The fused SwiGLU / GELU included: SwiGLU is the eager ops' arithmetic, and the
@@ -89,17 +105,28 @@ def test_patched_matches_unpatched(name, make, inputs, expected, dtype, monkeypa
         assert torch.equal(model(**kw)[0], out)
     assert ditfuse.unpatch(model) == sum(expected.values())
     assert torch.equal(model(**kw)[0], ref), "unpatch must restore the original outputs exactly"
-    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
-    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
-    from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor,
-                                                                 Flux2ParallelSelfAttnProcessor)
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
     from diffusers.models.attention_processor import AttnProcessor2_0
     from diffusers.models.transformers import transformer_stable_audio3 as ts
-    originals = (WanAttnProcessor, FluxAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
-                 HunyuanVideoAttnProcessor2_0, AttnProcessor2_0, ts.StableAudio3SelfAttnProcessor,
-                 ts.StableAudio3CrossAttnProcessor)
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+    from diffusers.models.transformers.transformer_flux2 import (
+        Flux2AttnProcessor,
+        Flux2ParallelSelfAttnProcessor,
+    )
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    originals = (
+        WanAttnProcessor,
+        FluxAttnProcessor,
+        Flux2AttnProcessor,
+        Flux2ParallelSelfAttnProcessor,
+        HunyuanVideoAttnProcessor2_0,
+        AttnProcessor2_0,
+        ts.StableAudio3SelfAttnProcessor,
+        ts.StableAudio3CrossAttnProcessor,
+    )
     from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+
     originals = originals + (QwenDoubleStreamAttnProcessor2_0,)
     for m in model.modules():
         if hasattr(m, "processor"):
@@ -139,13 +166,20 @@ def test_activations_off_and_fallbacks(name, monkeypatch):
 def test_pipeline_components_and_unknown_classes():
     class Pipe:  # what patch() uses of a DiffusionPipeline: .components
         def __init__(self):
-            self.components = {"transformer": _wan(), "transformer_2": _wan(),
-                               "vae": torch.nn.Linear(2, 2), "scheduler": object()}
+            self.components = {
+                "transformer": _wan(),
+                "transformer_2": _wan(),
+                "vae": torch.nn.Linear(2, 2),
+                "scheduler": object(),
+            }
 
     pipe = Pipe()
     report = ditfuse.patch(pipe)
     text = str(report)
-    assert "transformer: WanTransformer3DModel" in text and "transformer_2: WanTransformer3DModel" in text
+    assert (
+        "transformer: WanTransformer3DModel" in text
+        and "transformer_2: WanTransformer3DModel" in text
+    )
     assert "vae: Linear left untouched" in text
     assert "forward" not in pipe.components["vae"].__dict__
     assert ditfuse.unpatch(pipe) == 2 * 6
@@ -196,14 +230,17 @@ def test_same_autoencoder_band_attention_without_dense_mask(dtype, monkeypatch):
     is never built once patched. fp32 at PyTorch's default matmul precision ("highest"):
     within 1e-5 of diffusers' own model (tf32 products: 5e-5 here)."""
     from diffusers.models.autoencoders import autoencoder_same as am
+
     from ditfuse.tools.tiny_models import _same, _same_inputs
 
     model = to_dtype(_same(), dtype)
     kw = _same_inputs(dtype)
     ref = model(**kw)[0]
     report = ditfuse.patch(model)
-    assert report.counts == {"attention processors (band attention)": 2,
-                             "resampling blocks (no dense mask)": 2}, report.counts
+    assert report.counts == {
+        "attention processors (band attention)": 2,
+        "resampling blocks (no dense mask)": 2,
+    }, report.counts
 
     def no_dense_mask(*a, **k):
         raise AssertionError("the patched model built a dense band mask")
@@ -227,12 +264,15 @@ def test_inductor_writes_joint_qk_rows_in_place(name):
     its rows of the joint buffers (``out=``). Under inductor that is the mutating out= op
     on views of the joint buffers (``test_qk_library``: no functional result copied into
     the rows); the compiled model matches the patched eager one."""
-    from torch._inductor.utils import run_and_get_code
     from conftest import DEVICE
+    from torch._inductor.utils import run_and_get_code
+
     _, make, inputs, _ = next(c for c in CASES if c[0] == name)
     model = to_dtype(make(), torch.bfloat16).to(DEVICE)  # the kernels' device (GPU: CUDA)
-    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v
-          for k, v in inputs(torch.bfloat16).items()}
+    kw = {
+        k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v
+        for k, v in inputs(torch.bfloat16).items()
+    }
     ditfuse.patch(model)
     torch._dynamo.reset()
     with torch.no_grad():

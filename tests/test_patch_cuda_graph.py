@@ -2,6 +2,7 @@
 copied into its static buffers, gives what the patched model computes eagerly on them.
 The fused kernels take no host synchronisation and allocate nothing outside the capture's
 pool, so the whole patched forward is capturable."""
+
 import pytest
 import torch
 
@@ -21,8 +22,15 @@ def _fresh_like(kw, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     out = {}
     for k, v in kw.items():
-        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1 and "mask" not in k:
-            out[k] = (torch.randn(v.shape, generator=g, device="cuda") * v.float().std()).to(v.dtype)
+        if (
+            isinstance(v, torch.Tensor)
+            and v.is_floating_point()
+            and v.numel() > 1
+            and "mask" not in k
+        ):
+            out[k] = (torch.randn(v.shape, generator=g, device="cuda") * v.float().std()).to(
+                v.dtype
+            )
         else:
             out[k] = v
     return out
@@ -32,8 +40,10 @@ def _fresh_like(kw, seed):
 @torch.no_grad()
 def test_patched_forward_in_a_cuda_graph(name, make, inputs, expected):
     if name == "qwen-image":
-        pytest.skip("diffusers 0.42.1's QwenImageTransformer2DModel.forward is not capturable "
-                    "patched or not: compute_text_seq_len_from_mask copies a CPU tensor to the GPU")
+        pytest.skip(
+            "diffusers 0.42.1's QwenImageTransformer2DModel.forward is not capturable "
+            "patched or not: compute_text_seq_len_from_mask copies a CPU tensor to the GPU"
+        )
     model = to_dtype(make(), torch.bfloat16).cuda()
     ditfuse.patch(model)
     static = _to(inputs(torch.bfloat16), "cuda")
@@ -56,4 +66,4 @@ def test_patched_forward_in_a_cuda_graph(name, make, inputs, expected):
         torch.cuda.synchronize()
         scale = want.float().abs().max().item()
         err = (out.float() - want.float()).abs().max().item()
-        assert err <= 2 ** -7 * scale, (name, i, err, scale)
+        assert err <= 2**-7 * scale, (name, i, err, scale)

@@ -5,6 +5,7 @@ the attention op's ``run``), the output close to the unpatched model's -- key-pa
 that drop keys included (the kernel's ``key_mask``) --, every case the kernel does not take
 (another mask that masks something, head_dim, fp32, classes without an 8-bit path) the exact
 16-bit path, unpatch restores the original bits, bad values rejected."""
+
 import pytest
 import torch
 
@@ -15,8 +16,11 @@ from ditfuse.ops import attention_fp8 as _attention_fp8  # noqa: E402
 from ditfuse.tolerances import ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX  # noqa: E402
 from ditfuse.tools.tiny_models import CASES, FP8_CASES, _qwen, _qwen_inputs, to_dtype  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the "
-                                "CPU, where the 8-bit kernel runs through Triton's interpreter")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the tiny models run on the "
+    "CPU, where the 8-bit kernel runs through Triton's interpreter",
+)
 
 # A whole (tiny) model's output with 8-bit attention against the unpatched bf16 model: Q K^T
 # in int8 (per-token scales), P and V in e4m3 (3 mantissa bits) in every attention of the
@@ -60,8 +64,10 @@ def _originals(model):
 
 
 def _fp8_params():
-    return [pytest.param(*c, id=c[0], marks=pytest.mark.slow if c[0] in _SLOW else ())
-            for c in FP8_CASES]
+    return [
+        pytest.param(*c, id=c[0], marks=pytest.mark.slow if c[0] in _SLOW else ())
+        for c in FP8_CASES
+    ]
 
 
 @pytest.mark.parametrize("name,make,inputs,calls", _fp8_params())
@@ -83,14 +89,22 @@ def test_fp8_close_to_unpatched(name, make, inputs, calls, monkeypatch):
     assert torch.isfinite(out).all()
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
     assert ditfuse.unpatch(model) == n_procs + sum(
-        v for k, v in report.counts.items() if k not in labels)
+        v for k, v in report.counts.items() if k not in labels
+    )
     assert torch.equal(model(**kw)[0], ref), "unpatch must restore the original outputs exactly"
     _originals(model)
 
 
 #: the inputs given a second batch entry of their own (the rest repeated)
-_FRESH = ("hidden_states", "encoder_hidden_states", "pooled_projections", "image_embeds",
-          "latents_clean", "latents_history_2x", "latents_history_4x")
+_FRESH = (
+    "hidden_states",
+    "encoder_hidden_states",
+    "pooled_projections",
+    "image_embeds",
+    "latents_clean",
+    "latents_history_2x",
+    "latents_history_4x",
+)
 
 
 def _batch2(kw):
@@ -100,8 +114,12 @@ def _batch2(kw):
     g = torch.Generator().manual_seed(23)
     out = dict(kw)
     for k, v in kw.items():
-        if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1 and \
-                not k.startswith("indices_"):
+        if (
+            isinstance(v, torch.Tensor)
+            and v.dim()
+            and v.shape[0] == 1
+            and not k.startswith("indices_")
+        ):
             second = torch.randn(v.shape, generator=g).to(v.dtype) if k in _FRESH else v
             out[k] = torch.cat([v, second])
     if "img_shapes" in kw:  # Qwen-Image: one entry a batch entry
@@ -143,8 +161,10 @@ def _key_padded(name, kw):
     return kw, free, (0, 1)
 
 
-_KEY_PADDED = [pytest.param(n, marks=pytest.mark.slow if n in ("flux1", "flux2") else ())
-               for n in ("hunyuan-video", "qwen-image", "flux1", "flux2")]
+_KEY_PADDED = [
+    pytest.param(n, marks=pytest.mark.slow if n in ("flux1", "flux2") else ())
+    for n in ("hunyuan-video", "qwen-image", "flux1", "flux2")
+]
 
 
 @pytest.mark.parametrize("name", _KEY_PADDED)
@@ -168,9 +188,10 @@ def test_fp8_key_padding_mask(name, monkeypatch):
     assert torch.isfinite(out).all()
     for b in range(2):
         cos, rel = _accuracy(out[b], ref[b])
-        print(f"{name} entry {b}: cosine {cos:.6f}, relative L2 {rel:.4f}"
-              + (f" (unmasked model {_accuracy(unmasked[b], ref[b])[1]:.4f})"
-                 if b in dropped else ""))
+        print(
+            f"{name} entry {b}: cosine {cos:.6f}, relative L2 {rel:.4f}"
+            + (f" (unmasked model {_accuracy(unmasked[b], ref[b])[1]:.4f})" if b in dropped else "")
+        )
         assert cos >= COS_MIN and rel <= REL_L2_MAX, (b, cos, rel)
         if b in dropped:
             assert rel < _accuracy(unmasked[b], ref[b])[1] / 2, (b, rel)
@@ -197,8 +218,11 @@ def _call(name, model, kw, dtype):
             m = none.clone()
             m[..., [1, n - 4]] = float("-inf")
             m[..., 5] = -0.5
-        return (lambda masked: model(**kw, joint_attention_kwargs={
-            "attention_mask": m if masked else none})[0]), _FP8[name][3]
+        return (
+            lambda masked: model(
+                **kw, joint_attention_kwargs={"attention_mask": m if masked else none}
+            )[0]
+        ), _FP8[name][3]
     if name.startswith("wan"):
         attn = model.blocks[0].attn1
         x = torch.randn(1, 16, attn.inner_dim, generator=g).to(dtype)
@@ -219,9 +243,13 @@ def _call(name, model, kw, dtype):
     return (lambda masked: attn(x, e, encoder_hidden_states_mask=m if masked else None)), 1
 
 
-@pytest.mark.parametrize("name", [  # FLUX.1 / FLUX.2: seconds a forward in the interpreter
-    pytest.param(c[0], marks=pytest.mark.slow if c[0] in _SLOW + ("flux1", "flux2") else ())
-    for c in FP8_CASES])
+@pytest.mark.parametrize(
+    "name",
+    [  # FLUX.1 / FLUX.2: seconds a forward in the interpreter
+        pytest.param(c[0], marks=pytest.mark.slow if c[0] in _SLOW + ("flux1", "flux2") else ())
+        for c in FP8_CASES
+    ],
+)
 @torch.no_grad()
 def test_fp8_other_masks_take_the_16bit_path(name, monkeypatch):
     """A mask that is no key-padding mask and masks something: the exact 16-bit path of
@@ -237,18 +265,24 @@ def test_fp8_other_masks_take_the_16bit_path(name, monkeypatch):
     seen = _spy(monkeypatch)
     got = call(True)
     assert not seen, f"a masked call took the 8-bit path: {seen}"
-    for g, w in zip(got if isinstance(got, tuple) else (got,),
-                    want if isinstance(want, tuple) else (want,)):
+    for g, w in zip(
+        got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)
+    ):
         assert torch.equal(g, w), "the masked call must be the exact 16-bit path"
     call(False)
     assert len(seen) == calls, seen
 
 
-@pytest.mark.parametrize("name,why", [
-    ("qwen-image", "head_dim"), ("qwen-image", "fp32"),
-    pytest.param("hunyuan-video", "head_dim", marks=pytest.mark.slow),
-    pytest.param("flux1", "fp32", marks=pytest.mark.slow),
-    pytest.param("wan-t2v", "fp32", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name,why",
+    [
+        ("qwen-image", "head_dim"),
+        ("qwen-image", "fp32"),
+        pytest.param("hunyuan-video", "head_dim", marks=pytest.mark.slow),
+        pytest.param("flux1", "fp32", marks=pytest.mark.slow),
+        pytest.param("wan-t2v", "fp32", marks=pytest.mark.slow),
+    ],
+)
 @torch.no_grad()
 def test_fp8_unsupported_calls_take_the_16bit_path(name, why, monkeypatch):
     """head_dim 16 (the default tiny configs) and fp32 models: no 8-bit launch, bitwise the
@@ -263,11 +297,18 @@ def test_fp8_unsupported_calls_take_the_16bit_path(name, why, monkeypatch):
     want = model(**kw)[0]
     ditfuse.unpatch(model)
     report = ditfuse.patch(model, attention="fp8")
-    hds = {m.to_q.out_features // m.heads for m in model.modules()
-           if hasattr(m, "heads") and hasattr(getattr(m, "to_q", None), "out_features")}
-    reason = {"head_dim": [f"exact attention: head_dim {hd}, the 8-bit kernel takes 64 or 128"
-                           for hd in sorted(hds)][0],
-              "fp32": "exact attention: float32 model"}[why]
+    hds = {
+        m.to_q.out_features // m.heads
+        for m in model.modules()
+        if hasattr(m, "heads") and hasattr(getattr(m, "to_q", None), "out_features")
+    }
+    reason = {
+        "head_dim": [
+            f"exact attention: head_dim {hd}, the 8-bit kernel takes 64 or 128"
+            for hd in sorted(hds)
+        ][0],
+        "fp32": "exact attention: float32 model",
+    }[why]
     assert not any("8-bit attention" in k for k in report.counts), report.counts
     assert any(reason in k for k in report.counts), report.counts
     seen = _spy(monkeypatch)
@@ -287,8 +328,9 @@ def test_fp8_report_names_the_attention_run(monkeypatch):
             report = ditfuse.patch(model, attention="fp8")
             ditfuse.unpatch(model)
             self.text = str(report)
-            self.counts = {k: v for k, v in report.counts.items()
-                           if k.startswith("attention processors")}
+            self.counts = {
+                k: v for k, v in report.counts.items() if k.startswith("attention processors")
+            }
 
         def __str__(self):
             return self.text
@@ -299,17 +341,23 @@ def test_fp8_report_names_the_attention_run(monkeypatch):
     assert r.counts == {_FP8_LABEL: 1}, r.counts
     assert "key-padding mask" in str(r), str(r)
     r = labels(to_dtype(_qwen(head_dim=32), torch.bfloat16))
-    assert r.counts == {"attention processors (QK-norm + RoPE, exact attention: head_dim 32, "
-                        "the 8-bit kernel takes 64 or 128)": 1}, r.counts
+    assert r.counts == {
+        "attention processors (QK-norm + RoPE, exact attention: head_dim 32, "
+        "the 8-bit kernel takes 64 or 128)": 1
+    }, r.counts
     assert "8-bit" not in str(r).replace("8-bit kernel", ""), str(r)
     r = labels(to_dtype(_qwen(head_dim=64), torch.float32))
-    assert list(r.counts) == ["attention processors (QK-norm + RoPE, exact attention: float32 "
-                              "model, the 8-bit path takes float16 / bfloat16)"], r.counts
+    assert list(r.counts) == [
+        "attention processors (QK-norm + RoPE, exact attention: float32 "
+        "model, the 8-bit path takes float16 / bfloat16)"
+    ], r.counts
     monkeypatch.setattr(backend, "INTERPRET", False)
     r = labels(to_dtype(_qwen(head_dim=64), torch.bfloat16))
-    assert list(r.counts) == ["attention processors (QK-norm + RoPE, exact attention: on cpu, "
-                              "the 8-bit kernel runs on an sm_90 GPU or the CPU under Triton's "
-                              "interpreter)"], r.counts
+    assert list(r.counts) == [
+        "attention processors (QK-norm + RoPE, exact attention: on cpu, "
+        "the 8-bit kernel runs on an sm_90 GPU or the CPU under Triton's "
+        "interpreter)"
+    ], r.counts
 
 
 @torch.no_grad()
@@ -368,10 +416,21 @@ def test_fp8_needs_the_qk_processors():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,mask", [
-    ("flux1", None), ("flux2", None), ("wan-t2v", None), ("qwen-image", None),
-    ("hunyuan-video", None), ("hunyuan-video", "key-padding"), ("qwen-image", "key-padding"),
-    ("flux2", "key-padding"), ("flux2", "query-key, all True"), ("flux2", "query-key")])
+@pytest.mark.parametrize(
+    "name,mask",
+    [
+        ("flux1", None),
+        ("flux2", None),
+        ("wan-t2v", None),
+        ("qwen-image", None),
+        ("hunyuan-video", None),
+        ("hunyuan-video", "key-padding"),
+        ("qwen-image", "key-padding"),
+        ("flux2", "key-padding"),
+        ("flux2", "query-key, all True"),
+        ("flux2", "query-key"),
+    ],
+)
 @torch.no_grad()
 def test_fp8_compile_fullgraph(name, mask, monkeypatch):
     """The 8-bit processors trace whole (torch.compile fullgraph=True: the prologue and the
@@ -391,8 +450,9 @@ def test_fp8_compile_fullgraph(name, mask, monkeypatch):
         if mask == "query-key":
             t[[1, n - 2]] = False
             calls = 0
-        kw["joint_attention_kwargs"] = {"attention_mask": t[None, None, None, :]
-                                        * t[None, None, :, None]}
+        kw["joint_attention_kwargs"] = {
+            "attention_mask": t[None, None, None, :] * t[None, None, :, None]
+        }
     ditfuse.patch(model, attention="fp8")
     want = model(**kw)[0]
     torch._dynamo.reset()
@@ -414,9 +474,13 @@ def test_fp8_compile_fullgraph(name, mask, monkeypatch):
 # inside), Wan-Animate-2 ("extract": its self-attention and cross-attention on 8 bits;
 # "cached": its flex block-mask self-attention 16-bit, the cross-attention 8-bit).
 
+
 def _variant(name):
-    from diffusers import (ChromaTransformer2DModel, HunyuanVideo15Transformer3DModel,
-                           HunyuanVideoFramepackTransformer3DModel)
+    from diffusers import (
+        ChromaTransformer2DModel,
+        HunyuanVideo15Transformer3DModel,
+        HunyuanVideoFramepackTransformer3DModel,
+    )
 
     from ditfuse.tools.tiny_models import _randomize
 
@@ -427,43 +491,95 @@ def _variant(name):
 
     if name == "chroma":
         model = ChromaTransformer2DModel(
-            patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=64,
-            num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(16, 24, 24),
-            approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1)
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=2,
+            attention_head_dim=64,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            axes_dims_rope=(16, 24, 24),
+            approximator_num_channels=8,
+            approximator_hidden_dim=16,
+            approximator_layers=1,
+        )
         S, T = 9, 5
-        kw = dict(hidden_states=r(2, S, 4), encoder_hidden_states=r(2, T, 32),
-                  timestep=torch.tensor([0.5, 0.2]).to(torch.bfloat16),
-                  img_ids=torch.randn(S, 3, generator=g), txt_ids=torch.randn(T, 3, generator=g),
-                  attention_mask=torch.ones(2, S + T, dtype=torch.bool), return_dict=False)
+        kw = dict(
+            hidden_states=r(2, S, 4),
+            encoder_hidden_states=r(2, T, 32),
+            timestep=torch.tensor([0.5, 0.2]).to(torch.bfloat16),
+            img_ids=torch.randn(S, 3, generator=g),
+            txt_ids=torch.randn(T, 3, generator=g),
+            attention_mask=torch.ones(2, S + T, dtype=torch.bool),
+            return_dict=False,
+        )
         return _randomize(model), kw, "attention_mask", 3
     if name == "framepack":
         model = HunyuanVideoFramepackTransformer3DModel(
-            in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=64,
-            num_layers=1, num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1,
-            guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8,
-            rope_axes_dim=(16, 24, 24), image_condition_type=None, has_image_proj=True,
-            image_proj_dim=8, has_clean_x_embedder=True)
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=2,
+            attention_head_dim=64,
+            num_layers=1,
+            num_single_layers=1,
+            num_refiner_layers=1,
+            patch_size=2,
+            patch_size_t=1,
+            guidance_embeds=True,
+            text_embed_dim=16,
+            pooled_projection_dim=8,
+            rope_axes_dim=(16, 24, 24),
+            image_condition_type=None,
+            has_image_proj=True,
+            image_proj_dim=8,
+            has_clean_x_embedder=True,
+        )
         F, H, W = 2, 4, 4
-        kw = dict(hidden_states=r(1, 4, F, H, W), timestep=torch.tensor([3.0]).to(torch.bfloat16),
-                  encoder_hidden_states=r(1, 5, 16),
-                  encoder_attention_mask=torch.ones(1, 5).to(torch.bfloat16),
-                  pooled_projections=r(1, 8), image_embeds=r(1, 3, 8),
-                  indices_latents=torch.arange(F) + 7, latents_clean=r(1, 4, 1, H, W),
-                  indices_latents_clean=torch.tensor([0]), latents_history_2x=r(1, 4, 2, H, W),
-                  indices_latents_history_2x=torch.tensor([1, 2]),
-                  latents_history_4x=r(1, 4, 4, H, W),
-                  indices_latents_history_4x=torch.tensor([3, 4, 5, 6]),
-                  guidance=torch.tensor([5.0]).to(torch.bfloat16), return_dict=False)
+        kw = dict(
+            hidden_states=r(1, 4, F, H, W),
+            timestep=torch.tensor([3.0]).to(torch.bfloat16),
+            encoder_hidden_states=r(1, 5, 16),
+            encoder_attention_mask=torch.ones(1, 5).to(torch.bfloat16),
+            pooled_projections=r(1, 8),
+            image_embeds=r(1, 3, 8),
+            indices_latents=torch.arange(F) + 7,
+            latents_clean=r(1, 4, 1, H, W),
+            indices_latents_clean=torch.tensor([0]),
+            latents_history_2x=r(1, 4, 2, H, W),
+            indices_latents_history_2x=torch.tensor([1, 2]),
+            latents_history_4x=r(1, 4, 4, H, W),
+            indices_latents_history_4x=torch.tensor([3, 4, 5, 6]),
+            guidance=torch.tensor([5.0]).to(torch.bfloat16),
+            return_dict=False,
+        )
         return _randomize(model), kw, "encoder_attention_mask", 2
     model = HunyuanVideo15Transformer3DModel(
-        in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=64, num_layers=2,
-        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
-        text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(16, 24, 24), target_size=16,
-        task_type="i2v")
-    kw = dict(hidden_states=r(2, 9, 2, 4, 4), timestep=torch.tensor([500.0, 30.0]).to(torch.bfloat16),
-              encoder_hidden_states=r(2, 5, 16), encoder_attention_mask=torch.ones(2, 5),
-              encoder_hidden_states_2=r(2, 3, 8), encoder_attention_mask_2=torch.ones(2, 3),
-              image_embeds=r(2, 4, 8), return_dict=False)
+        in_channels=9,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=64,
+        num_layers=2,
+        num_refiner_layers=1,
+        mlp_ratio=2.0,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=16,
+        text_embed_2_dim=8,
+        image_embed_dim=8,
+        rope_axes_dim=(16, 24, 24),
+        target_size=16,
+        task_type="i2v",
+    )
+    kw = dict(
+        hidden_states=r(2, 9, 2, 4, 4),
+        timestep=torch.tensor([500.0, 30.0]).to(torch.bfloat16),
+        encoder_hidden_states=r(2, 5, 16),
+        encoder_attention_mask=torch.ones(2, 5),
+        encoder_hidden_states_2=r(2, 3, 8),
+        encoder_attention_mask_2=torch.ones(2, 3),
+        image_embeds=r(2, 4, 8),
+        return_dict=False,
+    )
     return _randomize(model), kw, "encoder_attention_mask", 2
 
 
@@ -500,8 +616,7 @@ def test_fp8_variants(name, monkeypatch):
         assert len(seen) == calls, seen
         assert torch.isfinite(ref).all() and torch.isfinite(out).all()
         cos, rel = _accuracy(out, ref)
-        print(f"{name} {case}: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit "
-              f"calls)")
+        print(f"{name} {case}: cosine {cos:.6f}, relative L2 {rel:.4f} ({len(seen)} 8-bit calls)")
         assert cos >= COS_MIN and rel <= REL_L2_MAX, (case, cos, rel)
 
 

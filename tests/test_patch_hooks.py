@@ -2,6 +2,7 @@
 layerwise casting): hooks installed after patch wrap the fused block forwards; blocks hooked
 before patch keep their hooked forward (binding over it would drop the hook) and the report
 says so; processors are replaced either way."""
+
 import pytest
 import torch
 
@@ -13,8 +14,9 @@ from diffusers.hooks import HookRegistry, ModelHook  # noqa: E402
 
 from ditfuse.tools.tiny_models import _flux, _flux_inputs, _wan, _wan_inputs, to_dtype  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="the tiny models run on the CPU through the interpreter")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the tiny models run on the CPU through the interpreter"
+)
 
 
 class Count(ModelHook):
@@ -36,8 +38,10 @@ def _hook_blocks(model, calls):
     return n
 
 
-CASES = [("wan", _wan, _wan_inputs, "blocks (AdaLN)"),
-         ("flux1", _flux, _flux_inputs, "blocks (gated residuals + norm2)")]
+CASES = [
+    ("wan", _wan, _wan_inputs, "blocks (AdaLN)"),
+    ("flux1", _flux, _flux_inputs, "blocks (gated residuals + norm2)"),
+]
 
 
 @pytest.mark.parametrize("name,make,inputs,label", CASES, ids=[c[0] for c in CASES])

@@ -5,6 +5,7 @@ the patch names as FP8 really runs the FP8 path (a spy), the output stays close 
 unpatched model's, the report names every block linear with its precision, the modulation
 linears stay 16-bit, ``unpatch`` gives back every weight bitwise and the original output
 bitwise; fp32 models and excluded names stay exact; bad values are rejected."""
+
 import pytest
 import torch
 
@@ -14,8 +15,10 @@ from ditfuse.patching import linear_fp8 as _linear_fp8
 diffusers = pytest.importorskip("diffusers")
 from ditfuse.tools.tiny_models import FP8_CASES, to_dtype  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the tiny models run on the "
-                                "CPU, where the quantizer runs through Triton's interpreter")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the tiny models run on the CPU, where the quantizer runs through Triton's interpreter",
+)
 
 # A whole tiny model with every block linear in e4m3 x e4m3 (3 mantissa bits each operand)
 # against the bf16 model: each GEMM's ~0.03 relative error compounds over the 4-8 linears
@@ -46,8 +49,11 @@ def _accuracy(out, ref):
 
 
 def _block_linears(model):
-    return {n: m for n, m in model.named_modules()
-            if type(m) is torch.nn.Linear and "blocks" in n.split(".", 1)[0]}
+    return {
+        n: m
+        for n, m in model.named_modules()
+        if type(m) is torch.nn.Linear and "blocks" in n.split(".", 1)[0]
+    }
 
 
 @pytest.mark.parametrize("case", sorted(_CASES))
@@ -59,8 +65,9 @@ def test_linear_fp8_model(case, monkeypatch):
     saved_names = set(_block_linears(model))
     with torch.no_grad():
         ref = model(**kw)[0]
-    rep = ditfuse.patch(model, qk_norm_rope=False, adaln=False, attention=False,
-                        activations=False, linear="fp8")
+    rep = ditfuse.patch(
+        model, qk_norm_rope=False, adaln=False, attention=False, activations=False, linear="fp8"
+    )
     text = str(rep)
     linears = _block_linears(model)
     fp8 = [n for n in linears if f"  {n}: fp8 " in text]
@@ -127,8 +134,9 @@ def test_patch_twice_and_exclude():
             assert "_ditfuse_w8" not in m._buffers, n
     r2 = ditfuse.patch(model, linear="fp8")  # a second patch adds the rest, requantizes nothing
     assert r2.counts.get(_linear_fp8.LABEL, 0) > 0
-    assert r2.counts[_linear_fp8.LABEL] + n1 == len([
-        m for m in _block_linears(model).values() if "_ditfuse_w8" in m._buffers])
+    assert r2.counts[_linear_fp8.LABEL] + n1 == len(
+        [m for m in _block_linears(model).values() if "_ditfuse_w8" in m._buffers]
+    )
 
 
 def test_fp32_model_stays_exact():

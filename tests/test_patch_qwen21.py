@@ -4,20 +4,22 @@ every way the model calls it -- plain, the prefill's KV-cache store (``extract``
 write slice) and its segments (text causal triangles, padded keys), the denoising steps'
 ``cached`` decode over the stored prefix -- bitwise in bf16, within a rounding in fp32; the
 cache holds what the original stores; the kernel really runs; unpatch restores."""
+
 from collections import Counter
 
 import pytest
 import torch
 
 import ditfuse
-from ditfuse.runtime import fastpath as _fastpath
 from ditfuse.patching import qwen as _qwen
+from ditfuse.runtime import fastpath as _fastpath
 
 pytest.importorskip("diffusers")
 t21 = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage21")
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="runs on the CPU through the interpreter")
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="runs on the CPU through the interpreter"
+)
 
 H, D, DIM = 3, 16, 40
 
@@ -44,11 +46,22 @@ def _calls(dtype):
     key_valid = torch.ones(B, P + S, dtype=torch.bool)
     key_valid[1, 2:4] = False  # the second prompt's padded text keys
     segments = [(0, 4, True), (4, P, False)]
-    prefill = dict(hidden_states=x, rotary_emb=_freqs(P + S, g), kv_cache_mode="extract",
-                   cache_write_slice=slice(0, P), segments=segments, key_valid=key_valid)
-    decode = dict(hidden_states=torch.randn(B, S, DIM, generator=g).to(dtype),
-                  rotary_emb=_freqs(S, g), kv_cache_mode="cached")
-    plain = dict(hidden_states=torch.randn(1, 6, DIM, generator=g).to(dtype), rotary_emb=_freqs(6, g))
+    prefill = dict(
+        hidden_states=x,
+        rotary_emb=_freqs(P + S, g),
+        kv_cache_mode="extract",
+        cache_write_slice=slice(0, P),
+        segments=segments,
+        key_valid=key_valid,
+    )
+    decode = dict(
+        hidden_states=torch.randn(B, S, DIM, generator=g).to(dtype),
+        rotary_emb=_freqs(S, g),
+        kv_cache_mode="cached",
+    )
+    plain = dict(
+        hidden_states=torch.randn(1, 6, DIM, generator=g).to(dtype), rotary_emb=_freqs(6, g)
+    )
     norope = dict(hidden_states=torch.randn(1, 6, DIM, generator=g).to(dtype))
     return [("plain", [plain]), ("no-rope", [norope]), ("prefill+decode", [prefill, decode])]
 
@@ -74,12 +87,14 @@ def test_qwen21_processor_fused(dtype, flex, monkeypatch):
     base = type(attn.processor)
     kernels, real = Counter(), _fastpath.launch
     monkeypatch.setattr(_fastpath, "ENABLED", False)
-    monkeypatch.setattr(_fastpath, "launch", lambda k, *a: (kernels.update([k.fn.__name__]),
-                                                             real(k, *a))[1])
+    monkeypatch.setattr(
+        _fastpath, "launch", lambda k, *a: (kernels.update([k.fn.__name__]), real(k, *a))[1]
+    )
     for name, calls in _calls(dtype):
         if flex:  # no segments: the flex processor takes its prefill structure as a BlockMask
-            calls = [{k: v for k, v in kw.items() if k not in ("segments", "key_valid")}
-                     for kw in calls]
+            calls = [
+                {k: v for k, v in kw.items() if k not in ("segments", "key_valid")} for kw in calls
+            ]
         ref, ref_cache = _run(attn, calls)
         assert not kernels
         fused_proc = _qwen._make_processor_21(base)()
@@ -105,8 +120,13 @@ def test_qwen21_model_patched_and_unpatched():
     """The model's every attention (both processor classes) replaced, the originals back
     after unpatch; its blocks left alone."""
     model = t21.QwenImage21Transformer2DModel(
-        in_channels=8, num_layers=2, attention_head_dim=D, num_attention_heads=H,
-        context_in_dim=12, axes_dims_rope=(4, 6, 6))
+        in_channels=8,
+        num_layers=2,
+        attention_head_dim=D,
+        num_attention_heads=H,
+        context_in_dim=12,
+        axes_dims_rope=(4, 6, 6),
+    )
     model.transformer_blocks[1].attn.set_processor(t21.QwenImage21FlexAttnProcessor())
     before = [type(b.attn.processor) for b in model.transformer_blocks]
     report = ditfuse.patch(model)

@@ -2,17 +2,23 @@
 one text token, odd latent sizes, several frames, padded text masks (HunyuanVideo,
 Qwen-Image). Patched vs unpatched within a few roundings of the output scale (bitwise in
 bf16 where the fused ops reproduce the eager arithmetic, as in test_patch.py)."""
+
 import pytest
 import torch
 
 import ditfuse
 
 diffusers = pytest.importorskip("diffusers")
-from ditfuse.tools.tiny_models import _flux, _flux2, _hunyuan, _qwen, _sa3, _wan, to_dtype  # noqa: E402
 from test_patch import _close  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(torch.cuda.is_available(),
-                                               reason="the tiny models run on the CPU through the interpreter")]
+from ditfuse.tools.tiny_models import _flux, _flux2, _hunyuan, _qwen, _sa3, _wan, to_dtype  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        torch.cuda.is_available(), reason="the tiny models run on the CPU through the interpreter"
+    ),
+]
 
 
 def _g(seed):
@@ -21,9 +27,12 @@ def _g(seed):
 
 def wan_inputs(dtype, B, F, H, W, T):
     g = _g(11)
-    return dict(hidden_states=torch.randn(B, 4, F, H, W, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
-                timestep=torch.tensor([500.0, 20.0][:B]).to(dtype), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(B, 4, F, H, W, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
+        timestep=torch.tensor([500.0, 20.0][:B]).to(dtype),
+        return_dict=False,
+    )
 
 
 def wan_i2v_inputs(dtype, B, F, H, W, T):
@@ -41,53 +50,70 @@ def wan_ti2v_inputs(dtype, B, F, H, W, T):  # one timestep per token (Wan 2.2 TI
 
 def flux_inputs(dtype, B, S, T):
     g = _g(12)
-    return dict(hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 32, generator=g).to(dtype),
-                pooled_projections=torch.randn(B, 32, generator=g).to(dtype),
-                timestep=torch.tensor([0.5, 0.25][:B]).to(dtype),
-                img_ids=torch.randn(S, 3, generator=g), txt_ids=torch.randn(T, 3, generator=g),
-                return_dict=False)
+    return dict(
+        hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(B, T, 32, generator=g).to(dtype),
+        pooled_projections=torch.randn(B, 32, generator=g).to(dtype),
+        timestep=torch.tensor([0.5, 0.25][:B]).to(dtype),
+        img_ids=torch.randn(S, 3, generator=g),
+        txt_ids=torch.randn(T, 3, generator=g),
+        return_dict=False,
+    )
 
 
 def flux2_inputs(dtype, B, S, T):
     g = _g(13)
-    return dict(hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 32, generator=g).to(dtype),
-                timestep=torch.tensor([0.5, 0.25][:B]).to(dtype),
-                img_ids=torch.randn(1, S, 4, generator=g), txt_ids=torch.randn(1, T, 4, generator=g),
-                guidance=torch.tensor([3.5, 2.0][:B]).to(dtype), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(B, S, 4, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(B, T, 32, generator=g).to(dtype),
+        timestep=torch.tensor([0.5, 0.25][:B]).to(dtype),
+        img_ids=torch.randn(1, S, 4, generator=g),
+        txt_ids=torch.randn(1, T, 4, generator=g),
+        guidance=torch.tensor([3.5, 2.0][:B]).to(dtype),
+        return_dict=False,
+    )
 
 
 def hunyuan_inputs(dtype, B, F, H, W, T, pad):
     g = _g(14)
     mask = torch.ones(B, T)
     if pad:
-        mask[-1, T - pad:] = 0  # the last prompt padded
-    return dict(hidden_states=torch.randn(B, 4, F, H, W, generator=g).to(dtype),
-                timestep=torch.tensor([3, 7][:B]).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
-                encoder_attention_mask=mask.to(dtype),
-                pooled_projections=torch.randn(B, 8, generator=g).to(dtype),
-                guidance=torch.tensor([3.0, 5.0][:B]).to(dtype), return_dict=False)
+        mask[-1, T - pad :] = 0  # the last prompt padded
+    return dict(
+        hidden_states=torch.randn(B, 4, F, H, W, generator=g).to(dtype),
+        timestep=torch.tensor([3, 7][:B]).to(dtype),
+        encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
+        encoder_attention_mask=mask.to(dtype),
+        pooled_projections=torch.randn(B, 8, generator=g).to(dtype),
+        guidance=torch.tensor([3.0, 5.0][:B]).to(dtype),
+        return_dict=False,
+    )
 
 
 def qwen_inputs(dtype, B, h, w, T, pad):
     g = _g(15)
     mask = torch.ones(B, T, dtype=torch.bool)
     if pad:
-        mask[-1, T - pad:] = False
-    return dict(hidden_states=torch.randn(B, h * w, 16, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
-                encoder_hidden_states_mask=mask, timestep=torch.tensor([1.0, 0.5][:B]).to(dtype),
-                img_shapes=[(1, h, w)] * B, return_dict=False)
+        mask[-1, T - pad :] = False
+    return dict(
+        hidden_states=torch.randn(B, h * w, 16, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(B, T, 16, generator=g).to(dtype),
+        encoder_hidden_states_mask=mask,
+        timestep=torch.tensor([1.0, 0.5][:B]).to(dtype),
+        img_shapes=[(1, h, w)] * B,
+        return_dict=False,
+    )
 
 
 def sa3_inputs(dtype, B, L, T):
     g = _g(16)
-    return dict(hidden_states=torch.randn(B, 8, L, generator=g).to(dtype),
-                timestep=torch.tensor([0.3, 0.7][:B]).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 8, generator=g).to(dtype),
-                global_hidden_states=torch.randn(B, 8, generator=g).to(dtype), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(B, 8, L, generator=g).to(dtype),
+        timestep=torch.tensor([0.3, 0.7][:B]).to(dtype),
+        encoder_hidden_states=torch.randn(B, T, 8, generator=g).to(dtype),
+        global_hidden_states=torch.randn(B, 8, generator=g).to(dtype),
+        return_dict=False,
+    )
 
 
 CASES = [
@@ -127,8 +153,11 @@ def test_patched_matches_unpatched_at_other_shapes(name, make, inputs, dtype):
 FUSED = ["wan-b2-3frames-odd", "wan-i2v-b2", "flux1-b2-odd", "flux2-b2-odd"]
 
 
-@pytest.mark.parametrize("name,make,inputs", [c for c in CASES if c[0] in FUSED],
-                         ids=[c[0] for c in CASES if c[0] in FUSED])
+@pytest.mark.parametrize(
+    "name,make,inputs",
+    [c for c in CASES if c[0] in FUSED],
+    ids=[c[0] for c in CASES if c[0] in FUSED],
+)
 @torch.no_grad()
 def test_patched_after_fuse_qkv_projections(name, make, inputs):
     """``model.fuse_qkv_projections()`` (one ``to_qkv`` / ``to_added_qkv`` GEMM a block, which

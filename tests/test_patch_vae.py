@@ -7,20 +7,21 @@ against the fp64 chain of the two modules on the very input it gets, the kernels
 called, unpatch bitwise, the fallbacks (autograd, strided input, other parameter dtypes),
 the report, and the structure of diffusers' forwards the patch relies on (the activation
 called only right after the norms)."""
+
 import inspect
 import re
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE
 
 import ditfuse
-from ditfuse.tools import gn_contract as gc
 from ditfuse.patching import vae as _vae
-from ditfuse.tools.tiny_models import VAE_CASES, _randomize, to_dtype, vae_inputs
 from ditfuse.reference import group_norm_silu_chain, rms_norm_silu_channels_chain
 from ditfuse.tolerances import PATCHED_VAE
-from conftest import DEVICE
+from ditfuse.tools import gn_contract as gc
+from ditfuse.tools.tiny_models import VAE_CASES, _randomize, to_dtype, vae_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore:There are modules in")
 
@@ -117,8 +118,11 @@ def test_patched_vae_matches_unpatched(name, dtype, spy, no_tf32):
 @pytest.mark.parametrize("name", list(VAES))
 def test_pair_counts(name):
     vae, _, _ = _make(name, torch.float32)
-    blocks = [m for m in vae.modules()
-              if re.search(r"(ResnetBlock2D|ResnetBlockCausal3D|ResidualBlock)$", type(m).__name__)]
+    blocks = [
+        m
+        for m in vae.modules()
+        if re.search(r"(ResnetBlock2D|ResnetBlockCausal3D|ResidualBlock)$", type(m).__name__)
+    ]
     assert 2 * len(blocks) + 2 == PAIRS[name]  # + the encoder's and the decoder's heads
 
 
@@ -143,8 +147,10 @@ def test_fallbacks_compute_the_modules(spy):
     assert torch.equal(act(h), h)  # the block's SiLU: applied by the norm before it
     with torch.no_grad():
         strided = torch.randn(2, norm.num_channels, 6, 20, device=DEVICE)[..., ::2]
-        assert torch.equal(norm(strided), F.silu(F.group_norm(strided, norm.num_groups,
-                                                              norm.weight, norm.bias, norm.eps)))
+        assert torch.equal(
+            norm(strided),
+            F.silu(F.group_norm(strided, norm.num_groups, norm.weight, norm.bias, norm.eps)),
+        )
     assert spy["gn"] == 0
     hg = h.clone().requires_grad_(True)
     y = norm(hg)  # autograd needs gradients: the modules, differentiable
@@ -207,8 +213,9 @@ def test_diffusers_blocks_call_the_activation_only_after_their_norms():
     excludes by requiring ``time_emb_proj is None``)."""
     for cls, (norms, act, cond) in _vae._specs().items():
         src = inspect.getsource(cls.forward)
-        lines = [ln.strip() for ln in src.splitlines()
-                 if ln.strip() and not ln.strip().startswith("#")]
+        lines = [
+            ln.strip() for ln in src.splitlines() if ln.strip() and not ln.strip().startswith("#")
+        ]
         uses = [i for i, ln in enumerate(lines) if re.search(rf"self\.{act}\(", ln)]
         after = [i for i in uses if any(re.search(rf"self\.{n}\(", lines[i - 1]) for n in norms)]
         other = [lines[i] for i in uses if i not in after]
@@ -244,8 +251,8 @@ def test_compile_traces_the_modules(name, spy):
 def test_compile_keeps_the_4d_kernels_in_the_graph(layout):
     """FLUX's AutoencoderKL under torch.compile (fullgraph) keeps its GroupNorm pairs on the
     kernel: the graph calls ``ditfuse::group_norm_silu`` once a pair (no SiLU left, no module
-    norm but the attention block's), and computes the eager patched decoder's bits (the same kernel launches),
-    in the layout inductor hands it (channels-last: the "split-cl" path)."""
+    norm but the attention block's), and computes the eager patched decoder's bits (the same
+    kernel launches), in the layout inductor hands it (channels-last: the "split-cl" path)."""
     vae, z, x = _make("kl", torch.bfloat16)
     ditfuse.patch(vae)
     pairs = sum(1 for m in vae.decoder.modules() if _vae._ACT in m.__dict__)
@@ -265,8 +272,11 @@ def test_compile_keeps_the_4d_kernels_in_the_graph(layout):
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert targets.count("ditfuse.group_norm_silu") == pairs > 0, targets
     # the attention block's GroupNorm (no SiLU after it) is the only module norm left
-    plain = sum(1 for m in vae.decoder.modules()
-                if isinstance(m, torch.nn.GroupNorm) and _vae._ACT not in m.__dict__)
+    plain = sum(
+        1
+        for m in vae.decoder.modules()
+        if isinstance(m, torch.nn.GroupNorm) and _vae._ACT not in m.__dict__
+    )
     assert sum("group_norm" in t and "ditfuse" not in t for t in targets) == plain, targets
     assert not any("silu" in t and "ditfuse" not in t for t in targets), targets
     assert torch.equal(got, want)

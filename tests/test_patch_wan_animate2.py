@@ -6,6 +6,7 @@ sample's patch grid; ditfuse rotates in fp32 with the multipliers rounded to fp3
 one rounding of the activation dtype, and the rotation tables are checked against
 ``rope_apply`` itself at real head dims, strided frames, several grids in a batch and
 tokens past a grid (passed through)."""
+
 from collections import Counter
 
 import pytest
@@ -16,21 +17,36 @@ from ditfuse.runtime import fastpath as _fastpath
 
 diffusers = pytest.importorskip("diffusers")
 ta = pytest.importorskip("diffusers.models.transformers.transformer_wan_animate_2")
-from ditfuse.patching import wan_animate2 as wa2  # noqa: E402
-from ditfuse.tools.tiny_models import _randomize, to_dtype  # noqa: E402
 from test_patch import _close  # noqa: E402
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="the tiny models run on the CPU through the interpreter")
+from ditfuse.patching import wan_animate2 as wa2  # noqa: E402
+from ditfuse.tools.tiny_models import _randomize, to_dtype  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the tiny models run on the CPU through the interpreter"
+)
 
 LAYERS = 2
 
 
 def _model(**kw):
     torch.manual_seed(0)
-    cfg = dict(patch_size=(1, 2, 2), text_len=6, in_dim=8, dim=24, ffn_dim=32, freq_dim=16,
-               text_dim=16, out_dim=4, num_heads=2, num_layers=LAYERS, cross_attn_norm=True,
-               use_img_emb=True, refer_offset_w=-1, refer_stride=2)
+    cfg = dict(
+        patch_size=(1, 2, 2),
+        text_len=6,
+        in_dim=8,
+        dim=24,
+        ffn_dim=32,
+        freq_dim=16,
+        text_dim=16,
+        out_dim=4,
+        num_heads=2,
+        num_layers=LAYERS,
+        cross_attn_norm=True,
+        use_img_emb=True,
+        refer_offset_w=-1,
+        refer_stride=2,
+    )
     return _randomize(ta.WanAnimate2Transformer3DModel(**{**cfg, **kw}))
 
 
@@ -45,14 +61,30 @@ def _inputs(dtype):
 
     txt, clip = r(5, 16), r(1, 3, 1280)
     grid_ref = torch.tensor([[2, 2, 2]])
-    extract = dict(hidden_states=[r(4, 2, 4, 4)], timestep=torch.tensor([900.0]),
-                   encoder_hidden_states=[txt], encoder_hidden_states_image=clip,
-                   condition_latents=[r(4, 2, 4, 4)], kv_cache_mode="extract", seq_len=8,
-                   offset_grid_sizes=grid_ref, return_dict=False)
-    cached = dict(hidden_states=[r(4, 3, 4, 4)], timestep=torch.tensor([500.0]),
-                  encoder_hidden_states=[txt], encoder_hidden_states_image=clip,
-                  condition_latents=[r(4, 3, 4, 4)], kv_cache_mode="cached", seq_len=12,
-                  reference_grid_sizes=grid_ref, origin_len=4, origin_area=[32, 32], return_dict=False)
+    extract = dict(
+        hidden_states=[r(4, 2, 4, 4)],
+        timestep=torch.tensor([900.0]),
+        encoder_hidden_states=[txt],
+        encoder_hidden_states_image=clip,
+        condition_latents=[r(4, 2, 4, 4)],
+        kv_cache_mode="extract",
+        seq_len=8,
+        offset_grid_sizes=grid_ref,
+        return_dict=False,
+    )
+    cached = dict(
+        hidden_states=[r(4, 3, 4, 4)],
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=[txt],
+        encoder_hidden_states_image=clip,
+        condition_latents=[r(4, 3, 4, 4)],
+        kv_cache_mode="cached",
+        seq_len=12,
+        reference_grid_sizes=grid_ref,
+        origin_len=4,
+        origin_area=[32, 32],
+        return_dict=False,
+    )
     return extract, cached
 
 
@@ -76,8 +108,9 @@ def test_model_patched(dtype, monkeypatch):
     assert report.counts.get("blocks (AdaLN)") == LAYERS, report.counts
     kernels, real = Counter(), _fastpath.launch
     monkeypatch.setattr(_fastpath, "ENABLED", False)
-    monkeypatch.setattr(_fastpath, "launch", lambda k, *a: (kernels.update([k.fn.__name__]),
-                                                             real(k, *a))[1])
+    monkeypatch.setattr(
+        _fastpath, "launch", lambda k, *a: (kernels.update([k.fn.__name__]), real(k, *a))[1]
+    )
     out, cache = _run(model, extract, cached)
     assert any("qk" in k for k in kernels) and any("adaln" in k for k in kernels), kernels
     # bf16: not promised bitwise -- the norms' fp32 statistic is summed in another order than
@@ -85,7 +118,10 @@ def test_model_patched(dtype, monkeypatch):
     # fp32 against fp64 -- but nearly all elements agree
     share = _close(out, ref, dtype)
     for i in range(LAYERS):
-        for got, want in ((cache.get(i).key, ref_cache.get(i).key), (cache.get(i).value, ref_cache.get(i).value)):
+        for got, want in (
+            (cache.get(i).key, ref_cache.get(i).key),
+            (cache.get(i).value, ref_cache.get(i).value),
+        ):
             assert got.shape == want.shape and got.dtype == want.dtype
             s = _close(got, want, dtype)
             if dtype == torch.bfloat16:
@@ -99,18 +135,23 @@ def test_model_patched(dtype, monkeypatch):
 
 def _rope_case(D, grids, S, stride, offsets=(0, 0, 0), rows=512):
     d = D
-    freqs = torch.cat([ta.rope_params(rows, d - 4 * (d // 6), offset=offsets[0]),
-                       ta.rope_params(rows, 2 * (d // 6), offset=offsets[1]),
-                       ta.rope_params(rows, 2 * (d // 6), offset=offsets[2])], dim=1)
+    freqs = torch.cat(
+        [
+            ta.rope_params(rows, d - 4 * (d // 6), offset=offsets[0]),
+            ta.rope_params(rows, 2 * (d // 6), offset=offsets[1]),
+            ta.rope_params(rows, 2 * (d // 6), offset=offsets[2]),
+        ],
+        dim=1,
+    )
     return freqs, torch.tensor(grids)
 
 
 ROPE_CASES = [
     # (head_dim, grids of the batch's samples, tokens a sample, frame stride)
-    (128, [[3, 4, 5]], 60, 1),                     # Wan 14B's head_dim, one sample, no padding
-    (128, [[3, 4, 5], [2, 3, 3]], 64, 2),          # two grids, padded tokens, strided frames
-    (80, [[2, 3, 7], [2, 3, 7]], 45, 1),           # D = 80: splits 14 / 13 / 13; the same grid twice
-    (12, [[5, 1, 2]], 11, 3),                      # tiny head, one padded token
+    (128, [[3, 4, 5]], 60, 1),  # Wan 14B's head_dim, one sample, no padding
+    (128, [[3, 4, 5], [2, 3, 3]], 64, 2),  # two grids, padded tokens, strided frames
+    (80, [[2, 3, 7], [2, 3, 7]], 45, 1),  # D = 80: splits 14 / 13 / 13; the same grid twice
+    (12, [[5, 1, 2]], 11, 3),  # tiny head, one padded token
 ]
 
 
@@ -133,7 +174,7 @@ def test_rotation_is_rope_apply(D, grids, S, stride, dtype):
     flat, _ = ditfuse.qk_norm_rope(x.flatten(2), None, cos, sin, num_heads=H, rotary_dim=D)
     assert torch.equal(flat.unflatten(2, (H, D)), got)  # (B, S, H*D) as the processor calls it
     for i, (f, h, w) in enumerate(grids):
-        assert torch.equal(got[i, f * h * w:], x[i, f * h * w:])
+        assert torch.equal(got[i, f * h * w :], x[i, f * h * w :])
     err = (got.double() - want.double()).abs()
     if dtype == torch.float32:
         # fp32 products of fp32-rounded multipliers: a few fp32 roundings of the pair's size
@@ -143,7 +184,7 @@ def test_rotation_is_rope_apply(D, grids, S, stride, dtype):
         # one bf16 rounding of the result plus the fp32 arithmetic's error (a few fp32
         # roundings of the pair's size: where the rotation cancels, many bf16 units of the
         # tiny result; H200, Wan 14B's shape, 2026-12-02: docs/design/qk_norm_rope.md)
-        mag = want.double().abs().clamp_min(2.0 ** -126)
+        mag = want.double().abs().clamp_min(2.0**-126)
         ulp = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(mag)))
         pair = (x[..., 0::2].double().abs() + x[..., 1::2].double().abs()).repeat_interleave(2, -1)
         bound = ulp + 3 * torch.finfo(torch.float32).eps * pair
@@ -156,11 +197,11 @@ def test_tables_out_of_range_fall_back():
     processor runs ``rope_apply`` (which raises as it would unpatched)."""
     freqs, _ = _rope_case(12, [[1, 1, 1]], 1, 1, rows=8)
     assert wa2._tables_ok(freqs, [(4, 2, 2)], 2, 16, 12)
-    assert not wa2._tables_ok(freqs, [(5, 2, 2)], 2, 20, 12)       # frame 4 * stride 2 = row 8
-    assert not wa2._tables_ok(freqs, [(2, 9, 1)], 1, 18, 12)       # row 9 of 8
-    assert not wa2._tables_ok(freqs, [(2, 2, 2)], 1, 7, 12)        # 8 cells in 7 tokens
-    assert not wa2._tables_ok(freqs, [(2, 2, 2)], 1, 8, 16)        # head_dim 16 vs 6 columns
-    assert not wa2._tables_ok(freqs.real, [(2, 2, 2)], 1, 8, 12)   # not the complex table
+    assert not wa2._tables_ok(freqs, [(5, 2, 2)], 2, 20, 12)  # frame 4 * stride 2 = row 8
+    assert not wa2._tables_ok(freqs, [(2, 9, 1)], 1, 18, 12)  # row 9 of 8
+    assert not wa2._tables_ok(freqs, [(2, 2, 2)], 1, 7, 12)  # 8 cells in 7 tokens
+    assert not wa2._tables_ok(freqs, [(2, 2, 2)], 1, 8, 16)  # head_dim 16 vs 6 columns
+    assert not wa2._tables_ok(freqs.real, [(2, 2, 2)], 1, 8, 12)  # not the complex table
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -211,7 +252,9 @@ def test_processor_norms():
         attn.norm_q = norm
         want = ta.WanAnimate2AttnProcessor()(attn, x, kv_cache=ta.WanAnimate2KVLayerCache(), **kw)
         got = proc(attn, x, kv_cache=ta.WanAnimate2KVLayerCache(), **kw)
-        assert torch.equal(got, want) if bitwise else torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert (
+            torch.equal(got, want) if bitwise else torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        )
 
 
 def test_bf16_cast_model_blocks_fall_back():

@@ -1,10 +1,11 @@
 """Bad input to qk_norm_rope: a clear error naming the argument, before anything is written."""
+
 import pytest
 import torch
+from conftest import DEVICE, rope_tables
 
 import ditfuse
 from ditfuse import NormSpec
-from conftest import DEVICE, rope_tables
 
 B, S, H, D = 2, 4, 3, 64
 
@@ -25,34 +26,164 @@ def _cases():
         ("k dtype", lambda: (q, k.float(), cos, sin, {}), TypeError, "k.dtype"),
         ("k shape", lambda: (q, k[:, :3], cos, sin, {}), ValueError, "k.shape"),
         ("same tensor", lambda: (q, q, cos, sin, {}), ValueError, "same memory"),
-        ("odd head_dim", lambda: (q[..., :63], k[..., :63], None, None, {}), ValueError, "head_dim"),
-        ("head_dim > 256", lambda: (torch.randn(1, 2, 1, 258).to(DEVICE), torch.randn(1, 2, 1, 258).to(DEVICE), None, None, {}), ValueError, "head_dim"),
-        ("3-D without num_heads", lambda: (q.flatten(2), k.flatten(2), cos, sin, {}), ValueError, "num_heads"),
-        ("num_heads not dividing", lambda: (q.flatten(2), k.flatten(2), cos, sin, {"num_heads": 5}), ValueError, "num_heads"),
+        (
+            "odd head_dim",
+            lambda: (q[..., :63], k[..., :63], None, None, {}),
+            ValueError,
+            "head_dim",
+        ),
+        (
+            "head_dim > 256",
+            lambda: (
+                torch.randn(1, 2, 1, 258).to(DEVICE),
+                torch.randn(1, 2, 1, 258).to(DEVICE),
+                None,
+                None,
+                {},
+            ),
+            ValueError,
+            "head_dim",
+        ),
+        (
+            "3-D without num_heads",
+            lambda: (q.flatten(2), k.flatten(2), cos, sin, {}),
+            ValueError,
+            "num_heads",
+        ),
+        (
+            "num_heads not dividing",
+            lambda: (q.flatten(2), k.flatten(2), cos, sin, {"num_heads": 5}),
+            ValueError,
+            "num_heads",
+        ),
         ("2-D q", lambda: (q[0, 0], k[0, 0], None, None, {}), ValueError, "must be 4-D"),
-        ("norm weight size", lambda: (q, k, cos, sin, {"q_norm": torch.nn.RMSNorm(H * D + 2).to(DEVICE)}), ValueError, "q_norm"),
-        ("norm weight size k", lambda: (q, k, cos, sin, {"k_norm": NormSpec("rms", weight=torch.ones(7, device=DEVICE))}), ValueError, "k_norm"),
-        ("unknown norm module", lambda: (q, k, cos, sin, {"q_norm": torch.nn.GroupNorm(1, D)}), TypeError, "q_norm"),
-        ("weight non-contiguous", lambda: (q, k, cos, sin, {"q_norm": NormSpec("rms", weight=torch.ones(2 * D, device=DEVICE)[::2])}), ValueError, "contiguous"),
-        ("dyt alpha shape", lambda: (q, k, cos, sin, {"q_norm": NormSpec("dyt", alpha=torch.ones(3, device=DEVICE))}), ValueError, "alpha"),
+        (
+            "norm weight size",
+            lambda: (q, k, cos, sin, {"q_norm": torch.nn.RMSNorm(H * D + 2).to(DEVICE)}),
+            ValueError,
+            "q_norm",
+        ),
+        (
+            "norm weight size k",
+            lambda: (
+                q,
+                k,
+                cos,
+                sin,
+                {"k_norm": NormSpec("rms", weight=torch.ones(7, device=DEVICE))},
+            ),
+            ValueError,
+            "k_norm",
+        ),
+        (
+            "unknown norm module",
+            lambda: (q, k, cos, sin, {"q_norm": torch.nn.GroupNorm(1, D)}),
+            TypeError,
+            "q_norm",
+        ),
+        (
+            "weight non-contiguous",
+            lambda: (
+                q,
+                k,
+                cos,
+                sin,
+                {"q_norm": NormSpec("rms", weight=torch.ones(2 * D, device=DEVICE)[::2])},
+            ),
+            ValueError,
+            "contiguous",
+        ),
+        (
+            "dyt alpha shape",
+            lambda: (
+                q,
+                k,
+                cos,
+                sin,
+                {"q_norm": NormSpec("dyt", alpha=torch.ones(3, device=DEVICE))},
+            ),
+            ValueError,
+            "alpha",
+        ),
         ("cos without sin", lambda: (q, k, cos, None, {}), ValueError, "both cos and sin"),
         ("cos rows", lambda: (q, k, cos[:3], sin[:3], {}), ValueError, "cos"),
-        ("cos width", lambda: (q, k, cos[:, :40], sin[:, :40], {"rotary_dim": D}), ValueError, "width"),
-        ("cos width D/2 ambiguous", lambda: (q, k, cos[:, :32], sin[:, :32], {}), ValueError, "rotary_dim"),
+        (
+            "cos width",
+            lambda: (q, k, cos[:, :40], sin[:, :40], {"rotary_dim": D}),
+            ValueError,
+            "width",
+        ),
+        (
+            "cos width D/2 ambiguous",
+            lambda: (q, k, cos[:, :32], sin[:, :32], {}),
+            ValueError,
+            "rotary_dim",
+        ),
         ("cos dtype", lambda: (q, k, cos.double(), sin.double(), {}), TypeError, "cos.dtype"),
-        ("cos 5-D", lambda: (q, k, cos[None, None, :, None], sin[None, None, :, None], {}), ValueError, "cos"),
-        ("cos batch", lambda: (q, k, cos[None].expand(3, S, D), sin[None].expand(3, S, D), {}), ValueError, "cos"),
+        (
+            "cos 5-D",
+            lambda: (q, k, cos[None, None, :, None], sin[None, None, :, None], {}),
+            ValueError,
+            "cos",
+        ),
+        (
+            "cos batch",
+            lambda: (q, k, cos[None].expand(3, S, D), sin[None].expand(3, S, D), {}),
+            ValueError,
+            "cos",
+        ),
         ("sin shape differs", lambda: (q, k, cos, sin[None], {}), ValueError, "sin"),
         ("rotary_dim odd", lambda: (q, k, cos, sin, {"rotary_dim": 63}), ValueError, "rotary_dim"),
-        ("rotary_dim > head_dim", lambda: (q, k, cos, sin, {"rotary_dim": 128}), ValueError, "rotary_dim"),
-        ("rotary_dim without table", lambda: (q, k, None, None, {"rotary_dim": 32}), ValueError, "rotary_dim"),
-        ("positions float", lambda: (q, k, cos, sin, {"positions": torch.zeros(S, device=DEVICE)}), TypeError, "positions"),
-        ("positions shape", lambda: (q, k, cos, sin, {"positions": torch.zeros(S + 1, dtype=torch.long, device=DEVICE)}), ValueError, "positions"),
-        ("positions range", lambda: (q, k, cos, sin, {"positions": torch.tensor([0, 1, 2, S], device=DEVICE)}), ValueError, "positions"),
-        ("positions negative", lambda: (q, k, cos, sin, {"positions": torch.tensor([0, -1, 2, 1], device=DEVICE)}), ValueError, "positions"),
+        (
+            "rotary_dim > head_dim",
+            lambda: (q, k, cos, sin, {"rotary_dim": 128}),
+            ValueError,
+            "rotary_dim",
+        ),
+        (
+            "rotary_dim without table",
+            lambda: (q, k, None, None, {"rotary_dim": 32}),
+            ValueError,
+            "rotary_dim",
+        ),
+        (
+            "positions float",
+            lambda: (q, k, cos, sin, {"positions": torch.zeros(S, device=DEVICE)}),
+            TypeError,
+            "positions",
+        ),
+        (
+            "positions shape",
+            lambda: (
+                q,
+                k,
+                cos,
+                sin,
+                {"positions": torch.zeros(S + 1, dtype=torch.long, device=DEVICE)},
+            ),
+            ValueError,
+            "positions",
+        ),
+        (
+            "positions range",
+            lambda: (q, k, cos, sin, {"positions": torch.tensor([0, 1, 2, S], device=DEVICE)}),
+            ValueError,
+            "positions",
+        ),
+        (
+            "positions negative",
+            lambda: (q, k, cos, sin, {"positions": torch.tensor([0, -1, 2, 1], device=DEVICE)}),
+            ValueError,
+            "positions",
+        ),
         ("rope_style", lambda: (q, k, cos, sin, {"rope_style": "neox"}), ValueError, "rope_style"),
         ("layout", lambda: (q, k, cos, sin, {"layout": "sbhd"}), ValueError, "layout"),
-        ("bhsd without layout", lambda: (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), cos, sin, {}), ValueError, "layout='bhsd'"),
+        (
+            "bhsd without layout",
+            lambda: (q.transpose(1, 2).contiguous(), k.transpose(1, 2).contiguous(), cos, sin, {}),
+            ValueError,
+            "layout='bhsd'",
+        ),
         ("k_norm without k", lambda: (q, None, cos, sin, {"k_norm": rms}), ValueError, "k_norm"),
     ]
 
@@ -77,9 +208,11 @@ def test_grad_mode_without_grad_inputs_runs(form):
     inference-only error)."""
     q, k, cos, sin = _base()
     rms = NormSpec("rms", weight=torch.rand(D, device=DEVICE) + 0.5, eps=1e-6)
-    args = {"norm only": (q, k, None, None, {"q_norm": rms, "k_norm": rms}),
-            "q only": (q, None, cos, sin, {"q_norm": rms}),
-            "rope only": (q, k, cos, sin, {})}[form]
+    args = {
+        "norm only": (q, k, None, None, {"q_norm": rms, "k_norm": rms}),
+        "q only": (q, None, cos, sin, {"q_norm": rms}),
+        "rope only": (q, k, cos, sin, {}),
+    }[form]
     assert torch.is_grad_enabled()
     got = ditfuse.qk_norm_rope(args[0], args[1], args[2], args[3], **args[4])
     with torch.no_grad():

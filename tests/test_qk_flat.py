@@ -3,17 +3,18 @@ where it applies (and where it must not), against the fp64 reference, Q/K split 
 bitwise, every element written (poisoned outputs), in place with V untouched, strided
 (non-contiguous rows) and padded pieces, and its pair form (16-bit rows a pair a word)
 where it applies."""
+
 import itertools
 import sys
 import zlib
 
 import pytest
 import torch
+from conftest import DEVICE, DTYPES, assert_close_report
+from test_qk_norm_rope import make_norm, make_qk, make_tables
 
 import ditfuse
 from ditfuse.norms import NormSpec
-from conftest import DEVICE, DTYPES, assert_close_report
-from test_qk_norm_rope import make_norm, make_qk, make_tables
 
 mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
@@ -32,9 +33,19 @@ def _cases():
         form = FORMS[(i // 3) % len(FORMS)]
         B = 1 + i % 2
         inplace = i % 4 == 1
-        out.append(pytest.param(kind, dtype, hd, table, form, B, inplace,
-                                id=f"{kind}-{str(dtype)[6:]}-{hd[0]}x{hd[1]}-{table}-{form}-B{B}"
-                                   f"{'-inplace' if inplace else ''}"))
+        out.append(
+            pytest.param(
+                kind,
+                dtype,
+                hd,
+                table,
+                form,
+                B,
+                inplace,
+                id=f"{kind}-{str(dtype)[6:]}-{hd[0]}x{hd[1]}-{table}-{form}-B{B}"
+                f"{'-inplace' if inplace else ''}",
+            )
+        )
     return out
 
 
@@ -61,21 +72,22 @@ def flat_calls(monkeypatch):
 
 @pytest.mark.parametrize("kind,dtype,hd,table,form,B,inplace", _cases())
 @torch.no_grad()
-def test_flat_against_reference(kind, dtype, hd, table, form, B, inplace, poison_outputs,
-                                flat_calls):
+def test_flat_against_reference(
+    kind, dtype, hd, table, form, B, inplace, poison_outputs, flat_calls
+):
     q, k, cos, sin, qn, kn, kw, buf = _inputs(kind, dtype, hd, table, form, B)
-    ref_q, ref_k = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
-                                                  compute_dtype=torch.float64, **kw)
+    ref_q, ref_k = ditfuse.qk_norm_rope_reference(
+        q, k, cos, sin, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, **kw
+    )
     buf_before = buf.clone() if buf is not None else None
     q_in, k_in = q.clone(), k.clone()
-    out_q, out_k = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, inplace=inplace,
-                                        **kw)
+    out_q, out_k = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, inplace=inplace, **kw)
     assert flat_calls, "the flat-row kernel did not run"
     if inplace:
         assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
         if buf is not None:  # V and the pad channels of the packed projection untouched
             HD = hd[0] * hd[1]
-            assert torch.equal(buf[..., 2 * HD:], buf_before[..., 2 * HD:])
+            assert torch.equal(buf[..., 2 * HD :], buf_before[..., 2 * HD :])
     else:
         assert torch.equal(q, q_in) and torch.equal(k, k_in), "inputs changed without inplace"
     for got, ref, name in ((out_q, ref_q, "q"), (out_k, ref_k, "k")):
@@ -85,8 +97,9 @@ def test_flat_against_reference(kind, dtype, hd, table, form, B, inplace, poison
             assert share >= 0.97, (name, share)
 
 
-@pytest.mark.parametrize("hd,dtype", [((40, 128), torch.bfloat16), ((7, 32), torch.float16),
-                                      ((3, 64), torch.float32)])
+@pytest.mark.parametrize(
+    "hd,dtype", [((40, 128), torch.bfloat16), ((7, 32), torch.float16), ((3, 64), torch.float32)]
+)
 @torch.no_grad()
 def test_split_and_warps_do_not_change_bits(hd, dtype):
     """Q and K in programs of their own or together: the same bits at the same warps (each
@@ -111,7 +124,9 @@ def test_split_and_warps_do_not_change_bits(hd, dtype):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hd", [(40, 128), (7, 32), (6, 16), (3, 64)], ids=lambda h: f"{h[0]}x{h[1]}")
+@pytest.mark.parametrize(
+    "hd", [(40, 128), (7, 32), (6, 16), (3, 64)], ids=lambda h: f"{h[0]}x{h[1]}"
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("table", ["S,W/2", "wan-views", "B,S,1,W/2", "S,H,W/2", "pos"])
 @torch.no_grad()
@@ -151,8 +166,9 @@ def test_half_table_is_its_repeat_interleaved_table(hd, dtype, table, flat_calls
     for a, b in zip(got, want):
         assert not a.isnan().any()
         assert torch.equal(a, b)
-    ref = ditfuse.qk_norm_rope_reference(q, k, *full, q_norm=qn, k_norm=kn,
-                                         compute_dtype=torch.float64, **kw)
+    ref = ditfuse.qk_norm_rope_reference(
+        q, k, *full, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, **kw
+    )
     for a, r in zip(got, ref):
         assert_close_report(a, r, dtype)
 
@@ -164,13 +180,15 @@ def test_q_only_and_single_token():
     q, k, cos, sin, qn, kn, kw, _ = _inputs("rms", dtype, (H, D), "S,W", "bshd", 3, S=1)
     out, none = ditfuse.qk_norm_rope(q, None, cos, sin, q_norm=qn, **kw)
     assert none is None
-    ref, _ = ditfuse.qk_norm_rope_reference(q, None, cos, sin, q_norm=qn,
-                                            compute_dtype=torch.float64, **kw)
+    ref, _ = ditfuse.qk_norm_rope_reference(
+        q, None, cos, sin, q_norm=qn, compute_dtype=torch.float64, **kw
+    )
     assert_close_report(out, ref, dtype)
 
 
-@pytest.mark.parametrize("why", ["per-head norm", "rotate-half", "partial rotary", "D=80",
-                                 "too wide", "mixed spans"])
+@pytest.mark.parametrize(
+    "why", ["per-head norm", "rotate-half", "partial rotary", "D=80", "too wide", "mixed spans"]
+)
 @torch.no_grad()
 def test_flat_does_not_apply(why):
     """Where the flat kernel does not compute the call, the per-token kernel does."""
@@ -199,6 +217,7 @@ def test_flat_does_not_apply(why):
 def test_flat_settings_table():
     """Two power-of-two pieces covering the token (the second masked only where it passes
     it), Q and K in programs of their own, about 80 live channels a thread."""
+
     def table(H, D, has_k, itemsize=2):
         st = mod.launch_settings(H, D, flat=True, has_k=has_k, itemsize=itemsize)
         return (st.piece0, st.piece1, st.mask0, st.mask1, st.num_warps, st.split_qk)
@@ -246,25 +265,45 @@ def _form_seen(monkeypatch):
     monkeypatch.setattr(mod.fastpath, "ENABLED", False)
     seen = []
     orig = mod.fastpath.launch
-    monkeypatch.setattr(mod.fastpath, "launch",
-                        lambda kern, grid, args, kw_: (seen.append(kw_.get("PAIRS", False)),
-                                                       orig(kern, grid, args, kw_))[1])
+    monkeypatch.setattr(
+        mod.fastpath,
+        "launch",
+        lambda kern, grid, args, kw_: (
+            seen.append(kw_.get("PAIRS", False)),
+            orig(kern, grid, args, kw_),
+        )[1],
+    )
     return seen
 
 
 def _check_against_reference(got, q, k, cos, sin, qn, kn, kw, dtype, what):
-    ref = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
-                                         compute_dtype=torch.float64, **kw)
+    ref = ditfuse.qk_norm_rope_reference(
+        q, k, cos, sin, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, **kw
+    )
     for a, r, name in zip(got, ref, ("q", "k")):
         assert not a.isnan().any(), f"{what} {name}: an element was not written"
         share = assert_close_report(a, r, dtype, f"{what} {name}")
         assert share >= 0.97, (what, name, share)
 
 
-@pytest.mark.parametrize("case", [
-    "aligned", "weights-fp32", "weights-unaligned", "table-bf16", "table-unaligned",
-    "half-table", "masked-piece", "rows-unaligned", "layer-bias", "dyt", "no-rope", "fp16",
-    "qk-norms-differ"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "aligned",
+        "weights-fp32",
+        "weights-unaligned",
+        "table-bf16",
+        "table-unaligned",
+        "half-table",
+        "masked-piece",
+        "rows-unaligned",
+        "layer-bias",
+        "dyt",
+        "no-rope",
+        "fp16",
+        "qk-norms-differ",
+    ],
+)
 @torch.no_grad()
 def test_pair_form_where_it_applies(case, monkeypatch, poison_outputs):
     """The flat kernel's pair form (16-bit rows read, held and written a (2i, 2i+1) pair a
@@ -274,11 +313,13 @@ def test_pair_form_where_it_applies(case, monkeypatch, poison_outputs):
     of different kinds or operand dtypes, take the channel form. Each call against the fp64
     reference, every element written."""
     dtype = torch.float16 if case == "fp16" else torch.bfloat16
-    hd = (7, 32) if case == "masked-piece" else (40, 128) if case == "qk-norms-differ" \
-        else (5, 32)
+    hd = (7, 32) if case == "masked-piece" else (40, 128) if case == "qk-norms-differ" else (5, 32)
     kind = {"layer-bias": "layer", "dyt": "dyt"}.get(case, "rms")
-    table = None if case == "no-rope" else ("S,W/2" if case == "half-table" else
-                                            "bf16" if case == "table-bf16" else "S,W")
+    table = (
+        None
+        if case == "no-rope"
+        else ("S,W/2" if case == "half-table" else "bf16" if case == "table-bf16" else "S,W")
+    )
     if table == "S,W/2":
         q, k, _, _, qn, kn, kw, _ = _inputs(kind, dtype, hd, None, "flat", 2)
         g = torch.Generator().manual_seed(3)

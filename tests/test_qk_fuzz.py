@@ -6,20 +6,31 @@ into strided slices of a larger buffer, batch > 1, and grad mode on with
 nothing requiring grad. Each case against the float64 reference, every element, outputs
 poisoned first. ``DITFUSE_FUZZ_N`` cases (default 40), reproducible from the case number.
 """
+
 import os
 import random
 
 import pytest
 import torch
-
-import ditfuse
 from conftest import DTYPES, assert_close_report, fuzz_cases
 from test_qk_norm_rope import make_norm, make_qk, make_tables
 
+import ditfuse
+
 N_CASES = int(os.environ.get("DITFUSE_FUZZ_N", "40"))
 NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
-TABLES = ["S,W", "1,S,1,W", "B,S,W", "B,S,1,W", "S,H,W", "B,S,H,W", "unique", "pos", "pos_b",
-          "bf16"]
+TABLES = [
+    "S,W",
+    "1,S,1,W",
+    "B,S,W",
+    "B,S,1,W",
+    "S,H,W",
+    "B,S,H,W",
+    "unique",
+    "pos",
+    "pos_b",
+    "bf16",
+]
 HEAD_DIMS = [16, 32, 48, 64, 80, 96, 128, 160, 256]
 
 
@@ -28,13 +39,24 @@ def draw(i):
     D = r.choice(HEAD_DIMS)
     H = r.choice([1, 2, 3, 5, 7]) if D <= 128 else r.choice([1, 2, 3])
     c = dict(
-        i=i, dtype=r.choice(DTYPES), B=r.choice([1, 1, 2, 3]), S=r.choice([1, 2, 3, 7, 17, 33]),
-        H=H, D=D, span=r.choice(["head", "all"]),
-        q_norm=r.choice(NORMS), k_norm=r.choice(NORMS), has_k=r.random() < 0.8,
-        style=r.choice(["interleaved", "half", None]), partial=r.random() < 0.3,
-        table=r.choice(TABLES), form=r.choice(["bshd", "bhsd", "flat", "packed", "strided_d"]),
-        dest=r.choice(["new", "inplace", "out_slices"]), grad_mode=r.random() < 0.3,
-        seed=r.randrange(2**31), round_after_norm=r.random() < 0.8,
+        i=i,
+        dtype=r.choice(DTYPES),
+        B=r.choice([1, 1, 2, 3]),
+        S=r.choice([1, 2, 3, 7, 17, 33]),
+        H=H,
+        D=D,
+        span=r.choice(["head", "all"]),
+        q_norm=r.choice(NORMS),
+        k_norm=r.choice(NORMS),
+        has_k=r.random() < 0.8,
+        style=r.choice(["interleaved", "half", None]),
+        partial=r.random() < 0.3,
+        table=r.choice(TABLES),
+        form=r.choice(["bshd", "bhsd", "flat", "packed", "strided_d"]),
+        dest=r.choice(["new", "inplace", "out_slices"]),
+        grad_mode=r.random() < 0.3,
+        seed=r.randrange(2**31),
+        round_after_norm=r.random() < 0.8,
     )
     if c["table"] in ("B,S,W", "S,H,W") and c["S"] == H:
         # a 3-D table that reads as both forms is refused (test_qk_errors): its 4-D form
@@ -66,8 +88,9 @@ def test_fuzz_against_fp64_reference(i, poison_outputs):
         kw.update(tkw, rope_style=c["style"])
     kw["round_after_norm"] = c["round_after_norm"]
     with torch.no_grad():
-        ref_q, ref_k = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
-                                                      compute_dtype=torch.float64, **kw)
+        ref_q, ref_k = ditfuse.qk_norm_rope_reference(
+            q, k, cos, sin, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, **kw
+        )
     q_in = q.clone()
     k_in = k.clone() if k is not None else None
     buf_in = buf.clone() if buf is not None else None
@@ -75,12 +98,15 @@ def test_fuzz_against_fp64_reference(i, poison_outputs):
     if c["dest"] == "inplace":
         extra["inplace"] = True
     elif c["dest"] == "out_slices":  # every other channel of a wider, NaN-filled buffer
+
         def dest(t):
             if t is None:
                 return None
-            wide = torch.full(t.shape[:-1] + (2 * t.shape[-1],), float("nan"), dtype=t.dtype,
-                              device=t.device)
+            wide = torch.full(
+                t.shape[:-1] + (2 * t.shape[-1],), float("nan"), dtype=t.dtype, device=t.device
+            )
             return wide[..., ::2] if t.dim() == 4 else wide[..., : t.shape[-1]]
+
         extra["out"] = (dest(q), dest(k))
     with torch.set_grad_enabled(c["grad_mode"]):
         out_q, out_k = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, **kw, **extra)
@@ -99,4 +125,4 @@ def test_fuzz_against_fp64_reference(i, poison_outputs):
         assert_close_report(out_k, ref_k, dtype, f"k {c}")
     if buf is not None:  # V and the pad channels of a packed projection untouched
         HD = H * D
-        assert torch.equal(buf[..., 2 * HD:], buf_in[..., 2 * HD:])
+        assert torch.equal(buf[..., 2 * HD :], buf_in[..., 2 * HD :])

@@ -1,11 +1,12 @@
 """The torch.library boundary: opcheck, and torch.compile(fullgraph=True) without breaks."""
+
 import pytest
 import torch
+from conftest import DEVICE, rope_tables
 
 import ditfuse
 from ditfuse import NormSpec
 from ditfuse.ops import qk_norm_rope as _ops
-from conftest import DEVICE, rope_tables
 
 B, S, H, D = 1, 4, 3, 64
 
@@ -20,8 +21,16 @@ def _inputs(dtype=torch.bfloat16):
 
 
 def _kw(norm, **extra):
-    kw = dict(q_norm=norm, k_norm=norm, num_heads=H, rope_style="interleaved", rotary_dim=None,
-              positions=None, round_after_norm=True, layout="bshd")
+    kw = dict(
+        q_norm=norm,
+        k_norm=norm,
+        num_heads=H,
+        rope_style="interleaved",
+        rotary_dim=None,
+        positions=None,
+        round_after_norm=True,
+        layout="bshd",
+    )
     kw.update(extra)
     return kw
 
@@ -35,10 +44,16 @@ def test_opcheck_functional():
 def test_opcheck_functional_dyt_positions():
     q, k, cos, sin, _ = _inputs(torch.float32)
     g = torch.Generator().manual_seed(1)
-    dyt = NormSpec("dyt", weight=torch.randn(D, generator=g).to(DEVICE),
-                   bias=torch.randn(D, generator=g).to(DEVICE), alpha=torch.tensor([0.5], device=DEVICE))
+    dyt = NormSpec(
+        "dyt",
+        weight=torch.randn(D, generator=g).to(DEVICE),
+        bias=torch.randn(D, generator=g).to(DEVICE),
+        alpha=torch.tensor([0.5], device=DEVICE),
+    )
     pos = torch.tensor([3, 1, 0, 2], device=DEVICE)
-    args = _ops.op_args(q, None, cos, sin, **_kw(dyt, k_norm=None, rope_style="half", positions=pos))
+    args = _ops.op_args(
+        q, None, cos, sin, **_kw(dyt, k_norm=None, rope_style="half", positions=pos)
+    )
     torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope.default, args)
 
 
@@ -57,8 +72,9 @@ def test_compile_fullgraph_matches_eager(inplace, backend):
 
     def f(q, k, cos, sin):
         q = q * 1.5  # surrounding ops so the graph has more than the custom op
-        qo, ko = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H,
-                                      inplace=inplace)
+        qo, ko = ditfuse.qk_norm_rope(
+            q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H, inplace=inplace
+        )
         return qo + 1, ko
 
     want = f(q, k.clone(), cos, sin)
@@ -70,8 +86,7 @@ def test_compile_fullgraph_matches_eager(inplace, backend):
 def test_opcheck_out():
     q, k, cos, sin, norm = _inputs()
     args = _ops.op_args(q, k, cos, sin, **_kw(norm))
-    outs = (torch.empty(B, 2 * S, H * D, dtype=q.dtype, device=DEVICE)[:, S:],
-            torch.empty_like(k))
+    outs = (torch.empty(B, 2 * S, H * D, dtype=q.dtype, device=DEVICE)[:, S:], torch.empty_like(k))
     torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope_out.default, (*args, *outs))
 
 
@@ -81,6 +96,7 @@ def test_compile_out_writes_the_joint_rows_in_place():
     joint Q / K with out=. Compiled, inductor calls the mutating out= op on views of the
     joint buffer (no functional result copied into the rows) and matches eager bitwise."""
     from torch._inductor.utils import run_and_get_code
+
     q, k, cos, sin, norm = _inputs()
     g = torch.Generator().manual_seed(9)
     T = 3
@@ -92,15 +108,30 @@ def test_compile_out_writes_the_joint_rows_in_place():
     def f(q, k, tq, tk):
         q_all = q.new_empty(B, T + S, H * D)
         k_all = k.new_empty(B, T + S, H * D)
-        ditfuse.qk_norm_rope(tq * 2, tk, tcos, tsin, q_norm=norm, k_norm=norm, num_heads=H,
-                             out=(q_all[:, :T], k_all[:, :T]))
-        ditfuse.qk_norm_rope(q * 1.5, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H,
-                             out=(q_all[:, T:], k_all[:, T:]))
+        ditfuse.qk_norm_rope(
+            tq * 2,
+            tk,
+            tcos,
+            tsin,
+            q_norm=norm,
+            k_norm=norm,
+            num_heads=H,
+            out=(q_all[:, :T], k_all[:, :T]),
+        )
+        ditfuse.qk_norm_rope(
+            q * 1.5,
+            k,
+            cos,
+            sin,
+            q_norm=norm,
+            k_norm=norm,
+            num_heads=H,
+            out=(q_all[:, T:], k_all[:, T:]),
+        )
         return q_all + 1, k_all * 2
 
     want = f(q, k, tq, tk)
-    got, code = run_and_get_code(torch.compile(f, fullgraph=True, backend="inductor"),
-                                 q, k, tq, tk)
+    got, code = run_and_get_code(torch.compile(f, fullgraph=True, backend="inductor"), q, k, tq, tk)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     src = "\n".join(code)

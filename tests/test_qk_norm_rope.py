@@ -1,19 +1,30 @@
 """ditfuse.qk_norm_rope against its float64 reference, and its bitwise layout gates."""
+
 import itertools
 import zlib
 
 import pytest
 import torch
+from conftest import DEVICE, DTYPES, assert_close_report, rope_tables
 
 import ditfuse
 from ditfuse import NormSpec
-from conftest import DEVICE, DTYPES, assert_close_report, rope_tables
 
 NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
 SPANS = ["head", "all"]
 STYLES = ["interleaved", "half", None]
-TABLES = ["S,W", "1,S,1,W", "B,S,W", "B,S,1,W", "S,H,W", "B,S,H,W", "unique", "pos", "pos_b",
-          "bf16"]
+TABLES = [
+    "S,W",
+    "1,S,1,W",
+    "B,S,W",
+    "B,S,1,W",
+    "S,H,W",
+    "B,S,H,W",
+    "unique",
+    "pos",
+    "pos_b",
+    "bf16",
+]
 FORMS = ["bshd", "bhsd", "flat", "packed", "strided_d"]
 HEAD_SHAPES = [(3, 64), (5, 32), (2, 80), (6, 16), (1, 128)]
 
@@ -38,8 +49,13 @@ def make_norm(kind, span, H, D, dtype, g):
         m.bias.data.copy_(rnd(n, shift=0.0))
         return m
     if kind == "dyt":
-        return NormSpec("dyt", weight=rnd(n), bias=rnd(n, shift=0.0),
-                        alpha=torch.tensor([0.7], device=DEVICE), size=n)
+        return NormSpec(
+            "dyt",
+            weight=rnd(n),
+            bias=rnd(n, shift=0.0),
+            alpha=torch.tensor([0.7], device=DEVICE),
+            size=n,
+        )
     if kind == "rms_roundw":
         return NormSpec("rms", weight=rnd(n), eps=1e-6, round_before_weight=True)
     raise AssertionError(kind)
@@ -47,6 +63,7 @@ def make_norm(kind, span, H, D, dtype, g):
 
 def make_qk(form, B, S, H, D, dtype, g):
     """q, k and the kwargs describing them; for 'packed' also the whole buffer."""
+
     def randn(*shape):
         return torch.randn(*shape, generator=g).to(dtype).to(DEVICE) * 2 + 0.3
 
@@ -59,7 +76,7 @@ def make_qk(form, B, S, H, D, dtype, g):
     if form == "packed":  # one QKV projection output, plus 8 pad channels per token
         buf = randn(B, S, 3 * H * D + 8)
         q = buf[..., : H * D].unflatten(-1, (H, D))
-        k = buf[..., H * D: 2 * H * D].unflatten(-1, (H, D))
+        k = buf[..., H * D : 2 * H * D].unflatten(-1, (H, D))
         return q, k, {}, buf
     if form == "strided_d":  # channel stride 2
         return randn(B, S, H, 2 * D)[..., ::2], randn(B, S, H, 2 * D)[..., ::2], {}, None
@@ -83,7 +100,11 @@ def make_tables(kind, B, S, H, R, style, g):
         noise = torch.randn(B, 1, 1, generator=g).to(DEVICE) * 0.1
         return (c[None] + noise).to(dt), (s[None] - noise).to(dt), kw
     if kind == "B,S,1,W":
-        return c[None, :, None].expand(B, S, 1, R).contiguous(), s[None, :, None].expand(B, S, 1, R).contiguous(), kw
+        return (
+            c[None, :, None].expand(B, S, 1, R).contiguous(),
+            s[None, :, None].expand(B, S, 1, R).contiguous(),
+            kw,
+        )
     if kind == "S,H,W":
         noise = torch.randn(1, H, 1, generator=g).to(DEVICE) * 0.1
         return c[:, None] + noise, s[:, None] - noise, kw
@@ -111,18 +132,35 @@ def _cases():
         partial = style is not None and i % 4 == 1
         inplace = i % 3 == 0
         B = 1 + i % 2
-        out.append(pytest.param(kind, span, style, dtype, H, D, table, form, partial, inplace, B,
-                                id=f"{kind}-{span}-{style}-{str(dtype)[6:]}-{H}x{D}-{table}-{form}"
-                                   f"{'-partial' if partial else ''}{'-inplace' if inplace else ''}-B{B}"))
+        out.append(
+            pytest.param(
+                kind,
+                span,
+                style,
+                dtype,
+                H,
+                D,
+                table,
+                form,
+                partial,
+                inplace,
+                B,
+                id=f"{kind}-{span}-{style}-{str(dtype)[6:]}-{H}x{D}-{table}-{form}"
+                f"{'-partial' if partial else ''}{'-inplace' if inplace else ''}-B{B}",
+            )
+        )
         i += 1
     return out
 
 
 @pytest.mark.parametrize("kind,span,style,dtype,H,D,table,form,partial,inplace,B", _cases())
 @torch.no_grad()
-def test_against_fp64_reference(kind, span, style, dtype, H, D, table, form, partial, inplace, B,
-                                poison_outputs):
-    g = torch.Generator().manual_seed(zlib.crc32(f'{kind}{span}{style}{dtype}{table}{form}'.encode()))
+def test_against_fp64_reference(
+    kind, span, style, dtype, H, D, table, form, partial, inplace, B, poison_outputs
+):
+    g = torch.Generator().manual_seed(
+        zlib.crc32(f"{kind}{span}{style}{dtype}{table}{form}".encode())
+    )
     S = 5
     q, k, kw, buf = make_qk(form, B, S, H, D, dtype, g)
     qn = make_norm(kind, span, H, D, dtype, g)
@@ -134,8 +172,9 @@ def test_against_fp64_reference(kind, span, style, dtype, H, D, table, form, par
             R -= 1
         cos, sin, tkw = make_tables(table, B, S, H, R, style, g)
         kw.update(tkw, rope_style=style)
-    ref_q, ref_k = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
-                                                  compute_dtype=torch.float64, **kw)
+    ref_q, ref_k = ditfuse.qk_norm_rope_reference(
+        q, k, cos, sin, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, **kw
+    )
     buf_before = buf.clone() if buf is not None else None
     q_in, k_in = q.clone(), k.clone()
     out_q, out_k = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=qn, k_norm=kn, inplace=inplace, **kw)
@@ -149,7 +188,7 @@ def test_against_fp64_reference(kind, span, style, dtype, H, D, table, form, par
         assert min(sq, sk) >= 0.97, (sq, sk)
     if buf is not None and inplace:  # V and the pad channels untouched
         HD = H * D
-        assert torch.equal(buf[..., 2 * HD:], buf_before[..., 2 * HD:])
+        assert torch.equal(buf[..., 2 * HD :], buf_before[..., 2 * HD :])
 
 
 @pytest.mark.parametrize("style", ["interleaved", "half"])
@@ -162,16 +201,22 @@ def test_bitwise_shared_vs_expanded_table(style, H, D):
     B, S, dtype = 1, 3, torch.bfloat16
     buf = (torch.randn(B, S, 3 * H * D, generator=g) * 3).to(dtype).to(DEVICE)
     cos, sin = rope_tables(S, D, style=style)
-    cos_e, sin_e = cos[:, None].expand(S, H, D).contiguous(), sin[:, None].expand(S, H, D).contiguous()
-    norm = NormSpec("rms", weight=(torch.randn(H * D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
+    cos_e, sin_e = (
+        cos[:, None].expand(S, H, D).contiguous(),
+        sin[:, None].expand(S, H, D).contiguous(),
+    )
+    norm = NormSpec(
+        "rms", weight=(torch.randn(H * D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6
+    )
     outs = []
     for c, s in ((cos, sin), (cos_e, sin_e)):
         b = buf.clone()
         q = b[..., : H * D]
-        k = b[..., H * D: 2 * H * D]
-        ditfuse.qk_norm_rope(q, k, c, s, q_norm=norm, k_norm=norm, num_heads=H, rope_style=style,
-                             inplace=True)
-        assert torch.equal(b[..., 2 * H * D:], buf[..., 2 * H * D:]), "V slice changed"
+        k = b[..., H * D : 2 * H * D]
+        ditfuse.qk_norm_rope(
+            q, k, c, s, q_norm=norm, k_norm=norm, num_heads=H, rope_style=style, inplace=True
+        )
+        assert torch.equal(b[..., 2 * H * D :], buf[..., 2 * H * D :]), "V slice changed"
         assert not torch.equal(b[..., : H * D], buf[..., : H * D])
         outs.append(b)
     assert torch.equal(outs[0], outs[1])
@@ -206,8 +251,9 @@ def test_bitwise_equivalent_table_forms(style):
         ditfuse.qk_norm_rope(q, k, cf, sf, positions=pos[None].expand(B, S), **kw),
         # half width as strided views (a complex table's real / imaginary parts: Qwen-Image)
         # and gathered by positions
-        ditfuse.qk_norm_rope(q, k, *torch.view_as_real(torch.complex(cu, su))[3:].unbind(-1),
-                             rotary_dim=D, **kw),
+        ditfuse.qk_norm_rope(
+            q, k, *torch.view_as_real(torch.complex(cu, su))[3:].unbind(-1), rotary_dim=D, **kw
+        ),
         ditfuse.qk_norm_rope(q, k, cu, su, rotary_dim=D, positions=pos, **kw),
     ]
     assert half * 2 == D
@@ -224,8 +270,9 @@ def test_round_after_norm_false_keeps_fp32(dtype):
     cos, sin = rope_tables(S, D)
     norm = NormSpec("rms", eps=1e-6)
     out, _ = ditfuse.qk_norm_rope(q, None, cos, sin, q_norm=norm, round_after_norm=False)
-    ref, _ = ditfuse.qk_norm_rope_reference(q, None, cos, sin, q_norm=norm, round_after_norm=False,
-                                            compute_dtype=torch.float64)
+    ref, _ = ditfuse.qk_norm_rope_reference(
+        q, None, cos, sin, q_norm=norm, round_after_norm=False, compute_dtype=torch.float64
+    )
     share = assert_close_report(out, ref, dtype)
     if dtype != torch.float32:
         assert share >= 0.97
@@ -242,8 +289,9 @@ def test_single_token_and_eps_default():
     k = torch.randn(B, S, H * D, generator=g).to(dtype).to(DEVICE)
     norm = torch.nn.RMSNorm(H * D).to(DEVICE, dtype)  # eps=None
     cos, sin = rope_tables(S, D)
-    out_q, out_k = ditfuse.qk_norm_rope(q, k, cos[None, :, None], sin[None, :, None], q_norm=norm,
-                                        k_norm=norm, num_heads=H)
+    out_q, out_k = ditfuse.qk_norm_rope(
+        q, k, cos[None, :, None], sin[None, :, None], q_norm=norm, k_norm=norm, num_heads=H
+    )
     ref_q = norm(q).unflatten(2, (H, D)).float()
     x1, x2 = ref_q[..., 0::2], ref_q[..., 1::2]
     c, s = cos[None, :, None, 0::2], sin[None, :, None, 1::2]
@@ -269,8 +317,15 @@ def test_launch_settings_do_not_change_bits(name):
     mod = sys.modules["ditfuse.ops.qk_norm_rope"]
     shape = QK_SHAPES[name].small(3)
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
-    p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
-                 k_norm=inp["k_norm"], **inp["kwargs"])
+    p = mod.plan(
+        inp["q"],
+        inp["k"],
+        inp["cos"],
+        inp["sin"],
+        q_norm=inp["q_norm"],
+        k_norm=inp["k_norm"],
+        **inp["kwargs"],
+    )
     outs = []
     variants = [_table_settings(mod, p), (shape.H, 2), (shape.H, 8)]
     if shape.span != "all":
@@ -287,9 +342,16 @@ def _settings(mod, p, heads=None, num_warps=None):
     """The per-token kernel's launch settings for plan ``p``: its table's, or these heads
     per program and warps."""
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    return mod.launch_settings(p.q.shape[2], p.q.shape[3], flat=False, has_k=p.k is not None,
-                               itemsize=p.q.element_size(), span_all=span_all, heads=heads,
-                               num_warps=num_warps)
+    return mod.launch_settings(
+        p.q.shape[2],
+        p.q.shape[3],
+        flat=False,
+        has_k=p.k is not None,
+        itemsize=p.q.element_size(),
+        span_all=span_all,
+        heads=heads,
+        num_warps=num_warps,
+    )
 
 
 def _table_settings(mod, p):
@@ -317,8 +379,15 @@ def test_64_bit_token_offsets_same_bits(monkeypatch, name):
     assert not mod._needs_off64(40, 128, [packed], no_table, no_table)
     shape = QK_SHAPES[name].small(3)
     inp = qk_inputs(shape, DEVICE, torch.bfloat16)
-    p = mod.plan(inp["q"], inp["k"], inp["cos"], inp["sin"], q_norm=inp["q_norm"],
-                 k_norm=inp["k_norm"], **inp["kwargs"])
+    p = mod.plan(
+        inp["q"],
+        inp["k"],
+        inp["cos"],
+        inp["sin"],
+        q_norm=inp["q_norm"],
+        k_norm=inp["k_norm"],
+        **inp["kwargs"],
+    )
     # the per-token kernel, with its own table: the flat kernel has no 64-bit variant (a
     # call whose offsets need one is not the flat kernel's, Wan's included)
     st = _settings(mod, p)
@@ -337,16 +406,24 @@ def test_out_slices_of_a_concatenated_buffer():
     """FLUX's text+image concat: each stream written into its slice of one buffer."""
     g = torch.Generator().manual_seed(21)
     B, T, S, H, D, dtype = 2, 3, 5, 2, 32, torch.bfloat16
-    tq, tk, iq, ik = [torch.randn(B, n, H, D, generator=g).to(dtype).to(DEVICE) for n in (T, T, S, S)]
+    tq, tk, iq, ik = [
+        torch.randn(B, n, H, D, generator=g).to(dtype).to(DEVICE) for n in (T, T, S, S)
+    ]
     cos, sin = rope_tables(T + S, D)
     n_txt = NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
     n_img = NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
     qc = torch.full((B, T + S, H, D), float("nan"), dtype=dtype, device=DEVICE)
     kc = torch.full_like(qc, float("nan"))
-    ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], q_norm=n_txt, k_norm=n_txt, out=(qc[:, :T], kc[:, :T]))
-    ditfuse.qk_norm_rope(iq, ik, cos[T:], sin[T:], q_norm=n_img, k_norm=n_img, out=(qc[:, T:], kc[:, T:]))
+    ditfuse.qk_norm_rope(
+        tq, tk, cos[:T], sin[:T], q_norm=n_txt, k_norm=n_txt, out=(qc[:, :T], kc[:, :T])
+    )
+    ditfuse.qk_norm_rope(
+        iq, ik, cos[T:], sin[T:], q_norm=n_img, k_norm=n_img, out=(qc[:, T:], kc[:, T:])
+    )
     wt = ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], q_norm=n_txt, k_norm=n_txt)
     wi = ditfuse.qk_norm_rope(iq, ik, cos[T:], sin[T:], q_norm=n_img, k_norm=n_img)
-    assert torch.equal(qc, torch.cat((wt[0], wi[0]), 1)) and torch.equal(kc, torch.cat((wt[1], wi[1]), 1))
+    assert torch.equal(qc, torch.cat((wt[0], wi[0]), 1)) and torch.equal(
+        kc, torch.cat((wt[1], wi[1]), 1)
+    )
     with pytest.raises(ValueError, match="out"):
-        ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], out=(qc[:, :T + 1], kc[:, :T]))
+        ditfuse.qk_norm_rope(tq, tk, cos[:T], sin[:T], out=(qc[:, : T + 1], kc[:, :T]))

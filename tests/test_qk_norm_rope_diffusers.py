@@ -11,6 +11,7 @@ Tolerance: within one rounding of the activation dtype, ``|ours - theirs| <= tol
 + tol * rms(theirs)`` (the absolute term covers rotated outputs that cancel to near zero),
 plus a floor on the share of bitwise-equal elements. Run with ``-s`` to see the shares.
 """
+
 import os
 
 import pytest
@@ -97,6 +98,7 @@ def record_inputs(module):
 # ---------------------------------------------------------------------------------------
 # 1. Wan: torch.nn.RMSNorm across all heads (H*D), interleaved RoPE, real WanAttnProcessor
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_wan_attn_processor(dtype, monkeypatch, record_property):
     from diffusers.models.transformers import transformer_wan as tw
@@ -104,7 +106,9 @@ def test_wan_attn_processor(dtype, monkeypatch, record_property):
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     B, H, D = 2, 3, 128  # 3 heads: the across-heads statistic spans a non-power-of-two row
-    attn = tw.WanAttention(dim=H * D, heads=H, dim_head=D, eps=1e-6, processor=tw.WanAttnProcessor())
+    attn = tw.WanAttention(
+        dim=H * D, heads=H, dim_head=D, eps=1e-6, processor=tw.WanAttnProcessor()
+    )
     assert isinstance(attn.norm_q, torch.nn.RMSNorm) and attn.norm_q.weight.numel() == H * D
     randomize_(attn.norm_q.weight, g)
     randomize_(attn.norm_k.weight, g)
@@ -119,9 +123,10 @@ def test_wan_attn_processor(dtype, monkeypatch, record_property):
     x = randn(g, B, S, H * D, dtype=dtype)
     with torch.no_grad():
         attn(x, rotary_emb=(cos, sin))
-        (tq, tk), = rec.calls
-        oq, ok = ditfuse.qk_norm_rope(q_in[0], k_in[0], cos, sin, q_norm=attn.norm_q,
-                                      k_norm=attn.norm_k, num_heads=H)
+        ((tq, tk),) = rec.calls
+        oq, ok = ditfuse.qk_norm_rope(
+            q_in[0], k_in[0], cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k, num_heads=H
+        )
     assert q_in[0].shape == (B, S, H * D)
     check(oq, tq.flatten(2), dtype, "wan q", record_property)
     check(ok, tk.flatten(2), dtype, "wan k", record_property)
@@ -129,6 +134,7 @@ def test_wan_attn_processor(dtype, monkeypatch, record_property):
 
 # ---------------------------------------------------------------------------------------
 # 2. FLUX: per-head norm + apply_rotary_emb(use_real_unbind_dim=-1, sequence_dim=1)
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_flux_attn_processor(dtype, monkeypatch, record_property):
@@ -138,7 +144,9 @@ def test_flux_attn_processor(dtype, monkeypatch, record_property):
     g = torch.Generator().manual_seed(1)
     torch.manual_seed(1)
     B, H, D = 1, 3, 64
-    attn = tf.FluxAttention(query_dim=H * D, heads=H, dim_head=D, bias=True, eps=1e-6, pre_only=True)
+    attn = tf.FluxAttention(
+        query_dim=H * D, heads=H, dim_head=D, bias=True, eps=1e-6, pre_only=True
+    )
     randomize_(attn.norm_q.weight, g)
     randomize_(attn.norm_k.weight, g)
     attn.to(DEVICE, dtype)
@@ -152,8 +160,10 @@ def test_flux_attn_processor(dtype, monkeypatch, record_property):
     x = randn(g, B, S, H * D, dtype=dtype)
     with torch.no_grad():
         attn(x, image_rotary_emb=(cos, sin))
-        (tq, tk), = rec.calls
-        oq, ok = ditfuse.qk_norm_rope(q_in[0], k_in[0], cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k)
+        ((tq, tk),) = rec.calls
+        oq, ok = ditfuse.qk_norm_rope(
+            q_in[0], k_in[0], cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k
+        )
     check(oq, tq, dtype, "flux q", record_property)
     check(ok, tk, dtype, "flux k", record_property)
 
@@ -206,24 +216,25 @@ def test_flux_packed_qkv_inplace(dtype, form, record_property):
     cos, sin = get_1d_rotary_pos_embed(D, S, use_real=True, repeat_interleave_real=True)
     cos, sin = cos.to(DEVICE), sin.to(DEVICE)
     qkv = randn(g, B, S, 3 * HD, dtype=dtype)
-    v_bits = _bits(qkv[..., 2 * HD:]).clone()
-    q4, k4 = qkv[..., :HD].unflatten(-1, (H, D)), qkv[..., HD:2 * HD].unflatten(-1, (H, D))
+    v_bits = _bits(qkv[..., 2 * HD :]).clone()
+    q4, k4 = qkv[..., :HD].unflatten(-1, (H, D)), qkv[..., HD : 2 * HD].unflatten(-1, (H, D))
     assert not q4.is_contiguous()
     with torch.no_grad():
         tq, tk = _flux_rope(nq(q4), cos, sin), _flux_rope(nk(k4), cos, sin)
         if form == "bshd":
             q, k, kw = q4, k4, {}
         else:
-            q, k, kw = qkv[..., :HD], qkv[..., HD:2 * HD], {"num_heads": H}
+            q, k, kw = qkv[..., :HD], qkv[..., HD : 2 * HD], {"num_heads": H}
         oq, ok = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=nq, k_norm=nk, inplace=True, **kw)
     assert oq is q and ok is k
-    assert torch.equal(_bits(qkv[..., 2 * HD:]), v_bits), "V slice of the packed QKV was modified"
+    assert torch.equal(_bits(qkv[..., 2 * HD :]), v_bits), "V slice of the packed QKV was modified"
     check(q4, tq, dtype, f"flux-packed-{form} q", record_property)
     check(k4, tk, dtype, f"flux-packed-{form} k", record_property)
 
 
 # ---------------------------------------------------------------------------------------
 # 3. Stable Audio 3: StableAudio3RMSNorm(D) + rotate-half partial RoPE, real processor
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_stable_audio3_attn_processor(dtype, monkeypatch, record_property):
@@ -248,15 +259,23 @@ def test_stable_audio3_attn_processor(dtype, monkeypatch, record_property):
         assert len(rec.calls) == 2  # differential attention: (q1, k1) and (q2, k2)
         for i, (tq, tk) in enumerate(rec.calls):
             assert not q_in[i].is_contiguous()  # a chunk of the fused to_qkv output
-            oq, ok = ditfuse.qk_norm_rope(q_in[i], k_in[i], freqs.cos(), freqs.sin(),
-                                          q_norm=attn.q_norm, k_norm=attn.k_norm,
-                                          rope_style="half", rotary_dim=R)
+            oq, ok = ditfuse.qk_norm_rope(
+                q_in[i],
+                k_in[i],
+                freqs.cos(),
+                freqs.sin(),
+                q_norm=attn.q_norm,
+                k_norm=attn.k_norm,
+                rope_style="half",
+                rotary_dim=R,
+            )
             check(oq, tq, dtype, f"sa3 q{i + 1}", record_property)
             check(ok, tk, dtype, f"sa3 k{i + 1}", record_property)
 
 
 # ---------------------------------------------------------------------------------------
 # 4. SAME: DynamicTanh(D) + rotate-half partial RoPE over 32 of 64 channels, real processor
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_same_attn_processor(dtype, monkeypatch, record_property):
@@ -283,8 +302,16 @@ def test_same_attn_processor(dtype, monkeypatch, record_property):
         cos, sin = freqs.float().cos(), freqs.float().sin()
         assert len(rec.calls) == 2
         for i, (tq, tk) in enumerate(rec.calls):
-            oq, ok = ditfuse.qk_norm_rope(q_in[i], k_in[i], cos, sin, q_norm=attn.q_norm,
-                                          k_norm=attn.k_norm, rope_style="half", rotary_dim=R)
+            oq, ok = ditfuse.qk_norm_rope(
+                q_in[i],
+                k_in[i],
+                cos,
+                sin,
+                q_norm=attn.q_norm,
+                k_norm=attn.k_norm,
+                rope_style="half",
+                rotary_dim=R,
+            )
             if dtype == torch.float32:
                 check(oq, tq, dtype, f"same q{i + 1}", record_property)
                 check(ok, tk, dtype, f"same k{i + 1}", record_property)
@@ -298,6 +325,7 @@ def test_same_attn_processor(dtype, monkeypatch, record_property):
 # ---------------------------------------------------------------------------------------
 # 5a. Qwen-Image: diffusers RMSNorm(D) on both streams, complex RoPE (use_real=False)
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_qwenimage_attn_processor(dtype, monkeypatch, record_property):
     from diffusers.models.attention_processor import Attention
@@ -306,9 +334,19 @@ def test_qwenimage_attn_processor(dtype, monkeypatch, record_property):
     g = torch.Generator().manual_seed(6)
     torch.manual_seed(6)
     B, H, D, T = 1, 2, 64, 5
-    attn = Attention(query_dim=H * D, cross_attention_dim=None, added_kv_proj_dim=H * D, dim_head=D,
-                     heads=H, out_dim=H * D, context_pre_only=False, bias=True,
-                     processor=tq_.QwenDoubleStreamAttnProcessor2_0(), qk_norm="rms_norm", eps=1e-6)
+    attn = Attention(
+        query_dim=H * D,
+        cross_attention_dim=None,
+        added_kv_proj_dim=H * D,
+        dim_head=D,
+        heads=H,
+        out_dim=H * D,
+        context_pre_only=False,
+        bias=True,
+        processor=tq_.QwenDoubleStreamAttnProcessor2_0(),
+        qk_norm="rms_norm",
+        eps=1e-6,
+    )
     norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
     for n in norms:
         randomize_(n.weight, g)
@@ -322,19 +360,33 @@ def test_qwenimage_attn_processor(dtype, monkeypatch, record_property):
     img, txt = randn(g, B, S, H * D, dtype=dtype), randn(g, B, T, H * D, dtype=dtype)
     with torch.no_grad():
         attn(img, encoder_hidden_states=txt, image_rotary_emb=(img_freqs, txt_freqs))
-        (jq, jk), = rec.calls  # joint = [text, image] along the sequence
+        ((jq, jk),) = rec.calls  # joint = [text, image] along the sequence
         # unique frequencies (D/2 wide), read straight from the complex table (stride 2)
-        oq_i, ok_i = ditfuse.qk_norm_rope(ins[0][0], ins[1][0], img_freqs.real, img_freqs.imag,
-                                          q_norm=attn.norm_q, k_norm=attn.norm_k, rotary_dim=D)
-        oq_t, ok_t = ditfuse.qk_norm_rope(ins[2][0], ins[3][0], txt_freqs.real, txt_freqs.imag,
-                                          q_norm=attn.norm_added_q, k_norm=attn.norm_added_k,
-                                          rotary_dim=D)
+        oq_i, ok_i = ditfuse.qk_norm_rope(
+            ins[0][0],
+            ins[1][0],
+            img_freqs.real,
+            img_freqs.imag,
+            q_norm=attn.norm_q,
+            k_norm=attn.norm_k,
+            rotary_dim=D,
+        )
+        oq_t, ok_t = ditfuse.qk_norm_rope(
+            ins[2][0],
+            ins[3][0],
+            txt_freqs.real,
+            txt_freqs.imag,
+            q_norm=attn.norm_added_q,
+            k_norm=attn.norm_added_k,
+            rotary_dim=D,
+        )
     check(torch.cat([oq_t, oq_i], 1), jq, dtype, "qwen q", record_property)
     check(torch.cat([ok_t, ok_i], 1), jk, dtype, "qwen k", record_property)
 
 
 # ---------------------------------------------------------------------------------------
 # 5b. HunyuanVideo single-stream: diffusers RMSNorm(D); RoPE on the image tokens only
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_hunyuanvideo_attn_processor(dtype, monkeypatch, record_property):
@@ -344,9 +396,18 @@ def test_hunyuanvideo_attn_processor(dtype, monkeypatch, record_property):
     g = torch.Generator().manual_seed(7)
     torch.manual_seed(7)
     B, H, D, T = 2, 2, 64, 4
-    attn = Attention(query_dim=H * D, cross_attention_dim=None, dim_head=D, heads=H, out_dim=H * D,
-                     bias=True, processor=hv.HunyuanVideoAttnProcessor2_0(), qk_norm="rms_norm",
-                     eps=1e-6, pre_only=True)
+    attn = Attention(
+        query_dim=H * D,
+        cross_attention_dim=None,
+        dim_head=D,
+        heads=H,
+        out_dim=H * D,
+        bias=True,
+        processor=hv.HunyuanVideoAttnProcessor2_0(),
+        qk_norm="rms_norm",
+        eps=1e-6,
+        pre_only=True,
+    )
     randomize_(attn.norm_q.weight, g)
     randomize_(attn.norm_k.weight, g)
     attn.to(DEVICE, dtype)
@@ -359,11 +420,14 @@ def test_hunyuanvideo_attn_processor(dtype, monkeypatch, record_property):
     img, txt = randn(g, B, S, H * D, dtype=dtype), randn(g, B, T, H * D, dtype=dtype)
     with torch.no_grad():
         attn(img, encoder_hidden_states=txt, image_rotary_emb=(cos, sin))
-        (tq, tk), = rec.calls
+        ((tq, tk),) = rec.calls
         q, k = q_in[0], k_in[0]  # (B, S + T, H, D): image tokens first
-        oq_i, ok_i = ditfuse.qk_norm_rope(q[:, :S], k[:, :S], cos, sin, q_norm=attn.norm_q,
-                                          k_norm=attn.norm_k)
-        oq_t, ok_t = ditfuse.qk_norm_rope(q[:, S:], k[:, S:], q_norm=attn.norm_q, k_norm=attn.norm_k)
+        oq_i, ok_i = ditfuse.qk_norm_rope(
+            q[:, :S], k[:, :S], cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k
+        )
+        oq_t, ok_t = ditfuse.qk_norm_rope(
+            q[:, S:], k[:, S:], q_norm=attn.norm_q, k_norm=attn.norm_k
+        )
     check(torch.cat([oq_i, oq_t], 1), tq, dtype, "hunyuanvideo q", record_property)
     check(torch.cat([ok_i, ok_t], 1), tk, dtype, "hunyuanvideo k", record_property)
 
@@ -373,6 +437,7 @@ def test_hunyuanvideo_attn_processor(dtype, monkeypatch, record_property):
 # (B, S, H, D) with sequence_dim=1.) diffusers RMSNorm(D) + apply_rotary_emb with its
 # default sequence_dim=2, as HunyuanDiT's processor calls it on (B, H, S, D) views, and the
 # real CogVideoX processor (LayerNorm(D) per head, RoPE on the video tokens after the text)
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_bhsd_diffusers_rmsnorm(dtype, record_property):
@@ -402,15 +467,24 @@ def test_cogvideox_attn_processor(dtype, monkeypatch, record_property):
     g = torch.Generator().manual_seed(9)
     torch.manual_seed(9)
     B, H, D, T = 1, 2, 64, 3
-    attn = ap.Attention(query_dim=H * D, dim_head=D, heads=H, qk_norm="layer_norm", eps=1e-6, bias=True,
-                        out_bias=True, processor=ap.CogVideoXAttnProcessor2_0())
+    attn = ap.Attention(
+        query_dim=H * D,
+        dim_head=D,
+        heads=H,
+        qk_norm="layer_norm",
+        eps=1e-6,
+        bias=True,
+        out_bias=True,
+        processor=ap.CogVideoXAttnProcessor2_0(),
+    )
     assert isinstance(attn.norm_q, torch.nn.LayerNorm)
     for n in (attn.norm_q, attn.norm_k):
         randomize_(n.weight, g)
         randomize_(n.bias, g, 0.3, 0.0)
     attn.to(DEVICE, dtype)
-    cos, sin = get_3d_rotary_pos_embed(D, ((0, 0), (2, 3)), (2, 3), 2, use_real=True,
-                                       device=torch.device(DEVICE))  # (S, D) fp32
+    cos, sin = get_3d_rotary_pos_embed(
+        D, ((0, 0), (2, 3)), (2, 3), 2, use_real=True, device=torch.device(DEVICE)
+    )  # (S, D) fp32
     S = cos.shape[0]
     rec = Recorder()
     monkeypatch.setattr(ap.F, "scaled_dot_product_attention", rec)
@@ -418,12 +492,20 @@ def test_cogvideox_attn_processor(dtype, monkeypatch, record_property):
     img, txt = randn(g, B, S, H * D, dtype=dtype), randn(g, B, T, H * D, dtype=dtype)
     with torch.no_grad():
         attn(img, encoder_hidden_states=txt, image_rotary_emb=(cos, sin))
-        (tq, tk), = rec.calls
+        ((tq, tk),) = rec.calls
         q, k = q_in[0], k_in[0]  # (B, H, T + S, D): text tokens first
         assert q.shape == (B, H, T + S, D)
-        oq_i, ok_i = ditfuse.qk_norm_rope(q[:, :, T:], k[:, :, T:], cos, sin, q_norm=attn.norm_q,
-                                          k_norm=attn.norm_k, layout="bhsd")
-        oq_t, ok_t = ditfuse.qk_norm_rope(q[:, :, :T], k[:, :, :T], q_norm=attn.norm_q,
-                                          k_norm=attn.norm_k, layout="bhsd")
+        oq_i, ok_i = ditfuse.qk_norm_rope(
+            q[:, :, T:],
+            k[:, :, T:],
+            cos,
+            sin,
+            q_norm=attn.norm_q,
+            k_norm=attn.norm_k,
+            layout="bhsd",
+        )
+        oq_t, ok_t = ditfuse.qk_norm_rope(
+            q[:, :, :T], k[:, :, :T], q_norm=attn.norm_q, k_norm=attn.norm_k, layout="bhsd"
+        )
     check(torch.cat([oq_t, oq_i], 2), tq, dtype, "cogvideox q", record_property)
     check(torch.cat([ok_t, ok_i], 2), tk, dtype, "cogvideox k", record_property)

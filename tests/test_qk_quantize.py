@@ -6,6 +6,7 @@ of that call's 16-bit output (every norm, RoPE style, table form, layout and dty
 reference's tolerance of the fp64 reference's quantization; every element written (outputs
 start as values the quantization never produces), zero heads, head groups, bad arguments, the
 fast-path cache and the ``torch.library`` op under ``torch.compile``."""
+
 import itertools
 import json
 import os
@@ -17,19 +18,19 @@ from pathlib import Path
 import pytest
 import torch
 import triton.language as tl
+from conftest import DEVICE, DTYPES, TOL, rope_tables
+from test_qk_norm_rope import make_norm, make_qk, make_tables
 
 import ditfuse
 from ditfuse import NormSpec, QuantizedQK
 from ditfuse.aot.compile import missing_tools
+from ditfuse.kernels.common import _quant_ptr, _quant_values
 from ditfuse.kernels.element import _cast_out
 from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
-from ditfuse.kernels.common import _quant_ptr, _quant_values
-from ditfuse.runtime.backend import jit
 from ditfuse.reference import quantize_per_token
 from ditfuse.runtime import fastpath
+from ditfuse.runtime.backend import jit
 from ditfuse.tolerances import UNIT_ROUNDOFF
-from conftest import DEVICE, DTYPES, TOL, rope_tables
-from test_qk_norm_rope import make_norm, make_qk, make_tables
 
 mod = sys.modules["ditfuse.ops.qk_norm_rope"]
 
@@ -46,6 +47,7 @@ SENTINEL = {torch.int8: -128, torch.float8_e4m3fn: float("nan"), torch.float32: 
 def poison_quant(monkeypatch):
     """Every 8-bit output starts as a value the quantization never writes (int8 -128, fp8
     and scale NaN)."""
+
     def full(shape, dtype, device):
         if dtype == torch.float8_e4m3fn:
             return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
@@ -65,9 +67,14 @@ def launches(monkeypatch):
     orig = fastpath.launch
 
     def record(kernel, grid, args, kw):
-        seen.append((kernel, tuple(grid), {k: v for k, v in kw.items()
-                                           if k != "QUANT" and not k.endswith("_strides")},
-                     kw.get("QUANT", 0)))
+        seen.append(
+            (
+                kernel,
+                tuple(grid),
+                {k: v for k, v in kw.items() if k != "QUANT" and not k.endswith("_strides")},
+                kw.get("QUANT", 0),
+            )
+        )
         return orig(kernel, grid, args, kw)
 
     monkeypatch.setattr(fastpath, "launch", record)
@@ -85,8 +92,9 @@ def _quantize_as_16_bit(launches, q, k, cos, sin, fmts, **kw):
     for fmt in fmts:
         launches.clear()
         out[fmt] = ditfuse.qk_norm_rope(q, k, cos, sin, quantize=fmt, **kw)
-        assert [x[:3] for x in launches] == [want[:3]], \
+        assert [x[:3] for x in launches] == [want[:3]], (
             "the quantizing call launched another kernel, form or launch setting"
+        )
         assert launches[0][3] == _QCODE[fmt]
     return y16, want, out
 
@@ -134,8 +142,11 @@ def _check_against(res, y16, fmt, layout, H):
         wv, ws = quantize_per_token(y, fmt, layout=layout, num_heads=H)
         assert v.shape == y.shape and v.dtype == wv.dtype and s.shape == ws.shape
         bad = _bits(v) != _bits(wv)
-        assert not bad.any(), (f"{int(bad.sum())} of {v.numel()} values differ",
-                               v[bad][:8], wv[bad][:8])
+        assert not bad.any(), (
+            f"{int(bad.sum())} of {v.numel()} values differ",
+            v[bad][:8],
+            wv[bad][:8],
+        )
         assert torch.equal(s, ws)
 
 
@@ -145,22 +156,31 @@ def _check_reference(res, ref, ref16, fmt, dtype, layout, H):
     a step of the format (plus the 16-bit tolerance) of the reference's 16-bit output."""
     tol = TOL[dtype]
     rel, absolute = HALF_STEP[fmt]
-    for v, s, rs, y in ((res.q, res.q_scale, ref.q_scale, ref16[0]),
-                        (res.k, res.k_scale, ref.k_scale, ref16[1])):
+    for v, s, rs, y in (
+        (res.q, res.q_scale, ref.q_scale, ref16[0]),
+        (res.k, res.k_scale, ref.k_scale, ref16[1]),
+    ):
         if y is None:
             continue
         floor = tol["rtol"] * y.float().pow(2).mean().sqrt().item()  # as assert_close_report
-        torch.testing.assert_close(s, rs, rtol=tol["rtol"], atol=max(tol["atol"], floor) / QMAX[fmt])
+        torch.testing.assert_close(
+            s, rs, rtol=tol["rtol"], atol=max(tol["atol"], floor) / QMAX[fmt]
+        )
         yr = _heads(y, layout, H).float()
         err = (_dequant(v, s, layout, H) - yr).abs()
         u = UNIT_ROUNDOFF[torch.float32].rtol
-        bound = (rel * yr.abs() + absolute * s.transpose(1, 2)[..., None]) * (1 + 4 * u) \
-            + tol["rtol"] * yr.abs() + max(tol["atol"], floor)
+        bound = (
+            (rel * yr.abs() + absolute * s.transpose(1, 2)[..., None]) * (1 + 4 * u)
+            + tol["rtol"] * yr.abs()
+            + max(tol["atol"], floor)
+        )
         assert (err <= bound).all(), float((err - bound).max())
 
 
 def _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B, S, fmts):
-    g = torch.Generator().manual_seed(zlib.crc32(f"q8{kind}{span}{style}{dtype}{table}{form}{S}".encode()))
+    g = torch.Generator().manual_seed(
+        zlib.crc32(f"q8{kind}{span}{style}{dtype}{table}{form}{S}".encode())
+    )
     q, k, kw, _ = make_qk(form, B, S, H, D, dtype, g)
     qn = make_norm(kind, span, H, D, dtype, g)
     kn = make_norm(kind, span, H, D, dtype, g)
@@ -172,10 +192,12 @@ def _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B,
         kw.update(tkw, rope_style=style)
     layout = kw.get("layout", "bshd")
     q_in, k_in = q.clone(), k.clone()
-    y16, _, results = _quantize_as_16_bit(launches, q, k, cos, sin, fmts, q_norm=qn, k_norm=kn,
-                                          **kw)
-    ref16 = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
-                                           compute_dtype=torch.float64, **kw)
+    y16, _, results = _quantize_as_16_bit(
+        launches, q, k, cos, sin, fmts, q_norm=qn, k_norm=kn, **kw
+    )
+    ref16 = ditfuse.qk_norm_rope_reference(
+        q, k, cos, sin, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, **kw
+    )
     for fmt in fmts:
         res = results[fmt]
         assert isinstance(res, QuantizedQK)
@@ -184,8 +206,9 @@ def _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B,
         assert res.q.shape == q.shape and res.q.dtype == mod.QUANT_DTYPES[fmt]
         _check_written(res, fmt, layout, H)
         _check_against(res, y16, fmt, layout, H)
-        ref = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=qn, k_norm=kn,
-                                             compute_dtype=torch.float64, quantize=fmt, **kw)
+        ref = ditfuse.qk_norm_rope_reference(
+            q, k, cos, sin, q_norm=qn, k_norm=kn, compute_dtype=torch.float64, quantize=fmt, **kw
+        )
         assert isinstance(ref, QuantizedQK)
         _check_reference(res, ref, ref16, fmt, dtype, layout, H)
 
@@ -193,8 +216,18 @@ def _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B,
 NORMS = ["rms", "rms_noaffine", "layer", "dyt", "rms_roundw", None]
 SPANS = ["head", "all"]
 STYLES = ["interleaved", "half", None]
-TABLES = ["S,W", "1,S,1,W", "B,S,W", "B,S,1,W", "S,H,W", "B,S,H,W", "unique", "pos", "pos_b",
-          "bf16"]
+TABLES = [
+    "S,W",
+    "1,S,1,W",
+    "B,S,W",
+    "B,S,1,W",
+    "S,H,W",
+    "B,S,H,W",
+    "unique",
+    "pos",
+    "pos_b",
+    "bf16",
+]
 FORMS = ["bshd", "bhsd", "flat", "packed", "strided_d"]
 HEAD_SHAPES = [(3, 64), (5, 32), (2, 80), (6, 16), (1, 128), (7, 24)]
 
@@ -206,8 +239,9 @@ def _sweep():
     rotary, batch and token count cycle, so each value of each occurs (both formats every
     case)."""
     out = []
-    triples = [t for t in itertools.product(NORMS, SPANS, STYLES)
-               if not (t[0] is None and t[1] == "all")]
+    triples = [
+        t for t in itertools.product(NORMS, SPANS, STYLES) if not (t[0] is None and t[1] == "all")
+    ]
     for i, (kind, span, style) in enumerate(triples):
         dtype = DTYPES[(i + i // 3) % len(DTYPES)]
         H, D = HEAD_SHAPES[i % len(HEAD_SHAPES)]
@@ -216,17 +250,30 @@ def _sweep():
         partial = style is not None and i % 4 == 1
         B = 1 + i % 2
         S = 7 if i % 5 == 3 else 3
-        out.append(pytest.param(kind, span, style, dtype, H, D, table, form, partial, B, S,
-                                id=f"{kind}-{span}-{style}-{str(dtype)[6:]}-{H}x{D}-{table}-{form}"
-                                   f"{'-partial' if partial else ''}-B{B}-S{S}"))
+        out.append(
+            pytest.param(
+                kind,
+                span,
+                style,
+                dtype,
+                H,
+                D,
+                table,
+                form,
+                partial,
+                B,
+                S,
+                id=f"{kind}-{span}-{style}-{str(dtype)[6:]}-{H}x{D}-{table}-{form}"
+                f"{'-partial' if partial else ''}-B{B}-S{S}",
+            )
+        )
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,span,style,dtype,H,D,table,form,partial,B,S", _sweep())
 @torch.no_grad()
-def test_sweep(kind, span, style, dtype, H, D, table, form, partial, B, S, launches,
-               poison_quant):
+def test_sweep(kind, span, style, dtype, H, D, table, form, partial, B, S, launches, poison_quant):
     _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B, S, FORMATS)
 
 
@@ -238,8 +285,20 @@ FAST = [
     ("rms", "all", "interleaved", torch.bfloat16, 5, 32, "1,S,1,W", "flat", False, 1, 17, "fp8"),
     ("layer", "all", "half", torch.float16, 3, 64, "B,S,W", "bhsd", False, 2, 4, "int8"),
     ("dyt", "head", "half", torch.bfloat16, 5, 32, "unique", "packed", False, 1, 5, "fp8"),
-    ("rms_roundw", "head", "interleaved", torch.float16, 7, 24, "S,H,W", "strided_d", True, 1, 4,
-     "int8"),
+    (
+        "rms_roundw",
+        "head",
+        "interleaved",
+        torch.float16,
+        7,
+        24,
+        "S,H,W",
+        "strided_d",
+        True,
+        1,
+        4,
+        "int8",
+    ),
     ("rms_noaffine", "head", "half", torch.float32, 2, 80, "pos_b", "bshd", True, 2, 3, "fp8"),
     (None, "head", "interleaved", torch.bfloat16, 6, 16, "unique", "bhsd", False, 1, 37, "int8"),
     ("layer", "head", None, torch.bfloat16, 1, 128, None, "flat", False, 2, 4, "fp8"),
@@ -250,11 +309,19 @@ FAST = [
 
 @pytest.mark.parametrize(
     "kind,span,style,dtype,H,D,table,form,partial,B,S,fmt",
-    [pytest.param(*c, id=f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-{c[4]}x{c[5]}-{c[6]}-{c[7]}"
-                        f"{'-partial' if c[8] else ''}-B{c[9]}-S{c[10]}-{c[11]}") for c in FAST])
+    [
+        pytest.param(
+            *c,
+            id=f"{c[0]}-{c[1]}-{c[2]}-{str(c[3])[6:]}-{c[4]}x{c[5]}-{c[6]}-{c[7]}"
+            f"{'-partial' if c[8] else ''}-B{c[9]}-S{c[10]}-{c[11]}",
+        )
+        for c in FAST
+    ],
+)
 @torch.no_grad()
-def test_representative(kind, span, style, dtype, H, D, table, form, partial, B, S, fmt,
-                        launches, poison_quant):
+def test_representative(
+    kind, span, style, dtype, H, D, table, form, partial, B, S, fmt, launches, poison_quant
+):
     _run_case(launches, kind, span, style, dtype, H, D, table, form, partial, B, S, [fmt])
 
 
@@ -269,7 +336,9 @@ def test_zero_head_and_k_none(fmt, poison_quant):
     q[1, 2, 1] = 0
     q[0, 0, 2] = 0
     cos, sin = rope_tables(S, D)
-    norm = NormSpec("rms", weight=(torch.randn(D, generator=g) - 0.2).to(dtype).to(DEVICE), eps=1e-6)
+    norm = NormSpec(
+        "rms", weight=(torch.randn(D, generator=g) - 0.2).to(dtype).to(DEVICE), eps=1e-6
+    )
     res = ditfuse.qk_norm_rope(q, None, cos, sin, q_norm=norm, quantize=fmt)
     assert res.k is None and res.k_scale is None
     assert res.q_scale[1, 1, 2] == 1.0 and res.q_scale[0, 2, 0] == 1.0
@@ -299,9 +368,42 @@ def test_ties_round_to_even(poison_quant):
     quantized value is the rounding of x itself: ties go to even (int8: 2.5 -> 2, -3.5 -> -4;
     fp8: 1.0625 -> 1, 1.1875 -> 1.25, 17 -> 16, subnormal 1.5 * 2^-9 -> 2^-8, 2^-10 -> 0)."""
     D = 16
-    row8 = [127.0, 2.5, -2.5, 3.5, -3.5, 0.5, -0.5, 1.5, 126.5, -126.5, 0.25, 0.75, -1.5, 4.5, 5.5, 0.0]
-    rowf = [448.0, 1.0625, 1.1875, -1.0625, 17.0, -19.0, 1.5 * 2**-9, 2.0**-10, -(2.0**-10),
-            2.5 * 2**-9, 240.0, 232.0, 0.0, 3.0 * 2**-9, -416.0, 15.0 * 2**-10]
+    row8 = [
+        127.0,
+        2.5,
+        -2.5,
+        3.5,
+        -3.5,
+        0.5,
+        -0.5,
+        1.5,
+        126.5,
+        -126.5,
+        0.25,
+        0.75,
+        -1.5,
+        4.5,
+        5.5,
+        0.0,
+    ]
+    rowf = [
+        448.0,
+        1.0625,
+        1.1875,
+        -1.0625,
+        17.0,
+        -19.0,
+        1.5 * 2**-9,
+        2.0**-10,
+        -(2.0**-10),
+        2.5 * 2**-9,
+        240.0,
+        232.0,
+        0.0,
+        3.0 * 2**-9,
+        -416.0,
+        15.0 * 2**-10,
+    ]
     want8 = [127, 2, -2, 4, -4, 0, 0, 2, 126, -126, 0, 1, -2, 4, 6, 0]
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x8 = torch.tensor(row8).reshape(1, 1, 1, D).to(dtype).to(DEVICE)
@@ -326,8 +428,7 @@ def _rounding_kernel(y_ptr, o_ptr, inv, N, BLOCK: tl.constexpr, QUANT: tl.conste
     m = i < N
     y = tl.load(y_ptr + i, mask=m, other=0.0)
     qo_ptr = _quant_ptr(o_ptr, QUANT)
-    tl.store(qo_ptr + i, _cast_out(_quant_values(y, inv, QUANT), qo_ptr.dtype.element_ty),
-             mask=m)
+    tl.store(qo_ptr + i, _cast_out(_quant_values(y, inv, QUANT), qo_ptr.dtype.element_ty), mask=m)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -342,12 +443,22 @@ def test_rounding_matches_torch(fmt, inv):
     inv = float(torch.tensor(inv, dtype=torch.float32))  # the fp32 value the kernel gets
     scale = 1 / inv
     lim = qmax * scale
-    pools = [torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float(),
-             torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.float16).float()]
+    pools = [
+        torch.arange(-(2**15), 2**15, dtype=torch.int32)
+        .to(torch.int16)
+        .view(torch.bfloat16)
+        .float(),
+        torch.arange(-(2**15), 2**15, dtype=torch.int32)
+        .to(torch.int16)
+        .view(torch.float16)
+        .float(),
+    ]
     if fmt == "int8":
         grid = torch.arange(-127, 128, dtype=torch.float32)
     else:
-        grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        grid = (
+            torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+        )
         grid = grid[grid.isfinite()].unique()
     mids = (grid[1:] + grid[:-1]) / 2  # exact in fp32: ties of the format's rounding
     pools += [mids * scale, grid * scale, (mids + mids.abs() * 2**-20) * scale]
@@ -363,8 +474,9 @@ def test_rounding_matches_torch(fmt, inv):
     out = torch.full(y.shape, 1, dtype=torch.uint8).view(ref.dtype).to(DEVICE)
     block = 65536 if DEVICE == "cpu" else 1024
     n = y.numel()
-    _rounding_kernel[(-(-n // block),)](y.to(DEVICE), out, inv, n, BLOCK=block,
-                                          QUANT=1 if fmt == "int8" else 2)
+    _rounding_kernel[(-(-n // block),)](
+        y.to(DEVICE), out, inv, n, BLOCK=block, QUANT=1 if fmt == "int8" else 2
+    )
     bad = _bits(out.cpu()) != _bits(ref)
     assert not bad.any(), (int(bad.sum()), y[bad][:8], out.cpu()[bad][:8], ref[bad][:8])
 
@@ -379,15 +491,19 @@ def test_heads_per_program_same_bits(settings, poison_quant):
     q = (torch.randn(B, S, H, D, generator=g) * 2).to(dtype).to(DEVICE)
     k = (torch.randn(B, S, H, D, generator=g) * 2).to(dtype).to(DEVICE)
     cos, sin = rope_tables(S, D, style="half")
-    norm = NormSpec("layer", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE),
-                    bias=torch.randn(D, generator=g).to(dtype).to(DEVICE), eps=1e-6)
+    norm = NormSpec(
+        "layer",
+        weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE),
+        bias=torch.randn(D, generator=g).to(dtype).to(DEVICE),
+        eps=1e-6,
+    )
     p = mod.plan(q, k, cos, sin, q_norm=norm, k_norm=norm, rope_style="half")
-    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, rope_style="half",
-                                quantize="int8")
+    want = ditfuse.qk_norm_rope(
+        q, k, cos, sin, q_norm=norm, k_norm=norm, rope_style="half", quantize="int8"
+    )
     got = mod._quant_outputs(q, k, "int8", None, "bshd")
     heads, warps = settings
-    st = mod.launch_settings(H, D, flat=False, has_k=True, itemsize=2, heads=heads,
-                             num_warps=warps)
+    st = mod.launch_settings(H, D, flat=False, has_k=True, itemsize=2, heads=heads, num_warps=warps)
     mod.launch(p, got.q, got.k, settings=st, quant=("int8", got.q_scale, got.k_scale))
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -399,8 +515,21 @@ def test_heads_per_program_same_bits(settings, poison_quant):
 def test_head_groups_with_masked_heads(fmt, launches, poison_quant):
     """40 heads of 256 channels: 16 heads a program (the launch table), the last group
     masked (8 of 16)."""
-    _run_case(launches, "rms", "head", "interleaved", torch.bfloat16, 40, 256, "S,W", "bshd",
-              False, 1, 2, [fmt])
+    _run_case(
+        launches,
+        "rms",
+        "head",
+        "interleaved",
+        torch.bfloat16,
+        40,
+        256,
+        "S,W",
+        "bshd",
+        False,
+        1,
+        2,
+        [fmt],
+    )
 
 
 # Wan's form (a norm across every head, interleaved RoPE over whole heads): the flat-row
@@ -410,31 +539,55 @@ def test_head_groups_with_masked_heads(fmt, launches, poison_quant):
 # 1536 = 1024 + 512 at head_dim 128 (Wan 1.3B) and 64, 224 = 128 + 128 with the second piece
 # masked (a dead head)
 WAN_SHAPES = [(40, 128), (12, 128), (24, 64), (7, 32)]
-WAN_FORMS = [(torch.bfloat16, "pairs"), (torch.bfloat16, "channel"), (torch.float16, "pairs"),
-             (torch.float16, "channel"), (torch.float32, "channel")]
-WAN_FAST = {((40, 128), torch.bfloat16, "pairs"), ((12, 128), torch.float16, "channel"),
-            ((24, 64), torch.float32, "channel"), ((7, 32), torch.bfloat16, "bhsd"),
-            ((12, 128), torch.bfloat16, "q-only")}
+WAN_FORMS = [
+    (torch.bfloat16, "pairs"),
+    (torch.bfloat16, "channel"),
+    (torch.float16, "pairs"),
+    (torch.float16, "channel"),
+    (torch.float32, "channel"),
+]
+WAN_FAST = {
+    ((40, 128), torch.bfloat16, "pairs"),
+    ((12, 128), torch.float16, "channel"),
+    ((24, 64), torch.float32, "channel"),
+    ((7, 32), torch.bfloat16, "bhsd"),
+    ((12, 128), torch.bfloat16, "q-only"),
+}
 
 
 def _wan_cases():
     out = []
     cases = [(hd, dt, form) for hd in WAN_SHAPES for dt, form in WAN_FORMS]
-    cases += [((7, 32), torch.bfloat16, "bhsd"), ((40, 128), torch.float16, "bhsd"),
-              ((12, 128), torch.bfloat16, "q-only"), ((24, 64), torch.float32, "q-only")]
+    cases += [
+        ((7, 32), torch.bfloat16, "bhsd"),
+        ((40, 128), torch.float16, "bhsd"),
+        ((12, 128), torch.bfloat16, "q-only"),
+        ((24, 64), torch.float32, "q-only"),
+    ]
     for i, (hd, dtype, form) in enumerate(cases):
         table = ("unique", "1,S,1,W", "S,W")[i % 3]  # half-width (patched Wan), Wan's own, 2-D
         B, S = (1, 5) if i % 2 else (2, 3)
         marks = () if (hd, dtype, form) in WAN_FAST else (pytest.mark.slow,)
-        out.append(pytest.param(hd, dtype, form, table, B, S, marks=marks,
-                                id=f"{hd[0]}x{hd[1]}-{str(dtype)[6:]}-{form}-{table}-B{B}-S{S}"))
+        out.append(
+            pytest.param(
+                hd,
+                dtype,
+                form,
+                table,
+                B,
+                S,
+                marks=marks,
+                id=f"{hd[0]}x{hd[1]}-{str(dtype)[6:]}-{form}-{table}-B{B}-S{S}",
+            )
+        )
     return out
 
 
 @pytest.mark.parametrize("hd,dtype,form,table,B,S", _wan_cases())
 @torch.no_grad()
-def test_norm_across_heads_bitwise(hd, dtype, form, table, B, S, launches, monkeypatch,
-                                   poison_quant):
+def test_norm_across_heads_bitwise(
+    hd, dtype, form, table, B, S, launches, monkeypatch, poison_quant
+):
     """Wan's form quantizes the 16-bit call's own output bitwise: the quantizing call runs
     the flat-row kernel in the form the 16-bit call takes (the fp32 sum of squares in the
     same order), each head of a piece with its own scale; a zero head of a token: scale 1."""
@@ -485,8 +638,14 @@ def test_flat_split_and_warps_same_bits(fmt, poison_quant):
     want = ditfuse.qk_norm_rope(q, k, cos, sin, quantize=fmt, **kw)
     for warps, split in ((1, True), (1, False), (4, False)):
         got = mod._quant_outputs(q, k, fmt, H, "bshd")
-        mod.launch_flat(p, _heads(got.q, "bshd", H), _heads(got.k, "bshd", H), num_warps=warps,
-                        split=split, quant=(fmt, got.q_scale, got.k_scale))
+        mod.launch_flat(
+            p,
+            _heads(got.q, "bshd", H),
+            _heads(got.k, "bshd", H),
+            num_warps=warps,
+            split=split,
+            quant=(fmt, got.q_scale, got.k_scale),
+        )
         for a, b in zip(got, want):
             assert torch.equal(_bits(a), _bits(b)), (warps, split)
 
@@ -538,22 +697,38 @@ def test_sm90_builds_sum_in_the_16_bit_order():
     per-token kernel: FLUX.2 in bf16 (pairs a word) and fp32 (pairs split from channel rows,
     whose 8-bit store shares their shape), Stable Audio 3's partial rotate-half with
     pass-through channels."""
-    specs = [("wan14b-half-table", {}), ("wan14b-fp16", {}), ("wan14b-fp32", {}),
-             ("wan14b", {"layout": "bhsd"}), ("wan14b", {"H": 7, "D": 32}), ("flux2", {}),
-             ("flux2-fp32", {}), ("sa3", {"dtype": "fp32"})]
+    specs = [
+        ("wan14b-half-table", {}),
+        ("wan14b-fp16", {}),
+        ("wan14b-fp32", {}),
+        ("wan14b", {"layout": "bhsd"}),
+        ("wan14b", {"H": 7, "D": 32}),
+        ("flux2", {}),
+        ("flux2-fp32", {}),
+        ("sa3", {"dtype": "fp32"}),
+    ]
     env = dict(os.environ, TRITON_INTERPRET="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(ditfuse.__file__).parents[1])] + (
-        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    r = subprocess.run([sys.executable, "-c", _SUM_LAYOUTS, json.dumps(specs)], env=env,
-                       capture_output=True, text=True, timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(ditfuse.__file__).parents[1])]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", _SUM_LAYOUTS, json.dumps(specs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(rows) == len(specs)
     for name, builds in rows.items():
         want = builds["None"]
         flat = name.startswith("wan")
-        assert want and all((k == "_qk_norm_rope_flat_kernel") == flat for k, _, _ in want), \
-            (name, want)
+        assert want and all((k == "_qk_norm_rope_flat_kernel") == flat for k, _, _ in want), (
+            name,
+            want,
+        )
         for q in ("int8", "fp8"):
             assert builds[q] == want, (name, q, builds[q], want)
 
@@ -618,8 +793,10 @@ def test_replays_keep_formats_apart(monkeypatch, poison_quant):
     B, S, H, D, dtype = 1, 3, 2, 32, torch.bfloat16
     g = torch.Generator().manual_seed(4)
     # two norms: a tensor passed twice (one weight for Q and K) is an alias, never cached
-    nq, nk = [NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE),
-                       eps=1e-6) for _ in range(2)]
+    nq, nk = [
+        NormSpec("rms", weight=(torch.randn(D, generator=g) + 1).to(dtype).to(DEVICE), eps=1e-6)
+        for _ in range(2)
+    ]
     cos, sin = rope_tables(S, D)
 
     def fresh():
@@ -634,8 +811,7 @@ def test_replays_keep_formats_apart(monkeypatch, poison_quant):
                 assert (n[0] > before) == (rnd == 1)
                 with monkeypatch.context() as m:
                     m.setattr(fastpath, "ENABLED", False)
-                    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=nq, k_norm=nk,
-                                                quantize=fmt)
+                    want = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=nq, k_norm=nk, quantize=fmt)
                 assert type(got) is type(want)
                 for a, b in zip(got, want):
                     assert torch.equal(_bits(a), _bits(b))
@@ -656,16 +832,25 @@ def _lib_inputs(dtype=torch.bfloat16):
 
 def test_opcheck_quant():
     q, k, cos, sin, norm, H = _lib_inputs()
-    kw = dict(q_norm=norm, k_norm=norm, num_heads=H, rope_style="interleaved", rotary_dim=None,
-              positions=None, round_after_norm=True, layout="bshd")
+    kw = dict(
+        q_norm=norm,
+        k_norm=norm,
+        num_heads=H,
+        rope_style="interleaved",
+        rotary_dim=None,
+        positions=None,
+        round_after_norm=True,
+        layout="bshd",
+    )
     args = mod.op_args(q, k, cos, sin, **kw)
     torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope_quant.default, (*args, "int8"))
     args = mod.op_args(q, None, cos, sin, **dict(kw, k_norm=None))
     torch.library.opcheck(torch.ops.ditfuse.qk_norm_rope_quant.default, (*args, "fp8"))
 
 
-@pytest.mark.parametrize("fmt,with_k,backend", [("int8", True, "inductor"),
-                                                ("fp8", False, "aot_eager")])
+@pytest.mark.parametrize(
+    "fmt,with_k,backend", [("int8", True, "inductor"), ("fp8", False, "aot_eager")]
+)
 @torch.no_grad()
 def test_compile_fullgraph_matches_eager(fmt, with_k, backend):
     q, k, cos, sin, norm, H = _lib_inputs()
@@ -674,8 +859,16 @@ def test_compile_fullgraph_matches_eager(fmt, with_k, backend):
 
     def f(q, k, cos, sin):
         q = q * 1.5  # an op around the custom op
-        r = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm if k is not None else None,
-                                 num_heads=H, quantize=fmt)
+        r = ditfuse.qk_norm_rope(
+            q,
+            k,
+            cos,
+            sin,
+            q_norm=norm,
+            k_norm=norm if k is not None else None,
+            num_heads=H,
+            quantize=fmt,
+        )
         return r.q, r.k, r.q_scale * 2, r.k_scale
 
     want = f(q, k, cos, sin)

@@ -1,10 +1,11 @@
 """The rotary tables the patched processors hand to qk_norm_rope (``patching.table_once``):
 made once per table object and version, and Wan's arithmetic for any table (pair columns
 that differ included)."""
+
 import pytest
 import torch
-
 from conftest import DEVICE, assert_close_report
+
 from ditfuse.patching.common import _TABLES, table_once
 
 
@@ -50,8 +51,9 @@ def test_patched_wan_processor_any_table(dtype, monkeypatch):
 
     torch.manual_seed(3)
     B, H, D, S = 2, 3, 64, 7
-    attn = tw.WanAttention(dim=H * D, heads=H, dim_head=D, eps=1e-6,
-                           processor=tw.WanAttnProcessor()).to(DEVICE, dtype)
+    attn = tw.WanAttention(
+        dim=H * D, heads=H, dim_head=D, eps=1e-6, processor=tw.WanAttnProcessor()
+    ).to(DEVICE, dtype)
     for p in (attn.norm_q.weight, attn.norm_k.weight):
         p.copy_(torch.rand_like(p) + 0.5)
     cos = torch.rand(1, S, 1, D, device=DEVICE) * 2 - 1

@@ -5,6 +5,8 @@ Public API: the ops (each a ``torch.library`` op too), their pure-PyTorch refere
 through Triton's interpreter on CPU tensors (``ditfuse.runtime.backend``); other Triton code
 in the process is left as the environment configures it.
 """
+
+from ditfuse._version import __version__
 from ditfuse.norms import NormSpec
 from ditfuse.ops.activations import gelu, swiglu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
@@ -14,10 +16,22 @@ from ditfuse.ops.group_norm import group_norm_silu, rms_norm_silu_channels
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope, qk_norm_rope_reference
 from ditfuse.patching import patch, unpatch
 
-from ditfuse._version import __version__
-
-__all__ = ["NormSpec", "qk_norm_rope", "qk_norm_rope_reference", "QuantizedQK",
-           "adaln_modulate", "gated_residual", "gated_residual_adaln", "group_norm_silu",
-           "rms_norm_silu_channels",
-           "swiglu", "gelu", "attention", "sliding_window_attention", "sliding_window_attention_reference",
-           "patch", "unpatch", "__version__"]
+__all__ = [
+    "NormSpec",
+    "qk_norm_rope",
+    "qk_norm_rope_reference",
+    "QuantizedQK",
+    "adaln_modulate",
+    "gated_residual",
+    "gated_residual_adaln",
+    "group_norm_silu",
+    "rms_norm_silu_channels",
+    "swiglu",
+    "gelu",
+    "attention",
+    "sliding_window_attention",
+    "sliding_window_attention_reference",
+    "patch",
+    "unpatch",
+    "__version__",
+]

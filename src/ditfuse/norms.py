@@ -4,6 +4,7 @@ A fused kernel needs the numbers of a norm (kind, weight, bias, eps, DyT's alpha
 module. :func:`resolve_norm` accepts the modules the target models use and turns them into
 a :class:`NormSpec`; users without those modules build a ``NormSpec`` directly.
 """
+
 from __future__ import annotations
 
 import math
@@ -125,29 +126,48 @@ def resolve_norm(norm, arg: str) -> Optional[NormSpec]:
     if kind == "rms":
         return NormSpec("rms", weight=norm.weight, eps=norm.eps, size=_numel(norm.normalized_shape))
     if kind == "layer":
-        return NormSpec("layer", weight=norm.weight, bias=norm.bias, eps=norm.eps,
-                        size=_numel(norm.normalized_shape))
+        return NormSpec(
+            "layer",
+            weight=norm.weight,
+            bias=norm.bias,
+            eps=norm.eps,
+            size=_numel(norm.normalized_shape),
+        )
     if kind == "dyt":
         # 16-bit parameters: the module computes in the activation dtype, one op at a time
         # (alpha * x, tanh, * gamma, + beta each rounded), which round_before_weight follows
-        return NormSpec("dyt", weight=norm.gamma, bias=getattr(norm, "beta", None), eps=None,
-                        alpha=norm.alpha, size=norm.gamma.numel(),
-                        round_before_weight=norm.gamma.dtype in (torch.float16, torch.bfloat16))
+        return NormSpec(
+            "dyt",
+            weight=norm.gamma,
+            bias=getattr(norm, "beta", None),
+            eps=None,
+            alpha=norm.alpha,
+            size=norm.gamma.numel(),
+            round_before_weight=norm.gamma.dtype in (torch.float16, torch.bfloat16),
+        )
     if kind == "sa3-half":
-        raise TypeError(f"{arg}: StableAudio3RMSNorm(force_fp32=False) computes in the activation "
-                        "dtype; ditfuse computes in fp32 only")
+        raise TypeError(
+            f"{arg}: StableAudio3RMSNorm(force_fp32=False) computes in the activation "
+            "dtype; ditfuse computes in fp32 only"
+        )
     if kind == "sa3":
         return NormSpec("rms", weight=norm.gamma, eps=norm.eps, size=norm.gamma.numel())
     if kind == "diffusers-rms":
         w = getattr(norm, "weight", None)
-        return NormSpec("rms", weight=w, bias=getattr(norm, "bias", None), eps=norm.eps,
-                        size=_numel(norm.dim),
-                        round_before_weight=w is not None and w.dtype in (torch.float16, torch.bfloat16))
+        return NormSpec(
+            "rms",
+            weight=w,
+            bias=getattr(norm, "bias", None),
+            eps=norm.eps,
+            size=_numel(norm.dim),
+            round_before_weight=w is not None and w.dtype in (torch.float16, torch.bfloat16),
+        )
     name = type(norm).__name__
     raise TypeError(
         f"{arg}: cannot read a norm from {type(norm).__module__}.{name}; pass torch.nn.RMSNorm, "
         "torch.nn.LayerNorm, diffusers RMSNorm/FP32LayerNorm, StableAudio3RMSNorm, DynamicTanh, "
-        "a ditfuse.NormSpec, or None")
+        "a ditfuse.NormSpec, or None"
+    )
 
 
 def needs_grad(t) -> bool:
@@ -157,12 +177,14 @@ def needs_grad(t) -> bool:
     if isinstance(t, torch.nn.Module):
         return any(p.requires_grad for p in t.parameters())
     if isinstance(t, NormSpec):
-        return any(isinstance(v, torch.Tensor) and v.requires_grad
-                   for v in (t.weight, t.bias, t.alpha))
+        return any(
+            isinstance(v, torch.Tensor) and v.requires_grad for v in (t.weight, t.bias, t.alpha)
+        )
     return isinstance(t, torch.Tensor) and t.requires_grad
 
 
 # a norm as plain op arguments (torch.library schemas take tensors and scalars, not objects)
+
 
 def flatten_norm(norm, arg):
     """A norm as op arguments: (weight, bias, alpha tensor, kind, eps, size, alpha, pre)."""
@@ -171,13 +193,28 @@ def flatten_norm(norm, arg):
         return None, None, None, NO_NORM, -1.0, 0, 0.0, False
     a_t = spec.alpha if isinstance(spec.alpha, torch.Tensor) else None
     a_v = float(spec.alpha) if (spec.alpha is not None and a_t is None) else 0.0
-    return (spec.weight, spec.bias, a_t, spec.code, -1.0 if spec.eps is None else float(spec.eps),
-            int(spec.size or 0), a_v, bool(spec.round_before_weight))
+    return (
+        spec.weight,
+        spec.bias,
+        a_t,
+        spec.code,
+        -1.0 if spec.eps is None else float(spec.eps),
+        int(spec.size or 0),
+        a_v,
+        bool(spec.round_before_weight),
+    )
 
 
 def unflatten_norm(w, b, a_t, kind, eps, size, a_v, pre):
     if kind == NO_NORM:
         return None
     alpha = a_t if a_t is not None else (a_v if kind == DYT else None)
-    return NormSpec(_KIND_NAME[kind], weight=w, bias=b, eps=None if eps < 0 else eps, alpha=alpha,
-                    size=size or None, round_before_weight=pre)
+    return NormSpec(
+        _KIND_NAME[kind],
+        weight=w,
+        bias=b,
+        eps=None if eps < 0 else eps,
+        alpha=alpha,
+        size=size or None,
+        round_before_weight=pre,
+    )

@@ -4,6 +4,7 @@ They serve twice: as the oracle of the tests (run in float64, rounding only wher
 kernel's contract says it rounds) and as the fallback on devices Triton cannot run on
 (run in float32).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -48,7 +49,7 @@ def _pairs(x: torch.Tensor, R: int, interleaved: bool):
     xr = x[..., :R]
     if interleaved:
         return xr[..., 0::2], xr[..., 1::2]
-    return xr[..., : R // 2], xr[..., R // 2:]
+    return xr[..., : R // 2], xr[..., R // 2 :]
 
 
 def _unpair(a: torch.Tensor, b: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -153,6 +154,7 @@ def quantize_per_token(y: torch.Tensor, fmt: str, *, layout: str = "bshd", num_h
 # --------------------------------------------------------------------------------------
 # AdaLN modulation and the gated residual (ditfuse.ops.adaln)
 
+
 def _adaln_norm(x, norm, weight, bias, eps, cd):
     if norm == "layer":
         mu = x.mean(-1, keepdim=True)
@@ -168,8 +170,20 @@ def _adaln_norm(x, norm, weight, bias, eps, cd):
     return y
 
 
-def adaln_reference(x, shift=None, scale=None, *, norm="layer", weight=None, bias=None, eps=1e-6,
-                    rounding="once", residual=None, gate=None, compute_dtype=torch.float32):
+def adaln_reference(
+    x,
+    shift=None,
+    scale=None,
+    *,
+    norm="layer",
+    weight=None,
+    bias=None,
+    eps=1e-6,
+    rounding="once",
+    residual=None,
+    gate=None,
+    compute_dtype=torch.float32,
+):
     """Reference of :func:`ditfuse.adaln_modulate` and, with ``residual`` given, of
     :func:`ditfuse.gated_residual_adaln` (returns ``(x_new, modulated)`` then).
 
@@ -213,6 +227,7 @@ def adaln_reference(x, shift=None, scale=None, *, norm="layer", weight=None, bia
 # --------------------------------------------------------------------------------------
 # GroupNorm + SiLU and Wan's channel RMS norm + SiLU (ditfuse.ops.group_norm)
 
+
 def _channel_shape(p, x):
     """A per-channel parameter (C elements, any (C,)/(C, 1, 1)-like shape) broadcast to x."""
     return p.reshape((1, x.shape[1]) + (1,) * (x.dim() - 2))
@@ -241,9 +256,18 @@ class RoundedChain(NamedTuple):
     stats: dict
 
 
-def group_norm_silu_chain(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                          round_after_norm=True, compute_dtype=torch.float64,
-                          record=True) -> RoundedChain:
+def group_norm_silu_chain(
+    x,
+    num_groups,
+    weight=None,
+    bias=None,
+    eps=1e-6,
+    *,
+    silu=True,
+    round_after_norm=True,
+    compute_dtype=torch.float64,
+    record=True,
+) -> RoundedChain:
     """:func:`group_norm_silu_reference` with its intermediate rounding exposed (see
     :class:`RoundedChain`): with ``round_after_norm`` and ``silu`` the normalised, affine
     value ``y`` is rounded to x's dtype before the SiLU (gain 1); without SiLU that rounding
@@ -272,23 +296,50 @@ def group_norm_silu_chain(x, num_groups, weight=None, bias=None, eps=1e-6, *, si
     def per_channel(t):  # (N, G, 1) -> (N, C, 1, ...)
         return t.expand(N, num_groups, C // num_groups).reshape(bshape)
 
-    return RoundedChain(y.to(x.dtype), steps, pre,
-                        {"mean": per_channel(mu), "rstd": per_channel(rstd)})
+    return RoundedChain(
+        y.to(x.dtype), steps, pre, {"mean": per_channel(mu), "rstd": per_channel(rstd)}
+    )
 
 
-def group_norm_silu_reference(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                              round_after_norm=True, compute_dtype=torch.float32):
+def group_norm_silu_reference(
+    x,
+    num_groups,
+    weight=None,
+    bias=None,
+    eps=1e-6,
+    *,
+    silu=True,
+    round_after_norm=True,
+    compute_dtype=torch.float32,
+):
     """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, no ``out``; does not
     validate them). x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one
     rounding to x's dtype at the end (and after the affine with ``round_after_norm``)."""
-    return group_norm_silu_chain(x, num_groups, weight, bias, eps, silu=silu,
-                                 round_after_norm=round_after_norm, compute_dtype=compute_dtype,
-                                 record=False).out
+    return group_norm_silu_chain(
+        x,
+        num_groups,
+        weight,
+        bias,
+        eps,
+        silu=silu,
+        round_after_norm=round_after_norm,
+        compute_dtype=compute_dtype,
+        record=False,
+    ).out
 
 
-def rms_norm_silu_channels_chain(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True,
-                                 round_after_norm=True, compute_dtype=torch.float64,
-                                 record=True) -> RoundedChain:
+def rms_norm_silu_channels_chain(
+    x,
+    gamma=None,
+    bias=None,
+    eps=1e-12,
+    *,
+    scale=None,
+    silu=True,
+    round_after_norm=True,
+    compute_dtype=torch.float64,
+    record=True,
+) -> RoundedChain:
     """:func:`rms_norm_silu_channels_reference` with its intermediate roundings exposed (see
     :class:`RoundedChain`). With ``round_after_norm`` each step rounds: ``r1`` = normalize,
     ``r2 = r1 * scale``, ``r3 = r2 * gamma``, ``r4 = r3 + bias``; a change of ``r1`` reaches
@@ -299,7 +350,7 @@ def rms_norm_silu_channels_chain(x, gamma=None, bias=None, eps=1e-12, *, scale=N
     act = x.dtype
     C = x.shape[1]
     if scale is None:
-        scale = C ** 0.5
+        scale = C**0.5
     if isinstance(bias, (int, float)) and bias == 0:
         bias = None
     g = None if gamma is None else _channel_shape(gamma, x).to(cd)
@@ -327,20 +378,37 @@ def rms_norm_silu_channels_chain(x, gamma=None, bias=None, eps=1e-12, *, scale=N
     return RoundedChain(y.to(act), steps, pre if (silu and record) else None, {})
 
 
-def rms_norm_silu_channels_reference(x, gamma=None, bias=None, eps=1e-12, *, scale=None,
-                                     silu=True, round_after_norm=True,
-                                     compute_dtype=torch.float32):
+def rms_norm_silu_channels_reference(
+    x,
+    gamma=None,
+    bias=None,
+    eps=1e-12,
+    *,
+    scale=None,
+    silu=True,
+    round_after_norm=True,
+    compute_dtype=torch.float32,
+):
     """Pure-PyTorch :func:`ditfuse.rms_norm_silu_channels`: diffusers' ``WanRMS_norm``
     (``F.normalize(x, dim=1) * sqrt(C) * gamma + bias``) then SiLU, in ``compute_dtype``.
     ``round_after_norm`` rounds to x's dtype after each step, as the eager chain in half
     precision does. Does not validate its arguments."""
-    return rms_norm_silu_channels_chain(x, gamma, bias, eps, scale=scale, silu=silu,
-                                        round_after_norm=round_after_norm,
-                                        compute_dtype=compute_dtype, record=False).out
+    return rms_norm_silu_channels_chain(
+        x,
+        gamma,
+        bias,
+        eps,
+        scale=scale,
+        silu=silu,
+        round_after_norm=round_after_norm,
+        compute_dtype=compute_dtype,
+        record=False,
+    ).out
 
 
 # --------------------------------------------------------------------------------------
 # MLP activations (ditfuse.ops.activations)
+
 
 def swiglu_reference(x, *, compute_dtype=torch.float32):
     """Pure-PyTorch :func:`ditfuse.swiglu` (no ``out``; does not validate): Flux2SwiGLU's two
@@ -360,7 +428,7 @@ def gelu_reference(x, approximate="tanh", *, compute_dtype=torch.float32, round_
         inner = (2 / torch.pi) ** 0.5 * (xs + 0.044715 * (xs * xs * xs))  # torch's order
         y = 0.5 * xs * (1 + torch.tanh(inner))
     else:
-        y = xs * 0.5 * (1 + torch.erf(xs * 0.5 ** 0.5))
+        y = xs * 0.5 * (1 + torch.erf(xs * 0.5**0.5))
     return y.to(x.dtype) if round_output else y
 
 
@@ -388,6 +456,7 @@ def gelu_bound(x, approximate="tanh", loose=1.0):
 
 # --------------------------------------------------------------------------------------
 # Sliding-window (and differential) attention (ditfuse.sliding_window_attention)
+
 
 def band_keep(n: int, left: int, right: int, device=None) -> torch.Tensor:
     """(n, n) bool mask: query i keeps key j iff i - left <= j <= i + right (-1: unbounded).
@@ -452,7 +521,7 @@ def quantize_v_e4m3(v: torch.Tensor):
     NaN, fp32) and ``v8 = e4m3(v * (448 / amax))`` (1 for a zero channel; the division once a
     channel, capped at the largest fp32) in V's shape."""
     x = v.float()
-    amax = x.abs().amax(dim=1)                                     # (B, H, D), NaN propagates
+    amax = x.abs().amax(dim=1)  # (B, H, D), NaN propagates
     one = torch.ones_like(amax)
     M = torch.full_like(amax, 448.0)  # tensor / tensor: one rounding, as the kernel's division
     scale = torch.where(amax == 0, one, amax / M)
@@ -460,8 +529,9 @@ def quantize_v_e4m3(v: torch.Tensor):
     return (x * inv[:, None]).to(torch.float8_e4m3fn), scale
 
 
-def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1,
-                        key_mask=None, chunk=1024):
+def attention_8bit_core(
+    q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1, key_mask=None, chunk=1024
+):
     """8-bit attention emulated in PyTorch (fp32): the operands dequantized exactly as the
     kernel's (``q = q8 * q_scale``, V through :func:`quantize_v_e4m3`), the scores and the
     softmax in fp32, P times 256 rounded to e4m3, ``out = (P8 @ V8) / l8 * v_scale`` with
@@ -473,14 +543,14 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
     a time."""
     B, S_q, H, D = q8.shape
     S_kv = k8.shape[1]
-    qf = q8.float().transpose(1, 2) * q_scale[..., None]           # (B, H, S_q, D)
+    qf = q8.float().transpose(1, 2) * q_scale[..., None]  # (B, H, S_q, D)
     kf = k8.float().transpose(1, 2) * k_scale[..., None]
     v8, vs = quantize_v_e4m3(v)
-    vf = v8.float().transpose(1, 2)                                # (B, H, S_kv, D)
+    vf = v8.float().transpose(1, 2)  # (B, H, S_kv, D)
     out = torch.empty(B, H, S_q, D, dtype=torch.float32, device=q8.device)
     j = torch.arange(S_kv, device=q8.device)
     for i0 in range(0, S_q, chunk):
-        s = (qf[:, :, i0:i0 + chunk] @ kf.transpose(-1, -2)) * scale
+        s = (qf[:, :, i0 : i0 + chunk] @ kf.transpose(-1, -2)) * scale
         if left >= 0 or right >= 0:
             i = torch.arange(i0, min(i0 + chunk, S_q), device=q8.device)[:, None]
             keep = torch.ones(i.shape[0], S_kv, dtype=torch.bool, device=q8.device)
@@ -495,7 +565,7 @@ def attention_8bit_core(q8, k8, v, q_scale, k_scale, *, scale, left=-1, right=-1
         p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
         p8 = (p * 256.0).to(torch.float8_e4m3fn).float()
         l8 = p8.sum(-1, keepdim=True)
-        out[:, :, i0:i0 + chunk] = (p8 @ vf) / torch.where(l8 > 0, l8, torch.ones_like(l8))
+        out[:, :, i0 : i0 + chunk] = (p8 @ vf) / torch.where(l8 > 0, l8, torch.ones_like(l8))
     out = out * vs[:, :, None, :]
     return out.transpose(1, 2).to(v.dtype)
 

@@ -5,6 +5,7 @@ bounds (``reference.py``) read them here. A table maps an activation dtype to it
 says what it bounds and why it has that size. Loosening a value loosens every test and gate
 that reads it: a change here is a change of contract.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -26,8 +27,11 @@ class Tol(NamedTuple):
 
 #: Unit roundoff (half an ulp, relative) and half the smallest subnormal spacing per dtype:
 #: "one rounding" of v is |error| <= u |v| + tiny (the activations' bounds in ``reference``).
-UNIT_ROUNDOFF = {BF16: Tol(2.0**-8, 2.0**-134), FP16: Tol(2.0**-11, 2.0**-25),
-                 FP32: Tol(2.0**-24, 2.0**-150)}
+UNIT_ROUNDOFF = {
+    BF16: Tol(2.0**-8, 2.0**-134),
+    FP16: Tol(2.0**-11, 2.0**-25),
+    FP32: Tol(2.0**-24, 2.0**-150),
+}
 
 #: fp32 evaluation error of the activations (2^-22 = four fp32 units): SwiGLU's
 #: x / (1 + exp(-x)) relative; GELU's 1 + tanh / 1 + erf *absolute* (tanhf / erff are
@@ -41,16 +45,14 @@ ACT_EVAL = 2.0**-22
 #: between two neighbouring values near v, and the distance between the roundings of two
 #: numbers within fp32 arithmetic of each other (two half-spacing errors). In fp32 it is the
 #: chains' fp32 arithmetic budget (~17 ulps of 2^-23). atol: a floor for values near 0.
-ONE_ROUNDING = {BF16: Tol(2.0**-7, 2.0**-12), FP16: Tol(2.0**-10, 2.0**-14),
-                FP32: Tol(2e-6, 2e-6)}
+ONE_ROUNDING = {BF16: Tol(2.0**-7, 2.0**-12), FP16: Tol(2.0**-10, 2.0**-14), FP32: Tol(2e-6, 2e-6)}
 
 #: Two roundings of the activation dtype (QK norm + RoPE, AdaLN, activations against their
 #: fp64 references): the kernel rounds twice (after the norm, at the store) and the fp64
 #: reference rounds at the same points, so a tie flipped by fp32 vs fp64 arithmetic at the
 #: first rounding can move the result by one more ulp (relative ulp at the bottom of a
 #: binade: 2^-m). The absolute floor covers results that cancel to ~0.
-TWO_ROUNDINGS = {BF16: Tol(2.0**-6, 2.0**-12), FP16: Tol(2.0**-9, 2.0**-14),
-                 FP32: Tol(2e-6, 2e-6)}
+TWO_ROUNDINGS = {BF16: Tol(2.0**-6, 2.0**-12), FP16: Tol(2.0**-9, 2.0**-14), FP32: Tol(2e-6, 2e-6)}
 
 #: One rounding of the activation dtype, relative, against diffusers' eager QK norm + RoPE:
 #: the relative ulp is at most 2^-7 (bf16) / 2^-10 (fp16); fp32 differs from diffusers

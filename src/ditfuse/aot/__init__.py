@@ -14,12 +14,12 @@ registers/spills from ``ptxas -v``, target, Triton version, sha256), optionally
   TensorRT is installed);
 * ``ditfuse.aot.ptx`` -- the PTX rewrite rules and their refusals (:class:`AotRefusal`).
 """
-from ditfuse.aot.loader import Package, load
-from ditfuse.aot.ops import REGISTRY
-from ditfuse.aot.ptx import AotRefusal
+
 # bound after the submodule import, so ``ditfuse.aot.export`` stays the function (the
 # module is ``sys.modules["ditfuse.aot.export"]``; ``from ditfuse.aot.export import ...``)
 from ditfuse.aot.export import export
-
+from ditfuse.aot.loader import Package, load
+from ditfuse.aot.ops import REGISTRY
+from ditfuse.aot.ptx import AotRefusal
 
 __all__ = ["AotRefusal", "Package", "REGISTRY", "export", "load"]

@@ -6,6 +6,7 @@ A kernel compiles only where ditfuse's kernels are real ``JITFunction`` s
 (:func:`can_compile_here`: ``TRITON_INTERPRET=0``, or a GPU); callers without one run
 themselves in a subprocess with ``TRITON_INTERPRET=0``.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,12 +23,14 @@ ARCH = 90
 def tool_path(name: str) -> str:
     """Path of a CUDA tool as Triton finds it (the wheel's, unless TRITON_<NAME>_PATH)."""
     from triton import knobs
+
     return getattr(knobs.nvidia, name).path
 
 
 def wheel_tool_path(name: str) -> Path:
     """Path of ``name`` (ptxas, cuobjdump) inside the installed Triton wheel."""
     import importlib.util
+
     spec = importlib.util.find_spec("triton")
     root = Path(spec.origin).parent if spec and spec.origin else Path("triton")
     return root / "backends" / "nvidia" / "bin" / name
@@ -35,20 +38,24 @@ def wheel_tool_path(name: str) -> Path:
 
 def missing_tools() -> List[str]:
     """Tools this report needs that the Triton wheel lacks (empty: all present)."""
-    return [n for n in ("ptxas", "cuobjdump")
-            if not (wheel_tool_path(n).is_file() and os.access(wheel_tool_path(n), os.X_OK))]
+    return [
+        n
+        for n in ("ptxas", "cuobjdump")
+        if not (wheel_tool_path(n).is_file() and os.access(wheel_tool_path(n), os.X_OK))
+    ]
 
 
 def can_compile_here() -> bool:
     """True when this process's ditfuse kernels are real (non-interpreted) JITFunctions."""
-    from triton.runtime.jit import JITFunction
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel as k
+
     return isinstance(k, JITFunction) and not isinstance(k, InterpretedFunction)
 
 
-def build_rows(module: str, specs: Sequence, build: Callable, child_env: str,
-               names=None) -> list:
+def build_rows(module: str, specs: Sequence, build: Callable, child_env: str, names=None) -> list:
     """``build(spec)`` of each of ``specs`` (``names`` selects by ``spec.name``) where the
     kernels compile here, else in a ``TRITON_INTERPRET=0`` subprocess running
     ``module.build_report`` (:func:`report_in_compiler`)."""
@@ -74,16 +81,20 @@ def report_in_compiler(module: str, names: List[str], child_env: str) -> list:
         raise RuntimeError("the kernels are interpreted although TRITON_INTERPRET=0")
     root = str(Path(__file__).resolve().parent.parent.parent)  # src/, above the package
     env = dict(os.environ, TRITON_INTERPRET="0", **{child_env: "1"})
-    env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
-                                                  else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     with tempfile.TemporaryDirectory(prefix="ditfuse-build-") as d:
         out = Path(d) / "rows.json"
-        code = (f"import json; from {module} import build_report; "
-                f"json.dump(build_report({list(names)!r}), open({str(out)!r}, 'w'))")
+        code = (
+            f"import json; from {module} import build_report; "
+            f"json.dump(build_report({list(names)!r}), open({str(out)!r}, 'w'))"
+        )
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         if r.returncode or not out.exists():
-            raise RuntimeError(f"sm_90 build failed ({r.returncode}):\n"
-                               f"{(r.stdout + r.stderr)[-6000:]}")
+            raise RuntimeError(
+                f"sm_90 build failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}"
+            )
         return json.loads(out.read_text())
 
 
@@ -96,6 +107,7 @@ class _LaunchStub:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.calls.append((grid, args, kwargs))
+
         return launch
 
 
@@ -105,6 +117,7 @@ def intercept_launches(places, call) -> list:
     run on, so that meta tensors pass; the recorded ``(grid, args, kwargs)`` launches.
     Everything patched is restored, also when ``call`` raises."""
     import torch
+
     from ditfuse.runtime import backend
 
     stub = _LaunchStub()
@@ -136,12 +149,15 @@ def specialize(kernel, args, kwargs, target):
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound,
-                                                              specialization, options)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        backend, kwargs, bound, specialization, options
+    )
     return signature, constexprs, attrs, options
 
 
-PTXAS_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+PTXAS_PROPS = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
 PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _RES = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 _SASS_LOCAL = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?(LDL|STL)\b", re.M)
@@ -160,14 +176,18 @@ def local_in_loops(sass: str) -> int:
         m = _SASS_BRA.search(text)
         if m and int(m.group(1), 16) < addr:
             loops.append((int(m.group(1), 16), addr))
-    return sum(1 for addr, text in ins
-               if re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", text)
-               and any(lo <= addr <= hi for lo, hi in loops))
+    return sum(
+        1
+        for addr, text in ins
+        if re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", text)
+        and any(lo <= addr <= hi for lo, hi in loops)
+    )
 
 
 def ptxas_flags(options) -> List[str]:
     """Triton's ``make_cubin`` flags (backends/nvidia/compiler.py), plus ``-v``."""
     from triton import knobs
+
     if knobs.compilation.disable_line_info:
         flags = ["-lineinfo", "-suppress-debug-info"]
     elif knobs.nvidia.disable_ptxas_opt:
@@ -194,16 +214,23 @@ def run_ptxas(ptx: str, options, kernel_name: str) -> Dict:
     if r.returncode:
         raise RuntimeError(f"ptxas failed ({r.returncode}):\n{log}")
     # the entry function's block: from "Compiling entry function '<name>'" to the next one
-    m = re.search(rf"Compiling entry function '{re.escape(kernel_name)}'.*?(?=Compiling entry function|\Z)",
-                  log, re.S)
+    m = re.search(
+        rf"Compiling entry function '{re.escape(kernel_name)}'.*?(?=Compiling entry function|\Z)",
+        log,
+        re.S,
+    )
     block = m.group(0) if m else log
     props, regs = PTXAS_PROPS.search(block), PTXAS_REGS.search(block)
     if not props or not regs:
         raise RuntimeError(f"cannot read ptxas -v output:\n{log}")
-    return dict(regs=int(regs.group(1)), stack=int(props.group(1)),
-                spill_stores=int(props.group(2)), spill_loads=int(props.group(3)),
-                ptxas_log=[ln.strip() for ln in log.splitlines() if ln.strip()],
-                ptxas_cmd=" ".join(["ptxas", *ptxas_flags(options), "<ptx>"]))
+    return dict(
+        regs=int(regs.group(1)),
+        stack=int(props.group(1)),
+        spill_stores=int(props.group(2)),
+        spill_loads=int(props.group(3)),
+        ptxas_log=[ln.strip() for ln in log.splitlines() if ln.strip()],
+        ptxas_cmd=" ".join(["ptxas", *ptxas_flags(options), "<ptx>"]),
+    )
 
 
 def run_cuobjdump(cubin: bytes, kernel_name: str) -> Dict:
@@ -211,16 +238,24 @@ def run_cuobjdump(cubin: bytes, kernel_name: str) -> Dict:
         f = Path(d) / "k.cubin"
         f.write_bytes(cubin)
         cuobjdump = tool_path("cuobjdump")
-        sass = subprocess.run([cuobjdump, "--dump-sass", str(f)], capture_output=True,
-                              text=True, check=True).stdout
-        res = subprocess.run([cuobjdump, "--dump-resource-usage", str(f)], capture_output=True,
-                             text=True, check=True).stdout
+        sass = subprocess.run(
+            [cuobjdump, "--dump-sass", str(f)], capture_output=True, text=True, check=True
+        ).stdout
+        res = subprocess.run(
+            [cuobjdump, "--dump-resource-usage", str(f)], capture_output=True, text=True, check=True
+        ).stdout
     ops = _SASS_LOCAL.findall(sass)
     m = re.search(rf"Function {re.escape(kernel_name)}:\s*\n\s*{_RES.pattern}", res)
     if not m:
         raise RuntimeError(f"cannot read cuobjdump --dump-resource-usage:\n{res}")
     n_instr = len(re.findall(r"^\s*/\*[0-9a-f]{4,}\*/\s", sass, re.M))
-    return dict(ldl=ops.count("LDL"), stl=ops.count("STL"), loop_local=local_in_loops(sass),
-                sass_instructions=n_instr,
-                cubin_regs=int(m.group(1)), cubin_stack=int(m.group(2)),
-                smem_static=int(m.group(3)), cubin_local=int(m.group(4)))
+    return dict(
+        ldl=ops.count("LDL"),
+        stl=ops.count("STL"),
+        loop_local=local_in_loops(sass),
+        sass_instructions=n_instr,
+        cubin_regs=int(m.group(1)),
+        cubin_stack=int(m.group(2)),
+        smem_static=int(m.group(3)),
+        cubin_local=int(m.group(4)),
+    )

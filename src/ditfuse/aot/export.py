@@ -38,14 +38,15 @@ Compiling needs ``TRITON_INTERPRET=0`` before Triton defines ditfuse's kernels; 
 process runs the interpreter, :func:`export` re-runs itself as ``python -m
 ditfuse.aot.cli`` in a subprocess (as ``ditfuse inspect`` does).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import importlib
 import importlib.util
-import math
 import json
+import math
 import os
 import re
 import subprocess
@@ -56,14 +57,24 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ditfuse.aot import ptx as P
-from ditfuse.aot.loader import FORMAT, ALIGN, eval_formula
-from ditfuse.aot.ops import OpExport, TensorSpec, get as get_op
+from ditfuse.aot.loader import ALIGN, FORMAT, eval_formula
+from ditfuse.aot.ops import OpExport, TensorSpec
+from ditfuse.aot.ops import get as get_op
 
 CHILD_ENV = "DITFUSE_AOT_CHILD"
 TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 _TRITON_DT = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
-_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg",
-                   "launch_cooperative_grid", "launch_pdl", "debug", "ptx_options"}
+_LAUNCH_OPTIONS = {
+    "num_warps",
+    "num_stages",
+    "num_ctas",
+    "enable_fp_fusion",
+    "maxnreg",
+    "launch_cooperative_grid",
+    "launch_pdl",
+    "debug",
+    "ptx_options",
+}
 
 
 @dataclass
@@ -82,11 +93,11 @@ class Binding:
     argument: a tensor's strides travel as one tuple)."""
 
     param: str
-    kind: str            # "tensor" | "int" | "float" | "bool" | "none" | "tuple"
-    ref: Optional[str] = None   # tensor: runtime tensor name
-    offset: int = 0      # tensor: element offset; int: constant term
-    per_n: int = 0       # int: coefficient of N
-    value: Any = None    # float / bool constant; tuple: its NamedTuple class, or None
+    kind: str  # "tensor" | "int" | "float" | "bool" | "none" | "tuple"
+    ref: Optional[str] = None  # tensor: runtime tensor name
+    offset: int = 0  # tensor: element offset; int: constant term
+    per_n: int = 0  # int: coefficient of N
+    value: Any = None  # float / bool constant; tuple: its NamedTuple class, or None
     items: Tuple["Binding", ...] = ()  # tuple: one binding an item
 
     def source(self, n: str = "N") -> str:
@@ -159,8 +170,10 @@ def parse_target(target: str) -> Tuple[int, str]:
 # ---------------------------------------------------------------------------------------
 # 1. capture
 
+
 def _meta_tensors(entry: OpExport, opts, B: int, N: int) -> Dict[str, Any]:
     import torch
+
     from ditfuse.aot.ops import _torch_dtype
 
     t: Dict[str, Any] = {}
@@ -190,12 +203,17 @@ def capture(entry: OpExport, opts, B: int, N: int) -> Capture:
     from ditfuse.aot.compile import intercept_launches
 
     tensors = _meta_tensors(entry, opts, B, N)
-    places = [(importlib.import_module(p.split(":")[0]), p.split(":")[1])
-              for p in entry.lookups or (entry.kernel,)]
+    places = [
+        (importlib.import_module(p.split(":")[0]), p.split(":")[1])
+        for p in entry.lookups or (entry.kernel,)
+    ]
     calls = intercept_launches(places, lambda: entry.call(opts, tensors))
     if len(calls) != 1:
-        raise P.AotRefusal("capture", f"{entry.op} launched {len(calls)} kernels for "
-                                      f"(B, N) = ({B}, {N}); a package holds exactly one")
+        raise P.AotRefusal(
+            "capture",
+            f"{entry.op} launched {len(calls)} kernels for "
+            f"(B, N) = ({B}, {N}); a package holds exactly one",
+        )
     grid, args, kwargs = calls[0]
     if callable(grid):
         kernel = _kernel(entry)
@@ -212,6 +230,7 @@ def capture_points(entry: OpExport, opts) -> List[Capture]:
 # ---------------------------------------------------------------------------------------
 # 2. bind
 
+
 def _root(t):
     return t._base if t._base is not None else t
 
@@ -223,23 +242,33 @@ def _resolve_tensor(entry: OpExport, specs: Dict[str, TensorSpec], cap: Capture,
         name = entry.writes[pname]
         spec = specs[name]
         if cands and name not in cands and spec.aliases not in cands:
-            raise P.AotRefusal("capture", f"kernel parameter {pname} is stored to and should be "
-                                          f"output {name}, but it points into {cands}")
+            raise P.AotRefusal(
+                "capture",
+                f"kernel parameter {pname} is stored to and should be "
+                f"output {name}, but it points into {cands}",
+            )
         base = named[name] if cands else None
     else:
         if not cands:
-            raise P.AotRefusal("capture", f"kernel parameter {pname} points to a tensor that is "
-                                          f"none of the package's tensors ({', '.join(named)}): "
-                                          "the launcher allocated it")
+            raise P.AotRefusal(
+                "capture",
+                f"kernel parameter {pname} points to a tensor that is "
+                f"none of the package's tensors ({', '.join(named)}): "
+                "the launcher allocated it",
+            )
         ins = [n for n in cands if specs[n].kind == "input"]
         name = (ins or cands)[0]
         base = named[name]
     offset = t.storage_offset() - (base.storage_offset() if base is not None else 0)
     from ditfuse.aot.ops import _torch_dtype
+
     if t.dtype != _torch_dtype(specs[name].dtype):
-        raise P.AotRefusal("capture", f"kernel parameter {pname} is a {t.dtype} view of "
-                                      f"{name} ({specs[name].dtype}); reinterpreting casts are "
-                                      "not supported")
+        raise P.AotRefusal(
+            "capture",
+            f"kernel parameter {pname} is a {t.dtype} view of "
+            f"{name} ({specs[name].dtype}); reinterpreting casts are "
+            "not supported",
+        )
     return name, offset
 
 
@@ -265,8 +294,14 @@ def _runtime_args(kernel, cap: Capture, constexprs: set) -> Dict[str, Any]:
     return {n: given[n] for n in names if n in given}
 
 
-def _bind_one(entry: OpExport, specs: Dict[str, TensorSpec], caps: List[Capture], fit: List[int],
-              pname: str, vals: list) -> Binding:
+def _bind_one(
+    entry: OpExport,
+    specs: Dict[str, TensorSpec],
+    caps: List[Capture],
+    fit: List[int],
+    pname: str,
+    vals: list,
+) -> Binding:
     """The binding of one run-time argument (``vals``: its value at each capture); tuples
     item by item. ``fit``: the two captures (same B) that fit an int's a + b*N."""
     import torch
@@ -275,26 +310,33 @@ def _bind_one(entry: OpExport, specs: Dict[str, TensorSpec], caps: List[Capture]
     if isinstance(v0, torch.Tensor):
         refs = [_resolve_tensor(entry, specs, c, pname, v) for c, v in zip(caps, vals)]
         if len(set(refs)) != 1:
-            raise P.AotRefusal("shape-dependent-pointer",
-                               f"kernel parameter {pname} points to {sorted(set(refs))} at "
-                               "different shapes; the offset must be a constant")
+            raise P.AotRefusal(
+                "shape-dependent-pointer",
+                f"kernel parameter {pname} points to {sorted(set(refs))} at "
+                "different shapes; the offset must be a constant",
+            )
         return Binding(pname, "tensor", ref=refs[0][0], offset=refs[0][1])
     if v0 is None:
         return Binding(pname, "none")
     if isinstance(v0, tuple):
         if any(type(v) is not type(v0) or len(v) != len(v0) for v in vals):
-            raise P.AotRefusal("shape-dependent-scalar",
-                               f"kernel parameter {pname} takes values {vals} at (B, N) = "
-                               f"{[(c.B, c.N) for c in caps]}: tuples of one length and type")
-        items = tuple(_bind_one(entry, specs, caps, fit, f"{pname}[{j}]", [v[j] for v in vals])
-                      for j in range(len(v0)))
-        return Binding(pname, "tuple", value=type(v0) if _is_namedtuple(v0) else None,
-                       items=items)
+            raise P.AotRefusal(
+                "shape-dependent-scalar",
+                f"kernel parameter {pname} takes values {vals} at (B, N) = "
+                f"{[(c.B, c.N) for c in caps]}: tuples of one length and type",
+            )
+        items = tuple(
+            _bind_one(entry, specs, caps, fit, f"{pname}[{j}]", [v[j] for v in vals])
+            for j in range(len(v0))
+        )
+        return Binding(pname, "tuple", value=type(v0) if _is_namedtuple(v0) else None, items=items)
     if isinstance(v0, bool) or isinstance(v0, float):
         if any(type(v) is not type(v0) or v != v0 for v in vals):
-            raise P.AotRefusal("shape-dependent-scalar",
-                               f"kernel parameter {pname} takes values {vals} at (B, N) = "
-                               f"{[(c.B, c.N) for c in caps]}; only N can change at run time")
+            raise P.AotRefusal(
+                "shape-dependent-scalar",
+                f"kernel parameter {pname} takes values {vals} at (B, N) = "
+                f"{[(c.B, c.N) for c in caps]}; only N can change at run time",
+            )
         if isinstance(v0, float) and not math.isfinite(v0):
             raise P.AotRefusal("scalar", f"kernel parameter {pname} = {v0} is not finite")
         return Binding(pname, "bool" if isinstance(v0, bool) else "float", value=v0)
@@ -309,14 +351,17 @@ def _bind_one(entry: OpExport, specs: Dict[str, TensorSpec], caps: List[Capture]
                 f"kernel parameter {pname} takes values {vals} at (B, N) = "
                 f"{[(c.B, c.N) for c in caps]}: not a + b*N with a, b constants "
                 "independent of the batch. Only the INT32 extras reach the kernel at run "
-                "time, so every other integer must be a constant or follow from N.")
+                "time, so every other integer must be a constant or follow from N.",
+            )
         return Binding(pname, "int", offset=a, per_n=b)
-    raise P.AotRefusal("scalar", f"kernel parameter {pname} has an unsupported value "
-                                 f"{v0!r} ({type(v0).__name__})")
+    raise P.AotRefusal(
+        "scalar", f"kernel parameter {pname} has an unsupported value {v0!r} ({type(v0).__name__})"
+    )
 
 
-def bind(entry: OpExport, opts, caps: List[Capture], kernel=None
-         ) -> Tuple[List[Binding], Dict[str, Any], Dict[str, Any]]:
+def bind(
+    entry: OpExport, opts, caps: List[Capture], kernel=None
+) -> Tuple[List[Binding], Dict[str, Any], Dict[str, Any]]:
     """(bindings of the kernel's run-time params, constexprs, launch options).
 
     A run-time parameter may come positionally or by keyword, and may be a tuple (a
@@ -330,17 +375,23 @@ def bind(entry: OpExport, opts, caps: List[Capture], kernel=None
     settings = [{k: v for k, v in c.kwargs.items() if k not in r} for c, r in zip(caps, runtime)]
     for c, r, st in zip(caps[1:], runtime[1:], settings[1:]):
         if list(r) != list(runtime[0]) or st != settings[0]:
-            diff = {k: (settings[0].get(k), st.get(k)) for k in set(settings[0]) | set(st)
-                    if settings[0].get(k) != st.get(k)}
+            diff = {
+                k: (settings[0].get(k), st.get(k))
+                for k in set(settings[0]) | set(st)
+                if settings[0].get(k) != st.get(k)
+            }
             raise P.AotRefusal(
                 "shape-dependent-launch",
                 f"{entry.op}'s launch settings change with the shape: {diff} between (B, N) = "
                 f"({c0.B}, {c0.N}) and ({c.B}, {c.N}). A package has one set of constexprs; "
-                "it cannot follow a run-time N that changes them.")
+                "it cannot follow a run-time N that changes them.",
+            )
     # the two points that fit a + b*N (same B), the rest check it
     fit = [i for i, c in enumerate(caps) if c.B == c0.B][:2]
-    out = [_bind_one(entry, specs, caps, fit, pname, [r[pname] for r in runtime])
-           for pname in runtime[0]]
+    out = [
+        _bind_one(entry, specs, caps, fit, pname, [r[pname] for r in runtime])
+        for pname in runtime[0]
+    ]
     constexprs = {k: v for k, v in settings[0].items() if k in names}
     launch_opts = {k: v for k, v in settings[0].items() if k not in names}
     unknown = set(launch_opts) - _LAUNCH_OPTIONS
@@ -354,19 +405,23 @@ def check_grid(entry: OpExport, opts, caps: List[Capture]) -> Tuple[str, str, st
     for c in caps:
         got = tuple(eval_formula(g, {"B": c.B, "N": c.N}) for g in grid)
         if got != c.grid:
-            raise P.AotRefusal("grid", f"grid formula {grid} gives {got} at (B, N) = "
-                                       f"({c.B}, {c.N}), the launch used {c.grid}")
+            raise P.AotRefusal(
+                "grid",
+                f"grid formula {grid} gives {got} at (B, N) = "
+                f"({c.B}, {c.N}), the launch used {c.grid}",
+            )
     return grid
 
 
 # ---------------------------------------------------------------------------------------
 # 3. wrap
 
+
 @dataclass(frozen=True)
 class RuntimeParam:
     name: str
-    kind: str       # input | extra | output
-    dtype: str      # bf16 / fp16 / fp32 / int32
+    kind: str  # input | extra | output
+    dtype: str  # bf16 / fp16 / fp32 / int32
     spec: Optional[TensorSpec] = None
 
 
@@ -380,6 +435,7 @@ def runtime_params(entry: OpExport, opts) -> List[RuntimeParam]:
 
 def _literal(v) -> str:
     import triton.language as tl
+
     if isinstance(v, (bool, int, str)) or v is None:
         return repr(v)
     if isinstance(v, float):
@@ -414,8 +470,13 @@ def jsonable(v) -> Any:
     return str(v)
 
 
-def wrapper_source(entry: OpExport, fn_name: str, params: List[RuntimeParam],
-                   bindings: List[Binding], constexprs: Dict[str, Any]) -> str:
+def wrapper_source(
+    entry: OpExport,
+    fn_name: str,
+    params: List[RuntimeParam],
+    bindings: List[Binding],
+    constexprs: Dict[str, Any],
+) -> str:
     """The wrapper kernel: the runtime parameters in TensorRT's order, and one call of the
     real kernel with every argument by name. A constexpr that is no plain literal (a
     NamedTuple of flags) is a module-level ``tl.constexpr`` of the wrapper, as the JIT
@@ -430,10 +491,14 @@ def wrapper_source(entry: OpExport, fn_name: str, params: List[RuntimeParam],
             args.append(f"{k}={_literal(v)}")
     classes = {c: None for b in bindings for c in b.classes()}
     classes.update({c: None for v in constexprs.values() for c in _classes(v)})
-    imports = "".join(f"from {c.__module__} import {c.__name__}\n" for c in classes
-                      if c.__module__ != mod) + \
-        f"from {mod} import {attr} as _kernel" + \
-        "".join(f", {c.__name__}" for c in classes if c.__module__ == mod) + "\n"
+    imports = (
+        "".join(
+            f"from {c.__module__} import {c.__name__}\n" for c in classes if c.__module__ != mod
+        )
+        + f"from {mod} import {attr} as _kernel"
+        + "".join(f", {c.__name__}" for c in classes if c.__module__ == mod)
+        + "\n"
+    )
     lines, cur = [], "    _kernel("
     for i, a in enumerate(args):
         piece = a + ("," if i < len(args) - 1 else ")")
@@ -443,18 +508,24 @@ def wrapper_source(entry: OpExport, fn_name: str, params: List[RuntimeParam],
         cur += piece + " "
     lines.append(cur.rstrip())
     sig = ", ".join(p.name for p in params)
-    doc = "\n".join(f"    #   {p.name:10} {p.kind:6} {p.dtype}" +
-                    (f" {tuple(p.spec.shape)}" if p.spec else "") for p in params)
+    doc = "\n".join(
+        f"    #   {p.name:10} {p.kind:6} {p.dtype}" + (f" {tuple(p.spec.shape)}" if p.spec else "")
+        for p in params
+    )
     consts = "".join(g + "\n" for g in glob)
-    return (f'"""Generated by ditfuse.aot.export for {entry.op}: do not edit.\n\n'
-            "Provenance only: the source kernel.ptx was compiled from (it needs triton and\n"
-            "ditfuse); nothing loads it at run time (ditfuse_aot_loader.py launches the "
-            "package).\n\n"
-            f"TensorRT's argument order (inputs, INT32 extras, outputs); every other argument of\n"
-            f"{entry.kernel} is a compile-time constant of this specialization.\n\"\"\"\n"
-            f"import triton\nimport triton.language as tl\n\n{imports}\n"
-            + (f"{consts}\n" if consts else "") +
-            f"\n@triton.jit\ndef {fn_name}({sig}):\n{doc}\n" + "\n".join(lines) + "\n")
+    return (
+        f'"""Generated by ditfuse.aot.export for {entry.op}: do not edit.\n\n'
+        "Provenance only: the source kernel.ptx was compiled from (it needs triton and\n"
+        "ditfuse); nothing loads it at run time (ditfuse_aot_loader.py launches the "
+        "package).\n\n"
+        f"TensorRT's argument order (inputs, INT32 extras, outputs); every other argument of\n"
+        f'{entry.kernel} is a compile-time constant of this specialization.\n"""\n'
+        f"import triton\nimport triton.language as tl\n\n{imports}\n"
+        + (f"{consts}\n" if consts else "")
+        + f"\n@triton.jit\ndef {fn_name}({sig}):\n{doc}\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def _import_wrapper(src: str, fn_name: str, tmpdir: str):
@@ -471,6 +542,7 @@ def _import_wrapper(src: str, fn_name: str, tmpdir: str):
 # ---------------------------------------------------------------------------------------
 # 4-7. compile, rewrite, assemble, compare
 
+
 def _ptxas(ptx_text: str, options, kernel_name: str, gpu_name: str, cc: int) -> Dict:
     """Assemble ``ptx_text`` with the wheel's ptxas, Triton's flags and ``-v``."""
     from ditfuse.aot.compile import PTXAS_PROPS, PTXAS_REGS, ptxas_flags, tool_path
@@ -484,59 +556,93 @@ def _ptxas(ptx_text: str, options, kernel_name: str, gpu_name: str, cc: int) -> 
         r = subprocess.run([tool, *flags, str(src), "-o", str(dst)], capture_output=True, text=True)
         log = r.stdout + r.stderr
         if r.returncode:
-            raise P.AotRefusal("ptxas", f"ptxas --gpu-name={gpu_name} rejects the rewritten PTX "
-                                        f"({r.returncode}):\n{log.strip()[-3000:]}")
+            raise P.AotRefusal(
+                "ptxas",
+                f"ptxas --gpu-name={gpu_name} rejects the rewritten PTX "
+                f"({r.returncode}):\n{log.strip()[-3000:]}",
+            )
         cubin = dst.read_bytes()
-    m = re.search(rf"Compiling entry function '{re.escape(kernel_name)}'.*?"
-                  r"(?=Compiling entry function|\Z)", log, re.S)
+    m = re.search(
+        rf"Compiling entry function '{re.escape(kernel_name)}'.*?"
+        r"(?=Compiling entry function|\Z)",
+        log,
+        re.S,
+    )
     block = m.group(0) if m else log
     props, regs = PTXAS_PROPS.search(block), PTXAS_REGS.search(block)
     if not props or not regs:
         raise RuntimeError(f"cannot read ptxas -v output:\n{log}")
     ver = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip()
-    return dict(cubin=cubin, registers=int(regs.group(1)), stack=int(props.group(1)),
-                spill_stores=int(props.group(2)), spill_loads=int(props.group(3)),
-                log=[ln.strip() for ln in log.splitlines() if ln.strip()],
-                cmd=" ".join(["ptxas", *flags, "kernel.ptx", "-o", "kernel.cubin"]),
-                version=ver.splitlines()[-1] if ver else "")
+    return dict(
+        cubin=cubin,
+        registers=int(regs.group(1)),
+        stack=int(props.group(1)),
+        spill_stores=int(props.group(2)),
+        spill_loads=int(props.group(3)),
+        log=[ln.strip() for ln in log.splitlines() if ln.strip()],
+        cmd=" ".join(["ptxas", *flags, "kernel.ptx", "-o", "kernel.cubin"]),
+        version=ver.splitlines()[-1] if ver else "",
+    )
 
 
 def _sha256(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def package_ptx(raw_ptx: str, name: str, n_runtime: int, target: str, *, op: str,
-                metadata: Dict[str, Any], allow_large_smem: bool, tensor_cores: bool,
-                no_contraction: bool, param_kinds: List[str]) -> Tuple[str, List[str], Dict]:
+def package_ptx(
+    raw_ptx: str,
+    name: str,
+    n_runtime: int,
+    target: str,
+    *,
+    op: str,
+    metadata: Dict[str, Any],
+    allow_large_smem: bool,
+    tensor_cores: bool,
+    no_contraction: bool,
+    param_kinds: List[str],
+) -> Tuple[str, List[str], Dict]:
     """Apply every rule of aot.md to Triton's PTX; (final PTX, notes, shared memory)."""
     notes = []
     for key in ("global_scratch_size", "profile_scratch_size"):
         if int(metadata.get(key) or 0):
-            raise P.AotRefusal("scratch-size", f"Triton reports {key} = {metadata[key]}: the "
-                                               "kernel uses its scratch buffer, which no runtime "
-                                               "passes; cannot package it")
+            raise P.AotRefusal(
+                "scratch-size",
+                f"Triton reports {key} = {metadata[key]}: the "
+                "kernel uses its scratch buffer, which no runtime "
+                "passes; cannot package it",
+            )
     e = P.entry(raw_ptx, name)
     ptx, stripped = P.strip_unread_params(raw_ptx, n_runtime, name)
     if stripped:
-        notes.append(f"stripped {len(stripped)} trailing parameter(s) {', '.join(stripped)} "
-                     "(Triton's global/profile scratch pointers): proven unread (no ld.param "
-                     "or other use in the body)")
+        notes.append(
+            f"stripped {len(stripped)} trailing parameter(s) {', '.join(stripped)} "
+            "(Triton's global/profile scratch pointers): proven unread (no ld.param "
+            "or other use in the body)"
+        )
     e = P.entry(ptx, name)
     for p, kind in zip(e.params, param_kinds):
         want_ptr = kind != "extra"
-        if p.is_pointer != want_ptr or (want_ptr and p.type != "u64") or \
-                (not want_ptr and p.type not in ("u32", "b32", "s32")):
-            raise P.AotRefusal("signature", f"PTX parameter {p.decl!r} does not match runtime "
-                                            f"parameter kind {kind!r}")
+        if (
+            p.is_pointer != want_ptr
+            or (want_ptr and p.type != "u64")
+            or (not want_ptr and p.type not in ("u32", "b32", "s32"))
+        ):
+            raise P.AotRefusal(
+                "signature",
+                f"PTX parameter {p.decl!r} does not match runtime parameter kind {kind!r}",
+            )
     ptx, note = P.retarget(ptx, target)
     if note:
         notes.append(note)
     ptx, n = P.fix_pointer_alignment(ptx, ALIGN, name)
     if n:
-        notes.append(f".align 1 -> .align {ALIGN} on {n} pointer parameter(s): the code was "
-                     f"compiled assuming {ALIGN}-byte aligned pointers (tt.divisibility=16, the "
-                     "16-byte vector loads it emits need it), so that is their natural alignment "
-                     "here, stricter than the element size")
+        notes.append(
+            f".align 1 -> .align {ALIGN} on {n} pointer parameter(s): the code was "
+            f"compiled assuming {ALIGN}-byte aligned pointers (tt.divisibility=16, the "
+            "16-byte vector loads it emits need it), so that is their natural alignment "
+            "here, stricter than the element size"
+        )
     if no_contraction:
         P.check_contraction_safe(ptx)
     smem = P.check_shared_memory(ptx, int(metadata.get("shared") or 0), allow_large_smem)
@@ -546,9 +652,15 @@ def package_ptx(raw_ptx: str, name: str, n_runtime: int, target: str, *, op: str
     return ptx, notes, smem
 
 
-def export_here(entry: OpExport, opts, out_dir, target: Optional[str] = None,
-                allow_large_smem: bool = False, c_header: bool = False,
-                num_stages: Optional[int] = None) -> Dict:
+def export_here(
+    entry: OpExport,
+    opts,
+    out_dir,
+    target: Optional[str] = None,
+    allow_large_smem: bool = False,
+    c_header: bool = False,
+    num_stages: Optional[int] = None,
+) -> Dict:
     """Export in this process (needs ``TRITON_INTERPRET=0`` kernels); returns the manifest.
 
     ``num_stages`` overrides the software-pipelining depth of the JIT call (to fit shared
@@ -558,9 +670,11 @@ def export_here(entry: OpExport, opts, out_dir, target: Optional[str] = None,
     from ditfuse.aot.compile import can_compile_here, missing_tools
 
     if not can_compile_here():
-        raise RuntimeError("ditfuse's kernels are interpreted in this process "
-                           "(TRITON_INTERPRET=1): use ditfuse.aot.export(), which re-runs in a "
-                           "TRITON_INTERPRET=0 subprocess")
+        raise RuntimeError(
+            "ditfuse's kernels are interpreted in this process "
+            "(TRITON_INTERPRET=1): use ditfuse.aot.export(), which re-runs in a "
+            "TRITON_INTERPRET=0 subprocess"
+        )
     if missing_tools():
         raise RuntimeError(f"the Triton wheel has no {', '.join(missing_tools())}")
     cc, target = parse_target(target or entry.default_target)
@@ -573,8 +687,9 @@ def export_here(entry: OpExport, opts, out_dir, target: Optional[str] = None,
     saved_env = os.environ.get("TRITON_DISABLE_LINE_INFO")
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     try:
-        return _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_header,
-                            num_stages)
+        return _export_here(
+            entry, opts, out, cc, target, kernel, allow_large_smem, c_header, num_stages
+        )
     finally:
         if saved_env is None:
             os.environ.pop("TRITON_DISABLE_LINE_INFO", None)
@@ -586,8 +701,9 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from ditfuse.runtime.backend import mma_sync_only
+
     from ditfuse.aot.compile import run_cuobjdump, specialize
+    from ditfuse.runtime.backend import mma_sync_only
 
     caps = capture_points(entry, opts)
     jit_kwargs = dict(caps[0].kwargs)
@@ -613,33 +729,51 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
     mma_sync = bool(jit_kwargs.get("MMA_SYNC"))  # compiled as the JIT call compiles it
     with tempfile.TemporaryDirectory(prefix="ditfuse-aot-") as d, mma_sync_only(mma_sync):
         wrapper = _import_wrapper(src, fn_name, d)
-        ck = triton.compile(ASTSource(wrapper, sig, {}, attrs), target=gtarget,
-                            options=options.__dict__)
+        ck = triton.compile(
+            ASTSource(wrapper, sig, {}, attrs), target=gtarget, options=options.__dict__
+        )
     md = ck.metadata
     name = md.name
     raw = ck.asm["ptx"]
     final, notes, smem = package_ptx(
-        raw, name, len(params), target, op=entry.op, metadata=_metadata_dict(md),
-        allow_large_smem=allow_large_smem, tensor_cores=entry.tensor_cores,
-        no_contraction=not options.enable_fp_fusion, param_kinds=[p.kind for p in params])
+        raw,
+        name,
+        len(params),
+        target,
+        op=entry.op,
+        metadata=_metadata_dict(md),
+        allow_large_smem=allow_large_smem,
+        tensor_cores=entry.tensor_cores,
+        no_contraction=not options.enable_fp_fusion,
+        param_kinds=[p.kind for p in params],
+    )
     asm = _ptxas(final, options, name, target, cc)
     sass = run_cuobjdump(asm["cubin"], name)
     if sass["cubin_regs"] != asm["registers"]:
-        raise RuntimeError(f"ptxas -v says {asm['registers']} registers, cuobjdump of the same "
-                           f"cubin {sass['cubin_regs']}")
+        raise RuntimeError(
+            f"ptxas -v says {asm['registers']} registers, cuobjdump of the same "
+            f"cubin {sass['cubin_regs']}"
+        )
 
     # the JIT build of the same call, for the arithmetic comparison
     jsig, jcst, jattrs, jopts = specialize(kernel, caps[0].args, jit_kwargs, gtarget)
     with mma_sync_only(mma_sync):
-        jit = triton.compile(ASTSource(kernel, jsig, jcst, jattrs), target=gtarget,
-                             options=jopts.__dict__)
+        jit = triton.compile(
+            ASTSource(kernel, jsig, jcst, jattrs), target=gtarget, options=jopts.__dict__
+        )
     h_pkg, h_jit = P.float_op_histogram(final), P.float_op_histogram(jit.asm["ptx"])
-    arith_diff = {k: [h_pkg.get(k, 0), h_jit.get(k, 0)] for k in sorted(set(h_pkg) | set(h_jit))
-                  if h_pkg.get(k, 0) != h_jit.get(k, 0)}
+    arith_diff = {
+        k: [h_pkg.get(k, 0), h_jit.get(k, 0)]
+        for k in sorted(set(h_pkg) | set(h_jit))
+        if h_pkg.get(k, 0) != h_jit.get(k, 0)
+    }
     if arith_diff and entry.same_float_ops:
-        raise P.AotRefusal("arithmetic", f"the package's floating-point instructions differ "
-                                         f"from the JIT build of the same call: {arith_diff} "
-                                         "(package, JIT); the bitwise contract would not hold")
+        raise P.AotRefusal(
+            "arithmetic",
+            f"the package's floating-point instructions differ "
+            f"from the JIT build of the same call: {arith_diff} "
+            "(package, JIT); the bitwise contract would not hold",
+        )
     jit_asm = _ptxas(jit.asm["ptx"], jopts, jit.metadata.name, P.target(jit.asm["ptx"]), cc)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -677,26 +811,37 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
         "constexprs": {k: jsonable(v) for k, v in constexprs.items()},
         "bindings": {b.param: b.describe() for b in bindings},
         "kernel": entry.kernel,
-        "compile_options": {"num_warps": options.num_warps, "num_stages": options.num_stages,
-                            "jit_num_stages": jopts.num_stages,
-                            "enable_fp_fusion": options.enable_fp_fusion,
-                            "pointer_divisibility": ALIGN},
+        "compile_options": {
+            "num_warps": options.num_warps,
+            "num_stages": options.num_stages,
+            "jit_num_stages": jopts.num_stages,
+            "enable_fp_fusion": options.enable_fp_fusion,
+            "pointer_divisibility": ALIGN,
+        },
         "rewrites": notes,
-        "jit_reference": {"registers": jit_asm["registers"],
-                          "spill_stores": jit_asm["spill_stores"],
-                          "float_ops": dict(sorted(h_jit.items())),
-                          "float_ops_equal": not arith_diff,
-                          "float_ops_diff": arith_diff,
-                          "float_ops_note": "" if not arith_diff else entry.float_ops_note},
+        "jit_reference": {
+            "registers": jit_asm["registers"],
+            "spill_stores": jit_asm["spill_stores"],
+            "float_ops": dict(sorted(h_jit.items())),
+            "float_ops_equal": not arith_diff,
+            "float_ops_diff": arith_diff,
+            "float_ops_note": "" if not arith_diff else entry.float_ops_note,
+        },
         "ptxas": {"cmd": asm["cmd"], "version": asm["version"], "log": asm["log"]},
         "contract": entry.contract,
-        "files": {"ptx": "kernel.ptx", "cubin": "kernel.cubin", "wrapper": "wrapper.py",
-                  "loader": LOADER_FILE, "readme": "README.txt"},
+        "files": {
+            "ptx": "kernel.ptx",
+            "cubin": "kernel.cubin",
+            "wrapper": "wrapper.py",
+            "loader": LOADER_FILE,
+            "readme": "README.txt",
+        },
         "file_roles": dict(FILE_ROLES),
         "sha256": {"ptx": _sha256(ptx_bytes), "cubin": _sha256(asm["cubin"])},
     }
     if c_header:
         from ditfuse.aot.cheader import emit
+
         h, c = emit(manifest, asm["cubin"])
         (out / "kernel.h").write_text(h)
         (out / "kernel.c").write_text(c)
@@ -714,15 +859,14 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
 LOADER_FILE = "ditfuse_aot_loader.py"
 
 FILE_ROLES = {
-    "kernel.ptx": "the kernel, rewritten for the runtime: what TensorRT and the driver's JIT "
-                  "take",
+    "kernel.ptx": "the kernel, rewritten for the runtime: what TensorRT and the driver's JIT take",
     "kernel.cubin": "kernel.ptx assembled by ptxas for the target",
     "manifest.json": "how to launch it: parameters in TensorRT's order, grid, block, shared "
-                     "memory, resources, sha256",
+    "memory, resources, sha256",
     LOADER_FILE: "a loader that needs neither Triton nor ditfuse (torch; to launch, also a GPU "
-                 "with its driver and cuda-python): a copy of ditfuse/aot/loader.py",
+    "with its driver and cuda-python): a copy of ditfuse/aot/loader.py",
     "wrapper.py": "provenance only: the generated @triton.jit source the PTX was compiled "
-                  "from; it imports triton and ditfuse, and nothing loads it at run time",
+    "from; it imports triton and ditfuse, and nothing loads it at run time",
     "README.txt": "this package's files and how to launch it",
 }
 C_FILE_ROLES = {
@@ -734,9 +878,11 @@ C_FILE_ROLES = {
 def loader_copy() -> str:
     """``loader.py`` as a package carries it (a comment on top says where it comes from)."""
     text = Path(__file__).with_name("loader.py").read_text()
-    return (f"# Copied from ditfuse {_ditfuse_version()} (ditfuse/aot/loader.py) by ditfuse "
-            "export: this package's loader;\n# it imports neither Triton nor ditfuse. See "
-            "README.txt.\n" + text)
+    return (
+        f"# Copied from ditfuse {_ditfuse_version()} (ditfuse/aot/loader.py) by ditfuse "
+        "export: this package's loader;\n# it imports neither Triton nor ditfuse. See "
+        "README.txt.\n" + text
+    )
 
 
 def package_readme(m: Dict, dirname: str = "DIR") -> str:
@@ -747,23 +893,31 @@ def package_readme(m: Dict, dirname: str = "DIR") -> str:
     arch = f"sm_{cap}" + ("" if m["target"].endswith("a") else " or newer")
     params = "\n".join(
         f"  {p['name']:10} {p['kind']:6} {p['dtype']:5} "
-        + (f"= {p['value']}" if p["kind"] == "extra" else
-           "(" + ", ".join(map(str, p["shape"])) + ")"
-           + (f", the memory of {p['aliases']}" if p.get("aliases") else ""))
-        for p in m["parameters"])
+        + (
+            f"= {p['value']}"
+            if p["kind"] == "extra"
+            else "("
+            + ", ".join(map(str, p["shape"]))
+            + ")"
+            + (f", the memory of {p['aliases']}" if p.get("aliases") else "")
+        )
+        for p in m["parameters"]
+    )
     files = "\n".join(f"  {f:22} {m['file_roles'][f]}" for f in m["file_roles"])
     call = ", ".join(ins)
     result = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
-    return f"""ditfuse AOT package: {m['op']} for {m['target']} (written by ditfuse export, ditfuse \
-{m['ditfuse_version']}, Triton {m['triton_version']})
-{m['summary']}
+    return f"""ditfuse AOT package: {m["op"]} for {
+        m["target"]
+    } (written by ditfuse export, ditfuse \
+{m["ditfuse_version"]}, Triton {m["triton_version"]})
+{m["summary"]}
 
-Kernel {m['entry']}
+Kernel {m["entry"]}
 Parameters in launch order (inputs, INT32 extras, outputs); every tensor contiguous and
 16-byte aligned:
 {params}
-grid ({', '.join(m['grid'])}), block ({', '.join(map(str, m['block']))}), \
-{m['shared_mem']} B of dynamic shared memory.
+grid ({", ".join(m["grid"])}), block ({", ".join(map(str, m["block"]))}), \
+{m["shared_mem"]} B of dynamic shared memory.
 
 Files
 {files}
@@ -788,10 +942,13 @@ TensorRT (>= 10.9, tensorrt.plugin): ditfuse.aot.trt_plugin.register("{dirname}"
 it as a plugin (needs ditfuse); any other runtime passes kernel.ptx with the manifest's
 grid, block, shared memory and extras.
 
-C / C++: {'kernel.h / kernel.c (link with -lcuda)' if 'header' in m['files'] else
-           're-export with --c-header for kernel.h / kernel.c'}.
+C / C++: {
+        "kernel.h / kernel.c (link with -lcuda)"
+        if "header" in m["files"]
+        else "re-export with --c-header for kernel.h / kernel.c"
+    }.
 
-Contract: {m['contract']}
+Contract: {m["contract"]}
 """
 
 
@@ -804,6 +961,7 @@ def _metadata_dict(md) -> Dict[str, Any]:
 def _ditfuse_version() -> str:
     try:
         from ditfuse._version import __version__
+
         return __version__
     except Exception:
         return "?"
@@ -840,12 +998,20 @@ def _param_json(p: RuntimeParam, pp: P.Param) -> Dict:
 # ---------------------------------------------------------------------------------------
 # the public entry point
 
+
 def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def cli_argv(op: str, out_dir, target: Optional[str], allow_large_smem: bool, c_header: bool,
-             options: Dict[str, Any], num_stages: Optional[int] = None) -> List[str]:
+def cli_argv(
+    op: str,
+    out_dir,
+    target: Optional[str],
+    allow_large_smem: bool,
+    c_header: bool,
+    options: Dict[str, Any],
+    num_stages: Optional[int] = None,
+) -> List[str]:
     entry = get_op(op)
     argv = [op, "-o", str(out_dir)]
     if target:
@@ -864,14 +1030,28 @@ def cli_argv(op: str, out_dir, target: Optional[str], allow_large_smem: bool, c_
 
 def run_subprocess(argv: List[str], capture: bool = True, timeout: Optional[float] = None):
     env = dict(os.environ, TRITON_INTERPRET="0", **{CHILD_ENV: "1"})
-    env["PYTHONPATH"] = os.pathsep.join([_package_root()] + (
-        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return subprocess.run([sys.executable, "-m", "ditfuse.aot.cli", *argv], env=env,
-                          capture_output=capture, text=True, timeout=timeout)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [_package_root()] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "ditfuse.aot.cli", *argv],
+        env=env,
+        capture_output=capture,
+        text=True,
+        timeout=timeout,
+    )
 
 
-def export(op: str, out_dir, target: Optional[str] = None, *, allow_large_smem: bool = False,
-           c_header: bool = False, num_stages: Optional[int] = None, **options) -> Dict:
+def export(
+    op: str,
+    out_dir,
+    target: Optional[str] = None,
+    *,
+    allow_large_smem: bool = False,
+    c_header: bool = False,
+    num_stages: Optional[int] = None,
+    **options,
+) -> Dict:
     """Write the AOT package of ``op`` (one specialization) to ``out_dir``; its manifest.
 
     ``options`` are the op's shape options (``heads``, ``head_dim``, ``dtype`` for
@@ -887,14 +1067,18 @@ def export(op: str, out_dir, target: Optional[str] = None, *, allow_large_smem: 
     if can_compile_here():
         return export_here(entry, opts, out_dir, target, allow_large_smem, c_header, num_stages)
     if os.environ.get(CHILD_ENV):
-        raise RuntimeError("ditfuse's kernels are interpreted although TRITON_INTERPRET=0 was "
-                           "asked for (was triton imported earlier with TRITON_INTERPRET=1?)")
-    r = run_subprocess(cli_argv(op, out_dir, target, allow_large_smem, c_header, vars(opts),
-                                num_stages))
+        raise RuntimeError(
+            "ditfuse's kernels are interpreted although TRITON_INTERPRET=0 was "
+            "asked for (was triton imported earlier with TRITON_INTERPRET=1?)"
+        )
+    r = run_subprocess(
+        cli_argv(op, out_dir, target, allow_large_smem, c_header, vars(opts), num_stages)
+    )
     if r.returncode:
         m = re.search(r"refused \[([\w-]+)\] (.*)", r.stderr, re.S)
         if m:
             raise P.AotRefusal(m.group(1), m.group(2).strip())
-        raise RuntimeError(f"ditfuse export {op} failed ({r.returncode}):\n"
-                           f"{(r.stdout + r.stderr)[-6000:]}")
+        raise RuntimeError(
+            f"ditfuse export {op} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-6000:]}"
+        )
     return json.loads((Path(out_dir) / "manifest.json").read_text())

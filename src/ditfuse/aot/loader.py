@@ -21,6 +21,7 @@ the contiguous layout the strides were compiled for, 16-byte alignment, the in-p
 aliasing) and evaluates the grid and the extras; it needs no GPU. Launches go to torch's
 current stream, so they can be captured in a CUDA graph.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,8 +40,12 @@ ALIGN = 16  # bytes every pointer must be aligned to (the PTX declares .align 16
 # ---------------------------------------------------------------------------------------
 # grid / extra formulas: "B * N", "cdiv(N, 64)", "1"
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.FloorDiv: operator.floordiv}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+}
 
 
 def _cdiv(a, b):
@@ -55,6 +60,7 @@ def eval_formula(expr: str, env: Dict[str, Any], cdiv: Callable = _cdiv):
     (the loader), a TensorRT symbolic expression (the plugin) or, through
     :func:`formula_to_c`, a C expression (the header).
     """
+
     def ev(node):
         if isinstance(node, ast.Expression):
             return ev(node.body)
@@ -66,8 +72,13 @@ def eval_formula(expr: str, env: Dict[str, Any], cdiv: Callable = _cdiv):
             return env[node.id]
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id == "cdiv" and len(node.args) == 2 and not node.keywords:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "cdiv"
+            and len(node.args) == 2
+            and not node.keywords
+        ):
             return cdiv(ev(node.args[0]), ev(node.args[1]))
         raise ValueError(f"unsupported formula {expr!r} (ints, names, + - * // and cdiv only)")
 
@@ -75,19 +86,30 @@ def eval_formula(expr: str, env: Dict[str, Any], cdiv: Callable = _cdiv):
 
 
 def formula_names(expr: str) -> List[str]:
-    return sorted({n.id for n in ast.walk(ast.parse(str(expr), mode="eval"))
-                   if isinstance(n, ast.Name) and n.id != "cdiv"})
+    return sorted(
+        {
+            n.id
+            for n in ast.walk(ast.parse(str(expr), mode="eval"))
+            if isinstance(n, ast.Name) and n.id != "cdiv"
+        }
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # the package
 
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int32": "int32",
-                 "int64": "int64"}
+_TORCH_DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "int32": "int32",
+    "int64": "int64",
+}
 
 
 def _torch_dtype(name: str):
     import torch
+
     return getattr(torch, _TORCH_DTYPES[name])
 
 
@@ -110,8 +132,9 @@ class Launch:
 
     def ctypes_args(self):
         """(keep-alive list, void** array) for cuLaunchKernel."""
-        vals = [ctypes.c_uint64(v) if kind == "ptr" else ctypes.c_int32(v)
-                for _, kind, v in self.args]
+        vals = [
+            ctypes.c_uint64(v) if kind == "ptr" else ctypes.c_int32(v) for _, kind, v in self.args
+        ]
         arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         return vals, arr
 
@@ -126,8 +149,10 @@ class Package:
         self.path = Path(path)
         mpath = self.path / "manifest.json"
         if not mpath.is_file():
-            raise FileNotFoundError(f"{mpath} not found: is {self.path} a ditfuse AOT package "
-                                    "(ditfuse export ... -o DIR)?")
+            raise FileNotFoundError(
+                f"{mpath} not found: is {self.path} a ditfuse AOT package "
+                "(ditfuse export ... -o DIR)?"
+            )
         self.manifest = m = json.loads(mpath.read_text())
         if m.get("format") != FORMAT:
             raise ValueError(f"{mpath}: format {m.get('format')!r}, this loader reads {FORMAT!r}")
@@ -137,8 +162,10 @@ class Package:
         if verify:
             for kind, data in (("ptx", self.ptx), ("cubin", self.cubin)):
                 if _sha256(data) != m["sha256"][kind]:
-                    raise ValueError(f"{self.path / m['files'][kind]}: sha256 differs from the "
-                                     "manifest (the file was changed after export)")
+                    raise ValueError(
+                        f"{self.path / m['files'][kind]}: sha256 differs from the "
+                        "manifest (the file was changed after export)"
+                    )
         self.params: List[Dict] = m["parameters"]
         self.tensor_params = [p for p in self.params if p["kind"] != "extra"]
         self._functions: Dict[int, Any] = {}
@@ -168,8 +195,10 @@ class Package:
     def _gather(self, tensors: Sequence[Any], named: Dict[str, Any]) -> Dict[str, Any]:
         names = [p["name"] for p in self.tensor_params]
         if len(tensors) > len(names):
-            raise TypeError(f"{self.name} takes at most {len(names)} tensors ({', '.join(names)}), "
-                            f"got {len(tensors)}")
+            raise TypeError(
+                f"{self.name} takes at most {len(names)} tensors ({', '.join(names)}), "
+                f"got {len(tensors)}"
+            )
         got = dict(zip(names, tensors))
         for k, v in named.items():
             if k not in names:
@@ -196,8 +225,10 @@ class Package:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{p['name']} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() != len(p["shape"]):
-                raise ValueError(f"{p['name']} must be {len(p['shape'])}-D {tuple(p['shape'])}, "
-                                 f"got shape {tuple(t.shape)}")
+                raise ValueError(
+                    f"{p['name']} must be {len(p['shape'])}-D {tuple(p['shape'])}, "
+                    f"got shape {tuple(t.shape)}"
+                )
             for d, s in zip(t.shape, p["shape"]):
                 if isinstance(s, str):
                     syms.setdefault(s, int(d))
@@ -219,14 +250,18 @@ class Package:
             self._check_tensor(p, got[p["name"]], syms, device)
         for p in self.tensor_params:
             if p.get("aliases") and got[p["name"]].data_ptr() != got[p["aliases"]].data_ptr():
-                raise ValueError(f"{p['name']} must be the same memory as {p['aliases']} (the "
-                                 f"kernel updates it in place and writes only part of it)")
+                raise ValueError(
+                    f"{p['name']} must be the same memory as {p['aliases']} (the "
+                    f"kernel updates it in place and writes only part of it)"
+                )
         args = []
         for p in self.params:
             if p["kind"] == "extra":
                 v = int(eval_formula(p["value"], syms))
-                if not -2**31 <= v < 2**31:
-                    raise ValueError(f"extra {p['name']} = {v} does not fit the INT32 the kernel takes")
+                if not -(2**31) <= v < 2**31:
+                    raise ValueError(
+                        f"extra {p['name']} = {v} does not fit the INT32 the kernel takes"
+                    )
                 args.append((p["name"], "i32", v))
             else:
                 args.append((p["name"], "ptr", int(got[p["name"]].data_ptr())))
@@ -238,17 +273,20 @@ class Package:
 
     def _check_tensor(self, p, t, syms, device):
         import torch
+
         name = p["name"]
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         want_dt = _torch_dtype(p["dtype"])
         if t.dtype != want_dt:
-            raise TypeError(f"{name}.dtype must be {want_dt} (the package is compiled for it), "
-                            f"got {t.dtype}")
+            raise TypeError(
+                f"{name}.dtype must be {want_dt} (the package is compiled for it), got {t.dtype}"
+            )
         shape = [syms.get(s) if isinstance(s, str) else s for s in p["shape"]]
         if list(t.shape) != shape:
-            raise ValueError(f"{name} must have shape {tuple(p['shape'])} = {tuple(shape)}, got "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have shape {tuple(p['shape'])} = {tuple(shape)}, got {tuple(t.shape)}"
+            )
         # the strides are compile-time constants of the package: the contiguous layout
         stride, want = 1, []
         for d in reversed(shape):
@@ -257,13 +295,17 @@ class Package:
         want = want[::-1]
         bad = [i for i, (s, w, d) in enumerate(zip(t.stride(), want, shape)) if d > 1 and s != w]
         if bad:
-            raise ValueError(f"{name} must be contiguous (strides {tuple(want)}; the package's "
-                             f"strides are compile-time constants), got strides {t.stride()}")
+            raise ValueError(
+                f"{name} must be contiguous (strides {tuple(want)}; the package's "
+                f"strides are compile-time constants), got strides {t.stride()}"
+            )
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, {self.inputs[0]} on {device}")
         if t.numel() and t.data_ptr() % ALIGN:
-            raise ValueError(f"{name} must be {ALIGN}-byte aligned (the kernel was compiled for "
-                             f"it and uses vector loads), got address {t.data_ptr():#x}")
+            raise ValueError(
+                f"{name} must be {ALIGN}-byte aligned (the kernel was compiled for "
+                f"it and uses vector loads), got address {t.data_ptr():#x}"
+            )
 
     # --- launching (GPU, cuda-python) -----------------------------------------------
     def require_gpu(self, device=None) -> None:
@@ -274,26 +316,43 @@ class Package:
 
         target = self.manifest["target"]
         cap = _capability(target)
-        gpu = (f"an NVIDIA GPU of compute capability {cap[0]}.{cap[1]}"
-               + ("" if target.endswith("a") else " or newer") + " with its CUDA driver")
-        need = (f"Launching {self.name} ({target}) needs {gpu}, a CUDA build of torch and "
-                f"cuda-python (pip install cuda-python"
-                f"{'' if _have_driver_module() else '; not installed here either'})")
-        hint = ("Without a GPU, Package.bind(*tensors) still checks the tensors and computes "
-                "the grid and the kernel's arguments.")
+        gpu = (
+            f"an NVIDIA GPU of compute capability {cap[0]}.{cap[1]}"
+            + ("" if target.endswith("a") else " or newer")
+            + " with its CUDA driver"
+        )
+        need = (
+            f"Launching {self.name} ({target}) needs {gpu}, a CUDA build of torch and "
+            f"cuda-python (pip install cuda-python"
+            f"{'' if _have_driver_module() else '; not installed here either'})"
+        )
+        hint = (
+            "Without a GPU, Package.bind(*tensors) still checks the tensors and computes "
+            "the grid and the kernel's arguments."
+        )
         if not torch.cuda.is_available():
-            why = ("torch was built without CUDA" if torch.version.cuda is None else
-                   "torch finds no CUDA device (no GPU, or no NVIDIA driver loaded)")
+            why = (
+                "torch was built without CUDA"
+                if torch.version.cuda is None
+                else "torch finds no CUDA device (no GPU, or no NVIDIA driver loaded)"
+            )
             raise NoGPUError(f"no CUDA driver / GPU is available here: {why}. {need}. {hint}")
         if device is not None and getattr(device, "type", "cuda") != "cuda":
-            raise NoGPUError(f"the tensors are on {device}: a package launches on CUDA tensors "
-                             f"(torch sees {torch.cuda.device_count()} GPU(s)). {hint}")
-        idx = device.index if device is not None and device.index is not None \
+            raise NoGPUError(
+                f"the tensors are on {device}: a package launches on CUDA tensors "
+                f"(torch sees {torch.cuda.device_count()} GPU(s)). {hint}"
+            )
+        idx = (
+            device.index
+            if device is not None and device.index is not None
             else torch.cuda.current_device()
+        )
         have = torch.cuda.get_device_capability(idx)
         if have < cap or (target.endswith("a") and have != cap):
-            raise NoGPUError(f"GPU {idx} ({torch.cuda.get_device_name(idx)}) has compute "
-                             f"capability {have[0]}.{have[1]}; {need}.")
+            raise NoGPUError(
+                f"GPU {idx} ({torch.cuda.get_device_name(idx)}) has compute "
+                f"capability {have[0]}.{have[1]}; {need}."
+            )
         _driver()
 
     def _function(self, device):
@@ -337,8 +396,10 @@ class Package:
         same = tgt == f"sm_{capability[0]}{capability[1]}"
         if self.image == "cubin":
             if not same:
-                raise RuntimeError(f"the cubin is for {self.manifest['target']}, this GPU is "
-                                   f"sm_{capability[0]}{capability[1]}: use image='ptx'")
+                raise RuntimeError(
+                    f"the cubin is for {self.manifest['target']}, this GPU is "
+                    f"sm_{capability[0]}{capability[1]}: use image='ptx'"
+                )
             return self.cubin
         return self.cubin if same else self.ptx
 
@@ -357,9 +418,23 @@ class Package:
         keep, arr = launch.ctypes_args()
         gx, gy, gz = launch.grid
         bx, by, bz = launch.block
-        _check(drv, drv.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, launch.shared_mem,
-                                       drv.CUstream(int(stream)), ctypes.addressof(arr), 0),
-               f"cuLaunchKernel({self.name})")
+        _check(
+            drv,
+            drv.cuLaunchKernel(
+                fn,
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                launch.shared_mem,
+                drv.CUstream(int(stream)),
+                ctypes.addressof(arr),
+                0,
+            ),
+            f"cuLaunchKernel({self.name})",
+        )
         del keep
 
     def __call__(self, *tensors, stream=None, **named):
@@ -381,6 +456,7 @@ def _capability(target: str) -> Tuple[int, int]:
 
 def _have_driver_module() -> bool:
     import importlib.util
+
     for name in ("cuda.bindings", "cuda"):
         try:
             if importlib.util.find_spec(name) is not None:
@@ -397,9 +473,11 @@ def _driver():
         try:  # cuda-python < 12.6
             from cuda import cuda as driver
         except ImportError:
-            raise ImportError("launching an AOT package needs cuda-python (pip install "
-                              "cuda-python; from cuda.bindings import driver), besides a GPU "
-                              "with its CUDA driver") from None
+            raise ImportError(
+                "launching an AOT package needs cuda-python (pip install "
+                "cuda-python; from cuda.bindings import driver), besides a GPU "
+                "with its CUDA driver"
+            ) from None
     return driver
 
 

@@ -17,6 +17,7 @@ Adding an op is one :class:`OpExport` in :data:`REGISTRY`.
 differential attention as its example; it is a tensor-core kernel (``tensor_cores=True``),
 so a package whose PTX has no ``mma`` / ``wgmma`` is refused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,24 +58,24 @@ class TensorSpec:
 class OpExport:
     op: str
     summary: str
-    kernel: str                                  # "module:attr" of the @triton.jit kernel
+    kernel: str  # "module:attr" of the @triton.jit kernel
     options: Tuple[Opt, ...]
-    tensors: Callable[[Any], List[TensorSpec]]   # opts -> runtime tensors, in runtime order
-    call: Callable[[Any, Dict], None]            # opts, tensors -> the public call
-    writes: Dict[str, str]                       # kernel param -> output name
+    tensors: Callable[[Any], List[TensorSpec]]  # opts -> runtime tensors, in runtime order
+    call: Callable[[Any, Dict], None]  # opts, tensors -> the public call
+    writes: Dict[str, str]  # kernel param -> output name
     grid: Callable[[Any, Any], Tuple[str, str, str]]  # opts, a Capture -> grid formulas
-    tag: Callable[[Any], str]                    # the specialization in whole words (export's
+    tag: Callable[[Any], str]  # the specialization in whole words (export's
     #                                              entry_name shortens a long one safely)
-    lookups: Tuple[str, ...] = ()                # where launchers find the kernel ("module:attr")
-    extras: Tuple[str, ...] = ("N",)             # symbols passed as INT32 extras, in order
-    tensor_cores: bool = False                   # must contain mma / wgmma
-    example_n: int = 75600                       # token count of the captured calls
+    lookups: Tuple[str, ...] = ()  # where launchers find the kernel ("module:attr")
+    extras: Tuple[str, ...] = ("N",)  # symbols passed as INT32 extras, in order
+    tensor_cores: bool = False  # must contain mma / wgmma
+    example_n: int = 75600  # token count of the captured calls
     default_target: str = "sm_90"
-    same_float_ops: bool = True                  # refuse a float-op histogram unlike the JIT's
-    float_ops_note: str = ""                     # why they may differ (same_float_ops=False)
+    same_float_ops: bool = True  # refuse a float-op histogram unlike the JIT's
+    float_ops_note: str = ""  # why they may differ (same_float_ops=False)
     # None: the JIT call's; or (opts, the JIT call's kwargs) -> stages or None
     default_num_stages: Union[None, int, Callable[[Any, Dict], Optional[int]]] = None
-    stages_note: str = ""                        # the --num-stages help's word on the default
+    stages_note: str = ""  # the --num-stages help's word on the default
     contract: str = ""
     kernel_for: Optional[Callable[[Any], str]] = None  # opts -> "module:attr" where the public
     #                                                    call picks the kernel by its options
@@ -89,8 +90,10 @@ class OpExport:
                 continue
             opt = next((o for o in self.options if o.name == k), None)
             if opt is None:
-                raise TypeError(f"{self.op}: unknown option {k!r}; options: "
-                                f"{', '.join(o.name for o in self.options)}")
+                raise TypeError(
+                    f"{self.op}: unknown option {k!r}; options: "
+                    f"{', '.join(o.name for o in self.options)}"
+                )
             v = opt.type(v)
             if opt.choices is not None and v not in opt.choices:
                 raise ValueError(f"{self.op}: {k} must be one of {tuple(opt.choices)}, got {v!r}")
@@ -100,27 +103,45 @@ class OpExport:
 
 def _torch_dtype(name: str):
     import torch
+
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 # ---------------------------------------------------------------------------------------
 # qk_norm_rope: Wan's packed QKV, in place
 
+
 def _qk_tensors(o) -> List[TensorSpec]:
     HD = o.heads * o.head_dim
     span = HD if o.norm_span == "all" else o.head_dim
     return [
-        TensorSpec("qkv", "input", ("B", "N", 3 * HD), o.dtype,
-                   doc="packed [q | k | v] projection; q and k are normalised and rotated in "
-                       "place, v is not touched"),
-        TensorSpec("cos", "input", (1, "N", 1, o.head_dim), o.table_dtype,
-                   doc="rotary cos table, one row per token (repeat-interleaved or "
-                       "cat-duplicated, as diffusers builds it)"),
+        TensorSpec(
+            "qkv",
+            "input",
+            ("B", "N", 3 * HD),
+            o.dtype,
+            doc="packed [q | k | v] projection; q and k are normalised and rotated in "
+            "place, v is not touched",
+        ),
+        TensorSpec(
+            "cos",
+            "input",
+            (1, "N", 1, o.head_dim),
+            o.table_dtype,
+            doc="rotary cos table, one row per token (repeat-interleaved or "
+            "cat-duplicated, as diffusers builds it)",
+        ),
         TensorSpec("sin", "input", (1, "N", 1, o.head_dim), o.table_dtype, doc="rotary sin table"),
         TensorSpec("q_weight", "input", (span,), o.dtype, doc="norm_q.weight"),
         TensorSpec("k_weight", "input", (span,), o.dtype, doc="norm_k.weight"),
-        TensorSpec("qkv_out", "output", ("B", "N", 3 * HD), o.dtype, aliases="qkv",
-                   doc="qkv itself (in place)"),
+        TensorSpec(
+            "qkv_out",
+            "output",
+            ("B", "N", 3 * HD),
+            o.dtype,
+            aliases="qkv",
+            doc="qkv itself (in place)",
+        ),
     ]
 
 
@@ -135,8 +156,17 @@ def _qk_call(o, t: Dict) -> None:
     span = HD if o.norm_span == "all" else o.head_dim
     qn = NormSpec("rms", weight=t["q_weight"], eps=o.eps, size=span)
     kn = NormSpec("rms", weight=t["k_weight"], eps=o.eps, size=span)
-    qk_norm_rope(qkv[..., :HD], qkv[..., HD:2 * HD], t["cos"], t["sin"], q_norm=qn, k_norm=kn,
-                 num_heads=o.heads, rope_style=o.rope, inplace=True)
+    qk_norm_rope(
+        qkv[..., :HD],
+        qkv[..., HD : 2 * HD],
+        t["cos"],
+        t["sin"],
+        q_norm=qn,
+        k_norm=kn,
+        num_heads=o.heads,
+        rope_style=o.rope,
+        inplace=True,
+    )
 
 
 def _qk_kernel_for(o) -> str:
@@ -154,10 +184,18 @@ def _qk_kernel_for(o) -> str:
     qkv = torch.empty(1, 2, 3 * HD, dtype=dt, device="meta")
     tab = torch.empty(1, 2, 1, o.head_dim, dtype=_torch_dtype(o.table_dtype), device="meta")
     span = HD if o.norm_span == "all" else o.head_dim
-    norm = NormSpec("rms", weight=torch.empty(span, dtype=dt, device="meta"), eps=o.eps,
-                    size=span)
-    p = qkr.plan(qkv[..., :HD], qkv[..., HD:2 * HD], tab, tab, q_norm=norm, k_norm=norm,
-                 num_heads=o.heads, rope_style=o.rope, runtime_checks=False)
+    norm = NormSpec("rms", weight=torch.empty(span, dtype=dt, device="meta"), eps=o.eps, size=span)
+    p = qkr.plan(
+        qkv[..., :HD],
+        qkv[..., HD : 2 * HD],
+        tab,
+        tab,
+        q_norm=norm,
+        k_norm=norm,
+        num_heads=o.heads,
+        rope_style=o.rope,
+        runtime_checks=False,
+    )
     if qkr.flat_applies(p, p.q, p.k):
         return "ditfuse.kernels.qk_flat:_qk_norm_rope_flat_kernel"
     return "ditfuse.kernels.qk_token:_qk_norm_rope_kernel"
@@ -166,8 +204,8 @@ def _qk_kernel_for(o) -> str:
 QK_NORM_ROPE = OpExport(
     op="qk_norm_rope",
     summary="fused QK RMSNorm + RoPE on a packed QKV projection, in place (default: Wan 14B, "
-            "RMSNorm across 40 heads x 128 with weight, interleaved RoPE, bf16, fp32 "
-            "(1, N, 1, 128) table)",
+    "RMSNorm across 40 heads x 128 with weight, interleaved RoPE, bf16, fp32 "
+    "(1, N, 1, 128) table)",
     kernel="ditfuse.kernels.qk_token:_qk_norm_rope_kernel",
     options=(
         Opt("heads", int, 40, "attention heads H"),
@@ -175,10 +213,20 @@ QK_NORM_ROPE = OpExport(
         Opt("dtype", str, "bf16", "activation (and norm weight) dtype", _DTYPES),
         Opt("table_dtype", str, "fp32", "cos/sin table dtype", _DTYPES),
         Opt("eps", float, 1e-6, "RMSNorm epsilon"),
-        Opt("norm_span", str, "all", "RMSNorm across all heads of a token (Wan) or per head",
-            ("all", "head")),
-        Opt("rope", str, "interleaved", "RoPE pairs (2i, 2i+1) or rotate-half",
-            ("interleaved", "half")),
+        Opt(
+            "norm_span",
+            str,
+            "all",
+            "RMSNorm across all heads of a token (Wan) or per head",
+            ("all", "head"),
+        ),
+        Opt(
+            "rope",
+            str,
+            "interleaved",
+            "RoPE pairs (2i, 2i+1) or rotate-half",
+            ("interleaved", "half"),
+        ),
     ),
     tensors=_qk_tensors,
     call=_qk_call,
@@ -186,8 +234,8 @@ QK_NORM_ROPE = OpExport(
     grid=lambda o, c: ("B * N", str(c.grid[1]), "1"),
     tag=lambda o: f"h{o.heads}d{o.head_dim}_{o.dtype}_{o.norm_span}_{o.rope}",
     contract="bitwise equal to ditfuse.qk_norm_rope(qkv[..., :H*D], qkv[..., H*D:2*H*D], cos, "
-             "sin, q_norm=RMSNorm, k_norm=RMSNorm, num_heads=H, inplace=True) (the same kernel "
-             "body, the same constexprs, with the strides as compile-time constants)",
+    "sin, q_norm=RMSNorm, k_norm=RMSNorm, num_heads=H, inplace=True) (the same kernel "
+    "body, the same constexprs, with the strides as compile-time constants)",
     kernel_for=_qk_kernel_for,
 )
 
@@ -195,19 +243,26 @@ QK_NORM_ROPE = OpExport(
 # ---------------------------------------------------------------------------------------
 # AdaLN: Wan's fp32 temb chunks
 
+
 def _mod_chunks(o, t, *names):
     temb = t["temb"]
-    return [temb[:, getattr(o, n + "_chunk"):getattr(o, n + "_chunk") + 1] for n in names]
+    return [temb[:, getattr(o, n + "_chunk") : getattr(o, n + "_chunk") + 1] for n in names]
 
 
 def _adaln_tensors(o) -> List[TensorSpec]:
     return [
         TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="hidden states"),
-        TensorSpec("temb", "input", ("B", 6, o.dim), "fp32",
-                   doc="(scale_shift_table + temb.float()): its .chunk(6, dim=1) views give "
-                       "shift / scale (/ gate)"),
-        TensorSpec("out", "output", ("B", "N", o.dim), o.dtype,
-                   doc="norm(x) * (1 + scale) + shift"),
+        TensorSpec(
+            "temb",
+            "input",
+            ("B", 6, o.dim),
+            "fp32",
+            doc="(scale_shift_table + temb.float()): its .chunk(6, dim=1) views give "
+            "shift / scale (/ gate)",
+        ),
+        TensorSpec(
+            "out", "output", ("B", "N", o.dim), o.dtype, doc="norm(x) * (1 + scale) + shift"
+        ),
     ]
 
 
@@ -222,11 +277,17 @@ def _gated_tensors(o) -> List[TensorSpec]:
     return [
         TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="residual stream"),
         TensorSpec("y", "input", ("B", "N", o.dim), o.dtype, doc="branch output (attention / FFN)"),
-        TensorSpec("temb", "input", ("B", 6, o.dim), "fp32",
-                   doc="(scale_shift_table + temb.float()): gate / shift / scale chunks"),
+        TensorSpec(
+            "temb",
+            "input",
+            ("B", 6, o.dim),
+            "fp32",
+            doc="(scale_shift_table + temb.float()): gate / shift / scale chunks",
+        ),
         TensorSpec("x_new", "output", ("B", "N", o.dim), o.dtype, doc="x + y * gate"),
-        TensorSpec("out", "output", ("B", "N", o.dim), o.dtype,
-                   doc="norm(x_new) * (1 + scale) + shift"),
+        TensorSpec(
+            "out", "output", ("B", "N", o.dim), o.dtype, doc="norm(x_new) * (1 + scale) + shift"
+        ),
     ]
 
 
@@ -252,8 +313,13 @@ _ADALN_OPTS = (
     Opt("dim", int, 5120, "model width D"),
     Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
     Opt("eps", float, 1e-6, "norm epsilon"),
-    Opt("norm", str, "layer", "LayerNorm without affine (Wan's FP32LayerNorm) or RMSNorm",
-        ("layer", "rms")),
+    Opt(
+        "norm",
+        str,
+        "layer",
+        "LayerNorm without affine (Wan's FP32LayerNorm) or RMSNorm",
+        ("layer", "rms"),
+    ),
     Opt("shift_chunk", int, 0, "temb chunk holding shift", range(6)),
     Opt("scale_chunk", int, 1, "temb chunk holding scale", range(6)),
 )
@@ -261,7 +327,7 @@ _ADALN_OPTS = (
 ADALN_MODULATE = OpExport(
     op="adaln_modulate",
     summary="norm(x) * (1 + scale) + shift with fp32 (B, 1, D) chunk views of temb "
-            "(default: Wan 14B, D = 5120, bf16, LayerNorm eps 1e-6)",
+    "(default: Wan 14B, D = 5120, bf16, LayerNorm eps 1e-6)",
     kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS,
     tensors=_adaln_tensors,
@@ -270,13 +336,13 @@ ADALN_MODULATE = OpExport(
     grid=lambda o, c: _tile_grid(c),
     tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.adaln_modulate(x, temb[:, shift_chunk:+1], "
-             "temb[:, scale_chunk:+1], norm=..., eps=...)",
+    "temb[:, scale_chunk:+1], norm=..., eps=...)",
 )
 
 GATED_RESIDUAL_ADALN = OpExport(
     op="gated_residual_adaln",
     summary="x_new = x + y * gate; out = norm(x_new) * (1 + scale) + shift, fp32 (B, 1, D) "
-            "chunk views of temb (default: Wan 14B, D = 5120, bf16)",
+    "chunk views of temb (default: Wan 14B, D = 5120, bf16)",
     kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS + (Opt("gate_chunk", int, 2, "temb chunk holding gate", range(6)),),
     tensors=_gated_tensors,
@@ -285,7 +351,7 @@ GATED_RESIDUAL_ADALN = OpExport(
     grid=lambda o, c: _tile_grid(c),
     tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.gated_residual_adaln(x, y, gate, shift, scale, ...) "
-             "with gate / shift / scale the temb chunks",
+    "with gate / shift / scale the temb chunks",
 )
 
 
@@ -293,8 +359,13 @@ def _residual_tensors(o) -> List[TensorSpec]:
     return [
         TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="residual stream"),
         TensorSpec("y", "input", ("B", "N", o.dim), o.dtype, doc="branch output (Wan: the FFN's)"),
-        TensorSpec("temb", "input", ("B", 6, o.dim), "fp32",
-                   doc="(scale_shift_table + temb.float()): its gate chunk"),
+        TensorSpec(
+            "temb",
+            "input",
+            ("B", 6, o.dim),
+            "fp32",
+            doc="(scale_shift_table + temb.float()): its gate chunk",
+        ),
         TensorSpec("x_new", "output", ("B", "N", o.dim), o.dtype, doc="x + y * gate"),
     ]
 
@@ -306,40 +377,67 @@ def _residual_call(o, t: Dict) -> None:
     # the tile kernel, whose constexprs do not depend on N (the JIT's flat kernel on dense
     # rows specializes on whether N * D fills its blocks); the same bits (tests/test_adaln.py).
     # gated_residual(x, y, gate, out=x_new) with the flat kernel off
-    adaln._run(t["x"], t["y"], gate, None, None, None, None, None, 0.0, "once", False,
-               t["x_new"], modulated=False, flat=False)
+    adaln._run(
+        t["x"],
+        t["y"],
+        gate,
+        None,
+        None,
+        None,
+        None,
+        None,
+        0.0,
+        "once",
+        False,
+        t["x_new"],
+        modulated=False,
+        flat=False,
+    )
 
 
 GATED_RESIDUAL = OpExport(
     op="gated_residual",
     summary="x_new = x + y * gate in fp32, stored in x's dtype, gate an fp32 (B, 1, D) chunk "
-            "view of temb (default: Wan 14B's FFN residual, D = 5120, bf16, c_gate_msa)",
+    "view of temb (default: Wan 14B's FFN residual, D = 5120, bf16, c_gate_msa)",
     kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
-    options=(Opt("dim", int, 5120, "model width D"),
-             Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
-             Opt("gate_chunk", int, 5, "temb chunk holding gate", range(6))),
+    options=(
+        Opt("dim", int, 5120, "model width D"),
+        Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
+        Opt("gate_chunk", int, 5, "temb chunk holding gate", range(6)),
+    ),
     tensors=_residual_tensors,
     call=_residual_call,
     writes={"xnew_ptr": "x_new"},
     grid=lambda o, c: _tile_grid(c),
     tag=lambda o: f"d{o.dim}_{o.dtype}",
     contract="bitwise equal to ditfuse.gated_residual(x, y, temb[:, gate_chunk:+1]), i.e. "
-             "Wan's (x.float() + ff.float() * c_gate_msa).type_as(x)",
+    "Wan's (x.float() + ff.float() * c_gate_msa).type_as(x)",
 )
 
 
 # ---------------------------------------------------------------------------------------
 # sliding-window attention: SAME-L's differential attention
 
+
 def _swa_tensors(o) -> List[TensorSpec]:
     H, D = o.heads, o.head_dim
     return [
-        TensorSpec("q", "input", ("B", "N", 2 * H, D), o.dtype,
-                   doc="[q1 | q2]: the two queries as blocked halves of 2H heads"),
+        TensorSpec(
+            "q",
+            "input",
+            ("B", "N", 2 * H, D),
+            o.dtype,
+            doc="[q1 | q2]: the two queries as blocked halves of 2H heads",
+        ),
         TensorSpec("k", "input", ("B", "N", 2 * H, D), o.dtype, doc="[k1 | k2], likewise"),
         TensorSpec("v", "input", ("B", "N", H, D), o.dtype, doc="the shared values"),
-        TensorSpec("out", "output", ("B", "N", H, D), o.dtype,
-                   doc="Attn(q1, k1, v) - lam * Attn(q2, k2, v) over the band |i - j| <= window"),
+        TensorSpec(
+            "out",
+            "output",
+            ("B", "N", H, D),
+            o.dtype,
+            doc="Attn(q1, k1, v) - lam * Attn(q2, k2, v) over the band |i - j| <= window",
+        ),
     ]
 
 
@@ -349,8 +447,16 @@ def _swa_call(o, t: Dict) -> None:
     H = o.heads
     q, k = t["q"], t["k"]
     # the TensorRT contract multiplies fp32 in tf32, whatever this process's matmul precision
-    out = sliding_window_attention(q[:, :, :H], k[:, :, :H], t["v"], o.window, q2=q[:, :, H:],
-                                   k2=k[:, :, H:], lam=o.lam, precision="high")
+    out = sliding_window_attention(
+        q[:, :, :H],
+        k[:, :, :H],
+        t["v"],
+        o.window,
+        q2=q[:, :, H:],
+        k2=k[:, :, H:],
+        lam=o.lam,
+        precision="high",
+    )
     if "out" in t and out.device.type != "meta":  # real tensors (the plugin's JIT path)
         t["out"].copy_(out)
 
@@ -358,7 +464,7 @@ def _swa_call(o, t: Dict) -> None:
 SLIDING_WINDOW_ATTENTION = OpExport(
     op="sliding_window_attention",
     summary="differential sliding-window attention on tensor cores (default: SAME-L, 24 heads "
-            "x 64, window 17, fp32 (tf32 math), lambda 1)",
+    "x 64, window 17, fp32 (tf32 math), lambda 1)",
     kernel="ditfuse.kernels.attention:_swa_fwd_kernel",
     options=(
         Opt("heads", int, 24, "heads H of each attention map (q holds 2H)"),
@@ -370,9 +476,11 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     tensors=_swa_tensors,
     call=_swa_call,
     writes={"o_ptr": "out"},
-    grid=lambda o, c: ((f"B * {o.heads}", f"cdiv(N, {c.kwargs['STEP_M']})", "1")
-                       if c.kwargs["TOKEN_MAJOR"] else
-                       (f"cdiv(N, {c.kwargs['STEP_M']})", f"B * {o.heads}", "1")),
+    grid=lambda o, c: (
+        (f"B * {o.heads}", f"cdiv(N, {c.kwargs['STEP_M']})", "1")
+        if c.kwargs["TOKEN_MAJOR"]
+        else (f"cdiv(N, {c.kwargs['STEP_M']})", f"B * {o.heads}", "1")
+    ),
     tag=lambda o: f"h{o.heads}d{o.head_dim}_w{o.window}_{o.dtype}_diff",
     tensor_cores=True,
     example_n=17 * 1938,
@@ -386,29 +494,31 @@ SLIDING_WINDOW_ATTENTION = OpExport(
     stages_note="1 for 64-query tiles, the JIT's for the 32-query fp32 tiles",
     same_float_ops=False,
     float_ops_note="lam is a compile-time 1.0 here: the JIT's per-row multiply "
-                   "lam * (1 / l2) folds away (exact), and with fp contraction off in this "
-                   "kernel the output's one fma (written in the kernel) takes the same "
-                   "operands in both builds",
+    "lam * (1 / l2) folds away (exact), and with fp contraction off in this "
+    "kernel the output's one fma (written in the kernel) takes the same "
+    "operands in both builds",
     contract="fp32 products in tf32 (precision='high', the TensorRT contract; the library's "
-             "default follows torch.get_float32_matmul_precision()); "
-             "bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
-             "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam, precision='high') for N > window (for N <= "
-             "window the JIT clamps the window to N, which selects the same keys), run with "
-             "the Triton kernel (on sm_90 the JIT routes SAME-L's calls to Gluon kernels: "
-             "the same bits in 16-bit, within the fp32 contract in fp32: attention.gluon_ok)",
+    "default follows torch.get_float32_matmul_precision()); "
+    "bitwise equal to ditfuse.sliding_window_attention(q[:, :, :H], k[:, :, :H], v, "
+    "window, q2=q[:, :, H:], k2=k[:, :, H:], lam=lam, precision='high') for N > window (for N <= "
+    "window the JIT clamps the window to N, which selects the same keys), run with "
+    "the Triton kernel (on sm_90 the JIT routes SAME-L's calls to Gluon kernels: "
+    "the same bits in 16-bit, within the fp32 contract in fp32: attention.gluon_ok)",
 )
 
 
 def _have(*modules: str) -> bool:
     import importlib.util
+
     try:
         return all(importlib.util.find_spec(m) is not None for m in modules)
     except ImportError:
         return False
 
 
-REGISTRY: Dict[str, OpExport] = {e.op: e for e in (QK_NORM_ROPE, ADALN_MODULATE,
-                                                      GATED_RESIDUAL_ADALN, GATED_RESIDUAL)}
+REGISTRY: Dict[str, OpExport] = {
+    e.op: e for e in (QK_NORM_ROPE, ADALN_MODULATE, GATED_RESIDUAL_ADALN, GATED_RESIDUAL)
+}
 if _have("ditfuse.ops.attention", "ditfuse.kernels.attention"):
     REGISTRY[SLIDING_WINDOW_ATTENTION.op] = SLIDING_WINDOW_ATTENTION
 

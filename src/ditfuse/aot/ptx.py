@@ -1,4 +1,5 @@
-"""PTX text: the entry signature and the packaging rules of ``docs/aot.md``, "The contract a package meets".
+"""PTX text: the entry signature and the packaging rules of ``docs/aot.md``, "The contract a
+package meets".
 
 Pure text processing (no Triton, no GPU). Every rule either rewrites the PTX and says what
 it did, or refuses with an :class:`AotRefusal` that names the rule, what it found and what
@@ -21,6 +22,7 @@ to do instead:
   the PTX with the driver's defaults (TensorRT does) could fuse them into FMAs and change
   the results.
 """
+
 from __future__ import annotations
 
 import re
@@ -55,17 +57,17 @@ class Param:
     """One ``.param`` of the entry signature."""
 
     name: str
-    type: str            # u64, u32, b32, ...
-    is_pointer: bool     # declared ``.ptr``
+    type: str  # u64, u32, b32, ...
+    is_pointer: bool  # declared ``.ptr``
     align: Optional[int]  # ``.align N`` (pointee alignment for .ptr params)
-    decl: str            # the declaration as written
+    decl: str  # the declaration as written
 
 
 @dataclass(frozen=True)
 class Entry:
     name: str
     params: Tuple[Param, ...]
-    start: int           # span of the parameter list text (between the parentheses)
+    start: int  # span of the parameter list text (between the parentheses)
     end: int
 
 
@@ -88,8 +90,11 @@ def entries(ptx: str) -> List[Entry]:
                 raise ValueError(f"cannot parse PTX parameter declaration {raw!r}")
             quals = pm.group(2).split()
             am = re.search(r"\.align\s+(\d+)", raw)
-            params.append(Param(pm.group(3), pm.group(1), ".ptr" in quals,
-                                int(am.group(1)) if am else None, raw))
+            params.append(
+                Param(
+                    pm.group(3), pm.group(1), ".ptr" in quals, int(am.group(1)) if am else None, raw
+                )
+            )
         out.append(Entry(m.group(1), tuple(params), m.start(2), m.end(2)))
     return out
 
@@ -100,8 +105,11 @@ def entry(ptx: str, name: Optional[str] = None) -> Entry:
     if name is not None:
         es = [e for e in es if e.name == name]
     if len(es) != 1:
-        raise AotRefusal("entry", f"expected one .visible .entry{f' named {name}' if name else ''} "
-                                  f"in the PTX, found {len(es)}")
+        raise AotRefusal(
+            "entry",
+            f"expected one .visible .entry{f' named {name}' if name else ''} "
+            f"in the PTX, found {len(es)}",
+        )
     return es[0]
 
 
@@ -119,7 +127,7 @@ def ptx_version(ptx: str) -> Optional[str]:
 
 def _body_after(ptx: str, e: Entry) -> str:
     """The PTX text after the entry's parameter list (its body and anything following)."""
-    return ptx[e.end:]
+    return ptx[e.end :]
 
 
 def param_uses(ptx: str, pname: str, e: Optional[Entry] = None) -> List[str]:
@@ -127,9 +135,12 @@ def param_uses(ptx: str, pname: str, e: Optional[Entry] = None) -> List[str]:
     other use of its name, e.g. taking its address)."""
     e = e or entry(ptx)
     pat = re.compile(rf"(?<![\w$]){re.escape(pname)}(?![\w$])")
-    text = ptx[:e.start] + "\n" + _body_after(ptx, e)
-    return [ln.strip() for ln in text.splitlines() if pat.search(ln)
-            and not ln.lstrip().startswith("//")]
+    text = ptx[: e.start] + "\n" + _body_after(ptx, e)
+    return [
+        ln.strip()
+        for ln in text.splitlines()
+        if pat.search(ln) and not ln.lstrip().startswith("//")
+    ]
 
 
 def strip_unread_params(ptx: str, keep: int, name: Optional[str] = None) -> Tuple[str, List[str]]:
@@ -137,8 +148,11 @@ def strip_unread_params(ptx: str, keep: int, name: Optional[str] = None) -> Tupl
     reads them. Returns (new PTX, names removed)."""
     e = entry(ptx, name)
     if len(e.params) < keep:
-        raise AotRefusal("signature", f"entry {e.name} has {len(e.params)} parameters, fewer than "
-                                      f"the {keep} the runtime passes")
+        raise AotRefusal(
+            "signature",
+            f"entry {e.name} has {len(e.params)} parameters, fewer than "
+            f"the {keep} the runtime passes",
+        )
     tail = e.params[keep:]
     if not tail:
         return ptx, []
@@ -151,9 +165,10 @@ def strip_unread_params(ptx: str, keep: int, name: Optional[str] = None) -> Tupl
                 f"the {keep} the runtime passes): the kernel reads it ({uses[0]!r}"
                 f"{f' and {len(uses) - 1} more' if len(uses) > 1 else ''}). A runtime that passes "
                 "only inputs, extras and outputs (TensorRT) would hand it garbage; this kernel "
-                "needs Triton's scratch buffer and cannot be packaged this way.")
+                "needs Triton's scratch buffer and cannot be packaged this way.",
+            )
     kept = ",\n\t".join(p.decl for p in e.params[:keep])
-    new = ptx[:e.start] + "\n\t" + kept + "\n" + ptx[e.end:]
+    new = ptx[: e.start] + "\n\t" + kept + "\n" + ptx[e.end :]
     return new, [p.name for p in tail]
 
 
@@ -177,8 +192,11 @@ def retarget(ptx: str, want: str) -> Tuple[str, Optional[str]]:
     if have == want:
         return ptx, None
     if have != want + "a":
-        raise AotRefusal("target", f"the PTX targets {have}; cannot retarget it to {want} "
-                                   f"(only an arch-specific suffix may be dropped: {want}a -> {want})")
+        raise AotRefusal(
+            "target",
+            f"the PTX targets {have}; cannot retarget it to {want} "
+            f"(only an arch-specific suffix may be dropped: {want}a -> {want})",
+        )
     bad = arch_specific_instructions(ptx)
     if bad:
         kinds = sorted({ln.split(".")[0].split()[-1] for _, ln in bad})
@@ -188,7 +206,8 @@ def retarget(ptx: str, want: str) -> Tuple[str, Optional[str]]:
             f"cannot rewrite .target {have} -> {want}: the PTX uses {len(bad)} arch-specific "
             f"instruction(s) ({why}; first at line {bad[0][0]}: {bad[0][1]!r}). Package for "
             f"--target {have} (a runtime that accepts arch-specific PTX) or for an earlier "
-            "architecture whose PTX the GPU can still run (e.g. sm_80: mma.sync).")
+            "architecture whose PTX the GPU can still run (e.g. sm_80: mma.sync).",
+        )
     new = _TARGET.sub(lambda m: m.group(1) + want + m.group(3), ptx, count=1)
     return new, f".target {have} -> {want} (no arch-specific instruction present)"
 
@@ -199,7 +218,7 @@ def fix_pointer_alignment(ptx: str, align: int, name: Optional[str] = None) -> T
     if align & (align - 1) or align < 1:
         raise ValueError(f"alignment must be a power of two, got {align}")
     e = entry(ptx, name)
-    sig = ptx[e.start:e.end]
+    sig = ptx[e.start : e.end]
     n = 0
 
     def fix(m):
@@ -209,14 +228,33 @@ def fix_pointer_alignment(ptx: str, align: int, name: Optional[str] = None) -> T
         return m.group(1) + str(align)
 
     new_sig = re.sub(r"(\.ptr(?:\s+\.\w+)*?\s+\.align\s+)(\d+)", fix, sig)
-    return ptx[:e.start] + new_sig + ptx[e.end:], n
+    return ptx[: e.start] + new_sig + ptx[e.end :], n
 
 
-_STATIC_SHARED = re.compile(r"^\s*(?!\.extern)(?:\.\w+\s+)*?\.shared\s+(?:\.align\s+\d+\s+)?"
-                            r"\.(\w+)\s+[\w$]+((?:\[\d+\])+)\s*(?:=[^;]*)?;", re.M)
-_TYPE_BYTES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "bf16": 2,
-               "b32": 4, "u32": 4, "s32": 4, "f32": 4, "b64": 8, "u64": 8, "s64": 8, "f64": 8,
-               "b128": 16}
+_STATIC_SHARED = re.compile(
+    r"^\s*(?!\.extern)(?:\.\w+\s+)*?\.shared\s+(?:\.align\s+\d+\s+)?"
+    r"\.(\w+)\s+[\w$]+((?:\[\d+\])+)\s*(?:=[^;]*)?;",
+    re.M,
+)
+_TYPE_BYTES = {
+    "b8": 1,
+    "u8": 1,
+    "s8": 1,
+    "b16": 2,
+    "u16": 2,
+    "s16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "b32": 4,
+    "u32": 4,
+    "s32": 4,
+    "f32": 4,
+    "b64": 8,
+    "u64": 8,
+    "s64": 8,
+    "f64": 8,
+    "b128": 16,
+}
 
 
 def static_shared_bytes(ptx: str) -> int:
@@ -230,8 +268,9 @@ def static_shared_bytes(ptx: str) -> int:
     return total
 
 
-def check_shared_memory(ptx: str, dynamic: int, allow_large: bool,
-                        limit: int = SMEM_LIMIT) -> Dict[str, int]:
+def check_shared_memory(
+    ptx: str, dynamic: int, allow_large: bool, limit: int = SMEM_LIMIT
+) -> Dict[str, int]:
     """Refuse more than ``limit`` bytes of shared memory unless ``allow_large``."""
     static = static_shared_bytes(ptx)
     total = static + int(dynamic)
@@ -242,7 +281,8 @@ def check_shared_memory(ptx: str, dynamic: int, allow_large: bool,
             f"static), over {limit} B. A TensorRT engine needing more than 48 KB built but "
             "failed at enqueue in the seed project (the launch must first raise "
             "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). Use smaller blocks / fewer "
-            "stages, or pass --allow-large-smem if your runtime sets that attribute.")
+            "stages, or pass --allow-large-smem if your runtime sets that attribute.",
+        )
     return dict(dynamic=int(dynamic), static=static, total=total)
 
 
@@ -262,20 +302,28 @@ def check_tensor_cores(ptx: str, op: str) -> Counter:
             f"{op} is a tensor-core kernel (tl.dot) but its PTX has no mma / wgmma instruction: "
             "the dot fell back to FMA (e.g. a block dimension under 16, or an input precision "
             "the target has no MMA for). It would run many times slower than the JIT kernel; "
-            "refusing to package it.")
+            "refusing to package it.",
+        )
     return found
 
 
-_FLOAT_OP = re.compile(r"^\s*(?:@!?%?\w+\s+)?((?:add|sub|mul|fma|div|sqrt|rsqrt|rcp|ex2|lg2|"
-                       r"min|max|neg|abs|tanh|sin|cos)(?:\.[a-z0-9]+)*)\s", re.M)
-_UNROUNDED = re.compile(r"^\s*(?:@!?%?\w+\s+)?((?:add|sub|mul)(?:\.ftz)?(?:\.sat)?"
-                        r"\.(?:f32|f64|f16|f16x2|bf16|bf16x2))\s", re.M)
+_FLOAT_OP = re.compile(
+    r"^\s*(?:@!?%?\w+\s+)?((?:add|sub|mul|fma|div|sqrt|rsqrt|rcp|ex2|lg2|"
+    r"min|max|neg|abs|tanh|sin|cos)(?:\.[a-z0-9]+)*)\s",
+    re.M,
+)
+_UNROUNDED = re.compile(
+    r"^\s*(?:@!?%?\w+\s+)?((?:add|sub|mul)(?:\.ftz)?(?:\.sat)?"
+    r"\.(?:f32|f64|f16|f16x2|bf16|bf16x2))\s",
+    re.M,
+)
 
 
 def float_op_histogram(ptx: str) -> Counter:
     """Count of every floating-point arithmetic instruction (mnemonic with modifiers)."""
-    return Counter(m for m in _FLOAT_OP.findall(ptx)
-                   if re.search(r"\.(f16|bf16|f32|f64|f16x2|bf16x2)\b", m))
+    return Counter(
+        m for m in _FLOAT_OP.findall(ptx) if re.search(r"\.(f16|bf16|f32|f64|f16x2|bf16x2)\b", m)
+    )
 
 
 def check_contraction_safe(ptx: str) -> None:
@@ -289,4 +337,5 @@ def check_contraction_safe(ptx: str) -> None:
             f"the kernel was compiled without fp contraction, but {len(bad)} floating-point "
             f"instruction(s) carry no rounding mode (e.g. {bad[0]}): a runtime that JIT-compiles "
             "this PTX with default options (TensorRT) could fuse them into FMAs and change the "
-            "results.")
+            "results.",
+        )

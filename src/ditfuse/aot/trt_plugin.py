@@ -45,6 +45,7 @@ Building an engine that uses the Wan QK package::
 TensorRT's own QDP API.) The block size is fixed by the PTX (``.reqntid``); the grid, the extras and
 everything else follow from the manifest, so a package and its plugin cannot disagree.
 """
+
 from __future__ import annotations
 
 import re
@@ -90,8 +91,10 @@ def _describe(pkg: Package, descs):
         if not same or ins[same[0]]["dtype"] != p["dtype"]:
             d.dtype = getattr(trt, _TRT_DT[p["dtype"]])
         if not same:
-            dims = [descs[src[s][0]].shape_expr[src[s][1]] if isinstance(s, str) else s
-                    for s in p["shape"]]
+            dims = [
+                descs[src[s][0]].shape_expr[src[s][1]] if isinstance(s, str) else s
+                for s in p["shape"]
+            ]
             d.shape_expr = trtp.ShapeExprs.from_tuple(tuple(dims))
         outs.append(d)
     return tuple(outs)
@@ -101,8 +104,9 @@ def _aot(pkg: Package, descs):
     m = pkg.manifest
     env = {s: descs[i].shape_expr[d] for s, (i, d) in _sym_sources(m).items()}
     launch = trtp.KernelLaunchParams()
-    launch.grid_x, launch.grid_y, launch.grid_z = (eval_formula(g, env, cdiv=trtp.cdiv)
-                                                   for g in m["grid"])
+    launch.grid_x, launch.grid_y, launch.grid_z = (
+        eval_formula(g, env, cdiv=trtp.cdiv) for g in m["grid"]
+    )
     launch.block_x = m["block"][0]
     launch.shared_mem = int(m["shared_mem"])
     extras = [p for p in m["parameters"] if p["kind"] == "extra"]
@@ -114,6 +118,7 @@ def _aot(pkg: Package, descs):
 
 def _jit(pkg: Package, tensors, outputs, stream) -> None:
     import torch
+
     from ditfuse.aot.ops import get
 
     m = pkg.manifest
@@ -149,7 +154,7 @@ def register(package, namespace: str = "ditfuse", name: str = None, jit_impl: bo
     tens_args = ", ".join(f"{n}: trtp.Tensor" for n in ins)
     tup = ", ".join(ins) + ("," if len(ins) == 1 else "")
     out_t = "trtp.TensorDesc" if n_out == 1 else f"Tuple[{', '.join(['trtp.TensorDesc'] * n_out)}]"
-    src = f'''
+    src = f"""
 def describe({desc_args}) -> {out_t}:
     d = _describe(_pkg, ({tup}))
     return d[0] if {n_out} == 1 else d
@@ -158,14 +163,23 @@ def autotune({desc_args}, outputs: Tuple[trtp.TensorDesc]) -> List[trtp.AutoTune
     return [trtp.AutoTuneCombination({io_types!r})]
 
 def aot_impl({desc_args}, outputs: Tuple[trtp.TensorDesc], tactic: int
-             ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams, trtp.SymExprs]:
+             ) -> Tuple[Union[str, bytes], Union[str, bytes], trtp.KernelLaunchParams,
+                        trtp.SymExprs]:
     return _aot(_pkg, ({tup}))
 
 def impl({tens_args}, outputs: Tuple[trtp.Tensor], stream: int) -> None:
     _jit(_pkg, ({tup}), outputs, stream)
-'''
-    ns = dict(trtp=trtp, Tuple=Tuple, List=List, Union=Union, _pkg=pkg, _describe=_describe,
-              _aot=_aot, _jit=_jit)
+"""
+    ns = dict(
+        trtp=trtp,
+        Tuple=Tuple,
+        List=List,
+        Union=Union,
+        _pkg=pkg,
+        _describe=_describe,
+        _aot=_aot,
+        _jit=_jit,
+    )
     exec(compile(src, f"<ditfuse.aot.trt_plugin {pid}>", "exec"), ns)
     trtp.register(pid)(ns["describe"])
     trtp.autotune(pid)(ns["autotune"])

@@ -1,7 +1,8 @@
 """Sequence (context) parallel Wan with ditfuse patched in, through diffusers' own CP hooks.
 
-    torchrun --nproc-per-node 2 -m ditfuse.examples.wan_context_parallel                  # GPUs (NCCL)
-    torchrun --nproc-per-node 2 -m ditfuse.examples.wan_context_parallel --tiny --mode both  # CPU (gloo)
+    # GPUs (NCCL); the CPU (gloo)
+    torchrun --nproc-per-node 2 -m ditfuse.examples.wan_context_parallel
+    torchrun --nproc-per-node 2 -m ditfuse.examples.wan_context_parallel --tiny --mode both
 
 Every rank builds the same model and inputs (random weights, broadcast from rank 0) and
 computes the one-process output of the patched model. Then a fresh copy is patched
@@ -23,6 +24,7 @@ merges per-chunk results by their log-sum-exp, which ``native`` refuses to retur
 ring uses ``_native_cudnn`` (bf16/fp16 only), on CPU no diffusers backend returns it, so
 :func:`cpu_workarounds` lends ``native`` ATen's CPU flash kernel for that one op.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +44,18 @@ PROCESSORS = "attention processors (QK-norm + RoPE)"
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--mode", choices=["ulysses", "ring", "both"], default="ulysses")
     ap.add_argument("--tiny", action="store_true", help="tiny Wan config (implied on CPU)")
-    ap.add_argument("--layers", type=int, default=2, help="blocks of the real-size model (default 2)")
+    ap.add_argument(
+        "--layers", type=int, default=2, help="blocks of the real-size model (default 2)"
+    )
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    ap.add_argument("--iters", type=int, default=5, help="timed iterations on CUDA (after 2 warm-up)")
+    ap.add_argument(
+        "--iters", type=int, default=5, help="timed iterations on CUDA (after 2 warm-up)"
+    )
     ap.add_argument("--out", default=None, help="also write the summary to this file")
     return ap.parse_args(argv)
 
@@ -76,10 +84,22 @@ def build(tiny: bool, layers: int, dtype: torch.dtype, device):
 
         model, kw = _randomize(_wan14b(layers)), _wan_inputs("cpu", torch.float32)
     model = tm.to_dtype(model.to(device), dtype).eval().requires_grad_(False)
-    kw = {k: (v.to(device, dtype) if torch.is_tensor(v) and v.is_floating_point() and k != "timestep"
-              else v.to(device) if torch.is_tensor(v) else v) for k, v in kw.items()}
+    kw = {
+        k: (
+            v.to(device, dtype)
+            if torch.is_tensor(v) and v.is_floating_point() and k != "timestep"
+            else v.to(device)
+            if torch.is_tensor(v)
+            else v
+        )
+        for k, v in kw.items()
+    }
     # seeded identically already; the broadcast makes "same on every rank" a fact
-    for t in [*model.parameters(), *model.buffers(), *(v for v in kw.values() if torch.is_tensor(v))]:
+    for t in [
+        *model.parameters(),
+        *model.buffers(),
+        *(v for v in kw.values() if torch.is_tensor(v)),
+    ]:
         dist.broadcast(t.data, 0)
     return model, kw
 
@@ -89,8 +109,10 @@ def attention_backend(mode: str, device, dtype) -> str:
     if mode == "ring" and device.type == "cuda":
         # ring needs each chunk's log-sum-exp: native refuses it; cuDNN (and flash) give it
         if dtype != torch.bfloat16:
-            raise SystemExit("ring on CUDA: diffusers' LSE backends (_native_cudnn, _native_flash) "
-                             "are bf16/fp16 only; use --dtype bf16")
+            raise SystemExit(
+                "ring on CUDA: diffusers' LSE backends (_native_cudnn, _native_flash) "
+                "are bf16/fp16 only; use --dtype bf16"
+            )
         return "_native_cudnn"
     return "native"
 
@@ -116,14 +138,39 @@ def cpu_workarounds(device, ring_lse: bool = True):
 
     orig_count, orig_op = torch.accelerator.device_count, ad._native_attention_forward_op
 
-    def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                   enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+    def forward_op(
+        ctx,
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+        return_lse=False,
+        _save_ctx=True,
+        _parallel_config=None,
+    ):
         if not return_lse:
-            return orig_op(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                           return_lse, _save_ctx=_save_ctx, _parallel_config=_parallel_config)
+            return orig_op(
+                ctx,
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale,
+                enable_gqa,
+                return_lse,
+                _save_ctx=_save_ctx,
+                _parallel_config=_parallel_config,
+            )
         q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, S, D)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+        )
         return out.transpose(1, 2), lse.transpose(1, 2)  # (B, S, H, D), (B, S, H)
 
     torch.accelerator.device_count = lambda: max(orig_count(), 1)
@@ -160,8 +207,12 @@ def compare(out, ref):
     from ditfuse.tools.e2e import psnr
 
     d = out.double() - ref.double()
-    return (d.abs().max().item(), ref.double().abs().max().item(), psnr(out, ref),
-            (out == ref).float().mean().item())
+    return (
+        d.abs().max().item(),
+        ref.double().abs().max().item(),
+        psnr(out, ref),
+        (out == ref).float().mean().item(),
+    )
 
 
 def step_ms(model, kw, iters: int, warmup: int = 2):
@@ -213,13 +264,26 @@ def run_mode(base, kw, mode: str, world: int, device, dtype, iters: int = 5, rin
             out = model(**kw)[0]
             tn = step_ms(model, kw, iters) if cuda else math.nan
         if patched:
-            procs = sorted({(type(b.attn1.processor).__name__, b.attn1.processor._parallel_config is not None)
-                            for b in model.blocks})
+            procs = sorted(
+                {
+                    (
+                        type(b.attn1.processor).__name__,
+                        b.attn1.processor._parallel_config is not None,
+                    )
+                    for b in model.blocks
+                }
+            )
         del model
         err, scale, psnr, share = compare(out, ref)
         err, neg_psnr, neg_share, t1, tn = _allmax(err, -psnr, -share, t1, tn, device=device)
-        res[patched] = {"err": err, "scale": scale, "psnr": -neg_psnr, "share": -neg_share, "ms_1": t1,
-                        "ms_n": tn}
+        res[patched] = {
+            "err": err,
+            "scale": scale,
+            "psnr": -neg_psnr,
+            "share": -neg_share,
+            "ms_1": t1,
+            "ms_n": tn,
+        }
         if cuda:
             torch.cuda.empty_cache()
     r = dict(res[True], unpatched=res[False])
@@ -229,12 +293,23 @@ def run_mode(base, kw, mode: str, world: int, device, dtype, iters: int = 5, rin
     from ditfuse.tolerances import CONTEXT_PARALLEL as REL_TOL
     from ditfuse.tolerances import CONTEXT_PARALLEL_MIN_PSNR as MIN_PSNR
 
-    r["ok"] = (r["err"] <= REL_TOL[dtype] * r["scale"] and r["psnr"] >= (MIN_PSNR[dtype] or -math.inf)
-               and report.counts.get(PROCESSORS, 0) == 2 * len(base.blocks)
-               and procs == [("DitfuseWanAttnProcessor", True)])
+    r["ok"] = (
+        r["err"] <= REL_TOL[dtype] * r["scale"]
+        and r["psnr"] >= (MIN_PSNR[dtype] or -math.inf)
+        and report.counts.get(PROCESSORS, 0) == 2 * len(base.blocks)
+        and procs == [("DitfuseWanAttnProcessor", True)]
+    )
     shim = device.type == "cpu" and mode == "ring" and ring_lse
-    return dict(r, mode=mode, world=world, S=S, backend=backend + (" + CPU LSE op" if shim else ""),
-                report=str(report), counts=dict(report.counts), processors=procs)
+    return dict(
+        r,
+        mode=mode,
+        world=world,
+        S=S,
+        backend=backend + (" + CPU LSE op" if shim else ""),
+        report=str(report),
+        counts=dict(report.counts),
+        processors=procs,
+    )
 
 
 def summary(r: dict, dtype, layers: int) -> str:
@@ -245,17 +320,25 @@ def summary(r: dict, dtype, layers: int) -> str:
     u, w = r["unpatched"], r["world"]
     psnr_tol = f", PSNR >= {MIN_PSNR[dtype]:g} dB" if MIN_PSNR[dtype] else ""
     lines = [
-        f"{r['mode']}: world {w}, S={r['S']} tokens, {layers} blocks, {str(dtype)[6:]}, backend {r['backend']}",
-        f"  patch: {r['report']}; self-attention processors (class, has CP config): {r['processors']}",
-        (f"  patched:   max |{w} processes - 1| = {r['err']:.3g} (max |ref| {r['scale']:.3g}), "
-         f"PSNR {r['psnr']:.1f} dB, {100 * r['share']:.1f}% bitwise "
-         f"[tolerance: <= {REL_TOL[dtype]:g} * max|ref|{psnr_tol}]"),
-        (f"  unpatched: max |{w} processes - 1| = {u['err']:.3g}, PSNR {u['psnr']:.1f} dB, "
-         f"{100 * u['share']:.1f}% bitwise (diffusers' CP alone)"),
+        f"{r['mode']}: world {w}, S={r['S']} tokens, {layers} blocks, {str(dtype)[6:]}, "
+        f"backend {r['backend']}",
+        f"  patch: {r['report']}; self-attention processors (class, has CP config): "
+        f"{r['processors']}",
+        (
+            f"  patched:   max |{w} processes - 1| = {r['err']:.3g} (max |ref| {r['scale']:.3g}), "
+            f"PSNR {r['psnr']:.1f} dB, {100 * r['share']:.1f}% bitwise "
+            f"[tolerance: <= {REL_TOL[dtype]:g} * max|ref|{psnr_tol}]"
+        ),
+        (
+            f"  unpatched: max |{w} processes - 1| = {u['err']:.3g}, PSNR {u['psnr']:.1f} dB, "
+            f"{100 * u['share']:.1f}% bitwise (diffusers' CP alone)"
+        ),
     ]
     if not math.isnan(r["ms_n"]):
-        lines.append(f"  step: patched {r['ms_1']:.1f} ms on 1 process, {r['ms_n']:.1f} ms on {w}; "
-                     f"unpatched {u['ms_1']:.1f} ms on 1, {u['ms_n']:.1f} ms on {w}")
+        lines.append(
+            f"  step: patched {r['ms_1']:.1f} ms on 1 process, {r['ms_n']:.1f} ms on {w}; "
+            f"unpatched {u['ms_1']:.1f} ms on 1, {u['ms_n']:.1f} ms on {w}"
+        )
     lines.append(f"  {'OK' if r['ok'] else 'FAIL'}")
     return "\n".join(lines)
 
@@ -269,7 +352,9 @@ def main(argv=None) -> int:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     modes = ["ulysses", "ring"] if args.mode == "both" else [args.mode]
     if world < 2:
-        raise SystemExit("context parallelism needs at least 2 processes (torchrun --nproc-per-node 2)")
+        raise SystemExit(
+            "context parallelism needs at least 2 processes (torchrun --nproc-per-node 2)"
+        )
     for mode in modes:  # refuse an unsupported combination before building anything
         attention_backend(mode, device, dtype)
     base, kw = build(args.tiny or device.type == "cpu", args.layers, dtype, device)

@@ -9,6 +9,7 @@ weights, real size on GPUs: 480p, 32,760 tokens) and normalises across *all* hea
 Rank 0 gathers the result, checks it against the single-rank computation and prints the
 time per call (CUDA events, median) next to the one-rank time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,9 @@ import torch.distributed as dist
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tokens", type=int, default=None, help="S (default: 32760 on GPU, 8 on CPU)")
     ap.add_argument("--heads", type=int, default=40)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -51,23 +53,43 @@ def main(argv=None):
     cos = ang.cos().repeat_interleave(2, -1)[None, :, None].float()
     sin = ang.sin().repeat_interleave(2, -1)[None, :, None].float()
     shard = slice(rank * Hl * D, (rank + 1) * Hl * D)
-    q0, k0 = qkv[..., :H * D], qkv[..., H * D:2 * H * D]
-    local = torch.cat([q0[..., shard], k0[..., shard], qkv[..., 2 * H * D:][..., shard]], -1).contiguous()
+    q0, k0 = qkv[..., : H * D], qkv[..., H * D : 2 * H * D]
+    local = torch.cat(
+        [q0[..., shard], k0[..., shard], qkv[..., 2 * H * D :][..., shard]], -1
+    ).contiguous()
     nq = NormSpec("rms", weight=wq[shard].contiguous(), eps=1e-6)
     nk = NormSpec("rms", weight=wk[shard].contiguous(), eps=1e-6)
 
     def step(buf):
-        ditfuse.qk_norm_rope(buf[..., :Hl * D], buf[..., Hl * D:2 * Hl * D], cos, sin, q_norm=nq,
-                             k_norm=nk, num_heads=Hl, inplace=True, process_group=dist.group.WORLD)
+        ditfuse.qk_norm_rope(
+            buf[..., : Hl * D],
+            buf[..., Hl * D : 2 * Hl * D],
+            cos,
+            sin,
+            q_norm=nq,
+            k_norm=nk,
+            num_heads=Hl,
+            inplace=True,
+            process_group=dist.group.WORLD,
+        )
 
     with torch.no_grad():
         out = local.clone()
         step(out)
-        full_q, full_k = ditfuse.qk_norm_rope(q0, k0, cos, sin, q_norm=NormSpec("rms", weight=wq, eps=1e-6),
-                                              k_norm=NormSpec("rms", weight=wk, eps=1e-6), num_heads=H)
-        err = max((out[..., :Hl * D].float() - full_q[..., shard].float()).abs().max().item(),
-                  (out[..., Hl * D:2 * Hl * D].float() - full_k[..., shard].float()).abs().max().item())
-        same = torch.equal(out[..., :Hl * D], full_q[..., shard])
+        full_q, full_k = ditfuse.qk_norm_rope(
+            q0,
+            k0,
+            cos,
+            sin,
+            q_norm=NormSpec("rms", weight=wq, eps=1e-6),
+            k_norm=NormSpec("rms", weight=wk, eps=1e-6),
+            num_heads=H,
+        )
+        err = max(
+            (out[..., : Hl * D].float() - full_q[..., shard].float()).abs().max().item(),
+            (out[..., Hl * D : 2 * Hl * D].float() - full_k[..., shard].float()).abs().max().item(),
+        )
+        same = torch.equal(out[..., : Hl * D], full_q[..., shard])
         times, times1 = [], []
         if cuda:
             for _ in range(args.iters):
@@ -81,10 +103,16 @@ def main(argv=None):
                 times.append(s.elapsed_time(e) * 1e3)
                 full = qkv.clone()
                 s.record()
-                ditfuse.qk_norm_rope(full[..., :H * D], full[..., H * D:2 * H * D], cos, sin,
-                                     q_norm=NormSpec("rms", weight=wq, eps=1e-6),
-                                     k_norm=NormSpec("rms", weight=wk, eps=1e-6), num_heads=H,
-                                     inplace=True)
+                ditfuse.qk_norm_rope(
+                    full[..., : H * D],
+                    full[..., H * D : 2 * H * D],
+                    cos,
+                    sin,
+                    q_norm=NormSpec("rms", weight=wq, eps=1e-6),
+                    k_norm=NormSpec("rms", weight=wk, eps=1e-6),
+                    num_heads=H,
+                    inplace=True,
+                )
                 e.record()
                 torch.cuda.synchronize()
                 times1.append(s.elapsed_time(e) * 1e3)
@@ -92,12 +120,16 @@ def main(argv=None):
     dist.all_reduce(errs[0], op=dist.ReduceOp.MAX)
     if rank == 0:
         print(f"world {world}: S={S}, {H} heads x {D} ({Hl} a rank), bf16, packed QKV in place")
-        print(f"max |head-parallel - single rank| = {errs[0].item():.3g} "
-              f"({'bitwise on rank 0' if same else 'up to the reduction order'})")
+        print(
+            f"max |head-parallel - single rank| = {errs[0].item():.3g} "
+            f"({'bitwise on rank 0' if same else 'up to the reduction order'})"
+        )
         if cuda:
-            print(f"time per call: {statistics.median(times):.1f} us on {world} GPUs (this rank's "
-                  f"{Hl} heads + all-reduce); {statistics.median(times1):.1f} us for all {H} heads "
-                  "on one GPU")
+            print(
+                f"time per call: {statistics.median(times):.1f} us on {world} GPUs (this rank's "
+                f"{Hl} heads + all-reduce); {statistics.median(times1):.1f} us for all {H} heads "
+                "on one GPU"
+            )
     dist.destroy_process_group()
 
 

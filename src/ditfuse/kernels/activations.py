@@ -2,13 +2,14 @@
 
 Launched by :mod:`ditfuse.ops.activations` (launch table, checks, public functions); design
 and measurements: docs/design/activations.md."""
+
 from __future__ import annotations
 
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ditfuse.runtime.backend import INTERPRET, jit
 from ditfuse.kernels.element import _cast_out, _ex2, _rcp, _rnd, _tanh
+from ditfuse.runtime.backend import INTERPRET, jit
 
 #: what ``_act_kernel`` computes (its ``KIND``; ``ditfuse.ops.activations`` passes the values)
 SWIGLU = tl.constexpr(0)
@@ -25,6 +26,7 @@ _LIBDEVICE = tl.constexpr(not INTERPRET)
 
 # ---------------------------------------------------------------------------------------
 # kernel (private)
+
 
 @jit
 def _exp(x):
@@ -55,8 +57,9 @@ def _tanhf(x):
     a = tl.abs(x)
     r = _rcp(_ex2(a * 2.8853900432586669922) + 1.0)
     big = tl.where(a >= 9.010913848876953125, 1.0, tl.fma(r, -2.0, 1.0))
-    big = (big.to(tl.uint32, bitcast=True) | (x.to(tl.uint32, bitcast=True) & 0x80000000)
-           ).to(tl.float32, bitcast=True)
+    big = (big.to(tl.uint32, bitcast=True) | (x.to(tl.uint32, bitcast=True) & 0x80000000)).to(
+        tl.float32, bitcast=True
+    )
     x2 = x * x
     p = tl.fma(x2, 0.01573968306183815, -0.052303962409496307373)  # 0x3c80f082
     p = tl.fma(x2, p, 0.1331529766321182251)
@@ -75,13 +78,15 @@ def _erf(x):
 
 @jit
 def _act_kernel(
-    x_ptr,                     # input rows (R, N); SwiGLU: (R, 2N) = [x1 | x2]
-    out_ptr,                   # output rows (R, N); unit column stride; x's dtype
-    R, N,                      # rows; output columns
-    stride_xr, stride_or,      # row strides (elements) of x and out
-    KIND: tl.constexpr,        # SWIGLU, GELU_TANH or GELU_ERF
-    ROWS: tl.constexpr,        # rows per program
-    BLOCK: tl.constexpr,       # columns per program (power of two)
+    x_ptr,  # input rows (R, N); SwiGLU: (R, 2N) = [x1 | x2]
+    out_ptr,  # output rows (R, N); unit column stride; x's dtype
+    R,
+    N,  # rows; output columns
+    stride_xr,
+    stride_or,  # row strides (elements) of x and out
+    KIND: tl.constexpr,  # SWIGLU, GELU_TANH or GELU_ERF
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # columns per program (power of two)
 ):
     """One [ROWS, BLOCK] tile of y = act(x), in PyTorch's CUDA arithmetic (fp32 opmath):
     SwiGLU ``round(round(x1 / (1 + exp(-x1))) * x2)`` (Flux2SwiGLU's two eager ops), GELU

@@ -3,6 +3,7 @@ shift``, rows in registers (tile kernel), chunked long rows, and the flat residu
 
 Launched by :mod:`ditfuse.ops.adaln` (settings, checks, public functions); design and
 measurements: docs/design/adaln.md."""
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -28,8 +29,9 @@ def _vec(ptr, base, d, m, stride_d, ON: tl.constexpr):
 
 
 @jit
-def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
-              ACT: tl.constexpr):
+def _residual(
+    x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr, ACT: tl.constexpr
+):
     """x, or the new residual x + y * gate rounded to x's dtype as the model stores it."""
     if RESIDUAL:
         if HAS_GATE:
@@ -41,9 +43,23 @@ def _residual(x, y, g, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: t
 
 
 @jit
-def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, stride_gd,
-             RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr,
-             ACT: tl.constexpr):
+def _rows_in(
+    x_ptr,
+    y_ptr,
+    gate_ptr,
+    xb,
+    yb,
+    gb,
+    d,
+    m,
+    stride_xd,
+    stride_yd,
+    stride_gd,
+    RESIDUAL: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    PER_OP: tl.constexpr,
+    ACT: tl.constexpr,
+):
     """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it)."""
     x = _vec(x_ptr, xb, d, m, stride_xd, True)
     y = _vec(y_ptr, yb, d, m, stride_yd, RESIDUAL)
@@ -52,9 +68,25 @@ def _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd, stride_yd, str
 
 
 @jit
-def _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb, scb, stride_shd, stride_scd,
-              HAS_W: tl.constexpr, HAS_B: tl.constexpr, HAS_SHIFT: tl.constexpr,
-              HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr, ACT: tl.constexpr):
+def _modulate(
+    n,
+    m,
+    d,
+    w_ptr,
+    b_ptr,
+    shift_ptr,
+    scale_ptr,
+    shb,
+    scb,
+    stride_shd,
+    stride_scd,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    PER_OP: tl.constexpr,
+    ACT: tl.constexpr,
+):
     """The affine and the modulation in the eager chain's order and roundings (both kernels).
     Each operand is loaded where it is used: loading them all first costs the one-row
     kernel 8 registers a thread at Wan's shape, one resident program per SM."""
@@ -84,23 +116,37 @@ def _row(strides, b, s):
 
 @jit
 def _adaln_kernel(
-    x_ptr,                     # residual stream in, (B, S, D) any strides
-    y_ptr, gate_ptr,           # branch output and its gate (RESIDUAL / HAS_GATE)
-    shift_ptr, scale_ptr,      # modulation, broadcast by stride 0
-    w_ptr, b_ptr,              # norm affine (D,)
-    xnew_ptr,                  # new residual stream out (RESIDUAL; may be x itself)
-    out_ptr,                   # modulated output
-    S, D, eps,
+    x_ptr,  # residual stream in, (B, S, D) any strides
+    y_ptr,
+    gate_ptr,  # branch output and its gate (RESIDUAL / HAS_GATE)
+    shift_ptr,
+    scale_ptr,  # modulation, broadcast by stride 0
+    w_ptr,
+    b_ptr,  # norm affine (D,)
+    xnew_ptr,  # new residual stream out (RESIDUAL; may be x itself)
+    out_ptr,  # modulated output
+    S,
+    D,
+    eps,
     # each (B, S, D) tensor's (b, s, d) element strides, a tuple
-    x_strides, y_strides, gate_strides, shift_strides, scale_strides, xnew_strides,
+    x_strides,
+    y_strides,
+    gate_strides,
+    shift_strides,
+    scale_strides,
+    xnew_strides,
     out_strides,
-    NORM: tl.constexpr,        # NO_NORM, LAYER_NORM or RMS_NORM
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
-    HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr,
-    PER_OP: tl.constexpr,      # round every step to x's dtype (a half-precision eager chain)
-    HAS_OUT: tl.constexpr,     # False: the gated residual alone (no norm, no modulated output)
-    BLOCK_D: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    NORM: tl.constexpr,  # NO_NORM, LAYER_NORM or RMS_NORM
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    PER_OP: tl.constexpr,  # round every step to x's dtype (a half-precision eager chain)
+    HAS_OUT: tl.constexpr,  # False: the gated residual alone (no norm, no modulated output)
+    BLOCK_D: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr,
 ):
     """Rows longer than the tile kernel holds (D > 8192), one row a program, in NUM_CHUNKS
     chunks of BLOCK_D."""
@@ -125,9 +171,23 @@ def _adaln_kernel(
     for c in range(NUM_CHUNKS):
         d = c * BLOCK_D + dd
         m = d < D
-        x = _rows_in(x_ptr, y_ptr, gate_ptr, xb, yb, gb, d, m, stride_xd=x_strides[2],
-                     stride_yd=y_strides[2], stride_gd=gate_strides[2], RESIDUAL=RESIDUAL,
-                     HAS_GATE=HAS_GATE, PER_OP=PER_OP, ACT=ACT)
+        x = _rows_in(
+            x_ptr,
+            y_ptr,
+            gate_ptr,
+            xb,
+            yb,
+            gb,
+            d,
+            m,
+            stride_xd=x_strides[2],
+            stride_yd=y_strides[2],
+            stride_gd=gate_strides[2],
+            RESIDUAL=RESIDUAL,
+            HAS_GATE=HAS_GATE,
+            PER_OP=PER_OP,
+            ACT=ACT,
+        )
         if RESIDUAL or not HAS_OUT:
             tl.store(xnew_ptr + nb + d * xnew_strides[2], _cast_out(x, ACT), mask=m)
         if HAS_OUT:
@@ -159,27 +219,64 @@ def _adaln_kernel(
                 n = x * rstd
             else:
                 n = x
-            n = _modulate(n, m, d, w_ptr, b_ptr, shift_ptr, scale_ptr, shb=shb, scb=scb,
-                          stride_shd=shift_strides[2], stride_scd=scale_strides[2], HAS_W=HAS_W,
-                          HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, HAS_SCALE=HAS_SCALE, PER_OP=PER_OP,
-                          ACT=ACT)
-            tl.store(out_ptr + ob + d * out_strides[2], _cast_out(n, out_ptr.dtype.element_ty),
-                     mask=m)
+            n = _modulate(
+                n,
+                m,
+                d,
+                w_ptr,
+                b_ptr,
+                shift_ptr,
+                scale_ptr,
+                shb=shb,
+                scb=scb,
+                stride_shd=shift_strides[2],
+                stride_scd=scale_strides[2],
+                HAS_W=HAS_W,
+                HAS_B=HAS_B,
+                HAS_SHIFT=HAS_SHIFT,
+                HAS_SCALE=HAS_SCALE,
+                PER_OP=PER_OP,
+                ACT=ACT,
+            )
+            tl.store(
+                out_ptr + ob + d * out_strides[2], _cast_out(n, out_ptr.dtype.element_ty), mask=m
+            )
 
 
 @jit
 def _adaln_tile_kernel(
-    x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr, xnew_ptr, out_ptr,
-    S, D, eps,
+    x_ptr,
+    y_ptr,
+    gate_ptr,
+    shift_ptr,
+    scale_ptr,
+    w_ptr,
+    b_ptr,
+    xnew_ptr,
+    out_ptr,
+    S,
+    D,
+    eps,
     # each (B, S, D) tensor's (b, s, d) element strides, a tuple
-    x_strides, y_strides, gate_strides, shift_strides, scale_strides, xnew_strides,
+    x_strides,
+    y_strides,
+    gate_strides,
+    shift_strides,
+    scale_strides,
+    xnew_strides,
     out_strides,
-    NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr,
-    HAS_SHIFT: tl.constexpr, HAS_SCALE: tl.constexpr, PER_OP: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    HAS_GATE: tl.constexpr,
+    HAS_SHIFT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    PER_OP: tl.constexpr,
     HAS_OUT: tl.constexpr,
-    ROWS: tl.constexpr,        # token rows per program, one [ROWS, D] tile
-    BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
+    ROWS: tl.constexpr,  # token rows per program, one [ROWS, D] tile
+    BLOCK_A: tl.constexpr,
+    BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
     BATCH_X: tl.constexpr = False,  # grid (B, row blocks): more than 65535 batch entries
 ):
     """The kernel for rows of up to 8192 channels: ROWS rows of one batch entry
@@ -191,8 +288,9 @@ def _adaln_tile_kernel(
     (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
     b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
-    s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + \
-        tl.arange(0, ROWS)[:, None].to(tl.int64)
+    s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(
+        tl.int64
+    )
     rm = s < S
     da = tl.arange(0, BLOCK_A)[None, :]
     ma = rm & (da < D)
@@ -248,35 +346,74 @@ def _adaln_tile_kernel(
             if BLOCK_B > 0:
                 nb = xb
         oo = _row(out_strides, b, s)
-        na = _modulate(na, ma, da, w_ptr, b_ptr, shift_ptr, scale_ptr, shb=sho, scb=sco,
-                       stride_shd=shift_strides[2], stride_scd=scale_strides[2], HAS_W=HAS_W,
-                       HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, HAS_SCALE=HAS_SCALE, PER_OP=PER_OP,
-                       ACT=ACT)
-        tl.store(out_ptr + oo + da * out_strides[2], _cast_out(na, out_ptr.dtype.element_ty),
-                 mask=ma)
+        na = _modulate(
+            na,
+            ma,
+            da,
+            w_ptr,
+            b_ptr,
+            shift_ptr,
+            scale_ptr,
+            shb=sho,
+            scb=sco,
+            stride_shd=shift_strides[2],
+            stride_scd=scale_strides[2],
+            HAS_W=HAS_W,
+            HAS_B=HAS_B,
+            HAS_SHIFT=HAS_SHIFT,
+            HAS_SCALE=HAS_SCALE,
+            PER_OP=PER_OP,
+            ACT=ACT,
+        )
+        tl.store(
+            out_ptr + oo + da * out_strides[2], _cast_out(na, out_ptr.dtype.element_ty), mask=ma
+        )
         if BLOCK_B > 0:
-            nb = _modulate(nb, mb, db, w_ptr, b_ptr, shift_ptr, scale_ptr, shb=sho, scb=sco,
-                           stride_shd=shift_strides[2], stride_scd=scale_strides[2],
-                           HAS_W=HAS_W, HAS_B=HAS_B, HAS_SHIFT=HAS_SHIFT, HAS_SCALE=HAS_SCALE,
-                           PER_OP=PER_OP, ACT=ACT)
-            tl.store(out_ptr + oo + db * out_strides[2], _cast_out(nb, out_ptr.dtype.element_ty),
-                     mask=mb)
+            nb = _modulate(
+                nb,
+                mb,
+                db,
+                w_ptr,
+                b_ptr,
+                shift_ptr,
+                scale_ptr,
+                shb=sho,
+                scb=sco,
+                stride_shd=shift_strides[2],
+                stride_scd=scale_strides[2],
+                HAS_W=HAS_W,
+                HAS_B=HAS_B,
+                HAS_SHIFT=HAS_SHIFT,
+                HAS_SCALE=HAS_SCALE,
+                PER_OP=PER_OP,
+                ACT=ACT,
+            )
+            tl.store(
+                out_ptr + oo + db * out_strides[2], _cast_out(nb, out_ptr.dtype.element_ty), mask=mb
+            )
 
 
 @jit
 def _residual_flat_kernel(
-    x_ptr, y_ptr, gate_ptr, xnew_ptr,
+    x_ptr,
+    y_ptr,
+    gate_ptr,
+    xnew_ptr,
     S,
-    stride_xb, stride_yb, stride_nb,       # batch strides (rows are contiguous: (S, D) dense)
-    gate_strides,                          # the gate's (b, s, d) element strides, a tuple
-    D: tl.constexpr,                       # channels of a row (compile-time: s, d by shifts
-                                           # and a multiply, as inductor's kernel has them)
-    HAS_GATE: tl.constexpr, GATE_PER_TOKEN: tl.constexpr, PER_OP: tl.constexpr,
-    EVEN: tl.constexpr,                    # S * D a multiple of BLOCK: no masks
-    OFF64: tl.constexpr,                   # S * D (or the gate's extent) past 2^31: int64
-                                           # offsets within an entry
+    stride_xb,
+    stride_yb,
+    stride_nb,  # batch strides (rows are contiguous: (S, D) dense)
+    gate_strides,  # the gate's (b, s, d) element strides, a tuple
+    D: tl.constexpr,  # channels of a row (compile-time: s, d by shifts
+    # and a multiply, as inductor's kernel has them)
+    HAS_GATE: tl.constexpr,
+    GATE_PER_TOKEN: tl.constexpr,
+    PER_OP: tl.constexpr,
+    EVEN: tl.constexpr,  # S * D a multiple of BLOCK: no masks
+    OFF64: tl.constexpr,  # S * D (or the gate's extent) past 2^31: int64
+    # offsets within an entry
     BLOCK: tl.constexpr,
-    BATCH_X: tl.constexpr = False,         # grid (B, blocks): more than 65535 batch entries
+    BATCH_X: tl.constexpr = False,  # grid (B, blocks): more than 65535 batch entries
 ):
     """The gated residual alone over a batch entry's S * D values as one flat run (x, y and
     x_new dense rows): ``BLOCK`` consecutive values a program, the gate row gathered by

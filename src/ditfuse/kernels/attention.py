@@ -44,6 +44,7 @@ power of two >= 16 (``_tile``).
 Offsets: every tile's base (batch, head, first row) is an int64 scalar; offsets inside a
 tile are int32 unless ``OFF64`` (strides so large that BLOCK * stride could pass 2^31).
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -51,8 +52,8 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
-from ditfuse.kernels.element import _cast_out, _ex2, _rnd
 from ditfuse.kernels.common import LAYER, NO_NORM, RMS, _alpha, _norm_affine
+from ditfuse.kernels.element import _cast_out, _ex2, _rnd
 from ditfuse.runtime.backend import INTERPRET, jit
 
 # Triton's interpreter multiplies fp32 operands of tl.dot exactly; the GPU's tf32 tensor
@@ -155,8 +156,7 @@ def _load_cols(x, start, rmask, cols, cmask, BLOCK: tl.constexpr, OFF64: tl.cons
 
 
 @jit
-def _norm_piece(x, m, norm, cols, cmask, mean, rstd, alpha, NORM: tl.constexpr,
-                ACT: tl.constexpr):
+def _norm_piece(x, m, norm, cols, cmask, mean, rstd, alpha, NORM: tl.constexpr, ACT: tl.constexpr):
     """Normalise one piece (channels ``cols``) with the norm ``NORM`` (:class:`NormFlags`;
     its tensors ``norm``: :class:`NormPtrs`), rounded to the activation dtype; zero in
     padding columns (a DyT bias would otherwise leak into the scores)."""
@@ -166,15 +166,40 @@ def _norm_piece(x, m, norm, cols, cmask, mean, rstd, alpha, NORM: tl.constexpr,
         w = tl.load(norm.w + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if NORM.has_b:
         b = tl.load(norm.b + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM=NORM.kind, HAS_W=NORM.has_w,
-                     HAS_B=NORM.has_b, ROUND_PRE_W=NORM.round_pre_w, ACT=ACT)
+    y = _norm_affine(
+        x,
+        w,
+        b,
+        mean,
+        rstd,
+        alpha,
+        NORM=NORM.kind,
+        HAS_W=NORM.has_w,
+        HAS_B=NORM.has_b,
+        ROUND_PRE_W=NORM.round_pre_w,
+        ACT=ACT,
+    )
     return tl.where(m, _rnd(y, ACT), 0.0)
 
 
 @jit
-def _load_qk(x, start, rmask, norm, args, cos, sin,
-             D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, NORM: tl.constexpr,
-             ROPE: tl.constexpr, ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
+def _load_qk(
+    x,
+    start,
+    rmask,
+    norm,
+    args,
+    cos,
+    sin,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK: tl.constexpr,
+    NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    ACT: tl.constexpr,
+    OFF64: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """A Q or K tile of BLOCK rows of ``x`` (:class:`HeadRows`), ready for tl.dot: [norm ->
     round] [-> rotate -> round]. ``NORM``: :class:`NormFlags` (``norm``: its tensors,
     ``args``: its :class:`NormArgs`); ``ROPE``: :class:`RopeFlags` over the first ``R``
@@ -193,8 +218,9 @@ def _load_qk(x, start, rmask, norm, args, cos, sin,
         d = tl.arange(0, D_PAD)
         dm = d < D
         if NORM.kind == NO_NORM:
-            v = tl.load(_tile_ptrs(x, start, d, BLOCK, OFF64), mask=_cols_mask(rmask, dm, D),
-                        other=0.0)
+            v = tl.load(
+                _tile_ptrs(x, start, d, BLOCK, OFF64), mask=_cols_mask(rmask, dm, D), other=0.0
+            )
             return _dot_operand(v, ACT, PREC), 0.0, 0.0
         v, m = _load_cols(x, start, rmask, d, dm, BLOCK, OFF64)
         mean = 0.0
@@ -265,8 +291,11 @@ def _load_qk(x, start, rmask, norm, args, cos, sin,
         # eager: x * cos + rotate_half(x) * sin, no fused multiply-add (qk_norm_rope's order)
         oa = _rnd(xa * c_a - xb * s_a, ACT)
         ob = _rnd(xb * c_b + xa * s_b, ACT)
-        return (_dot_operand(oa, ACT, PREC), _dot_operand(ob, ACT, PREC),
-                _dot_operand(xp, ACT, PREC))
+        return (
+            _dot_operand(oa, ACT, PREC),
+            _dot_operand(ob, ACT, PREC),
+            _dot_operand(xp, ACT, PREC),
+        )
 
 
 @jit
@@ -300,11 +329,40 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 
 @jit
-def _key_tile(start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo, row_span,
-              k, k2, v, k_norm, k_args, cos, sin, qk_scale, N,
-              D: tl.constexpr, R: tl.constexpr, BLOCK_N: tl.constexpr, DIFF: tl.constexpr,
-              SPLIT_PV: tl.constexpr, K_NORM: tl.constexpr, ROPE: tl.constexpr,
-              ACT: tl.constexpr, OFF64: tl.constexpr, PREC: tl.constexpr):
+def _key_tile(
+    start_n,
+    q1,
+    q2,
+    acc1,
+    acc1b,
+    m1,
+    l1,
+    acc2,
+    acc2b,
+    m2,
+    l2,
+    row_lo,
+    row_span,
+    k,
+    k2,
+    v,
+    k_norm,
+    k_args,
+    cos,
+    sin,
+    qk_scale,
+    N,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIFF: tl.constexpr,
+    SPLIT_PV: tl.constexpr,
+    K_NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    ACT: tl.constexpr,
+    OFF64: tl.constexpr,
+    PREC: tl.constexpr,
+):
     """One key tile: scores, online-softmax update and P @ V for one or both maps. ``q1``,
     ``q2``: the query tiles' pieces; ``k``, ``k2``, ``v``, ``cos``, ``sin``: the
     (batch, head)'s :class:`HeadRows`."""
@@ -314,14 +372,45 @@ def _key_tile(start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo,
     # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i], taken
     # as c - (lo_i - start_n) on the tile's column c (a subtraction a row, not an element)
     band = (tl.arange(0, BLOCK_N)[None, :] - (row_lo - start_n)[:, None]).to(
-        tl.uint32, bitcast=True) <= row_span[:, None].to(tl.uint32, bitcast=True)
-    k1t = _load_qk(k, start_n, kmask, k_norm, k_args, cos, sin, D=D, R=R, BLOCK=BLOCK_N,
-                   NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64, PREC=PREC)
+        tl.uint32, bitcast=True
+    ) <= row_span[:, None].to(tl.uint32, bitcast=True)
+    k1t = _load_qk(
+        k,
+        start_n,
+        kmask,
+        k_norm,
+        k_args,
+        cos,
+        sin,
+        D=D,
+        R=R,
+        BLOCK=BLOCK_N,
+        NORM=K_NORM,
+        ROPE=ROPE,
+        ACT=ACT,
+        OFF64=OFF64,
+        PREC=PREC,
+    )
     s1 = _scores(q1, k1t, ROPE=ROPE, HAS_PASS=R < D, PREC=PREC)
     p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
     if DIFF:
-        k2t = _load_qk(k2, start_n, kmask, k_norm, k_args, cos, sin, D=D, R=R, BLOCK=BLOCK_N,
-                       NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64, PREC=PREC)
+        k2t = _load_qk(
+            k2,
+            start_n,
+            kmask,
+            k_norm,
+            k_args,
+            cos,
+            sin,
+            D=D,
+            R=R,
+            BLOCK=BLOCK_N,
+            NORM=K_NORM,
+            ROPE=ROPE,
+            ACT=ACT,
+            OFF64=OFF64,
+            PREC=PREC,
+        )
         s2 = _scores(q2, k2t, ROPE=ROPE, HAS_PASS=R < D, PREC=PREC)
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
@@ -333,10 +422,14 @@ def _key_tile(start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo,
         # BLOCK_M >= D_PAD / 2 put the warps along the query rows, 16 rows each
         DH: tl.constexpr = D_PAD // 2
         dd = tl.arange(0, DH)
-        va = tl.load(_tile_ptrs(v, start_n, dd, BLOCK_N, OFF64),
-                     mask=_cols_mask(kmask, dd < D, D), other=0.0)
-        vb = tl.load(_tile_ptrs(v, start_n, dd + DH, BLOCK_N, OFF64),
-                     mask=_cols_mask(kmask, dd + DH < D, D), other=0.0)
+        va = tl.load(
+            _tile_ptrs(v, start_n, dd, BLOCK_N, OFF64), mask=_cols_mask(kmask, dd < D, D), other=0.0
+        )
+        vb = tl.load(
+            _tile_ptrs(v, start_n, dd + DH, BLOCK_N, OFF64),
+            mask=_cols_mask(kmask, dd + DH < D, D),
+            other=0.0,
+        )
         va = _dot_operand(va, ACT, PREC)
         vb = _dot_operand(vb, ACT, PREC)
         pp1 = _dot_operand(p1, ACT, PREC)
@@ -348,21 +441,33 @@ def _key_tile(start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo,
             acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision=PREC)
     else:
         dd = tl.arange(0, D_PAD)
-        vt = tl.load(_tile_ptrs(v, start_n, dd, BLOCK_N, OFF64),
-                     mask=_cols_mask(kmask, dd < D, D), other=0.0)
+        vt = tl.load(
+            _tile_ptrs(v, start_n, dd, BLOCK_N, OFF64), mask=_cols_mask(kmask, dd < D, D), other=0.0
+        )
         vt = _dot_operand(vt, ACT, PREC)
-        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT, PREC), vt,
-                                           input_precision=PREC)
+        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT, PREC), vt, input_precision=PREC)
         if DIFF:
-            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, ACT, PREC), vt,
-                                               input_precision=PREC)
+            acc2 = acc2 * a2[:, None] + tl.dot(
+                _dot_operand(p2, ACT, PREC), vt, input_precision=PREC
+            )
     return acc1, acc1b, m1, l1, acc2, acc2b, m2, l2
 
 
 @jit
-def _store_out(o, start_m, cols, smask, acc1, r1, acc2, c2,
-               D: tl.constexpr, BLOCK_M: tl.constexpr, DIFF: tl.constexpr,
-               OFF64: tl.constexpr):
+def _store_out(
+    o,
+    start_m,
+    cols,
+    smask,
+    acc1,
+    r1,
+    acc2,
+    c2,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    DIFF: tl.constexpr,
+    OFF64: tl.constexpr,
+):
     """``acc1 * r1 - acc2 * c2`` (or ``acc1 * r1``) for columns ``cols`` of the stored rows of
     ``o`` (:class:`HeadRows`), rounded once to the output dtype; ``r1 = 1 / l1`` and ``c2 =
     lambda / l2`` are per-row factors, so an element costs a multiply and a fused
@@ -372,42 +477,59 @@ def _store_out(o, start_m, cols, smask, acc1, r1, acc2, c2,
     if DIFF:
         out = tl.fma(acc2, -c2[:, None], out)
     o_ptrs = _tile_ptrs(o, start_m, cols, BLOCK_M, OFF64)
-    tl.store(o_ptrs, _cast_out(out, o.ptr.dtype.element_ty),
-             mask=_cols_mask(smask, cols < D, D))
+    tl.store(o_ptrs, _cast_out(out, o.ptr.dtype.element_ty), mask=_cols_mask(smask, cols < D, D))
 
 
 @jit
 def _swa_fwd_kernel(
-    q_ptr, k_ptr, v_ptr,      # (B, N, H, D) views, any strides
-    q2_ptr, k2_ptr,           # second query/key (DIFF), same shape
-    o_ptr,                    # output (B, N, H, D) view
-    lam_ptr,                  # per-head lambda (LAM_PTR), any float dtype
-    qw_ptr, qb_ptr, qa_ptr,   # Q norm weight, bias, DyT alpha tensor (Q_NORM)
-    kw_ptr, kb_ptr, ka_ptr,   # K norm weight, bias, DyT alpha tensor (K_NORM)
-    cos_ptr, sin_ptr,         # rotary tables, (B, N, H, W) broadcast views (ROPE)
-    lam,                      # lambda as a Python float (not LAM_PTR)
-    qk_scale,                 # softmax scale * log2(e)
-    q_args, k_args,           # NormArgs: each norm's (DyT alpha as a float, eps, n)
-    N, LEFT, RIGHT,           # tokens; the band's sides (unbounded ones passed as N)
-    q_strides, k_strides, v_strides,   # (b, s, h, d) strides of each tensor
-    q2_strides, k2_strides, o_strides,
+    q_ptr,
+    k_ptr,
+    v_ptr,  # (B, N, H, D) views, any strides
+    q2_ptr,
+    k2_ptr,  # second query/key (DIFF), same shape
+    o_ptr,  # output (B, N, H, D) view
+    lam_ptr,  # per-head lambda (LAM_PTR), any float dtype
+    qw_ptr,
+    qb_ptr,
+    qa_ptr,  # Q norm weight, bias, DyT alpha tensor (Q_NORM)
+    kw_ptr,
+    kb_ptr,
+    ka_ptr,  # K norm weight, bias, DyT alpha tensor (K_NORM)
+    cos_ptr,
+    sin_ptr,  # rotary tables, (B, N, H, W) broadcast views (ROPE)
+    lam,  # lambda as a Python float (not LAM_PTR)
+    qk_scale,  # softmax scale * log2(e)
+    q_args,
+    k_args,  # NormArgs: each norm's (DyT alpha as a float, eps, n)
+    N,
+    LEFT,
+    RIGHT,  # tokens; the band's sides (unbounded ones passed as N)
+    q_strides,
+    k_strides,
+    v_strides,  # (b, s, h, d) strides of each tensor
+    q2_strides,
+    k2_strides,
+    o_strides,
     lam_stride,
-    cos_strides, sin_strides,          # (b, s, h, w)
-    H: tl.constexpr,          # heads (a constant: bh // H and bh % H by multiplies)
-    D: tl.constexpr,          # head_dim (1 .. 128; tiles padded to a power of two >= 16,
-                              # columns past D load 0 and are not stored)
-    R: tl.constexpr,          # rotary channels (ROPE), even, <= D
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    STEP_M: tl.constexpr,     # queries a program stores (<= BLOCK_M; see attention.query_step)
-    MMA_SYNC: tl.constexpr,   # compiled with mma.sync instead of wgmma: read by no code, it
-                              # keeps that build's cache entry apart (the one environment
-                              # toggle: ditfuse.runtime.backend.mma_sync_only)
-    SPLIT_PV: tl.constexpr,   # P @ V and the output as two halves of the padded columns (the
-                              # warps of a multi-warp mma.sync tile along its rows)
-    DIFF: tl.constexpr,       # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
+    cos_strides,
+    sin_strides,  # (b, s, h, w)
+    H: tl.constexpr,  # heads (a constant: bh // H and bh % H by multiplies)
+    D: tl.constexpr,  # head_dim (1 .. 128; tiles padded to a power of two >= 16,
+    # columns past D load 0 and are not stored)
+    R: tl.constexpr,  # rotary channels (ROPE), even, <= D
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STEP_M: tl.constexpr,  # queries a program stores (<= BLOCK_M; see attention.query_step)
+    MMA_SYNC: tl.constexpr,  # compiled with mma.sync instead of wgmma: read by no code, it
+    # keeps that build's cache entry apart (the one environment
+    # toggle: ditfuse.runtime.backend.mma_sync_only)
+    SPLIT_PV: tl.constexpr,  # P @ V and the output as two halves of the padded columns (the
+    # warps of a multi-warp mma.sync tile along its rows)
+    DIFF: tl.constexpr,  # differential: out = Attn(q, k, v) - lambda * Attn(q2, k2, v)
     LAM_PTR: tl.constexpr,
-    Q_NORM: tl.constexpr, K_NORM: tl.constexpr,  # NormFlags
-    ROPE: tl.constexpr,       # RopeFlags
+    Q_NORM: tl.constexpr,
+    K_NORM: tl.constexpr,  # NormFlags
+    ROPE: tl.constexpr,  # RopeFlags
     OFF64: tl.constexpr,
     TOKEN_MAJOR: tl.constexpr,  # grid (B*H, query tiles) rather than (query tiles, B*H)
     PREC: tl.constexpr = "tf32",  # fp32 products: "tf32", or "tf32x3" (fp32-accurate, 3 mma)
@@ -436,9 +558,23 @@ def _swa_fwd_kernel(
     q_norm = NormPtrs(qw_ptr, qb_ptr, qa_ptr)
     k_norm = NormPtrs(kw_ptr, kb_ptr, ka_ptr)
 
-    q1 = _load_qk(_head_rows(q_ptr, q_strides, b, h), start_m, qmask, q_norm, q_args, cos,
-                  sin, D=D, R=R, BLOCK=BLOCK_M, NORM=Q_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64,
-                  PREC=PREC)
+    q1 = _load_qk(
+        _head_rows(q_ptr, q_strides, b, h),
+        start_m,
+        qmask,
+        q_norm,
+        q_args,
+        cos,
+        sin,
+        D=D,
+        R=R,
+        BLOCK=BLOCK_M,
+        NORM=Q_NORM,
+        ROPE=ROPE,
+        ACT=ACT,
+        OFF64=OFF64,
+        PREC=PREC,
+    )
     m1 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # -FLT_MAX: _softmax_step
     l1 = tl.zeros([BLOCK_M], tl.float32)
     ACC_W: tl.constexpr = D_PAD // 2 if SPLIT_PV else D_PAD
@@ -452,9 +588,23 @@ def _swa_fwd_kernel(
     acc2 = 0.0
     acc2b = 0.0
     if DIFF:
-        q2 = _load_qk(_head_rows(q2_ptr, q2_strides, b, h), start_m, qmask, q_norm, q_args,
-                      cos, sin, D=D, R=R, BLOCK=BLOCK_M, NORM=Q_NORM, ROPE=ROPE, ACT=ACT,
-                      OFF64=OFF64, PREC=PREC)
+        q2 = _load_qk(
+            _head_rows(q2_ptr, q2_strides, b, h),
+            start_m,
+            qmask,
+            q_norm,
+            q_args,
+            cos,
+            sin,
+            D=D,
+            R=R,
+            BLOCK=BLOCK_M,
+            NORM=Q_NORM,
+            ROPE=ROPE,
+            ACT=ACT,
+            OFF64=OFF64,
+            PREC=PREC,
+        )
         m2 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
         acc2 = tl.zeros([BLOCK_M, ACC_W], tl.float32)
@@ -485,18 +635,76 @@ def _swa_fwd_kernel(
         start_n = lo
         while start_n < hi:
             acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
-                start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo, row_span,
-                k, k2, v, k_norm, k_args, cos, sin, qk_scale, N, D=D, R=R, BLOCK_N=BLOCK_N,
-                DIFF=DIFF, SPLIT_PV=SPLIT_PV, K_NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64,
-                PREC=PREC)
+                start_n,
+                q1,
+                q2,
+                acc1,
+                acc1b,
+                m1,
+                l1,
+                acc2,
+                acc2b,
+                m2,
+                l2,
+                row_lo,
+                row_span,
+                k,
+                k2,
+                v,
+                k_norm,
+                k_args,
+                cos,
+                sin,
+                qk_scale,
+                N,
+                D=D,
+                R=R,
+                BLOCK_N=BLOCK_N,
+                DIFF=DIFF,
+                SPLIT_PV=SPLIT_PV,
+                K_NORM=K_NORM,
+                ROPE=ROPE,
+                ACT=ACT,
+                OFF64=OFF64,
+                PREC=PREC,
+            )
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
             acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
-                start_n, q1, q2, acc1, acc1b, m1, l1, acc2, acc2b, m2, l2, row_lo, row_span,
-                k, k2, v, k_norm, k_args, cos, sin, qk_scale, N, D=D, R=R, BLOCK_N=BLOCK_N,
-                DIFF=DIFF, SPLIT_PV=SPLIT_PV, K_NORM=K_NORM, ROPE=ROPE, ACT=ACT, OFF64=OFF64,
-                PREC=PREC)
+                start_n,
+                q1,
+                q2,
+                acc1,
+                acc1b,
+                m1,
+                l1,
+                acc2,
+                acc2b,
+                m2,
+                l2,
+                row_lo,
+                row_span,
+                k,
+                k2,
+                v,
+                k_norm,
+                k_args,
+                cos,
+                sin,
+                qk_scale,
+                N,
+                D=D,
+                R=R,
+                BLOCK_N=BLOCK_N,
+                DIFF=DIFF,
+                SPLIT_PV=SPLIT_PV,
+                K_NORM=K_NORM,
+                ROPE=ROPE,
+                ACT=ACT,
+                OFF64=OFF64,
+                PREC=PREC,
+            )
 
     # query rows past N have l = 0; they are not stored. Any other row's sum is >= 1 (its
     # max's own term), so the per-row reciprocals are of normal numbers
@@ -517,11 +725,25 @@ def _swa_fwd_kernel(
     if SPLIT_PV:
         DH: tl.constexpr = D_PAD // 2
         dd = tl.arange(0, DH)
-        _store_out(o, start_m, dd, smask, acc1, r1, acc2, c2, D=D, BLOCK_M=BLOCK_M, DIFF=DIFF,
-                   OFF64=OFF64)
-        _store_out(o, start_m, dd + DH, smask, acc1b, r1, acc2b, c2, D=D, BLOCK_M=BLOCK_M,
-                   DIFF=DIFF, OFF64=OFF64)
+        _store_out(
+            o, start_m, dd, smask, acc1, r1, acc2, c2, D=D, BLOCK_M=BLOCK_M, DIFF=DIFF, OFF64=OFF64
+        )
+        _store_out(
+            o,
+            start_m,
+            dd + DH,
+            smask,
+            acc1b,
+            r1,
+            acc2b,
+            c2,
+            D=D,
+            BLOCK_M=BLOCK_M,
+            DIFF=DIFF,
+            OFF64=OFF64,
+        )
     else:
         dd = tl.arange(0, D_PAD)
-        _store_out(o, start_m, dd, smask, acc1, r1, acc2, c2, D=D, BLOCK_M=BLOCK_M, DIFF=DIFF,
-                   OFF64=OFF64)
+        _store_out(
+            o, start_m, dd, smask, acc1, r1, acc2, c2, D=D, BLOCK_M=BLOCK_M, DIFF=DIFF, OFF64=OFF64
+        )

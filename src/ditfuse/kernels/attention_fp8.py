@@ -30,6 +30,7 @@ P @ V accumulates in two levels: each key tile's product in the tensor core's ow
 accumulator, added to the fp32 running output outside it (``max_num_imprecise_acc`` = the
 tile's keys), which is what keeps e4m3 products from drifting over tens of thousands of keys.
 """
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -39,10 +40,10 @@ from ditfuse.kernels.quantize_8bit import key_position
 from ditfuse.runtime.backend import INTERPRET, jit
 
 _INTERP_LOOP = tl.constexpr(INTERPRET)
-_MAGIC_I = tl.constexpr(0x4B400000)   # the int32 bits of 1.5 * 2^23
-_MAGIC_F = tl.constexpr(12582912.0)   # 1.5 * 2^23
+_MAGIC_I = tl.constexpr(0x4B400000)  # the int32 bits of 1.5 * 2^23
+_MAGIC_F = tl.constexpr(12582912.0)  # 1.5 * 2^23
 _LOG2E = tl.constexpr(1.4426950408889634)
-_NEG = tl.constexpr(-1.0e30)          # the running max before any key: finite, so that a
+_NEG = tl.constexpr(-1.0e30)  # the running max before any key: finite, so that a
 #                                       row with no key yet rescales by exp2(0), not NaN
 
 
@@ -56,8 +57,9 @@ def _row_amax(x, axis: tl.constexpr):
 
 
 @jit
-def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H, x_strides, y_strides,
-                     D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _qk_quant_kernel(
+    x_ptr, y_ptr, s_ptr, S, H, x_strides, y_strides, D: tl.constexpr, BLOCK_S: tl.constexpr
+):
     """Per-token int8 quantization of one head of a block of tokens, as
     :func:`ditfuse.reference.quantize_per_token` (bitwise): x (B, S, H, D) 16-bit, any
     strides -> y int8 (B, S, H, D), scales fp32 (B, H, S) contiguous (``x_strides``,
@@ -73,21 +75,39 @@ def _qk_quant_kernel(x_ptr, y_ptr, s_ptr, S, H, x_strides, y_strides,
     rmask = (rows < S)[:, None]
     d = tl.arange(0, D)
     r64 = rows.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + b.to(tl.int64) * x_strides[0] + h.to(tl.int64) * x_strides[2]
-                + r64 * x_strides[1] + d[None, :] * x_strides[3], mask=rmask,
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr
+        + b.to(tl.int64) * x_strides[0]
+        + h.to(tl.int64) * x_strides[2]
+        + r64 * x_strides[1]
+        + d[None, :] * x_strides[3],
+        mask=rmask,
+        other=0.0,
+    ).to(tl.float32)
     amax = _row_amax(x, 1)
     zero = amax == 0.0
     scale = tl.where(zero, 1.0, tl.div_rn(amax, 127.0))
-    inv = tl.where(zero, 1.0, tl.minimum(tl.div_rn(127.0, amax), 3.4028234663852886e38,
-                                         propagate_nan=tl.PropagateNan.ALL))
+    inv = tl.where(
+        zero,
+        1.0,
+        tl.minimum(
+            tl.div_rn(127.0, amax), 3.4028234663852886e38, propagate_nan=tl.PropagateNan.ALL
+        ),
+    )
     t = x * inv[:, None]
     # + 1.5 * 2^23 rounds half to even and leaves the integer in the low mantissa bits
     # (|t| < 127.5: no clamp); NaN (a NaN token, or inf * 0) stored as 0
     v = (t + _MAGIC_F).to(tl.int32, bitcast=True) - _MAGIC_I
     v = tl.where(t == t, v, 0)
-    tl.store(y_ptr + b.to(tl.int64) * y_strides[0] + h.to(tl.int64) * y_strides[2]
-             + r64 * y_strides[1] + d[None, :] * y_strides[3], v.to(tl.int8), mask=rmask)
+    tl.store(
+        y_ptr
+        + b.to(tl.int64) * y_strides[0]
+        + h.to(tl.int64) * y_strides[2]
+        + r64 * y_strides[1]
+        + d[None, :] * y_strides[3],
+        v.to(tl.int8),
+        mask=rmask,
+    )
     tl.store(s_ptr + bh.to(tl.int64) * S + rows, scale, mask=rows < S)
 
 
@@ -103,8 +123,11 @@ def _v_block(v_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
     base = b.to(tl.int64) * v_strides[0] + h.to(tl.int64) * v_strides[2]
-    x = tl.load(v_ptr + base + rows.to(tl.int64)[:, None] * v_strides[1]
-                + d[None, :] * v_strides[3], mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    x = tl.load(
+        v_ptr + base + rows.to(tl.int64)[:, None] * v_strides[1] + d[None, :] * v_strides[3],
+        mask=(rows < S)[:, None],
+        other=0.0,
+    ).to(tl.float32)
     return bh, rows, d, x
 
 
@@ -118,8 +141,19 @@ def _v_amax_kernel(v_ptr, amax_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: t
 
 
 @jit
-def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H, v_strides,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr, A_ORDER: tl.constexpr = False):
+def _v_quant_kernel(
+    v_ptr,
+    amax_ptr,
+    vt_ptr,
+    vscale_ptr,
+    S,
+    S_pad,
+    H,
+    v_strides,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    A_ORDER: tl.constexpr = False,
+):
     """vt[b, h, d, s] = e4m3(v[b, s, h, d] * inv[b, h, d]), inv = 448 / amax, scale = amax /
     448 (both 1 where the channel is zero, NaN where it holds a NaN; one division a channel,
     a multiply a value); tokens S..S_pad of the last block are written as zeros. ``amax``:
@@ -129,13 +163,21 @@ def _v_quant_kernel(v_ptr, amax_ptr, vt_ptr, vscale_ptr, S, S_pad, H, v_strides,
     amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
     zero = amax == 0.0
     scale = tl.where(zero, 1.0, tl.div_rn(amax, 448.0))
-    inv = tl.where(zero, 1.0, tl.minimum(tl.div_rn(448.0, amax), 3.4028234663852886e38,
-                                         propagate_nan=tl.PropagateNan.ALL))
+    inv = tl.where(
+        zero,
+        1.0,
+        tl.minimum(
+            tl.div_rn(448.0, amax), 3.4028234663852886e38, propagate_nan=tl.PropagateNan.ALL
+        ),
+    )
     y = _cast_e4m3(x * inv[None, :])
     obase = bh.to(tl.int64) * D * S_pad
     cols = key_position(rows) if A_ORDER else rows
-    tl.store(vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + cols[None, :], tl.trans(y),
-             mask=(rows < S_pad)[None, :])
+    tl.store(
+        vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + cols[None, :],
+        tl.trans(y),
+        mask=(rows < S_pad)[None, :],
+    )
     if tl.program_id(1) == 0:
         tl.store(vscale_ptr + bh * D + d, scale)
 
@@ -152,8 +194,7 @@ def _row_max(x):
     -- whatever the e4m3 conversion of a NaN P gives (the interpreter's is finite). The
     interpreter runs a combine function in Python: there ``tl.max`` and a NaN test."""
     if _INTERP_LOOP:
-        return tl.where(tl.max((x != x).to(tl.int32), axis=1) > 0, float("nan"),
-                        tl.max(x, axis=1))
+        return tl.where(tl.max((x != x).to(tl.int32), axis=1) > 0, float("nan"), tl.max(x, axis=1))
     else:
         return tl.reduce(x, 1, _max_nan)
 
@@ -172,9 +213,25 @@ def _scores(q, k, ks, QK_INT: tl.constexpr):
 
 
 @jit
-def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-              D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
-              MASK: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr):
+def _key_tile(
+    start_n,
+    q,
+    c,
+    acc,
+    m_i,
+    l_i,
+    rows,
+    kv,
+    S_kv,
+    left,
+    right,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    QK_INT: tl.constexpr,
+    MASK: tl.constexpr,
+    BAND: tl.constexpr,
+    KMASK: tl.constexpr,
+):
     """Scores, online-softmax update and P @ V of one key tile. ``kv``: K's pointer, base and
     strides, the key scales' pointer, base and stride, V^T's pointer, base and row length."""
     k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad = kv
@@ -199,8 +256,11 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
         if MASK:
             ok = (cols < S_kv)[None, :]
             if BAND:
-                ok = ok & (cols[None, :] >= rows[:, None] - left) & (
-                    cols[None, :] <= rows[:, None] + right)
+                ok = (
+                    ok
+                    & (cols[None, :] >= rows[:, None] - left)
+                    & (cols[None, :] <= rows[:, None] + right)
+                )
             if KMASK:
                 ok = ok & kept[None, :]
         else:
@@ -223,44 +283,109 @@ def _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
         vt = tl.load(vt_ptrs, mask=(cols < S_pad)[None, :], other=0.0)
     else:
         vt = tl.load(vt_ptrs)
-    pv = tl.dot(p8, tl.trans(vt), out_dtype=tl.float32,
-                max_num_imprecise_acc=BLOCK_N)
+    pv = tl.dot(p8, tl.trans(vt), out_dtype=tl.float32, max_num_imprecise_acc=BLOCK_N)
     acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i
 
 
 @jit
-def _key_range(lo, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-               D: tl.constexpr, BLOCK_N: tl.constexpr, QK_INT: tl.constexpr,
-               MASK: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr):
+def _key_range(
+    lo,
+    hi,
+    q,
+    c,
+    acc,
+    m_i,
+    l_i,
+    rows,
+    kv,
+    S_kv,
+    left,
+    right,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    QK_INT: tl.constexpr,
+    MASK: tl.constexpr,
+    BAND: tl.constexpr,
+    KMASK: tl.constexpr,
+):
     """The key tiles lo, lo + BLOCK_N, ... below hi: ``range`` on the GPU (software-
     pipelined); the interpreter cannot take tensor bounds in range() under numpy >= 2.3, so
     there the same tiles in the same order as a while loop."""
     if _INTERP_LOOP:
         start_n = lo
         while start_n < hi:
-            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                                      D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=MASK,
-                                      BAND=BAND, KMASK=KMASK)
+            acc, m_i, l_i = _key_tile(
+                start_n,
+                q,
+                c,
+                acc,
+                m_i,
+                l_i,
+                rows,
+                kv,
+                S_kv,
+                left,
+                right,
+                D=D,
+                BLOCK_N=BLOCK_N,
+                QK_INT=QK_INT,
+                MASK=MASK,
+                BAND=BAND,
+                KMASK=KMASK,
+            )
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = _key_tile(start_n, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                                      D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=MASK,
-                                      BAND=BAND, KMASK=KMASK)
+            acc, m_i, l_i = _key_tile(
+                start_n,
+                q,
+                c,
+                acc,
+                m_i,
+                l_i,
+                rows,
+                kv,
+                S_kv,
+                left,
+                right,
+                D=D,
+                BLOCK_N=BLOCK_N,
+                QK_INT=QK_INT,
+                MASK=MASK,
+                BAND=BAND,
+                KMASK=KMASK,
+            )
     return acc, m_i, l_i
 
 
 @jit
 def _attention_8bit_kernel(
-    q_ptr, k_ptr, vt_ptr,                # q, k 8-bit (B, S, H, D); V^T e4m3 (B, H, D, S_pad)
-    qs_ptr, ks_ptr, vs_ptr,              # q / k scales fp32 (B, H, S); V's (B, H, D)
-    o_ptr,                               # output (B, S_q, H, D)
-    S_q, S_kv, S_pad, H, sm_scale, left, right,
-    qs_strides, ks_strides,              # (b, h, s) of the scales
-    q_strides, k_strides, o_strides,     # (b, s, h, d)
-    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    QK_INT: tl.constexpr, BAND: tl.constexpr, KMASK: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    vt_ptr,  # q, k 8-bit (B, S, H, D); V^T e4m3 (B, H, D, S_pad)
+    qs_ptr,
+    ks_ptr,
+    vs_ptr,  # q / k scales fp32 (B, H, S); V's (B, H, D)
+    o_ptr,  # output (B, S_q, H, D)
+    S_q,
+    S_kv,
+    S_pad,
+    H,
+    sm_scale,
+    left,
+    right,
+    qs_strides,
+    ks_strides,  # (b, h, s) of the scales
+    q_strides,
+    k_strides,
+    o_strides,  # (b, s, h, d)
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    QK_INT: tl.constexpr,
+    BAND: tl.constexpr,
+    KMASK: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one (batch, head) against every key of the row's band
     (all keys without ``BAND``) that the key mask keeps (every key without ``KMASK``); a row
@@ -278,11 +403,19 @@ def _attention_8bit_kernel(
     d = tl.arange(0, D)
     q_base = b.to(tl.int64) * q_strides[0] + h.to(tl.int64) * q_strides[2]
     k_base = b.to(tl.int64) * k_strides[0] + h.to(tl.int64) * k_strides[2]
-    q = tl.load(q_ptr + q_base + rows.to(tl.int64)[:, None] * q_strides[1]
-                + d[None, :] * q_strides[3], mask=rmask[:, None])  # rows past S_q: never stored
+    q = tl.load(
+        q_ptr + q_base + rows.to(tl.int64)[:, None] * q_strides[1] + d[None, :] * q_strides[3],
+        mask=rmask[:, None],
+    )  # rows past S_q: never stored
     # the query row's scale times softmax's scale in log2 units: a row constant
-    c = tl.load(qs_ptr + b.to(tl.int64) * qs_strides[0] + h.to(tl.int64) * qs_strides[1]
-                + rows * qs_strides[2], mask=rmask, other=1.0) * (sm_scale * _LOG2E)
+    c = tl.load(
+        qs_ptr
+        + b.to(tl.int64) * qs_strides[0]
+        + h.to(tl.int64) * qs_strides[1]
+        + rows * qs_strides[2],
+        mask=rmask,
+        other=1.0,
+    ) * (sm_scale * _LOG2E)
     ks_base = b.to(tl.int64) * ks_strides[0] + h.to(tl.int64) * ks_strides[1]
     vt_base = bh.to(tl.int64) * D * S_pad
 
@@ -297,15 +430,59 @@ def _attention_8bit_kernel(
         lo = 0
         hi = S_kv
         full_hi = S_kv // BLOCK_N * BLOCK_N
-    kv = (k_ptr, k_base, k_strides[1], k_strides[3], ks_ptr, ks_base, ks_strides[2], vt_ptr,
-          vt_base, S_pad)
+    kv = (
+        k_ptr,
+        k_base,
+        k_strides[1],
+        k_strides[3],
+        ks_ptr,
+        ks_base,
+        ks_strides[2],
+        vt_ptr,
+        vt_base,
+        S_pad,
+    )
     # the tiles every key of which is in range, without masks; then the masked ones
-    acc, m_i, l_i = _key_range(lo, full_hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                               D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=False, BAND=BAND,
-                               KMASK=KMASK)
-    acc, m_i, l_i = _key_range(full_hi, hi, q, c, acc, m_i, l_i, rows, kv, S_kv, left, right,
-                               D=D, BLOCK_N=BLOCK_N, QK_INT=QK_INT, MASK=True, BAND=BAND,
-                               KMASK=KMASK)
+    acc, m_i, l_i = _key_range(
+        lo,
+        full_hi,
+        q,
+        c,
+        acc,
+        m_i,
+        l_i,
+        rows,
+        kv,
+        S_kv,
+        left,
+        right,
+        D=D,
+        BLOCK_N=BLOCK_N,
+        QK_INT=QK_INT,
+        MASK=False,
+        BAND=BAND,
+        KMASK=KMASK,
+    )
+    acc, m_i, l_i = _key_range(
+        full_hi,
+        hi,
+        q,
+        c,
+        acc,
+        m_i,
+        l_i,
+        rows,
+        kv,
+        S_kv,
+        left,
+        right,
+        D=D,
+        BLOCK_N=BLOCK_N,
+        QK_INT=QK_INT,
+        MASK=True,
+        BAND=BAND,
+        KMASK=KMASK,
+    )
     vs = tl.load(vs_ptr + bh * D + d)
     # l = 0: rows past S_q (never stored), or rows whose every key is masked (zeros). A
     # correctly rounded division (once an output element): equal values of V give exactly
@@ -313,5 +490,8 @@ def _attention_8bit_kernel(
     # 2^-24) is still 64,000, but 448 * l * (1 / l) need not be 448)
     o = tl.div_rn(acc, tl.where(l_i > 0.0, l_i, 1.0)[:, None]) * vs[None, :]
     o_base = b.to(tl.int64) * o_strides[0] + h.to(tl.int64) * o_strides[2]
-    tl.store(o_ptr + o_base + rows.to(tl.int64)[:, None] * o_strides[1]
-             + d[None, :] * o_strides[3], o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+    tl.store(
+        o_ptr + o_base + rows.to(tl.int64)[:, None] * o_strides[1] + d[None, :] * o_strides[3],
+        o.to(o_ptr.dtype.element_ty),
+        mask=rmask[:, None],
+    )

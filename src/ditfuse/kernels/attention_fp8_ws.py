@@ -42,12 +42,18 @@ accumulation keeps about 14 bits, too few for tens of thousands of keys.
 Nothing stays in flight across a trip's back edge (ptxas serializes every wgmma of a kernel
 that leaves one there: C7514).
 """
+
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 #: queries a consumer warpgroup owns; a program has two
 WG_M = gl.constexpr(64)
@@ -65,13 +71,29 @@ _WG1 = gl.constexpr(1)
 @gluon.jit
 def _ex2(x):
     """2^x: one ``ex2.approx.ftz.f32``."""
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.float32, is_pure=True, pack=1)
+    return gl.inline_asm_elementwise(
+        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1
+    )
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, vt_desc, q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-              b, h, start_m, vt_row, n_tiles):
+def _producer(
+    q_desc,
+    k_desc,
+    vt_desc,
+    q_s,
+    k_s,
+    v_s,
+    q_bar,
+    k_ready,
+    v_ready,
+    empty,
+    b,
+    h,
+    start_m,
+    vt_row,
+    n_tiles,
+):
     # a partition takes no constexpr arguments: the shapes of the ring carry them
     STAGES: gl.constexpr = k_s.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]
@@ -83,11 +105,13 @@ def _producer(q_desc, k_desc, vt_desc, q_s, k_s, v_s, q_bar, k_ready, v_ready, e
         # a fresh mbarrier reads as phase 1 complete: the first STAGES waits pass
         mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)
         mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [b, j * BLOCK_N, h, 0], k_ready.index(slot),
-                                        k_s.index(slot))
+        tma.async_copy_global_to_shared(
+            k_desc, [b, j * BLOCK_N, h, 0], k_ready.index(slot), k_s.index(slot)
+        )
         mbarrier.expect(v_ready.index(slot), vt_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(vt_desc, [vt_row, j * BLOCK_N], v_ready.index(slot),
-                                        v_s.index(slot))
+        tma.async_copy_global_to_shared(
+            vt_desc, [vt_row, j * BLOCK_N], v_ready.index(slot), v_s.index(slot)
+        )
 
 
 @gluon.jit
@@ -110,7 +134,12 @@ def _to_e4m3x4(x):
     return gl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
         "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
-        "=r,r,r,r,r", [x], dtype=gl.float8e4nv, is_pure=True, pack=4)
+        "=r,r,r,r,r",
+        [x],
+        dtype=gl.float8e4nv,
+        is_pure=True,
+        pack=4,
+    )
 
 
 @gluon.jit
@@ -122,7 +151,12 @@ def _from_e4m3x4(x):
         "cvt.rn.f16x2.e4m3x2 h01, lo; cvt.rn.f16x2.e4m3x2 h23, hi; "
         "mov.b32 {a, b}, h01; mov.b32 {c, d}, h23; "
         "cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; cvt.f32.f16 $2, c; cvt.f32.f16 $3, d; }",
-        "=r,=r,=r,=r,r", [x], dtype=gl.float32, is_pure=True, pack=4)
+        "=r,=r,=r,=r,r",
+        [x],
+        dtype=gl.float32,
+        is_pure=True,
+        pack=4,
+    )
 
 
 @gluon.jit
@@ -146,8 +180,23 @@ def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
 
 
 @gluon.jit
-def _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
-          WG: gl.constexpr, SCORES: gl.constexpr, PV: gl.constexpr, MASKED: gl.constexpr):
+def _step(
+    j,
+    q_t,
+    k_s,
+    v_s,
+    bars,
+    inits,
+    kb_ptr,
+    kb_off,
+    c,
+    state,
+    S_kv,
+    WG: gl.constexpr,
+    SCORES: gl.constexpr,
+    PV: gl.constexpr,
+    MASKED: gl.constexpr,
+):
     """Trip j of a consumer warpgroup: ``S_j = Q K_j^T``
     (``SCORES``) and ``P_{j-1} V_{j-1}`` (``PV``) issued together, the
     previous tile's output folded in, then tile j's softmax. ``bars``: the ring's K-ready,
@@ -175,8 +224,9 @@ def _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
         s_tok = warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
     if PV:
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        pv_tok = warpgroup_mma(p8, v_s.index(prev).permute((1, 0)), zero_o, use_acc=False,
-                               is_async=True)
+        pv_tok = warpgroup_mma(
+            p8, v_s.index(prev).permute((1, 0)), zero_o, use_acc=False, is_async=True
+        )
     if PV:
         pv = warpgroup_mma_wait(0, deps=[pv_tok])
         mbarrier.arrive(empty.index(prev))
@@ -190,31 +240,57 @@ def _step(j, q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, state, S_kv,
         p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
         # the row sum of the rounded P, so that it cancels against P V's
         l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, O_L)) + gl.convert_layout(
-            gl.sum(_from_e4m3x4(p8), 1), gl.SliceLayout(1, O_L))
+            gl.sum(_from_e4m3x4(p8), 1), gl.SliceLayout(1, O_L)
+        )
     return m_i, alpha, o, l_i, p8
 
 
 @gluon.jit
-def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG: gl.constexpr):
+def _consumer(
+    q_s,
+    k_s,
+    v_s,
+    q_bar,
+    k_ready,
+    v_ready,
+    empty,
+    qs_ptr,
+    qs_off,
+    stride_qss,
+    kb_ptr,
+    kb_off,
+    vs_ptr,
+    vs_off,
+    o_ptr,
+    o_off,
+    stride_os,
+    S_q,
+    S_kv,
+    start_m,
+    c_scale,
+    WG: gl.constexpr,
+):
     BLOCK_N: gl.constexpr = k_s.shape[2]
     D: gl.constexpr = k_s.shape[4]
     QK_INT: gl.constexpr = q_s.dtype == gl.int8
     # Q and K tiles: rows of D bytes, swizzled over D bytes (the TMA boxes' layout)
     KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 32])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, D, 32])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32]
+    )
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 32]
+    )
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     qk_dtype: gl.constexpr = q_s.dtype
 
     rows = start_m + WG * WG_M + gl.arange(0, WG_M, layout=ROW_S)
-    c = gl.load(qs_ptr + qs_off + rows.to(gl.int64) * stride_qss, mask=rows < S_q,
-                other=1.0) * c_scale
+    c = (
+        gl.load(qs_ptr + qs_off + rows.to(gl.int64) * stride_qss, mask=rows < S_q, other=1.0)
+        * c_scale
+    )
     if QK_INT:
         s_init = gl.full([WG_M, BLOCK_N], _MAGIC_I, gl.int32, S_L)
     else:
@@ -234,19 +310,78 @@ def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
     state = (m_i, alpha, o, l_i, p8)
     mbarrier.wait(q_bar, 0)
     # tile 0: scores only (masked: it may be the only, partial, tile)
-    state = _step(0, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off, c=c,
-                  state=state, S_kv=S_kv, WG=WG, SCORES=True, PV=False, MASKED=True)
+    state = _step(
+        0,
+        q_t,
+        k_s,
+        v_s,
+        bars,
+        inits,
+        kb_ptr=kb_ptr,
+        kb_off=kb_off,
+        c=c,
+        state=state,
+        S_kv=S_kv,
+        WG=WG,
+        SCORES=True,
+        PV=False,
+        MASKED=True,
+    )
     for j in range(1, n_full):
-        state = _step(j, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off, c=c,
-                      state=state, S_kv=S_kv, WG=WG, SCORES=True, PV=True, MASKED=False)
+        state = _step(
+            j,
+            q_t,
+            k_s,
+            v_s,
+            bars,
+            inits,
+            kb_ptr=kb_ptr,
+            kb_off=kb_off,
+            c=c,
+            state=state,
+            S_kv=S_kv,
+            WG=WG,
+            SCORES=True,
+            PV=True,
+            MASKED=False,
+        )
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
-            state = _step(n_full, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off,
-                          c=c, state=state, S_kv=S_kv, WG=WG, SCORES=True, PV=True,
-                          MASKED=True)
+            state = _step(
+                n_full,
+                q_t,
+                k_s,
+                v_s,
+                bars,
+                inits,
+                kb_ptr=kb_ptr,
+                kb_off=kb_off,
+                c=c,
+                state=state,
+                S_kv=S_kv,
+                WG=WG,
+                SCORES=True,
+                PV=True,
+                MASKED=True,
+            )
     # the last tile's P V
-    state = _step(n_tiles, q_t, k_s, v_s, bars, inits, kb_ptr=kb_ptr, kb_off=kb_off, c=c,
-                  state=state, S_kv=S_kv, WG=WG, SCORES=False, PV=True, MASKED=False)
+    state = _step(
+        n_tiles,
+        q_t,
+        k_s,
+        v_s,
+        bars,
+        inits,
+        kb_ptr=kb_ptr,
+        kb_off=kb_off,
+        c=c,
+        state=state,
+        S_kv=S_kv,
+        WG=WG,
+        SCORES=False,
+        PV=True,
+        MASKED=False,
+    )
     m_i, alpha, o, l_i, p8 = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
@@ -259,33 +394,130 @@ def _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
 
 
 @gluon.jit
-def _consumer_0(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-                qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-                o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
-    _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG=0)
+def _consumer_0(
+    q_s,
+    k_s,
+    v_s,
+    q_bar,
+    k_ready,
+    v_ready,
+    empty,
+    qs_ptr,
+    qs_off,
+    stride_qss,
+    kb_ptr,
+    kb_off,
+    vs_ptr,
+    vs_off,
+    o_ptr,
+    o_off,
+    stride_os,
+    S_q,
+    S_kv,
+    start_m,
+    c_scale,
+):
+    _consumer(
+        q_s,
+        k_s,
+        v_s,
+        q_bar,
+        k_ready,
+        v_ready,
+        empty,
+        qs_ptr,
+        qs_off,
+        stride_qss,
+        kb_ptr,
+        kb_off,
+        vs_ptr,
+        vs_off,
+        o_ptr,
+        o_off,
+        stride_os,
+        S_q,
+        S_kv,
+        start_m,
+        c_scale,
+        WG=0,
+    )
 
 
 @gluon.jit
-def _consumer_1(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-                qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-                o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale):
-    _consumer(q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-              qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-              o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale, WG=1)
+def _consumer_1(
+    q_s,
+    k_s,
+    v_s,
+    q_bar,
+    k_ready,
+    v_ready,
+    empty,
+    qs_ptr,
+    qs_off,
+    stride_qss,
+    kb_ptr,
+    kb_off,
+    vs_ptr,
+    vs_off,
+    o_ptr,
+    o_off,
+    stride_os,
+    S_q,
+    S_kv,
+    start_m,
+    c_scale,
+):
+    _consumer(
+        q_s,
+        k_s,
+        v_s,
+        q_bar,
+        k_ready,
+        v_ready,
+        empty,
+        qs_ptr,
+        qs_off,
+        stride_qss,
+        kb_ptr,
+        kb_off,
+        vs_ptr,
+        vs_off,
+        o_ptr,
+        o_off,
+        stride_os,
+        S_q,
+        S_kv,
+        start_m,
+        c_scale,
+        WG=1,
+    )
 
 
 @gluon.jit
 def _attention_8bit_ws_kernel(
-    q_desc, k_desc, vt_desc,             # TMA: Q, K (B, S, H, D) 8-bit; V^T (B*H*D, S_pad) e4m3
-    qs_ptr, kb_ptr, vs_ptr, o_ptr,       # q scales (B, H, S_q); key tile scales (B*H, tiles);
-                                         # V scales (B*H, D); output (B, S_q, H, D), channels
-                                         # contiguous
-    S_q, S_kv, H, n_m, c_scale,          # c_scale: softmax scale * log2(e)
-    stride_qsb, stride_qsh, stride_qss,
-    stride_ob, stride_os, stride_oh,
-    D: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    q_desc,
+    k_desc,
+    vt_desc,  # TMA: Q, K (B, S, H, D) 8-bit; V^T (B*H*D, S_pad) e4m3
+    qs_ptr,
+    kb_ptr,
+    vs_ptr,
+    o_ptr,  # q scales (B, H, S_q); key tile scales (B*H, tiles);
+    # V scales (B*H, D); output (B, S_q, H, D), channels
+    # contiguous
+    S_q,
+    S_kv,
+    H,
+    n_m,
+    c_scale,  # c_scale: softmax scale * log2(e)
+    stride_qsb,
+    stride_qsh,
+    stride_qss,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    D: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
     QK_INT: gl.constexpr,
 ):
     # one flat grid, query tiles fastest: the programs of one (batch, head) run together
@@ -301,9 +533,11 @@ def _attention_8bit_ws_kernel(
     # the 4-D TMA boxes (1, rows, 1, D); the consumers read them as 2-D tiles
     q_s = gl.allocate_shared_memory(qk_dtype, [2, 1, WG_M, 1, D], q_desc.layout)
     k_s = gl.allocate_shared_memory(qk_dtype, [STAGES, 1, BLOCK_N, 1, D], k_desc.layout)
-    v_s = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BLOCK_N],
-                                    gl.NVMMASharedLayout.get_default_for([D, BLOCK_N],
-                                                                         gl.float8e4nv))
+    v_s = gl.allocate_shared_memory(
+        gl.float8e4nv,
+        [STAGES, D, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float8e4nv),
+    )
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -319,12 +553,54 @@ def _attention_8bit_ws_kernel(
     kb_off = bh.to(gl.int64) * n_tiles
     vs_off = bh.to(gl.int64) * D
     o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-    cargs = (q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-             qs_ptr, qs_off, stride_qss, kb_ptr, kb_off, vs_ptr, vs_off,
-             o_ptr, o_off, stride_os, S_q, S_kv, start_m, c_scale)
-    gl.warp_specialize([
-        (_consumer_0, cargs),
-        (_consumer_1, cargs),
-        (_producer, (q_desc, k_desc, vt_desc, q_s, k_s, v_s, q_bar, k_ready, v_ready, empty,
-                     b, h, start_m, bh * D, n_tiles)),
-    ], [4, 1], [240, 24])
+    cargs = (
+        q_s,
+        k_s,
+        v_s,
+        q_bar,
+        k_ready,
+        v_ready,
+        empty,
+        qs_ptr,
+        qs_off,
+        stride_qss,
+        kb_ptr,
+        kb_off,
+        vs_ptr,
+        vs_off,
+        o_ptr,
+        o_off,
+        stride_os,
+        S_q,
+        S_kv,
+        start_m,
+        c_scale,
+    )
+    gl.warp_specialize(
+        [
+            (_consumer_0, cargs),
+            (_consumer_1, cargs),
+            (
+                _producer,
+                (
+                    q_desc,
+                    k_desc,
+                    vt_desc,
+                    q_s,
+                    k_s,
+                    v_s,
+                    q_bar,
+                    k_ready,
+                    v_ready,
+                    empty,
+                    b,
+                    h,
+                    start_m,
+                    bh * D,
+                    n_tiles,
+                ),
+            ),
+        ],
+        [4, 1],
+        [240, 24],
+    )

@@ -43,12 +43,18 @@ contiguous and its strides and base 16-byte aligned (TMA descriptors of the 4-D 
 any other call runs the Triton kernel. Gluon does not run under Triton's interpreter: the
 CPU tests compile it for sm_90.
 """
+
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 BLOCK_M = 64
 BLOCK_N = 32
@@ -70,20 +76,28 @@ def descriptor(t, block_rows: int):
     tokens, 128-byte swizzled (the wgmma operand layout; fp32 rows of 64 channels are two
     128-byte atoms, which Triton copies as two boxes)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_rows, 1, t.shape[3]],
-                            _LAYOUTS[t.element_size()])
+
+    return TensorDescriptor(
+        t,
+        list(t.shape),
+        list(t.stride()),
+        [1, block_rows, 1, t.shape[3]],
+        _LAYOUTS[t.element_size()],
+    )
 
 
 #: the boxes' shared-memory layouts by element size (bytes)
-_LAYOUTS = {n: gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * n, rank=4)
-            for n in (2, 4)}
+_LAYOUTS = {
+    n: gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8 * n, rank=4) for n in (2, 4)
+}
 
 
 @gluon.jit
 def _ex2(x):
     """2^x as ``ditfuse.kernels.element._ex2``: one ``ex2.approx.ftz.f32``."""
-    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                     dtype=gl.float32, is_pure=True, pack=1)
+    return gl.inline_asm_elementwise(
+        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1
+    )
 
 
 @gluon.jit
@@ -117,10 +131,29 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_m, N,
-               stride_ob, stride_os, stride_oh, ROW_O: gl.constexpr, LD: gl.constexpr,
-               BLOCK_M: gl.constexpr, D: gl.constexpr, STEP_M: gl.constexpr,
-               LAM_PTR: gl.constexpr):
+def _store_out(
+    acc1,
+    acc2,
+    l1,
+    l2,
+    lam_ptr,
+    lam,
+    stride_lam,
+    o_ptr,
+    b,
+    h,
+    start_m,
+    N,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    ROW_O: gl.constexpr,
+    LD: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    D: gl.constexpr,
+    STEP_M: gl.constexpr,
+    LAM_PTR: gl.constexpr,
+):
     """The epilogue of both SAME-L kernels: ``acc1 / l1 - lam * (acc2 / l2)`` as per-row
     reciprocals and one fma, through layout ``LD`` (shared memory) to coalesced stores of
     the tile's first ``STEP_M`` rows below N."""
@@ -139,38 +172,49 @@ def _store_out(acc1, acc2, l1, l2, lam_ptr, lam, stride_lam, o_ptr, b, h, start_
     rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, LD))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, LD))
     om = start_m + rows
-    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + \
-        d[None, :]
+    o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + d[None, :]
     gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
 
 
 @gluon.jit
 def _swa_diff_sm90_kernel(
-    q_desc, k_desc, v_desc, q2_desc, k2_desc,  # TMA descriptors of the (B, N, H, D) views
-    o_ptr,                                # output view, channel stride 1
-    lam_ptr,                              # per-head lambda (LAM_PTR), any float dtype
-    lam,                                  # lambda as a Python float (not LAM_PTR)
-    qk_scale,                             # softmax scale * log2(e)
-    N, LEFT, RIGHT,                       # tokens; window (LEFT, RIGHT >= 0)
-    stride_ob, stride_os, stride_oh,
+    q_desc,
+    k_desc,
+    v_desc,
+    q2_desc,
+    k2_desc,  # TMA descriptors of the (B, N, H, D) views
+    o_ptr,  # output view, channel stride 1
+    lam_ptr,  # per-head lambda (LAM_PTR), any float dtype
+    lam,  # lambda as a Python float (not LAM_PTR)
+    qk_scale,  # softmax scale * log2(e)
+    N,
+    LEFT,
+    RIGHT,  # tokens; window (LEFT, RIGHT >= 0)
+    stride_ob,
+    stride_os,
+    stride_oh,
     stride_lam,
-    H: gl.constexpr, D: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STEP_M: gl.constexpr,                 # queries a program stores (attention.query_step)
-    TRIPS: gl.constexpr,                  # the most key tiles a program visits (max_trips)
+    H: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STEP_M: gl.constexpr,  # queries a program stores (attention.query_step)
+    TRIPS: gl.constexpr,  # the most key tiles a program visits (max_trips)
     LAM_PTR: gl.constexpr,
-    TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
+    TOKEN_MAJOR: gl.constexpr,  # grid (B*H, query tiles) rather than (tiles, B*H)
 ):
     dtype: gl.constexpr = q_desc.dtype
-    DL: gl.constexpr = q_desc.layout      # the descriptors' 4-D box layout (128-byte swizzle)
+    DL: gl.constexpr = q_desc.layout  # the descriptors' 4-D box layout (128-byte swizzle)
     NB_Q: gl.constexpr = BLOCK_M * D * 2  # bytes a box (16-bit elements)
     NB_K: gl.constexpr = BLOCK_N * D * 2
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
     # accumulator layouts, P as a register A operand of the output's wgmma
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, D, 16])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]
+    )
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     # the output's stores: 16-byte pieces, D / 8 threads a row
     TPR: gl.constexpr = D // 8
@@ -220,9 +264,15 @@ def _swa_diff_sm90_kernel(
     tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
     for t in gl.static_range(TRIPS):
         if t < trips:
-            _copy3((k_desc, k2_desc, v_desc), b, lo + t * BLOCK_N, h,
-                   (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
-                   (k_s.index(t), k2_s.index(t), v_s.index(t)), NB_K)
+            _copy3(
+                (k_desc, k2_desc, v_desc),
+                b,
+                lo + t * BLOCK_N,
+                h,
+                (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
+                (k_s.index(t), k2_s.index(t), v_s.index(t)),
+                NB_K,
+            )
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
     # each row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width (rows
@@ -244,7 +294,7 @@ def _swa_diff_sm90_kernel(
     mbarrier.wait(q2_bar, 0)
     for t in range(trips):
         start_n = lo + t * BLOCK_N
-        mbarrier.wait(k_bar.index(t), 0)   # each barrier completes once: phase 0
+        mbarrier.wait(k_bar.index(t), 0)  # each barrier completes once: phase 0
         mbarrier.wait(k2_bar.index(t), 0)
         mbarrier.wait(v_bar.index(t), 0)
         ks = k_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
@@ -254,8 +304,9 @@ def _swa_diff_sm90_kernel(
         s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s1 = warpgroup_mma_wait(1, deps=[s1])
         # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
-        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
-            row_span[:, None].to(gl.uint32, bitcast=True)
+        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(
+            gl.uint32, bitcast=True
+        ) <= row_span[:, None].to(gl.uint32, bitcast=True)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
         acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
         acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), vs, acc1, is_async=True)
@@ -266,7 +317,26 @@ def _swa_diff_sm90_kernel(
         # nothing in flight across the back edge (else ptxas serializes every wgmma)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    _store_out(acc1, acc2, l1, l2, lam_ptr=lam_ptr, lam=lam, stride_lam=stride_lam,
-               o_ptr=o_ptr, b=b, h=h, start_m=start_m, N=N, stride_ob=stride_ob,
-               stride_os=stride_os, stride_oh=stride_oh, ROW_O=ROW_O, LD=LD, BLOCK_M=BLOCK_M,
-               D=D, STEP_M=STEP_M, LAM_PTR=LAM_PTR)
+    _store_out(
+        acc1,
+        acc2,
+        l1,
+        l2,
+        lam_ptr=lam_ptr,
+        lam=lam,
+        stride_lam=stride_lam,
+        o_ptr=o_ptr,
+        b=b,
+        h=h,
+        start_m=start_m,
+        N=N,
+        stride_ob=stride_ob,
+        stride_os=stride_os,
+        stride_oh=stride_oh,
+        ROW_O=ROW_O,
+        LD=LD,
+        BLOCK_M=BLOCK_M,
+        D=D,
+        STEP_M=STEP_M,
+        LAM_PTR=LAM_PTR,
+    )

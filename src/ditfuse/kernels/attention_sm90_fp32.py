@@ -36,15 +36,25 @@ Scope (``attention.gluon_ok``): sm_90, differential, fp32, head_dim 64, no prolo
 table's narrow-band fp32 entry (at most 4 key tiles a program), every operand's channels
 contiguous and its strides and base 16-byte aligned; any other call runs the Triton kernel.
 """
+
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
-from ditfuse.kernels.attention_sm90 import _copy3, _softmax_step, _store_out
-from ditfuse.kernels.attention_sm90 import descriptor  # noqa: F401  (the launcher's, by module)
+from ditfuse.kernels.attention_sm90 import (
+    _copy3,
+    _softmax_step,
+    _store_out,
+    descriptor,  # noqa: F401  (the launcher's, by module)
+)
 from ditfuse.kernels.attention_sm90 import max_trips as _max_trips
 
 BLOCK_M = 64
@@ -62,28 +72,40 @@ def max_trips(N: int, left: int, right: int, step: int) -> int:
 
 @gluon.jit
 def _swa_diff_fp32_sm90_kernel(
-    q_desc, k_desc, v_desc, q2_desc, k2_desc,  # TMA descriptors of the (B, N, H, D) views
-    o_ptr,                                # output view, channel stride 1
-    lam_ptr,                              # per-head lambda (LAM_PTR), any float dtype
-    lam,                                  # lambda as a Python float (not LAM_PTR)
-    qk_scale,                             # softmax scale * log2(e)
-    N, LEFT, RIGHT,                       # tokens; window (LEFT, RIGHT >= 0)
-    stride_ob, stride_os, stride_oh,
+    q_desc,
+    k_desc,
+    v_desc,
+    q2_desc,
+    k2_desc,  # TMA descriptors of the (B, N, H, D) views
+    o_ptr,  # output view, channel stride 1
+    lam_ptr,  # per-head lambda (LAM_PTR), any float dtype
+    lam,  # lambda as a Python float (not LAM_PTR)
+    qk_scale,  # softmax scale * log2(e)
+    N,
+    LEFT,
+    RIGHT,  # tokens; window (LEFT, RIGHT >= 0)
+    stride_ob,
+    stride_os,
+    stride_oh,
     stride_lam,
-    H: gl.constexpr, D: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STEP_M: gl.constexpr,                 # queries a program stores (attention.query_step)
-    TRIPS: gl.constexpr,                  # the most key tiles a program visits (max_trips)
+    H: gl.constexpr,
+    D: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STEP_M: gl.constexpr,  # queries a program stores (attention.query_step)
+    TRIPS: gl.constexpr,  # the most key tiles a program visits (max_trips)
     LAM_PTR: gl.constexpr,
-    TOKEN_MAJOR: gl.constexpr,            # grid (B*H, query tiles) rather than (tiles, B*H)
+    TOKEN_MAJOR: gl.constexpr,  # grid (B*H, query tiles) rather than (tiles, B*H)
 ):
     DL: gl.constexpr = q_desc.layout
     NB_Q: gl.constexpr = BLOCK_M * D * 4
     NB_K: gl.constexpr = BLOCK_N * D * 4
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 8])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, D, 8])
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 8]
+    )
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 8]
+    )
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=1)
     # V's tile read down its columns (4 consecutive keys a thread, threads along the
     # channels), so that each thread writes 16 contiguous bytes of a vt row
@@ -133,9 +155,15 @@ def _swa_diff_fp32_sm90_kernel(
     tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
     for t in gl.static_range(TRIPS):
         if t < trips:
-            _copy3((k_desc, k2_desc, v_desc), b, lo + t * BLOCK_N, h,
-                   (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
-                   (k_s.index(t), k2_s.index(t), v_s.index(t)), NB_K)
+            _copy3(
+                (k_desc, k2_desc, v_desc),
+                b,
+                lo + t * BLOCK_N,
+                h,
+                (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
+                (k_s.index(t), k2_s.index(t), v_s.index(t)),
+                NB_K,
+            )
 
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
     row_lo = offs_m - LEFT
@@ -169,20 +197,38 @@ def _swa_diff_fp32_sm90_kernel(
         fence_async_shared()
         gl.thread_barrier()
         s1 = warpgroup_mma_wait(1, deps=[s1])
-        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= \
-            row_span[:, None].to(gl.uint32, bitcast=True)
+        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(
+            gl.uint32, bitcast=True
+        ) <= row_span[:, None].to(gl.uint32, bitcast=True)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
         acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
-        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt_s.permute((1, 0)), acc1,
-                             is_async=True)
+        acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt_s.permute((1, 0)), acc1, is_async=True)
         s2 = warpgroup_mma_wait(1, deps=[s2])
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
         acc2 = acc2 * gl.convert_layout(a2, ROW_O)[:, None]
-        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), vt_s.permute((1, 0)), acc2,
-                             is_async=True)
+        acc2 = warpgroup_mma(gl.convert_layout(p2, P_L), vt_s.permute((1, 0)), acc2, is_async=True)
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
-    _store_out(acc1, acc2, l1, l2, lam_ptr=lam_ptr, lam=lam, stride_lam=stride_lam,
-               o_ptr=o_ptr, b=b, h=h, start_m=start_m, N=N, stride_ob=stride_ob,
-               stride_os=stride_os, stride_oh=stride_oh, ROW_O=ROW_O, LD=LD, BLOCK_M=BLOCK_M,
-               D=D, STEP_M=STEP_M, LAM_PTR=LAM_PTR)
+    _store_out(
+        acc1,
+        acc2,
+        l1,
+        l2,
+        lam_ptr=lam_ptr,
+        lam=lam,
+        stride_lam=stride_lam,
+        o_ptr=o_ptr,
+        b=b,
+        h=h,
+        start_m=start_m,
+        N=N,
+        stride_ob=stride_ob,
+        stride_os=stride_os,
+        stride_oh=stride_oh,
+        ROW_O=ROW_O,
+        LD=LD,
+        BLOCK_M=BLOCK_M,
+        D=D,
+        STEP_M=STEP_M,
+        LAM_PTR=LAM_PTR,
+    )

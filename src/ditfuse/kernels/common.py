@@ -2,6 +2,7 @@
 :mod:`ditfuse.kernels.qk_flat`) and the attention kernels' prologue: a norm's affine step
 and DyT's alpha, the 8-bit quantization of a head, a token's rotary table row, and the
 named flags and kind codes these kernels take."""
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -9,9 +10,8 @@ from typing import Any, NamedTuple
 import triton.language as tl
 
 from ditfuse import norms as _norms
-from ditfuse.runtime.backend import jit
-
 from ditfuse.kernels.element import _e4m3_code, _e4m3_rn, _rnd, _tanh
+from ditfuse.runtime.backend import jit
 
 # a norm's kind: the ``NORM`` of the helpers, ``NormFlags.kind`` (values: ditfuse.norms)
 NO_NORM = tl.constexpr(_norms.NO_NORM)
@@ -30,25 +30,25 @@ class NormFlags(NamedTuple):
     """One norm as a kernel compiles it (``Q_NORM`` / ``K_NORM``: a constexpr)."""
 
     kind: int = _norms.NO_NORM  # NO_NORM, RMS, LAYER or DYT
-    span_all: bool = False      # one statistic across all heads of a token
+    span_all: bool = False  # one statistic across all heads of a token
     has_w: bool = False
     has_b: bool = False
-    alpha_ptr: bool = False     # DyT's alpha read from a tensor (else the float argument)
-    round_pre_w: bool = False   # rounded to the activation dtype before the weight (and bias)
-    w_row: bool = False         # weight / bias one row for every head, read once (word form)
-    words: bool = False         # weight / bias read a pair (2i, 2i+1) a 32- / 64-bit word
+    alpha_ptr: bool = False  # DyT's alpha read from a tensor (else the float argument)
+    round_pre_w: bool = False  # rounded to the activation dtype before the weight (and bias)
+    w_row: bool = False  # weight / bias one row for every head, read once (word form)
+    words: bool = False  # weight / bias read a pair (2i, 2i+1) a 32- / 64-bit word
 
 
 class RopeFlags(NamedTuple):
     """The rotation as a kernel compiles it (``ROPE``: a constexpr)."""
 
     on: bool = False
-    interleaved: bool = False   # pairs (2i, 2i+1) rather than (i, i + r/2)
-    table_half: bool = False    # table width r/2 (one cos / sin a pair) rather than r
-    per_head: bool = False      # a table row per head (else one row for every head)
-    positions: bool = False     # rows gathered by integer positions
-    words: bool = False         # full-width cos / sin read a pair a 32- / 64-bit word
-    row: bool = False           # the table row read once for every head (word form)
+    interleaved: bool = False  # pairs (2i, 2i+1) rather than (i, i + r/2)
+    table_half: bool = False  # table width r/2 (one cos / sin a pair) rather than r
+    per_head: bool = False  # a table row per head (else one row for every head)
+    positions: bool = False  # rows gathered by integer positions
+    words: bool = False  # full-width cos / sin read a pair a 32- / 64-bit word
+    row: bool = False  # the table row read once for every head (word form)
 
 
 class NormArgs(NamedTuple):
@@ -56,7 +56,7 @@ class NormArgs(NamedTuple):
 
     alpha: float  # DyT's alpha given as a float
     eps: float
-    n: float      # channels one statistic spans (D or H*D)
+    n: float  # channels one statistic spans (D or H*D)
 
 
 class TableRow(NamedTuple):
@@ -86,9 +86,19 @@ def _alpha(a_ptr, alpha_val, NORM: tl.constexpr, ALPHA_PTR: tl.constexpr):
 
 
 @jit
-def _norm_affine(x, w, b, mean, rstd, alpha,
-                 NORM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-                 ROUND_PRE_W: tl.constexpr, ACT: tl.constexpr):
+def _norm_affine(
+    x,
+    w,
+    b,
+    mean,
+    rstd,
+    alpha,
+    NORM: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ROUND_PRE_W: tl.constexpr,
+    ACT: tl.constexpr,
+):
     """Normalise one tile; ``w`` / ``b`` are weight and bias tiles of the same layout."""
     if NORM == RMS:
         y = x * rstd
@@ -113,8 +123,9 @@ def _norm_affine(x, w, b, mean, rstd, alpha,
 
 
 @jit
-def _table_row(cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides,
-               ROPE: tl.constexpr):
+def _table_row(
+    cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides, ROPE: tl.constexpr
+):
     """Token (b, s)'s cos and sin rows (gathered by ``positions`` with ``ROPE.positions``)
     as a :class:`TableRow` whose head strides are 0 for a row shared by every head."""
     cbase = 0

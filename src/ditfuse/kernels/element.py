@@ -1,6 +1,7 @@
 """Element helpers shared by every ditfuse kernel: rounding to an activation dtype and to
 float8 e4m3 exactly as the GPU does (also under the interpreter), one-instruction exp2 and
 reciprocal, and a tanh accurate to a few fp32 ulp."""
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -82,8 +83,9 @@ def _ex2(x):
     subnormal range handling, three more instructions an element): results below 2^-126
     flush to zero, subnormal inputs count as 0."""
     if _PTX:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
     else:
         return tl.exp2(x)
 
@@ -92,8 +94,9 @@ def _ex2(x):
 def _rcp(x):
     """1 / x in fp32 to 1 ulp for normal x: one ``rcp.approx.ftz.f32`` on the GPU."""
     if _PTX:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x],
-                                         dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
     else:
         return 1.0 / x
 
@@ -123,22 +126,35 @@ def _tanh(x):
 def _unpack(u, DT: tl.constexpr):
     """The low and high 16-bit values (dtype ``DT``) of 32-bit words ``u``, as fp32."""
     if DT == tl.bfloat16:
-        return (u << 16).to(tl.float32, bitcast=True), \
-            (u & 0xFFFF0000).to(tl.float32, bitcast=True)
+        return (u << 16).to(tl.float32, bitcast=True), (u & 0xFFFF0000).to(tl.float32, bitcast=True)
     else:
-        return (u & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32), \
-            (u >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        return (u & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32), (u >> 16).to(
+            tl.uint16
+        ).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @jit
 def _pack(lo, hi, DT: tl.constexpr):
     """fp32 ``lo``, ``hi`` rounded to ``DT`` (nearest even) as one 32-bit word, lo low."""
     if _PTX and DT == tl.bfloat16:
-        return tl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
-                                         dtype=tl.uint32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $2, $1;",
+            "=r,r,r",
+            [lo, hi],
+            dtype=tl.uint32,
+            is_pure=True,
+            pack=1,
+        )
     elif _PTX:
-        return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi],
-                                         dtype=tl.uint32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "cvt.rn.f16x2.f32 $0, $2, $1;",
+            "=r,r,r",
+            [lo, hi],
+            dtype=tl.uint32,
+            is_pure=True,
+            pack=1,
+        )
     else:
-        return _cast_out(lo, DT).to(tl.uint16, bitcast=True).to(tl.uint32) | \
-            (_cast_out(hi, DT).to(tl.uint16, bitcast=True).to(tl.uint32) << 16)
+        return _cast_out(lo, DT).to(tl.uint16, bitcast=True).to(tl.uint32) | (
+            _cast_out(hi, DT).to(tl.uint16, bitcast=True).to(tl.uint32) << 16
+        )

@@ -3,6 +3,7 @@ channels-last tiles, and Wan VAE's RMS norm over channels (+ SiLU).
 
 Launched by :mod:`ditfuse.ops.group_norm` (launch table, checks, public functions); design
 and measurements: docs/design/group_norm.md."""
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -24,15 +25,30 @@ def _silu(y):
     """
     e = _ex2(y * -1.4426950408889634)
     if _PTX:  # the GPU: one div.approx.ftz (see the docstring)
-        return tl.inline_asm_elementwise("div.approx.ftz.f32 $0, $1, $2;", "=r,r,r",
-                                         [y, 1.0 + e], dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "div.approx.ftz.f32 $0, $1, $2;",
+            "=r,r,r",
+            [y, 1.0 + e],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=1,
+        )
     else:
         return y / (1.0 + e)
 
 
 @jit
-def _gn_finish(y_ptr, yoff, m, y, b, HAS_B: tl.constexpr,
-               SILU: tl.constexpr, ROUND_NORM: tl.constexpr, ACT: tl.constexpr):
+def _gn_finish(
+    y_ptr,
+    yoff,
+    m,
+    y,
+    b,
+    HAS_B: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+):
     """+ bias (the weight is folded into rstd by the callers), [round], SiLU, one rounding
     at the store."""
     if HAS_B:
@@ -56,8 +72,7 @@ def _load_f32(ptrs, m, EVEN: tl.constexpr, EVICT: tl.constexpr):
 
 
 @jit
-def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr,
-                   ABSENT: tl.constexpr):
+def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr, ABSENT: tl.constexpr):
     """A per-channel parameter for channel rows ``c``, as fp32 (``ABSENT`` without one)."""
     if not HAS:
         return ABSENT
@@ -67,17 +82,29 @@ def _load_channels(p, c, stride, cm, HAS: tl.constexpr, EVEN: tl.constexpr,
 
 @jit
 def _gn_fit_kernel(
-    x_ptr, y_ptr,             # input / output, addressed as (N, C, S)
-    w_ptr, b_ptr,             # per-channel weight / bias, any float dtype (dummies if absent)
-    G, cpg, S,                # groups, channels per group, spatial positions
-    count,                    # cpg * S as a float
+    x_ptr,
+    y_ptr,  # input / output, addressed as (N, C, S)
+    w_ptr,
+    b_ptr,  # per-channel weight / bias, any float dtype (dummies if absent)
+    G,
+    cpg,
+    S,  # groups, channels per group, spatial positions
+    count,  # cpg * S as a float
     eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,       # element stride of weight / bias along their channel axis
-    BC: tl.constexpr,         # >= cpg (power of two)
-    BS: tl.constexpr,         # >= S (power of two)
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+    stride_xn,
+    stride_xc,
+    stride_xs,
+    stride_yn,
+    stride_yc,
+    stride_ys,
+    stride_w,
+    stride_b,  # element stride of weight / bias along their channel axis
+    BC: tl.constexpr,  # >= cpg (power of two)
+    BS: tl.constexpr,  # >= S (power of two)
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
 ):
     """One program per (n, group): the whole group is loaded once into registers."""
     pid = tl.program_id(0).to(tl.int64)
@@ -87,8 +114,9 @@ def _gn_fit_kernel(
     s = tl.arange(0, BS)[None, :].to(tl.int64)
     m = (c < cpg) & (s < S)
     ch = g * cpg + c
-    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m,
-                other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m, other=0.0).to(
+        tl.float32
+    )
     # two passes over registers: the mean, then deviations from it; the deviations' own
     # sum corrects the mean (Chan, Golub & LeVeque's corrected two-pass algorithm)
     m1 = tl.sum(x) / count
@@ -102,8 +130,17 @@ def _gn_fit_kernel(
     w = _load_channels(w_ptr, ch, stride_w, cm, HAS_W, False, 1.0)
     b = _load_channels(b_ptr, ch, stride_b, cm, HAS_B, False, 0.0)
     y = (d - corr) * (rstd * w)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, b, HAS_B=HAS_B,
-               SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
+    _gn_finish(
+        y_ptr,
+        n * stride_yn + ch * stride_yc + s * stride_ys,
+        m,
+        y,
+        b,
+        HAS_B=HAS_B,
+        SILU=SILU,
+        ROUND_NORM=ROUND_NORM,
+        ACT=x_ptr.dtype.element_ty,
+    )
 
 
 @jit
@@ -132,18 +169,23 @@ def _tile_offsets(ci, si, stride_c, stride_s, OFF64: tl.constexpr):
 
 @jit
 def _gn_stats_kernel(
-    x_ptr,                    # input, addressed as (N, C, S)
-    part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
-    G, cpg, S,
-    n_ts,                     # spatial tiles per channel block: cdiv(S, BS)
-    T,                        # tiles per group: cdiv(cpg, BC) * n_ts
-    P,                        # statistics programs per group
-    NGP,                      # N * G * P (row length of the partials)
-    stride_xn, stride_xc, stride_xs,
-    BC: tl.constexpr, BS: tl.constexpr,  # one tile: BC channels x BS positions
-    TPP: tl.constexpr,        # tiles per program
-    OFF64: tl.constexpr,      # offsets inside a tile need int64
-    EVEN: tl.constexpr,       # BC | cpg, BS | S and P * TPP == T: no masks
+    x_ptr,  # input, addressed as (N, C, S)
+    part_ptr,  # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
+    G,
+    cpg,
+    S,
+    n_ts,  # spatial tiles per channel block: cdiv(S, BS)
+    T,  # tiles per group: cdiv(cpg, BC) * n_ts
+    P,  # statistics programs per group
+    NGP,  # N * G * P (row length of the partials)
+    stride_xn,
+    stride_xc,
+    stride_xs,
+    BC: tl.constexpr,
+    BS: tl.constexpr,  # one tile: BC channels x BS positions
+    TPP: tl.constexpr,  # tiles per program
+    OFF64: tl.constexpr,  # offsets inside a tile need int64
+    EVEN: tl.constexpr,  # BC | cpg, BS | S and P * TPP == T: no masks
 ):
     """Partial (count, mean, M2) of TPP consecutive tiles of one group.
 
@@ -181,12 +223,16 @@ def _gn_stats_kernel(
             x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last") - K
             nb = tl.full((), BC * BS, tl.float32)
         else:
-            msk = (ci < (cpg - tc * BC).to(tl.int32)) \
-                & (si < tl.minimum(S - ts * BS, BS).to(tl.int32)) & (t < T)
+            msk = (
+                (ci < (cpg - tc * BC).to(tl.int32))
+                & (si < tl.minimum(S - ts * BS, BS).to(tl.int32))
+                & (t < T)
+            )
             x = _load_f32(x_ptr + corner + inner, msk, EVEN, "evict_last")
             x = tl.where(msk, x - K, 0.0)
-            nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS),
-                          0).to(tl.float32)
+            nb = tl.where(t < T, tl.minimum(cpg - tc * BC, BC) * tl.minimum(S - ts * BS, BS), 0).to(
+                tl.float32
+            )
         mb, m2b = _tile_moments(x, msk, nb, EVEN)
         tot = cnt + nb
         frac = nb / tl.maximum(tot, 1.0)
@@ -216,7 +262,7 @@ def _merge_partials(part_ptr, ng, P, NGP, eps, P_PAD: tl.constexpr):
     mhi = tl.sum(pc * pmu) / count
     dm = tl.where(pm, pmu - mhi, 0.0)
     s1 = tl.sum(pc * dm)
-    corr = s1 / count              # the mean is mhi + corr, kept as two floats
+    corr = s1 / count  # the mean is mhi + corr, kept as two floats
     m2 = tl.sum(pm2) + tl.sum(pc * dm * dm) - s1 * corr
     var = tl.maximum(m2, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
@@ -226,18 +272,36 @@ def _merge_partials(part_ptr, ng, P, NGP, eps, P_PAD: tl.constexpr):
 
 @jit
 def _gn_apply_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    part_ptr,                 # partials written by _gn_stats_kernel
-    G, cpg, S, n_ts, T, P, NGP,
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    b_ptr,
+    part_ptr,  # partials written by _gn_stats_kernel
+    G,
+    cpg,
+    S,
+    n_ts,
+    T,
+    P,
+    NGP,
     eps,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    BC: tl.constexpr, BS: tl.constexpr,
-    P_PAD: tl.constexpr,      # >= P (power of two)
-    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
-    EVEN: tl.constexpr,       # BC | cpg and BS | S: no masks
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+    stride_xn,
+    stride_xc,
+    stride_xs,
+    stride_yn,
+    stride_yc,
+    stride_ys,
+    stride_w,
+    stride_b,
+    BC: tl.constexpr,
+    BS: tl.constexpr,
+    P_PAD: tl.constexpr,  # >= P (power of two)
+    OFF64: tl.constexpr,  # offsets inside a tile (x's or y's) need int64
+    EVEN: tl.constexpr,  # BC | cpg and BS | S: no masks
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
 ):
     """One tile per program: merge the group's P partials (statistics of x - K, K the
     group's first element), then normalise the tile."""
@@ -258,18 +322,29 @@ def _gn_apply_kernel(
     else:
         cm = ci < (cpg - tc * BC).to(tl.int32)
         m = cm & (si < tl.minimum(S - ts * BS, BS).to(tl.int32))
-    c0 = g * cpg + tc * BC          # the tile's first channel and position, int64 scalars
+    c0 = g * cpg + tc * BC  # the tile's first channel and position, int64 scalars
     s0 = ts * BS
-    x_ptrs = x_ptr + (n * stride_xn + c0 * stride_xc + s0 * stride_xs) \
+    x_ptrs = (
+        x_ptr
+        + (n * stride_xn + c0 * stride_xc + s0 * stride_xs)
         + _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
+    )
     x = _load_f32(x_ptrs, m, EVEN, "evict_first")  # x's last read: leave L2 to unread tiles
     w = _load_channels(w_ptr + c0 * stride_w, ci, stride_w, cm, HAS_W, EVEN, 1.0)
     b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
     y = (((x - K) - mhi) - corr) * (rstd * w)
-    _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
-               _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b, HAS_B=HAS_B,
-               SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
+    _gn_finish(
+        y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
+        _tile_offsets(ci, si, stride_yc, stride_ys, OFF64),
+        m,
+        y,
+        b,
+        HAS_B=HAS_B,
+        SILU=SILU,
+        ROUND_NORM=ROUND_NORM,
+        ACT=x_ptr.dtype.element_ty,
+    )
 
 
 # Channels-last input (x's channel stride 1): a position's channels are one contiguous row,
@@ -278,6 +353,7 @@ def _gn_apply_kernel(
 # a group); these tile GB groups side by side (L = GB * CPP channel lanes, whole 128-byte rows
 # in bf16 at 64 lanes, ``GNTable.cl_lanes``) x BS positions, and keep per-group sums as [GB]
 # vectors.
+
 
 @jit
 def _group_sum(v, GB: tl.constexpr, CPP: tl.constexpr):
@@ -309,21 +385,24 @@ def _cl_lanes(G, cpg, gb, GB: tl.constexpr, CPP: tl.constexpr, POW2: tl.constexp
 
 @jit
 def _gn_cl_stats_kernel(
-    x_ptr,                    # input, addressed as (N, C, S) with channel stride 1
-    part_ptr,                 # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
-    G, cpg, S,
-    n_gb,                     # group blocks: cdiv(G, GB)
-    n_ts,                     # position tiles: cdiv(S, BS)
-    P,                        # statistics programs per group (each TPP position tiles)
-    NGP,                      # N * G * P
-    stride_xn, stride_xs,
-    GB: tl.constexpr,         # groups a tile spans
-    CPP: tl.constexpr,        # lanes a group takes: next_pow2(cpg)
-    BS: tl.constexpr,         # positions a tile
-    TPP: tl.constexpr,        # tiles per program
-    POW2: tl.constexpr,       # cpg == CPP
-    OFF64: tl.constexpr,      # offsets inside a tile need int64
-    EVEN: tl.constexpr,       # POW2, GB | G, BS | S and P * TPP == n_ts: no masks
+    x_ptr,  # input, addressed as (N, C, S) with channel stride 1
+    part_ptr,  # fp32 partials [4, N*G*P]: count, mean, M2 (of x - K), K
+    G,
+    cpg,
+    S,
+    n_gb,  # group blocks: cdiv(G, GB)
+    n_ts,  # position tiles: cdiv(S, BS)
+    P,  # statistics programs per group (each TPP position tiles)
+    NGP,  # N * G * P
+    stride_xn,
+    stride_xs,
+    GB: tl.constexpr,  # groups a tile spans
+    CPP: tl.constexpr,  # lanes a group takes: next_pow2(cpg)
+    BS: tl.constexpr,  # positions a tile
+    TPP: tl.constexpr,  # tiles per program
+    POW2: tl.constexpr,  # cpg == CPP
+    OFF64: tl.constexpr,  # offsets inside a tile need int64
+    EVEN: tl.constexpr,  # POW2, GB | G, BS | S and P * TPP == n_ts: no masks
 ):
     """Partial (count, mean, M2) of GB groups over TPP consecutive position tiles.
 
@@ -334,7 +413,7 @@ def _gn_cl_stats_kernel(
     as in ``_gn_stats_kernel``; no E[x^2] - E[x]^2 anywhere.
     """
     pid = tl.program_id(0).to(tl.int64)
-    nk = pid // n_gb          # the group block varies fastest: neighbours share rows
+    nk = pid // n_gb  # the group block varies fastest: neighbours share rows
     gb = pid - nk * n_gb
     n = nk // P
     k = nk - n * P
@@ -397,10 +476,13 @@ def _gn_cl_stats_kernel(
 
 @jit
 def _gn_merge_kernel(
-    part_ptr,                 # partials of _gn_cl_stats_kernel
-    stat_ptr,                 # fp32 [4, N*G]: mean_hi, corr, rstd, K of each group
-    P, NGP, NG, eps,
-    P_PAD: tl.constexpr,      # >= P (power of two)
+    part_ptr,  # partials of _gn_cl_stats_kernel
+    stat_ptr,  # fp32 [4, N*G]: mean_hi, corr, rstd, K of each group
+    P,
+    NGP,
+    NG,
+    eps,
+    P_PAD: tl.constexpr,  # >= P (power of two)
 ):
     """One program a group: its partials merged once (the channels-last apply programs
     span many groups; each merging every group's partials would load GB x P of them)."""
@@ -414,17 +496,33 @@ def _gn_merge_kernel(
 
 @jit
 def _gn_cl_apply_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,
-    stat_ptr,                 # written by _gn_merge_kernel
-    G, cpg, S, n_gb, NG,
-    stride_xn, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_w, stride_b,
-    GB: tl.constexpr, CPP: tl.constexpr, BS: tl.constexpr,
+    x_ptr,
+    y_ptr,
+    w_ptr,
+    b_ptr,
+    stat_ptr,  # written by _gn_merge_kernel
+    G,
+    cpg,
+    S,
+    n_gb,
+    NG,
+    stride_xn,
+    stride_xs,
+    stride_yn,
+    stride_yc,
+    stride_ys,
+    stride_w,
+    stride_b,
+    GB: tl.constexpr,
+    CPP: tl.constexpr,
+    BS: tl.constexpr,
     POW2: tl.constexpr,
-    OFF64: tl.constexpr,      # offsets inside a tile (x's or y's) need int64
-    EVEN: tl.constexpr,       # POW2, GB | G and BS | S: no masks
-    HAS_W: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
+    OFF64: tl.constexpr,  # offsets inside a tile (x's or y's) need int64
+    EVEN: tl.constexpr,  # POW2, GB | G and BS | S: no masks
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
 ):
     """One tile of GB groups x BS positions a program, normalised with its groups' merged
     statistics (the arithmetic of ``_gn_apply_kernel``, per lane)."""
@@ -449,22 +547,48 @@ def _gn_cl_apply_kernel(
     K = _load_f32(stat_ptr + 3 * NG + ng, cm, EVEN, "")
     c0 = gb * GB * cpg
     s0 = ts * BS
-    x = _load_f32(x_ptr + (n * stride_xn + c0 + s0 * stride_xs)
-                  + _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64), m, EVEN, "evict_first")
+    x = _load_f32(
+        x_ptr
+        + (n * stride_xn + c0 + s0 * stride_xs)
+        + _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64),
+        m,
+        EVEN,
+        "evict_first",
+    )
     w = _load_channels(w_ptr + c0 * stride_w, ch, stride_w, cm, HAS_W, EVEN, 1.0)
     b = _load_channels(b_ptr + c0 * stride_b, ch, stride_b, cm, HAS_B, EVEN, 0.0)
     y = (((x - K[None, :]) - mhi[None, :]) - corr[None, :]) * (rstd * w)[None, :]
     if HAS_B:
         b = b[None, :]
-    _gn_finish(y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
-               _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64), m, y, b,
-               HAS_B=HAS_B, SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
+    _gn_finish(
+        y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
+        _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64),
+        m,
+        y,
+        b,
+        HAS_B=HAS_B,
+        SILU=SILU,
+        ROUND_NORM=ROUND_NORM,
+        ACT=x_ptr.dtype.element_ty,
+    )
 
 
 @jit
-def _rms_finish(y_ptr, yoff, m, x, inv, gm, b, scale,
-                HAS_G: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr,
-                ROUND_NORM: tl.constexpr, ACT: tl.constexpr):
+def _rms_finish(
+    y_ptr,
+    yoff,
+    m,
+    x,
+    inv,
+    gm,
+    b,
+    scale,
+    HAS_G: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+):
     if ROUND_NORM:  # diffusers' WanRMS_norm in half precision: every op returns a half tensor
         y = _rnd(x * inv, ACT)
         y = _rnd(y * scale, ACT)
@@ -486,21 +610,33 @@ def _rms_finish(y_ptr, yoff, m, x, inv, gm, b, scale,
 
 @jit
 def _rms_ch_kernel(
-    x_ptr, y_ptr,             # input / output, addressed as (N, C, S)
-    g_ptr, b_ptr,             # per-channel gamma / bias (dummies if absent)
-    C, S,
-    n_sb,                     # spatial blocks per batch entry: cdiv(S, BS)
-    eps, scale,
-    stride_xn, stride_xc, stride_xs,
-    stride_yn, stride_yc, stride_ys,
-    stride_g, stride_b,
-    BC: tl.constexpr,         # channels per chunk (power of two); NCH == 1: the first piece
-    BC1: tl.constexpr,        # NCH == 1: the second piece of the column (power of two, or 0)
-    BS: tl.constexpr,         # positions per program (power of two)
-    NCH: tl.constexpr,        # chunks: cdiv(C, BC); 1 = the column is held in registers
-    HAS_G: tl.constexpr, HAS_B: tl.constexpr, SILU: tl.constexpr, ROUND_NORM: tl.constexpr,
-    OFF64: tl.constexpr,      # NCH == 1: offsets inside the column block need int64
-    EVEN: tl.constexpr,       # NCH == 1: BC + BC1 == C and BS | S: no masks
+    x_ptr,
+    y_ptr,  # input / output, addressed as (N, C, S)
+    g_ptr,
+    b_ptr,  # per-channel gamma / bias (dummies if absent)
+    C,
+    S,
+    n_sb,  # spatial blocks per batch entry: cdiv(S, BS)
+    eps,
+    scale,
+    stride_xn,
+    stride_xc,
+    stride_xs,
+    stride_yn,
+    stride_yc,
+    stride_ys,
+    stride_g,
+    stride_b,
+    BC: tl.constexpr,  # channels per chunk (power of two); NCH == 1: the first piece
+    BC1: tl.constexpr,  # NCH == 1: the second piece of the column (power of two, or 0)
+    BS: tl.constexpr,  # positions per program (power of two)
+    NCH: tl.constexpr,  # chunks: cdiv(C, BC); 1 = the column is held in registers
+    HAS_G: tl.constexpr,
+    HAS_B: tl.constexpr,
+    SILU: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    OFF64: tl.constexpr,  # NCH == 1: offsets inside the column block need int64
+    EVEN: tl.constexpr,  # NCH == 1: BC + BC1 == C and BS | S: no masks
 ):
     """x / max(||x||_2 over channels, eps) * scale * gamma + bias [then SiLU], per position.
 
@@ -552,11 +688,37 @@ def _rms_ch_kernel(
         else:
             ss = tl.sum(x * x, 0)[None, :]
         inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
-        _rms_finish(y0p, yo, m, x, inv, gm, b, scale, HAS_G=HAS_G, HAS_B=HAS_B, SILU=SILU,
-                    ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
+        _rms_finish(
+            y0p,
+            yo,
+            m,
+            x,
+            inv,
+            gm,
+            b,
+            scale,
+            HAS_G=HAS_G,
+            HAS_B=HAS_B,
+            SILU=SILU,
+            ROUND_NORM=ROUND_NORM,
+            ACT=x_ptr.dtype.element_ty,
+        )
         if BC1 > 0:
-            _rms_finish(y0p, yo1, m1, x1, inv, gm1, b1, scale, HAS_G=HAS_G, HAS_B=HAS_B,
-                        SILU=SILU, ROUND_NORM=ROUND_NORM, ACT=x_ptr.dtype.element_ty)
+            _rms_finish(
+                y0p,
+                yo1,
+                m1,
+                x1,
+                inv,
+                gm1,
+                b1,
+                scale,
+                HAS_G=HAS_G,
+                HAS_B=HAS_B,
+                SILU=SILU,
+                ROUND_NORM=ROUND_NORM,
+                ACT=x_ptr.dtype.element_ty,
+            )
     else:
         # a column too tall for registers: sum of squares over channel chunks (one pass
         # loses nothing here: every term is positive), then re-read (from L1/L2) and apply
@@ -579,6 +741,18 @@ def _rms_ch_kernel(
             x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
             gm = _load_channels(g_ptr, c, stride_g, cm, HAS_G, False, 1.0)
             b = _load_channels(b_ptr, c, stride_b, cm, HAS_B, False, 0.0)
-            _rms_finish(y_ptr, yb + c * stride_yc, m, x, inv, gm, b, scale, HAS_G=HAS_G,
-                        HAS_B=HAS_B, SILU=SILU, ROUND_NORM=ROUND_NORM,
-                        ACT=x_ptr.dtype.element_ty)
+            _rms_finish(
+                y_ptr,
+                yb + c * stride_yc,
+                m,
+                x,
+                inv,
+                gm,
+                b,
+                scale,
+                HAS_G=HAS_G,
+                HAS_B=HAS_B,
+                SILU=SILU,
+                ROUND_NORM=ROUND_NORM,
+                ACT=x_ptr.dtype.element_ty,
+            )

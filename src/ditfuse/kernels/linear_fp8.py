@@ -10,6 +10,7 @@ With ``GELU`` the row is first ``gelu_tanh(x)`` as :func:`ditfuse.gelu` computes
 to x's dtype: the FFN's activation and the next GEMM's quantization in one pass, bitwise the
 two ops one after the other.
 """
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -41,9 +42,19 @@ def _store_q(q_ptr, x, inv, has_nan, rows, cols, ok, stride_qm):
 
 
 @jit
-def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, M, K, stride_xm, stride_qm,
-                          ROWS: tl.constexpr, BLOCK_K: tl.constexpr, CHUNKS: tl.constexpr,
-                          GELU: tl.constexpr):
+def _quantize_rows_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    M,
+    K,
+    stride_xm,
+    stride_qm,
+    ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    GELU: tl.constexpr,
+):
     """q[m, :] and scale[m] for ROWS rows a program. One chunk (BLOCK_K >= K): each row is read
     once and held in registers; CHUNKS of BLOCK_K columns otherwise: a first pass finds the
     amax and a second one (from L2: the rows were just read) writes."""

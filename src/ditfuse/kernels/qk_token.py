@@ -35,24 +35,36 @@ the amax costs no extra pass (docs/qk_norm_rope.md, "8-bit output"); the 8-bit s
 vectorised no wider than the 16-bit ones (``_same_order``), so that on the GPU the fp32
 sums keep the 16-bit build's register layout, and their order.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import triton.language as tl
 
+from ditfuse.kernels.common import (
+    LAYER,
+    NO_QUANT,
+    RMS,
+    NormArgs,
+    _alpha,
+    _nan_in,
+    _norm_affine,
+    _quant_ptr,
+    _quant_scale,
+    _quant_values,
+    _same_order,
+    _table_row,
+)
+from ditfuse.kernels.element import _cast_out, _pack, _rnd, _unpack
 from ditfuse.runtime.backend import jit
 
-from ditfuse.kernels.common import (LAYER, NO_QUANT, RMS, NormArgs, _alpha, _nan_in,
-                                    _norm_affine, _quant_ptr, _quant_scale, _quant_values,
-                                    _same_order, _table_row)
-from ditfuse.kernels.element import _cast_out, _pack, _rnd, _unpack
 
 class TokenTile(NamedTuple):
     """How a program of the per-token kernel holds its heads (``TILE``: a constexpr)."""
 
-    heads: int     # heads of a token a program
-    piece0: int    # the heads as two power-of-two pieces (piece1 may be 0)
+    heads: int  # heads of a token a program
+    piece0: int  # the heads as two power-of-two pieces (piece1 may be 0)
     piece1: int
     half_pad: int  # rotary pairs a head (rotary_dim / 2), padded to a power of two
     pass_pad: int  # pass-through channels a head (head_dim - rotary_dim), likewise
@@ -60,7 +72,7 @@ class TokenTile(NamedTuple):
 
 # ``STATS``, the head-parallel passes of a norm across heads split over ranks (0: neither)
 STATS_STORE = tl.constexpr(1)  # pass 1: store this rank's per-token sums of squares only
-STATS_LOAD = tl.constexpr(2)   # pass 2: normalise with the all-reduced sums
+STATS_LOAD = tl.constexpr(2)  # pass 2: normalise with the all-reduced sums
 
 
 @jit
@@ -72,13 +84,22 @@ def _load_words(ptr, i, m):
         return _unpack(tl.load(ptr.to(tl.pointer_type(tl.uint32)) + i, mask=m, other=0), DT)
     else:
         u = tl.load(ptr.to(tl.pointer_type(tl.uint64)) + i, mask=m, other=0)
-        return (u & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), \
-            (u >> 32).to(tl.uint32).to(tl.float32, bitcast=True)
+        return (u & 0xFFFFFFFF).to(tl.uint32).to(tl.float32, bitcast=True), (u >> 32).to(
+            tl.uint32
+        ).to(tl.float32, bitcast=True)
 
 
 @jit
-def _load_row_pairs(ptr, base, stride_d, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                    INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr):
+def _load_row_pairs(
+    ptr,
+    base,
+    stride_d,
+    R2: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    DUP: tl.constexpr,
+    WORDS: tl.constexpr,
+):
     """``_load_pairs`` of one row shared by every head, as [1, HALF_PAD] tiles (interleaved
     pairs or a half-width table: the word form's operands)."""
     tl.static_assert(INTERLEAVED)
@@ -97,10 +118,21 @@ def _load_row_pairs(ptr, base, stride_d, R2: tl.constexpr, HALF_PAD: tl.constexp
 
 
 @jit
-def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
-                NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                INTERLEAVED: tl.constexpr, DUP: tl.constexpr, WORDS: tl.constexpr = False,
-                ROW: tl.constexpr = False):
+def _load_pairs(
+    ptr,
+    base,
+    hh,
+    hmask,
+    stride_h,
+    stride_d,
+    NH: tl.constexpr,
+    R2: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    DUP: tl.constexpr,
+    WORDS: tl.constexpr = False,
+    ROW: tl.constexpr = False,
+):
     """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD].
 
     Every operand of the rotation (x, weights, bias, cos, sin) is loaded through this one
@@ -121,8 +153,7 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
     elif INTERLEAVED and not DUP:
         j = tl.arange(0, 2 * HALF_PAD)[None, :]
         m = hmask & (j < 2 * R2)
-        x = tl.load(ptr + base + hh * stride_h + j * stride_d, mask=m,
-                    other=0.0).to(tl.float32)
+        x = tl.load(ptr + base + hh * stride_h + j * stride_d, mask=m, other=0.0).to(tl.float32)
         xa, xb = tl.split(tl.reshape(x, (NH, HALF_PAD, 2)))
     elif DUP:
         # one value a pair, in either rotary style: one [NH, HALF_PAD] load used for both a
@@ -130,8 +161,7 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
         # the values: 127 instead of 64 registers at Qwen-Image's 24 x 128 on sm_90)
         i = tl.arange(0, HALF_PAD)[None, :]
         m = hmask & (i < R2)
-        xa = tl.load(ptr + base + hh * stride_h + i * stride_d, mask=m,
-                     other=0.0).to(tl.float32)
+        xa = tl.load(ptr + base + hh * stride_h + i * stride_d, mask=m, other=0.0).to(tl.float32)
         xb = xa
     else:
         i = tl.arange(0, HALF_PAD)[None, :]
@@ -143,10 +173,22 @@ def _load_pairs(ptr, base, hh, hmask, stride_h, stride_d,
 
 
 @jit
-def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
-                 NH: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, WORDS: tl.constexpr = False,
-                 VEC: tl.constexpr = 0):
+def _store_pairs(
+    ptr,
+    base,
+    hh,
+    hmask,
+    stride_h,
+    stride_d,
+    ya,
+    yb,
+    NH: tl.constexpr,
+    R2: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    WORDS: tl.constexpr = False,
+    VEC: tl.constexpr = 0,
+):
     """``VEC`` (the 8-bit store): offsets declared contiguous in runs of VEC only
     (``_same_order``)."""
     if INTERLEAVED and WORDS:  # 16-bit: a pair a 32-bit word, rounded by one conversion
@@ -174,19 +216,49 @@ def _store_pairs(ptr, base, hh, hmask, stride_h, stride_d, ya, yb,
 
 
 @jit
-def _load_rope_tables(row, h_start, hh, hmask, NH: tl.constexpr, R2: tl.constexpr,
-                      HALF_PAD: tl.constexpr, ROPE: tl.constexpr):
+def _load_rope_tables(
+    row,
+    h_start,
+    hh,
+    hmask,
+    NH: tl.constexpr,
+    R2: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    ROPE: tl.constexpr,
+):
     """cos/sin of the a and b channel of each pair, fp32 [NH, HALF_PAD] tiles, for the
     program's heads from ``h_start`` (``row``: the token's :class:`TableRow`). A table shared
     by all heads has head stride 0: every head reads the same row (from L1)."""
-    ca, cb = _load_pairs(row.cos_ptr, row.cos_base + h_start * row.cos_h, hh, hmask,
-                         row.cos_h, row.cos_w, NH=NH, R2=R2, HALF_PAD=HALF_PAD,
-                         INTERLEAVED=ROPE.interleaved, DUP=ROPE.table_half, WORDS=ROPE.words,
-                         ROW=ROPE.row)
-    sa, sb = _load_pairs(row.sin_ptr, row.sin_base + h_start * row.sin_h, hh, hmask,
-                         row.sin_h, row.sin_w, NH=NH, R2=R2, HALF_PAD=HALF_PAD,
-                         INTERLEAVED=ROPE.interleaved, DUP=ROPE.table_half, WORDS=ROPE.words,
-                         ROW=ROPE.row)
+    ca, cb = _load_pairs(
+        row.cos_ptr,
+        row.cos_base + h_start * row.cos_h,
+        hh,
+        hmask,
+        row.cos_h,
+        row.cos_w,
+        NH=NH,
+        R2=R2,
+        HALF_PAD=HALF_PAD,
+        INTERLEAVED=ROPE.interleaved,
+        DUP=ROPE.table_half,
+        WORDS=ROPE.words,
+        ROW=ROPE.row,
+    )
+    sa, sb = _load_pairs(
+        row.sin_ptr,
+        row.sin_base + h_start * row.sin_h,
+        hh,
+        hmask,
+        row.sin_h,
+        row.sin_w,
+        NH=NH,
+        R2=R2,
+        HALF_PAD=HALF_PAD,
+        INTERLEAVED=ROPE.interleaved,
+        DUP=ROPE.table_half,
+        WORDS=ROPE.words,
+        ROW=ROPE.row,
+    )
     return ca, cb, sa, sb
 
 
@@ -214,10 +286,29 @@ def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
 
 
 @jit
-def _quantize_store(oa, ob, yp, ma, mp, hh, hmask, o_ptr, obase, o_strides, sc_ptr, scbase,
-                    sc_strides, R2: tl.constexpr, P: tl.constexpr, NH: tl.constexpr,
-                    HALF_PAD: tl.constexpr, PASS_PAD: tl.constexpr,
-                    INTERLEAVED: tl.constexpr, ACT: tl.constexpr, QUANT: tl.constexpr):
+def _quantize_store(
+    oa,
+    ob,
+    yp,
+    ma,
+    mp,
+    hh,
+    hmask,
+    o_ptr,
+    obase,
+    o_strides,
+    sc_ptr,
+    scbase,
+    sc_strides,
+    R2: tl.constexpr,
+    P: tl.constexpr,
+    NH: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    PASS_PAD: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    ACT: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     """Quantize each head of a piece to 8 bits with one fp32 scale a head (``QUANT``): the
     values are the ones the 16-bit path stores (rounded to ``ACT``), the amax spans the
     head's rotary pairs and pass-through channels (docs/qk_norm_rope.md, "8-bit output")."""
@@ -242,23 +333,64 @@ def _quantize_store(oa, ob, yp, ma, mp, hh, hmask, o_ptr, obase, o_strides, sc_p
     VEC: tl.constexpr = 128 // ACT.primitive_bitwidth
     stride_oh = o_strides[2]
     stride_od = o_strides[3]
-    _store_pairs(qo_ptr, obase, hh, hmask, stride_oh, stride_od,
-                 _quant_values(oa, inv, QUANT), _quant_values(ob, inv, QUANT),
-                 NH=NH, R2=R2, HALF_PAD=HALF_PAD, INTERLEAVED=INTERLEAVED, WORDS=False, VEC=VEC)
+    _store_pairs(
+        qo_ptr,
+        obase,
+        hh,
+        hmask,
+        stride_oh,
+        stride_od,
+        _quant_values(oa, inv, QUANT),
+        _quant_values(ob, inv, QUANT),
+        NH=NH,
+        R2=R2,
+        HALF_PAD=HALF_PAD,
+        INTERLEAVED=INTERLEAVED,
+        WORDS=False,
+        VEC=VEC,
+    )
     if P > 0:
         jp = tl.arange(0, PASS_PAD)[None, :]
-        tl.store(qo_ptr + obase + _same_order(hh * stride_oh + (2 * R2 + jp) * stride_od, VEC,
-                                              True),
-                 _cast_out(_quant_values(yp, inv, QUANT), qo_ptr.dtype.element_ty), mask=mp)
+        tl.store(
+            qo_ptr + obase + _same_order(hh * stride_oh + (2 * R2 + jp) * stride_od, VEC, True),
+            _cast_out(_quant_values(yp, inv, QUANT), qo_ptr.dtype.element_ty),
+            mask=mp,
+        )
 
 
 @jit
-def _finish_piece(xa, xb, xp, mp, mean, rstd, alpha, hh, hmask, h_start, o_ptr, obase,
-                  o_strides, w_ptr, b_ptr, row, sc_ptr, scbase, sc_strides,
-                  D: tl.constexpr, R2: tl.constexpr, HALF_PAD: tl.constexpr,
-                  PASS_PAD: tl.constexpr, NH: tl.constexpr, NORM: tl.constexpr,
-                  ROPE: tl.constexpr, ROUND_NORM: tl.constexpr, ACT: tl.constexpr,
-                  X_WORDS: tl.constexpr, QUANT: tl.constexpr):
+def _finish_piece(
+    xa,
+    xb,
+    xp,
+    mp,
+    mean,
+    rstd,
+    alpha,
+    hh,
+    hmask,
+    h_start,
+    o_ptr,
+    obase,
+    o_strides,
+    w_ptr,
+    b_ptr,
+    row,
+    sc_ptr,
+    scbase,
+    sc_strides,
+    D: tl.constexpr,
+    R2: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    PASS_PAD: tl.constexpr,
+    NH: tl.constexpr,
+    NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+    X_WORDS: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     """Weight, bias, rotate and store the NH heads of one piece (``xa``, ``xb``: rotary
     pairs, ``xp``: pass-through channels) with their statistics."""
     P: tl.constexpr = D - 2 * R2
@@ -273,17 +405,63 @@ def _finish_piece(xa, xb, xp, mp, mean, rstd, alpha, hh, hmask, h_start, o_ptr, 
     ba = 0.0
     bb = 0.0
     if NORM.has_w:
-        wa, wb = _load_pairs(w_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH=NH, R2=R2,
-                             HALF_PAD=HALF_PAD, INTERLEAVED=ROPE.interleaved, DUP=False,
-                             WORDS=NORM.words, ROW=NORM.w_row)
+        wa, wb = _load_pairs(
+            w_ptr,
+            h_start * w_sh,
+            hh,
+            hmask,
+            w_sh,
+            1,
+            NH=NH,
+            R2=R2,
+            HALF_PAD=HALF_PAD,
+            INTERLEAVED=ROPE.interleaved,
+            DUP=False,
+            WORDS=NORM.words,
+            ROW=NORM.w_row,
+        )
     if NORM.has_b:
-        ba, bb = _load_pairs(b_ptr, h_start * w_sh, hh, hmask, w_sh, 1, NH=NH, R2=R2,
-                             HALF_PAD=HALF_PAD, INTERLEAVED=ROPE.interleaved, DUP=False,
-                             WORDS=NORM.words, ROW=NORM.w_row)
-    ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM=NORM.kind, HAS_W=NORM.has_w,
-                      HAS_B=NORM.has_b, ROUND_PRE_W=NORM.round_pre_w, ACT=ACT)
-    yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM=NORM.kind, HAS_W=NORM.has_w,
-                      HAS_B=NORM.has_b, ROUND_PRE_W=NORM.round_pre_w, ACT=ACT)
+        ba, bb = _load_pairs(
+            b_ptr,
+            h_start * w_sh,
+            hh,
+            hmask,
+            w_sh,
+            1,
+            NH=NH,
+            R2=R2,
+            HALF_PAD=HALF_PAD,
+            INTERLEAVED=ROPE.interleaved,
+            DUP=False,
+            WORDS=NORM.words,
+            ROW=NORM.w_row,
+        )
+    ya = _norm_affine(
+        xa,
+        wa,
+        ba,
+        mean,
+        rstd,
+        alpha,
+        NORM=NORM.kind,
+        HAS_W=NORM.has_w,
+        HAS_B=NORM.has_b,
+        ROUND_PRE_W=NORM.round_pre_w,
+        ACT=ACT,
+    )
+    yb = _norm_affine(
+        xb,
+        wb,
+        bb,
+        mean,
+        rstd,
+        alpha,
+        NORM=NORM.kind,
+        HAS_W=NORM.has_w,
+        HAS_B=NORM.has_b,
+        ROUND_PRE_W=NORM.round_pre_w,
+        ACT=ACT,
+    )
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
         ya = _rnd(ya, ACT)
         yb = _rnd(yb, ACT)
@@ -291,8 +469,9 @@ def _finish_piece(xa, xb, xp, mp, mean, rstd, alpha, hh, hmask, h_start, o_ptr, 
         # the token's table row, loaded here rather than with x: it is live only for the
         # rotation (the second tensor's load hits L1), which keeps the registers of a
         # whole-token program low enough for more programs per SM
-        ca, cb, sa, sb = _load_rope_tables(row, h_start, hh, hmask, NH=NH, R2=R2,
-                                           HALF_PAD=HALF_PAD, ROPE=ROPE)
+        ca, cb, sa, sb = _load_rope_tables(
+            row, h_start, hh, hmask, NH=NH, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE
+        )
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
     else:
@@ -301,32 +480,80 @@ def _finish_piece(xa, xb, xp, mp, mean, rstd, alpha, hh, hmask, h_start, o_ptr, 
     stride_oh = o_strides[2]
     stride_od = o_strides[3]
     if QUANT == NO_QUANT:
-        _store_pairs(o_ptr, obase, hh, hmask, stride_oh, stride_od, oa, ob, NH=NH, R2=R2,
-                     HALF_PAD=HALF_PAD, INTERLEAVED=ROPE.interleaved, WORDS=X_WORDS)
+        _store_pairs(
+            o_ptr,
+            obase,
+            hh,
+            hmask,
+            stride_oh,
+            stride_od,
+            oa,
+            ob,
+            NH=NH,
+            R2=R2,
+            HALF_PAD=HALF_PAD,
+            INTERLEAVED=ROPE.interleaved,
+            WORDS=X_WORDS,
+        )
     yp = 0.0
     if P > 0:
         jp = tl.arange(0, PASS_PAD)[None, :]
         wp = 1.0
         bp = 0.0
         if NORM.has_w:
-            wp = tl.load(w_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp,
-                         other=0.0).to(tl.float32)
+            wp = tl.load(w_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
+                tl.float32
+            )
         if NORM.has_b:
-            bp = tl.load(b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp,
-                         other=0.0).to(tl.float32)
-        yp = _norm_affine(xp, wp, bp, mean, rstd, alpha, NORM=NORM.kind, HAS_W=NORM.has_w,
-                          HAS_B=NORM.has_b, ROUND_PRE_W=NORM.round_pre_w, ACT=ACT)
+            bp = tl.load(b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
+                tl.float32
+            )
+        yp = _norm_affine(
+            xp,
+            wp,
+            bp,
+            mean,
+            rstd,
+            alpha,
+            NORM=NORM.kind,
+            HAS_W=NORM.has_w,
+            HAS_B=NORM.has_b,
+            ROUND_PRE_W=NORM.round_pre_w,
+            ACT=ACT,
+        )
         if QUANT == NO_QUANT:
-            tl.store(o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
-                     _cast_out(yp, o_ptr.dtype.element_ty), mask=mp)
+            tl.store(
+                o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
+                _cast_out(yp, o_ptr.dtype.element_ty),
+                mask=mp,
+            )
     if QUANT != NO_QUANT:
         # the head's scale needs all of its channels: the rotary pairs are stored with the
         # pass-through ones, after the amax (one pass, the head's values in registers)
         ma = hmask & (tl.arange(0, HALF_PAD)[None, :] < R2)
-        _quantize_store(oa, ob, yp, ma, mp, hh, hmask, o_ptr=o_ptr, obase=obase,
-                        o_strides=o_strides, sc_ptr=sc_ptr, scbase=scbase,
-                        sc_strides=sc_strides, R2=R2, P=P, NH=NH, HALF_PAD=HALF_PAD,
-                        PASS_PAD=PASS_PAD, INTERLEAVED=ROPE.interleaved, ACT=ACT, QUANT=QUANT)
+        _quantize_store(
+            oa,
+            ob,
+            yp,
+            ma,
+            mp,
+            hh,
+            hmask,
+            o_ptr=o_ptr,
+            obase=obase,
+            o_strides=o_strides,
+            sc_ptr=sc_ptr,
+            scbase=scbase,
+            sc_strides=sc_strides,
+            R2=R2,
+            P=P,
+            NH=NH,
+            HALF_PAD=HALF_PAD,
+            PASS_PAD=PASS_PAD,
+            INTERLEAVED=ROPE.interleaved,
+            ACT=ACT,
+            QUANT=QUANT,
+        )
 
 
 @jit
@@ -341,19 +568,39 @@ def _local_heads(h_start, h_end, FIRST: tl.constexpr, NH: tl.constexpr, OFF64: t
 
 
 @jit
-def _load_pass(ptr, base, hh, hmask, stride_h, stride_d,
-               R2: tl.constexpr, P: tl.constexpr, PASS_PAD: tl.constexpr):
+def _load_pass(
+    ptr,
+    base,
+    hh,
+    hmask,
+    stride_h,
+    stride_d,
+    R2: tl.constexpr,
+    P: tl.constexpr,
+    PASS_PAD: tl.constexpr,
+):
     jp = tl.arange(0, PASS_PAD)[None, :]
     mp = hmask & (jp < P)
-    xp = tl.load(ptr + base + hh * stride_h + (2 * R2 + jp) * stride_d, mask=mp,
-                 other=0.0).to(tl.float32)
+    xp = tl.load(ptr + base + hh * stride_h + (2 * R2 + jp) * stride_d, mask=mp, other=0.0).to(
+        tl.float32
+    )
     return xp, mp
 
 
 @jit
-def _load_tensor(x_ptr, xbase, x_strides, h_start, h_end, D: tl.constexpr, R2: tl.constexpr,
-                 TILE: tl.constexpr, INTERLEAVED: tl.constexpr, OFF64: tl.constexpr,
-                 WORDS: tl.constexpr = False):
+def _load_tensor(
+    x_ptr,
+    xbase,
+    x_strides,
+    h_start,
+    h_end,
+    D: tl.constexpr,
+    R2: tl.constexpr,
+    TILE: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    OFF64: tl.constexpr,
+    WORDS: tl.constexpr = False,
+):
     """All of one tensor's channels for the program's heads, as fp32 tiles: (a, b, pass)
     of piece 0, then of piece 1 (0.0 where it has none)."""
     P: tl.constexpr = D - 2 * R2
@@ -365,26 +612,52 @@ def _load_tensor(x_ptr, xbase, x_strides, h_start, h_end, D: tl.constexpr, R2: t
     stride_xd = x_strides[3]
     xbase = xbase + h_start * stride_xh
     hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
-    xa0, xb0 = _load_pairs(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, NH=P0, R2=R2,
-                           HALF_PAD=HALF_PAD, INTERLEAVED=INTERLEAVED, DUP=False, WORDS=WORDS)
-    xp0, mp0 = _load_pass(x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2=R2, P=P,
-                          PASS_PAD=PASS_PAD)
+    xa0, xb0 = _load_pairs(
+        x_ptr,
+        xbase,
+        hh0,
+        hm0,
+        stride_xh,
+        stride_xd,
+        NH=P0,
+        R2=R2,
+        HALF_PAD=HALF_PAD,
+        INTERLEAVED=INTERLEAVED,
+        DUP=False,
+        WORDS=WORDS,
+    )
+    xp0, mp0 = _load_pass(
+        x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2=R2, P=P, PASS_PAD=PASS_PAD
+    )
     xa1 = 0.0
     xb1 = 0.0
     xp1 = 0.0
     if P1 > 0:
         hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
-        xa1, xb1 = _load_pairs(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, NH=P1, R2=R2,
-                               HALF_PAD=HALF_PAD, INTERLEAVED=INTERLEAVED, DUP=False,
-                               WORDS=WORDS)
-        xp1, mp1 = _load_pass(x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2=R2, P=P,
-                              PASS_PAD=PASS_PAD)
+        xa1, xb1 = _load_pairs(
+            x_ptr,
+            xbase,
+            hh1,
+            hm1,
+            stride_xh,
+            stride_xd,
+            NH=P1,
+            R2=R2,
+            HALF_PAD=HALF_PAD,
+            INTERLEAVED=INTERLEAVED,
+            DUP=False,
+            WORDS=WORDS,
+        )
+        xp1, mp1 = _load_pass(
+            x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2=R2, P=P, PASS_PAD=PASS_PAD
+        )
     return xa0, xb0, xp0, xa1, xb1, xp1
 
 
 @jit
-def _norm_stats(x, masks, a_ptr, args, stats_ptr, tok, P1: tl.constexpr, NORM: tl.constexpr,
-                STATS: tl.constexpr):
+def _norm_stats(
+    x, masks, a_ptr, args, stats_ptr, tok, P1: tl.constexpr, NORM: tl.constexpr, STATS: tl.constexpr
+):
     """fp32 (mean, rstd) of each piece of ``x`` (``_load_tensor``'s tiles; shared when the
     norm spans all heads) and the DyT alpha: what ``_norm_affine`` needs. ``masks``: the
     (pairs, pass-through) masks of piece 0 and piece 1."""
@@ -410,8 +683,7 @@ def _norm_stats(x, masks, a_ptr, args, stats_ptr, tok, P1: tl.constexpr, NORM: t
     if NORM.kind == RMS or NORM.kind == LAYER:
         q0 = _piece_sums(xa0, xb0, xp0, ma0, mp0, mean0, NORM.span_all, NORM.kind == LAYER)
         if P1 > 0:
-            q1 = _piece_sums(xa1, xb1, xp1, ma1, mp1, mean1, NORM.span_all,
-                             NORM.kind == LAYER)
+            q1 = _piece_sums(xa1, xb1, xp1, ma1, mp1, mean1, NORM.span_all, NORM.kind == LAYER)
             if NORM.span_all:
                 q0 = q0 + q1
         if STATS == STATS_STORE:  # head parallel, pass 1: this rank's sum of squares only
@@ -429,12 +701,35 @@ def _norm_stats(x, masks, a_ptr, args, stats_ptr, tok, P1: tl.constexpr, NORM: t
 
 
 @jit
-def _norm_rope_tensor(x, tok, h_start, h_end, o_ptr, obase, o_strides, w_ptr, b_ptr, a_ptr,
-                      args, stats_ptr, row, sc_ptr, scbase, sc_strides,
-                      D: tl.constexpr, R2: tl.constexpr, TILE: tl.constexpr,
-                      NORM: tl.constexpr, ROPE: tl.constexpr, ROUND_NORM: tl.constexpr,
-                      ACT: tl.constexpr, STATS: tl.constexpr, OFF64: tl.constexpr,
-                      X_WORDS: tl.constexpr, QUANT: tl.constexpr):
+def _norm_rope_tensor(
+    x,
+    tok,
+    h_start,
+    h_end,
+    o_ptr,
+    obase,
+    o_strides,
+    w_ptr,
+    b_ptr,
+    a_ptr,
+    args,
+    stats_ptr,
+    row,
+    sc_ptr,
+    scbase,
+    sc_strides,
+    D: tl.constexpr,
+    R2: tl.constexpr,
+    TILE: tl.constexpr,
+    NORM: tl.constexpr,
+    ROPE: tl.constexpr,
+    ROUND_NORM: tl.constexpr,
+    ACT: tl.constexpr,
+    STATS: tl.constexpr,
+    OFF64: tl.constexpr,
+    X_WORDS: tl.constexpr,
+    QUANT: tl.constexpr,
+):
     """Normalise, rotate and store one tensor's tiles ``x`` (loaded by ``_load_tensor``)."""
     P: tl.constexpr = D - 2 * R2
     P0: tl.constexpr = TILE.piece0
@@ -457,58 +752,127 @@ def _norm_rope_tensor(x, tok, h_start, h_end, o_ptr, obase, o_strides, w_ptr, b_
         mp1 = hm1 & (jp < P)
 
     # --- statistics (fp32) ---------------------------------------------------------
-    mean0, rstd0, mean1, rstd1, alpha = _norm_stats(x, (ma0, mp0, ma1, mp1), a_ptr, args,
-                                                    stats_ptr, tok, P1=P1, NORM=NORM,
-                                                    STATS=STATS)
+    mean0, rstd0, mean1, rstd1, alpha = _norm_stats(
+        x, (ma0, mp0, ma1, mp1), a_ptr, args, stats_ptr, tok, P1=P1, NORM=NORM, STATS=STATS
+    )
 
     # --- normalise, rotate, store --------------------------------------------------
     if STATS != STATS_STORE:
-        _finish_piece(xa0, xb0, xp0, mp0, mean0, rstd0, alpha, hh0, hmask=hm0,
-                      h_start=h_start, o_ptr=o_ptr, obase=obase, o_strides=o_strides,
-                      w_ptr=w_ptr, b_ptr=b_ptr, row=row, sc_ptr=sc_ptr, scbase=scbase,
-                      sc_strides=sc_strides, D=D, R2=R2, HALF_PAD=HALF_PAD, PASS_PAD=PASS_PAD,
-                      NH=P0, NORM=NORM, ROPE=ROPE, ROUND_NORM=ROUND_NORM, ACT=ACT,
-                      X_WORDS=X_WORDS, QUANT=QUANT)
+        _finish_piece(
+            xa0,
+            xb0,
+            xp0,
+            mp0,
+            mean0,
+            rstd0,
+            alpha,
+            hh0,
+            hmask=hm0,
+            h_start=h_start,
+            o_ptr=o_ptr,
+            obase=obase,
+            o_strides=o_strides,
+            w_ptr=w_ptr,
+            b_ptr=b_ptr,
+            row=row,
+            sc_ptr=sc_ptr,
+            scbase=scbase,
+            sc_strides=sc_strides,
+            D=D,
+            R2=R2,
+            HALF_PAD=HALF_PAD,
+            PASS_PAD=PASS_PAD,
+            NH=P0,
+            NORM=NORM,
+            ROPE=ROPE,
+            ROUND_NORM=ROUND_NORM,
+            ACT=ACT,
+            X_WORDS=X_WORDS,
+            QUANT=QUANT,
+        )
         if P1 > 0:
-            _finish_piece(xa1, xb1, xp1, mp1, mean1, rstd1, alpha, hh1, hmask=hm1,
-                          h_start=h_start, o_ptr=o_ptr, obase=obase, o_strides=o_strides,
-                          w_ptr=w_ptr, b_ptr=b_ptr, row=row, sc_ptr=sc_ptr, scbase=scbase,
-                          sc_strides=sc_strides, D=D, R2=R2, HALF_PAD=HALF_PAD,
-                          PASS_PAD=PASS_PAD, NH=P1, NORM=NORM, ROPE=ROPE,
-                          ROUND_NORM=ROUND_NORM, ACT=ACT, X_WORDS=X_WORDS, QUANT=QUANT)
+            _finish_piece(
+                xa1,
+                xb1,
+                xp1,
+                mp1,
+                mean1,
+                rstd1,
+                alpha,
+                hh1,
+                hmask=hm1,
+                h_start=h_start,
+                o_ptr=o_ptr,
+                obase=obase,
+                o_strides=o_strides,
+                w_ptr=w_ptr,
+                b_ptr=b_ptr,
+                row=row,
+                sc_ptr=sc_ptr,
+                scbase=scbase,
+                sc_strides=sc_strides,
+                D=D,
+                R2=R2,
+                HALF_PAD=HALF_PAD,
+                PASS_PAD=PASS_PAD,
+                NH=P1,
+                NORM=NORM,
+                ROPE=ROPE,
+                ROUND_NORM=ROUND_NORM,
+                ACT=ACT,
+                X_WORDS=X_WORDS,
+                QUANT=QUANT,
+            )
 
 
 @jit
 def _qk_norm_rope_kernel(
-    q_ptr, qo_ptr,             # Q in / out (may be the same memory: in place)
-    k_ptr, ko_ptr,             # K in / out (unused when HAS_K is false)
-    cos_ptr, sin_ptr,          # rotary tables, any float dtype
-    pos_ptr,                   # int positions (B, S) gathering table rows (ROPE.positions)
-    qw_ptr, qb_ptr, qa_ptr,    # Q norm weight, bias, DyT alpha
-    kw_ptr, kb_ptr, ka_ptr,    # K norm weight, bias, DyT alpha
-    q_alpha, k_alpha,          # DyT alpha when given as a Python float
-    q_eps, k_eps,
-    q_n, k_n,                  # channels one norm statistic spans (D or H*D), as float
-    q_stats_ptr, k_stats_ptr,  # fp32 (B*S,) each: per-token sums of squares of Q, K (STATS)
-    q_scale_ptr, k_scale_ptr,  # fp32 (B, H, S) each: a scale per head and token (QUANT)
-    S, H,                      # tokens per batch entry, heads
-    q_strides, qo_strides,     # (b, s, h, d) strides of Q and its output
-    k_strides, ko_strides,
-    cos_strides, sin_strides,  # (b, s, h, w)
-    pos_strides,               # (b, s)
-    scale_strides,             # (b, h, s) of both scale tensors
-    D: tl.constexpr,           # head_dim
-    R2: tl.constexpr,          # rotary_dim // 2 (0 without RoPE); D - 2 * R2 pass through
-    TILE: tl.constexpr,        # TokenTile: the program's heads and channels as tiles
-    Q_NORM: tl.constexpr, K_NORM: tl.constexpr,  # NormFlags
+    q_ptr,
+    qo_ptr,  # Q in / out (may be the same memory: in place)
+    k_ptr,
+    ko_ptr,  # K in / out (unused when HAS_K is false)
+    cos_ptr,
+    sin_ptr,  # rotary tables, any float dtype
+    pos_ptr,  # int positions (B, S) gathering table rows (ROPE.positions)
+    qw_ptr,
+    qb_ptr,
+    qa_ptr,  # Q norm weight, bias, DyT alpha
+    kw_ptr,
+    kb_ptr,
+    ka_ptr,  # K norm weight, bias, DyT alpha
+    q_alpha,
+    k_alpha,  # DyT alpha when given as a Python float
+    q_eps,
+    k_eps,
+    q_n,
+    k_n,  # channels one norm statistic spans (D or H*D), as float
+    q_stats_ptr,
+    k_stats_ptr,  # fp32 (B*S,) each: per-token sums of squares of Q, K (STATS)
+    q_scale_ptr,
+    k_scale_ptr,  # fp32 (B, H, S) each: a scale per head and token (QUANT)
+    S,
+    H,  # tokens per batch entry, heads
+    q_strides,
+    qo_strides,  # (b, s, h, d) strides of Q and its output
+    k_strides,
+    ko_strides,
+    cos_strides,
+    sin_strides,  # (b, s, h, w)
+    pos_strides,  # (b, s)
+    scale_strides,  # (b, h, s) of both scale tensors
+    D: tl.constexpr,  # head_dim
+    R2: tl.constexpr,  # rotary_dim // 2 (0 without RoPE); D - 2 * R2 pass through
+    TILE: tl.constexpr,  # TokenTile: the program's heads and channels as tiles
+    Q_NORM: tl.constexpr,
+    K_NORM: tl.constexpr,  # NormFlags
     HAS_K: tl.constexpr,
-    ROPE: tl.constexpr,        # RopeFlags
+    ROPE: tl.constexpr,  # RopeFlags
     ROUND_NORM: tl.constexpr,  # round to the activation dtype between norm and rotation
-    STATS: tl.constexpr,       # 0, STATS_STORE or STATS_LOAD (head-parallel passes)
-    OFF64: tl.constexpr,       # offsets within a token need 64 bits (huge head strides)
+    STATS: tl.constexpr,  # 0, STATS_STORE or STATS_LOAD (head-parallel passes)
+    OFF64: tl.constexpr,  # offsets within a token need 64 bits (huge head strides)
     X_WORDS: tl.constexpr = False,  # interleaved 16-bit Q / K rows read and written a pair a word
-    QUANT: tl.constexpr = 0,        # NO_QUANT: outputs in the activation dtype; INT8, FP8:
-                                    # 8-bit, each head of a token with its fp32 scale
+    QUANT: tl.constexpr = 0,  # NO_QUANT: outputs in the activation dtype; INT8, FP8:
+    # 8-bit, each head of a token with its fp32 scale
 ):
     tok = tl.program_id(0).to(tl.int64)
     h_start = tl.program_id(1).to(tl.int64) * TILE.heads
@@ -516,8 +880,9 @@ def _qk_norm_rope_kernel(
     b = tok // S
     s = tok - b * S
 
-    row = _table_row(cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides,
-                     ROPE=ROPE)
+    row = _table_row(
+        cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides, ROPE=ROPE
+    )
 
     qbase = b * q_strides[0] + s * q_strides[1]
     qobase = b * qo_strides[0] + s * qo_strides[1]
@@ -527,23 +892,89 @@ def _qk_norm_rope_kernel(
     # Issue every load of Q and K before the first store: the compiler may not move a load
     # of K above a store to Q (they could alias), and one memory latency per program is
     # what the kernel can afford.
-    q = _load_tensor(q_ptr, qbase, q_strides, h_start, h_end, D=D, R2=R2, TILE=TILE,
-                     INTERLEAVED=ROPE.interleaved, OFF64=OFF64, WORDS=X_WORDS)
+    q = _load_tensor(
+        q_ptr,
+        qbase,
+        q_strides,
+        h_start,
+        h_end,
+        D=D,
+        R2=R2,
+        TILE=TILE,
+        INTERLEAVED=ROPE.interleaved,
+        OFF64=OFF64,
+        WORDS=X_WORDS,
+    )
     if HAS_K:
-        k = _load_tensor(k_ptr, kbase, k_strides, h_start, h_end, D=D, R2=R2, TILE=TILE,
-                         INTERLEAVED=ROPE.interleaved, OFF64=OFF64, WORDS=X_WORDS)
-    _norm_rope_tensor(q, tok, h_start, h_end, o_ptr=qo_ptr, obase=qobase, o_strides=qo_strides,
-                      w_ptr=qw_ptr, b_ptr=qb_ptr, a_ptr=qa_ptr,
-                      args=NormArgs(q_alpha, q_eps, q_n), stats_ptr=q_stats_ptr, row=row,
-                      sc_ptr=q_scale_ptr, scbase=scbase, sc_strides=scale_strides, D=D, R2=R2,
-                      TILE=TILE, NORM=Q_NORM, ROPE=ROPE, ROUND_NORM=ROUND_NORM,
-                      ACT=q_ptr.dtype.element_ty, STATS=STATS, OFF64=OFF64, X_WORDS=X_WORDS,
-                      QUANT=QUANT)
+        k = _load_tensor(
+            k_ptr,
+            kbase,
+            k_strides,
+            h_start,
+            h_end,
+            D=D,
+            R2=R2,
+            TILE=TILE,
+            INTERLEAVED=ROPE.interleaved,
+            OFF64=OFF64,
+            WORDS=X_WORDS,
+        )
+    _norm_rope_tensor(
+        q,
+        tok,
+        h_start,
+        h_end,
+        o_ptr=qo_ptr,
+        obase=qobase,
+        o_strides=qo_strides,
+        w_ptr=qw_ptr,
+        b_ptr=qb_ptr,
+        a_ptr=qa_ptr,
+        args=NormArgs(q_alpha, q_eps, q_n),
+        stats_ptr=q_stats_ptr,
+        row=row,
+        sc_ptr=q_scale_ptr,
+        scbase=scbase,
+        sc_strides=scale_strides,
+        D=D,
+        R2=R2,
+        TILE=TILE,
+        NORM=Q_NORM,
+        ROPE=ROPE,
+        ROUND_NORM=ROUND_NORM,
+        ACT=q_ptr.dtype.element_ty,
+        STATS=STATS,
+        OFF64=OFF64,
+        X_WORDS=X_WORDS,
+        QUANT=QUANT,
+    )
     if HAS_K:
-        _norm_rope_tensor(k, tok, h_start, h_end, o_ptr=ko_ptr, obase=kobase,
-                          o_strides=ko_strides, w_ptr=kw_ptr, b_ptr=kb_ptr, a_ptr=ka_ptr,
-                          args=NormArgs(k_alpha, k_eps, k_n), stats_ptr=k_stats_ptr, row=row,
-                          sc_ptr=k_scale_ptr, scbase=scbase, sc_strides=scale_strides, D=D,
-                          R2=R2, TILE=TILE, NORM=K_NORM, ROPE=ROPE, ROUND_NORM=ROUND_NORM,
-                          ACT=k_ptr.dtype.element_ty, STATS=STATS, OFF64=OFF64,
-                          X_WORDS=X_WORDS, QUANT=QUANT)
+        _norm_rope_tensor(
+            k,
+            tok,
+            h_start,
+            h_end,
+            o_ptr=ko_ptr,
+            obase=kobase,
+            o_strides=ko_strides,
+            w_ptr=kw_ptr,
+            b_ptr=kb_ptr,
+            a_ptr=ka_ptr,
+            args=NormArgs(k_alpha, k_eps, k_n),
+            stats_ptr=k_stats_ptr,
+            row=row,
+            sc_ptr=k_scale_ptr,
+            scbase=scbase,
+            sc_strides=scale_strides,
+            D=D,
+            R2=R2,
+            TILE=TILE,
+            NORM=K_NORM,
+            ROPE=ROPE,
+            ROUND_NORM=ROUND_NORM,
+            ACT=k_ptr.dtype.element_ty,
+            STATS=STATS,
+            OFF64=OFF64,
+            X_WORDS=X_WORDS,
+            QUANT=QUANT,
+        )

@@ -12,6 +12,7 @@
 A NaN anywhere in a tile of K makes its scale NaN, so the attention's
 output is NaN where SDPA's is (the maxima propagate NaN).
 """
+
 from __future__ import annotations
 
 import triton.language as tl
@@ -37,15 +38,32 @@ def _k_mean_kernel(k_ptr, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: t
     h = bh - b * H
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
-    x = tl.load(k_ptr + b.to(tl.int64) * k_strides[0] + h.to(tl.int64) * k_strides[2]
-                + rows.to(tl.int64)[:, None] * k_strides[1] + d[None, :] * k_strides[3],
-                mask=(rows < S)[:, None], other=0.0).to(tl.float32)
+    x = tl.load(
+        k_ptr
+        + b.to(tl.int64) * k_strides[0]
+        + h.to(tl.int64) * k_strides[2]
+        + rows.to(tl.int64)[:, None] * k_strides[1]
+        + d[None, :] * k_strides[3],
+        mask=(rows < S)[:, None],
+        other=0.0,
+    ).to(tl.float32)
     tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / S)
 
 
 @jit
-def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
-                          k_strides, k8_strides, D: tl.constexpr, BLOCK_N: tl.constexpr):
+def _k_block_quant_kernel(
+    k_ptr,
+    mean_ptr,
+    k8_ptr,
+    kscale_ptr,
+    S,
+    H,
+    n_tiles,
+    k_strides,
+    k8_strides,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One tile of BLOCK_N keys of one (batch, head): int8 of ``k - mean`` with the tile's
     scale; keys past S are not stored (TMA reads them as zeros). ``k_strides``: (b, s, h,
     d); ``k8_strides``: (b, s, h), the channels contiguous."""
@@ -56,19 +74,31 @@ def _k_block_quant_kernel(k_ptr, mean_ptr, k8_ptr, kscale_ptr, S, H, n_tiles,
     rows = pid_t * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     rm = (rows < S)[:, None]
-    x = tl.load(k_ptr + b.to(tl.int64) * k_strides[0] + h.to(tl.int64) * k_strides[2]
-                + rows.to(tl.int64)[:, None] * k_strides[1] + d[None, :] * k_strides[3],
-                mask=rm, other=0.0).to(tl.float32)
+    x = tl.load(
+        k_ptr
+        + b.to(tl.int64) * k_strides[0]
+        + h.to(tl.int64) * k_strides[2]
+        + rows.to(tl.int64)[:, None] * k_strides[1]
+        + d[None, :] * k_strides[3],
+        mask=rm,
+        other=0.0,
+    ).to(tl.float32)
     x = tl.where(rm, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    amax = tl.where(tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0, float("nan"),
-                    amax)
+    amax = tl.where(tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0, float("nan"), amax)
     ok = amax > 0.0
     scale = tl.where(ok, tl.div_rn(amax, 127.0), 1.0)
     scale = tl.where(amax != amax, amax, scale)  # NaN stays NaN
     inv = tl.where(ok, tl.div_rn(127.0, amax), 1.0)
     # round half to even through the magic number (|x * inv| <= 127)
     y = ((x * inv + 12582912.0) - 12582912.0).to(tl.int8)
-    tl.store(k8_ptr + b.to(tl.int64) * k8_strides[0] + h.to(tl.int64) * k8_strides[2]
-             + rows.to(tl.int64)[:, None] * k8_strides[1] + d[None, :], y, mask=rm)
+    tl.store(
+        k8_ptr
+        + b.to(tl.int64) * k8_strides[0]
+        + h.to(tl.int64) * k8_strides[2]
+        + rows.to(tl.int64)[:, None] * k8_strides[1]
+        + d[None, :],
+        y,
+        mask=rm,
+    )
     tl.store(kscale_ptr + bh.to(tl.int64) * n_tiles + pid_t, scale)

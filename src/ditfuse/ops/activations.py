@@ -19,6 +19,7 @@ Bytes model: read x, write y. SwiGLU reads ``2H`` and writes ``H`` elements a ro
 eager PyTorch moves ``5H`` (``silu`` reads ``H``, writes ``H``; the product reads ``2H``,
 writes ``H``); GELU reads ``N`` and writes ``N``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ def launch_settings(N: int) -> ActSettings:
 # ---------------------------------------------------------------------------------------
 # validation -> allocation -> launch
 
+
 def row_stride(t: torch.Tensor):
     """The one stride between consecutive rows of ``t`` seen as (rows, t.shape[-1]) with
     unit column stride, or None when ``t`` cannot be addressed that way."""
@@ -86,7 +88,8 @@ def _rows(t: torch.Tensor, name: str) -> int:
             f"{name} (shape {tuple(t.shape)}, strides {tuple(t.stride())}) must have unit stride "
             f"in its last dimension and leading dimensions that flatten to one row stride "
             f"(a contiguous tensor or a column slice such as proj[..., a:b]); ditfuse makes no "
-            f"hidden copy: pass {name}.contiguous() if that is what you want")
+            f"hidden copy: pass {name}.contiguous() if that is what you want"
+        )
     return rs
 
 
@@ -105,8 +108,10 @@ def _plan(x, kind: int):
         raise ValueError("x must have at least one dimension (the channels), got a scalar")
     W = x.shape[-1]
     if kind == SWIGLU and W % 2:
-        raise ValueError(f"swiglu: x.shape[-1] must be even ([gate input | value] halves), "
-                         f"got {W} (shape {tuple(x.shape)})")
+        raise ValueError(
+            f"swiglu: x.shape[-1] must be even ([gate input | value] halves), "
+            f"got {W} (shape {tuple(x.shape)})"
+        )
     return x.numel() // W if W else 0, _width(W, kind), _rows(x, "x")
 
 
@@ -119,12 +124,16 @@ def _check_out(out, x, N: int, R: int) -> int:
     if out.device != x.device:
         raise ValueError(f"out is on {out.device}, x is on {x.device}")
     if tuple(out.shape) != want:
-        raise ValueError(f"out has shape {tuple(out.shape)}; expected {want} (x's leading "
-                         f"dimensions, {N} channels), e.g. a column slice buf[..., a:a + {N}]")
+        raise ValueError(
+            f"out has shape {tuple(out.shape)}; expected {want} (x's leading "
+            f"dimensions, {N} channels), e.g. a column slice buf[..., a:a + {N}]"
+        )
     rs = _rows(out, "out")
     if R > 1 and rs < N:
-        raise ValueError(f"out's rows overlap (row stride {rs} < {N} channels: an expanded "
-                         f"view?); pass a tensor or a slice with distinct elements")
+        raise ValueError(
+            f"out's rows overlap (row stride {rs} < {N} channels: an expanded "
+            f"view?); pass a tensor or a slice with distinct elements"
+        )
     return rs
 
 
@@ -161,15 +170,22 @@ def _run(x, kind: int, out=None, settings: ActSettings | None = None):
     if backend.kernel_device_ok(x):
         st = settings or launch_settings(N)
         with fastpath.Recorder() as rec:
-            fastpath.launch(_act_kernel, (triton.cdiv(R, st.rows), triton.cdiv(N, st.block)),
-                            (x, out, R, N, sx, so),
-                            dict(KIND=kind, ROWS=st.rows, BLOCK=st.block, num_warps=st.num_warps))
+            fastpath.launch(
+                _act_kernel,
+                (triton.cdiv(R, st.rows), triton.cdiv(N, st.block)),
+                (x, out, R, N, sx, so),
+                dict(KIND=kind, ROWS=st.rows, BLOCK=st.block, num_warps=st.num_warps),
+            )
         if key is not None:
             _CACHE.put(key, rec.replay((x, out)))
     else:
         from ditfuse.reference import gelu_reference, swiglu_reference
-        out.copy_(swiglu_reference(x) if kind == SWIGLU else
-                  gelu_reference(x, "tanh" if kind == GELU_TANH else "none"))
+
+        out.copy_(
+            swiglu_reference(x)
+            if kind == SWIGLU
+            else gelu_reference(x, "tanh" if kind == GELU_TANH else "none")
+        )
     return out
 
 
@@ -178,16 +194,23 @@ def supported(x, op: str = "swiglu") -> bool:
     supported dtype on a device the kernels run on, addressable as rows (see
     :func:`row_stride`), an even width for SwiGLU, no autograd. The patched modules run the
     original code otherwise."""
-    return (isinstance(x, torch.Tensor) and x.dtype in ACT_DTYPES and x.dim() > 0
-            and backend.kernel_device_ok(x) and row_stride(x) is not None
-            and (op != "swiglu" or x.shape[-1] % 2 == 0)
-            and not (torch.is_grad_enabled() and x.requires_grad))
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dtype in ACT_DTYPES
+        and x.dim() > 0
+        and backend.kernel_device_ok(x)
+        and row_stride(x) is not None
+        and (op != "swiglu" or x.shape[-1] % 2 == 0)
+        and not (torch.is_grad_enabled() and x.requires_grad)
+    )
 
 
 def _no_grad_check(x):
     if torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad:
-        raise RuntimeError("ditfuse activation ops are inference-only (no backward): call them "
-                           "under torch.no_grad() or torch.inference_mode()")
+        raise RuntimeError(
+            "ditfuse activation ops are inference-only (no backward): call them "
+            "under torch.no_grad() or torch.inference_mode()"
+        )
 
 
 def swiglu(x, *, out=None):
@@ -288,6 +311,7 @@ def gelu(x, approximate: str = "tanh", *, out=None):
 
 # ---------------------------------------------------------------------------------------
 # torch.library ops (used under torch.compile; eager calls launch directly)
+
 
 @library.op("ditfuse::swiglu", mutates_args=())
 def _swiglu_op(x: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ ops). The pure-PyTorch reference (the test oracle and the fallback for devices T
 run on) is :func:`ditfuse.reference.adaln_reference`. Inference only. Measurements behind
 the table: docs/design/adaln.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,21 +25,28 @@ from typing import Optional
 import torch
 import triton
 
+from ditfuse.kernels.adaln import (
+    LAYER_NORM,
+    NO_NORM,
+    RMS_NORM,
+    _adaln_kernel,
+    _adaln_tile_kernel,
+    _residual_flat_kernel,
+)
 from ditfuse.runtime import backend, fastpath, library
-from ditfuse.kernels.adaln import (LAYER_NORM, NO_NORM, RMS_NORM, _adaln_kernel,
-                                   _adaln_tile_kernel, _residual_flat_kernel)
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 NORMS = {None: NO_NORM.value, "layer": LAYER_NORM.value, "rms": RMS_NORM.value}
 ROUNDINGS = ("once", "per_op")
 #: offsets within a batch entry past which the flat residual kernel computes in int64
-OFF64_AT = 2 ** 31
+OFF64_AT = 2**31
 #: a CUDA grid's second and third axes hold at most 65535 programs
 GRID_Y_MAX = 65535
 
 
 # ---------------------------------------------------------------------------------------
 # launch settings: an analytical table, no autotuning
+
 
 @dataclass(frozen=True)
 class AdaLNSettings:
@@ -71,17 +79,31 @@ def launch_settings(D: int, *, flat: bool = False) -> AdaLNSettings:
     * Longer rows, the one-row kernel: chunks of 4096 on 8 warps.
     """
     if flat:
-        return AdaLNSettings(kernel="flat", num_warps=4, rows=1, block_a=0, block_b=0,
-                             block=1024, num_chunks=0)
+        return AdaLNSettings(
+            kernel="flat", num_warps=4, rows=1, block_a=0, block_b=0, block=1024, num_chunks=0
+        )
     if D > 8192:
-        return AdaLNSettings(kernel="rows", num_warps=8, rows=1, block_a=0, block_b=0,
-                             block=4096, num_chunks=triton.cdiv(D, 4096))
+        return AdaLNSettings(
+            kernel="rows",
+            num_warps=8,
+            rows=1,
+            block_a=0,
+            block_b=0,
+            block=4096,
+            num_chunks=triton.cdiv(D, 4096),
+        )
     a = 1 << (D.bit_length() - 1)  # the largest power of two <= D, then the rest
     b = triton.next_power_of_2(D - a) if D > a else 0
     rows = max(1, min(16, 4096 // (a + b)))
-    return AdaLNSettings(kernel="tile", num_warps=4 if a + b <= 40 * 128 else 8,
-                         rows=1 << (rows.bit_length() - 1), block_a=a, block_b=b, block=0,
-                         num_chunks=0)
+    return AdaLNSettings(
+        kernel="tile",
+        num_warps=4 if a + b <= 40 * 128 else 8,
+        rows=1 << (rows.bit_length() - 1),
+        block_a=a,
+        block_b=b,
+        block=0,
+        num_chunks=0,
+    )
 
 
 def _batch_grid(blocks: int, B: int):
@@ -90,9 +112,11 @@ def _batch_grid(blocks: int, B: int):
     if B <= GRID_Y_MAX:
         return (blocks, B), False
     if blocks > GRID_Y_MAX:
-        raise ValueError(f"x: {B} batch entries of {blocks} programs each exceed a CUDA grid "
-                         f"(at most {GRID_Y_MAX} on one of the two axes); pass x as "
-                         f"(B, S, D) with fewer entries")
+        raise ValueError(
+            f"x: {B} batch entries of {blocks} programs each exceed a CUDA grid "
+            f"(at most {GRID_Y_MAX} on one of the two axes); pass x as "
+            f"(B, S, D) with fewer entries"
+        )
     return (B, blocks), True
 
 
@@ -109,19 +133,31 @@ def _launch_residual_flat(x3, y3, g3, xn3, per_op) -> None:
     # the gate's offsets within an entry: s * stride_gs + d * stride_gd (per token, Wan 2.2
     # TI2V's (B, S, 6, D) temb: 6 D values a token)
     gate_span = (S - 1) * abs(gst[1]) + (D - 1) * abs(gst[2]) + 1 if g3 is not None else 0
-    args = (x3, y3, g3 if g3 is not None else x3, xn3, S,
-            x3.stride(0), y3.stride(0), xn3.stride(0))
+    args = (x3, y3, g3 if g3 is not None else x3, xn3, S, x3.stride(0), y3.stride(0), xn3.stride(0))
     grid, batch_x = _batch_grid(triton.cdiv(n, st.block), B)
-    fastpath.launch(_residual_flat_kernel, grid, args,
-                    dict(gate_strides=gst, D=D, HAS_GATE=g3 is not None, BATCH_X=batch_x,
-                         GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
-                         PER_OP=per_op, EVEN=n % st.block == 0,
-                         OFF64=max(n + st.block, gate_span) >= OFF64_AT,
-                         BLOCK=st.block, num_warps=st.num_warps, enable_fp_fusion=False))
+    fastpath.launch(
+        _residual_flat_kernel,
+        grid,
+        args,
+        dict(
+            gate_strides=gst,
+            D=D,
+            HAS_GATE=g3 is not None,
+            BATCH_X=batch_x,
+            GATE_PER_TOKEN=g3 is not None and S > 1 and g3.stride(1) != 0,
+            PER_OP=per_op,
+            EVEN=n % st.block == 0,
+            OFF64=max(n + st.block, gate_span) >= OFF64_AT,
+            BLOCK=st.block,
+            num_warps=st.num_warps,
+            enable_fp_fusion=False,
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # validation -> allocation -> launch
+
 
 def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
@@ -154,7 +190,8 @@ def _mod_view(t, name: str, x3: torch.Tensor):
         raise ValueError(
             f"{name} has shape {tuple(t.shape)}; expected (D,), (1|B, D), (1|B, 1, D) or "
             f"(1|B, S, D) with B={B}, S={S}, D={D} (a chunk of temb such as "
-            f"temb.chunk(6, dim=1)[i] is fine as it is)")
+            f"temb.chunk(6, dim=1)[i] is fine as it is)"
+        )
     return v.expand(B, S, D)
 
 
@@ -178,9 +215,9 @@ class Plan:
 
     x3: torch.Tensor
     y3: Optional[torch.Tensor]
-    g3: Optional[torch.Tensor]       # gate
-    sh3: Optional[torch.Tensor]      # shift
-    sc3: Optional[torch.Tensor]      # scale
+    g3: Optional[torch.Tensor]  # gate
+    sh3: Optional[torch.Tensor]  # shift
+    sc3: Optional[torch.Tensor]  # scale
     weight: Optional[torch.Tensor]
     bias: Optional[torch.Tensor]
     norm: Optional[str]
@@ -188,8 +225,19 @@ class Plan:
     per_op: bool
 
 
-def _plan(x, y=None, gate=None, shift=None, scale=None, *, norm=None, weight=None, bias=None,
-          eps=0.0, rounding="once") -> Plan:
+def _plan(
+    x,
+    y=None,
+    gate=None,
+    shift=None,
+    scale=None,
+    *,
+    norm=None,
+    weight=None,
+    bias=None,
+    eps=0.0,
+    rounding="once",
+) -> Plan:
     """Check every argument of a call; raises before anything runs."""
     x3 = _rows_view(x, "x")
     if x.dtype not in ACT_DTYPES:
@@ -220,8 +268,10 @@ def _plan(x, y=None, gate=None, shift=None, scale=None, *, norm=None, weight=Non
     if rounding == "per_op":
         for name, t in (("shift", shift), ("scale", scale), ("gate", gate), ("y", y)):
             if t is not None and t.dtype != x.dtype:
-                raise ValueError(f"rounding='per_op' emulates a chain computed in x's dtype: "
-                                 f"{name}.dtype {t.dtype} must equal x.dtype {x.dtype}")
+                raise ValueError(
+                    f"rounding='per_op' emulates a chain computed in x's dtype: "
+                    f"{name}.dtype {t.dtype} must equal x.dtype {x.dtype}"
+                )
     return Plan(x3, y3, g3, sh3, sc3, w, bb, norm, eps, rounding == "per_op")
 
 
@@ -237,8 +287,7 @@ def _launch(p: Plan, xn3, o3, settings=None, flat=True):
     if B * S == 0 or D == 0:
         return
     has_out = o3 is not None
-    if (flat and not has_out and p.y3 is not None
-            and all(_dense_rows(t) for t in (x3, p.y3, xn3))):
+    if flat and not has_out and p.y3 is not None and all(_dense_rows(t) for t in (x3, p.y3, xn3)):
         _launch_residual_flat(x3, p.y3, p.g3, xn3, p.per_op)
         return
     st = settings or launch_settings(D)
@@ -251,24 +300,53 @@ def _launch(p: Plan, xn3, o3, settings=None, flat=True):
     def strides(t):
         return t.stride() if t is not None else (0, 0, 0)
 
-    args = (x3, opt(p.y3), opt(p.g3), opt(p.sh3), opt(p.sc3), opt(p.weight), opt(p.bias),
-            opt(xn3), o3, S, D, float(p.eps))
+    args = (
+        x3,
+        opt(p.y3),
+        opt(p.g3),
+        opt(p.sh3),
+        opt(p.sc3),
+        opt(p.weight),
+        opt(p.bias),
+        opt(xn3),
+        o3,
+        S,
+        D,
+        float(p.eps),
+    )
     # the strides by keyword: a replayed launch substitutes the positional tensors only
-    kw = dict(x_strides=x3.stride(), y_strides=strides(p.y3), gate_strides=strides(p.g3),
-              shift_strides=strides(p.sh3), scale_strides=strides(p.sc3),
-              xnew_strides=strides(xn3), out_strides=o3.stride(),
-              NORM=NORMS[p.norm], HAS_W=p.weight is not None, HAS_B=p.bias is not None,
-              RESIDUAL=p.y3 is not None, HAS_GATE=p.g3 is not None,
-              HAS_SHIFT=p.sh3 is not None, HAS_SCALE=p.sc3 is not None, PER_OP=p.per_op,
-              HAS_OUT=has_out, num_warps=st.num_warps, enable_fp_fusion=False)
+    kw = dict(
+        x_strides=x3.stride(),
+        y_strides=strides(p.y3),
+        gate_strides=strides(p.g3),
+        shift_strides=strides(p.sh3),
+        scale_strides=strides(p.sc3),
+        xnew_strides=strides(xn3),
+        out_strides=o3.stride(),
+        NORM=NORMS[p.norm],
+        HAS_W=p.weight is not None,
+        HAS_B=p.bias is not None,
+        RESIDUAL=p.y3 is not None,
+        HAS_GATE=p.g3 is not None,
+        HAS_SHIFT=p.sh3 is not None,
+        HAS_SCALE=p.sc3 is not None,
+        PER_OP=p.per_op,
+        HAS_OUT=has_out,
+        num_warps=st.num_warps,
+        enable_fp_fusion=False,
+    )
     if st.kernel == "tile":
         grid, batch_x = _batch_grid(triton.cdiv(S, st.rows), B)
-        fastpath.launch(_adaln_tile_kernel, grid, args,
-                        dict(kw, ROWS=st.rows, BLOCK_A=st.block_a, BLOCK_B=st.block_b,
-                             BATCH_X=batch_x))
+        fastpath.launch(
+            _adaln_tile_kernel,
+            grid,
+            args,
+            dict(kw, ROWS=st.rows, BLOCK_A=st.block_a, BLOCK_B=st.block_b, BATCH_X=batch_x),
+        )
     else:
-        fastpath.launch(_adaln_kernel, (B * S,), args,
-                        dict(kw, BLOCK_D=st.block, NUM_CHUNKS=st.num_chunks))
+        fastpath.launch(
+            _adaln_kernel, (B * S,), args, dict(kw, BLOCK_D=st.block, NUM_CHUNKS=st.num_chunks)
+        )
 
 
 def _new(x):
@@ -292,13 +370,37 @@ _CACHE = fastpath.Cache()
 
 def _slots(x, y, gate, shift, scale, weight, bias, x_new, o):
     # an output that is x itself (inplace, out=x: in the key) is x's slot
-    return (x, y, gate, shift, scale, weight, bias, None if x_new is x else x_new,
-            None if o is x else o)
+    return (
+        x,
+        y,
+        gate,
+        shift,
+        scale,
+        weight,
+        bias,
+        None if x_new is x else x_new,
+        None if o is x else o,
+    )
 
 
-def _run(x, y=None, gate=None, shift=None, scale=None, norm=None, weight=None, bias=None,
-         eps=0.0, rounding="once", inplace=False, out=None, modulated=True, *, settings=None,
-         flat=True):
+def _run(
+    x,
+    y=None,
+    gate=None,
+    shift=None,
+    scale=None,
+    norm=None,
+    weight=None,
+    bias=None,
+    eps=0.0,
+    rounding="once",
+    inplace=False,
+    out=None,
+    modulated=True,
+    *,
+    settings=None,
+    flat=True,
+):
     """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
     ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes.
     ``settings``, ``flat``: as in :func:`_launch`. A call whose signature was seen before
@@ -307,9 +409,24 @@ def _run(x, y=None, gate=None, shift=None, scale=None, norm=None, weight=None, b
     if fastpath.usable(x):
         try:
             sig = fastpath.sig
-            key = (norm, eps, rounding, bool(inplace), modulated, out is x, settings, flat,
-                   sig(x), sig(y), sig(gate), sig(shift), sig(scale), sig(weight), sig(bias),
-                   sig(out))
+            key = (
+                norm,
+                eps,
+                rounding,
+                bool(inplace),
+                modulated,
+                out is x,
+                settings,
+                flat,
+                sig(x),
+                sig(y),
+                sig(gate),
+                sig(shift),
+                sig(scale),
+                sig(weight),
+                sig(bias),
+                sig(out),
+            )
             replay = _CACHE.get(key)
         except (AttributeError, TypeError):  # not tensors / unhashable: the checks explain
             key = replay = None
@@ -317,13 +434,19 @@ def _run(x, y=None, gate=None, shift=None, scale=None, norm=None, weight=None, b
             x_new, o = _outputs(x, y, inplace, out, modulated)
             if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
                 return x_new, o
-    p = _plan(x, y, gate, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
-              rounding=rounding)
+    p = _plan(
+        x, y, gate, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps, rounding=rounding
+    )
     if out is not None:
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape or out.dtype != x.dtype \
-                or out.device != x.device:
-            raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
-                             f"{x.device}")
+        if (
+            not isinstance(out, torch.Tensor)
+            or out.shape != x.shape
+            or out.dtype != x.dtype
+            or out.device != x.device
+        ):
+            raise ValueError(
+                f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+            )
     x_new, o = _outputs(x, y, inplace, out, modulated)
     o3 = _rows_view(o, "out") if o is not None else None
     xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
@@ -334,8 +457,19 @@ def _run(x, y=None, gate=None, shift=None, scale=None, norm=None, weight=None, b
             _CACHE.put(key, rec.replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)))
     else:
         from ditfuse.reference import adaln_reference
-        res = adaln_reference(x, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
-                              rounding=rounding, residual=y, gate=gate)
+
+        res = adaln_reference(
+            x,
+            shift,
+            scale,
+            norm=norm,
+            weight=weight,
+            bias=bias,
+            eps=eps,
+            rounding=rounding,
+            residual=y,
+            gate=gate,
+        )
         if y is not None:
             x_new.copy_(res[0])
             res = res[1]
@@ -346,12 +480,24 @@ def _run(x, y=None, gate=None, shift=None, scale=None, norm=None, weight=None, b
 
 def _no_grad_check(*ts):
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts):
-        raise RuntimeError("ditfuse AdaLN ops are inference-only (no backward): call them under "
-                           "torch.no_grad() or torch.inference_mode()")
+        raise RuntimeError(
+            "ditfuse AdaLN ops are inference-only (no backward): call them under "
+            "torch.no_grad() or torch.inference_mode()"
+        )
 
 
-def adaln_modulate(x, shift=None, scale=None, *, norm="layer", weight=None, bias=None, eps=1e-6,
-                   rounding="once", out=None):
+def adaln_modulate(
+    x,
+    shift=None,
+    scale=None,
+    *,
+    norm="layer",
+    weight=None,
+    bias=None,
+    eps=1e-6,
+    rounding="once",
+    out=None,
+):
     r"""Normalise each token and modulate it: ``y = norm(x) * (1 + scale) + shift``.
 
     .. math:: y = \left(\frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} \odot w + b\right)
@@ -394,14 +540,36 @@ def adaln_modulate(x, shift=None, scale=None, *, norm="layer", weight=None, bias
     """
     _no_grad_check(x, shift, scale, weight, bias)
     if torch.compiler.is_compiling():
-        return torch.ops.ditfuse.adaln(x, None, None, shift, scale, weight, bias,
-                                       NORMS[norm], float(eps), rounding == "per_op")[0]
-    return _run(x, shift=shift, scale=scale, norm=norm, weight=weight, bias=bias, eps=eps,
-                rounding=rounding, out=out)[1]
+        return torch.ops.ditfuse.adaln(
+            x, None, None, shift, scale, weight, bias, NORMS[norm], float(eps), rounding == "per_op"
+        )[0]
+    return _run(
+        x,
+        shift=shift,
+        scale=scale,
+        norm=norm,
+        weight=weight,
+        bias=bias,
+        eps=eps,
+        rounding=rounding,
+        out=out,
+    )[1]
 
 
-def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer", weight=None,
-                         bias=None, eps=1e-6, rounding="once", inplace=False):
+def gated_residual_adaln(
+    x,
+    y,
+    gate=None,
+    shift=None,
+    scale=None,
+    *,
+    norm="layer",
+    weight=None,
+    bias=None,
+    eps=1e-6,
+    rounding="once",
+    inplace=False,
+):
     r"""The gated residual and the next norm + modulation, in one pass.
 
     .. math:: x' = x + y \odot \mathrm{gate}, \qquad
@@ -444,15 +612,36 @@ def gated_residual_adaln(x, y, gate=None, shift=None, scale=None, *, norm="layer
     _no_grad_check(x, y, gate, shift, scale, weight, bias)
     if torch.compiler.is_compiling():
         if inplace:
-            m = torch.ops.ditfuse.gated_residual_adaln_(x, y, gate, shift, scale, weight, bias,
-                                                        NORMS[norm], float(eps),
-                                                        rounding == "per_op")
+            m = torch.ops.ditfuse.gated_residual_adaln_(
+                x,
+                y,
+                gate,
+                shift,
+                scale,
+                weight,
+                bias,
+                NORMS[norm],
+                float(eps),
+                rounding == "per_op",
+            )
             return x, m
-        xn, m = torch.ops.ditfuse.adaln(x, y, gate, shift, scale, weight, bias, NORMS[norm],
-                                        float(eps), rounding == "per_op")
+        xn, m = torch.ops.ditfuse.adaln(
+            x, y, gate, shift, scale, weight, bias, NORMS[norm], float(eps), rounding == "per_op"
+        )
         return xn, m
-    return _run(x, y, gate, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps,
-                rounding=rounding, inplace=inplace)
+    return _run(
+        x,
+        y,
+        gate,
+        shift,
+        scale,
+        norm=norm,
+        weight=weight,
+        bias=bias,
+        eps=eps,
+        rounding=rounding,
+        inplace=inplace,
+    )
 
 
 def gated_residual(x, y, gate=None, *, rounding="once", out=None):
@@ -512,12 +701,21 @@ def _op_options(norm: int, eps: float, per_op: bool) -> dict:
 
 
 @library.op("ditfuse::adaln", mutates_args=())
-def _adaln_op(x: torch.Tensor, y: Optional[torch.Tensor], gate: Optional[torch.Tensor],
-              shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
-              weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
-              eps: float, per_op: bool) -> list[torch.Tensor]:
-    xn, o = _run(x, y, gate, shift, scale, weight=weight, bias=bias,
-                 **_op_options(norm, eps, per_op))
+def _adaln_op(
+    x: torch.Tensor,
+    y: Optional[torch.Tensor],
+    gate: Optional[torch.Tensor],
+    shift: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    norm: int,
+    eps: float,
+    per_op: bool,
+) -> list[torch.Tensor]:
+    xn, o = _run(
+        x, y, gate, shift, scale, weight=weight, bias=bias, **_op_options(norm, eps, per_op)
+    )
     return [o] if xn is None else [xn, o]
 
 
@@ -529,12 +727,29 @@ def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
 
 
 @library.op("ditfuse::gated_residual_adaln_", mutates_args=("x",))
-def _gated_inplace_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
-                      shift: Optional[torch.Tensor], scale: Optional[torch.Tensor],
-                      weight: Optional[torch.Tensor], bias: Optional[torch.Tensor], norm: int,
-                      eps: float, per_op: bool) -> torch.Tensor:
-    return _run(x, y, gate, shift, scale, weight=weight, bias=bias, inplace=True,
-                **_op_options(norm, eps, per_op))[1]
+def _gated_inplace_op(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gate: Optional[torch.Tensor],
+    shift: Optional[torch.Tensor],
+    scale: Optional[torch.Tensor],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    norm: int,
+    eps: float,
+    per_op: bool,
+) -> torch.Tensor:
+    return _run(
+        x,
+        y,
+        gate,
+        shift,
+        scale,
+        weight=weight,
+        bias=bias,
+        inplace=True,
+        **_op_options(norm, eps, per_op),
+    )[1]
 
 
 @_gated_inplace_op.register_fake
@@ -544,8 +759,9 @@ def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
 
 
 @library.op("ditfuse::gated_residual", mutates_args=())
-def _gated_residual_op(x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor],
-                       per_op: bool) -> torch.Tensor:
+def _gated_residual_op(
+    x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor], per_op: bool
+) -> torch.Tensor:
     return _run(x, y, gate, rounding="per_op" if per_op else "once", modulated=False)[0]
 
 

@@ -10,6 +10,7 @@ formula, also the fallback for devices Triton cannot run on) is in :mod:`ditfuse
 the ``ditfuse check`` gates in :mod:`ditfuse.tools.check_attention`. Inference only.
 Measurements behind the table and the routes: docs/design/attention.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,14 +25,12 @@ import triton
 from torch import Tensor
 
 from ditfuse import tolerances
-from ditfuse.runtime import fastpath
-from ditfuse.runtime import library
-from ditfuse.runtime import backend
-from ditfuse.runtime.backend import mma_sync_only
-from ditfuse.norms import flatten_norm, needs_grad, unflatten_norm
 from ditfuse.kernels.common import NormArgs, NormFlags, RopeFlags
+from ditfuse.norms import flatten_norm, needs_grad, unflatten_norm
 from ditfuse.ops import qk_norm_rope as qk_ops
 from ditfuse.reference import sliding_window_attention_core
+from ditfuse.runtime import backend, fastpath, library
+from ditfuse.runtime.backend import mma_sync_only
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: the largest head_dim the kernel takes; any head_dim up to it works (tiles are padded to a
@@ -55,14 +54,14 @@ class Plan:
     v: Tensor
     q2: Optional[Tensor]
     k2: Optional[Tensor]
-    left: int                   # -1: unbounded
-    right: int                  # -1: unbounded
+    left: int  # -1: unbounded
+    right: int  # -1: unbounded
     lam_value: float
     lam_tensor: Optional[Tensor]  # (H,) view (stride 0 when one value for all heads)
     scale: float
     layout: str
-    qk: Optional[object]        # qk_norm_rope.Plan of the prologue on (q, k), or None
-    dot_prec: str = "tf32"      # fp32 products: "tf32" or "tf32x3" (PRECISIONS)
+    qk: Optional[object]  # qk_norm_rope.Plan of the prologue on (q, k), or None
+    dot_prec: str = "tf32"  # fp32 products: "tf32" or "tf32x3" (PRECISIONS)
 
     @property
     def differential(self) -> bool:
@@ -86,11 +85,15 @@ def parse_window(window):
         try:
             w = operator.index(w)
         except TypeError:
-            raise TypeError(f"window {side} must be an int (>= 0, or -1 for unbounded), got "
-                            f"{type(w).__name__} {w!r}") from None
+            raise TypeError(
+                f"window {side} must be an int (>= 0, or -1 for unbounded), got "
+                f"{type(w).__name__} {w!r}"
+            ) from None
         if w < -1:
-            raise ValueError(f"window {side} = {w}: must be >= 0 (keys that far from the query "
-                             "on that side), or -1 for unbounded")
+            raise ValueError(
+                f"window {side} = {w}: must be >= 0 (keys that far from the query "
+                "on that side), or -1 for unbounded"
+            )
         out.append(int(w))
     return out[0], out[1]
 
@@ -102,9 +105,11 @@ def _heads(x, name: str, layout: str) -> Tensor:
         raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
     if x.dim() != 4:
         want = "(B, N, H, D)" if layout == "bshd" else "(B, H, N, D)"
-        raise ValueError(f"{name} must be 4-D {want} (layout={layout!r}), got shape "
-                         f"{tuple(x.shape)}; unflatten packed heads with "
-                         f"x.unflatten(-1, (heads, head_dim))")
+        raise ValueError(
+            f"{name} must be 4-D {want} (layout={layout!r}), got shape "
+            f"{tuple(x.shape)}; unflatten packed heads with "
+            f"x.unflatten(-1, (heads, head_dim))"
+        )
     return x if layout == "bshd" else x.transpose(1, 2)
 
 
@@ -128,14 +133,32 @@ def dot_precision(dtype, precision=None) -> str:
     if precision is None:
         precision = _matmul_precision()
     elif not isinstance(precision, str) or precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)} (PyTorch's float32 "
-                         f"matmul precisions) or None, got {precision!r}")
+        raise ValueError(
+            f"precision must be one of {sorted(PRECISIONS)} (PyTorch's float32 "
+            f"matmul precisions) or None, got {precision!r}"
+        )
     return PRECISIONS[precision] if dtype == torch.float32 else "tf32"
 
 
-def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd",
-         q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half",
-         rotary_dim=None, precision=None) -> Plan:
+def plan(
+    q,
+    k,
+    v,
+    window,
+    *,
+    q2=None,
+    k2=None,
+    lam=1.0,
+    scale=None,
+    layout="bshd",
+    q_norm=None,
+    k_norm=None,
+    cos=None,
+    sin=None,
+    rope_style="half",
+    rotary_dim=None,
+    precision=None,
+) -> Plan:
     """Check every argument and describe the call; raises before anything runs. Reads no
     tensor data (works on fake / meta tensors)."""
     if layout not in LAYOUTS:
@@ -144,8 +167,10 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
         raise ValueError(f"rope_style must be one of {ROPE_STYLES}, got {rope_style!r}")
     if (q2 is None) != (k2 is None):
         given, missing = ("q2", "k2") if q2 is not None else ("k2", "q2")
-        raise ValueError(f"{given} given without {missing}: differential attention needs both "
-                         "(out = Attn(q, k, v) - lam * Attn(q2, k2, v))")
+        raise ValueError(
+            f"{given} given without {missing}: differential attention needs both "
+            "(out = Attn(q, k, v) - lam * Attn(q2, k2, v))"
+        )
     names = ["q", "k", "v"] + (["q2", "k2"] if q2 is not None else [])
     raw = dict(q=q, k=k, v=v, q2=q2, k2=k2)
     views = {n: _heads(raw[n], n, layout) for n in names}
@@ -159,70 +184,118 @@ def plan(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd
     B, N, H, D = q4.shape
     for n in names[1:]:
         if views[n].shape[3] != D:
-            raise ValueError(f"head_dim mismatch: {n} has head_dim {views[n].shape[3]}, q has "
-                             f"{D} (shapes {tuple(raw[n].shape)} vs {tuple(q.shape)})")
+            raise ValueError(
+                f"head_dim mismatch: {n} has head_dim {views[n].shape[3]}, q has "
+                f"{D} (shapes {tuple(raw[n].shape)} vs {tuple(q.shape)})"
+            )
     if not head_dim_ok(D):
-        raise ValueError(f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {D} (q shape "
-                         f"{tuple(q.shape)}); use the reference "
-                         "ditfuse.sliding_window_attention_reference for others")
+        raise ValueError(
+            f"head_dim must be between 1 and {MAX_HEAD_DIM}, got {D} (q shape "
+            f"{tuple(q.shape)}); use the reference "
+            "ditfuse.sliding_window_attention_reference for others"
+        )
     for n in names[1:]:
         if tuple(views[n].shape) != (B, N, H, D):
-            raise ValueError(f"{n}.shape {tuple(raw[n].shape)} must equal q.shape "
-                             f"{tuple(q.shape)} (self-attention over one sequence: same batch, "
-                             "tokens and heads)")
+            raise ValueError(
+                f"{n}.shape {tuple(raw[n].shape)} must equal q.shape "
+                f"{tuple(q.shape)} (self-attention over one sequence: same batch, "
+                "tokens and heads)"
+            )
     if N >= 2**30:
-        raise ValueError(f"q has {N} tokens; the kernel's token indices are int32 (at most "
-                         f"2^30 - 1 tokens)")
+        raise ValueError(
+            f"q has {N} tokens; the kernel's token indices are int32 (at most 2^30 - 1 tokens)"
+        )
     left, right = parse_window(window)
 
     lam_t = None
     lam_v = 1.0
     if isinstance(lam, torch.Tensor):
         if q2 is None:
-            raise ValueError("lam is a tensor but q2/k2 are not given: lam is the weight of the "
-                             "second attention map of differential attention")
+            raise ValueError(
+                "lam is a tensor but q2/k2 are not given: lam is the weight of the "
+                "second attention map of differential attention"
+            )
         if not lam.is_floating_point():
             raise TypeError(f"lam.dtype must be floating point, got {lam.dtype}")
         if lam.device != q.device:
             raise ValueError(f"lam is on {lam.device}, q is on {q.device}")
         if lam.dim() > 1 or lam.numel() not in (1, H):
-            raise ValueError(f"lam must be a float, a one-element tensor or a per-head tensor of "
-                             f"shape ({H},), got shape {tuple(lam.shape)}")
+            raise ValueError(
+                f"lam must be a float, a one-element tensor or a per-head tensor of "
+                f"shape ({H},), got shape {tuple(lam.shape)}"
+            )
         lam_t = lam.reshape(-1).expand(H) if lam.numel() == 1 else lam
     else:
         if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
             raise TypeError(f"lam must be a finite float or a ({H},) tensor, got {lam!r}")
         lam_v = float(lam)
         if q2 is None and lam_v != 1.0:
-            raise ValueError(f"lam={lam_v} given without q2/k2: lam is the weight of the second "
-                             "attention map of differential attention")
+            raise ValueError(
+                f"lam={lam_v} given without q2/k2: lam is the weight of the second "
+                "attention map of differential attention"
+            )
 
     if scale is None:
         sc = 1.0 / math.sqrt(D)
     else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-                not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a positive finite float (default 1/sqrt(head_dim)), "
-                             f"got {scale!r}")
+        if (
+            isinstance(scale, bool)
+            or not isinstance(scale, (int, float))
+            or not math.isfinite(scale)
+            or scale <= 0
+        ):
+            raise ValueError(
+                f"scale must be a positive finite float (default 1/sqrt(head_dim)), got {scale!r}"
+            )
         sc = float(scale)
 
     qkp = None
-    if q_norm is not None or k_norm is not None or cos is not None or sin is not None or \
-            rotary_dim is not None:
-
-        qkp = qk_ops.plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, rope_style=rope_style,
-                      rotary_dim=rotary_dim, layout=layout, runtime_checks=False)
+    if (
+        q_norm is not None
+        or k_norm is not None
+        or cos is not None
+        or sin is not None
+        or rotary_dim is not None
+    ):
+        qkp = qk_ops.plan(
+            q,
+            k,
+            cos,
+            sin,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            rope_style=rope_style,
+            rotary_dim=rotary_dim,
+            layout=layout,
+            runtime_checks=False,
+        )
         for arg, n in (("q_norm", qkp.q_norm), ("k_norm", qkp.k_norm)):
             if n is not None and n.span_all:
-                raise ValueError(f"{arg} normalises across all {H} heads ({H * D} channels); the "
-                                 "fused prologue normalises per head: apply "
-                                 "ditfuse.qk_norm_rope first and pass q_norm/k_norm=None")
-    return Plan(q4, views["k"], views["v"], views.get("q2"), views.get("k2"), left, right,
-                lam_v, lam_t, sc, layout, qkp, dot_precision(q4.dtype, precision))
+                raise ValueError(
+                    f"{arg} normalises across all {H} heads ({H * D} channels); the "
+                    "fused prologue normalises per head: apply "
+                    "ditfuse.qk_norm_rope first and pass q_norm/k_norm=None"
+                )
+    return Plan(
+        q4,
+        views["k"],
+        views["v"],
+        views.get("q2"),
+        views.get("k2"),
+        left,
+        right,
+        lam_v,
+        lam_t,
+        sc,
+        layout,
+        qkp,
+        dot_precision(q4.dtype, precision),
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # launch settings: a small analytical table
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -281,8 +354,9 @@ SAME_L_16BIT = Settings(block_m=64, block_n=32, num_warps=4, num_stages=3, maxnr
 #: SAME-L's fp32 entry (head_dim 64, narrow band, no prologue; differential or plain): two
 #: mma.sync warps of 16 query rows sharing each K / V tile, P @ V in column halves; on sm_90
 #: the differential launches run :mod:`ditfuse.kernels.attention_sm90_fp32` (:func:`gluon_ok`)
-SAME_L_FP32 = Settings(block_m=32, block_n=16, num_warps=2, num_stages=3, token_major=True,
-                       maxnreg=168, split_pv=True)
+SAME_L_FP32 = Settings(
+    block_m=32, block_n=16, num_warps=2, num_stages=3, token_major=True, maxnreg=168, split_pv=True
+)
 
 
 @dataclass(frozen=True)
@@ -299,37 +373,53 @@ class _Case:
     narrow: Optional[bool] = None
 
     def matches(self, call: "_Case") -> bool:
-        return all(want is None or want == getattr(call, f.name)
-                   for f in dataclasses.fields(self) for want in (getattr(self, f.name),))
+        return all(
+            want is None or want == getattr(call, f.name)
+            for f in dataclasses.fields(self)
+            for want in (getattr(self, f.name),)
+        )
 
 
 #: The measured rows (the measurements behind each: docs/design/attention.md, "Launch
 #: table"); no two rows match one call. Every other call takes :func:`_analytical_settings`.
 _MEASURED = (
     # fp32 "highest" (three products a dot), differential: the tf32 rows' caps spill there
-    (_Case(tile_d=64, fp32=True, tf32x3=True, differential=True, prologue=True),
-     Settings(block_m=64, block_n=16, num_warps=8, num_stages=2)),
-    (_Case(tile_d=64, fp32=True, tf32x3=True, differential=True, prologue=False, narrow=True),
-     Settings(block_m=32, block_n=16, num_warps=2, num_stages=3, token_major=True,
-              split_pv=True)),
+    (
+        _Case(tile_d=64, fp32=True, tf32x3=True, differential=True, prologue=True),
+        Settings(block_m=64, block_n=16, num_warps=8, num_stages=2),
+    ),
+    (
+        _Case(tile_d=64, fp32=True, tf32x3=True, differential=True, prologue=False, narrow=True),
+        Settings(
+            block_m=32, block_n=16, num_warps=2, num_stages=3, token_major=True, split_pv=True
+        ),
+    ),
     # the fused prologue at SAME-L's shape in 16-bit (the public call runs it apart:
     # prologue_apart; this row is the fused launch of a plan that carries the prologue)
-    (_Case(tile_d=64, fp32=False, differential=True, prologue=True, narrow=True),
-     Settings(block_m=64, block_n=16, num_warps=4, num_stages=3, maxnreg=168)),
+    (
+        _Case(tile_d=64, fp32=False, differential=True, prologue=True, narrow=True),
+        Settings(block_m=64, block_n=16, num_warps=4, num_stages=3, maxnreg=168),
+    ),
     # SAME-L's attention, differential and plain
-    (_Case(tile_d=64, fp32=False, differential=True, prologue=False, narrow=True),
-     SAME_L_16BIT),
-    (_Case(tile_d=64, fp32=True, tf32x3=False, differential=True, prologue=False, narrow=True),
-     SAME_L_FP32),
-    (_Case(tile_d=64, fp32=False, differential=False, prologue=False, narrow=True),
-     Settings(block_m=64, block_n=32, num_warps=4, num_stages=3)),
-    (_Case(tile_d=64, fp32=True, differential=False, prologue=False, narrow=True),
-     SAME_L_FP32),
+    (_Case(tile_d=64, fp32=False, differential=True, prologue=False, narrow=True), SAME_L_16BIT),
+    (
+        _Case(tile_d=64, fp32=True, tf32x3=False, differential=True, prologue=False, narrow=True),
+        SAME_L_FP32,
+    ),
+    (
+        _Case(tile_d=64, fp32=False, differential=False, prologue=False, narrow=True),
+        Settings(block_m=64, block_n=32, num_warps=4, num_stages=3),
+    ),
+    (_Case(tile_d=64, fp32=True, differential=False, prologue=False, narrow=True), SAME_L_FP32),
     # head_dim 128 (and those padded to it), differential: two 4-warp programs an SM
-    (_Case(tile_d=128, fp32=False, differential=True, prologue=False),
-     Settings(block_m=64, block_n=16, num_warps=4, num_stages=3)),
-    (_Case(tile_d=128, fp32=True, differential=True, prologue=False),
-     Settings(block_m=64, block_n=16, num_warps=4, num_stages=2)),
+    (
+        _Case(tile_d=128, fp32=False, differential=True, prologue=False),
+        Settings(block_m=64, block_n=16, num_warps=4, num_stages=3),
+    ),
+    (
+        _Case(tile_d=128, fp32=True, differential=True, prologue=False),
+        Settings(block_m=64, block_n=16, num_warps=4, num_stages=2),
+    ),
 )
 
 
@@ -362,8 +452,16 @@ def _analytical_settings(c: _Case) -> Settings:
     return Settings(block_m=64, block_n=block_n, num_warps=warps, num_stages=2)
 
 
-def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
-                    differential: bool, prologue: bool, prec: str = "tf32") -> Settings:
+def launch_settings(
+    D: int,
+    dtype: torch.dtype,
+    left: int,
+    right: int,
+    N: int,
+    differential: bool,
+    prologue: bool,
+    prec: str = "tf32",
+) -> Settings:
     """The :class:`Settings` of one call: a small table, no autotuning.
 
     A program holds, per map (two when differential), a [BLOCK_M, D] fp32 accumulator, the
@@ -377,14 +475,22 @@ def launch_settings(D: int, dtype: torch.dtype, left: int, right: int, N: int,
     ``block_m`` queries as span one key tile fewer).
     """
     span = (N if left < 0 else left) + (N if right < 0 else right) + 1
-    call = _Case(tile_d=tile_dim(D), fp32=dtype == torch.float32, tf32x3=prec == "tf32x3",
-                 differential=differential, prologue=prologue, narrow=span <= 64)
-    st = next((s for case, s in _MEASURED if case.matches(call)), None) or \
-        _analytical_settings(call)
+    call = _Case(
+        tile_d=tile_dim(D),
+        fp32=dtype == torch.float32,
+        tf32x3=prec == "tf32x3",
+        differential=differential,
+        prologue=prologue,
+        narrow=span <= 64,
+    )
+    st = next((s for case, s in _MEASURED if case.matches(call)), None) or _analytical_settings(
+        call
+    )
     if left < 0 or right < 0:
         return st
     return dataclasses.replace(
-        st, step_m=query_step(st.block_m, st.block_n, min(left, N), min(right, N)))
+        st, step_m=query_step(st.block_m, st.block_n, min(left, N), min(right, N))
+    )
 
 
 def head_dim_ok(D: int) -> bool:
@@ -404,8 +510,13 @@ def _norm_args(n, dummy: Tensor):
     """A norm's tensors (weight, bias, DyT's alpha: ``dummy`` where absent), its
     :class:`NormFlags` and :class:`NormArgs` (``n`` None: no norm)."""
     a = qk_ops._norm_args(n, dummy)
-    flags = NormFlags(kind=a["NORM"], has_w=a["HAS_W"], has_b=a["HAS_B"],
-                      alpha_ptr=a["ALPHA_PTR"], round_pre_w=a["PRE"])
+    flags = NormFlags(
+        kind=a["NORM"],
+        has_w=a["HAS_W"],
+        has_b=a["HAS_B"],
+        alpha_ptr=a["ALPHA_PTR"],
+        round_pre_w=a["PRE"],
+    )
     return (a["w"], a["b"], a["a"]), flags, NormArgs(alpha=a["alpha"], eps=a["eps"], n=a["n"])
 
 
@@ -448,11 +559,14 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     if B * N * H == 0:
         return
     diff = p.differential
-    st = Settings.of(settings or launch_settings(
-        D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None, p.dot_prec))
+    st = Settings.of(
+        settings
+        or launch_settings(D, p.q.dtype, p.left, p.right, N, diff, p.qk is not None, p.dot_prec)
+    )
     bm, bn = st.block_m, st.block_n
-    token_major = bool(st.token_major) if st.token_major is not None \
-        else p.q.stride(2) < p.q.stride(1)
+    token_major = (
+        bool(st.token_major) if st.token_major is not None else p.q.stride(2) < p.q.stride(1)
+    )
     cap = {"maxnreg": int(st.maxnreg)} if st.maxnreg else {}
     step = int(st.step_m) if st.step_m is not None else bm
     if not 1 <= step <= bm:
@@ -484,36 +598,84 @@ def launch(p: Plan, o4: Tensor, settings=None) -> None:
     lam_st = p.lam_tensor.stride(0) if p.lam_tensor is not None else 0
     # tensors and the scalars before the tuples by position (a replay puts a call's tensors
     # in their places), the rest by keyword (fixed for a recorded signature)
-    args = (p.q, p.k, p.v, q2, k2, o4, lam_t, *q_norm, *k_norm, cos, sin,
-            p.lam_value, p.scale * LOG2E)
+    args = (
+        p.q,
+        p.k,
+        p.v,
+        q2,
+        k2,
+        o4,
+        lam_t,
+        *q_norm,
+        *k_norm,
+        cos,
+        sin,
+        p.lam_value,
+        p.scale * LOG2E,
+    )
     kwargs = dict(
-        q_args=q_args, k_args=k_args, N=N, LEFT=left, RIGHT=right,
-        q_strides=p.q.stride(), k_strides=p.k.stride(), v_strides=p.v.stride(),
-        q2_strides=q2.stride(), k2_strides=k2.stride(), o_strides=o4.stride(),
-        lam_stride=lam_st, cos_strides=cos.stride() if rope else (0, 0, 0, 0),
+        q_args=q_args,
+        k_args=k_args,
+        N=N,
+        LEFT=left,
+        RIGHT=right,
+        q_strides=p.q.stride(),
+        k_strides=p.k.stride(),
+        v_strides=p.v.stride(),
+        q2_strides=q2.stride(),
+        k2_strides=k2.stride(),
+        o_strides=o4.stride(),
+        lam_stride=lam_st,
+        cos_strides=cos.stride() if rope else (0, 0, 0, 0),
         sin_strides=sin.stride() if rope else (0, 0, 0, 0),
-        H=H, D=D, R=R, BLOCK_M=bm, BLOCK_N=bn, STEP_M=step, MMA_SYNC=mma_sync,
-        SPLIT_PV=split_pv, DIFF=diff, LAM_PTR=p.lam_tensor is not None,
-        Q_NORM=q_flags, K_NORM=k_flags,
-        ROPE=RopeFlags(on=rope, interleaved=bool(rope and qk.interleaved),
-                       table_half=bool(rope and qk.table_half)),
-        OFF64=not _fits_int32(p, o4, max(bm, bn)), TOKEN_MAJOR=token_major, PREC=p.dot_prec,
+        H=H,
+        D=D,
+        R=R,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        STEP_M=step,
+        MMA_SYNC=mma_sync,
+        SPLIT_PV=split_pv,
+        DIFF=diff,
+        LAM_PTR=p.lam_tensor is not None,
+        Q_NORM=q_flags,
+        K_NORM=k_flags,
+        ROPE=RopeFlags(
+            on=rope,
+            interleaved=bool(rope and qk.interleaved),
+            table_half=bool(rope and qk.table_half),
+        ),
+        OFF64=not _fits_int32(p, o4, max(bm, bn)),
+        TOKEN_MAJOR=token_major,
+        PREC=p.dot_prec,
     )
     # No fp contraction: the prologue rounds as eager PyTorch (and qk_norm_rope) does, and
     # an AOT package (lam, scale bound as constants) must compute what this build does (with
     # contraction on, LLVM fused another product once ``lam * x`` folded at lam = 1.0:
     # docs/design/attention.md). The output's one fma is explicit (tl.fma).
     with mma_sync_only(mma_sync):  # where the launch compiles its kernel
-        fastpath.launch(_swa_fwd_kernel, grid, args,
-                        dict(kwargs, num_warps=st.num_warps, num_stages=st.num_stages,
-                             enable_fp_fusion=False, **cap))
+        fastpath.launch(
+            _swa_fwd_kernel,
+            grid,
+            args,
+            dict(
+                kwargs,
+                num_warps=st.num_warps,
+                num_stages=st.num_stages,
+                enable_fp_fusion=False,
+                **cap,
+            ),
+        )
 
 
 #: Hopper (sm_90): the launches of SAME-L's differential entries run Gluon kernels, a compiled
 #: launch on an sm_90 GPU only (:func:`_gluon_device`); everywhere else the Triton kernel
 #: (why and how fast: docs/design/attention.md)
-_GLUON_ENTRIES = {torch.bfloat16: SAME_L_16BIT, torch.float16: SAME_L_16BIT,
-                  torch.float32: SAME_L_FP32}
+_GLUON_ENTRIES = {
+    torch.bfloat16: SAME_L_16BIT,
+    torch.float16: SAME_L_16BIT,
+    torch.float32: SAME_L_FP32,
+}
 _CAPABILITY: dict = {}
 
 
@@ -529,8 +691,9 @@ def _rows_16b(t: Tensor) -> bool:
     terms: strides in multiples of 4 fp32 elements; stricter for 16-bit elements, multiples
     of 16)."""
     unit = 4 if t.element_size() == 4 else 16
-    return (t.stride(3) == 1 and t.data_ptr() % 16 == 0
-            and all(st % unit == 0 for st in t.stride()[:3]))
+    return (
+        t.stride(3) == 1 and t.data_ptr() % 16 == 0 and all(st % unit == 0 for st in t.stride()[:3])
+    )
 
 
 def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
@@ -541,13 +704,22 @@ def gluon_ok(p: Plan, o4: Tensor, st: Settings) -> bool:
     warps: :mod:`ditfuse.kernels.attention_sm90`, the same bits) or fp32 at its fp32 entry
     (32 / 16-key tiles on 2 warps, split P @ V: :mod:`ditfuse.kernels.attention_sm90_fp32`,
     64 / 32-key tf32 wgmma tiles)."""
-    if not (p.differential and p.qk is None and p.q.shape[3] == 64
-            and p.dot_prec == "tf32" and p.left >= 0 and p.right >= 0):
+    if not (
+        p.differential
+        and p.qk is None
+        and p.q.shape[3] == 64
+        and p.dot_prec == "tf32"
+        and p.left >= 0
+        and p.right >= 0
+    ):
         return False
     entry = _GLUON_ENTRIES.get(p.q.dtype)
-    return (entry is not None and st.is_entry(entry)
-            and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
-            and _gluon_device(o4))
+    return (
+        entry is not None
+        and st.is_entry(entry)
+        and all(_rows_16b(t) for t in (p.q, p.k, p.v, p.q2, p.k2, o4))
+        and _gluon_device(o4)
+    )
 
 
 def _gluon_device(o4: Tensor) -> bool:
@@ -562,13 +734,14 @@ def _grid(BH: int, N: int, step: int, token_major: bool):
     if token_major and n_m > 65535:
         token_major = False
     if not token_major and BH > 65535:
-        raise ValueError(f"batch x heads = {BH} exceeds 65535 (a CUDA grid axis) with "
-                         f"{N} tokens; split the batch")
+        raise ValueError(
+            f"batch x heads = {BH} exceeds 65535 (a CUDA grid axis) with "
+            f"{N} tokens; split the batch"
+        )
     return ((BH, n_m) if token_major else (n_m, BH)), token_major
 
 
-def _launch_gluon(p: Plan, o4: Tensor, left: int, right: int, step: int,
-                  token_major: bool) -> None:
+def _launch_gluon(p: Plan, o4: Tensor, left: int, right: int, step: int, token_major: bool) -> None:
     """The Gluon kernel of ``p``'s dtype: the 16-bit one on the Triton entry's tiles and
     ``step``; the fp32 one on its own (64 queries storing :func:`query_step`'s, 32-key)."""
     from ditfuse.kernels import attention_sm90 as ag
@@ -576,22 +749,50 @@ def _launch_gluon(p: Plan, o4: Tensor, left: int, right: int, step: int,
     B, N, H, D = p.q.shape
     if p.q.dtype == torch.float32:
         from ditfuse.kernels import attention_sm90_fp32 as ag
+
         step = query_step(ag.BLOCK_M, ag.BLOCK_N, left, right)
     grid, token_major = _grid(B * H, N, step, token_major)
     lam_t = p.lam_tensor if p.lam_tensor is not None else p.q
-    descs = [ag.descriptor(t, rows) for t, rows in
-             zip((p.q, p.k, p.v, p.q2, p.k2), (ag.BLOCK_M, ag.BLOCK_N, ag.BLOCK_N, ag.BLOCK_M,
-                                               ag.BLOCK_N))]
-    args = (*descs, o4, lam_t, p.lam_value, p.scale * LOG2E, N, left, right, *o4.stride()[:3],
-            p.lam_tensor.stride(0) if p.lam_tensor is not None else 0)
-    kernel = ag._swa_diff_fp32_sm90_kernel if p.q.dtype == torch.float32 \
-        else ag._swa_diff_sm90_kernel
-    fastpath.launch(kernel, grid, args,
-                     dict(H=H, D=D, BLOCK_M=ag.BLOCK_M, BLOCK_N=ag.BLOCK_N, STEP_M=step,
-                          TRIPS=ag.max_trips(N, left, right, step),
-                          LAM_PTR=p.lam_tensor is not None, TOKEN_MAJOR=token_major,
-                          num_warps=ag.NUM_WARPS, maxnreg=ag.MAXNREG,
-                          enable_fp_fusion=False))
+    descs = [
+        ag.descriptor(t, rows)
+        for t, rows in zip(
+            (p.q, p.k, p.v, p.q2, p.k2),
+            (ag.BLOCK_M, ag.BLOCK_N, ag.BLOCK_N, ag.BLOCK_M, ag.BLOCK_N),
+        )
+    ]
+    args = (
+        *descs,
+        o4,
+        lam_t,
+        p.lam_value,
+        p.scale * LOG2E,
+        N,
+        left,
+        right,
+        *o4.stride()[:3],
+        p.lam_tensor.stride(0) if p.lam_tensor is not None else 0,
+    )
+    kernel = (
+        ag._swa_diff_fp32_sm90_kernel if p.q.dtype == torch.float32 else ag._swa_diff_sm90_kernel
+    )
+    fastpath.launch(
+        kernel,
+        grid,
+        args,
+        dict(
+            H=H,
+            D=D,
+            BLOCK_M=ag.BLOCK_M,
+            BLOCK_N=ag.BLOCK_N,
+            STEP_M=step,
+            TRIPS=ag.max_trips(N, left, right, step),
+            LAM_PTR=p.lam_tensor is not None,
+            TOKEN_MAJOR=token_major,
+            num_warps=ag.NUM_WARPS,
+            maxnreg=ag.MAXNREG,
+            enable_fp_fusion=False,
+        ),
+    )
 
 
 def _new_out(shape, dtype, device) -> Tensor:
@@ -639,9 +840,14 @@ def _follows(a: Tensor, b: Tensor) -> bool:
     """Whether (B, N, H, D) view ``b`` holds the heads H .. 2H-1 of the (B, N, 2H, D) view
     with ``a``'s strides (so one view covers both)."""
     H = a.shape[2]
-    return (a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
-            and a.device == b.device and H > 0
-            and b.data_ptr() == a.data_ptr() + H * a.stride(2) * a.element_size())
+    return (
+        a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and H > 0
+        and b.data_ptr() == a.data_ptr() + H * a.stride(2) * a.element_size()
+    )
 
 
 def _both(a: Tensor) -> Tensor:
@@ -672,8 +878,10 @@ def _joint_plan(p: Plan, scratch: tuple):
     tables = {}
     if qk.cos is not None:
         H = qk.q.shape[2]
-        tables = {n: t.as_strided((t.shape[0], t.shape[1], 2 * H, t.shape[3]), t.stride())
-                  for n, t in (("cos", qk.cos), ("sin", qk.sin))}
+        tables = {
+            n: t.as_strided((t.shape[0], t.shape[1], 2 * H, t.shape[3]), t.stride())
+            for n, t in (("cos", qk.cos), ("sin", qk.sin))
+        }
     return dataclasses.replace(qk, q=_both(qk.q), k=_both(qk.k), **tables)
 
 
@@ -705,8 +913,11 @@ def run(p: Plan, settings=None, scratch: Optional[tuple] = None) -> Tensor:
     out = _new_out(shape, p.q.dtype, p.q.device)
     o4 = out if p.layout == "bshd" else out.transpose(1, 2)
     if backend.kernel_device_ok(p.q):
-        if p.qk is not None and settings is None and \
-                prologue_apart(D, p.left, p.right, p.differential, True):
+        if (
+            p.qk is not None
+            and settings is None
+            and prologue_apart(D, p.left, p.right, p.differential, True)
+        ):
             if scratch is None:
                 scratch = prologue_scratch(p.q, "bshd", p.differential)
             p = _apart(p, scratch)
@@ -718,13 +929,31 @@ def run(p: Plan, settings=None, scratch: Optional[tuple] = None) -> Tensor:
 
 def _check_grad(*ts):
     if torch.is_grad_enabled() and any(needs_grad(t) for t in ts):
-        raise RuntimeError("ditfuse.sliding_window_attention is inference-only (no backward): "
-                           "call it under torch.no_grad() or torch.inference_mode()")
+        raise RuntimeError(
+            "ditfuse.sliding_window_attention is inference-only (no backward): "
+            "call it under torch.no_grad() or torch.inference_mode()"
+        )
 
 
-def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None,
-                             layout="bshd", q_norm=None, k_norm=None, cos=None, sin=None,
-                             rope_style="half", rotary_dim=None, precision=None):
+def sliding_window_attention(
+    q,
+    k,
+    v,
+    window,
+    *,
+    q2=None,
+    k2=None,
+    lam=1.0,
+    scale=None,
+    layout="bshd",
+    q_norm=None,
+    k_norm=None,
+    cos=None,
+    sin=None,
+    rope_style="half",
+    rotary_dim=None,
+    precision=None,
+):
     r"""Attention restricted to a band of keys around each query, optionally differential,
     optionally with the QK-norm + RoPE prologue fused in.
 
@@ -850,14 +1079,45 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
     """
     _check_grad(q, k, v, q2, k2, lam, q_norm, k_norm, cos, sin)
     if torch.compiler.is_compiling():
-        return _via_op(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
-                       q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
-                       rotary_dim=rotary_dim, precision=precision)
+        return _via_op(
+            q,
+            k,
+            v,
+            window,
+            q2=q2,
+            k2=k2,
+            lam=lam,
+            scale=scale,
+            layout=layout,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            cos=cos,
+            sin=sin,
+            rope_style=rope_style,
+            rotary_dim=rotary_dim,
+            precision=precision,
+        )
     key = None
     if fastpath.usable(q):
         try:
-            key, slots = _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm,
-                                   cos, sin, rope_style, rotary_dim, precision)
+            key, slots = _fast_key(
+                q,
+                k,
+                v,
+                window,
+                q2,
+                k2,
+                lam,
+                scale,
+                layout,
+                q_norm,
+                k_norm,
+                cos,
+                sin,
+                rope_style,
+                rotary_dim,
+                precision,
+            )
             replay = _CACHE.get(key)
         except (AttributeError, TypeError, ValueError):  # the checks below explain
             key = replay = None
@@ -866,9 +1126,24 @@ def sliding_window_attention(q, k, v, window, *, q2=None, k2=None, lam=1.0, scal
             scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
             if replay(slots + (out,) + scratch):
                 return out
-    p = plan(q, k, v, window, q2=q2, k2=k2, lam=lam, scale=scale, layout=layout,
-             q_norm=q_norm, k_norm=k_norm, cos=cos, sin=sin, rope_style=rope_style,
-             rotary_dim=rotary_dim, precision=precision)
+    p = plan(
+        q,
+        k,
+        v,
+        window,
+        q2=q2,
+        k2=k2,
+        lam=lam,
+        scale=scale,
+        layout=layout,
+        q_norm=q_norm,
+        k_norm=k_norm,
+        cos=cos,
+        sin=sin,
+        rope_style=rope_style,
+        rotary_dim=rotary_dim,
+        precision=precision,
+    )
     if key is None:  # (a key implies a device the kernel runs on: fastpath.usable)
         return run(p)
     scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
@@ -891,8 +1166,24 @@ def _call_scratch(q, window, q2, layout, q_norm, k_norm, cos) -> tuple:
 _CACHE = fastpath.Cache()
 
 
-def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin,
-              rope_style, rotary_dim, precision):
+def _fast_key(
+    q,
+    k,
+    v,
+    window,
+    q2,
+    k2,
+    lam,
+    scale,
+    layout,
+    q_norm,
+    k_norm,
+    cos,
+    sin,
+    rope_style,
+    rotary_dim,
+    precision,
+):
     """The signature of an eager call (every tensor's shape, strides, dtype, device and
     alignment; every scalar the launch takes, the norms' included; the launch table) and
     its tensors in replay-slot order. Raises TypeError / ValueError / AttributeError where
@@ -912,15 +1203,28 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
     # _joint_plan): a relation between tensors that their own signatures do not hold; only
     # a call with a prologue can take that pass, so plain calls skip the test
     prologue = q_norm is not None or k_norm is not None or cos is not None
-    joint = prologue and \
-        all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, q2, k2)) and \
-        all(_follows(*((a, b) if layout == "bshd" else (a.transpose(1, 2), b.transpose(1, 2))))
-            for a, b in ((q, q2), (k, k2)))
-    key = (win, None if lam_t is not None else float(lam),
-           None if scale is None else float(scale), layout, rope_style, rotary_dim,
-           qn[3:], kn[3:], launch_settings, joint,
-           dot_precision(q.dtype, precision),
-           *(sig(t) for t in tensors))
+    joint = (
+        prologue
+        and all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, q2, k2))
+        and all(
+            _follows(*((a, b) if layout == "bshd" else (a.transpose(1, 2), b.transpose(1, 2))))
+            for a, b in ((q, q2), (k, k2))
+        )
+    )
+    key = (
+        win,
+        None if lam_t is not None else float(lam),
+        None if scale is None else float(scale),
+        layout,
+        rope_style,
+        rotary_dim,
+        qn[3:],
+        kn[3:],
+        launch_settings,
+        joint,
+        dot_precision(q.dtype, precision),
+        *(sig(t) for t in tensors),
+    )
     hash(key)
     return key, tensors
 
@@ -928,51 +1232,173 @@ def _fast_key(q, k, v, window, q2, k2, lam, scale, layout, q_norm, k_norm, cos, 
 # ---------------------------------------------------------------------------------------
 # torch.library op (used under torch.compile; eager calls launch directly)
 
-def _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout, qn, kn, cos, sin, rope_style,
-               rotary_dim, precision):
 
-    return dict(q2=q2, k2=k2, lam=lam_t if lam_t is not None else lam, scale=scale,
-                layout=layout, q_norm=unflatten_norm(*qn), k_norm=unflatten_norm(*kn),
-                cos=cos, sin=sin, rope_style=rope_style, rotary_dim=rotary_dim or None,
-                precision=precision)
+def _op_kwargs(
+    q2,
+    k2,
+    lam_t,
+    lam,
+    left,
+    right,
+    scale,
+    layout,
+    qn,
+    kn,
+    cos,
+    sin,
+    rope_style,
+    rotary_dim,
+    precision,
+):
+
+    return dict(
+        q2=q2,
+        k2=k2,
+        lam=lam_t if lam_t is not None else lam,
+        scale=scale,
+        layout=layout,
+        q_norm=unflatten_norm(*qn),
+        k_norm=unflatten_norm(*kn),
+        cos=cos,
+        sin=sin,
+        rope_style=rope_style,
+        rotary_dim=rotary_dim or None,
+        precision=precision,
+    )
 
 
 @library.op("ditfuse::sliding_window_attention", mutates_args=())
 def sliding_window_attention_op(
-    q: Tensor, k: Tensor, v: Tensor, q2: Optional[Tensor], k2: Optional[Tensor],
-    lam_t: Optional[Tensor], lam: float, left: int, right: int, scale: Optional[float],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q2: Optional[Tensor],
+    k2: Optional[Tensor],
+    lam_t: Optional[Tensor],
+    lam: float,
+    left: int,
+    right: int,
+    scale: Optional[float],
     layout: str,
-    q_weight: Optional[Tensor], q_bias: Optional[Tensor], q_alpha_t: Optional[Tensor],
-    q_kind: int, q_eps: float, q_size: int, q_alpha: float, q_pre: bool,
-    k_weight: Optional[Tensor], k_bias: Optional[Tensor], k_alpha_t: Optional[Tensor],
-    k_kind: int, k_eps: float, k_size: int, k_alpha: float, k_pre: bool,
-    cos: Optional[Tensor], sin: Optional[Tensor], rope_style: str, rotary_dim: int,
+    q_weight: Optional[Tensor],
+    q_bias: Optional[Tensor],
+    q_alpha_t: Optional[Tensor],
+    q_kind: int,
+    q_eps: float,
+    q_size: int,
+    q_alpha: float,
+    q_pre: bool,
+    k_weight: Optional[Tensor],
+    k_bias: Optional[Tensor],
+    k_alpha_t: Optional[Tensor],
+    k_kind: int,
+    k_eps: float,
+    k_size: int,
+    k_alpha: float,
+    k_pre: bool,
+    cos: Optional[Tensor],
+    sin: Optional[Tensor],
+    rope_style: str,
+    rotary_dim: int,
     precision: str,
 ) -> Tensor:
-    kw = _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout,
-                    (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                    (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                    cos, sin, rope_style, rotary_dim, precision)
+    kw = _op_kwargs(
+        q2,
+        k2,
+        lam_t,
+        lam,
+        left,
+        right,
+        scale,
+        layout,
+        (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+        (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+        cos,
+        sin,
+        rope_style,
+        rotary_dim,
+        precision,
+    )
     return run(plan(q, k, v, (left, right), **kw))
 
 
 @sliding_window_attention_op.register_fake
-def _(q, k, v, q2, k2, lam_t, lam, left, right, scale, layout, q_weight, q_bias, q_alpha_t,
-      q_kind, q_eps, q_size, q_alpha, q_pre, k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size,
-      k_alpha, k_pre, cos, sin, rope_style, rotary_dim, precision):
-    kw = _op_kwargs(q2, k2, lam_t, lam, left, right, scale, layout,
-                    (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-                    (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-                    cos, sin, rope_style, rotary_dim, precision)
+def _(
+    q,
+    k,
+    v,
+    q2,
+    k2,
+    lam_t,
+    lam,
+    left,
+    right,
+    scale,
+    layout,
+    q_weight,
+    q_bias,
+    q_alpha_t,
+    q_kind,
+    q_eps,
+    q_size,
+    q_alpha,
+    q_pre,
+    k_weight,
+    k_bias,
+    k_alpha_t,
+    k_kind,
+    k_eps,
+    k_size,
+    k_alpha,
+    k_pre,
+    cos,
+    sin,
+    rope_style,
+    rotary_dim,
+    precision,
+):
+    kw = _op_kwargs(
+        q2,
+        k2,
+        lam_t,
+        lam,
+        left,
+        right,
+        scale,
+        layout,
+        (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
+        (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
+        cos,
+        sin,
+        rope_style,
+        rotary_dim,
+        precision,
+    )
     p = plan(q, k, v, (left, right), **kw)
     B, N, H, D = p.q.shape
     shape = (B, N, H, D) if layout == "bshd" else (B, H, N, D)
     return torch.empty(shape, dtype=q.dtype, device=q.device)
 
 
-def op_args(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="bshd",
-            q_norm=None, k_norm=None, cos=None, sin=None, rope_style="half", rotary_dim=None,
-            precision=None):
+def op_args(
+    q,
+    k,
+    v,
+    window,
+    *,
+    q2=None,
+    k2=None,
+    lam=1.0,
+    scale=None,
+    layout="bshd",
+    q_norm=None,
+    k_norm=None,
+    cos=None,
+    sin=None,
+    rope_style="half",
+    rotary_dim=None,
+    precision=None,
+):
     """The arguments of ``torch.ops.ditfuse.sliding_window_attention`` for a public call
     (``precision`` resolved here: the setting when the call is traced)."""
 
@@ -983,18 +1409,33 @@ def op_args(q, k, v, window, *, q2=None, k2=None, lam=1.0, scale=None, layout="b
     lam_v = 1.0 if lam_t is not None else float(lam)
     if scale is not None and not isinstance(scale, bool) and isinstance(scale, (int, float)):
         scale = float(scale)
-    return (q, k, v, q2, k2, lam_t, lam_v, left, right, scale, layout,
-            *flatten_norm(q_norm, "q_norm"), *flatten_norm(k_norm, "k_norm"),
-            cos, sin, rope_style, int(rotary_dim or 0),
-            _matmul_precision() if precision is None else precision)
+    return (
+        q,
+        k,
+        v,
+        q2,
+        k2,
+        lam_t,
+        lam_v,
+        left,
+        right,
+        scale,
+        layout,
+        *flatten_norm(q_norm, "q_norm"),
+        *flatten_norm(k_norm, "k_norm"),
+        cos,
+        sin,
+        rope_style,
+        int(rotary_dim or 0),
+        _matmul_precision() if precision is None else precision,
+    )
 
 
 def _via_op(q, k, v, window, **kw):
     return torch.ops.ditfuse.sliding_window_attention(*op_args(q, k, v, window, **kw))
 
 
-def sliding_window_attention_reference(q, k, v, window, *, compute_dtype=torch.float32,
-                                       **kwargs):
+def sliding_window_attention_reference(q, k, v, window, *, compute_dtype=torch.float32, **kwargs):
     """Pure-PyTorch :func:`ditfuse.sliding_window_attention` (same arguments): SDPA with a
     dense (N, N) band mask. Output in the caller's layout, contiguous."""
     p = plan(q, k, v, window, **kwargs)

@@ -6,6 +6,7 @@ quantized here where they are 16-bit and the Triton kernel of
 :mod:`ditfuse.ops.attention_fp8` (or its PyTorch emulation where it cannot run). Every
 argument is checked before anything is quantized or launched.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,9 @@ PRECISIONS = (None, "fp8")
 
 def _check_precision(precision):
     if not (precision is None or (isinstance(precision, str) and precision in PRECISIONS)):
-        raise ValueError(f"precision must be None (the exact 16-bit path) or 'fp8', got "
-                         f"{precision!r}")
+        raise ValueError(
+            f"precision must be None (the exact 16-bit path) or 'fp8', got {precision!r}"
+        )
 
 
 def _quantize_qk(q, k, layout: str):
@@ -35,17 +37,20 @@ def _quantize_qk(q, k, layout: str):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in fp8.ACT_DTYPES:
-            raise TypeError(f"{name}.dtype must be float16 / bfloat16 (quantized here) or "
-                            f"int8 / float8_e4m3fn with {name}_scale, got {t.dtype}")
+            raise TypeError(
+                f"{name}.dtype must be float16 / bfloat16 (quantized here) or "
+                f"int8 / float8_e4m3fn with {name}_scale, got {t.dtype}"
+            )
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must share one dtype, got {q.dtype} and {k.dtype}")
     if q.dim() != 4 or k.dim() != 4:
         want = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
-        raise ValueError(f"q and k must be 4-D {want}, got {tuple(q.shape)} and "
-                         f"{tuple(k.shape)}")
+        raise ValueError(f"q and k must be 4-D {want}, got {tuple(q.shape)} and {tuple(k.shape)}")
     if q.shape[-1] not in fp8.HEAD_DIMS:
-        raise ValueError(f"head_dim (the last dim of q) must be one of {fp8.HEAD_DIMS} for "
-                         f"precision='fp8', got {q.shape[-1]}")
+        raise ValueError(
+            f"head_dim (the last dim of q) must be one of {fp8.HEAD_DIMS} for "
+            f"precision='fp8', got {q.shape[-1]}"
+        )
     if q.device != k.device:
         raise ValueError(f"k is on {k.device}, q on {q.device}: all on one device")
     if torch.compiler.is_compiling():
@@ -71,19 +76,41 @@ def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
     def scales(S):
         return torch.empty((), dtype=torch.float32, device=q.device).expand(B, H, S)
 
-    fp8.plan(stand_in(q, torch.int8), stand_in(k, torch.int8), v, q_scale=scales(S_q),
-         k_scale=scales(S_kv), window=window, scale=scale, layout=layout, key_mask=key_mask,
-         check_scale_values=False)
+    fp8.plan(
+        stand_in(q, torch.int8),
+        stand_in(k, torch.int8),
+        v,
+        q_scale=scales(S_q),
+        k_scale=scales(S_kv),
+        window=window,
+        scale=scale,
+        layout=layout,
+        key_mask=key_mask,
+        check_scale_values=False,
+    )
 
 
 def _check_grad(*ts):
     if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in ts):
-        raise RuntimeError("ditfuse.attention is inference-only (no backward): call it under "
-                           "torch.no_grad() or torch.inference_mode()")
+        raise RuntimeError(
+            "ditfuse.attention is inference-only (no backward): call it under "
+            "torch.no_grad() or torch.inference_mode()"
+        )
 
 
-def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=None,
-              scale=None, layout="bshd", key_mask=None):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    precision=None,
+    q_scale=None,
+    k_scale=None,
+    window=None,
+    scale=None,
+    layout="bshd",
+    key_mask=None,
+):
     r"""Softmax attention of every query over the keys (or over a band of them).
 
     Inference-only (no backward).
@@ -147,16 +174,19 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
             raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
         if window is not None:
             if key_mask is not None:
-                raise ValueError("key_mask with window: not supported by the 16-bit band "
-                                 "kernel (precision='fp8' takes both)")
+                raise ValueError(
+                    "key_mask with window: not supported by the 16-bit band "
+                    "kernel (precision='fp8' takes both)"
+                )
             return sliding_window_attention(q, k, v, window, scale=scale, layout=layout)
         if layout not in fp8.LAYOUTS:
             raise ValueError(f"layout must be one of {fp8.LAYOUTS}, got {layout!r}")
         t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
         mask = None
         if key_mask is not None:
-            fp8._check_key_mask(key_mask, q.shape[0], k.shape[1 if layout == "bshd" else 2],
-                                q.device)
+            fp8._check_key_mask(
+                key_mask, q.shape[0], k.shape[1 if layout == "bshd" else 2], q.device
+            )
             mask = key_mask[:, None, None, :]
         o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=mask, scale=scale)
         return t(o).contiguous()
@@ -165,8 +195,10 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
     here = isinstance(q, Tensor) and q.dtype in fp8.ACT_DTYPES
     if here:
         if q_scale is not None or k_scale is not None:
-            raise ValueError("q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
-                             "quantized here (pass neither)")
+            raise ValueError(
+                "q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
+                "quantized here (pass neither)"
+            )
         _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
         if _ws_ok(q, k, window, key_mask):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -176,13 +208,31 @@ def attention(q, k, v, *, precision=None, q_scale=None, k_scale=None, window=Non
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
         return fp8._via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
-    return fp8.run(fp8.plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=window,
-                            scale=scale, layout=layout, key_mask=key_mask,
-                            check_scale_values=not here))
+    return fp8.run(
+        fp8.plan(
+            q,
+            k,
+            v,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            window=window,
+            scale=scale,
+            layout=layout,
+            key_mask=key_mask,
+            check_scale_values=not here,
+        )
+    )
 
 
 def _ws_ok(q: Tensor, k: Tensor, window, key_mask) -> bool:
     """The warp-specialized kernel takes a 16-bit call on sm_90 without a window or a key
     mask (the Triton kernel takes those, and 8-bit q / k with per-token key scales)."""
-    return (window is None and key_mask is None and not backend.INTERPRET and q.is_cuda
-            and isinstance(k, Tensor) and k.dtype == q.dtype and _sm90(q.device))
+    return (
+        window is None
+        and key_mask is None
+        and not backend.INTERPRET
+        and q.is_cuda
+        and isinstance(k, Tensor)
+        and k.dtype == q.dtype
+        and _sm90(q.device)
+    )

@@ -11,6 +11,7 @@ accumulated in fp32 across key tiles. On devices other than sm_90 (and the CPU w
 Triton's interpreter) the same quantization is emulated in PyTorch
 (:func:`ditfuse.reference.attention_8bit_core`), never a different formula.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,10 +21,10 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ditfuse.runtime import backend, library
 from ditfuse.ops.attention import _sm90, parse_window
 from ditfuse.ops.attention_fp8_ws import quantize_v
 from ditfuse.reference import attention_8bit_core
+from ditfuse.runtime import backend, library
 
 LAYOUTS = ("bshd", "bhsd")
 HEAD_DIMS = (64, 128)
@@ -38,13 +39,13 @@ QK_BLOCK = 32
 class Plan:
     """One checked 8-bit call: every tensor as a (B, S, H, D) view (no copy)."""
 
-    q: Tensor            # int8 / e4m3 (B, S_q, H, D)
-    k: Tensor            # int8 / e4m3 (B, S_kv, H, D)
-    v: Tensor            # 16-bit (B, S_kv, H, D)
-    q_scale: Tensor      # fp32 (B, H, S_q), any strides
-    k_scale: Tensor      # fp32 (B, H, S_kv)
+    q: Tensor  # int8 / e4m3 (B, S_q, H, D)
+    k: Tensor  # int8 / e4m3 (B, S_kv, H, D)
+    v: Tensor  # 16-bit (B, S_kv, H, D)
+    q_scale: Tensor  # fp32 (B, H, S_q), any strides
+    k_scale: Tensor  # fp32 (B, H, S_kv)
     scale: float
-    left: int            # -1: unbounded
+    left: int  # -1: unbounded
     right: int
     layout: str
     key_mask: Optional[Tensor] = None  # uint8 view (B, S_kv) of the bool mask: keys kept
@@ -64,8 +65,7 @@ class Settings:
     num_stages: int
 
 
-def launch_settings(D: int, qk_dtype: torch.dtype = torch.int8,
-                    key_mask: bool = False) -> Settings:
+def launch_settings(D: int, qk_dtype: torch.dtype = torch.int8, key_mask: bool = False) -> Settings:
     """The :class:`Settings` of one call (docs/design/attention_fp8.md): 128 x 128 tiles on
     two warpgroups, three stages of K / V in flight; two stages for e4m3 q / k and 64-key
     tiles under a key mask, whose key loops (with the rounded P's row sum) spill otherwise
@@ -81,23 +81,28 @@ def _heads(x, name: str, layout: str) -> Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 4:
         want = "(B, S, H, D)" if layout == "bshd" else "(B, H, S, D)"
-        raise ValueError(f"{name} must be 4-D {want} (layout={layout!r}), got shape "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be 4-D {want} (layout={layout!r}), got shape {tuple(x.shape)}"
+        )
     return x if layout == "bshd" else x.transpose(1, 2)
 
 
 def _check_scale(s, name: str, of: str, shape: tuple, device) -> Tensor:
     if s is None:
-        raise ValueError(f"{name} is required with 8-bit {of} ({of}.dtype is 8-bit): the "
-                         f"per-token scales, float32 of shape (B, H, S) = {shape}, as "
-                         f"ditfuse.qk_norm_rope(..., quantize=...) returns them")
+        raise ValueError(
+            f"{name} is required with 8-bit {of} ({of}.dtype is 8-bit): the "
+            f"per-token scales, float32 of shape (B, H, S) = {shape}, as "
+            f"ditfuse.qk_norm_rope(..., quantize=...) returns them"
+        )
     if not isinstance(s, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
     if s.dtype != torch.float32:
         raise TypeError(f"{name}.dtype must be torch.float32, got {s.dtype}")
     if tuple(s.shape) != shape:
-        raise ValueError(f"{name} must have shape (B, H, S) = {shape} (one scale per batch, "
-                         f"head and token of {of}), got {tuple(s.shape)}")
+        raise ValueError(
+            f"{name} must have shape (B, H, S) = {shape} (one scale per batch, "
+            f"head and token of {of}), got {tuple(s.shape)}"
+        )
     if s.device != device:
         raise ValueError(f"{name} is on {s.device}, {of} on {device}: all on one device")
     return s
@@ -110,14 +115,20 @@ def _check_scale_values(s: Tensor, name: str) -> None:
     meta) or in a CUDA-graph capture, and not for GPU tensors, whose check would wait for
     the stream. The kernel gives NaN-free outputs for a zero scale anyway (masked scores are
     set to -inf after the scales multiply)."""
-    if (s.device.type != "cpu" or torch.compiler.is_compiling()
-            or isinstance(s, torch._subclasses.FakeTensor) or _capturing()):
+    if (
+        s.device.type != "cpu"
+        or torch.compiler.is_compiling()
+        or isinstance(s, torch._subclasses.FakeTensor)
+        or _capturing()
+    ):
         return
     bad = ~((s > 0) & (s < math.inf)) & (s == s)
     if bool(bad.any()):
         v = s[bad][0].item()
-        raise ValueError(f"{name} must be positive and finite (or NaN, from a token holding a "
-                         f"NaN), got {v} at index {tuple(bad.nonzero()[0].tolist())}")
+        raise ValueError(
+            f"{name} must be positive and finite (or NaN, from a token holding a "
+            f"NaN), got {v} at index {tuple(bad.nonzero()[0].tolist())}"
+        )
 
 
 def _capturing() -> bool:
@@ -130,18 +141,29 @@ def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
     if not isinstance(m, Tensor):
         raise TypeError(f"key_mask must be a torch.Tensor, got {type(m).__name__}")
     if m.dtype != torch.bool:
-        raise TypeError(f"key_mask.dtype must be torch.bool (True: the key is attended), got "
-                        f"{m.dtype}")
+        raise TypeError(
+            f"key_mask.dtype must be torch.bool (True: the key is attended), got {m.dtype}"
+        )
     if tuple(m.shape) != (B, S_kv):
-        raise ValueError(f"key_mask must have shape (B, S_kv) = {(B, S_kv)}, got "
-                         f"{tuple(m.shape)}")
+        raise ValueError(f"key_mask must have shape (B, S_kv) = {(B, S_kv)}, got {tuple(m.shape)}")
     if m.device != device:
         raise ValueError(f"key_mask is on {m.device}, q on {device}: all on one device")
     return m.view(torch.uint8)
 
 
-def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
-         layout="bshd", key_mask=None, check_scale_values=True) -> Plan:
+def plan(
+    q,
+    k,
+    v,
+    *,
+    q_scale=None,
+    k_scale=None,
+    window=None,
+    scale=None,
+    layout="bshd",
+    key_mask=None,
+    check_scale_values=True,
+) -> Plan:
     """Validate an 8-bit call whose q / k are already 8-bit (see
     :func:`ditfuse.ops.attention_api.attention`).
     ``check_scale_values``: the scales' values too (:func:`_check_scale_values`; off for the
@@ -151,25 +173,29 @@ def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
     q4, k4, v4 = _heads(q, "q", layout), _heads(k, "k", layout), _heads(v, "v", layout)
     for name, t in (("q", q4), ("k", k4)):
         if t.dtype not in QK_8BIT:
-            raise TypeError(f"{name}.dtype must be float16 / bfloat16 (quantized here), or "
-                            f"int8 / float8_e4m3fn with {name}_scale, one dtype for q and k; "
-                            f"got {t.dtype}")
+            raise TypeError(
+                f"{name}.dtype must be float16 / bfloat16 (quantized here), or "
+                f"int8 / float8_e4m3fn with {name}_scale, one dtype for q and k; "
+                f"got {t.dtype}"
+            )
     if q4.dtype != k4.dtype:
         raise TypeError(f"q and k must share one 8-bit dtype, got {q4.dtype} and {k4.dtype}")
     if v4.dtype not in ACT_DTYPES:
-        raise TypeError(f"v.dtype must be float16 or bfloat16 (the output's dtype), got "
-                        f"{v4.dtype}")
+        raise TypeError(f"v.dtype must be float16 or bfloat16 (the output's dtype), got {v4.dtype}")
     dev = q4.device
     for name, t in (("k", k4), ("v", v4)):
         if t.device != dev:
             raise ValueError(f"{name} is on {t.device}, q on {dev}: all on one device")
     B, S_q, H, D = q4.shape
     if D not in HEAD_DIMS:
-        raise ValueError(f"head_dim (the last dim of q) must be one of {HEAD_DIMS} for "
-                         f"precision='fp8', got {D}")
+        raise ValueError(
+            f"head_dim (the last dim of q) must be one of {HEAD_DIMS} for precision='fp8', got {D}"
+        )
     if k4.shape[0] != B or k4.shape[2] != H or k4.shape[3] != D:
-        raise ValueError(f"k must match q's batch, heads and head_dim {(B, H, D)}, got "
-                         f"{(k4.shape[0], k4.shape[2], k4.shape[3])}")
+        raise ValueError(
+            f"k must match q's batch, heads and head_dim {(B, H, D)}, got "
+            f"{(k4.shape[0], k4.shape[2], k4.shape[3])}"
+        )
     if tuple(v4.shape) != tuple(k4.shape):
         raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     S_kv = k4.shape[1]
@@ -185,12 +211,17 @@ def plan(q, k, v, *, q_scale=None, k_scale=None, window=None, scale=None,
     else:
         left, right = parse_window(window)
         if S_q != S_kv:
-            raise ValueError(f"window needs as many queries as keys (the band is around the "
-                             f"diagonal), got {S_q} and {S_kv}")
+            raise ValueError(
+                f"window needs as many queries as keys (the band is around the "
+                f"diagonal), got {S_q} and {S_kv}"
+            )
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
-            math.isfinite(scale) and scale > 0):
+    elif (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not (math.isfinite(scale) and scale > 0)
+    ):
         raise ValueError(f"scale must be a positive finite float or None, got {scale!r}")
     km = _check_key_mask(key_mask, B, S_kv, dev)
     return Plan(q4, k4, v4, qs, ks, float(scale), left, right, layout, km)
@@ -217,13 +248,34 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     grid = (triton_cdiv(S_q, st.block_m) * B * H,)  # query tiles fastest (the kernel's note)
     ks = p.k_scale if p.key_mask is None else _signed_scales(p)
     _attention_8bit_kernel[grid](
-        p.q, p.k, vt, p.q_scale, ks, vscale, o4,
-        S_q, S_kv, vt.shape[3], H, p.scale, left, right,
-        p.q_scale.stride(), ks.stride(), p.q.stride(), p.k.stride(), o4.stride(),
-        D=D, BLOCK_M=st.block_m, BLOCK_N=st.block_n,
-        QK_INT=p.q.dtype == torch.int8, BAND=left < S_kv or right < S_kv,
+        p.q,
+        p.k,
+        vt,
+        p.q_scale,
+        ks,
+        vscale,
+        o4,
+        S_q,
+        S_kv,
+        vt.shape[3],
+        H,
+        p.scale,
+        left,
+        right,
+        p.q_scale.stride(),
+        ks.stride(),
+        p.q.stride(),
+        p.k.stride(),
+        o4.stride(),
+        D=D,
+        BLOCK_M=st.block_m,
+        BLOCK_N=st.block_n,
+        QK_INT=p.q.dtype == torch.int8,
+        BAND=left < S_kv or right < S_kv,
         KMASK=p.key_mask is not None,
-        num_warps=st.num_warps, num_stages=st.num_stages)
+        num_warps=st.num_warps,
+        num_stages=st.num_stages,
+    )
     return out
 
 
@@ -256,8 +308,9 @@ def run(p: Plan) -> Tensor:
     if _kernel_ok(p):
         return launch(p)
     km = None if p.key_mask is None else p.key_mask.view(torch.bool)
-    out = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale,
-                              left=p.left, right=p.right, key_mask=km)
+    out = attention_8bit_core(
+        p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale, left=p.left, right=p.right, key_mask=km
+    )
     return out if p.layout == "bshd" else out.transpose(1, 2).contiguous()
 
 
@@ -276,8 +329,9 @@ def quantize_per_token(x: Tensor, layout: str = "bshd"):
     scales = torch.empty(B, H, S, dtype=torch.float32, device=x.device)
     if y.numel():
         grid = (B * H, triton_cdiv(S, QK_BLOCK))
-        _qk_quant_kernel[grid](x4, y4, scales, S, H, x4.stride(), y4.stride(), D=D,
-                               BLOCK_S=QK_BLOCK, num_warps=4)
+        _qk_quant_kernel[grid](
+            x4, y4, scales, S, H, x4.stride(), y4.stride(), D=D, BLOCK_S=QK_BLOCK, num_warps=4
+        )
     return y, scales
 
 
@@ -288,10 +342,15 @@ def quantize_per_token_op(x: Tensor, layout: str) -> List[Tensor]:
 
 @quantize_per_token_op.register_fake
 def _(x, layout):
-    B, S, H = (x.shape[0], x.shape[1], x.shape[2]) if layout == "bshd" else (
-        x.shape[0], x.shape[2], x.shape[1])
-    return [torch.empty(x.shape, dtype=torch.int8, device=x.device),
-            torch.empty(B, H, S, dtype=torch.float32, device=x.device)]
+    B, S, H = (
+        (x.shape[0], x.shape[1], x.shape[2])
+        if layout == "bshd"
+        else (x.shape[0], x.shape[2], x.shape[1])
+    )
+    return [
+        torch.empty(x.shape, dtype=torch.int8, device=x.device),
+        torch.empty(B, H, S, dtype=torch.float32, device=x.device),
+    ]
 
 
 def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:
@@ -309,8 +368,7 @@ def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor
 
 
 @library.op("ditfuse::attention_8bit_ws")
-def attention_8bit_ws_op(q: Tensor, k: Tensor, v: Tensor, scale: float,
-                         layout: str) -> Tensor:
+def attention_8bit_ws_op(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:
     return run_ws(q, k, v, scale, layout)
 
 
@@ -324,17 +382,46 @@ def _op_window(left: int, right: int):
 
 
 @library.op("ditfuse::attention_8bit")
-def attention_8bit_op(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor, k_scale: Tensor,
-                      left: int, right: int, scale: Optional[float], layout: str,
-                      key_mask: Optional[Tensor]) -> Tensor:
-    return run(plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=_op_window(left, right),
-                    scale=scale, layout=layout, key_mask=key_mask))
+def attention_8bit_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_scale: Tensor,
+    k_scale: Tensor,
+    left: int,
+    right: int,
+    scale: Optional[float],
+    layout: str,
+    key_mask: Optional[Tensor],
+) -> Tensor:
+    return run(
+        plan(
+            q,
+            k,
+            v,
+            q_scale=q_scale,
+            k_scale=k_scale,
+            window=_op_window(left, right),
+            scale=scale,
+            layout=layout,
+            key_mask=key_mask,
+        )
+    )
 
 
 @attention_8bit_op.register_fake
 def _(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask):
-    p = plan(q, k, v, q_scale=q_scale, k_scale=k_scale, window=_op_window(left, right),
-             scale=scale, layout=layout, key_mask=key_mask)
+    p = plan(
+        q,
+        k,
+        v,
+        q_scale=q_scale,
+        k_scale=k_scale,
+        window=_op_window(left, right),
+        scale=scale,
+        layout=layout,
+        key_mask=key_mask,
+    )
     B, S_q, H, D = p.q.shape
     shape = (B, S_q, H, D) if layout == "bshd" else (B, H, S_q, D)
     return torch.empty(shape, dtype=v.dtype, device=v.device)

@@ -14,6 +14,7 @@ Quantization of one call:
   wgmma A operand's order (:func:`quantize_v` with ``a_order``; the Triton kernel's V in
   token order: bitwise :func:`ditfuse.reference.quantize_v_e4m3` but for the layout).
 """
+
 from __future__ import annotations
 
 import math
@@ -54,13 +55,26 @@ def quantize_k_blocks(k4: Tensor):
 
     B, S, H, D = k4.shape
     mean = torch.zeros(B, H, D, dtype=torch.float32, device=k4.device)
-    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](k4, mean, S, H, k4.stride(), D=D,
-                                                     BLOCK_S=V_BLOCK)
+    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](
+        k4, mean, S, H, k4.stride(), D=D, BLOCK_S=V_BLOCK
+    )
     tiles = triton.cdiv(S, BLOCK_N)
     k8 = torch.empty(B, S, H, D, dtype=torch.int8, device=k4.device)
     kb = torch.empty(B * H, tiles, dtype=torch.float32, device=k4.device)
-    _k_block_quant_kernel[(tiles, B * H)](k4, mean, k8, kb, S, H, tiles, k4.stride(),
-                                          k8.stride()[:3], D=D, BLOCK_N=BLOCK_N, num_warps=8)
+    _k_block_quant_kernel[(tiles, B * H)](
+        k4,
+        mean,
+        k8,
+        kb,
+        S,
+        H,
+        tiles,
+        k4.stride(),
+        k8.stride()[:3],
+        D=D,
+        BLOCK_N=BLOCK_N,
+        num_warps=8,
+    )
     return k8, kb
 
 
@@ -80,13 +94,21 @@ def quantize_v(v4: Tensor, a_order: bool = False):
     grid = (B * H, S_pad // V_BLOCK)
     st = v4.stride()
     _v_amax_kernel[grid](v4, amax, S, H, st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
-    _v_quant_kernel[grid](v4, amax, vt, vscale, S, S_pad, H, st, D=D, BLOCK_S=V_BLOCK,
-                          A_ORDER=a_order, num_warps=4)
+    _v_quant_kernel[grid](
+        v4, amax, vt, vscale, S, S_pad, H, st, D=D, BLOCK_S=V_BLOCK, A_ORDER=a_order, num_warps=4
+    )
     return vt, vscale
 
 
-def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, scale: float,
-           config: WsConfig | None = None) -> Tensor:
+def launch(
+    q8: Tensor,
+    q_scale: Tensor,
+    k4: Tensor,
+    v4: Tensor,
+    out4: Tensor,
+    scale: float,
+    config: WsConfig | None = None,
+) -> Tensor:
     """``out4`` (B, S_q, H, D view, channels contiguous) = 8-bit attention of int8 ``q8``
     (B, S_q, H, D, 16-byte aligned strides) with its per-token scales (B, H, S_q) over the
     16-bit ``k4`` / ``v4`` (B, S_kv, H, D), quantized here."""
@@ -105,15 +127,38 @@ def launch(q8: Tensor, q_scale: Tensor, k4: Tensor, v4: Tensor, out4: Tensor, sc
     box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
     q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
     k_desc = TensorDescriptor(k8, list(k8.shape), list(k8.stride()), [1, BLOCK_N, 1, D], box)
-    vt_desc = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [D, BLOCK_N],
-                               gl.NVMMASharedLayout.get_default_for([D, BLOCK_N],
-                                                                    gl.float8e4nv))
+    vt_desc = TensorDescriptor(
+        vt,
+        list(vt.shape),
+        list(vt.stride()),
+        [D, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float8e4nv),
+    )
     n_m = triton.cdiv(S_q, BLOCK_M)
     _attention_8bit_ws_kernel[(n_m * B * H,)](
-        q_desc, k_desc, vt_desc, q_scale, kb, vs, out4, S_q, S_kv, H, n_m, scale * _LOG2E,
-        *q_scale.stride(), out4.stride(0), out4.stride(1), out4.stride(2),
-        D=D, BLOCK_N=BLOCK_N, STAGES=cfg.stages, QK_INT=True,
-        num_warps=4, maxnreg=cfg.maxnreg)
+        q_desc,
+        k_desc,
+        vt_desc,
+        q_scale,
+        kb,
+        vs,
+        out4,
+        S_q,
+        S_kv,
+        H,
+        n_m,
+        scale * _LOG2E,
+        *q_scale.stride(),
+        out4.stride(0),
+        out4.stride(1),
+        out4.stride(2),
+        D=D,
+        BLOCK_N=BLOCK_N,
+        STAGES=cfg.stages,
+        QK_INT=True,
+        num_warps=4,
+        maxnreg=cfg.maxnreg,
+    )
     return out4
 
 

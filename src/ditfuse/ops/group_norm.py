@@ -26,6 +26,7 @@ reads ``x`` twice when a group is too large for that (the *split* path: a statis
 then an apply pass); the per-group partial statistics it exchanges are a few KB. The RMS
 norm over channels reads ``x`` once (a column of ``C`` channels is held on chip).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,15 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from ditfuse.kernels.group_norm import (_gn_apply_kernel, _gn_cl_apply_kernel, _gn_cl_stats_kernel,
-                                        _gn_fit_kernel, _gn_merge_kernel, _gn_stats_kernel,
-                                        _rms_ch_kernel)
+from ditfuse.kernels.group_norm import (
+    _gn_apply_kernel,
+    _gn_cl_apply_kernel,
+    _gn_cl_stats_kernel,
+    _gn_fit_kernel,
+    _gn_merge_kernel,
+    _gn_stats_kernel,
+    _rms_ch_kernel,
+)
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -51,6 +58,7 @@ OFF32_LIMIT = 2**31
 # ---------------------------------------------------------------------------------------
 # launch settings: analytical tables, no autotuning (the kernels are memory-bound); the
 # measurements behind every entry are in docs/design/group_norm.md
+
 
 @dataclass(frozen=True, eq=False)
 class GNTable:
@@ -139,8 +147,8 @@ class GNSettings:
     TPP: int = 1
     P_PAD: int = 1
     stats_warps: int = 1
-    GB: int = 1     # "split-cl": groups a tile spans (BC is then its GB * CPP channel lanes)
-    CPP: int = 1    # "split-cl": lanes a group takes, next_pow2(C / G)
+    GB: int = 1  # "split-cl": groups a tile spans (BC is then its GB * CPP channel lanes)
+    CPP: int = 1  # "split-cl": lanes a group takes, next_pow2(C / G)
 
 
 def _stats_split(tiles: int, units: int, cap: int, total: int, pow2: bool) -> Tuple[int, int]:
@@ -152,8 +160,9 @@ def _stats_split(tiles: int, units: int, cap: int, total: int, pow2: bool) -> Tu
     return per, triton.cdiv(tiles, per)
 
 
-def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
-                **overrides) -> GNSettings:
+def gn_settings(
+    N: int, G: int, cpg: int, S: int, *, c_inner: bool = False, **overrides
+) -> GNSettings:
     """Launch settings for GroupNorm of N x G groups of ``cpg`` channels x ``S`` positions,
     from ``GN_TABLE`` (``overrides``: fields of :class:`GNTable` replaced, for tests and
     sweeps).
@@ -174,18 +183,30 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     if cp * sp <= t.fit_max:
         return GNSettings(path="fit", BC=cp, BS=sp, num_warps=_warps(cp * sp, 32))
     if c_inner and cp <= t.cl_cpp_max:
-        GB = max(1, min(triton.next_power_of_2(G), max(t.cl_lanes, cp) // cp,
-                        max(t.tile, cp) // cp))
+        GB = max(
+            1, min(triton.next_power_of_2(G), max(t.cl_lanes, cp) // cp, max(t.tile, cp) // cp)
+        )
         L = GB * cp
         BS = min(sp, max(1, t.tile // L))
         n_ts = triton.cdiv(S, BS)
-        TPP, P = _stats_split(n_ts, N * triton.cdiv(G, GB), n_ts, t.cl_stats_programs,
-                              t.cl_tpp_pow2)
+        TPP, P = _stats_split(
+            n_ts, N * triton.cdiv(G, GB), n_ts, t.cl_stats_programs, t.cl_tpp_pow2
+        )
         return GNSettings(
-            path="split-cl", BC=L, BS=BS, num_warps=_warps(L * BS, t.apply_per_thread, hi=8),
-            n_ts=n_ts, T=n_ts, P=P, TPP=TPP, P_PAD=triton.next_power_of_2(max(P, 1)),
+            path="split-cl",
+            BC=L,
+            BS=BS,
+            num_warps=_warps(L * BS, t.apply_per_thread, hi=8),
+            n_ts=n_ts,
+            T=n_ts,
+            P=P,
+            TPP=TPP,
+            P_PAD=triton.next_power_of_2(max(P, 1)),
             # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
-            stats_warps=_warps(L * BS, 32, hi=8), GB=GB, CPP=cp)
+            stats_warps=_warps(L * BS, 32, hi=8),
+            GB=GB,
+            CPP=cp,
+        )
     if c_inner:
         BC = min(cp, t.tile)
         BS = min(sp, max(1, t.tile // BC))
@@ -196,10 +217,18 @@ def gn_settings(N: int, G: int, cpg: int, S: int, *, c_inner: bool = False,
     T = triton.cdiv(cpg, BC) * n_ts
     TPP, P = _stats_split(T, N * G, t.max_partials, t.stats_programs, t.tpp_pow2)
     return GNSettings(
-        path="split", BC=BC, BS=BS, num_warps=_warps(BC * BS, t.apply_per_thread, hi=8),
-        n_ts=n_ts, T=T, P=P, TPP=TPP, P_PAD=triton.next_power_of_2(max(P, 1)),
+        path="split",
+        BC=BC,
+        BS=BS,
+        num_warps=_warps(BC * BS, t.apply_per_thread, hi=8),
+        n_ts=n_ts,
+        T=T,
+        P=P,
+        TPP=TPP,
+        P_PAD=triton.next_power_of_2(max(P, 1)),
         # 4 warps where a program sums few tiles, 8 for longer loops
-        stats_warps=_warps(BC * BS, 16, hi=8 if TPP > t.stats_few_tiles else 4))
+        stats_warps=_warps(BC * BS, 16, hi=8 if TPP > t.stats_few_tiles else 4),
+    )
 
 
 @dataclass(frozen=True)
@@ -208,7 +237,7 @@ class RMSSettings:
     BS: int
     NCH: int
     num_warps: int
-    BC1: int = 0   # NCH == 1: the column's second power-of-two piece (0: one piece)
+    BC1: int = 0  # NCH == 1: the column's second power-of-two piece (0: one piece)
     maxnreg: int = 0  # registers a thread at most (ptxas .maxnreg) for unmasked launches; 0: none
 
 
@@ -220,14 +249,21 @@ def rms_settings(C: int, S: int, *, itemsize: int = 2, **overrides) -> RMSSettin
     (applied to unmasked launches only)."""
     t = dataclasses.replace(RMS_TABLE, **overrides) if overrides else RMS_TABLE
     cp = triton.next_power_of_2(max(C, 1))
-    BS = min(triton.next_power_of_2(max(S, 1)),
-             max(t.min_bs, triton.next_power_of_2(max(1, t.tile // cp))))
+    BS = min(
+        triton.next_power_of_2(max(S, 1)),
+        max(t.min_bs, triton.next_power_of_2(max(1, t.tile // cp))),
+    )
     if cp * BS <= t.tile:
         # the column as two power-of-two pieces: 96 = 64 + 32, 384 = 256 + 128
         BC = cp // 2 if C <= cp // 2 + cp // 4 and cp >= 4 else cp
-        return RMSSettings(BC=BC, BS=BS, NCH=1, num_warps=_warps(cp * BS, t.per_thread),
-                           BC1=triton.next_power_of_2(C - BC) if C > BC else 0,
-                           maxnreg=t.maxnreg if itemsize == 2 else 0)
+        return RMSSettings(
+            BC=BC,
+            BS=BS,
+            NCH=1,
+            num_warps=_warps(cp * BS, t.per_thread),
+            BC1=triton.next_power_of_2(C - BC) if C > BC else 0,
+            maxnreg=t.maxnreg if itemsize == 2 else 0,
+        )
     BC = max(1, t.tile // BS)
     return RMSSettings(BC=BC, BS=BS, NCH=triton.cdiv(C, BC), num_warps=_warps(BC * BS, 32))
 
@@ -235,13 +271,14 @@ def rms_settings(C: int, S: int, *, itemsize: int = 2, **overrides) -> RMSSettin
 # ---------------------------------------------------------------------------------------
 # validation -> a plan (views and numbers only; nothing is copied or launched)
 
+
 @dataclass
 class Plan:
     x: torch.Tensor
     N: int
     C: int
     S: int
-    xs: Tuple[int, int, int]                   # x's (n, c, s) element strides
+    xs: Tuple[int, int, int]  # x's (n, c, s) element strides
     weight: Optional[torch.Tensor]
     w_stride: int
     bias: Optional[torch.Tensor]
@@ -249,8 +286,8 @@ class Plan:
     eps: float
     silu: bool
     round_after_norm: bool
-    groups: int = 1                             # GroupNorm only
-    scale: float = 1.0                          # channel RMS only
+    groups: int = 1  # GroupNorm only
+    scale: float = 1.0  # channel RMS only
 
 
 def _ncs(t: torch.Tensor, name: str) -> Tuple[int, int, int, Tuple[int, int, int]]:
@@ -269,7 +306,8 @@ def _ncs(t: torch.Tensor, name: str) -> Tuple[int, int, int, Tuple[int, int, int
                 f"{shape[2:]} cannot be addressed with one stride (a spatial crop or "
                 f"transposed spatial axes); ditfuse makes no hidden copy: pass "
                 f"{name}.contiguous() (channel/batch slices and channels-last tensors are "
-                f"read in place)")
+                f"read in place)"
+            )
     return N, C, S, (strides[0], strides[1], ss)
 
 
@@ -279,9 +317,11 @@ def _check_x(x, name="x") -> None:
     if x.dtype not in ACT_DTYPES:
         raise TypeError(f"{name}.dtype must be float16, bfloat16 or float32, got {x.dtype}")
     if x.dim() < 3:
-        raise ValueError(f"{name} must be channels-first (N, C, *spatial) with at least one "
-                         f"spatial dimension, e.g. (N, C, H, W) or (N, C, T, H, W); got shape "
-                         f"{tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be channels-first (N, C, *spatial) with at least one "
+            f"spatial dimension, e.g. (N, C, H, W) or (N, C, T, H, W); got shape "
+            f"{tuple(x.shape)}"
+        )
 
 
 def _channel_param(p, name: str, C: int, x: torch.Tensor):
@@ -298,16 +338,22 @@ def _channel_param(p, name: str, C: int, x: torch.Tensor):
     shape = tuple(p.shape)
     big = [i for i, d in enumerate(shape) if d != 1]
     if p.numel() != C or len(big) > 1:
-        raise ValueError(f"{name} has shape {shape}; expected {C} elements along one axis: "
-                         f"({C},), ({C}, 1, 1) or ({C}, 1, 1, 1) for x with C = {C} channels")
+        raise ValueError(
+            f"{name} has shape {shape}; expected {C} elements along one axis: "
+            f"({C},), ({C}, 1, 1) or ({C}, 1, 1, 1) for x with C = {C} channels"
+        )
     if p.device != x.device:
         raise ValueError(f"{name} is on {p.device}, x is on {x.device}")
     return p, (p.stride(big[0]) if big else 1)
 
 
 def _check_eps(eps, name="eps") -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 \
-            or not math.isfinite(eps):
+    if (
+        isinstance(eps, bool)
+        or not isinstance(eps, (int, float))
+        or not eps >= 0
+        or not math.isfinite(eps)
+    ):
         raise ValueError(f"{name} must be a finite float >= 0, got {eps!r}")
     return float(eps)
 
@@ -318,24 +364,44 @@ def _check_flag(v, name) -> bool:
     return v
 
 
-def plan_group_norm(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                    round_after_norm=True) -> Plan:
+def plan_group_norm(
+    x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True, round_after_norm=True
+) -> Plan:
     """Check every argument of :func:`group_norm_silu`; raises before anything runs."""
     _check_x(x)
     N, C, S, xs = _ncs(x, "x")
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0 \
-            or C % num_groups:
-        raise ValueError(f"num_groups={num_groups!r} must be a positive int dividing the "
-                         f"channels C = {C} (x shape {tuple(x.shape)})")
+    if (
+        isinstance(num_groups, bool)
+        or not isinstance(num_groups, int)
+        or num_groups <= 0
+        or C % num_groups
+    ):
+        raise ValueError(
+            f"num_groups={num_groups!r} must be a positive int dividing the "
+            f"channels C = {C} (x shape {tuple(x.shape)})"
+        )
     w, ws = _channel_param(weight, "weight", C, x)
     b, bs = _channel_param(bias, "bias", C, x)
-    return Plan(x, N, C, S, xs, w, ws, b, bs, _check_eps(eps),
-                _check_flag(silu, "silu"), _check_flag(round_after_norm, "round_after_norm"),
-                groups=num_groups)
+    return Plan(
+        x,
+        N,
+        C,
+        S,
+        xs,
+        w,
+        ws,
+        b,
+        bs,
+        _check_eps(eps),
+        _check_flag(silu, "silu"),
+        _check_flag(round_after_norm, "round_after_norm"),
+        groups=num_groups,
+    )
 
 
-def plan_rms_channels(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True,
-                      round_after_norm=True) -> Plan:
+def plan_rms_channels(
+    x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=True, round_after_norm=True
+) -> Plan:
     """Check every argument of :func:`rms_norm_silu_channels`; raises before anything runs."""
     _check_x(x)
     N, C, S, xs = _ncs(x, "x")
@@ -344,14 +410,26 @@ def plan_rms_channels(x, gamma=None, bias=None, eps=1e-12, *, scale=None, silu=T
         bias = None  # diffusers' WanRMS_norm(bias=False) holds bias = 0.0
     b, bs = _channel_param(bias, "bias", C, x)
     if scale is None:
-        scale = math.sqrt(C) if isinstance(C, int) else C ** 0.5  # symbolic C when tracing
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) \
-            or not math.isfinite(scale):
+        scale = math.sqrt(C) if isinstance(C, int) else C**0.5  # symbolic C when tracing
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite float (default sqrt(C)), got {scale!r}")
     else:
         scale = float(scale)
-    return Plan(x, N, C, S, xs, g, gs, b, bs, _check_eps(eps), _check_flag(silu, "silu"),
-                _check_flag(round_after_norm, "round_after_norm"), scale=scale)
+    return Plan(
+        x,
+        N,
+        C,
+        S,
+        xs,
+        g,
+        gs,
+        b,
+        bs,
+        _check_eps(eps),
+        _check_flag(silu, "silu"),
+        _check_flag(round_after_norm, "round_after_norm"),
+        scale=scale,
+    )
 
 
 def _check_out(out, x: torch.Tensor, runtime_checks: bool = True):
@@ -367,19 +445,27 @@ def _check_out(out, x: torch.Tensor, runtime_checks: bool = True):
     _, _, _, os_ = _ncs(out, "out")
     if runtime_checks and out.numel():
         if torch._debug_has_internal_overlap(out) == 1 or any(
-                st == 0 and d > 1 for d, st in zip(out.shape, out.stride())):
-            raise ValueError("out has overlapping elements (an expanded view?); pass a tensor "
-                             "whose elements are distinct memory")
+            st == 0 and d > 1 for d, st in zip(out.shape, out.stride())
+        ):
+            raise ValueError(
+                "out has overlapping elements (an expanded view?); pass a tensor "
+                "whose elements are distinct memory"
+            )
         same_view = out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
         if not same_view and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+
             def span(t):
                 lo = t.data_ptr()
-                return lo, lo + (sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1) \
-                    * t.element_size()
+                return lo, lo + (
+                    sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1
+                ) * t.element_size()
+
             (a0, a1), (b0, b1) = span(out), span(x)
             if a0 < b1 and b0 < a1:
-                raise ValueError("out overlaps x's memory without being x itself; pass out=x "
-                                 "to normalise in place, or memory disjoint from x")
+                raise ValueError(
+                    "out overlaps x's memory without being x itself; pass out=x "
+                    "to normalise in place, or memory disjoint from x"
+                )
     return os_
 
 
@@ -387,13 +473,16 @@ def _check_grad(*ts):
     if torch.is_grad_enabled():
         for t in ts:
             if isinstance(t, torch.Tensor) and t.requires_grad:
-                raise RuntimeError("ditfuse's group_norm_silu / rms_norm_silu_channels are "
-                                   "inference-only (no backward): call them under "
-                                   "torch.no_grad() or torch.inference_mode()")
+                raise RuntimeError(
+                    "ditfuse's group_norm_silu / rms_norm_silu_channels are "
+                    "inference-only (no backward): call them under "
+                    "torch.no_grad() or torch.inference_mode()"
+                )
 
 
 # ---------------------------------------------------------------------------------------
 # allocate -> launch
+
 
 def _out_like(x: torch.Tensor) -> torch.Tensor:
     """The output of a call without ``out=``: x's strides when x is dense, else contiguous."""
@@ -420,8 +509,9 @@ def _tile_span(st: GNSettings, strides) -> int:
     return (st.BC - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
 
 
-def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None,
-                      **overrides) -> Tuple[GNSettings, tuple]:
+def launch_group_norm(
+    p: Plan, out: torch.Tensor, os_, settings: Optional[GNSettings] = None, **overrides
+) -> Tuple[GNSettings, tuple]:
     """Run GroupNorm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``); returns the
     settings and the scratch tensors the launches took. ``overrides``: as for
     :func:`gn_settings`."""
@@ -434,13 +524,20 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     dummy = p.x
     w = p.weight if p.weight is not None else dummy
     b = p.bias if p.bias is not None else dummy
-    flags = dict(HAS_W=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
-                 ROUND_NORM=p.round_after_norm)
+    flags = dict(
+        HAS_W=p.weight is not None,
+        HAS_B=p.bias is not None,
+        SILU=p.silu,
+        ROUND_NORM=p.round_after_norm,
+    )
     launch = fastpath.launch
     if st.path == "fit":
-        launch(_gn_fit_kernel, (N * G,), (
-            p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps, *p.xs, *os_,
-            p.w_stride, p.b_stride), dict(BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps))
+        launch(
+            _gn_fit_kernel,
+            (N * G,),
+            (p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps, *p.xs, *os_, p.w_stride, p.b_stride),
+            dict(BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps),
+        )
         return st, ()
     NG = N * G
     scratch = _scratch(st, NG, p.x.device)
@@ -451,14 +548,51 @@ def launch_group_norm(p: Plan, out: torch.Tensor, os_, settings: Optional[GNSett
     ngp = NG * st.P
     off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
     even = cpg % st.BC == 0 and S % st.BS == 0
-    launch(_gn_stats_kernel, (ngp,), (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
-           dict(BC=st.BC, BS=st.BS, TPP=st.TPP, OFF64=off64,
-                EVEN=even and st.P * st.TPP == st.T, num_warps=st.stats_warps))
-    launch(_gn_apply_kernel, (NG * st.T,), (
-        p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps, *p.xs, *os_,
-        p.w_stride, p.b_stride),
-        dict(BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, **flags,
-             num_warps=st.num_warps))
+    launch(
+        _gn_stats_kernel,
+        (ngp,),
+        (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
+        dict(
+            BC=st.BC,
+            BS=st.BS,
+            TPP=st.TPP,
+            OFF64=off64,
+            EVEN=even and st.P * st.TPP == st.T,
+            num_warps=st.stats_warps,
+        ),
+    )
+    launch(
+        _gn_apply_kernel,
+        (NG * st.T,),
+        (
+            p.x,
+            out,
+            w,
+            b,
+            part,
+            G,
+            cpg,
+            S,
+            st.n_ts,
+            st.T,
+            st.P,
+            ngp,
+            p.eps,
+            *p.xs,
+            *os_,
+            p.w_stride,
+            p.b_stride,
+        ),
+        dict(
+            BC=st.BC,
+            BS=st.BS,
+            P_PAD=st.P_PAD,
+            OFF64=off64,
+            EVEN=even,
+            **flags,
+            num_warps=st.num_warps,
+        ),
+    )
     return st, scratch
 
 
@@ -476,17 +610,42 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
     even = pow2 and G % st.GB == 0 and S % st.BS == 0
     xn, _, xs = p.xs
     launch = fastpath.launch
-    launch(_gn_cl_stats_kernel, (N * st.P * n_gb,),
-           (p.x, part, G, cpg, S, n_gb, st.n_ts, st.P, ngp, xn, xs),
-           dict(GB=st.GB, CPP=st.CPP, BS=st.BS, TPP=st.TPP, POW2=pow2, OFF64=off64,
-                EVEN=even and st.P * st.TPP == st.n_ts, num_warps=st.stats_warps))
-    launch(_gn_merge_kernel, (NG,), (part, stat, st.P, ngp, NG, p.eps),
-           dict(P_PAD=st.P_PAD, num_warps=4 if st.P_PAD > 128 else 1))
-    launch(_gn_cl_apply_kernel, (N * st.n_ts * n_gb,), (
-        p.x, out, w, b, stat, G, cpg, S, n_gb, NG, xn, xs, *os_,
-        p.w_stride, p.b_stride),
-        dict(GB=st.GB, CPP=st.CPP, BS=st.BS, POW2=pow2, OFF64=off64, EVEN=even, **flags,
-             num_warps=st.num_warps))
+    launch(
+        _gn_cl_stats_kernel,
+        (N * st.P * n_gb,),
+        (p.x, part, G, cpg, S, n_gb, st.n_ts, st.P, ngp, xn, xs),
+        dict(
+            GB=st.GB,
+            CPP=st.CPP,
+            BS=st.BS,
+            TPP=st.TPP,
+            POW2=pow2,
+            OFF64=off64,
+            EVEN=even and st.P * st.TPP == st.n_ts,
+            num_warps=st.stats_warps,
+        ),
+    )
+    launch(
+        _gn_merge_kernel,
+        (NG,),
+        (part, stat, st.P, ngp, NG, p.eps),
+        dict(P_PAD=st.P_PAD, num_warps=4 if st.P_PAD > 128 else 1),
+    )
+    launch(
+        _gn_cl_apply_kernel,
+        (N * st.n_ts * n_gb,),
+        (p.x, out, w, b, stat, G, cpg, S, n_gb, NG, xn, xs, *os_, p.w_stride, p.b_stride),
+        dict(
+            GB=st.GB,
+            CPP=st.CPP,
+            BS=st.BS,
+            POW2=pow2,
+            OFF64=off64,
+            EVEN=even,
+            **flags,
+            num_warps=st.num_warps,
+        ),
+    )
 
 
 def _col_span(st: RMSSettings, strides) -> int:
@@ -494,8 +653,9 @@ def _col_span(st: RMSSettings, strides) -> int:
     return (st.BC + st.BC1 - 1) * abs(strides[1]) + (st.BS - 1) * abs(strides[2])
 
 
-def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None,
-                        **overrides) -> RMSSettings:
+def launch_rms_channels(
+    p: Plan, out: torch.Tensor, os_, settings: Optional[RMSSettings] = None, **overrides
+) -> RMSSettings:
     """Run the channel RMS norm (+ SiLU) for plan ``p`` into ``out`` (strides ``os_``).
     ``overrides``: as for :func:`rms_settings`."""
     N, C, S = p.N, p.C, p.S
@@ -508,19 +668,43 @@ def launch_rms_channels(p: Plan, out: torch.Tensor, os_, settings: Optional[RMSS
     # the cap only where it was measured and built: masked columns need far more registers
     # (the cap would spill them by kilobytes)
     cap = {"maxnreg": st.maxnreg} if st.maxnreg and even else {}
-    fastpath.launch(_rms_ch_kernel, (N * n_sb,), (
-        p.x, out, p.weight if p.weight is not None else dummy,
-        p.bias if p.bias is not None else dummy, C, S, n_sb, p.eps, p.scale, *p.xs, *os_,
-        p.w_stride, p.b_stride), dict(
-        BC=st.BC, BC1=st.BC1, BS=st.BS, NCH=st.NCH,
-        OFF64=max(_col_span(st, p.xs), _col_span(st, os_)) >= OFF32_LIMIT,
-        EVEN=even,
-        HAS_G=p.weight is not None, HAS_B=p.bias is not None, SILU=p.silu,
-        ROUND_NORM=p.round_after_norm, num_warps=st.num_warps, **cap,
-        # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
-        # bf16 ops and fuses them into one fma.rn.bf16, dropping the rounding after * gamma
-        # that WanRMS_norm's half-precision chain performs
-        enable_fp_fusion=False))
+    fastpath.launch(
+        _rms_ch_kernel,
+        (N * n_sb,),
+        (
+            p.x,
+            out,
+            p.weight if p.weight is not None else dummy,
+            p.bias if p.bias is not None else dummy,
+            C,
+            S,
+            n_sb,
+            p.eps,
+            p.scale,
+            *p.xs,
+            *os_,
+            p.w_stride,
+            p.b_stride,
+        ),
+        dict(
+            BC=st.BC,
+            BC1=st.BC1,
+            BS=st.BS,
+            NCH=st.NCH,
+            OFF64=max(_col_span(st, p.xs), _col_span(st, os_)) >= OFF32_LIMIT,
+            EVEN=even,
+            HAS_G=p.weight is not None,
+            HAS_B=p.bias is not None,
+            SILU=p.silu,
+            ROUND_NORM=p.round_after_norm,
+            num_warps=st.num_warps,
+            **cap,
+            # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
+            # bf16 ops and fuses them into one fma.rn.bf16, dropping the rounding after * gamma
+            # that WanRMS_norm's half-precision chain performs
+            enable_fp_fusion=False,
+        ),
+    )
     return st
 
 
@@ -533,12 +717,21 @@ def _key(kind, x, weight, bias, out, opts, launch):
     if not fastpath.usable(x):
         return None
     try:
-        if out is not None and out.untyped_storage().data_ptr() == \
-                x.untyped_storage().data_ptr():
+        if out is not None and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             return None
         sig = fastpath.sig
-        return (kind, opts, None if launch is None else tuple(sorted(launch.items())),
-                GN_TABLE, RMS_TABLE, OFF32_LIMIT, sig(x), sig(weight), sig(bias), sig(out))
+        return (
+            kind,
+            opts,
+            None if launch is None else tuple(sorted(launch.items())),
+            GN_TABLE,
+            RMS_TABLE,
+            OFF32_LIMIT,
+            sig(x),
+            sig(weight),
+            sig(bias),
+            sig(out),
+        )
     except (AttributeError, TypeError):
         return None
 
@@ -555,8 +748,9 @@ def _replayed(key, x, weight, bias, out):
     return o if replay((x, weight, bias, o) + scratch) else None
 
 
-def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None,
-         key=None):
+def _run(
+    p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[dict] = None, key=None
+):
     """Allocate -> launch for a checked plan. ``key``: the call's signature, under which its
     launches are recorded for replay (:mod:`ditfuse.runtime.fastpath`); None: not recorded."""
     if out is None:
@@ -577,12 +771,27 @@ def _run(p: Plan, out: Optional[torch.Tensor], rms: bool, launch_kw: Optional[di
                 _CACHE.put(key, (replay, st, p.N * p.groups))
     else:  # a device Triton cannot run on here: the fp32 reference
         from ditfuse.reference import group_norm_silu_reference, rms_norm_silu_channels_reference
+
         if rms:
-            r = rms_norm_silu_channels_reference(p.x, p.weight, p.bias, p.eps, scale=p.scale,
-                                                 silu=p.silu, round_after_norm=p.round_after_norm)
+            r = rms_norm_silu_channels_reference(
+                p.x,
+                p.weight,
+                p.bias,
+                p.eps,
+                scale=p.scale,
+                silu=p.silu,
+                round_after_norm=p.round_after_norm,
+            )
         else:
-            r = group_norm_silu_reference(p.x, p.groups, p.weight, p.bias, p.eps, silu=p.silu,
-                                          round_after_norm=p.round_after_norm)
+            r = group_norm_silu_reference(
+                p.x,
+                p.groups,
+                p.weight,
+                p.bias,
+                p.eps,
+                silu=p.silu,
+                round_after_norm=p.round_after_norm,
+            )
         out.copy_(r)
     return out
 
@@ -596,21 +805,35 @@ def _call(rms: bool, x, weight, bias, out, launch, **opts):
     y = _replayed(key, x, weight, bias, out) if key is not None else None
     if y is not None:
         return y
-    p = plan_rms_channels(x, gamma=weight, bias=bias, **opts) if rms else \
-        plan_group_norm(x, weight=weight, bias=bias, **opts)
+    p = (
+        plan_rms_channels(x, gamma=weight, bias=bias, **opts)
+        if rms
+        else plan_group_norm(x, weight=weight, bias=bias, **opts)
+    )
     return _run(p, out, rms=rms, launch_kw=launch, key=key)
 
 
 # ---------------------------------------------------------------------------------------
 # public functions
 
+
 def _into(out: Optional[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
     """The traced op's result ``y``, copied into ``out`` when one is given."""
     return y if out is None else out.copy_(y)
 
 
-def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=True,
-                    round_after_norm=True, out=None, _launch=None):
+def group_norm_silu(
+    x,
+    num_groups,
+    weight=None,
+    bias=None,
+    eps=1e-6,
+    *,
+    silu=True,
+    round_after_norm=True,
+    out=None,
+    _launch=None,
+):
     r"""GroupNorm then SiLU, in one kernel (two when a group does not fit on chip).
 
     .. math::
@@ -702,14 +925,38 @@ def group_norm_silu(x, num_groups, weight=None, bias=None, eps=1e-6, *, silu=Tru
     """
     _check_grad(x, weight, bias)
     if torch.compiler.is_compiling():
-        return _into(out, torch.ops.ditfuse.group_norm_silu(
-            x, num_groups, weight, bias, float(eps), silu, round_after_norm))
-    return _call(False, x, weight, bias, out, _launch, num_groups=num_groups, eps=eps, silu=silu,
-                 round_after_norm=round_after_norm)
+        return _into(
+            out,
+            torch.ops.ditfuse.group_norm_silu(
+                x, num_groups, weight, bias, float(eps), silu, round_after_norm
+            ),
+        )
+    return _call(
+        False,
+        x,
+        weight,
+        bias,
+        out,
+        _launch,
+        num_groups=num_groups,
+        eps=eps,
+        silu=silu,
+        round_after_norm=round_after_norm,
+    )
 
 
-def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=True,
-                           round_after_norm=True, out=None, _launch=None):
+def rms_norm_silu_channels(
+    x,
+    gamma,
+    bias=None,
+    eps=1e-12,
+    *,
+    scale=None,
+    silu=True,
+    round_after_norm=True,
+    out=None,
+    _launch=None,
+):
     r"""Wan's channel RMS norm (``WanRMS_norm``) then SiLU, in one kernel.
 
     .. math::
@@ -781,42 +1028,93 @@ def rms_norm_silu_channels(x, gamma, bias=None, eps=1e-12, *, scale=None, silu=T
     _check_grad(x, gamma, bias)
     if torch.compiler.is_compiling():
         b = None if (isinstance(bias, (int, float)) and bias == 0) else bias
-        return _into(out, torch.ops.ditfuse.rms_norm_silu_channels(
-            x, gamma, b, float(eps), None if scale is None else float(scale), silu,
-            round_after_norm))
-    return _call(True, x, gamma, bias, out, _launch, eps=eps, scale=scale, silu=silu,
-                 round_after_norm=round_after_norm)
+        return _into(
+            out,
+            torch.ops.ditfuse.rms_norm_silu_channels(
+                x,
+                gamma,
+                b,
+                float(eps),
+                None if scale is None else float(scale),
+                silu,
+                round_after_norm,
+            ),
+        )
+    return _call(
+        True,
+        x,
+        gamma,
+        bias,
+        out,
+        _launch,
+        eps=eps,
+        scale=scale,
+        silu=silu,
+        round_after_norm=round_after_norm,
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # torch.library ops (torch.compile(fullgraph=True), CUDA graphs)
 
+
 @library.op("ditfuse::group_norm_silu", mutates_args=())
-def _group_norm_silu_op(x: torch.Tensor, num_groups: int, weight: Optional[torch.Tensor],
-                        bias: Optional[torch.Tensor], eps: float, silu: bool,
-                        round_after_norm: bool) -> torch.Tensor:
-    return _call(False, x, weight, bias, None, None, num_groups=num_groups, eps=eps, silu=silu,
-                 round_after_norm=round_after_norm)
+def _group_norm_silu_op(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    silu: bool,
+    round_after_norm: bool,
+) -> torch.Tensor:
+    return _call(
+        False,
+        x,
+        weight,
+        bias,
+        None,
+        None,
+        num_groups=num_groups,
+        eps=eps,
+        silu=silu,
+        round_after_norm=round_after_norm,
+    )
 
 
 @_group_norm_silu_op.register_fake
 def _(x, num_groups, weight, bias, eps, silu, round_after_norm):
-    plan_group_norm(x, num_groups, weight, bias, eps, silu=silu,
-                    round_after_norm=round_after_norm)
+    plan_group_norm(x, num_groups, weight, bias, eps, silu=silu, round_after_norm=round_after_norm)
     return _out_like(x)
 
 
 @library.op("ditfuse::rms_norm_silu_channels", mutates_args=())
-def _rms_norm_silu_channels_op(x: torch.Tensor, gamma: Optional[torch.Tensor],
-                               bias: Optional[torch.Tensor], eps: float,
-                               scale: Optional[float], silu: bool,
-                               round_after_norm: bool) -> torch.Tensor:
-    return _call(True, x, gamma, bias, None, None, eps=eps, scale=scale, silu=silu,
-                 round_after_norm=round_after_norm)
+def _rms_norm_silu_channels_op(
+    x: torch.Tensor,
+    gamma: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    scale: Optional[float],
+    silu: bool,
+    round_after_norm: bool,
+) -> torch.Tensor:
+    return _call(
+        True,
+        x,
+        gamma,
+        bias,
+        None,
+        None,
+        eps=eps,
+        scale=scale,
+        silu=silu,
+        round_after_norm=round_after_norm,
+    )
 
 
 @_rms_norm_silu_channels_op.register_fake
 def _(x, gamma, bias, eps, scale, silu, round_after_norm):
-    plan_rms_channels(x, gamma, bias, eps, scale=scale, silu=silu,
-                      round_after_norm=round_after_norm)
+    plan_rms_channels(
+        x, gamma, bias, eps, scale=scale, silu=silu, round_after_norm=round_after_norm
+    )
     return _out_like(x)

@@ -14,6 +14,7 @@ op (with its fake) that compiled graphs call. The pure-PyTorch reference is
 
 Bytes model of :func:`quantize_rows`: read ``M K`` elements, write ``M K`` bytes and ``4 M``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,9 @@ class QuantRowsConfig:
         width = triton.next_power_of_2(max(K, 1))
         if width <= 16384:
             rows = max(1, min(16, 8192 // width))
-            return QuantRowsConfig(rows=rows, block_k=width, chunks=1,
-                                   num_warps=8 if rows * width >= 4096 else 4)
+            return QuantRowsConfig(
+                rows=rows, block_k=width, chunks=1, num_warps=8 if rows * width >= 4096 else 4
+            )
         return QuantRowsConfig(rows=1, block_k=8192, chunks=triton.cdiv(K, 8192), num_warps=8)
 
 
@@ -66,13 +68,16 @@ def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
     if K == 0:
         raise ValueError(f"{name} must have K = x.shape[-1] > 0, got shape {tuple(x.shape)}")
     if x.stride(-1) != 1 and K > 1:
-        raise ValueError(f"{name} must have unit stride in its last dimension, got strides "
-                         f"{tuple(x.stride())}")
+        raise ValueError(
+            f"{name} must have unit stride in its last dimension, got strides {tuple(x.stride())}"
+        )
     try:
         return x.view(-1, K)
     except RuntimeError:
-        raise ValueError(f"{name}'s leading dimensions must flatten to one row stride (a view), "
-                         f"got shape {tuple(x.shape)}, strides {tuple(x.stride())}") from None
+        raise ValueError(
+            f"{name}'s leading dimensions must flatten to one row stride (a view), "
+            f"got shape {tuple(x.shape)}, strides {tuple(x.stride())}"
+        ) from None
 
 
 _CACHE = fastpath.Cache()
@@ -93,10 +98,18 @@ def _quantize(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, gelu: bool
     if M == 0:
         return
     cfg = QuantRowsConfig.for_width(K)
-    fastpath.launch(_quantize_rows_kernel, (triton.cdiv(M, cfg.rows),),
-                    (x2, q, scale, M, K, x2.stride(0), q.stride(0)),
-                    dict(ROWS=cfg.rows, BLOCK_K=cfg.block_k, CHUNKS=cfg.chunks, GELU=gelu,
-                         num_warps=cfg.num_warps))
+    fastpath.launch(
+        _quantize_rows_kernel,
+        (triton.cdiv(M, cfg.rows),),
+        (x2, q, scale, M, K, x2.stride(0), q.stride(0)),
+        dict(
+            ROWS=cfg.rows,
+            BLOCK_K=cfg.block_k,
+            CHUNKS=cfg.chunks,
+            GELU=gelu,
+            num_warps=cfg.num_warps,
+        ),
+    )
 
 
 def _run(x: torch.Tensor, activation: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -107,6 +120,7 @@ def _run(x: torch.Tensor, activation: Optional[str] = None) -> Tuple[torch.Tenso
     scale = torch.empty((M,), dtype=torch.float32, device=x.device)
     if not backend.kernel_device_ok(x):
         from ditfuse.reference import quantize_rows_fp8_reference
+
         rq, rs = quantize_rows_fp8_reference(x2, activation)
         q.copy_(rq)
         scale.copy_(rs)
@@ -124,8 +138,9 @@ def _run(x: torch.Tensor, activation: Optional[str] = None) -> Tuple[torch.Tenso
     return q, scale
 
 
-def quantize_rows(x: torch.Tensor, *, activation: Optional[str] = None
-                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    x: torch.Tensor, *, activation: Optional[str] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     r"""Quantize each row (token) of ``x`` -- or of ``gelu(x)`` -- to float8 e4m3 with one fp32
     scale.
 
@@ -160,8 +175,10 @@ def quantize_weight(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """A linear layer's weight (N, K) as e4m3 with one fp32 scale an output channel (row):
     :func:`quantize_rows` of ``w``. Once, when a model is patched."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2:
-        raise ValueError(f"w must be a 2-D weight (out_features, in_features), got "
-                         f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}")
+        raise ValueError(
+            f"w must be a 2-D weight (out_features, in_features), got "
+            f"{tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__}"
+        )
     return _run(w.detach().contiguous() if not w.is_contiguous() else w.detach())
 
 
@@ -175,9 +192,14 @@ def fp8_gemm_ok(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-               bias: Optional[torch.Tensor] = None, *,
-               activation: Optional[str] = None) -> torch.Tensor:
+def linear_fp8(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor] = None,
+    *,
+    activation: Optional[str] = None,
+) -> torch.Tensor:
     r"""``act(x) @ w^T + bias`` on FP8 tensor cores: ``act(x)`` quantized a token at a time
     (:func:`quantize_rows`, which applies ``activation`` in the same pass), the weight given
     quantized (:func:`quantize_weight`).
@@ -197,9 +219,11 @@ def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     linear (relative L2 ~0.04 on random inputs; fp32 accumulation).
     """
     if not isinstance(w_q, torch.Tensor) or w_q.dtype != FP8 or w_q.dim() != 2:
-        raise TypeError(f"w_q must be a 2-D float8_e4m3fn weight (N, K), got "
-                        f"{getattr(w_q, 'dtype', type(w_q).__name__)} "
-                        f"{tuple(getattr(w_q, 'shape', ()))}")
+        raise TypeError(
+            f"w_q must be a 2-D float8_e4m3fn weight (N, K), got "
+            f"{getattr(w_q, 'dtype', type(w_q).__name__)} "
+            f"{tuple(getattr(w_q, 'shape', ()))}"
+        )
     N, K = w_q.shape
     if not w_q.is_contiguous():
         raise ValueError("w_q must be contiguous (N, K) (row-major)")
@@ -208,33 +232,52 @@ def linear_fp8(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     if x.shape[-1] != K:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal w_q's in_features ({K})")
     if K % DIM_MULTIPLE or N % DIM_MULTIPLE:
-        raise ValueError(f"the FP8 GEMM needs in_features and out_features in multiples of "
-                         f"{DIM_MULTIPLE}, got w_q {tuple(w_q.shape)}")
-    if not isinstance(w_scale, torch.Tensor) or w_scale.dtype != torch.float32 \
-            or tuple(w_scale.shape) != (N,):
-        raise ValueError(f"w_scale must be float32 of shape ({N},), got "
-                         f"{getattr(w_scale, 'dtype', None)} {tuple(getattr(w_scale, 'shape', ()))}")
+        raise ValueError(
+            f"the FP8 GEMM needs in_features and out_features in multiples of "
+            f"{DIM_MULTIPLE}, got w_q {tuple(w_q.shape)}"
+        )
+    if (
+        not isinstance(w_scale, torch.Tensor)
+        or w_scale.dtype != torch.float32
+        or tuple(w_scale.shape) != (N,)
+    ):
+        raise ValueError(
+            f"w_scale must be float32 of shape ({N},), got "
+            f"{getattr(w_scale, 'dtype', None)} {tuple(getattr(w_scale, 'shape', ()))}"
+        )
     if bias is not None and (bias.dtype != x.dtype or tuple(bias.shape) != (N,)):
-        raise ValueError(f"bias must be {x.dtype} of shape ({N},), got {bias.dtype} "
-                         f"{tuple(bias.shape)}")
+        raise ValueError(
+            f"bias must be {x.dtype} of shape ({N},), got {bias.dtype} {tuple(bias.shape)}"
+        )
     for name, t in (("w_q", w_q), ("w_scale", w_scale), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, x on {x.device}")
     if not fp8_gemm_ok(x.device):
-        raise RuntimeError(f"the FP8 GEMM needs an sm_89+ GPU; {x.device} is "
-                           f"sm_{''.join(map(str, torch.cuda.get_device_capability(x.device)))}")
+        raise RuntimeError(
+            f"the FP8 GEMM needs an sm_89+ GPU; {x.device} is "
+            f"sm_{''.join(map(str, torch.cuda.get_device_capability(x.device)))}"
+        )
     q, s = quantize_rows(x, activation=activation)
-    y = torch._scaled_mm(q, w_q.t(), scale_a=s[:, None], scale_b=w_scale[None, :], bias=bias,
-                         out_dtype=x.dtype, use_fast_accum=True)
+    y = torch._scaled_mm(
+        q,
+        w_q.t(),
+        scale_a=s[:, None],
+        scale_b=w_scale[None, :],
+        bias=bias,
+        out_dtype=x.dtype,
+        use_fast_accum=True,
+    )
     return y.view(*x.shape[:-1], N)
 
 
 # ---------------------------------------------------------------------------------------
 # torch.library op (used under torch.compile; eager calls launch directly)
 
+
 @library.op("ditfuse::quantize_rows_fp8", mutates_args=())
-def _quantize_rows_op(x: torch.Tensor, activation: Optional[str]
-                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+def _quantize_rows_op(
+    x: torch.Tensor, activation: Optional[str]
+) -> Tuple[torch.Tensor, torch.Tensor]:
     return _run(x, activation)
 
 

@@ -14,6 +14,7 @@ for the 8-bit outputs); the ``torch.library`` ops that
 ``torch.compile`` and CUDA-graph capture see are at the end of this module. Measurements
 behind the launch tables: ``docs/design/qk_norm_rope.md``.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -25,13 +26,19 @@ from typing import List, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from ditfuse.runtime import fastpath, library
-from ditfuse.runtime import backend
-from ditfuse.reference import QUANT_DTYPES, qk_norm_rope_core, quantize_per_token
-from ditfuse.norms import (NO_NORM, RMS, NormSpec, flatten_norm, needs_grad, resolve_norm,
-                           unflatten_norm)
 from ditfuse.kernels.common import QUANT_CODE, NormFlags, RopeFlags
 from ditfuse.kernels.qk_token import STATS_LOAD, STATS_STORE, TokenTile
+from ditfuse.norms import (
+    NO_NORM,
+    RMS,
+    NormSpec,
+    flatten_norm,
+    needs_grad,
+    resolve_norm,
+    unflatten_norm,
+)
+from ditfuse.reference import QUANT_DTYPES, qk_norm_rope_core, quantize_per_token
+from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -57,11 +64,16 @@ def _check_quantize(quantize, inplace=False, out=None, process_group=None) -> No
         return
     if not isinstance(quantize, str) or quantize not in QUANTIZE:
         raise ValueError(f"quantize must be None or one of {QUANTIZE}, got {quantize!r}")
-    for name, given in (("inplace=True", bool(inplace)), ("out=", out is not None),
-                        ("process_group", process_group is not None)):
+    for name, given in (
+        ("inplace=True", bool(inplace)),
+        ("out=", out is not None),
+        ("process_group", process_group is not None),
+    ):
         if given:
-            raise ValueError(f"{name} cannot be combined with quantize={quantize!r}: the 8-bit "
-                             "values and their scales are new tensors, computed in one kernel")
+            raise ValueError(
+                f"{name} cannot be combined with quantize={quantize!r}: the 8-bit "
+                "values and their scales are new tensors, computed in one kernel"
+            )
 
 
 @dataclass
@@ -83,7 +95,7 @@ class _Norm:
 class Plan:
     """Every argument of one call, checked, as (B, S, H, D) views (no data copied)."""
 
-    q: torch.Tensor           # (B, S, H, D) view of the caller's q
+    q: torch.Tensor  # (B, S, H, D) view of the caller's q
     k: Optional[torch.Tensor]
     cos: Optional[torch.Tensor]  # (B, rows, H, W) broadcast view (stride 0 where shared)
     sin: Optional[torch.Tensor]
@@ -111,17 +123,23 @@ def _heads_view(x: torch.Tensor, name: str, num_heads: Optional[int], layout: st
         if num_heads is None:
             raise ValueError(f"{name} is 3-D {tuple(x.shape)} = (B, S, H*D): pass num_heads=")
         if not isinstance(num_heads, int) or num_heads <= 0 or x.shape[2] % num_heads:
-            raise ValueError(f"num_heads={num_heads!r} must be a positive int dividing "
-                             f"{name}.shape[2] = {x.shape[2]}")
+            raise ValueError(
+                f"num_heads={num_heads!r} must be a positive int dividing "
+                f"{name}.shape[2] = {x.shape[2]}"
+            )
         return x.unflatten(2, (num_heads, x.shape[2] // num_heads))
     if x.dim() == 4:
         v = x if layout == "bshd" else x.transpose(1, 2)
         if num_heads is not None and v.shape[2] != num_heads:
-            raise ValueError(f"num_heads={num_heads} but {name} of layout {layout!r} has "
-                             f"{v.shape[2]} heads (shape {tuple(x.shape)})")
+            raise ValueError(
+                f"num_heads={num_heads} but {name} of layout {layout!r} has "
+                f"{v.shape[2]} heads (shape {tuple(x.shape)})"
+            )
         return v
-    raise ValueError(f"{name} must be 4-D (B, S, H, D) / (B, H, S, D) or 3-D (B, S, H*D) with "
-                     f"num_heads, got shape {tuple(x.shape)}")
+    raise ValueError(
+        f"{name} must be 4-D (B, S, H, D) / (B, H, S, D) or 3-D (B, S, H*D) with "
+        f"num_heads, got shape {tuple(x.shape)}"
+    )
 
 
 def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
@@ -133,8 +151,10 @@ def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
     if span is None:
         span = D
     if span not in (D, H * D):
-        raise ValueError(f"{arg} spans {span} channels; expected head_dim = {D} (per head) or "
-                         f"num_heads * head_dim = {H * D} (across heads)")
+        raise ValueError(
+            f"{arg} spans {span} channels; expected head_dim = {D} (per head) or "
+            f"num_heads * head_dim = {H * D} (across heads)"
+        )
     for pname, p in (("weight", spec.weight), ("bias", spec.bias)):
         if p is None:
             continue
@@ -151,8 +171,10 @@ def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
         a = spec.alpha
         if isinstance(a, torch.Tensor):
             if a.numel() != 1 or not a.is_floating_point():
-                raise ValueError(f"{arg}.alpha must be a one-element float tensor, got shape "
-                                 f"{tuple(a.shape)} {a.dtype}")
+                raise ValueError(
+                    f"{arg}.alpha must be a one-element float tensor, got shape "
+                    f"{tuple(a.shape)} {a.dtype}"
+                )
             if a.device != x.device:
                 raise ValueError(f"{arg}.alpha is on {a.device}, q is on {x.device}")
             alpha_t = a
@@ -162,11 +184,23 @@ def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
     if eps is None:
         # torch.nn.RMSNorm(eps=None) takes the epsilon of its fp32 compute type
         eps = torch.finfo(torch.float32).eps if spec.kind != "dyt" else 0.0
-    round_pre_w = bool(spec.round_before_weight and spec.weight is not None
-                       and spec.weight.dtype == x.dtype and x.dtype != torch.float32)
-    return _Norm(code=spec.code, weight=spec.weight, bias=spec.bias, alpha_tensor=alpha_t,
-                 alpha_value=alpha_v, eps=float(eps), span_all=span == H * D and H > 1,
-                 round_pre_w=round_pre_w, n=span)
+    round_pre_w = bool(
+        spec.round_before_weight
+        and spec.weight is not None
+        and spec.weight.dtype == x.dtype
+        and x.dtype != torch.float32
+    )
+    return _Norm(
+        code=spec.code,
+        weight=spec.weight,
+        bias=spec.bias,
+        alpha_tensor=alpha_t,
+        alpha_value=alpha_v,
+        eps=float(eps),
+        span_all=span == H * D and H > 1,
+        round_pre_w=round_pre_w,
+        n=span,
+    )
 
 
 def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Optional[int]):
@@ -179,14 +213,19 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
     if t.dtype not in ACT_DTYPES:
         raise TypeError(f"{name}.dtype must be float32, bfloat16 or float16, got {t.dtype}")
     shp = tuple(t.shape)
-    want = f"(S, W), (B, S, W), (S, H, W), (1|B, S, 1|H, W) with S = {rows if rows else 'any'}, B = {B}, H = {H}"
+    want = (
+        f"(S, W), (B, S, W), (S, H, W), (1|B, S, 1|H, W) with S = {rows if rows else 'any'}, "
+        f"B = {B}, H = {H}"
+    )
 
     def rows_ok(n):
         return rows is None or n == rows
 
     if t.dim() == 2:
         if not rows_ok(shp[0]):
-            raise ValueError(f"{name} has shape {shp}: {shp[0]} rows for {rows} tokens; expected {want}")
+            raise ValueError(
+                f"{name} has shape {shp}: {shp[0]} rows for {rows} tokens; expected {want}"
+            )
         v = t[None, :, None, :]
     elif t.dim() == 3:
         bsw = shp[0] in (1, B) and rows_ok(shp[1])
@@ -194,8 +233,10 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
         if bsw and shw and shp[:2] == (1, 1):
             shw = False  # one row for every token and head: both readings are the same
         if bsw and shw:
-            raise ValueError(f"{name} of shape {shp} is ambiguous between (B, S, W) and (S, H, W); "
-                             "pass it 4-D as (B, S, 1, W) or (1, S, H, W)")
+            raise ValueError(
+                f"{name} of shape {shp} is ambiguous between (B, S, W) and (S, H, W); "
+                "pass it 4-D as (B, S, 1, W) or (1, S, H, W)"
+            )
         if bsw:
             v = t[:, :, None, :]
         elif shw:
@@ -213,9 +254,23 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
     return v, per_head
 
 
-def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
-         rope_style="interleaved", rotary_dim=None, positions=None, round_after_norm=True,
-         layout="bshd", runtime_checks=True, process_group=None) -> Plan:
+def plan(
+    q,
+    k,
+    cos=None,
+    sin=None,
+    *,
+    q_norm=None,
+    k_norm=None,
+    num_heads=None,
+    rope_style="interleaved",
+    rotary_dim=None,
+    positions=None,
+    round_after_norm=True,
+    layout="bshd",
+    runtime_checks=True,
+    process_group=None,
+) -> Plan:
     """Check every argument and describe the call; raises before anything runs.
 
     ``runtime_checks=False`` skips the checks that read data or addresses (positions range,
@@ -228,8 +283,9 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
     q4 = _heads_view(q, "q", num_heads, layout)
     B, S, H, D = q4.shape
     if D % 2 or D == 0 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D} (q shape "
-                         f"{tuple(q.shape)})")
+        raise ValueError(
+            f"head_dim must be even and at most {MAX_HEAD_DIM}, got {D} (q shape {tuple(q.shape)})"
+        )
     k4 = None
     if k is not None:
         k4 = _heads_view(k, "k", num_heads, layout)
@@ -264,7 +320,12 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                 raise ValueError(f"{name} is on {t.device}, q is on {q.device}")
         if positions is not None:
             if not isinstance(positions, torch.Tensor) or positions.dtype not in (
-                    torch.int32, torch.int64, torch.int16, torch.uint8, torch.int8):
+                torch.int32,
+                torch.int64,
+                torch.int16,
+                torch.uint8,
+                torch.int8,
+            ):
                 raise TypeError("positions must be an integer tensor of shape (S,) or (B, S)")
             if positions.device != q.device:
                 raise ValueError(f"positions is on {positions.device}, q is on {q.device}")
@@ -273,19 +334,28 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             elif positions.dim() == 2 and positions.shape[0] in (1, B) and positions.shape[1] == S:
                 pos2 = positions.expand(B, S)
             else:
-                raise ValueError(f"positions has shape {tuple(positions.shape)}; expected ({S},) or "
-                                 f"({B}, {S})")
+                raise ValueError(
+                    f"positions has shape {tuple(positions.shape)}; expected ({S},) or ({B}, {S})"
+                )
         rows = None if positions is not None else S
         try:
             cos4, per_head = _table_view(cos, "cos", B, S, H, rows)
             sin4, per_head_s = _table_view(sin, "sin", B, S, H, rows)
         except ValueError as e:
-            if layout == "bshd" and q.dim() == 4 and rows is not None and cos.dim() >= 2 and \
-                    q.shape[2] in tuple(cos.shape) and q.shape[1] not in tuple(cos.shape):
+            if (
+                layout == "bshd"
+                and q.dim() == 4
+                and rows is not None
+                and cos.dim() >= 2
+                and q.shape[2] in tuple(cos.shape)
+                and q.shape[1] not in tuple(cos.shape)
+            ):
                 raise ValueError(f"{e}. q looks like (B, H, S, D): pass layout='bhsd'") from None
             raise
         if tuple(cos.shape) != tuple(sin.shape):
-            raise ValueError(f"cos.shape {tuple(cos.shape)} must equal sin.shape {tuple(sin.shape)}")
+            raise ValueError(
+                f"cos.shape {tuple(cos.shape)} must equal sin.shape {tuple(sin.shape)}"
+            )
         W = cos4.shape[3]
         if rotary_dim is None:
             if W == D:
@@ -294,7 +364,8 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                 raise ValueError(
                     f"cos has width {W} = head_dim / 2: pass rotary_dim={D} if the table holds "
                     f"unique frequencies, or rotary_dim={W} for partial rotary over the first {W} "
-                    "channels (a cat-duplicated / repeat-interleaved table)")
+                    "channels (a cat-duplicated / repeat-interleaved table)"
+                )
             else:
                 R = W
         else:
@@ -306,16 +377,21 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
         elif 2 * W == R:
             table_half = True
         else:
-            raise ValueError(f"cos/sin width {W} fits neither rotary_dim={R} (full) nor "
-                             f"{R // 2} (unique frequencies)")
+            raise ValueError(
+                f"cos/sin width {W} fits neither rotary_dim={R} (full) nor "
+                f"{R // 2} (unique frequencies)"
+            )
         if runtime_checks and positions is not None and positions.numel():
             n_rows = cos4.shape[1]
             if not torch.compiler.is_compiling() and not (
-                    positions.is_cuda and torch.cuda.is_current_stream_capturing()):
+                positions.is_cuda and torch.cuda.is_current_stream_capturing()
+            ):
                 lo, hi = int(positions.min()), int(positions.max())
                 if lo < 0 or hi >= n_rows:
-                    raise ValueError(f"positions must lie in [0, {n_rows}) (the table's rows), "
-                                     f"got values in [{lo}, {hi}]")
+                    raise ValueError(
+                        f"positions must lie in [0, {n_rows}) (the table's rows), "
+                        f"got values in [{lo}, {hi}]"
+                    )
     if process_group is not None:
         import torch.distributed as dist
 
@@ -324,21 +400,37 @@ def plan(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
         world = dist.get_world_size(process_group)
         for name, n in (("q_norm", qn), ("k_norm", kn)):
             if n is not None and not (n.code == RMS and (n.span_all or H == 1) and n.n == H * D):
-                raise ValueError(f"{name}: with process_group the norm must be an RMSNorm across "
-                                 f"this rank's heads (weight of H_local*D = {H * D} elements); "
-                                 "per-head norms need no process group")
+                raise ValueError(
+                    f"{name}: with process_group the norm must be an RMSNorm across "
+                    f"this rank's heads (weight of H_local*D = {H * D} elements); "
+                    "per-head norms need no process group"
+                )
             if n is not None:
                 n.n = world * H * D  # the statistic spans every rank's heads
                 n.span_all = True
-    return Plan(q=q4, k=k4, cos=cos4, sin=sin4, positions=pos2, q_norm=qn, k_norm=kn,
-                rotary_dim=R, interleaved=rope_style == "interleaved", table_half=table_half,
-                table_per_head=per_head, round_after_norm=bool(round_after_norm),
-                q_shape=tuple(q.shape), layout=layout,
-                num_heads_3d=num_heads if q.dim() == 3 else None, process_group=process_group)
+    return Plan(
+        q=q4,
+        k=k4,
+        cos=cos4,
+        sin=sin4,
+        positions=pos2,
+        q_norm=qn,
+        k_norm=kn,
+        rotary_dim=R,
+        interleaved=rope_style == "interleaved",
+        table_half=table_half,
+        table_per_head=per_head,
+        round_after_norm=bool(round_after_norm),
+        q_shape=tuple(q.shape),
+        layout=layout,
+        num_heads_3d=num_heads if q.dim() == 3 else None,
+        process_group=process_group,
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # launch settings: an analytical table, no autotuning (the kernels are memory-bound)
+
 
 @dataclass(frozen=True)
 class TokenSettings:
@@ -382,9 +474,17 @@ def _pow2_pieces(n: int):
 FLAT_MAX_CHANNELS = 12288
 
 
-def launch_settings(H: int, D: int, *, flat: bool, has_k: bool, itemsize: int,
-                    span_all: bool = False, heads: Optional[int] = None,
-                    num_warps: Optional[int] = None) -> "TokenSettings | FlatSettings":
+def launch_settings(
+    H: int,
+    D: int,
+    *,
+    flat: bool,
+    has_k: bool,
+    itemsize: int,
+    span_all: bool = False,
+    heads: Optional[int] = None,
+    num_warps: Optional[int] = None,
+) -> "TokenSettings | FlatSettings":
     """The launch of one (H, D) problem: :class:`FlatSettings` for the flat-row kernel
     (``flat``; :func:`flat_applies`), else :class:`TokenSettings` for the per-token kernel.
     ``itemsize``: bytes of an activation. ``heads`` / ``num_warps`` replace the table's heads
@@ -410,8 +510,9 @@ def launch_settings(H: int, D: int, *, flat: bool, has_k: bool, itemsize: int,
         n0, n1 = _pow2_pieces(nc)
         per_thread = 80 if itemsize <= 2 else 160
         warps = min(8, max(1, _next_pow2(-(-(n0 + n1) // (32 * per_thread)))))
-        return FlatSettings(piece0=n0, piece1=n1, mask0=False, mask1=n1 > nc - n0,
-                            num_warps=warps, split_qk=has_k)
+        return FlatSettings(
+            piece0=n0, piece1=n1, mask0=False, mask1=n1 > nc - n0, num_warps=warps, split_qk=has_k
+        )
     if heads is None:
         heads = H if span_all or H * D <= 8192 else max(1, 4096 // _next_pow2(D))
     p0, p1 = _pow2_pieces(heads)
@@ -427,27 +528,60 @@ def _norm_args(n: Optional[_Norm], dummy: torch.Tensor):
     """A norm's kernel arguments by name: tensors ``w``, ``b``, ``a`` (``dummy`` where
     absent), scalars ``alpha``, ``eps``, ``n`` and the flags of :class:`NormFlags`."""
     if n is None:
-        return dict(w=dummy, b=dummy, a=dummy, alpha=0.0, eps=0.0, n=1.0, NORM=NO_NORM,
-                    SPAN_ALL=False, HAS_W=False, HAS_B=False, ALPHA_PTR=False, PRE=False)
-    return dict(w=n.weight if n.weight is not None else dummy,
-                b=n.bias if n.bias is not None else dummy,
-                a=n.alpha_tensor if n.alpha_tensor is not None else dummy,
-                alpha=n.alpha_value, eps=n.eps, n=float(n.n), NORM=n.code, SPAN_ALL=n.span_all,
-                HAS_W=n.weight is not None, HAS_B=n.bias is not None,
-                ALPHA_PTR=n.alpha_tensor is not None, PRE=n.round_pre_w)
+        return dict(
+            w=dummy,
+            b=dummy,
+            a=dummy,
+            alpha=0.0,
+            eps=0.0,
+            n=1.0,
+            NORM=NO_NORM,
+            SPAN_ALL=False,
+            HAS_W=False,
+            HAS_B=False,
+            ALPHA_PTR=False,
+            PRE=False,
+        )
+    return dict(
+        w=n.weight if n.weight is not None else dummy,
+        b=n.bias if n.bias is not None else dummy,
+        a=n.alpha_tensor if n.alpha_tensor is not None else dummy,
+        alpha=n.alpha_value,
+        eps=n.eps,
+        n=float(n.n),
+        NORM=n.code,
+        SPAN_ALL=n.span_all,
+        HAS_W=n.weight is not None,
+        HAS_B=n.bias is not None,
+        ALPHA_PTR=n.alpha_tensor is not None,
+        PRE=n.round_pre_w,
+    )
 
 
 def _norm_flags(a: dict, w_row: bool = False, words: bool = False) -> NormFlags:
     """The kernel's compile-time description of the norm of ``_norm_args`` ``a``."""
-    return NormFlags(kind=a["NORM"], span_all=a["SPAN_ALL"], has_w=a["HAS_W"],
-                     has_b=a["HAS_B"], alpha_ptr=a["ALPHA_PTR"], round_pre_w=a["PRE"],
-                     w_row=w_row, words=words)
+    return NormFlags(
+        kind=a["NORM"],
+        span_all=a["SPAN_ALL"],
+        has_w=a["HAS_W"],
+        has_b=a["HAS_B"],
+        alpha_ptr=a["ALPHA_PTR"],
+        round_pre_w=a["PRE"],
+        w_row=w_row,
+        words=words,
+    )
 
 
 def _rope_flags(p: Plan, interleaved: bool, words: bool = False, row: bool = False) -> RopeFlags:
-    return RopeFlags(on=p.cos is not None, interleaved=interleaved, table_half=p.table_half,
-                     per_head=p.table_per_head, positions=p.positions is not None,
-                     words=words, row=row)
+    return RopeFlags(
+        on=p.cos is not None,
+        interleaved=interleaved,
+        table_half=p.table_half,
+        per_head=p.table_per_head,
+        positions=p.positions is not None,
+        words=words,
+        row=row,
+    )
 
 
 def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
@@ -469,14 +603,26 @@ def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
         pos, pst = dummy, (0, 0)
     qa, ka = _norm_args(p.q_norm, dummy), _norm_args(p.k_norm, dummy)
     strides = dict(
-        q_strides=p.q.stride(), qo_strides=q_out.stride(), k_strides=k.stride(),
-        ko_strides=ko.stride(), cos_strides=cst, sin_strides=sst, pos_strides=pst)
+        q_strides=p.q.stride(),
+        qo_strides=q_out.stride(),
+        k_strides=k.stride(),
+        ko_strides=ko.stride(),
+        cos_strides=cst,
+        sin_strides=sst,
+        pos_strides=pst,
+    )
     return k, ko, qa, ka, cos, sin, pos, strides
 
 
-def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-           settings: Optional[TokenSettings] = None, stats: Optional[torch.Tensor] = None,
-           stats_mode: int = 0, quant=None) -> None:
+def launch(
+    p: Plan,
+    q_out: torch.Tensor,
+    k_out: Optional[torch.Tensor],
+    settings: Optional[TokenSettings] = None,
+    stats: Optional[torch.Tensor] = None,
+    stats_mode: int = 0,
+    quant=None,
+) -> None:
     """Run the kernel for plan ``p``, writing (B, S, H, D) views ``q_out`` / ``k_out``: the
     flat-row kernel where it applies (:func:`flat_applies`), else the per-token kernel.
 
@@ -498,19 +644,40 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
         return
     has_k = p.k is not None
     span_all = bool((p.q_norm and p.q_norm.span_all) or (p.k_norm and p.k_norm.span_all))
-    st = settings or launch_settings(H, D, flat=False, has_k=has_k,
-                                     itemsize=p.q.element_size(), span_all=span_all)
+    st = settings or launch_settings(
+        H, D, flat=False, has_k=has_k, itemsize=p.q.element_size(), span_all=span_all
+    )
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
     k, ko, qa, ka, cos, sin, pos, strides = _launch_args(p, q_out, k_out)
     grid = (B * S, triton_cdiv(H, st.heads))
     qsc, ksc, scst = _scale_args(p, quant)
     args = (
-        p.q, q_out, k, ko, cos, sin, pos,
-        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
-        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"],
-        stats[0] if stats is not None else p.q, stats[1] if stats is not None else p.q,
-        qsc, ksc, S, H,
+        p.q,
+        q_out,
+        k,
+        ko,
+        cos,
+        sin,
+        pos,
+        qa["w"],
+        qa["b"],
+        qa["a"],
+        ka["w"],
+        ka["b"],
+        ka["a"],
+        qa["alpha"],
+        ka["alpha"],
+        qa["eps"],
+        ka["eps"],
+        qa["n"],
+        ka["n"],
+        stats[0] if stats is not None else p.q,
+        stats[1] if stats is not None else p.q,
+        qsc,
+        ksc,
+        S,
+        H,
     )
     interleaved = p.interleaved and p.cos is not None
     # the word form where every interleaved pair is one aligned word (``_pair_words_ok``),
@@ -520,27 +687,53 @@ def launch(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     words = interleaved and _pair_words_ok(p, q_out, k_out)
     w_words = words and _words_ok(_norm_tensors(p))
     constexprs = dict(
-        D=D, R2=R2,
-        TILE=TokenTile(heads=st.heads, piece0=st.piece0, piece1=st.piece1,
-                       half_pad=_next_pow2(max(R2, 1)), pass_pad=_next_pow2(max(P, 1))),
-        Q_NORM=_norm_flags(qa, w_row=words and (qa["HAS_W"] or qa["HAS_B"])
-                           and not qa["SPAN_ALL"], words=w_words),
-        K_NORM=_norm_flags(ka, w_row=words and (ka["HAS_W"] or ka["HAS_B"])
-                           and not ka["SPAN_ALL"], words=w_words),
+        D=D,
+        R2=R2,
+        TILE=TokenTile(
+            heads=st.heads,
+            piece0=st.piece0,
+            piece1=st.piece1,
+            half_pad=_next_pow2(max(R2, 1)),
+            pass_pad=_next_pow2(max(P, 1)),
+        ),
+        Q_NORM=_norm_flags(
+            qa, w_row=words and (qa["HAS_W"] or qa["HAS_B"]) and not qa["SPAN_ALL"], words=w_words
+        ),
+        K_NORM=_norm_flags(
+            ka, w_row=words and (ka["HAS_W"] or ka["HAS_B"]) and not ka["SPAN_ALL"], words=w_words
+        ),
         HAS_K=has_k,
-        ROPE=_rope_flags(p, interleaved,
-                         words=words and not p.table_half and _words_ok([p.cos, p.sin]),
-                         row=words and not p.table_per_head),
-        ROUND_NORM=p.round_after_norm, STATS=stats_mode,
-        OFF64=_needs_off64(st.piece0 + st.piece1, D, (p.q, q_out, k, ko),
-                           strides["cos_strides"], strides["sin_strides"]),
+        ROPE=_rope_flags(
+            p,
+            interleaved,
+            words=words and not p.table_half and _words_ok([p.cos, p.sin]),
+            row=words and not p.table_per_head,
+        ),
+        ROUND_NORM=p.round_after_norm,
+        STATS=stats_mode,
+        OFF64=_needs_off64(
+            st.piece0 + st.piece1,
+            D,
+            (p.q, q_out, k, ko),
+            strides["cos_strides"],
+            strides["sin_strides"],
+        ),
         X_WORDS=words,
     )
     if quant is not None:
         constexprs["QUANT"] = QUANT_CODE[quant[0]]
-    fastpath.launch(_qk_norm_rope_kernel, grid, args,
-                    dict(strides, scale_strides=scst, **constexprs, num_warps=st.num_warps,
-                         enable_fp_fusion=False))
+    fastpath.launch(
+        _qk_norm_rope_kernel,
+        grid,
+        args,
+        dict(
+            strides,
+            scale_strides=scst,
+            **constexprs,
+            num_warps=st.num_warps,
+            enable_fp_fusion=False,
+        ),
+    )
 
 
 def _scale_args(p: Plan, quant):
@@ -564,8 +757,11 @@ def _pair_words_ok(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) 
     for t in (p.q, q_out, p.k, k_out):
         if t is None:
             continue
-        if t.stride(3) != 1 or t.data_ptr() % 4 or any(
-                st % 2 for st, n in zip(t.stride()[:3], t.shape[:3]) if n > 1):
+        if (
+            t.stride(3) != 1
+            or t.data_ptr() % 4
+            or any(st % 2 for st, n in zip(t.stride()[:3], t.shape[:3]) if n > 1)
+        ):
             return False
     return True
 
@@ -590,8 +786,9 @@ def flat_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]) ->
     return not _needs_off64(H, D, tensors, cst, sst)
 
 
-def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-                  row_contig: bool) -> bool:
+def pairs_applies(
+    p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor], row_contig: bool
+) -> bool:
     """Whether the flat kernel can take its pair form (``_pairs_program`` of
     :mod:`ditfuse.kernels.qk_flat`): 16-bit Q / K whose token rows are contiguous with an
     even number of channels, every row 4-byte aligned (so each interleaved pair (2i, 2i+1)
@@ -602,8 +799,7 @@ def pairs_applies(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     for t in (p.q, q_out, p.k, k_out):
         if t is None:
             continue
-        if t.data_ptr() % 4 or any(st % 2 for st, n in zip(t.stride()[:2], t.shape[:2])
-                                   if n > 1):
+        if t.data_ptr() % 4 or any(st % 2 for st, n in zip(t.stride()[:2], t.shape[:2]) if n > 1):
             return False
     return True
 
@@ -613,13 +809,19 @@ def _same_body(qa: dict, ka: dict) -> bool:
     and operand dtypes), so a program can select its tensor's operands by its grid axis."""
     flags = ("NORM", "HAS_W", "HAS_B", "ALPHA_PTR", "PRE")
     return all(qa[f] == ka[f] for f in flags) and all(
-        qa[t].dtype == ka[t].dtype for t in ("w", "b", "a"))
+        qa[t].dtype == ka[t].dtype for t in ("w", "b", "a")
+    )
 
 
 def _norm_tensors(p: Plan) -> list:
     """The norms' weight / bias tensors the kernel reads a channel at a time."""
-    return [t for n in (p.q_norm, p.k_norm) if n is not None
-            for t in (n.weight, n.bias) if isinstance(t, torch.Tensor)]
+    return [
+        t
+        for n in (p.q_norm, p.k_norm)
+        if n is not None
+        for t in (n.weight, n.bias)
+        if isinstance(t, torch.Tensor)
+    ]
 
 
 def _words_ok(ts) -> bool:
@@ -631,15 +833,21 @@ def _words_ok(ts) -> bool:
             return False
         if t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
             return False
-        if t.data_ptr() % (2 * es) or any(st % 2 for st, n in zip(t.stride()[:-1],
-                                                                   t.shape[:-1]) if n > 1):
+        if t.data_ptr() % (2 * es) or any(
+            st % 2 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1
+        ):
             return False
     return True
 
 
-def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
-                num_warps: Optional[int] = None, split: Optional[bool] = None,
-                quant=None) -> None:
+def launch_flat(
+    p: Plan,
+    q_out: torch.Tensor,
+    k_out: Optional[torch.Tensor],
+    num_warps: Optional[int] = None,
+    split: Optional[bool] = None,
+    quant=None,
+) -> None:
     """The flat-row kernel for plan ``p`` (``flat_applies``); ``num_warps`` and ``split`` (Q
     and K in programs of their own) override :func:`launch_settings` (tests check that they
     do not change the bits). ``quant`` = (format, q_scale, k_scale): ``q_out`` / ``k_out``
@@ -651,36 +859,68 @@ def launch_flat(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor],
     B, S, H, D = p.q.shape
     has_k = p.k is not None
     k, ko, qa, ka, cos, sin, pos, strides = _launch_args(p, q_out, k_out)
-    row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D)
-                     for t in (p.q, q_out, k, ko))
+    row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D) for t in (p.q, q_out, k, ko))
     st = launch_settings(H, D, flat=True, has_k=has_k, itemsize=p.q.element_size())
     split_qk = has_k and (st.split_qk if split is None else bool(split))
     qsc, ksc, scst = _scale_args(p, quant)
     args = (
-        p.q, q_out, k, ko, cos, sin, pos,
-        qa["w"], qa["b"], qa["a"], ka["w"], ka["b"], ka["a"],
-        qa["alpha"], ka["alpha"], qa["eps"], ka["eps"], qa["n"], ka["n"], qsc, ksc, S, H * D,
+        p.q,
+        q_out,
+        k,
+        ko,
+        cos,
+        sin,
+        pos,
+        qa["w"],
+        qa["b"],
+        qa["a"],
+        ka["w"],
+        ka["b"],
+        ka["a"],
+        qa["alpha"],
+        ka["alpha"],
+        qa["eps"],
+        ka["eps"],
+        qa["n"],
+        ka["n"],
+        qsc,
+        ksc,
+        S,
+        H * D,
     )
     # the pair form where Q and K run in programs of their own through one body; mixed
     # norms keep the channel form (two bodies measured no faster: docs/design/qk_norm_rope.md)
     pairs = split_qk and _same_body(qa, ka) and pairs_applies(p, q_out, k_out, row_contig)
     w_words = pairs and _words_ok(_norm_tensors(p))
     constexprs = dict(
-        D=D, N0=st.piece0, N1=st.piece1, MASK0=st.mask0, MASK1=st.mask1,
-        Q_NORM=_norm_flags(qa, words=w_words), K_NORM=_norm_flags(ka, words=w_words),
+        D=D,
+        N0=st.piece0,
+        N1=st.piece1,
+        MASK0=st.mask0,
+        MASK1=st.mask1,
+        Q_NORM=_norm_flags(qa, words=w_words),
+        K_NORM=_norm_flags(ka, words=w_words),
         HAS_K=has_k,
-        ROPE=_rope_flags(p, p.interleaved and p.cos is not None,
-                         words=pairs and p.cos is not None and not p.table_half
-                         and _words_ok([p.cos, p.sin])),
-        ROUND_NORM=p.round_after_norm, ROW_CONTIG=row_contig, SPLIT_QK=split_qk,
+        ROPE=_rope_flags(
+            p,
+            p.interleaved and p.cos is not None,
+            words=pairs and p.cos is not None and not p.table_half and _words_ok([p.cos, p.sin]),
+        ),
+        ROUND_NORM=p.round_after_norm,
+        ROW_CONTIG=row_contig,
+        SPLIT_QK=split_qk,
         PAIRS=pairs,
     )
     if quant is not None:
         constexprs["QUANT"] = QUANT_CODE[quant[0]]
     opts = dict(num_warps=num_warps or st.num_warps, enable_fp_fusion=False)
     grid = (B * S, 2 if split_qk else 1)
-    fastpath.launch(_qk_norm_rope_flat_kernel, grid, args,
-                    dict(strides, scale_strides=scst, **constexprs, **opts))
+    fastpath.launch(
+        _qk_norm_rope_flat_kernel,
+        grid,
+        args,
+        dict(strides, scale_strides=scst, **constexprs, **opts),
+    )
 
 
 def _needs_off64(heads: int, D: int, tensors, cst, sst) -> bool:
@@ -716,10 +956,16 @@ def _check_out(out, q, k, inplace):
             if o is not None:
                 raise ValueError(f"{name} given but k is None")
             continue
-        if not isinstance(o, torch.Tensor) or tuple(o.shape) != tuple(x.shape) or \
-                o.dtype != x.dtype or o.device != x.device:
-            raise ValueError(f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
-                             f"{x.device} (any strides)")
+        if (
+            not isinstance(o, torch.Tensor)
+            or tuple(o.shape) != tuple(x.shape)
+            or o.dtype != x.dtype
+            or o.device != x.device
+        ):
+            raise ValueError(
+                f"{name} must be a {x.dtype} tensor of shape {tuple(x.shape)} on "
+                f"{x.device} (any strides)"
+            )
 
 
 def _outputs(q, k, inplace: bool, out, p: Optional[Plan] = None):
@@ -764,8 +1010,9 @@ def run_quantized(p: Plan, q, k, quantize: str) -> QuantizedQK:
     if backend.kernel_device_ok(p.q):
         launch(p, qo4, ko4, quant=(quantize, res.q_scale, res.k_scale))
     else:
-        for y, o4, sc in zip(qk_norm_rope_core(p, torch.float32), (qo4, ko4),
-                             (res.q_scale, res.k_scale)):
+        for y, o4, sc in zip(
+            qk_norm_rope_core(p, torch.float32), (qo4, ko4), (res.q_scale, res.k_scale)
+        ):
             if y is not None:
                 v, s = quantize_per_token(y, quantize)
                 o4.copy_(v)
@@ -786,8 +1033,10 @@ def run(p: Plan, q, k, inplace: bool, out=None):
             launch(p, qo4, ko4)
     else:
         if p.process_group is not None:
-            raise ValueError("process_group needs the Triton kernels (a CUDA device, or CPU "
-                             "tensors under the interpreter)")
+            raise ValueError(
+                "process_group needs the Triton kernels (a CUDA device, or CPU "
+                "tensors under the interpreter)"
+            )
         rq, rk = qk_norm_rope_core(p, torch.float32)
         qo4.copy_(rq)
         if ko4 is not None:
@@ -815,8 +1064,15 @@ def _norm_key(n: Optional[NormSpec]):
     if n is None:
         return None
     a = n.alpha
-    return (n.kind, n.eps, n.size, n.round_before_weight, fastpath.sig(n.weight),
-            fastpath.sig(n.bias), fastpath.sig(a) if isinstance(a, torch.Tensor) else a)
+    return (
+        n.kind,
+        n.eps,
+        n.size,
+        n.round_before_weight,
+        fastpath.sig(n.weight),
+        fastpath.sig(n.bias),
+        fastpath.sig(a) if isinstance(a, torch.Tensor) else a,
+    )
 
 
 def _slots(q, k, cos, sin, q_out, k_out, qs, ks, inplace):
@@ -826,13 +1082,37 @@ def _slots(q, k, cos, sin, q_out, k_out, qs, ks, inplace):
         return n.weight, n.bias, n.alpha if isinstance(n.alpha, torch.Tensor) else None
 
     # in place (in the key): the outputs are q's and k's slots
-    return (q, k, cos, sin, None if inplace else q_out, None if inplace else k_out,
-            *tensors(qs), *tensors(ks))
+    return (
+        q,
+        k,
+        cos,
+        sin,
+        None if inplace else q_out,
+        None if inplace else k_out,
+        *tensors(qs),
+        *tensors(ks),
+    )
 
 
-def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
-         rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
-         round_after_norm=True, layout="bshd", out=None, process_group=None, quantize=None):
+def call(
+    q,
+    k,
+    cos=None,
+    sin=None,
+    *,
+    q_norm=None,
+    k_norm=None,
+    num_heads=None,
+    rope_style="interleaved",
+    rotary_dim=None,
+    positions=None,
+    inplace=False,
+    round_after_norm=True,
+    layout="bshd",
+    out=None,
+    process_group=None,
+    quantize=None,
+):
     """The eager call behind :func:`qk_norm_rope` and its ops: check, allocate, launch. A
     call whose signature (every tensor's shape, strides, dtype, device and alignment, the
     norms' numbers, every option, ``quantize`` included) was seen before replays its launch
@@ -845,17 +1125,35 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
             q_norm = resolve_norm(q_norm, "q_norm")
             k_norm = resolve_norm(k_norm, "k_norm")
             sig = fastpath.sig
-            key = (num_heads, rope_style, rotary_dim, round_after_norm, layout, bool(inplace),
-                   sig(q), sig(k), sig(cos), sig(sin), _norm_key(q_norm), _norm_key(k_norm),
-                   None if out is None else tuple(map(sig, out)), quantize)
+            key = (
+                num_heads,
+                rope_style,
+                rotary_dim,
+                round_after_norm,
+                layout,
+                bool(inplace),
+                sig(q),
+                sig(k),
+                sig(cos),
+                sig(sin),
+                _norm_key(q_norm),
+                _norm_key(k_norm),
+                None if out is None else tuple(map(sig, out)),
+                quantize,
+            )
             replay = _CACHE.get(key)
         except (AttributeError, TypeError):  # the checked path says what is wrong
             key = replay = None
         if replay is not None and not (k is not None and k.data_ptr() == q.data_ptr()):
             if quantize is not None:
                 res = _quant_outputs(q, k, quantize, num_heads, layout)
-                if replay((*_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm, False),
-                           res.q_scale, res.k_scale)):
+                if replay(
+                    (
+                        *_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm, False),
+                        res.q_scale,
+                        res.k_scale,
+                    )
+                ):
                     return res
             else:
                 q_out, k_out = _outputs(q, k, inplace, out)
@@ -863,15 +1161,35 @@ def call(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
                     return q_out, k_out
     if out is not None:
         _check_out(out, q, k, inplace)
-    p = plan(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
-             rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
-             round_after_norm=round_after_norm, layout=layout, process_group=process_group)
+    p = plan(
+        q,
+        k,
+        cos,
+        sin,
+        q_norm=q_norm,
+        k_norm=k_norm,
+        num_heads=num_heads,
+        rope_style=rope_style,
+        rotary_dim=rotary_dim,
+        positions=positions,
+        round_after_norm=round_after_norm,
+        layout=layout,
+        process_group=process_group,
+    )
     if quantize is not None:
         with fastpath.Recorder() as rec:
             res = run_quantized(p, q, k, quantize)
         if key is not None:
-            _CACHE.put(key, rec.replay((*_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm,
-                                                False), res.q_scale, res.k_scale)))
+            _CACHE.put(
+                key,
+                rec.replay(
+                    (
+                        *_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm, False),
+                        res.q_scale,
+                        res.k_scale,
+                    )
+                ),
+            )
         return res
     with fastpath.Recorder() as rec:
         q_out, k_out = run(p, q, k, inplace, out)
@@ -884,14 +1202,31 @@ def _check_grad(*ts):
     """Refuses inputs that autograd would need a backward for (the op has none), with grad
     enabled; absent inputs (no K, no tables, no norm) need nothing."""
     if torch.is_grad_enabled() and any(needs_grad(t) for t in ts):
-        raise RuntimeError("ditfuse.qk_norm_rope is inference-only (no backward): call it "
-                           "under torch.no_grad() or torch.inference_mode()")
+        raise RuntimeError(
+            "ditfuse.qk_norm_rope is inference-only (no backward): call it "
+            "under torch.no_grad() or torch.inference_mode()"
+        )
 
 
-def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_heads=None,
-                 rope_style="interleaved", rotary_dim=None, positions=None, inplace=False,
-                 round_after_norm=True, layout="bshd", out=None, process_group=None,
-                 quantize=None):
+def qk_norm_rope(
+    q,
+    k,
+    cos=None,
+    sin=None,
+    *,
+    q_norm=None,
+    k_norm=None,
+    num_heads=None,
+    rope_style="interleaved",
+    rotary_dim=None,
+    positions=None,
+    inplace=False,
+    round_after_norm=True,
+    layout="bshd",
+    out=None,
+    process_group=None,
+    quantize=None,
+):
     r"""Normalise Q and K per head (or across heads) and rotate them, in one pass.
 
     Inference-only: the op has no backward. With grad mode on it refuses inputs that
@@ -1040,31 +1375,69 @@ def qk_norm_rope(q, k, cos=None, sin=None, *, q_norm=None, k_norm=None, num_head
     _check_grad(q, k, cos, sin, q_norm, k_norm)
     _check_quantize(quantize, inplace, out, process_group)
     if torch.compiler.is_compiling() and process_group is not None:
-        raise ValueError("process_group is supported in eager mode only (call qk_norm_rope "
-                         "outside the compiled region, or without process_group)")
+        raise ValueError(
+            "process_group is supported in eager mode only (call qk_norm_rope "
+            "outside the compiled region, or without process_group)"
+        )
     if torch.compiler.is_compiling():
         if quantize is not None:
-            return qk_norm_rope_quant_via_op(q, k, cos, sin, quantize=quantize, q_norm=q_norm,
-                                             k_norm=k_norm, num_heads=num_heads,
-                                             rope_style=rope_style, rotary_dim=rotary_dim,
-                                             positions=positions,
-                                             round_after_norm=round_after_norm, layout=layout)
+            return qk_norm_rope_quant_via_op(
+                q,
+                k,
+                cos,
+                sin,
+                quantize=quantize,
+                q_norm=q_norm,
+                k_norm=k_norm,
+                num_heads=num_heads,
+                rope_style=rope_style,
+                rotary_dim=rotary_dim,
+                positions=positions,
+                round_after_norm=round_after_norm,
+                layout=layout,
+            )
         if out is not None:  # the mutating out= op: inductor writes the caller's views
             _check_out(out, q, k, inplace)
             out = tuple(out)
-        return qk_norm_rope_via_op(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm,
-                                        num_heads=num_heads, rope_style=rope_style,
-                                        rotary_dim=rotary_dim, positions=positions,
-                                        inplace=inplace, round_after_norm=round_after_norm,
-                                        layout=layout, out=out)
-    return call(q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=num_heads,
-                rope_style=rope_style, rotary_dim=rotary_dim, positions=positions,
-                inplace=inplace, round_after_norm=round_after_norm, layout=layout, out=out,
-                process_group=process_group, quantize=quantize)
+        return qk_norm_rope_via_op(
+            q,
+            k,
+            cos,
+            sin,
+            q_norm=q_norm,
+            k_norm=k_norm,
+            num_heads=num_heads,
+            rope_style=rope_style,
+            rotary_dim=rotary_dim,
+            positions=positions,
+            inplace=inplace,
+            round_after_norm=round_after_norm,
+            layout=layout,
+            out=out,
+        )
+    return call(
+        q,
+        k,
+        cos,
+        sin,
+        q_norm=q_norm,
+        k_norm=k_norm,
+        num_heads=num_heads,
+        rope_style=rope_style,
+        rotary_dim=rotary_dim,
+        positions=positions,
+        inplace=inplace,
+        round_after_norm=round_after_norm,
+        layout=layout,
+        out=out,
+        process_group=process_group,
+        quantize=quantize,
+    )
 
 
-def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.float32,
-                           quantize=None, **kwargs):
+def qk_norm_rope_reference(
+    q, k, cos=None, sin=None, *, compute_dtype=torch.float32, quantize=None, **kwargs
+):
     """Pure-PyTorch :func:`ditfuse.qk_norm_rope` (same arguments; ``inplace`` not taken).
 
     Outputs are new tensors in the caller's shapes. With ``quantize``: a
@@ -1094,6 +1467,7 @@ def qk_norm_rope_reference(q, k, cos=None, sin=None, *, compute_dtype=torch.floa
 
 # ---------------------------------------------------------------------------------------
 # torch.library ops: what torch.compile and CUDA-graph capture see (eager calls launch directly)
+
 
 class OpArgs(NamedTuple):
     """The arguments every ``ditfuse::qk_norm_rope*`` op takes first, in schema order: the
@@ -1130,10 +1504,16 @@ class OpArgs(NamedTuple):
 
     def call_kwargs(self) -> dict:
         """The public call's keyword arguments (``q``, ``k``, ``cos``, ``sin`` aside)."""
-        return dict(q_norm=unflatten_norm(*self[5:13]), k_norm=unflatten_norm(*self[13:21]),
-                    num_heads=self.num_heads or None, rope_style=self.rope_style,
-                    rotary_dim=self.rotary_dim or None, positions=self.positions,
-                    round_after_norm=self.round_after_norm, layout=self.layout)
+        return dict(
+            q_norm=unflatten_norm(*self[5:13]),
+            k_norm=unflatten_norm(*self[13:21]),
+            num_heads=self.num_heads or None,
+            rope_style=self.rope_style,
+            rotary_dim=self.rotary_dim or None,
+            positions=self.positions,
+            round_after_norm=self.round_after_norm,
+            layout=self.layout,
+        )
 
 
 _N_OP_ARGS = len(OpArgs._fields)
@@ -1157,13 +1537,14 @@ def _op(name: str, returns, mutates_args=(), extra=()):
     with the schema of :class:`OpArgs`' fields, then ``extra`` ((name, type) pairs); its
     ``.register_fake`` takes a fake of the same form."""
     fields = typing.get_type_hints(OpArgs)
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t)
-              for n, t in (*fields.items(), *extra)]
+    params = [
+        inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t)
+        for n, t in (*fields.items(), *extra)
+    ]
     signature = inspect.Signature(params, return_annotation=returns)
 
     def wrap(fn):
-        registered = library.op(f"ditfuse::{name}", mutates_args=mutates_args)(
-            _flat(fn, signature))
+        registered = library.op(f"ditfuse::{name}", mutates_args=mutates_args)(_flat(fn, signature))
         register_fake = registered.register_fake
         registered.register_fake = lambda fake: register_fake(_flat(fake, signature))
         return registered
@@ -1203,8 +1584,12 @@ def _(a: OpArgs):
     return None
 
 
-@_op("qk_norm_rope_out", None, mutates_args=("q_out", "k_out"),
-     extra=(("q_out", Tensor), ("k_out", Optional[Tensor])))
+@_op(
+    "qk_norm_rope_out",
+    None,
+    mutates_args=("q_out", "k_out"),
+    extra=(("q_out", Tensor), ("k_out", Optional[Tensor])),
+)
 def qk_norm_rope_out_op(a: OpArgs, q_out: Tensor, k_out: Optional[Tensor]) -> None:
     """The ``out=`` form: results written into the caller's buffers (the joint-attention
     processors' rows of the joint Q / K). A mutating op, so inductor writes the views of
@@ -1232,17 +1617,40 @@ def _(a: OpArgs, quantize):
     p = _fake_plan(a)
     B, S, H, _ = p.q.shape
     dt = QUANT_DTYPES[quantize]
-    values = [torch.empty(x.shape, dtype=dt, device=x.device) for x in (a.q, a.k)
-              if x is not None]
+    values = [torch.empty(x.shape, dtype=dt, device=x.device) for x in (a.q, a.k) if x is not None]
     scales = [torch.empty(B, H, S, dtype=torch.float32, device=a.q.device) for _ in values]
     return values + scales
 
 
-def op_args(q, k, cos, sin, *, q_norm, k_norm, num_heads, rope_style, rotary_dim, positions,
-            round_after_norm, layout) -> OpArgs:
-    return OpArgs(q, k, cos, sin, positions, *flatten_norm(q_norm, "q_norm"),
-                  *flatten_norm(k_norm, "k_norm"), int(num_heads or 0), rope_style,
-                  int(rotary_dim or 0), bool(round_after_norm), layout)
+def op_args(
+    q,
+    k,
+    cos,
+    sin,
+    *,
+    q_norm,
+    k_norm,
+    num_heads,
+    rope_style,
+    rotary_dim,
+    positions,
+    round_after_norm,
+    layout,
+) -> OpArgs:
+    return OpArgs(
+        q,
+        k,
+        cos,
+        sin,
+        positions,
+        *flatten_norm(q_norm, "q_norm"),
+        *flatten_norm(k_norm, "k_norm"),
+        int(num_heads or 0),
+        rope_style,
+        int(rotary_dim or 0),
+        bool(round_after_norm),
+        layout,
+    )
 
 
 def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):

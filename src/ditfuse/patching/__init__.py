@@ -5,15 +5,30 @@ per module (a processor instance replaced, a ``forward`` bound on an instance), 
 on the module so :func:`unpatch` restores exactly what was there. Nothing global (no
 ``F.scaled_dot_product_attention`` monkey-patch).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
-from ditfuse.patching.common import _ORIG_PROC, _PATCHED_FWD, FP8, FP8_LABEL, HOOKED, PatchReport, check_attention  # noqa: F401
-from ditfuse.patching.linear_fp8 import DEFAULT_EXCLUDE, LINEAR_FP8, check_linear, patch_linears, unpatch_linears
-from ditfuse.patching.registry import FP8_CLASSES, VAE_CLASSES, model_patches
-
 import torch
+
+from ditfuse.patching.common import (
+    _ORIG_PROC,
+    _PATCHED_FWD,
+    FP8,
+    FP8_LABEL,
+    HOOKED,  # noqa: F401 (re-exported: patch reports count under it)
+    PatchReport,
+    check_attention,
+)
+from ditfuse.patching.linear_fp8 import (
+    DEFAULT_EXCLUDE,
+    LINEAR_FP8,
+    check_linear,
+    patch_linears,
+    unpatch_linears,
+)
+from ditfuse.patching.registry import FP8_CLASSES, VAE_CLASSES, model_patches
 
 
 def _models(obj):
@@ -25,10 +40,17 @@ def _models(obj):
     raise TypeError(f"patch() takes a diffusers model or pipeline, got {type(obj).__name__}")
 
 
-def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
-          attention: Union[bool, str] = True, activations: bool = True,
-          vae: bool = True, linear: Optional[str] = None,
-          linear_exclude: Tuple[str, ...] = DEFAULT_EXCLUDE) -> PatchReport:
+def patch(
+    obj,
+    *,
+    qk_norm_rope: bool = True,
+    adaln: bool = True,
+    attention: Union[bool, str] = True,
+    activations: bool = True,
+    vae: bool = True,
+    linear: Optional[str] = None,
+    linear_exclude: Tuple[str, ...] = DEFAULT_EXCLUDE,
+) -> PatchReport:
     """Install ditfuse's fused kernels into a diffusers model or pipeline, in place.
 
     Parameters
@@ -109,16 +131,20 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
     check_attention(attention)
     check_linear(linear)
     if isinstance(linear_exclude, str) or not all(isinstance(p, str) for p in linear_exclude):
-        raise ValueError(f"linear_exclude must be a tuple of fnmatch patterns, got "
-                         f"{linear_exclude!r}")
+        raise ValueError(
+            f"linear_exclude must be a tuple of fnmatch patterns, got {linear_exclude!r}"
+        )
     if attention == FP8 and not qk_norm_rope:
-        raise ValueError("attention='fp8' runs in the attention processors that "
-                         "qk_norm_rope=True installs (their kernel writes the 8-bit Q / K); "
-                         "got qk_norm_rope=False")
+        raise ValueError(
+            "attention='fp8' runs in the attention processors that "
+            "qk_norm_rope=True installs (their kernel writes the 8-bit Q / K); "
+            "got qk_norm_rope=False"
+        )
     report = PatchReport()
     reg = model_patches()
-    flags = dict(qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention,
-                 activations=activations)
+    flags = dict(
+        qk_norm_rope=qk_norm_rope, adaln=adaln, attention=attention, activations=activations
+    )
     for name, model in _models(obj):
         cls = type(model).__name__
         if cls in VAE_CLASSES:
@@ -126,12 +152,14 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
                 report.lines.append(f"{name}: {cls} left untouched (vae=False)")
                 continue
             from ditfuse.patching.vae import patch_vae as fn
+
             kw = {}
         else:
             fn, kw = reg.get(cls), flags
         if fn is None:
-            report.lines.append(f"{name}: {cls} left untouched (ditfuse has no patch for this "
-                                f"class)")
+            report.lines.append(
+                f"{name}: {cls} left untouched (ditfuse has no patch for this class)"
+            )
             continue
         before = dict(report.counts)
         fn(model, report, **kw)
@@ -140,8 +168,10 @@ def patch(obj, *, qk_norm_rope: bool = True, adaln: bool = True,
         if attention == FP8 and cls not in FP8_CLASSES and cls not in VAE_CLASSES:
             what += " (attention='fp8': no 8-bit path for this class, its attention stays 16-bit)"
         elif any(k.endswith(FP8_LABEL) for k in done):
-            what += (" (8-bit attention for calls with no mask or a key-padding mask; another "
-                     "mask that masks something: exact)")
+            what += (
+                " (8-bit attention for calls with no mask or a key-padding mask; another "
+                "mask that masks something: exact)"
+            )
         report.lines.append(f"{name}: {cls}: {what}")
         if linear == LINEAR_FP8:
             patch_linears(model, report, linear_exclude)

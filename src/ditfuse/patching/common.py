@@ -1,6 +1,7 @@
 """What the per-model patch modules share: processor and forward replacement (recorded for
 ``unpatch``), the patch report, rotary-table caching, the concat-buffer activation and the
 checks that send a call back to the model's own code."""
+
 from __future__ import annotations
 
 import types
@@ -28,8 +29,10 @@ def _copy_into_op(src: torch.Tensor, dst: torch.Tensor) -> None:
 @_copy_into_op.register_fake
 def _(src, dst):
     if src.shape != dst.shape or src.dtype != dst.dtype:
-        raise ValueError(f"copy_into: src {tuple(src.shape)} {src.dtype} into dst "
-                         f"{tuple(dst.shape)} {dst.dtype}")
+        raise ValueError(
+            f"copy_into: src {tuple(src.shape)} {src.dtype} into dst {tuple(dst.shape)} {dst.dtype}"
+        )
+
 
 _ORIG_PROC = "_ditfuse_orig_processor"
 _PATCHED_FWD = "_ditfuse_patched_forward"
@@ -87,8 +90,10 @@ def check_attention(attention) -> None:
     (that, and the DiT attention processors on 8-bit attention); anything else a ValueError."""
     if isinstance(attention, bool) or (isinstance(attention, str) and attention == FP8):
         return
-    raise ValueError(f"attention must be True, False or {FP8!r} (8-bit attention in the DiT "
-                     f"attention processors), got {attention!r}")
+    raise ValueError(
+        f"attention must be True, False or {FP8!r} (8-bit attention in the DiT "
+        f"attention processors), got {attention!r}"
+    )
 
 
 def fp8_label(label: str, fp8: bool) -> str:
@@ -110,8 +115,12 @@ def _head_dim(attn):
 def rope_pair_ok(rope, rows: int) -> bool:
     """``rope`` is None or a (cos, sin) pair of 2-D tables of ``rows`` rows (the form FLUX's
     and HunyuanVideo's processors receive)."""
-    return rope is None or (isinstance(rope, (tuple, list)) and len(rope) == 2
-                            and rope[0].dim() == 2 and rope[0].shape[0] == rows)
+    return rope is None or (
+        isinstance(rope, (tuple, list))
+        and len(rope) == 2
+        and rope[0].dim() == 2
+        and rope[0].shape[0] == rows
+    )
 
 
 def exact_reason(attn):
@@ -122,16 +131,20 @@ def exact_reason(attn):
     (those with no mask or a key-padding mask, :func:`attend`)."""
     hd = _head_dim(attn)
     if hd is not None and hd not in HEAD_DIMS_8BIT:
-        return (f"head_dim {hd}, the 8-bit kernel takes "
-                f"{' or '.join(map(str, HEAD_DIMS_8BIT))}")
+        return f"head_dim {hd}, the 8-bit kernel takes {' or '.join(map(str, HEAD_DIMS_8BIT))}"
     w = next(iter(attn.parameters()), None)
     if w is None:
         return None
     if w.dtype not in (torch.float16, torch.bfloat16):
-        return f"{str(w.dtype).replace('torch.', '')} model, the 8-bit path takes float16 / bfloat16"
+        return (
+            f"{str(w.dtype).replace('torch.', '')} model, the 8-bit path takes float16 / bfloat16"
+        )
     if not kernel_8bit_ok(w):
-        where = ("an sm_90 GPU or the CPU under Triton's interpreter" if w.device.type == "cpu"
-                 else "an sm_90 GPU")
+        where = (
+            "an sm_90 GPU or the CPU under Triton's interpreter"
+            if w.device.type == "cpu"
+            else "an sm_90 GPU"
+        )
         return f"on {w.device}, the 8-bit kernel runs on {where}"
     return None
 
@@ -143,17 +156,19 @@ def fp8_report_label(label: str, attn) -> str:
     if not label.endswith(FP8_LABEL):
         return label
     why = exact_reason(attn)
-    return label if why is None else label[:-len(FP8_LABEL)] + f", exact attention: {why})"
+    return label if why is None else label[: -len(FP8_LABEL)] + f", exact attention: {why})"
 
 
 def processor_factory(cls, fp8: bool):
     """A constructor of ditfuse processor class ``cls`` (one with an 8-bit path: a class
     attribute ``_ditfuse_fp8 = False``) for :func:`replace_processors`; its processors take
     the 8-bit attention path (:func:`use_8bit`) when ``fp8``."""
+
     def make():
         proc = cls()
         proc._ditfuse_fp8 = fp8
         return proc
+
     return make
 
 
@@ -163,8 +178,9 @@ def kernel_8bit_ok(t: torch.Tensor) -> bool:
     scores of the whole sequence), where the 16-bit path is the faster and exact one."""
     if backend.INTERPRET:
         return t.device.type == "cpu"
-    return t.is_cuda and _sm90(t.device.index if t.device.index is not None
-                               else torch.cuda.current_device())
+    return t.is_cuda and _sm90(
+        t.device.index if t.device.index is not None else torch.cuda.current_device()
+    )
 
 
 @torch.compiler.assume_constant_result
@@ -189,17 +205,23 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def use_8bit(proc, query: torch.Tensor, value: torch.Tensor, head_dim: int, mask=None,
-             parallel_config=None) -> bool:
+def use_8bit(
+    proc, query: torch.Tensor, value: torch.Tensor, head_dim: int, mask=None, parallel_config=None
+) -> bool:
     """Whether a patched processor's call can take the 8-bit path, before looking at the
     mask's values: ``patch(attention="fp8")``, Q / K projections and V in one 16-bit dtype
     (the output's: fp32 models stay exact), a head_dim the kernel takes, a device it runs on,
     no context-parallel config the 16-bit call would pass (diffusers' dispatch does the
     sequence exchange), and no mask or one :func:`keeps_all` reads."""
-    return (getattr(proc, "_ditfuse_fp8", False) and parallel_config is None
-            and value.dtype in (torch.float16, torch.bfloat16) and query.dtype == value.dtype
-            and head_dim in HEAD_DIMS_8BIT and kernel_8bit_ok(value)
-            and (mask is None or _mask_8bit_dtype(mask)))
+    return (
+        getattr(proc, "_ditfuse_fp8", False)
+        and parallel_config is None
+        and value.dtype in (torch.float16, torch.bfloat16)
+        and query.dtype == value.dtype
+        and head_dim in HEAD_DIMS_8BIT
+        and kernel_8bit_ok(value)
+        and (mask is None or _mask_8bit_dtype(mask))
+    )
 
 
 def key_padding(mask, batch: int, keys: int):
@@ -218,8 +240,9 @@ def key_padding(mask, batch: int, keys: int):
     return mask.reshape(b, n).expand(batch, n)
 
 
-def attend(eight: bool, mask, attend_8bit: Callable, attend_16bit: Callable, operands: tuple,
-           keys=None):
+def attend(
+    eight: bool, mask, attend_8bit: Callable, attend_16bit: Callable, operands: tuple, keys=None
+):
     """A patched processor's attention output: ``attend_8bit(*operands)`` where ``eight``
     (:func:`use_8bit`) holds and the call can be attended in 8 bits, else
     ``attend_16bit(*operands)``, the exact 16-bit path. Both return the (B, S, H*D) output,
@@ -240,8 +263,12 @@ def attend(eight: bool, mask, attend_8bit: Callable, attend_16bit: Callable, ope
     if key_mask is not None:
         return attend_8bit(*operands, key_mask=key_mask)
     if compiling():
-        return torch.cond(keeps_all(mask), lambda *a: attend_8bit(*a).contiguous(),
-                          lambda *a: attend_16bit(*a).contiguous(), _apart(operands))
+        return torch.cond(
+            keeps_all(mask),
+            lambda *a: attend_8bit(*a).contiguous(),
+            lambda *a: attend_16bit(*a).contiguous(),
+            _apart(operands),
+        )
     if capturing() or not bool(keeps_all(mask)):
         return attend_16bit(*operands)
     return attend_8bit(*operands)
@@ -272,8 +299,7 @@ def joint_qk(streams, quantize=None, like: int = 0):
     passes over Q and K, the same values. With ``quantize``: each stream's ``QuantizedQK``
     from its kernel, concatenated (:func:`cat_quantized`)."""
     if quantize:
-        return cat_quantized([qk_norm_rope(q, k, quantize=quantize, **kw)
-                              for q, k, kw in streams])
+        return cat_quantized([qk_norm_rope(q, k, quantize=quantize, **kw) for q, k, kw in streams])
     q_like, k_like, _ = streams[like]
     B, _, H, D = q_like.shape
     n = sum(q.shape[1] for q, _, _ in streams)
@@ -292,21 +318,25 @@ def cat_quantized(parts) -> QuantizedQK:
     the concatenation of their values and of their scales."""
     if len(parts) == 1:
         return parts[0]
-    return QuantizedQK(torch.cat([p.q for p in parts], dim=1),
-                       torch.cat([p.k for p in parts], dim=1),
-                       torch.cat([p.q_scale for p in parts], dim=2),
-                       torch.cat([p.k_scale for p in parts], dim=2))
+    return QuantizedQK(
+        torch.cat([p.q for p in parts], dim=1),
+        torch.cat([p.k for p in parts], dim=1),
+        torch.cat([p.q_scale for p in parts], dim=2),
+        torch.cat([p.k_scale for p in parts], dim=2),
+    )
 
 
-def attention_8bit(qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None,
-                   key_mask=None) -> torch.Tensor:
+def attention_8bit(
+    qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None, key_mask=None
+) -> torch.Tensor:
     """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) int8 Q / K with their
     per-token scales (``k`` / ``k_scale``: other keys for the same queries) and 16-bit V,
     ``key_mask`` (bool (B, S_kv), :func:`key_padding`) the keys attended; (B, S, H, D) in
     V's dtype."""
     k, k_scale = (qk.k, qk.k_scale) if k is None else (k, k_scale)
-    return _attention(qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale,
-                      key_mask=key_mask)
+    return _attention(
+        qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale, key_mask=key_mask
+    )
 
 
 #: the report's label of the attention processors with the fused QK-norm + RoPE
@@ -318,8 +348,12 @@ def replace_qk_processors(model, report, table, attention, label: str = QK_LABEL
     ditfuse class}``, classes with an 8-bit path), on 8-bit attention where ``attention`` is
     ``"fp8"`` (:func:`processor_factory`); counted under ``label`` (:func:`fp8_label`)."""
     fp8 = attention == FP8
-    replace_processors(model, report, {k: processor_factory(v, fp8) for k, v in table.items()},
-                       fp8_label(label, fp8))
+    replace_processors(
+        model,
+        report,
+        {k: processor_factory(v, fp8) for k, v in table.items()},
+        fp8_label(label, fp8),
+    )
 
 
 def replace_processors(model, report, table, label: str) -> None:
@@ -369,8 +403,9 @@ class Projected:
 def plain_layer_norms(*norms) -> bool:
     """Whether every module is a ``torch.nn.LayerNorm`` without affine parameters (the norm2 /
     norm1 of the DiT blocks whose chains the AdaLN kernels reproduce with ``norm="layer"``)."""
-    return all(isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None
-               for n in norms)
+    return all(
+        isinstance(n, torch.nn.LayerNorm) and n.weight is None and n.bias is None for n in norms
+    )
 
 
 def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate_mlp):
@@ -378,8 +413,9 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate
     ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
     shift_mlp`` -> ``ff`` -> ``x + gate_mlp * ff(...)``, as two AdaLN kernels around the FF
     (``rounding="per_op"``: every step rounded as the eager block rounds it)."""
-    x, n = gated_residual_adaln(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer",
-                                eps=norm2.eps, rounding="per_op")
+    x, n = gated_residual_adaln(
+        x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer", eps=norm2.eps, rounding="per_op"
+    )
     return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
 
 
@@ -393,15 +429,25 @@ def join_tokens(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     torch.compile the cat is inductor's."""
     if not compiling() and _adjacent(first, second):
         B, T, D = first.shape
-        return first.as_strided((B, T + second.shape[1], D),
-                                (first.stride(0) if B > 1 else (T + second.shape[1]) * D, D, 1))
+        return first.as_strided(
+            (B, T + second.shape[1], D),
+            (first.stride(0) if B > 1 else (T + second.shape[1]) * D, D, 1),
+        )
     return torch.cat([first, second], dim=1)
 
 
 def _adjacent(a, b) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim() == 3
-            and a.dtype == b.dtype and a.device == b.device and a.shape[0] == b.shape[0]
-            and a.shape[2] == b.shape[2] and a.shape[1] > 0 and b.shape[1] > 0):
+    if not (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dim() == b.dim() == 3
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.shape[0] == b.shape[0]
+        and a.shape[2] == b.shape[2]
+        and a.shape[1] > 0
+        and b.shape[1] > 0
+    ):
         return False
     B, T, D = a.shape
     N = T + b.shape[1]
@@ -409,8 +455,10 @@ def _adjacent(a, b) -> bool:
         return False
     if B > 1 and not (a.stride(0) == b.stride(0) == N * D):
         return False
-    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and b.data_ptr() == a.data_ptr() + T * D * a.element_size())
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and b.data_ptr() == a.data_ptr() + T * D * a.element_size()
+    )
 
 
 def _parts(first):
@@ -435,7 +483,7 @@ def cat_activation(first, h, act, width: int):
     else:
         row = 0
         for t in parts:
-            copy(t, buf[:, row:row + t.shape[1], :D])
+            copy(t, buf[:, row : row + t.shape[1], :D])
             row += t.shape[1]
     act(h, out=buf[..., D:])
     return buf
@@ -489,9 +537,14 @@ def cat_fusable(first, h, op: str) -> bool:
     if not all(isinstance(t, torch.Tensor) and t.dtype == h.dtype for t in parts):
         return False
     if len(parts) > 1:
-        if not (h.dim() == 3 and all(t.dim() == 3 and t.shape[0] == h.shape[0]
-                                     and t.shape[2] == parts[0].shape[2] for t in parts)
-                and sum(t.shape[1] for t in parts) == h.shape[1]):
+        if not (
+            h.dim() == 3
+            and all(
+                t.dim() == 3 and t.shape[0] == h.shape[0] and t.shape[2] == parts[0].shape[2]
+                for t in parts
+            )
+            and sum(t.shape[1] for t in parts) == h.shape[1]
+        ):
             return False
     elif parts[0].shape[:-1] != h.shape[:-1]:
         return False
@@ -538,7 +591,8 @@ def grad_needed(*tensors) -> bool:
     """True when autograd would need gradients through these tensors (the fused kernels
     are inference-only, so the original code runs)."""
     return torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )
 
 
 def params_need_grad(module) -> bool:

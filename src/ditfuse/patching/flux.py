@@ -3,6 +3,7 @@ blocks' gated residuals with the norm + modulation that follows them, and the si
 blocks' GELU written straight into the buffer ``proj_out`` reads (no ``torch.cat``). Chroma
 (ChromaTransformer2DModel, FLUX.1's attention): the QK-norm + RoPE and its pruned
 AdaLayerNormZero(Single) modules' norm + modulate."""
+
 from __future__ import annotations
 
 import torch
@@ -39,25 +40,42 @@ def joint_processor(base, get_qkv_projections, out):
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                     image_rotary_emb=None):
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            encoder_hidden_states=None,
+            attention_mask=None,
+            image_rotary_emb=None,
+        ):
             joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
-            if not qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) or \
-                    (attn.added_kv_proj_dim is not None and encoder_hidden_states is None):
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
-                                        image_rotary_emb)
+            if not qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) or (
+                attn.added_kv_proj_dim is not None and encoder_hidden_states is None
+            ):
+                return super().__call__(
+                    attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+                )
             projections = get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-            hidden_states = joint_attention(self, attn, *projections, image_rotary_emb, joint,
-                                            attention_mask, dispatch_attention_fn)
+            hidden_states = joint_attention(
+                self,
+                attn,
+                *projections,
+                image_rotary_emb,
+                joint,
+                attention_mask,
+                dispatch_attention_fn,
+            )
             if encoder_hidden_states is None:
                 return out(attn, hidden_states, None)
             T = encoder_hidden_states.shape[1]
             encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                [T, hidden_states.shape[1] - T], dim=1)
+                [T, hidden_states.shape[1] - T], dim=1
+            )
             return out(attn, hidden_states, encoder_hidden_states)
 
-    DitfuseJointAttnProcessor.__name__ = DitfuseJointAttnProcessor.__qualname__ = \
+    DitfuseJointAttnProcessor.__name__ = DitfuseJointAttnProcessor.__qualname__ = (
         "Ditfuse" + base.__name__
+    )
     return DitfuseJointAttnProcessor
 
 
@@ -87,14 +105,18 @@ def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -
     """Whether the fused Q/K path reproduces the processor: q/k norms qk_norm_rope reads, no
     gradients, a (cos, sin) pair of (S_total, D) tables (or no RoPE)."""
     total = hidden_states.shape[1] + (encoder_hidden_states.shape[1] if joint else 0)
-    return (common.norms_ok(attn.norm_q, attn.norm_k)
-            and (not joint or common.norms_ok(attn.norm_added_q, attn.norm_added_k))
-            and not common.grad_needed(hidden_states, encoder_hidden_states)
-            and not common.params_need_grad(attn) and common.rope_pair_ok(image_rotary_emb, total))
+    return (
+        common.norms_ok(attn.norm_q, attn.norm_k)
+        and (not joint or common.norms_ok(attn.norm_added_q, attn.norm_added_k))
+        and not common.grad_needed(hidden_states, encoder_hidden_states)
+        and not common.params_need_grad(attn)
+        and common.rope_pair_ok(image_rotary_emb, total)
+    )
 
 
-def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint,
-             quantize=None):
+def joint_qk(
+    attn, query, key, value, encoder_query, encoder_key, encoder_value, rope, joint, quantize=None
+):
     """Per-head norm + RoPE of the (text +) image streams, as the FLUX processors do before
     attention: unflatten to heads, norm each stream with its own norms, concatenate text
     first, rotate the whole sequence -- each stream by one kernel call into its rows of the
@@ -104,25 +126,52 @@ def joint_qk(attn, query, key, value, encoder_query, encoder_key, encoder_value,
     query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
     cos, sin = rope if rope is not None else (None, None)
     if not joint:
-        qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                          **({"quantize": quantize} if quantize else {}))
+        qk = qk_norm_rope(
+            query,
+            key,
+            cos,
+            sin,
+            q_norm=attn.norm_q,
+            k_norm=attn.norm_k,
+            **({"quantize": quantize} if quantize else {}),
+        )
     else:
         encoder_query, encoder_key, encoder_value = (
-            t.unflatten(-1, (-1, D)) for t in (encoder_query, encoder_key, encoder_value))
+            t.unflatten(-1, (-1, D)) for t in (encoder_query, encoder_key, encoder_value)
+        )
         T, S = encoder_query.shape[1], query.shape[1]
         c_cos, c_sin = _rows(cos, sin, 0, T)
         i_cos, i_sin = _rows(cos, sin, T, T + S)
-        qk = common.joint_qk([
-            (encoder_query, encoder_key, dict(cos=c_cos, sin=c_sin, q_norm=attn.norm_added_q,
-                                              k_norm=attn.norm_added_k)),
-            (query, key, dict(cos=i_cos, sin=i_sin, q_norm=attn.norm_q, k_norm=attn.norm_k))],
-            quantize=quantize, like=1)
+        qk = common.joint_qk(
+            [
+                (
+                    encoder_query,
+                    encoder_key,
+                    dict(cos=c_cos, sin=c_sin, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k),
+                ),
+                (query, key, dict(cos=i_cos, sin=i_sin, q_norm=attn.norm_q, k_norm=attn.norm_k)),
+            ],
+            quantize=quantize,
+            like=1,
+        )
         value = torch.cat([encoder_value, value], dim=1)
     return (qk, value) if quantize else (*qk, value)
 
 
-def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, encoder_value,
-                    rope, joint, mask, dispatch_attention_fn):
+def joint_attention(
+    proc,
+    attn,
+    query,
+    key,
+    value,
+    encoder_query,
+    encoder_key,
+    encoder_value,
+    rope,
+    joint,
+    mask,
+    dispatch_attention_fn,
+):
     """The FLUX processors' attention from the projections to the (B, S_total, H*D) output:
     :func:`joint_qk` and the model's dispatch (16 bits), or with ``patch(attention="fp8")``
     where the call allows it (``common.use_8bit`` / ``common.attend``) each stream
@@ -133,39 +182,50 @@ def joint_attention(proc, attn, query, key, value, encoder_query, encoder_key, e
     enc = (encoder_query, encoder_key, encoder_value) if joint else ()
 
     def attend_16bit(query, key, value, *enc):
-        query, key, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope,
-                                     joint)
-        out = dispatch_attention_fn(query, key, value, attn_mask=mask,
-                                    backend=proc._attention_backend,
-                                    parallel_config=proc._parallel_config)
+        query, key, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope, joint)
+        out = dispatch_attention_fn(
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            backend=proc._attention_backend,
+            parallel_config=proc._parallel_config,
+        )
         return out.flatten(2, 3).to(query.dtype)
 
     def attend_8bit(query, key, value, *enc, key_mask=None):
-        qk, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope, joint,
-                             quantize="int8")
+        qk, value = joint_qk(
+            attn, query, key, value, *(enc or (None,) * 3), rope, joint, quantize="int8"
+        )
         return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
     eight = common.use_8bit(proc, query, value, attn.head_dim, mask, proc._parallel_config)
     n = query.shape[1] + (encoder_query.shape[1] if joint else 0)
-    return common.attend(eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc),
-                         keys=(query.shape[0], n))
+    return common.attend(
+        eight, mask, attend_8bit, attend_16bit, (query, key, value, *enc), keys=(query.shape[0], n)
+    )
 
 
 def _ada_ok(self, x, emb_dtype) -> bool:
     from diffusers.models.normalization import FP32LayerNorm
 
     n = self.norm
-    return (isinstance(n, (torch.nn.LayerNorm, FP32LayerNorm)) and n.weight is None
-            and n.bias is None and emb_dtype == x.dtype and x.dim() == 3
-            and not common.grad_needed(x) and not common.params_need_grad(self))
+    return (
+        isinstance(n, (torch.nn.LayerNorm, FP32LayerNorm))
+        and n.weight is None
+        and n.bias is None
+        and emb_dtype == x.dtype
+        and x.dim() == 3
+        and not common.grad_needed(x)
+        and not common.params_need_grad(self)
+    )
 
 
 def _modulate(self, x, shift, scale, emb_dtype):
     """``self.norm(x) * (1 + scale) + shift`` of an AdaLayerNormZero-like module, fused where
     :func:`_ada_ok` holds (per-op rounding, as the module computes in the activation dtype)."""
     if _ada_ok(self, x, emb_dtype):
-        return adaln_modulate(x, shift, scale, norm="layer", eps=self.norm.eps,
-                              rounding="per_op")
+        return adaln_modulate(x, shift, scale, norm="layer", eps=self.norm.eps, rounding="per_op")
     return self.norm(x) * (1 + scale[:, None]) + shift[:, None]
 
 
@@ -193,7 +253,9 @@ def _chroma_zero_forward(self, x, timestep=None, class_labels=None, hidden_dtype
     :func:`_ada_zero_forward`."""
     if self.emb is not None:
         emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.flatten(1, 2).chunk(6, dim=1)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.flatten(1, 2).chunk(
+        6, dim=1
+    )
     x = _modulate(self, x, shift_msa, scale_msa, emb.dtype)
     return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
@@ -210,34 +272,52 @@ def _chroma_norms():
         from diffusers.models.transformers import transformer_chroma as tc
     except ImportError:
         return {}
-    return {tc.ChromaAdaLayerNormZeroPruned: (_chroma_zero_forward,
-                                              "Chroma AdaLayerNormZeroPruned (modulate)"),
-            tc.ChromaAdaLayerNormZeroSinglePruned: (
-                _chroma_zero_single_forward, "Chroma AdaLayerNormZeroSinglePruned (modulate)")}
+    return {
+        tc.ChromaAdaLayerNormZeroPruned: (
+            _chroma_zero_forward,
+            "Chroma AdaLayerNormZeroPruned (modulate)",
+        ),
+        tc.ChromaAdaLayerNormZeroSinglePruned: (
+            _chroma_zero_single_forward,
+            "Chroma AdaLayerNormZeroSinglePruned (modulate)",
+        ),
+    }
 
 
 def _block_ok(self, x, c, temb) -> bool:
     """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
     fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
     the gates and modulations in that dtype too: ``temb``'s dtype after the AdaLN linear)."""
-    return (common.plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
-            and c.dim() == 3 and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-            and not common.grad_needed(x, c, temb) and not common.params_need_grad(self))
+    return (
+        common.plain_layer_norms(self.norm2, self.norm2_context)
+        and x.dim() == 3
+        and c.dim() == 3
+        and x.dtype == c.dtype == self.norm1.linear.weight.dtype
+        and not common.grad_needed(x, c, temb)
+        and not common.params_need_grad(self)
+    )
 
 
 def context_mlp_tail(block, x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp):
     """The text stream's second half in FLUX's double-stream blocks (FLUX.1's and FLUX.2's):
     :func:`~ditfuse.patching.common.per_op_mlp_tail` through ``norm2_context`` and
     ``ff_context``, clipped to float16's range in float16 (as the blocks do)."""
-    x = common.per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, block.norm2_context,
-                               block.ff_context, gate_mlp)
+    x = common.per_op_mlp_tail(
+        x, attn_out, gate_msa, shift_mlp, scale_mlp, block.norm2_context, block.ff_context, gate_mlp
+    )
     if x.dtype == torch.float16:
         x = x.clip(-65504, 65504)
     return x
 
 
-def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                   joint_attention_kwargs=None):
+def _block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    image_rotary_emb=None,
+    joint_attention_kwargs=None,
+):
     """FluxTransformerBlock.forward with, per stream, ``x + gate * attn`` -> norm2 ->
     ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (the eager
     block's bf16 per-op rounding: ``rounding="per_op"``). Falls back to the block's own
@@ -245,52 +325,98 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotar
     from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
 
     if not _block_ok(self, hidden_states, encoder_hidden_states, temb):
-        return FluxTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
-                                            image_rotary_emb, joint_attention_kwargs)
-    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
-    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
-        encoder_hidden_states, emb=temb)
-    attention_outputs = self.attn(hidden_states=norm_hidden_states,
-                                  encoder_hidden_states=norm_encoder_hidden_states,
-                                  image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+        return FluxTransformerBlock.forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            temb,
+            image_rotary_emb,
+            joint_attention_kwargs,
+        )
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(
+        hidden_states, emb=temb
+    )
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = (
+        self.norm1_context(encoder_hidden_states, emb=temb)
+    )
+    attention_outputs = self.attn(
+        hidden_states=norm_hidden_states,
+        encoder_hidden_states=norm_encoder_hidden_states,
+        image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}),
+    )
     attn_output, context_attn_output = attention_outputs[:2]
 
-    hidden_states = common.per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp,
-                                           scale_mlp, self.norm2, self.ff, gate_mlp)
+    hidden_states = common.per_op_mlp_tail(
+        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, self.norm2, self.ff, gate_mlp
+    )
     if len(attention_outputs) == 3:  # IP-adapter output, added as the block does
         hidden_states = hidden_states + attention_outputs[2]
-    encoder_hidden_states = context_mlp_tail(self, encoder_hidden_states, context_attn_output,
-                                             c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp)
+    encoder_hidden_states = context_mlp_tail(
+        self,
+        encoder_hidden_states,
+        context_attn_output,
+        c_gate_msa,
+        c_shift_mlp,
+        c_scale_mlp,
+        c_gate_mlp,
+    )
     return encoder_hidden_states, hidden_states
 
 
-def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                          joint_attention_kwargs=None, fuse_act=False):
+def _single_block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    image_rotary_emb=None,
+    joint_attention_kwargs=None,
+    fuse_act=False,
+):
     """FluxSingleTransformerBlock.forward with ``residual + gate * proj_out(...)`` as one
     kernel (per-op rounding, as the block computes it in the activation dtype) and, with
     ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written into the MLP half of the concat
     buffer (the same values as ``torch.cat([attn, act_mlp(mlp)], dim=2)``)."""
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
 
-    if common.grad_needed(hidden_states, encoder_hidden_states, temb) or \
-            common.params_need_grad(self) or \
-            hidden_states.dtype != encoder_hidden_states.dtype or \
-            hidden_states.dtype != self.norm.linear.weight.dtype:
-        return FluxSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
-                                                  image_rotary_emb, joint_attention_kwargs)
+    if (
+        common.grad_needed(hidden_states, encoder_hidden_states, temb)
+        or common.params_need_grad(self)
+        or hidden_states.dtype != encoder_hidden_states.dtype
+        or hidden_states.dtype != self.norm.linear.weight.dtype
+    ):
+        return FluxSingleTransformerBlock.forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            temb,
+            image_rotary_emb,
+            joint_attention_kwargs,
+        )
     text_seq_len = encoder_hidden_states.shape[1]
     hidden_states = common.join_tokens(encoder_hidden_states, hidden_states)
     residual = hidden_states
     norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
     mlp_hidden_states = self.proj_mlp(norm_hidden_states)
-    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
-                            **(joint_attention_kwargs or {}))
+    attn_output = self.attn(
+        hidden_states=norm_hidden_states,
+        image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}),
+    )
     act = self.act_mlp
-    if fuse_act and type(act) is torch.nn.GELU and act.approximate in GELU_KINDS and \
-            attn_output.dim() == 3 and common.cat_fusable(attn_output, mlp_hidden_states, "gelu"):
-        hidden_states = common.cat_activation(attn_output, mlp_hidden_states,
-                                              lambda h, out: gelu(h, act.approximate, out=out),
-                                              mlp_hidden_states.shape[-1])
+    if (
+        fuse_act
+        and type(act) is torch.nn.GELU
+        and act.approximate in GELU_KINDS
+        and attn_output.dim() == 3
+        and common.cat_fusable(attn_output, mlp_hidden_states, "gelu")
+    ):
+        hidden_states = common.cat_activation(
+            attn_output,
+            mlp_hidden_states,
+            lambda h, out: gelu(h, act.approximate, out=out),
+            mlp_hidden_states.shape[-1],
+        )
     else:
         hidden_states = torch.cat([attn_output, act(mlp_hidden_states)], dim=2)
     hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
@@ -299,10 +425,23 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, imag
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
 
 
-def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
-                              image_rotary_emb=None, joint_attention_kwargs=None):
-    return _single_block_forward(self, hidden_states, encoder_hidden_states, temb,
-                                 image_rotary_emb, joint_attention_kwargs, fuse_act=True)
+def _single_block_forward_act(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    image_rotary_emb=None,
+    joint_attention_kwargs=None,
+):
+    return _single_block_forward(
+        self,
+        hidden_states,
+        encoder_hidden_states,
+        temb,
+        image_rotary_emb,
+        joint_attention_kwargs,
+        fuse_act=True,
+    )
 
 
 def zero_block_forwards(block, single_block, activations: bool) -> dict:
@@ -313,30 +452,47 @@ def zero_block_forwards(block, single_block, activations: bool) -> dict:
     from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
 
     (block_cls, block_fwd), (single_cls, single_fwd, single_act_fwd) = block, single_block
-    single = ((single_act_fwd, "single blocks (gated residual, GELU into the concat buffer)")
-              if activations else (single_fwd, "single blocks (gated residual)"))
-    return {AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
-            AdaLayerNormZeroSingle: (_ada_zero_single_forward,
-                                     "AdaLayerNormZeroSingle (modulate)"),
-            block_cls: (block_fwd, "blocks (gated residuals + norm2)"),
-            single_cls: single}
+    single = (
+        (single_act_fwd, "single blocks (gated residual, GELU into the concat buffer)")
+        if activations
+        else (single_fwd, "single blocks (gated residual)")
+    )
+    return {
+        AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+        AdaLayerNormZeroSingle: (_ada_zero_single_forward, "AdaLayerNormZeroSingle (modulate)"),
+        block_cls: (block_fwd, "blocks (gated residuals + norm2)"),
+        single_cls: single,
+    }
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
-    from diffusers.models.transformers.transformer_flux import (FluxAttention, FluxAttnProcessor,
-                                                                FluxSingleTransformerBlock,
-                                                                FluxTransformerBlock)
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
+    from diffusers.models.transformers.transformer_flux import (
+        FluxAttention,
+        FluxAttnProcessor,
+        FluxSingleTransformerBlock,
+        FluxTransformerBlock,
+    )
 
     fp8 = attention == common.FP8
     proc = common.processor_factory(_make_processor(), fp8) if qk_norm_rope else None
     for m in model.modules():
-        if proc is not None and isinstance(m, FluxAttention) and \
-                common.original_processor_type(m) is FluxAttnProcessor:
+        if (
+            proc is not None
+            and isinstance(m, FluxAttention)
+            and common.original_processor_type(m) is FluxAttnProcessor
+        ):
             if common.set_processor(m, proc()):
                 report.add(common.fp8_report_label(common.fp8_label(common.QK_LABEL, fp8), m))
     if adaln:
-        common.bind_forwards(model, report, {**_chroma_norms(), **zero_block_forwards(
-            (FluxTransformerBlock, _block_forward),
-            (FluxSingleTransformerBlock, _single_block_forward, _single_block_forward_act),
-            activations)})
+        common.bind_forwards(
+            model,
+            report,
+            {
+                **_chroma_norms(),
+                **zero_block_forwards(
+                    (FluxTransformerBlock, _block_forward),
+                    (FluxSingleTransformerBlock, _single_block_forward, _single_block_forward_act),
+                    activations,
+                ),
+            },
+        )

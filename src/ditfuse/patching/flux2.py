@@ -4,6 +4,7 @@ the single-stream (parallel) processor; in the blocks, every norm + modulation a
 residual of the eager code as the AdaLN kernels (per-op rounding, as the blocks compute in
 the activation dtype); every ``Flux2SwiGLU`` as one kernel, and in the single-stream
 processor the SwiGLU written straight into the buffer ``to_out`` reads (no ``torch.cat``)."""
+
 from __future__ import annotations
 
 import torch
@@ -80,7 +81,8 @@ def _make_processors(fuse_act: bool = True):
             mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
             local_qkv = hidden_states.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
             qkv, mlp_hidden_states = torch.split(
-                hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
+                hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1
+            )
             query, key, value = qkv.chunk(3, dim=-1)
             D = attn.head_dim
             query = query.unflatten(-1, (-1, D))
@@ -91,90 +93,176 @@ def _make_processors(fuse_act: bool = True):
             def attend_16bit(query, key, value):
                 # into fresh Q / K (contiguous for the attention) rather than in place on the
                 # projection's chunks: the same bits, faster (docs/design/qk_norm_rope.md)
-                query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
-                                          k_norm=attn.norm_k)
+                query, key = qk_norm_rope(
+                    query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k
+                )
                 out = dispatch_attention_fn(
-                    query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-                    parallel_config=self._parallel_config)
+                    query,
+                    key,
+                    value,
+                    attn_mask=attention_mask,
+                    backend=self._attention_backend,
+                    parallel_config=self._parallel_config,
+                )
                 return out.flatten(2, 3).to(query.dtype)
 
             def attend_8bit(query, key, value, key_mask=None):
-                qk = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                                  quantize="int8")
+                qk = qk_norm_rope(
+                    query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k, quantize="int8"
+                )
                 return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             hidden_states = common.attend(
                 common.use_8bit(self, query, value, D, attention_mask, self._parallel_config),
-                attention_mask, attend_8bit, attend_16bit, (query, key, value),
-                keys=tuple(key.shape[:2]))
-            if self._fuse_act and _is_swiglu(attn.mlp_act_fn) and \
-                    common.cat_fusable(hidden_states, mlp_hidden_states, "swiglu"):
-                return attn.to_out(common.cat_activation(hidden_states, mlp_hidden_states, swiglu,
-                                                         mlp_hidden_states.shape[-1] // 2))
+                attention_mask,
+                attend_8bit,
+                attend_16bit,
+                (query, key, value),
+                keys=tuple(key.shape[:2]),
+            )
+            if (
+                self._fuse_act
+                and _is_swiglu(attn.mlp_act_fn)
+                and common.cat_fusable(hidden_states, mlp_hidden_states, "swiglu")
+            ):
+                return attn.to_out(
+                    common.cat_activation(
+                        hidden_states, mlp_hidden_states, swiglu, mlp_hidden_states.shape[-1] // 2
+                    )
+                )
             mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
             hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
             return attn.to_out(hidden_states)
 
-    return {t2.Flux2AttnProcessor: joint_processor(t2.Flux2AttnProcessor,
-                                                   t2._get_qkv_projections, _out),
-            t2.Flux2ParallelSelfAttnProcessor: DitfuseFlux2ParallelSelfAttnProcessor}
+    return {
+        t2.Flux2AttnProcessor: joint_processor(
+            t2.Flux2AttnProcessor, t2._get_qkv_projections, _out
+        ),
+        t2.Flux2ParallelSelfAttnProcessor: DitfuseFlux2ParallelSelfAttnProcessor,
+    }
 
 
 def _fusable(block, norms, x, *ts) -> bool:
     """Affine-free LayerNorms, no autograd, and every tensor of the chain in x's dtype (the
     eager block rounds each step to it: ``rounding="per_op"``)."""
-    return (common.plain_layer_norms(*norms) and x.dim() == 3 and not common.grad_needed(x, *ts)
-            and not common.params_need_grad(block) and all(t.dtype == x.dtype for t in ts))
+    return (
+        common.plain_layer_norms(*norms)
+        and x.dim() == 3
+        and not common.grad_needed(x, *ts)
+        and not common.params_need_grad(block)
+        and all(t.dtype == x.dtype for t in ts)
+    )
 
 
-def _block_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
-                   image_rotary_emb=None, joint_attention_kwargs=None):
+def _block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb_mod_img,
+    temb_mod_txt,
+    image_rotary_emb=None,
+    joint_attention_kwargs=None,
+):
     """Flux2TransformerBlock.forward with, per stream, norm1 + modulate, ``x + gate * attn``
     + norm2 + modulate, and ``x + gate * ff`` each as one kernel."""
-    from diffusers.models.transformers.transformer_flux2 import Flux2Modulation, Flux2TransformerBlock
+    from diffusers.models.transformers.transformer_flux2 import (
+        Flux2Modulation,
+        Flux2TransformerBlock,
+    )
 
-    if not _fusable(self, (self.norm1, self.norm1_context, self.norm2, self.norm2_context),
-                    hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt):
-        return Flux2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod_img,
-                                             temb_mod_txt, image_rotary_emb, joint_attention_kwargs)
+    if not _fusable(
+        self,
+        (self.norm1, self.norm1_context, self.norm2, self.norm2_context),
+        hidden_states,
+        encoder_hidden_states,
+        temb_mod_img,
+        temb_mod_txt,
+    ):
+        return Flux2TransformerBlock.forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            temb_mod_img,
+            temb_mod_txt,
+            image_rotary_emb,
+            joint_attention_kwargs,
+        )
     (shift_msa, scale_msa, gate_msa), (shift_mlp, scale_mlp, gate_mlp) = Flux2Modulation.split(
-        temb_mod_img, 2)
-    (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = Flux2Modulation.split(
-        temb_mod_txt, 2)
+        temb_mod_img, 2
+    )
+    (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = (
+        Flux2Modulation.split(temb_mod_txt, 2)
+    )
     kw = dict(norm="layer", rounding="per_op")
-    norm_hidden_states = adaln_modulate(hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, **kw)
-    norm_encoder_hidden_states = adaln_modulate(encoder_hidden_states, c_shift_msa, c_scale_msa,
-                                                eps=self.norm1_context.eps, **kw)
+    norm_hidden_states = adaln_modulate(
+        hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, **kw
+    )
+    norm_encoder_hidden_states = adaln_modulate(
+        encoder_hidden_states, c_shift_msa, c_scale_msa, eps=self.norm1_context.eps, **kw
+    )
     attn_output, context_attn_output = self.attn(
-        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
-        image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+        hidden_states=norm_hidden_states,
+        encoder_hidden_states=norm_encoder_hidden_states,
+        image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}),
+    )
 
-    hidden_states = common.per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp,
-                                           scale_mlp, self.norm2, self.ff, gate_mlp)
-    encoder_hidden_states = context_mlp_tail(self, encoder_hidden_states, context_attn_output,
-                                             c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp)
+    hidden_states = common.per_op_mlp_tail(
+        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, self.norm2, self.ff, gate_mlp
+    )
+    encoder_hidden_states = context_mlp_tail(
+        self,
+        encoder_hidden_states,
+        context_attn_output,
+        c_gate_msa,
+        c_shift_mlp,
+        c_scale_mlp,
+        c_gate_mlp,
+    )
     return encoder_hidden_states, hidden_states
 
 
-def _single_block_forward(self, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb=None,
-                          joint_attention_kwargs=None, split_hidden_states=False, text_seq_len=None):
+def _single_block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb_mod,
+    image_rotary_emb=None,
+    joint_attention_kwargs=None,
+    split_hidden_states=False,
+    text_seq_len=None,
+):
     """Flux2SingleTransformerBlock.forward with norm + modulate and ``x + gate * attn`` each
     as one kernel."""
-    from diffusers.models.transformers.transformer_flux2 import Flux2Modulation, Flux2SingleTransformerBlock
+    from diffusers.models.transformers.transformer_flux2 import (
+        Flux2Modulation,
+        Flux2SingleTransformerBlock,
+    )
 
     ts = (temb_mod,) + ((encoder_hidden_states,) if encoder_hidden_states is not None else ())
     if not _fusable(self, (self.norm,), hidden_states, *ts):
-        return Flux2SingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb_mod,
-                                                   image_rotary_emb, joint_attention_kwargs,
-                                                   split_hidden_states, text_seq_len)
+        return Flux2SingleTransformerBlock.forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            temb_mod,
+            image_rotary_emb,
+            joint_attention_kwargs,
+            split_hidden_states,
+            text_seq_len,
+        )
     if encoder_hidden_states is not None:
         text_seq_len = encoder_hidden_states.shape[1]
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     mod_shift, mod_scale, mod_gate = Flux2Modulation.split(temb_mod, 1)[0]
-    norm_hidden_states = adaln_modulate(hidden_states, mod_shift, mod_scale, norm="layer",
-                                        eps=self.norm.eps, rounding="per_op")
-    attn_output = self.attn(hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb,
-                            **(joint_attention_kwargs or {}))
+    norm_hidden_states = adaln_modulate(
+        hidden_states, mod_shift, mod_scale, norm="layer", eps=self.norm.eps, rounding="per_op"
+    )
+    attn_output = self.attn(
+        hidden_states=norm_hidden_states,
+        image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}),
+    )
     hidden_states = gated_residual(hidden_states, attn_output, mod_gate, rounding="per_op")
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
@@ -183,23 +271,38 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb_mod, 
     return hidden_states
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
     from diffusers.models.transformers import transformer_flux2 as t2
-    from diffusers.models.transformers.transformer_flux2 import (Flux2SingleTransformerBlock,
-                                                                 Flux2TransformerBlock)
+    from diffusers.models.transformers.transformer_flux2 import (
+        Flux2SingleTransformerBlock,
+        Flux2TransformerBlock,
+    )
 
     if qk_norm_rope:
         procs = _make_processors(activations)
-        common.replace_qk_processors(model, report, {
-            t2.Flux2AttnProcessor: procs[t2.Flux2AttnProcessor]}, attention)
-        common.replace_qk_processors(model, report, {
-            t2.Flux2ParallelSelfAttnProcessor: procs[t2.Flux2ParallelSelfAttnProcessor]},
-            attention, _PARALLEL_ACT_LABEL if activations else common.QK_LABEL)
+        common.replace_qk_processors(
+            model, report, {t2.Flux2AttnProcessor: procs[t2.Flux2AttnProcessor]}, attention
+        )
+        common.replace_qk_processors(
+            model,
+            report,
+            {t2.Flux2ParallelSelfAttnProcessor: procs[t2.Flux2ParallelSelfAttnProcessor]},
+            attention,
+            _PARALLEL_ACT_LABEL if activations else common.QK_LABEL,
+        )
     if activations:
-        common.bind_forwards(model, report, {
-            t2.Flux2SwiGLU: (_swiglu_forward, "SwiGLU activations (one kernel)")})
+        common.bind_forwards(
+            model, report, {t2.Flux2SwiGLU: (_swiglu_forward, "SwiGLU activations (one kernel)")}
+        )
     if adaln:
-        common.bind_forwards(model, report, {
-            Flux2TransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)"),
-            Flux2SingleTransformerBlock: (_single_block_forward, "single blocks (AdaLN + gated residual)")})
+        common.bind_forwards(
+            model,
+            report,
+            {
+                Flux2TransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)"),
+                Flux2SingleTransformerBlock: (
+                    _single_block_forward,
+                    "single blocks (AdaLN + gated residual)",
+                ),
+            },
+        )

@@ -7,35 +7,51 @@ upcast is exact). In the blocks, the per-token norm + modulate and the gated res
 AdaLN kernels (per-op rounding, as the blocks compute in the activation dtype; the joint
 blocks' two streams modulated straight into the rows of the sequence the attention reads,
 no ``torch.cat``), and every ``Flux3SwiGLU`` as one kernel."""
+
 from __future__ import annotations
 
 import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.patching.common import (
+    QK_LABEL,
+    bind_forwards,
+    compiling,
+    grad_needed,
+    params_need_grad,
+    plain_layer_norms,
+    replace_processors,
+)
 from ditfuse.patching.flux import qk_ok
 from ditfuse.patching.flux2 import _swiglu_forward
-from ditfuse.patching.common import (
-    QK_LABEL, bind_forwards, compiling, grad_needed, params_need_grad, plain_layer_norms,
-    replace_processors)
 
 
 def _mods_ok(x, mod) -> bool:
     """A per-token (or per-batch-entry) (B|1, S|1, 3 D) modulation in x's dtype, as the
     per-op AdaLN kernels read it."""
-    return (isinstance(mod, torch.Tensor) and mod.dim() == 3 and mod.dtype == x.dtype
-            and mod.shape[0] in (1, x.shape[0]) and mod.shape[1] in (1, x.shape[1])
-            and mod.shape[2] == 3 * x.shape[2])
+    return (
+        isinstance(mod, torch.Tensor)
+        and mod.dim() == 3
+        and mod.dtype == x.dtype
+        and mod.shape[0] in (1, x.shape[0])
+        and mod.shape[1] in (1, x.shape[1])
+        and mod.shape[2] == 3 * x.shape[2]
+    )
 
 
 def _blocks_ok(self, *pairs) -> bool:
-    return (plain_layer_norms(self.norm) and not params_need_grad(self)
-            and all(x.dim() == 3 and _mods_ok(x, m) and not grad_needed(x, m) for x, m in pairs))
+    return (
+        plain_layer_norms(self.norm)
+        and not params_need_grad(self)
+        and all(x.dim() == 3 and _mods_ok(x, m) and not grad_needed(x, m) for x, m in pairs)
+    )
 
 
 def _modulate(self, x, shift, scale, out=None):
-    return adaln_modulate(x, shift, scale, norm="layer", eps=self.norm.eps, rounding="per_op",
-                          out=out)
+    return adaln_modulate(
+        x, shift, scale, norm="layer", eps=self.norm.eps, rounding="per_op", out=out
+    )
 
 
 def _mode_block_forward(self, hidden_states, temb_mod, image_rotary_emb):
@@ -50,22 +66,28 @@ def _mode_block_forward(self, hidden_states, temb_mod, image_rotary_emb):
     return gated_residual(hidden_states, attn_output + ff_output, gate, rounding="per_op")
 
 
-def _single_block_forward(self, hidden_states, encoder_hidden_states, temb_mod, temb_mod_context,
-                          image_rotary_emb):
+def _single_block_forward(
+    self, hidden_states, encoder_hidden_states, temb_mod, temb_mod_context, image_rotary_emb
+):
     """Flux3SingleTransformerBlock.forward with each stream's norm + modulate written into its
     rows of the joint (text first) sequence, and the two gated residuals, as the AdaLN
     kernels (the same per-op roundings)."""
     x, c = hidden_states, encoder_hidden_states
-    if not (_blocks_ok(self, (x, temb_mod), (c, temb_mod_context)) and x.dtype == c.dtype
-            and x.shape[0] == c.shape[0]):
-        return type(self).forward(self, hidden_states, encoder_hidden_states, temb_mod,
-                                  temb_mod_context, image_rotary_emb)
+    if not (
+        _blocks_ok(self, (x, temb_mod), (c, temb_mod_context))
+        and x.dtype == c.dtype
+        and x.shape[0] == c.shape[0]
+    ):
+        return type(self).forward(
+            self, hidden_states, encoder_hidden_states, temb_mod, temb_mod_context, image_rotary_emb
+        )
     shift, scale, gate = torch.chunk(temb_mod, 3, dim=-1)
     c_shift, c_scale, c_gate = torch.chunk(temb_mod_context, 3, dim=-1)
     T = c.shape[1]
     if compiling():  # under torch.compile the op is functional: inductor places the rows
-        combined = torch.cat([_modulate(self, c, c_shift, c_scale),
-                              _modulate(self, x, shift, scale)], dim=1)
+        combined = torch.cat(
+            [_modulate(self, c, c_shift, c_scale), _modulate(self, x, shift, scale)], dim=1
+        )
     else:
         combined = x.new_empty(x.shape[0], T + x.shape[1], x.shape[2])
         _modulate(self, c, c_shift, c_scale, out=combined[:, :T])
@@ -104,11 +126,17 @@ def _make_processor():
             value = value.unflatten(-1, (H, -1))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
             # fp32 from the projection to the cast: no rounding after the norm
-            query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
-                                      k_norm=attn.norm_k, round_after_norm=False)
+            query, key = qk_norm_rope(
+                query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k, round_after_norm=False
+            )
             hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-                parallel_config=self._parallel_config)
+                query,
+                key,
+                value,
+                attn_mask=attention_mask,
+                backend=self._attention_backend,
+                parallel_config=self._parallel_config,
+            )
             hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
             hidden_states = attn.to_out[0](hidden_states)
             return attn.to_out[1](hidden_states)
@@ -116,18 +144,21 @@ def _make_processor():
     return DitfuseFlux3AttnProcessor
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
     from diffusers.models.transformers import transformer_flux3 as t3
 
     if qk_norm_rope:
         replace_processors(model, report, {t3.Flux3AttnProcessor: _make_processor()}, QK_LABEL)
     table = {}
     if adaln:
-        table[t3.Flux3ModeTransformerBlock] = (_mode_block_forward,
-                                               "mode blocks (modulate + gated residual)")
-        table[t3.Flux3SingleTransformerBlock] = (_single_block_forward,
-                                                 "joint blocks (modulate + gated residuals)")
+        table[t3.Flux3ModeTransformerBlock] = (
+            _mode_block_forward,
+            "mode blocks (modulate + gated residual)",
+        )
+        table[t3.Flux3SingleTransformerBlock] = (
+            _single_block_forward,
+            "joint blocks (modulate + gated residuals)",
+        )
     if activations:
         table[t3.Flux3SwiGLU] = (_swiglu_forward, "SwiGLU activations (one kernel)")
     bind_forwards(model, report, table)

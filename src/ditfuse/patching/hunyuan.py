@@ -7,6 +7,7 @@ AdaLayerNormZero(Single)'s norm + modulate and the gated residuals (with the nor
 modulate that follows) as the AdaLN kernels; the single-stream blocks' GELU written
 straight into the buffer ``proj_out`` reads, next to the image and text attention outputs
 (both ``torch.cat`` copies of the block gone)."""
+
 from __future__ import annotations
 
 import torch
@@ -25,28 +26,33 @@ def _heads(attn, x, *projections):
 def _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key):
     """A dual-stream block's streams for :func:`~ditfuse.patching.common.joint_qk`, image
     first: the image's Q / K normalised and rotated, the text's normalised."""
-    return [(query, key, dict(cos=cos, sin=sin, q_norm=attn.norm_q, k_norm=attn.norm_k)),
-            (encoder_query, encoder_key, dict(q_norm=attn.norm_added_q,
-                                              k_norm=attn.norm_added_k))]
+    return [
+        (query, key, dict(cos=cos, sin=sin, q_norm=attn.norm_q, k_norm=attn.norm_k)),
+        (encoder_query, encoder_key, dict(q_norm=attn.norm_added_q, k_norm=attn.norm_added_k)),
+    ]
 
 
 def _dual_qkv(attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value):
     """The joint (image then text) Q / K / V of a dual-stream block, each stream's Q / K
     straight into its rows (:func:`~ditfuse.patching.common.joint_qk`)."""
-    q_all, k_all = common.joint_qk(_dual_streams(attn, cos, sin, query, key, encoder_query,
-                                                 encoder_key))
+    q_all, k_all = common.joint_qk(
+        _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key)
+    )
     return q_all, k_all, torch.cat([value, encoder_value], dim=1)
 
 
-def _dual_8bit(attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value,
-               key_mask=None):
+def _dual_8bit(
+    attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value, key_mask=None
+):
     """A dual-stream block's attention on 8 bits: each stream's Q / K normalised (the image's
     also rotated) and quantized to int8 with per-token scales by one kernel, concatenated
     image first (values and scales), V as :func:`_dual_qkv` concatenates it."""
-    qk = common.joint_qk(_dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key),
-                         quantize="int8")
-    return common.attention_8bit(qk, torch.cat([value, encoder_value], dim=1),
-                                 key_mask=key_mask).flatten(2, 3)
+    qk = common.joint_qk(
+        _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key), quantize="int8"
+    )
+    return common.attention_8bit(
+        qk, torch.cat([value, encoder_value], dim=1), key_mask=key_mask
+    ).flatten(2, 3)
 
 
 def _single_qk(attn, cos, sin, query, key, n_img, text=None, quantize=None):
@@ -65,8 +71,16 @@ def _single_qk(attn, cos, sin, query, key, n_img, text=None, quantize=None):
 def _sdpa(proc, dispatch, query, key, value, mask):
     """The processors' 16-bit attention (the model's dispatch, with the processor's backend
     and context-parallel config), (B, S, H*D) in Q's dtype."""
-    out = dispatch(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                   backend=proc._attention_backend, parallel_config=proc._parallel_config)
+    out = dispatch(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        dropout_p=0.0,
+        is_causal=False,
+        backend=proc._attention_backend,
+        parallel_config=proc._parallel_config,
+    )
     return out.flatten(2, 3).to(query.dtype)
 
 
@@ -108,25 +122,39 @@ def _make_processor():
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                     image_rotary_emb=None):
-            norms = (attn.norm_q, attn.norm_k, getattr(attn, "norm_added_q", None),
-                     getattr(attn, "norm_added_k", None))
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            encoder_hidden_states=None,
+            attention_mask=None,
+            image_rotary_emb=None,
+        ):
+            norms = (
+                attn.norm_q,
+                attn.norm_k,
+                getattr(attn, "norm_added_q", None),
+                getattr(attn, "norm_added_k", None),
+            )
             single = attn.add_q_proj is None and encoder_hidden_states is not None
             T = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
             n_img = hidden_states.shape[1]
-            if not (common.norms_ok(*norms)
-                    and not common.grad_needed(hidden_states, encoder_hidden_states)
-                    and not common.params_need_grad(attn)
-                    and common.rope_pair_ok(image_rotary_emb, n_img)):
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
-                                        image_rotary_emb)
+            if not (
+                common.norms_ok(*norms)
+                and not common.grad_needed(hidden_states, encoder_hidden_states)
+                and not common.params_need_grad(attn)
+                and common.rope_pair_ok(image_rotary_emb, n_img)
+            ):
+                return super().__call__(
+                    attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+                )
             if single:
                 hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
             operands = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v)
             if attn.add_q_proj is not None and encoder_hidden_states is not None:
-                operands += _heads(attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj,
-                                   attn.add_v_proj)
+                operands += _heads(
+                    attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj
+                )
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
             text = slice(n_img, n_img + T) if single else None
 
@@ -144,10 +172,17 @@ def _make_processor():
                 return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             query, value = operands[0], operands[2]
-            eight = common.use_8bit(self, query, value, value.shape[-1], attention_mask,
-                                    self._parallel_config)
-            hidden_states = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                          operands, keys=(query.shape[0], n_img + T))
+            eight = common.use_8bit(
+                self, query, value, value.shape[-1], attention_mask, self._parallel_config
+            )
+            hidden_states = common.attend(
+                eight,
+                attention_mask,
+                attend_8bit,
+                attend_16bit,
+                operands,
+                keys=(query.shape[0], n_img + T),
+            )
             if encoder_hidden_states is not None:
                 hidden_states, encoder_hidden_states = _split_out(attn, hidden_states, T)
             return hidden_states, encoder_hidden_states
@@ -184,20 +219,29 @@ def _make_processor_15():
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                     image_rotary_emb=None):
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            encoder_hidden_states=None,
+            attention_mask=None,
+            image_rotary_emb=None,
+        ):
             S = hidden_states.shape[1]
-            if not (encoder_hidden_states is not None and attention_mask is not None
-                    and common.norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q,
-                                        attn.norm_added_k)
-                    and not common.grad_needed(hidden_states, encoder_hidden_states)
-                    and not common.params_need_grad(attn)
-                    and common.rope_pair_ok(image_rotary_emb, S)):
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
-                                        image_rotary_emb)
-            operands = (_heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v)
-                        + _heads(attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj,
-                                 attn.add_v_proj))
+            if not (
+                encoder_hidden_states is not None
+                and attention_mask is not None
+                and common.norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
+                and not common.grad_needed(hidden_states, encoder_hidden_states)
+                and not common.params_need_grad(attn)
+                and common.rope_pair_ok(image_rotary_emb, S)
+            ):
+                return super().__call__(
+                    attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+                )
+            operands = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v) + _heads(
+                attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj
+            )
             B, T = hidden_states.shape[0], encoder_hidden_states.shape[1]
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
             # the eager processor's joint mask: the token mask left-padded with True to the
@@ -208,47 +252,84 @@ def _make_processor_15():
             def attend_16bit(*operands):
                 query, key, value = _dual_qkv(attn, cos, sin, *operands)
                 rows = tokens.view(B, 1, 1, n).repeat(1, 1, n, 1)
-                return _sdpa(self, dispatch_attention_fn, query, key, value,
-                             rows & rows.transpose(2, 3))
+                return _sdpa(
+                    self, dispatch_attention_fn, query, key, value, rows & rows.transpose(2, 3)
+                )
 
             def attend_8bit(*operands, key_mask=None):
                 return _dual_8bit(attn, cos, sin, *operands, key_mask=key_mask)
 
             value = operands[2]
-            eight = common.use_8bit(self, operands[0], value, value.shape[-1], tokens,
-                                    self._parallel_config)
-            hidden_states = common.attend(eight, tokens.view(B, 1, 1, n), attend_8bit, attend_16bit,
-                                          operands, keys=(B, n))
+            eight = common.use_8bit(
+                self, operands[0], value, value.shape[-1], tokens, self._parallel_config
+            )
+            hidden_states = common.attend(
+                eight, tokens.view(B, 1, 1, n), attend_8bit, attend_16bit, operands, keys=(B, n)
+            )
             return _split_out(attn, hidden_states, T)
 
     return DitfuseHunyuanVideo15AttnProcessor
 
 
-def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
-                   freqs_cis=None, *args, **kwargs):
+def _block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    attention_mask=None,
+    freqs_cis=None,
+    *args,
+    **kwargs,
+):
     """HunyuanVideoTransformerBlock.forward (HunyuanVideo15TransformerBlock's is the same
     code) with, per stream, ``x + attn * gate`` -> norm2 -> ``* (1 + scale) + shift`` as one
     kernel and ``x + gate * ff`` as another (per-op rounding, as the block computes in the
     activation dtype). Falls back to the block's own forward when autograd is on or the
     norms / dtypes differ."""
     x, c = hidden_states, encoder_hidden_states
-    if not (common.plain_layer_norms(self.norm2, self.norm2_context) and x.dim() == 3
-            and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-            and not common.grad_needed(x, c, temb) and not common.params_need_grad(self)):
+    if not (
+        common.plain_layer_norms(self.norm2, self.norm2_context)
+        and x.dim() == 3
+        and x.dtype == c.dtype == self.norm1.linear.weight.dtype
+        and not common.grad_needed(x, c, temb)
+        and not common.params_need_grad(self)
+    ):
         # the class's own forward (bound on exact block types only)
-        return type(self).forward(self, hidden_states, encoder_hidden_states, temb,
-                                  attention_mask, freqs_cis, *args, **kwargs)
-    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
-    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
-        encoder_hidden_states, emb=temb)
+        return type(self).forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            temb,
+            attention_mask,
+            freqs_cis,
+            *args,
+            **kwargs,
+        )
+    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(
+        hidden_states, emb=temb
+    )
+    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = (
+        self.norm1_context(encoder_hidden_states, emb=temb)
+    )
     attn_output, context_attn_output = self.attn(
-        hidden_states=norm_hidden_states, encoder_hidden_states=norm_encoder_hidden_states,
-        attention_mask=attention_mask, image_rotary_emb=freqs_cis)
-    hidden_states = common.per_op_mlp_tail(hidden_states, attn_output, gate_msa, shift_mlp,
-                                           scale_mlp, self.norm2, self.ff, gate_mlp)
+        hidden_states=norm_hidden_states,
+        encoder_hidden_states=norm_encoder_hidden_states,
+        attention_mask=attention_mask,
+        image_rotary_emb=freqs_cis,
+    )
+    hidden_states = common.per_op_mlp_tail(
+        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, self.norm2, self.ff, gate_mlp
+    )
     encoder_hidden_states = common.per_op_mlp_tail(
-        encoder_hidden_states, context_attn_output, c_gate_msa, c_shift_mlp, c_scale_mlp,
-        self.norm2_context, self.ff_context, c_gate_mlp)
+        encoder_hidden_states,
+        context_attn_output,
+        c_gate_msa,
+        c_shift_mlp,
+        c_scale_mlp,
+        self.norm2_context,
+        self.ff_context,
+        c_gate_mlp,
+    )
     return hidden_states, encoder_hidden_states
 
 
@@ -257,25 +338,50 @@ def _act_into_buffer(act, mlp, attn_output, context_attn_output):
     (:func:`cat_activation`: the attention outputs copied once, the GELU of an ``nn.GELU``
     written by the kernel into the MLP columns); None when the eager code must run."""
     parts = (attn_output, context_attn_output)
-    if type(act) is not torch.nn.GELU or act.approximate not in GELU_KINDS or \
-            not common.cat_fusable(parts, mlp, "gelu"):
+    if (
+        type(act) is not torch.nn.GELU
+        or act.approximate not in GELU_KINDS
+        or not common.cat_fusable(parts, mlp, "gelu")
+    ):
         return None
-    return common.cat_activation(parts, mlp, lambda h, out: gelu(h, act.approximate, out=out),
-                                 mlp.shape[-1])
+    return common.cat_activation(
+        parts, mlp, lambda h, out: gelu(h, act.approximate, out=out), mlp.shape[-1]
+    )
 
 
-def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None,
-                          image_rotary_emb=None, *args, fuse_act=False, **kwargs):
+def _single_block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    attention_mask=None,
+    image_rotary_emb=None,
+    *args,
+    fuse_act=False,
+    **kwargs,
+):
     """HunyuanVideoSingleTransformerBlock.forward with ``gate * proj_out(...) + residual`` as
     one kernel (per-op rounding) and, with ``fuse_act``, the GELU and both concatenations as
     one buffer (:func:`_act_into_buffer`)."""
-    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoSingleTransformerBlock
+    from diffusers.models.transformers.transformer_hunyuan_video import (
+        HunyuanVideoSingleTransformerBlock,
+    )
 
-    if common.grad_needed(hidden_states, encoder_hidden_states, temb) or \
-            common.params_need_grad(self) or \
-            not (hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype):
-        return HunyuanVideoSingleTransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
-                                                          attention_mask, image_rotary_emb, *args, **kwargs)
+    if (
+        common.grad_needed(hidden_states, encoder_hidden_states, temb)
+        or common.params_need_grad(self)
+        or not (hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype)
+    ):
+        return HunyuanVideoSingleTransformerBlock.forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            temb,
+            attention_mask,
+            image_rotary_emb,
+            *args,
+            **kwargs,
+        )
     text_seq_length = encoder_hidden_states.shape[1]
     # the previous single block's output halves: joined as a view, not copied again
     hidden_states = common.join_tokens(hidden_states, encoder_hidden_states)
@@ -285,11 +391,14 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, atte
     attn_output, context_attn_output = self.attn(
         hidden_states=norm_hidden_states[:, :-text_seq_length, :],
         encoder_hidden_states=norm_hidden_states[:, -text_seq_length:, :],
-        attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+        attention_mask=attention_mask,
+        image_rotary_emb=image_rotary_emb,
+    )
     hidden_states = None
     if fuse_act:
-        hidden_states = _act_into_buffer(self.act_mlp, mlp_hidden_states, attn_output,
-                                         context_attn_output)
+        hidden_states = _act_into_buffer(
+            self.act_mlp, mlp_hidden_states, attn_output, context_attn_output
+        )
     if hidden_states is None:
         attn_output = torch.cat([attn_output, context_attn_output], dim=1)
         hidden_states = torch.cat([attn_output, self.act_mlp(mlp_hidden_states)], dim=2)
@@ -297,28 +406,55 @@ def _single_block_forward(self, hidden_states, encoder_hidden_states, temb, atte
     return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
 
 
-def _single_block_forward_act(self, hidden_states, encoder_hidden_states, temb,
-                              attention_mask=None, image_rotary_emb=None, *args, **kwargs):
-    return _single_block_forward(self, hidden_states, encoder_hidden_states, temb,
-                                 attention_mask, image_rotary_emb, *args, fuse_act=True, **kwargs)
+def _single_block_forward_act(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    attention_mask=None,
+    image_rotary_emb=None,
+    *args,
+    **kwargs,
+):
+    return _single_block_forward(
+        self,
+        hidden_states,
+        encoder_hidden_states,
+        temb,
+        attention_mask,
+        image_rotary_emb,
+        *args,
+        fuse_act=True,
+        **kwargs,
+    )
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
     from diffusers.models.transformers import transformer_hunyuan_video as th
 
     if qk_norm_rope:
         common.replace_qk_processors(
-            model, report, {th.HunyuanVideoAttnProcessor2_0: _make_processor()}, attention)
+            model, report, {th.HunyuanVideoAttnProcessor2_0: _make_processor()}, attention
+        )
     if adaln:
-        common.bind_forwards(model, report, zero_block_forwards(
-            (th.HunyuanVideoTransformerBlock, _block_forward),
-            (th.HunyuanVideoSingleTransformerBlock, _single_block_forward,
-             _single_block_forward_act), activations))
+        common.bind_forwards(
+            model,
+            report,
+            zero_block_forwards(
+                (th.HunyuanVideoTransformerBlock, _block_forward),
+                (
+                    th.HunyuanVideoSingleTransformerBlock,
+                    _single_block_forward,
+                    _single_block_forward_act,
+                ),
+                activations,
+            ),
+        )
 
 
-def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                   activations=True):
+def patch_model_15(
+    model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True
+):
     """HunyuanVideo 1.5 (HunyuanVideo15Transformer3DModel): dual-stream blocks only, whose
     forward is HunyuanVideo's; its own attention processor (the joint mask built inside)."""
     from diffusers.models.normalization import AdaLayerNormZero
@@ -326,8 +462,17 @@ def patch_model_15(model, report, *, qk_norm_rope=True, adaln=True, attention=Tr
 
     if qk_norm_rope:
         common.replace_qk_processors(
-            model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()}, attention)
+            model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()}, attention
+        )
     if adaln:
-        common.bind_forwards(model, report, {
-            AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
-            th.HunyuanVideo15TransformerBlock: (_block_forward, "blocks (gated residuals + norm2)")})
+        common.bind_forwards(
+            model,
+            report,
+            {
+                AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+                th.HunyuanVideo15TransformerBlock: (
+                    _block_forward,
+                    "blocks (gated residuals + norm2)",
+                ),
+            },
+        )

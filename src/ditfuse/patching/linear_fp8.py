@@ -25,6 +25,7 @@ The 16-bit weight leaves the GPU: it is kept on the CPU (bitwise) for :func:`unp
 and the module's ``weight`` becomes an empty tensor of the same dtype and device, so code
 that reads a patched layer's weight fails loudly instead of reading stale values.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -45,9 +46,12 @@ LABEL = "fp8 linears"
 FUSABLE_ATTENTION = ("WanAttention", "FluxAttention", "Flux2Attention")
 _FUSED = "_ditfuse_fused_qkv"
 #: fused projection -> the linears it replaces
-_FUSES = {"to_qkv": ("to_q", "to_k", "to_v"), "to_kv": ("to_k", "to_v"),
-          "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj"),
-          "to_added_kv": ("add_k_proj", "add_v_proj")}
+_FUSES = {
+    "to_qkv": ("to_q", "to_k", "to_v"),
+    "to_kv": ("to_k", "to_v"),
+    "to_added_qkv": ("add_q_proj", "add_k_proj", "add_v_proj"),
+    "to_added_kv": ("add_k_proj", "add_v_proj"),
+}
 FFN_LABEL = "FFNs (GELU fused into the FP8 quantization)"
 _FFN = "_ditfuse_fp8_ffn"
 
@@ -68,15 +72,19 @@ def _why_not(module: torch.nn.Linear) -> Optional[str]:
     if not fp8_gemm_ok(w.device):
         return f"{w.device} has no FP8 tensor cores (sm_89 or newer)"
     if module.in_features % DIM_MULTIPLE or module.out_features % DIM_MULTIPLE:
-        return (f"{module.in_features} -> {module.out_features} features (the FP8 GEMM wants "
-                f"multiples of {DIM_MULTIPLE})")
+        return (
+            f"{module.in_features} -> {module.out_features} features (the FP8 GEMM wants "
+            f"multiples of {DIM_MULTIPLE})"
+        )
     return None
 
 
 def _fp8_forward(self, x: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and x.requires_grad:
-        raise RuntimeError("ditfuse FP8 linears are inference-only: call the model under "
-                           "torch.no_grad() or torch.inference_mode(), or unpatch it")
+        raise RuntimeError(
+            "ditfuse FP8 linears are inference-only: call the model under "
+            "torch.no_grad() or torch.inference_mode(), or unpatch it"
+        )
     if x.dtype != self.weight.dtype:
         raise TypeError(f"FP8 linear of a {self.weight.dtype} model got {x.dtype} input")
     if x.stride(-1) != 1 or not _views_as_rows(x):
@@ -89,22 +97,29 @@ def _ffn_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Te
     h = proj(hidden_states)
     if h.stride(-1) != 1 or not _views_as_rows(h):
         h = h.contiguous()
-    return linear_fp8(h, out._ditfuse_w8, out._ditfuse_w8_scale, out.bias,
-                      activation="gelu_tanh")
+    return linear_fp8(h, out._ditfuse_w8, out._ditfuse_w8_scale, out.bias, activation="gelu_tanh")
 
 
 def _fusable_ffn(m: torch.nn.Module) -> bool:
     """A diffusers ``FeedForward`` = [GELU(approximate="tanh") with its ``proj``, Dropout
     (inactive), Linear], both linears FP8, its forward the class's."""
     net = getattr(m, "net", None)
-    if type(m).__name__ != "FeedForward" or not isinstance(net, torch.nn.ModuleList) \
-            or len(net) != 3 or m.__dict__.get(_PATCHED_FWD):
+    if (
+        type(m).__name__ != "FeedForward"
+        or not isinstance(net, torch.nn.ModuleList)
+        or len(net) != 3
+        or m.__dict__.get(_PATCHED_FWD)
+    ):
         return False
     act, drop, out = net
-    return (type(act).__name__ == "GELU" and getattr(act, "approximate", None) == "tanh"
-            and _W16 in getattr(act, "proj", torch.nn.Module()).__dict__
-            and isinstance(drop, torch.nn.Dropout) and (drop.p == 0 or not drop.training)
-            and _W16 in out.__dict__)
+    return (
+        type(act).__name__ == "GELU"
+        and getattr(act, "approximate", None) == "tanh"
+        and _W16 in getattr(act, "proj", torch.nn.Module()).__dict__
+        and isinstance(drop, torch.nn.Dropout)
+        and (drop.p == 0 or not drop.training)
+        and _W16 in out.__dict__
+    )
 
 
 def _views_as_rows(x: torch.Tensor) -> bool:
@@ -120,17 +135,30 @@ def _fuse_qkv(model: torch.nn.Module, exclude) -> dict:
     16-bit, unpatched and not excluded; {replaced linear's name: fused linear's name}."""
     replaced = {}
     for name, m in list(model.named_modules()):
-        if (type(m).__name__ not in FUSABLE_ATTENTION or not _in_blocks(name)
-                or not getattr(m, "_supports_qkv_fusion", False)
-                or getattr(m, "fused_projections", True)):
+        if (
+            type(m).__name__ not in FUSABLE_ATTENTION
+            or not _in_blocks(name)
+            or not getattr(m, "_supports_qkv_fusion", False)
+            or getattr(m, "fused_projections", True)
+        ):
             continue
         parts = [getattr(m, p, None) for p in ("to_q", "to_k", "to_v")]
-        parts += [getattr(m, p) for p in ("add_q_proj", "add_k_proj", "add_v_proj")
-                  if getattr(m, p, None) is not None]
-        if not all(type(p) is torch.nn.Linear and p.weight.numel() and _why_not(p) is None
-                   and not p.__dict__.get(_PATCHED_FWD) for p in parts):
+        parts += [
+            getattr(m, p)
+            for p in ("add_q_proj", "add_k_proj", "add_v_proj")
+            if getattr(m, p, None) is not None
+        ]
+        if not all(
+            type(p) is torch.nn.Linear
+            and p.weight.numel()
+            and _why_not(p) is None
+            and not p.__dict__.get(_PATCHED_FWD)
+            for p in parts
+        ):
             continue
-        if any(fnmatch.fnmatchcase(f"{name}.{p}", pat) for p in _FUSES["to_qkv"] for pat in exclude):
+        if any(
+            fnmatch.fnmatchcase(f"{name}.{p}", pat) for p in _FUSES["to_qkv"] for pat in exclude
+        ):
             continue
         with torch.no_grad():
             m.fuse_projections()
@@ -151,8 +179,9 @@ def _offload(m: torch.nn.Linear) -> None:
     m.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
 
 
-def patch_linears(model: torch.nn.Module, report: PatchReport,
-                  exclude: Iterable[str] = DEFAULT_EXCLUDE) -> None:
+def patch_linears(
+    model: torch.nn.Module, report: PatchReport, exclude: Iterable[str] = DEFAULT_EXCLUDE
+) -> None:
     """Quantize ``model``'s block linears and bind the FP8 forward on each (module
     docstring); one report line a layer with its precision, counted under :data:`LABEL`."""
     exclude = tuple(exclude)
@@ -193,8 +222,9 @@ def patch_linears(model: torch.nn.Module, report: PatchReport,
             m.__dict__[_PATCHED_FWD] = True
             m.__dict__[_FFN] = True
             report.add(FFN_LABEL)
-            report.lines.append(f"  {name}: GELU + the output projection's quantization in one "
-                                f"pass")
+            report.lines.append(
+                f"  {name}: GELU + the output projection's quantization in one pass"
+            )
 
 
 def _match(name: str, patterns) -> str:

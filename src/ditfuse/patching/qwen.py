@@ -6,6 +6,7 @@ tables ``c = freqs.real``, ``s = freqs.imag`` (packed contiguous once per table:
 ``table_once``). In the blocks, each
 stream's norm1 + modulate, gated residual + norm2 + modulate and MLP gated residual as the
 AdaLN kernels (per-op rounding, as the block computes in the activation dtype)."""
+
 from __future__ import annotations
 
 import torch
@@ -52,24 +53,46 @@ def _make_processor():
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None,
-                     encoder_hidden_states_mask=None, attention_mask=None, image_rotary_emb=None):
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            encoder_hidden_states=None,
+            encoder_hidden_states_mask=None,
+            attention_mask=None,
+            image_rotary_emb=None,
+        ):
             norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
-            ok = (encoder_hidden_states is not None and attention_mask is None
-                  and common.norms_ok(*norms)
-                  and not common.grad_needed(hidden_states, encoder_hidden_states)
-                  and not common.params_need_grad(attn))
+            ok = (
+                encoder_hidden_states is not None
+                and attention_mask is None
+                and common.norms_ok(*norms)
+                and not common.grad_needed(hidden_states, encoder_hidden_states)
+                and not common.params_need_grad(attn)
+            )
             if ok and image_rotary_emb is not None:
-                ok = (isinstance(image_rotary_emb, (tuple, list)) and len(image_rotary_emb) == 2
-                      and all(f.is_complex() and f.dim() == 2 for f in image_rotary_emb)
-                      and image_rotary_emb[0].shape[0] == hidden_states.shape[1]
-                      and image_rotary_emb[1].shape[0] == encoder_hidden_states.shape[1])
+                ok = (
+                    isinstance(image_rotary_emb, (tuple, list))
+                    and len(image_rotary_emb) == 2
+                    and all(f.is_complex() and f.dim() == 2 for f in image_rotary_emb)
+                    and image_rotary_emb[0].shape[0] == hidden_states.shape[1]
+                    and image_rotary_emb[1].shape[0] == encoder_hidden_states.shape[1]
+                )
             if not ok:
-                return super().__call__(attn, hidden_states, encoder_hidden_states,
-                                        encoder_hidden_states_mask, attention_mask, image_rotary_emb)
+                return super().__call__(
+                    attn,
+                    hidden_states,
+                    encoder_hidden_states,
+                    encoder_hidden_states_mask,
+                    attention_mask,
+                    image_rotary_emb,
+                )
             if encoder_hidden_states_mask is not None:
-                image_mask = torch.ones((hidden_states.shape[0], hidden_states.shape[1]),
-                                        dtype=torch.bool, device=hidden_states.device)
+                image_mask = torch.ones(
+                    (hidden_states.shape[0], hidden_states.shape[1]),
+                    dtype=torch.bool,
+                    device=hidden_states.device,
+                )
                 attention_mask = torch.cat([encoder_hidden_states_mask, image_mask], dim=1)
                 attention_mask = attention_mask[:, None, None, :]
             T = encoder_hidden_states.shape[1]
@@ -78,11 +101,18 @@ def _make_processor():
             def heads(x):
                 return x.unflatten(-1, (-1, D))
 
-            img_q, img_k, img_v = map(heads, (attn.to_q(hidden_states), attn.to_k(hidden_states),
-                                              attn.to_v(hidden_states)))
-            txt_q, txt_k, txt_v = map(heads, (attn.add_q_proj(encoder_hidden_states),
-                                              attn.add_k_proj(encoder_hidden_states),
-                                              attn.add_v_proj(encoder_hidden_states)))
+            img_q, img_k, img_v = map(
+                heads,
+                (attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)),
+            )
+            txt_q, txt_k, txt_v = map(
+                heads,
+                (
+                    attn.add_q_proj(encoder_hidden_states),
+                    attn.add_k_proj(encoder_hidden_states),
+                    attn.add_v_proj(encoder_hidden_states),
+                ),
+            )
             if image_rotary_emb is not None:
                 (ic, is_), (tc, ts) = _cs(image_rotary_emb[0]), _cs(image_rotary_emb[1])
                 rot = dict(rotary_dim=D)
@@ -92,16 +122,37 @@ def _make_processor():
             v = torch.cat([txt_v, img_v], dim=1)
 
             def streams(img_q, img_k, txt_q, txt_k):  # text first, each with its tables
-                return [(txt_q, txt_k, dict(cos=tc, sin=ts, q_norm=attn.norm_added_q,
-                                            k_norm=attn.norm_added_k, **rot)),
-                        (img_q, img_k, dict(cos=ic, sin=is_, q_norm=attn.norm_q,
-                                            k_norm=attn.norm_k, **rot))]
+                return [
+                    (
+                        txt_q,
+                        txt_k,
+                        dict(
+                            cos=tc,
+                            sin=ts,
+                            q_norm=attn.norm_added_q,
+                            k_norm=attn.norm_added_k,
+                            **rot,
+                        ),
+                    ),
+                    (
+                        img_q,
+                        img_k,
+                        dict(cos=ic, sin=is_, q_norm=attn.norm_q, k_norm=attn.norm_k, **rot),
+                    ),
+                ]
 
             def attend_16bit(img_q, img_k, txt_q, txt_k, v):
                 q, k = common.joint_qk(streams(img_q, img_k, txt_q, txt_k), like=1)
-                joint = dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
-                                              is_causal=False, backend=self._attention_backend,
-                                              parallel_config=self._parallel_config)
+                joint = dispatch_attention_fn(
+                    q,
+                    k,
+                    v,
+                    attn_mask=attention_mask,
+                    dropout_p=0.0,
+                    is_causal=False,
+                    backend=self._attention_backend,
+                    parallel_config=self._parallel_config,
+                )
                 return joint.flatten(2, 3).to(q.dtype)
 
             def attend_8bit(img_q, img_k, txt_q, txt_k, v, key_mask=None):
@@ -109,8 +160,14 @@ def _make_processor():
                 return common.attention_8bit(qk, v, key_mask=key_mask).flatten(2, 3)
 
             eight = common.use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)
-            joint = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                  (img_q, img_k, txt_q, txt_k, v), keys=tuple(v.shape[:2]))
+            joint = common.attend(
+                eight,
+                attention_mask,
+                attend_8bit,
+                attend_16bit,
+                (img_q, img_k, txt_q, txt_k, v),
+                keys=tuple(v.shape[:2]),
+            )
             return self._out(attn, joint, T)
 
         @staticmethod
@@ -142,30 +199,54 @@ def _make_processor_21(base):
 
         def __call__(self, attn, hidden_states, attention_mask=None, rotary_emb=None, **kwargs):
             D = attn.inner_dim // attn.heads
-            ok = (common.norms_ok(attn.norm_q, attn.norm_k) and hidden_states.dim() == 3
-                  and not common.grad_needed(hidden_states) and not common.params_need_grad(attn))
+            ok = (
+                common.norms_ok(attn.norm_q, attn.norm_k)
+                and hidden_states.dim() == 3
+                and not common.grad_needed(hidden_states)
+                and not common.params_need_grad(attn)
+            )
             if ok and rotary_emb is not None:
-                ok = (isinstance(rotary_emb, torch.Tensor) and rotary_emb.is_complex()
-                      and rotary_emb.dim() == 2 and rotary_emb.shape == (hidden_states.shape[1], D // 2))
+                ok = (
+                    isinstance(rotary_emb, torch.Tensor)
+                    and rotary_emb.is_complex()
+                    and rotary_emb.dim() == 2
+                    and rotary_emb.shape == (hidden_states.shape[1], D // 2)
+                )
             if not ok:
                 return super().__call__(attn, hidden_states, attention_mask, rotary_emb, **kwargs)
             q = attn.to_q(hidden_states).unflatten(-1, (-1, D))
             k = attn.to_k(hidden_states).unflatten(-1, (-1, D))
             cos, sin = _cs(rotary_emb) if rotary_emb is not None else (None, None)
-            q, k = qk_norm_rope(q, k, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k,
-                                **({"rotary_dim": D} if rotary_emb is not None else {}))
+            q, k = qk_norm_rope(
+                q,
+                k,
+                cos,
+                sin,
+                q_norm=attn.norm_q,
+                k_norm=attn.norm_k,
+                **({"rotary_dim": D} if rotary_emb is not None else {}),
+            )
             # the processor's own code (KV cache, prefill segments, flex path) on the fused
             # Q / K, without its rotary table (the rotation is done)
             projected = common.Projected(attn, to_q=q.flatten(2), to_k=k.flatten(2))
             return super().__call__(projected, hidden_states, attention_mask, None, **kwargs)
 
-    DitfuseQwenImage21AttnProcessor.__name__ = DitfuseQwenImage21AttnProcessor.__qualname__ = \
+    DitfuseQwenImage21AttnProcessor.__name__ = DitfuseQwenImage21AttnProcessor.__qualname__ = (
         "Ditfuse" + base.__name__
+    )
     return DitfuseQwenImage21AttnProcessor
 
 
-def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
-                   image_rotary_emb=None, joint_attention_kwargs=None, modulate_index=None):
+def _block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    encoder_hidden_states_mask,
+    temb,
+    image_rotary_emb=None,
+    joint_attention_kwargs=None,
+    modulate_index=None,
+):
     """QwenImageTransformerBlock.forward with the AdaLN chains fused. Falls back to the
     block's own forward for ``modulate_index`` (the edit models' per-token choice of
     modulation), autograd, other norms, or dtypes that differ from the activations'."""
@@ -174,12 +255,23 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
     x, c = hidden_states, encoder_hidden_states
     norms = (self.img_norm1, self.img_norm2, self.txt_norm1, self.txt_norm2)
     if modulate_index is not None or not (
-            common.plain_layer_norms(*norms) and x.dim() == 3 and c.dim() == 3
-            and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
-            and not common.grad_needed(x, c, temb) and not common.params_need_grad(self)):
-        return QwenImageTransformerBlock.forward(self, hidden_states, encoder_hidden_states,
-                                                 encoder_hidden_states_mask, temb, image_rotary_emb,
-                                                 joint_attention_kwargs, modulate_index)
+        common.plain_layer_norms(*norms)
+        and x.dim() == 3
+        and c.dim() == 3
+        and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
+        and not common.grad_needed(x, c, temb)
+        and not common.params_need_grad(self)
+    ):
+        return QwenImageTransformerBlock.forward(
+            self,
+            hidden_states,
+            encoder_hidden_states,
+            encoder_hidden_states_mask,
+            temb,
+            image_rotary_emb,
+            joint_attention_kwargs,
+            modulate_index,
+        )
     img_mod_params = self.img_mod(temb)
     if self.zero_cond_t:
         temb = torch.chunk(temb, 2, dim=0)[0]
@@ -194,15 +286,29 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
     (i_sh1, i_sc1, i_g1), (i_sh2, i_sc2, i_g2) = mods(img_mod1), mods(img_mod2)
     (t_sh1, t_sc1, t_g1), (t_sh2, t_sc2, t_g2) = mods(txt_mod1), mods(txt_mod2)
     img_modulated = adaln_modulate(hidden_states, i_sh1, i_sc1, eps=self.img_norm1.eps, **kw)
-    txt_modulated = adaln_modulate(encoder_hidden_states, t_sh1, t_sc1, eps=self.txt_norm1.eps, **kw)
+    txt_modulated = adaln_modulate(
+        encoder_hidden_states, t_sh1, t_sc1, eps=self.txt_norm1.eps, **kw
+    )
     img_attn_output, txt_attn_output = self.attn(
-        hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
-        encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
-        **(joint_attention_kwargs or {}))
-    hidden_states = common.per_op_mlp_tail(hidden_states, img_attn_output, i_g1, i_sh2, i_sc2,
-                                           self.img_norm2, self.img_mlp, i_g2)
-    encoder_hidden_states = common.per_op_mlp_tail(encoder_hidden_states, txt_attn_output, t_g1,
-                                                   t_sh2, t_sc2, self.txt_norm2, self.txt_mlp, t_g2)
+        hidden_states=img_modulated,
+        encoder_hidden_states=txt_modulated,
+        encoder_hidden_states_mask=encoder_hidden_states_mask,
+        image_rotary_emb=image_rotary_emb,
+        **(joint_attention_kwargs or {}),
+    )
+    hidden_states = common.per_op_mlp_tail(
+        hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, self.img_norm2, self.img_mlp, i_g2
+    )
+    encoder_hidden_states = common.per_op_mlp_tail(
+        encoder_hidden_states,
+        txt_attn_output,
+        t_g1,
+        t_sh2,
+        t_sc2,
+        self.txt_norm2,
+        self.txt_mlp,
+        t_g2,
+    )
     if encoder_hidden_states.dtype == torch.float16:
         encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
     if hidden_states.dtype == torch.float16:
@@ -210,28 +316,39 @@ def _block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_st
     return encoder_hidden_states, hidden_states
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
-    from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
-                                                                     QwenImageTransformerBlock)
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
+    from diffusers.models.transformers.transformer_qwenimage import (
+        QwenDoubleStreamAttnProcessor2_0,
+        QwenImageTransformerBlock,
+    )
 
     if qk_norm_rope:
         common.replace_qk_processors(
-            model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()}, attention)
+            model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()}, attention
+        )
     if adaln:
-        common.bind_forwards(model, report, {
-            QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+        common.bind_forwards(
+            model,
+            report,
+            {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")},
+        )
 
 
-def patch_model_21(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                   activations=True):
+def patch_model_21(
+    model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True
+):
     """Qwen-Image 2.1 (QwenImage21Transformer2DModel): the attention processors' QK-norm +
     RoPE (either processor class; the KV cache and the prefill's segments are the
     processor's own code). The blocks are left as they are."""
     from diffusers.models.transformers import transformer_qwenimage21 as t21
 
     if qk_norm_rope:
-        common.replace_processors(model, report, {
-            cls: _make_processor_21(cls)
-            for cls in (t21.QwenImage21AttnProcessor, t21.QwenImage21FlexAttnProcessor)},
-            common.QK_LABEL)
+        common.replace_processors(
+            model,
+            report,
+            {
+                cls: _make_processor_21(cls)
+                for cls in (t21.QwenImage21AttnProcessor, t21.QwenImage21FlexAttnProcessor)
+            },
+            common.QK_LABEL,
+        )

@@ -1,5 +1,6 @@
 """Which function patches which diffusers model class (matched by class name, so diffusers is
 imported only by the model modules, and only when a model is patched)."""
+
 from __future__ import annotations
 
 
@@ -47,16 +48,30 @@ def model_patches() -> dict:
 
 #: VAEs whose norm -> SiLU pairs ``patch(..., vae=True)`` fuses (``_vae``): FLUX.1's and
 #: FLUX.2's AutoencoderKL, HunyuanVideo's, Wan's and Qwen-Image's
-VAE_CLASSES = ("AutoencoderKL", "AutoencoderKLFlux2", "AutoencoderKLHunyuanVideo",
-               "AutoencoderKLWan", "AutoencoderKLQwenImage")
+VAE_CLASSES = (
+    "AutoencoderKL",
+    "AutoencoderKLFlux2",
+    "AutoencoderKLHunyuanVideo",
+    "AutoencoderKLWan",
+    "AutoencoderKLQwenImage",
+)
 
 
 #: models whose attention processors have the 8-bit path of ``patch(attention="fp8")``
 #: (the others keep 16-bit attention: FLUX.3, Qwen-Image 2.1, the SA3 DiT; SAME gets its
 #: 16-bit band attention, as with ``attention=True``)
-FP8_CLASSES = ("WanTransformer3DModel", "WanVACETransformer3DModel", "SkyReelsV2Transformer3DModel",
-               "WanAnimateTransformer3DModel", "ChronoEditTransformer3DModel",
-               "WanAnimate2Transformer3DModel", "FluxTransformer2DModel",
-               "ChromaTransformer2DModel", "Flux2Transformer2DModel",
-               "HunyuanVideoTransformer3DModel", "HunyuanVideoFramepackTransformer3DModel",
-               "HunyuanVideo15Transformer3DModel", "QwenImageTransformer2DModel")
+FP8_CLASSES = (
+    "WanTransformer3DModel",
+    "WanVACETransformer3DModel",
+    "SkyReelsV2Transformer3DModel",
+    "WanAnimateTransformer3DModel",
+    "ChronoEditTransformer3DModel",
+    "WanAnimate2Transformer3DModel",
+    "FluxTransformer2DModel",
+    "ChromaTransformer2DModel",
+    "Flux2Transformer2DModel",
+    "HunyuanVideoTransformer3DModel",
+    "HunyuanVideoFramepackTransformer3DModel",
+    "HunyuanVideo15Transformer3DModel",
+    "QwenImageTransformer2DModel",
+)

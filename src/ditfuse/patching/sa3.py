@@ -2,6 +2,7 @@
 RoPE of the (differential) self-attention, in place on the chunks of ``to_qkv``; in the
 blocks, each RMS norm with the AdaLN modulation and the gated residual before it as the AdaLN
 kernels (per-op rounding, as the block computes in the activation dtype)."""
+
 from __future__ import annotations
 
 import torch
@@ -9,7 +10,13 @@ import torch
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.patching.common import (
-    QK_LABEL, bind_forwards, grad_needed, norms_ok, params_need_grad, replace_processors)
+    QK_LABEL,
+    bind_forwards,
+    grad_needed,
+    norms_ok,
+    params_need_grad,
+    replace_processors,
+)
 
 
 def _make_processor():
@@ -27,9 +34,13 @@ def _make_processor():
         _ditfuse = True
 
         def __call__(self, attn, hidden_states, rope):
-            ok = (norms_ok(attn.q_norm, attn.k_norm)
-                  and not grad_needed(hidden_states) and not params_need_grad(attn)
-                  and rope is not None and rope.dim() == 2)
+            ok = (
+                norms_ok(attn.q_norm, attn.k_norm)
+                and not grad_needed(hidden_states)
+                and not params_need_grad(attn)
+                and rope is not None
+                and rope.dim() == 2
+            )
             if not ok:
                 return super().__call__(attn, hidden_states, rope)
             S = hidden_states.shape[1]
@@ -41,22 +52,41 @@ def _make_processor():
                 return x.unflatten(-1, (attn.heads, attn.dim_heads))
 
             def qk(q, k):
-                qk_norm_rope(q, k, cos, sin, q_norm=attn.q_norm, k_norm=attn.k_norm,
-                             rope_style="half", rotary_dim=R, inplace=True)
+                qk_norm_rope(
+                    q,
+                    k,
+                    cos,
+                    sin,
+                    q_norm=attn.q_norm,
+                    k_norm=attn.k_norm,
+                    rope_style="half",
+                    rotary_dim=R,
+                    inplace=True,
+                )
 
             if attn.use_differential:
                 q1, q2, k1, k2, v = map(heads, attn.to_qkv(hidden_states).chunk(5, dim=-1))
                 qk(q1, k1)
                 qk(q2, k2)
                 out = dispatch_attention_fn(
-                    q1, k1, v, backend=self._attention_backend, parallel_config=self._parallel_config
+                    q1,
+                    k1,
+                    v,
+                    backend=self._attention_backend,
+                    parallel_config=self._parallel_config,
                 ) - dispatch_attention_fn(
-                    q2, k2, v, backend=self._attention_backend, parallel_config=self._parallel_config)
+                    q2,
+                    k2,
+                    v,
+                    backend=self._attention_backend,
+                    parallel_config=self._parallel_config,
+                )
             else:
                 q, k, v = map(heads, attn.to_qkv(hidden_states).chunk(3, dim=-1))
                 qk(q, k)
-                out = dispatch_attention_fn(q, k, v, backend=self._attention_backend,
-                                            parallel_config=self._parallel_config)
+                out = dispatch_attention_fn(
+                    q, k, v, backend=self._attention_backend, parallel_config=self._parallel_config
+                )
             return attn.to_out(out.flatten(2, 3))
 
     return DitfuseStableAudio3SelfAttnProcessor
@@ -68,8 +98,16 @@ def _fp32_rms(n) -> bool:
     return type(n) is StableAudio3RMSNorm and n.force_fp32 and n.gamma.is_contiguous()
 
 
-def _block_forward(self, hidden_states, context, global_modulation, rope, context_mask=None,
-                   local_seq=None, num_memory_tokens=0):
+def _block_forward(
+    self,
+    hidden_states,
+    context,
+    global_modulation,
+    rope,
+    context_mask=None,
+    local_seq=None,
+    num_memory_tokens=0,
+):
     """StableAudio3DiTBlock.forward as four AdaLN kernels around the attentions and the FF:
     pre_norm + modulate; ``x + attn * sigmoid(1 - gate)`` + cross_attend_norm; ``x + cross``
     + ff_norm + modulate; ``x + ff * sigmoid(1 - gate)`` (with inpainting's ``local_seq``,
@@ -81,40 +119,71 @@ def _block_forward(self, hidden_states, context, global_modulation, rope, contex
     from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3DiTBlock
 
     modulation = self.to_scale_shift_gate + global_modulation
-    if hidden_states.dim() != 3 or modulation.dtype != hidden_states.dtype or \
-            not all(_fp32_rms(n) for n in (self.pre_norm, self.cross_attend_norm, self.ff_norm)) or \
-            grad_needed(hidden_states, context, global_modulation) or params_need_grad(self):
-        return StableAudio3DiTBlock.forward(self, hidden_states, context, global_modulation, rope,
-                                            context_mask, local_seq, num_memory_tokens)
+    if (
+        hidden_states.dim() != 3
+        or modulation.dtype != hidden_states.dtype
+        or not all(_fp32_rms(n) for n in (self.pre_norm, self.cross_attend_norm, self.ff_norm))
+        or grad_needed(hidden_states, context, global_modulation)
+        or params_need_grad(self)
+    ):
+        return StableAudio3DiTBlock.forward(
+            self,
+            hidden_states,
+            context,
+            global_modulation,
+            rope,
+            context_mask,
+            local_seq,
+            num_memory_tokens,
+        )
     scale_attn, shift_attn, gate_attn, scale_ff, shift_ff, gate_ff = modulation.chunk(6, dim=-1)
     rms = dict(norm="rms", rounding="per_op")
-    norm_hidden = adaln_modulate(hidden_states, shift_attn, scale_attn, weight=self.pre_norm.gamma,
-                                 eps=self.pre_norm.eps, **rms)
+    norm_hidden = adaln_modulate(
+        hidden_states,
+        shift_attn,
+        scale_attn,
+        weight=self.pre_norm.gamma,
+        eps=self.pre_norm.eps,
+        **rms,
+    )
     attn_out = self.self_attn(norm_hidden, rope=rope)
     hidden_states, normed = gated_residual_adaln(
-        hidden_states, attn_out, torch.sigmoid(1 - gate_attn), weight=self.cross_attend_norm.gamma,
-        eps=self.cross_attend_norm.eps, **rms)
+        hidden_states,
+        attn_out,
+        torch.sigmoid(1 - gate_attn),
+        weight=self.cross_attend_norm.gamma,
+        eps=self.cross_attend_norm.eps,
+        **rms,
+    )
     cross = self.cross_attn(normed, context=context, context_mask=context_mask)
     ff_kw = dict(weight=self.ff_norm.gamma, eps=self.ff_norm.eps, **rms)
     if local_seq is None:
-        hidden_states, norm_hidden = gated_residual_adaln(hidden_states, cross, None, shift_ff,
-                                                          scale_ff, **ff_kw)
+        hidden_states, norm_hidden = gated_residual_adaln(
+            hidden_states, cross, None, shift_ff, scale_ff, **ff_kw
+        )
     else:
         hidden_states = gated_residual(hidden_states, cross, None, rounding="per_op")
         audio = hidden_states[:, num_memory_tokens:] + self.to_local_embed(local_seq)
         hidden_states = torch.cat([hidden_states[:, :num_memory_tokens], audio], dim=1)
         norm_hidden = adaln_modulate(hidden_states, shift_ff, scale_ff, **ff_kw)
-    return gated_residual(hidden_states, self.ff(norm_hidden), torch.sigmoid(1 - gate_ff), rounding="per_op")
+    return gated_residual(
+        hidden_states, self.ff(norm_hidden), torch.sigmoid(1 - gate_ff), rounding="per_op"
+    )
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
-    from diffusers.models.transformers.transformer_stable_audio3 import (StableAudio3DiTBlock,
-                                                                         StableAudio3SelfAttnProcessor)
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
+    from diffusers.models.transformers.transformer_stable_audio3 import (
+        StableAudio3DiTBlock,
+        StableAudio3SelfAttnProcessor,
+    )
 
     if qk_norm_rope:
-        replace_processors(model, report, {StableAudio3SelfAttnProcessor: _make_processor()},
-                           QK_LABEL)
+        replace_processors(
+            model, report, {StableAudio3SelfAttnProcessor: _make_processor()}, QK_LABEL
+        )
     if adaln:
-        bind_forwards(model, report,
-                      {StableAudio3DiTBlock: (_block_forward, "blocks (AdaLN + gated residuals)")})
+        bind_forwards(
+            model,
+            report,
+            {StableAudio3DiTBlock: (_block_forward, "blocks (AdaLN + gated residuals)")},
+        )

@@ -2,6 +2,7 @@
 ``ditfuse.sliding_window_attention`` with the DyT QK-norm and partial RoPE fused into its
 prologue; the resampling blocks pass a band description instead of building the dense
 (N, N) mask."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,12 +35,20 @@ def _make_processor():
         _ditfuse = True
 
         def __call__(self, attn, hidden_states, attn_mask=None):
-            ok = ((isinstance(attn_mask, Band) or attn_mask is None) and head_dim_ok(attn.dim_heads)
-                  and not grad_needed(hidden_states) and not params_need_grad(attn))
+            ok = (
+                (isinstance(attn_mask, Band) or attn_mask is None)
+                and head_dim_ok(attn.dim_heads)
+                and not grad_needed(hidden_states)
+                and not params_need_grad(attn)
+            )
             if not ok:
                 if isinstance(attn_mask, Band):  # the original code needs the dense mask
-                    attn_mask = am._band_mask(hidden_states.shape[1], attn_mask.window,
-                                              hidden_states.device, hidden_states.dtype)
+                    attn_mask = am._band_mask(
+                        hidden_states.shape[1],
+                        attn_mask.window,
+                        hidden_states.device,
+                        hidden_states.dtype,
+                    )
                 return super().__call__(attn, hidden_states, attn_mask=attn_mask)
             window = attn_mask.window if isinstance(attn_mask, Band) else -1
             N = hidden_states.shape[1]
@@ -49,8 +58,14 @@ def _make_processor():
             def heads(x):
                 return x.unflatten(-1, (attn.heads, attn.dim_heads))
 
-            kw = dict(q_norm=attn.q_norm, k_norm=attn.k_norm, cos=cos, sin=sin, rope_style="half",
-                      rotary_dim=freqs.shape[-1])
+            kw = dict(
+                q_norm=attn.q_norm,
+                k_norm=attn.k_norm,
+                cos=cos,
+                sin=sin,
+                rope_style="half",
+                rotary_dim=freqs.shape[-1],
+            )
             if attn.use_differential:
                 q1, q2, k1, k2, v = map(heads, attn.to_qkv(hidden_states).chunk(5, dim=-1))
                 out = sliding_window_attention(q1, k1, v, window, q2=q2, k2=k2, lam=1.0, **kw)
@@ -104,15 +119,20 @@ def _block_forward(self, x):
     return _encode(self, x) if self.mode == "encoder" else _decode(self, x)
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
-    from diffusers.models.autoencoders.autoencoder_same import (SAMEAttnProcessor,
-                                                                SAMETransformerResamplingBlock)
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
+    from diffusers.models.autoencoders.autoencoder_same import (
+        SAMEAttnProcessor,
+        SAMETransformerResamplingBlock,
+    )
 
     if not attention:
         return
-    replace_processors(model, report, {SAMEAttnProcessor: _make_processor()},
-                       "attention processors (band attention)")
+    replace_processors(
+        model,
+        report,
+        {SAMEAttnProcessor: _make_processor()},
+        "attention processors (band attention)",
+    )
     for m in model.modules():
         if isinstance(m, SAMETransformerResamplingBlock):
             if bind_forward(m, _block_forward, report):

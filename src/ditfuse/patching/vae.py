@@ -31,6 +31,7 @@ than the activation's, a layout other than contiguous / channels-last, Wan's
 eager modules in the activation dtype (the statistics' summation order differs; in half
 precision the norm's output is rounded where the eager module rounds it, before SiLU).
 """
+
 from __future__ import annotations
 
 import collections
@@ -38,9 +39,9 @@ import collections
 import torch
 from torch import nn
 
-from ditfuse.runtime import backend
 from ditfuse.ops.group_norm import ACT_DTYPES, group_norm_silu, rms_norm_silu_channels
 from ditfuse.patching.common import _PATCHED_FWD, bind_forward, compiling, grad_needed, hooked
+from ditfuse.runtime import backend
 
 _ACT = "_ditfuse_act"  # the norm's activation module (its class forward: the fallback's SiLU)
 LABEL = "norm + SiLU pairs (one kernel)"
@@ -62,8 +63,9 @@ def _act(norm, y):
 
 
 def _param_ok(p, x) -> bool:
-    return p is None or (isinstance(p, torch.Tensor) and p.dtype == x.dtype
-                         and p.device == x.device)
+    return p is None or (
+        isinstance(p, torch.Tensor) and p.dtype == x.dtype and p.device == x.device
+    )
 
 
 #: ranks of GroupNorm input that stay on the kernel under torch.compile (module docstring)
@@ -74,16 +76,26 @@ def _tensor_ok(x, channels: int, compiled_ranks=()) -> bool:
     """x is an activation the kernels read in place: a dtype they compute, channels-first
     (N, C, ...) with C = ``channels``, contiguous or channels-last, on a kernel device; and
     not being compiled unless its rank is one of ``compiled_ranks``."""
-    return (isinstance(x, torch.Tensor) and (not compiling() or x.dim() in compiled_ranks)
-            and x.dtype in ACT_DTYPES and x.dim() >= 3 and x.shape[1] == channels
-            and backend.kernel_device_ok(x) and _dense(x))
+    return (
+        isinstance(x, torch.Tensor)
+        and (not compiling() or x.dim() in compiled_ranks)
+        and x.dtype in ACT_DTYPES
+        and x.dim() >= 3
+        and x.shape[1] == channels
+        and backend.kernel_device_ok(x)
+        and _dense(x)
+    )
 
 
 def _gn_silu_forward(self, x):
     """GroupNorm -> SiLU (the block's activation) in one kernel, else the two modules."""
     w, b = self.weight, self.bias
-    if (_tensor_ok(x, self.num_channels, COMPILED_GN_RANKS) and _param_ok(w, x)
-            and _param_ok(b, x) and not grad_needed(x, w, b)):
+    if (
+        _tensor_ok(x, self.num_channels, COMPILED_GN_RANKS)
+        and _param_ok(w, x)
+        and _param_ok(b, x)
+        and not grad_needed(x, w, b)
+    ):
         return group_norm_silu(x, self.num_groups, w, b, self.eps)
     return _act(self, nn.GroupNorm.forward(self, x))
 
@@ -92,10 +104,15 @@ def _rms_silu_forward(self, x):
     """Wan's / Qwen-Image's channel RMS norm -> SiLU in one kernel, else the two modules."""
     g, b = self.gamma, self.bias
     bias = None if isinstance(b, float) and b == 0.0 else b
-    if (self.channel_first and _tensor_ok(x, g.shape[0]) and x.dim() == g.dim() + 1
-            and g.numel() == g.shape[0] and _param_ok(g, x)
-            and (bias is None or (_param_ok(bias, x) and bias.shape == g.shape))
-            and not grad_needed(x, g, bias)):
+    if (
+        self.channel_first
+        and _tensor_ok(x, g.shape[0])
+        and x.dim() == g.dim() + 1
+        and g.numel() == g.shape[0]
+        and _param_ok(g, x)
+        and (bias is None or (_param_ok(bias, x) and bias.shape == g.shape))
+        and not grad_needed(x, g, bias)
+    ):
         return rms_norm_silu_channels(x, g, bias, 1e-12, scale=self.scale)
     return _act(self, type(self).forward(self, x))
 
@@ -110,11 +127,20 @@ def _specs():
     forward calls ``act`` only right after one of the norms (diffusers 0.42's code)."""
     from diffusers.models.autoencoders import vae
     from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
-        HunyuanVideoDecoder3D, HunyuanVideoEncoder3D, HunyuanVideoResnetBlockCausal3D)
+        HunyuanVideoDecoder3D,
+        HunyuanVideoEncoder3D,
+        HunyuanVideoResnetBlockCausal3D,
+    )
     from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
-        QwenImageDecoder3d, QwenImageEncoder3d, QwenImageResidualBlock)
-    from diffusers.models.autoencoders.autoencoder_kl_wan import (WanDecoder3d, WanEncoder3d,
-                                                                  WanResidualBlock)
+        QwenImageDecoder3d,
+        QwenImageEncoder3d,
+        QwenImageResidualBlock,
+    )
+    from diffusers.models.autoencoders.autoencoder_kl_wan import (
+        WanDecoder3d,
+        WanEncoder3d,
+        WanResidualBlock,
+    )
     from diffusers.models.resnet import ResnetBlock2D
 
     def resnet_ok(m) -> bool:
@@ -175,4 +201,3 @@ def patch_vae(model, report) -> None:
             bind_forward(norm, fn)
         bind_forward(act, _identity_forward)
         report.add(LABEL, len(norms))
-

@@ -3,6 +3,7 @@ Wan 2.2 Animate (WanAnimateTransformer3DModel: Wan's attention and blocks as cop
 own module, around its face adapter), ChronoEdit (the same copies, its own RoPE rows), and
 SkyReels-V2 (the same architecture in its own
 classes; diffusion forcing's per-frame temb and block-causal mask)."""
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,12 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None, quantize=None):
     processor: ``norm_q`` and ``apply_rotary_emb`` return new ones; out of place is also the
     faster form: docs/design/qk_norm_rope.md); with ``quantize``, their 8-bit values and
     per-token scales (``QuantizedQK``, written by the same kernel)."""
-    if quantize is None and cos is None and isinstance(norm, torch.nn.Identity) and \
-            (k is None or isinstance(k_norm, torch.nn.Identity)):
+    if (
+        quantize is None
+        and cos is None
+        and isinstance(norm, torch.nn.Identity)
+        and (k is None or isinstance(k_norm, torch.nn.Identity))
+    ):
         return x, k
     D = x.shape[-1] // H
     if cos is not None:
@@ -36,9 +41,17 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None, quantize=None):
         # kernel reads in one load a pair (docs/design/qk_norm_rope.md)
         cos = common.table_once(cos, "wan-cos", _wan_cos)
         sin = common.table_once(sin, "wan-sin", _wan_sin)
-    return qk_norm_rope(x, k, cos, sin, q_norm=norm, k_norm=k_norm, num_heads=H,
-                        rotary_dim=D if cos is not None else None,
-                        **({"quantize": quantize} if quantize else {}))
+    return qk_norm_rope(
+        x,
+        k,
+        cos,
+        sin,
+        q_norm=norm,
+        k_norm=k_norm,
+        num_heads=H,
+        rotary_dim=D if cos is not None else None,
+        **({"quantize": quantize} if quantize else {}),
+    )
 
 
 def _heads8(r: QuantizedQK, H: int) -> QuantizedQK:
@@ -54,8 +67,7 @@ def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
     attention). (query, key), or with ``quantize`` one ``QuantizedQK``."""
     H = attn.heads
     if rotary_emb is not None and query.shape == key.shape:
-        return _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k,
-                   quantize=quantize)
+        return _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k, quantize=quantize)
     q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize=quantize)
     k = _qk(key, attn.norm_k, H, quantize=quantize)
     return (q[0], k[0]) if quantize is None else QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
@@ -72,8 +84,9 @@ def attention_8bit_i2v(attn, qk: QuantizedQK, value, image=()):
     if image:
         key_img, value_img = image
         k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
-        out = out + common.attention_8bit(qk, value_img.unflatten(2, (H, -1)), k=k_img.q,
-                                          k_scale=k_img.q_scale).flatten(2, 3)
+        out = out + common.attention_8bit(
+            qk, value_img.unflatten(2, (H, -1)), k=k_img.q, k_scale=k_img.q_scale
+        ).flatten(2, 3)
     return out
 
 
@@ -86,8 +99,9 @@ def projected(attn, query, key, value, image=(), rotary_emb=None):
     if not image:
         return common.Projected(attn, out=False, to_q=query, to_k=key, to_v=value)
     key_img, _ = _qk(image[0], attn.norm_added_k, attn.heads)
-    return common.Projected(attn, out=False, to_q=query, to_k=key, to_v=value, add_k_proj=key_img,
-                            add_v_proj=image[1])
+    return common.Projected(
+        attn, out=False, to_q=query, to_k=key, to_v=value, add_k_proj=key_img, add_v_proj=image[1]
+    )
 
 
 def _make_processor(tw=None, base=None, skyreels: bool = False):
@@ -100,6 +114,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
     config (``skyreels``)."""
     if tw is None:
         from diffusers.models.transformers import transformer_wan as tw
+
         base = tw.WanAttnProcessor
 
     class DitfuseWanAttnProcessor(base):
@@ -128,18 +143,31 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                     rotary_emb=None):
-            ok = (common.norms_ok(attn.norm_q, attn.norm_k)
-                  and (attn.add_k_proj is None or common.norms_ok(attn.norm_added_k))
-                  and not common.grad_needed(hidden_states, encoder_hidden_states)
-                  and not common.params_need_grad(attn))
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            encoder_hidden_states=None,
+            attention_mask=None,
+            rotary_emb=None,
+        ):
+            ok = (
+                common.norms_ok(attn.norm_q, attn.norm_k)
+                and (attn.add_k_proj is None or common.norms_ok(attn.norm_added_k))
+                and not common.grad_needed(hidden_states, encoder_hidden_states)
+                and not common.params_need_grad(attn)
+            )
             if ok and rotary_emb is not None:
-                ok = (isinstance(rotary_emb, (tuple, list)) and len(rotary_emb) == 2
-                      and rotary_emb[0].dim() == 4 and rotary_emb[0].shape[2] == 1)
+                ok = (
+                    isinstance(rotary_emb, (tuple, list))
+                    and len(rotary_emb) == 2
+                    and rotary_emb[0].dim() == 4
+                    and rotary_emb[0].shape[2] == 1
+                )
             if not ok:
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
-                                        rotary_emb)
+                return super().__call__(
+                    attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb
+                )
             context, image = encoder_hidden_states, None
             if attn.add_k_proj is not None:  # I2V: the image tokens, then 512 text tokens
                 n = encoder_hidden_states.shape[1] - 512
@@ -147,29 +175,38 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
             query, key, value = tw._get_qkv_projections(attn, hidden_states, context)
             img = () if image is None else tw._get_added_kv_projections(attn, image)
             parallel = self._parallel_config if skyreels or context is None else None
-            eight = (common.use_8bit(self, query, value, value.shape[-1] // attn.heads,
-                                     attention_mask, parallel)
-                     and key.shape[1] > 0 and (not img or (
-                         img[0].shape[1] > 0 and (not skyreels or self._parallel_config is None))))
+            eight = (
+                common.use_8bit(
+                    self, query, value, value.shape[-1] // attn.heads, attention_mask, parallel
+                )
+                and key.shape[1] > 0
+                and (
+                    not img
+                    or (img[0].shape[1] > 0 and (not skyreels or self._parallel_config is None))
+                )
+            )
 
             def attend_16bit(query, key, value, *img):
                 view = projected(attn, query, key, value, img, rotary_emb)
-                return base.__call__(self, view, hidden_states, encoder_hidden_states,
-                                     attention_mask)
+                return base.__call__(
+                    self, view, hidden_states, encoder_hidden_states, attention_mask
+                )
 
             def attend_8bit(query, key, value, *img):
                 qk = norm_rope(attn, query, key, rotary_emb, quantize="int8")
                 return attention_8bit_i2v(attn, qk, value, img)
 
-            hidden_states = common.attend(eight, attention_mask, attend_8bit, attend_16bit,
-                                          (query, key, value, *img))
+            hidden_states = common.attend(
+                eight, attention_mask, attend_8bit, attend_16bit, (query, key, value, *img)
+            )
             hidden_states = attn.to_out[0](hidden_states)
             hidden_states = attn.to_out[1](hidden_states)
             return hidden_states
 
     if skyreels:
-        DitfuseWanAttnProcessor.__name__ = DitfuseWanAttnProcessor.__qualname__ = \
+        DitfuseWanAttnProcessor.__name__ = DitfuseWanAttnProcessor.__qualname__ = (
             "DitfuseSkyReelsV2AttnProcessor"
+        )
     return DitfuseWanAttnProcessor
 
 
@@ -177,8 +214,11 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     """WanTransformerBlock.forward with the three AdaLN chains fused (same arithmetic: fp32
     math, the model's casts): norm1 + modulate; gated residual + norm2; residual + norm3 +
     modulate; the FFN's gated residual (which feeds the next block) alone."""
-    if common.grad_needed(hidden_states, temb) or common.params_need_grad(self) or \
-            not _block_ok(self):
+    if (
+        common.grad_needed(hidden_states, temb)
+        or common.params_need_grad(self)
+        or not _block_ok(self)
+    ):
         # the class's own forward (bound on exact WanTransformerBlock types: Wan's, or Wan
         # Animate's copy of it)
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
@@ -190,19 +230,27 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     return _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, None)
 
 
-def _skyreels_block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb,
-                            attention_mask):
+def _skyreels_block_forward(
+    self, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask
+):
     """SkyReelsV2TransformerBlock.forward with Wan's fused chains; its diffusion-forcing
     temb (B, 6, S, D) gives per-token modulation, and self-attention takes its mask."""
     from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2TransformerBlock
 
-    if common.grad_needed(hidden_states, temb) or common.params_need_grad(self) or \
-            not _block_ok(self) or temb.dim() not in (3, 4):
-        return SkyReelsV2TransformerBlock.forward(self, hidden_states, encoder_hidden_states, temb,
-                                                  rotary_emb, attention_mask)
+    if (
+        common.grad_needed(hidden_states, temb)
+        or common.params_need_grad(self)
+        or not _block_ok(self)
+        or temb.dim() not in (3, 4)
+    ):
+        return SkyReelsV2TransformerBlock.forward(
+            self, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask
+        )
     if temb.dim() == 4:
-        mods = [m.squeeze(1) for m in
-                (self.scale_shift_table.unsqueeze(2) + temb.float()).chunk(6, dim=1)]
+        mods = [
+            m.squeeze(1)
+            for m in (self.scale_shift_table.unsqueeze(2) + temb.float()).chunk(6, dim=1)
+        ]
     else:
         mods = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
     return _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask)
@@ -211,9 +259,16 @@ def _skyreels_block_forward(self, hidden_states, encoder_hidden_states, temb, ro
 def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask):
     """The block's arithmetic after its modulation ``mods`` (shift, scale, gate, and the
     FFN's three), with the AdaLN kernels."""
-    return wan_chain(hidden_states, mods, self.norm1, self.norm2, self.norm3,
-                     lambda n: self.attn1(n, None, attention_mask, rotary_emb),
-                     lambda n: self.attn2(n, encoder_hidden_states, None, None), self.ffn)
+    return wan_chain(
+        hidden_states,
+        mods,
+        self.norm1,
+        self.norm2,
+        self.norm3,
+        lambda n: self.attn1(n, None, attention_mask, rotary_emb),
+        lambda n: self.attn2(n, encoder_hidden_states, None, None),
+        self.ffn,
+    )
 
 
 def wan_chain(hidden_states, mods, norm1, cross_norm, ffn_norm, self_attn, cross_attn, ffn):
@@ -231,11 +286,18 @@ def wan_chain(hidden_states, mods, norm1, cross_norm, ffn_norm, self_attn, cross
         norm_hidden_states = hidden_states
     else:
         hidden_states, norm_hidden_states = gated_residual_adaln(
-            hidden_states, attn_output, gate, norm="layer", weight=cross_norm.weight,
-            bias=cross_norm.bias, eps=cross_norm.eps)
+            hidden_states,
+            attn_output,
+            gate,
+            norm="layer",
+            weight=cross_norm.weight,
+            bias=cross_norm.bias,
+            eps=cross_norm.eps,
+        )
     attn_output = cross_attn(norm_hidden_states)
     hidden_states, norm_hidden_states = gated_residual_adaln(
-        hidden_states, attn_output, None, c_shift, c_scale, norm="layer", eps=ffn_norm.eps)
+        hidden_states, attn_output, None, c_shift, c_scale, norm="layer", eps=ffn_norm.eps
+    )
     return gated_residual(hidden_states, ffn(norm_hidden_states), c_gate)
 
 
@@ -244,10 +306,14 @@ def chain_norms_ok(norm1, cross_norm, ffn_norm) -> bool:
     FP32LayerNorms, ``cross_norm`` an affine one or Identity."""
     from diffusers.models.normalization import FP32LayerNorm
 
-    plain = all(isinstance(n, FP32LayerNorm) and n.weight is None and n.bias is None
-                for n in (norm1, ffn_norm))
-    return plain and (isinstance(cross_norm, torch.nn.Identity) or (
-        isinstance(cross_norm, FP32LayerNorm) and cross_norm.weight is not None))
+    plain = all(
+        isinstance(n, FP32LayerNorm) and n.weight is None and n.bias is None
+        for n in (norm1, ffn_norm)
+    )
+    return plain and (
+        isinstance(cross_norm, torch.nn.Identity)
+        or (isinstance(cross_norm, FP32LayerNorm) and cross_norm.weight is not None)
+    )
 
 
 def _block_ok(block) -> bool:
@@ -255,15 +321,15 @@ def _block_ok(block) -> bool:
     return chain_norms_ok(block.norm1, block.norm2, block.norm3)
 
 
-def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                activations=True):
+def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
     from diffusers.models.transformers import transformer_wan as tw
 
     _patch(model, report, tw, qk_norm_rope, adaln, attention)
 
 
-def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                  activations=True):
+def patch_animate(
+    model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True
+):
     """Wan 2.2 Animate (WanAnimateTransformer3DModel): Wan's processor, attention and block
     as copies in ``transformer_wan_animate`` (patched like Wan's); its face adapter's
     cross-attention (``WanAnimateFaceBlockAttnProcessor``) keeps its own processor."""
@@ -272,8 +338,9 @@ def patch_animate(model, report, *, qk_norm_rope=True, adaln=True, attention=Tru
     _patch(model, report, ta, qk_norm_rope, adaln, attention)
 
 
-def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                     activations=True):
+def patch_chronoedit(
+    model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True
+):
     """ChronoEdit (ChronoEditTransformer3DModel, Wan 2.1 I2V 14B's architecture): Wan's
     processor, attention and block as copies in ``transformer_chronoedit`` (patched like
     Wan's); its own RoPE tables (the temporal-reasoning frames skip positions) arrive as
@@ -283,24 +350,46 @@ def patch_chronoedit(model, report, *, qk_norm_rope=True, adaln=True, attention=
     _patch(model, report, tc, qk_norm_rope, adaln, attention)
 
 
-def patch_skyreels(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
-                   activations=True):
+def patch_skyreels(
+    model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True
+):
     """SkyReels-V2 (SkyReelsV2Transformer3DModel): Wan's architecture in its own classes."""
     from diffusers.models.transformers import transformer_skyreels_v2 as ts
 
-    _patch(model, report, ts, qk_norm_rope, adaln, attention, ts.SkyReelsV2AttnProcessor,
-           ts.SkyReelsV2TransformerBlock, _skyreels_block_forward, skyreels=True)
+    _patch(
+        model,
+        report,
+        ts,
+        qk_norm_rope,
+        adaln,
+        attention,
+        ts.SkyReelsV2AttnProcessor,
+        ts.SkyReelsV2TransformerBlock,
+        _skyreels_block_forward,
+        skyreels=True,
+    )
 
 
-def _patch(model, report, module, qk_norm_rope, adaln, attention, proc_base=None,
-           block_cls=None, block_fwd=_block_forward, skyreels=False):
+def _patch(
+    model,
+    report,
+    module,
+    qk_norm_rope,
+    adaln,
+    attention,
+    proc_base=None,
+    block_cls=None,
+    block_fwd=_block_forward,
+    skyreels=False,
+):
     """Wan's processors and blocks in diffusers module ``module`` (Wan's, or a copy of them:
     its ``WanAttnProcessor`` and ``WanTransformerBlock`` unless named)."""
     proc_base = proc_base or module.WanAttnProcessor
     block_cls = block_cls or module.WanTransformerBlock
     if qk_norm_rope:
         common.replace_qk_processors(
-            model, report, {proc_base: _make_processor(module, proc_base, skyreels)}, attention)
+            model, report, {proc_base: _make_processor(module, proc_base, skyreels)}, attention
+        )
     if adaln:  # only blocks whose norms the chain reproduces: the report counts what runs
         for m in model.modules():
             if type(m) is block_cls and _block_ok(m) and common.bind_forward(m, block_fwd, report):

@@ -5,6 +5,7 @@ rotates with ``rope_apply`` -- complex fp64 multipliers per (frame, row, column)
 sample's patch grid, frames optionally strided -- before a dense pass ("extract") or a
 flex block-mask pass over the generation tokens and the rotated cached reference keys
 ("cached"). Its cross-attention normalises Q, K and the CLIP image keys."""
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,9 @@ from ditfuse.patching.wan import (
 
 
 def _grid_list(grid_sizes) -> list | None:
-    if not (isinstance(grid_sizes, torch.Tensor) and grid_sizes.dim() == 2 and grid_sizes.shape[1] == 3):
+    if not (
+        isinstance(grid_sizes, torch.Tensor) and grid_sizes.dim() == 2 and grid_sizes.shape[1] == 3
+    ):
         return None
     return [tuple(int(v) for v in row) for row in grid_sizes.tolist()]
 
@@ -34,12 +37,26 @@ def _tables_ok(freqs, grid, stride: int, S: int, D: int) -> bool:
     """Whether :func:`_tables` reproduces ``rope_apply(x, grid, freqs, stride)`` for (B, S)
     tokens of head_dim D: a complex (rows, D/2) table whose rows cover every sample's frames
     (at the stride), rows and columns, and every sample's grid within its S tokens."""
-    if not (isinstance(freqs, torch.Tensor) and freqs.is_complex() and freqs.dim() == 2
-            and freqs.shape[1] * 2 == D and isinstance(stride, int) and stride >= 1):
+    if not (
+        isinstance(freqs, torch.Tensor)
+        and freqs.is_complex()
+        and freqs.dim() == 2
+        and freqs.shape[1] * 2 == D
+        and isinstance(stride, int)
+        and stride >= 1
+    ):
         return False
     rows = freqs.shape[0]
-    return all(f >= 1 and h >= 1 and w >= 1 and f * h * w <= S and (f - 1) * stride < rows
-               and h <= rows and w <= rows for f, h, w in grid)
+    return all(
+        f >= 1
+        and h >= 1
+        and w >= 1
+        and f * h * w <= S
+        and (f - 1) * stride < rows
+        and h <= rows
+        and w <= rows
+        for f, h, w in grid
+    )
 
 
 def _tables(freqs, grid, stride: int, S: int):
@@ -53,10 +70,15 @@ def _tables(freqs, grid, stride: int, S: int):
     # complex arithmetic; under torch.compile this runs in the graph)
     parts = torch.view_as_real(freqs).split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
     out = []
-    for f, h, w in (grid[:1] if len(set(grid)) == 1 else grid):
-        cell = torch.cat([parts[0][: f * stride: stride].view(f, 1, 1, -1, 2).expand(f, h, w, -1, 2),
-                          parts[1][:h].view(1, h, 1, -1, 2).expand(f, h, w, -1, 2),
-                          parts[2][:w].view(1, 1, w, -1, 2).expand(f, h, w, -1, 2)], dim=-2)
+    for f, h, w in grid[:1] if len(set(grid)) == 1 else grid:
+        cell = torch.cat(
+            [
+                parts[0][: f * stride : stride].view(f, 1, 1, -1, 2).expand(f, h, w, -1, 2),
+                parts[1][:h].view(1, h, 1, -1, 2).expand(f, h, w, -1, 2),
+                parts[2][:w].view(1, 1, w, -1, 2).expand(f, h, w, -1, 2),
+            ],
+            dim=-2,
+        )
         cell = cell.reshape(f * h * w, c, 2).float()
         cos, sin = cell[..., 0].contiguous(), cell[..., 1].contiguous()
         if f * h * w < S:
@@ -86,8 +108,15 @@ def _rotate(x, cos, sin, H, quantize=None):
     """``rope_apply`` on already-normalised rows ``x`` (B, S, H*D) or (B, S, H, D): the
     rotation alone (no norm), into a fresh tensor (``quantize``: its ``QuantizedQK``)."""
     D = x.shape[-1] if x.dim() == 4 else x.shape[-1] // H
-    out = qk_norm_rope(x, None, cos, sin, num_heads=None if x.dim() == 4 else H, rotary_dim=D,
-                       **({"quantize": quantize} if quantize else {}))
+    out = qk_norm_rope(
+        x,
+        None,
+        cos,
+        sin,
+        num_heads=None if x.dim() == 4 else H,
+        rotary_dim=D,
+        **({"quantize": quantize} if quantize else {}),
+    )
     return out if quantize else out[0]
 
 
@@ -106,11 +135,11 @@ def _make_processors():
         rewritten in :func:`_packed_attention`.
 
         Numerical contract: the norms within one rounding of ``torch.nn.RMSNorm`` (their
-        fp32 statistic summed in another order: docs/design/end_to_end.md); the rotation in fp32 without fused
-        multiply-add on the multipliers rounded from fp64 to fp32, where ``rope_apply``
-        multiplies in fp64 and rounds to fp32 and then to the activation dtype: within one
-        rounding of the result plus a few fp32 roundings of the pair's size (where the
-        rotation cancels, many bf16 units of the tiny result; measured:
+        fp32 statistic summed in another order: docs/design/end_to_end.md); the rotation in fp32
+        without fused multiply-add on the multipliers rounded from fp64 to fp32, where
+        ``rope_apply`` multiplies in fp64 and rounds to fp32 and then to the activation dtype:
+        within one rounding of the result plus a few fp32 roundings of the pair's size (where
+        the rotation cancels, many bf16 units of the tiny result; measured:
         docs/design/qk_norm_rope.md).
 
         Falls back to the base processor when autograd needs gradients, a norm is not one
@@ -125,30 +154,70 @@ def _make_processors():
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, rotary_emb, grid_sizes, kv_cache, kv_cache_mode,
-                     rope_stride=1, reference_rotary_emb=None, reference_grid_sizes=None,
-                     reference_rope_stride=1, attention_mask=None, origin_latent_frames=None,
-                     origin_latent_hw=None):
-            args = (attn, hidden_states, rotary_emb, grid_sizes, kv_cache, kv_cache_mode, rope_stride,
-                    reference_rotary_emb, reference_grid_sizes, reference_rope_stride, attention_mask,
-                    origin_latent_frames, origin_latent_hw)
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            rotary_emb,
+            grid_sizes,
+            kv_cache,
+            kv_cache_mode,
+            rope_stride=1,
+            reference_rotary_emb=None,
+            reference_grid_sizes=None,
+            reference_rope_stride=1,
+            attention_mask=None,
+            origin_latent_frames=None,
+            origin_latent_hw=None,
+        ):
+            args = (
+                attn,
+                hidden_states,
+                rotary_emb,
+                grid_sizes,
+                kv_cache,
+                kv_cache_mode,
+                rope_stride,
+                reference_rotary_emb,
+                reference_grid_sizes,
+                reference_rope_stride,
+                attention_mask,
+                origin_latent_frames,
+                origin_latent_hw,
+            )
             H = attn.heads
-            ok = (kv_cache_mode in ("extract", "cached") and hidden_states.dim() == 3
-                  and hidden_states.shape[-1] % H == 0
-                  and common.norms_ok(attn.norm_q, attn.norm_k)
-                  and not common.grad_needed(hidden_states) and not common.params_need_grad(attn))
+            ok = (
+                kv_cache_mode in ("extract", "cached")
+                and hidden_states.dim() == 3
+                and hidden_states.shape[-1] % H == 0
+                and common.norms_ok(attn.norm_q, attn.norm_k)
+                and not common.grad_needed(hidden_states)
+                and not common.params_need_grad(attn)
+            )
             grid = _grid_list(grid_sizes) if ok else None
             S = hidden_states.shape[1]
             D = hidden_states.shape[-1] // H if ok else 0
-            ok = grid is not None and len(grid) == hidden_states.shape[0] and \
-                _tables_ok(rotary_emb, grid, rope_stride, S, D)
+            ok = (
+                grid is not None
+                and len(grid) == hidden_states.shape[0]
+                and _tables_ok(rotary_emb, grid, rope_stride, S, D)
+            )
             if ok and kv_cache_mode == "cached":
                 ref_grid = _grid_list(reference_grid_sizes)
                 key_ref = getattr(kv_cache, "key", None)
-                ok = (ref_grid is not None and isinstance(key_ref, torch.Tensor) and key_ref.dim() == 4
-                      and len(ref_grid) == key_ref.shape[0]
-                      and _tables_ok(reference_rotary_emb, ref_grid, reference_rope_stride,
-                                     key_ref.shape[1], key_ref.shape[-1]))
+                ok = (
+                    ref_grid is not None
+                    and isinstance(key_ref, torch.Tensor)
+                    and key_ref.dim() == 4
+                    and len(ref_grid) == key_ref.shape[0]
+                    and _tables_ok(
+                        reference_rotary_emb,
+                        ref_grid,
+                        reference_rope_stride,
+                        key_ref.shape[1],
+                        key_ref.shape[-1],
+                    )
+                )
             if not ok:
                 return super().__call__(*args)
 
@@ -161,31 +230,65 @@ def _make_processors():
                 key, _ = _qk(key, attn.norm_k, H)
                 kv_cache.store(key.unflatten(2, (H, -1)), value)
                 if common.use_8bit(self, query, value, D, None, self._parallel_config):
-                    q = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
-                                     rotary_dim=D, quantize="int8")
+                    q = qk_norm_rope(
+                        query,
+                        None,
+                        cos,
+                        sin,
+                        q_norm=attn.norm_q,
+                        num_heads=H,
+                        rotary_dim=D,
+                        quantize="int8",
+                    )
                     k = _rotate(key, cos, sin, H, quantize="int8")
                     qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
                     hidden_states = common.attention_8bit(qk, value).flatten(2, 3)
                     hidden_states = attn.to_out[0](hidden_states)
                     return attn.to_out[1](hidden_states)
-                query = qk_norm_rope(query, None, cos, sin, q_norm=attn.norm_q, num_heads=H,
-                                     rotary_dim=D)[0]
+                query = qk_norm_rope(
+                    query, None, cos, sin, q_norm=attn.norm_q, num_heads=H, rotary_dim=D
+                )[0]
                 key = _rotate(key, cos, sin, H)
                 hidden_states = dispatch_attention_fn(
-                    query.unflatten(2, (H, -1)), key.unflatten(2, (H, -1)), value, attn_mask=None,
-                    backend=self._attention_backend, parallel_config=self._parallel_config)
+                    query.unflatten(2, (H, -1)),
+                    key.unflatten(2, (H, -1)),
+                    value,
+                    attn_mask=None,
+                    backend=self._attention_backend,
+                    parallel_config=self._parallel_config,
+                )
             else:
-                query, key = qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q,
-                                          k_norm=attn.norm_k, num_heads=H, rotary_dim=D)
+                query, key = qk_norm_rope(
+                    query,
+                    key,
+                    cos,
+                    sin,
+                    q_norm=attn.norm_q,
+                    k_norm=attn.norm_k,
+                    num_heads=H,
+                    rotary_dim=D,
+                )
                 query, key = query.unflatten(2, (H, -1)), key.unflatten(2, (H, -1))
                 key_ref, value_ref = kv_cache.get()
-                rcos, rsin = _rope_tables(reference_rotary_emb, ref_grid, reference_rope_stride,
-                                          key_ref.shape[1])
+                rcos, rsin = _rope_tables(
+                    reference_rotary_emb, ref_grid, reference_rope_stride, key_ref.shape[1]
+                )
                 key_ref = _rotate(key_ref, rcos, rsin, H)
                 hidden_states = _packed_attention(
-                    query, key, value, key_ref, value_ref, grid[0], ref_grid[0], origin_latent_frames,
-                    origin_latent_hw, attention_mask, self._parallel_config, dispatch_attention_fn,
-                    AttentionBackendName.FLEX)
+                    query,
+                    key,
+                    value,
+                    key_ref,
+                    value_ref,
+                    grid[0],
+                    ref_grid[0],
+                    origin_latent_frames,
+                    origin_latent_hw,
+                    attention_mask,
+                    self._parallel_config,
+                    dispatch_attention_fn,
+                    AttentionBackendName.FLEX,
+                )
             hidden_states = hidden_states.flatten(2, 3).type_as(query)
             hidden_states = attn.to_out[0](hidden_states)
             hidden_states = attn.to_out[1](hidden_states)
@@ -203,41 +306,66 @@ def _make_processors():
         _ditfuse = True
         _ditfuse_fp8 = False
 
-        def __call__(self, attn, hidden_states, encoder_hidden_states,
-                     encoder_hidden_states_image=None):
+        def __call__(
+            self, attn, hidden_states, encoder_hidden_states, encoder_hidden_states_image=None
+        ):
             H = attn.heads
             with_image = encoder_hidden_states_image is not None
-            ok = (hidden_states.dim() == 3 and encoder_hidden_states.dim() == 3
-                  and hidden_states.shape[-1] % H == 0
-                  and common.norms_ok(attn.norm_q, attn.norm_k)
-                  and (not with_image or common.norms_ok(attn.norm_added_k))
-                  and not common.grad_needed(hidden_states, encoder_hidden_states,
-                                             encoder_hidden_states_image)
-                  and not common.params_need_grad(attn))
+            ok = (
+                hidden_states.dim() == 3
+                and encoder_hidden_states.dim() == 3
+                and hidden_states.shape[-1] % H == 0
+                and common.norms_ok(attn.norm_q, attn.norm_k)
+                and (not with_image or common.norms_ok(attn.norm_added_k))
+                and not common.grad_needed(
+                    hidden_states, encoder_hidden_states, encoder_hidden_states_image
+                )
+                and not common.params_need_grad(attn)
+            )
             if not ok:
-                return super().__call__(attn, hidden_states, encoder_hidden_states,
-                                        encoder_hidden_states_image)
+                return super().__call__(
+                    attn, hidden_states, encoder_hidden_states, encoder_hidden_states_image
+                )
             query, key, value = ta._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
             img = ()
             if with_image:
                 img = ta._get_added_kv_projections(attn, encoder_hidden_states_image)
-            if common.use_8bit(self, query, value, value.shape[-1] // H, None,
-                               self._parallel_config):
+            if common.use_8bit(
+                self, query, value, value.shape[-1] // H, None, self._parallel_config
+            ):
                 qk = norm_rope(attn, query, key, quantize="int8")
                 hidden_states = attention_8bit_i2v(attn, qk, value, img)
             else:  # the processor's own code on the normalised Q / K and image keys
-                hidden_states = super().__call__(projected(attn, query, key, value, img),
-                                                 hidden_states, encoder_hidden_states,
-                                                 encoder_hidden_states_image)
+                hidden_states = super().__call__(
+                    projected(attn, query, key, value, img),
+                    hidden_states,
+                    encoder_hidden_states,
+                    encoder_hidden_states_image,
+                )
             hidden_states = attn.to_out[0](hidden_states)
             return attn.to_out[1](hidden_states)
 
-    return {ta.WanAnimate2AttnProcessor: DitfuseWanAnimate2AttnProcessor,
-            ta.WanAnimate2CrossAttnProcessor: DitfuseWanAnimate2CrossAttnProcessor}
+    return {
+        ta.WanAnimate2AttnProcessor: DitfuseWanAnimate2AttnProcessor,
+        ta.WanAnimate2CrossAttnProcessor: DitfuseWanAnimate2CrossAttnProcessor,
+    }
 
 
-def _packed_attention(query, key, value, key_ref, value_ref, grid, ref_grid, frames_total, hw_total,
-                      block_mask, parallel_config, dispatch, flex):
+def _packed_attention(
+    query,
+    key,
+    value,
+    key_ref,
+    value_ref,
+    grid,
+    ref_grid,
+    frames_total,
+    hw_total,
+    block_mask,
+    parallel_config,
+    dispatch,
+    flex,
+):
     """The "cached" pass's attention, as WanAnimate2AttnProcessor lays it out: the first
     sample's grid places each generation frame's tokens (and the rotated cached reference
     frames') at the start of a frame slot of ``hw_total`` tokens in zero buffers, both
@@ -253,8 +381,9 @@ def _packed_attention(query, key, value, key_ref, value_ref, grid, ref_grid, fra
     ref_length = math.ceil(frames_total * hw_total / 128) * 128
 
     def slots(buf, start, count, src, src_hw):
-        buf[:, start:start + count * hw_total].view(B, count, hw_total, H, D)[:, :, :src_hw] = \
-            src[:, :count * src_hw].view(B, count, src_hw, H, D)
+        buf[:, start : start + count * hw_total].view(B, count, hw_total, H, D)[:, :, :src_hw] = (
+            src[:, : count * src_hw].view(B, count, src_hw, H, D)
+        )
 
     q_buf = query.new_zeros(B, length, H, D)
     k_buf = key.new_zeros(B, length + ref_length, H, D)
@@ -264,8 +393,10 @@ def _packed_attention(query, key, value, key_ref, value_ref, grid, ref_grid, fra
     slots(v_buf, 0, frames, value, hw)
     slots(k_buf, length, ref_frames, key_ref, ref_hw)
     slots(v_buf, length, ref_frames, value_ref, ref_hw)
-    out = dispatch(q_buf, k_buf, v_buf, attn_mask=block_mask, backend=flex, parallel_config=parallel_config)
-    out = out[:, :frames * hw_total].view(B, frames, hw_total, H, D)[:, :, :hw].reshape(B, n, H, D)
+    out = dispatch(
+        q_buf, k_buf, v_buf, attn_mask=block_mask, backend=flex, parallel_config=parallel_config
+    )
+    out = out[:, : frames * hw_total].view(B, frames, hw_total, H, D)[:, :, :hw].reshape(B, n, H, D)
     return torch.cat([out, query[:, n:]], dim=1)
 
 
@@ -273,36 +404,83 @@ def _block_ok(block) -> bool:
     """Wan's chain norms (here norm1, norm3 before cross-attention, norm2 before the FFN) and
     the modulation table in fp32 (as ``from_pretrained`` keeps it: ``_keep_in_fp32_modules``;
     a model cast whole adds it to the temb in bf16)."""
-    return (chain_norms_ok(block.norm1, block.norm3, block.norm2)
-            and block.modulation.dtype == torch.float32)
+    return (
+        chain_norms_ok(block.norm1, block.norm3, block.norm2)
+        and block.modulation.dtype == torch.float32
+    )
 
 
-def _block_forward(self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode,
-                   rotary_emb, grid_sizes, encoder_hidden_states_image=None, reference_rotary_emb=None,
-                   reference_grid_sizes=None, attention_mask=None, origin_latent_frames=None,
-                   origin_latent_hw=None):
+def _block_forward(
+    self,
+    hidden_states,
+    temb,
+    encoder_hidden_states,
+    kv_cache,
+    kv_cache_mode,
+    rotary_emb,
+    grid_sizes,
+    encoder_hidden_states_image=None,
+    reference_rotary_emb=None,
+    reference_grid_sizes=None,
+    attention_mask=None,
+    origin_latent_frames=None,
+    origin_latent_hw=None,
+):
     """WanAnimate2TransformerBlock.forward with Wan's AdaLN chains fused (same arithmetic:
     fp32 math, the model's casts): norm1 + modulate; the gated residual + norm3 (the
     cross-attention's input); the residual + norm2 + modulate; the FFN's gated residual."""
     from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2TransformerBlock
 
-    attn_kw = dict(rotary_emb=rotary_emb, grid_sizes=grid_sizes, kv_cache=kv_cache,
-                   kv_cache_mode=kv_cache_mode,
-                   rope_stride=self.refer_stride if kv_cache_mode == "extract" else 1,
-                   reference_rotary_emb=reference_rotary_emb, reference_grid_sizes=reference_grid_sizes,
-                   reference_rope_stride=self.refer_stride, attention_mask=attention_mask,
-                   origin_latent_frames=origin_latent_frames, origin_latent_hw=origin_latent_hw)
-    if (common.grad_needed(hidden_states, temb) or common.params_need_grad(self)
-            or not _block_ok(self) or temb.dtype != torch.float32 or temb.dim() != 3):
+    attn_kw = dict(
+        rotary_emb=rotary_emb,
+        grid_sizes=grid_sizes,
+        kv_cache=kv_cache,
+        kv_cache_mode=kv_cache_mode,
+        rope_stride=self.refer_stride if kv_cache_mode == "extract" else 1,
+        reference_rotary_emb=reference_rotary_emb,
+        reference_grid_sizes=reference_grid_sizes,
+        reference_rope_stride=self.refer_stride,
+        attention_mask=attention_mask,
+        origin_latent_frames=origin_latent_frames,
+        origin_latent_hw=origin_latent_hw,
+    )
+    if (
+        common.grad_needed(hidden_states, temb)
+        or common.params_need_grad(self)
+        or not _block_ok(self)
+        or temb.dtype != torch.float32
+        or temb.dim() != 3
+    ):
         return WanAnimate2TransformerBlock.forward(
-            self, hidden_states, temb, encoder_hidden_states, kv_cache, kv_cache_mode, rotary_emb,
-            grid_sizes, encoder_hidden_states_image, reference_rotary_emb, reference_grid_sizes,
-            attention_mask, origin_latent_frames, origin_latent_hw)
-    return wan_chain(hidden_states, (self.modulation + temb).chunk(6, dim=1), self.norm1, self.norm3,
-                     self.norm2, lambda n: self.self_attn(n, **attn_kw),
-                     lambda n: self.cross_attn(n, encoder_hidden_states=encoder_hidden_states,
-                                               encoder_hidden_states_image=encoder_hidden_states_image),
-                     self.ffn)
+            self,
+            hidden_states,
+            temb,
+            encoder_hidden_states,
+            kv_cache,
+            kv_cache_mode,
+            rotary_emb,
+            grid_sizes,
+            encoder_hidden_states_image,
+            reference_rotary_emb,
+            reference_grid_sizes,
+            attention_mask,
+            origin_latent_frames,
+            origin_latent_hw,
+        )
+    return wan_chain(
+        hidden_states,
+        (self.modulation + temb).chunk(6, dim=1),
+        self.norm1,
+        self.norm3,
+        self.norm2,
+        lambda n: self.self_attn(n, **attn_kw),
+        lambda n: self.cross_attn(
+            n,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_hidden_states_image=encoder_hidden_states_image,
+        ),
+        self.ffn,
+    )
 
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
@@ -312,6 +490,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
         common.replace_qk_processors(model, report, _make_processors(), attention)
     if adaln:
         for m in model.modules():
-            if type(m) is WanAnimate2TransformerBlock and _block_ok(m) and \
-                    common.bind_forward(m, _block_forward, report):
+            if (
+                type(m) is WanAnimate2TransformerBlock
+                and _block_ok(m)
+                and common.bind_forward(m, _block_forward, report)
+            ):
                 report.add("blocks (AdaLN)")

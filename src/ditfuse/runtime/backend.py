@@ -6,6 +6,7 @@ defined through :func:`jit`, which builds interpreted kernels when ``TRITON_INTE
 is set or no CUDA device is present, and compiled ones otherwise. Other Triton code in the
 process keeps whatever the environment says.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,6 +70,7 @@ def _interpreted(f):
     hit = _INTERPRETED.get(f)
     if hit is None:
         from triton.runtime.interpreter import InterpretedFunction
+
         hit = _INTERPRETED[f] = InterpretedFunction(f.fn)
     return hit
 

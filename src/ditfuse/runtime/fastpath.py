@@ -21,6 +21,7 @@ Recording is per thread (threads running models at once each record their own ca
 Under Triton's interpreter (the CPU tests) a replay launches through the interpreter with
 the same substituted arguments, so every test that repeats a signature exercises replay.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,7 @@ def usable(x) -> bool:
     """Whether a call led by tensor ``x`` may be keyed: the cache is on and ``x`` is a real
     tensor on a device the kernels run on (not meta: ``ditfuse inspect`` and ``export``
     call the ops on meta tensors with the launch intercepted)."""
-    return (ENABLED and isinstance(x, torch.Tensor) and not x.is_meta
-            and backend.kernel_device_ok(x))
+    return ENABLED and isinstance(x, torch.Tensor) and not x.is_meta and backend.kernel_device_ok(x)
 
 
 def sig(t) -> tuple | None:
@@ -144,8 +144,13 @@ class _Launch:
         self.kwargs, self.compiled = kwargs, compiled
         # the launcher takes every parameter: the positional ones, then the constexprs
         params = getattr(kernel, "params", None)
-        self.tail = () if params is None else tuple(
-            kwargs[p.name] if p.name in kwargs else p.default for p in params[len(template):])
+        self.tail = (
+            ()
+            if params is None
+            else tuple(
+                kwargs[p.name] if p.name in kwargs else p.default for p in params[len(template) :]
+            )
+        )
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
 
     def args(self, tensors) -> list:
@@ -185,8 +190,19 @@ class Replay:
             args = ln.args(tensors)
             ck, g = ln.compiled, ln.grid
             meta = ck.launch_metadata(g, stream, *args, *ln.tail) if hooked else None
-            ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, meta,
-                   enter if hooked else None, leave if hooked else None, *args, *ln.tail)
+            ck.run(
+                g[0],
+                g[1],
+                g[2],
+                stream,
+                ck.function,
+                ck.packed_metadata,
+                meta,
+                enter if hooked else None,
+                leave if hooked else None,
+                *args,
+                *ln.tail,
+            )
         return True
 
 

@@ -10,6 +10,7 @@ patched + compiled model's host time to pass its GPU time (docs/design/host_cost
 dispatch keys: the dispatcher calls it from C++ (no autograd kernel: the public functions
 refuse inputs that need gradients before they reach an op).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable

@@ -22,6 +22,7 @@ scheme can get wrong:
 
 v is N(0, 1) where the family says nothing else. ``attention_inputs(family, B, S, H, D)``
 draws one family; the bench's accuracy columns run all of them (``FAMILIES``)."""
+
 from __future__ import annotations
 
 import torch
@@ -50,14 +51,15 @@ def _local(B, S, H, D, g, device) -> torch.Tensor:
     W = LOCAL_WINDOW
     e = torch.randn(B, S + W, H, D, generator=g, device=device)
     c = torch.cat((torch.zeros_like(e[:, :1]), e.cumsum(1)), 1)
-    smooth = (c[:, W:W + S] - c[:, :S]) / W**0.5
+    smooth = (c[:, W : W + S] - c[:, :S]) / W**0.5
     del e, c
     walk = torch.randn(B, S, H, D, generator=g, device=device).cumsum(1) / S**0.5
     return smooth + walk
 
 
-def attention_inputs(family: str, B: int, S: int, H: int, D: int, device="cpu",
-                     dtype=torch.bfloat16, seed: int = 0):
+def attention_inputs(
+    family: str, B: int, S: int, H: int, D: int, device="cpu", dtype=torch.bfloat16, seed: int = 0
+):
     """q, k, v (B, S, H, D) in ``dtype`` of one family (module docstring), deterministic by
     ``seed`` on a given device."""
     if family not in FAMILIES:
@@ -73,6 +75,7 @@ def attention_inputs(family: str, B: int, S: int, H: int, D: int, device="cpu",
         return q.to(dtype), k.to(dtype), v.to(dtype)
     q, k, v = randn(), randn(), randn()
     if family == "rmsnorm_rope":
+
         def norm(x):
             w = torch.exp(0.5 * randn(D))
             return _rope_interleaved(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)

@@ -21,6 +21,7 @@ against float64 on a subset of the output (:func:`bench_attention_fp8`).
 ``--smoke``: every selected case at a few tokens on the CPU (the interpreter), one wall-clock
 call a row: the code paths, not the speed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,14 +34,20 @@ import time
 import torch
 
 from ditfuse.tools.attention_inputs import FAMILIES
-from ditfuse.tools.timing import _median_us, graph_us  # noqa: F401 (the sweeps import them here)
 from ditfuse.tools.bench_linear import LINEAR_IMPLS, LINEAR_SHAPES, bench_linear_fp8
 from ditfuse.tools.shapes import QK_SHAPES
+from ditfuse.tools.timing import _median_us, graph_us  # noqa: F401 (the sweeps import them here)
 
 L2_BYTES = 60 * 2**20
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-DEFAULT_EXTRA_DTYPE_SHAPES = ("wan14b-480p", "flux1-1024", "flux2-1024", "sa3-dit",  # any registry
-                              "same-l-8704", "same-l-trt")
+DEFAULT_EXTRA_DTYPE_SHAPES = (
+    "wan14b-480p",
+    "flux1-1024",
+    "flux2-1024",
+    "sa3-dit",  # any registry
+    "same-l-8704",
+    "same-l-trt",
+)
 
 
 def copy_ceiling_gbps(device="cuda") -> float:
@@ -69,22 +76,45 @@ def _liger_fn(shape):
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     except Exception:
         return None
-    if shape.norm != "rms" or shape.span != "head" or shape.style != "interleaved" or shape.form != "bshd":
+    if (
+        shape.norm != "rms"
+        or shape.span != "head"
+        or shape.style != "interleaved"
+        or shape.form != "bshd"
+    ):
         return None
     from ditfuse.tools.workloads import _rope_interleaved
 
     def f(inp):
         q, k, cos, sin = inp["q"], inp["k"], inp["cos"], inp["sin"]
-        qn = LigerRMSNormFunction.apply(q, inp["q_norm"].weight, inp["q_norm"].eps, 0.0, "llama", False)
-        kn = LigerRMSNormFunction.apply(k, inp["k_norm"].weight, inp["k_norm"].eps, 0.0, "llama", False)
+        qn = LigerRMSNormFunction.apply(
+            q, inp["q_norm"].weight, inp["q_norm"].eps, 0.0, "llama", False
+        )
+        kn = LigerRMSNormFunction.apply(
+            k, inp["k_norm"].weight, inp["k_norm"].eps, 0.0, "llama", False
+        )
         c, s = cos[None, :, None], sin[None, :, None]
         return _rope_interleaved(qn, c, s), _rope_interleaved(kn, c, s)
 
     return f
 
 
-def bench_case(op, shape_name, dtype, nbytes, make, eager, fused, copy_of, ceiling, emit, impls,
-               peers=(), device="cuda", timer=None):
+def bench_case(
+    op,
+    shape_name,
+    dtype,
+    nbytes,
+    make,
+    eager,
+    fused,
+    copy_of,
+    ceiling,
+    emit,
+    impls,
+    peers=(),
+    device="cuda",
+    timer=None,
+):
     """Time one (op, shape, dtype) for every implementation in ``impls``.
 
     ``make(i)`` builds input set i; ``eager(inp)`` / ``fused(inp)`` run the model's code /
@@ -155,14 +185,33 @@ def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     inplace = shape.inplace  # as the patched processor calls it (Wan, HunyuanVideo)
 
     def fused(s):
-        return ditfuse.qk_norm_rope(s["q"], s["k"], s["call_cos"], s["call_sin"], q_norm=s["q_norm"],
-                                    k_norm=s["k_norm"], inplace=inplace, **s["kwargs"])
+        return ditfuse.qk_norm_rope(
+            s["q"],
+            s["k"],
+            s["call_cos"],
+            s["call_sin"],
+            q_norm=s["q_norm"],
+            k_norm=s["k_norm"],
+            inplace=inplace,
+            **s["kwargs"],
+        )
 
-    bench_case("qk_norm_rope", shape.name, dtype, qk_bytes(shape, dtype),
-               lambda i: qk_inputs(shape, device, dtype, seed=i), eager_fn(shape), fused,
-               lambda s: (s["q"], s["k"]), ceiling, emit, impls,
-               peers=[("liger", _liger_fn(shape) if "liger" in impls else None)],
-               device=device, timer=timer)
+    bench_case(
+        "qk_norm_rope",
+        shape.name,
+        dtype,
+        qk_bytes(shape, dtype),
+        lambda i: qk_inputs(shape, device, dtype, seed=i),
+        eager_fn(shape),
+        fused,
+        lambda s: (s["q"], s["k"]),
+        ceiling,
+        emit,
+        impls,
+        peers=[("liger", _liger_fn(shape) if "liger" in impls else None)],
+        device=device,
+        timer=timer,
+    )
     if dtype != torch.float32:
         bench_qk_int8(shape, dtype, ceiling, emit, impls, device, timer)
 
@@ -184,19 +233,35 @@ def bench_qk_int8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None)
     def eager(s):
         kw = s["kwargs"]
         layout, heads = kw.get("layout", "bshd"), kw.get("num_heads")
-        return [quantize_per_token(t, "int8", layout=layout, num_heads=heads)
-                for t in model(s)]
+        return [quantize_per_token(t, "int8", layout=layout, num_heads=heads) for t in model(s)]
 
     def fused(s):
-        return ditfuse.qk_norm_rope(s["q"], s["k"], s["call_cos"], s["call_sin"],
-                                    q_norm=s["q_norm"], k_norm=s["k_norm"], quantize="int8",
-                                    **s["kwargs"])
+        return ditfuse.qk_norm_rope(
+            s["q"],
+            s["k"],
+            s["call_cos"],
+            s["call_sin"],
+            q_norm=s["q_norm"],
+            k_norm=s["k_norm"],
+            quantize="int8",
+            **s["kwargs"],
+        )
 
-    bench_case("qk_norm_rope_int8", shape.name, dtype, nbytes,
-               lambda i: qk_inputs(shape, device, dtype, seed=i), eager, fused,
-               lambda s: (s["q"], s["k"]), ceiling, emit,
-               [i for i in impls if i in ("eager", "compile", "ditfuse", "ditfuse-graph")],
-               device=device, timer=timer)
+    bench_case(
+        "qk_norm_rope_int8",
+        shape.name,
+        dtype,
+        nbytes,
+        lambda i: qk_inputs(shape, device, dtype, seed=i),
+        eager,
+        fused,
+        lambda s: (s["q"], s["k"]),
+        ceiling,
+        emit,
+        [i for i in impls if i in ("eager", "compile", "ditfuse", "ditfuse-graph")],
+        device=device,
+        timer=timer,
+    )
 
 
 def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
@@ -214,17 +279,53 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     res_bytes = 4 * n * el + (3 * n * 4 if shape.per_token else 0)
     eager_mod, eager_res, eager_gr = adaln_eager(shape)
     make = lambda i: adaln_inputs(shape, device, dtype, seed=i)  # noqa: E731
-    bench_case("adaln_modulate", shape.name, dtype, mod_bytes, make, eager_mod,
-               lambda s: ditfuse.adaln_modulate(s["x"], s["shift"], s["scale"], eps=1e-6,
-                                                rounding=per_op),
-               lambda s: (s["x"],), ceiling, emit, impls, device=device, timer=timer)
-    bench_case("gated_residual_adaln", shape.name, dtype, res_bytes, make, eager_res,
-               lambda s: ditfuse.gated_residual_adaln(s["x"], s["y"], s["gate"], s["shift"],
-                                                      s["scale"], eps=1e-6, rounding=per_op),
-               lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
-    bench_case("gated_residual", shape.name, dtype, 3 * n * el + (n * 4 if shape.per_token else 0), make,
-               eager_gr, lambda s: ditfuse.gated_residual(s["x"], s["y"], s["gate"], rounding=per_op),
-               lambda s: (s["x"], s["y"]), ceiling, emit, impls, device=device, timer=timer)
+    bench_case(
+        "adaln_modulate",
+        shape.name,
+        dtype,
+        mod_bytes,
+        make,
+        eager_mod,
+        lambda s: ditfuse.adaln_modulate(s["x"], s["shift"], s["scale"], eps=1e-6, rounding=per_op),
+        lambda s: (s["x"],),
+        ceiling,
+        emit,
+        impls,
+        device=device,
+        timer=timer,
+    )
+    bench_case(
+        "gated_residual_adaln",
+        shape.name,
+        dtype,
+        res_bytes,
+        make,
+        eager_res,
+        lambda s: ditfuse.gated_residual_adaln(
+            s["x"], s["y"], s["gate"], s["shift"], s["scale"], eps=1e-6, rounding=per_op
+        ),
+        lambda s: (s["x"], s["y"]),
+        ceiling,
+        emit,
+        impls,
+        device=device,
+        timer=timer,
+    )
+    bench_case(
+        "gated_residual",
+        shape.name,
+        dtype,
+        3 * n * el + (n * 4 if shape.per_token else 0),
+        make,
+        eager_gr,
+        lambda s: ditfuse.gated_residual(s["x"], s["y"], s["gate"], rounding=per_op),
+        lambda s: (s["x"], s["y"]),
+        ceiling,
+        emit,
+        impls,
+        device=device,
+        timer=timer,
+    )
 
 
 def bench_activation(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
@@ -244,9 +345,10 @@ def bench_activation(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
     def make(i):
         g = torch.Generator(device=device).manual_seed(i)
         proj = torch.randn(B, S, shape.offset + W, generator=g, device=device).to(dtype)
-        return dict(x=proj[..., shape.offset:])
+        return dict(x=proj[..., shape.offset :])
 
     if shape.op == "swiglu":
+
         def eager(s):  # Flux2SwiGLU.forward
             x = s["x"]
             half = x.shape[-1] // 2
@@ -255,14 +357,28 @@ def bench_activation(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
         def fused(s):
             return ditfuse.swiglu(s["x"])
     else:
+
         def eager(s):  # FluxSingleTransformerBlock.act_mlp
             return F.gelu(s["x"], approximate="tanh")
 
         def fused(s):
             return ditfuse.gelu(s["x"], "tanh")
 
-    bench_case(shape.op, shape.name, dtype, nbytes, make, eager, fused, lambda s: (s["x"],),
-               ceiling, emit, impls, device=device, timer=timer)
+    bench_case(
+        shape.op,
+        shape.name,
+        dtype,
+        nbytes,
+        make,
+        eager,
+        fused,
+        lambda s: (s["x"],),
+        ceiling,
+        emit,
+        impls,
+        device=device,
+        timer=timer,
+    )
 
 
 def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
@@ -279,48 +395,71 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
     N, C = shape.shape[:2]
     sp = math.prod(shape.shape[2:])
     el = torch.empty((), dtype=dtype).element_size()
-    reads = 1 if shape.op == "rms" or gn_settings(
-        N, shape.groups, C // shape.groups, sp, c_inner=shape.channels_last).path == "fit" else 2
+    reads = (
+        1
+        if shape.op == "rms"
+        or gn_settings(N, shape.groups, C // shape.groups, sp, c_inner=shape.channels_last).path
+        == "fit"
+        else 2
+    )
     nbytes = (reads + 1) * N * C * sp * el
     pshape = (C,) + (1,) * (len(shape.shape) - 2)
 
     def make(i):
         g = torch.Generator(device=device).manual_seed(i)
         x = shape.layout((torch.randn(shape.shape, generator=g, device=device) * 2 + 0.5).to(dtype))
-        w = (torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.5 + 1).to(dtype)
-        b = (torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.2).to(dtype)
+        w = (
+            torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.5 + 1
+        ).to(dtype)
+        b = (
+            torch.randn(pshape if shape.op == "rms" else (C,), generator=g, device=device) * 0.2
+        ).to(dtype)
         return dict(x=x, w=w, b=b)
 
     if shape.op == "rms":  # diffusers' WanRMS_norm then SiLU
+
         def eager(s):
             return F.silu(F.normalize(s["x"], dim=1) * C**0.5 * s["w"] + s["b"])
 
         def fused(s):
             return ditfuse.rms_norm_silu_channels(s["x"], s["w"], s["b"])
     else:
+
         def eager(s):
             return F.silu(F.group_norm(s["x"], shape.groups, s["w"], s["b"], 1e-6))
 
         def fused(s):
             return ditfuse.group_norm_silu(s["x"], shape.groups, s["w"], s["b"], 1e-6)
 
-    bench_case("group_norm_silu" if shape.op == "gn" else "rms_norm_silu", f"{shape.name}",
-               dtype, nbytes, make, eager, fused, lambda s: (s["x"],), ceiling, emit, impls,
-               device=device, timer=timer)
+    bench_case(
+        "group_norm_silu" if shape.op == "gn" else "rms_norm_silu",
+        f"{shape.name}",
+        dtype,
+        nbytes,
+        make,
+        eager,
+        fused,
+        lambda s: (s["x"],),
+        ceiling,
+        emit,
+        impls,
+        device=device,
+        timer=timer,
+    )
 
 
 def attention_copy_parts(parts):
     """The tensors the attention rows' ``copy`` moves (each read and written once): half of
     the (B, N, H, D) projection chunks, rounded up -- as many bytes as the floor counts (the
     n inputs read, the output written: n + 1 tensors' worth; docs/design/end_to_end.md)."""
-    return list(parts[:(len(parts) + 1) // 2])
+    return list(parts[: (len(parts) + 1) // 2])
 
 
 def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """Band (differential) attention: dense-mask SDPA as diffusers' SAME runs it,
     FlexAttention with a sliding-window block mask, and ditfuse. Floor: q/k (both halves when
-    differential) and v read once, the output written once.  In fp32 the ``ditfuse`` rows multiply in
-    tf32 (``precision="high"``), the ``ditfuse-highest`` rows fp32-accurately (PyTorch's
+    differential) and v read once, the output written once.  In fp32 the ``ditfuse`` rows
+    multiply in tf32 (``precision="high"``), the ``ditfuse-highest`` rows fp32-accurately (PyTorch's
     default ``"highest"``), and FlexAttention at the process's setting (``"highest"``)."""
     import torch.nn.functional as F
 
@@ -347,8 +486,9 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
         p = [t.transpose(1, 2) for t in s["parts"]]
         if shape.differential:
             q1, q2, k1, k2, v = p
-            return (F.scaled_dot_product_attention(q1, k1, v, attn_mask=mask)
-                    - F.scaled_dot_product_attention(q2, k2, v, attn_mask=mask))
+            return F.scaled_dot_product_attention(
+                q1, k1, v, attn_mask=mask
+            ) - F.scaled_dot_product_attention(q2, k2, v, attn_mask=mask)
         q, k, v = p
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
@@ -356,8 +496,7 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
         p = s["parts"]
         if shape.differential:
             q1, q2, k1, k2, v = p
-            return ditfuse.sliding_window_attention(q1, k1, v, w, q2=q2, k2=k2,
-                                                    precision=precision)
+            return ditfuse.sliding_window_attention(q1, k1, v, w, q2=q2, k2=k2, precision=precision)
         q, k, v = p
         return ditfuse.sliding_window_attention(q, k, v, w, precision=precision)
 
@@ -371,8 +510,9 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
     if "flex" in impls and device != "cpu":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        bm = create_block_mask(lambda b, h, qi, ki: (qi - ki).abs() <= w, None, None, N, N,
-                               device=device)
+        bm = create_block_mask(
+            lambda b, h, qi, ki: (qi - ki).abs() <= w, None, None, N, N, device=device
+        )
         fa = torch.compile(flex_attention)
 
         def flex(s):
@@ -383,15 +523,35 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
             q, k, v = p
             return fa(q, k, v, block_mask=bm)
 
-    bench_case("sliding_window_attention", shape.name, dtype, nbytes, make, eager, fused,
-               lambda s: attention_copy_parts(s["parts"]), ceiling, emit,
-               impls - {"compile"}, peers=[("flex", flex), ("ditfuse-highest", highest)],
-               device=device, timer=timer)
+    bench_case(
+        "sliding_window_attention",
+        shape.name,
+        dtype,
+        nbytes,
+        make,
+        eager,
+        fused,
+        lambda s: attention_copy_parts(s["parts"]),
+        ceiling,
+        emit,
+        impls - {"compile"},
+        peers=[("flex", flex), ("ditfuse-highest", highest)],
+        device=device,
+        timer=timer,
+    )
 
 
 #: the 8-bit attention rows' implementations, in row order ("sdpa-best" is derived)
-ATTN_FP8_IMPLS = ("sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sage", "cudnn-fp8",
-                  "cudnn-fp8-e2e", "ditfuse-fp8", "ditfuse-fp8-prologue")
+ATTN_FP8_IMPLS = (
+    "sdpa-cudnn",
+    "sdpa-flash",
+    "sdpa-efficient",
+    "sage",
+    "cudnn-fp8",
+    "cudnn-fp8-e2e",
+    "ditfuse-fp8",
+    "ditfuse-fp8-prologue",
+)
 #: the accuracy subset: query rows evenly spread over the sequence, heads evenly spread
 ACCURACY_ROWS, ACCURACY_HEADS = 256, 2
 #: cuDNN's FP8 softmax scale: P in [0, 1] stored as e4m3 of 256 P (ditfuse's own P scaling)
@@ -426,7 +586,9 @@ def attention_fp8_methods():
             def fn():
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+
             return fn
+
         return prepare
 
     def sage(q, k, v):
@@ -440,15 +602,20 @@ def attention_fp8_methods():
 
     def fp8_prologue(q, k, v):
         qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
-        return lambda: ditfuse.attention(qq.q, qq.k, v, precision="fp8", q_scale=qq.q_scale,
-                                         k_scale=qq.k_scale)
+        return lambda: ditfuse.attention(
+            qq.q, qq.k, v, precision="fp8", q_scale=qq.q_scale, k_scale=qq.k_scale
+        )
 
-    return [("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
-            ("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
-            ("sdpa-efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)),
-            ("sage", sage), ("cudnn-fp8", cudnn_fp8_prepare(quantize_in_call=False)),
-            ("cudnn-fp8-e2e", cudnn_fp8_prepare(quantize_in_call=True)),
-            ("ditfuse-fp8", fp8), ("ditfuse-fp8-prologue", fp8_prologue)]
+    return [
+        ("sdpa-cudnn", sdpa(SDPBackend.CUDNN_ATTENTION)),
+        ("sdpa-flash", sdpa(SDPBackend.FLASH_ATTENTION)),
+        ("sdpa-efficient", sdpa(SDPBackend.EFFICIENT_ATTENTION)),
+        ("sage", sage),
+        ("cudnn-fp8", cudnn_fp8_prepare(quantize_in_call=False)),
+        ("cudnn-fp8-e2e", cudnn_fp8_prepare(quantize_in_call=True)),
+        ("ditfuse-fp8", fp8),
+        ("ditfuse-fp8-prologue", fp8_prologue),
+    ]
 
 
 def _e4m3_per_tensor(x):
@@ -491,18 +658,30 @@ def _cudnn_fp8_graph(q8, out_bf16: bool):
 def _build_cudnn_fp8_graph(cudnn, dims, st, D, device, out_bf16):
     e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     handle = cudnn.create_handle()  # the graph lowers on it: no device query of its own
-    g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32,
-                      handle=handle)
+    g = cudnn.pygraph(
+        io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle
+    )
     t = {n: g.tensor(name=n, dim=dims, stride=st, data_type=e4m3) for n in ("q", "k", "v")}
     for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
         t[n] = g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
     o, _, amax_s, amax_o = g.sdpa_fp8(
-        q=t["q"], k=t["k"], v=t["v"], descale_q=t["descale_q"], descale_k=t["descale_k"],
-        descale_v=t["descale_v"], descale_s=t["descale_s"], scale_s=t["scale_s"],
-        scale_o=t["scale_o"], is_inference=True, attn_scale=D**-0.5, use_causal_mask=False,
-        name="sdpa_fp8")
+        q=t["q"],
+        k=t["k"],
+        v=t["v"],
+        descale_q=t["descale_q"],
+        descale_k=t["descale_k"],
+        descale_v=t["descale_v"],
+        descale_s=t["descale_s"],
+        scale_s=t["scale_s"],
+        scale_o=t["scale_o"],
+        is_inference=True,
+        attn_scale=D**-0.5,
+        use_causal_mask=False,
+        name="sdpa_fp8",
+    )
     o.set_output(True).set_dim(dims).set_stride(st).set_data_type(
-        cudnn.data_type.BFLOAT16 if out_bf16 else e4m3)
+        cudnn.data_type.BFLOAT16 if out_bf16 else e4m3
+    )
     for a in (amax_s, amax_o):
         a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
     t.update(o=o, amax_s=amax_s, amax_o=amax_o)
@@ -524,6 +703,7 @@ def cudnn_fp8_prepare(quantize_in_call: bool):
     False (``cudnn-fp8``): q / k / v quantized beforehand, the call is the graph (the peer
     as a kernel); True (``cudnn-fp8-e2e``): the amax / scale / cast of the bf16 q / k / v is
     timed too (eager PyTorch), what a 16-bit caller pays."""
+
     def prepare(q, k, v):
         if q.device.type != "cuda":
             raise ImportError("cuDNN FP8 attention needs a CUDA device")
@@ -539,8 +719,9 @@ def cudnn_fp8_prepare(quantize_in_call: bool):
             except ImportError:
                 raise
             except Exception as e2:  # noqa: BLE001
-                raise ImportError(f"cuDNN FP8 graph not built: {_short(e2, 160)} "
-                                  f"(bf16 O: {_short(e, 120)})") from e2
+                raise ImportError(
+                    f"cuDNN FP8 graph not built: {_short(e2, 160)} (bf16 O: {_short(e, 120)})"
+                ) from e2
             note = "O e4m3, dequantized in the call"
         dev = q.device
         scale_s = torch.full((1, 1, 1, 1), CUDNN_FP8_SCALE_S, dtype=torch.float32, device=dev)
@@ -553,22 +734,47 @@ def cudnn_fp8_prepare(quantize_in_call: bool):
         def fn():
             (q8, dq), (k8, dk), (v8, dv) = pre or [_e4m3_per_tensor(x) for x in (q, k, v)]
             scale_o = one if out_bf16 else 0.5 / dv
-            o = torch.empty(q.shape, dtype=torch.bfloat16 if out_bf16 else torch.float8_e4m3fn,
-                            device=dev)
+            o = torch.empty(
+                q.shape, dtype=torch.bfloat16 if out_bf16 else torch.float8_e4m3fn, device=dev
+            )
             cudnn.set_stream(handle, torch.cuda.current_stream(dev).cuda_stream)
-            g.execute({t["q"]: q8, t["k"]: k8, t["v"]: v8, t["descale_q"]: dq,
-                       t["descale_k"]: dk, t["descale_v"]: dv, t["descale_s"]: descale_s,
-                       t["scale_s"]: scale_s, t["scale_o"]: scale_o, t["o"]: o,
-                       t["amax_s"]: amax_s, t["amax_o"]: amax_o}, ws, handle=handle)
+            g.execute(
+                {
+                    t["q"]: q8,
+                    t["k"]: k8,
+                    t["v"]: v8,
+                    t["descale_q"]: dq,
+                    t["descale_k"]: dk,
+                    t["descale_v"]: dv,
+                    t["descale_s"]: descale_s,
+                    t["scale_s"]: scale_s,
+                    t["scale_o"]: scale_o,
+                    t["o"]: o,
+                    t["amax_s"]: amax_s,
+                    t["amax_o"]: amax_o,
+                },
+                ws,
+                handle=handle,
+            )
             return o if out_bf16 else (o.float() / scale_o).to(torch.bfloat16)
 
         fn.note = note
         return fn
+
     return prepare
 
 
-def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None,
-                        accuracy_rows=ACCURACY_ROWS, accuracy_heads=ACCURACY_HEADS):
+def bench_attention_fp8(
+    shape,
+    dtype,
+    ceiling,
+    emit,
+    impls,
+    device="cuda",
+    timer=None,
+    accuracy_rows=ACCURACY_ROWS,
+    accuracy_heads=ACCURACY_HEADS,
+):
     """Full attention at one model shape (``FULL_ATTN_SHAPES``): SDPA with each backend
     forced, SageAttention, cuDNN's FP8 attention (from e4m3 q / k / v, and from bf16 with
     the quantization timed), and ditfuse's 8-bit attention from 16-bit and from
@@ -589,9 +795,13 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
     ``ceiling`` is unused (the registry runner's signature)."""
     import warnings
 
-    from ditfuse.tools.workloads import (ATTN_INPUT_KINDS, attention_reference_subset,
-                                         attention_subset, full_attention_inputs,
-                                         subset_errors)
+    from ditfuse.tools.workloads import (
+        ATTN_INPUT_KINDS,
+        attention_reference_subset,
+        attention_subset,
+        full_attention_inputs,
+        subset_errors,
+    )
 
     gpu = device != "cpu"
 
@@ -636,10 +846,14 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
                     r["note"] = f"OOM ({kind}): {_short(e, 80)}"
                 except RuntimeError as e:
                     why = "; ".join(" ".join(str(w.message).split())[:160] for w in caught[:3])
-                    refused = impl.startswith("sdpa") and ("No available kernel" in str(e)
-                                                           or "No viable backend" in str(e))
-                    r["note"] = (f"refused: {why or _short(e)}" if refused
-                                 else f"error ({kind}): {_short(e)}")
+                    refused = impl.startswith("sdpa") and (
+                        "No available kernel" in str(e) or "No viable backend" in str(e)
+                    )
+                    r["note"] = (
+                        f"refused: {why or _short(e)}"
+                        if refused
+                        else f"error ({kind}): {_short(e)}"
+                    )
                 except Exception as e:  # noqa: BLE001 -- a row saying why, the others still run
                     r["note"] = f"error ({kind}): {_short(e)}"
             fn = out = None
@@ -648,7 +862,9 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
                 torch.cuda.empty_cache()
         q = k = v = ref = None
 
-    sdpa_us = {i: r["us"] for i, r in res.items() if i.startswith("sdpa") and math.isfinite(r["us"])}
+    sdpa_us = {
+        i: r["us"] for i, r in res.items() if i.startswith("sdpa") and math.isfinite(r["us"])
+    }
     best = min(sdpa_us, key=sdpa_us.get) if sdpa_us else None
     order = list(res)
     if best is not None:
@@ -660,13 +876,25 @@ def bench_attention_fp8(shape, dtype, ceiling, emit, impls, device="cuda", timer
     for impl in order:
         r = res[impl]
         us = r["us"]
-        acc = {f"{m}_{kind}": v for kind, (c, e) in r["acc"].items() for m, v in (("cos", c), ("rel_l2", e))}
-        emit("attention_fp8", shape.name, impl, dtype, us, nan, nan,
-             tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
-             x_best_sdpa=best_us / us if math.isfinite(us) else nan,
-             x_sage=sage_us / us if math.isfinite(us) else nan,
-             **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS},
-             note="; ".join(x for x in (r["note"], r["timing"], r["info"]) if x))
+        acc = {
+            f"{m}_{kind}": v
+            for kind, (c, e) in r["acc"].items()
+            for m, v in (("cos", c), ("rel_l2", e))
+        }
+        emit(
+            "attention_fp8",
+            shape.name,
+            impl,
+            dtype,
+            us,
+            nan,
+            nan,
+            tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
+            x_best_sdpa=best_us / us if math.isfinite(us) else nan,
+            x_sage=sage_us / us if math.isfinite(us) else nan,
+            **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS},
+            note="; ".join(x for x in (r["note"], r["timing"], r["info"]) if x),
+        )
 
 
 def _chart(rows, path):
@@ -674,8 +902,11 @@ def _chart(rows, path):
     above 150% (copies of inputs small enough to stay in L2) are clipped and labelled. Rows
     without a finite % (the compute-bound 8-bit attention rows) have no bar; the FP8 linear
     rows (compute-bound too) are drawn as their speed-up over the bf16 linear."""
-    rows = [r for r in rows if math.isfinite(float(r["pct_copy"]))
-            or math.isfinite(float(r.get("x_bf16", "nan")))]
+    rows = [
+        r
+        for r in rows
+        if math.isfinite(float(r["pct_copy"])) or math.isfinite(float(r.get("x_bf16", "nan")))
+    ]
     if not rows:
         return
     try:
@@ -688,33 +919,55 @@ def _chart(rows, path):
         return
     speedup_ops = {"linear_fp8": ("x_bf16", "speed-up over bf16 (cuBLAS)", 2.5, 1.0)}
     ops = list(dict.fromkeys(r["op"] for r in rows))
-    impls = [i for i in ("copy", "ditfuse-graph", "ditfuse", "liger", "flex", "compile", "eager")
-             if any(r["impl"] == i for r in rows)]
-    impls += [i for i in dict.fromkeys(r["impl"] for r in rows if r["op"] in speedup_ops)
-              if i not in impls]
+    impls = [
+        i
+        for i in ("copy", "ditfuse-graph", "ditfuse", "liger", "flex", "compile", "eager")
+        if any(r["impl"] == i for r in rows)
+    ]
+    impls += [
+        i
+        for i in dict.fromkeys(r["impl"] for r in rows if r["op"] in speedup_ops)
+        if i not in impls
+    ]
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colors = {i: palette[n % len(palette)] for n, i in enumerate(impls)}
     widest = max(len({(r["shape"], r["dtype"]) for r in rows if r["op"] == op}) for op in ops)
-    fig, axes = plt.subplots(len(ops), 1, figsize=(max(8, 0.75 * widest + 2), 3.2 * len(ops)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(ops), 1, figsize=(max(8, 0.75 * widest + 2), 3.2 * len(ops)), squeeze=False
+    )
     for ax, op in zip(axes[:, 0], ops):
         col, ylabel, top, ref = speedup_ops.get(op, ("pct_copy", "% of copy ceiling", 150, 100))
         keys = list(dict.fromkeys((r["shape"], r["dtype"]) for r in rows if r["op"] == op))
-        here = [i for i in impls if any(r["impl"] == i and r["op"] == op
-                                        and math.isfinite(float(r.get(col, "nan"))) for r in rows)]
+        here = [
+            i
+            for i in impls
+            if any(
+                r["impl"] == i and r["op"] == op and math.isfinite(float(r.get(col, "nan")))
+                for r in rows
+            )
+        ]
         w = 0.8 / len(here)
         labelled = set()
         for j, impl in enumerate(here):
             for i, k in enumerate(keys):
-                m = [r for r in rows if (r["op"], r["shape"], r["dtype"]) == (op, *k) and r["impl"] == impl]
+                m = [
+                    r
+                    for r in rows
+                    if (r["op"], r["shape"], r["dtype"]) == (op, *k) and r["impl"] == impl
+                ]
                 if not m:
                     continue
                 v = float(m[0].get(col, "nan"))
                 if not math.isfinite(v):
                     continue
                 x = i + j * w
-                ax.bar(x, min(v, top), w, color=colors[impl],
-                       label=impl if impl not in labelled else None)
+                ax.bar(
+                    x,
+                    min(v, top),
+                    w,
+                    color=colors[impl],
+                    label=impl if impl not in labelled else None,
+                )
                 labelled.add(impl)
                 if v > top:
                     ax.text(x, top, f"{v:.0f}", ha="center", va="bottom", fontsize=5, rotation=90)
@@ -740,15 +993,43 @@ ACCURACY_COLUMNS = tuple(f"{m}_{f}" for f in FAMILIES for m in ("cos", "rel_l2")
 LEGACY_ACCURACY_COLUMNS = ("cos_rmsnorm", "rel_l2_rmsnorm")
 #: columns every row has; then columns only some ops fill (empty elsewhere, and in CSVs
 #: written before they existed): the 8-bit attention rows' TFLOP/s, speed-ups, accuracy, note
-BASE_COLUMNS = ["op", "shape", "impl", "dtype", "us", "gbps", "pct_copy", "gpu", "torch", "triton",
-                "date"]
-EXTRA_COLUMNS = ["tflops", "x_best_sdpa", "x_sage", *ACCURACY_COLUMNS, "note",
-                 *LEGACY_ACCURACY_COLUMNS, "x_bf16", "cos", "rel_l2"]
+BASE_COLUMNS = [
+    "op",
+    "shape",
+    "impl",
+    "dtype",
+    "us",
+    "gbps",
+    "pct_copy",
+    "gpu",
+    "torch",
+    "triton",
+    "date",
+]
+EXTRA_COLUMNS = [
+    "tflops",
+    "x_best_sdpa",
+    "x_sage",
+    *ACCURACY_COLUMNS,
+    "note",
+    *LEGACY_ACCURACY_COLUMNS,
+    "x_bf16",
+    "cos",
+    "rel_l2",
+]
 COLUMNS = BASE_COLUMNS + EXTRA_COLUMNS
-_FORMATS = {"tflops": ".1f", "x_best_sdpa": ".3f", "x_sage": ".3f", "x_bf16": ".3f",
-            "cos": ".8f", "rel_l2": ".4e",
-            **{c: ".8f" if c.startswith("cos") else ".4e"
-               for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS}}
+_FORMATS = {
+    "tflops": ".1f",
+    "x_best_sdpa": ".3f",
+    "x_sage": ".3f",
+    "x_bf16": ".3f",
+    "cos": ".8f",
+    "rel_l2": ".4e",
+    **{
+        c: ".8f" if c.startswith("cos") else ".4e"
+        for c in ACCURACY_COLUMNS + LEGACY_ACCURACY_COLUMNS
+    },
+}
 
 
 def _write_csv(rows, path):
@@ -758,8 +1039,14 @@ def _write_csv(rows, path):
         w = csv.writer(f, lineterminator="\n")
         w.writerow(COLUMNS)
         for r in rows:
-            w.writerow([format(r[c], _FORMATS.get(c, ".2f")) if isinstance(r.get(c), float)
-                        else str(r.get(c, "")) for c in COLUMNS])
+            w.writerow(
+                [
+                    format(r[c], _FORMATS.get(c, ".2f"))
+                    if isinstance(r.get(c), float)
+                    else str(r.get(c, ""))
+                    for c in COLUMNS
+                ]
+            )
 
 
 def _wall_us(fn) -> float:
@@ -774,90 +1061,161 @@ def _attention_fp8_summary(rows):
     mine = [r for r in rows if r["op"] == "attention_fp8"]
     if not mine:
         return
-    print("\n8-bit attention (time: CUDA graph replay; accuracy vs float64 on "
-          f"{ACCURACY_HEADS} heads x {ACCURACY_ROWS} query rows, all keys; cos / rel L2 per "
-          "input family):")
+    print(
+        "\n8-bit attention (time: CUDA graph replay; accuracy vs float64 on "
+        f"{ACCURACY_HEADS} heads x {ACCURACY_ROWS} query rows, all keys; cos / rel L2 per "
+        "input family):"
+    )
     fams = "".join(f" {f:>21s}" for f in FAMILIES)
-    print(f"{'shape':24s} {'impl':21s} {'us':>10s} {'TFLOP/s':>8s} {'x sdpa':>7s} {'x sage':>7s}"
-          f"{fams}  note")
+    print(
+        f"{'shape':24s} {'impl':21s} {'us':>10s} {'TFLOP/s':>8s} {'x sdpa':>7s} {'x sage':>7s}"
+        f"{fams}  note"
+    )
     for r in mine:
         acc = "".join(f" {r[f'cos_{f}']:10.6f}/{r[f'rel_l2_{f}']:10.3e}" for f in FAMILIES)
-        print(f"{r['shape']:24s} {r['impl']:21s} {r['us']:10.1f} {r['tflops']:8.1f} "
-              f"{r['x_best_sdpa']:7.3f} {r['x_sage']:7.3f}{acc}  {r['note']}")
+        print(
+            f"{r['shape']:24s} {r['impl']:21s} {r['us']:10.1f} {r['tflops']:8.1f} "
+            f"{r['x_best_sdpa']:7.3f} {r['x_sage']:7.3f}{acc}  {r['note']}"
+        )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="ditfuse bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", default="all",
-                    choices=["all", "qk_norm_rope", "adaln", "activations", "group_norm", "attention",
-                             "attention-fp8", "linear-fp8"],
-                    help="one op family (attention-fp8: full attention, SDPA backends / "
-                         "SageAttention / ditfuse 8-bit, time and accuracy)")
+    ap = argparse.ArgumentParser(
+        prog="ditfuse bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--op",
+        default="all",
+        choices=[
+            "all",
+            "qk_norm_rope",
+            "adaln",
+            "activations",
+            "group_norm",
+            "attention",
+            "attention-fp8",
+            "linear-fp8",
+        ],
+        help="one op family (attention-fp8: full attention, SDPA backends / "
+        "SageAttention / ditfuse 8-bit, time and accuracy)",
+    )
     ap.add_argument("--shapes", default="all", help="comma-separated registry names, or 'all'")
     ap.add_argument("--dtypes", default="bf16", help="comma-separated: bf16,fp16,fp32")
-    ap.add_argument("--extra-dtypes", default="fp16,fp32",
-                    help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)} "
-                         "(not for attention-fp8)")
-    ap.add_argument("--impls", default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex,"
-                                       "ditfuse-highest," + ",".join(ATTN_FP8_IMPLS) + ","
-                                       + ",".join(LINEAR_IMPLS))
-    ap.add_argument("--out-dir", default=None,
-                    help="where the CSV goes (default benchmarks/results; with --smoke a "
-                         "temporary folder)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="on the CPU (Triton's interpreter): every selected case at a few tokens, "
-                         "one wall-clock call a row -- the code paths, not the speed")
-    ap.add_argument("--e2e", action="store_true",
-                    help="whole models (random weights): transformers unpatched/patched x eager/compile "
-                         "and a 20-step trajectory comparison; SAME-L decode of 1 and 3 minutes")
-    ap.add_argument("--fp8", action="store_true",
-                    help="with --e2e: the 8-bit attention rows instead -- unpatched, patched and "
-                         "patched with attention='fp8', each under torch.compile, time a step and "
-                         "trajectories against unpatched eager (models: "
-                         "flux2-1024,wan14b-480p,hunyuan-video-544p,wan14b-720p)")
-    ap.add_argument("--linear-fp8", action="store_true",
-                    help="with --e2e --fp8: the FP8 linear rows -- unpatched, attention='fp8', "
-                         "linear='fp8', both, and torchao's float8 per-row linears as the peer")
-    ap.add_argument("--models", default="all",
-                    help="with --e2e: comma-separated, from wan14b-480p,wan14b-720p,flux1-1024,"
-                         "flux2-1024,qwen-image-1328,hunyuan-video-544p,same-l")
-    ap.add_argument("--no-compile", action="store_true", help="with --e2e: skip the torch.compile rows")
-    ap.add_argument("--layers", type=int, default=None,
-                    help="with --e2e: double-stream blocks (default 2; with --fp8 Wan 4, "
-                         "FLUX.2 / HunyuanVideo 1, i.e. 1 + 2 single)")
+    ap.add_argument(
+        "--extra-dtypes",
+        default="fp16,fp32",
+        help=f"also time these dtypes at {', '.join(DEFAULT_EXTRA_DTYPE_SHAPES)} "
+        "(not for attention-fp8)",
+    )
+    ap.add_argument(
+        "--impls",
+        default="copy,eager,compile,ditfuse,ditfuse-graph,liger,flex,"
+        "ditfuse-highest," + ",".join(ATTN_FP8_IMPLS) + "," + ",".join(LINEAR_IMPLS),
+    )
+    ap.add_argument(
+        "--out-dir",
+        default=None,
+        help="where the CSV goes (default benchmarks/results; with --smoke a temporary folder)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="on the CPU (Triton's interpreter): every selected case at a few tokens, "
+        "one wall-clock call a row -- the code paths, not the speed",
+    )
+    ap.add_argument(
+        "--e2e",
+        action="store_true",
+        help="whole models (random weights): transformers unpatched/patched x eager/compile "
+        "and a 20-step trajectory comparison; SAME-L decode of 1 and 3 minutes",
+    )
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="with --e2e: the 8-bit attention rows instead -- unpatched, patched and "
+        "patched with attention='fp8', each under torch.compile, time a step and "
+        "trajectories against unpatched eager (models: "
+        "flux2-1024,wan14b-480p,hunyuan-video-544p,wan14b-720p)",
+    )
+    ap.add_argument(
+        "--linear-fp8",
+        action="store_true",
+        help="with --e2e --fp8: the FP8 linear rows -- unpatched, attention='fp8', "
+        "linear='fp8', both, and torchao's float8 per-row linears as the peer",
+    )
+    ap.add_argument(
+        "--models",
+        default="all",
+        help="with --e2e: comma-separated, from wan14b-480p,wan14b-720p,flux1-1024,"
+        "flux2-1024,qwen-image-1328,hunyuan-video-544p,same-l",
+    )
+    ap.add_argument(
+        "--no-compile", action="store_true", help="with --e2e: skip the torch.compile rows"
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="with --e2e: double-stream blocks (default 2; with --fp8 Wan 4, "
+        "FLUX.2 / HunyuanVideo 1, i.e. 1 + 2 single)",
+    )
     ap.add_argument("--steps", type=int, default=20, help="with --e2e: trajectory steps")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="with --e2e: interleaved timing rounds (default 5; with --fp8 2)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="with --e2e: interleaved timing rounds (default 5; with --fp8 2)",
+    )
     args = ap.parse_args(argv)
     if args.e2e:
         from ditfuse.tools.e2e import main as e2e_main
+
         return e2e_main(args)
     if not torch.cuda.is_available() and not args.smoke:
-        print("ditfuse bench: no CUDA GPU here; benchmarks need one (use `ditfuse check` on the CPU, "
-              "or `ditfuse bench --smoke` for the code paths)", file=sys.stderr)
+        print(
+            "ditfuse bench: no CUDA GPU here; benchmarks need one (use `ditfuse check` on the CPU, "
+            "or `ditfuse bench --smoke` for the code paths)",
+            file=sys.stderr,
+        )
         return 2
     import triton
 
-    from ditfuse.tools.shapes import (ACT_SHAPES, ADALN_SHAPES, ATTN_SHAPES, FULL_ATTN_SHAPES,
-                                      GN_SHAPES)
+    from ditfuse.tools.shapes import (
+        ACT_SHAPES,
+        ADALN_SHAPES,
+        ATTN_SHAPES,
+        FULL_ATTN_SHAPES,
+        GN_SHAPES,
+    )
 
-    registries = {"qk_norm_rope": (QK_SHAPES, bench_qk), "adaln": (ADALN_SHAPES, bench_adaln),
-                  "activations": (ACT_SHAPES, bench_activation),
-                  "group_norm": (GN_SHAPES, bench_group_norm),
-                  "attention": (ATTN_SHAPES, bench_attention),
-                  "attention-fp8": (FULL_ATTN_SHAPES, bench_attention_fp8),
-                  "linear-fp8": (LINEAR_SHAPES, bench_linear_fp8)}
+    registries = {
+        "qk_norm_rope": (QK_SHAPES, bench_qk),
+        "adaln": (ADALN_SHAPES, bench_adaln),
+        "activations": (ACT_SHAPES, bench_activation),
+        "group_norm": (GN_SHAPES, bench_group_norm),
+        "attention": (ATTN_SHAPES, bench_attention),
+        "attention-fp8": (FULL_ATTN_SHAPES, bench_attention_fp8),
+        "linear-fp8": (LINEAR_SHAPES, bench_linear_fp8),
+    }
     ops = list(registries) if args.op == "all" else [args.op]
     jobs = []
     for op in ops:
         reg, _ = registries[op]
-        names = list(reg) if args.shapes == "all" else [n for n in args.shapes.split(",") if n in reg]
+        names = (
+            list(reg) if args.shapes == "all" else [n for n in args.shapes.split(",") if n in reg]
+        )
         if args.shapes != "all":
-            unknown = [n for n in args.shapes.split(",") if not any(n in registries[o][0] for o in ops)]
+            unknown = [
+                n for n in args.shapes.split(",") if not any(n in registries[o][0] for o in ops)
+            ]
             if unknown:
-                print(f"unknown shape(s) {unknown}; known: {', '.join(n for o in ops for n in registries[o][0])}",
-                      file=sys.stderr)
+                print(
+                    f"unknown shape(s) {unknown}; known: "
+                    f"{', '.join(n for o in ops for n in registries[o][0])}",
+                    file=sys.stderr,
+                )
                 return 2
         dtypes = args.dtypes.split(",")
         if op in ("attention-fp8", "linear-fp8"):  # 16-bit inputs only
@@ -865,8 +1223,12 @@ def main(argv=None) -> int:
             continue
         jobs += [(op, n, d) for d in dtypes for n in names]
         if args.extra_dtypes:
-            jobs += [(op, n, d) for d in args.extra_dtypes.split(",") for n in DEFAULT_EXTRA_DTYPE_SHAPES
-                     if n in names and (op, n, d) not in jobs]
+            jobs += [
+                (op, n, d)
+                for d in args.extra_dtypes.split(",")
+                for n in DEFAULT_EXTRA_DTYPE_SHAPES
+                if n in names and (op, n, d) not in jobs
+            ]
     impls = set(args.impls.split(","))
     date = _dt.date.today().isoformat()
     if args.smoke:
@@ -875,32 +1237,57 @@ def main(argv=None) -> int:
         out_dir = args.out_dir or __import__("tempfile").mkdtemp(prefix="ditfuse-bench-smoke-")
         from ditfuse.runtime.backend import INTERPRET
 
-        print(f"smoke run on the CPU (ditfuse's kernels interpreted: {INTERPRET}): a few tokens a "
-              f"case, wall-clock times of one call")
+        print(
+            f"smoke run on the CPU (ditfuse's kernels interpreted: {INTERPRET}): a few tokens a "
+            f"case, wall-clock times of one call"
+        )
     else:
         device, timer, out_dir = "cuda", None, args.out_dir or "benchmarks/results"
         torch._dynamo.config.cache_size_limit = 256
         gpu = torch.cuda.get_device_name()
         ceiling = copy_ceiling_gbps()
-        print(f"{gpu}: copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device); torch "
-              f"{torch.__version__}, triton {triton.__version__}")
-    print(f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s}")
+        print(
+            f"{gpu}: copy ceiling {ceiling:.0f} GB/s (2 GiB device-to-device); torch "
+            f"{torch.__version__}, triton {triton.__version__}"
+        )
+    print(
+        f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>10s} {'GB/s':>8s} {'%copy':>6s}"
+    )
     rows = []
 
     def emit(op, shape, impl, dtype, us, gbps, pct, **extra):
         dname = {v: k for k, v in _DT.items()}[dtype]
-        rows.append(dict(op=op, shape=shape, impl=impl, dtype=dname, us=us, gbps=gbps, pct_copy=pct,
-                         gpu=gpu, torch=torch.__version__, triton=triton.__version__, date=date, **extra))
+        rows.append(
+            dict(
+                op=op,
+                shape=shape,
+                impl=impl,
+                dtype=dname,
+                us=us,
+                gbps=gbps,
+                pct_copy=pct,
+                gpu=gpu,
+                torch=torch.__version__,
+                triton=triton.__version__,
+                date=date,
+                **extra,
+            )
+        )
         line = f"{op:20s} {shape:20s} {dname:5s} {impl:13s} {us:10.1f} {gbps:8.0f} {pct:6.1f}"
         if "x_bf16" in extra:  # the FP8 linear rows: TFLOP/s, speed-up over bf16, accuracy
-            line += (f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_bf16']:.3f} bf16; cos "
-                     f"{extra['cos']:.6f}, rel L2 {extra['rel_l2']:.2e} {extra['note']}")
+            line += (
+                f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_bf16']:.3f} bf16; cos "
+                f"{extra['cos']:.6f}, rel L2 {extra['rel_l2']:.2e} {extra['note']}"
+            )
         elif extra:  # the 8-bit attention rows: TFLOP/s, speed-ups, accuracy
-            line += (f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_best_sdpa']:.3f} sdpa "
-                     f"x{extra['x_sage']:.3f} sage; cos "
-                     + " / ".join(f"{extra[f'cos_{f}']:.6f}" for f in FAMILIES) + ", rel L2 "
-                     + " / ".join(f"{extra[f'rel_l2_{f}']:.2e}" for f in FAMILIES)
-                     + f" ({' / '.join(FAMILIES)}) {extra['note']}")
+            line += (
+                f" {extra['tflops']:7.1f} TFLOP/s x{extra['x_best_sdpa']:.3f} sdpa "
+                f"x{extra['x_sage']:.3f} sage; cos "
+                + " / ".join(f"{extra[f'cos_{f}']:.6f}" for f in FAMILIES)
+                + ", rel L2 "
+                + " / ".join(f"{extra[f'rel_l2_{f}']:.2e}" for f in FAMILIES)
+                + f" ({' / '.join(FAMILIES)}) {extra['note']}"
+            )
         print(line, flush=True)
 
     os.makedirs(out_dir, exist_ok=True)
@@ -916,18 +1303,29 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
         _write_csv(rows, stem + ".csv")  # after every job: a cut-short run keeps its rows
 
-    print("\nsummary (ditfuse eager call; ditfuse-graph: the same call replayed from a CUDA graph):")
-    print(f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>9s} {'%copy':>6s} {'x eager':>8s} "
-          f"{'x compile':>9s}")
+    print(
+        "\nsummary (ditfuse eager call; ditfuse-graph: the same call replayed from a CUDA graph):"
+    )
+    print(
+        f"{'op':20s} {'shape':20s} {'dtype':5s} {'impl':13s} {'us':>9s} {'%copy':>6s} "
+        f"{'x eager':>8s} "
+        f"{'x compile':>9s}"
+    )
     for r in rows:
         if r["impl"] not in ("ditfuse", "ditfuse-graph"):
             continue
-        ref = {x["impl"]: x["us"] for x in rows
-               if (x["op"], x["shape"], x["dtype"]) == (r["op"], r["shape"], r["dtype"])}
+        ref = {
+            x["impl"]: x["us"]
+            for x in rows
+            if (x["op"], x["shape"], x["dtype"]) == (r["op"], r["shape"], r["dtype"])
+        }
         xe = ref.get("eager", float("nan")) / r["us"]
         xc = ref.get("compile", float("nan")) / r["us"]
-        print(f"{r['op']:20s} {r['shape']:20s} {r['dtype']:5s} {r['impl']:13s} {r['us']:9.1f} {r['pct_copy']:6.1f} "
-              f"{xe:8.1f} {xc:9.1f}")
+        print(
+            f"{r['op']:20s} {r['shape']:20s} {r['dtype']:5s} {r['impl']:13s} {r['us']:9.1f} "
+            f"{r['pct_copy']:6.1f} "
+            f"{xe:8.1f} {xc:9.1f}"
+        )
     _attention_fp8_summary(rows)
     print(f"csv: {stem}.csv ({time.time() - t0:.0f} s)")
     _chart(rows, stem + ".png")

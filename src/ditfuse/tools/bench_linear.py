@@ -18,6 +18,7 @@ each the CUDA-graph time of one call (L2 flushed before every replay):
 Accuracy of every FP8 row against the fp64 linear of the 16-bit operands: cosine and
 relative L2 over every element (``cos`` / ``rel_l2``).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,9 @@ from ditfuse.tools.timing import graph_or_eager_us
 class LinearShape:
     name: str
     model: str
-    M: int          # tokens
-    K: int          # in_features
-    N: int          # out_features
+    M: int  # tokens
+    K: int  # in_features
+    N: int  # out_features
     gelu: bool = False  # the FFN's output projection: its input is a tanh GELU's output
 
     def small(self, M: int = 32) -> "LinearShape":
@@ -47,25 +48,52 @@ class LinearShape:
 
 
 _WAN480, _WAN720 = 21 * 30 * 52, 21 * 45 * 80
-LINEAR_SHAPES = {s.name: s for s in [
-    LinearShape("wan14b-480p-qkvo", "Wan2.x 14B 480p: Q / K / V / O", _WAN480, 5120, 5120),
-    LinearShape("wan14b-480p-qkv-fused", "Wan2.x 14B 480p: Q K V fused (linear='fp8')", _WAN480,
-                5120, 3 * 5120),
-    LinearShape("wan14b-480p-ffn-in", "Wan2.x 14B 480p: FFN in", _WAN480, 5120, 13824),
-    LinearShape("wan14b-480p-ffn-out", "Wan2.x 14B 480p: FFN out", _WAN480, 13824, 5120, True),
-    LinearShape("wan14b-720p-qkvo", "Wan2.x 14B 720p: Q / K / V / O", _WAN720, 5120, 5120),
-    LinearShape("wan14b-720p-qkv-fused", "Wan2.x 14B 720p: Q K V fused (linear='fp8')", _WAN720,
-                5120, 3 * 5120),
-    LinearShape("wan14b-720p-ffn-in", "Wan2.x 14B 720p: FFN in", _WAN720, 5120, 13824),
-    LinearShape("wan14b-720p-ffn-out", "Wan2.x 14B 720p: FFN out", _WAN720, 13824, 5120, True),
-    LinearShape("flux2-1024-qkv", "FLUX.2-dev 1024^2: fused QKV + MLP in (single)", 4608, 6144,
-                55296),
-    LinearShape("hunyuan-video-544p-ffn-out", "HunyuanVideo 544p: FFN out", 33 * 34 * 60,
-                12288, 3072, True),
-]}
+LINEAR_SHAPES = {
+    s.name: s
+    for s in [
+        LinearShape("wan14b-480p-qkvo", "Wan2.x 14B 480p: Q / K / V / O", _WAN480, 5120, 5120),
+        LinearShape(
+            "wan14b-480p-qkv-fused",
+            "Wan2.x 14B 480p: Q K V fused (linear='fp8')",
+            _WAN480,
+            5120,
+            3 * 5120,
+        ),
+        LinearShape("wan14b-480p-ffn-in", "Wan2.x 14B 480p: FFN in", _WAN480, 5120, 13824),
+        LinearShape("wan14b-480p-ffn-out", "Wan2.x 14B 480p: FFN out", _WAN480, 13824, 5120, True),
+        LinearShape("wan14b-720p-qkvo", "Wan2.x 14B 720p: Q / K / V / O", _WAN720, 5120, 5120),
+        LinearShape(
+            "wan14b-720p-qkv-fused",
+            "Wan2.x 14B 720p: Q K V fused (linear='fp8')",
+            _WAN720,
+            5120,
+            3 * 5120,
+        ),
+        LinearShape("wan14b-720p-ffn-in", "Wan2.x 14B 720p: FFN in", _WAN720, 5120, 13824),
+        LinearShape("wan14b-720p-ffn-out", "Wan2.x 14B 720p: FFN out", _WAN720, 13824, 5120, True),
+        LinearShape(
+            "flux2-1024-qkv", "FLUX.2-dev 1024^2: fused QKV + MLP in (single)", 4608, 6144, 55296
+        ),
+        LinearShape(
+            "hunyuan-video-544p-ffn-out",
+            "HunyuanVideo 544p: FFN out",
+            33 * 34 * 60,
+            12288,
+            3072,
+            True,
+        ),
+    ]
+}
 
-LINEAR_IMPLS = ("bf16", "ditfuse-fp8", "ditfuse-fp8-gemm", "quantize", "bf16-gelu",
-                "ditfuse-fp8-gelu", "torchao")
+LINEAR_IMPLS = (
+    "bf16",
+    "ditfuse-fp8",
+    "ditfuse-fp8-gemm",
+    "quantize",
+    "bf16-gelu",
+    "ditfuse-fp8-gelu",
+    "torchao",
+)
 
 
 def _errors(y: torch.Tensor, ref: torch.Tensor):
@@ -75,8 +103,7 @@ def _errors(y: torch.Tensor, ref: torch.Tensor):
 
 
 def _torchao_linear(w, b):
-    from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, PerRow,
-                                      quantize_)
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
     lin = torch.nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
     with torch.no_grad():
@@ -86,8 +113,7 @@ def _torchao_linear(w, b):
     return torch.compile(lin)
 
 
-def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cuda",
-                     timer=None):
+def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """The rows of the module docstring for one shape; ``timer`` (us of a callable) defaults
     to the CUDA-graph timer."""
     from ditfuse.ops.linear_fp8 import linear_fp8, quantize_rows, quantize_weight
@@ -104,51 +130,116 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
         base_us = timer(lambda: F.linear(x, w, b)) if "bf16" in impls else nan
 
         def row(impl, us, y=None, gbps=nan, pct=nan, note="", against=None):
-            cos, rel = _errors(y, against if against is not None else ref) if y is not None \
-                else (nan, nan)
-            emit("linear_fp8", shape.name, impl, dtype, us, gbps, pct,
-                 tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
-                 x_bf16=base_us / us if math.isfinite(us) else nan, cos=cos, rel_l2=rel,
-                 note=note)
+            cos, rel = (
+                _errors(y, against if against is not None else ref) if y is not None else (nan, nan)
+            )
+            emit(
+                "linear_fp8",
+                shape.name,
+                impl,
+                dtype,
+                us,
+                gbps,
+                pct,
+                tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
+                x_bf16=base_us / us if math.isfinite(us) else nan,
+                cos=cos,
+                rel_l2=rel,
+                note=note,
+            )
 
         if "bf16" in impls:
             row("bf16", base_us, note="cuBLAS F.linear")
         if "ditfuse-fp8" in impls:
-            row("ditfuse-fp8", timer(lambda: linear_fp8(x, wq, ws, b)), linear_fp8(x, wq, ws, b),
-                note="per-token quantization included")
+            row(
+                "ditfuse-fp8",
+                timer(lambda: linear_fp8(x, wq, ws, b)),
+                linear_fp8(x, wq, ws, b),
+                note="per-token quantization included",
+            )
         q, s = quantize_rows(x)
         if "ditfuse-fp8-gemm" in impls:
+
             def gemm():
-                return torch._scaled_mm(q, wq.t(), scale_a=s[:, None], scale_b=ws[None, :],
-                                        bias=b, out_dtype=dtype, use_fast_accum=True)
-            row("ditfuse-fp8-gemm", timer(gemm), gemm(),
-                note="GEMM alone, activation quantized beforehand")
+                return torch._scaled_mm(
+                    q,
+                    wq.t(),
+                    scale_a=s[:, None],
+                    scale_b=ws[None, :],
+                    bias=b,
+                    out_dtype=dtype,
+                    use_fast_accum=True,
+                )
+
+            row(
+                "ditfuse-fp8-gemm",
+                timer(gemm),
+                gemm(),
+                note="GEMM alone, activation quantized beforehand",
+            )
         if "quantize" in impls:
             us = timer(lambda: quantize_rows(x))
             gbps = (x.numel() * (x.element_size() + 1) + 4 * shape.M) / (us * 1e3)
-            emit("linear_fp8", shape.name, "quantize", dtype, us, gbps, 100 * gbps / ceiling,
-                 tflops=nan, x_bf16=nan, cos=nan, rel_l2=nan,
-                 note="per-token e4m3 quantization alone")
+            emit(
+                "linear_fp8",
+                shape.name,
+                "quantize",
+                dtype,
+                us,
+                gbps,
+                100 * gbps / ceiling,
+                tflops=nan,
+                x_bf16=nan,
+                cos=nan,
+                rel_l2=nan,
+                note="per-token e4m3 quantization alone",
+            )
         q = s = None
         if shape.gelu and ("bf16-gelu" in impls or "ditfuse-fp8-gelu" in impls):
             ref_g = F.linear(F.gelu(x.double(), approximate="tanh"), w.double(), b.double())
             us16 = timer(lambda: F.linear(F.gelu(x, approximate="tanh"), w, b))
             if "bf16-gelu" in impls:
-                emit("linear_fp8", shape.name, "bf16-gelu", dtype, us16, nan, nan,
-                     tflops=shape.flops / (us16 * 1e-6) / 1e12, x_bf16=1.0, cos=nan,
-                     rel_l2=nan, note="F.gelu(tanh) + cuBLAS F.linear (x_bf16 of the "
-                                      "ditfuse-fp8-gelu row against this one)")
+                emit(
+                    "linear_fp8",
+                    shape.name,
+                    "bf16-gelu",
+                    dtype,
+                    us16,
+                    nan,
+                    nan,
+                    tflops=shape.flops / (us16 * 1e-6) / 1e12,
+                    x_bf16=1.0,
+                    cos=nan,
+                    rel_l2=nan,
+                    note="F.gelu(tanh) + cuBLAS F.linear (x_bf16 of the "
+                    "ditfuse-fp8-gelu row against this one)",
+                )
             if "ditfuse-fp8-gelu" in impls:
                 us = timer(lambda: linear_fp8(x, wq, ws, b, activation="gelu_tanh"))
                 cos, rel = _errors(linear_fp8(x, wq, ws, b, activation="gelu_tanh"), ref_g)
-                emit("linear_fp8", shape.name, "ditfuse-fp8-gelu", dtype, us, nan, nan,
-                     tflops=shape.flops / (us * 1e-6) / 1e12, x_bf16=us16 / us, cos=cos,
-                     rel_l2=rel, note="GELU in the quantizing pass; against bf16-gelu")
+                emit(
+                    "linear_fp8",
+                    shape.name,
+                    "ditfuse-fp8-gelu",
+                    dtype,
+                    us,
+                    nan,
+                    nan,
+                    tflops=shape.flops / (us * 1e-6) / 1e12,
+                    x_bf16=us16 / us,
+                    cos=cos,
+                    rel_l2=rel,
+                    note="GELU in the quantizing pass; against bf16-gelu",
+                )
         if "torchao" in impls and device != "cpu":
             try:
                 lin = _torchao_linear(w, b)
                 lin(x)
-                row("torchao", timer(lambda: lin(x)), lin(x),
-                    note="torchao Float8DynamicActivationFloat8WeightConfig(PerRow) + compile")
+                row(
+                    "torchao",
+                    timer(lambda: lin(x)),
+                    lin(x),
+                    note="torchao Float8DynamicActivationFloat8WeightConfig(PerRow) + compile",
+                )
             except Exception as e:  # noqa: BLE001 -- a row saying why, the others still run
                 row("torchao", nan, note=f"unavailable: {type(e).__name__}: {str(e)[:120]}")

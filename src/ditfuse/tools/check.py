@@ -5,6 +5,7 @@ interpreter with a few tokens per shape (same heads and head_dim). The patching 
 diffusers (``pip install 'ditfuse[diffusers]'``); without it they are reported SKIP, not
 passed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,13 +14,13 @@ import time
 
 import torch
 
-from ditfuse.runtime import backend
-from ditfuse.tolerances import PATCHED_MODEL, PATCHED_VAE, TWO_ROUNDINGS
+from ditfuse import qk_norm_rope_reference
 from ditfuse.norms import NormSpec
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse import qk_norm_rope_reference
-from ditfuse.tools.check_attention import check_gates as attention_gates
+from ditfuse.runtime import backend
+from ditfuse.tolerances import PATCHED_MODEL, PATCHED_VAE, TWO_ROUNDINGS
 from ditfuse.tools import check_attention_fp8
+from ditfuse.tools.check_attention import check_gates as attention_gates
 from ditfuse.tools.check_group_norm import check_gates as group_norm_gates
 from ditfuse.tools.shapes import QK_SHAPES
 from ditfuse.tools.workloads import eager_fn, qk_inputs, rope_table
@@ -37,7 +38,7 @@ def _pair_magnitude(ref: torch.Tensor, style: str, R: int) -> torch.Tensor:
         pr = r[..., :R].unflatten(-1, (-1, 2))
         m[..., :R] = pr.pow(2).sum(-1, keepdim=True).sqrt().expand_as(pr).flatten(-2)
     else:
-        a, b = r[..., : R // 2], r[..., R // 2: R]
+        a, b = r[..., : R // 2], r[..., R // 2 : R]
         n = (a * a + b * b).sqrt()
         m[..., :R] = torch.cat((n, n), -1)
     return m
@@ -105,9 +106,13 @@ class Gates:
         self._row(gate, case, "SKIP", f"skipped: {reason}")
 
     def table(self) -> str:
-        w = [max(len(str(r[i])) for r in self.rows + [("gate", "case", "result", "detail")])
-             for i in range(4)]
-        lines = [" | ".join(h.ljust(w[i]) for i, h in enumerate(("gate", "case", "result", "detail")))]
+        w = [
+            max(len(str(r[i])) for r in self.rows + [("gate", "case", "result", "detail")])
+            for i in range(4)
+        ]
+        lines = [
+            " | ".join(h.ljust(w[i]) for i, h in enumerate(("gate", "case", "result", "detail")))
+        ]
         lines.append("-+-".join("-" * x for x in w))
         lines += [" | ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) for r in self.rows]
         return "\n".join(lines)
@@ -142,11 +147,13 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
         for dtype in dtypes:
             inp = qk_inputs(shape, device, dtype)
             kw = dict(inp["kwargs"], q_norm=inp["q_norm"], k_norm=inp["k_norm"])
-            rq, rk = qk_norm_rope_reference(inp["q"], inp["k"], inp["cos"], inp["sin"],
-                                            compute_dtype=torch.float64, **kw)
+            rq, rk = qk_norm_rope_reference(
+                inp["q"], inp["k"], inp["cos"], inp["sin"], compute_dtype=torch.float64, **kw
+            )
             eq, ek = eager_fn(shape)(inp)
-            oq, ok_ = qk_norm_rope(inp["q"], inp["k"], inp["call_cos"], inp["call_sin"],
-                                   inplace=shape.inplace, **kw)
+            oq, ok_ = qk_norm_rope(
+                inp["q"], inp["k"], inp["call_cos"], inp["call_sin"], inplace=shape.inplace, **kw
+            )
             if oq.dim() != rq.dim():
                 rq, rk = rq.reshape(oq.shape), rk.reshape(ok_.shape)
             eq, ek = eq.reshape(oq.shape), ek.reshape(ok_.shape)
@@ -159,9 +166,13 @@ def qk_accuracy(g: Gates, device, small: bool, dtypes):
             share_e = min((oq == eq).float().mean().item(), (ok_ == ek).float().mean().item())
             ok = e <= 1 and e_e <= 1 and (share >= 0.97 or dtype == torch.float32)
             name = str(dtype).replace("torch.", "")
-            g.add("qk accuracy", f"{shape.name} {name}", ok,
-                  f"S={shape.S}; vs fp64 ref: err/tol {e:.2f}, {100 * share:.2f}% bitwise; "
-                  f"vs eager model code: err/tol {e_e:.2f}, {100 * share_e:.2f}% bitwise")
+            g.add(
+                "qk accuracy",
+                f"{shape.name} {name}",
+                ok,
+                f"S={shape.S}; vs fp64 ref: err/tol {e:.2f}, {100 * share:.2f}% bitwise; "
+                f"vs eager model code: err/tol {e_e:.2f}, {100 * share_e:.2f}% bitwise",
+            )
             del inp, rq, rk, eq, ek, oq, ok_
 
 
@@ -179,18 +190,34 @@ def qk_layout_bitwise(g: Gates, device, small: bool):
             w = (torch.randn(H * D, generator=gen, device=device) + 1).to(torch.bfloat16)
             norm = NormSpec("rms", weight=w, eps=1e-6)
             cos, sin = rope_table(S, D, style, device)
-            expanded = cos[:, None].expand(S, H, D).contiguous(), sin[:, None].expand(S, H, D).contiguous()
+            expanded = (
+                cos[:, None].expand(S, H, D).contiguous(),
+                sin[:, None].expand(S, H, D).contiguous(),
+            )
             outs, v_ok = [], True
             for c, s in ((cos, sin), expanded):
                 b = buf.clone()
-                qk_norm_rope(b[..., : H * D], b[..., H * D: 2 * H * D], c, s, q_norm=norm,
-                             k_norm=norm, num_heads=H, rope_style=style, inplace=True)
-                v_ok &= torch.equal(b[..., 2 * H * D:], buf[..., 2 * H * D:])
+                qk_norm_rope(
+                    b[..., : H * D],
+                    b[..., H * D : 2 * H * D],
+                    c,
+                    s,
+                    q_norm=norm,
+                    k_norm=norm,
+                    num_heads=H,
+                    rope_style=style,
+                    inplace=True,
+                )
+                v_ok &= torch.equal(b[..., 2 * H * D :], buf[..., 2 * H * D :])
                 outs.append(b)
             same = torch.equal(outs[0], outs[1])
-            g.add("qk shared==expanded", f"{style} {H}x{D}", same and v_ok,
-                  f"S={S} rtol=0 atol=0: {'identical' if same else 'DIFFERENT'}; "
-                  f"V slice {'unchanged' if v_ok else 'CHANGED'}")
+            g.add(
+                "qk shared==expanded",
+                f"{style} {H}x{D}",
+                same and v_ok,
+                f"S={S} rtol=0 atol=0: {'identical' if same else 'DIFFERENT'}; "
+                f"V slice {'unchanged' if v_ok else 'CHANGED'}",
+            )
 
 
 @torch.no_grad()
@@ -200,19 +227,31 @@ def qk_int64_offsets(g: Gates, device):
     S = (2**31) // (3 * H * D) + 64
     buf = torch.empty(1, S, 3 * H * D, device=device, dtype=torch.bfloat16)
     buf.normal_()
-    q, k = buf[..., : H * D], buf[..., H * D: 2 * H * D]
+    q, k = buf[..., : H * D], buf[..., H * D : 2 * H * D]
     w = torch.randn(H * D, device=device).to(torch.bfloat16) + 1
     norm = NormSpec("rms", weight=w, eps=1e-6)
     cos, sin = rope_table(S, D, "interleaved", device)
     tail = slice(S - 8, S)
-    rq, rk = qk_norm_rope_reference(q[:, tail], k[:, tail], cos[tail], sin[tail], q_norm=norm,
-                                    k_norm=norm, num_heads=H, compute_dtype=torch.float64)
-    v_before = buf[:, tail, 2 * H * D:].clone()
+    rq, rk = qk_norm_rope_reference(
+        q[:, tail],
+        k[:, tail],
+        cos[tail],
+        sin[tail],
+        q_norm=norm,
+        k_norm=norm,
+        num_heads=H,
+        compute_dtype=torch.float64,
+    )
+    v_before = buf[:, tail, 2 * H * D :].clone()
     qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H, inplace=True)
     e = max(_err(q[:, tail], rq), _err(k[:, tail], rk))
-    v_ok = torch.equal(buf[:, tail, 2 * H * D:], v_before)
-    g.add("qk int64 offsets", f"packed {buf.numel() / 2**31:.2f}x2^31 el", e <= 1 and v_ok,
-          f"last 8 tokens err/tol {e:.2f}; V {'unchanged' if v_ok else 'CHANGED'}")
+    v_ok = torch.equal(buf[:, tail, 2 * H * D :], v_before)
+    g.add(
+        "qk int64 offsets",
+        f"packed {buf.numel() / 2**31:.2f}x2^31 el",
+        e <= 1 and v_ok,
+        f"last 8 tokens err/tol {e:.2f}; V {'unchanged' if v_ok else 'CHANGED'}",
+    )
     del buf
 
 
@@ -255,24 +294,44 @@ def adaln_accuracy(g: Gates, device, small: bool, dtypes):
             else:
                 eager_m = (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + sc) + sh).type_as(x)
                 eager_x = (x.float() + y * gt).type_as(x)
-                eager_m2 = (F.layer_norm(eager_x.float(), (D,), eps=1e-6) * (1 + sc) + sh).type_as(x)
+                eager_m2 = (F.layer_norm(eager_x.float(), (D,), eps=1e-6) * (1 + sc) + sh).type_as(
+                    x
+                )
             m = adaln_modulate(x, sh, sc, eps=1e-6, rounding=rounding)
             xn, m2 = gated_residual_adaln(x, y, gt, sh, sc, eps=1e-6, rounding=rounding)
-            rm = adaln_reference(x, sh, sc, eps=1e-6, rounding=rounding, compute_dtype=torch.float64)
-            rxn, rm2 = adaln_reference(x, sh, sc, eps=1e-6, rounding=rounding, residual=y, gate=gt,
-                                       compute_dtype=torch.float64)
+            rm = adaln_reference(
+                x, sh, sc, eps=1e-6, rounding=rounding, compute_dtype=torch.float64
+            )
+            rxn, rm2 = adaln_reference(
+                x,
+                sh,
+                sc,
+                eps=1e-6,
+                rounding=rounding,
+                residual=y,
+                gate=gt,
+                compute_dtype=torch.float64,
+            )
             e = max(_err(m, rm), _err(m2, rm2), _err(xn, rxn))
             e_e = max(_err(m, eager_m), _err(m2, eager_m2), _err(xn, eager_x))
             share = min((m == rm).float().mean().item(), (m2 == rm2).float().mean().item())
-            share_e = min((m == eager_m).float().mean().item(), (m2 == eager_m2).float().mean().item())
+            share_e = min(
+                (m == eager_m).float().mean().item(), (m2 == eager_m2).float().mean().item()
+            )
             x_bitwise = torch.equal(xn, eager_x) and torch.equal(
-                gated_residual(x, y, gt, rounding=rounding), eager_x)
+                gated_residual(x, y, gt, rounding=rounding), eager_x
+            )
             ok = e <= 1 and e_e <= 1 and x_bitwise and (share >= 0.97 or dtype == torch.float32)
             name = str(dtype).replace("torch.", "")
-            g.add("adaln accuracy", f"{shape.name} {name}", ok,
-                  f"S={S} {rounding}; vs fp64: err/tol {e:.2f}, {100 * share:.2f}% bitwise; vs eager: "
-                  f"err/tol {e_e:.2f}, {100 * share_e:.2f}% bitwise; residual (both ops) "
-                  f"{'bitwise' if x_bitwise else 'DIFFERS'}")
+            g.add(
+                "adaln accuracy",
+                f"{shape.name} {name}",
+                ok,
+                f"S={S} {rounding}; vs fp64: err/tol {e:.2f}, {100 * share:.2f}% bitwise; "
+                f"vs eager: "
+                f"err/tol {e_e:.2f}, {100 * share_e:.2f}% bitwise; residual (both ops) "
+                f"{'bitwise' if x_bitwise else 'DIFFERS'}",
+            )
             del x, y, m, m2, xn, rm, rm2, rxn, eager_m, eager_m2, eager_x
 
 
@@ -296,8 +355,10 @@ def activation_accuracy(g: Gates, device, small: bool, dtypes):
         sw = shape.op == "swiglu"
         for dtype in dtypes:
             gen = torch.Generator(device=device).manual_seed(N + S)
-            proj = (torch.randn(B, S, shape.offset + shape.W, generator=gen, device=device) * 2).to(dtype)
-            x = proj[..., shape.offset:]
+            proj = (torch.randn(B, S, shape.offset + shape.W, generator=gen, device=device) * 2).to(
+                dtype
+            )
+            x = proj[..., shape.offset :]
             if sw:
                 y, eager = swiglu(x), F.silu(x[..., :N]) * x[..., N:]
                 exact, tol = swiglu_bound(x)
@@ -322,10 +383,14 @@ def activation_accuracy(g: Gates, device, small: bool, dtypes):
             else:  # bitwise not promised: reported; high in half precision
                 want = 0.98 if dtype != torch.float32 else 0.0
             ok = e <= 1 and e_e <= 1 and into and share_e >= want
-            g.add("activation accuracy", f"{shape.op} {shape.name} {str(dtype)[6:]}", ok,
-                  f"S={S}; vs fp64: err/bound {e:.2f} (eager {e_e:.2f}); vs eager: "
-                  f"{100 * share_e:.2f}% bitwise (gate {100 * want:.1f}%); into a buffer "
-                  f"slice {'bitwise' if into else 'DIFFERS'}")
+            g.add(
+                "activation accuracy",
+                f"{shape.op} {shape.name} {str(dtype)[6:]}",
+                ok,
+                f"S={S}; vs fp64: err/bound {e:.2f} (eager {e_e:.2f}); vs eager: "
+                f"{100 * share_e:.2f}% bitwise (gate {100 * want:.1f}%); into a buffer "
+                f"slice {'bitwise' if into else 'DIFFERS'}",
+            )
             del proj, x, y, eager, exact, tol, tol_e, buf
 
 
@@ -362,14 +427,27 @@ def patch_gates(g: Gates, device):
     for name, make, inputs, expected in CASES:
         for dtype in (torch.bfloat16, torch.float32):
             model = to_dtype(make(), dtype).to(device)
-            kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs(dtype).items()}
+            kw = {
+                k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                for k, v in inputs(dtype).items()
+            }
             n, (ref,), (out,), restored = _patch_round_trip(model, lambda: (model(**kw)[0],))
             err, scale, share = close(out, ref, dtype)
-            ok = restored and n == sum(expected.values()) and (
-                share == 1.0 if dtype == torch.bfloat16 else err <= PATCHED_MODEL[dtype] * scale)
-            g.add("patch (tiny model)", f"{name} {str(dtype)[6:]}", ok,
-                  f"{n} replacements; patched vs unpatched: {100 * share:.1f}% bitwise, max diff "
-                  f"{err:.2g} of {scale:.2g}; unpatch {'restores' if restored else 'DOES NOT restore'}")
+            ok = (
+                restored
+                and n == sum(expected.values())
+                and (
+                    share == 1.0 if dtype == torch.bfloat16 else err <= PATCHED_MODEL[dtype] * scale
+                )
+            )
+            g.add(
+                "patch (tiny model)",
+                f"{name} {str(dtype)[6:]}",
+                ok,
+                f"{n} replacements; patched vs unpatched: {100 * share:.1f}% bitwise, max diff "
+                f"{err:.2g} of {scale:.2g}; unpatch "
+                f"{'restores' if restored else 'DOES NOT restore'}",
+            )
 
 
 @torch.no_grad()
@@ -391,22 +469,29 @@ def vae_patch_gates(g: Gates, device):
                 z, x = (t.to(device) for t in vae_inputs(zshape, xshape, dtype))
 
                 n, ref, out, restored = _patch_round_trip(
-                    vae, lambda: (vae.decode(z).sample, vae.encode(x).latent_dist.mean))
+                    vae, lambda: (vae.decode(z).sample, vae.encode(x).latent_dist.mean)
+                )
                 stats = [close(o, r, dtype) for o, r in zip(out, ref)]
                 bound = PATCHED_VAE[dtype]
                 ok = restored and n == pairs and all(e <= bound * sc for e, sc, _ in stats)
-                g.add("patch (tiny VAE)", f"{name} {str(dtype)[6:]}", ok,
-                      f"{n} norm + SiLU pairs; decode / encode patched vs unpatched: max diff "
-                      + " / ".join(f"{e:.2g} of {sc:.2g} ({100 * sh:.0f}% bitwise)"
-                                   for e, sc, sh in stats)
-                      + f"; unpatch {'restores' if restored else 'DOES NOT restore'}")
+                g.add(
+                    "patch (tiny VAE)",
+                    f"{name} {str(dtype)[6:]}",
+                    ok,
+                    f"{n} norm + SiLU pairs; decode / encode patched vs unpatched: max diff "
+                    + " / ".join(
+                        f"{e:.2g} of {sc:.2g} ({100 * sh:.0f}% bitwise)" for e, sc, sh in stats
+                    )
+                    + f"; unpatch {'restores' if restored else 'DOES NOT restore'}",
+                )
     finally:
         torch.backends.cudnn.allow_tf32 = tf32
 
 
 def _dtypes(small: bool):
-    return [torch.bfloat16, torch.float16, torch.float32] if small else \
-        [torch.bfloat16, torch.float32]
+    return (
+        [torch.bfloat16, torch.float16, torch.float32] if small else [torch.bfloat16, torch.float32]
+    )
 
 
 def _group_norm_count(small: bool) -> int:
@@ -443,10 +528,12 @@ def planned_gates(small: bool, int64: bool) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
-        prog="ditfuse check", description=__doc__,
+        prog="ditfuse check",
+        description=__doc__,
         epilog="Each gate prints a line as it finishes ([n/total] PASS|FAIL|SKIP ...); the "
-               "table and the summary follow. Exit status 1 when a gate failed (skipped "
-               "gates, e.g. without diffusers, do not fail the run).")
+        "table and the summary follow. Exit status 1 when a gate failed (skipped "
+        "gates, e.g. without diffusers, do not fail the run).",
+    )
     ap.add_argument("--small", action="store_true", help="few tokens per shape even on a GPU")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
@@ -455,9 +542,11 @@ def main(argv=None) -> int:
     small = args.small or not gpu
     int64 = gpu and not args.small
     g = Gates(planned_gates(small, int64))
-    print(f"ditfuse check on {backend.describe_backend()}; "
-          f"{'interpreter-sized shapes' if small else 'production shapes'}; {g.total} gates",
-          flush=True)
+    print(
+        f"ditfuse check on {backend.describe_backend()}; "
+        f"{'interpreter-sized shapes' if small else 'production shapes'}; {g.total} gates",
+        flush=True,
+    )
     t0 = time.time()
     dtypes = _dtypes(small)
     qk_accuracy(g, device, small, dtypes)

@@ -1,11 +1,15 @@
 """``ditfuse check`` gates of the band attention at SAME-L's shapes."""
+
 from __future__ import annotations
 
 import torch
 
 from ditfuse.norms import NormSpec
-from ditfuse.ops.attention import (ACCURACY, sliding_window_attention,
-                                   sliding_window_attention_reference)
+from ditfuse.ops.attention import (
+    ACCURACY,
+    sliding_window_attention,
+    sliding_window_attention_reference,
+)
 
 
 @torch.no_grad()
@@ -27,19 +31,34 @@ def check_gates(g, device, small: bool):
             q1, q2, k1, k2, v = (t.unflatten(-1, (H, D)) for t in buf.chunk(5, -1))
             kw = {}
             if diff:
+
                 def dyt():
                     w = 1 + 0.3 * torch.randn(D, generator=gen, device=device)
                     b = 0.1 * torch.randn(D, generator=gen, device=device)
-                    return NormSpec("dyt", weight=w.to(dtype), bias=b.to(dtype), eps=None,
-                                    alpha=torch.tensor([0.8], device=device, dtype=dtype))
+                    return NormSpec(
+                        "dyt",
+                        weight=w.to(dtype),
+                        bias=b.to(dtype),
+                        eps=None,
+                        alpha=torch.tensor([0.8], device=device, dtype=dtype),
+                    )
+
                 inv = 1.0 / 10000 ** (torch.arange(0, R, 2, device=device, dtype=torch.float32) / R)
                 freqs = torch.outer(torch.arange(N, device=device, dtype=torch.float32), inv)
                 freqs = torch.cat((freqs, freqs), -1)
-                kw = dict(q2=q2, k2=k2, q_norm=dyt(), k_norm=dyt(), cos=freqs.cos(),
-                          sin=freqs.sin(), rotary_dim=R)
+                kw = dict(
+                    q2=q2,
+                    k2=k2,
+                    q_norm=dyt(),
+                    k_norm=dyt(),
+                    cos=freqs.cos(),
+                    sin=freqs.sin(),
+                    rotary_dim=R,
+                )
             out = sliding_window_attention(q1, k1, v, W, **kw)
-            ref = sliding_window_attention_reference(q1, k1, v, W, compute_dtype=torch.float64,
-                                                     **kw)
+            ref = sliding_window_attention_reference(
+                q1, k1, v, W, compute_dtype=torch.float64, **kw
+            )
             o, r = out.double(), ref.double()
             scale = r.abs() + (1 + diff) * v.double().pow(2).mean().sqrt()
             rel = ((o - r).abs() / scale).max().item()
@@ -47,7 +66,11 @@ def check_gates(g, device, small: bool):
             finite = bool(torch.isfinite(o).all())
             name = str(dtype).replace("torch.", "")
             case = f"same-l {'diff+dyt+rope' if diff else 'plain'} {name}"
-            g.add("swa accuracy", case, finite and rel <= tol,
-                  f"N={N} H={H} D={D} w={W} vs fp64 dense mask: err {rel:.2e} of |ref|+rms(v) "
-                  f"(tol {tol:.2e}, err/tol {rel / tol:.2f}){'' if finite else '; NON-FINITE'}")
+            g.add(
+                "swa accuracy",
+                case,
+                finite and rel <= tol,
+                f"N={N} H={H} D={D} w={W} vs fp64 dense mask: err {rel:.2e} of |ref|+rms(v) "
+                f"(tol {tol:.2e}, err/tol {rel / tol:.2f}){'' if finite else '; NON-FINITE'}",
+            )
             del buf, out, ref, o, r, scale

@@ -1,4 +1,5 @@
 """``ditfuse check`` gates of 8-bit attention and its quantizing prologue."""
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,7 @@ REL_L2_MAX = tolerances.ATTENTION_8BIT_REL_L2_MAX
 KERNEL_VS_EMULATION = tolerances.ATTENTION_8BIT_VS_EMULATION
 
 #: (name, H, S, D) at production size; the interpreter runs S_SMALL tokens of 2 heads
-SHAPES = [("wan14b-480p", 40, 32760, 128), ("flux2-1024", 48, 4608, 128),
-          ("d64", 16, 4096, 64)]
+SHAPES = [("wan14b-480p", 40, 32760, 128), ("flux2-1024", 48, 4608, 128), ("d64", 16, 4096, 64)]
 KINDS = ("randn", "rmsnorm")
 S_SMALL = 160
 #: heads and query rows the float64 reference evaluates (all keys)
@@ -58,8 +58,9 @@ def check_gates(g, device, small: bool):
     for name, H, S, D in _shapes(small):
         for kind in KINDS:
             gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{name} {kind}".encode()))
-            q, k, v = (torch.randn(1, S, H, D, generator=gen, device=device).bfloat16()
-                       for _ in range(3))
+            q, k, v = (
+                torch.randn(1, S, H, D, generator=gen, device=device).bfloat16() for _ in range(3)
+            )
             if kind == "rmsnorm":
                 w = (1 + 0.5 * torch.randn(D, generator=gen, device=device)).abs() + 0.1
                 q = (F.rms_norm(q.float(), (D,)) * w).bfloat16()
@@ -74,23 +75,35 @@ def check_gates(g, device, small: bool):
             cos, rel = _metrics(sub, ref)
             qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
             p = A.plan(qq.q, qq.k, v, q_scale=qq.q_scale, k_scale=qq.k_scale)
-            emu = attention_8bit_core(p.q[:, rows][:, :, heads], p.k[:, :, heads],
-                                      p.v[:, :, heads], p.q_scale[:, heads][:, :, rows],
-                                      p.k_scale[:, heads], scale=p.scale)
+            emu = attention_8bit_core(
+                p.q[:, rows][:, :, heads],
+                p.k[:, :, heads],
+                p.v[:, :, heads],
+                p.q_scale[:, heads][:, :, rows],
+                p.k_scale[:, heads],
+                scale=p.scale,
+            )
             dev = _metrics(sub, emu)[1]
             finite = bool(torch.isfinite(out).all())
             ok = finite and cos >= COS_MIN and rel <= REL_L2_MAX and dev <= KERNEL_VS_EMULATION
-            g.add("attention fp8", f"{name} {kind}", ok,
-                  f"H={H} S={S} D={D} vs fp64 ({len(heads)} heads x {len(rows)} rows): cos "
-                  f"{cos:.5f} (>= {COS_MIN}), rel L2 {rel:.4f} (<= {REL_L2_MAX}); vs emulation "
-                  f"{dev:.4f} (<= {KERNEL_VS_EMULATION}){'' if finite else '; NON-FINITE'}")
+            g.add(
+                "attention fp8",
+                f"{name} {kind}",
+                ok,
+                f"H={H} S={S} D={D} vs fp64 ({len(heads)} heads x {len(rows)} rows): cos "
+                f"{cos:.5f} (>= {COS_MIN}), rel L2 {rel:.4f} (<= {REL_L2_MAX}); vs emulation "
+                f"{dev:.4f} (<= {KERNEL_VS_EMULATION}){'' if finite else '; NON-FINITE'}",
+            )
             del q, k, v, out, qq, p
     # the prologue: Wan's norm across heads with interleaved RoPE, FLUX's per-head RMSNorm
     H, D, S = (2, 128, 24) if small else (40, 128, 4096)
     gen = torch.Generator(device=device).manual_seed(7)
     angle = torch.rand(S, D // 2, generator=gen, device=device) * 6.28
     cos_t, sin_t = (f(angle).repeat_interleave(2, -1) for f in (torch.cos, torch.sin))
-    for name, across in (("wan across-heads rms + rope", True), ("flux per-head rms + rope", False)):
+    for name, across in (
+        ("wan across-heads rms + rope", True),
+        ("flux per-head rms + rope", False),
+    ):
         q, k = (torch.randn(1, S, H * D, generator=gen, device=device).bfloat16() for _ in range(2))
         n = H * D if across else D
         norm = torch.nn.RMSNorm(n, eps=1e-6, device=device, dtype=torch.bfloat16)
@@ -100,8 +113,16 @@ def check_gates(g, device, small: bool):
         qq = ditfuse.qk_norm_rope(q, k, cos_t, sin_t, quantize="int8", **kw)
         rq, rqs = quantize_per_token(y_q, "int8", num_heads=H)
         rk, rks = quantize_per_token(y_k, "int8", num_heads=H)
-        same = (torch.equal(qq.q, rq) and torch.equal(qq.k, rk) and torch.equal(qq.q_scale, rqs)
-                and torch.equal(qq.k_scale, rks))
-        g.add("qk quantize bitwise", name, same,
-              f"H={H} D={D} S={S} bf16: int8 Q/K and scales "
-              f"{'equal' if same else 'DIFFER from'} quantize_per_token(16-bit output)")
+        same = (
+            torch.equal(qq.q, rq)
+            and torch.equal(qq.k, rk)
+            and torch.equal(qq.q_scale, rqs)
+            and torch.equal(qq.k_scale, rks)
+        )
+        g.add(
+            "qk quantize bitwise",
+            name,
+            same,
+            f"H={H} D={D} S={S} bf16: int8 Q/K and scales "
+            f"{'equal' if same else 'DIFFER from'} quantize_per_token(16-bit output)",
+        )

@@ -1,4 +1,5 @@
 """``ditfuse check`` gates of GroupNorm + SiLU and the channel RMS norm at the VAE shapes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,7 @@ def _eager_chain(s: GNShape, x, w, b, eps):
     half = x.dtype in (torch.float16, torch.bfloat16)
     normed = F.normalize(x.float() if half else x, dim=1).to(x.dtype)  # as WanRMS_norm.forward
     bias = 0.0 if b is None else b.reshape(shape)
-    return F.silu(normed * (s.C ** 0.5) * w.reshape(shape) + bias)
+    return F.silu(normed * (s.C**0.5) * w.reshape(shape) + bias)
 
 
 @torch.no_grad()
@@ -40,23 +41,44 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
     elements. ``gates.add(gate, case, ok, detail)`` as in :mod:`ditfuse.tools.check`.
     """
     if dtypes is None:
-        dtypes = [torch.bfloat16, torch.float16, torch.float32] if small else \
-            [torch.bfloat16, torch.float32]
+        dtypes = (
+            [torch.bfloat16, torch.float16, torch.float32]
+            if small
+            else [torch.bfloat16, torch.float32]
+        )
     if shapes is None:
-        shapes = [s for s in GN_SHAPES.values() if not s.channels_last] if small else [
-            GN_SHAPES[n] for n in ("flux-vae-mid-128", "flux-vae-out-1024", "hunyuan-vae-mid",
-                                   "hunyuan-vae-up-9f", "wan-vae-mid-480p", "wan-vae-out-480p",
-                                   "flux-vae-up1-256-cl", "flux-vae-out-1024-cl")]
+        shapes = (
+            [s for s in GN_SHAPES.values() if not s.channels_last]
+            if small
+            else [
+                GN_SHAPES[n]
+                for n in (
+                    "flux-vae-mid-128",
+                    "flux-vae-out-1024",
+                    "hunyuan-vae-mid",
+                    "hunyuan-vae-up-9f",
+                    "wan-vae-mid-480p",
+                    "wan-vae-out-480p",
+                    "flux-vae-up1-256-cl",
+                    "flux-vae-out-1024-cl",
+                )
+            ]
+        )
         if not small:  # a shape whose groups fit one program (the fit path) on the GPU too
-            shapes.append(GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2",
-                                  (1, 512, 32, 32)))
+            shapes.append(
+                GNShape("flux-vae-mid-32", "AutoencoderKL mid block, 256^2", (1, 512, 32, 32))
+            )
     runs = [(s.small() if small else s, None) for s in shapes]
     if small:  # interpreter-sized groups all fit: force the split paths on one of them too
         first = next((s for s, _ in runs if s.op == "gn"), None)
         if first is not None:
             runs.append((first, dict(fit_max=0, tile=256)))
-            runs.append((dataclasses.replace(first, name=first.name + "-cl", channels_last=True),
-                         dict(fit_max=0, tile=256)))
+            runs.append(
+                (
+                    dataclasses.replace(first, name=first.name + "-cl", channels_last=True),
+                    dict(fit_max=0, tile=256),
+                )
+            )
     for s, launch in runs:
         for dtype in dtypes:
             gen = torch.Generator(device=device).manual_seed(zlib.crc32(s.name.encode()))
@@ -69,9 +91,14 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
                 eps = 1e-6
                 y = group_norm_silu(x, s.groups, w, b, eps, _launch=launch)
                 chain = group_norm_silu_chain(x, s.groups, w, b, eps, compute_dtype=torch.float64)
-                path = gn_settings(s.shape[0], s.groups, s.C // s.groups,
-                                   math.prod(s.shape[2:]), c_inner=s.channels_last,
-                                   **(launch or {})).path
+                path = gn_settings(
+                    s.shape[0],
+                    s.groups,
+                    s.C // s.groups,
+                    math.prod(s.shape[2:]),
+                    c_inner=s.channels_last,
+                    **(launch or {}),
+                ).path
                 if _eager_gn_rounds_stats(device, dtype):
                     extra = eager_gn_stat_steps(chain, x, w)
                     note = f" (eager rounds mean/rstd to {str(dtype)[6:]})"
@@ -88,7 +115,10 @@ def check_gates(gates, device, small: bool, dtypes=None, shapes=None):
             gate = "group_norm_silu" if s.op == "gn" else "rms_norm_silu_channels"
             shp = "x".join(map(str, s.shape))
             forced = f" ({path} forced)" if launch else ""
-            gates.add(gate, f"{s.name}{forced} {name}", p.ok and p_e.ok,
-                      f"{shp} {path}; vs fp64 ref: {p.describe()}; "
-                      f"vs eager{note}: {p_e.describe()}")
+            gates.add(
+                gate,
+                f"{s.name}{forced} {name}",
+                p.ok and p_e.ok,
+                f"{shp} {path}; vs fp64 ref: {p.describe()}; vs eager{note}: {p_e.describe()}",
+            )
             del x, y, chain, eager, extra

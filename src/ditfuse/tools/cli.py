@@ -1,4 +1,5 @@
 """The ``ditfuse`` command: check (parity), bench (speed), inspect (resources), export (AOT)."""
+
 from __future__ import annotations
 
 import sys
@@ -24,16 +25,19 @@ def version_text() -> str:
     lines = [f"ditfuse {__version__}"]
     try:
         import torch
+
         lines.append(f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     except ImportError:
         lines.append("torch: not installed")
     try:
         import triton
+
         lines.append(f"triton {triton.__version__}")
     except ImportError:
         lines.append("triton: not installed")
     try:
         from ditfuse.runtime.backend import describe_backend
+
         lines.append(f"backend {describe_backend()}")
     except ImportError as e:
         lines.append(f"backend: unavailable ({e})")

@@ -23,6 +23,7 @@ and non-persistent buffers such as RoPE tables stay fp32), directly on the devic
 the inputs their diffusers 0.42 pipelines build (dtypes and shapes of ids, timesteps,
 guidance). Rows print as they finish and the CSV is rewritten after every row.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,33 +45,110 @@ from ditfuse.tools.tiny_models import to_dtype as as_loaded  # from_pretrained(t
 # ---------------------------------------------------------------------------------------
 # Model configs (diffusers 0.42 class arguments of the released checkpoints)
 
-WAN14B = {"patch_size": (1, 2, 2), "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
-          "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
-          "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}
-FLUX1_DEV = {"patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38,
-             "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 4096,
-             "pooled_projection_dim": 768, "guidance_embeds": True, "axes_dims_rope": (16, 56, 56)}
-FLUX2_DEV = {"patch_size": 1, "in_channels": 128, "num_layers": 8, "num_single_layers": 48,
-             "attention_head_dim": 128, "num_attention_heads": 48, "joint_attention_dim": 15360,
-             "timestep_guidance_channels": 256, "mlp_ratio": 3.0, "axes_dims_rope": (32, 32, 32, 32),
-             "rope_theta": 2000, "eps": 1e-6, "guidance_embeds": True}
-QWEN_IMAGE = {"patch_size": 2, "in_channels": 64, "out_channels": 16, "num_layers": 60,
-              "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 3584,
-              "guidance_embeds": False, "axes_dims_rope": (16, 56, 56)}
-HUNYUAN_VIDEO = {"in_channels": 16, "out_channels": 16, "num_attention_heads": 24,
-                 "attention_head_dim": 128, "num_layers": 20, "num_single_layers": 40,
-                 "num_refiner_layers": 2, "mlp_ratio": 4.0, "patch_size": 2, "patch_size_t": 1,
-                 "qk_norm": "rms_norm", "guidance_embeds": True, "text_embed_dim": 4096,
-                 "pooled_projection_dim": 768, "rope_theta": 256.0, "rope_axes_dim": (16, 56, 56)}
+WAN14B = {
+    "patch_size": (1, 2, 2),
+    "num_attention_heads": 40,
+    "attention_head_dim": 128,
+    "in_channels": 16,
+    "out_channels": 16,
+    "text_dim": 4096,
+    "freq_dim": 256,
+    "ffn_dim": 13824,
+    "num_layers": 40,
+    "cross_attn_norm": True,
+    "qk_norm": "rms_norm_across_heads",
+    "eps": 1e-6,
+    "rope_max_seq_len": 1024,
+}
+FLUX1_DEV = {
+    "patch_size": 1,
+    "in_channels": 64,
+    "num_layers": 19,
+    "num_single_layers": 38,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 4096,
+    "pooled_projection_dim": 768,
+    "guidance_embeds": True,
+    "axes_dims_rope": (16, 56, 56),
+}
+FLUX2_DEV = {
+    "patch_size": 1,
+    "in_channels": 128,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "attention_head_dim": 128,
+    "num_attention_heads": 48,
+    "joint_attention_dim": 15360,
+    "timestep_guidance_channels": 256,
+    "mlp_ratio": 3.0,
+    "axes_dims_rope": (32, 32, 32, 32),
+    "rope_theta": 2000,
+    "eps": 1e-6,
+    "guidance_embeds": True,
+}
+QWEN_IMAGE = {
+    "patch_size": 2,
+    "in_channels": 64,
+    "out_channels": 16,
+    "num_layers": 60,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 3584,
+    "guidance_embeds": False,
+    "axes_dims_rope": (16, 56, 56),
+}
+HUNYUAN_VIDEO = {
+    "in_channels": 16,
+    "out_channels": 16,
+    "num_attention_heads": 24,
+    "attention_head_dim": 128,
+    "num_layers": 20,
+    "num_single_layers": 40,
+    "num_refiner_layers": 2,
+    "mlp_ratio": 4.0,
+    "patch_size": 2,
+    "patch_size_t": 1,
+    "qk_norm": "rms_norm",
+    "guidance_embeds": True,
+    "text_embed_dim": 4096,
+    "pooled_projection_dim": 768,
+    "rope_theta": 256.0,
+    "rope_axes_dim": (16, 56, 56),
+}
 # SAME-L (stabilityai/SAME-L, SA3 Medium's VAE): 852 M parameters; decoder: one resampling
 # block, stride 16, 12 layers of 1536 = 24 heads x 64, band half-width 1 x 17 tokens.
-SAME_L = {"audio_channels": 2, "patch_size": 256, "encoder_channels": 256, "encoder_c_mults": (6,),
-          "encoder_strides": (16,), "encoder_transformer_depths": (12,), "latent_dim": 256,
-          "use_differential_attention": True, "dim_heads": 64, "ff_mult": 3, "sliding_window": 1,
-          "encoder_sinusoidal_blocks": (0,), "decoder_sinusoidal_blocks": (8,), "sampling_rate": 44100}
+SAME_L = {
+    "audio_channels": 2,
+    "patch_size": 256,
+    "encoder_channels": 256,
+    "encoder_c_mults": (6,),
+    "encoder_strides": (16,),
+    "encoder_transformer_depths": (12,),
+    "latent_dim": 256,
+    "use_differential_attention": True,
+    "dim_heads": 64,
+    "ff_mult": 3,
+    "sliding_window": 1,
+    "encoder_sinusoidal_blocks": (0,),
+    "decoder_sinusoidal_blocks": (8,),
+    "sampling_rate": 44100,
+}
 
-ROW_FIELDS = ["model", "impl", "dtype", "blocks", "ms", "ms_per_block", "peak_gib", "psnr",
-              "max_abs_diff", "shape", "note", "speedup"]
+ROW_FIELDS = [
+    "model",
+    "impl",
+    "dtype",
+    "blocks",
+    "ms",
+    "ms_per_block",
+    "peak_gib",
+    "psnr",
+    "max_abs_diff",
+    "shape",
+    "note",
+    "speedup",
+]
 
 
 def _randomize(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -78,7 +156,9 @@ def _randomize(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     dev = next(m.parameters()).device
     g = torch.Generator(device=dev).manual_seed(seed)
     for p in m.parameters():
-        p.data.copy_(torch.randn(p.shape, generator=g, device=dev) * (1.0 / math.sqrt(max(p.shape[-1], 1))))
+        p.data.copy_(
+            torch.randn(p.shape, generator=g, device=dev) * (1.0 / math.sqrt(max(p.shape[-1], 1)))
+        )
     return m.eval()
 
 
@@ -117,6 +197,7 @@ def _randomize_same(m: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 # Builders: (layers, **config overrides) -> model with its default init. Input builders:
 # (device, dtype, cfg=<model config>, **sizes) -> the kwargs the diffusers pipeline passes.
 
+
 def _wan14b(layers: int, **config):
     from diffusers import WanTransformer3DModel
 
@@ -131,8 +212,12 @@ def _wan_inputs(device, dtype, frames=21, h=60, w=104, text_len=512, cfg=None):
     g = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(1, cfg["in_channels"], frames, h, w, generator=g, device=device)
     e = torch.randn(1, text_len, cfg["text_dim"], generator=g, device=device)
-    return {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
-            "timestep": torch.tensor([500], dtype=torch.int64, device=device), "return_dict": False}
+    return {
+        "hidden_states": x.to(dtype),
+        "encoder_hidden_states": e.to(dtype),
+        "timestep": torch.tensor([500], dtype=torch.int64, device=device),
+        "return_dict": False,
+    }
 
 
 def _grid(h, w):
@@ -144,8 +229,9 @@ def _grid(h, w):
 def _flux1(layers: int, **config):
     from diffusers import FluxTransformer2DModel
 
-    return FluxTransformer2DModel(**{**FLUX1_DEV, "num_layers": layers, "num_single_layers": 2 * layers,
-                                     **config})
+    return FluxTransformer2DModel(
+        **{**FLUX1_DEV, "num_layers": layers, "num_single_layers": 2 * layers, **config}
+    )
 
 
 def _flux1_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
@@ -159,9 +245,15 @@ def _flux1_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
     x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
     e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
     pooled = torch.randn(1, cfg["pooled_projection_dim"], generator=g, device=device)
-    kw = {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype), "pooled_projections": pooled.to(dtype),
-          "timestep": torch.tensor([0.5], device=device).to(dtype), "img_ids": img_ids,
-          "txt_ids": torch.zeros(text_len, 3, device=device, dtype=dtype), "return_dict": False}
+    kw = {
+        "hidden_states": x.to(dtype),
+        "encoder_hidden_states": e.to(dtype),
+        "pooled_projections": pooled.to(dtype),
+        "timestep": torch.tensor([0.5], device=device).to(dtype),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(text_len, 3, device=device, dtype=dtype),
+        "return_dict": False,
+    }
     if cfg["guidance_embeds"]:
         kw["guidance"] = torch.full([1], 3.5, dtype=torch.float32, device=device)
     return kw
@@ -170,8 +262,9 @@ def _flux1_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
 def _flux2(layers: int, **config):
     from diffusers import Flux2Transformer2DModel
 
-    return Flux2Transformer2DModel(**{**FLUX2_DEV, "num_layers": layers, "num_single_layers": 2 * layers,
-                                      **config})
+    return Flux2Transformer2DModel(
+        **{**FLUX2_DEV, "num_layers": layers, "num_single_layers": 2 * layers, **config}
+    )
 
 
 def _flux2_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
@@ -188,9 +281,14 @@ def _flux2_inputs(device, dtype, height=64, width=64, text_len=512, cfg=None):
     txt_ids = torch.stack([torch.zeros_like(tok)] * 3 + [tok], -1)[None].to(device)
     x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
     e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
-    kw = {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
-          "timestep": torch.tensor([0.5], device=device).to(dtype), "img_ids": img_ids, "txt_ids": txt_ids,
-          "return_dict": False}
+    kw = {
+        "hidden_states": x.to(dtype),
+        "encoder_hidden_states": e.to(dtype),
+        "timestep": torch.tensor([0.5], device=device).to(dtype),
+        "img_ids": img_ids,
+        "txt_ids": txt_ids,
+        "return_dict": False,
+    }
     if cfg["guidance_embeds"]:
         kw["guidance"] = torch.full([1], 4.0, dtype=torch.float32, device=device)
     return kw
@@ -211,21 +309,25 @@ def _qwen_image_inputs(device, dtype, height=83, width=83, text_len=512, cfg=Non
     g = torch.Generator(device=device).manual_seed(4)
     x = torch.randn(1, height * width, cfg["in_channels"], generator=g, device=device)
     e = torch.randn(1, text_len, cfg["joint_attention_dim"], generator=g, device=device)
-    return {"hidden_states": x.to(dtype), "encoder_hidden_states": e.to(dtype),
-            "encoder_hidden_states_mask": None,
-            "timestep": torch.tensor([0.5], device=device).to(dtype),
-            "img_shapes": [[(1, height, width)]], "return_dict": False}
+    return {
+        "hidden_states": x.to(dtype),
+        "encoder_hidden_states": e.to(dtype),
+        "encoder_hidden_states_mask": None,
+        "timestep": torch.tensor([0.5], device=device).to(dtype),
+        "img_shapes": [[(1, height, width)]],
+        "return_dict": False,
+    }
 
 
 def _hunyuan_video(layers: int, **config):
     from diffusers import HunyuanVideoTransformer3DModel
 
-    return HunyuanVideoTransformer3DModel(**{**HUNYUAN_VIDEO, "num_layers": layers,
-                                             "num_single_layers": 2 * layers, **config})
+    return HunyuanVideoTransformer3DModel(
+        **{**HUNYUAN_VIDEO, "num_layers": layers, "num_single_layers": 2 * layers, **config}
+    )
 
 
-def _hunyuan_video_inputs(device, dtype, frames=16, h=68, w=120, text_len=256, prompt=80,
-                          cfg=None):
+def _hunyuan_video_inputs(device, dtype, frames=16, h=68, w=120, text_len=256, prompt=80, cfg=None):
     """HunyuanVideoPipeline (544x960, 61 frames: latents 16 x 68 x 120): fp32 latents passed
     as ``latents.to(transformer_dtype)``, ``timestep`` fp32 (0..1000), llama embeddings of
     256 tokens of which the first ``prompt`` are the prompt (mask in the model dtype, the
@@ -236,11 +338,16 @@ def _hunyuan_video_inputs(device, dtype, frames=16, h=68, w=120, text_len=256, p
     e = torch.randn(1, text_len, cfg["text_embed_dim"], generator=g, device=device)
     pooled = torch.randn(1, cfg["pooled_projection_dim"], generator=g, device=device)
     mask = torch.zeros(1, text_len, device=device)
-    mask[:, :min(prompt, text_len)] = 1
-    return {"hidden_states": x.to(dtype), "timestep": torch.tensor([500.0], device=device),
-            "encoder_hidden_states": e.to(dtype), "encoder_attention_mask": mask.to(dtype),
-            "pooled_projections": pooled.to(dtype),
-            "guidance": torch.tensor([6.0], device=device).to(dtype) * 1000.0, "return_dict": False}
+    mask[:, : min(prompt, text_len)] = 1
+    return {
+        "hidden_states": x.to(dtype),
+        "timestep": torch.tensor([500.0], device=device),
+        "encoder_hidden_states": e.to(dtype),
+        "encoder_attention_mask": mask.to(dtype),
+        "pooled_projections": pooled.to(dtype),
+        "guidance": torch.tensor([6.0], device=device).to(dtype) * 1000.0,
+        "return_dict": False,
+    }
 
 
 def _same(layers: int = 0, **config):
@@ -261,63 +368,153 @@ def _same_inputs(device, dtype, latents=646, cfg=None):
     the pipeline dtype (that of the prompt embeddings): the VAE runs in ``torch_dtype``."""
     cfg = SAME_L if cfg is None else cfg
     g = torch.Generator(device=device).manual_seed(7)
-    return {"latents": torch.randn(1, cfg["latent_dim"], latents, generator=g, device=device).to(dtype)}
+    return {
+        "latents": torch.randn(1, cfg["latent_dim"], latents, generator=g, device=device).to(dtype)
+    }
 
 
 @dataclass
 class E2EModel:
     name: str
-    build: Callable[..., torch.nn.Module]   # (layers, **config overrides) -> model
-    inputs: Callable[..., dict]             # (device, dtype, cfg=model.config, **sizes) -> kwargs
-    latent_key: str = "hidden_states"       # the kwarg the trajectory integrates
+    build: Callable[..., torch.nn.Module]  # (layers, **config overrides) -> model
+    inputs: Callable[..., dict]  # (device, dtype, cfg=model.config, **sizes) -> kwargs
+    latent_key: str = "hidden_states"  # the kwarg the trajectory integrates
     time_key: str = "timestep"
-    time_scale: float = 1000.0              # timestep = t * time_scale
-    sizes: dict = field(default_factory=dict)        # the GPU run's input sizes
+    time_scale: float = 1000.0  # timestep = t * time_scale
+    sizes: dict = field(default_factory=dict)  # the GPU run's input sizes
     tiny_config: dict = field(default_factory=dict)  # CPU test: config overrides ...
-    tiny_sizes: dict = field(default_factory=dict)   # ... and input sizes (same builders)
-    kind: str = "transformer"               # "transformer" | "vae-decode"
+    tiny_sizes: dict = field(default_factory=dict)  # ... and input sizes (same builders)
+    kind: str = "transformer"  # "transformer" | "vae-decode"
     randomize: Callable = _randomize
     dtypes: tuple = (torch.bfloat16,)
-    in_all: bool = True                     # run by ``--models all``; else only when named
+    in_all: bool = True  # run by ``--models all``; else only when named
 
 
-E2E_MODELS: dict[str, E2EModel] = {m.name: m for m in [
-    E2EModel("wan14b-480p", _wan14b, _wan_inputs, time_scale=1000.0,
-             tiny_config={"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4,
-                          "text_dim": 16, "ffn_dim": 32, "rope_max_seq_len": 32},
-             tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6}),
-    # 720x1280, 81 frames: latents 21 x 90 x 160, 75600 tokens a block's self-attention
-    E2EModel("wan14b-720p", _wan14b, _wan_inputs, time_scale=1000.0,
-             sizes={"frames": 21, "h": 90, "w": 160}, in_all=False,
-             tiny_config={"num_attention_heads": 2, "attention_head_dim": 12, "in_channels": 4, "out_channels": 4,
-                          "text_dim": 16, "ffn_dim": 32, "rope_max_seq_len": 32},
-             tiny_sizes={"frames": 1, "h": 8, "w": 6, "text_len": 6}),
-    E2EModel("flux1-1024", _flux1, _flux1_inputs, time_scale=1.0,
-             tiny_config={"in_channels": 4, "attention_head_dim": 16, "num_attention_heads": 2,
-                          "joint_attention_dim": 32, "pooled_projection_dim": 32, "axes_dims_rope": (4, 4, 8)},
-             tiny_sizes={"height": 4, "width": 4, "text_len": 8}),
-    E2EModel("flux2-1024", _flux2, _flux2_inputs, time_scale=1.0,
-             tiny_config={"in_channels": 4, "attention_head_dim": 16, "num_attention_heads": 2,
-                          "joint_attention_dim": 32, "timestep_guidance_channels": 32,
-                          "axes_dims_rope": (4, 4, 4, 4)},
-             tiny_sizes={"height": 4, "width": 4, "text_len": 8}),
-    E2EModel("qwen-image-1328", _qwen_image, _qwen_image_inputs, time_scale=1.0,
-             tiny_config={"in_channels": 16, "out_channels": 4, "attention_head_dim": 16,
-                          "num_attention_heads": 2, "joint_attention_dim": 16, "axes_dims_rope": (8, 4, 4)},
-             tiny_sizes={"height": 4, "width": 4, "text_len": 7}),
-    E2EModel("hunyuan-video-544p", _hunyuan_video, _hunyuan_video_inputs, time_scale=1000.0,
-             tiny_config={"in_channels": 4, "out_channels": 4, "num_attention_heads": 2,
-                          "attention_head_dim": 10, "num_refiner_layers": 1, "patch_size": 1,
-                          "text_embed_dim": 16, "pooled_projection_dim": 8, "rope_axes_dim": (2, 4, 4)},
-             tiny_sizes={"frames": 2, "h": 4, "w": 4, "text_len": 6, "prompt": 4}),
-    E2EModel("same-l", _same, _same_inputs, latent_key="latents", kind="vae-decode",
-             randomize=_randomize_same, dtypes=(torch.bfloat16, torch.float32),
-             sizes={"seconds": (60, 180)},
-             tiny_config={"patch_size": 4, "encoder_channels": 32, "encoder_c_mults": (2,), "encoder_strides": (2,),
-                          "encoder_transformer_depths": (2,), "latent_dim": 8, "dim_heads": 32, "ff_mult": 1,
-                          "decoder_sinusoidal_blocks": (1,)},
-             tiny_sizes={"latents": (4, 9)}),
-]}
+E2E_MODELS: dict[str, E2EModel] = {
+    m.name: m
+    for m in [
+        E2EModel(
+            "wan14b-480p",
+            _wan14b,
+            _wan_inputs,
+            time_scale=1000.0,
+            tiny_config={
+                "num_attention_heads": 2,
+                "attention_head_dim": 12,
+                "in_channels": 4,
+                "out_channels": 4,
+                "text_dim": 16,
+                "ffn_dim": 32,
+                "rope_max_seq_len": 32,
+            },
+            tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6},
+        ),
+        # 720x1280, 81 frames: latents 21 x 90 x 160, 75600 tokens a block's self-attention
+        E2EModel(
+            "wan14b-720p",
+            _wan14b,
+            _wan_inputs,
+            time_scale=1000.0,
+            sizes={"frames": 21, "h": 90, "w": 160},
+            in_all=False,
+            tiny_config={
+                "num_attention_heads": 2,
+                "attention_head_dim": 12,
+                "in_channels": 4,
+                "out_channels": 4,
+                "text_dim": 16,
+                "ffn_dim": 32,
+                "rope_max_seq_len": 32,
+            },
+            tiny_sizes={"frames": 1, "h": 8, "w": 6, "text_len": 6},
+        ),
+        E2EModel(
+            "flux1-1024",
+            _flux1,
+            _flux1_inputs,
+            time_scale=1.0,
+            tiny_config={
+                "in_channels": 4,
+                "attention_head_dim": 16,
+                "num_attention_heads": 2,
+                "joint_attention_dim": 32,
+                "pooled_projection_dim": 32,
+                "axes_dims_rope": (4, 4, 8),
+            },
+            tiny_sizes={"height": 4, "width": 4, "text_len": 8},
+        ),
+        E2EModel(
+            "flux2-1024",
+            _flux2,
+            _flux2_inputs,
+            time_scale=1.0,
+            tiny_config={
+                "in_channels": 4,
+                "attention_head_dim": 16,
+                "num_attention_heads": 2,
+                "joint_attention_dim": 32,
+                "timestep_guidance_channels": 32,
+                "axes_dims_rope": (4, 4, 4, 4),
+            },
+            tiny_sizes={"height": 4, "width": 4, "text_len": 8},
+        ),
+        E2EModel(
+            "qwen-image-1328",
+            _qwen_image,
+            _qwen_image_inputs,
+            time_scale=1.0,
+            tiny_config={
+                "in_channels": 16,
+                "out_channels": 4,
+                "attention_head_dim": 16,
+                "num_attention_heads": 2,
+                "joint_attention_dim": 16,
+                "axes_dims_rope": (8, 4, 4),
+            },
+            tiny_sizes={"height": 4, "width": 4, "text_len": 7},
+        ),
+        E2EModel(
+            "hunyuan-video-544p",
+            _hunyuan_video,
+            _hunyuan_video_inputs,
+            time_scale=1000.0,
+            tiny_config={
+                "in_channels": 4,
+                "out_channels": 4,
+                "num_attention_heads": 2,
+                "attention_head_dim": 10,
+                "num_refiner_layers": 1,
+                "patch_size": 1,
+                "text_embed_dim": 16,
+                "pooled_projection_dim": 8,
+                "rope_axes_dim": (2, 4, 4),
+            },
+            tiny_sizes={"frames": 2, "h": 4, "w": 4, "text_len": 6, "prompt": 4},
+        ),
+        E2EModel(
+            "same-l",
+            _same,
+            _same_inputs,
+            latent_key="latents",
+            kind="vae-decode",
+            randomize=_randomize_same,
+            dtypes=(torch.bfloat16, torch.float32),
+            sizes={"seconds": (60, 180)},
+            tiny_config={
+                "patch_size": 4,
+                "encoder_channels": 32,
+                "encoder_c_mults": (2,),
+                "encoder_strides": (2,),
+                "encoder_transformer_depths": (2,),
+                "latent_dim": 8,
+                "dim_heads": 32,
+                "ff_mult": 1,
+                "decoder_sinusoidal_blocks": (1,),
+            },
+            tiny_sizes={"latents": (4, 9)},
+        ),
+    ]
+}
 
 
 def build_model(spec: E2EModel, layers: int, device, dtype, seed: int = 0, **config):
@@ -337,7 +534,10 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _compare(out, ref) -> dict:
-    return {"psnr": psnr(out, ref), "max_abs_diff": (out.double() - ref.double()).abs().max().item()}
+    return {
+        "psnr": psnr(out, ref),
+        "max_abs_diff": (out.double() - ref.double()).abs().max().item(),
+    }
 
 
 @torch.no_grad()
@@ -347,9 +547,15 @@ def trajectory(model, kw: dict, spec: E2EModel, steps: int = 20) -> torch.Tensor
     t_dtype = kw[spec.time_key].dtype
     for i in range(steps):
         t = 1.0 - i / steps
-        args = dict(kw, **{spec.latent_key: x,
-                           spec.time_key: torch.full_like(kw[spec.time_key], t * spec.time_scale,
-                                                          dtype=t_dtype)})
+        args = dict(
+            kw,
+            **{
+                spec.latent_key: x,
+                spec.time_key: torch.full_like(
+                    kw[spec.time_key], t * spec.time_scale, dtype=t_dtype
+                ),
+            },
+        )
         v = model(**args)[0]
         x = (x.float() - v.float() / steps).to(x.dtype)
     return x
@@ -373,9 +579,20 @@ def _row(spec, impl, dtype, **kw) -> dict:
     return r
 
 
-def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, timer, emit,
-              compile_backend: str | None = "inductor", steps: int = 20, config=None, sizes=None,
-              mem=None, rounds: int = 3):
+def run_model(
+    spec: E2EModel,
+    device: str,
+    dtype: torch.dtype,
+    layers: int,
+    timer,
+    emit,
+    compile_backend: str | None = "inductor",
+    steps: int = 20,
+    config=None,
+    sizes=None,
+    mem=None,
+    rounds: int = 3,
+):
     """Time one step four ways (two without ``compile_backend``; an unpatched model and a
     patched copy, timed in ``rounds`` interleaved rounds) and compare trajectories; calls
     ``emit(row)`` for each way. Returns (rows, quality, patch report)."""
@@ -424,10 +641,24 @@ def run_model(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, time
             spread = "rounds " + "/".join(f"{t:.2f}" for t in times[impl])
             if all(h is not None for h in hosts[impl]):
                 spread += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
-            extra = (dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
-                     if impl == "patched eager" else dict(note=spread))
-            emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
-                      peak_gib=max(peaks[impl]) if mem else None, shape=shape, **extra))
+            extra = (
+                dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
+                if impl == "patched eager"
+                else dict(note=spread)
+            )
+            emit(
+                _row(
+                    spec,
+                    impl,
+                    dtype,
+                    blocks=blocks,
+                    ms=ms,
+                    ms_per_block=ms / max(blocks, 1),
+                    peak_gib=max(peaks[impl]) if mem else None,
+                    shape=shape,
+                    **extra,
+                )
+            )
         torch._dynamo.reset()
     return rows, quality, report
 
@@ -451,9 +682,13 @@ def fp8_patch_missing() -> str | None:
 
     sig = inspect.signature(ditfuse.patch)
     param = sig.parameters.get("attention")
-    if param is None or (param.annotation in (bool, "bool") and "fp8" not in (ditfuse.patch.__doc__ or "")):
-        return (f"ditfuse.patch(model, attention='fp8') is not available in this ditfuse "
-                f"(patch{sig}): the 8-bit attention rows need it")
+    if param is None or (
+        param.annotation in (bool, "bool") and "fp8" not in (ditfuse.patch.__doc__ or "")
+    ):
+        return (
+            f"ditfuse.patch(model, attention='fp8') is not available in this ditfuse "
+            f"(patch{sig}): the 8-bit attention rows need it"
+        )
     return None
 
 
@@ -477,26 +712,51 @@ def linear_fp8_ways():
     import ditfuse
 
     def torchao_linears(model):
-        from torchao.quantization import (Float8DynamicActivationFloat8WeightConfig, PerRow,
-                                          quantize_)
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            PerRow,
+            quantize_,
+        )
 
         def block_linear(mod, fqn):
-            return (isinstance(mod, torch.nn.Linear) and "blocks" in fqn.split(".", 1)[0]
-                    and not any(p in fqn for p in ("norm", "img_mod", "txt_mod", "emb")))
-        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-                  filter_fn=block_linear)
+            return (
+                isinstance(mod, torch.nn.Linear)
+                and "blocks" in fqn.split(".", 1)[0]
+                and not any(p in fqn for p in ("norm", "img_mod", "txt_mod", "emb"))
+            )
+
+        quantize_(
+            model,
+            Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+            filter_fn=block_linear,
+        )
         return "torchao float8 dynamic per-row block linears"
 
-    return [("patched", ditfuse.patch),
-            ("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
-            ("patched linear-fp8", lambda m: ditfuse.patch(m, linear="fp8")),
-            ("patched fp8 + linear-fp8", lambda m: ditfuse.patch(m, attention="fp8", linear="fp8")),
-            ("torchao linear-fp8", torchao_linears)]
+    return [
+        ("patched", ditfuse.patch),
+        ("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
+        ("patched linear-fp8", lambda m: ditfuse.patch(m, linear="fp8")),
+        ("patched fp8 + linear-fp8", lambda m: ditfuse.patch(m, attention="fp8", linear="fp8")),
+        ("torchao linear-fp8", torchao_linears),
+    ]
 
 
-def run_model_fp8(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, timer, emit,
-                  compile_backend: str | None = "inductor", steps: int = 20, config=None,
-                  sizes=None, mem=None, rounds: int = 2, patch_8bit=None, ways=None):
+def run_model_fp8(
+    spec: E2EModel,
+    device: str,
+    dtype: torch.dtype,
+    layers: int,
+    timer,
+    emit,
+    compile_backend: str | None = "inductor",
+    steps: int = 20,
+    config=None,
+    sizes=None,
+    mem=None,
+    rounds: int = 2,
+    patch_8bit=None,
+    ways=None,
+):
     """One step three ways, each under ``torch.compile`` (``compile_backend``; eager where
     None): unpatched (the baseline), ``ditfuse.patch`` (exact) and
     ``ditfuse.patch(attention="fp8")`` (``patch_8bit``, default :func:`patch_fp8`), on
@@ -551,16 +811,36 @@ def run_model_fp8(spec: E2EModel, device: str, dtype: torch.dtype, layers: int, 
                 rows[impl] = statistics.median(times[impl])
             for impl in fns:
                 ms = rows[impl]
-                note = (f"{steps}-step trajectory vs unpatched eager {str(dtype).replace('torch.', '')}; "
-                        f"rounds " + "/".join(f"{t:.2f}" for t in times[impl]))
+                note = (
+                    f"{steps}-step trajectory vs unpatched eager "
+                    f"{str(dtype).replace('torch.', '')}; "
+                    f"rounds " + "/".join(f"{t:.2f}" for t in times[impl])
+                )
                 if all(h is not None for h in hosts[impl]):
                     note += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
-                if impl.startswith("patched fp8") and "patched" + way in trajs \
-                        and torch.equal(trajs[impl], trajs["patched" + way]):
-                    note += "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
-                emit(_row(spec, impl, dtype, blocks=blocks, ms=ms, ms_per_block=ms / max(blocks, 1),
-                          peak_gib=max(peaks[impl]) if mem else None, shape=shape, note=note,
-                          speedup=rows[base] / ms, **quality[impl]))
+                if (
+                    impl.startswith("patched fp8")
+                    and "patched" + way in trajs
+                    and torch.equal(trajs[impl], trajs["patched" + way])
+                ):
+                    note += (
+                        "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
+                    )
+                emit(
+                    _row(
+                        spec,
+                        impl,
+                        dtype,
+                        blocks=blocks,
+                        ms=ms,
+                        ms_per_block=ms / max(blocks, 1),
+                        peak_gib=max(peaks[impl]) if mem else None,
+                        shape=shape,
+                        note=note,
+                        speedup=rows[base] / ms,
+                        **quality[impl],
+                    )
+                )
     finally:
         torch._dynamo.config.cache_size_limit = limit
         torch._dynamo.reset()
@@ -582,7 +862,8 @@ def _decode_once(model, latents, timer, mem, single_call_s=3.0):
     """(output of a first decode, ms, peak GiB, note). The first call is the warm-up (Triton
     JIT) and the compared output; ``timer`` then times more calls, unless the first took over
     ``single_call_s`` (given for the unpatched rows only: the dense-mask path at 3 minutes, no
-    JIT in its first call): then that one call is the time, to keep the run bounded. An out-of-memory gives (None, None, peak, "OOM ...")."""
+    JIT in its first call): then that one call is the time, to keep the run bounded. An
+    out-of-memory gives (None, None, peak, "OOM ...")."""
     note, out, ms = None, None, None
     cuda = latents.is_cuda
     if mem:
@@ -598,7 +879,7 @@ def _decode_once(model, latents, timer, mem, single_call_s=3.0):
                 ms, note = first_s * 1e3, "one call (no warm-up)"
             else:
                 ms = timer(lambda: model.decode(latents).sample)
-    except torch.cuda.OutOfMemoryError as e:     # torch.OutOfMemoryError
+    except torch.cuda.OutOfMemoryError as e:  # torch.OutOfMemoryError
         note, out, ms = _oom_note(e), None, None
     peak = mem.peak() if mem else None
     if out is None:
@@ -606,8 +887,17 @@ def _decode_once(model, latents, timer, mem, single_call_s=3.0):
     return out, ms, peak, note
 
 
-def run_same(spec: E2EModel, device: str, timer, emit, dtypes=None, config=None, sizes=None, mem=None,
-             single_call_s=3.0):
+def run_same(
+    spec: E2EModel,
+    device: str,
+    timer,
+    emit,
+    dtypes=None,
+    config=None,
+    sizes=None,
+    mem=None,
+    single_call_s=3.0,
+):
     """SAME ``decode`` of each length, unpatched then patched, per dtype (the same random
     weights for every dtype); the patched row carries PSNR / max |diff| against the
     unpatched output. An out-of-memory (the dense-mask path at 3 minutes) becomes an ``OOM``
@@ -620,32 +910,52 @@ def run_same(spec: E2EModel, device: str, timer, emit, dtypes=None, config=None,
     for dtype in dtypes:
         model = build_model(spec, 0, device, dtype, **(config or {}))
         cfg = model.config
-        lengths = list(sizes.get("latents") or [same_latent_count(s, cfg) for s in sizes["seconds"]])
-        first = model.decoder.blocks[0]   # SAME-S/L: the only decoder block
+        lengths = list(
+            sizes.get("latents") or [same_latent_count(s, cfg) for s in sizes["seconds"]]
+        )
+        first = model.decoder.blocks[0]  # SAME-S/L: the only decoder block
         blocks = sum(len(b.transformers) for b in model.decoder.blocks)
         ratio = cfg["patch_size"] * math.prod(cfg["encoder_strides"])
         for n in lengths:
             latents = spec.inputs(device, dtype, latents=n, cfg=cfg)["latents"]
-            shape = (f"{n * ratio / cfg['sampling_rate']:.3g} s: {n} latents, {n * (first.stride + 1)} tokens, "
-                     f"window {first.sliding_window * (first.stride + 1)}")
+            shape = (
+                f"{n * ratio / cfg['sampling_rate']:.3g} s: {n} latents, "
+                f"{n * (first.stride + 1)} tokens, "
+                f"window {first.sliding_window * (first.stride + 1)}"
+            )
             outs, res = {}, {}
             for impl in ("unpatched", "patched"):
                 if impl == "patched":
                     ditfuse.patch(model)
                 try:
-                    out, ms, peak, note = _decode_once(model, latents, timer, mem,
-                                                       single_call_s if impl == "unpatched" else None)
+                    out, ms, peak, note = _decode_once(
+                        model, latents, timer, mem, single_call_s if impl == "unpatched" else None
+                    )
                 finally:
                     if impl == "patched":
                         ditfuse.unpatch(model)
                 outs[impl], res[impl] = out, ms
                 if out is not None and torch.float32 in dtypes:
                     kept[(dtype, n, impl)] = out
-                quality = (_compare(out, outs["unpatched"])
-                           if impl == "patched" and out is not None and outs["unpatched"] is not None else {})
-                emit(_row(spec, impl, dtype, blocks=blocks, ms=ms,
-                          ms_per_block=None if ms is None else ms / max(blocks, 1), peak_gib=peak,
-                          shape=shape, note=note, **quality))
+                quality = (
+                    _compare(out, outs["unpatched"])
+                    if impl == "patched" and out is not None and outs["unpatched"] is not None
+                    else {}
+                )
+                emit(
+                    _row(
+                        spec,
+                        impl,
+                        dtype,
+                        blocks=blocks,
+                        ms=ms,
+                        ms_per_block=None if ms is None else ms / max(blocks, 1),
+                        peak_gib=peak,
+                        shape=shape,
+                        note=note,
+                        **quality,
+                    )
+                )
             results[(dtype, n)] = res
             outs = latents = out = None
             _free(device)
@@ -660,19 +970,30 @@ def _emit_vs_fp32(spec, kept, dtypes, emit):
     one ran out of memory): what rounding alone costs, the scale for the patched-vs-
     unpatched PSNR of that dtype."""
     for n in sorted({k[1] for k in kept}):
-        ref_impl = next((i for i in ("unpatched", "patched") if (torch.float32, n, i) in kept), None)
+        ref_impl = next(
+            (i for i in ("unpatched", "patched") if (torch.float32, n, i) in kept), None
+        )
         if ref_impl is None:
             continue
         ref = kept[(torch.float32, n, ref_impl)]
         for dtype in dtypes:
             for impl in ("unpatched", "patched"):
                 if dtype != torch.float32 and (dtype, n, impl) in kept:
-                    emit(_row(spec, f"{impl} vs fp32", dtype, shape=f"{n} latents",
-                              note=f"reference: fp32 {ref_impl}", **_compare(kept[(dtype, n, impl)], ref)))
+                    emit(
+                        _row(
+                            spec,
+                            f"{impl} vs fp32",
+                            dtype,
+                            shape=f"{n} latents",
+                            note=f"reference: fp32 {ref_impl}",
+                            **_compare(kept[(dtype, n, impl)], ref),
+                        )
+                    )
 
 
-def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2,
-               min_steps: int = 3):
+def loop_timer(
+    min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2, min_steps: int = 3
+):
     """ms a step of ``fn`` run back to back, as a denoising loop runs its steps: warm-up
     calls (at least ``warmup``, for at least ``settle_ms``), then n calls (at least
     ``min_steps``, enough for ``min_ms``) launched one after the other, one sync at the end;
@@ -704,6 +1025,7 @@ def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2
             fn()
         sync()
         return (time.perf_counter() - t) / n * 1e3
+
     timer.host_ms = None
     return timer
 
@@ -711,6 +1033,7 @@ def loop_timer(min_ms: float = 2000.0, settle_ms: float = 500.0, warmup: int = 2
 def adaptive_timer(budget_s: float = 2.0, max_reps: int = 10):
     """Median ms of ``fn`` over as many calls as fit in ``budget_s`` (at least one, at most
     ``max_reps``), for rows of seconds each; the caller has made a warm-up call."""
+
     def timer(fn):
         times = []
         while True:
@@ -722,6 +1045,7 @@ def adaptive_timer(budget_s: float = 2.0, max_reps: int = 10):
             times.append(start.elapsed_time(end))
             if len(times) >= max_reps or sum(times) + times[-1] > budget_s * 1e3:
                 return statistics.median(times)
+
     return timer
 
 
@@ -730,15 +1054,22 @@ def format_row(r: dict) -> str:
         return "-" if v is None else format(v, fmt)
 
     ms = "OOM" if r["ms"] is None and (r["note"] or "").startswith("OOM") else num(r["ms"], ".2f")
-    return (f"{r['model']:12s} {r['impl']:20s} {r['dtype']:8s} {num(r['blocks'], 'd'):>6s} {ms:>10s} "
-            f"{num(r['ms_per_block'], '.2f'):>9s} {num(r['peak_gib'], '.2f'):>8s} {num(r['psnr'], '.1f'):>7s} "
-            f"{num(r['max_abs_diff'], '.3g'):>9s}  {r['shape'] or ''}"
-            f"{'  x' + format(r['speedup'], '.3f') + ' vs baseline' if r.get('speedup') is not None else ''}"
-            f"{'  ' + r['note'] if r['note'] else ''}")
+    sp = r.get("speedup")
+    speedup = "" if sp is None else f"  x{format(sp, '.3f')} vs baseline"
+    return (
+        f"{r['model']:12s} {r['impl']:20s} {r['dtype']:8s} {num(r['blocks'], 'd'):>6s} {ms:>10s} "
+        f"{num(r['ms_per_block'], '.2f'):>9s} {num(r['peak_gib'], '.2f'):>8s} "
+        f"{num(r['psnr'], '.1f'):>7s} "
+        f"{num(r['max_abs_diff'], '.3g'):>9s}  {r['shape'] or ''}"
+        f"{speedup}"
+        f"{'  ' + r['note'] if r['note'] else ''}"
+    )
 
 
-HEADER = (f"{'model':12s} {'impl':20s} {'dtype':8s} {'blocks':>6s} {'ms':>10s} {'ms/block':>9s} "
-          f"{'peak GiB':>8s} {'PSNR':>7s} {'max|d|':>9s}  shape / note")
+HEADER = (
+    f"{'model':12s} {'impl':20s} {'dtype':8s} {'blocks':>6s} {'ms':>10s} {'ms/block':>9s} "
+    f"{'peak GiB':>8s} {'PSNR':>7s} {'max|d|':>9s}  shape / note"
+)
 
 
 def write_csv(path: str, rows) -> None:
@@ -748,9 +1079,22 @@ def write_csv(path: str, rows) -> None:
         w.writerows(rows)
 
 
-def run_e2e(names, device: str, layers, csv_path: str, timer, slow_timer, mem=None,
-            compile_backend: str | None = "inductor", steps: int = 20, tiny: bool = False,
-            out=sys.stdout, rounds: int = 3, fp8: bool = False, linear: bool = False) -> int:
+def run_e2e(
+    names,
+    device: str,
+    layers,
+    csv_path: str,
+    timer,
+    slow_timer,
+    mem=None,
+    compile_backend: str | None = "inductor",
+    steps: int = 20,
+    tiny: bool = False,
+    out=sys.stdout,
+    rounds: int = 3,
+    fp8: bool = False,
+    linear: bool = False,
+) -> int:
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
     test's configs and sizes through the same builders. ``layers``: a count, or a count per
@@ -772,22 +1116,48 @@ def run_e2e(names, device: str, layers, csv_path: str, timer, slow_timer, mem=No
         try:
             if fp8:
                 if spec.kind != "transformer":
-                    print(f"  {n}: no 8-bit attention rows (not a transformer)", file=out, flush=True)
+                    print(
+                        f"  {n}: no 8-bit attention rows (not a transformer)", file=out, flush=True
+                    )
                     continue
                 ways = linear_fp8_ways() if linear else None
-                _, _, reports = run_model_fp8(spec, device, torch.bfloat16, n_layers, timer, emit,
-                                              compile_backend=compile_backend, steps=steps, mem=mem,
-                                              rounds=rounds, ways=ways, **kw)
-                labels = [w[0] for w in ways] if ways else ["ditfuse.patch",
-                                                            "ditfuse.patch(attention='fp8')"]
+                _, _, reports = run_model_fp8(
+                    spec,
+                    device,
+                    torch.bfloat16,
+                    n_layers,
+                    timer,
+                    emit,
+                    compile_backend=compile_backend,
+                    steps=steps,
+                    mem=mem,
+                    rounds=rounds,
+                    ways=ways,
+                    **kw,
+                )
+                labels = (
+                    [w[0] for w in ways]
+                    if ways
+                    else ["ditfuse.patch", "ditfuse.patch(attention='fp8')"]
+                )
                 for label, rep in zip(labels, reports):
                     print(f"  {label}: {rep}", file=out, flush=True)
             elif spec.kind == "vae-decode":
                 run_same(spec, device, slow_timer, emit, mem=mem, **kw)
             else:
-                _, _, report = run_model(spec, device, torch.bfloat16, n_layers, timer, emit,
-                                         compile_backend=compile_backend, steps=steps, mem=mem,
-                                         rounds=rounds, **kw)
+                _, _, report = run_model(
+                    spec,
+                    device,
+                    torch.bfloat16,
+                    n_layers,
+                    timer,
+                    emit,
+                    compile_backend=compile_backend,
+                    steps=steps,
+                    mem=mem,
+                    rounds=rounds,
+                    **kw,
+                )
                 print(f"  ditfuse.patch: {report}", file=out, flush=True)
         except Exception:  # noqa: BLE001 -- report it, keep the other models' rows
             failed += 1
@@ -816,7 +1186,10 @@ def main(args) -> int:
         names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in E2E_MODELS]
     if unknown or not names:
-        print(f"ditfuse bench --e2e: unknown model(s) {unknown}; known: {','.join(E2E_MODELS)}", file=sys.stderr)
+        print(
+            f"ditfuse bench --e2e: unknown model(s) {unknown}; known: {','.join(E2E_MODELS)}",
+            file=sys.stderr,
+        )
         return 2
     if not torch.cuda.is_available():
         print("ditfuse bench --e2e: no CUDA GPU here", file=sys.stderr)
@@ -830,30 +1203,58 @@ def main(args) -> int:
         layers = {n: FP8_LAYERS.get(n, 2) for n in names} if fp8 else 2
     rounds = getattr(args, "rounds", None) or (2 if fp8 else 5)
     steps = getattr(args, "steps", 20)
-    blocks = (", ".join(f"{n} {v}" for n, v in layers.items()) if isinstance(layers, dict)
-              else str(layers))
+    blocks = (
+        ", ".join(f"{n} {v}" for n, v in layers.items())
+        if isinstance(layers, dict)
+        else str(layers)
+    )
     if linear:
-        what = (f"FP8: unpatched, {', '.join(w[0] for w in linear_fp8_ways())}"
-                f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
-                f"trajectories against unpatched eager bf16; {rounds} timing rounds")
+        what = (
+            f"FP8: unpatched, {', '.join(w[0] for w in linear_fp8_ways())}"
+            f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
+            f"trajectories against unpatched eager bf16; {rounds} timing rounds"
+        )
     elif fp8:
-        what = (f"8-bit attention: unpatched, patched, patched with attention='fp8'"
-                f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
-                f"trajectories against unpatched eager bf16; {rounds} timing rounds")
+        what = (
+            f"8-bit attention: unpatched, patched, patched with attention='fp8'"
+            f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
+            f"trajectories against unpatched eager bf16; {rounds} timing rounds"
+        )
     else:
-        what = (f"{'' if compile_backend else 'no compile rows; '}SAME-L: full size, decode, bf16 and fp32; "
-                f"peak GiB includes the weights")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; random "
-          f"weights. Transformers: bf16, double-stream blocks {blocks} (FLUX, HunyuanVideo: + 2x single). "
-          f"{what}.", flush=True)
+        what = (
+            f"{'' if compile_backend else 'no compile rows; '}SAME-L: full size, decode, bf16 "
+            f"and fp32; "
+            f"peak GiB includes the weights"
+        )
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
+        f"{triton.__version__}; random weights. Transformers: bf16, double-stream blocks "
+        f"{blocks} (FLUX, HunyuanVideo: + 2x single). "
+        f"{what}.",
+        flush=True,
+    )
     out_dir = getattr(args, "out_dir", None) or "benchmarks/results"
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"e2e{'-fp8' if fp8 else ''}{'-linear' if linear else ''}-{torch.cuda.get_device_name().replace(' ', '-')}-"
-                                 f"{_dt.date.today().isoformat()}.csv")
+    path = os.path.join(
+        out_dir,
+        f"e2e{'-fp8' if fp8 else ''}{'-linear' if linear else ''}-"
+        f"{torch.cuda.get_device_name().replace(' ', '-')}-"
+        f"{_dt.date.today().isoformat()}.csv",
+    )
     t0 = time.time()
-    failed = run_e2e(names, "cuda", layers, path,
-                     timer=loop_timer(),  # ms a step, per round
-                     slow_timer=adaptive_timer(), mem=CudaMemory(), compile_backend=compile_backend,
-                     rounds=rounds, steps=steps, fp8=fp8, linear=linear)
+    failed = run_e2e(
+        names,
+        "cuda",
+        layers,
+        path,
+        timer=loop_timer(),  # ms a step, per round
+        slow_timer=adaptive_timer(),
+        mem=CudaMemory(),
+        compile_backend=compile_backend,
+        rounds=rounds,
+        steps=steps,
+        fp8=fp8,
+        linear=linear,
+    )
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0

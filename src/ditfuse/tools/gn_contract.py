@@ -4,6 +4,7 @@ tolerances for chains that round to the activation dtype between steps (the roun
 that the SiLU carries to the output), the share of elements allowed to differ from an exact
 reference, and eager torch's own extra roundings of the GroupNorm statistics. The
 derivation: docs/design/group_norm.md."""
+
 from __future__ import annotations
 
 import math
@@ -117,12 +118,12 @@ class Parity:
     """One comparison under the contract: ``ok`` iff ``err`` <= 1, no NaN, and (where there
     is a limit) at most ``allowed`` elements differ."""
 
-    err: float                 # max |out - against| / contract_tolerance
-    err_one: float             # the same over one output rounding alone (the naive contract)
-    bitwise: float             # share of equal elements
+    err: float  # max |out - against| / contract_tolerance
+    err_one: float  # the same over one output rounding alone (the naive contract)
+    bitwise: float  # share of equal elements
     n_differ: int
     numel: int
-    limit: float | None        # differ_limit, or None: not gated
+    limit: float | None  # differ_limit, or None: not gated
     nan: bool
 
     @property
@@ -135,30 +136,53 @@ class Parity:
 
     @property
     def ok(self) -> bool:
-        return (self.err <= 1 and not self.nan
-                and (self.limit is None or self.n_differ <= self.allowed))
+        return (
+            self.err <= 1 and not self.nan and (self.limit is None or self.n_differ <= self.allowed)
+        )
 
     def describe(self) -> str:
         lim = "" if self.limit is None else f" (limit {100 * self.limit:.2f}%)"
-        return (f"err/tol {self.err:.2f} (err/1 rounding {self.err_one:.2f}), "
-                f"{100 * self.bitwise:.2f}% bitwise, {100 * self.differ:.4f}% differ{lim}")
+        return (
+            f"err/tol {self.err:.2f} (err/1 rounding {self.err_one:.2f}), "
+            f"{100 * self.bitwise:.2f}% bitwise, {100 * self.differ:.4f}% differ{lim}"
+        )
 
 
-def parity(out: torch.Tensor, against: torch.Tensor, chain, extra_steps=(), sides: int = 1,
-           gate_differ: bool = True) -> Parity:
+def parity(
+    out: torch.Tensor,
+    against: torch.Tensor,
+    chain,
+    extra_steps=(),
+    sides: int = 1,
+    gate_differ: bool = True,
+) -> Parity:
     """``out`` against ``against`` under the contract of ``chain`` (see
     :func:`contract_tolerance`, :func:`differ_limit`; ``sides``: 1 against the fp64
     reference, 2 against another fp32 implementation rounding at the same points)."""
-    assert out.shape == against.shape and out.dtype == against.dtype, \
-        (out.shape, against.shape, out.dtype, against.dtype)
+    assert out.shape == against.shape and out.dtype == against.dtype, (
+        out.shape,
+        against.shape,
+        out.dtype,
+        against.dtype,
+    )
     tol = contract_tolerance(chain, against, extra_steps)
     err = _err_over_tol(out, against, tol)
     err_one = _err_over_tol(out, against, one_rounding(against.double(), out.dtype))
     n_diff = int((out != against).sum().item())
-    limit = differ_limit(out.dtype, len(chain.steps) + len(extra_steps) + 1, sides) \
-        if gate_differ else None
-    return Parity(err, err_one, 1 - n_diff / max(out.numel(), 1), n_diff, out.numel(), limit,
-                  bool(torch.isnan(out).any().item()))
+    limit = (
+        differ_limit(out.dtype, len(chain.steps) + len(extra_steps) + 1, sides)
+        if gate_differ
+        else None
+    )
+    return Parity(
+        err,
+        err_one,
+        1 - n_diff / max(out.numel(), 1),
+        n_diff,
+        out.numel(),
+        limit,
+        bool(torch.isnan(out).any().item()),
+    )
 
 
 def _eager_gn_rounds_stats(device, dtype) -> bool:

@@ -28,6 +28,7 @@ Usage::
     ditfuse inspect [--json PATH] [--only NAME ...] [--check] [--list]
     python -m ditfuse.tools.inspect [same options]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,16 @@ from typing import Dict, List, Optional, Sequence
 
 import triton
 
-from ditfuse.aot.compile import (ARCH, can_compile_here, intercept_launches, missing_tools,
-                                 run_cuobjdump, run_ptxas, specialize, wheel_tool_path)
+from ditfuse.aot.compile import (
+    ARCH,
+    can_compile_here,
+    intercept_launches,
+    missing_tools,
+    run_cuobjdump,
+    run_ptxas,
+    specialize,
+    wheel_tool_path,
+)
 
 WARP_SIZE = 32
 _CHILD_ENV = "DITFUSE_INSPECT_CHILD"
@@ -60,6 +69,7 @@ _SM_SMEM_RESERVED_PER_BLOCK = 1024
 # ---------------------------------------------------------------------------------------
 # the shipped specializations
 
+
 @dataclass(frozen=True)
 class Spec:
     """One production call of ``ditfuse.qk_norm_rope`` (both q and k, no positions).
@@ -73,25 +83,25 @@ class Spec:
     H: int
     D: int
     S: int
-    dtype: str = "bf16"              # activation (and norm parameter) dtype
-    norm: str = "rms"                # "rms" | "layer" | "dyt"
-    span_all: bool = False           # one statistic across all heads of a token (Wan)
+    dtype: str = "bf16"  # activation (and norm parameter) dtype
+    norm: str = "rms"  # "rms" | "layer" | "dyt"
+    span_all: bool = False  # one statistic across all heads of a token (Wan)
     weight: bool = True
     bias: bool = False
-    alpha_tensor: bool = False       # DyT alpha as a one-element tensor
+    alpha_tensor: bool = False  # DyT alpha as a one-element tensor
     round_before_weight: bool = False  # diffusers' RMSNorm with a bf16/fp16 weight
     rope_style: str = "interleaved"  # "interleaved" | "half"
     rotary_dim: Optional[int] = None  # None: D
     table_width: Optional[int] = None  # None: rotary_dim (repeat-interleaved / cat-duplicated)
     table_dtype: str = "fp32"
-    table_per_head: bool = False     # (1, S, H, W) table expanded per head
-    table_view: bool = False         # the table as every other column of one twice as wide
-                                     # (Wan's cos[..., 0::2]; Qwen's view_as_real halves)
-    layout: str = "flat"             # "flat" (B, S, H*D) + num_heads | "bshd" | "bhsd"
-    packed: int = 0                  # q, k are chunks of one fused projection of this many
-    k_chunk: int = 1                 # chunks (in place); k is chunk number k_chunk
+    table_per_head: bool = False  # (1, S, H, W) table expanded per head
+    table_view: bool = False  # the table as every other column of one twice as wide
+    # (Wan's cos[..., 0::2]; Qwen's view_as_real halves)
+    layout: str = "flat"  # "flat" (B, S, H*D) + num_heads | "bshd" | "bhsd"
+    packed: int = 0  # q, k are chunks of one fused projection of this many
+    k_chunk: int = 1  # chunks (in place); k is chunk number k_chunk
     B: int = 1
-    quantize: Optional[str] = None   # "int8" | "fp8": the 8-bit outputs of 8-bit attention
+    quantize: Optional[str] = None  # "int8" | "fp8": the 8-bit outputs of 8-bit attention
 
     @property
     def R(self) -> int:
@@ -121,8 +131,9 @@ class Spec:
         return f"{norm}, {rope}{out}"
 
 
-_WAN14B = dict(model="Wan2.1 14B 720p", H=40, D=128, S=21 * 45 * 80, norm="rms", span_all=True,
-               layout="flat")
+_WAN14B = dict(
+    model="Wan2.1 14B 720p", H=40, D=128, S=21 * 45 * 80, norm="rms", span_all=True, layout="flat"
+)
 _FLUX2 = dict(model="FLUX.2 dev 1024^2", H=48, D=128, S=4096 + 512, layout="bshd")
 
 #: Every shipped specialization, in report order.
@@ -132,44 +143,108 @@ SPECS: List[Spec] = [
     # value a pair (patching.table_once): "wan14b-half-table"; direct calls with the
     # full-width tables or the columns as strided views: "wan14b", "wan14b-table-view"
     Spec("wan14b", **_WAN14B),
-    Spec("wan14b-half-table", **{**_WAN14B, "model": "Wan2.1 14B, half-width tables"},
-         table_width=64),
-    Spec("wan14b-table-view", **{**_WAN14B, "model": "Wan2.1 14B, strided half tables"},
-         table_width=64, table_view=True),
-    Spec("wan14b-packed", **{**_WAN14B, "model": "Wan2.1 14B, fused QKV, in place"},
-         packed=3, k_chunk=1, table_width=64),
-    Spec("wan1.3b", model="Wan2.1 1.3B 480p", H=12, D=128, S=21 * 30 * 52, norm="rms",
-         span_all=True, layout="flat", table_width=64),
+    Spec(
+        "wan14b-half-table", **{**_WAN14B, "model": "Wan2.1 14B, half-width tables"}, table_width=64
+    ),
+    Spec(
+        "wan14b-table-view",
+        **{**_WAN14B, "model": "Wan2.1 14B, strided half tables"},
+        table_width=64,
+        table_view=True,
+    ),
+    Spec(
+        "wan14b-packed",
+        **{**_WAN14B, "model": "Wan2.1 14B, fused QKV, in place"},
+        packed=3,
+        k_chunk=1,
+        table_width=64,
+    ),
+    Spec(
+        "wan1.3b",
+        model="Wan2.1 1.3B 480p",
+        H=12,
+        D=128,
+        S=21 * 30 * 52,
+        norm="rms",
+        span_all=True,
+        layout="flat",
+        table_width=64,
+    ),
     # FLUX.1 / FLUX.2: torch.nn.RMSNorm(D) per head, interleaved fp32 (S, D) table
     Spec("flux1", model="FLUX.1 dev 1024^2", H=24, D=128, S=4096 + 512, layout="bshd"),
     Spec("flux2", **_FLUX2),
     # Qwen-Image: diffusers RMSNorm(D) (bf16 weight: rounds before it); complex freqs =
     # unique frequencies, the real / imaginary parts of the (S, D/2) complex table (packed)
-    Spec("qwen", model="Qwen-Image 1328^2", H=24, D=128, S=83 * 83, round_before_weight=True,
-         table_width=64, layout="bshd"),
+    Spec(
+        "qwen",
+        model="Qwen-Image 1328^2",
+        H=24,
+        D=128,
+        S=83 * 83,
+        round_before_weight=True,
+        table_width=64,
+        layout="bshd",
+    ),
     # HunyuanVideo: diffusers RMSNorm(D) per head (rounds before its bf16 weight),
     # interleaved (S, D) table over the video tokens
-    Spec("hunyuan", model="HunyuanVideo 720p 129f", H=24, D=128, S=33 * 45 * 80,
-         round_before_weight=True, layout="bshd"),
+    Spec(
+        "hunyuan",
+        model="HunyuanVideo 720p 129f",
+        H=24,
+        D=128,
+        S=33 * 45 * 80,
+        round_before_weight=True,
+        layout="bshd",
+    ),
     # Stable Audio 3: StableAudio3RMSNorm(64), partial rotate-half RoPE over 32 channels,
     # q1/k1 chunks of the differential [q1|q2|k1|k2|v] to_qkv output
-    Spec("sa3", model="Stable Audio 3", H=24, D=64, S=1024, rope_style="half", rotary_dim=32,
-         table_width=32, packed=5, k_chunk=2),
+    Spec(
+        "sa3",
+        model="Stable Audio 3",
+        H=24,
+        D=64,
+        S=1024,
+        rope_style="half",
+        rotary_dim=32,
+        table_width=32,
+        packed=5,
+        k_chunk=2,
+    ),
     # SAME-L: DynamicTanh (alpha parameter, gamma, beta), rotate-half RoPE over 32 channels
-    Spec("same-l", model="SAME-L", H=24, D=64, S=2048, norm="dyt", bias=True, alpha_tensor=True,
-         rope_style="half", rotary_dim=32, table_width=32, packed=5, k_chunk=2),
+    Spec(
+        "same-l",
+        model="SAME-L",
+        H=24,
+        D=64,
+        S=2048,
+        norm="dyt",
+        bias=True,
+        alpha_tensor=True,
+        rope_style="half",
+        rotary_dim=32,
+        table_width=32,
+        packed=5,
+        k_chunk=2,
+    ),
     # dtype variants
     Spec("wan14b-fp16", **{**_WAN14B, "model": "Wan2.1 14B, fp16"}, dtype="fp16"),
     Spec("wan14b-fp32", **{**_WAN14B, "model": "Wan2.1 14B, fp32"}, dtype="fp32"),
     Spec("flux2-fp16", **{**_FLUX2, "model": "FLUX.2, fp16"}, dtype="fp16"),
     Spec("flux2-fp32", **{**_FLUX2, "model": "FLUX.2, fp32"}, dtype="fp32"),
     # the table expanded per head: (1, S, H, D) (TABLE_PER_HEAD)
-    Spec("wan14b-table-per-head", **{**_WAN14B, "model": "Wan2.1 14B, per-head table"},
-         table_per_head=True),
+    Spec(
+        "wan14b-table-per-head",
+        **{**_WAN14B, "model": "Wan2.1 14B, per-head table"},
+        table_per_head=True,
+    ),
     # the quantizing prologue of 8-bit attention (quantize="int8"): Wan through the flat-row
     # kernel's pair form (the 16-bit call's form), FLUX.2 through the per-token kernel
-    Spec("wan14b-int8", **{**_WAN14B, "model": "Wan2.1 14B, int8 Q / K"}, table_width=64,
-         quantize="int8"),
+    Spec(
+        "wan14b-int8",
+        **{**_WAN14B, "model": "Wan2.1 14B, int8 Q / K"},
+        table_width=64,
+        quantize="int8",
+    ),
     Spec("flux2-int8", **{**_FLUX2, "model": "FLUX.2, int8 Q / K"}, quantize="int8"),
 ]
 
@@ -188,6 +263,7 @@ _TORCH_DT = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def _call_args(spec: Spec):
     """(positional args, keyword args) of ``ditfuse.qk_norm_rope`` for ``spec``, on meta."""
     import torch
+
     from ditfuse.norms import NormSpec
 
     dt = getattr(torch, _TORCH_DT[spec.dtype])
@@ -198,12 +274,12 @@ def _call_args(spec: Spec):
     if spec.packed:
         buf = torch.empty(B, S, spec.packed * HD, dtype=dt, **meta)
         q = buf[..., :HD]
-        k = buf[..., spec.k_chunk * HD:(spec.k_chunk + 1) * HD]
+        k = buf[..., spec.k_chunk * HD : (spec.k_chunk + 1) * HD]
     else:
         # two allocations; carved from one buffer only so that their data_ptr differ on meta
         buf = torch.empty(2 * B * S * HD, dtype=dt, **meta)
         q = buf[: B * S * HD].view(B, S, HD)
-        k = buf[B * S * HD:].view(B, S, HD)
+        k = buf[B * S * HD :].view(B, S, HD)
     kw = {}
     if spec.layout == "flat":
         kw["num_heads"] = H
@@ -222,12 +298,20 @@ def _call_args(spec: Spec):
 
     def norm():
         p = lambda: torch.empty(n, dtype=dt, **meta)  # noqa: E731
-        alpha = (torch.empty(1, dtype=dt, **meta) if spec.alpha_tensor else 0.5) \
-            if spec.norm == "dyt" else None
-        return NormSpec(spec.norm, weight=p() if spec.weight else None,
-                        bias=p() if spec.bias else None,
-                        eps=None if spec.norm == "dyt" else 1e-6, alpha=alpha, size=n,
-                        round_before_weight=spec.round_before_weight)
+        alpha = (
+            (torch.empty(1, dtype=dt, **meta) if spec.alpha_tensor else 0.5)
+            if spec.norm == "dyt"
+            else None
+        )
+        return NormSpec(
+            spec.norm,
+            weight=p() if spec.weight else None,
+            bias=p() if spec.bias else None,
+            eps=None if spec.norm == "dyt" else 1e-6,
+            alpha=alpha,
+            size=n,
+            round_before_weight=spec.round_before_weight,
+        )
 
     W = spec.W
     if spec.table_per_head:
@@ -239,8 +323,7 @@ def _call_args(spec: Spec):
     else:
         cos = torch.empty(S, W, dtype=tdt, **meta)
         sin = torch.empty(S, W, dtype=tdt, **meta)
-    kw.update(q_norm=norm(), k_norm=norm(), rope_style=spec.rope_style,
-              inplace=bool(spec.packed))
+    kw.update(q_norm=norm(), k_norm=norm(), rope_style=spec.rope_style, inplace=bool(spec.packed))
     if spec.quantize:
         kw["quantize"] = spec.quantize
     if spec.rotary_dim is not None or spec.table_width is not None:
@@ -251,15 +334,16 @@ def _call_args(spec: Spec):
 def capture_launch(spec: Spec):
     """The (grid, args, kwargs) with which ``ditfuse.qk_norm_rope`` launches the kernel."""
     import importlib
-    from ditfuse.kernels import qk_token as _qk_kernel
 
     from ditfuse.kernels import qk_flat as _qk_flat_kernel
+    from ditfuse.kernels import qk_token as _qk_kernel
 
     qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     args, kw = _call_args(spec)
-    calls = intercept_launches([(_qk_kernel, "_qk_norm_rope_kernel"),
-                                (_qk_flat_kernel, "_qk_norm_rope_flat_kernel")],
-                               lambda: qkr.qk_norm_rope(*args, **kw))
+    calls = intercept_launches(
+        [(_qk_kernel, "_qk_norm_rope_kernel"), (_qk_flat_kernel, "_qk_norm_rope_flat_kernel")],
+        lambda: qkr.qk_norm_rope(*args, **kw),
+    )
     if len(calls) != 1:
         raise RuntimeError(f"{spec.name}: expected one kernel launch, saw {len(calls)}")
     return calls[0]
@@ -268,12 +352,16 @@ def capture_launch(spec: Spec):
 # ---------------------------------------------------------------------------------------
 # measuring
 
+
 def occupancy_warps(regs: int, num_warps: int, smem_bytes: int) -> int:
     """Theoretical resident warps per SM on Hopper (registers, smem, block/warp limits)."""
     per_warp = triton.cdiv(max(regs, 1), 8) * 8 * WARP_SIZE  # allocated in units of 8
-    blocks = min(_SM_MAX_BLOCKS, _SM_MAX_WARPS // num_warps,
-                 (_SM_REGS // per_warp) // num_warps,
-                 _SM_SMEM // (smem_bytes + _SM_SMEM_RESERVED_PER_BLOCK))
+    blocks = min(
+        _SM_MAX_BLOCKS,
+        _SM_MAX_WARPS // num_warps,
+        (_SM_REGS // per_warp) // num_warps,
+        _SM_SMEM // (smem_bytes + _SM_SMEM_RESERVED_PER_BLOCK),
+    )
     return max(blocks, 0) * num_warps
 
 
@@ -296,9 +384,11 @@ def qk_kernel_of(kwargs) -> object:
 def _build(spec: Spec) -> Dict:
     """Build ``spec`` exactly as shipped, compile it for sm_90 and measure it."""
     import importlib
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
     from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
 
@@ -307,8 +397,9 @@ def _build(spec: Spec) -> Dict:
     kernel = qk_kernel_of(kwargs)
     target = GPUTarget("cuda", ARCH, WARP_SIZE)
     signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
-    ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                        options=options.__dict__)
+    ck = triton.compile(
+        ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+    )
     name = ck.metadata.name
     ptxas = run_ptxas(ck.asm["ptx"], options, name)
     sass = run_cuobjdump(ck.asm["cubin"], name)
@@ -322,35 +413,66 @@ def _build(spec: Spec) -> Dict:
         st = qkr.launch_settings(spec.H, spec.D, flat=True, has_k=has_k, itemsize=itemsize)
         used = (p0, p1, nw, kwargs["SPLIT_QK"])
         if used != (st.piece0, st.piece1, st.num_warps, st.split_qk):
-            raise RuntimeError(f"{spec.name}: flat launch used pieces / warps / split {used}, "
-                               f"launch_settings gives {st}")
+            raise RuntimeError(
+                f"{spec.name}: flat launch used pieces / warps / split {used}, "
+                f"launch_settings gives {st}"
+            )
     else:
         tile = kwargs["TILE"]
         hg, p0, p1 = tile.heads, tile.piece0, tile.piece1
         span_all = bool(kwargs["Q_NORM"].span_all or kwargs["K_NORM"].span_all)
-        st = qkr.launch_settings(spec.H, spec.D, flat=False, has_k=has_k, itemsize=itemsize,
-                                 span_all=span_all)
+        st = qkr.launch_settings(
+            spec.H, spec.D, flat=False, has_k=has_k, itemsize=itemsize, span_all=span_all
+        )
         if kernel is _qk_norm_rope_kernel and (hg, p0, p1, nw) != (
-                st.heads, st.piece0, st.piece1, st.num_warps):
-            raise RuntimeError(f"{spec.name}: launch used heads / pieces / num_warps "
-                               f"{(hg, p0, p1, nw)}, launch_settings gives {st}")
+            st.heads,
+            st.piece0,
+            st.piece1,
+            st.num_warps,
+        ):
+            raise RuntimeError(
+                f"{spec.name}: launch used heads / pieces / num_warps "
+                f"{(hg, p0, p1, nw)}, launch_settings gives {st}"
+            )
     return dict(
-        S=spec.S, kernel=kernel.fn.__name__, grid=list(grid), hg=hg, p0=p0, p1=p1,
-        num_warps=ck.metadata.num_warps, smem=ck.metadata.shared,
+        S=spec.S,
+        kernel=kernel.fn.__name__,
+        grid=list(grid),
+        hg=hg,
+        p0=p0,
+        p1=p1,
+        num_warps=ck.metadata.num_warps,
+        smem=ck.metadata.shared,
         **{k: ptxas[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
         **sass,
-        occupancy_warps=occupancy_warps(ptxas["regs"], ck.metadata.num_warps,
-                                        ck.metadata.shared + sass["smem_static"]),
+        occupancy_warps=occupancy_warps(
+            ptxas["regs"], ck.metadata.num_warps, ck.metadata.shared + sass["smem_static"]
+        ),
         constexprs={kernel.arg_names[k[0]]: v for k, v in sorted(constexprs.items())},
         signature={k: v for k, v in signature.items() if v != "constexpr"},
         attrs={kernel.arg_names[k[0]]: v for k, v in sorted(attrs.items()) if v},
-        enable_fp_fusion=options.enable_fp_fusion, arch=f"sm_{ARCH}a", hash=ck.hash,
-        ptxas_cmd=ptxas["ptxas_cmd"], ptxas_log=ptxas["ptxas_log"],
+        enable_fp_fusion=options.enable_fp_fusion,
+        arch=f"sm_{ARCH}a",
+        hash=ck.hash,
+        ptxas_cmd=ptxas["ptxas_cmd"],
+        ptxas_log=ptxas["ptxas_log"],
     )
 
 
-_VARIANT_KEYS = ("S", "hash", "regs", "spill_stores", "spill_loads", "stack", "ldl", "stl",
-                 "cubin_regs", "cubin_local", "smem", "num_warps")
+_VARIANT_KEYS = (
+    "S",
+    "hash",
+    "regs",
+    "spill_stores",
+    "spill_loads",
+    "stack",
+    "ldl",
+    "stl",
+    "cubin_regs",
+    "cubin_local",
+    "smem",
+    "num_warps",
+)
 
 
 def inspect_spec(spec: Spec, s_variants: bool = True) -> Dict:
@@ -360,8 +482,15 @@ def inspect_spec(spec: Spec, s_variants: bool = True) -> Dict:
     import dataclasses
 
     t0 = time.perf_counter()
-    row = dict(name=spec.name, model=spec.model, config=spec.describe(), H=spec.H, D=spec.D,
-               dtype=spec.dtype, **_build(spec))
+    row = dict(
+        name=spec.name,
+        model=spec.model,
+        config=spec.describe(),
+        H=spec.H,
+        D=spec.D,
+        dtype=spec.dtype,
+        **_build(spec),
+    )
     row["variants"] = []
     if s_variants:
         alt = _build(dataclasses.replace(spec, S=other_s_class(spec.S)))
@@ -402,14 +531,19 @@ def _select(names: Optional[Sequence[str]]) -> List[Spec]:
 def _report_here(names, s_variants: bool) -> List[Dict]:
     missing = missing_tools()
     if missing:
-        raise RuntimeError(f"the Triton wheel has no {' / '.join(missing)} "
-                           f"(looked in {wheel_tool_path('')})")
+        raise RuntimeError(
+            f"the Triton wheel has no {' / '.join(missing)} (looked in {wheel_tool_path('')})"
+        )
     specs, rows, t0 = _select(names), [], time.perf_counter()
     for i, s in enumerate(specs, 1):
         rows.append(inspect_spec(s, s_variants))
         # progress on stderr (a parent process passes it through): the builds take a while
-        print(f"[{i:>{len(str(len(specs)))}}/{len(specs)}] built {s.name} "
-              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"[{i:>{len(str(len(specs)))}}/{len(specs)}] built {s.name} "
+            f"({time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -419,8 +553,9 @@ def _package_root() -> str:
 
 def _report_subprocess(names, s_variants: bool, timeout: Optional[float] = None) -> List[Dict]:
     env = dict(os.environ, TRITON_INTERPRET="0", **{_CHILD_ENV: "1"})
-    env["PYTHONPATH"] = os.pathsep.join([_package_root()] + (
-        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [_package_root()] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     with tempfile.TemporaryDirectory(prefix="ditfuse-inspect-") as d:
         out = Path(d) / "report.json"
         cmd = [sys.executable, "-m", "ditfuse.tools.inspect", "--quiet", "--json", str(out)]
@@ -432,8 +567,9 @@ def _report_subprocess(names, s_variants: bool, timeout: Optional[float] = None)
         # they come
         r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, timeout=timeout)
         if r.returncode or not out.exists():
-            raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}; its stderr is above):"
-                               f"\n{r.stdout[-6000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({r.returncode}; its stderr is above):\n{r.stdout[-6000:]}"
+            )
         return json.loads(out.read_text())["kernels"]
 
 
@@ -451,9 +587,11 @@ def report(names: Optional[Sequence[str]] = None, s_variants: bool = True) -> Li
     if can_compile_here():
         return _report_here(names, s_variants)
     if os.environ.get(_CHILD_ENV):
-        raise RuntimeError("ditfuse's kernels are interpreted in this process although "
-                           "TRITON_INTERPRET=0 was asked for (was triton imported earlier "
-                           "with TRITON_INTERPRET=1?)")
+        raise RuntimeError(
+            "ditfuse's kernels are interpreted in this process although "
+            "TRITON_INTERPRET=0 was asked for (was triton imported earlier "
+            "with TRITON_INTERPRET=1?)"
+        )
     return _report_subprocess(names, s_variants)
 
 
@@ -462,9 +600,19 @@ def report(names: Optional[Sequence[str]] = None, s_variants: bool = True) -> Li
 
 # HG=P0+P1: heads a program as power-of-two pieces (per-token kernel); a flat-row row shows
 # its channel pieces ("ch") and "/2" when Q and K run in programs of their own
-_COLUMNS = [("name", 22), ("HxD", 7), ("dtype", 5), ("HG=P0+P1", 9), ("regs", 4),
-            ("spill st/ld", 11), ("stack", 5), ("smem", 6), ("warps", 5), ("LDL/STL", 7),
-            ("warps/SM", 8)]
+_COLUMNS = [
+    ("name", 22),
+    ("HxD", 7),
+    ("dtype", 5),
+    ("HG=P0+P1", 9),
+    ("regs", 4),
+    ("spill st/ld", 11),
+    ("stack", 5),
+    ("smem", 6),
+    ("warps", 5),
+    ("LDL/STL", 7),
+    ("warps/SM", 8),
+]
 
 
 def format_table(rows: Sequence[Dict]) -> str:
@@ -473,13 +621,29 @@ def format_table(rows: Sequence[Dict]) -> str:
             pieces = f"{r['p0']}+{r['p1']} ch" + ("/2" if r["grid"][1] == 2 else "")
         else:
             pieces = f"{r['hg']}={r['p0']}+{r['p1']}"
-        return [r["name"], f"{r['H']}x{r['D']}", r["dtype"], pieces, str(r["regs"]),
-                f"{r['spill_stores']}/{r['spill_loads']}", str(r["stack"]), str(r["smem"]),
-                str(r["num_warps"]), f"{r['ldl']}/{r['stl']}", str(r["occupancy_warps"])]
+        return [
+            r["name"],
+            f"{r['H']}x{r['D']}",
+            r["dtype"],
+            pieces,
+            str(r["regs"]),
+            f"{r['spill_stores']}/{r['spill_loads']}",
+            str(r["stack"]),
+            str(r["smem"]),
+            str(r["num_warps"]),
+            f"{r['ldl']}/{r['stl']}",
+            str(r["occupancy_warps"]),
+        ]
 
-    widths = [max(w, len(h), *(len(cells(r)[i]) for r in rows)) for i, (h, w) in enumerate(_COLUMNS)]
-    line = lambda cs: " | ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                 for i, (c, w) in enumerate(zip(cs, widths)))
+    widths = [
+        max(w, len(h), *(len(cells(r)[i]) for r in rows)) for i, (h, w) in enumerate(_COLUMNS)
+    ]
+
+    def line(cs):
+        return " | ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cs, widths))
+        )
+
     out = [line([h for h, _ in _COLUMNS]), "-+-".join("-" * w for w in widths)]
     out += [line(cells(r)) for r in rows]
     bad = [r for r in rows if r["violations"]]
@@ -487,18 +651,29 @@ def format_table(rows: Sequence[Dict]) -> str:
     keys = ("regs", "spill_stores", "spill_loads", "stack", "ldl", "stl")
     with_var = [r for r in rows if r.get("variants")]
     if with_var:
-        differ = [f"{r['name']} (S={v['S']}: {v['regs']} regs, spill {v['spill_stores']}/"
-                  f"{v['spill_loads']}, stack {v['stack']}, LDL/STL {v['ldl']}/{v['stl']})"
-                  for r in with_var for v in r["variants"] if any(v[k] != r[k] for k in keys)]
-        out.append("each specialization also built for a token count S in the other %16 class: "
-                   + ("same registers, spills, stack and LDL/STL for all"
-                      if not differ else "differs for " + "; ".join(differ)))
+        differ = [
+            f"{r['name']} (S={v['S']}: {v['regs']} regs, spill {v['spill_stores']}/"
+            f"{v['spill_loads']}, stack {v['stack']}, LDL/STL {v['ldl']}/{v['stl']})"
+            for r in with_var
+            for v in r["variants"]
+            if any(v[k] != r[k] for k in keys)
+        ]
+        out.append(
+            "each specialization also built for a token count S in the other %16 class: "
+            + (
+                "same registers, spills, stack and LDL/STL for all"
+                if not differ
+                else "differs for " + "; ".join(differ)
+            )
+        )
     if bad:
         out.append(f"RESOURCE GATE FAILED for {len(bad)} of {len(rows)} specializations:")
         out += [f"  {r['name']}: {'; '.join(r['violations'])}" for r in bad]
     else:
-        out.append(f"resource gate: ok ({len(rows)} specializations, sm_{ARCH}a: no spills, "
-                   "no stack frame, no LDL/STL)")
+        out.append(
+            f"resource gate: ok ({len(rows)} specializations, sm_{ARCH}a: no spills, "
+            "no stack frame, no LDL/STL)"
+        )
     return "\n".join(out)
 
 
@@ -506,17 +681,31 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ditfuse inspect",
         description="Compile every shipped specialization of ditfuse's QK-norm + RoPE kernel "
-                    f"for sm_{ARCH} (no GPU needed) and report registers, spills, stack, "
-                    "shared memory, warps and local-memory instructions.")
-    p.add_argument("--json", metavar="PATH", help="also write the full report as JSON ('-': stdout)")
-    p.add_argument("--only", nargs="+", metavar="NAME", choices=SPEC_NAMES,
-                   help="inspect only these specializations")
-    p.add_argument("--check", action="store_true",
-                   help="exit with status 1 if any specialization spills, has a stack frame "
-                        "or LDL/STL in its SASS")
-    p.add_argument("--no-s-variants", action="store_true",
-                   help="skip the second build of each specialization for a token count in "
-                        "the other %%16 class")
+        f"for sm_{ARCH} (no GPU needed) and report registers, spills, stack, "
+        "shared memory, warps and local-memory instructions.",
+    )
+    p.add_argument(
+        "--json", metavar="PATH", help="also write the full report as JSON ('-': stdout)"
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=SPEC_NAMES,
+        help="inspect only these specializations",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with status 1 if any specialization spills, has a stack frame "
+        "or LDL/STL in its SASS",
+    )
+    p.add_argument(
+        "--no-s-variants",
+        action="store_true",
+        help="skip the second build of each specialization for a token count in "
+        "the other %%16 class",
+    )
     p.add_argument("--list", action="store_true", help="list the specializations and exit")
     p.add_argument("--quiet", action="store_true", help="print no table")
     return p
@@ -531,8 +720,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t0 = time.perf_counter()
     rows = report(args.only, s_variants=not args.no_s_variants)
     if args.json:
-        doc = json.dumps(dict(kernel="_qk_norm_rope_kernel", arch=f"sm_{ARCH}a", kernels=rows),
-                         indent=1)
+        doc = json.dumps(
+            dict(kernel="_qk_norm_rope_kernel", arch=f"sm_{ARCH}a", kernels=rows), indent=1
+        )
         if args.json == "-":
             print(doc)
         else:

@@ -3,6 +3,7 @@ registers, spills, shared memory of every production call's specialization (the 
 :mod:`ditfuse.kernels.attention`, :mod:`ditfuse.kernels.attention_sm90` and
 :mod:`ditfuse.kernels.attention_sm90_fp32`, launched as :func:`ditfuse.ops.attention.launch`
 launches them). Why each entry: docs/design/attention.md."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,22 +18,23 @@ from ditfuse.runtime.backend import mma_sync_only
 # ---------------------------------------------------------------------------------------
 # sm_90 builds on the CPU (no GPU): tensor-core instructions, registers, spills, smem
 
+
 @dataclass(frozen=True)
 class BuildSpec:
     """One production call, built for sm_90 as a real call would build it."""
 
     name: str
-    dtype: str = "bf16"        # "bf16" | "fp16" | "fp32"
+    dtype: str = "bf16"  # "bf16" | "fp16" | "fp32"
     H: int = 24
     D: int = 64
     N: int = 8704
     differential: bool = True
-    prologue: bool = True      # DyT q/k norm + rotate-half RoPE over D/2 channels (SAME)
+    prologue: bool = True  # DyT q/k norm + rotate-half RoPE over D/2 channels (SAME)
     window: object = 17
-    trt: bool = False          # the seed's TensorRT contract: q/k of 2H heads [q1 | q2]
-    gluon: bool = False        # the sm_90 Gluon kernel the call routes to (gluon_ok)
-    precision: str = "high"    # fp32 products: "high" (tf32; the Gluon entries' form) or
-                               # "highest" (PyTorch's default: three-term tf32)
+    trt: bool = False  # the seed's TensorRT contract: q/k of 2H heads [q1 | q2]
+    gluon: bool = False  # the sm_90 Gluon kernel the call routes to (gluon_ok)
+    precision: str = "high"  # fp32 products: "high" (tf32; the Gluon entries' form) or
+    # "highest" (PyTorch's default: three-term tf32)
 
 
 #: local memory a shipped build may touch outside its loops (bytes of spill / stack)
@@ -45,24 +47,43 @@ BUILD_SPECS = [
     BuildSpec("same-l-bf16-attn-gluon", prologue=False, gluon=True),
     BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
     BuildSpec("same-l-fp32-attn-highest", dtype="fp32", prologue=False, precision="highest"),
-    BuildSpec("same-l-fp32-plain-highest", dtype="fp32", differential=False, prologue=False,
-              precision="highest"),
+    BuildSpec(
+        "same-l-fp32-plain-highest",
+        dtype="fp32",
+        differential=False,
+        prologue=False,
+        precision="highest",
+    ),
     BuildSpec("same-l-fp32-attn-gluon", dtype="fp32", prologue=False, gluon=True),
     BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
-    BuildSpec("same-l-trt-fp32-gluon", dtype="fp32", N=4352, prologue=False, trt=True,
-              gluon=True),
+    BuildSpec("same-l-trt-fp32-gluon", dtype="fp32", N=4352, prologue=False, trt=True, gluon=True),
     BuildSpec("same-l-fp32-plain", dtype="fp32", differential=False, prologue=False),
     BuildSpec("sa3-dit-bf16-full", N=4096, window=-1),
-    BuildSpec("d128-bf16-causal", D=128, N=4608, differential=False, prologue=False,
-              window=(-1, 0)),
+    BuildSpec(
+        "d128-bf16-causal", D=128, N=4608, differential=False, prologue=False, window=(-1, 0)
+    ),
     BuildSpec("d128-fp32-diff-prologue", dtype="fp32", D=128, N=4096),
-    BuildSpec("d32-fp16-window", dtype="fp16", D=32, N=4096, differential=False,
-              prologue=False, window=(8, 8)),
+    BuildSpec(
+        "d32-fp16-window",
+        dtype="fp16",
+        D=32,
+        N=4096,
+        differential=False,
+        prologue=False,
+        window=(8, 8),
+    ),
     BuildSpec("d128-fp32-diff", dtype="fp32", D=128, N=8704, prologue=False),
     # head dims that are not a power of two: tiles padded to 128
     BuildSpec("d80-bf16-diff", D=80, N=4096, prologue=False),
-    BuildSpec("d96-fp32-window", dtype="fp32", D=96, N=4096, differential=False,
-              prologue=False, window=(8, 8)),
+    BuildSpec(
+        "d96-fp32-window",
+        dtype="fp32",
+        D=96,
+        N=4096,
+        differential=False,
+        prologue=False,
+        window=(8, 8),
+    ),
     BuildSpec("d48-fp32-diff", dtype="fp32", D=48, N=4096, prologue=False),  # padded to 64
 ]
 BUILD_NAMES = [s.name for s in BUILD_SPECS]
@@ -89,12 +110,24 @@ def _meta_call(spec: BuildSpec):
     if spec.differential:
         kw.update(q2=q2, k2=k2)
     if spec.prologue:
+
         def dyt():
-            return NormSpec("dyt", weight=torch.empty(D, **meta), bias=torch.empty(D, **meta),
-                            alpha=torch.empty(1, **meta), eps=None)
+            return NormSpec(
+                "dyt",
+                weight=torch.empty(D, **meta),
+                bias=torch.empty(D, **meta),
+                alpha=torch.empty(1, **meta),
+                eps=None,
+            )
+
         R = D // 2
-        kw.update(q_norm=dyt(), k_norm=dyt(), cos=torch.empty(N, R, device="meta"),
-                  sin=torch.empty(N, R, device="meta"), rotary_dim=R)
+        kw.update(
+            q_norm=dyt(),
+            k_norm=dyt(),
+            cos=torch.empty(N, R, device="meta"),
+            sin=torch.empty(N, R, device="meta"),
+            rotary_dim=R,
+        )
 
     def call():
         p = A.plan(q1, k1, v, spec.window, precision=spec.precision, **kw)
@@ -112,9 +145,13 @@ def capture_launch(spec: BuildSpec):
     place = (attention_kernel, "_swa_fwd_kernel")
     if spec.gluon:  # the launch an sm_90 GPU takes (meta tensors stand in for its memory)
         from ditfuse.kernels import attention_sm90, attention_sm90_fp32
+
         A._gluon_device = lambda o4: True
-        place = (attention_sm90_fp32, "_swa_diff_fp32_sm90_kernel") if spec.dtype == "fp32" \
+        place = (
+            (attention_sm90_fp32, "_swa_diff_fp32_sm90_kernel")
+            if spec.dtype == "fp32"
             else (attention_sm90, "_swa_diff_sm90_kernel")
+        )
     try:
         calls = intercept_launches([place], _meta_call(spec))
     finally:
@@ -134,8 +171,8 @@ def build(spec: BuildSpec) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from ditfuse.tools import inspect as ik
     from ditfuse.kernels.attention import _swa_fwd_kernel as kernel
+    from ditfuse.tools import inspect as ik
 
     source = ASTSource
     if spec.gluon:
@@ -149,26 +186,42 @@ def build(spec: BuildSpec) -> dict:
     target = GPUTarget("cuda", ik.ARCH, ik.WARP_SIZE)
     signature, constexprs, attrs, options = ik.specialize(kernel, args, kwargs, target)
     with mma_sync_only(bool(kwargs.get("MMA_SYNC"))):
-        ck = triton.compile(source(kernel, signature, constexprs, attrs), target=target,
-                            options=options.__dict__)
+        ck = triton.compile(
+            source(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+        )
     ptx = ck.asm["ptx"]
     name = ck.metadata.name
     pt = ik.run_ptxas(ptx, options, name)
     sass = ik.run_cuobjdump(ck.asm["cubin"], name)
     row = dict(
-        name=spec.name, dtype=spec.dtype, H=spec.H, D=spec.D, N=spec.N, precision=spec.precision,
-        differential=spec.differential, prologue=spec.prologue, window=str(spec.window),
-        block_m=kwargs["BLOCK_M"], block_n=kwargs["BLOCK_N"], step_m=kwargs["STEP_M"],
+        name=spec.name,
+        dtype=spec.dtype,
+        H=spec.H,
+        D=spec.D,
+        N=spec.N,
+        precision=spec.precision,
+        differential=spec.differential,
+        prologue=spec.prologue,
+        window=str(spec.window),
+        block_m=kwargs["BLOCK_M"],
+        block_n=kwargs["BLOCK_N"],
+        step_m=kwargs["STEP_M"],
         num_warps=ck.metadata.num_warps,
         # the Gluon kernel has a buffer a key tile (TRIPS), no pipeline stages
         num_stages=kwargs["TRIPS"] if spec.gluon else kwargs["num_stages"],
-        kernel="gluon" if spec.gluon else "triton", grid=list(grid), smem=ck.metadata.shared,
+        kernel="gluon" if spec.gluon else "triton",
+        grid=list(grid),
+        smem=ck.metadata.shared,
         wgmma=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
         mma=len(re.findall(r"\bmma\.sync\b", ptx)),
         **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
-        ldl=sass["ldl"], stl=sass["stl"], cubin_local=sass["cubin_local"],
-        sass_instructions=sass["sass_instructions"], loop_local=sass["loop_local"],
-        enable_fp_fusion=options.enable_fp_fusion, maxnreg=options.maxnreg,
+        ldl=sass["ldl"],
+        stl=sass["stl"],
+        cubin_local=sass["cubin_local"],
+        sass_instructions=sass["sass_instructions"],
+        loop_local=sass["loop_local"],
+        enable_fp_fusion=options.enable_fp_fusion,
+        maxnreg=options.maxnreg,
         arch=f"sm_{ik.ARCH}a",
     )
     bad = []
@@ -179,8 +232,10 @@ def build(spec: BuildSpec) -> dict:
     if row["loop_local"]:
         bad.append(f"{row['loop_local']} LDL / STL inside a loop")
     if max(row["spill_stores"], row["spill_loads"], row["stack"]) > LOCAL_BYTES_MAX:
-        bad.append(f"spills {row['spill_stores']} B / {row['spill_loads']} B, stack "
-                   f"{row['stack']} B (at most {LOCAL_BYTES_MAX} B, outside loops)")
+        bad.append(
+            f"spills {row['spill_stores']} B / {row['spill_loads']} B, stack "
+            f"{row['stack']} B (at most {LOCAL_BYTES_MAX} B, outside loops)"
+        )
     if row["smem"] > 227 * 1024:
         bad.append(f"shared memory {row['smem']} B > 227 KB")
     row["violations"] = bad
@@ -190,5 +245,4 @@ def build(spec: BuildSpec) -> dict:
 def build_report(names=None) -> list:
     """One row per :data:`BUILD_SPECS` entry (``names`` selects). Compiles in a
     ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
-    return build_rows("ditfuse.tools.inspect_attention", BUILD_SPECS, build, _CHILD_ENV,
-                      names)
+    return build_rows("ditfuse.tools.inspect_attention", BUILD_SPECS, build, _CHILD_ENV, names)

@@ -4,6 +4,7 @@ Triton specializes it, compiled for sm_90a and measured with the wheel's ``ptxas
 ``cuobjdump``: registers, spills, shared memory, and the instructions of the key loop that
 set its speed (integer / e4m3 wgmma, ``MUFU.EX2``, no ``I2F``). Why each property matters:
 docs/design/attention_fp8.md."""
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,7 @@ class BuildSpec:
     H: int = 40
     S: int = 32760
     D: int = 128
-    qk: str = "int8"        # "int8" | "fp8" (e4m3 q / k)
+    qk: str = "int8"  # "int8" | "fp8" (e4m3 q / k)
     window: object = None
     key_mask: bool = False  # a text-padding mask (HunyuanVideo, Qwen-Image)
     kernel: str = "_attention_8bit_kernel"  # or V's "_v_amax_kernel" / "_v_quant_kernel"
@@ -68,8 +69,11 @@ def _loops(sass: str):
     from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
 
     ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
-    spans = [(int(m.group(1), 16), addr) for addr, text in ins
-             if (m := _SASS_BRA.search(text)) and int(m.group(1), 16) < addr]
+    spans = [
+        (int(m.group(1), 16), addr)
+        for addr, text in ins
+        if (m := _SASS_BRA.search(text)) and int(m.group(1), 16) < addr
+    ]
     return [[text for addr, text in ins if lo <= addr <= hi] for lo, hi in spans]
 
 
@@ -113,28 +117,46 @@ def build(spec: BuildSpec) -> dict:
     grid, args, kwargs = capture_launch(spec)
     target = GPUTarget("cuda", ARCH, 32)
     signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
-    ck = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                        options=options.__dict__)
+    ck = triton.compile(
+        ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+    )
     pt = run_ptxas(ck.asm["ptx"], options, ck.metadata.name)
     with tempfile.TemporaryDirectory(prefix="ditfuse-fp8-") as d:
         f = Path(d) / "k.cubin"
         f.write_bytes(ck.asm["cubin"])
-        sass = subprocess.run([tool_path("cuobjdump"), "--dump-sass", str(f)],
-                              capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run(
+            [tool_path("cuobjdump"), "--dump-sass", str(f)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     loop = _loop_bodies(sass)
 
     def count(pat):
         return sum(1 for t in loop if re.match(rf"(?:@!?U?P\w+\s+)?{pat}", t))
 
-    row = dict(name=spec.name, H=spec.H, S=spec.S, D=spec.D, qk=spec.qk, window=str(spec.window),
-               kernel=spec.kernel, block_m=kwargs.get("BLOCK_M"), block_n=kwargs.get("BLOCK_N"),
-               num_warps=ck.metadata.num_warps, num_stages=kwargs.get("num_stages"),
-               smem=ck.metadata.shared,
-               **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
-               loop_igmma=count(r"IGMMA"), loop_qgmma=count(r"QGMMA"),
-               loop_i2f=count(r"I2F"), loop_ex2=count(r"MUFU\.EX2"),
-               loop_local=count(r"(LDL|STL)"), loop_instructions=len(loop),
-               first_loop=loop_mix(sass))
+    row = dict(
+        name=spec.name,
+        H=spec.H,
+        S=spec.S,
+        D=spec.D,
+        qk=spec.qk,
+        window=str(spec.window),
+        kernel=spec.kernel,
+        block_m=kwargs.get("BLOCK_M"),
+        block_n=kwargs.get("BLOCK_N"),
+        num_warps=ck.metadata.num_warps,
+        num_stages=kwargs.get("num_stages"),
+        smem=ck.metadata.shared,
+        **{k: pt[k] for k in ("regs", "spill_stores", "spill_loads", "stack")},
+        loop_igmma=count(r"IGMMA"),
+        loop_qgmma=count(r"QGMMA"),
+        loop_i2f=count(r"I2F"),
+        loop_ex2=count(r"MUFU\.EX2"),
+        loop_local=count(r"(LDL|STL)"),
+        loop_instructions=len(loop),
+        first_loop=loop_mix(sass),
+    )
     bad = []
     if max(row["spill_stores"], row["spill_loads"], row["stack"]):
         bad.append(f"spills {row['spill_stores']} / {row['spill_loads']} B, stack {row['stack']} B")
@@ -155,5 +177,4 @@ def build(spec: BuildSpec) -> dict:
 def build_report(names=None) -> list:
     """One row per :data:`BUILD_SPECS` entry (``names`` selects); compiles in a
     ``TRITON_INTERPRET=0`` subprocess when this process runs the interpreter."""
-    return build_rows("ditfuse.tools.inspect_attention_fp8", BUILD_SPECS, build, _CHILD_ENV,
-                      names)
+    return build_rows("ditfuse.tools.inspect_attention_fp8", BUILD_SPECS, build, _CHILD_ENV, names)

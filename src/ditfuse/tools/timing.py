@@ -1,4 +1,5 @@
 """GPU timers of the benchmarks."""
+
 from __future__ import annotations
 
 import torch

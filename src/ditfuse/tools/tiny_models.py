@@ -1,8 +1,10 @@
 """Tiny configurations of every model ``ditfuse.patch`` covers (random weights, no
 downloads), with inputs: shared by the tests and ``ditfuse check``."""
+
 from __future__ import annotations
 
 import torch
+
 
 def to_dtype(model, dtype):
     """Cast in place as ``from_pretrained(torch_dtype=dtype)`` leaves a model: floating
@@ -45,10 +47,20 @@ def _randomize(m, seed=0):  # noqa: D103
 def _wan(i2v=False, head_dim=12):
     from diffusers import WanTransformer3DModel
 
-
-    kw = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=head_dim, in_channels=4,
-              out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2,
-              cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    kw = dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=head_dim,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
     if i2v:
         kw.update(image_dim=8, added_kv_proj_dim=2 * head_dim)
     return _randomize(WanTransformer3DModel(**kw))
@@ -73,80 +85,131 @@ def _wan_inputs(dtype, i2v=False, per_token=False, text=6):
 def _flux(head_dim=16):
     from diffusers import FluxTransformer2DModel
 
-
-    return _randomize(FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2,
-        attention_head_dim=head_dim, num_attention_heads=2, joint_attention_dim=32,
-        pooled_projection_dim=32, axes_dims_rope=[4, 4, 8] if head_dim == 16 else _axes(head_dim, 3)))
+    return _randomize(
+        FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=2,
+            attention_head_dim=head_dim,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            axes_dims_rope=[4, 4, 8] if head_dim == 16 else _axes(head_dim, 3),
+        )
+    )
 
 
 def _flux_inputs(dtype):
     g = torch.Generator().manual_seed(2)
     S, T = 16, 8
-    return dict(hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
-                pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
-                timestep=torch.tensor([0.5]).to(dtype), img_ids=torch.randn(S, 3, generator=g),
-                txt_ids=torch.randn(T, 3, generator=g), return_dict=False)
-
-
+    return dict(
+        hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
+        pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
+        timestep=torch.tensor([0.5]).to(dtype),
+        img_ids=torch.randn(S, 3, generator=g),
+        txt_ids=torch.randn(T, 3, generator=g),
+        return_dict=False,
+    )
 
 
 def _flux2(head_dim=16):
     from diffusers import Flux2Transformer2DModel
 
-    return _randomize(Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
-        attention_head_dim=head_dim, num_attention_heads=2, joint_attention_dim=32,
-        timestep_guidance_channels=32, axes_dims_rope=(head_dim // 4,) * 4))
+    return _randomize(
+        Flux2Transformer2DModel(
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=head_dim,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            timestep_guidance_channels=32,
+            axes_dims_rope=(head_dim // 4,) * 4,
+        )
+    )
 
 
 def _flux2_inputs(dtype):
     g = torch.Generator().manual_seed(3)
     S, T = 16, 8
-    return dict(hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
-                timestep=torch.tensor([0.5]).to(dtype), img_ids=torch.randn(1, S, 4, generator=g),
-                txt_ids=torch.randn(1, T, 4, generator=g), guidance=torch.tensor([3.5]).to(dtype),
-                return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
+        timestep=torch.tensor([0.5]).to(dtype),
+        img_ids=torch.randn(1, S, 4, generator=g),
+        txt_ids=torch.randn(1, T, 4, generator=g),
+        guidance=torch.tensor([3.5]).to(dtype),
+        return_dict=False,
+    )
 
 
 def _hunyuan(single_layers=1, head_dim=10):
     from diffusers import HunyuanVideoTransformer3DModel
 
-    return _randomize(HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=head_dim,
-        num_layers=1, num_single_layers=single_layers, num_refiner_layers=1, patch_size=1,
-        patch_size_t=1, guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8,
-        rope_axes_dim=(2, 4, 4) if head_dim == 10 else _axes(head_dim, 3)))
+    return _randomize(
+        HunyuanVideoTransformer3DModel(
+            in_channels=4,
+            out_channels=4,
+            num_attention_heads=2,
+            attention_head_dim=head_dim,
+            num_layers=1,
+            num_single_layers=single_layers,
+            num_refiner_layers=1,
+            patch_size=1,
+            patch_size_t=1,
+            guidance_embeds=True,
+            text_embed_dim=16,
+            pooled_projection_dim=8,
+            rope_axes_dim=(2, 4, 4) if head_dim == 10 else _axes(head_dim, 3),
+        )
+    )
 
 
 def _hunyuan_inputs(dtype):
     g = torch.Generator().manual_seed(4)
-    return dict(hidden_states=torch.randn(1, 4, 1, 4, 4, generator=g).to(dtype),
-                timestep=torch.tensor([3]).to(dtype),
-                encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(dtype),
-                encoder_attention_mask=torch.ones(1, 5).to(dtype),
-                pooled_projections=torch.randn(1, 8, generator=g).to(dtype),
-                guidance=torch.tensor([3.0]).to(dtype), return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, 4, 1, 4, 4, generator=g).to(dtype),
+        timestep=torch.tensor([3]).to(dtype),
+        encoder_hidden_states=torch.randn(1, 5, 16, generator=g).to(dtype),
+        encoder_attention_mask=torch.ones(1, 5).to(dtype),
+        pooled_projections=torch.randn(1, 8, generator=g).to(dtype),
+        guidance=torch.tensor([3.0]).to(dtype),
+        return_dict=False,
+    )
 
 
 def _sa3():
     from diffusers.models.transformers.transformer_stable_audio3 import StableAudio3DiTModel
 
-    return _randomize(StableAudio3DiTModel(
-        io_channels=8, embed_dim=32, depth=1, num_heads=2, cond_token_dim=8, global_cond_dim=8,
-        local_add_cond_dim=4, timestep_features_dim=16, num_memory_tokens=2))
+    return _randomize(
+        StableAudio3DiTModel(
+            io_channels=8,
+            embed_dim=32,
+            depth=1,
+            num_heads=2,
+            cond_token_dim=8,
+            global_cond_dim=8,
+            local_add_cond_dim=4,
+            timestep_features_dim=16,
+            num_memory_tokens=2,
+        )
+    )
 
 
 def _sa3_inputs(dtype, inpaint=True):
     """Text-to-audio inputs, plus the inpainting pipeline's ``local_add_cond`` (``inpaint``)."""
     g = torch.Generator().manual_seed(5)
-    kw = dict(hidden_states=torch.randn(1, 8, 6, generator=g).to(dtype),
-              timestep=torch.tensor([0.3]).to(dtype),
-              encoder_hidden_states=torch.randn(1, 3, 8, generator=g).to(dtype),
-              global_hidden_states=torch.randn(1, 8, generator=g).to(dtype),
-              local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype), return_dict=False)
+    kw = dict(
+        hidden_states=torch.randn(1, 8, 6, generator=g).to(dtype),
+        timestep=torch.tensor([0.3]).to(dtype),
+        encoder_hidden_states=torch.randn(1, 3, 8, generator=g).to(dtype),
+        global_hidden_states=torch.randn(1, 8, generator=g).to(dtype),
+        local_add_cond=torch.randn(1, 4, 6, generator=g).to(dtype),
+        return_dict=False,
+    )
     if not inpaint:
         del kw["local_add_cond"]
     return kw
@@ -155,40 +218,107 @@ def _sa3_inputs(dtype, inpaint=True):
 def _qwen(head_dim=16):
     from diffusers import QwenImageTransformer2DModel
 
-    return _randomize(QwenImageTransformer2DModel(
-        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=head_dim,
-        num_attention_heads=2, joint_attention_dim=16,
-        axes_dims_rope=(8, 4, 4) if head_dim == 16 else (head_dim // 2, head_dim // 4, head_dim // 4)))
+    return _randomize(
+        QwenImageTransformer2DModel(
+            patch_size=2,
+            in_channels=16,
+            out_channels=4,
+            num_layers=1,
+            attention_head_dim=head_dim,
+            num_attention_heads=2,
+            joint_attention_dim=16,
+            axes_dims_rope=(8, 4, 4)
+            if head_dim == 16
+            else (head_dim // 2, head_dim // 4, head_dim // 4),
+        )
+    )
 
 
 def _qwen_inputs(dtype):
     g = torch.Generator().manual_seed(6)
-    return dict(hidden_states=torch.randn(1, 16, 16, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype),
-                encoder_hidden_states_mask=torch.ones(1, 7, dtype=torch.bool),
-                timestep=torch.tensor([1.0]).to(dtype), img_shapes=[(1, 4, 4)], return_dict=False)
+    return dict(
+        hidden_states=torch.randn(1, 16, 16, generator=g).to(dtype),
+        encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype),
+        encoder_hidden_states_mask=torch.ones(1, 7, dtype=torch.bool),
+        timestep=torch.tensor([1.0]).to(dtype),
+        img_shapes=[(1, 4, 4)],
+        return_dict=False,
+    )
 
 
 CASES = [
-    ("wan-t2v", lambda: _wan(), lambda dt: _wan_inputs(dt), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("wan-i2v", lambda: _wan(i2v=True), lambda dt: _wan_inputs(dt, i2v=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("wan-ti2v", lambda: _wan(), lambda dt: _wan_inputs(dt, per_token=True), {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2}),
-    ("flux1", _flux, _flux_inputs, {"attention processors (QK-norm + RoPE)": 3, "AdaLayerNormZero (modulate)": 2,
-                                    "AdaLayerNormZeroSingle (modulate)": 2, "blocks (gated residuals + norm2)": 1,
-                                    "single blocks (gated residual, GELU into the concat buffer)": 2}),
-    ("flux2", _flux2, _flux2_inputs, {"attention processors (QK-norm + RoPE)": 1,
-                                      "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)": 1,
-                                      "SwiGLU activations (one kernel)": 3, "blocks (AdaLN + gated residuals)": 1,
-                                      "single blocks (AdaLN + gated residual)": 1}),
-    ("hunyuan-video", _hunyuan, _hunyuan_inputs, {"attention processors (QK-norm + RoPE)": 2,
-                                                  "AdaLayerNormZero (modulate)": 2, "AdaLayerNormZeroSingle (modulate)": 1,
-                                                  "blocks (gated residuals + norm2)": 1,
-                                                  "single blocks (gated residual, GELU into the concat buffer)": 1}),
-    ("sa3-dit", _sa3, lambda dt: _sa3_inputs(dt, inpaint=False),
-     {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1}),
-    ("sa3-dit-inpaint", _sa3, _sa3_inputs, {"attention processors (QK-norm + RoPE)": 1,
-                                            "blocks (AdaLN + gated residuals)": 1}),
-    ("qwen-image", _qwen, _qwen_inputs, {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1}),
+    (
+        "wan-t2v",
+        lambda: _wan(),
+        lambda dt: _wan_inputs(dt),
+        {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2},
+    ),
+    (
+        "wan-i2v",
+        lambda: _wan(i2v=True),
+        lambda dt: _wan_inputs(dt, i2v=True),
+        {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2},
+    ),
+    (
+        "wan-ti2v",
+        lambda: _wan(),
+        lambda dt: _wan_inputs(dt, per_token=True),
+        {"attention processors (QK-norm + RoPE)": 4, "blocks (AdaLN)": 2},
+    ),
+    (
+        "flux1",
+        _flux,
+        _flux_inputs,
+        {
+            "attention processors (QK-norm + RoPE)": 3,
+            "AdaLayerNormZero (modulate)": 2,
+            "AdaLayerNormZeroSingle (modulate)": 2,
+            "blocks (gated residuals + norm2)": 1,
+            "single blocks (gated residual, GELU into the concat buffer)": 2,
+        },
+    ),
+    (
+        "flux2",
+        _flux2,
+        _flux2_inputs,
+        {
+            "attention processors (QK-norm + RoPE)": 1,
+            "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)": 1,
+            "SwiGLU activations (one kernel)": 3,
+            "blocks (AdaLN + gated residuals)": 1,
+            "single blocks (AdaLN + gated residual)": 1,
+        },
+    ),
+    (
+        "hunyuan-video",
+        _hunyuan,
+        _hunyuan_inputs,
+        {
+            "attention processors (QK-norm + RoPE)": 2,
+            "AdaLayerNormZero (modulate)": 2,
+            "AdaLayerNormZeroSingle (modulate)": 1,
+            "blocks (gated residuals + norm2)": 1,
+            "single blocks (gated residual, GELU into the concat buffer)": 1,
+        },
+    ),
+    (
+        "sa3-dit",
+        _sa3,
+        lambda dt: _sa3_inputs(dt, inpaint=False),
+        {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1},
+    ),
+    (
+        "sa3-dit-inpaint",
+        _sa3,
+        _sa3_inputs,
+        {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1},
+    ),
+    (
+        "qwen-image",
+        _qwen,
+        _qwen_inputs,
+        {"attention processors (QK-norm + RoPE)": 1, "blocks (AdaLN + gated residuals)": 1},
+    ),
 ]
 
 
@@ -197,7 +327,12 @@ CASES = [
 #: every patched processor once; Wan I2V's cross-attention twice, text and image keys)
 FP8_CASES = [
     ("wan-t2v", lambda: _wan(head_dim=64), lambda dt: _wan_inputs(dt), 4),
-    ("wan-i2v", lambda: _wan(i2v=True, head_dim=64), lambda dt: _wan_inputs(dt, i2v=True, text=512), 6),
+    (
+        "wan-i2v",
+        lambda: _wan(i2v=True, head_dim=64),
+        lambda dt: _wan_inputs(dt, i2v=True, text=512),
+        6,
+    ),
     ("flux1", lambda: _flux(head_dim=64), _flux_inputs, 3),
     ("flux2", lambda: _flux2(head_dim=64), _flux2_inputs, 2),
     ("hunyuan-video", lambda: _hunyuan(head_dim=64), _hunyuan_inputs, 2),
@@ -215,10 +350,20 @@ def close(out, ref, dtype):
 def _same():
     from diffusers import AutoencoderSAME
 
-    return _randomize(AutoencoderSAME(
-        audio_channels=2, patch_size=4, encoder_channels=32, encoder_c_mults=(2,),
-        encoder_strides=(2,), encoder_transformer_depths=(1,), latent_dim=8, dim_heads=32,
-        ff_mult=1, sliding_window=1))
+    return _randomize(
+        AutoencoderSAME(
+            audio_channels=2,
+            patch_size=4,
+            encoder_channels=32,
+            encoder_c_mults=(2,),
+            encoder_strides=(2,),
+            encoder_transformer_depths=(1,),
+            latent_dim=8,
+            dim_heads=32,
+            ff_mult=1,
+            sliding_window=1,
+        )
+    )
 
 
 def _same_inputs(dtype):
@@ -230,12 +375,17 @@ def _same_inputs(dtype):
 # VAEs (``patch(..., vae=True)``: their norm -> SiLU pairs): (name, make, latent shape, image
 # / video shape, fused pairs: 2 a ResNet block + the encoder's and decoder's heads)
 
+
 def _vae_kl():
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-                         up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8,
-                         latent_channels=4)
+    return AutoencoderKL(
+        block_out_channels=(16, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=8,
+        latent_channels=4,
+    )
 
 
 def _vae_flux2():
@@ -244,8 +394,13 @@ def _vae_flux2():
     from diffusers import AutoencoderKLFlux2
 
     sig = inspect.signature(AutoencoderKLFlux2.__init__).parameters
-    kw = dict(block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
-              up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8, latent_channels=4)
+    kw = dict(
+        block_out_channels=(16, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        norm_num_groups=8,
+        latent_channels=4,
+    )
     return AutoencoderKLFlux2(**{k: v for k, v in kw.items() if k in sig})
 
 
@@ -253,36 +408,63 @@ def _vae_hunyuan():
     from diffusers import AutoencoderKLHunyuanVideo
 
     return AutoencoderKLHunyuanVideo(
-        latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 2,
-        up_block_types=("HunyuanVideoUpBlock3D",) * 2, block_out_channels=(8, 16),
-        layers_per_block=1, norm_num_groups=4, spatial_compression_ratio=2,
-        temporal_compression_ratio=4)
+        latent_channels=4,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 2,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        spatial_compression_ratio=2,
+        temporal_compression_ratio=4,
+    )
 
 
 def _vae_wan():
     from diffusers import AutoencoderKLWan
 
-    return AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
-                            temperal_downsample=[False], latents_mean=[0.0] * 4,
-                            latents_std=[1.0] * 4)
+    return AutoencoderKLWan(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
 
 
 def _vae_wan22():
     """Wan 2.2's residual VAE layout (patchified input, average-pool shortcuts)."""
     from diffusers import AutoencoderKLWan
 
-    return AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1, 2, 2],
-                            num_res_blocks=1, temperal_downsample=[False, True],
-                            is_residual=True, patch_size=2, in_channels=12, out_channels=12,
-                            latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
+    return AutoencoderKLWan(
+        base_dim=8,
+        decoder_base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
 
 
 def _vae_qwen():
     from diffusers import AutoencoderKLQwenImage
 
-    return AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1,
-                                  temperal_downsample=[False], latents_mean=[0.0] * 4,
-                                  latents_std=[1.0] * 4)
+    return AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
 
 
 VAE_CASES = [
@@ -298,5 +480,7 @@ VAE_CASES = [
 def vae_inputs(zshape, xshape, dtype, seed=1):
     """Latents to decode and an image / video to encode (random, seeded)."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(zshape, generator=g).to(dtype),
-            (torch.rand(xshape, generator=g) * 2 - 1).to(dtype))
+    return (
+        torch.randn(zshape, generator=g).to(dtype),
+        (torch.rand(xshape, generator=g) * 2 - 1).to(dtype),
+    )

@@ -1,5 +1,6 @@
 """Inputs for a registry shape, and the eager code the models run today (as diffusers writes
 it), shared by ``ditfuse check`` and ``ditfuse bench``."""
+
 from __future__ import annotations
 
 import torch
@@ -54,7 +55,9 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     B, S, H, D = shape.B, shape.S, shape.H, shape.D
 
     def randn(*sz, scale=1.0, shift=0.0):
-        return (torch.randn(*sz, generator=g, device=device, dtype=torch.float32) * scale + shift).to(dtype)
+        return (
+            torch.randn(*sz, generator=g, device=device, dtype=torch.float32) * scale + shift
+        ).to(dtype)
 
     out = {"buf": None}
     if shape.form == "bhsd":
@@ -64,7 +67,7 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
         HD, kc = H * D, shape.k_chunk
         if shape.packed:
             buf = randn(B, S, shape.packed * HD)
-            q, k = buf[..., :HD], buf[..., kc * HD:(kc + 1) * HD]
+            q, k = buf[..., :HD], buf[..., kc * HD : (kc + 1) * HD]
             out["buf"] = buf
         else:
             q, k = randn(B, S, HD), randn(B, S, HD)
@@ -78,9 +81,15 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
     norms = []
     for _ in range(2):
         if shape.norm == "dyt":
-            norms.append(NormSpec("dyt", weight=randn(n, scale=0.5, shift=1.0),
-                                  bias=randn(n, scale=0.1),
-                                  alpha=torch.full((1,), 0.8, device=device, dtype=dtype), eps=None))
+            norms.append(
+                NormSpec(
+                    "dyt",
+                    weight=randn(n, scale=0.5, shift=1.0),
+                    bias=randn(n, scale=0.1),
+                    alpha=torch.full((1,), 0.8, device=device, dtype=dtype),
+                    eps=None,
+                )
+            )
         else:
             norms.append(NormSpec("rms", weight=randn(n, scale=0.5, shift=1.0), eps=1e-6))
     out["q_norm"], out["k_norm"] = norms
@@ -97,6 +106,7 @@ def qk_inputs(shape: QKShape, device, dtype=torch.bfloat16, seed: int = 0):
 
 # --------------------------------------------------------------------------------------
 # eager code as the models write it (diffusers 0.42), the baseline users run today
+
 
 def _rms_eager(x, w, eps):  # diffusers RMSNorm / torch.nn.RMSNorm arithmetic, fp32 math
     dt = x.dtype
@@ -171,6 +181,7 @@ def qk_bytes(shape: QKShape, dtype=torch.bfloat16, table_dtype=torch.float32) ->
 # --------------------------------------------------------------------------------------
 # AdaLN: inputs and the blocks' eager chains
 
+
 def adaln_inputs(shape, device, dtype=torch.bfloat16, seed: int = 0):
     """x, y (branch output) and shift/scale/gate views of a temb, as the model builds them."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -193,26 +204,38 @@ def adaln_eager(shape):
     """(modulate, gated residual + modulate, gated residual alone) as the blocks write them."""
     D = shape.D
     if shape.model == "flux":  # AdaLayerNormZero / the FLUX block, in the activation dtype
+
         def mod(s):
-            return F.layer_norm(s["x"], (D,), eps=1e-6) * (1 + s["scale"][:, None]) + s["shift"][:, None]
+            return (
+                F.layer_norm(s["x"], (D,), eps=1e-6) * (1 + s["scale"][:, None])
+                + s["shift"][:, None]
+            )
 
         def res(s):
             x = s["x"] + s["gate"][:, None] * s["y"]
-            return x, F.layer_norm(x, (D,), eps=1e-6) * (1 + s["scale"][:, None]) + s["shift"][:, None]
+            return x, F.layer_norm(x, (D,), eps=1e-6) * (1 + s["scale"][:, None]) + s["shift"][
+                :, None
+            ]
 
         def residual(s):  # the FF residual: hidden_states + gate_mlp.unsqueeze(1) * ff_output
             return s["x"] + s["gate"][:, None] * s["y"]
     else:  # WanTransformerBlock: fp32 chain, one cast
+
         def mod(s):
             x = s["x"]
-            return (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]).type_as(x)
+            return (
+                F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]
+            ).type_as(x)
 
         def res(s):
             x = (s["x"].float() + s["y"] * s["gate"]).type_as(s["x"])
-            return x, (F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]).type_as(x)
+            return x, (
+                F.layer_norm(x.float(), (D,), eps=1e-6) * (1 + s["scale"]) + s["shift"]
+            ).type_as(x)
 
         def residual(s):  # the FFN residual: (x.float() + ff.float() * c_gate).type_as(x)
             return (s["x"].float() + s["y"].float() * s["gate"]).type_as(s["x"])
+
     return mod, res, residual
 
 
@@ -245,11 +268,11 @@ def attention_reference_subset(q, k, v, rows, heads, scale=None, chunk: int = 25
     float64, the same positions as ``out[:, rows][:, :, heads]`` of a (B, S, H, D) output."""
     D = q.shape[-1]
     scale = 1.0 / D**0.5 if scale is None else scale
-    kh = k[:, :, heads].double().transpose(1, 2)   # (B, h, S, D)
+    kh = k[:, :, heads].double().transpose(1, 2)  # (B, h, S, D)
     vh = v[:, :, heads].double().transpose(1, 2)
     outs = []
     for i in range(0, rows.numel(), chunk):
-        qh = q[:, rows[i:i + chunk]][:, :, heads].double().transpose(1, 2)  # (B, h, r, D)
+        qh = q[:, rows[i : i + chunk]][:, :, heads].double().transpose(1, 2)  # (B, h, r, D)
         p = torch.softmax(qh @ kh.transpose(-1, -2) * scale, dim=-1)
         outs.append((p @ vh).transpose(1, 2))
         del p
