@@ -312,6 +312,22 @@ def joint_qk(streams, quantize=None, like: int = 0):
     return q_all, k_all
 
 
+def sdpa(proc, dispatch, query, key, value, mask=None) -> torch.Tensor:
+    """The model's own 16-bit attention call in processor ``proc``: ``dispatch`` (diffusers'
+    ``dispatch_attention_fn``, passed in: diffusers is imported where a model is patched) on
+    (B, S, H, D) Q / K / V with the processor's backend and context-parallel config; the
+    (B, S, H*D) output in Q's dtype."""
+    out = dispatch(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        backend=proc._attention_backend,
+        parallel_config=proc._parallel_config,
+    )
+    return out.flatten(2, 3).to(query.dtype)
+
+
 def cat_quantized(parts) -> QuantizedQK:
     """The joint sequence of quantized streams ((B, S_i, H, D) int8 Q / K with (B, H, S_i)
     scales), in ``parts``' order: the scales are per token, so the streams' concatenation is

@@ -183,15 +183,7 @@ def joint_attention(
 
     def attend_16bit(query, key, value, *enc):
         query, key, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope, joint)
-        out = dispatch_attention_fn(
-            query,
-            key,
-            value,
-            attn_mask=mask,
-            backend=proc._attention_backend,
-            parallel_config=proc._parallel_config,
-        )
-        return out.flatten(2, 3).to(query.dtype)
+        return common.sdpa(proc, dispatch_attention_fn, query, key, value, mask)
 
     def attend_8bit(query, key, value, *enc, key_mask=None):
         qk, value = joint_qk(

@@ -96,15 +96,7 @@ def _make_processors(fuse_act: bool = True):
                 query, key = qk_norm_rope(
                     query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k
                 )
-                out = dispatch_attention_fn(
-                    query,
-                    key,
-                    value,
-                    attn_mask=attention_mask,
-                    backend=self._attention_backend,
-                    parallel_config=self._parallel_config,
-                )
-                return out.flatten(2, 3).to(query.dtype)
+                return common.sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
 
             def attend_8bit(query, key, value, key_mask=None):
                 qk = qk_norm_rope(

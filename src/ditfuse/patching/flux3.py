@@ -14,15 +14,7 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import (
-    QK_LABEL,
-    bind_forwards,
-    compiling,
-    grad_needed,
-    params_need_grad,
-    plain_layer_norms,
-    replace_processors,
-)
+from ditfuse.patching import common
 from ditfuse.patching.flux import qk_ok
 from ditfuse.patching.flux2 import _swiglu_forward
 
@@ -42,9 +34,9 @@ def _mods_ok(x, mod) -> bool:
 
 def _blocks_ok(self, *pairs) -> bool:
     return (
-        plain_layer_norms(self.norm)
-        and not params_need_grad(self)
-        and all(x.dim() == 3 and _mods_ok(x, m) and not grad_needed(x, m) for x, m in pairs)
+        common.plain_layer_norms(self.norm)
+        and not common.params_need_grad(self)
+        and all(x.dim() == 3 and _mods_ok(x, m) and not common.grad_needed(x, m) for x, m in pairs)
     )
 
 
@@ -84,7 +76,7 @@ def _single_block_forward(
     shift, scale, gate = torch.chunk(temb_mod, 3, dim=-1)
     c_shift, c_scale, c_gate = torch.chunk(temb_mod_context, 3, dim=-1)
     T = c.shape[1]
-    if compiling():  # under torch.compile the op is functional: inductor places the rows
+    if common.compiling():  # under torch.compile the op is functional: inductor places the rows
         combined = torch.cat(
             [_modulate(self, c, c_shift, c_scale), _modulate(self, x, shift, scale)], dim=1
         )
@@ -129,15 +121,9 @@ def _make_processor():
             query, key = qk_norm_rope(
                 query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k, round_after_norm=False
             )
-            hidden_states = dispatch_attention_fn(
-                query,
-                key,
-                value,
-                attn_mask=attention_mask,
-                backend=self._attention_backend,
-                parallel_config=self._parallel_config,
+            hidden_states = common.sdpa(
+                self, dispatch_attention_fn, query, key, value, attention_mask
             )
-            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
             hidden_states = attn.to_out[0](hidden_states)
             return attn.to_out[1](hidden_states)
 
@@ -148,7 +134,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     from diffusers.models.transformers import transformer_flux3 as t3
 
     if qk_norm_rope:
-        replace_processors(model, report, {t3.Flux3AttnProcessor: _make_processor()}, QK_LABEL)
+        common.replace_processors(
+            model, report, {t3.Flux3AttnProcessor: _make_processor()}, common.QK_LABEL
+        )
     table = {}
     if adaln:
         table[t3.Flux3ModeTransformerBlock] = (
@@ -161,4 +149,4 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
         )
     if activations:
         table[t3.Flux3SwiGLU] = (_swiglu_forward, "SwiGLU activations (one kernel)")
-    bind_forwards(model, report, table)
+    common.bind_forwards(model, report, table)

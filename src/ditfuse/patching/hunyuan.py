@@ -68,22 +68,6 @@ def _single_qk(attn, cos, sin, query, key, n_img, text=None, quantize=None):
     return common.joint_qk(streams, quantize=quantize)
 
 
-def _sdpa(proc, dispatch, query, key, value, mask):
-    """The processors' 16-bit attention (the model's dispatch, with the processor's backend
-    and context-parallel config), (B, S, H*D) in Q's dtype."""
-    out = dispatch(
-        query,
-        key,
-        value,
-        attn_mask=mask,
-        dropout_p=0.0,
-        is_causal=False,
-        backend=proc._attention_backend,
-        parallel_config=proc._parallel_config,
-    )
-    return out.flatten(2, 3).to(query.dtype)
-
-
 def _split_out(attn, hidden_states, T):
     """The attention output's image and text rows through their output projections (the
     last ``T`` rows are the text's)."""
@@ -163,7 +147,7 @@ def _make_processor():
                     query, key, value = _dual_qkv(attn, cos, sin, query, key, value, *enc)
                 else:
                     query, key = _single_qk(attn, cos, sin, query, key, n_img, text)
-                return _sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
+                return common.sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
 
             def attend_8bit(query, key, value, *enc, key_mask=None):
                 if enc:
@@ -252,7 +236,7 @@ def _make_processor_15():
             def attend_16bit(*operands):
                 query, key, value = _dual_qkv(attn, cos, sin, *operands)
                 rows = tokens.view(B, 1, 1, n).repeat(1, 1, n, 1)
-                return _sdpa(
+                return common.sdpa(
                     self, dispatch_attention_fn, query, key, value, rows & rows.transpose(2, 3)
                 )
 

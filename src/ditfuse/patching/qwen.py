@@ -143,17 +143,7 @@ def _make_processor():
 
             def attend_16bit(img_q, img_k, txt_q, txt_k, v):
                 q, k = common.joint_qk(streams(img_q, img_k, txt_q, txt_k), like=1)
-                joint = dispatch_attention_fn(
-                    q,
-                    k,
-                    v,
-                    attn_mask=attention_mask,
-                    dropout_p=0.0,
-                    is_causal=False,
-                    backend=self._attention_backend,
-                    parallel_config=self._parallel_config,
-                )
-                return joint.flatten(2, 3).to(q.dtype)
+                return common.sdpa(self, dispatch_attention_fn, q, k, v, attention_mask)
 
             def attend_8bit(img_q, img_k, txt_q, txt_k, v, key_mask=None):
                 qk = common.joint_qk(streams(img_q, img_k, txt_q, txt_k), quantize="int8")

@@ -9,14 +9,7 @@ import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
-from ditfuse.patching.common import (
-    QK_LABEL,
-    bind_forwards,
-    grad_needed,
-    norms_ok,
-    params_need_grad,
-    replace_processors,
-)
+from ditfuse.patching import common
 
 
 def _make_processor():
@@ -35,9 +28,9 @@ def _make_processor():
 
         def __call__(self, attn, hidden_states, rope):
             ok = (
-                norms_ok(attn.q_norm, attn.k_norm)
-                and not grad_needed(hidden_states)
-                and not params_need_grad(attn)
+                common.norms_ok(attn.q_norm, attn.k_norm)
+                and not common.grad_needed(hidden_states)
+                and not common.params_need_grad(attn)
                 and rope is not None
                 and rope.dim() == 2
             )
@@ -123,8 +116,8 @@ def _block_forward(
         hidden_states.dim() != 3
         or modulation.dtype != hidden_states.dtype
         or not all(_fp32_rms(n) for n in (self.pre_norm, self.cross_attend_norm, self.ff_norm))
-        or grad_needed(hidden_states, context, global_modulation)
-        or params_need_grad(self)
+        or common.grad_needed(hidden_states, context, global_modulation)
+        or common.params_need_grad(self)
     ):
         return StableAudio3DiTBlock.forward(
             self,
@@ -178,11 +171,11 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
     )
 
     if qk_norm_rope:
-        replace_processors(
-            model, report, {StableAudio3SelfAttnProcessor: _make_processor()}, QK_LABEL
+        common.replace_processors(
+            model, report, {StableAudio3SelfAttnProcessor: _make_processor()}, common.QK_LABEL
         )
     if adaln:
-        bind_forwards(
+        common.bind_forwards(
             model,
             report,
             {StableAudio3DiTBlock: (_block_forward, "blocks (AdaLN + gated residuals)")},
