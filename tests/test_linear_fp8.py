@@ -130,3 +130,13 @@ def test_bad_inputs():
     w40, s40 = quantize_weight(torch.randn(40, 64, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="multiples of 16"):
         linear_fp8(x, w40, s40)
+
+
+def test_device_without_fp8_gemm(monkeypatch):
+    from ditfuse.ops import linear_fp8 as ops
+
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    wq, ws = quantize_weight(torch.randn(32, 64, dtype=torch.bfloat16))
+    monkeypatch.setattr(ops, "fp8_gemm_ok", lambda device: False)
+    with pytest.raises(RuntimeError, match="needs an sm_89\\+ GPU or the CPU; cpu is a cpu device"):
+        linear_fp8(x, wq, ws)

@@ -253,10 +253,12 @@ def linear_fp8(
         if t is not None and t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, x on {x.device}")
     if not fp8_gemm_ok(x.device):
-        raise RuntimeError(
-            f"the FP8 GEMM needs an sm_89+ GPU; {x.device} is "
+        what = (
             f"sm_{''.join(map(str, torch.cuda.get_device_capability(x.device)))}"
+            if x.device.type == "cuda"
+            else f"a {x.device.type} device"
         )
+        raise RuntimeError(f"the FP8 GEMM needs an sm_89+ GPU or the CPU; {x.device} is {what}")
     q, s = quantize_rows(x, activation=activation)
     y = torch._scaled_mm(
         q,
