@@ -77,23 +77,13 @@ def _ex2(x):
 
 
 @gluon.jit
-def _producer(
-    q_desc,
-    k_desc,
-    vt_desc,
-    q_s,
-    k_s,
-    v_s,
-    q_bar,
-    k_ready,
-    v_ready,
-    empty,
-    b,
-    h,
-    start_m,
-    vt_row,
-    n_tiles,
-):
+def _producer(descs, ring, bars, b, h, start_m, vt_row, n_tiles):
+    """The TMA warp: Q once, then each key tile's K and V^T into the ring. ``descs``: the Q,
+    K and V^T descriptors; ``ring``: the Q, K, V shared buffers; ``bars``: the Q, K-ready,
+    V-ready and empty barriers."""
+    q_desc, k_desc, vt_desc = descs
+    q_s, k_s, v_s = ring
+    q_bar, k_ready, v_ready, empty = bars
     # a partition takes no constexpr arguments: the shapes of the ring carry them
     STAGES: gl.constexpr = k_s.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]
@@ -182,16 +172,8 @@ def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
 @gluon.jit
 def _step(
     j,
-    q_t,
-    k_s,
-    v_s,
-    bars,
-    inits,
-    kb_ptr,
-    kb_off,
-    c,
+    trip,
     state,
-    S_kv,
     WG: gl.constexpr,
     SCORES: gl.constexpr,
     PV: gl.constexpr,
@@ -199,10 +181,12 @@ def _step(
 ):
     """Trip j of a consumer warpgroup: ``S_j = Q K_j^T``
     (``SCORES``) and ``P_{j-1} V_{j-1}`` (``PV``) issued together, the
-    previous tile's output folded in, then tile j's softmax. ``bars``: the ring's K-ready,
-    V-ready and empty barriers; ``inits``: the scores' start and
-    the zero accumulator of P V; ``state``: (running max, the rescale of
+    previous tile's output folded in, then tile j's softmax. ``trip``: what every trip
+    reads -- the Q tile, the K and V rings, ``bars`` (the ring's K-ready, V-ready and empty
+    barriers), ``inits`` (the scores' start and the zero accumulator of P V), the key tile
+    scales, the row constants and the key count; ``state``: (running max, the rescale of
     the previous tile, output, row sums, P of the previous tile)."""
+    q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, S_kv = trip
     k_ready, v_ready, empty = bars
     s_init, zero_o = inits
     m_i, alpha, o, l_i, p8 = state
@@ -246,30 +230,18 @@ def _step(
 
 
 @gluon.jit
-def _consumer(
-    q_s,
-    k_s,
-    v_s,
-    q_bar,
-    k_ready,
-    v_ready,
-    empty,
-    qs_ptr,
-    qs_off,
-    stride_qss,
-    kb_ptr,
-    kb_off,
-    vs_ptr,
-    vs_off,
-    o_ptr,
-    o_off,
-    stride_os,
-    S_q,
-    S_kv,
-    start_m,
-    c_scale,
-    WG: gl.constexpr,
-):
+def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.constexpr):
+    """Consumer warpgroup ``WG``: its 64 query rows against every key tile. ``ring``: the Q,
+    K, V shared buffers; ``bars``: the Q, K-ready, V-ready and empty barriers; the q
+    scales, key tile scales, V scales and output as (pointer, offset[, row stride]);
+    ``dims``: (S_q, S_kv, the program's first query, softmax scale * log2(e))."""
+    q_s, k_s, v_s = ring
+    q_bar, k_ready, v_ready, empty = bars
+    qs_ptr, qs_off, stride_qss = q_scales
+    kb_ptr, kb_off = kb_scales
+    vs_ptr, vs_off = v_scales
+    o_ptr, o_off, stride_os = out
+    S_q, S_kv, start_m, c_scale = dims
     BLOCK_N: gl.constexpr = k_s.shape[2]
     D: gl.constexpr = k_s.shape[4]
     QK_INT: gl.constexpr = q_s.dtype == gl.int8
@@ -305,83 +277,19 @@ def _consumer(
     n_tiles = gl.cdiv(S_kv, BLOCK_N)
     n_full = S_kv // BLOCK_N
 
-    bars = (k_ready, v_ready, empty)
     inits = (s_init, zero_o)
+    trip = (q_t, k_s, v_s, (k_ready, v_ready, empty), inits, kb_ptr, kb_off, c, S_kv)
     state = (m_i, alpha, o, l_i, p8)
     mbarrier.wait(q_bar, 0)
     # tile 0: scores only (masked: it may be the only, partial, tile)
-    state = _step(
-        0,
-        q_t,
-        k_s,
-        v_s,
-        bars,
-        inits,
-        kb_ptr=kb_ptr,
-        kb_off=kb_off,
-        c=c,
-        state=state,
-        S_kv=S_kv,
-        WG=WG,
-        SCORES=True,
-        PV=False,
-        MASKED=True,
-    )
+    state = _step(0, trip, state, WG=WG, SCORES=True, PV=False, MASKED=True)
     for j in range(1, n_full):
-        state = _step(
-            j,
-            q_t,
-            k_s,
-            v_s,
-            bars,
-            inits,
-            kb_ptr=kb_ptr,
-            kb_off=kb_off,
-            c=c,
-            state=state,
-            S_kv=S_kv,
-            WG=WG,
-            SCORES=True,
-            PV=True,
-            MASKED=False,
-        )
+        state = _step(j, trip, state, WG=WG, SCORES=True, PV=True, MASKED=False)
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
-            state = _step(
-                n_full,
-                q_t,
-                k_s,
-                v_s,
-                bars,
-                inits,
-                kb_ptr=kb_ptr,
-                kb_off=kb_off,
-                c=c,
-                state=state,
-                S_kv=S_kv,
-                WG=WG,
-                SCORES=True,
-                PV=True,
-                MASKED=True,
-            )
+            state = _step(n_full, trip, state, WG=WG, SCORES=True, PV=True, MASKED=True)
     # the last tile's P V
-    state = _step(
-        n_tiles,
-        q_t,
-        k_s,
-        v_s,
-        bars,
-        inits,
-        kb_ptr=kb_ptr,
-        kb_off=kb_off,
-        c=c,
-        state=state,
-        S_kv=S_kv,
-        WG=WG,
-        SCORES=False,
-        PV=True,
-        MASKED=False,
-    )
+    state = _step(n_tiles, trip, state, WG=WG, SCORES=False, PV=True, MASKED=False)
     m_i, alpha, o, l_i, p8 = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
@@ -394,103 +302,15 @@ def _consumer(
 
 
 @gluon.jit
-def _consumer_0(
-    q_s,
-    k_s,
-    v_s,
-    q_bar,
-    k_ready,
-    v_ready,
-    empty,
-    qs_ptr,
-    qs_off,
-    stride_qss,
-    kb_ptr,
-    kb_off,
-    vs_ptr,
-    vs_off,
-    o_ptr,
-    o_off,
-    stride_os,
-    S_q,
-    S_kv,
-    start_m,
-    c_scale,
-):
-    _consumer(
-        q_s,
-        k_s,
-        v_s,
-        q_bar,
-        k_ready,
-        v_ready,
-        empty,
-        qs_ptr,
-        qs_off,
-        stride_qss,
-        kb_ptr,
-        kb_off,
-        vs_ptr,
-        vs_off,
-        o_ptr,
-        o_off,
-        stride_os,
-        S_q,
-        S_kv,
-        start_m,
-        c_scale,
-        WG=0,
-    )
+def _consumer_0(cargs):
+    ring, bars, q_scales, kb_scales, v_scales, out, dims = cargs
+    _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG=0)
 
 
 @gluon.jit
-def _consumer_1(
-    q_s,
-    k_s,
-    v_s,
-    q_bar,
-    k_ready,
-    v_ready,
-    empty,
-    qs_ptr,
-    qs_off,
-    stride_qss,
-    kb_ptr,
-    kb_off,
-    vs_ptr,
-    vs_off,
-    o_ptr,
-    o_off,
-    stride_os,
-    S_q,
-    S_kv,
-    start_m,
-    c_scale,
-):
-    _consumer(
-        q_s,
-        k_s,
-        v_s,
-        q_bar,
-        k_ready,
-        v_ready,
-        empty,
-        qs_ptr,
-        qs_off,
-        stride_qss,
-        kb_ptr,
-        kb_off,
-        vs_ptr,
-        vs_off,
-        o_ptr,
-        o_off,
-        stride_os,
-        S_q,
-        S_kv,
-        start_m,
-        c_scale,
-        WG=1,
-    )
+def _consumer_1(cargs):
+    ring, bars, q_scales, kb_scales, v_scales, out, dims = cargs
+    _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG=1)
 
 
 @gluon.jit
@@ -553,53 +373,23 @@ def _attention_8bit_ws_kernel(
     kb_off = bh.to(gl.int64) * n_tiles
     vs_off = bh.to(gl.int64) * D
     o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
+    ring = (q_s, k_s, v_s)
+    bars = (q_bar, k_ready, v_ready, empty)
     cargs = (
-        q_s,
-        k_s,
-        v_s,
-        q_bar,
-        k_ready,
-        v_ready,
-        empty,
-        qs_ptr,
-        qs_off,
-        stride_qss,
-        kb_ptr,
-        kb_off,
-        vs_ptr,
-        vs_off,
-        o_ptr,
-        o_off,
-        stride_os,
-        S_q,
-        S_kv,
-        start_m,
-        c_scale,
+        ring,
+        bars,
+        (qs_ptr, qs_off, stride_qss),
+        (kb_ptr, kb_off),
+        (vs_ptr, vs_off),
+        (o_ptr, o_off, stride_os),
+        (S_q, S_kv, start_m, c_scale),
     )
+    descs = (q_desc, k_desc, vt_desc)
     gl.warp_specialize(
         [
-            (_consumer_0, cargs),
-            (_consumer_1, cargs),
-            (
-                _producer,
-                (
-                    q_desc,
-                    k_desc,
-                    vt_desc,
-                    q_s,
-                    k_s,
-                    v_s,
-                    q_bar,
-                    k_ready,
-                    v_ready,
-                    empty,
-                    b,
-                    h,
-                    start_m,
-                    bh * D,
-                    n_tiles,
-                ),
-            ),
+            (_consumer_0, (cargs,)),
+            (_consumer_1, (cargs,)),
+            (_producer, (descs, ring, bars, b, h, start_m, bh * D, n_tiles)),
         ],
         [4, 1],
         [240, 24],
