@@ -36,7 +36,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_e4m3
-from ditfuse.kernels.quantize_8bit import key_position
+from ditfuse.kernels.quantize_8bit import _head_block, key_position
 from ditfuse.runtime.backend import INTERPRET, jit
 
 _INTERP_LOOP = tl.constexpr(INTERPRET)
@@ -116,12 +116,7 @@ def _v_block(v_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
     """This program's block of V (``v_strides``: (b, s, h, d)): (bh, its tokens, the channels,
     the fp32 [BLOCK_S, D] tile, zero past S). Grid: (B * H, token blocks) -- B * H on axis 0,
     which has no 65,535 bound."""
-    bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    b = bh // H
-    h = bh - b * H
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    d = tl.arange(0, D)
+    bh, pid_s, b, h, rows, d = _head_block(H, BLOCK_S, D, BH_AXIS=0)
     base = b.to(tl.int64) * v_strides[0] + h.to(tl.int64) * v_strides[2]
     x = tl.load(
         v_ptr + base + rows.to(tl.int64)[:, None] * v_strides[1] + d[None, :] * v_strides[3],

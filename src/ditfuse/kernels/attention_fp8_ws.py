@@ -117,18 +117,22 @@ def _a_order(p):
 
 
 @gluon.jit
+def _x4(x, ASM: gl.constexpr, CONSTRAINTS: gl.constexpr, DTYPE: gl.constexpr):
+    """An elementwise conversion of ``x`` in inline PTX ``ASM``, four values a call."""
+    return gl.inline_asm_elementwise(ASM, CONSTRAINTS, [x], dtype=DTYPE.value, is_pure=True, pack=4)
+
+
+@gluon.jit
 def _to_e4m3x4(x):
     """fp32 -> e4m3 (round to nearest even, saturating), four values a register: two
     ``cvt.rn.satfinite.e4m3x2.f32`` and one byte merge (Triton's own conversion unpacks the
     pairs and repacks them byte by byte)."""
-    return gl.inline_asm_elementwise(
+    return _x4(
+        x,
         "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; "
         "cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 $0, {lo, hi}; }",
         "=r,r,r,r,r",
-        [x],
-        dtype=gl.float8e4nv,
-        is_pure=True,
-        pack=4,
+        gl.float8e4nv,
     )
 
 
@@ -136,16 +140,14 @@ def _to_e4m3x4(x):
 def _from_e4m3x4(x):
     """e4m3 -> fp32 (exact), four values a register: two ``cvt.rn.f16x2.e4m3x2`` and four
     half-to-single conversions."""
-    return gl.inline_asm_elementwise(
+    return _x4(
+        x,
         "{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h01, h23; mov.b32 {lo, hi}, $4; "
         "cvt.rn.f16x2.e4m3x2 h01, lo; cvt.rn.f16x2.e4m3x2 h23, hi; "
         "mov.b32 {a, b}, h01; mov.b32 {c, d}, h23; "
         "cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; cvt.f32.f16 $2, c; cvt.f32.f16 $3, d; }",
         "=r,=r,=r,=r,r",
-        [x],
-        dtype=gl.float32,
-        is_pure=True,
-        pack=4,
+        gl.float32,
     )
 
 

@@ -29,24 +29,47 @@ def key_position(s):
 
 
 @jit
-def _k_mean_kernel(k_ptr, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """mean[b, h, d] += sum over this program's tokens of k[b, s, h, d] / S (fp32 atomics;
-    ``k_strides``: (b, s, h, d))."""
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
+def _head_block(H, BLOCK: tl.constexpr, D: tl.constexpr, BH_AXIS: tl.constexpr):
+    """A (batch, head) token-block program's place: (bh, block, b, h, its BLOCK tokens, the D
+    channels). ``BH_AXIS``: the grid axis of the B * H (batch, head) pairs; the other one
+    holds the token blocks."""
+    if BH_AXIS == 0:
+        bh = tl.program_id(0)
+        blk = tl.program_id(1)
+    else:
+        blk = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // H
     h = bh - b * H
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, D)
+    return bh, blk, b, h, rows, d
+
+
+@jit
+def _k_tile(k_ptr, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's tile of K (grid: (token blocks, B * H); ``k_strides``: (b, s, h, d)):
+    its place (:func:`_head_block`), the token mask and the fp32 [BLOCK, D] tile, zero
+    past S."""
+    bh, blk, b, h, rows, d = _head_block(H, BLOCK, D, BH_AXIS=1)
+    rm = (rows < S)[:, None]
     x = tl.load(
         k_ptr
         + b.to(tl.int64) * k_strides[0]
         + h.to(tl.int64) * k_strides[2]
         + rows.to(tl.int64)[:, None] * k_strides[1]
         + d[None, :] * k_strides[3],
-        mask=(rows < S)[:, None],
+        mask=rm,
         other=0.0,
     ).to(tl.float32)
+    return bh, blk, b, h, rows, d, rm, x
+
+
+@jit
+def _k_mean_kernel(k_ptr, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """mean[b, h, d] += sum over this program's tokens of k[b, s, h, d] / S (fp32 atomics;
+    ``k_strides``: (b, s, h, d))."""
+    bh, pid_s, b, h, rows, d, rm, x = _k_tile(k_ptr, S, H, k_strides, D, BLOCK_S)
     tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / S)
 
 
@@ -67,22 +90,7 @@ def _k_block_quant_kernel(
     """One tile of BLOCK_N keys of one (batch, head): int8 of ``k - mean`` with the tile's
     scale; keys past S are not stored (TMA reads them as zeros). ``k_strides``: (b, s, h,
     d); ``k8_strides``: (b, s, h), the channels contiguous."""
-    pid_t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh - b * H
-    rows = pid_t * BLOCK_N + tl.arange(0, BLOCK_N)
-    d = tl.arange(0, D)
-    rm = (rows < S)[:, None]
-    x = tl.load(
-        k_ptr
-        + b.to(tl.int64) * k_strides[0]
-        + h.to(tl.int64) * k_strides[2]
-        + rows.to(tl.int64)[:, None] * k_strides[1]
-        + d[None, :] * k_strides[3],
-        mask=rm,
-        other=0.0,
-    ).to(tl.float32)
+    bh, pid_t, b, h, rows, d, rm, x = _k_tile(k_ptr, S, H, k_strides, D, BLOCK_N)
     x = tl.where(rm, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     amax = tl.where(tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0, float("nan"), amax)
