@@ -55,6 +55,20 @@ class PatchReport:
         return f"PatchReport({self.counts})"
 
 
+class Processor:
+    """Marks a ditfuse processor class (a subclass of the model's own processor class, this
+    first among its bases): :func:`set_processor` does not replace it again."""
+
+    _ditfuse = True
+
+
+class EightBitProcessor(Processor):
+    """A ditfuse processor class with an 8-bit attention path, off by default
+    (:func:`processor_factory` turns it on per processor)."""
+
+    _ditfuse_fp8 = False
+
+
 def set_processor(attn, new_proc) -> bool:
     """Replace ``attn``'s processor by ``new_proc`` (keeping the attention backend and the
     context-parallel config of the old one); False if it already is a ditfuse one -- unless
@@ -160,9 +174,9 @@ def fp8_report_label(label: str, attn) -> str:
 
 
 def processor_factory(cls, fp8: bool):
-    """A constructor of ditfuse processor class ``cls`` (one with an 8-bit path: a class
-    attribute ``_ditfuse_fp8 = False``) for :func:`replace_processors`; its processors take
-    the 8-bit attention path (:func:`use_8bit`) when ``fp8``."""
+    """A constructor of ditfuse processor class ``cls`` (an :class:`EightBitProcessor`) for
+    :func:`replace_processors`; its processors take the 8-bit attention path
+    (:func:`use_8bit`) when ``fp8``."""
 
     def make():
         proc = cls()
@@ -424,7 +438,7 @@ def plain_layer_norms(*norms) -> bool:
     )
 
 
-def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate_mlp):
+def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm2, ff):
     """The second half of a FLUX-style stream computing in the activation dtype:
     ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
     shift_mlp`` -> ``ff`` -> ``x + gate_mlp * ff(...)``, as two AdaLN kernels around the FF
@@ -433,6 +447,19 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, norm2, ff, gate
         x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer", eps=norm2.eps, rounding="per_op"
     )
     return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
+
+
+def mlp_tails(block, x, c, attn_out, c_attn_out, mods, c_mods, clip16: bool = False):
+    """Both streams' second halves in a FLUX-style double-stream block (FLUX.1, FLUX.2,
+    HunyuanVideo): :func:`per_op_mlp_tail` of the image stream ``x`` through ``norm2`` /
+    ``ff`` and of the text stream ``c`` through ``norm2_context`` / ``ff_context``, each with
+    its ``(gate_msa, shift_mlp, scale_mlp, gate_mlp)``; with ``clip16`` the text stream
+    clipped to float16's range in float16 (as FLUX's blocks do). Returns ``(x, c)``."""
+    x = per_op_mlp_tail(x, attn_out, *mods, block.norm2, block.ff)
+    c = per_op_mlp_tail(c, c_attn_out, *c_mods, block.norm2_context, block.ff_context)
+    if clip16 and c.dtype == torch.float16:
+        c = c.clip(-65504, 65504)
+    return x, c
 
 
 def join_tokens(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -613,6 +640,15 @@ def grad_needed(*tensors) -> bool:
 
 def params_need_grad(module) -> bool:
     return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+
+
+def needs_grad(module, *tensors) -> bool:
+    """:func:`grad_needed` of ``tensors`` or :func:`params_need_grad` of ``module``, the
+    fallback check of the patched processors and block forwards."""
+    return torch.is_grad_enabled() and (
+        any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+        or any(p.requires_grad for p in module.parameters())
+    )
 
 
 def norms_ok(*modules) -> bool:

@@ -22,7 +22,7 @@ def joint_processor(base, get_qkv_projections, out):
     single-stream call)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    class DitfuseJointAttnProcessor(base):
+    class DitfuseJointAttnProcessor(common.EightBitProcessor, base):
         """A FLUX processor with the per-head QK-norm and the RoPE of each stream fused into
         one kernel; the text and image streams are written straight into their slices of the
         concatenated Q/K (no separate concat copy of Q and K).
@@ -36,9 +36,6 @@ def joint_processor(base, get_qkv_projections, out):
         attention on ``ditfuse.attention(..., precision="fp8")`` where the call allows it
         (:func:`joint_attention`); else the 16-bit path.
         """
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
 
         def __call__(
             self,
@@ -108,8 +105,7 @@ def qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) -
     return (
         common.norms_ok(attn.norm_q, attn.norm_k)
         and (not joint or common.norms_ok(attn.norm_added_q, attn.norm_added_k))
-        and not common.grad_needed(hidden_states, encoder_hidden_states)
-        and not common.params_need_grad(attn)
+        and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
         and common.rope_pair_ok(image_rotary_emb, total)
     )
 
@@ -208,8 +204,7 @@ def _ada_ok(self, x, emb_dtype) -> bool:
         and n.bias is None
         and emb_dtype == x.dtype
         and x.dim() == 3
-        and not common.grad_needed(x)
-        and not common.params_need_grad(self)
+        and not common.needs_grad(self, x)
     )
 
 
@@ -285,21 +280,8 @@ def _block_ok(self, x, c, temb) -> bool:
         and x.dim() == 3
         and c.dim() == 3
         and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-        and not common.grad_needed(x, c, temb)
-        and not common.params_need_grad(self)
+        and not common.needs_grad(self, x, c, temb)
     )
-
-
-def context_mlp_tail(block, x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp):
-    """The text stream's second half in FLUX's double-stream blocks (FLUX.1's and FLUX.2's):
-    :func:`~ditfuse.patching.common.per_op_mlp_tail` through ``norm2_context`` and
-    ``ff_context``, clipped to float16's range in float16 (as the blocks do)."""
-    x = common.per_op_mlp_tail(
-        x, attn_out, gate_msa, shift_mlp, scale_mlp, block.norm2_context, block.ff_context, gate_mlp
-    )
-    if x.dtype == torch.float16:
-        x = x.clip(-65504, 65504)
-    return x
 
 
 def _block_forward(
@@ -325,34 +307,19 @@ def _block_forward(
             image_rotary_emb,
             joint_attention_kwargs,
         )
-    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(
-        hidden_states, emb=temb
-    )
-    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = (
-        self.norm1_context(encoder_hidden_states, emb=temb)
-    )
+    norm_hidden_states, *mods = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, *c_mods = self.norm1_context(encoder_hidden_states, emb=temb)
     attention_outputs = self.attn(
         hidden_states=norm_hidden_states,
         encoder_hidden_states=norm_encoder_hidden_states,
         image_rotary_emb=image_rotary_emb,
         **(joint_attention_kwargs or {}),
     )
-    attn_output, context_attn_output = attention_outputs[:2]
-
-    hidden_states = common.per_op_mlp_tail(
-        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, self.norm2, self.ff, gate_mlp
+    hidden_states, encoder_hidden_states = common.mlp_tails(
+        self, hidden_states, encoder_hidden_states, *attention_outputs[:2], mods, c_mods, True
     )
     if len(attention_outputs) == 3:  # IP-adapter output, added as the block does
         hidden_states = hidden_states + attention_outputs[2]
-    encoder_hidden_states = context_mlp_tail(
-        self,
-        encoder_hidden_states,
-        context_attn_output,
-        c_gate_msa,
-        c_shift_mlp,
-        c_scale_mlp,
-        c_gate_mlp,
-    )
     return encoder_hidden_states, hidden_states
 
 
@@ -372,8 +339,7 @@ def _single_block_forward(
     from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
 
     if (
-        common.grad_needed(hidden_states, encoder_hidden_states, temb)
-        or common.params_need_grad(self)
+        common.needs_grad(self, hidden_states, encoder_hidden_states, temb)
         or hidden_states.dtype != encoder_hidden_states.dtype
         or hidden_states.dtype != self.norm.linear.weight.dtype
     ):

@@ -13,7 +13,7 @@ from ditfuse.ops.activations import supported, swiglu
 from ditfuse.ops.adaln import adaln_modulate, gated_residual
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.patching import common
-from ditfuse.patching.flux import context_mlp_tail, joint_processor, qk_ok
+from ditfuse.patching.flux import joint_processor, qk_ok
 
 _PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
 
@@ -53,7 +53,9 @@ def _make_processors(fuse_act: bool = True):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_flux2 as t2
 
-    class DitfuseFlux2ParallelSelfAttnProcessor(t2.Flux2ParallelSelfAttnProcessor):
+    class DitfuseFlux2ParallelSelfAttnProcessor(
+        common.EightBitProcessor, t2.Flux2ParallelSelfAttnProcessor
+    ):
         """Flux2ParallelSelfAttnProcessor with QK-norm + RoPE read from the Q/K views of the
         fused QKV+MLP projection into fresh Q/K (V and the MLP half are never touched) and, with
         ``fuse_act``, the SwiGLU of the MLP columns written into the MLP half of the buffer
@@ -65,9 +67,6 @@ def _make_processors(fuse_act: bool = True):
         quantized by the kernel and the attention on 8 bits where the call allows it
         (``common.use_8bit``, ``common.attend``; a key-padding mask the kernel's
         ``key_mask``)."""
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
 
         def __init__(self, fuse_act: bool = fuse_act):  # default: patch(activations=...)
             super().__init__()
@@ -140,8 +139,7 @@ def _fusable(block, norms, x, *ts) -> bool:
     return (
         common.plain_layer_norms(*norms)
         and x.dim() == 3
-        and not common.grad_needed(x, *ts)
-        and not common.params_need_grad(block)
+        and not common.needs_grad(block, x, *ts)
         and all(t.dtype == x.dtype for t in ts)
     )
 
@@ -198,18 +196,17 @@ def _block_forward(
         image_rotary_emb=image_rotary_emb,
         **(joint_attention_kwargs or {}),
     )
-
-    hidden_states = common.per_op_mlp_tail(
-        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, self.norm2, self.ff, gate_mlp
-    )
-    encoder_hidden_states = context_mlp_tail(
+    mods = (gate_msa, shift_mlp, scale_mlp, gate_mlp)
+    c_mods = (c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp)
+    hidden_states, encoder_hidden_states = common.mlp_tails(
         self,
+        hidden_states,
         encoder_hidden_states,
+        attn_output,
         context_attn_output,
-        c_gate_msa,
-        c_shift_mlp,
-        c_scale_mlp,
-        c_gate_mlp,
+        mods,
+        c_mods,
+        True,
     )
     return encoder_hidden_states, hidden_states
 

@@ -97,14 +97,12 @@ def _make_processor():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_flux3 as t3
 
-    class DitfuseFlux3AttnProcessor(t3.Flux3AttnProcessor):
+    class DitfuseFlux3AttnProcessor(common.Processor, t3.Flux3AttnProcessor):
         """Flux3AttnProcessor with QK-norm + RoPE in one kernel (fp32 math, one rounding
         to the value dtype, as the eager processor). Falls back to the original when
         autograd needs gradients, a q/k norm is not one ``qk_norm_rope`` reads, the
         projections are not in the value's dtype, or the RoPE is not a (cos, sin) pair of
         (S, D) tables."""
-
-        _ditfuse = True
 
         def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
             if not qk_ok(attn, hidden_states, None, image_rotary_emb, False):

@@ -84,7 +84,9 @@ def _make_processor():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_hunyuan_video as th
 
-    class DitfuseHunyuanVideoAttnProcessor(th.HunyuanVideoAttnProcessor2_0):
+    class DitfuseHunyuanVideoAttnProcessor(
+        common.EightBitProcessor, th.HunyuanVideoAttnProcessor2_0
+    ):
         """HunyuanVideoAttnProcessor2_0 with QK-norm + RoPE fused: image tokens are normalised
         and rotated by one kernel, text tokens normalised by one kernel -- into fresh Q / K in
         the single-stream blocks; in the dual-stream blocks each stream is written into its rows
@@ -102,9 +104,6 @@ def _make_processor():
         is a key-padding mask -- the padded prompt tokens go to the kernel as its
         ``key_mask``; another mask 8-bit only where it masks nothing.
         """
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
 
         def __call__(
             self,
@@ -125,8 +124,7 @@ def _make_processor():
             n_img = hidden_states.shape[1]
             if not (
                 common.norms_ok(*norms)
-                and not common.grad_needed(hidden_states, encoder_hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
                 and common.rope_pair_ok(image_rotary_emb, n_img)
             ):
                 return super().__call__(
@@ -180,7 +178,9 @@ def _make_processor_15():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_hunyuan_video15 as th
 
-    class DitfuseHunyuanVideo15AttnProcessor(th.HunyuanVideo15AttnProcessor2_0):
+    class DitfuseHunyuanVideo15AttnProcessor(
+        common.EightBitProcessor, th.HunyuanVideo15AttnProcessor2_0
+    ):
         """HunyuanVideo15AttnProcessor2_0 with QK-norm + RoPE fused as in HunyuanVideo's
         dual-stream blocks: the image tokens' Q / K normalised and rotated by one kernel, the
         text tokens' normalised by another, each straight into its rows of the joint Q / K
@@ -200,9 +200,6 @@ def _make_processor_15():
         tokens'.
         """
 
-        _ditfuse = True
-        _ditfuse_fp8 = False
-
         def __call__(
             self,
             attn,
@@ -216,8 +213,7 @@ def _make_processor_15():
                 encoder_hidden_states is not None
                 and attention_mask is not None
                 and common.norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
-                and not common.grad_needed(hidden_states, encoder_hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
                 and common.rope_pair_ok(image_rotary_emb, S)
             ):
                 return super().__call__(
@@ -275,8 +271,7 @@ def _block_forward(
         common.plain_layer_norms(self.norm2, self.norm2_context)
         and x.dim() == 3
         and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-        and not common.grad_needed(x, c, temb)
-        and not common.params_need_grad(self)
+        and not common.needs_grad(self, x, c, temb)
     ):
         # the class's own forward (bound on exact block types only)
         return type(self).forward(
@@ -289,32 +284,17 @@ def _block_forward(
             *args,
             **kwargs,
         )
-    norm_hidden_states, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(
-        hidden_states, emb=temb
-    )
-    norm_encoder_hidden_states, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = (
-        self.norm1_context(encoder_hidden_states, emb=temb)
-    )
+    norm_hidden_states, *mods = self.norm1(hidden_states, emb=temb)
+    norm_encoder_hidden_states, *c_mods = self.norm1_context(encoder_hidden_states, emb=temb)
     attn_output, context_attn_output = self.attn(
         hidden_states=norm_hidden_states,
         encoder_hidden_states=norm_encoder_hidden_states,
         attention_mask=attention_mask,
         image_rotary_emb=freqs_cis,
     )
-    hidden_states = common.per_op_mlp_tail(
-        hidden_states, attn_output, gate_msa, shift_mlp, scale_mlp, self.norm2, self.ff, gate_mlp
+    return common.mlp_tails(
+        self, hidden_states, encoder_hidden_states, attn_output, context_attn_output, mods, c_mods
     )
-    encoder_hidden_states = common.per_op_mlp_tail(
-        encoder_hidden_states,
-        context_attn_output,
-        c_gate_msa,
-        c_shift_mlp,
-        c_scale_mlp,
-        self.norm2_context,
-        self.ff_context,
-        c_gate_mlp,
-    )
-    return hidden_states, encoder_hidden_states
 
 
 def _act_into_buffer(act, mlp, attn_output, context_attn_output):
@@ -351,10 +331,8 @@ def _single_block_forward(
         HunyuanVideoSingleTransformerBlock,
     )
 
-    if (
-        common.grad_needed(hidden_states, encoder_hidden_states, temb)
-        or common.params_need_grad(self)
-        or not (hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype)
+    if common.needs_grad(self, hidden_states, encoder_hidden_states, temb) or not (
+        hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype
     ):
         return HunyuanVideoSingleTransformerBlock.forward(
             self,

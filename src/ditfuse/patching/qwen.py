@@ -35,7 +35,9 @@ def _make_processor():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_qwenimage as tq
 
-    class DitfuseQwenDoubleStreamAttnProcessor(tq.QwenDoubleStreamAttnProcessor2_0):
+    class DitfuseQwenDoubleStreamAttnProcessor(
+        common.EightBitProcessor, tq.QwenDoubleStreamAttnProcessor2_0
+    ):
         """QwenDoubleStreamAttnProcessor2_0 with each stream's QK-norm + RoPE in one kernel.
 
         Falls back to the original when autograd needs gradients, a q/k norm is not an
@@ -49,9 +51,6 @@ def _make_processor():
         mask, the kernel's ``key_mask``; a float prompt mask (the processor called with one:
         the joint mask an additive bias) 8-bit only where it is all zero.
         """
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
 
         def __call__(
             self,
@@ -67,8 +66,7 @@ def _make_processor():
                 encoder_hidden_states is not None
                 and attention_mask is None
                 and common.norms_ok(*norms)
-                and not common.grad_needed(hidden_states, encoder_hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
             )
             if ok and image_rotary_emb is not None:
                 ok = (
@@ -177,7 +175,7 @@ def _make_processor_21(base):
     """The fused subclass of a Qwen-Image 2.1 processor class (``QwenImage21AttnProcessor``
     or ``QwenImage21FlexAttnProcessor``: both take Q / K / V from the same helper)."""
 
-    class DitfuseQwenImage21AttnProcessor(base):
+    class DitfuseQwenImage21AttnProcessor(common.Processor, base):
         """Qwen-Image 2.1's processor with QK-norm + RoPE in one kernel: the helper's
         ``norm_q(q).to(value.dtype)`` then the complex rotation, as one ``qk_norm_rope`` call
         (Qwen-Image's arithmetic: the complex multiply on pairs (2i, 2i+1) with the
@@ -185,15 +183,12 @@ def _make_processor_21(base):
         when autograd needs gradients, a q/k norm is not one the kernel reads, or the RoPE is
         not a complex (S, D/2) table for the query rows."""
 
-        _ditfuse = True
-
         def __call__(self, attn, hidden_states, attention_mask=None, rotary_emb=None, **kwargs):
             D = attn.inner_dim // attn.heads
             ok = (
                 common.norms_ok(attn.norm_q, attn.norm_k)
                 and hidden_states.dim() == 3
-                and not common.grad_needed(hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states)
             )
             if ok and rotary_emb is not None:
                 ok = (
@@ -249,8 +244,7 @@ def _block_forward(
         and x.dim() == 3
         and c.dim() == 3
         and x.dtype == c.dtype == self.img_mod[1].weight.dtype == self.txt_mod[1].weight.dtype
-        and not common.grad_needed(x, c, temb)
-        and not common.params_need_grad(self)
+        and not common.needs_grad(self, x, c, temb)
     ):
         return QwenImageTransformerBlock.forward(
             self,
@@ -287,7 +281,7 @@ def _block_forward(
         **(joint_attention_kwargs or {}),
     )
     hidden_states = common.per_op_mlp_tail(
-        hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, self.img_norm2, self.img_mlp, i_g2
+        hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, i_g2, self.img_norm2, self.img_mlp
     )
     encoder_hidden_states = common.per_op_mlp_tail(
         encoder_hidden_states,
@@ -295,9 +289,9 @@ def _block_forward(
         t_g1,
         t_sh2,
         t_sc2,
+        t_g2,
         self.txt_norm2,
         self.txt_mlp,
-        t_g2,
     )
     if encoder_hidden_states.dtype == torch.float16:
         encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)

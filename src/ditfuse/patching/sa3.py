@@ -16,7 +16,7 @@ def _make_processor():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_stable_audio3 as ts
 
-    class DitfuseStableAudio3SelfAttnProcessor(ts.StableAudio3SelfAttnProcessor):
+    class DitfuseStableAudio3SelfAttnProcessor(common.Processor, ts.StableAudio3SelfAttnProcessor):
         """StableAudio3SelfAttnProcessor with q/k norm + partial RoPE fused (one kernel per
         q/k pair: (q1, k1), (q2, k2) when differential), in place on the projection chunks.
 
@@ -24,13 +24,10 @@ def _make_processor():
         read a norm (``StableAudio3RMSNorm(force_fp32=False)`` computes in the activation dtype).
         """
 
-        _ditfuse = True
-
         def __call__(self, attn, hidden_states, rope):
             ok = (
                 common.norms_ok(attn.q_norm, attn.k_norm)
-                and not common.grad_needed(hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states)
                 and rope is not None
                 and rope.dim() == 2
             )
@@ -116,8 +113,7 @@ def _block_forward(
         hidden_states.dim() != 3
         or modulation.dtype != hidden_states.dtype
         or not all(_fp32_rms(n) for n in (self.pre_norm, self.cross_attend_norm, self.ff_norm))
-        or common.grad_needed(hidden_states, context, global_modulation)
-        or common.params_need_grad(self)
+        or common.needs_grad(self, hidden_states, context, global_modulation)
     ):
         return StableAudio3DiTBlock.forward(
             self,

@@ -10,7 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from ditfuse.ops.attention import head_dim_ok, sliding_window_attention
-from ditfuse.patching.common import bind_forward, grad_needed, params_need_grad, replace_processors
+from ditfuse.patching.common import (
+    Processor,
+    bind_forward,
+    needs_grad,
+    replace_processors,
+)
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,7 @@ class Band:
 def _make_processor():
     from diffusers.models.autoencoders import autoencoder_same as am
 
-    class DitfuseSAMEAttnProcessor(am.SAMEAttnProcessor):
+    class DitfuseSAMEAttnProcessor(Processor, am.SAMEAttnProcessor):
         """SAMEAttnProcessor on the banded tensor-core kernel: (differential) attention over
         the views of ``to_qkv``, DyT norm + partial RoPE applied to Q/K tiles as they load.
 
@@ -32,14 +37,11 @@ def _make_processor():
         (up to 128) and no gradients are needed; otherwise the original processor (with
         the dense mask built from the band)."""
 
-        _ditfuse = True
-
         def __call__(self, attn, hidden_states, attn_mask=None):
             ok = (
                 (isinstance(attn_mask, Band) or attn_mask is None)
                 and head_dim_ok(attn.dim_heads)
-                and not grad_needed(hidden_states)
-                and not params_need_grad(attn)
+                and not needs_grad(attn, hidden_states)
             )
             if not ok:
                 if isinstance(attn_mask, Band):  # the original code needs the dense mask

@@ -117,7 +117,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
 
         base = tw.WanAttnProcessor
 
-    class DitfuseWanAttnProcessor(base):
+    class DitfuseWanAttnProcessor(common.EightBitProcessor, base):
         """WanAttnProcessor (or a copy of it, or SkyReelsV2AttnProcessor) with QK-norm
         (across heads) + RoPE fused into one kernel, and the I2V ``norm_added_k`` through the
         same kernel.
@@ -140,9 +140,6 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         kernel runs on) and the mask masks nothing (``common.attend``); else the 16-bit path.
         """
 
-        _ditfuse = True
-        _ditfuse_fp8 = False
-
         def __call__(
             self,
             attn,
@@ -154,8 +151,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
             ok = (
                 common.norms_ok(attn.norm_q, attn.norm_k)
                 and (attn.add_k_proj is None or common.norms_ok(attn.norm_added_k))
-                and not common.grad_needed(hidden_states, encoder_hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
             )
             if ok and rotary_emb is not None:
                 ok = (
@@ -214,11 +210,7 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
     """WanTransformerBlock.forward with the three AdaLN chains fused (same arithmetic: fp32
     math, the model's casts): norm1 + modulate; gated residual + norm2; residual + norm3 +
     modulate; the FFN's gated residual (which feeds the next block) alone."""
-    if (
-        common.grad_needed(hidden_states, temb)
-        or common.params_need_grad(self)
-        or not _block_ok(self)
-    ):
+    if common.needs_grad(self, hidden_states, temb) or not _block_ok(self):
         # the class's own forward (bound on exact WanTransformerBlock types: Wan's, or Wan
         # Animate's copy of it)
         return type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
@@ -238,8 +230,7 @@ def _skyreels_block_forward(
     from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2TransformerBlock
 
     if (
-        common.grad_needed(hidden_states, temb)
-        or common.params_need_grad(self)
+        common.needs_grad(self, hidden_states, temb)
         or not _block_ok(self)
         or temb.dim() not in (3, 4)
     ):

@@ -124,7 +124,7 @@ def _make_processors():
     from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
     from diffusers.models.transformers import transformer_wan_animate_2 as ta
 
-    class DitfuseWanAnimate2AttnProcessor(ta.WanAnimate2AttnProcessor):
+    class DitfuseWanAnimate2AttnProcessor(common.EightBitProcessor, ta.WanAnimate2AttnProcessor):
         """WanAnimate2AttnProcessor with the QK-norm (across heads) and ``rope_apply`` as
         ditfuse kernels: "extract" normalises K once (the cached rows), rotates them, and
         normalises + rotates Q in one pass; "cached" normalises + rotates Q and K in one pass
@@ -150,9 +150,6 @@ def _make_processors():
         the dense pass (no mask) on ``ditfuse.attention(..., precision="fp8")`` where
         ``common.use_8bit`` holds; "cached" (a flex block mask) keeps the 16-bit path.
         """
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
 
         def __call__(
             self,
@@ -191,8 +188,7 @@ def _make_processors():
                 and hidden_states.dim() == 3
                 and hidden_states.shape[-1] % H == 0
                 and common.norms_ok(attn.norm_q, attn.norm_k)
-                and not common.grad_needed(hidden_states)
-                and not common.params_need_grad(attn)
+                and not common.needs_grad(attn, hidden_states)
             )
             grid = _grid_list(grid_sizes) if ok else None
             S = hidden_states.shape[1]
@@ -294,7 +290,9 @@ def _make_processors():
             hidden_states = attn.to_out[1](hidden_states)
             return hidden_states
 
-    class DitfuseWanAnimate2CrossAttnProcessor(ta.WanAnimate2CrossAttnProcessor):
+    class DitfuseWanAnimate2CrossAttnProcessor(
+        common.EightBitProcessor, ta.WanAnimate2CrossAttnProcessor
+    ):
         """WanAnimate2CrossAttnProcessor with ``norm_q``, ``norm_k`` and the CLIP keys'
         ``norm_added_k`` (RMSNorms across heads) as ditfuse kernels (within one rounding of
         ``torch.nn.RMSNorm``: the statistic's summation order), the processor's own code
@@ -302,9 +300,6 @@ def _make_processors():
         processor when autograd needs gradients or a norm is not one the kernel reads. With
         ``patch(attention="fp8")``: Q and the (text, image) keys quantized by their kernels
         and both attentions (no mask) on 8 bits where ``common.use_8bit`` holds."""
-
-        _ditfuse = True
-        _ditfuse_fp8 = False
 
         def __call__(
             self, attn, hidden_states, encoder_hidden_states, encoder_hidden_states_image=None
@@ -317,10 +312,9 @@ def _make_processors():
                 and hidden_states.shape[-1] % H == 0
                 and common.norms_ok(attn.norm_q, attn.norm_k)
                 and (not with_image or common.norms_ok(attn.norm_added_k))
-                and not common.grad_needed(
-                    hidden_states, encoder_hidden_states, encoder_hidden_states_image
+                and not common.needs_grad(
+                    attn, hidden_states, encoder_hidden_states, encoder_hidden_states_image
                 )
-                and not common.params_need_grad(attn)
             )
             if not ok:
                 return super().__call__(
@@ -445,8 +439,7 @@ def _block_forward(
         origin_latent_hw=origin_latent_hw,
     )
     if (
-        common.grad_needed(hidden_states, temb)
-        or common.params_need_grad(self)
+        common.needs_grad(self, hidden_states, temb)
         or not _block_ok(self)
         or temb.dtype != torch.float32
         or temb.dim() != 3
