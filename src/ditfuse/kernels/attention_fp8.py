@@ -210,25 +210,22 @@ def _scores(q, k, ks, QK_INT: tl.constexpr):
 @jit
 def _key_tile(
     start_n,
-    q,
-    c,
-    acc,
-    m_i,
-    l_i,
-    rows,
-    kv,
-    S_kv,
-    left,
-    right,
-    D: tl.constexpr,
+    ops,
+    state,
     BLOCK_N: tl.constexpr,
-    QK_INT: tl.constexpr,
     MASK: tl.constexpr,
     BAND: tl.constexpr,
     KMASK: tl.constexpr,
 ):
-    """Scores, online-softmax update and P @ V of one key tile. ``kv``: K's pointer, base and
-    strides, the key scales' pointer, base and stride, V^T's pointer, base and row length."""
+    """Scores, online-softmax update and P @ V of one key tile; ``MASK``: check every key.
+    ``ops``: (q, the row constants c, the query rows, kv, (S_kv, left, right)) with ``kv``
+    K's pointer, base and strides, the key scales' pointer, base and stride, V^T's pointer,
+    base and row length; ``state``: (acc, m_i, l_i)."""
+    q, c, rows, kv, band = ops
+    S_kv, left, right = band
+    acc, m_i, l_i = state
+    D: tl.constexpr = q.shape[1]
+    QK_INT: tl.constexpr = q.dtype == tl.int8
     k_ptr, k_base, stride_ks, stride_kd, ks_ptr, ks_base, stride_kss, vt_ptr, vt_base, S_pad = kv
     cols = start_n + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
@@ -287,71 +284,25 @@ def _key_tile(
 def _key_range(
     lo,
     hi,
-    q,
-    c,
-    acc,
-    m_i,
-    l_i,
-    rows,
-    kv,
-    S_kv,
-    left,
-    right,
-    D: tl.constexpr,
+    ops,
+    state,
     BLOCK_N: tl.constexpr,
-    QK_INT: tl.constexpr,
     MASK: tl.constexpr,
     BAND: tl.constexpr,
     KMASK: tl.constexpr,
 ):
-    """The key tiles lo, lo + BLOCK_N, ... below hi: ``range`` on the GPU (software-
-    pipelined); the interpreter cannot take tensor bounds in range() under numpy >= 2.3, so
-    there the same tiles in the same order as a while loop."""
+    """The key tiles lo, lo + BLOCK_N, ... below hi (:func:`_key_tile`): ``range`` on the
+    GPU (software-pipelined); the interpreter cannot take tensor bounds in range() under
+    numpy >= 2.3, so there the same tiles in the same order as a while loop."""
     if _INTERP_LOOP:
         start_n = lo
         while start_n < hi:
-            acc, m_i, l_i = _key_tile(
-                start_n,
-                q,
-                c,
-                acc,
-                m_i,
-                l_i,
-                rows,
-                kv,
-                S_kv,
-                left,
-                right,
-                D=D,
-                BLOCK_N=BLOCK_N,
-                QK_INT=QK_INT,
-                MASK=MASK,
-                BAND=BAND,
-                KMASK=KMASK,
-            )
+            state = _key_tile(start_n, ops, state, BLOCK_N, MASK, BAND, KMASK)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = _key_tile(
-                start_n,
-                q,
-                c,
-                acc,
-                m_i,
-                l_i,
-                rows,
-                kv,
-                S_kv,
-                left,
-                right,
-                D=D,
-                BLOCK_N=BLOCK_N,
-                QK_INT=QK_INT,
-                MASK=MASK,
-                BAND=BAND,
-                KMASK=KMASK,
-            )
-    return acc, m_i, l_i
+            state = _key_tile(start_n, ops, state, BLOCK_N, MASK, BAND, KMASK)
+    return state
 
 
 @jit
@@ -437,47 +388,10 @@ def _attention_8bit_kernel(
         vt_base,
         S_pad,
     )
+    ops = (q, c, rows, kv, (S_kv, left, right))
     # the tiles every key of which is in range, without masks; then the masked ones
-    acc, m_i, l_i = _key_range(
-        lo,
-        full_hi,
-        q,
-        c,
-        acc,
-        m_i,
-        l_i,
-        rows,
-        kv,
-        S_kv,
-        left,
-        right,
-        D=D,
-        BLOCK_N=BLOCK_N,
-        QK_INT=QK_INT,
-        MASK=False,
-        BAND=BAND,
-        KMASK=KMASK,
-    )
-    acc, m_i, l_i = _key_range(
-        full_hi,
-        hi,
-        q,
-        c,
-        acc,
-        m_i,
-        l_i,
-        rows,
-        kv,
-        S_kv,
-        left,
-        right,
-        D=D,
-        BLOCK_N=BLOCK_N,
-        QK_INT=QK_INT,
-        MASK=True,
-        BAND=BAND,
-        KMASK=KMASK,
-    )
+    state = _key_range(lo, full_hi, ops, (acc, m_i, l_i), BLOCK_N, False, BAND, KMASK)
+    acc, m_i, l_i = _key_range(full_hi, hi, ops, state, BLOCK_N, True, BAND, KMASK)
     vs = tl.load(vs_ptr + bh * D + d)
     # l = 0: rows past S_q (never stored), or rows whose every key is masked (zeros). A
     # correctly rounded division (once an output element): equal values of V give exactly
