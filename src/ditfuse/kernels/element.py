@@ -136,23 +136,13 @@ def _unpack(u, DT: tl.constexpr):
 @jit
 def _pack(lo, hi, DT: tl.constexpr):
     """fp32 ``lo``, ``hi`` rounded to ``DT`` (nearest even) as one 32-bit word, lo low."""
-    if _PTX and DT == tl.bfloat16:
+    if _PTX:
+        if DT == tl.bfloat16:
+            CVT: tl.constexpr = "cvt.rn.bf16x2.f32 $0, $2, $1;"
+        else:
+            CVT: tl.constexpr = "cvt.rn.f16x2.f32 $0, $2, $1;"
         return tl.inline_asm_elementwise(
-            "cvt.rn.bf16x2.f32 $0, $2, $1;",
-            "=r,r,r",
-            [lo, hi],
-            dtype=tl.uint32,
-            is_pure=True,
-            pack=1,
-        )
-    elif _PTX:
-        return tl.inline_asm_elementwise(
-            "cvt.rn.f16x2.f32 $0, $2, $1;",
-            "=r,r,r",
-            [lo, hi],
-            dtype=tl.uint32,
-            is_pure=True,
-            pack=1,
+            CVT, "=r,r,r", [lo, hi], dtype=tl.uint32, is_pure=True, pack=1
         )
     else:
         return _cast_out(lo, DT).to(tl.uint16, bitcast=True).to(tl.uint32) | (
