@@ -159,9 +159,12 @@ def attention(
     Notes
     -----
     Accuracy of ``"fp8"`` (random normal Q/K/V and Q/K after RMSNorm, against fp64): cosine
-    similarity and relative L2 error in docs/attention_fp8.md; the kernel's operands are
-    exactly :func:`ditfuse.reference.quantize_per_token`'s and
-    :func:`ditfuse.ops.attention_fp8_ws.quantize_v`'s, so the emulation differs from it only
+    similarity and relative L2 error in docs/attention_fp8.md. The kernels' operands: q int8
+    a token (bitwise :func:`ditfuse.reference.quantize_per_token`), V e4m3 a channel (bitwise
+    :func:`ditfuse.reference.quantize_v_e4m3` but for the layout), K int8 a token (the Triton
+    kernel) or, in the warp-specialized kernel, int8 a tile of 128 keys after the (batch,
+    head)'s mean key (:func:`ditfuse.ops.attention_fp8_ws.quantize_k_blocks`); with those
+    operands :func:`ditfuse.reference.attention_8bit_core` differs from either kernel only
     in summation order and where the online softmax rescales. The row sum is the sum of the
     rounded P, so the output lies within the range of V's quantized values. NaN propagates as
     in softmax attention: a NaN in q / k makes its token's scale NaN (the rows attending it

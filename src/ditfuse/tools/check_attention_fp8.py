@@ -10,7 +10,9 @@ import torch.nn.functional as F
 
 import ditfuse
 from ditfuse import tolerances
+from ditfuse.ops import attention_api as API
 from ditfuse.ops import attention_fp8 as A
+from ditfuse.ops import attention_fp8_ws as WS
 from ditfuse.reference import attention_8bit_core, quantize_per_token
 
 #: the accuracy 8-bit attention promises against float64 (docs/attention_fp8.md)
@@ -50,6 +52,21 @@ def _metrics(o, r):
     return (o @ r / (o.norm() * r.norm())).item(), ((o - r).norm() / r.norm()).item()
 
 
+def _operands(q, k):
+    """The 8-bit q / k and their (B, H, S) scales that ``attention(q, k, v, precision="fp8")``
+    computes with on this device: the warp-specialized kernel's (K less its (batch, head)'s
+    mean key, one scale a tile of keys, expanded to its tokens; the mean shifts every score
+    of a query by one value, which softmax ignores) where the call routes there, else the
+    per-token quantization the Triton kernel gets."""
+    if API._ws_ok(q, k, None, None):
+        B, S, H, _ = k.shape
+        k8, tiles = WS.quantize_k_blocks(k)
+        k_scale = tiles.view(B, H, -1).repeat_interleave(WS.BLOCK_N, dim=-1)[..., :S]
+        q8, q_scale = A.quantize_per_token(q)
+        return q8, k8, q_scale, k_scale
+    return API._quantize_qk(q, k, "bshd")
+
+
 @torch.no_grad()
 def check_gates(g, device, small: bool):
     """Accuracy of ``attention(precision="fp8")`` (16-bit q / k / v in, the op quantizing
@@ -73,15 +90,14 @@ def check_gates(g, device, small: bool):
             ref = ((qd @ kd.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ vd).transpose(1, 2)
             sub = out[:, rows][:, :, heads]
             cos, rel = _metrics(sub, ref)
-            qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
-            p = A.plan(qq.q, qq.k, v, q_scale=qq.q_scale, k_scale=qq.k_scale)
+            q8, k8, q_scale, k_scale = _operands(q, k)
             emu = attention_8bit_core(
-                p.q[:, rows][:, :, heads],
-                p.k[:, :, heads],
-                p.v[:, :, heads],
-                p.q_scale[:, heads][:, :, rows],
-                p.k_scale[:, heads],
-                scale=p.scale,
+                q8[:, rows][:, :, heads],
+                k8[:, :, heads],
+                v[:, :, heads],
+                q_scale[:, heads][:, :, rows],
+                k_scale[:, heads],
+                scale=1.0 / math.sqrt(D),
             )
             dev = _metrics(sub, emu)[1]
             finite = bool(torch.isfinite(out).all())
@@ -94,7 +110,7 @@ def check_gates(g, device, small: bool):
                 f"{cos:.5f} (>= {COS_MIN}), rel L2 {rel:.4f} (<= {REL_L2_MAX}); vs emulation "
                 f"{dev:.4f} (<= {KERNEL_VS_EMULATION}){'' if finite else '; NON-FINITE'}",
             )
-            del q, k, v, out, qq, p
+            del q, k, v, out, q8, k8
     # the prologue: Wan's norm across heads with interleaved RoPE, FLUX's per-head RMSNorm
     H, D, S = (2, 128, 24) if small else (40, 128, 4096)
     gen = torch.Generator(device=device).manual_seed(7)
