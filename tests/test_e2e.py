@@ -437,3 +437,50 @@ def test_run_model_fp8_head_dim_64():
     fp8 = quality["patched fp8 compile"]
     assert 0 < fp8["max_abs_diff"] and 35 < fp8["psnr"] < float("inf"), fp8
     assert "WARNING" not in rows[2]["note"]
+
+
+def test_device_weights_gib_counts_each_storage_once():
+    m = torch.nn.Linear(4, 8, dtype=torch.bfloat16)
+    m.register_buffer("tied", m.weight)  # the same storage again
+    m.register_buffer("elsewhere", torch.empty(1000, device="meta"))
+    assert e2e.device_weights_gib(m, "cpu") * 2**30 == (4 * 8 + 8) * 2
+    assert e2e.device_weights_gib(m, "meta") * 2**30 == 1000 * 4
+
+
+def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch):
+    """run_e2e(fp8=True, linear=True): a row for the unpatched model and each of the
+    linear-FP8 ways, in order; a way that cannot run here (torchao, no FP8 device) is
+    replaced by the exact patch so the flow is what runs on the GPU."""
+    ways = [(label, fn) for label, fn in e2e.linear_fp8_ways()]
+    assert [w[0] for w in ways] == [
+        "patched",
+        "patched fp8",
+        "patched linear-fp8",
+        "patched fp8 + linear-fp8",
+        "torchao linear-fp8",
+    ]
+    ways[-1] = (ways[-1][0], lambda m: ditfuse.patch(m))
+    monkeypatch.setattr(e2e, "linear_fp8_ways", lambda: ways)
+    out, path = io.StringIO(), tmp_path / "e2e.csv"
+    failed = e2e.run_e2e(
+        ["wan14b-480p"],
+        DEVICE,
+        1,
+        str(path),
+        timer=lambda f: (f(), 1.0)[1],
+        slow_timer=None,
+        compile_backend=None,
+        steps=1,
+        tiny=True,
+        out=out,
+        rounds=1,
+        fp8=True,
+        linear=True,
+    )
+    log = out.getvalue()
+    assert failed == 0, log
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["impl"] for r in rows] == ["unpatched eager"] + [w[0] + " eager" for w in ways]
+    assert "patched linear-fp8 eager: ready in" in log
+    assert "blocks.0.ffn.net.2: torch.bfloat16, exact" in log  # the patch report, printed

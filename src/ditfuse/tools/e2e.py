@@ -562,15 +562,40 @@ def trajectory(model, kw: dict, spec: E2EModel, steps: int = 20) -> torch.Tensor
 
 
 class CudaMemory:
-    """Peak-memory probe of one row: ``reset()`` before, ``peak()`` (GiB) after."""
+    """Peak-memory probe of one row: ``reset()`` before, ``peak()`` (GiB) after;
+    ``above()``: the peak over what was allocated at ``reset()`` (GiB), the memory a call
+    adds to the tensors that stay (weights, inputs, other models)."""
+
+    base = 0
 
     def reset(self):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        self.base = torch.cuda.memory_allocated()
 
     def peak(self) -> float:
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() / 2**30
+
+    def above(self) -> float:
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - self.base) / 2**30
+
+
+def device_weights_gib(model: torch.nn.Module, device) -> float:
+    """GiB of ``model``'s parameters and buffers on ``device``, each storage once (what the
+    model holds there: FP8 linears count their e4m3 weights and scales, not the 16-bit
+    weights they keep on the host)."""
+    seen, total = set(), 0
+    dev = torch.device(device)
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.device.type != dev.type:
+            continue
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total / 2**30
 
 
 def _row(spec, impl, dtype, **kw) -> dict:
@@ -756,6 +781,7 @@ def run_model_fp8(
     rounds: int = 2,
     patch_8bit=None,
     ways=None,
+    progress=None,
 ):
     """One step three ways, each under ``torch.compile`` (``compile_backend``; eager where
     None): unpatched (the baseline), ``ditfuse.patch`` (exact) and
@@ -764,17 +790,21 @@ def run_model_fp8(
     baseline, and a ``steps``-step trajectory of each (the compiled callable) against the
     unpatched eager one in ``dtype``: PSNR and max |diff| of the final latents. ``ways``:
     (label, patch) pairs instead of the exact and 8-bit patches (:func:`linear_fp8_ways`).
-    Returns (rows {impl: ms}, quality {impl: {psnr, max_abs_diff}}, the patch reports)."""
+    ``mem`` (:class:`CudaMemory`): a row's peak GiB is its copy's weights on the device plus
+    a step's peak above the resting memory (the copies all stay resident). ``progress``:
+    called with a line as each way is ready. Returns (rows {impl: ms}, quality {impl:
+    {psnr, max_abs_diff}}, the patch reports)."""
     import ditfuse
 
     patch_8bit = patch_8bit or patch_fp8
+    progress = progress or (lambda line: None)
     model = build_model(spec, layers, device, dtype, **(config or {}))
     kw = spec.inputs(device, dtype, cfg=model.config, **(spec.sizes if sizes is None else sizes))
     blocks = sum(1 for m in model.modules() if type(m).__name__.endswith("TransformerBlock"))
     lat, txt = kw[spec.latent_key], kw.get("encoder_hidden_states")
     shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
     way = " compile" if compile_backend else " eager"
-    rows, quality, trajs, fns = {}, {}, {}, {}
+    rows, quality, trajs, fns, weights = {}, {}, {}, {}, {}
     limit = torch._dynamo.config.cache_size_limit
     torch._dynamo.reset()
     # three instances of one class share the forward's code: room for every instance's
@@ -789,10 +819,13 @@ def run_model_fp8(
             reports = tuple(fn(m) for (_, fn), (_, m) in zip(ways, copies))
             for name, m in [("unpatched", model)] + copies:
                 impl = name + way
+                weights[impl] = device_weights_gib(m, device)
                 fn = m
+                t0 = time.time()
                 if compile_backend:
                     fn = torch.compile(m, backend=compile_backend)
                     fn(**kw)  # compiles
+                progress(f"  {impl}: ready in {time.time() - t0:.0f} s")
                 trajs[impl] = trajectory(fn, kw, spec, steps)
                 quality[impl] = _compare(trajs[impl], ref)
                 fns[impl] = lambda fn=fn: fn(**kw)
@@ -805,7 +838,8 @@ def run_model_fp8(
                         mem.reset()
                     times[impl].append(timer(fn))
                     hosts[impl].append(getattr(timer, "host_ms", None))
-                    peaks[impl].append(mem.peak() if mem else None)
+                    # every way's copy stays resident: its own weights plus what a step adds
+                    peaks[impl].append(weights[impl] + mem.above() if mem else None)
             base = next(iter(fns))
             for impl in fns:
                 rows[impl] = statistics.median(times[impl])
@@ -818,6 +852,11 @@ def run_model_fp8(
                 )
                 if all(h is not None for h in hosts[impl]):
                     note += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
+                if mem:
+                    note += (
+                        f"; peak GiB = the model's weights on the GPU "
+                        f"({weights[impl]:.3f}) + a step's peak above the resting memory"
+                    )
                 if (
                     impl.startswith("patched fp8")
                     and "patched" + way in trajs
@@ -1133,6 +1172,7 @@ def run_e2e(
                     mem=mem,
                     rounds=rounds,
                     ways=ways,
+                    progress=lambda line: print(line, file=out, flush=True),
                     **kw,
                 )
                 labels = (
