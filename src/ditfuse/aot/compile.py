@@ -155,6 +155,28 @@ def specialize(kernel, args, kwargs, target):
     return signature, constexprs, attrs, options
 
 
+def compile_sm90(kernel, args, kwargs, source=None, mma_sync: bool = False):
+    """``triton.compile`` for sm_90 of Triton's own specialization of a launch with these
+    args (``source``: the AST source class, Triton's ``ASTSource`` when None; ``mma_sync``:
+    compiled under ``runtime.backend.mma_sync_only``) and the wheel's ``ptxas -v`` of it:
+    (compiled kernel, :func:`specialize`'s tuple, :func:`run_ptxas` report)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ditfuse.runtime.backend import mma_sync_only
+
+    target = GPUTarget("cuda", ARCH, 32)
+    spec = signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
+    with mma_sync_only(mma_sync):
+        ck = triton.compile(
+            (source or ASTSource)(kernel, signature, constexprs, attrs),
+            target=target,
+            options=options.__dict__,
+        )
+    return ck, spec, run_ptxas(ck.asm["ptx"], options, ck.metadata.name)
+
+
 PTXAS_PROPS = re.compile(
     r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
 )
@@ -213,6 +235,16 @@ def run_ptxas(ptx: str, options, kernel_name: str) -> Dict:
     log = r.stdout + r.stderr
     if r.returncode:
         raise RuntimeError(f"ptxas failed ({r.returncode}):\n{log}")
+    return dict(
+        ptxas_usage(log, kernel_name),
+        ptxas_log=[ln.strip() for ln in log.splitlines() if ln.strip()],
+        ptxas_cmd=" ".join(["ptxas", *ptxas_flags(options), "<ptx>"]),
+    )
+
+
+def ptxas_usage(log: str, kernel_name: str) -> Dict:
+    """``regs``, ``stack``, ``spill_stores``, ``spill_loads`` of ``kernel_name`` in a
+    ``ptxas -v`` log; RuntimeError where the log does not say."""
     # the entry function's block: from "Compiling entry function '<name>'" to the next one
     m = re.search(
         rf"Compiling entry function '{re.escape(kernel_name)}'.*?(?=Compiling entry function|\Z)",
@@ -228,8 +260,6 @@ def run_ptxas(ptx: str, options, kernel_name: str) -> Dict:
         stack=int(props.group(1)),
         spill_stores=int(props.group(2)),
         spill_loads=int(props.group(3)),
-        ptxas_log=[ln.strip() for ln in log.splitlines() if ln.strip()],
-        ptxas_cmd=" ".join(["ptxas", *ptxas_flags(options), "<ptx>"]),
     )
 
 

@@ -545,7 +545,7 @@ def _import_wrapper(src: str, fn_name: str, tmpdir: str):
 
 def _ptxas(ptx_text: str, options, kernel_name: str, gpu_name: str, cc: int) -> Dict:
     """Assemble ``ptx_text`` with the wheel's ptxas, Triton's flags and ``-v``."""
-    from ditfuse.aot.compile import PTXAS_PROPS, PTXAS_REGS, ptxas_flags, tool_path
+    from ditfuse.aot.compile import ptxas_flags, ptxas_usage, tool_path
 
     flags = [f for f in ptxas_flags(options) if not f.startswith("--gpu-name")]
     flags.append(f"--gpu-name={gpu_name}")
@@ -562,23 +562,12 @@ def _ptxas(ptx_text: str, options, kernel_name: str, gpu_name: str, cc: int) -> 
                 f"({r.returncode}):\n{log.strip()[-3000:]}",
             )
         cubin = dst.read_bytes()
-    m = re.search(
-        rf"Compiling entry function '{re.escape(kernel_name)}'.*?"
-        r"(?=Compiling entry function|\Z)",
-        log,
-        re.S,
-    )
-    block = m.group(0) if m else log
-    props, regs = PTXAS_PROPS.search(block), PTXAS_REGS.search(block)
-    if not props or not regs:
-        raise RuntimeError(f"cannot read ptxas -v output:\n{log}")
+    usage = ptxas_usage(log, kernel_name)
     ver = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip()
     return dict(
         cubin=cubin,
-        registers=int(regs.group(1)),
-        stack=int(props.group(1)),
-        spill_stores=int(props.group(2)),
-        spill_loads=int(props.group(3)),
+        registers=usage.pop("regs"),
+        **usage,  # stack, spill_stores, spill_loads
         log=[ln.strip() for ln in log.splitlines() if ln.strip()],
         cmd=" ".join(["ptxas", *flags, "kernel.ptx", "-o", "kernel.cubin"]),
         version=ver.splitlines()[-1] if ver else "",

@@ -249,20 +249,22 @@ def _mod_chunks(o, t, *names):
     return [temb[:, getattr(o, n + "_chunk") : getattr(o, n + "_chunk") + 1] for n in names]
 
 
+def _rows(o, name: str, kind: str, doc: str) -> TensorSpec:
+    """A (B, N, D) tensor of the AdaLN ops, in the activation dtype."""
+    return TensorSpec(name, kind, ("B", "N", o.dim), o.dtype, doc=doc)
+
+
+def _temb(o, doc: str) -> TensorSpec:
+    """Wan's fp32 (B, 6, D) modulation, the AdaLN ops' chunks (``doc``: which)."""
+    doc = "(scale_shift_table + temb.float()): " + doc
+    return TensorSpec("temb", "input", ("B", 6, o.dim), "fp32", doc=doc)
+
+
 def _adaln_tensors(o) -> List[TensorSpec]:
     return [
-        TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="hidden states"),
-        TensorSpec(
-            "temb",
-            "input",
-            ("B", 6, o.dim),
-            "fp32",
-            doc="(scale_shift_table + temb.float()): its .chunk(6, dim=1) views give "
-            "shift / scale (/ gate)",
-        ),
-        TensorSpec(
-            "out", "output", ("B", "N", o.dim), o.dtype, doc="norm(x) * (1 + scale) + shift"
-        ),
+        _rows(o, "x", "input", "hidden states"),
+        _temb(o, "its .chunk(6, dim=1) views give shift / scale (/ gate)"),
+        _rows(o, "out", "output", "norm(x) * (1 + scale) + shift"),
     ]
 
 
@@ -274,20 +276,8 @@ def _adaln_call(o, t: Dict) -> None:
 
 
 def _gated_tensors(o) -> List[TensorSpec]:
-    return [
-        TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="residual stream"),
-        TensorSpec("y", "input", ("B", "N", o.dim), o.dtype, doc="branch output (attention / FFN)"),
-        TensorSpec(
-            "temb",
-            "input",
-            ("B", 6, o.dim),
-            "fp32",
-            doc="(scale_shift_table + temb.float()): gate / shift / scale chunks",
-        ),
-        TensorSpec("x_new", "output", ("B", "N", o.dim), o.dtype, doc="x + y * gate"),
-        TensorSpec(
-            "out", "output", ("B", "N", o.dim), o.dtype, doc="norm(x_new) * (1 + scale) + shift"
-        ),
+    return _residual_tensors(o, "attention / FFN", "gate / shift / scale chunks") + [
+        _rows(o, "out", "output", "norm(x_new) * (1 + scale) + shift"),
     ]
 
 
@@ -355,18 +345,12 @@ GATED_RESIDUAL_ADALN = OpExport(
 )
 
 
-def _residual_tensors(o) -> List[TensorSpec]:
+def _residual_tensors(o, branch="Wan: the FFN's", chunks="its gate chunk") -> List[TensorSpec]:
     return [
-        TensorSpec("x", "input", ("B", "N", o.dim), o.dtype, doc="residual stream"),
-        TensorSpec("y", "input", ("B", "N", o.dim), o.dtype, doc="branch output (Wan: the FFN's)"),
-        TensorSpec(
-            "temb",
-            "input",
-            ("B", 6, o.dim),
-            "fp32",
-            doc="(scale_shift_table + temb.float()): its gate chunk",
-        ),
-        TensorSpec("x_new", "output", ("B", "N", o.dim), o.dtype, doc="x + y * gate"),
+        _rows(o, "x", "input", "residual stream"),
+        _rows(o, "y", "input", f"branch output ({branch})"),
+        _temb(o, chunks),
+        _rows(o, "x_new", "output", "x + y * gate"),
     ]
 
 
