@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import math
 import os
 import sys
@@ -178,11 +179,17 @@ def bench_case(
     del sets
 
 
-def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
-    import ditfuse
-    from ditfuse.tools.workloads import eager_fn, qk_bytes, qk_inputs
+def _case(ceiling, emit, impls, device, timer):
+    """:func:`bench_case` with a sweep's copy ceiling, row writer, implementations, device
+    and timer (``impls=`` in a call: that op's own implementations)."""
+    return functools.partial(
+        bench_case, ceiling=ceiling, emit=emit, impls=impls, device=device, timer=timer
+    )
 
-    inplace = shape.inplace  # as the patched processor calls it (Wan, HunyuanVideo)
+
+def _qk_fused(**options):
+    """``ditfuse.qk_norm_rope`` with ``options`` on an input set of ``qk_inputs``."""
+    import ditfuse
 
     def fused(s):
         return ditfuse.qk_norm_rope(
@@ -192,25 +199,28 @@ def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
             s["call_sin"],
             q_norm=s["q_norm"],
             k_norm=s["k_norm"],
-            inplace=inplace,
+            **options,
             **s["kwargs"],
         )
 
-    bench_case(
+    return fused
+
+
+def bench_qk(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
+    from ditfuse.tools.workloads import eager_fn, qk_bytes, qk_inputs
+
+    case = _case(ceiling, emit, impls, device, timer)
+    case(
         "qk_norm_rope",
         shape.name,
         dtype,
         qk_bytes(shape, dtype),
         lambda i: qk_inputs(shape, device, dtype, seed=i),
         eager_fn(shape),
-        fused,
+        # in place as the patched processor calls it (Wan, HunyuanVideo)
+        _qk_fused(inplace=shape.inplace),
         lambda s: (s["q"], s["k"]),
-        ceiling,
-        emit,
-        impls,
         peers=[("liger", _liger_fn(shape) if "liger" in impls else None)],
-        device=device,
-        timer=timer,
     )
     if dtype != torch.float32:
         bench_qk_int8(shape, dtype, ceiling, emit, impls, device, timer)
@@ -221,7 +231,6 @@ def bench_qk_int8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None)
     one shape: op ``qk_norm_rope_int8``. Floor: Q and K read in 16 bits, written in 8 with a
     4-byte scale a head row, the table as for the 16-bit op. Eager / compile: the model's
     code followed by the same quantization in PyTorch (``quantize_per_token``)."""
-    import ditfuse
     from ditfuse.reference import quantize_per_token
     from ditfuse.tools.workloads import eager_fn, qk_bytes, qk_inputs
 
@@ -235,32 +244,17 @@ def bench_qk_int8(shape, dtype, ceiling, emit, impls, device="cuda", timer=None)
         layout, heads = kw.get("layout", "bshd"), kw.get("num_heads")
         return [quantize_per_token(t, "int8", layout=layout, num_heads=heads) for t in model(s)]
 
-    def fused(s):
-        return ditfuse.qk_norm_rope(
-            s["q"],
-            s["k"],
-            s["call_cos"],
-            s["call_sin"],
-            q_norm=s["q_norm"],
-            k_norm=s["k_norm"],
-            quantize="int8",
-            **s["kwargs"],
-        )
-
-    bench_case(
+    case = _case(ceiling, emit, impls, device, timer)
+    case(
         "qk_norm_rope_int8",
         shape.name,
         dtype,
         nbytes,
         lambda i: qk_inputs(shape, device, dtype, seed=i),
         eager,
-        fused,
+        _qk_fused(quantize="int8"),
         lambda s: (s["q"], s["k"]),
-        ceiling,
-        emit,
-        [i for i in impls if i in ("eager", "compile", "ditfuse", "ditfuse-graph")],
-        device=device,
-        timer=timer,
+        impls=[i for i in impls if i in ("eager", "compile", "ditfuse", "ditfuse-graph")],
     )
 
 
@@ -279,7 +273,8 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     res_bytes = 4 * n * el + (3 * n * 4 if shape.per_token else 0)
     eager_mod, eager_res, eager_gr = adaln_eager(shape)
     make = lambda i: adaln_inputs(shape, device, dtype, seed=i)  # noqa: E731
-    bench_case(
+    case = _case(ceiling, emit, impls, device, timer)
+    case(
         "adaln_modulate",
         shape.name,
         dtype,
@@ -288,13 +283,8 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
         eager_mod,
         lambda s: ditfuse.adaln_modulate(s["x"], s["shift"], s["scale"], eps=1e-6, rounding=per_op),
         lambda s: (s["x"],),
-        ceiling,
-        emit,
-        impls,
-        device=device,
-        timer=timer,
     )
-    bench_case(
+    case(
         "gated_residual_adaln",
         shape.name,
         dtype,
@@ -305,13 +295,8 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
             s["x"], s["y"], s["gate"], s["shift"], s["scale"], eps=1e-6, rounding=per_op
         ),
         lambda s: (s["x"], s["y"]),
-        ceiling,
-        emit,
-        impls,
-        device=device,
-        timer=timer,
     )
-    bench_case(
+    case(
         "gated_residual",
         shape.name,
         dtype,
@@ -320,11 +305,6 @@ def bench_adaln(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
         eager_gr,
         lambda s: ditfuse.gated_residual(s["x"], s["y"], s["gate"], rounding=per_op),
         lambda s: (s["x"], s["y"]),
-        ceiling,
-        emit,
-        impls,
-        device=device,
-        timer=timer,
     )
 
 
@@ -364,21 +344,8 @@ def bench_activation(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
         def fused(s):
             return ditfuse.gelu(s["x"], "tanh")
 
-    bench_case(
-        shape.op,
-        shape.name,
-        dtype,
-        nbytes,
-        make,
-        eager,
-        fused,
-        lambda s: (s["x"],),
-        ceiling,
-        emit,
-        impls,
-        device=device,
-        timer=timer,
-    )
+    case = _case(ceiling, emit, impls, device, timer)
+    case(shape.op, shape.name, dtype, nbytes, make, eager, fused, lambda s: (s["x"],))
 
 
 def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=None):
@@ -431,7 +398,8 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
         def fused(s):
             return ditfuse.group_norm_silu(s["x"], shape.groups, s["w"], s["b"], 1e-6)
 
-    bench_case(
+    case = _case(ceiling, emit, impls, device, timer)
+    case(
         "group_norm_silu" if shape.op == "gn" else "rms_norm_silu",
         f"{shape.name}",
         dtype,
@@ -440,11 +408,6 @@ def bench_group_norm(shape, dtype, ceiling, emit, impls, device="cuda", timer=No
         eager,
         fused,
         lambda s: (s["x"],),
-        ceiling,
-        emit,
-        impls,
-        device=device,
-        timer=timer,
     )
 
 
@@ -523,7 +486,8 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
             q, k, v = p
             return fa(q, k, v, block_mask=bm)
 
-    bench_case(
+    case = _case(ceiling, emit, impls, device, timer)
+    case(
         "sliding_window_attention",
         shape.name,
         dtype,
@@ -532,12 +496,8 @@ def bench_attention(shape, dtype, ceiling, emit, impls, device="cuda", timer=Non
         eager,
         fused,
         lambda s: attention_copy_parts(s["parts"]),
-        ceiling,
-        emit,
-        impls - {"compile"},
+        impls=impls - {"compile"},
         peers=[("flex", flex), ("ditfuse-highest", highest)],
-        device=device,
-        timer=timer,
     )
 
 

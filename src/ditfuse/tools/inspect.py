@@ -47,11 +47,10 @@ import triton
 from ditfuse.aot.compile import (
     ARCH,
     can_compile_here,
+    compile_sm90,
     intercept_launches,
     missing_tools,
     run_cuobjdump,
-    run_ptxas,
-    specialize,
     wheel_tool_path,
 )
 
@@ -385,24 +384,14 @@ def _build(spec: Spec) -> Dict:
     """Build ``spec`` exactly as shipped, compile it for sm_90 and measure it."""
     import importlib
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ditfuse.kernels.qk_flat import _qk_norm_rope_flat_kernel
     from ditfuse.kernels.qk_token import _qk_norm_rope_kernel
 
     qkr = importlib.import_module("ditfuse.ops.qk_norm_rope")
     grid, args, kwargs = capture_launch(spec)
     kernel = qk_kernel_of(kwargs)
-    target = GPUTarget("cuda", ARCH, WARP_SIZE)
-    signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
-    ck = triton.compile(
-        ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
-    )
-    name = ck.metadata.name
-    ptxas = run_ptxas(ck.asm["ptx"], options, name)
-    sass = run_cuobjdump(ck.asm["cubin"], name)
+    ck, (signature, constexprs, attrs, options), ptxas = compile_sm90(kernel, args, kwargs)
+    sass = run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
 
     # the launch settings the call used, against the analytical table
     nw = kwargs["num_warps"]

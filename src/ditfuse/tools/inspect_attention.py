@@ -10,10 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ditfuse.aot.compile import build_rows
+from ditfuse.aot.compile import build_rows, compile_sm90
 from ditfuse.norms import NormSpec
 from ditfuse.ops import attention as A
-from ditfuse.runtime.backend import mma_sync_only
 
 # ---------------------------------------------------------------------------------------
 # sm_90 builds on the CPU (no GPU): tensor-core instructions, registers, spills, smem
@@ -167,14 +166,10 @@ def build(spec: BuildSpec) -> dict:
     instructions in the PTX."""
     import re
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ditfuse.kernels.attention import _swa_fwd_kernel as kernel
     from ditfuse.tools import inspect as ik
 
-    source = ASTSource
+    source = None  # Triton's ASTSource
     if spec.gluon:
         from triton.experimental.gluon._runtime import GluonASTSource as source
 
@@ -183,16 +178,10 @@ def build(spec: BuildSpec) -> dict:
         else:
             from ditfuse.kernels.attention_sm90 import _swa_diff_sm90_kernel as kernel
     grid, args, kwargs = capture_launch(spec)
-    target = GPUTarget("cuda", ik.ARCH, ik.WARP_SIZE)
-    signature, constexprs, attrs, options = ik.specialize(kernel, args, kwargs, target)
-    with mma_sync_only(bool(kwargs.get("MMA_SYNC"))):
-        ck = triton.compile(
-            source(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
-        )
+    mma_sync = bool(kwargs.get("MMA_SYNC"))
+    ck, (*_, options), pt = compile_sm90(kernel, args, kwargs, source, mma_sync)
     ptx = ck.asm["ptx"]
-    name = ck.metadata.name
-    pt = ik.run_ptxas(ptx, options, name)
-    sass = ik.run_cuobjdump(ck.asm["cubin"], name)
+    sass = ik.run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
     row = dict(
         name=spec.name,
         dtype=spec.dtype,

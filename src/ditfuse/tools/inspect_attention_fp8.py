@@ -104,23 +104,14 @@ def build(spec: BuildSpec) -> dict:
     import tempfile
     from pathlib import Path
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from ditfuse.aot.compile import ARCH, run_ptxas, specialize, tool_path
+    from ditfuse.aot.compile import compile_sm90, tool_path
     from ditfuse.kernels import attention_fp8 as K
 
     kernel = getattr(K, spec.kernel)
     attention = spec.kernel == "_attention_8bit_kernel"
 
     grid, args, kwargs = capture_launch(spec)
-    target = GPUTarget("cuda", ARCH, 32)
-    signature, constexprs, attrs, options = specialize(kernel, args, kwargs, target)
-    ck = triton.compile(
-        ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
-    )
-    pt = run_ptxas(ck.asm["ptx"], options, ck.metadata.name)
+    ck, _, pt = compile_sm90(kernel, args, kwargs)
     with tempfile.TemporaryDirectory(prefix="ditfuse-fp8-") as d:
         f = Path(d) / "k.cubin"
         f.write_bytes(ck.asm["cubin"])
