@@ -1233,32 +1233,23 @@ def _fast_key(
 # torch.library op (used under torch.compile; eager calls launch directly)
 
 
-def _op_kwargs(
-    q2,
-    k2,
-    lam_t,
-    lam,
-    left,
-    right,
-    scale,
-    layout,
-    qn,
-    kn,
-    cos,
-    sin,
-    rope_style,
-    rotary_dim,
-    precision,
-):
-
-    return dict(
+def _op_plan(q, k, v, q2, k2, lam_t, lam, left, right, scale, layout, *rest) -> Plan:
+    """The plan of the op's flattened arguments (:func:`op_args`; the op's and its fake's):
+    after ``layout`` each norm's eight fields (``flatten_norm``), then cos, sin,
+    rope_style, rotary_dim (0: all of D) and precision."""
+    cos, sin, rope_style, rotary_dim, precision = rest[16:]
+    return plan(
+        q,
+        k,
+        v,
+        (left, right),
         q2=q2,
         k2=k2,
         lam=lam_t if lam_t is not None else lam,
         scale=scale,
         layout=layout,
-        q_norm=unflatten_norm(*qn),
-        k_norm=unflatten_norm(*kn),
+        q_norm=unflatten_norm(*rest[:8]),
+        k_norm=unflatten_norm(*rest[8:16]),
         cos=cos,
         sin=sin,
         rope_style=rope_style,
@@ -1302,82 +1293,50 @@ def sliding_window_attention_op(
     rotary_dim: int,
     precision: str,
 ) -> Tensor:
-    kw = _op_kwargs(
-        q2,
-        k2,
-        lam_t,
-        lam,
-        left,
-        right,
-        scale,
-        layout,
-        (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-        (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-        cos,
-        sin,
-        rope_style,
-        rotary_dim,
-        precision,
+    return run(
+        _op_plan(
+            q,
+            k,
+            v,
+            q2,
+            k2,
+            lam_t,
+            lam,
+            left,
+            right,
+            scale,
+            layout,
+            q_weight,
+            q_bias,
+            q_alpha_t,
+            q_kind,
+            q_eps,
+            q_size,
+            q_alpha,
+            q_pre,
+            k_weight,
+            k_bias,
+            k_alpha_t,
+            k_kind,
+            k_eps,
+            k_size,
+            k_alpha,
+            k_pre,
+            cos,
+            sin,
+            rope_style,
+            rotary_dim,
+            precision,
+        )
     )
-    return run(plan(q, k, v, (left, right), **kw))
 
 
 @sliding_window_attention_op.register_fake
-def _(
-    q,
-    k,
-    v,
-    q2,
-    k2,
-    lam_t,
-    lam,
-    left,
-    right,
-    scale,
-    layout,
-    q_weight,
-    q_bias,
-    q_alpha_t,
-    q_kind,
-    q_eps,
-    q_size,
-    q_alpha,
-    q_pre,
-    k_weight,
-    k_bias,
-    k_alpha_t,
-    k_kind,
-    k_eps,
-    k_size,
-    k_alpha,
-    k_pre,
-    cos,
-    sin,
-    rope_style,
-    rotary_dim,
-    precision,
-):
-    kw = _op_kwargs(
-        q2,
-        k2,
-        lam_t,
-        lam,
-        left,
-        right,
-        scale,
-        layout,
-        (q_weight, q_bias, q_alpha_t, q_kind, q_eps, q_size, q_alpha, q_pre),
-        (k_weight, k_bias, k_alpha_t, k_kind, k_eps, k_size, k_alpha, k_pre),
-        cos,
-        sin,
-        rope_style,
-        rotary_dim,
-        precision,
-    )
-    p = plan(q, k, v, (left, right), **kw)
+def _(*args):
+    p = _op_plan(*args)
     B, N, H, D = p.q.shape
-    shape = (B, N, H, D) if layout == "bshd" else (B, H, N, D)
-    return torch.empty(shape, dtype=q.dtype, device=q.device)
+    shape = (B, N, H, D) if p.layout == "bshd" else (B, H, N, D)
+    return torch.empty(shape, dtype=p.q.dtype, device=p.q.device)
 
 
 def op_args(

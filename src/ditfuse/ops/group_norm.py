@@ -160,6 +160,28 @@ def _stats_split(tiles: int, units: int, cap: int, total: int, pow2: bool) -> Tu
     return per, triton.cdiv(tiles, per)
 
 
+def _two_pass(
+    t: GNTable, path: str, tile, n_ts: int, T: int, stats, stats_warps: int, **cl
+) -> GNSettings:
+    """The settings of a two-pass path ("split", "split-cl"): ``tile`` = (BC, BS) applied
+    ``t.apply_per_thread`` elements a thread, ``n_ts`` position tiles, T tiles a unit,
+    ``stats`` = (TPP, P) from :func:`_stats_split`; ``cl``: the "split-cl" fields."""
+    (BC, BS), (TPP, P) = tile, stats
+    return GNSettings(
+        path=path,
+        BC=BC,
+        BS=BS,
+        num_warps=_warps(BC * BS, t.apply_per_thread, hi=8),
+        n_ts=n_ts,
+        T=T,
+        P=P,
+        TPP=TPP,
+        P_PAD=triton.next_power_of_2(max(P, 1)),
+        stats_warps=stats_warps,
+        **cl,
+    )
+
+
 def gn_settings(
     N: int, G: int, cpg: int, S: int, *, c_inner: bool = False, **overrides
 ) -> GNSettings:
@@ -189,24 +211,10 @@ def gn_settings(
         L = GB * cp
         BS = min(sp, max(1, t.tile // L))
         n_ts = triton.cdiv(S, BS)
-        TPP, P = _stats_split(
-            n_ts, N * triton.cdiv(G, GB), n_ts, t.cl_stats_programs, t.cl_tpp_pow2
-        )
-        return GNSettings(
-            path="split-cl",
-            BC=L,
-            BS=BS,
-            num_warps=_warps(L * BS, t.apply_per_thread, hi=8),
-            n_ts=n_ts,
-            T=n_ts,
-            P=P,
-            TPP=TPP,
-            P_PAD=triton.next_power_of_2(max(P, 1)),
-            # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
-            stats_warps=_warps(L * BS, 32, hi=8),
-            GB=GB,
-            CPP=cp,
-        )
+        stats = _stats_split(n_ts, N * triton.cdiv(G, GB), n_ts, t.cl_stats_programs, t.cl_tpp_pow2)
+        # the statistics hold a running mean and M2 a slot: 32 slots a thread (8 warps)
+        stats_warps = _warps(L * BS, 32, hi=8)
+        return _two_pass(t, "split-cl", (L, BS), n_ts, n_ts, stats, stats_warps, GB=GB, CPP=cp)
     if c_inner:
         BC = min(cp, t.tile)
         BS = min(sp, max(1, t.tile // BC))
@@ -216,19 +224,9 @@ def gn_settings(
     n_ts = triton.cdiv(S, BS)
     T = triton.cdiv(cpg, BC) * n_ts
     TPP, P = _stats_split(T, N * G, t.max_partials, t.stats_programs, t.tpp_pow2)
-    return GNSettings(
-        path="split",
-        BC=BC,
-        BS=BS,
-        num_warps=_warps(BC * BS, t.apply_per_thread, hi=8),
-        n_ts=n_ts,
-        T=T,
-        P=P,
-        TPP=TPP,
-        P_PAD=triton.next_power_of_2(max(P, 1)),
-        # 4 warps where a program sums few tiles, 8 for longer loops
-        stats_warps=_warps(BC * BS, 16, hi=8 if TPP > t.stats_few_tiles else 4),
-    )
+    # 4 warps where a program sums few tiles, 8 for longer loops
+    stats_warps = _warps(BC * BS, 16, hi=8 if TPP > t.stats_few_tiles else 4)
+    return _two_pass(t, "split", (BC, BS), n_ts, T, (TPP, P), stats_warps)
 
 
 @dataclass(frozen=True)

@@ -585,11 +585,12 @@ def _rope_flags(p: Plan, interleaved: bool, words: bool = False, row: bool = Fal
 
 
 def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
-    """What the per-token and flat launches pass alike: K and its output (Q's when there
-    is no K: the kernel does not touch them), both norms' arguments, the tables and the
-    positions (q itself where absent), and every tensor's strides as keyword arguments
-    (zero strides where absent): tuples follow the tensors and scalars, which the launch
-    replay (``fastpath``) substitutes by position."""
+    """What the per-token and flat launches pass alike: their leading positional arguments
+    (Q, K and their outputs -- Q's when there is no K: the kernel does not touch them --,
+    the tables and the positions -- q itself where absent --, both norms' arguments), K and
+    its output, both norms' arguments by name, and every tensor's strides as keyword
+    arguments (zero strides where absent): tuples follow the tensors and scalars, which the
+    launch replay (``fastpath``) substitutes by position."""
     dummy = p.q
     k, ko = (p.k, k_out) if p.k is not None else (p.q, q_out)
     if p.cos is not None:
@@ -611,7 +612,28 @@ def _launch_args(p: Plan, q_out: torch.Tensor, k_out: Optional[torch.Tensor]):
         sin_strides=sst,
         pos_strides=pst,
     )
-    return k, ko, qa, ka, cos, sin, pos, strides
+    lead = (
+        p.q,
+        q_out,
+        k,
+        ko,
+        cos,
+        sin,
+        pos,
+        qa["w"],
+        qa["b"],
+        qa["a"],
+        ka["w"],
+        ka["b"],
+        ka["a"],
+        qa["alpha"],
+        ka["alpha"],
+        qa["eps"],
+        ka["eps"],
+        qa["n"],
+        ka["n"],
+    )
+    return lead, k, ko, qa, ka, strides
 
 
 def launch(
@@ -649,36 +671,11 @@ def launch(
     )
     R2 = p.rotary_dim // 2
     P = D - p.rotary_dim
-    k, ko, qa, ka, cos, sin, pos, strides = _launch_args(p, q_out, k_out)
+    lead, k, ko, qa, ka, strides = _launch_args(p, q_out, k_out)
     grid = (B * S, triton_cdiv(H, st.heads))
     qsc, ksc, scst = _scale_args(p, quant)
-    args = (
-        p.q,
-        q_out,
-        k,
-        ko,
-        cos,
-        sin,
-        pos,
-        qa["w"],
-        qa["b"],
-        qa["a"],
-        ka["w"],
-        ka["b"],
-        ka["a"],
-        qa["alpha"],
-        ka["alpha"],
-        qa["eps"],
-        ka["eps"],
-        qa["n"],
-        ka["n"],
-        stats[0] if stats is not None else p.q,
-        stats[1] if stats is not None else p.q,
-        qsc,
-        ksc,
-        S,
-        H,
-    )
+    stats = stats if stats is not None else (p.q, p.q)
+    args = lead + (stats[0], stats[1], qsc, ksc, S, H)
     interleaved = p.interleaved and p.cos is not None
     # the word form where every interleaved pair is one aligned word (``_pair_words_ok``),
     # with the rows every head shares (a per-head norm's weight / bias, a table shared by
@@ -858,36 +855,12 @@ def launch_flat(
 
     B, S, H, D = p.q.shape
     has_k = p.k is not None
-    k, ko, qa, ka, cos, sin, pos, strides = _launch_args(p, q_out, k_out)
+    lead, k, ko, qa, ka, strides = _launch_args(p, q_out, k_out)
     row_contig = all(t.stride(3) == 1 and (H == 1 or t.stride(2) == D) for t in (p.q, q_out, k, ko))
     st = launch_settings(H, D, flat=True, has_k=has_k, itemsize=p.q.element_size())
     split_qk = has_k and (st.split_qk if split is None else bool(split))
     qsc, ksc, scst = _scale_args(p, quant)
-    args = (
-        p.q,
-        q_out,
-        k,
-        ko,
-        cos,
-        sin,
-        pos,
-        qa["w"],
-        qa["b"],
-        qa["a"],
-        ka["w"],
-        ka["b"],
-        ka["a"],
-        qa["alpha"],
-        ka["alpha"],
-        qa["eps"],
-        ka["eps"],
-        qa["n"],
-        ka["n"],
-        qsc,
-        ksc,
-        S,
-        H * D,
-    )
+    args = lead + (qsc, ksc, S, H * D)
     # the pair form where Q and K run in programs of their own through one body; mixed
     # norms keep the channel form (two bodies measured no faster: docs/design/qk_norm_rope.md)
     pairs = split_qk and _same_body(qa, ka) and pairs_applies(p, q_out, k_out, row_contig)
