@@ -57,6 +57,20 @@ def _row_amax(x, axis: tl.constexpr):
 
 
 @jit
+def _scale_inv(amax, M: tl.constexpr):
+    """A quantizer's scale ``amax / M`` and its inverse ``M / amax`` (IEEE divisions; both 1
+    where amax is 0, the inverse capped at the largest fp32, NaN kept)."""
+    zero = amax == 0.0
+    scale = tl.where(zero, 1.0, tl.div_rn(amax, M))
+    inv = tl.where(
+        zero,
+        1.0,
+        tl.minimum(tl.div_rn(M, amax), 3.4028234663852886e38, propagate_nan=tl.PropagateNan.ALL),
+    )
+    return scale, inv
+
+
+@jit
 def _qk_quant_kernel(
     x_ptr, y_ptr, s_ptr, S, H, x_strides, y_strides, D: tl.constexpr, BLOCK_S: tl.constexpr
 ):
@@ -67,13 +81,8 @@ def _qk_quant_kernel(
     inv = 127 / amax (IEEE divisions; both 1 where amax is 0, inv capped at the largest
     fp32), ``round_half_even(x * inv)``; a token with a NaN gets a NaN scale (its values 0),
     one with an infinity an infinite scale."""
-    bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    b = bh // H
-    h = bh - b * H
-    rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    bh, pid_s, b, h, rows, d = _head_block(H, BLOCK_S, D, BH_AXIS=0)
     rmask = (rows < S)[:, None]
-    d = tl.arange(0, D)
     r64 = rows.to(tl.int64)[:, None]
     x = tl.load(
         x_ptr
@@ -85,15 +94,7 @@ def _qk_quant_kernel(
         other=0.0,
     ).to(tl.float32)
     amax = _row_amax(x, 1)
-    zero = amax == 0.0
-    scale = tl.where(zero, 1.0, tl.div_rn(amax, 127.0))
-    inv = tl.where(
-        zero,
-        1.0,
-        tl.minimum(
-            tl.div_rn(127.0, amax), 3.4028234663852886e38, propagate_nan=tl.PropagateNan.ALL
-        ),
-    )
+    scale, inv = _scale_inv(amax, 127.0)
     t = x * inv[:, None]
     # + 1.5 * 2^23 rounds half to even and leaves the integer in the low mantissa bits
     # (|t| < 127.5: no clamp); NaN (a NaN token, or inf * 0) stored as 0
@@ -156,15 +157,7 @@ def _v_quant_kernel(
     :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's order)."""
     bh, rows, d, x = _v_block(v_ptr, S, H, v_strides, D, BLOCK_S)
     amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
-    zero = amax == 0.0
-    scale = tl.where(zero, 1.0, tl.div_rn(amax, 448.0))
-    inv = tl.where(
-        zero,
-        1.0,
-        tl.minimum(
-            tl.div_rn(448.0, amax), 3.4028234663852886e38, propagate_nan=tl.PropagateNan.ALL
-        ),
-    )
+    scale, inv = _scale_inv(amax, 448.0)
     y = _cast_e4m3(x * inv[None, :])
     obase = bh.to(tl.int64) * D * S_pad
     cols = key_position(rows) if A_ORDER else rows
@@ -281,19 +274,11 @@ def _key_tile(
 
 
 @jit
-def _key_range(
-    lo,
-    hi,
-    ops,
-    state,
-    BLOCK_N: tl.constexpr,
-    MASK: tl.constexpr,
-    BAND: tl.constexpr,
-    KMASK: tl.constexpr,
-):
-    """The key tiles lo, lo + BLOCK_N, ... below hi (:func:`_key_tile`): ``range`` on the
-    GPU (software-pipelined); the interpreter cannot take tensor bounds in range() under
-    numpy >= 2.3, so there the same tiles in the same order as a while loop."""
+def _key_range(lo, hi, ops, state, BLOCK_N: tl.constexpr, MASK, BAND, KMASK):
+    """The key tiles lo, lo + BLOCK_N, ... below hi (:func:`_key_tile`, which takes the
+    constexpr flags ``MASK``, ``BAND``, ``KMASK``): ``range`` on the GPU (software-
+    pipelined); the interpreter cannot take tensor bounds in range() under numpy >= 2.3,
+    so there the same tiles in the same order as a while loop."""
     if _INTERP_LOOP:
         start_n = lo
         while start_n < hi:
