@@ -460,7 +460,7 @@ def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch):
         "torchao linear-fp8",
     ]
     ways[-1] = (ways[-1][0], lambda m: ditfuse.patch(m))
-    monkeypatch.setattr(e2e, "linear_fp8_ways", lambda: ways)
+    monkeypatch.setattr(e2e, "linear_fp8_ways", lambda labels=None: ways)
     out, path = io.StringIO(), tmp_path / "e2e.csv"
     failed = e2e.run_e2e(
         ["wan14b-480p"],
@@ -484,3 +484,17 @@ def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch):
     assert [r["impl"] for r in rows] == ["unpatched eager"] + [w[0] + " eager" for w in ways]
     assert "patched linear-fp8 eager: ready in" in log
     assert "blocks.0.ffn.net.2: torch.bfloat16, exact" in log  # the patch report, printed
+
+
+def test_ways_select_and_reject(capsys):
+    from ditfuse.tools import bench
+
+    picked = e2e.linear_fp8_ways(["torchao linear-fp8", "patched fp8 + linear-fp8"])
+    assert [w[0] for w in picked] == ["patched fp8 + linear-fp8", "torchao linear-fp8"]
+    with pytest.raises(ValueError, match=r"unknown \['bf16'\]"):
+        e2e.linear_fp8_ways(["bf16"])
+    argv = ["--e2e", "--fp8", "--models", "wan14b-480p", "--ways", "patched,bf16"]
+    assert bench.main(argv + ["--linear-fp8"]) == 2
+    assert "--ways: unknown ['bf16']" in capsys.readouterr().err
+    assert bench.main(argv) == 2  # --linear-fp8 missing
+    assert "--ways goes with --fp8 --linear-fp8" in capsys.readouterr().err

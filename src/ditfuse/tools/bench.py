@@ -1106,6 +1106,13 @@ def main(argv=None) -> int:
         "linear='fp8', both, and torchao's float8 per-row linears as the peer",
     )
     ap.add_argument(
+        "--ways",
+        default=None,
+        help="with --e2e --fp8 --linear-fp8: comma-separated labels of the ways to run "
+        "after the unpatched baseline (default all: 'patched,patched fp8,patched "
+        "linear-fp8,patched fp8 + linear-fp8,torchao linear-fp8'); each is a compile",
+    )
+    ap.add_argument(
         "--models",
         default="all",
         help="with --e2e: comma-separated, from wan14b-480p,wan14b-720p,flux1-1024,"

@@ -730,10 +730,11 @@ def patch_fp8(model):
         raise RuntimeError(f"ditfuse.patch(model, attention='fp8') failed: {e}") from e
 
 
-def linear_fp8_ways():
+def linear_fp8_ways(labels=None):
     """The ways of ``ditfuse bench --e2e --fp8 --linear-fp8``: (label, patch) after the
     unpatched baseline -- the exact patch, 8-bit attention, FP8 linears, both, and torchao's
-    float8 dynamic per-row linears (the peer) on the model's block linears."""
+    float8 dynamic per-row linears (the peer) on the model's block linears; ``labels``: only
+    those, in this order (a ValueError names an unknown one)."""
     import ditfuse
 
     def torchao_linears(model):
@@ -757,13 +758,19 @@ def linear_fp8_ways():
         )
         return "torchao float8 dynamic per-row block linears"
 
-    return [
+    ways = [
         ("patched", ditfuse.patch),
         ("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
         ("patched linear-fp8", lambda m: ditfuse.patch(m, linear="fp8")),
         ("patched fp8 + linear-fp8", lambda m: ditfuse.patch(m, attention="fp8", linear="fp8")),
         ("torchao linear-fp8", torchao_linears),
     ]
+    if labels is None:
+        return ways
+    unknown = [w for w in labels if w not in dict(ways)]
+    if unknown or not labels:
+        raise ValueError(f"ways: unknown {unknown}; known: {', '.join(w for w, _ in ways)}")
+    return [w for w in ways if w[0] in labels]
 
 
 def run_model_fp8(
@@ -1133,6 +1140,7 @@ def run_e2e(
     rounds: int = 3,
     fp8: bool = False,
     linear: bool = False,
+    ways=None,
 ) -> int:
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
@@ -1159,7 +1167,7 @@ def run_e2e(
                         f"  {n}: no 8-bit attention rows (not a transformer)", file=out, flush=True
                     )
                     continue
-                ways = linear_fp8_ways() if linear else None
+                chosen = linear_fp8_ways(ways) if linear else None
                 _, _, reports = run_model_fp8(
                     spec,
                     device,
@@ -1171,13 +1179,13 @@ def run_e2e(
                     steps=steps,
                     mem=mem,
                     rounds=rounds,
-                    ways=ways,
+                    ways=chosen,
                     progress=lambda line: print(line, file=out, flush=True),
                     **kw,
                 )
                 labels = (
-                    [w[0] for w in ways]
-                    if ways
+                    [w[0] for w in chosen]
+                    if chosen
                     else ["ditfuse.patch", "ditfuse.patch(attention='fp8')"]
                 )
                 for label, rep in zip(labels, reports):
@@ -1220,6 +1228,17 @@ def main(args) -> int:
     if linear and not fp8:
         print("ditfuse bench --e2e: --linear-fp8 goes with --fp8", file=sys.stderr)
         return 2
+    ways = getattr(args, "ways", None)
+    if ways is not None:
+        if not linear:
+            print("ditfuse bench --e2e: --ways goes with --fp8 --linear-fp8", file=sys.stderr)
+            return 2
+        ways = [w.strip() for w in ways.split(",") if w.strip()]
+        try:
+            linear_fp8_ways(ways)
+        except ValueError as e:
+            print(f"ditfuse bench --e2e: --{e}", file=sys.stderr)
+            return 2
     if args.models == "all":
         names = list(FP8_MODELS) if fp8 else [n for n, s in E2E_MODELS.items() if s.in_all]
     else:
@@ -1250,7 +1269,7 @@ def main(args) -> int:
     )
     if linear:
         what = (
-            f"FP8: unpatched, {', '.join(w[0] for w in linear_fp8_ways())}"
+            f"FP8: unpatched, {', '.join(w[0] for w in linear_fp8_ways(ways))}"
             f"{', each under torch.compile' if compile_backend else ' (eager)'}; {steps}-step "
             f"trajectories against unpatched eager bf16; {rounds} timing rounds"
         )
@@ -1295,6 +1314,7 @@ def main(args) -> int:
         steps=steps,
         fp8=fp8,
         linear=linear,
+        ways=ways,
     )
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0
