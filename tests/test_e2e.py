@@ -445,6 +445,11 @@ def test_device_weights_gib_counts_each_storage_once():
     m.register_buffer("elsewhere", torch.empty(1000, device="meta"))
     assert e2e.device_weights_gib(m, "cpu") * 2**30 == (4 * 8 + 8) * 2
     assert e2e.device_weights_gib(m, "meta") * 2**30 == 1000 * 4
+    from torch.testing._internal.two_tensor import TwoTensor  # a wrapper subclass
+
+    w = torch.nn.Module()
+    w.p = torch.nn.Parameter(TwoTensor(torch.ones(3), torch.ones(3)), requires_grad=False)
+    assert e2e.device_weights_gib(w, "cpu") * 2**30 == 2 * 3 * 4
 
 
 def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch):

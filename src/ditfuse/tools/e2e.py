@@ -586,10 +586,17 @@ def device_weights_gib(model: torch.nn.Module, device) -> float:
     """GiB of ``model``'s parameters and buffers on ``device``, each storage once (what the
     model holds there: FP8 linears count their e4m3 weights and scales, not the 16-bit
     weights they keep on the host)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     seen, total = set(), 0
     dev = torch.device(device)
-    for t in list(model.parameters()) + list(model.buffers()):
+    todo = list(model.parameters()) + list(model.buffers())
+    while todo:
+        t = todo.pop()
         if t.device.type != dev.type:
+            continue
+        if is_traceable_wrapper_subclass(t):  # e.g. torchao's float8 weights: their parts
+            todo.extend(getattr(t, name) for name in t.__tensor_flatten__()[0])
             continue
         st = t.untyped_storage()
         if st.data_ptr() not in seen:
