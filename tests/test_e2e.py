@@ -452,6 +452,7 @@ def test_device_weights_gib_counts_each_storage_once():
     assert e2e.device_weights_gib(w, "cpu") * 2**30 == 2 * 3 * 4
 
 
+@pytest.mark.slow
 def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch):
     """run_e2e(fp8=True, linear=True): a row for the unpatched model and each of the
     linear-FP8 ways, in order; a way that cannot run here (torchao, no FP8 device) is

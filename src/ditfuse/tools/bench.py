@@ -1106,6 +1106,13 @@ def main(argv=None) -> int:
         "linear='fp8', both, and torchao's float8 per-row linears as the peer",
     )
     ap.add_argument(
+        "--linear-sensitivity",
+        action="store_true",
+        help="with --e2e: per-class and per-layer accuracy of FP8 block linears (eager "
+        "trajectories and one step against the unpatched model; each FP8 linear against its "
+        "16-bit weight in the model), default model wan14b-480p",
+    )
+    ap.add_argument(
         "--ways",
         default=None,
         help="with --e2e --fp8 --linear-fp8: comma-separated labels of the ways to run "
@@ -1137,6 +1144,10 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     if args.e2e:
+        if args.linear_sensitivity:
+            from ditfuse.tools.linear_sensitivity import main as sensitivity_main
+
+            return sensitivity_main(args)
         from ditfuse.tools.e2e import main as e2e_main
 
         return e2e_main(args)
