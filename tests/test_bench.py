@@ -343,6 +343,7 @@ def test_attention_fp8_unavailable_sage_and_failures_are_rows(monkeypatch):
     assert rows["sdpa-flash"]["us"] == 5.0 and math.isnan(rows["sdpa-flash"]["x_sage"])
 
 
+@pytest.mark.slow  # test_attention_fp8_bench_case_on_cpu covers the case in the default tier
 def test_bench_smoke_attention_fp8_writes_the_csv(tmp_path, capsys):
     """``ditfuse bench --smoke --op attention-fp8`` on the CPU: the registry runner, the CSV
     (the 8-bit columns, the notes quoted) and the summary; fp32 is no 8-bit attention dtype."""
