@@ -119,3 +119,10 @@ PATCHED_DECODE = {FP32: 5e-3, BF16: 2.0**-5}
 #: differently from one over S).
 CONTEXT_PARALLEL = {FP32: 1e-5, BF16: 2e-2}
 CONTEXT_PARALLEL_MIN_PSNR = {FP32: None, BF16: 40.0}
+
+
+def cos_rel(out: torch.Tensor, ref: torch.Tensor) -> tuple:
+    """(cosine similarity, relative L2 error) of ``out`` against ``ref``, both flattened and
+    in float64: the two numbers the accuracy bounds above are written in."""
+    o, r = out.double().flatten(), ref.double().flatten()
+    return (o @ r / (o.norm() * r.norm())).item(), ((o - r).norm() / r.norm()).item()

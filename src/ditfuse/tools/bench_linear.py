@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from ditfuse.tolerances import cos_rel
 from ditfuse.tools.timing import graph_or_eager_us
 
 
@@ -96,12 +97,6 @@ LINEAR_IMPLS = (
 )
 
 
-def _errors(y: torch.Tensor, ref: torch.Tensor):
-    yd, rd = y.double().flatten(), ref.flatten()
-    cos = F.cosine_similarity(yd, rd, dim=0).item()
-    return cos, ((yd - rd).norm() / rd.norm()).item()
-
-
 def _torchao_linear(w, b):
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
@@ -131,7 +126,7 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
 
         def row(impl, us, y=None, gbps=nan, pct=nan, note="", against=None):
             cos, rel = (
-                _errors(y, against if against is not None else ref) if y is not None else (nan, nan)
+                cos_rel(y, against if against is not None else ref) if y is not None else (nan, nan)
             )
             emit(
                 "linear_fp8",
@@ -216,7 +211,7 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 )
             if "ditfuse-fp8-gelu" in impls:
                 us = timer(lambda: linear_fp8(x, wq, ws, b, activation="gelu_tanh"))
-                cos, rel = _errors(linear_fp8(x, wq, ws, b, activation="gelu_tanh"), ref_g)
+                cos, rel = cos_rel(linear_fp8(x, wq, ws, b, activation="gelu_tanh"), ref_g)
                 emit(
                     "linear_fp8",
                     shape.name,

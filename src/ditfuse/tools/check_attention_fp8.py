@@ -47,11 +47,6 @@ def planned(small: bool = False) -> int:
     return len(_shapes(small)) * len(KINDS) + 2
 
 
-def _metrics(o, r):
-    o, r = o.double().flatten(), r.double().flatten()
-    return (o @ r / (o.norm() * r.norm())).item(), ((o - r).norm() / r.norm()).item()
-
-
 def _operands(q, k):
     """The 8-bit q / k and their (B, H, S) scales that ``attention(q, k, v, precision="fp8")``
     computes with on this device: the warp-specialized kernel's (K less its (batch, head)'s
@@ -89,7 +84,7 @@ def check_gates(g, device, small: bool):
             kd, vd = (x[:, :, heads].double().transpose(1, 2) for x in (k, v))
             ref = ((qd @ kd.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ vd).transpose(1, 2)
             sub = out[:, rows][:, :, heads]
-            cos, rel = _metrics(sub, ref)
+            cos, rel = tolerances.cos_rel(sub, ref)
             q8, k8, q_scale, k_scale = _operands(q, k)
             emu = attention_8bit_core(
                 q8[:, rows][:, :, heads],
@@ -99,7 +94,7 @@ def check_gates(g, device, small: bool):
                 k_scale[:, heads],
                 scale=1.0 / math.sqrt(D),
             )
-            dev = _metrics(sub, emu)[1]
+            dev = tolerances.cos_rel(sub, emu)[1]
             finite = bool(torch.isfinite(out).all())
             ok = finite and cos >= COS_MIN and rel <= REL_L2_MAX and dev <= KERNEL_VS_EMULATION
             g.add(

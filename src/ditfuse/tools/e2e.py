@@ -1125,9 +1125,9 @@ HEADER = (
 )
 
 
-def write_csv(path: str, rows) -> None:
+def write_csv(path: str, rows, fields=ROW_FIELDS) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
 

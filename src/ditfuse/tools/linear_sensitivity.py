@@ -16,7 +16,6 @@ For one model of :data:`ditfuse.tools.e2e.E2E_MODELS` (eager, the model's dtype)
 from __future__ import annotations
 
 import copy
-import csv
 import datetime
 import fnmatch
 import os
@@ -27,6 +26,8 @@ from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
+
+from ditfuse.tolerances import cos_rel
 
 ROW_FIELDS = [
     "model",
@@ -41,11 +42,6 @@ ROW_FIELDS = [
 ]
 
 _QKV = re.compile(r"\.(to_[qkv]|add_[qkv]_proj)$")
-
-
-def _metrics(out: torch.Tensor, ref: torch.Tensor):
-    o, r = out.double().flatten(), ref.double().flatten()
-    return (o @ r / (o.norm() * r.norm())).item(), ((o - r).norm() / r.norm()).item()
 
 
 def _block_place(name: str):
@@ -109,7 +105,7 @@ def layer_accuracy(model: torch.nn.Module, kw: dict) -> List[tuple]:
     def linear_hook(name):
         def hook(m, args, out):
             ref = F.linear(args[0], w16(m), m.bias)
-            rows.append((name, *_metrics(out, ref)))
+            rows.append((name, *cos_rel(out, ref)))
 
         return hook
 
@@ -124,7 +120,7 @@ def layer_accuracy(model: torch.nn.Module, kw: dict) -> List[tuple]:
             proj = m.net[-1]
             x = F.gelu(hidden.pop(name), approximate="tanh")
             ref = F.linear(x, w16(proj), proj.bias)
-            rows.append((f"{name}.net.2 (GELU fused)", *_metrics(out, ref)))
+            rows.append((f"{name}.net.2 (GELU fused)", *cos_rel(out, ref)))
 
         return hook
 
@@ -196,7 +192,7 @@ def run_sensitivity(
         fn(m)
         with torch.no_grad():
             traj = e2e.trajectory(m, kw, spec, steps)
-            cos, rel = _metrics(m(**kw)[0], ref1)
+            cos, rel = cos_rel(m(**kw)[0], ref1)
         row(
             "way",
             label,
@@ -247,10 +243,7 @@ def main(args) -> int:
         rows.append(r)
         cells = [f"{r[k]:.6g}" if isinstance(r[k], float) else str(r[k] or "") for k in ROW_FIELDS]
         print("  ".join(cells), flush=True)
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=ROW_FIELDS)
-            w.writeheader()
-            w.writerows(rows)
+        e2e.write_csv(path, rows, ROW_FIELDS)
 
     print(f"{gpu}, torch {torch.__version__}; eager, bf16; " + "  ".join(ROW_FIELDS), flush=True)
     for n in names:

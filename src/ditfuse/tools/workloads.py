@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ditfuse.norms import NormSpec
+from ditfuse.tolerances import cos_rel
 from ditfuse.tools.attention_inputs import FAMILIES, attention_inputs
 from ditfuse.tools.shapes import QKShape
 
@@ -282,8 +283,4 @@ def attention_reference_subset(q, k, v, rows, heads, scale=None, chunk: int = 25
 def subset_errors(out, ref, rows, heads) -> tuple:
     """(cosine similarity, relative L2 error) of ``out[:, rows][:, :, heads]`` (a (B, S, H, D)
     output) flattened against ``ref`` (:func:`attention_reference_subset`)."""
-    a = out[:, rows][:, :, heads].double().flatten()
-    b = ref.flatten()
-    cos = (a @ b / (a.norm() * b.norm())).item()
-    rel = ((a - b).norm() / b.norm()).item()
-    return cos, rel
+    return cos_rel(out[:, rows][:, :, heads], ref)
