@@ -356,13 +356,27 @@ def cat_quantized(parts) -> QuantizedQK:
     )
 
 
-def attention_8bit(
-    qk: QuantizedQK, value: torch.Tensor, k=None, k_scale=None, key_mask=None
-) -> torch.Tensor:
-    """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) int8 Q / K with their
-    per-token scales (``k`` / ``k_scale``: other keys for the same queries) and 16-bit V,
-    ``key_mask`` (bool (B, S_kv), :func:`key_padding`) the keys attended; (B, S, H, D) in
-    V's dtype."""
+def qk_8bit(key_mask=None):
+    """What a patched processor's QK-norm + RoPE kernel writes for its 8-bit attention call
+    (one that :func:`use_8bit` lets through): ``None``, 16-bit Q / K, where
+    ``ditfuse.attention(..., precision="fp8")`` takes them to the warp-specialized sm_90
+    kernel -- no key mask, a GPU (:func:`use_8bit` has checked it is an sm_90 one); that
+    kernel quantizes Q a token and K a 128-key tile after the mean key itself, and runs at
+    1.4x the per-token kernel (docs/design/attention_fp8.md) -- else ``"int8"``: Q / K with
+    per-token scales from the same kernel, for the kernel that takes a key mask (and the
+    one Triton's interpreter runs)."""
+    return None if key_mask is None and not backend.INTERPRET else "int8"
+
+
+def attention_8bit(qk, value: torch.Tensor, k=None, k_scale=None, key_mask=None) -> torch.Tensor:
+    """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) Q / K -- ``qk`` a
+    ``QuantizedQK`` (int8 with per-token scales) or a 16-bit (q, k) pair, as :func:`qk_8bit`
+    chose -- and 16-bit V (``k`` / ``k_scale``: other keys for the same queries, in ``qk``'s
+    form; ``k_scale`` None for 16-bit ones), ``key_mask`` (bool (B, S_kv),
+    :func:`key_padding`) the keys attended; (B, S, H, D) in V's dtype."""
+    if not isinstance(qk, QuantizedQK):
+        q, k = qk[0], qk[1] if k is None else k
+        return _attention(q, k, value, precision=FP8, key_mask=key_mask)
     k, k_scale = (qk.k, qk.k_scale) if k is None else (k, k_scale)
     return _attention(
         qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale, key_mask=key_mask

@@ -31,8 +31,8 @@ def joint_processor(base, get_qkv_projections, out):
         q/k norm is not an RMSNorm (torch's or diffusers'), or when ``image_rotary_emb`` is
         not a (cos, sin) pair of (S_total, D) tables.
 
-        With ``patch(attention="fp8")``: each stream's Q / K also quantized to int8 with
-        per-token scales by its kernel, the streams concatenated (text first), and the
+        With ``patch(attention="fp8")``: each stream's Q / K from its kernel as
+        ``common.qk_8bit`` says, the streams concatenated (text first), and the
         attention on ``ditfuse.attention(..., precision="fp8")`` where the call allows it
         (:func:`joint_attention`); else the 16-bit path.
         """
@@ -171,8 +171,9 @@ def joint_attention(
     """The FLUX processors' attention from the projections to the (B, S_total, H*D) output:
     :func:`joint_qk` and the model's dispatch (16 bits), or with ``patch(attention="fp8")``
     where the call allows it (``common.use_8bit`` / ``common.attend``) each stream
-    normalised, rotated and quantized (int8, per-token scales) by one kernel, the streams
-    concatenated text first (their values and their scales), V as the processor
+    normalised and rotated by one kernel -- and, where ``common.qk_8bit`` says (a key mask),
+    quantized (int8, per-token scales) by it -- the streams concatenated text first (their
+    values and their scales), V as the processor
     concatenates it, and ``ditfuse.attention(..., precision="fp8")`` -- a key-padding
     ``mask`` (bool (B or 1, 1, 1, S_total), ``common.key_padding``) as its ``key_mask``."""
     enc = (encoder_query, encoder_key, encoder_value) if joint else ()
@@ -182,9 +183,11 @@ def joint_attention(
         return common.sdpa(proc, dispatch_attention_fn, query, key, value, mask)
 
     def attend_8bit(query, key, value, *enc, key_mask=None):
-        qk, value = joint_qk(
-            attn, query, key, value, *(enc or (None,) * 3), rope, joint, quantize="int8"
+        quantize = common.qk_8bit(key_mask)
+        out = joint_qk(
+            attn, query, key, value, *(enc or (None,) * 3), rope, joint, quantize=quantize
         )
+        qk, value = out if quantize else (out[:2], out[2])
         return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
     eight = common.use_8bit(proc, query, value, attn.head_dim, mask, proc._parallel_config)

@@ -63,10 +63,10 @@ def _make_processors(fuse_act: bool = True):
         values as ``torch.cat([attn, mlp_act_fn(mlp)], -1)`` without the activation's own
         tensor and the cat's second copy. Falls back to the original in the same cases as
         the double-stream processor; to ``mlp_act_fn`` + cat when it is not a Flux2SwiGLU
-        or the kernel cannot take the input. With ``patch(attention="fp8")`` Q / K also
-        quantized by the kernel and the attention on 8 bits where the call allows it
-        (``common.use_8bit``, ``common.attend``; a key-padding mask the kernel's
-        ``key_mask``)."""
+        or the kernel cannot take the input. With ``patch(attention="fp8")`` the attention
+        on 8 bits where the call allows it (``common.use_8bit``, ``common.attend``; a
+        key-padding mask the kernel's ``key_mask``), Q / K from the kernel as
+        ``common.qk_8bit`` says."""
 
         def __init__(self, fuse_act: bool = fuse_act):  # default: patch(activations=...)
             super().__init__()
@@ -98,8 +98,15 @@ def _make_processors(fuse_act: bool = True):
                 return common.sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
 
             def attend_8bit(query, key, value, key_mask=None):
+                quantize = common.qk_8bit(key_mask)
                 qk = qk_norm_rope(
-                    query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k, quantize="int8"
+                    query,
+                    key,
+                    cos,
+                    sin,
+                    q_norm=attn.norm_q,
+                    k_norm=attn.norm_k,
+                    **({"quantize": quantize} if quantize else {}),
                 )
                 return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 

@@ -45,10 +45,12 @@ def _dual_8bit(
     attn, cos, sin, query, key, value, encoder_query, encoder_key, encoder_value, key_mask=None
 ):
     """A dual-stream block's attention on 8 bits: each stream's Q / K normalised (the image's
-    also rotated) and quantized to int8 with per-token scales by one kernel, concatenated
-    image first (values and scales), V as :func:`_dual_qkv` concatenates it."""
+    also rotated) by one kernel -- and, as ``common.qk_8bit`` says, quantized to int8 with
+    per-token scales by it -- concatenated image first (values and scales), V as
+    :func:`_dual_qkv` concatenates it."""
     qk = common.joint_qk(
-        _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key), quantize="int8"
+        _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key),
+        quantize=common.qk_8bit(key_mask),
     )
     return common.attention_8bit(
         qk, torch.cat([value, encoder_value], dim=1), key_mask=key_mask
@@ -97,8 +99,8 @@ def _make_processor():
         RMSNorm/LayerNorm, or the RoPE is not a (cos, sin) pair of (S_image, D) tables.
 
         With ``patch(attention="fp8")``: each stream's (the single-stream blocks: each token
-        range's) Q / K also quantized to int8 with per-token scales by its kernel, the
-        quantized streams concatenated image first, and the attention on
+        range's) Q / K from its kernel as ``common.qk_8bit`` says (with a key mask: int8 with
+        per-token scales), the streams concatenated image first, and the attention on
         ``ditfuse.attention(..., precision="fp8")`` where the call allows it
         (``common.use_8bit``, ``common.attend``): the model's joint mask, bool (B, 1, 1, N),
         is a key-padding mask -- the padded prompt tokens go to the kernel as its
@@ -150,7 +152,8 @@ def _make_processor():
             def attend_8bit(query, key, value, *enc, key_mask=None):
                 if enc:
                     return _dual_8bit(attn, cos, sin, query, key, value, *enc, key_mask=key_mask)
-                qk = _single_qk(attn, cos, sin, query, key, n_img, text, quantize="int8")
+                quantize = common.qk_8bit(key_mask)
+                qk = _single_qk(attn, cos, sin, query, key, n_img, text, quantize=quantize)
                 return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             query, value = operands[0], operands[2]

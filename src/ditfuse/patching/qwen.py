@@ -43,8 +43,9 @@ def _make_processor():
         Falls back to the original when autograd needs gradients, a q/k norm is not an
         RMSNorm, or the RoPE is not an (image, text) pair of complex (S, D/2) tables.
 
-        With ``patch(attention="fp8")``: each stream's Q / K also quantized to int8 with
-        per-token scales by its kernel, concatenated text first, and the attention on
+        With ``patch(attention="fp8")``: each stream's Q / K from its kernel as
+        ``common.qk_8bit`` says (with a key mask: int8 with per-token scales), concatenated
+        text first, and the attention on
         ``ditfuse.attention(..., precision="fp8")`` where the call allows it
         (``common.use_8bit``, ``common.attend``): the joint mask built from a boolean
         ``encoder_hidden_states_mask`` (the model's forward makes it one) is a key-padding
@@ -144,7 +145,9 @@ def _make_processor():
                 return common.sdpa(self, dispatch_attention_fn, q, k, v, attention_mask)
 
             def attend_8bit(img_q, img_k, txt_q, txt_k, v, key_mask=None):
-                qk = common.joint_qk(streams(img_q, img_k, txt_q, txt_k), quantize="int8")
+                qk = common.joint_qk(
+                    streams(img_q, img_k, txt_q, txt_k), common.qk_8bit(key_mask), like=1
+                )
                 return common.attention_8bit(qk, v, key_mask=key_mask).flatten(2, 3)
 
             eight = common.use_8bit(self, img_q, v, D, attention_mask, self._parallel_config)

@@ -73,20 +73,28 @@ def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
     return (q[0], k[0]) if quantize is None else QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
 
 
-def attention_8bit_i2v(attn, qk: QuantizedQK, value, image=()):
-    """Wan's attention on 8 bits from (B, S, H*D) quantized Q / K and 16-bit V: the text (or
+def attention_8bit_i2v(attn, qk, value, image=()):
+    """Wan's attention on 8 bits from (B, S, H*D) Q / K as :func:`norm_rope` wrote them for
+    ``common.qk_8bit`` (a ``QuantizedQK``, or a 16-bit pair) and 16-bit V: the text (or
     self-attention) keys, plus with ``image`` (its key and value projections: I2V) the image
-    keys -- ``norm_added_k`` quantized by the kernel -- attended with the same quantized Q.
+    keys -- ``norm_added_k`` by the kernel, in Q / K's form -- attended with the same Q.
     (B, S, H*D) in V's dtype."""
     H = attn.heads
-    qk = _heads8(qk, H)
-    out = common.attention_8bit(qk, value.unflatten(2, (H, -1))).flatten(2, 3)
+
+    def heads(t):
+        return t.unflatten(2, (H, -1))
+
+    quantized = isinstance(qk, QuantizedQK)
+    qk = _heads8(qk, H) if quantized else tuple(map(heads, qk))
+    out = common.attention_8bit(qk, heads(value)).flatten(2, 3)
     if image:
         key_img, value_img = image
-        k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
-        out = out + common.attention_8bit(
-            qk, value_img.unflatten(2, (H, -1)), k=k_img.q, k_scale=k_img.q_scale
-        ).flatten(2, 3)
+        if quantized:
+            k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
+            k, k_scale = k_img.q, k_img.q_scale
+        else:
+            k, k_scale = heads(_qk(key_img, attn.norm_added_k, H)[0]), None
+        out = out + common.attention_8bit(qk, heads(value_img), k=k, k_scale=k_scale).flatten(2, 3)
     return out
 
 
@@ -133,11 +141,12 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         tables, where eager Wan rounds every RoPE product in bf16 and the kernel rounds once
         (within a rounding).
 
-        With ``patch(attention="fp8")`` the same kernel also writes Q and K as int8 with
-        per-token scales, and self-, cross- and I2V image attention run on
+        With ``patch(attention="fp8")`` self-, cross- and I2V image attention run on
         ``ditfuse.attention(..., precision="fp8")`` where ``common.use_8bit`` holds (head_dim
         64 / 128, a 16-bit model, no context-parallel exchange in the call, a device the
-        kernel runs on) and the mask masks nothing (``common.attend``); else the 16-bit path.
+        kernel runs on) and the mask masks nothing (``common.attend``), Q / K from the same
+        kernel in 16 bits or, under Triton's interpreter, int8 with per-token scales
+        (``common.qk_8bit``); else the 16-bit path.
         """
 
         def __call__(
@@ -189,7 +198,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
                 )
 
             def attend_8bit(query, key, value, *img):
-                qk = norm_rope(attn, query, key, rotary_emb, quantize="int8")
+                qk = norm_rope(attn, query, key, rotary_emb, quantize=common.qk_8bit())
                 return attention_8bit_i2v(attn, qk, value, img)
 
             hidden_states = common.attend(

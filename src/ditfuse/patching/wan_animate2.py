@@ -145,10 +145,10 @@ def _make_processors():
         Falls back to the base processor when autograd needs gradients, a norm is not one
         the kernel reads, or the rotary table / grid is not one :func:`_tables` reproduces.
 
-        With ``patch(attention="fp8")``, "extract": the rotated Q / K also quantized to int8
-        with per-token scales by their kernels (the cache keeps the normalised 16-bit K) and
-        the dense pass (no mask) on ``ditfuse.attention(..., precision="fp8")`` where
-        ``common.use_8bit`` holds; "cached" (a flex block mask) keeps the 16-bit path.
+        With ``patch(attention="fp8")``, "extract": the dense pass (no mask) on
+        ``ditfuse.attention(..., precision="fp8")`` where ``common.use_8bit`` holds, the
+        rotated Q / K from their kernels as ``common.qk_8bit`` says (the cache keeps the
+        normalised 16-bit K); "cached" (a flex block mask) keeps the 16-bit path.
         """
 
         def __call__(
@@ -226,6 +226,7 @@ def _make_processors():
                 key, _ = _qk(key, attn.norm_k, H)
                 kv_cache.store(key.unflatten(2, (H, -1)), value)
                 if common.use_8bit(self, query, value, D, None, self._parallel_config):
+                    quantize = common.qk_8bit()
                     q = qk_norm_rope(
                         query,
                         None,
@@ -234,10 +235,13 @@ def _make_processors():
                         q_norm=attn.norm_q,
                         num_heads=H,
                         rotary_dim=D,
-                        quantize="int8",
+                        **({"quantize": quantize} if quantize else {}),
                     )
-                    k = _rotate(key, cos, sin, H, quantize="int8")
-                    qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
+                    k = _rotate(key, cos, sin, H, quantize=quantize)
+                    if quantize:
+                        qk = _heads8(QuantizedQK(q.q, k.q, q.q_scale, k.q_scale), H)
+                    else:
+                        qk = (q[0].unflatten(2, (H, -1)), k.unflatten(2, (H, -1)))
                     hidden_states = common.attention_8bit(qk, value).flatten(2, 3)
                     hidden_states = attn.to_out[0](hidden_states)
                     return attn.to_out[1](hidden_states)
@@ -298,8 +302,9 @@ def _make_processors():
         ``torch.nn.RMSNorm``: the statistic's summation order), the processor's own code
         around them (:func:`~ditfuse.patching.wan.projected`). Falls back to the base
         processor when autograd needs gradients or a norm is not one the kernel reads. With
-        ``patch(attention="fp8")``: Q and the (text, image) keys quantized by their kernels
-        and both attentions (no mask) on 8 bits where ``common.use_8bit`` holds."""
+        ``patch(attention="fp8")``: both attentions (no mask) on 8 bits where
+        ``common.use_8bit`` holds, Q and the (text, image) keys from their kernels as
+        ``common.qk_8bit`` says."""
 
         def __call__(
             self, attn, hidden_states, encoder_hidden_states, encoder_hidden_states_image=None
@@ -327,7 +332,7 @@ def _make_processors():
             if common.use_8bit(
                 self, query, value, value.shape[-1] // H, None, self._parallel_config
             ):
-                qk = norm_rope(attn, query, key, quantize="int8")
+                qk = norm_rope(attn, query, key, quantize=common.qk_8bit())
                 hidden_states = attention_8bit_i2v(attn, qk, value, img)
             else:  # the processor's own code on the normalised Q / K and image keys
                 hidden_states = super().__call__(
