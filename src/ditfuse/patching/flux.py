@@ -129,7 +129,7 @@ def joint_qk(
             sin,
             q_norm=attn.norm_q,
             k_norm=attn.norm_k,
-            **({"quantize": quantize} if quantize else {}),
+            quantize=quantize,
         )
     else:
         encoder_query, encoder_key, encoder_value = (

@@ -89,25 +89,17 @@ def _make_processors(fuse_act: bool = True):
             value = value.unflatten(-1, (-1, D))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
 
+            norms = dict(q_norm=attn.norm_q, k_norm=attn.norm_k)
+
             def attend_16bit(query, key, value):
                 # into fresh Q / K (contiguous for the attention) rather than in place on the
                 # projection's chunks: the same bits, faster (docs/design/qk_norm_rope.md)
-                query, key = qk_norm_rope(
-                    query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k
-                )
+                query, key = qk_norm_rope(query, key, cos, sin, **norms)
                 return common.sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
 
             def attend_8bit(query, key, value, key_mask=None):
                 quantize = common.qk_8bit(key_mask)
-                qk = qk_norm_rope(
-                    query,
-                    key,
-                    cos,
-                    sin,
-                    q_norm=attn.norm_q,
-                    k_norm=attn.norm_k,
-                    **({"quantize": quantize} if quantize else {}),
-                )
+                qk = qk_norm_rope(query, key, cos, sin, quantize=quantize, **norms)
                 return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             hidden_states = common.attend(

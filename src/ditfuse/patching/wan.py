@@ -50,7 +50,7 @@ def _qk(x, norm, H, cos=None, sin=None, k=None, k_norm=None, quantize=None):
         k_norm=k_norm,
         num_heads=H,
         rotary_dim=D if cos is not None else None,
-        **({"quantize": quantize} if quantize else {}),
+        quantize=quantize,
     )
 
 

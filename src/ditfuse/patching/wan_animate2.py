@@ -115,7 +115,7 @@ def _rotate(x, cos, sin, H, quantize=None):
         sin,
         num_heads=None if x.dim() == 4 else H,
         rotary_dim=D,
-        **({"quantize": quantize} if quantize else {}),
+        quantize=quantize,
     )
     return out if quantize else out[0]
 
@@ -235,7 +235,7 @@ def _make_processors():
                         q_norm=attn.norm_q,
                         num_heads=H,
                         rotary_dim=D,
-                        **({"quantize": quantize} if quantize else {}),
+                        quantize=quantize,
                     )
                     k = _rotate(key, cos, sin, H, quantize=quantize)
                     if quantize:
