@@ -680,7 +680,13 @@ _CAPABILITY: dict = {}
 
 
 def _sm90(device) -> bool:
-    i = device.index if device.index is not None else torch.cuda.current_device()
+    """``device`` (a CUDA one) is an sm_90 GPU: asked once a device, and under torch.compile
+    a constant of the trace (the 8-bit front door routes on it while tracing)."""
+    return _sm90_index(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@torch.compiler.assume_constant_result
+def _sm90_index(i: int) -> bool:
     if i not in _CAPABILITY:
         _CAPABILITY[i] = torch.cuda.get_device_capability(i)
     return _CAPABILITY[i][0] == 9

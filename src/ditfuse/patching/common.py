@@ -14,6 +14,7 @@ import torch
 from ditfuse.norms import norm_readable
 from ditfuse.ops.activations import supported
 from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
+from ditfuse.ops.attention import _sm90
 from ditfuse.ops.attention_api import attention as _attention
 from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
@@ -192,15 +193,7 @@ def kernel_8bit_ok(t: torch.Tensor) -> bool:
     scores of the whole sequence), where the 16-bit path is the faster and exact one."""
     if backend.INTERPRET:
         return t.device.type == "cpu"
-    return t.is_cuda and _sm90(
-        t.device.index if t.device.index is not None else torch.cuda.current_device()
-    )
-
-
-@torch.compiler.assume_constant_result
-def _sm90(index: int) -> bool:
-    """Device ``index`` is an sm_90 GPU (under torch.compile a constant of the trace)."""
-    return torch.cuda.get_device_capability(index)[0] == 9
+    return t.is_cuda and _sm90(t.device)
 
 
 def _mask_8bit_dtype(mask) -> bool:
