@@ -84,7 +84,7 @@ def test_patch_gates_without_diffusers_skip(monkeypatch, capsys):
     g = c.Gates()
     c.patch_gates(g, "cpu")
     c.vae_patch_gates(g, "cpu")
-    c.check_patch_fp8.check_gates(g, "cpu", True)
+    c.patch_fp8_gates(g, "cpu", True)
     assert [r[2] for r in g.rows] == ["SKIP", "SKIP", "SKIP"] and g.ok
     assert g.summary() == (
         "0/0 gates passed, 3 skipped (diffusers is not installed: pip install 'ditfuse[diffusers]')"

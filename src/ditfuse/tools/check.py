@@ -450,6 +450,12 @@ def patch_gates(g: Gates, device):
             )
 
 
+def patch_fp8_gates(g: Gates, device, small: bool):
+    """``patch(attention="fp8")`` on each family's tiny model (:mod:`check_patch_fp8`)."""
+    if _have_diffusers(g, check_patch_fp8.GATE):
+        check_patch_fp8.check_gates(g, device, small)
+
+
 @torch.no_grad()
 def vae_patch_gates(g: Gates, device):
     """The VAEs ``patch`` covers (tiny configs, random weights): the decode and encode patched
@@ -559,7 +565,7 @@ def main(argv=None) -> int:
     check_attention_fp8.check_gates(g, device, small)
     patch_gates(g, device)
     vae_patch_gates(g, device)
-    check_patch_fp8.check_gates(g, device, small)
+    patch_fp8_gates(g, device, small)
     if int64:
         qk_int64_offsets(g, device)
     table = g.table()

@@ -69,14 +69,8 @@ def _route_ok(seen, calls: int, sm90: bool) -> bool:
 
 @torch.no_grad()
 def check_gates(g, device, small: bool) -> None:
-    """One row a tiny model (:data:`ditfuse.tools.tiny_models.FP8_CASES`)."""
-    try:
-        import diffusers  # noqa: F401
-    except ImportError:
-        from ditfuse.tools.check import DIFFUSERS_MISSING
-
-        g.skip(GATE, "diffusers", DIFFUSERS_MISSING)
-        return
+    """One row a tiny model (:data:`ditfuse.tools.tiny_models.FP8_CASES`); needs diffusers
+    (``ditfuse.tools.check`` skips the gate without it)."""
     import ditfuse
     from ditfuse.ops.attention import _sm90
     from ditfuse.tools.tiny_models import to_dtype
