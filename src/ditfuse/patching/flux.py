@@ -117,7 +117,7 @@ def joint_qk(
     attention: unflatten to heads, norm each stream with its own norms, concatenate text
     first, rotate the whole sequence -- each stream by one kernel call into its rows of the
     joint Q / K (:func:`~ditfuse.patching.common.joint_qk`). (query, key, value) as
-    (B, S_total, H, D); with ``quantize`` (``QuantizedQK``, value)."""
+    (B, S_total, H, D): ((query, key), value), or with ``quantize`` (``QuantizedQK``, value)."""
     D = attn.head_dim
     query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
     cos, sin = rope if rope is not None else (None, None)
@@ -151,7 +151,7 @@ def joint_qk(
             like=1,
         )
         value = torch.cat([encoder_value, value], dim=1)
-    return (qk, value) if quantize else (*qk, value)
+    return qk, value
 
 
 def joint_attention(
@@ -179,15 +179,14 @@ def joint_attention(
     enc = (encoder_query, encoder_key, encoder_value) if joint else ()
 
     def attend_16bit(query, key, value, *enc):
-        query, key, value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope, joint)
+        (query, key), value = joint_qk(attn, query, key, value, *(enc or (None,) * 3), rope, joint)
         return common.sdpa(proc, dispatch_attention_fn, query, key, value, mask)
 
     def attend_8bit(query, key, value, *enc, key_mask=None):
         quantize = common.qk_8bit(key_mask)
-        out = joint_qk(
+        qk, value = joint_qk(
             attn, query, key, value, *(enc or (None,) * 3), rope, joint, quantize=quantize
         )
-        qk, value = out if quantize else (out[:2], out[2])
         return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
     eight = common.use_8bit(proc, query, value, attn.head_dim, mask, proc._parallel_config)
