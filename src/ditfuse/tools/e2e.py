@@ -1223,6 +1223,22 @@ def run_e2e(
     return failed
 
 
+def models_to_run(arg: str, default: list, prog: str, transformers_only: bool = False):
+    """The models ``--models`` names (``all``: ``default``); None, with the reason printed to
+    stderr, where one is not in :data:`E2E_MODELS` (or not a transformer) or there is no GPU."""
+    names = default if arg == "all" else [n.strip() for n in arg.split(",") if n.strip()]
+    known = [n for n, s in E2E_MODELS.items() if s.kind == "transformer" or not transformers_only]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        what = "unknown or not a transformer" if transformers_only else "unknown"
+        print(f"{prog}: {what} model(s) {unknown}; known: {','.join(known)}", file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print(f"{prog}: no CUDA GPU here", file=sys.stderr)
+        return None
+    return names
+
+
 def main(args) -> int:
     """Called by ``ditfuse bench --e2e`` (``--fp8``: the 8-bit attention rows)."""
     import datetime as _dt
@@ -1246,19 +1262,9 @@ def main(args) -> int:
         except ValueError as e:
             print(f"ditfuse bench --e2e: --{e}", file=sys.stderr)
             return 2
-    if args.models == "all":
-        names = list(FP8_MODELS) if fp8 else [n for n, s in E2E_MODELS.items() if s.in_all]
-    else:
-        names = [n.strip() for n in args.models.split(",") if n.strip()]
-    unknown = [n for n in names if n not in E2E_MODELS]
-    if unknown or not names:
-        print(
-            f"ditfuse bench --e2e: unknown model(s) {unknown}; known: {','.join(E2E_MODELS)}",
-            file=sys.stderr,
-        )
-        return 2
-    if not torch.cuda.is_available():
-        print("ditfuse bench --e2e: no CUDA GPU here", file=sys.stderr)
+    default = list(FP8_MODELS) if fp8 else [n for n, s in E2E_MODELS.items() if s.in_all]
+    names = models_to_run(args.models, default, "ditfuse bench --e2e")
+    if names is None:
         return 2
     if fp8 and fp8_patch_missing():
         print(f"ditfuse bench --e2e --fp8: {fp8_patch_missing()}", file=sys.stderr)

@@ -20,7 +20,6 @@ import datetime
 import fnmatch
 import os
 import re
-import sys
 import time
 from typing import Callable, Dict, List
 
@@ -216,19 +215,9 @@ def main(args) -> int:
     rows printed and written to ``<out-dir>/e2e-linear-sensitivity-<GPU>-<date>.csv``."""
     from ditfuse.tools import e2e
 
-    names = ["wan14b-480p"] if args.models == "all" else args.models.split(",")
-    names = [n.strip() for n in names if n.strip()]
-    unknown = [
-        n for n in names if n not in e2e.E2E_MODELS or e2e.E2E_MODELS[n].kind != "transformer"
-    ]
-    if unknown or not names:
-        print(
-            f"ditfuse bench --e2e --linear-sensitivity: unknown or not a transformer: {unknown}",
-            file=sys.stderr,
-        )
-        return 2
-    if not torch.cuda.is_available():
-        print("ditfuse bench --e2e --linear-sensitivity: no CUDA GPU here", file=sys.stderr)
+    prog = "ditfuse bench --e2e --linear-sensitivity"
+    names = e2e.models_to_run(args.models, ["wan14b-480p"], prog, transformers_only=True)
+    if names is None:
         return 2
     out_dir = getattr(args, "out_dir", None) or "benchmarks/results"
     os.makedirs(out_dir, exist_ok=True)
