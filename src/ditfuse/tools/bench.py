@@ -37,7 +37,7 @@ import torch
 from ditfuse.tools.attention_inputs import FAMILIES
 from ditfuse.tools.bench_linear import LINEAR_IMPLS, LINEAR_SHAPES, bench_linear_fp8
 from ditfuse.tools.shapes import QK_SHAPES
-from ditfuse.tools.timing import _median_us, graph_us  # noqa: F401 (the sweeps import them here)
+from ditfuse.tools.timing import _median_us, graph_us, speedup, tflops  # noqa: F401 (the sweeps import them here)
 
 L2_BYTES = 60 * 2**20
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -849,9 +849,9 @@ def bench_attention_fp8(
             us,
             nan,
             nan,
-            tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
-            x_best_sdpa=best_us / us if math.isfinite(us) else nan,
-            x_sage=sage_us / us if math.isfinite(us) else nan,
+            tflops=tflops(shape.flops, us),
+            x_best_sdpa=speedup(best_us, us),
+            x_sage=speedup(sage_us, us),
             **{c: acc.get(c, nan) for c in ACCURACY_COLUMNS},
             note="; ".join(x for x in (r["note"], r["timing"], r["info"]) if x),
         )

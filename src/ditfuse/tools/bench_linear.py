@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ditfuse.tolerances import cos_rel
-from ditfuse.tools.timing import graph_or_eager_us
+from ditfuse.tools.timing import graph_or_eager_us, speedup, tflops
 
 
 @dataclass(frozen=True)
@@ -48,30 +48,28 @@ class LinearShape:
         return 2.0 * self.M * self.K * self.N
 
 
-_WAN480, _WAN720 = 21 * 30 * 52, 21 * 45 * 80
+def _wan14b_linears(res: str, M: int) -> list:
+    """Wan2.x 14B's block linears at ``res`` (``M`` tokens): Q / K / V / O, the fused QKV,
+    the FFN's input and output projections."""
+    return [
+        LinearShape(f"wan14b-{res}-qkvo", f"Wan2.x 14B {res}: Q / K / V / O", M, 5120, 5120),
+        LinearShape(
+            f"wan14b-{res}-qkv-fused",
+            f"Wan2.x 14B {res}: Q K V fused (linear='fp8')",
+            M,
+            5120,
+            3 * 5120,
+        ),
+        LinearShape(f"wan14b-{res}-ffn-in", f"Wan2.x 14B {res}: FFN in", M, 5120, 13824),
+        LinearShape(f"wan14b-{res}-ffn-out", f"Wan2.x 14B {res}: FFN out", M, 13824, 5120, True),
+    ]
+
+
 LINEAR_SHAPES = {
     s.name: s
     for s in [
-        LinearShape("wan14b-480p-qkvo", "Wan2.x 14B 480p: Q / K / V / O", _WAN480, 5120, 5120),
-        LinearShape(
-            "wan14b-480p-qkv-fused",
-            "Wan2.x 14B 480p: Q K V fused (linear='fp8')",
-            _WAN480,
-            5120,
-            3 * 5120,
-        ),
-        LinearShape("wan14b-480p-ffn-in", "Wan2.x 14B 480p: FFN in", _WAN480, 5120, 13824),
-        LinearShape("wan14b-480p-ffn-out", "Wan2.x 14B 480p: FFN out", _WAN480, 13824, 5120, True),
-        LinearShape("wan14b-720p-qkvo", "Wan2.x 14B 720p: Q / K / V / O", _WAN720, 5120, 5120),
-        LinearShape(
-            "wan14b-720p-qkv-fused",
-            "Wan2.x 14B 720p: Q K V fused (linear='fp8')",
-            _WAN720,
-            5120,
-            3 * 5120,
-        ),
-        LinearShape("wan14b-720p-ffn-in", "Wan2.x 14B 720p: FFN in", _WAN720, 5120, 13824),
-        LinearShape("wan14b-720p-ffn-out", "Wan2.x 14B 720p: FFN out", _WAN720, 13824, 5120, True),
+        *_wan14b_linears("480p", 21 * 30 * 52),
+        *_wan14b_linears("720p", 21 * 45 * 80),
         LinearShape(
             "flux2-1024-qkv", "FLUX.2-dev 1024^2: fused QKV + MLP in (single)", 4608, 6144, 55296
         ),
@@ -124,7 +122,9 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
         ref = F.linear(x.double(), w.double(), b.double())
         base_us = timer(lambda: F.linear(x, w, b)) if "bf16" in impls else nan
 
-        def row(impl, us, y=None, gbps=nan, pct=nan, note="", against=None):
+        def row(impl, us, y=None, gbps=nan, pct=nan, note="", against=None, base=None):
+            """One row: ``y`` against ``against`` (default: the fp64 linear), ``us`` against
+            ``base`` (default: the bf16 row's time)."""
             cos, rel = (
                 cos_rel(y, against if against is not None else ref) if y is not None else (nan, nan)
             )
@@ -136,8 +136,8 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 us,
                 gbps,
                 pct,
-                tflops=shape.flops / (us * 1e-6) / 1e12 if math.isfinite(us) else nan,
-                x_bf16=base_us / us if math.isfinite(us) else nan,
+                tflops=tflops(shape.flops, us),
+                x_bf16=speedup(base_us if base is None else base, us),
                 cos=cos,
                 rel_l2=rel,
                 note=note,
@@ -194,36 +194,20 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
             ref_g = F.linear(F.gelu(x.double(), approximate="tanh"), w.double(), b.double())
             us16 = timer(lambda: F.linear(F.gelu(x, approximate="tanh"), w, b))
             if "bf16-gelu" in impls:
-                emit(
-                    "linear_fp8",
-                    shape.name,
+                row(
                     "bf16-gelu",
-                    dtype,
                     us16,
-                    nan,
-                    nan,
-                    tflops=shape.flops / (us16 * 1e-6) / 1e12,
-                    x_bf16=1.0,
-                    cos=nan,
-                    rel_l2=nan,
+                    base=us16,
                     note="F.gelu(tanh) + cuBLAS F.linear (x_bf16 of the "
                     "ditfuse-fp8-gelu row against this one)",
                 )
             if "ditfuse-fp8-gelu" in impls:
-                us = timer(lambda: linear_fp8(x, wq, ws, b, activation="gelu_tanh"))
-                cos, rel = cos_rel(linear_fp8(x, wq, ws, b, activation="gelu_tanh"), ref_g)
-                emit(
-                    "linear_fp8",
-                    shape.name,
+                row(
                     "ditfuse-fp8-gelu",
-                    dtype,
-                    us,
-                    nan,
-                    nan,
-                    tflops=shape.flops / (us * 1e-6) / 1e12,
-                    x_bf16=us16 / us,
-                    cos=cos,
-                    rel_l2=rel,
+                    timer(lambda: linear_fp8(x, wq, ws, b, activation="gelu_tanh")),
+                    linear_fp8(x, wq, ws, b, activation="gelu_tanh"),
+                    against=ref_g,
+                    base=us16,
                     note="GELU in the quantizing pass; against bf16-gelu",
                 )
         if "torchao" in impls and device != "cpu":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -29,3 +31,13 @@ def graph_or_eager_us(fn) -> float:
     except Exception:  # noqa: BLE001 -- e.g. a compiled peer that refuses capture
         torch.cuda.synchronize()
         return _median_us(fn)
+
+
+def tflops(flops: float, us: float) -> float:
+    """TFLOP/s of ``flops`` done in ``us`` microseconds (nan where the time is not finite)."""
+    return flops / (us * 1e-6) / 1e12 if math.isfinite(us) else math.nan
+
+
+def speedup(base_us: float, us: float) -> float:
+    """How many times faster ``us`` is than ``base_us`` (nan where ``us`` is not finite)."""
+    return base_us / us if math.isfinite(us) else math.nan
