@@ -625,15 +625,7 @@ def _build_cudnn_fp8_graph(cudnn, dims, st, D, device, out_bf16):
     for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"):
         t[n] = g.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
     o, _, amax_s, amax_o = g.sdpa_fp8(
-        q=t["q"],
-        k=t["k"],
-        v=t["v"],
-        descale_q=t["descale_q"],
-        descale_k=t["descale_k"],
-        descale_v=t["descale_v"],
-        descale_s=t["descale_s"],
-        scale_s=t["scale_s"],
-        scale_o=t["scale_o"],
+        **t,  # q / k / v and the scales, each under its sdpa_fp8 argument name
         is_inference=True,
         attn_scale=D**-0.5,
         use_causal_mask=False,

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ditfuse.tolerances import cos_rel
+from ditfuse.tools.shapes import by_name
 from ditfuse.tools.timing import graph_or_eager_us, speedup, tflops
 
 
@@ -65,24 +66,21 @@ def _wan14b_linears(res: str, M: int) -> list:
     ]
 
 
-LINEAR_SHAPES = {
-    s.name: s
-    for s in [
-        *_wan14b_linears("480p", 21 * 30 * 52),
-        *_wan14b_linears("720p", 21 * 45 * 80),
-        LinearShape(
-            "flux2-1024-qkv", "FLUX.2-dev 1024^2: fused QKV + MLP in (single)", 4608, 6144, 55296
-        ),
-        LinearShape(
-            "hunyuan-video-544p-ffn-out",
-            "HunyuanVideo 544p: FFN out",
-            33 * 34 * 60,
-            12288,
-            3072,
-            True,
-        ),
-    ]
-}
+LINEAR_SHAPES = by_name(
+    *_wan14b_linears("480p", 21 * 30 * 52),
+    *_wan14b_linears("720p", 21 * 45 * 80),
+    LinearShape(
+        "flux2-1024-qkv", "FLUX.2-dev 1024^2: fused QKV + MLP in (single)", 4608, 6144, 55296
+    ),
+    LinearShape(
+        "hunyuan-video-544p-ffn-out",
+        "HunyuanVideo 544p: FFN out",
+        33 * 34 * 60,
+        12288,
+        3072,
+        True,
+    ),
+)
 
 LINEAR_IMPLS = (
     "bf16",

@@ -7,6 +7,14 @@ from dataclasses import dataclass, replace
 from typing import Tuple
 
 
+def by_name(*shapes) -> dict:
+    """A registry: ``shapes`` keyed by their ``name``, in order; a name given twice raises."""
+    reg = {s.name: s for s in shapes}
+    if len(reg) != len(shapes):
+        raise ValueError(f"shape names given twice: {[s.name for s in shapes]}")
+    return reg
+
+
 @dataclass(frozen=True)
 class QKShape:
     """One model's QK-norm + RoPE call.
@@ -43,111 +51,71 @@ class QKShape:
         return replace(self, S=min(S, self.S))
 
 
-QK_SHAPES = {
-    s.name: s
-    for s in [
-        # diffusers' Wan projects Q, K and V with to_q / to_k / to_v (tensors of their own)
-        # unless ``fuse_projections()`` was called: then Q and K are chunks of to_qkv's rows
-        # (the "-fused" rows); the patched processor writes fresh Q / K in either case (out of
-        # place: faster than in place, docs/design/qk_norm_rope.md)
-        QKShape(
-            "wan14b-480p",
-            "Wan2.x 14B T2V 480p 81f",
-            21 * 30 * 52,
-            40,
-            128,
-            span="all",
-            form="flat",
-            table="wan",
-        ),
-        QKShape(
-            "wan14b-720p",
-            "Wan2.x 14B T2V 720p 81f",
-            21 * 45 * 80,
-            40,
-            128,
-            span="all",
-            form="flat",
-            table="wan",
-        ),
-        QKShape(
-            "wan1.3b-480p",
-            "Wan2.1 1.3B 480p 81f",
-            21 * 30 * 52,
-            12,
-            128,
-            span="all",
-            form="flat",
-            table="wan",
-        ),
-        QKShape(
-            "wan5b-ti2v-704p",
-            "Wan2.2 TI2V 5B 704p 121f",
-            31 * 44 * 78 // 4,
-            24,
-            128,
-            span="all",
-            form="flat",
-            table="wan",
-        ),
-        QKShape(
-            "wan14b-480p-fused",
-            "Wan2.x 14B 480p, fused QKV projection",
-            21 * 30 * 52,
-            40,
-            128,
-            span="all",
-            form="flat",
-            table="wan",
-            packed=3,
-        ),
-        QKShape(
-            "wan14b-720p-fused",
-            "Wan2.x 14B 720p, fused QKV projection",
-            21 * 45 * 80,
-            40,
-            128,
-            span="all",
-            form="flat",
-            table="wan",
-            packed=3,
-        ),
-        QKShape("flux1-1024", "FLUX.1-dev 1024^2", 4096 + 512, 24, 128),
-        QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
-        QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),
-        # diffusers 0.42's HunyuanVideo processor keeps (B, S, H, D) (apply_rotary_emb with
-        # sequence_dim=1); the patched one normalises those projections into fresh Q / K in the
-        # single-stream blocks (40 of 60; this row), into the joint Q / K in the dual-stream ones
-        QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128),
-        # Stable Audio 3 / SAME: q1, k1 are chunks 0 and 2 of the differential [q1|q2|k1|k2|v]
-        # to_qkv output; SA3's patched processor normalises them in place, SAME's attention call
-        # into scratch (its prologue run apart)
-        QKShape(
-            "sa3-dit",
-            "Stable Audio 3 DiT",
-            4096,
-            24,
-            64,
-            style="half",
-            rotary_dim=32,
-            inplace=True,
-            packed=5,
-            k_chunk=2,
-        ),
-        QKShape(
-            "same-l-decoder",
-            "SAME-L decoder (3 min)",
-            17 * 1938,
-            24,
-            64,
-            norm="dyt",
-            style="half",
-            rotary_dim=32,
-            packed=5,
-            k_chunk=2,
-        ),
-    ]
-}
+#: Wan's call: (B, S, H*D) rows, one RMSNorm across the heads, the packed half-width tables
+_WAN_QK = dict(span="all", form="flat", table="wan")
+
+QK_SHAPES = by_name(
+    # diffusers' Wan projects Q, K and V with to_q / to_k / to_v (tensors of their own)
+    # unless ``fuse_projections()`` was called: then Q and K are chunks of to_qkv's rows
+    # (the "-fused" rows); the patched processor writes fresh Q / K in either case (out of
+    # place: faster than in place, docs/design/qk_norm_rope.md)
+    QKShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f", 21 * 30 * 52, 40, 128, **_WAN_QK),
+    QKShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f", 21 * 45 * 80, 40, 128, **_WAN_QK),
+    QKShape("wan1.3b-480p", "Wan2.1 1.3B 480p 81f", 21 * 30 * 52, 12, 128, **_WAN_QK),
+    QKShape("wan5b-ti2v-704p", "Wan2.2 TI2V 5B 704p 121f", 31 * 44 * 78 // 4, 24, 128, **_WAN_QK),
+    QKShape(
+        "wan14b-480p-fused",
+        "Wan2.x 14B 480p, fused QKV projection",
+        21 * 30 * 52,
+        40,
+        128,
+        **_WAN_QK,
+        packed=3,
+    ),
+    QKShape(
+        "wan14b-720p-fused",
+        "Wan2.x 14B 720p, fused QKV projection",
+        21 * 45 * 80,
+        40,
+        128,
+        **_WAN_QK,
+        packed=3,
+    ),
+    QKShape("flux1-1024", "FLUX.1-dev 1024^2", 4096 + 512, 24, 128),
+    QKShape("flux2-1024", "FLUX.2-dev 1024^2", 4096 + 512, 48, 128),
+    QKShape("qwen-image-1328", "Qwen-Image 1328^2", 83 * 83 + 512, 24, 128, table="complex"),
+    # diffusers 0.42's HunyuanVideo processor keeps (B, S, H, D) (apply_rotary_emb with
+    # sequence_dim=1); the patched one normalises those projections into fresh Q / K in the
+    # single-stream blocks (40 of 60; this row), into the joint Q / K in the dual-stream ones
+    QKShape("hunyuan-video-544p", "HunyuanVideo 544x960 61f", 16 * 34 * 60, 24, 128),
+    # Stable Audio 3 / SAME: q1, k1 are chunks 0 and 2 of the differential [q1|q2|k1|k2|v]
+    # to_qkv output; SA3's patched processor normalises them in place, SAME's attention call
+    # into scratch (its prologue run apart)
+    QKShape(
+        "sa3-dit",
+        "Stable Audio 3 DiT",
+        4096,
+        24,
+        64,
+        style="half",
+        rotary_dim=32,
+        inplace=True,
+        packed=5,
+        k_chunk=2,
+    ),
+    QKShape(
+        "same-l-decoder",
+        "SAME-L decoder (3 min)",
+        17 * 1938,
+        24,
+        64,
+        norm="dyt",
+        style="half",
+        rotary_dim=32,
+        packed=5,
+        k_chunk=2,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -166,16 +134,13 @@ class AdaLNShape:
         return replace(self, S=min(S, self.S))
 
 
-ADALN_SHAPES = {
-    s.name: s
-    for s in [
-        AdaLNShape("wan14b-480p", "wan", 21 * 30 * 52, 5120),
-        AdaLNShape("wan14b-720p", "wan", 21 * 45 * 80, 5120),
-        AdaLNShape("wan5b-ti2v-704p", "wan", 31 * 44 * 78 // 4, 3072, per_token=True),
-        AdaLNShape("flux1-1024", "flux", 4096 + 512, 3072),
-        AdaLNShape("flux2-1024", "flux", 4096 + 512, 6144),
-    ]
-}
+ADALN_SHAPES = by_name(
+    AdaLNShape("wan14b-480p", "wan", 21 * 30 * 52, 5120),
+    AdaLNShape("wan14b-720p", "wan", 21 * 45 * 80, 5120),
+    AdaLNShape("wan5b-ti2v-704p", "wan", 31 * 44 * 78 // 4, 3072, per_token=True),
+    AdaLNShape("flux1-1024", "flux", 4096 + 512, 3072),
+    AdaLNShape("flux2-1024", "flux", 4096 + 512, 6144),
+)
 
 
 @dataclass(frozen=True)
@@ -201,33 +166,30 @@ class ActShape:
         return replace(self, S=min(S, self.S))
 
 
-ACT_SHAPES = {
-    s.name: s
-    for s in [
-        ActShape(
-            "flux2-1024",
-            "FLUX.2-dev 1024^2, single-stream block (MLP columns of the fused projection)",
-            "swiglu",
-            4096 + 512,
-            18432,
-            offset=3 * 6144,
-        ),
-        ActShape(
-            "flux2-1024-ff",
-            "FLUX.2-dev 1024^2, double-stream block FF (image stream)",
-            "swiglu",
-            4096,
-            18432,
-        ),
-        ActShape(
-            "flux1-1024",
-            "FLUX.1-dev 1024^2, single-stream block act_mlp",
-            "gelu_tanh",
-            4096 + 512,
-            12288,
-        ),
-    ]
-}
+ACT_SHAPES = by_name(
+    ActShape(
+        "flux2-1024",
+        "FLUX.2-dev 1024^2, single-stream block (MLP columns of the fused projection)",
+        "swiglu",
+        4096 + 512,
+        18432,
+        offset=3 * 6144,
+    ),
+    ActShape(
+        "flux2-1024-ff",
+        "FLUX.2-dev 1024^2, double-stream block FF (image stream)",
+        "swiglu",
+        4096,
+        18432,
+    ),
+    ActShape(
+        "flux1-1024",
+        "FLUX.1-dev 1024^2, single-stream block act_mlp",
+        "gelu_tanh",
+        4096 + 512,
+        12288,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -248,23 +210,20 @@ class AttnShape:
         return replace(self, N=min(N, self.N), H=min(self.H, 2))
 
 
-ATTN_SHAPES = {
-    s.name: s
-    for s in [
-        AttnShape("same-l-8704", "SAME-L decoder, 512 latents (48 s)", 17 * 512),
-        AttnShape("same-l-32946", "SAME-L decoder, 3 min of audio", 17 * 1938),
-        AttnShape(
-            "same-l-8704-plain", "SAME-L decoder, non-differential", 17 * 512, differential=False
-        ),
-        AttnShape(
-            "same-l-32946-plain",
-            "SAME-L decoder, 3 min of audio, non-differential",
-            17 * 1938,
-            differential=False,
-        ),
-        AttnShape("same-l-trt", "the seed's TensorRT contract (1, 4352, 48, 64) fp32", 4352),
-    ]
-}
+ATTN_SHAPES = by_name(
+    AttnShape("same-l-8704", "SAME-L decoder, 512 latents (48 s)", 17 * 512),
+    AttnShape("same-l-32946", "SAME-L decoder, 3 min of audio", 17 * 1938),
+    AttnShape(
+        "same-l-8704-plain", "SAME-L decoder, non-differential", 17 * 512, differential=False
+    ),
+    AttnShape(
+        "same-l-32946-plain",
+        "SAME-L decoder, 3 min of audio, non-differential",
+        17 * 1938,
+        differential=False,
+    ),
+    AttnShape("same-l-trt", "the seed's TensorRT contract (1, 4352, 48, 64) fp32", 4352),
+)
 
 
 @dataclass(frozen=True)
@@ -306,55 +265,48 @@ class GNShape:
         return replace(self, shape=(self.shape[0], self.C) + spatial)
 
 
-GN_SHAPES = {
-    s.name: s
-    for s in [
-        # AutoencoderKL decoder at 1024^2 (FLUX.1 / FLUX.2: block_out_channels 128/256/512/512)
-        GNShape("flux-vae-mid-128", "FLUX.1/2 VAE decoder, 1024^2, mid block", (1, 512, 128, 128)),
-        GNShape("flux-vae-up1-256", "FLUX.1/2 VAE decoder, 1024^2, up block 1", (1, 512, 256, 256)),
-        GNShape("flux-vae-up2-512", "FLUX.1/2 VAE decoder, 1024^2, up block 2", (1, 256, 512, 512)),
-        GNShape(
-            "flux-vae-out-1024", "FLUX.1/2 VAE decoder, 1024^2, norm_out", (1, 128, 1024, 1024)
-        ),
-        # the same decoder compiled: inductor hands the norms channels-last activations
-        GNShape(
-            "flux-vae-mid-128-cl",
-            "FLUX.1/2 VAE decoder compiled, mid block, channels-last",
-            (1, 512, 128, 128),
-            channels_last=True,
-        ),
-        GNShape(
-            "flux-vae-up1-256-cl",
-            "FLUX.1/2 VAE decoder compiled, up block 1, channels-last",
-            (1, 512, 256, 256),
-            channels_last=True,
-        ),
-        GNShape(
-            "flux-vae-up2-512-cl",
-            "FLUX.1/2 VAE decoder compiled, up block 2, channels-last",
-            (1, 256, 512, 512),
-            channels_last=True,
-        ),
-        GNShape(
-            "flux-vae-out-1024-cl",
-            "FLUX.1/2 VAE decoder compiled, norm_out, channels-last",
-            (1, 128, 1024, 1024),
-            channels_last=True,
-        ),
-        # HunyuanVideo causal 3-D VAE decoder, one tile (latent 32x32, 9 frames after upsampling)
-        GNShape("hunyuan-vae-mid", "HunyuanVideo VAE decoder tile, mid block", (1, 512, 5, 32, 32)),
-        GNShape(
-            "hunyuan-vae-up-9f", "HunyuanVideo VAE decoder tile, 9 frames", (1, 128, 9, 128, 128)
-        ),
-        # Wan 2.1 VAE decoder (480p, one latent frame / four frames at a time, causal cache)
-        GNShape(
-            "wan-vae-mid-480p", "Wan2.1 VAE decoder 480p, mid block", (1, 384, 1, 60, 104), op="rms"
-        ),
-        GNShape(
-            "wan-vae-out-480p", "Wan2.1 VAE decoder 480p, norm_out", (1, 96, 4, 480, 832), op="rms"
-        ),
-    ]
-}
+GN_SHAPES = by_name(
+    # AutoencoderKL decoder at 1024^2 (FLUX.1 / FLUX.2: block_out_channels 128/256/512/512)
+    GNShape("flux-vae-mid-128", "FLUX.1/2 VAE decoder, 1024^2, mid block", (1, 512, 128, 128)),
+    GNShape("flux-vae-up1-256", "FLUX.1/2 VAE decoder, 1024^2, up block 1", (1, 512, 256, 256)),
+    GNShape("flux-vae-up2-512", "FLUX.1/2 VAE decoder, 1024^2, up block 2", (1, 256, 512, 512)),
+    GNShape("flux-vae-out-1024", "FLUX.1/2 VAE decoder, 1024^2, norm_out", (1, 128, 1024, 1024)),
+    # the same decoder compiled: inductor hands the norms channels-last activations
+    GNShape(
+        "flux-vae-mid-128-cl",
+        "FLUX.1/2 VAE decoder compiled, mid block, channels-last",
+        (1, 512, 128, 128),
+        channels_last=True,
+    ),
+    GNShape(
+        "flux-vae-up1-256-cl",
+        "FLUX.1/2 VAE decoder compiled, up block 1, channels-last",
+        (1, 512, 256, 256),
+        channels_last=True,
+    ),
+    GNShape(
+        "flux-vae-up2-512-cl",
+        "FLUX.1/2 VAE decoder compiled, up block 2, channels-last",
+        (1, 256, 512, 512),
+        channels_last=True,
+    ),
+    GNShape(
+        "flux-vae-out-1024-cl",
+        "FLUX.1/2 VAE decoder compiled, norm_out, channels-last",
+        (1, 128, 1024, 1024),
+        channels_last=True,
+    ),
+    # HunyuanVideo causal 3-D VAE decoder, one tile (latent 32x32, 9 frames after upsampling)
+    GNShape("hunyuan-vae-mid", "HunyuanVideo VAE decoder tile, mid block", (1, 512, 5, 32, 32)),
+    GNShape("hunyuan-vae-up-9f", "HunyuanVideo VAE decoder tile, 9 frames", (1, 128, 9, 128, 128)),
+    # Wan 2.1 VAE decoder (480p, one latent frame / four frames at a time, causal cache)
+    GNShape(
+        "wan-vae-mid-480p", "Wan2.1 VAE decoder 480p, mid block", (1, 384, 1, 60, 104), op="rms"
+    ),
+    GNShape(
+        "wan-vae-out-480p", "Wan2.1 VAE decoder 480p, norm_out", (1, 96, 4, 480, 832), op="rms"
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -380,24 +332,19 @@ class FullAttnShape:
         return replace(self, S=min(S, self.S), H=min(self.H, 2))
 
 
-FULL_ATTN_SHAPES = {
-    s.name: s
-    for s in [
-        FullAttnShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f (self-attention)", 21 * 30 * 52, 40),
-        FullAttnShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f (self-attention)", 21 * 45 * 80, 40),
-        # 544x960, 129 frames: 33 x 34 x 60 video tokens + 256 text tokens, joint attention
-        FullAttnShape(
-            "hunyuan-video-544p-129f", "HunyuanVideo 544x960 129f", 33 * 34 * 60 + 256, 24
-        ),
-        FullAttnShape("flux2-1024", "FLUX.2-dev 1024^2 (joint attention)", 4096 + 512, 48),
-        # head_dim 64: CogVideoX-5B at 720x480, 49 frames (13 x 30 x 45 video tokens + 226 text
-        # tokens, 48 heads of 64)
-        FullAttnShape(
-            "cogvideox-5b-480p",
-            "CogVideoX-5B 720x480 49f (joint attention)",
-            13 * 30 * 45 + 226,
-            48,
-            64,
-        ),
-    ]
-}
+FULL_ATTN_SHAPES = by_name(
+    FullAttnShape("wan14b-480p", "Wan2.x 14B T2V 480p 81f (self-attention)", 21 * 30 * 52, 40),
+    FullAttnShape("wan14b-720p", "Wan2.x 14B T2V 720p 81f (self-attention)", 21 * 45 * 80, 40),
+    # 544x960, 129 frames: 33 x 34 x 60 video tokens + 256 text tokens, joint attention
+    FullAttnShape("hunyuan-video-544p-129f", "HunyuanVideo 544x960 129f", 33 * 34 * 60 + 256, 24),
+    FullAttnShape("flux2-1024", "FLUX.2-dev 1024^2 (joint attention)", 4096 + 512, 48),
+    # head_dim 64: CogVideoX-5B at 720x480, 49 frames (13 x 30 x 45 video tokens + 226 text
+    # tokens, 48 heads of 64)
+    FullAttnShape(
+        "cogvideox-5b-480p",
+        "CogVideoX-5B 720x480 49f (joint attention)",
+        13 * 30 * 45 + 226,
+        48,
+        64,
+    ),
+)
