@@ -6,6 +6,9 @@ measurements: docs/design/adaln.md."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import triton
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _rnd
@@ -67,45 +70,46 @@ def _rows_in(
     return _residual(x, y, g, RESIDUAL, HAS_GATE, PER_OP, ACT)
 
 
+class ModFlags(NamedTuple):
+    """The affine and modulation steps a kernel compiles (``_modulate_out``'s ``MOD``)."""
+
+    has_w: bool
+    has_b: bool
+    has_shift: bool
+    has_scale: bool
+    per_op: bool  # every step rounded to x's dtype (a half-precision eager chain)
+
+
+@triton.constexpr_function
+def _mod_flags(has_w, has_b, has_shift, has_scale, per_op):
+    return ModFlags(has_w, has_b, has_shift, has_scale, per_op)
+
+
 @jit
-def _modulate(
-    n,
-    m,
-    d,
-    w_ptr,
-    b_ptr,
-    shift_ptr,
-    scale_ptr,
-    shb,
-    scb,
-    stride_shd,
-    stride_scd,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    HAS_SHIFT: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    PER_OP: tl.constexpr,
-    ACT: tl.constexpr,
-):
-    """The affine and the modulation in the eager chain's order and roundings (both kernels).
-    Each operand is loaded where it is used: loading them all first costs the one-row
-    kernel 8 registers a thread at Wan's shape, one resident program per SM."""
-    if HAS_W:
+def _modulate_out(n, m, d, affine, shift, scale, out, MOD: tl.constexpr, ACT: tl.constexpr):
+    """The affine and the modulation of the normalized tile ``n`` in the eager chain's order
+    and roundings (both kernels), stored to the output. ``affine``: the (w, b) pointers;
+    ``shift``, ``scale``, ``out``: (pointer, row offsets, channel stride). Each operand is
+    loaded where it is used: loading them all first costs the one-row kernel 8 registers a
+    thread at Wan's shape, one resident program per SM."""
+    w_ptr, b_ptr = affine
+    if MOD.has_w:
         n = n * _vec(w_ptr, 0, d, m, 1, True)
-    if HAS_B:
+    if MOD.has_b:
         n = n + _vec(b_ptr, 0, d, m, 1, True)
-    if PER_OP:
+    if MOD.per_op:
         n = _rnd(n, ACT)
-    if HAS_SCALE:
-        t = 1.0 + _vec(scale_ptr, scb, d, m, stride_scd, True)
-        if PER_OP:
+    if MOD.has_scale:
+        t = 1.0 + _vec(scale[0], scale[1], d, m, scale[2], True)
+        if MOD.per_op:
             t = _rnd(t, ACT)
         n = n * t
-        if PER_OP:
+        if MOD.per_op:
             n = _rnd(n, ACT)
-    if HAS_SHIFT:
-        n = n + _vec(shift_ptr, shb, d, m, stride_shd, True)
-    return n
+    if MOD.has_shift:
+        n = n + _vec(shift[0], shift[1], d, m, shift[2], True)
+    out_ptr, ob, stride_od = out
+    tl.store(out_ptr + ob + d * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
 
 
 @jit
@@ -151,16 +155,17 @@ def _adaln_kernel(
     """Rows longer than the tile kernel holds (D > 8192), one row a program, in NUM_CHUNKS
     chunks of BLOCK_D."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
+    MOD: tl.constexpr = _mod_flags(HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP)
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row - b * S
     xb = _row(x_strides, b, s)
     yb = _row(y_strides, b, s)
     gb = _row(gate_strides, b, s)
-    shb = _row(shift_strides, b, s)
-    scb = _row(scale_strides, b, s)
+    shift = (shift_ptr, _row(shift_strides, b, s), shift_strides[2])
+    scale = (scale_ptr, _row(scale_strides, b, s), scale_strides[2])
     nb = _row(xnew_strides, b, s)
-    ob = _row(out_strides, b, s)
+    out = (out_ptr, _row(out_strides, b, s), out_strides[2])
     dd = tl.arange(0, BLOCK_D)
     # pass 1: the new residual stream stored on the way (without an output: all there is to
     # do) and the statistics by chunks (Chan's combination of count, mean, M2); pass 2
@@ -219,28 +224,7 @@ def _adaln_kernel(
                 n = x * rstd
             else:
                 n = x
-            n = _modulate(
-                n,
-                m,
-                d,
-                w_ptr,
-                b_ptr,
-                shift_ptr,
-                scale_ptr,
-                shb=shb,
-                scb=scb,
-                stride_shd=shift_strides[2],
-                stride_scd=scale_strides[2],
-                HAS_W=HAS_W,
-                HAS_B=HAS_B,
-                HAS_SHIFT=HAS_SHIFT,
-                HAS_SCALE=HAS_SCALE,
-                PER_OP=PER_OP,
-                ACT=ACT,
-            )
-            tl.store(
-                out_ptr + ob + d * out_strides[2], _cast_out(n, out_ptr.dtype.element_ty), mask=m
-            )
+            _modulate_out(n, m, d, (w_ptr, b_ptr), shift, scale, out, MOD, ACT)
 
 
 @jit
@@ -287,6 +271,7 @@ def _adaln_tile_kernel(
     summed in the kernel's own order, so the output is within one rounding of eager code
     (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
+    MOD: tl.constexpr = _mod_flags(HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP)
     b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
     s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(
         tl.int64
@@ -298,8 +283,8 @@ def _adaln_tile_kernel(
     yo = _row(y_strides, b, s)
     # per-row bases of the modulation rows: stride 0 along S unless per token (TI2V)
     go = _row(gate_strides, b, s)
-    sho = _row(shift_strides, b, s)
-    sco = _row(scale_strides, b, s)
+    shift = (shift_ptr, _row(shift_strides, b, s), shift_strides[2])
+    scale = (scale_ptr, _row(scale_strides, b, s), scale_strides[2])
     xa = _vec(x_ptr, xo, da, ma, x_strides[2], True)
     if RESIDUAL:
         ya = _vec(y_ptr, yo, da, ma, y_strides[2], True)
@@ -345,52 +330,10 @@ def _adaln_tile_kernel(
             na = xa
             if BLOCK_B > 0:
                 nb = xb
-        oo = _row(out_strides, b, s)
-        na = _modulate(
-            na,
-            ma,
-            da,
-            w_ptr,
-            b_ptr,
-            shift_ptr,
-            scale_ptr,
-            shb=sho,
-            scb=sco,
-            stride_shd=shift_strides[2],
-            stride_scd=scale_strides[2],
-            HAS_W=HAS_W,
-            HAS_B=HAS_B,
-            HAS_SHIFT=HAS_SHIFT,
-            HAS_SCALE=HAS_SCALE,
-            PER_OP=PER_OP,
-            ACT=ACT,
-        )
-        tl.store(
-            out_ptr + oo + da * out_strides[2], _cast_out(na, out_ptr.dtype.element_ty), mask=ma
-        )
+        out = (out_ptr, _row(out_strides, b, s), out_strides[2])
+        _modulate_out(na, ma, da, (w_ptr, b_ptr), shift, scale, out, MOD, ACT)
         if BLOCK_B > 0:
-            nb = _modulate(
-                nb,
-                mb,
-                db,
-                w_ptr,
-                b_ptr,
-                shift_ptr,
-                scale_ptr,
-                shb=sho,
-                scb=sco,
-                stride_shd=shift_strides[2],
-                stride_scd=scale_strides[2],
-                HAS_W=HAS_W,
-                HAS_B=HAS_B,
-                HAS_SHIFT=HAS_SHIFT,
-                HAS_SCALE=HAS_SCALE,
-                PER_OP=PER_OP,
-                ACT=ACT,
-            )
-            tl.store(
-                out_ptr + oo + db * out_strides[2], _cast_out(nb, out_ptr.dtype.element_ty), mask=mb
-            )
+            _modulate_out(nb, mb, db, (w_ptr, b_ptr), shift, scale, out, MOD, ACT)
 
 
 @jit
