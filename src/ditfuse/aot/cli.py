@@ -124,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{e.op:26} {e.summary}")
         return 0 if args.list else 2
     from ditfuse.aot.compile import can_compile_here
-    from ditfuse.aot.export import CHILD_ENV, export_here, run_subprocess
+    from ditfuse.aot.export import CHILD_ENV, PackageOptions, export_here, run_subprocess
     from ditfuse.aot.ptx import AotRefusal
 
     if not can_compile_here():
@@ -139,9 +139,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     e = REGISTRY[args.op]
     opts = e.resolve(**{o.name: getattr(args, o.name) for o in e.options})
     try:
-        m = export_here(
-            e, opts, args.out, args.target, args.allow_large_smem, args.c_header, args.num_stages
-        )
+        m = export_here(e, opts, args.out, PackageOptions.from_args(args))
     except AotRefusal as err:
         print(f"ditfuse export: refused {err}", file=sys.stderr)
         return 3

@@ -641,21 +641,26 @@ def package_ptx(
     return ptx, notes, smem
 
 
-def export_here(
-    entry: OpExport,
-    opts,
-    out_dir,
-    target: Optional[str] = None,
-    allow_large_smem: bool = False,
-    c_header: bool = False,
-    num_stages: Optional[int] = None,
-) -> Dict:
-    """Export in this process (needs ``TRITON_INTERPRET=0`` kernels); returns the manifest.
+@dataclass(frozen=True)
+class PackageOptions:
+    """How a package is built, apart from the op's shape options (``ditfuse export``'s flags
+    of the same names)."""
 
-    ``num_stages`` overrides the software-pipelining depth of the JIT call (to fit shared
-    memory); it does not change the arithmetic, which the float-op comparison with the JIT
-    build (at its own depth) checks.
-    """
+    target: Optional[str] = None  # None: the op's default target
+    allow_large_smem: bool = False  # a kernel may need more than 48 KB of shared memory
+    c_header: bool = False  # also write kernel.h / kernel.c
+    # the software-pipelining depth (None: the JIT call's), to fit shared memory; it does not
+    # change the arithmetic, which the float-op comparison with the JIT build checks
+    num_stages: Optional[int] = None
+
+    @classmethod
+    def from_args(cls, args) -> "PackageOptions":
+        """The options of parsed ``ditfuse export`` arguments."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def export_here(entry: OpExport, opts, out_dir, pkg: PackageOptions = PackageOptions()) -> Dict:
+    """Export in this process (needs ``TRITON_INTERPRET=0`` kernels); returns the manifest."""
     from ditfuse.aot.compile import can_compile_here, missing_tools
 
     if not can_compile_here():
@@ -666,7 +671,7 @@ def export_here(
         )
     if missing_tools():
         raise RuntimeError(f"the Triton wheel has no {', '.join(missing_tools())}")
-    cc, target = parse_target(target or entry.default_target)
+    cc, target = parse_target(pkg.target or entry.default_target)
     out = Path(out_dir)
     entry = resolve_kernel(entry, opts)
     kernel = _kernel(entry)
@@ -676,9 +681,7 @@ def export_here(
     saved_env = os.environ.get("TRITON_DISABLE_LINE_INFO")
     os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
     try:
-        return _export_here(
-            entry, opts, out, cc, target, kernel, allow_large_smem, c_header, num_stages
-        )
+        return _export_here(entry, opts, out, cc, target, kernel, pkg)
     finally:
         if saved_env is None:
             os.environ.pop("TRITON_DISABLE_LINE_INFO", None)
@@ -686,7 +689,7 @@ def export_here(
             os.environ["TRITON_DISABLE_LINE_INFO"] = saved_env
 
 
-def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_header, num_stages):
+def _export_here(entry, opts, out, cc, target, kernel, pkg: PackageOptions):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -696,6 +699,7 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
 
     caps = capture_points(entry, opts)
     jit_kwargs = dict(caps[0].kwargs)
+    num_stages = pkg.num_stages
     if num_stages is None:
         num_stages = entry.default_num_stages
         if callable(num_stages):
@@ -731,7 +735,7 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
         target,
         op=entry.op,
         metadata=_metadata_dict(md),
-        allow_large_smem=allow_large_smem,
+        allow_large_smem=pkg.allow_large_smem,
         tensor_cores=entry.tensor_cores,
         no_contraction=not options.enable_fp_fusion,
         param_kinds=[p.kind for p in params],
@@ -828,7 +832,7 @@ def _export_here(entry, opts, out, cc, target, kernel, allow_large_smem, c_heade
         "file_roles": dict(FILE_ROLES),
         "sha256": {"ptx": _sha256(ptx_bytes), "cubin": _sha256(asm["cubin"])},
     }
-    if c_header:
+    if pkg.c_header:
         from ditfuse.aot.cheader import emit
 
         h, c = emit(manifest, asm["cubin"])
@@ -992,24 +996,16 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
-def cli_argv(
-    op: str,
-    out_dir,
-    target: Optional[str],
-    allow_large_smem: bool,
-    c_header: bool,
-    options: Dict[str, Any],
-    num_stages: Optional[int] = None,
-) -> List[str]:
+def cli_argv(op: str, out_dir, pkg: PackageOptions, options: Dict[str, Any]) -> List[str]:
     entry = get_op(op)
     argv = [op, "-o", str(out_dir)]
-    if target:
-        argv += ["--target", target]
-    if num_stages is not None:
-        argv += ["--num-stages", str(num_stages)]
-    if allow_large_smem:
+    if pkg.target:
+        argv += ["--target", pkg.target]
+    if pkg.num_stages is not None:
+        argv += ["--num-stages", str(pkg.num_stages)]
+    if pkg.allow_large_smem:
         argv.append("--allow-large-smem")
-    if c_header:
+    if pkg.c_header:
         argv.append("--c-header")
     for o in entry.options:
         if options.get(o.name) is not None:
@@ -1046,23 +1042,28 @@ def export(
     ``options`` are the op's shape options (``heads``, ``head_dim``, ``dtype`` for
     ``qk_norm_rope``; ``dim`` for the AdaLN ops; ``ditfuse export OP --help``); ``target``
     defaults to the op's (``sm_90``; ``sm_80`` for the attention, whose sm_90 build uses
-    sm_90a-only wgmma). Refusals raise :class:`ditfuse.aot.AotRefusal`. No GPU is needed.
+    sm_90a-only wgmma); ``allow_large_smem``, ``c_header``, ``num_stages``: see
+    :class:`PackageOptions`. Refusals raise :class:`ditfuse.aot.AotRefusal`. No GPU is needed.
     """
     from ditfuse.aot.compile import can_compile_here
 
     entry = get_op(op)
     opts = entry.resolve(**options)
     parse_target(target or entry.default_target)
+    pkg = PackageOptions(
+        target=target,
+        allow_large_smem=allow_large_smem,
+        c_header=c_header,
+        num_stages=num_stages,
+    )
     if can_compile_here():
-        return export_here(entry, opts, out_dir, target, allow_large_smem, c_header, num_stages)
+        return export_here(entry, opts, out_dir, pkg)
     if os.environ.get(CHILD_ENV):
         raise RuntimeError(
             "ditfuse's kernels are interpreted although TRITON_INTERPRET=0 was "
             "asked for (was triton imported earlier with TRITON_INTERPRET=1?)"
         )
-    r = run_subprocess(
-        cli_argv(op, out_dir, target, allow_large_smem, c_header, vars(opts), num_stages)
-    )
+    r = run_subprocess(cli_argv(op, out_dir, pkg, vars(opts)))
     if r.returncode:
         m = re.search(r"refused \[([\w-]+)\] (.*)", r.stderr, re.S)
         if m:
