@@ -265,37 +265,28 @@ class GNShape:
         return replace(self, shape=(self.shape[0], self.C) + spatial)
 
 
+#: the norms of FLUX.1 / FLUX.2's AutoencoderKL decoder at 1024^2 (block_out_channels
+#: 128/256/512/512): (name, where, x shape)
+_FLUX_VAE_NORMS = [
+    ("mid-128", "mid block", (1, 512, 128, 128)),
+    ("up1-256", "up block 1", (1, 512, 256, 256)),
+    ("up2-512", "up block 2", (1, 256, 512, 512)),
+    ("out-1024", "norm_out", (1, 128, 1024, 1024)),
+]
+
+
+def _flux_vae(name: str, where: str, shape, compiled: bool = False) -> GNShape:
+    """A FLUX VAE decoder norm; ``compiled``: the same decoder under torch.compile, whose
+    inductor hands the norms channels-last activations."""
+    if compiled:
+        model = f"FLUX.1/2 VAE decoder compiled, {where}, channels-last"
+        return GNShape(f"flux-vae-{name}-cl", model, shape, channels_last=True)
+    return GNShape(f"flux-vae-{name}", f"FLUX.1/2 VAE decoder, 1024^2, {where}", shape)
+
+
 GN_SHAPES = by_name(
-    # AutoencoderKL decoder at 1024^2 (FLUX.1 / FLUX.2: block_out_channels 128/256/512/512)
-    GNShape("flux-vae-mid-128", "FLUX.1/2 VAE decoder, 1024^2, mid block", (1, 512, 128, 128)),
-    GNShape("flux-vae-up1-256", "FLUX.1/2 VAE decoder, 1024^2, up block 1", (1, 512, 256, 256)),
-    GNShape("flux-vae-up2-512", "FLUX.1/2 VAE decoder, 1024^2, up block 2", (1, 256, 512, 512)),
-    GNShape("flux-vae-out-1024", "FLUX.1/2 VAE decoder, 1024^2, norm_out", (1, 128, 1024, 1024)),
-    # the same decoder compiled: inductor hands the norms channels-last activations
-    GNShape(
-        "flux-vae-mid-128-cl",
-        "FLUX.1/2 VAE decoder compiled, mid block, channels-last",
-        (1, 512, 128, 128),
-        channels_last=True,
-    ),
-    GNShape(
-        "flux-vae-up1-256-cl",
-        "FLUX.1/2 VAE decoder compiled, up block 1, channels-last",
-        (1, 512, 256, 256),
-        channels_last=True,
-    ),
-    GNShape(
-        "flux-vae-up2-512-cl",
-        "FLUX.1/2 VAE decoder compiled, up block 2, channels-last",
-        (1, 256, 512, 512),
-        channels_last=True,
-    ),
-    GNShape(
-        "flux-vae-out-1024-cl",
-        "FLUX.1/2 VAE decoder compiled, norm_out, channels-last",
-        (1, 128, 1024, 1024),
-        channels_last=True,
-    ),
+    *(_flux_vae(*n) for n in _FLUX_VAE_NORMS),
+    *(_flux_vae(*n, compiled=True) for n in _FLUX_VAE_NORMS),
     # HunyuanVideo causal 3-D VAE decoder, one tile (latent 32x32, 9 frames after upsampling)
     GNShape("hunyuan-vae-mid", "HunyuanVideo VAE decoder tile, mid block", (1, 512, 5, 32, 32)),
     GNShape("hunyuan-vae-up-9f", "HunyuanVideo VAE decoder tile, 9 frames", (1, 128, 9, 128, 128)),
