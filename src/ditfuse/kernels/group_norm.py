@@ -6,6 +6,9 @@ and measurements: docs/design/group_norm.md."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import triton
 import triton.language as tl
 
 from ditfuse.kernels.element import _PTX, _cast_out, _ex2, _rnd
@@ -573,37 +576,42 @@ def _gn_cl_apply_kernel(
     )
 
 
+class RmsFlags(NamedTuple):
+    """The steps after the RMS scaling that ``_rms_ch_kernel`` compiles (``_rms_finish``'s
+    ``RMS``)."""
+
+    has_g: bool
+    has_b: bool
+    silu: bool
+    round_norm: bool  # every op rounded to the activation dtype (WanRMS_norm in half precision)
+
+
+@triton.constexpr_function
+def _rms_flags(has_g, has_b, silu, round_norm):
+    return RmsFlags(has_g, has_b, silu, round_norm)
+
+
 @jit
-def _rms_finish(
-    y_ptr,
-    yoff,
-    m,
-    x,
-    inv,
-    gm,
-    b,
-    scale,
-    HAS_G: tl.constexpr,
-    HAS_B: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-):
-    if ROUND_NORM:  # diffusers' WanRMS_norm in half precision: every op returns a half tensor
+def _rms_finish(x, inv, scale, affine, out, m, RMS: tl.constexpr, ACT: tl.constexpr):
+    """``x * inv * scale`` [* gamma] [+ bias] [then SiLU], stored under mask ``m`` (None:
+    none). ``affine``: the (gamma, bias) tiles; ``out``: (pointer, offsets)."""
+    gm, b = affine
+    y_ptr, yoff = out
+    if RMS.round_norm:  # diffusers' WanRMS_norm in half precision: every op returns half
         y = _rnd(x * inv, ACT)
         y = _rnd(y * scale, ACT)
-        if HAS_G:
+        if RMS.has_g:
             y = _rnd(y * gm, ACT)
-        if HAS_B:
+        if RMS.has_b:
             y = _rnd(y + b, ACT)
     else:
-        if HAS_G:
+        if RMS.has_g:
             y = (x * inv) * (gm * scale)
         else:
             y = (x * inv) * scale
-        if HAS_B:
+        if RMS.has_b:
             y = y + b
-    if SILU:
+    if RMS.silu:
         y = _silu(y)
     tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m)
 
@@ -643,6 +651,8 @@ def _rms_ch_kernel(
     A column held in registers is two power-of-two pieces, channels [0, BC) and [BC, BC +
     BC1): 96 channels as 64 + 32 rather than 128 with a quarter masked (the kernel is bound
     by instruction issue: masked lanes cost as much as real ones)."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    RMS: tl.constexpr = _rms_flags(HAS_G, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     n = pid // n_sb
     sb = pid - n * n_sb
@@ -688,37 +698,9 @@ def _rms_ch_kernel(
         else:
             ss = tl.sum(x * x, 0)[None, :]
         inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
-        _rms_finish(
-            y0p,
-            yo,
-            m,
-            x,
-            inv,
-            gm,
-            b,
-            scale,
-            HAS_G=HAS_G,
-            HAS_B=HAS_B,
-            SILU=SILU,
-            ROUND_NORM=ROUND_NORM,
-            ACT=x_ptr.dtype.element_ty,
-        )
+        _rms_finish(x, inv, scale, (gm, b), (y0p, yo), m, RMS, ACT)
         if BC1 > 0:
-            _rms_finish(
-                y0p,
-                yo1,
-                m1,
-                x1,
-                inv,
-                gm1,
-                b1,
-                scale,
-                HAS_G=HAS_G,
-                HAS_B=HAS_B,
-                SILU=SILU,
-                ROUND_NORM=ROUND_NORM,
-                ACT=x_ptr.dtype.element_ty,
-            )
+            _rms_finish(x1, inv, scale, (gm1, b1), (y0p, yo1), m1, RMS, ACT)
     else:
         # a column too tall for registers: sum of squares over channel chunks (one pass
         # loses nothing here: every term is positive), then re-read (from L1/L2) and apply
@@ -741,18 +723,4 @@ def _rms_ch_kernel(
             x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
             gm = _load_channels(g_ptr, c, stride_g, cm, HAS_G, False, 1.0)
             b = _load_channels(b_ptr, c, stride_b, cm, HAS_B, False, 0.0)
-            _rms_finish(
-                y_ptr,
-                yb + c * stride_yc,
-                m,
-                x,
-                inv,
-                gm,
-                b,
-                scale,
-                HAS_G=HAS_G,
-                HAS_B=HAS_B,
-                SILU=SILU,
-                ROUND_NORM=ROUND_NORM,
-                ACT=x_ptr.dtype.element_ty,
-            )
+            _rms_finish(x, inv, scale, (gm, b), (y_ptr, yb + c * stride_yc), m, RMS, ACT)
