@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ditfuse.tools import tiny_models as tiny
 from ditfuse.tools.tiny_models import to_dtype as as_loaded  # from_pretrained(torch_dtype=...)
 
 # ---------------------------------------------------------------------------------------
@@ -398,15 +399,7 @@ E2E_MODELS: dict[str, E2EModel] = {
             _wan14b,
             _wan_inputs,
             time_scale=1000.0,
-            tiny_config={
-                "num_attention_heads": 2,
-                "attention_head_dim": 12,
-                "in_channels": 4,
-                "out_channels": 4,
-                "text_dim": 16,
-                "ffn_dim": 32,
-                "rope_max_seq_len": 32,
-            },
+            tiny_config=tiny.TINY_WAN,
             tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6},
         ),
         # 720x1280, 81 frames: latents 21 x 90 x 160, 75600 tokens a block's self-attention
@@ -417,15 +410,7 @@ E2E_MODELS: dict[str, E2EModel] = {
             time_scale=1000.0,
             sizes={"frames": 21, "h": 90, "w": 160},
             in_all=False,
-            tiny_config={
-                "num_attention_heads": 2,
-                "attention_head_dim": 12,
-                "in_channels": 4,
-                "out_channels": 4,
-                "text_dim": 16,
-                "ffn_dim": 32,
-                "rope_max_seq_len": 32,
-            },
+            tiny_config=tiny.TINY_WAN,
             tiny_sizes={"frames": 1, "h": 8, "w": 6, "text_len": 6},
         ),
         E2EModel(
@@ -433,14 +418,7 @@ E2E_MODELS: dict[str, E2EModel] = {
             _flux1,
             _flux1_inputs,
             time_scale=1.0,
-            tiny_config={
-                "in_channels": 4,
-                "attention_head_dim": 16,
-                "num_attention_heads": 2,
-                "joint_attention_dim": 32,
-                "pooled_projection_dim": 32,
-                "axes_dims_rope": (4, 4, 8),
-            },
+            tiny_config=tiny.TINY_FLUX1,
             tiny_sizes={"height": 4, "width": 4, "text_len": 8},
         ),
         E2EModel(
@@ -448,14 +426,7 @@ E2E_MODELS: dict[str, E2EModel] = {
             _flux2,
             _flux2_inputs,
             time_scale=1.0,
-            tiny_config={
-                "in_channels": 4,
-                "attention_head_dim": 16,
-                "num_attention_heads": 2,
-                "joint_attention_dim": 32,
-                "timestep_guidance_channels": 32,
-                "axes_dims_rope": (4, 4, 4, 4),
-            },
+            tiny_config=tiny.TINY_FLUX2,
             tiny_sizes={"height": 4, "width": 4, "text_len": 8},
         ),
         E2EModel(
@@ -463,14 +434,7 @@ E2E_MODELS: dict[str, E2EModel] = {
             _qwen_image,
             _qwen_image_inputs,
             time_scale=1.0,
-            tiny_config={
-                "in_channels": 16,
-                "out_channels": 4,
-                "attention_head_dim": 16,
-                "num_attention_heads": 2,
-                "joint_attention_dim": 16,
-                "axes_dims_rope": (8, 4, 4),
-            },
+            tiny_config=tiny.TINY_QWEN_IMAGE,
             tiny_sizes={"height": 4, "width": 4, "text_len": 7},
         ),
         E2EModel(
@@ -478,17 +442,7 @@ E2E_MODELS: dict[str, E2EModel] = {
             _hunyuan_video,
             _hunyuan_video_inputs,
             time_scale=1000.0,
-            tiny_config={
-                "in_channels": 4,
-                "out_channels": 4,
-                "num_attention_heads": 2,
-                "attention_head_dim": 10,
-                "num_refiner_layers": 1,
-                "patch_size": 1,
-                "text_embed_dim": 16,
-                "pooled_projection_dim": 8,
-                "rope_axes_dim": (2, 4, 4),
-            },
+            tiny_config=tiny.TINY_HUNYUAN_VIDEO,
             tiny_sizes={"frames": 2, "h": 4, "w": 4, "text_len": 6, "prompt": 4},
         ),
         E2EModel(

@@ -30,11 +30,73 @@ def to_dtype(model, dtype):
     return model
 
 
+# ---------------------------------------------------------------------------------------
+# Each transformer family's tiny class arguments, layer counts apart: built below (with their
+# layer counts) and passed by ``ditfuse bench --e2e``'s CPU runs as overrides of the
+# real-size configs
+
+TINY_WAN = dict(
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=4,
+    out_channels=4,
+    text_dim=16,
+    ffn_dim=32,
+    rope_max_seq_len=32,
+)
+TINY_FLUX1 = dict(
+    in_channels=4,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    axes_dims_rope=(4, 4, 8),
+)
+TINY_FLUX2 = dict(
+    in_channels=4,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    timestep_guidance_channels=32,
+    axes_dims_rope=(4, 4, 4, 4),
+)
+TINY_QWEN_IMAGE = dict(
+    in_channels=16,
+    out_channels=4,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=16,
+    axes_dims_rope=(8, 4, 4),
+)
+TINY_HUNYUAN_VIDEO = dict(
+    in_channels=4,
+    out_channels=4,
+    num_attention_heads=2,
+    attention_head_dim=10,
+    num_refiner_layers=1,
+    patch_size=1,
+    text_embed_dim=16,
+    pooled_projection_dim=8,
+    rope_axes_dim=(2, 4, 4),
+)
+
+
 def _axes(head_dim, n):
     """RoPE axis widths (even, summing to ``head_dim``) of a tiny model at another head_dim:
     the first axis takes what the equal split of the others leaves."""
     rest = (head_dim // n) // 2 * 2
     return [head_dim - rest * (n - 1)] + [rest] * (n - 1)
+
+
+def _at_head_dim(cfg, head_dim, axes_key=None, axes=None):
+    """``cfg`` at ``head_dim``; its RoPE axes (``cfg[axes_key]``) then ``axes(head_dim)``."""
+    if head_dim == cfg["attention_head_dim"]:
+        return cfg
+    return {
+        **cfg,
+        "attention_head_dim": head_dim,
+        **({axes_key: axes(head_dim)} if axes_key else {}),
+    }
 
 
 def _randomize(m, seed=0):  # noqa: D103
@@ -48,18 +110,12 @@ def _wan(i2v=False, head_dim=12):
     from diffusers import WanTransformer3DModel
 
     kw = dict(
+        _at_head_dim(TINY_WAN, head_dim),
         patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=head_dim,
-        in_channels=4,
-        out_channels=4,
-        text_dim=16,
         freq_dim=256,
-        ffn_dim=32,
         num_layers=2,
         cross_attn_norm=True,
         qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
     )
     if i2v:
         kw.update(image_dim=8, added_kv_proj_dim=2 * head_dim)
@@ -85,18 +141,9 @@ def _wan_inputs(dtype, i2v=False, per_token=False, text=6):
 def _flux(head_dim=16):
     from diffusers import FluxTransformer2DModel
 
+    cfg = _at_head_dim(TINY_FLUX1, head_dim, "axes_dims_rope", lambda d: _axes(d, 3))
     return _randomize(
-        FluxTransformer2DModel(
-            patch_size=1,
-            in_channels=4,
-            num_layers=1,
-            num_single_layers=2,
-            attention_head_dim=head_dim,
-            num_attention_heads=2,
-            joint_attention_dim=32,
-            pooled_projection_dim=32,
-            axes_dims_rope=[4, 4, 8] if head_dim == 16 else _axes(head_dim, 3),
-        )
+        FluxTransformer2DModel(**cfg, patch_size=1, num_layers=1, num_single_layers=2)
     )
 
 
@@ -117,18 +164,9 @@ def _flux_inputs(dtype):
 def _flux2(head_dim=16):
     from diffusers import Flux2Transformer2DModel
 
+    cfg = _at_head_dim(TINY_FLUX2, head_dim, "axes_dims_rope", lambda d: (d // 4,) * 4)
     return _randomize(
-        Flux2Transformer2DModel(
-            patch_size=1,
-            in_channels=4,
-            num_layers=1,
-            num_single_layers=1,
-            attention_head_dim=head_dim,
-            num_attention_heads=2,
-            joint_attention_dim=32,
-            timestep_guidance_channels=32,
-            axes_dims_rope=(head_dim // 4,) * 4,
-        )
+        Flux2Transformer2DModel(**cfg, patch_size=1, num_layers=1, num_single_layers=1)
     )
 
 
@@ -149,21 +187,14 @@ def _flux2_inputs(dtype):
 def _hunyuan(single_layers=1, head_dim=10):
     from diffusers import HunyuanVideoTransformer3DModel
 
+    cfg = _at_head_dim(TINY_HUNYUAN_VIDEO, head_dim, "rope_axes_dim", lambda d: _axes(d, 3))
     return _randomize(
         HunyuanVideoTransformer3DModel(
-            in_channels=4,
-            out_channels=4,
-            num_attention_heads=2,
-            attention_head_dim=head_dim,
+            **cfg,
             num_layers=1,
             num_single_layers=single_layers,
-            num_refiner_layers=1,
-            patch_size=1,
             patch_size_t=1,
             guidance_embeds=True,
-            text_embed_dim=16,
-            pooled_projection_dim=8,
-            rope_axes_dim=(2, 4, 4) if head_dim == 10 else _axes(head_dim, 3),
         )
     )
 
@@ -218,20 +249,10 @@ def _sa3_inputs(dtype, inpaint=True):
 def _qwen(head_dim=16):
     from diffusers import QwenImageTransformer2DModel
 
-    return _randomize(
-        QwenImageTransformer2DModel(
-            patch_size=2,
-            in_channels=16,
-            out_channels=4,
-            num_layers=1,
-            attention_head_dim=head_dim,
-            num_attention_heads=2,
-            joint_attention_dim=16,
-            axes_dims_rope=(8, 4, 4)
-            if head_dim == 16
-            else (head_dim // 2, head_dim // 4, head_dim // 4),
-        )
+    cfg = _at_head_dim(
+        TINY_QWEN_IMAGE, head_dim, "axes_dims_rope", lambda d: (d // 2, d // 4, d // 4)
     )
+    return _randomize(QwenImageTransformer2DModel(**cfg, patch_size=2, num_layers=1))
 
 
 def _qwen_inputs(dtype):
@@ -376,16 +397,30 @@ def _same_inputs(dtype):
 # / video shape, fused pairs: 2 a ResNet block + the encoder's and decoder's heads)
 
 
+#: AutoencoderKL's tiny layout (FLUX.2's VAE takes the same arguments)
+_KL = dict(
+    block_out_channels=(16, 32),
+    down_block_types=("DownEncoderBlock2D",) * 2,
+    up_block_types=("UpDecoderBlock2D",) * 2,
+    norm_num_groups=8,
+    latent_channels=4,
+)
+#: Wan 2.1's tiny VAE layout (Qwen-Image's VAE is Wan's)
+_WAN_VAE = dict(
+    base_dim=8,
+    z_dim=4,
+    dim_mult=[1, 2],
+    num_res_blocks=1,
+    temperal_downsample=[False],
+    latents_mean=[0.0] * 4,
+    latents_std=[1.0] * 4,
+)
+
+
 def _vae_kl():
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(
-        block_out_channels=(16, 32),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        norm_num_groups=8,
-        latent_channels=4,
-    )
+    return AutoencoderKL(**_KL)
 
 
 def _vae_flux2():
@@ -394,14 +429,7 @@ def _vae_flux2():
     from diffusers import AutoencoderKLFlux2
 
     sig = inspect.signature(AutoencoderKLFlux2.__init__).parameters
-    kw = dict(
-        block_out_channels=(16, 32),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        norm_num_groups=8,
-        latent_channels=4,
-    )
-    return AutoencoderKLFlux2(**{k: v for k, v in kw.items() if k in sig})
+    return AutoencoderKLFlux2(**{k: v for k, v in _KL.items() if k in sig})
 
 
 def _vae_hunyuan():
@@ -422,15 +450,7 @@ def _vae_hunyuan():
 def _vae_wan():
     from diffusers import AutoencoderKLWan
 
-    return AutoencoderKLWan(
-        base_dim=8,
-        z_dim=4,
-        dim_mult=[1, 2],
-        num_res_blocks=1,
-        temperal_downsample=[False],
-        latents_mean=[0.0] * 4,
-        latents_std=[1.0] * 4,
-    )
+    return AutoencoderKLWan(**_WAN_VAE)
 
 
 def _vae_wan22():
@@ -438,33 +458,19 @@ def _vae_wan22():
     from diffusers import AutoencoderKLWan
 
     return AutoencoderKLWan(
-        base_dim=8,
+        **{**_WAN_VAE, "dim_mult": [1, 2, 2], "temperal_downsample": [False, True]},
         decoder_base_dim=8,
-        z_dim=4,
-        dim_mult=[1, 2, 2],
-        num_res_blocks=1,
-        temperal_downsample=[False, True],
         is_residual=True,
         patch_size=2,
         in_channels=12,
         out_channels=12,
-        latents_mean=[0.0] * 4,
-        latents_std=[1.0] * 4,
     )
 
 
 def _vae_qwen():
     from diffusers import AutoencoderKLQwenImage
 
-    return AutoencoderKLQwenImage(
-        base_dim=8,
-        z_dim=4,
-        dim_mult=[1, 2],
-        num_res_blocks=1,
-        temperal_downsample=[False],
-        latents_mean=[0.0] * 4,
-        latents_std=[1.0] * 4,
-    )
+    return AutoencoderKLQwenImage(**_WAN_VAE)
 
 
 VAE_CASES = [
