@@ -132,31 +132,29 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 @gluon.jit
 def _store_out(
-    acc1,
-    acc2,
-    l1,
-    l2,
-    lam_ptr,
-    lam,
-    stride_lam,
+    accs,
+    ls,
+    lams,
     o_ptr,
-    b,
-    h,
-    start_m,
+    o_strides,
+    tile,
     N,
-    stride_ob,
-    stride_os,
-    stride_oh,
-    ROW_O: gl.constexpr,
     LD: gl.constexpr,
-    BLOCK_M: gl.constexpr,
-    D: gl.constexpr,
     STEP_M: gl.constexpr,
     LAM_PTR: gl.constexpr,
 ):
     """The epilogue of both SAME-L kernels: ``acc1 / l1 - lam * (acc2 / l2)`` as per-row
     reciprocals and one fma, through layout ``LD`` (shared memory) to coalesced stores of
-    the tile's first ``STEP_M`` rows below N."""
+    the tile's first ``STEP_M`` rows below N. ``lams``: (lam_ptr, lam, lam_ptr's stride);
+    ``o_strides``: the output's (batch, token, head) strides; ``tile``: (b, h, start_m)."""
+    acc1, acc2 = accs
+    l1, l2 = ls
+    lam_ptr, lam, stride_lam = lams
+    stride_ob, stride_os, stride_oh = o_strides
+    b, h, start_m = tile
+    BLOCK_M: gl.constexpr = acc1.shape[0]
+    D: gl.constexpr = acc1.shape[1]
+    ROW_O: gl.constexpr = gl.SliceLayout(1, acc1.type.layout)
     b = b.to(gl.int64)
     h = h.to(gl.int64)
     if LAM_PTR:
@@ -174,6 +172,136 @@ def _store_out(
     om = start_m + rows
     o = o_ptr + (b * stride_ob + h * stride_oh + om.to(gl.int64) * stride_os)[:, None] + d[None, :]
     gl.store(o, out, mask=((om < N) & (rows < STEP_M))[:, None])
+
+
+@gluon.jit
+def _program_tile(H: gl.constexpr, STEP_M: gl.constexpr, TOKEN_MAJOR: gl.constexpr):
+    """This program's (batch, head, first query): grid (B*H, query tiles) when
+    ``TOKEN_MAJOR``, else (query tiles, B*H)."""
+    if TOKEN_MAJOR:
+        bh = gl.program_id(0)
+        start_m = gl.program_id(1) * STEP_M
+    else:
+        start_m = gl.program_id(0) * STEP_M
+        bh = gl.program_id(1)
+    return bh // H, bh % H, start_m
+
+
+@gluon.jit
+def _band_buffers(
+    dtype: gl.constexpr,
+    DL: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    D: gl.constexpr,
+    TRIPS: gl.constexpr,
+):
+    """Shared memory for Q1 / Q2's boxes and ``TRIPS`` boxes each of K1, K2 and V (a buffer
+    a key tile: no ring to refill), in the descriptors' 4-D box layout ``DL``."""
+    q_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, 1, D], DL)
+    q2_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, 1, D], DL)
+    k_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    k2_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    v_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    return (q_s, q2_s), (k_s, k2_s, v_s)
+
+
+@gluon.jit
+def _band_barriers(TRIPS: gl.constexpr):
+    """An mbarrier for each box of ``_band_buffers``, initialized and fenced (each completes
+    once: phase 0)."""
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q2_bar, count=1)
+    for i in gl.static_range(TRIPS):
+        mbarrier.init(k_bar.index(i), count=1)
+        mbarrier.init(k2_bar.index(i), count=1)
+        mbarrier.init(v_bar.index(i), count=1)
+    fence_async_shared()
+    return (q_bar, q2_bar), (k_bar, k2_bar, v_bar)
+
+
+@gluon.jit
+def _copy_band(
+    q_descs,
+    kv_descs,
+    bufs,
+    bars,
+    tile,
+    window,
+    BLOCK_N: gl.constexpr,
+    STEP_M: gl.constexpr,
+    TRIPS: gl.constexpr,
+):
+    """Issues every TMA copy of a program before its first trip: Q1 / Q2's boxes and the key
+    tiles of the band of its stored queries, from its first key (a box's rows past N arrive
+    as zeros). ``bufs``, ``bars``: ``_band_buffers``' and ``_band_barriers``' pairs;
+    ``tile``: (b, h, start_m); ``window``: (N, LEFT, RIGHT). Returns the first key and the
+    number of key tiles."""
+    q_s, q2_s = bufs[0]
+    k_s, k2_s, v_s = bufs[1]
+    q_bar, q2_bar = bars[0]
+    k_bar, k2_bar, v_bar = bars[1]
+    b, h, start_m = tile
+    N, LEFT, RIGHT = window
+    EB: gl.constexpr = q_s.dtype.primitive_bitwidth // 8  # bytes an element
+    D: gl.constexpr = q_s.shape[3]
+    lo = gl.maximum(start_m - LEFT, 0)
+    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
+    trips = gl.cdiv(hi - lo, BLOCK_N)
+    mbarrier.expect(q_bar, q_s.shape[1] * D * EB)
+    mbarrier.expect(q2_bar, q_s.shape[1] * D * EB)
+    tma.async_copy_global_to_shared(q_descs[0], [b, start_m, h, 0], q_bar, q_s)
+    tma.async_copy_global_to_shared(q_descs[1], [b, start_m, h, 0], q2_bar, q2_s)
+    for t in gl.static_range(TRIPS):
+        if t < trips:
+            _copy3(
+                kv_descs,
+                b,
+                lo + t * BLOCK_N,
+                h,
+                (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
+                (k_s.index(t), k2_s.index(t), v_s.index(t)),
+                BLOCK_N * D * EB,
+            )
+    return lo, trips
+
+
+@gluon.jit
+def _band_rows(start_m, window, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr):
+    """Each query row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width
+    (rows past N are never stored), and the score tile's column index (layout ``S_L``);
+    ``window``: (N, LEFT, RIGHT)."""
+    N, LEFT, RIGHT = window
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, S_L))
+    row_lo = offs_m - LEFT
+    row_span = gl.minimum(offs_m + RIGHT, N - 1) - row_lo
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    return row_lo, row_span, cols
+
+
+@gluon.jit
+def _in_band(rows, start_n):
+    """The key tile from ``start_n``'s band mask: j - lo_i in [0, span_i] as one unsigned
+    compare, on the tile's column index (``rows``: ``_band_rows``)."""
+    row_lo, row_span, cols = rows
+    return (cols[None, :] - (row_lo - start_n)[:, None]).to(gl.uint32, bitcast=True) <= row_span[
+        :, None
+    ].to(gl.uint32, bitcast=True)
+
+
+@gluon.jit
+def _fresh_map(BLOCK_M: gl.constexpr, D: gl.constexpr, ROW_S: gl.constexpr, O_L: gl.constexpr):
+    """One map's running max (from -FLT_MAX), sum and output accumulator before the first
+    key tile."""
+    m = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)
+    l_i = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    acc = gl.zeros([BLOCK_M, D], gl.float32, O_L)
+    return m, l_i, acc
 
 
 @gluon.jit
@@ -205,8 +333,6 @@ def _swa_diff_sm90_kernel(
 ):
     dtype: gl.constexpr = q_desc.dtype
     DL: gl.constexpr = q_desc.layout  # the descriptors' 4-D box layout (128-byte swizzle)
-    NB_Q: gl.constexpr = BLOCK_M * D * 2  # bytes a box (16-bit elements)
-    NB_K: gl.constexpr = BLOCK_N * D * 2
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
     # accumulator layouts, P as a register A operand of the output's wgmma
     S_L: gl.constexpr = gl.NVMMADistributedLayout(
@@ -225,68 +351,30 @@ def _swa_diff_sm90_kernel(
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
-    if TOKEN_MAJOR:
-        bh = gl.program_id(0)
-        start_m = gl.program_id(1) * STEP_M
-    else:
-        start_m = gl.program_id(0) * STEP_M
-        bh = gl.program_id(1)
-    b = bh // H
-    h = bh % H
+    b, h, start_m = _program_tile(H, STEP_M, TOKEN_MAJOR)
+    window = (N, LEFT, RIGHT)
+    bufs = _band_buffers(dtype, DL, BLOCK_M, BLOCK_N, D, TRIPS)
+    bars = _band_barriers(TRIPS)
+    lo, trips = _copy_band(
+        (q_desc, q2_desc),
+        (k_desc, k2_desc, v_desc),
+        bufs,
+        bars,
+        (b, h, start_m),
+        window,
+        BLOCK_N=BLOCK_N,
+        STEP_M=STEP_M,
+        TRIPS=TRIPS,
+    )
+    q_s, q2_s = bufs[0]
+    k_s, k2_s, v_s = bufs[1]
+    q_bar, q2_bar = bars[0]
+    k_bar, k2_bar, v_bar = bars[1]
 
-    q_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, 1, D], DL)
-    q2_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, 1, D], DL)
-    k_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
-    k2_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
-    v_s = gl.allocate_shared_memory(dtype, [TRIPS, 1, BLOCK_N, 1, D], DL)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(q2_bar, count=1)
-    for i in gl.static_range(TRIPS):
-        mbarrier.init(k_bar.index(i), count=1)
-        mbarrier.init(k2_bar.index(i), count=1)
-        mbarrier.init(v_bar.index(i), count=1)
-    fence_async_shared()
-
-    # the key tiles of the band of this tile's stored queries, from its first key; every
-    # copy is issued before the first trip (each tile has its own buffer); a box's rows past
-    # N arrive as zeros
-    lo = gl.maximum(start_m - LEFT, 0)
-    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
-    trips = gl.cdiv(hi - lo, BLOCK_N)
-    mbarrier.expect(q_bar, NB_Q)
-    mbarrier.expect(q2_bar, NB_Q)
-    tma.async_copy_global_to_shared(q_desc, [b, start_m, h, 0], q_bar, q_s)
-    tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
-    for t in gl.static_range(TRIPS):
-        if t < trips:
-            _copy3(
-                (k_desc, k2_desc, v_desc),
-                b,
-                lo + t * BLOCK_N,
-                h,
-                (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
-                (k_s.index(t), k2_s.index(t), v_s.index(t)),
-                NB_K,
-            )
-
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
-    # each row's band [i - LEFT, min(i + RIGHT, N - 1)] as its first key and width (rows
-    # past N are never stored)
-    row_lo = offs_m - LEFT
-    row_span = gl.minimum(offs_m + RIGHT, N - 1) - row_lo
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
-    m1 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)  # -FLT_MAX
-    m2 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)
-    l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
-    l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    rows = _band_rows(start_m, window, BLOCK_M, BLOCK_N, S_L)
+    m1, l1, acc1 = _fresh_map(BLOCK_M, D, ROW_S, O_L)
+    m2, l2, acc2 = _fresh_map(BLOCK_M, D, ROW_S, O_L)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
-    acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
-    acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
 
     q_s = q_s._reinterpret(dtype, [BLOCK_M, D], Q_SL)
     q2_s = q2_s._reinterpret(dtype, [BLOCK_M, D], Q_SL)
@@ -303,10 +391,7 @@ def _swa_diff_sm90_kernel(
         s1 = warpgroup_mma(q_s, ks.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s1 = warpgroup_mma_wait(1, deps=[s1])
-        # j - lo_i in [0, span_i] as one unsigned compare, on the tile's column index
-        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(
-            gl.uint32, bitcast=True
-        ) <= row_span[:, None].to(gl.uint32, bitcast=True)
+        band = _in_band(rows, start_n)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
         acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
         acc1 = warpgroup_mma(gl.convert_layout(p1.to(dtype), P_L), vs, acc1, is_async=True)
@@ -318,25 +403,14 @@ def _swa_diff_sm90_kernel(
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
     _store_out(
-        acc1,
-        acc2,
-        l1,
-        l2,
-        lam_ptr=lam_ptr,
-        lam=lam,
-        stride_lam=stride_lam,
-        o_ptr=o_ptr,
-        b=b,
-        h=h,
-        start_m=start_m,
-        N=N,
-        stride_ob=stride_ob,
-        stride_os=stride_os,
-        stride_oh=stride_oh,
-        ROW_O=ROW_O,
+        (acc1, acc2),
+        (l1, l2),
+        (lam_ptr, lam, stride_lam),
+        o_ptr,
+        (stride_ob, stride_os, stride_oh),
+        (b, h, start_m),
+        N,
         LD=LD,
-        BLOCK_M=BLOCK_M,
-        D=D,
         STEP_M=STEP_M,
         LAM_PTR=LAM_PTR,
     )

@@ -44,13 +44,18 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from ditfuse.kernels.attention_sm90 import (
-    _copy3,
+    _band_barriers,
+    _band_buffers,
+    _band_rows,
+    _copy_band,
+    _fresh_map,
+    _in_band,
+    _program_tile,
     _softmax_step,
     _store_out,
     descriptor,  # noqa: F401  (the launcher's, by module)
@@ -98,8 +103,6 @@ def _swa_diff_fp32_sm90_kernel(
     TOKEN_MAJOR: gl.constexpr,  # grid (B*H, query tiles) rather than (tiles, B*H)
 ):
     DL: gl.constexpr = q_desc.layout
-    NB_Q: gl.constexpr = BLOCK_M * D * 4
-    NB_K: gl.constexpr = BLOCK_N * D * 4
     S_L: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 8]
     )
@@ -118,64 +121,31 @@ def _swa_diff_fp32_sm90_kernel(
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
-    if TOKEN_MAJOR:
-        bh = gl.program_id(0)
-        start_m = gl.program_id(1) * STEP_M
-    else:
-        start_m = gl.program_id(0) * STEP_M
-        bh = gl.program_id(1)
-    b = bh // H
-    h = bh % H
-
-    q_s = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, 1, D], DL)
-    q2_s = gl.allocate_shared_memory(gl.float32, [1, BLOCK_M, 1, D], DL)
-    k_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
-    k2_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
-    v_s = gl.allocate_shared_memory(gl.float32, [TRIPS, 1, BLOCK_N, 1, D], DL)
+    b, h, start_m = _program_tile(H, STEP_M, TOKEN_MAJOR)
+    window = (N, LEFT, RIGHT)
+    bufs = _band_buffers(gl.float32, DL, BLOCK_M, BLOCK_N, D, TRIPS)
     vt_s = gl.allocate_shared_memory(gl.float32, [D, BLOCK_N], VT_SL)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    mbarrier.init(q2_bar, count=1)
-    for i in gl.static_range(TRIPS):
-        mbarrier.init(k_bar.index(i), count=1)
-        mbarrier.init(k2_bar.index(i), count=1)
-        mbarrier.init(v_bar.index(i), count=1)
-    fence_async_shared()
+    bars = _band_barriers(TRIPS)
+    lo, trips = _copy_band(
+        (q_desc, q2_desc),
+        (k_desc, k2_desc, v_desc),
+        bufs,
+        bars,
+        (b, h, start_m),
+        window,
+        BLOCK_N=BLOCK_N,
+        STEP_M=STEP_M,
+        TRIPS=TRIPS,
+    )
+    q_s, q2_s = bufs[0]
+    k_s, k2_s, v_s = bufs[1]
+    q_bar, q2_bar = bars[0]
+    k_bar, k2_bar, v_bar = bars[1]
 
-    lo = gl.maximum(start_m - LEFT, 0)
-    hi = gl.minimum(start_m + STEP_M + RIGHT, N)
-    trips = gl.cdiv(hi - lo, BLOCK_N)
-    mbarrier.expect(q_bar, NB_Q)
-    mbarrier.expect(q2_bar, NB_Q)
-    tma.async_copy_global_to_shared(q_desc, [b, start_m, h, 0], q_bar, q_s)
-    tma.async_copy_global_to_shared(q2_desc, [b, start_m, h, 0], q2_bar, q2_s)
-    for t in gl.static_range(TRIPS):
-        if t < trips:
-            _copy3(
-                (k_desc, k2_desc, v_desc),
-                b,
-                lo + t * BLOCK_N,
-                h,
-                (k_bar.index(t), k2_bar.index(t), v_bar.index(t)),
-                (k_s.index(t), k2_s.index(t), v_s.index(t)),
-                NB_K,
-            )
-
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=ROW_S)
-    row_lo = offs_m - LEFT
-    row_span = gl.minimum(offs_m + RIGHT, N - 1) - row_lo
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
-    m1 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)  # -FLT_MAX
-    m2 = gl.full([BLOCK_M], -3.4028234663852886e38, gl.float32, ROW_S)
-    l1 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
-    l2 = gl.zeros([BLOCK_M], gl.float32, ROW_S)
+    rows = _band_rows(start_m, window, BLOCK_M, BLOCK_N, S_L)
+    m1, l1, acc1 = _fresh_map(BLOCK_M, D, ROW_S, O_L)
+    m2, l2, acc2 = _fresh_map(BLOCK_M, D, ROW_S, O_L)
     zero_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_L)
-    acc1 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
-    acc2 = gl.zeros([BLOCK_M, D], gl.float32, O_L)
 
     q_s = q_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
     q2_s = q2_s._reinterpret(gl.float32, [BLOCK_M, D], Q_SL)
@@ -197,9 +167,7 @@ def _swa_diff_fp32_sm90_kernel(
         fence_async_shared()
         gl.thread_barrier()
         s1 = warpgroup_mma_wait(1, deps=[s1])
-        band = (cols[None, :] - (row_lo - start_n)[:, None]).to(
-            gl.uint32, bitcast=True
-        ) <= row_span[:, None].to(gl.uint32, bitcast=True)
+        band = _in_band(rows, start_n)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
         acc1 = acc1 * gl.convert_layout(a1, ROW_O)[:, None]
         acc1 = warpgroup_mma(gl.convert_layout(p1, P_L), vt_s.permute((1, 0)), acc1, is_async=True)
@@ -210,25 +178,14 @@ def _swa_diff_fp32_sm90_kernel(
         acc1, acc2 = warpgroup_mma_wait(0, deps=[acc1, acc2])
 
     _store_out(
-        acc1,
-        acc2,
-        l1,
-        l2,
-        lam_ptr=lam_ptr,
-        lam=lam,
-        stride_lam=stride_lam,
-        o_ptr=o_ptr,
-        b=b,
-        h=h,
-        start_m=start_m,
-        N=N,
-        stride_ob=stride_ob,
-        stride_os=stride_os,
-        stride_oh=stride_oh,
-        ROW_O=ROW_O,
+        (acc1, acc2),
+        (l1, l2),
+        (lam_ptr, lam, stride_lam),
+        o_ptr,
+        (stride_ob, stride_os, stride_oh),
+        (b, h, start_m),
+        N,
         LD=LD,
-        BLOCK_M=BLOCK_M,
-        D=D,
         STEP_M=STEP_M,
         LAM_PTR=LAM_PTR,
     )
