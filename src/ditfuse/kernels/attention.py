@@ -166,19 +166,7 @@ def _norm_piece(x, m, norm, cols, cmask, mean, rstd, alpha, NORM: tl.constexpr, 
         w = tl.load(norm.w + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if NORM.has_b:
         b = tl.load(norm.b + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    y = _norm_affine(
-        x,
-        w,
-        b,
-        mean,
-        rstd,
-        alpha,
-        NORM=NORM.kind,
-        HAS_W=NORM.has_w,
-        HAS_B=NORM.has_b,
-        ROUND_PRE_W=NORM.round_pre_w,
-        ACT=ACT,
-    )
+    y = _norm_affine(x, w, b, mean, rstd, alpha, NORM=NORM, ACT=ACT)
     return tl.where(m, _rnd(y, ACT), 0.0)
 
 

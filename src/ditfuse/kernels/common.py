@@ -94,30 +94,28 @@ def _norm_affine(
     rstd,
     alpha,
     NORM: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    ROUND_PRE_W: tl.constexpr,
     ACT: tl.constexpr,
 ):
-    """Normalise one tile; ``w`` / ``b`` are weight and bias tiles of the same layout."""
-    if NORM == RMS:
+    """Normalise one tile with the norm ``NORM`` (:class:`NormFlags`); ``w`` / ``b`` are
+    weight and bias tiles of the same layout."""
+    if NORM.kind == RMS:
         y = x * rstd
-    elif NORM == LAYER:
+    elif NORM.kind == LAYER:
         y = (x - mean) * rstd
-    elif NORM == DYT:
-        if ROUND_PRE_W:  # SAME's DynamicTanh in 16 bits rounds alpha * x before the tanh too
+    elif NORM.kind == DYT:
+        if NORM.round_pre_w:  # SAME's DynamicTanh in 16 bits rounds alpha * x before the tanh too
             y = _tanh(_rnd(alpha * x, ACT))
         else:
             y = _tanh(alpha * x)
     else:
         y = x
-    if ROUND_PRE_W:  # the module's own rounding: from here on in the (half) weight dtype
+    if NORM.round_pre_w:  # the module's own rounding: from here on in the (half) weight dtype
         y = _rnd(y, ACT)
-    if HAS_W:
+    if NORM.has_w:
         y = y * w
-        if ROUND_PRE_W and HAS_B:
+        if NORM.round_pre_w and NORM.has_b:
             y = _rnd(y, ACT)
-    if HAS_B:
+    if NORM.has_b:
         y = y + b
     return y
 

@@ -216,19 +216,7 @@ def _finish_piece(
         w = _ld(w_ptr + c, live, MASKED)
     if NORM.has_b:
         b = _ld(b_ptr + c, live, MASKED)
-    y = _norm_affine(
-        _f32_again(x),
-        w,
-        b,
-        mean,
-        rstd,
-        alpha,
-        NORM=NORM.kind,
-        HAS_W=NORM.has_w,
-        HAS_B=NORM.has_b,
-        ROUND_PRE_W=NORM.round_pre_w,
-        ACT=ACT,
-    )
+    y = _norm_affine(_f32_again(x), w, b, mean, rstd, alpha, NORM=NORM, ACT=ACT)
     if ROUND_NORM:
         y = _rnd(y, ACT)
     if ROPE.on:
@@ -646,32 +634,8 @@ def _finish_pairs(
         wa, wb = _ld_pairs(w_ptr, p, live, MASKED, NORM.words)
     if NORM.has_b:
         ba, bb = _ld_pairs(b_ptr, p, live, MASKED, NORM.words)
-    ya = _norm_affine(
-        xa,
-        wa,
-        ba,
-        mean,
-        rstd,
-        alpha,
-        NORM=NORM.kind,
-        HAS_W=NORM.has_w,
-        HAS_B=NORM.has_b,
-        ROUND_PRE_W=NORM.round_pre_w,
-        ACT=ACT,
-    )
-    yb = _norm_affine(
-        xb,
-        wb,
-        bb,
-        mean,
-        rstd,
-        alpha,
-        NORM=NORM.kind,
-        HAS_W=NORM.has_w,
-        HAS_B=NORM.has_b,
-        ROUND_PRE_W=NORM.round_pre_w,
-        ACT=ACT,
-    )
+    ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM=NORM, ACT=ACT)
+    yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM=NORM, ACT=ACT)
     if ROUND_NORM:
         ya, yb = _rnd_pair(ya, yb, ACT)
     if ROPE.on:

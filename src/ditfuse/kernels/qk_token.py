@@ -436,32 +436,8 @@ def _finish_piece(
             WORDS=NORM.words,
             ROW=NORM.w_row,
         )
-    ya = _norm_affine(
-        xa,
-        wa,
-        ba,
-        mean,
-        rstd,
-        alpha,
-        NORM=NORM.kind,
-        HAS_W=NORM.has_w,
-        HAS_B=NORM.has_b,
-        ROUND_PRE_W=NORM.round_pre_w,
-        ACT=ACT,
-    )
-    yb = _norm_affine(
-        xb,
-        wb,
-        bb,
-        mean,
-        rstd,
-        alpha,
-        NORM=NORM.kind,
-        HAS_W=NORM.has_w,
-        HAS_B=NORM.has_b,
-        ROUND_PRE_W=NORM.round_pre_w,
-        ACT=ACT,
-    )
+    ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM=NORM, ACT=ACT)
+    yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM=NORM, ACT=ACT)
     if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
         ya = _rnd(ya, ACT)
         yb = _rnd(yb, ACT)
@@ -508,19 +484,7 @@ def _finish_piece(
             bp = tl.load(b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
                 tl.float32
             )
-        yp = _norm_affine(
-            xp,
-            wp,
-            bp,
-            mean,
-            rstd,
-            alpha,
-            NORM=NORM.kind,
-            HAS_W=NORM.has_w,
-            HAS_B=NORM.has_b,
-            ROUND_PRE_W=NORM.round_pre_w,
-            ACT=ACT,
-        )
+        yp = _norm_affine(xp, wp, bp, mean, rstd, alpha, NORM=NORM, ACT=ACT)
         if QUANT == NO_QUANT:
             tl.store(
                 o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
