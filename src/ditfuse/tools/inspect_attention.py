@@ -39,6 +39,9 @@ class BuildSpec:
 #: local memory a shipped build may touch outside its loops (bytes of spill / stack)
 LOCAL_BYTES_MAX = 16
 
+#: one attention (not differential) without the fused QK-norm + RoPE prologue
+_PLAIN = dict(differential=False, prologue=False)
+
 BUILD_SPECS = [
     BuildSpec("same-l-bf16"),
     BuildSpec("same-l-fp32", dtype="fp32"),
@@ -46,46 +49,24 @@ BUILD_SPECS = [
     BuildSpec("same-l-bf16-attn-gluon", prologue=False, gluon=True),
     BuildSpec("same-l-fp32-attn", dtype="fp32", prologue=False),
     BuildSpec("same-l-fp32-attn-highest", dtype="fp32", prologue=False, precision="highest"),
-    BuildSpec(
-        "same-l-fp32-plain-highest",
-        dtype="fp32",
-        differential=False,
-        prologue=False,
-        precision="highest",
-    ),
+    BuildSpec("same-l-fp32-plain-highest", dtype="fp32", precision="highest", **_PLAIN),
     BuildSpec("same-l-fp32-attn-gluon", dtype="fp32", prologue=False, gluon=True),
     BuildSpec("same-l-trt-fp32", dtype="fp32", N=4352, prologue=False, trt=True),
     BuildSpec("same-l-trt-fp32-gluon", dtype="fp32", N=4352, prologue=False, trt=True, gluon=True),
-    BuildSpec("same-l-fp32-plain", dtype="fp32", differential=False, prologue=False),
+    BuildSpec("same-l-fp32-plain", dtype="fp32", **_PLAIN),
     BuildSpec("sa3-dit-bf16-full", N=4096, window=-1),
-    BuildSpec(
-        "d128-bf16-causal", D=128, N=4608, differential=False, prologue=False, window=(-1, 0)
-    ),
+    BuildSpec("d128-bf16-causal", D=128, N=4608, window=(-1, 0), **_PLAIN),
     BuildSpec("d128-fp32-diff-prologue", dtype="fp32", D=128, N=4096),
-    BuildSpec(
-        "d32-fp16-window",
-        dtype="fp16",
-        D=32,
-        N=4096,
-        differential=False,
-        prologue=False,
-        window=(8, 8),
-    ),
+    BuildSpec("d32-fp16-window", dtype="fp16", D=32, N=4096, window=(8, 8), **_PLAIN),
     BuildSpec("d128-fp32-diff", dtype="fp32", D=128, N=8704, prologue=False),
     # head dims that are not a power of two: tiles padded to 128
     BuildSpec("d80-bf16-diff", D=80, N=4096, prologue=False),
-    BuildSpec(
-        "d96-fp32-window",
-        dtype="fp32",
-        D=96,
-        N=4096,
-        differential=False,
-        prologue=False,
-        window=(8, 8),
-    ),
+    BuildSpec("d96-fp32-window", dtype="fp32", D=96, N=4096, window=(8, 8), **_PLAIN),
     BuildSpec("d48-fp32-diff", dtype="fp32", D=48, N=4096, prologue=False),  # padded to 64
 ]
 BUILD_NAMES = [s.name for s in BUILD_SPECS]
+#: the spec's fields a report row starts with
+_SPEC_COLUMNS = ("name", "dtype", "H", "D", "N", "precision", "differential", "prologue")
 _CHILD_ENV = "DITFUSE_ATTN_BUILD_CHILD"
 
 
@@ -183,14 +164,7 @@ def build(spec: BuildSpec) -> dict:
     ptx = ck.asm["ptx"]
     sass = ik.run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
     row = dict(
-        name=spec.name,
-        dtype=spec.dtype,
-        H=spec.H,
-        D=spec.D,
-        N=spec.N,
-        precision=spec.precision,
-        differential=spec.differential,
-        prologue=spec.prologue,
+        **{k: getattr(spec, k) for k in _SPEC_COLUMNS},
         window=str(spec.window),
         block_m=kwargs["BLOCK_M"],
         block_n=kwargs["BLOCK_N"],

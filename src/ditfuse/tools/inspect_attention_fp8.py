@@ -127,11 +127,7 @@ def build(spec: BuildSpec) -> dict:
         return sum(1 for t in loop if re.match(rf"(?:@!?U?P\w+\s+)?{pat}", t))
 
     row = dict(
-        name=spec.name,
-        H=spec.H,
-        S=spec.S,
-        D=spec.D,
-        qk=spec.qk,
+        **{k: getattr(spec, k) for k in ("name", "H", "S", "D", "qk")},
         window=str(spec.window),
         kernel=spec.kernel,
         block_m=kwargs.get("BLOCK_M"),
