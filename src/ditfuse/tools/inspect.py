@@ -63,6 +63,14 @@ _SM_MAX_WARPS = 64
 _SM_MAX_BLOCKS = 32
 _SM_SMEM = 228 * 1024
 _SM_SMEM_RESERVED_PER_BLOCK = 1024
+SMEM_PER_BLOCK = _SM_SMEM - _SM_SMEM_RESERVED_PER_BLOCK  # 227 KB: the most a block can have
+
+
+def smem_violations(smem: int) -> list:
+    """The build gate's complaint about ``smem`` bytes of shared memory a block, if any."""
+    if smem > SMEM_PER_BLOCK:
+        return [f"shared memory {smem} B > {SMEM_PER_BLOCK // 1024} KB"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------

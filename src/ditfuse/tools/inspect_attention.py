@@ -199,9 +199,7 @@ def build(spec: BuildSpec) -> dict:
             f"spills {row['spill_stores']} B / {row['spill_loads']} B, stack "
             f"{row['stack']} B (at most {LOCAL_BYTES_MAX} B, outside loops)"
         )
-    if row["smem"] > 227 * 1024:
-        bad.append(f"shared memory {row['smem']} B > 227 KB")
-    row["violations"] = bad
+    row["violations"] = bad + ik.smem_violations(row["smem"])
     return row
 
 

@@ -106,6 +106,7 @@ def build(spec: BuildSpec) -> dict:
 
     from ditfuse.aot.compile import compile_sm90, tool_path
     from ditfuse.kernels import attention_fp8 as K
+    from ditfuse.tools import inspect as ik
 
     kernel = getattr(K, spec.kernel)
     attention = spec.kernel == "_attention_8bit_kernel"
@@ -155,9 +156,7 @@ def build(spec: BuildSpec) -> dict:
         bad.append("no e4m3 wgmma (QGMMA) in the key loop")
     if row["loop_i2f"]:
         bad.append(f"{row['loop_i2f']} I2F in the key loop (the scores convert without one)")
-    if row["smem"] > 227 * 1024:
-        bad.append(f"shared memory {row['smem']} B > 227 KB")
-    row["violations"] = bad
+    row["violations"] = bad + ik.smem_violations(row["smem"])
     return row
 
 
