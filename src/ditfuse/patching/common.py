@@ -4,6 +4,7 @@ checks that send a call back to the model's own code."""
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -12,8 +13,8 @@ from typing import Callable, Dict, List
 import torch
 
 from ditfuse.norms import norm_readable
-from ditfuse.ops.activations import supported
-from ditfuse.ops.adaln import gated_residual, gated_residual_adaln
+from ditfuse.ops.activations import GELU_KINDS, gelu, supported
+from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.attention import _sm90
 from ditfuse.ops.attention_api import attention as _attention
 from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
@@ -297,6 +298,18 @@ def _apart(operands) -> tuple:
     return tuple(out)
 
 
+def qk_stream(q, k, q_norm, k_norm, **options):
+    """One stream of :func:`joint_qk`: its (B, S_i, H, D) Q / K and the ``qk_norm_rope``
+    keywords of that stream -- its norms and ``options`` (its rows of the rotary tables)."""
+    return q, k, dict(q_norm=q_norm, k_norm=k_norm, **options)
+
+
+def attn_qk_norm_rope(attn, query, key, cos=None, sin=None, **options):
+    """``qk_norm_rope`` of ``query`` / ``key`` with attention module ``attn``'s own
+    ``norm_q`` / ``norm_k``."""
+    return qk_norm_rope(query, key, cos, sin, q_norm=attn.norm_q, k_norm=attn.norm_k, **options)
+
+
 def joint_qk(streams, quantize=None, like: int = 0):
     """The joint Q / K of a joint-attention call, its streams in the model's token order:
     ``streams`` of (q, k, kwargs), (B, S_i, H, D) Q / K and the ``qk_norm_rope`` keywords of
@@ -393,6 +406,16 @@ def replace_qk_processors(model, report, table, attention, label: str = QK_LABEL
     )
 
 
+def replace_and_bind(model, report, attention, processors=None, forwards=None) -> None:
+    """A model family's patch: the QK processors of ``processors``
+    (:func:`replace_qk_processors`) and the fused forwards of ``forwards``
+    (:func:`bind_forwards`); a table None where its part is switched off."""
+    if processors is not None:
+        replace_qk_processors(model, report, processors, attention)
+    if forwards is not None:
+        bind_forwards(model, report, forwards)
+
+
 def replace_processors(model, report, table, label: str) -> None:
     """Give every module whose processor's class is a key of ``table`` a new instance of
     the mapped ditfuse class (a module patched before: its original processor's class, so
@@ -445,6 +468,12 @@ def plain_layer_norms(*norms) -> bool:
     )
 
 
+def per_op_modulate(x, shift, scale, norm, out=None):
+    """``norm(x) * (1 + scale) + shift`` of an affine-free LayerNorm ``norm`` as one AdaLN
+    kernel, every step rounded as a block computing in the activation dtype rounds it."""
+    return adaln_modulate(x, shift, scale, norm="layer", eps=norm.eps, rounding="per_op", out=out)
+
+
 def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm2, ff):
     """The second half of a FLUX-style stream computing in the activation dtype:
     ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
@@ -467,6 +496,65 @@ def mlp_tails(block, x, c, attn_out, c_attn_out, mods, c_mods, clip16: bool = Fa
     if clip16 and c.dtype == torch.float16:
         c = c.clip(-65504, 65504)
     return x, c
+
+
+def double_block_ok(block, hidden_states, encoder_hidden_states, temb, *_, **__) -> bool:
+    """Whether :func:`mlp_tails` reproduces a FLUX-style double-stream block (FLUX.1,
+    HunyuanVideo) called with these arguments: its norm2 / norm2_context the affine-free
+    LayerNorms, both streams (B, S, C) in the dtype of norm1's AdaLN linear (per-op rounding
+    needs the gates and modulations in that dtype too), no autograd."""
+    x, c = hidden_states, encoder_hidden_states
+    return (
+        plain_layer_norms(block.norm2, block.norm2_context)
+        and x.dim() == 3
+        and c.dim() == 3
+        and x.dtype == c.dtype == block.norm1.linear.weight.dtype
+        and not needs_grad(block, x, c, temb)
+    )
+
+
+def single_block_ok(block, hidden_states, encoder_hidden_states, temb, *_, **__) -> bool:
+    """Whether :func:`single_block` reproduces a FLUX-style single-stream block called with
+    these arguments: no autograd, both streams in the dtype of its AdaLN linear."""
+    return not needs_grad(block, hidden_states, encoder_hidden_states, temb) and (
+        hidden_states.dtype == encoder_hidden_states.dtype == block.norm.linear.weight.dtype
+    )
+
+
+def single_block(block, streams, temb, attend: Callable, fuse_act: bool) -> torch.Tensor:
+    """A FLUX-style single-stream block (FLUX.1, HunyuanVideo) on the two ``streams`` joined
+    in the model's token order (:func:`join_tokens`): ``block.norm`` (norm + modulate, and the
+    gate), ``attend(normed)`` (the attention output, or its token parts in order) next to
+    ``act_mlp(proj_mlp(normed))`` -- with ``fuse_act`` the GELU written into the concat
+    buffer (:func:`gelu_into_buffer`) -- then ``x + gate * proj_out(...)`` as one kernel
+    (per-op rounding, as the blocks compute in the activation dtype). (B, N, C)."""
+    # the previous single block's output halves: joined as a view, not copied again
+    hidden_states = join_tokens(*streams)
+    norm_hidden_states, gate = block.norm(hidden_states, emb=temb)
+    mlp_hidden_states = block.proj_mlp(norm_hidden_states)
+    parts = _parts(attend(norm_hidden_states))
+    out = gelu_into_buffer(block.act_mlp, mlp_hidden_states, parts) if fuse_act else None
+    if out is None:
+        attn_output = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        out = torch.cat([attn_output, block.act_mlp(mlp_hidden_states)], dim=2)
+    return gated_residual(hidden_states, block.proj_out(out), gate, rounding="per_op")
+
+
+def gelu_into_buffer(act, mlp, parts):
+    """``torch.cat([torch.cat(parts, 1), act(mlp)], 2)`` built in one buffer
+    (:func:`cat_activation`: the attention output's parts copied once, the GELU of an
+    ``nn.GELU`` written by the kernel into the MLP columns); None where the eager code must
+    run."""
+    if (
+        type(act) is not torch.nn.GELU
+        or act.approximate not in GELU_KINDS
+        or mlp.dim() != 3
+        or not cat_fusable(parts, mlp, "gelu")
+    ):
+        return None
+    return cat_activation(
+        parts, mlp, lambda h, out: gelu(h, act.approximate, out=out), mlp.shape[-1]
+    )
 
 
 def join_tokens(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
@@ -635,6 +723,27 @@ def bind_forwards(model, report, table) -> None:
         fn, label = table.get(type(m), (None, None))
         if fn is not None and bind_forward(m, fn, report):
             report.add(label)
+
+
+def fused_if(ok: Callable, **options) -> Callable:
+    """Decorator of a fused block forward for :func:`bind_forwards`: ``fused(self, *args,
+    **kwargs, **options)`` where ``ok(self, *args, **kwargs)`` holds (``ok`` takes the
+    forward's parameters by the model's names), else the block class's own forward on the
+    same arguments -- the model's code, as the fused forwards are bound on exact classes
+    only."""
+
+    def wrap(fused: Callable) -> Callable:
+        run = functools.partial(fused, **options) if options else fused
+
+        @functools.wraps(fused)
+        def forward(self, *args, **kwargs):
+            if ok(self, *args, **kwargs):
+                return run(self, *args, **kwargs)
+            return type(self).forward(self, *args, **kwargs)
+
+        return forward
+
+    return wrap
 
 
 def grad_needed(*tensors) -> bool:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ditfuse.ops.activations import GELU_KINDS, gelu
-from ditfuse.ops.adaln import adaln_modulate, gated_residual
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.ops.adaln import adaln_modulate
 from ditfuse.patching import common
 
 
@@ -122,15 +120,7 @@ def joint_qk(
     query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
     cos, sin = rope if rope is not None else (None, None)
     if not joint:
-        qk = qk_norm_rope(
-            query,
-            key,
-            cos,
-            sin,
-            q_norm=attn.norm_q,
-            k_norm=attn.norm_k,
-            quantize=quantize,
-        )
+        qk = common.attn_qk_norm_rope(attn, query, key, cos, sin, quantize=quantize)
     else:
         encoder_query, encoder_key, encoder_value = (
             t.unflatten(-1, (-1, D)) for t in (encoder_query, encoder_key, encoder_value)
@@ -140,12 +130,15 @@ def joint_qk(
         i_cos, i_sin = _rows(cos, sin, T, T + S)
         qk = common.joint_qk(
             [
-                (
+                common.qk_stream(
                     encoder_query,
                     encoder_key,
-                    dict(cos=c_cos, sin=c_sin, q_norm=attn.norm_added_q, k_norm=attn.norm_added_k),
+                    attn.norm_added_q,
+                    attn.norm_added_k,
+                    cos=c_cos,
+                    sin=c_sin,
                 ),
-                (query, key, dict(cos=i_cos, sin=i_sin, q_norm=attn.norm_q, k_norm=attn.norm_k)),
+                common.qk_stream(query, key, attn.norm_q, attn.norm_k, cos=i_cos, sin=i_sin),
             ],
             quantize=quantize,
             like=1,
@@ -273,19 +266,7 @@ def _chroma_norms():
     }
 
 
-def _block_ok(self, x, c, temb) -> bool:
-    """The double-stream block's norm2 / norm2_context are the affine-free LayerNorms the
-    fused chain reproduces, in the activation dtype of both streams (per-op rounding needs
-    the gates and modulations in that dtype too: ``temb``'s dtype after the AdaLN linear)."""
-    return (
-        common.plain_layer_norms(self.norm2, self.norm2_context)
-        and x.dim() == 3
-        and c.dim() == 3
-        and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-        and not common.needs_grad(self, x, c, temb)
-    )
-
-
+@common.fused_if(common.double_block_ok)
 def _block_forward(
     self,
     hidden_states,
@@ -296,19 +277,8 @@ def _block_forward(
 ):
     """FluxTransformerBlock.forward with, per stream, ``x + gate * attn`` -> norm2 ->
     ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (the eager
-    block's bf16 per-op rounding: ``rounding="per_op"``). Falls back to the block's own
-    forward when autograd is on or the norms / dtypes differ (``_block_ok``)."""
-    from diffusers.models.transformers.transformer_flux import FluxTransformerBlock
-
-    if not _block_ok(self, hidden_states, encoder_hidden_states, temb):
-        return FluxTransformerBlock.forward(
-            self,
-            hidden_states,
-            encoder_hidden_states,
-            temb,
-            image_rotary_emb,
-            joint_attention_kwargs,
-        )
+    block's bf16 per-op rounding: ``rounding="per_op"``), where ``common.double_block_ok``
+    holds (no autograd, the norms and dtypes it reproduces)."""
     norm_hidden_states, *mods = self.norm1(hidden_states, emb=temb)
     norm_encoder_hidden_states, *c_mods = self.norm1_context(encoder_hidden_states, emb=temb)
     attention_outputs = self.attn(
@@ -325,83 +295,39 @@ def _block_forward(
     return encoder_hidden_states, hidden_states
 
 
-def _single_block_forward(
+def _single_block(
     self,
     hidden_states,
     encoder_hidden_states,
     temb,
     image_rotary_emb=None,
     joint_attention_kwargs=None,
-    fuse_act=False,
+    *,
+    fuse_act,
 ):
-    """FluxSingleTransformerBlock.forward with ``residual + gate * proj_out(...)`` as one
-    kernel (per-op rounding, as the block computes it in the activation dtype) and, with
-    ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written into the MLP half of the concat
-    buffer (the same values as ``torch.cat([attn, act_mlp(mlp)], dim=2)``)."""
-    from diffusers.models.transformers.transformer_flux import FluxSingleTransformerBlock
+    """FluxSingleTransformerBlock.forward as ``common.single_block`` (text rows first):
+    ``residual + gate * proj_out(...)`` as one kernel (per-op rounding, as the block computes
+    it in the activation dtype) and, with ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written
+    into the MLP half of the concat buffer (the same values as ``torch.cat([attn,
+    act_mlp(mlp)], dim=2)``); the block's own forward where ``common.single_block_ok``
+    fails."""
 
-    if (
-        common.needs_grad(self, hidden_states, encoder_hidden_states, temb)
-        or hidden_states.dtype != encoder_hidden_states.dtype
-        or hidden_states.dtype != self.norm.linear.weight.dtype
-    ):
-        return FluxSingleTransformerBlock.forward(
-            self,
-            hidden_states,
-            encoder_hidden_states,
-            temb,
-            image_rotary_emb,
-            joint_attention_kwargs,
+    def attend(norm_hidden_states):
+        return self.attn(
+            hidden_states=norm_hidden_states,
+            image_rotary_emb=image_rotary_emb,
+            **(joint_attention_kwargs or {}),
         )
-    text_seq_len = encoder_hidden_states.shape[1]
-    hidden_states = common.join_tokens(encoder_hidden_states, hidden_states)
-    residual = hidden_states
-    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    mlp_hidden_states = self.proj_mlp(norm_hidden_states)
-    attn_output = self.attn(
-        hidden_states=norm_hidden_states,
-        image_rotary_emb=image_rotary_emb,
-        **(joint_attention_kwargs or {}),
-    )
-    act = self.act_mlp
-    if (
-        fuse_act
-        and type(act) is torch.nn.GELU
-        and act.approximate in GELU_KINDS
-        and attn_output.dim() == 3
-        and common.cat_fusable(attn_output, mlp_hidden_states, "gelu")
-    ):
-        hidden_states = common.cat_activation(
-            attn_output,
-            mlp_hidden_states,
-            lambda h, out: gelu(h, act.approximate, out=out),
-            mlp_hidden_states.shape[-1],
-        )
-    else:
-        hidden_states = torch.cat([attn_output, act(mlp_hidden_states)], dim=2)
-    hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
-    if hidden_states.dtype == torch.float16:
-        hidden_states = hidden_states.clip(-65504, 65504)
-    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+    T = encoder_hidden_states.shape[1]
+    out = common.single_block(self, (encoder_hidden_states, hidden_states), temb, attend, fuse_act)
+    if out.dtype == torch.float16:
+        out = out.clip(-65504, 65504)
+    return out[:, :T], out[:, T:]
 
 
-def _single_block_forward_act(
-    self,
-    hidden_states,
-    encoder_hidden_states,
-    temb,
-    image_rotary_emb=None,
-    joint_attention_kwargs=None,
-):
-    return _single_block_forward(
-        self,
-        hidden_states,
-        encoder_hidden_states,
-        temb,
-        image_rotary_emb,
-        joint_attention_kwargs,
-        fuse_act=True,
-    )
+_single_block_forward = common.fused_if(common.single_block_ok, fuse_act=False)(_single_block)
+_single_block_forward_act = common.fused_if(common.single_block_ok, fuse_act=True)(_single_block)
 
 
 def zero_block_forwards(block, single_block, activations: bool) -> dict:

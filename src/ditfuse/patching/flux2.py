@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from ditfuse.ops.activations import supported, swiglu
-from ditfuse.ops.adaln import adaln_modulate, gated_residual
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
+from ditfuse.ops.adaln import gated_residual
 from ditfuse.patching import common
 from ditfuse.patching.flux import joint_processor, qk_ok
 
@@ -89,17 +88,15 @@ def _make_processors(fuse_act: bool = True):
             value = value.unflatten(-1, (-1, D))
             cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
 
-            norms = dict(q_norm=attn.norm_q, k_norm=attn.norm_k)
-
             def attend_16bit(query, key, value):
                 # into fresh Q / K (contiguous for the attention) rather than in place on the
                 # projection's chunks: the same bits, faster (docs/design/qk_norm_rope.md)
-                query, key = qk_norm_rope(query, key, cos, sin, **norms)
+                query, key = common.attn_qk_norm_rope(attn, query, key, cos, sin)
                 return common.sdpa(self, dispatch_attention_fn, query, key, value, attention_mask)
 
             def attend_8bit(query, key, value, key_mask=None):
                 quantize = common.qk_8bit(key_mask)
-                qk = qk_norm_rope(query, key, cos, sin, quantize=quantize, **norms)
+                qk = common.attn_qk_norm_rope(attn, query, key, cos, sin, quantize=quantize)
                 return common.attention_8bit(qk, value, key_mask=key_mask).flatten(2, 3)
 
             hidden_states = common.attend(
@@ -182,12 +179,9 @@ def _block_forward(
     (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = (
         Flux2Modulation.split(temb_mod_txt, 2)
     )
-    kw = dict(norm="layer", rounding="per_op")
-    norm_hidden_states = adaln_modulate(
-        hidden_states, shift_msa, scale_msa, eps=self.norm1.eps, **kw
-    )
-    norm_encoder_hidden_states = adaln_modulate(
-        encoder_hidden_states, c_shift_msa, c_scale_msa, eps=self.norm1_context.eps, **kw
+    norm_hidden_states = common.per_op_modulate(hidden_states, shift_msa, scale_msa, self.norm1)
+    norm_encoder_hidden_states = common.per_op_modulate(
+        encoder_hidden_states, c_shift_msa, c_scale_msa, self.norm1_context
     )
     attn_output, context_attn_output = self.attn(
         hidden_states=norm_hidden_states,
@@ -243,9 +237,7 @@ def _single_block_forward(
         text_seq_len = encoder_hidden_states.shape[1]
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     mod_shift, mod_scale, mod_gate = Flux2Modulation.split(temb_mod, 1)[0]
-    norm_hidden_states = adaln_modulate(
-        hidden_states, mod_shift, mod_scale, norm="layer", eps=self.norm.eps, rounding="per_op"
-    )
+    norm_hidden_states = common.per_op_modulate(hidden_states, mod_shift, mod_scale, self.norm)
     attn_output = self.attn(
         hidden_states=norm_hidden_states,
         image_rotary_emb=image_rotary_emb,

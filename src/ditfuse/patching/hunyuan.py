@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from ditfuse.ops.activations import GELU_KINDS, gelu
-from ditfuse.ops.adaln import gated_residual
 from ditfuse.patching import common
 from ditfuse.patching.flux import _ada_zero_forward, zero_block_forwards
 
@@ -27,8 +25,8 @@ def _dual_streams(attn, cos, sin, query, key, encoder_query, encoder_key):
     """A dual-stream block's streams for :func:`~ditfuse.patching.common.joint_qk`, image
     first: the image's Q / K normalised and rotated, the text's normalised."""
     return [
-        (query, key, dict(cos=cos, sin=sin, q_norm=attn.norm_q, k_norm=attn.norm_k)),
-        (encoder_query, encoder_key, dict(q_norm=attn.norm_added_q, k_norm=attn.norm_added_k)),
+        common.qk_stream(query, key, attn.norm_q, attn.norm_k, cos=cos, sin=sin),
+        common.qk_stream(encoder_query, encoder_key, attn.norm_added_q, attn.norm_added_k),
     ]
 
 
@@ -63,10 +61,10 @@ def _single_qk(attn, cos, sin, query, key, n_img, text=None, quantize=None):
     the same bits, faster: docs/design/qk_norm_rope.md): the image rows normalised and
     rotated, the text rows normalised. With ``quantize`` their ``QuantizedQK``."""
     img = slice(0, n_img)
-    norms = dict(q_norm=attn.norm_q, k_norm=attn.norm_k)
-    streams = [(query[:, img], key[:, img], dict(cos=cos, sin=sin, **norms))]
+    norms = (attn.norm_q, attn.norm_k)
+    streams = [common.qk_stream(query[:, img], key[:, img], *norms, cos=cos, sin=sin)]
     if text is not None:
-        streams.append((query[:, text], key[:, text], norms))
+        streams.append(common.qk_stream(query[:, text], key[:, text], *norms))
     return common.joint_qk(streams, quantize=quantize)
 
 
@@ -254,6 +252,7 @@ def _make_processor_15():
     return DitfuseHunyuanVideo15AttnProcessor
 
 
+@common.fused_if(common.double_block_ok)
 def _block_forward(
     self,
     hidden_states,
@@ -267,26 +266,8 @@ def _block_forward(
     """HunyuanVideoTransformerBlock.forward (HunyuanVideo15TransformerBlock's is the same
     code) with, per stream, ``x + attn * gate`` -> norm2 -> ``* (1 + scale) + shift`` as one
     kernel and ``x + gate * ff`` as another (per-op rounding, as the block computes in the
-    activation dtype). Falls back to the block's own forward when autograd is on or the
-    norms / dtypes differ."""
-    x, c = hidden_states, encoder_hidden_states
-    if not (
-        common.plain_layer_norms(self.norm2, self.norm2_context)
-        and x.dim() == 3
-        and x.dtype == c.dtype == self.norm1.linear.weight.dtype
-        and not common.needs_grad(self, x, c, temb)
-    ):
-        # the class's own forward (bound on exact block types only)
-        return type(self).forward(
-            self,
-            hidden_states,
-            encoder_hidden_states,
-            temb,
-            attention_mask,
-            freqs_cis,
-            *args,
-            **kwargs,
-        )
+    activation dtype), where ``common.double_block_ok`` holds (no autograd, the norms and
+    dtypes it reproduces)."""
     norm_hidden_states, *mods = self.norm1(hidden_states, emb=temb)
     norm_encoder_hidden_states, *c_mods = self.norm1_context(encoder_hidden_states, emb=temb)
     attn_output, context_attn_output = self.attn(
@@ -300,23 +281,7 @@ def _block_forward(
     )
 
 
-def _act_into_buffer(act, mlp, attn_output, context_attn_output):
-    """``torch.cat([torch.cat([attn, context], 1), act(mlp)], 2)`` built in one buffer
-    (:func:`cat_activation`: the attention outputs copied once, the GELU of an ``nn.GELU``
-    written by the kernel into the MLP columns); None when the eager code must run."""
-    parts = (attn_output, context_attn_output)
-    if (
-        type(act) is not torch.nn.GELU
-        or act.approximate not in GELU_KINDS
-        or not common.cat_fusable(parts, mlp, "gelu")
-    ):
-        return None
-    return common.cat_activation(
-        parts, mlp, lambda h, out: gelu(h, act.approximate, out=out), mlp.shape[-1]
-    )
-
-
-def _single_block_forward(
+def _single_block(
     self,
     hidden_states,
     encoder_hidden_states,
@@ -324,97 +289,41 @@ def _single_block_forward(
     attention_mask=None,
     image_rotary_emb=None,
     *args,
-    fuse_act=False,
+    fuse_act,
     **kwargs,
 ):
-    """HunyuanVideoSingleTransformerBlock.forward with ``gate * proj_out(...) + residual`` as
-    one kernel (per-op rounding) and, with ``fuse_act``, the GELU and both concatenations as
-    one buffer (:func:`_act_into_buffer`)."""
-    from diffusers.models.transformers.transformer_hunyuan_video import (
-        HunyuanVideoSingleTransformerBlock,
-    )
+    """HunyuanVideoSingleTransformerBlock.forward as ``common.single_block`` (image rows
+    first): ``gate * proj_out(...) + residual`` as one kernel (per-op rounding) and, with
+    ``fuse_act``, the GELU and both concatenations as one buffer (``common.gelu_into_buffer``);
+    the block's own forward where ``common.single_block_ok`` fails."""
+    T = encoder_hidden_states.shape[1]
 
-    if common.needs_grad(self, hidden_states, encoder_hidden_states, temb) or not (
-        hidden_states.dtype == encoder_hidden_states.dtype == self.norm.linear.weight.dtype
-    ):
-        return HunyuanVideoSingleTransformerBlock.forward(
-            self,
-            hidden_states,
-            encoder_hidden_states,
-            temb,
-            attention_mask,
-            image_rotary_emb,
-            *args,
-            **kwargs,
+    def attend(norm_hidden_states):  # the image rows, then the text rows
+        return self.attn(
+            hidden_states=norm_hidden_states[:, :-T, :],
+            encoder_hidden_states=norm_hidden_states[:, -T:, :],
+            attention_mask=attention_mask,
+            image_rotary_emb=image_rotary_emb,
         )
-    text_seq_length = encoder_hidden_states.shape[1]
-    # the previous single block's output halves: joined as a view, not copied again
-    hidden_states = common.join_tokens(hidden_states, encoder_hidden_states)
-    residual = hidden_states
-    norm_hidden_states, gate = self.norm(hidden_states, emb=temb)
-    mlp_hidden_states = self.proj_mlp(norm_hidden_states)
-    attn_output, context_attn_output = self.attn(
-        hidden_states=norm_hidden_states[:, :-text_seq_length, :],
-        encoder_hidden_states=norm_hidden_states[:, -text_seq_length:, :],
-        attention_mask=attention_mask,
-        image_rotary_emb=image_rotary_emb,
-    )
-    hidden_states = None
-    if fuse_act:
-        hidden_states = _act_into_buffer(
-            self.act_mlp, mlp_hidden_states, attn_output, context_attn_output
-        )
-    if hidden_states is None:
-        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
-        hidden_states = torch.cat([attn_output, self.act_mlp(mlp_hidden_states)], dim=2)
-    hidden_states = gated_residual(residual, self.proj_out(hidden_states), gate, rounding="per_op")
-    return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
+
+    out = common.single_block(self, (hidden_states, encoder_hidden_states), temb, attend, fuse_act)
+    return out[:, :-T, :], out[:, -T:, :]
 
 
-def _single_block_forward_act(
-    self,
-    hidden_states,
-    encoder_hidden_states,
-    temb,
-    attention_mask=None,
-    image_rotary_emb=None,
-    *args,
-    **kwargs,
-):
-    return _single_block_forward(
-        self,
-        hidden_states,
-        encoder_hidden_states,
-        temb,
-        attention_mask,
-        image_rotary_emb,
-        *args,
-        fuse_act=True,
-        **kwargs,
-    )
+_single_block_forward = common.fused_if(common.single_block_ok, fuse_act=False)(_single_block)
+_single_block_forward_act = common.fused_if(common.single_block_ok, fuse_act=True)(_single_block)
 
 
 def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True, activations=True):
     from diffusers.models.transformers import transformer_hunyuan_video as th
 
-    if qk_norm_rope:
-        common.replace_qk_processors(
-            model, report, {th.HunyuanVideoAttnProcessor2_0: _make_processor()}, attention
-        )
-    if adaln:
-        common.bind_forwards(
-            model,
-            report,
-            zero_block_forwards(
-                (th.HunyuanVideoTransformerBlock, _block_forward),
-                (
-                    th.HunyuanVideoSingleTransformerBlock,
-                    _single_block_forward,
-                    _single_block_forward_act,
-                ),
-                activations,
-            ),
-        )
+    processors = {th.HunyuanVideoAttnProcessor2_0: _make_processor()} if qk_norm_rope else None
+    blocks = (
+        (th.HunyuanVideoTransformerBlock, _block_forward),
+        (th.HunyuanVideoSingleTransformerBlock, _single_block_forward, _single_block_forward_act),
+    )
+    forwards = zero_block_forwards(*blocks, activations) if adaln else None
+    common.replace_and_bind(model, report, attention, processors, forwards)
 
 
 def patch_model_15(
@@ -425,19 +334,9 @@ def patch_model_15(
     from diffusers.models.normalization import AdaLayerNormZero
     from diffusers.models.transformers import transformer_hunyuan_video15 as th
 
-    if qk_norm_rope:
-        common.replace_qk_processors(
-            model, report, {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()}, attention
-        )
-    if adaln:
-        common.bind_forwards(
-            model,
-            report,
-            {
-                AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
-                th.HunyuanVideo15TransformerBlock: (
-                    _block_forward,
-                    "blocks (gated residuals + norm2)",
-                ),
-            },
-        )
+    processors = {th.HunyuanVideo15AttnProcessor2_0: _make_processor_15()} if qk_norm_rope else None
+    forwards = {
+        AdaLayerNormZero: (_ada_zero_forward, "AdaLayerNormZero (modulate)"),
+        th.HunyuanVideo15TransformerBlock: (_block_forward, "blocks (gated residuals + norm2)"),
+    }
+    common.replace_and_bind(model, report, attention, processors, forwards if adaln else None)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ditfuse.ops.adaln import adaln_modulate
-from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.patching import common
 
 
@@ -122,21 +120,11 @@ def _make_processor():
 
             def streams(img_q, img_k, txt_q, txt_k):  # text first, each with its tables
                 return [
-                    (
-                        txt_q,
-                        txt_k,
-                        dict(
-                            cos=tc,
-                            sin=ts,
-                            q_norm=attn.norm_added_q,
-                            k_norm=attn.norm_added_k,
-                            **rot,
-                        ),
+                    common.qk_stream(
+                        txt_q, txt_k, attn.norm_added_q, attn.norm_added_k, cos=tc, sin=ts, **rot
                     ),
-                    (
-                        img_q,
-                        img_k,
-                        dict(cos=ic, sin=is_, q_norm=attn.norm_q, k_norm=attn.norm_k, **rot),
+                    common.qk_stream(
+                        img_q, img_k, attn.norm_q, attn.norm_k, cos=ic, sin=is_, **rot
                     ),
                 ]
 
@@ -205,15 +193,8 @@ def _make_processor_21(base):
             q = attn.to_q(hidden_states).unflatten(-1, (-1, D))
             k = attn.to_k(hidden_states).unflatten(-1, (-1, D))
             cos, sin = _cs(rotary_emb) if rotary_emb is not None else (None, None)
-            q, k = qk_norm_rope(
-                q,
-                k,
-                cos,
-                sin,
-                q_norm=attn.norm_q,
-                k_norm=attn.norm_k,
-                **({"rotary_dim": D} if rotary_emb is not None else {}),
-            )
+            rot = {"rotary_dim": D} if rotary_emb is not None else {}
+            q, k = common.attn_qk_norm_rope(attn, q, k, cos, sin, **rot)
             # the processor's own code (KV cache, prefill segments, flex path) on the fused
             # Q / K, without its rotary table (the rotation is done)
             projected = common.Projected(attn, to_q=q.flatten(2), to_k=k.flatten(2))
@@ -265,17 +246,14 @@ def _block_forward(
     txt_mod_params = self.txt_mod(temb)
     img_mod1, img_mod2 = img_mod_params.chunk(2, dim=-1)
     txt_mod1, txt_mod2 = txt_mod_params.chunk(2, dim=-1)
-    kw = dict(norm="layer", rounding="per_op")
 
     def mods(p):  # (shift, scale, gate), each (B, D)
         return p.chunk(3, dim=-1)
 
     (i_sh1, i_sc1, i_g1), (i_sh2, i_sc2, i_g2) = mods(img_mod1), mods(img_mod2)
     (t_sh1, t_sc1, t_g1), (t_sh2, t_sc2, t_g2) = mods(txt_mod1), mods(txt_mod2)
-    img_modulated = adaln_modulate(hidden_states, i_sh1, i_sc1, eps=self.img_norm1.eps, **kw)
-    txt_modulated = adaln_modulate(
-        encoder_hidden_states, t_sh1, t_sc1, eps=self.txt_norm1.eps, **kw
-    )
+    img_modulated = common.per_op_modulate(hidden_states, i_sh1, i_sc1, self.img_norm1)
+    txt_modulated = common.per_op_modulate(encoder_hidden_states, t_sh1, t_sc1, self.txt_norm1)
     img_attn_output, txt_attn_output = self.attn(
         hidden_states=img_modulated,
         encoder_hidden_states=txt_modulated,
@@ -309,16 +287,9 @@ def patch_model(model, report, *, qk_norm_rope=True, adaln=True, attention=True,
         QwenImageTransformerBlock,
     )
 
-    if qk_norm_rope:
-        common.replace_qk_processors(
-            model, report, {QwenDoubleStreamAttnProcessor2_0: _make_processor()}, attention
-        )
-    if adaln:
-        common.bind_forwards(
-            model,
-            report,
-            {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")},
-        )
+    processors = {QwenDoubleStreamAttnProcessor2_0: _make_processor()} if qk_norm_rope else None
+    forwards = {QwenImageTransformerBlock: (_block_forward, "blocks (AdaLN + gated residuals)")}
+    common.replace_and_bind(model, report, attention, processors, forwards if adaln else None)
 
 
 def patch_model_21(

@@ -258,15 +258,8 @@ def _make_processors():
                     parallel_config=self._parallel_config,
                 )
             else:
-                query, key = qk_norm_rope(
-                    query,
-                    key,
-                    cos,
-                    sin,
-                    q_norm=attn.norm_q,
-                    k_norm=attn.norm_k,
-                    num_heads=H,
-                    rotary_dim=D,
+                query, key = common.attn_qk_norm_rope(
+                    attn, query, key, cos, sin, num_heads=H, rotary_dim=D
                 )
                 query, key = query.unflatten(2, (H, -1)), key.unflatten(2, (H, -1))
                 key_ref, value_ref = kv_cache.get()
@@ -409,6 +402,18 @@ def _block_ok(block) -> bool:
     )
 
 
+def _block_fusable(self, hidden_states, temb, *_, **__) -> bool:
+    """The block's norms and modulation table as :func:`_block_ok` says, an fp32 (B, 6, C)
+    temb, no autograd."""
+    return (
+        not common.needs_grad(self, hidden_states, temb)
+        and _block_ok(self)
+        and temb.dtype == torch.float32
+        and temb.dim() == 3
+    )
+
+
+@common.fused_if(_block_fusable)
 def _block_forward(
     self,
     hidden_states,
@@ -428,8 +433,6 @@ def _block_forward(
     """WanAnimate2TransformerBlock.forward with Wan's AdaLN chains fused (same arithmetic:
     fp32 math, the model's casts): norm1 + modulate; the gated residual + norm3 (the
     cross-attention's input); the residual + norm2 + modulate; the FFN's gated residual."""
-    from diffusers.models.transformers.transformer_wan_animate_2 import WanAnimate2TransformerBlock
-
     attn_kw = dict(
         rotary_emb=rotary_emb,
         grid_sizes=grid_sizes,
@@ -443,28 +446,6 @@ def _block_forward(
         origin_latent_frames=origin_latent_frames,
         origin_latent_hw=origin_latent_hw,
     )
-    if (
-        common.needs_grad(self, hidden_states, temb)
-        or not _block_ok(self)
-        or temb.dtype != torch.float32
-        or temb.dim() != 3
-    ):
-        return WanAnimate2TransformerBlock.forward(
-            self,
-            hidden_states,
-            temb,
-            encoder_hidden_states,
-            kv_cache,
-            kv_cache_mode,
-            rotary_emb,
-            grid_sizes,
-            encoder_hidden_states_image,
-            reference_rotary_emb,
-            reference_grid_sizes,
-            attention_mask,
-            origin_latent_frames,
-            origin_latent_hw,
-        )
     return wan_chain(
         hidden_states,
         (self.modulation + temb).chunk(6, dim=1),
