@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import inspect
 import math
 import os
 import statistics
@@ -137,39 +138,17 @@ def cpu_workarounds(device, ring_lse: bool = True):
     from diffusers.models import attention_dispatch as ad
 
     orig_count, orig_op = torch.accelerator.device_count, ad._native_attention_forward_op
+    native = inspect.signature(orig_op)
 
-    def forward_op(
-        ctx,
-        query,
-        key,
-        value,
-        attn_mask=None,
-        dropout_p=0.0,
-        is_causal=False,
-        scale=None,
-        enable_gqa=False,
-        return_lse=False,
-        _save_ctx=True,
-        _parallel_config=None,
-    ):
-        if not return_lse:
-            return orig_op(
-                ctx,
-                query,
-                key,
-                value,
-                attn_mask,
-                dropout_p,
-                is_causal,
-                scale,
-                enable_gqa,
-                return_lse,
-                _save_ctx=_save_ctx,
-                _parallel_config=_parallel_config,
-            )
-        q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # (B, H, S, D)
+    def forward_op(*args, **kwargs):
+        bound = native.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments  # the native op's arguments, by its own names
+        if not a["return_lse"]:
+            return orig_op(*args, **kwargs)
+        q, k, v = (a[n].transpose(1, 2) for n in ("query", "key", "value"))  # (B, H, S, D)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+            q, k, v, a["dropout_p"], a["is_causal"], attn_mask=a["attn_mask"], scale=a["scale"]
         )
         return out.transpose(1, 2), lse.transpose(1, 2)  # (B, S, H, D), (B, S, H)
 

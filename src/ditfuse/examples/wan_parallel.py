@@ -57,34 +57,24 @@ def main(argv=None):
     local = torch.cat(
         [q0[..., shard], k0[..., shard], qkv[..., 2 * H * D :][..., shard]], -1
     ).contiguous()
-    nq = NormSpec("rms", weight=wq[shard].contiguous(), eps=1e-6)
-    nk = NormSpec("rms", weight=wk[shard].contiguous(), eps=1e-6)
+    norms = [NormSpec("rms", weight=w, eps=1e-6) for w in (wq, wk)]  # all heads
+    local_norms = [NormSpec("rms", weight=w[shard].contiguous(), eps=1e-6) for w in (wq, wk)]
+
+    def norm_rope(qkv, heads, qk_norms, **kw):
+        """QK-norm (across the ``heads`` heads) + RoPE of packed ``qkv``'s Q and K columns."""
+        n, (q_norm, k_norm) = heads * D, qk_norms
+        q, k = qkv[..., :n], qkv[..., n : 2 * n]
+        return ditfuse.qk_norm_rope(
+            q, k, cos, sin, q_norm=q_norm, k_norm=k_norm, num_heads=heads, **kw
+        )
 
     def step(buf):
-        ditfuse.qk_norm_rope(
-            buf[..., : Hl * D],
-            buf[..., Hl * D : 2 * Hl * D],
-            cos,
-            sin,
-            q_norm=nq,
-            k_norm=nk,
-            num_heads=Hl,
-            inplace=True,
-            process_group=dist.group.WORLD,
-        )
+        norm_rope(buf, Hl, local_norms, inplace=True, process_group=dist.group.WORLD)
 
     with torch.no_grad():
         out = local.clone()
         step(out)
-        full_q, full_k = ditfuse.qk_norm_rope(
-            q0,
-            k0,
-            cos,
-            sin,
-            q_norm=NormSpec("rms", weight=wq, eps=1e-6),
-            k_norm=NormSpec("rms", weight=wk, eps=1e-6),
-            num_heads=H,
-        )
+        full_q, full_k = norm_rope(qkv, H, norms)
         err = max(
             (out[..., : Hl * D].float() - full_q[..., shard].float()).abs().max().item(),
             (out[..., Hl * D : 2 * Hl * D].float() - full_k[..., shard].float()).abs().max().item(),
@@ -103,16 +93,7 @@ def main(argv=None):
                 times.append(s.elapsed_time(e) * 1e3)
                 full = qkv.clone()
                 s.record()
-                ditfuse.qk_norm_rope(
-                    full[..., : H * D],
-                    full[..., H * D : 2 * H * D],
-                    cos,
-                    sin,
-                    q_norm=NormSpec("rms", weight=wq, eps=1e-6),
-                    k_norm=NormSpec("rms", weight=wk, eps=1e-6),
-                    num_heads=H,
-                    inplace=True,
-                )
+                norm_rope(full, H, norms, inplace=True)
                 e.record()
                 torch.cuda.synchronize()
                 times1.append(s.elapsed_time(e) * 1e3)
