@@ -377,8 +377,21 @@ def _(q, k, v, scale, layout):
     return torch.empty(q.shape, dtype=v.dtype, device=v.device)
 
 
-def _op_window(left: int, right: int):
-    return None if left < 0 and right < 0 else (left, right)
+def _op_plan(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask) -> Plan:
+    """The plan of an ``attention_8bit`` op call (the op's flat arguments; left = right = -1:
+    no window)."""
+    window = None if left < 0 and right < 0 else (left, right)
+    return plan(
+        q,
+        k,
+        v,
+        q_scale=q_scale,
+        k_scale=k_scale,
+        window=window,
+        scale=scale,
+        layout=layout,
+        key_mask=key_mask,
+    )
 
 
 @library.op("ditfuse::attention_8bit")
@@ -394,34 +407,12 @@ def attention_8bit_op(
     layout: str,
     key_mask: Optional[Tensor],
 ) -> Tensor:
-    return run(
-        plan(
-            q,
-            k,
-            v,
-            q_scale=q_scale,
-            k_scale=k_scale,
-            window=_op_window(left, right),
-            scale=scale,
-            layout=layout,
-            key_mask=key_mask,
-        )
-    )
+    return run(_op_plan(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask))
 
 
 @attention_8bit_op.register_fake
 def _(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask):
-    p = plan(
-        q,
-        k,
-        v,
-        q_scale=q_scale,
-        k_scale=k_scale,
-        window=_op_window(left, right),
-        scale=scale,
-        layout=layout,
-        key_mask=key_mask,
-    )
+    p = _op_plan(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask)
     B, S_q, H, D = p.q.shape
     shape = (B, S_q, H, D) if layout == "bshd" else (B, H, S_q, D)
     return torch.empty(shape, dtype=v.dtype, device=v.device)
