@@ -242,6 +242,22 @@ def test_compiled_matches_eager():
     assert torch.equal(compiled, eager)
 
 
+def test_opcheck_8bit_op():
+    """The op and its fake agree (shapes, strides, schema) with and without a band / key
+    mask, (B, S, H, D) and (B, H, S, D)."""
+    op = torch.ops.ditfuse.attention_8bit.default
+    q, k, v = inputs(1, 70, 90, 2, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    km = torch.rand(1, 90) > 0.3
+    torch.library.opcheck(op, (q8, k8, v, qs, ks, -1, -1, None, "bshd", km))
+    q, k, v = inputs(1, 80, 80, 2, 64)
+    q8, k8, qs, ks = quantized(q, k)
+    torch.library.opcheck(op, (q8, k8, v, qs, ks, 9, 4, 0.1, "bshd", None))
+    tq, tk, tv = (x.transpose(1, 2) for x in (q, k, v))
+    q8, k8, qs, ks = quantized(tq, tk, layout="bhsd")
+    torch.library.opcheck(op, (q8, k8, tv, qs, ks, -1, 0, None, "bhsd", None))
+
+
 def test_emulation_fallback_off_the_kernel_device(monkeypatch):
     """Where the kernel cannot run, the emulation answers (same quantization)."""
     q, k, v = inputs(1, 120, 120, 2, 64)
