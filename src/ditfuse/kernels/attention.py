@@ -52,7 +52,15 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
-from ditfuse.kernels.common import LAYER, NO_NORM, RMS, _alpha, _norm_affine
+from ditfuse.kernels.common import (
+    LAYER,
+    NO_NORM,
+    RMS,
+    NormFlags,
+    RopeFlags,
+    _alpha,
+    _norm_affine,
+)
 from ditfuse.kernels.element import _cast_out, _ex2, _rnd
 from ditfuse.runtime.backend import INTERPRET, jit
 
@@ -88,6 +96,30 @@ class NormPtrs(NamedTuple):
     alpha: Any
 
 
+class TileFlags(NamedTuple):
+    """How ``_swa_fwd_kernel`` compiles its Q / K / V tiles (``T``: a constexpr its helpers
+    share)."""
+
+    d: int  # head_dim (tiles padded to a power of two >= 16)
+    r: int  # rotary channels (rope.on), even, <= d
+    rope: RopeFlags
+    act: Any  # the activation dtype
+    off64: bool  # int64 offsets inside a tile
+    prec: str  # fp32 products: "tf32" or "tf32x3"
+    block_n: int  # keys a tile
+    diff: bool  # two attention maps (differential)
+    split_pv: bool  # P @ V and the output as two halves of the padded columns
+    k_norm: NormFlags
+
+
+@triton.constexpr_function
+def _tile_flags(d, r, rope, act, off64, prec, block_n, diff, split_pv, k_norm):
+    # the flags rebuilt: under the interpreter a NamedTuple argument arrives as a plain tuple
+    return TileFlags(
+        d, r, RopeFlags(*rope), act, off64, prec, block_n, diff, split_pv, NormFlags(*k_norm)
+    )
+
+
 @jit
 def _head_rows(ptr, strides, b, h):
     """The :class:`HeadRows` of batch ``b``, head ``h`` of a tensor with (b, s, h, d)
@@ -107,21 +139,22 @@ def _as_tf32(x):
 
 
 @jit
-def _dot_operand(x, ACT: tl.constexpr, PREC: tl.constexpr):
-    """A tile as a tensor-core operand: in the activation dtype (fp32 values such as the
-    probabilities rounded to nearest even); fp32 activations as tf32 (``PREC == "tf32"``)
-    or whole (``"tf32x3"``: each operand split into two tf32 terms, three products)."""
-    if ACT == tl.float32:
-        if PREC == "tf32":
+def _dot_operand(x, T: tl.constexpr):
+    """A tile as a tensor-core operand: in the activation dtype ``T.act`` (fp32 values such
+    as the probabilities rounded to nearest even); fp32 activations as tf32 (``T.prec ==
+    "tf32"``) or whole (``"tf32x3"``: each operand split into two tf32 terms, three
+    products)."""
+    if T.act == tl.float32:
+        if T.prec == "tf32":
             return _as_tf32(x.to(tl.float32))
         else:
             return x.to(tl.float32)
     elif _SOFT_TF32:
         # the interpreter keeps bf16 as raw uint16 bits, which its matmul cannot read: the
         # operand stays fp32 holding exactly the (rounded) value of the input dtype
-        return _rnd(x.to(tl.float32), ACT)
+        return _rnd(x.to(tl.float32), T.act)
     else:
-        return x.to(ACT)
+        return x.to(T.act)
 
 
 @jit
@@ -171,27 +204,11 @@ def _norm_piece(x, m, norm, cols, cmask, mean, rstd, alpha, NORM: tl.constexpr, 
 
 
 @jit
-def _load_qk(
-    x,
-    start,
-    rmask,
-    norm,
-    args,
-    cos,
-    sin,
-    D: tl.constexpr,
-    R: tl.constexpr,
-    BLOCK: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ACT: tl.constexpr,
-    OFF64: tl.constexpr,
-    PREC: tl.constexpr,
-):
+def _load_qk(x, start, rmask, norm, rope, BLOCK: tl.constexpr, NORM: tl.constexpr, T: tl.constexpr):
     """A Q or K tile of BLOCK rows of ``x`` (:class:`HeadRows`), ready for tl.dot: [norm ->
-    round] [-> rotate -> round]. ``NORM``: :class:`NormFlags` (``norm``: its tensors,
-    ``args``: its :class:`NormArgs`); ``ROPE``: :class:`RopeFlags` over the first ``R``
-    channels, ``cos`` / ``sin`` the tables' :class:`HeadRows`.
+    round] [-> rotate -> round]. ``NORM``: :class:`NormFlags` (``norm``: its tensors'
+    :class:`NormPtrs` and its :class:`NormArgs`); ``T.rope``: :class:`RopeFlags` over the
+    first ``T.r`` channels, ``rope``: the (cos, sin) tables' :class:`HeadRows`.
 
     Without RoPE: one [BLOCK, D padded] tile, zero in the columns past D (and two unused
     zeros). With RoPE: three pieces, as ``qk_norm_rope`` holds them: the a and b channels of
@@ -200,47 +217,49 @@ def _load_qk(
     q_a.k_a + q_b.k_b + q_p.k_p: the rotation needs no register shuffle and no channel is
     loaded twice.
     """
-    alpha = _alpha(norm.alpha, args.alpha, NORM.kind, NORM.alpha_ptr)
-    if not ROPE.on:
-        D_PAD: tl.constexpr = _tile(D)
+    ptrs, args = norm
+    cos, sin = rope
+    alpha = _alpha(ptrs.alpha, args.alpha, NORM.kind, NORM.alpha_ptr)
+    if not T.rope.on:
+        D_PAD: tl.constexpr = _tile(T.d)
         d = tl.arange(0, D_PAD)
-        dm = d < D
+        dm = d < T.d
         if NORM.kind == NO_NORM:
             v = tl.load(
-                _tile_ptrs(x, start, d, BLOCK, OFF64), mask=_cols_mask(rmask, dm, D), other=0.0
+                _tile_ptrs(x, start, d, BLOCK, T.off64), mask=_cols_mask(rmask, dm, T.d), other=0.0
             )
-            return _dot_operand(v, ACT, PREC), 0.0, 0.0
-        v, m = _load_cols(x, start, rmask, d, dm, BLOCK, OFF64)
+            return _dot_operand(v, T), 0.0, 0.0
+        v, m = _load_cols(x, start, rmask, d, dm, BLOCK, T.off64)
         mean = 0.0
         rstd = 1.0
         if NORM.kind == LAYER:
-            mean = (tl.sum(v, 1) / D)[:, None]
+            mean = (tl.sum(v, 1) / T.d)[:, None]
             xc = v - mean
-            if D_PAD != D:  # padding columns hold 0, not the mean
+            if D_PAD != T.d:  # padding columns hold 0, not the mean
                 xc = tl.where(m, xc, 0.0)
-            rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / D + args.eps))[:, None]
+            rstd = (1.0 / tl.sqrt(tl.sum(xc * xc, 1) / T.d + args.eps))[:, None]
         elif NORM.kind == RMS:
-            rstd = (1.0 / tl.sqrt(tl.sum(v * v, 1) / D + args.eps))[:, None]
-        y = _norm_piece(v, m, norm, d, dm, mean, rstd, alpha, NORM=NORM, ACT=ACT)
-        return _dot_operand(y, ACT, PREC), 0.0, 0.0
+            rstd = (1.0 / tl.sqrt(tl.sum(v * v, 1) / T.d + args.eps))[:, None]
+        y = _norm_piece(v, m, ptrs, d, dm, mean, rstd, alpha, NORM=NORM, ACT=T.act)
+        return _dot_operand(y, T), 0.0, 0.0
     else:
-        R2: tl.constexpr = R // 2
-        P: tl.constexpr = D - R
+        R2: tl.constexpr = T.r // 2
+        P: tl.constexpr = T.d - T.r
         i = tl.arange(0, _tile(R2))
         im = i < R2
-        if ROPE.interleaved:  # pairs (2i, 2i+1)
+        if T.rope.interleaved:  # pairs (2i, 2i+1)
             ca_col = 2 * i
             cb_col = 2 * i + 1
         else:  # rotate-half: pairs (i, i + R/2)
             ca_col = i
             cb_col = i + R2
-        xa, ma = _load_cols(x, start, rmask, ca_col, im, BLOCK, OFF64)
-        xb, mb = _load_cols(x, start, rmask, cb_col, im, BLOCK, OFF64)
-        j = R + tl.arange(0, _tile(P))
-        jm = j < D
+        xa, ma = _load_cols(x, start, rmask, ca_col, im, BLOCK, T.off64)
+        xb, mb = _load_cols(x, start, rmask, cb_col, im, BLOCK, T.off64)
+        j = T.r + tl.arange(0, _tile(P))
+        jm = j < T.d
         xp = 0.0
         if P > 0:
-            xp, mp = _load_cols(x, start, rmask, j, jm, BLOCK, OFF64)
+            xp, mp = _load_cols(x, start, rmask, j, jm, BLOCK, T.off64)
         if NORM.kind != NO_NORM:
             mean = 0.0
             rstd = 1.0
@@ -248,7 +267,7 @@ def _load_qk(
                 tot = tl.sum(xa, 1) + tl.sum(xb, 1)
                 if P > 0:
                     tot += tl.sum(xp, 1)
-                mean = (tot / D)[:, None]
+                mean = (tot / T.d)[:, None]
             if NORM.kind == RMS or NORM.kind == LAYER:
                 da = tl.where(ma, xa - mean, 0.0)
                 db = tl.where(mb, xb - mean, 0.0)
@@ -256,45 +275,45 @@ def _load_qk(
                 if P > 0:
                     dp = tl.where(mp, xp - mean, 0.0)
                     sq += tl.sum(dp * dp, 1)
-                rstd = (1.0 / tl.sqrt(sq / D + args.eps))[:, None]
-            xa = _norm_piece(xa, ma, norm, ca_col, im, mean, rstd, alpha, NORM=NORM, ACT=ACT)
-            xb = _norm_piece(xb, mb, norm, cb_col, im, mean, rstd, alpha, NORM=NORM, ACT=ACT)
+                rstd = (1.0 / tl.sqrt(sq / T.d + args.eps))[:, None]
+            xa = _norm_piece(xa, ma, ptrs, ca_col, im, mean, rstd, alpha, NORM=NORM, ACT=T.act)
+            xb = _norm_piece(xb, mb, ptrs, cb_col, im, mean, rstd, alpha, NORM=NORM, ACT=T.act)
             if P > 0:
-                xp = _norm_piece(xp, mp, norm, j, jm, mean, rstd, alpha, NORM=NORM, ACT=ACT)
+                xp = _norm_piece(xp, mp, ptrs, j, jm, mean, rstd, alpha, NORM=NORM, ACT=T.act)
         # cos/sin of the a and b channel of each pair (a half-width table: one column each)
-        if ROPE.table_half:
+        if T.rope.table_half:
             ta_col = i
             tb_col = i
         else:
             ta_col = ca_col
             tb_col = cb_col
-        c_a, _ = _load_cols(cos, start, rmask, ta_col, im, BLOCK, OFF64)
-        s_a, _ = _load_cols(sin, start, rmask, ta_col, im, BLOCK, OFF64)
-        if ROPE.table_half:
+        c_a, _ = _load_cols(cos, start, rmask, ta_col, im, BLOCK, T.off64)
+        s_a, _ = _load_cols(sin, start, rmask, ta_col, im, BLOCK, T.off64)
+        if T.rope.table_half:
             c_b = c_a
             s_b = s_a
         else:
-            c_b, _ = _load_cols(cos, start, rmask, tb_col, im, BLOCK, OFF64)
-            s_b, _ = _load_cols(sin, start, rmask, tb_col, im, BLOCK, OFF64)
+            c_b, _ = _load_cols(cos, start, rmask, tb_col, im, BLOCK, T.off64)
+            s_b, _ = _load_cols(sin, start, rmask, tb_col, im, BLOCK, T.off64)
         # eager: x * cos + rotate_half(x) * sin, no fused multiply-add (qk_norm_rope's order)
-        oa = _rnd(xa * c_a - xb * s_a, ACT)
-        ob = _rnd(xb * c_b + xa * s_b, ACT)
+        oa = _rnd(xa * c_a - xb * s_a, T.act)
+        ob = _rnd(xb * c_b + xa * s_b, T.act)
         return (
-            _dot_operand(oa, ACT, PREC),
-            _dot_operand(ob, ACT, PREC),
-            _dot_operand(xp, ACT, PREC),
+            _dot_operand(oa, T),
+            _dot_operand(ob, T),
+            _dot_operand(xp, T),
         )
 
 
 @jit
-def _scores(q, k, ROPE: tl.constexpr, HAS_PASS: tl.constexpr, PREC: tl.constexpr):
+def _scores(q, k, T: tl.constexpr):
     """Raw scores q . k over all channels: one dot, or one per piece (RoPE); ``q``, ``k``:
     the (a, b, pass-through) pieces of :func:`_load_qk`."""
-    s = tl.dot(q[0], tl.trans(k[0]), input_precision=PREC)
-    if ROPE.on:
-        s = tl.dot(q[1], tl.trans(k[1]), s, input_precision=PREC)
-        if HAS_PASS:
-            s = tl.dot(q[2], tl.trans(k[2]), s, input_precision=PREC)
+    s = tl.dot(q[0], tl.trans(k[0]), input_precision=T.prec)
+    if T.rope.on:
+        s = tl.dot(q[1], tl.trans(k[1]), s, input_precision=T.prec)
+        if T.r < T.d:
+            s = tl.dot(q[2], tl.trans(k[2]), s, input_precision=T.prec)
     return s
 
 
@@ -317,92 +336,35 @@ def _softmax_step(s, band, m_i, l_i, qk_scale):
 
 
 @jit
-def _key_tile(
-    start_n,
-    q1,
-    q2,
-    acc1,
-    acc1b,
-    m1,
-    l1,
-    acc2,
-    acc2b,
-    m2,
-    l2,
-    row_lo,
-    row_span,
-    k,
-    k2,
-    v,
-    k_norm,
-    k_args,
-    cos,
-    sin,
-    qk_scale,
-    N,
-    D: tl.constexpr,
-    R: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DIFF: tl.constexpr,
-    SPLIT_PV: tl.constexpr,
-    K_NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ACT: tl.constexpr,
-    OFF64: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """One key tile: scores, online-softmax update and P @ V for one or both maps. ``q1``,
-    ``q2``: the query tiles' pieces; ``k``, ``k2``, ``v``, ``cos``, ``sin``: the
-    (batch, head)'s :class:`HeadRows`."""
-    D_PAD: tl.constexpr = _tile(D)
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+def _key_tile(start_n, map1, map2, query, keys, qk_scale, N, T: tl.constexpr):
+    """One key tile: scores, online-softmax update and P @ V for one or both maps (``T``:
+    :class:`TileFlags`). ``map1``, ``map2``: each map's running state (max, sum,
+    accumulator, its second half under ``T.split_pv``), returned updated; ``query``: the query
+    tiles' pieces and each row's band (q1, q2, row_lo, row_span); ``keys``: the (batch,
+    head)'s :class:`HeadRows` k, k2, v, the K norm (its :class:`NormPtrs`,
+    :class:`NormArgs`) and the (cos, sin) tables."""
+    m1, l1, acc1, acc1b = map1
+    m2, l2, acc2, acc2b = map2
+    q1, q2, row_lo, row_span = query
+    k, k2, v, k_norm, rope = keys
+    D_PAD: tl.constexpr = _tile(T.d)
+    offs_n = start_n + tl.arange(0, T.block_n)
     kmask = offs_n < N
     # lo_i <= j <= hi_i as one unsigned compare an element: j - lo_i in [0, span_i], taken
     # as c - (lo_i - start_n) on the tile's column c (a subtraction a row, not an element)
-    band = (tl.arange(0, BLOCK_N)[None, :] - (row_lo - start_n)[:, None]).to(
+    band = (tl.arange(0, T.block_n)[None, :] - (row_lo - start_n)[:, None]).to(
         tl.uint32, bitcast=True
     ) <= row_span[:, None].to(tl.uint32, bitcast=True)
-    k1t = _load_qk(
-        k,
-        start_n,
-        kmask,
-        k_norm,
-        k_args,
-        cos,
-        sin,
-        D=D,
-        R=R,
-        BLOCK=BLOCK_N,
-        NORM=K_NORM,
-        ROPE=ROPE,
-        ACT=ACT,
-        OFF64=OFF64,
-        PREC=PREC,
-    )
-    s1 = _scores(q1, k1t, ROPE=ROPE, HAS_PASS=R < D, PREC=PREC)
+    K_NORM: tl.constexpr = T.k_norm
+    k1t = _load_qk(k, start_n, kmask, k_norm, rope, T.block_n, K_NORM, T)
+    s1 = _scores(q1, k1t, T)
     p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
-    if DIFF:
-        k2t = _load_qk(
-            k2,
-            start_n,
-            kmask,
-            k_norm,
-            k_args,
-            cos,
-            sin,
-            D=D,
-            R=R,
-            BLOCK=BLOCK_N,
-            NORM=K_NORM,
-            ROPE=ROPE,
-            ACT=ACT,
-            OFF64=OFF64,
-            PREC=PREC,
-        )
-        s2 = _scores(q2, k2t, ROPE=ROPE, HAS_PASS=R < D, PREC=PREC)
+    if T.diff:
+        k2t = _load_qk(k2, start_n, kmask, k_norm, rope, T.block_n, K_NORM, T)
+        s2 = _scores(q2, k2t, T)
         p2, a2, m2, l2 = _softmax_step(s2, band, m2, l2, qk_scale)
     # V: one load per key tile, shared by both attention maps
-    if SPLIT_PV:
+    if T.split_pv:
         # P @ V as two dots of D_PAD / 2 columns (the same products and sums a column):
         # Triton gives a chain of mma.sync dots the warps of one of them, and a [BLOCK_M,
         # D_PAD] product with BLOCK_M < D_PAD would split its columns across the warps
@@ -411,34 +373,36 @@ def _key_tile(
         DH: tl.constexpr = D_PAD // 2
         dd = tl.arange(0, DH)
         va = tl.load(
-            _tile_ptrs(v, start_n, dd, BLOCK_N, OFF64), mask=_cols_mask(kmask, dd < D, D), other=0.0
-        )
-        vb = tl.load(
-            _tile_ptrs(v, start_n, dd + DH, BLOCK_N, OFF64),
-            mask=_cols_mask(kmask, dd + DH < D, D),
+            _tile_ptrs(v, start_n, dd, T.block_n, T.off64),
+            mask=_cols_mask(kmask, dd < T.d, T.d),
             other=0.0,
         )
-        va = _dot_operand(va, ACT, PREC)
-        vb = _dot_operand(vb, ACT, PREC)
-        pp1 = _dot_operand(p1, ACT, PREC)
-        acc1 = acc1 * a1[:, None] + tl.dot(pp1, va, input_precision=PREC)
-        acc1b = acc1b * a1[:, None] + tl.dot(pp1, vb, input_precision=PREC)
-        if DIFF:
-            pp2 = _dot_operand(p2, ACT, PREC)
-            acc2 = acc2 * a2[:, None] + tl.dot(pp2, va, input_precision=PREC)
-            acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision=PREC)
+        vb = tl.load(
+            _tile_ptrs(v, start_n, dd + DH, T.block_n, T.off64),
+            mask=_cols_mask(kmask, dd + DH < T.d, T.d),
+            other=0.0,
+        )
+        va = _dot_operand(va, T)
+        vb = _dot_operand(vb, T)
+        pp1 = _dot_operand(p1, T)
+        acc1 = acc1 * a1[:, None] + tl.dot(pp1, va, input_precision=T.prec)
+        acc1b = acc1b * a1[:, None] + tl.dot(pp1, vb, input_precision=T.prec)
+        if T.diff:
+            pp2 = _dot_operand(p2, T)
+            acc2 = acc2 * a2[:, None] + tl.dot(pp2, va, input_precision=T.prec)
+            acc2b = acc2b * a2[:, None] + tl.dot(pp2, vb, input_precision=T.prec)
     else:
         dd = tl.arange(0, D_PAD)
         vt = tl.load(
-            _tile_ptrs(v, start_n, dd, BLOCK_N, OFF64), mask=_cols_mask(kmask, dd < D, D), other=0.0
+            _tile_ptrs(v, start_n, dd, T.block_n, T.off64),
+            mask=_cols_mask(kmask, dd < T.d, T.d),
+            other=0.0,
         )
-        vt = _dot_operand(vt, ACT, PREC)
-        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, ACT, PREC), vt, input_precision=PREC)
-        if DIFF:
-            acc2 = acc2 * a2[:, None] + tl.dot(
-                _dot_operand(p2, ACT, PREC), vt, input_precision=PREC
-            )
-    return acc1, acc1b, m1, l1, acc2, acc2b, m2, l2
+        vt = _dot_operand(vt, T)
+        acc1 = acc1 * a1[:, None] + tl.dot(_dot_operand(p1, T), vt, input_precision=T.prec)
+        if T.diff:
+            acc2 = acc2 * a2[:, None] + tl.dot(_dot_operand(p2, T), vt, input_precision=T.prec)
+    return (m1, l1, acc1, acc1b), (m2, l2, acc2, acc2b)
 
 
 @jit
@@ -523,6 +487,7 @@ def _swa_fwd_kernel(
     PREC: tl.constexpr = "tf32",  # fp32 products: "tf32", or "tf32x3" (fp32-accurate, 3 mma)
 ):
     ACT: tl.constexpr = q_ptr.dtype.element_ty
+    T: tl.constexpr = _tile_flags(D, R, ROPE, ACT, OFF64, PREC, BLOCK_N, DIFF, SPLIT_PV, K_NORM)
     D_PAD: tl.constexpr = _tile(D)
     # programs start in grid order, axis 0 fastest
     if TOKEN_MAJOR:
@@ -541,27 +506,12 @@ def _swa_fwd_kernel(
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     qmask = offs_m < N
-    cos = _head_rows(cos_ptr, cos_strides, b, h)
-    sin = _head_rows(sin_ptr, sin_strides, b, h)
-    q_norm = NormPtrs(qw_ptr, qb_ptr, qa_ptr)
-    k_norm = NormPtrs(kw_ptr, kb_ptr, ka_ptr)
+    rope = (_head_rows(cos_ptr, cos_strides, b, h), _head_rows(sin_ptr, sin_strides, b, h))
+    q_norm = (NormPtrs(qw_ptr, qb_ptr, qa_ptr), q_args)
+    k_norm = (NormPtrs(kw_ptr, kb_ptr, ka_ptr), k_args)
 
     q1 = _load_qk(
-        _head_rows(q_ptr, q_strides, b, h),
-        start_m,
-        qmask,
-        q_norm,
-        q_args,
-        cos,
-        sin,
-        D=D,
-        R=R,
-        BLOCK=BLOCK_M,
-        NORM=Q_NORM,
-        ROPE=ROPE,
-        ACT=ACT,
-        OFF64=OFF64,
-        PREC=PREC,
+        _head_rows(q_ptr, q_strides, b, h), start_m, qmask, q_norm, rope, BLOCK_M, Q_NORM, T
     )
     m1 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)  # -FLT_MAX: _softmax_step
     l1 = tl.zeros([BLOCK_M], tl.float32)
@@ -577,21 +527,7 @@ def _swa_fwd_kernel(
     acc2b = 0.0
     if DIFF:
         q2 = _load_qk(
-            _head_rows(q2_ptr, q2_strides, b, h),
-            start_m,
-            qmask,
-            q_norm,
-            q_args,
-            cos,
-            sin,
-            D=D,
-            R=R,
-            BLOCK=BLOCK_M,
-            NORM=Q_NORM,
-            ROPE=ROPE,
-            ACT=ACT,
-            OFF64=OFF64,
-            PREC=PREC,
+            _head_rows(q2_ptr, q2_strides, b, h), start_m, qmask, q_norm, rope, BLOCK_M, Q_NORM, T
         )
         m2 = tl.full([BLOCK_M], -3.4028234663852886e38, tl.float32)
         l2 = tl.zeros([BLOCK_M], tl.float32)
@@ -617,82 +553,22 @@ def _swa_fwd_kernel(
     # "negative", any key then counts, and their scores stay finite: K rows past N load 0)
     row_lo = offs_m - LEFT
     row_span = tl.minimum(offs_m + RIGHT, N - 1) - row_lo
+    map1 = (m1, l1, acc1, acc1b)
+    map2 = (m2, l2, acc2, acc2b)
+    query = (q1, q2, row_lo, row_span)
+    keys = (k, k2, v, k_norm, rope)
     if _INTERP_LOOP:
         # Triton's interpreter cannot take tensor bounds in range() under numpy >= 2.3 (its
         # scalars are 1-element arrays): the same tiles in the same order, as a while loop
         start_n = lo
         while start_n < hi:
-            acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
-                start_n,
-                q1,
-                q2,
-                acc1,
-                acc1b,
-                m1,
-                l1,
-                acc2,
-                acc2b,
-                m2,
-                l2,
-                row_lo,
-                row_span,
-                k,
-                k2,
-                v,
-                k_norm,
-                k_args,
-                cos,
-                sin,
-                qk_scale,
-                N,
-                D=D,
-                R=R,
-                BLOCK_N=BLOCK_N,
-                DIFF=DIFF,
-                SPLIT_PV=SPLIT_PV,
-                K_NORM=K_NORM,
-                ROPE=ROPE,
-                ACT=ACT,
-                OFF64=OFF64,
-                PREC=PREC,
-            )
+            map1, map2 = _key_tile(start_n, map1, map2, query, keys, qk_scale, N, T)
             start_n += BLOCK_N
     else:
         for start_n in range(lo, hi, BLOCK_N):
-            acc1, acc1b, m1, l1, acc2, acc2b, m2, l2 = _key_tile(
-                start_n,
-                q1,
-                q2,
-                acc1,
-                acc1b,
-                m1,
-                l1,
-                acc2,
-                acc2b,
-                m2,
-                l2,
-                row_lo,
-                row_span,
-                k,
-                k2,
-                v,
-                k_norm,
-                k_args,
-                cos,
-                sin,
-                qk_scale,
-                N,
-                D=D,
-                R=R,
-                BLOCK_N=BLOCK_N,
-                DIFF=DIFF,
-                SPLIT_PV=SPLIT_PV,
-                K_NORM=K_NORM,
-                ROPE=ROPE,
-                ACT=ACT,
-                OFF64=OFF64,
-                PREC=PREC,
-            )
+            map1, map2 = _key_tile(start_n, map1, map2, query, keys, qk_scale, N, T)
+    m1, l1, acc1, acc1b = map1
+    m2, l2, acc2, acc2b = map2
 
     # query rows past N have l = 0; they are not stored. Any other row's sum is >= 1 (its
     # max's own term), so the per-row reciprocals are of normal numbers
