@@ -42,6 +42,10 @@ the table's narrow-band entry (at most 4 key tiles a program), every operand's c
 contiguous and its strides and base 16-byte aligned (TMA descriptors of the 4-D views);
 any other call runs the Triton kernel. Gluon does not run under Triton's interpreter: the
 CPU tests compile it for sm_90.
+
+fp32 descriptors compile the same pipeline on tf32 wgmma, V's tile copied each trip into
+a transposed buffer (``TF32``): :mod:`ditfuse.kernels.attention_sm90_fp32` has its
+settings and contract.
 """
 
 from __future__ import annotations
@@ -332,28 +336,41 @@ def _swa_diff_sm90_kernel(
     TOKEN_MAJOR: gl.constexpr,  # grid (B*H, query tiles) rather than (tiles, B*H)
 ):
     dtype: gl.constexpr = q_desc.dtype
+    # fp32 runs tf32 wgmma, whose B operand is K-major only (PTX: the transposed
+    # shared-memory layouts are for 16-bit types): V's tile, [keys, channels] with the
+    # channels contiguous, is copied each trip through registers into vt, [channels, keys]
+    TF32: gl.constexpr = dtype == gl.float32
+    BITS: gl.constexpr = dtype.primitive_bitwidth
     DL: gl.constexpr = q_desc.layout  # the descriptors' 4-D box layout (128-byte swizzle)
     # one warpgroup; the score tile [BLOCK_M, BLOCK_N] and the output [BLOCK_M, D] in wgmma
-    # accumulator layouts, P as a register A operand of the output's wgmma
+    # accumulator layouts (32 bytes of K an instruction), P as a register A operand of the
+    # output's wgmma
     S_L: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 256 // BITS]
     )
     O_L: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16]
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 256 // BITS]
     )
-    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    # the output's stores: 16-byte pieces, D / 8 threads a row
-    TPR: gl.constexpr = D // 8
-    LD: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [4, 1], [1, 0])
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=32 // BITS)
+    # the output's stores: 16-byte pieces (EPS elements), D / EPS threads a row
+    EPS: gl.constexpr = 128 // BITS
+    TPR: gl.constexpr = D // EPS
+    LD: gl.constexpr = gl.BlockedLayout([1, EPS], [32 // TPR, TPR], [4, 1], [1, 0])
+    # fp32: V's tile read down its columns (4 consecutive keys a thread, threads along the
+    # channels), so that each thread writes 16 contiguous bytes of a vt row
+    VL: gl.constexpr = gl.BlockedLayout([4, 1], [1, 32], [1, 4], [0, 1])
     # the 2-D views of the boxes the wgmma reads (the same bytes: the unit dims add nothing)
     Q_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, D], dtype)
     KV_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], dtype)
+    VT_SL: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], dtype)
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
 
     b, h, start_m = _program_tile(H, STEP_M, TOKEN_MAJOR)
     window = (N, LEFT, RIGHT)
     bufs = _band_buffers(dtype, DL, BLOCK_M, BLOCK_N, D, TRIPS)
+    if TF32:
+        vt_s = gl.allocate_shared_memory(dtype, [D, BLOCK_N], VT_SL)
     bars = _band_barriers(TRIPS)
     lo, trips = _copy_band(
         (q_desc, q2_desc),
@@ -384,12 +401,23 @@ def _swa_diff_sm90_kernel(
         start_n = lo + t * BLOCK_N
         mbarrier.wait(k_bar.index(t), 0)  # each barrier completes once: phase 0
         mbarrier.wait(k2_bar.index(t), 0)
-        mbarrier.wait(v_bar.index(t), 0)
+        if not TF32:
+            mbarrier.wait(v_bar.index(t), 0)
         ks = k_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
         k2s = k2_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
-        vs = v_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
+        if not TF32:
+            vs = v_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL)
         s1 = warpgroup_mma(q_s, ks.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s2 = warpgroup_mma(q2_s, k2s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if TF32:
+            # V's tile, transposed into vt while the score products run
+            mbarrier.wait(v_bar.index(t), 0)
+            v = v_s.index(t)._reinterpret(dtype, [BLOCK_N, D], KV_SL).load(VL)
+            gl.thread_barrier()  # every warp is past the previous trip's P @ V (vt is free)
+            vt_s.store(gl.permute(v, (1, 0)))
+            fence_async_shared()
+            gl.thread_barrier()
+            vs = vt_s.permute((1, 0))
         s1 = warpgroup_mma_wait(1, deps=[s1])
         band = _in_band(rows, start_n)
         p1, a1, m1, l1 = _softmax_step(s1, band, m1, l1, qk_scale)
