@@ -59,18 +59,38 @@ class NormArgs(NamedTuple):
     n: float  # channels one statistic spans (D or H*D)
 
 
-class TableRow(NamedTuple):
-    """A token's cos / sin rows (:func:`_table_row`): the tables, the rows' element
-    offsets, their head strides (0: one row for every head) and column strides."""
+class Table(NamedTuple):
+    """One rotary table's row for a token (:func:`_table_row`): the table, the row's element
+    offset, its head stride (0: one row for every head) and its column stride."""
 
-    cos_ptr: Any
-    sin_ptr: Any
-    cos_base: Any
-    sin_base: Any
-    cos_h: Any
-    sin_h: Any
-    cos_w: Any
-    sin_w: Any
+    ptr: Any
+    base: Any
+    h: Any
+    w: Any
+
+
+class TableRow(NamedTuple):
+    """A token's cos and sin rows (:func:`_table_row`), each a :class:`Table`."""
+
+    cos: Table
+    sin: Table
+
+
+class QKTensor(NamedTuple):
+    """One of Q / K in a program of the QK kernels (:func:`_qk_tensor`): its input and its
+    output (the tensor, the token's element offset, the (b, s, h, d) strides), its norm's
+    weight, bias and DyT alpha tensors, and its 8-bit scales' tensor (``QUANT``)."""
+
+    x_ptr: Any
+    xbase: Any
+    x_strides: Any
+    o_ptr: Any
+    obase: Any  # 0 until :func:`_out_at`
+    o_strides: Any
+    w_ptr: Any
+    b_ptr: Any
+    a_ptr: Any
+    sc_ptr: Any
 
 
 @jit
@@ -141,7 +161,47 @@ def _table_row(
     else:  # one row per token, read by every head of Q and K
         t_ch = 0
         t_sh = 0
-    return TableRow(cos_ptr, sin_ptr, cbase, sbase, t_ch, t_sh, cos_strides[3], sin_strides[3])
+    return TableRow(
+        Table(cos_ptr, cbase, t_ch, cos_strides[3]), Table(sin_ptr, sbase, t_sh, sin_strides[3])
+    )
+
+
+@jit
+def _qk_tensor(x_ptr, x_strides, o_ptr, o_strides, w_ptr, b_ptr, a_ptr, sc_ptr, b, s):
+    """Q or K of token (b, s) as a :class:`QKTensor`, its output's offset left to
+    :func:`_out_at` (computed where the first store wants it: it moves the sm_90 builds)."""
+    xbase = b * x_strides[0] + s * x_strides[1]
+    return QKTensor(x_ptr, xbase, x_strides, o_ptr, 0, o_strides, w_ptr, b_ptr, a_ptr, sc_ptr)
+
+
+@jit
+def _out_at(t, b, s):
+    """:class:`QKTensor` ``t`` with its output's offset of token (b, s)."""
+    obase = b * t.o_strides[0] + s * t.o_strides[1]
+    return QKTensor(
+        t.x_ptr,
+        t.xbase,
+        t.x_strides,
+        t.o_ptr,
+        obase,
+        t.o_strides,
+        t.w_ptr,
+        t.b_ptr,
+        t.a_ptr,
+        t.sc_ptr,
+    )
+
+
+@jit
+def _table_head(t, h):
+    """Head ``h``'s row of a :class:`Table` (its first column)."""
+    return t.ptr + t.base + h * t.h
+
+
+@jit
+def _table_at(t, h, col):
+    """Column ``col`` of head ``h``'s row of a :class:`Table`."""
+    return _table_head(t, h) + col * t.w
 
 
 @jit

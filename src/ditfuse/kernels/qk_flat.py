@@ -39,6 +39,9 @@ reduction of the piece viewed as [heads, D], with the per-token kernel's roundin
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
+import triton
 import triton.language as tl
 
 from ditfuse.kernels.common import (
@@ -46,17 +49,53 @@ from ditfuse.kernels.common import (
     NO_QUANT,
     RMS,
     NormArgs,
+    QKTensor,
+    RopeFlags,
     _alpha,
     _nan_in,
     _norm_affine,
+    _out_at,
+    _qk_tensor,
     _quant_ptr,
     _quant_scale,
     _quant_values,
     _same_order,
+    _table_at,
+    _table_head,
     _table_row,
 )
 from ditfuse.kernels.element import _PTX, _cast_out, _pack, _rnd, _unpack
 from ditfuse.runtime.backend import jit
+
+
+class FlatForm(NamedTuple):
+    """How a program of the flat-row kernel holds its token (``FORM``: constexpr fields)."""
+
+    d: int  # head_dim (the rotary width when ROPE), a power of two
+    n: tuple  # channels of piece 0 and piece 1 (powers of two; 0: no piece 1)
+    mask: tuple  # whether piece 0 / piece 1 reaches past the token
+    row_contig: bool  # every tensor's token row is its H*D channels, contiguous
+    rope: RopeFlags
+    round_norm: bool  # round to the activation dtype between norm and rotation
+    quant: int  # NO_QUANT, INT8 or FP8
+
+
+class FlatToken(NamedTuple):
+    """A program's token as the flat-row helpers read it (``tk``)."""
+
+    pieces: Any  # (indices, liveness) of piece 0 and of piece 1 (piece 0's where none):
+    # channels in the channel form, pairs in the pair form
+    nc: Any  # channels of the token (H*D)
+    row: Any  # the token's TableRow
+    scbase: Any  # the 8-bit scales' element offset of the token, and their (b, h, s) strides
+    sc_strides: Any
+
+
+@triton.constexpr_function
+def _flat_form(d, n0, n1, mask0, mask1, row_contig, rope, round_norm, quant):
+    """The kernel's constexprs as a :class:`FlatForm` (``rope`` rebuilt: Triton's interpreter
+    hands a NamedTuple to a constexpr function as a plain tuple)."""
+    return FlatForm(d, (n0, n1), (mask0, mask1), row_contig, RopeFlags(*rope), round_norm, quant)
 
 
 @jit
@@ -87,11 +126,11 @@ def _offsets(c, stride_h, stride_d, D: tl.constexpr, ROW_CONTIG: tl.constexpr):
 
 
 @jit
-def _load_piece(
-    ptr, base, c, live, strides, D: tl.constexpr, ROW_CONTIG: tl.constexpr, MASKED: tl.constexpr
-):
-    p = ptr + base + _offsets(c, strides[2], strides[3], D, ROW_CONTIG)
-    if MASKED:
+def _load_piece(t, tk, PIECE: tl.constexpr, FORM: tl.constexpr):
+    """Piece ``PIECE`` of the token's channels of ``t``'s input, as loaded."""
+    c, live = tk.pieces[PIECE]
+    p = t.x_ptr + t.xbase + _offsets(c, t.x_strides[2], t.x_strides[3], FORM.d, FORM.row_contig)
+    if FORM.mask[PIECE]:
         return tl.load(p, mask=live, other=0.0)
     else:
         return tl.load(p)
@@ -114,48 +153,28 @@ def _f32_again(x):
 
 @jit
 def _store_scales(
-    sc_ptr,
-    scbase,
-    sc_strides,
-    scale,
-    NC,
-    C0: tl.constexpr,
-    D: tl.constexpr,
-    NH: tl.constexpr,
-    MASKED: tl.constexpr,
+    scale, t, tk, C0: tl.constexpr, NH: tl.constexpr, FORM: tl.constexpr, PIECE: tl.constexpr
 ):
-    """The fp32 scales of a piece's NH heads (from channel C0), heads past the token's NC
-    channels (a piece's dead lanes: whole heads) left out."""
+    """The fp32 scales of piece ``PIECE``'s NH heads (from channel C0) in ``t``'s scale tensor,
+    heads past the token's channels (a piece's dead lanes: whole heads) left out."""
+    D: tl.constexpr = FORM.d
     h = C0 // D + tl.arange(0, NH)
-    p = sc_ptr + scbase + h.to(tl.int64) * sc_strides[1]
-    if MASKED:
-        tl.store(p, scale, mask=h * D < NC)
+    p = t.sc_ptr + tk.scbase + h.to(tl.int64) * tk.sc_strides[1]
+    if FORM.mask[PIECE]:
+        tl.store(p, scale, mask=h * D < tk.nc)
     else:
         tl.store(p, scale)
 
 
 @jit
-def _quantize_piece(
-    y,
-    c,
-    live,
-    o_ptr,
-    obase,
-    o_strides,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    C0: tl.constexpr,
-    D: tl.constexpr,
-    N: tl.constexpr,
-    ROW_CONTIG: tl.constexpr,
-    MASKED: tl.constexpr,
-    ACT: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """The channel form's 8-bit store: ``y`` rounded to ``ACT`` as the 16-bit store rounds
-    it, viewed as [heads, D] for each head's amax and scale, quantized, stored."""
+def _quantize_piece(y, t, tk, PIECE: tl.constexpr, FORM: tl.constexpr, ACT: tl.constexpr):
+    """The channel form's 8-bit store of piece ``PIECE``: ``y`` rounded to ``ACT`` as the 16-bit
+    store rounds it, viewed as [heads, D] for each head's amax and scale, quantized, stored."""
+    c, live = tk.pieces[PIECE]
+    D: tl.constexpr = FORM.d
+    N: tl.constexpr = FORM.n[PIECE]
+    C0: tl.constexpr = PIECE * FORM.n[0]  # piece 1 starts where piece 0 ends
+    QUANT: tl.constexpr = FORM.quant
     tl.static_assert(N % D == 0 and C0 % D == 0, "a piece holds whole heads")
     NH: tl.constexpr = N // D
     if ACT != tl.float32:
@@ -163,18 +182,19 @@ def _quantize_piece(
     y2 = tl.reshape(y, (NH, D))
     a2 = tl.abs(y2)
     scale, inv = _quant_scale(tl.max(a2, 1) + _nan_in(a2, 1), QUANT)  # NaN: a NaN scale
-    _store_scales(sc_ptr, scbase, sc_strides, scale, NC, C0=C0, D=D, NH=NH, MASKED=MASKED)
+    _store_scales(scale, t, tk, C0=C0, NH=NH, FORM=FORM, PIECE=PIECE)
     v = tl.reshape(_quant_values(y2, inv[:, None], QUANT), (N,))
-    qo_ptr = _quant_ptr(o_ptr, QUANT)
+    qo_ptr = _quant_ptr(t.o_ptr, QUANT)
     # vectorised no wider than the 16-bit store (128 bits of ACT a thread): see _same_order
     p = (
         qo_ptr
-        + obase
+        + t.obase
         + _same_order(
-            _offsets(c, o_strides[2], o_strides[3], D, ROW_CONTIG), 128 // ACT.primitive_bitwidth
+            _offsets(c, t.o_strides[2], t.o_strides[3], D, FORM.row_contig),
+            128 // ACT.primitive_bitwidth,
         )
     )
-    if MASKED:
+    if FORM.mask[PIECE]:
         tl.store(p, _cast_out(v, qo_ptr.dtype.element_ty), mask=live)
     else:
         tl.store(p, _cast_out(v, qo_ptr.dtype.element_ty))
@@ -183,46 +203,35 @@ def _quantize_piece(
 @jit
 def _finish_piece(
     x,
-    c,
-    live,
     mean,
     rstd,
     alpha,
-    o_ptr,
-    obase,
-    o_strides,
-    w_ptr,
-    b_ptr,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    C0: tl.constexpr,
-    D: tl.constexpr,
-    N: tl.constexpr,
+    t,
+    tk,
+    PIECE: tl.constexpr,
     NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ROW_CONTIG: tl.constexpr,
-    MASKED: tl.constexpr,
+    FORM: tl.constexpr,
     ACT: tl.constexpr,
-    QUANT: tl.constexpr,
 ):
-    """Weight, bias, rotate and store one piece with the token's statistics."""
+    """Weight, bias, rotate and store piece ``PIECE`` of ``t`` with the token's statistics."""
+    c, live = tk.pieces[PIECE]
+    D: tl.constexpr = FORM.d
+    N: tl.constexpr = FORM.n[PIECE]
+    C0: tl.constexpr = PIECE * FORM.n[0]  # piece 1 starts where piece 0 ends
+    MASKED: tl.constexpr = FORM.mask[PIECE]
     w = 1.0
     b = 0.0
     if NORM.has_w:  # the norm spans the token: one weight per channel of it
-        w = _ld(w_ptr + c, live, MASKED)
+        w = _ld(t.w_ptr + c, live, MASKED)
     if NORM.has_b:
-        b = _ld(b_ptr + c, live, MASKED)
+        b = _ld(t.b_ptr + c, live, MASKED)
     y = _norm_affine(_f32_again(x), w, b, mean, rstd, alpha, NORM=NORM, ACT=ACT)
-    if ROUND_NORM:
+    if FORM.round_norm:
         y = _rnd(y, ACT)
-    if ROPE.on:
+    if FORM.rope.on:
         # interleaved pairs (2i, 2i+1): a [pairs, 2] view of the piece, split in registers
         ya, yb = tl.split(tl.reshape(y, (N // 2, 2)))
-        if ROPE.table_half:
+        if FORM.rope.table_half:
             # one column per pair: one cos and one sin a pair, addressed from the pair
             # index (an arange, so a contiguous table's loads stay contiguous) and used for
             # both channels -- the values and arithmetic of the per-channel load below with
@@ -234,89 +243,47 @@ def _finish_piece(
                 pl, _ = tl.split(tl.reshape(live, (N // 2, 2)))
             h = pi // (D // 2)
             col = pi - h * (D // 2)
-            ca = _ld(row.cos_ptr + row.cos_base + h * row.cos_h + col * row.cos_w, pl, MASKED)
-            sa = _ld(row.sin_ptr + row.sin_base + h * row.sin_h + col * row.sin_w, pl, MASKED)
+            ca = _ld(_table_at(tk.row.cos, h, col), pl, MASKED)
+            sa = _ld(_table_at(tk.row.sin, h, col), pl, MASKED)
             cb = ca
             sb = sa
         else:
             h = c // D
             d = c - h * D
-            cs = _ld(row.cos_ptr + row.cos_base + h * row.cos_h + d * row.cos_w, live, MASKED)
-            sn = _ld(row.sin_ptr + row.sin_base + h * row.sin_h + d * row.sin_w, live, MASKED)
+            cs = _ld(_table_at(tk.row.cos, h, d), live, MASKED)
+            sn = _ld(_table_at(tk.row.sin, h, d), live, MASKED)
             ca, cb = tl.split(tl.reshape(cs, (N // 2, 2)))
             sa, sb = tl.split(tl.reshape(sn, (N // 2, 2)))
         # eager: x * cos + rotate(x) * sin, no fused multiply-add (the per-token kernel's order)
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
         y = tl.reshape(tl.join(oa, ob), (N,))
-    if QUANT != NO_QUANT:
-        _quantize_piece(
-            y,
-            c,
-            live,
-            o_ptr,
-            obase,
-            o_strides,
-            sc_ptr,
-            scbase,
-            sc_strides=sc_strides,
-            NC=NC,
-            C0=C0,
-            D=D,
-            N=N,
-            ROW_CONTIG=ROW_CONTIG,
-            MASKED=MASKED,
-            ACT=ACT,
-            QUANT=QUANT,
-        )
+    if FORM.quant != NO_QUANT:
+        _quantize_piece(y, t, tk, PIECE=PIECE, FORM=FORM, ACT=ACT)
     else:
-        p = o_ptr + obase + _offsets(c, o_strides[2], o_strides[3], D, ROW_CONTIG)
+        p = t.o_ptr + t.obase + _offsets(c, t.o_strides[2], t.o_strides[3], D, FORM.row_contig)
         if MASKED:
-            tl.store(p, _cast_out(y, o_ptr.dtype.element_ty), mask=live)
+            tl.store(p, _cast_out(y, t.o_ptr.dtype.element_ty), mask=live)
         else:
-            tl.store(p, _cast_out(y, o_ptr.dtype.element_ty))
+            tl.store(p, _cast_out(y, t.o_ptr.dtype.element_ty))
 
 
 @jit
-def _flat_tensor(
-    x0,
-    x1,
-    c0,
-    l0,
-    c1,
-    l1,
-    o_ptr,
-    obase,
-    o_strides,
-    w_ptr,
-    b_ptr,
-    a_ptr,
-    args,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    D: tl.constexpr,
-    N0: tl.constexpr,
-    N1: tl.constexpr,
-    MASK0: tl.constexpr,
-    MASK1: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ROW_CONTIG: tl.constexpr,
-    ACT: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """One statistic for the token (fp32), then each piece normalised, rotated, stored."""
+def _flat_tensor(x, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
+    """One statistic for the token (fp32) over ``x`` (:func:`_load_token`'s pieces), then
+    each piece normalised, rotated, stored."""
+    x0, x1 = x
+    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
+    N1: tl.constexpr = FORM.n[1]
+    l0 = tk.pieces[0][1]
+    l1 = tk.pieces[1][1]
     f0 = x0.to(tl.float32)
     f1 = x1
     if N1 > 0:
         f1 = x1.to(tl.float32)
     mean = 0.0
     rstd = 1.0
-    alpha = _alpha(a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
+    alpha = _alpha(t.a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
     if NORM.kind == LAYER:
         tot = tl.sum(f0, 0)
         if N1 > 0:
@@ -333,133 +300,26 @@ def _flat_tensor(
         if N1 > 0:
             sq += tl.sum(d1 * d1, 0)
         rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
-    _finish_piece(
-        x0,
-        c0,
-        l0,
-        mean,
-        rstd,
-        alpha,
-        o_ptr,
-        obase,
-        o_strides=o_strides,
-        w_ptr=w_ptr,
-        b_ptr=b_ptr,
-        row=row,
-        sc_ptr=sc_ptr,
-        scbase=scbase,
-        sc_strides=sc_strides,
-        NC=NC,
-        C0=0,
-        D=D,
-        N=N0,
-        NORM=NORM,
-        ROPE=ROPE,
-        ROUND_NORM=ROUND_NORM,
-        ROW_CONTIG=ROW_CONTIG,
-        MASKED=MASK0,
-        ACT=ACT,
-        QUANT=QUANT,
-    )
+    _finish_piece(x0, mean, rstd, alpha, t, tk, PIECE=0, NORM=NORM, FORM=FORM, ACT=ACT)
     if N1 > 0:
-        _finish_piece(
-            x1,
-            c1,
-            l1,
-            mean,
-            rstd,
-            alpha,
-            o_ptr,
-            obase,
-            o_strides=o_strides,
-            w_ptr=w_ptr,
-            b_ptr=b_ptr,
-            row=row,
-            sc_ptr=sc_ptr,
-            scbase=scbase,
-            sc_strides=sc_strides,
-            NC=NC,
-            C0=N0,
-            D=D,
-            N=N1,
-            NORM=NORM,
-            ROPE=ROPE,
-            ROUND_NORM=ROUND_NORM,
-            ROW_CONTIG=ROW_CONTIG,
-            MASKED=MASK1,
-            ACT=ACT,
-            QUANT=QUANT,
-        )
+        _finish_piece(x1, mean, rstd, alpha, t, tk, PIECE=1, NORM=NORM, FORM=FORM, ACT=ACT)
 
 
 @jit
-def _one_tensor(
-    x_ptr,
-    xbase,
-    x_strides,
-    c0,
-    l0,
-    c1,
-    l1,
-    o_ptr,
-    obase,
-    o_strides,
-    w_ptr,
-    b_ptr,
-    a_ptr,
-    args,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    D: tl.constexpr,
-    N0: tl.constexpr,
-    N1: tl.constexpr,
-    MASK0: tl.constexpr,
-    MASK1: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ROW_CONTIG: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """Load, normalise, rotate and store one tensor (a program of the split grid)."""
-    x0 = _load_piece(x_ptr, xbase, c0, l0, x_strides, D, ROW_CONTIG, MASK0)
+def _load_token(t, tk, FORM: tl.constexpr):
+    """The token's channels of ``t``'s input as loaded, (piece 0, piece 1 or 0.0)."""
+    x0 = _load_piece(t, tk, 0, FORM)
     x1 = 0.0
-    if N1 > 0:
-        x1 = _load_piece(x_ptr, xbase, c1, l1, x_strides, D, ROW_CONTIG, MASK1)
-    _flat_tensor(
-        x0,
-        x1,
-        c0,
-        l0,
-        c1,
-        l1,
-        o_ptr,
-        obase,
-        o_strides=o_strides,
-        w_ptr=w_ptr,
-        b_ptr=b_ptr,
-        a_ptr=a_ptr,
-        args=args,
-        row=row,
-        sc_ptr=sc_ptr,
-        scbase=scbase,
-        sc_strides=sc_strides,
-        NC=NC,
-        D=D,
-        N0=N0,
-        N1=N1,
-        MASK0=MASK0,
-        MASK1=MASK1,
-        NORM=NORM,
-        ROPE=ROPE,
-        ROUND_NORM=ROUND_NORM,
-        ROW_CONTIG=ROW_CONTIG,
-        ACT=x_ptr.dtype.element_ty,
-        QUANT=QUANT,
-    )
+    if FORM.n[1] > 0:
+        x1 = _load_piece(t, tk, 1, FORM)
+    return x0, x1
+
+
+@jit
+def _one_tensor(t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
+    """Load, normalise, rotate and store one tensor (a program of the split grid)."""
+    x = _load_token(t, tk, FORM)
+    _flat_tensor(x, t, args, tk, NORM=NORM, FORM=FORM)
 
 
 # ---- the pair form: a token's 16-bit channels as [pairs] of 32-bit words ----------------
@@ -550,27 +410,15 @@ def _load_words(ptr, base, p, live, MASKED: tl.constexpr):
 
 
 @jit
-def _quantize_pairs(
-    oa,
-    ob,
-    p,
-    live,
-    o_ptr,
-    obase,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    Q0: tl.constexpr,
-    NP: tl.constexpr,
-    D: tl.constexpr,
-    MASKED: tl.constexpr,
-    ACT: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """The pair form's 8-bit store: pairs ``p`` (NP from pair Q0) rounded to ``ACT`` as the
+def _quantize_pairs(oa, ob, t, tk, PIECE: tl.constexpr, FORM: tl.constexpr, ACT: tl.constexpr):
+    """The pair form's 8-bit store of piece ``PIECE``: its pairs rounded to ``ACT`` as the
     16-bit store's pack rounds them, viewed as [heads, D/2] for each head's amax and scale;
     a pair's two bytes stored as one 16-bit word (lo = channel 2p)."""
+    p, live = tk.pieces[PIECE]
+    D: tl.constexpr = FORM.d
+    NP: tl.constexpr = FORM.n[PIECE] // 2
+    Q0: tl.constexpr = PIECE * FORM.n[0] // 2  # piece 1 starts where piece 0 ends
+    QUANT: tl.constexpr = FORM.quant
     HP: tl.constexpr = D // 2
     tl.static_assert(NP % HP == 0 and Q0 % HP == 0, "a piece holds whole heads")
     NH: tl.constexpr = NP // HP
@@ -581,7 +429,7 @@ def _quantize_pairs(
     xa, xb = tl.abs(a2), tl.abs(b2)
     amax = tl.maximum(tl.max(xa, 1), tl.max(xb, 1)) + (_nan_in(xa, 1) + _nan_in(xb, 1))
     scale, inv = _quant_scale(amax, QUANT)  # a NaN in the head: a NaN scale
-    _store_scales(sc_ptr, scbase, sc_strides, scale, NC, C0=2 * Q0, D=D, NH=NH, MASKED=MASKED)
+    _store_scales(scale, t, tk, C0=2 * Q0, NH=NH, FORM=FORM, PIECE=PIECE)
     va = tl.reshape(_quant_values(a2, inv[:, None], QUANT), (NP,))
     vb = tl.reshape(_quant_values(b2, inv[:, None], QUANT), (NP,))
     # int8: the two's-complement byte of the int32; fp8: the bit pattern (0..255)
@@ -589,8 +437,8 @@ def _quantize_pairs(
     vb = vb.to(tl.uint32, bitcast=True) & 0xFF
     word = (va | (vb << 8)).to(tl.uint16)
     # vectorised no wider than the 16-bit store (4 words a thread): see _same_order
-    wp = (o_ptr + obase).to(tl.pointer_type(tl.uint16)) + _same_order(p, 4)
-    if MASKED:
+    wp = (t.o_ptr + t.obase).to(tl.pointer_type(tl.uint16)) + _same_order(p, 4)
+    if FORM.mask[PIECE]:
         tl.store(wp, word, mask=live)
     else:
         tl.store(wp, word)
@@ -599,89 +447,59 @@ def _quantize_pairs(
 @jit
 def _finish_pairs(
     u,
-    p,
-    live,
     mean,
     rstd,
     alpha,
-    o_ptr,
-    obase,
-    w_ptr,
-    b_ptr,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    Q0: tl.constexpr,
-    NP: tl.constexpr,
-    D: tl.constexpr,
+    t,
+    tk,
+    PIECE: tl.constexpr,
     NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    MASKED: tl.constexpr,
+    FORM: tl.constexpr,
     ACT: tl.constexpr,
-    QUANT: tl.constexpr,
 ):
-    """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1); the piece is NP
-    pairs from pair Q0."""
+    """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1) of the pairs p of
+    piece ``PIECE``."""
+    p, live = tk.pieces[PIECE]
+    D: tl.constexpr = FORM.d
+    MASKED: tl.constexpr = FORM.mask[PIECE]
     xa, xb = _unpack_again(u, ACT)
     wa = 1.0
     wb = 1.0
     ba = 0.0
     bb = 0.0
     if NORM.has_w:
-        wa, wb = _ld_pairs(w_ptr, p, live, MASKED, NORM.words)
+        wa, wb = _ld_pairs(t.w_ptr, p, live, MASKED, NORM.words)
     if NORM.has_b:
-        ba, bb = _ld_pairs(b_ptr, p, live, MASKED, NORM.words)
+        ba, bb = _ld_pairs(t.b_ptr, p, live, MASKED, NORM.words)
     ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM=NORM, ACT=ACT)
     yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM=NORM, ACT=ACT)
-    if ROUND_NORM:
+    if FORM.round_norm:
         ya, yb = _rnd_pair(ya, yb, ACT)
-    if ROPE.on:
+    if FORM.rope.on:
         h = p // (D // 2)
         # the pair within its head, as a mask (D a power of two): the compiler then sees that
         # a thread's pairs in different heads read the same table words, and loads them once
         i = p & (D // 2 - 1)
-        if ROPE.table_half:  # one column a pair, used for both channels
-            ca = _ld(row.cos_ptr + row.cos_base + h * row.cos_h + i * row.cos_w, live, MASKED)
-            sa = _ld(row.sin_ptr + row.sin_base + h * row.sin_h + i * row.sin_w, live, MASKED)
+        if FORM.rope.table_half:  # one column a pair, used for both channels
+            ca = _ld(_table_at(tk.row.cos, h, i), live, MASKED)
+            sa = _ld(_table_at(tk.row.sin, h, i), live, MASKED)
             cb = ca
             sb = sa
         else:
-            ca, cb = _ld_pairs(
-                row.cos_ptr + row.cos_base + h * row.cos_h, i, live, MASKED, ROPE.words, row.cos_w
-            )
-            sa, sb = _ld_pairs(
-                row.sin_ptr + row.sin_base + h * row.sin_h, i, live, MASKED, ROPE.words, row.sin_w
-            )
+            cos = tk.row.cos
+            sin = tk.row.sin
+            ca, cb = _ld_pairs(_table_head(cos, h), i, live, MASKED, FORM.rope.words, cos.w)
+            sa, sb = _ld_pairs(_table_head(sin, h), i, live, MASKED, FORM.rope.words, sin.w)
         # eager: x * cos + rotate(x) * sin, no fused multiply-add (the channel form's order)
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
     else:
         oa = ya
         ob = yb
-    if QUANT != NO_QUANT:
-        _quantize_pairs(
-            oa,
-            ob,
-            p,
-            live,
-            o_ptr,
-            obase,
-            sc_ptr,
-            scbase,
-            sc_strides=sc_strides,
-            NC=NC,
-            Q0=Q0,
-            NP=NP,
-            D=D,
-            MASKED=MASKED,
-            ACT=ACT,
-            QUANT=QUANT,
-        )
+    if FORM.quant != NO_QUANT:
+        _quantize_pairs(oa, ob, t, tk, PIECE=PIECE, FORM=FORM, ACT=ACT)
     else:
-        wp = (o_ptr + obase).to(tl.pointer_type(tl.uint32)) + p
+        wp = (t.o_ptr + t.obase).to(tl.pointer_type(tl.uint32)) + p
         if MASKED:
             tl.store(wp, _pack(oa, ob, ACT), mask=live)
         else:
@@ -689,36 +507,13 @@ def _finish_pairs(
 
 
 @jit
-def _pairs_tensor(
-    u0,
-    u1,
-    p0,
-    l0,
-    p1,
-    l1,
-    o_ptr,
-    obase,
-    w_ptr,
-    b_ptr,
-    a_ptr,
-    args,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    NC,
-    D: tl.constexpr,
-    P0: tl.constexpr,
-    P1: tl.constexpr,
-    MASK0: tl.constexpr,
-    MASK1: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """``_flat_tensor`` in the pair form: one statistic for the token, then each piece."""
+def _pairs_tensor(u, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr, ACT: tl.constexpr):
+    """``_flat_tensor`` in the pair form: one statistic for the token over the words ``u``
+    (piece 0, piece 1), then each piece."""
+    u0, u1 = u
+    P1: tl.constexpr = FORM.n[1] // 2
+    l0 = tk.pieces[0][1]
+    l1 = tk.pieces[1][1]
     a0, b0 = _unpack(u0, ACT)
     a1 = a0
     b1 = b0
@@ -726,7 +521,7 @@ def _pairs_tensor(
         a1, b1 = _unpack(u1, ACT)
     mean = 0.0
     rstd = 1.0
-    alpha = _alpha(a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
+    alpha = _alpha(t.a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
     if NORM.kind == LAYER:
         tot = tl.sum(a0 + b0, 0)
         if P1 > 0:
@@ -743,169 +538,42 @@ def _pairs_tensor(
         if P1 > 0:
             sq += tl.sum(a1 * a1 + b1 * b1, 0)
         rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
-    _finish_pairs(
-        u0,
-        p0,
-        l0,
-        mean,
-        rstd,
-        alpha,
-        o_ptr,
-        obase,
-        w_ptr=w_ptr,
-        b_ptr=b_ptr,
-        row=row,
-        sc_ptr=sc_ptr,
-        scbase=scbase,
-        sc_strides=sc_strides,
-        NC=NC,
-        Q0=0,
-        NP=P0,
-        D=D,
-        NORM=NORM,
-        ROPE=ROPE,
-        ROUND_NORM=ROUND_NORM,
-        MASKED=MASK0,
-        ACT=ACT,
-        QUANT=QUANT,
-    )
+    _finish_pairs(u0, mean, rstd, alpha, t, tk, PIECE=0, NORM=NORM, FORM=FORM, ACT=ACT)
     if P1 > 0:
-        _finish_pairs(
-            u1,
-            p1,
-            l1,
-            mean,
-            rstd,
-            alpha,
-            o_ptr,
-            obase,
-            w_ptr=w_ptr,
-            b_ptr=b_ptr,
-            row=row,
-            sc_ptr=sc_ptr,
-            scbase=scbase,
-            sc_strides=sc_strides,
-            NC=NC,
-            Q0=P0,
-            NP=P1,
-            D=D,
-            NORM=NORM,
-            ROPE=ROPE,
-            ROUND_NORM=ROUND_NORM,
-            MASKED=MASK1,
-            ACT=ACT,
-            QUANT=QUANT,
-        )
+        _finish_pairs(u1, mean, rstd, alpha, t, tk, PIECE=1, NORM=NORM, FORM=FORM, ACT=ACT)
 
 
 @jit
-def _pairs_program(
-    q_ptr,
-    qo_ptr,
-    k_ptr,
-    ko_ptr,
-    cos_ptr,
-    sin_ptr,
-    pos_ptr,
-    qw_ptr,
-    qb_ptr,
-    qa_ptr,
-    kw_ptr,
-    kb_ptr,
-    ka_ptr,
-    q_scale_ptr,
-    k_scale_ptr,
-    b,
-    s,
-    NC,
-    scbase,
-    q_args,
-    k_args,
-    q_strides,
-    qo_strides,
-    k_strides,
-    ko_strides,
-    cos_strides,
-    sin_strides,
-    pos_strides,
-    scale_strides,
-    D: tl.constexpr,
-    N0: tl.constexpr,
-    N1: tl.constexpr,
-    MASK0: tl.constexpr,
-    MASK1: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    QUANT: tl.constexpr,
-):
+def _pairs_program(q, q_args, k, k_args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
     """Program (token, 0) does the token's Q, (token, 1) its K, in the pair form (the flat
     kernel with PAIRS, which the launcher sets only with Q and K in programs of their own
     and norms of one body: one set of norm flags here, Q's)."""
-    P1: tl.constexpr = N1 // 2
-    p0, l0 = _pairs_piece(0, N0 // 2, NC // 2)
-    p1 = p0
-    l1 = l0
-    if P1 > 0:
-        p1, l1 = _pairs_piece(N0 // 2, P1, NC // 2)
-    row = _table_row(
-        cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides, ROPE=ROPE
-    )
-    ACT: tl.constexpr = q_ptr.dtype.element_ty
-    qbase = b * q_strides[0] + s * q_strides[1]
-    kbase = b * k_strides[0] + s * k_strides[1]
-    qobase = b * qo_strides[0] + s * qo_strides[1]
-    kobase = b * ko_strides[0] + s * ko_strides[1]
     # one body on the operands selected by the program's axis (the launcher's
     # ``_same_body``): one copy of the body is faster than two (docs/design/qk_norm_rope.md)
     isq = tl.program_id(1) == 0
-    x_ptr = tl.where(isq, q_ptr, k_ptr)
-    xbase = tl.where(isq, qbase, kbase)
-    u0 = _load_words(x_ptr, xbase, p0, l0, MASK0)
+    x_ptr = tl.where(isq, q.x_ptr, k.x_ptr)
+    xbase = tl.where(isq, q.xbase, k.xbase)
+    p0, l0 = tk.pieces[0]
+    p1, l1 = tk.pieces[1]
+    u0 = _load_words(x_ptr, xbase, p0, l0, FORM.mask[0])
     u1 = u0
-    if P1 > 0:
-        u1 = _load_words(x_ptr, xbase, p1, l1, MASK1)
+    if FORM.n[1] > 0:
+        u1 = _load_words(x_ptr, xbase, p1, l1, FORM.mask[1])
     # (the operands selected in the order the body's first use of each wants them)
-    o_ptr = tl.where(isq, qo_ptr, ko_ptr)
-    obase = tl.where(isq, qobase, kobase)
-    w_ptr = tl.where(isq, qw_ptr, kw_ptr)
-    b_ptr = tl.where(isq, qb_ptr, kb_ptr)
-    a_ptr = tl.where(isq, qa_ptr, ka_ptr)
+    o_ptr = tl.where(isq, q.o_ptr, k.o_ptr)
+    obase = tl.where(isq, q.obase, k.obase)
+    w_ptr = tl.where(isq, q.w_ptr, k.w_ptr)
+    b_ptr = tl.where(isq, q.b_ptr, k.b_ptr)
+    a_ptr = tl.where(isq, q.a_ptr, k.a_ptr)
     args = NormArgs(
         tl.where(isq, q_args.alpha, k_args.alpha),
         tl.where(isq, q_args.eps, k_args.eps),
         tl.where(isq, q_args.n, k_args.n),
     )
-    sc_ptr = tl.where(isq, q_scale_ptr, k_scale_ptr)
-    _pairs_tensor(
-        u0,
-        u1,
-        p0,
-        l0,
-        p1,
-        l1,
-        o_ptr,
-        obase,
-        w_ptr=w_ptr,
-        b_ptr=b_ptr,
-        a_ptr=a_ptr,
-        args=args,
-        row=row,
-        sc_ptr=sc_ptr,
-        scbase=scbase,
-        sc_strides=scale_strides,
-        NC=NC,
-        D=D,
-        P0=N0 // 2,
-        P1=P1,
-        MASK0=MASK0,
-        MASK1=MASK1,
-        NORM=NORM,
-        ROPE=ROPE,
-        ROUND_NORM=ROUND_NORM,
-        ACT=ACT,
-        QUANT=QUANT,
-    )
+    sc_ptr = tl.where(isq, q.sc_ptr, k.sc_ptr)
+    # (the pair form's rows are contiguous: no strides)
+    t = QKTensor(x_ptr, xbase, 0, o_ptr, obase, 0, w_ptr, b_ptr, a_ptr, sc_ptr)
+    _pairs_tensor((u0, u1), t, args, tk, NORM=NORM, FORM=FORM, ACT=q.x_ptr.dtype.element_ty)
 
 
 @jit
@@ -962,200 +630,43 @@ def _qk_norm_rope_flat_kernel(
     b = tok // S
     s = tok - b * S
     scbase = b * scale_strides[0] + s * scale_strides[2]
+    FORM: tl.constexpr = _flat_form(D, N0, N1, MASK0, MASK1, ROW_CONTIG, ROPE, ROUND_NORM, QUANT)
     if PAIRS:
         tl.static_assert(SPLIT_QK and HAS_K, "the pair form runs Q and K in programs of their own")
-        _pairs_program(
-            q_ptr,
-            qo_ptr,
-            k_ptr,
-            ko_ptr,
-            cos_ptr,
-            sin_ptr,
-            pos_ptr,
-            qw_ptr=qw_ptr,
-            qb_ptr=qb_ptr,
-            qa_ptr=qa_ptr,
-            kw_ptr=kw_ptr,
-            kb_ptr=kb_ptr,
-            ka_ptr=ka_ptr,
-            q_scale_ptr=q_scale_ptr,
-            k_scale_ptr=k_scale_ptr,
-            b=b,
-            s=s,
-            NC=NC,
-            scbase=scbase,
-            q_args=NormArgs(q_alpha, q_eps, q_n),
-            k_args=NormArgs(k_alpha, k_eps, k_n),
-            q_strides=q_strides,
-            qo_strides=qo_strides,
-            k_strides=k_strides,
-            ko_strides=ko_strides,
-            cos_strides=cos_strides,
-            sin_strides=sin_strides,
-            pos_strides=pos_strides,
-            scale_strides=scale_strides,
-            D=D,
-            N0=N0,
-            N1=N1,
-            MASK0=MASK0,
-            MASK1=MASK1,
-            NORM=Q_NORM,
-            ROPE=ROPE,
-            ROUND_NORM=ROUND_NORM,
-            QUANT=QUANT,
-        )
-        return
-    c0, l0 = _piece(0, N0, NC)
-    c1 = c0
-    l1 = l0
-    if N1 > 0:
-        c1, l1 = _piece(N0, N1, NC)
-
+        c0, l0 = _pairs_piece(0, N0 // 2, NC // 2)  # pair indices
+        c1 = c0
+        l1 = l0
+        if N1 > 0:
+            c1, l1 = _pairs_piece(N0 // 2, N1 // 2, NC // 2)
+    else:
+        c0, l0 = _piece(0, N0, NC)
+        c1 = c0
+        l1 = l0
+        if N1 > 0:
+            c1, l1 = _piece(N0, N1, NC)
     row = _table_row(
         cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides, ROPE=ROPE
     )
-
-    qbase = b * q_strides[0] + s * q_strides[1]
-    kbase = b * k_strides[0] + s * k_strides[1]
-    if SPLIT_QK:  # program (token, 0) does Q, (token, 1) K: half the live values a program
+    tk = FlatToken(((c0, l0), (c1, l1)), NC, row, scbase, scale_strides)
+    q = _qk_tensor(q_ptr, q_strides, qo_ptr, qo_strides, qw_ptr, qb_ptr, qa_ptr, q_scale_ptr, b, s)
+    k = _qk_tensor(k_ptr, k_strides, ko_ptr, ko_strides, kw_ptr, kb_ptr, ka_ptr, k_scale_ptr, b, s)
+    q_args = NormArgs(q_alpha, q_eps, q_n)
+    k_args = NormArgs(k_alpha, k_eps, k_n)
+    if PAIRS:
+        _pairs_program(
+            _out_at(q, b, s), q_args, _out_at(k, b, s), k_args, tk, NORM=Q_NORM, FORM=FORM
+        )
+    elif SPLIT_QK:  # program (token, 0) does Q, (token, 1) K: half the live values a program
         if tl.program_id(1) == 0:
-            qobase = b * qo_strides[0] + s * qo_strides[1]
-            _one_tensor(
-                q_ptr,
-                qbase,
-                q_strides,
-                c0,
-                l0,
-                c1,
-                l1,
-                qo_ptr,
-                obase=qobase,
-                o_strides=qo_strides,
-                w_ptr=qw_ptr,
-                b_ptr=qb_ptr,
-                a_ptr=qa_ptr,
-                args=NormArgs(q_alpha, q_eps, q_n),
-                row=row,
-                sc_ptr=q_scale_ptr,
-                scbase=scbase,
-                sc_strides=scale_strides,
-                NC=NC,
-                D=D,
-                N0=N0,
-                N1=N1,
-                MASK0=MASK0,
-                MASK1=MASK1,
-                NORM=Q_NORM,
-                ROPE=ROPE,
-                ROUND_NORM=ROUND_NORM,
-                ROW_CONTIG=ROW_CONTIG,
-                QUANT=QUANT,
-            )
+            _one_tensor(_out_at(q, b, s), q_args, tk, NORM=Q_NORM, FORM=FORM)
         else:
-            kobase = b * ko_strides[0] + s * ko_strides[1]
-            _one_tensor(
-                k_ptr,
-                kbase,
-                k_strides,
-                c0,
-                l0,
-                c1,
-                l1,
-                ko_ptr,
-                obase=kobase,
-                o_strides=ko_strides,
-                w_ptr=kw_ptr,
-                b_ptr=kb_ptr,
-                a_ptr=ka_ptr,
-                args=NormArgs(k_alpha, k_eps, k_n),
-                row=row,
-                sc_ptr=k_scale_ptr,
-                scbase=scbase,
-                sc_strides=scale_strides,
-                NC=NC,
-                D=D,
-                N0=N0,
-                N1=N1,
-                MASK0=MASK0,
-                MASK1=MASK1,
-                NORM=K_NORM,
-                ROPE=ROPE,
-                ROUND_NORM=ROUND_NORM,
-                ROW_CONTIG=ROW_CONTIG,
-                QUANT=QUANT,
-            )
+            _one_tensor(_out_at(k, b, s), k_args, tk, NORM=K_NORM, FORM=FORM)
     else:
         # both tensors' loads before the first store (a store to Q may alias K for the
         # compiler: one memory latency a program, not two)
-        q0 = _load_piece(q_ptr, qbase, c0, l0, q_strides, D, ROW_CONTIG, MASK0)
-        q1 = 0.0
-        if N1 > 0:
-            q1 = _load_piece(q_ptr, qbase, c1, l1, q_strides, D, ROW_CONTIG, MASK1)
+        qx = _load_token(q, tk, FORM)
         if HAS_K:
-            k0 = _load_piece(k_ptr, kbase, c0, l0, k_strides, D, ROW_CONTIG, MASK0)
-            k1 = 0.0
-            if N1 > 0:
-                k1 = _load_piece(k_ptr, kbase, c1, l1, k_strides, D, ROW_CONTIG, MASK1)
-        _flat_tensor(
-            q0,
-            q1,
-            c0,
-            l0,
-            c1,
-            l1,
-            qo_ptr,
-            b * qo_strides[0] + s * qo_strides[1],
-            o_strides=qo_strides,
-            w_ptr=qw_ptr,
-            b_ptr=qb_ptr,
-            a_ptr=qa_ptr,
-            args=NormArgs(q_alpha, q_eps, q_n),
-            row=row,
-            sc_ptr=q_scale_ptr,
-            scbase=scbase,
-            sc_strides=scale_strides,
-            NC=NC,
-            D=D,
-            N0=N0,
-            N1=N1,
-            MASK0=MASK0,
-            MASK1=MASK1,
-            NORM=Q_NORM,
-            ROPE=ROPE,
-            ROUND_NORM=ROUND_NORM,
-            ROW_CONTIG=ROW_CONTIG,
-            ACT=q_ptr.dtype.element_ty,
-            QUANT=QUANT,
-        )
+            kx = _load_token(k, tk, FORM)
+        _flat_tensor(qx, _out_at(q, b, s), q_args, tk, NORM=Q_NORM, FORM=FORM)
         if HAS_K:
-            _flat_tensor(
-                k0,
-                k1,
-                c0,
-                l0,
-                c1,
-                l1,
-                ko_ptr,
-                b * ko_strides[0] + s * ko_strides[1],
-                o_strides=ko_strides,
-                w_ptr=kw_ptr,
-                b_ptr=kb_ptr,
-                a_ptr=ka_ptr,
-                args=NormArgs(k_alpha, k_eps, k_n),
-                row=row,
-                sc_ptr=k_scale_ptr,
-                scbase=scbase,
-                sc_strides=scale_strides,
-                NC=NC,
-                D=D,
-                N0=N0,
-                N1=N1,
-                MASK0=MASK0,
-                MASK1=MASK1,
-                NORM=K_NORM,
-                ROPE=ROPE,
-                ROUND_NORM=ROUND_NORM,
-                ROW_CONTIG=ROW_CONTIG,
-                ACT=k_ptr.dtype.element_ty,
-                QUANT=QUANT,
-            )
+            _flat_tensor(kx, _out_at(k, b, s), k_args, tk, NORM=K_NORM, FORM=FORM)

@@ -216,12 +216,34 @@ def _store_pairs(
 
 
 @jit
+def _load_table(
+    t, h_start, hh, hmask, R2: tl.constexpr, HALF_PAD: tl.constexpr, ROPE: tl.constexpr
+):
+    """A and b channel of each pair of one :class:`~ditfuse.kernels.common.Table` (cos or
+    sin), fp32 [NH, HALF_PAD] tiles, for the program's heads from ``h_start``."""
+    return _load_pairs(
+        t.ptr,
+        t.base + h_start * t.h,
+        hh,
+        hmask,
+        t.h,
+        t.w,
+        NH=hh.shape[0],
+        R2=R2,
+        HALF_PAD=HALF_PAD,
+        INTERLEAVED=ROPE.interleaved,
+        DUP=ROPE.table_half,
+        WORDS=ROPE.words,
+        ROW=ROPE.row,
+    )
+
+
+@jit
 def _load_rope_tables(
     row,
     h_start,
     hh,
     hmask,
-    NH: tl.constexpr,
     R2: tl.constexpr,
     HALF_PAD: tl.constexpr,
     ROPE: tl.constexpr,
@@ -229,36 +251,8 @@ def _load_rope_tables(
     """cos/sin of the a and b channel of each pair, fp32 [NH, HALF_PAD] tiles, for the
     program's heads from ``h_start`` (``row``: the token's :class:`TableRow`). A table shared
     by all heads has head stride 0: every head reads the same row (from L1)."""
-    ca, cb = _load_pairs(
-        row.cos_ptr,
-        row.cos_base + h_start * row.cos_h,
-        hh,
-        hmask,
-        row.cos_h,
-        row.cos_w,
-        NH=NH,
-        R2=R2,
-        HALF_PAD=HALF_PAD,
-        INTERLEAVED=ROPE.interleaved,
-        DUP=ROPE.table_half,
-        WORDS=ROPE.words,
-        ROW=ROPE.row,
-    )
-    sa, sb = _load_pairs(
-        row.sin_ptr,
-        row.sin_base + h_start * row.sin_h,
-        hh,
-        hmask,
-        row.sin_h,
-        row.sin_w,
-        NH=NH,
-        R2=R2,
-        HALF_PAD=HALF_PAD,
-        INTERLEAVED=ROPE.interleaved,
-        DUP=ROPE.table_half,
-        WORDS=ROPE.words,
-        ROW=ROPE.row,
-    )
+    ca, cb = _load_table(row.cos, h_start, hh, hmask, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE)
+    sa, sb = _load_table(row.sin, h_start, hh, hmask, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE)
     return ca, cb, sa, sb
 
 
@@ -446,7 +440,7 @@ def _finish_piece(
         # rotation (the second tensor's load hits L1), which keeps the registers of a
         # whole-token program low enough for more programs per SM
         ca, cb, sa, sb = _load_rope_tables(
-            row, h_start, hh, hmask, NH=NH, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE
+            row, h_start, hh, hmask, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE
         )
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
