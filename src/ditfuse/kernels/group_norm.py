@@ -40,25 +40,30 @@ def _silu(y):
         return y / (1.0 + e)
 
 
+class FinishFlags(NamedTuple):
+    """The steps after the normalization that a kernel compiles (``FIN``: ``_gn_finish`` /
+    ``_rms_finish``)."""
+
+    has_w: bool  # a per-channel weight (gamma)
+    has_b: bool  # a per-channel bias
+    silu: bool
+    round_norm: bool  # rounded to the activation dtype where the eager chain rounds
+
+
+@triton.constexpr_function
+def _finish_flags(has_w, has_b, silu, round_norm):
+    return FinishFlags(has_w, has_b, silu, round_norm)
+
+
 @jit
-def _gn_finish(
-    y_ptr,
-    yoff,
-    m,
-    y,
-    b,
-    HAS_B: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-):
+def _gn_finish(y_ptr, yoff, m, y, b, FIN: tl.constexpr, ACT: tl.constexpr):
     """+ bias (the weight is folded into rstd by the callers), [round], SiLU, one rounding
     at the store."""
-    if HAS_B:
+    if FIN.has_b:
         y = y + b
-    if ROUND_NORM:  # where torch's eager GroupNorm -> SiLU chain rounds
+    if FIN.round_norm:  # where torch's eager GroupNorm -> SiLU chain rounds
         y = _rnd(y, ACT)
-    if SILU:
+    if FIN.silu:
         y = _silu(y)
     # y is not read again here: a streaming store leaves L2 to the x the apply pass re-reads
     tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m, cache_modifier=".cs")
@@ -110,6 +115,8 @@ def _gn_fit_kernel(
     ROUND_NORM: tl.constexpr,
 ):
     """One program per (n, group): the whole group is loaded once into registers."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    FIN: tl.constexpr = _finish_flags(HAS_W, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     n = pid // G
     g = pid - n * G
@@ -133,17 +140,7 @@ def _gn_fit_kernel(
     w = _load_channels(w_ptr, ch, stride_w, cm, HAS_W, False, 1.0)
     b = _load_channels(b_ptr, ch, stride_b, cm, HAS_B, False, 0.0)
     y = (d - corr) * (rstd * w)
-    _gn_finish(
-        y_ptr,
-        n * stride_yn + ch * stride_yc + s * stride_ys,
-        m,
-        y,
-        b,
-        HAS_B=HAS_B,
-        SILU=SILU,
-        ROUND_NORM=ROUND_NORM,
-        ACT=x_ptr.dtype.element_ty,
-    )
+    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, b, FIN, ACT)
 
 
 @jit
@@ -308,6 +305,8 @@ def _gn_apply_kernel(
 ):
     """One tile per program: merge the group's P partials (statistics of x - K, K the
     group's first element), then normalise the tile."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    FIN: tl.constexpr = _finish_flags(HAS_W, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     ng = pid // T
     t = pid - ng * T
@@ -337,17 +336,8 @@ def _gn_apply_kernel(
     b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
     y = (((x - K) - mhi) - corr) * (rstd * w)
-    _gn_finish(
-        y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
-        _tile_offsets(ci, si, stride_yc, stride_ys, OFF64),
-        m,
-        y,
-        b,
-        HAS_B=HAS_B,
-        SILU=SILU,
-        ROUND_NORM=ROUND_NORM,
-        ACT=x_ptr.dtype.element_ty,
-    )
+    y0p = y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys)
+    _gn_finish(y0p, _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b, FIN, ACT)
 
 
 # Channels-last input (x's channel stride 1): a position's channels are one contiguous row,
@@ -529,6 +519,8 @@ def _gn_cl_apply_kernel(
 ):
     """One tile of GB groups x BS positions a program, normalised with its groups' merged
     statistics (the arithmetic of ``_gn_apply_kernel``, per lane)."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    FIN: tl.constexpr = _finish_flags(HAS_W, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     nt = pid // n_gb
     gb = pid - nt * n_gb
@@ -563,55 +555,32 @@ def _gn_cl_apply_kernel(
     y = (((x - K[None, :]) - mhi[None, :]) - corr[None, :]) * (rstd * w)[None, :]
     if HAS_B:
         b = b[None, :]
-    _gn_finish(
-        y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys),
-        _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64),
-        m,
-        y,
-        b,
-        HAS_B=HAS_B,
-        SILU=SILU,
-        ROUND_NORM=ROUND_NORM,
-        ACT=x_ptr.dtype.element_ty,
-    )
-
-
-class RmsFlags(NamedTuple):
-    """The steps after the RMS scaling that ``_rms_ch_kernel`` compiles (``_rms_finish``'s
-    ``RMS``)."""
-
-    has_g: bool
-    has_b: bool
-    silu: bool
-    round_norm: bool  # every op rounded to the activation dtype (WanRMS_norm in half precision)
-
-
-@triton.constexpr_function
-def _rms_flags(has_g, has_b, silu, round_norm):
-    return RmsFlags(has_g, has_b, silu, round_norm)
+    y0p = y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys)
+    yo = _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64)
+    _gn_finish(y0p, yo, m, y, b, FIN, ACT)
 
 
 @jit
-def _rms_finish(x, inv, scale, affine, out, m, RMS: tl.constexpr, ACT: tl.constexpr):
+def _rms_finish(x, inv, scale, affine, out, m, FIN: tl.constexpr, ACT: tl.constexpr):
     """``x * inv * scale`` [* gamma] [+ bias] [then SiLU], stored under mask ``m`` (None:
     none). ``affine``: the (gamma, bias) tiles; ``out``: (pointer, offsets)."""
     gm, b = affine
     y_ptr, yoff = out
-    if RMS.round_norm:  # diffusers' WanRMS_norm in half precision: every op returns half
+    if FIN.round_norm:  # diffusers' WanRMS_norm in half precision: every op returns half
         y = _rnd(x * inv, ACT)
         y = _rnd(y * scale, ACT)
-        if RMS.has_g:
+        if FIN.has_w:
             y = _rnd(y * gm, ACT)
-        if RMS.has_b:
+        if FIN.has_b:
             y = _rnd(y + b, ACT)
     else:
-        if RMS.has_g:
+        if FIN.has_w:
             y = (x * inv) * (gm * scale)
         else:
             y = (x * inv) * scale
-        if RMS.has_b:
+        if FIN.has_b:
             y = y + b
-    if RMS.silu:
+    if FIN.silu:
         y = _silu(y)
     tl.store(y_ptr + yoff, _cast_out(y, y_ptr.dtype.element_ty), mask=m)
 
@@ -652,7 +621,7 @@ def _rms_ch_kernel(
     BC1): 96 channels as 64 + 32 rather than 128 with a quarter masked (the kernel is bound
     by instruction issue: masked lanes cost as much as real ones)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    RMS: tl.constexpr = _rms_flags(HAS_G, HAS_B, SILU, ROUND_NORM)
+    FIN: tl.constexpr = _finish_flags(HAS_G, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     n = pid // n_sb
     sb = pid - n * n_sb
@@ -698,9 +667,9 @@ def _rms_ch_kernel(
         else:
             ss = tl.sum(x * x, 0)[None, :]
         inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
-        _rms_finish(x, inv, scale, (gm, b), (y0p, yo), m, RMS, ACT)
+        _rms_finish(x, inv, scale, (gm, b), (y0p, yo), m, FIN, ACT)
         if BC1 > 0:
-            _rms_finish(x1, inv, scale, (gm1, b1), (y0p, yo1), m1, RMS, ACT)
+            _rms_finish(x1, inv, scale, (gm1, b1), (y0p, yo1), m1, FIN, ACT)
     else:
         # a column too tall for registers: sum of squares over channel chunks (one pass
         # loses nothing here: every term is positive), then re-read (from L1/L2) and apply
@@ -723,4 +692,4 @@ def _rms_ch_kernel(
             x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
             gm = _load_channels(g_ptr, c, stride_g, cm, HAS_G, False, 1.0)
             b = _load_channels(b_ptr, c, stride_b, cm, HAS_B, False, 0.0)
-            _rms_finish(x, inv, scale, (gm, b), (y_ptr, yb + c * stride_yc), m, RMS, ACT)
+            _rms_finish(x, inv, scale, (gm, b), (y_ptr, yb + c * stride_yc), m, FIN, ACT)
