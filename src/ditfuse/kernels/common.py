@@ -175,9 +175,8 @@ def _qk_tensor(x_ptr, x_strides, o_ptr, o_strides, w_ptr, b_ptr, a_ptr, sc_ptr, 
 
 
 @jit
-def _out_at(t, b, s):
-    """:class:`QKTensor` ``t`` with its output's offset of token (b, s)."""
-    obase = b * t.o_strides[0] + s * t.o_strides[1]
+def _qk_out(t, obase):
+    """:class:`QKTensor` ``t`` with its output's offset ``obase``."""
     return QKTensor(
         t.x_ptr,
         t.xbase,
@@ -190,6 +189,12 @@ def _out_at(t, b, s):
         t.a_ptr,
         t.sc_ptr,
     )
+
+
+@jit
+def _out_at(t, b, s):
+    """:class:`QKTensor` ``t`` with its output's offset of token (b, s)."""
+    return _qk_out(t, b * t.o_strides[0] + s * t.o_strides[1])
 
 
 @jit

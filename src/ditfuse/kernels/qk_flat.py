@@ -201,19 +201,11 @@ def _quantize_piece(y, t, tk, PIECE: tl.constexpr, FORM: tl.constexpr, ACT: tl.c
 
 
 @jit
-def _finish_piece(
-    x,
-    mean,
-    rstd,
-    alpha,
-    t,
-    tk,
-    PIECE: tl.constexpr,
-    NORM: tl.constexpr,
-    FORM: tl.constexpr,
-    ACT: tl.constexpr,
-):
-    """Weight, bias, rotate and store piece ``PIECE`` of ``t`` with the token's statistics."""
+def _finish_piece(x, stats, t, tk, PIECE: tl.constexpr, NORM: tl.constexpr, FORM: tl.constexpr):
+    """Weight, bias, rotate and store piece ``PIECE`` of ``t`` with the token's statistics
+    ``stats`` (mean, rstd, DyT's alpha)."""
+    mean, rstd, alpha = stats
+    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
     c, live = tk.pieces[PIECE]
     D: tl.constexpr = FORM.d
     N: tl.constexpr = FORM.n[PIECE]
@@ -273,7 +265,6 @@ def _flat_tensor(x, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
     """One statistic for the token (fp32) over ``x`` (:func:`_load_token`'s pieces), then
     each piece normalised, rotated, stored."""
     x0, x1 = x
-    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
     N1: tl.constexpr = FORM.n[1]
     l0 = tk.pieces[0][1]
     l1 = tk.pieces[1][1]
@@ -300,9 +291,10 @@ def _flat_tensor(x, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
         if N1 > 0:
             sq += tl.sum(d1 * d1, 0)
         rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
-    _finish_piece(x0, mean, rstd, alpha, t, tk, PIECE=0, NORM=NORM, FORM=FORM, ACT=ACT)
+    stats = (mean, rstd, alpha)
+    _finish_piece(x0, stats, t, tk, PIECE=0, NORM=NORM, FORM=FORM)
     if N1 > 0:
-        _finish_piece(x1, mean, rstd, alpha, t, tk, PIECE=1, NORM=NORM, FORM=FORM, ACT=ACT)
+        _finish_piece(x1, stats, t, tk, PIECE=1, NORM=NORM, FORM=FORM)
 
 
 @jit
@@ -445,20 +437,11 @@ def _quantize_pairs(oa, ob, t, tk, PIECE: tl.constexpr, FORM: tl.constexpr, ACT:
 
 
 @jit
-def _finish_pairs(
-    u,
-    mean,
-    rstd,
-    alpha,
-    t,
-    tk,
-    PIECE: tl.constexpr,
-    NORM: tl.constexpr,
-    FORM: tl.constexpr,
-    ACT: tl.constexpr,
-):
+def _finish_pairs(u, stats, t, tk, PIECE: tl.constexpr, NORM: tl.constexpr, FORM: tl.constexpr):
     """``_finish_piece`` in the pair form: (lo, hi) = channels (2p, 2p+1) of the pairs p of
     piece ``PIECE``."""
+    mean, rstd, alpha = stats
+    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
     p, live = tk.pieces[PIECE]
     D: tl.constexpr = FORM.d
     MASKED: tl.constexpr = FORM.mask[PIECE]
@@ -507,10 +490,11 @@ def _finish_pairs(
 
 
 @jit
-def _pairs_tensor(u, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr, ACT: tl.constexpr):
+def _pairs_tensor(u, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
     """``_flat_tensor`` in the pair form: one statistic for the token over the words ``u``
     (piece 0, piece 1), then each piece."""
     u0, u1 = u
+    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
     P1: tl.constexpr = FORM.n[1] // 2
     l0 = tk.pieces[0][1]
     l1 = tk.pieces[1][1]
@@ -538,9 +522,10 @@ def _pairs_tensor(u, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr, ACT: t
         if P1 > 0:
             sq += tl.sum(a1 * a1 + b1 * b1, 0)
         rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
-    _finish_pairs(u0, mean, rstd, alpha, t, tk, PIECE=0, NORM=NORM, FORM=FORM, ACT=ACT)
+    stats = (mean, rstd, alpha)
+    _finish_pairs(u0, stats, t, tk, PIECE=0, NORM=NORM, FORM=FORM)
     if P1 > 0:
-        _finish_pairs(u1, mean, rstd, alpha, t, tk, PIECE=1, NORM=NORM, FORM=FORM, ACT=ACT)
+        _finish_pairs(u1, stats, t, tk, PIECE=1, NORM=NORM, FORM=FORM)
 
 
 @jit
@@ -573,7 +558,7 @@ def _pairs_program(q, q_args, k, k_args, tk, NORM: tl.constexpr, FORM: tl.conste
     sc_ptr = tl.where(isq, q.sc_ptr, k.sc_ptr)
     # (the pair form's rows are contiguous: no strides)
     t = QKTensor(x_ptr, xbase, 0, o_ptr, obase, 0, w_ptr, b_ptr, a_ptr, sc_ptr)
-    _pairs_tensor((u0, u1), t, args, tk, NORM=NORM, FORM=FORM, ACT=q.x_ptr.dtype.element_ty)
+    _pairs_tensor((u0, u1), t, args, tk, NORM=NORM, FORM=FORM)
 
 
 @jit

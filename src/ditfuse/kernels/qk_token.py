@@ -38,8 +38,9 @@ sums keep the 16-bit build's register layout, and their order.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import triton
 import triton.language as tl
 
 from ditfuse.kernels.common import (
@@ -47,9 +48,13 @@ from ditfuse.kernels.common import (
     NO_QUANT,
     RMS,
     NormArgs,
+    RopeFlags,
     _alpha,
     _nan_in,
     _norm_affine,
+    _out_at,
+    _qk_out,
+    _qk_tensor,
     _quant_ptr,
     _quant_scale,
     _quant_values,
@@ -68,6 +73,32 @@ class TokenTile(NamedTuple):
     piece1: int
     half_pad: int  # rotary pairs a head (rotary_dim / 2), padded to a power of two
     pass_pad: int  # pass-through channels a head (head_dim - rotary_dim), likewise
+
+
+class TokenForm(NamedTuple):
+    """How a program of the per-token kernel holds its token (``FORM``: constexpr fields)."""
+
+    d: int  # head_dim
+    r2: int  # rotary_dim // 2 (0 without RoPE); d - 2 * r2 pass through
+    tile: TokenTile
+    rope: RopeFlags
+    round_norm: bool  # round to the activation dtype between norm and rotation
+    stats: int  # 0, STATS_STORE or STATS_LOAD (head-parallel passes)
+    off64: bool  # offsets within a token need 64 bits (huge head strides)
+    x_words: bool  # interleaved 16-bit Q / K rows read and written a pair a word
+    quant: int  # NO_QUANT, INT8 or FP8
+
+
+class TokenHeads(NamedTuple):
+    """A program's token and heads as the per-token helpers read them (``th``)."""
+
+    tok: Any  # the token, b * S + s
+    h_start: Any  # the program's heads: h_start .. h_end - 1
+    h_end: Any
+    row: Any  # the token's TableRow
+    scbase: Any  # the 8-bit scales' element offset (of the program's first head once
+    # _norm_rope_tensor has it) and their (b, h, s) strides
+    sc_strides: Any
 
 
 # ``STATS``, the head-parallel passes of a norm across heads split over ranks (0: neither)
@@ -280,32 +311,15 @@ def _piece_plain_sums(xa, xb, xp, SPAN_ALL: tl.constexpr):
 
 
 @jit
-def _quantize_store(
-    oa,
-    ob,
-    yp,
-    ma,
-    mp,
-    hh,
-    hmask,
-    o_ptr,
-    obase,
-    o_strides,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    R2: tl.constexpr,
-    P: tl.constexpr,
-    NH: tl.constexpr,
-    HALF_PAD: tl.constexpr,
-    PASS_PAD: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    ACT: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """Quantize each head of a piece to 8 bits with one fp32 scale a head (``QUANT``): the
-    values are the ones the 16-bit path stores (rounded to ``ACT``), the amax spans the
-    head's rotary pairs and pass-through channels (docs/qk_norm_rope.md, "8-bit output")."""
+def _quantize_store(oa, ob, yp, ma, mp, hh, hmask, t, th, FORM: tl.constexpr):
+    """Quantize each head of a piece to 8 bits with one fp32 scale a head (``FORM.quant``):
+    the values are the ones the 16-bit path stores (rounded to the activation dtype), the
+    amax spans the head's rotary pairs and pass-through channels (docs/qk_norm_rope.md,
+    "8-bit output")."""
+    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
+    QUANT: tl.constexpr = FORM.quant
+    R2: tl.constexpr = FORM.r2
+    P: tl.constexpr = FORM.d - 2 * R2
     if ACT != tl.float32:
         oa = _rnd(oa, ACT)
         ob = _rnd(ob, ACT)
@@ -321,73 +335,73 @@ def _quantize_store(
         nan += _nan_in(xp, 1)
     amax += nan  # a NaN in the head: a NaN scale
     scale, inv = _quant_scale(amax[:, None], QUANT)
-    tl.store(sc_ptr + scbase + hh.to(tl.int64) * sc_strides[1], scale, mask=hmask)
-    qo_ptr = _quant_ptr(o_ptr, QUANT)
+    tl.store(t.sc_ptr + th.scbase + hh.to(tl.int64) * th.sc_strides[1], scale, mask=hmask)
+    qo_ptr = _quant_ptr(t.o_ptr, QUANT)
     # vectorised no wider than the 16-bit stores (128 bits of ACT a thread): _same_order
     VEC: tl.constexpr = 128 // ACT.primitive_bitwidth
-    stride_oh = o_strides[2]
-    stride_od = o_strides[3]
+    stride_oh = t.o_strides[2]
+    stride_od = t.o_strides[3]
     _store_pairs(
         qo_ptr,
-        obase,
+        t.obase,
         hh,
         hmask,
         stride_oh,
         stride_od,
         _quant_values(oa, inv, QUANT),
         _quant_values(ob, inv, QUANT),
-        NH=NH,
+        NH=hh.shape[0],
         R2=R2,
-        HALF_PAD=HALF_PAD,
-        INTERLEAVED=INTERLEAVED,
+        HALF_PAD=FORM.tile.half_pad,
+        INTERLEAVED=FORM.rope.interleaved,
         WORDS=False,
         VEC=VEC,
     )
     if P > 0:
-        jp = tl.arange(0, PASS_PAD)[None, :]
+        jp = tl.arange(0, FORM.tile.pass_pad)[None, :]
         tl.store(
-            qo_ptr + obase + _same_order(hh * stride_oh + (2 * R2 + jp) * stride_od, VEC, True),
+            qo_ptr + t.obase + _same_order(hh * stride_oh + (2 * R2 + jp) * stride_od, VEC, True),
             _cast_out(_quant_values(yp, inv, QUANT), qo_ptr.dtype.element_ty),
             mask=mp,
         )
 
 
 @jit
+def _load_norm_pairs(ptr, base, hh, hmask, stride_h, NORM: tl.constexpr, FORM: tl.constexpr):
+    """A norm's weight or bias of the rotary channels as (a, b) fp32 tiles (``_load_pairs``;
+    one row for every head with ``NORM.w_row``)."""
+    return _load_pairs(
+        ptr,
+        base,
+        hh,
+        hmask,
+        stride_h,
+        1,
+        NH=hh.shape[0],
+        R2=FORM.r2,
+        HALF_PAD=FORM.tile.half_pad,
+        INTERLEAVED=FORM.rope.interleaved,
+        DUP=False,
+        WORDS=NORM.words,
+        ROW=NORM.w_row,
+    )
+
+
+@jit
 def _finish_piece(
-    xa,
-    xb,
-    xp,
-    mp,
-    mean,
-    rstd,
-    alpha,
-    hh,
-    hmask,
-    h_start,
-    o_ptr,
-    obase,
-    o_strides,
-    w_ptr,
-    b_ptr,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    D: tl.constexpr,
-    R2: tl.constexpr,
-    HALF_PAD: tl.constexpr,
-    PASS_PAD: tl.constexpr,
-    NH: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-    X_WORDS: tl.constexpr,
-    QUANT: tl.constexpr,
+    x, mp, mean, rstd, alpha, hh, hmask, t, th, NORM: tl.constexpr, FORM: tl.constexpr
 ):
-    """Weight, bias, rotate and store the NH heads of one piece (``xa``, ``xb``: rotary
-    pairs, ``xp``: pass-through channels) with their statistics."""
+    """Weight, bias, rotate and store the heads ``hh`` of one piece (``x``: its rotary pairs
+    (a, b) and its pass-through channels) with their statistics."""
+    xa, xb, xp = x
+    ACT: tl.constexpr = t.x_ptr.dtype.element_ty
+    NH: tl.constexpr = hh.shape[0]
+    D: tl.constexpr = FORM.d
+    R2: tl.constexpr = FORM.r2
+    HALF_PAD: tl.constexpr = FORM.tile.half_pad
+    ROPE: tl.constexpr = FORM.rope
     P: tl.constexpr = D - 2 * R2
+    h_start = th.h_start
     # weight/bias: per head (same D channels for every head: head stride 0, L1 hits) or
     # across heads (channel h * D + d)
     if NORM.span_all:
@@ -399,40 +413,12 @@ def _finish_piece(
     ba = 0.0
     bb = 0.0
     if NORM.has_w:
-        wa, wb = _load_pairs(
-            w_ptr,
-            h_start * w_sh,
-            hh,
-            hmask,
-            w_sh,
-            1,
-            NH=NH,
-            R2=R2,
-            HALF_PAD=HALF_PAD,
-            INTERLEAVED=ROPE.interleaved,
-            DUP=False,
-            WORDS=NORM.words,
-            ROW=NORM.w_row,
-        )
+        wa, wb = _load_norm_pairs(t.w_ptr, h_start * w_sh, hh, hmask, w_sh, NORM=NORM, FORM=FORM)
     if NORM.has_b:
-        ba, bb = _load_pairs(
-            b_ptr,
-            h_start * w_sh,
-            hh,
-            hmask,
-            w_sh,
-            1,
-            NH=NH,
-            R2=R2,
-            HALF_PAD=HALF_PAD,
-            INTERLEAVED=ROPE.interleaved,
-            DUP=False,
-            WORDS=NORM.words,
-            ROW=NORM.w_row,
-        )
+        ba, bb = _load_norm_pairs(t.b_ptr, h_start * w_sh, hh, hmask, w_sh, NORM=NORM, FORM=FORM)
     ya = _norm_affine(xa, wa, ba, mean, rstd, alpha, NORM=NORM, ACT=ACT)
     yb = _norm_affine(xb, wb, bb, mean, rstd, alpha, NORM=NORM, ACT=ACT)
-    if ROUND_NORM:  # where diffusers' eager code rounds: between the norm and the rotation
+    if FORM.round_norm:  # where diffusers' eager code rounds: between the norm and the rotation
         ya = _rnd(ya, ACT)
         yb = _rnd(yb, ACT)
     if ROPE.on:
@@ -440,19 +426,19 @@ def _finish_piece(
         # rotation (the second tensor's load hits L1), which keeps the registers of a
         # whole-token program low enough for more programs per SM
         ca, cb, sa, sb = _load_rope_tables(
-            row, h_start, hh, hmask, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE
+            th.row, h_start, hh, hmask, R2=R2, HALF_PAD=HALF_PAD, ROPE=ROPE
         )
         oa = ya * ca - yb * sa
         ob = yb * cb + ya * sb
     else:
         oa = ya
         ob = yb
-    stride_oh = o_strides[2]
-    stride_od = o_strides[3]
-    if QUANT == NO_QUANT:
+    stride_oh = t.o_strides[2]
+    stride_od = t.o_strides[3]
+    if FORM.quant == NO_QUANT:
         _store_pairs(
-            o_ptr,
-            obase,
+            t.o_ptr,
+            t.obase,
             hh,
             hmask,
             stride_oh,
@@ -463,55 +449,33 @@ def _finish_piece(
             R2=R2,
             HALF_PAD=HALF_PAD,
             INTERLEAVED=ROPE.interleaved,
-            WORDS=X_WORDS,
+            WORDS=FORM.x_words,
         )
     yp = 0.0
     if P > 0:
-        jp = tl.arange(0, PASS_PAD)[None, :]
+        jp = tl.arange(0, FORM.tile.pass_pad)[None, :]
         wp = 1.0
         bp = 0.0
         if NORM.has_w:
-            wp = tl.load(w_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
+            wp = tl.load(t.w_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
                 tl.float32
             )
         if NORM.has_b:
-            bp = tl.load(b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
+            bp = tl.load(t.b_ptr + h_start * w_sh + hh * w_sh + 2 * R2 + jp, mask=mp, other=0.0).to(
                 tl.float32
             )
         yp = _norm_affine(xp, wp, bp, mean, rstd, alpha, NORM=NORM, ACT=ACT)
-        if QUANT == NO_QUANT:
+        if FORM.quant == NO_QUANT:
             tl.store(
-                o_ptr + obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
-                _cast_out(yp, o_ptr.dtype.element_ty),
+                t.o_ptr + t.obase + hh * stride_oh + (2 * R2 + jp) * stride_od,
+                _cast_out(yp, t.o_ptr.dtype.element_ty),
                 mask=mp,
             )
-    if QUANT != NO_QUANT:
+    if FORM.quant != NO_QUANT:
         # the head's scale needs all of its channels: the rotary pairs are stored with the
         # pass-through ones, after the amax (one pass, the head's values in registers)
         ma = hmask & (tl.arange(0, HALF_PAD)[None, :] < R2)
-        _quantize_store(
-            oa,
-            ob,
-            yp,
-            ma,
-            mp,
-            hh,
-            hmask,
-            o_ptr=o_ptr,
-            obase=obase,
-            o_strides=o_strides,
-            sc_ptr=sc_ptr,
-            scbase=scbase,
-            sc_strides=sc_strides,
-            R2=R2,
-            P=P,
-            NH=NH,
-            HALF_PAD=HALF_PAD,
-            PASS_PAD=PASS_PAD,
-            INTERLEAVED=ROPE.interleaved,
-            ACT=ACT,
-            QUANT=QUANT,
-        )
+        _quantize_store(oa, ob, yp, ma, mp, hh, hmask, t, th, FORM=FORM)
 
 
 @jit
@@ -546,69 +510,48 @@ def _load_pass(
 
 
 @jit
-def _load_tensor(
-    x_ptr,
-    xbase,
-    x_strides,
-    h_start,
-    h_end,
-    D: tl.constexpr,
-    R2: tl.constexpr,
-    TILE: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    OFF64: tl.constexpr,
-    WORDS: tl.constexpr = False,
-):
-    """All of one tensor's channels for the program's heads, as fp32 tiles: (a, b, pass)
-    of piece 0, then of piece 1 (0.0 where it has none)."""
-    P: tl.constexpr = D - 2 * R2
-    P0: tl.constexpr = TILE.piece0
-    P1: tl.constexpr = TILE.piece1
-    HALF_PAD: tl.constexpr = TILE.half_pad
-    PASS_PAD: tl.constexpr = TILE.pass_pad
-    stride_xh = x_strides[2]
-    stride_xd = x_strides[3]
-    xbase = xbase + h_start * stride_xh
-    hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
-    xa0, xb0 = _load_pairs(
-        x_ptr,
+def _load_piece(t, xbase, hh, hmask, FORM: tl.constexpr):
+    """The rotary pairs (a, b) and the pass-through channels of the heads ``hh`` of ``t``'s
+    input, as fp32 tiles."""
+    R2: tl.constexpr = FORM.r2
+    stride_xh = t.x_strides[2]
+    stride_xd = t.x_strides[3]
+    xa, xb = _load_pairs(
+        t.x_ptr,
         xbase,
-        hh0,
-        hm0,
+        hh,
+        hmask,
         stride_xh,
         stride_xd,
-        NH=P0,
+        NH=hh.shape[0],
         R2=R2,
-        HALF_PAD=HALF_PAD,
-        INTERLEAVED=INTERLEAVED,
+        HALF_PAD=FORM.tile.half_pad,
+        INTERLEAVED=FORM.rope.interleaved,
         DUP=False,
-        WORDS=WORDS,
+        WORDS=FORM.x_words,
     )
-    xp0, mp0 = _load_pass(
-        x_ptr, xbase, hh0, hm0, stride_xh, stride_xd, R2=R2, P=P, PASS_PAD=PASS_PAD
+    P: tl.constexpr = FORM.d - 2 * R2
+    xp, mp = _load_pass(
+        t.x_ptr, xbase, hh, hmask, stride_xh, stride_xd, R2=R2, P=P, PASS_PAD=FORM.tile.pass_pad
     )
+    return xa, xb, xp
+
+
+@jit
+def _load_tensor(t, th, FORM: tl.constexpr):
+    """All of one tensor's channels for the program's heads, as fp32 tiles: (a, b, pass)
+    of piece 0, then of piece 1 (0.0 where it has none)."""
+    P0: tl.constexpr = FORM.tile.piece0
+    P1: tl.constexpr = FORM.tile.piece1
+    xbase = t.xbase + th.h_start * t.x_strides[2]
+    hh0, hm0 = _local_heads(th.h_start, th.h_end, 0, P0, FORM.off64)
+    xa0, xb0, xp0 = _load_piece(t, xbase, hh0, hm0, FORM=FORM)
     xa1 = 0.0
     xb1 = 0.0
     xp1 = 0.0
     if P1 > 0:
-        hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
-        xa1, xb1 = _load_pairs(
-            x_ptr,
-            xbase,
-            hh1,
-            hm1,
-            stride_xh,
-            stride_xd,
-            NH=P1,
-            R2=R2,
-            HALF_PAD=HALF_PAD,
-            INTERLEAVED=INTERLEAVED,
-            DUP=False,
-            WORDS=WORDS,
-        )
-        xp1, mp1 = _load_pass(
-            x_ptr, xbase, hh1, hm1, stride_xh, stride_xd, R2=R2, P=P, PASS_PAD=PASS_PAD
-        )
+        hh1, hm1 = _local_heads(th.h_start, th.h_end, P0, P1, FORM.off64)
+        xa1, xb1, xp1 = _load_piece(t, xbase, hh1, hm1, FORM=FORM)
     return xa0, xb0, xp0, xa1, xb1, xp1
 
 
@@ -659,128 +602,54 @@ def _norm_stats(
 
 
 @jit
-def _norm_rope_tensor(
-    x,
-    tok,
-    h_start,
-    h_end,
-    o_ptr,
-    obase,
-    o_strides,
-    w_ptr,
-    b_ptr,
-    a_ptr,
-    args,
-    stats_ptr,
-    row,
-    sc_ptr,
-    scbase,
-    sc_strides,
-    D: tl.constexpr,
-    R2: tl.constexpr,
-    TILE: tl.constexpr,
-    NORM: tl.constexpr,
-    ROPE: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-    STATS: tl.constexpr,
-    OFF64: tl.constexpr,
-    X_WORDS: tl.constexpr,
-    QUANT: tl.constexpr,
-):
-    """Normalise, rotate and store one tensor's tiles ``x`` (loaded by ``_load_tensor``)."""
-    P: tl.constexpr = D - 2 * R2
-    P0: tl.constexpr = TILE.piece0
-    P1: tl.constexpr = TILE.piece1
-    HALF_PAD: tl.constexpr = TILE.half_pad
-    PASS_PAD: tl.constexpr = TILE.pass_pad
+def _norm_rope_tensor(x, t, args, stats_ptr, th, NORM: tl.constexpr, FORM: tl.constexpr):
+    """Normalise, rotate and store one tensor's tiles ``x`` (loaded by ``_load_tensor``);
+    ``stats_ptr``: its per-token sums of squares (``FORM.stats``)."""
+    R2: tl.constexpr = FORM.r2
+    P: tl.constexpr = FORM.d - 2 * R2
+    P0: tl.constexpr = FORM.tile.piece0
+    P1: tl.constexpr = FORM.tile.piece1
+    STATS: tl.constexpr = FORM.stats
+    h_start = th.h_start
     xa0, xb0, xp0, xa1, xb1, xp1 = x
-    ia = tl.arange(0, HALF_PAD)[None, :]
-    jp = tl.arange(0, PASS_PAD)[None, :]
-    obase = obase + h_start * o_strides[2]
-    scbase = scbase + h_start * sc_strides[1]
-    hh0, hm0 = _local_heads(h_start, h_end, 0, P0, OFF64)
+    ia = tl.arange(0, FORM.tile.half_pad)[None, :]
+    jp = tl.arange(0, FORM.tile.pass_pad)[None, :]
+    # from here on the offsets are those of the program's first head
+    t = _qk_out(t, t.obase + h_start * t.o_strides[2])
+    th = TokenHeads(
+        th.tok, h_start, th.h_end, th.row, th.scbase + h_start * th.sc_strides[1], th.sc_strides
+    )
+    hh0, hm0 = _local_heads(h_start, th.h_end, 0, P0, FORM.off64)
     ma0 = hm0 & (ia < R2)
     mp0 = hm0 & (jp < P)
     ma1 = ma0
     mp1 = mp0
     if P1 > 0:
-        hh1, hm1 = _local_heads(h_start, h_end, P0, P1, OFF64)
+        hh1, hm1 = _local_heads(h_start, th.h_end, P0, P1, FORM.off64)
         ma1 = hm1 & (ia < R2)
         mp1 = hm1 & (jp < P)
 
     # --- statistics (fp32) ---------------------------------------------------------
     mean0, rstd0, mean1, rstd1, alpha = _norm_stats(
-        x, (ma0, mp0, ma1, mp1), a_ptr, args, stats_ptr, tok, P1=P1, NORM=NORM, STATS=STATS
+        x, (ma0, mp0, ma1, mp1), t.a_ptr, args, stats_ptr, th.tok, P1=P1, NORM=NORM, STATS=STATS
     )
 
     # --- normalise, rotate, store --------------------------------------------------
     if STATS != STATS_STORE:
-        _finish_piece(
-            xa0,
-            xb0,
-            xp0,
-            mp0,
-            mean0,
-            rstd0,
-            alpha,
-            hh0,
-            hmask=hm0,
-            h_start=h_start,
-            o_ptr=o_ptr,
-            obase=obase,
-            o_strides=o_strides,
-            w_ptr=w_ptr,
-            b_ptr=b_ptr,
-            row=row,
-            sc_ptr=sc_ptr,
-            scbase=scbase,
-            sc_strides=sc_strides,
-            D=D,
-            R2=R2,
-            HALF_PAD=HALF_PAD,
-            PASS_PAD=PASS_PAD,
-            NH=P0,
-            NORM=NORM,
-            ROPE=ROPE,
-            ROUND_NORM=ROUND_NORM,
-            ACT=ACT,
-            X_WORDS=X_WORDS,
-            QUANT=QUANT,
-        )
+        x0 = (xa0, xb0, xp0)
+        _finish_piece(x0, mp0, mean0, rstd0, alpha, hh0, hm0, t, th, NORM=NORM, FORM=FORM)
         if P1 > 0:
-            _finish_piece(
-                xa1,
-                xb1,
-                xp1,
-                mp1,
-                mean1,
-                rstd1,
-                alpha,
-                hh1,
-                hmask=hm1,
-                h_start=h_start,
-                o_ptr=o_ptr,
-                obase=obase,
-                o_strides=o_strides,
-                w_ptr=w_ptr,
-                b_ptr=b_ptr,
-                row=row,
-                sc_ptr=sc_ptr,
-                scbase=scbase,
-                sc_strides=sc_strides,
-                D=D,
-                R2=R2,
-                HALF_PAD=HALF_PAD,
-                PASS_PAD=PASS_PAD,
-                NH=P1,
-                NORM=NORM,
-                ROPE=ROPE,
-                ROUND_NORM=ROUND_NORM,
-                ACT=ACT,
-                X_WORDS=X_WORDS,
-                QUANT=QUANT,
-            )
+            x1 = (xa1, xb1, xp1)
+            _finish_piece(x1, mp1, mean1, rstd1, alpha, hh1, hm1, t, th, NORM=NORM, FORM=FORM)
+
+
+@triton.constexpr_function
+def _token_form(d, r2, tile, rope, round_norm, stats, off64, x_words, quant):
+    """The kernel's constexprs as a :class:`TokenForm` (``tile`` and ``rope`` rebuilt:
+    Triton's interpreter hands a NamedTuple to a constexpr function as a plain tuple)."""
+    return TokenForm(
+        d, r2, TokenTile(*tile), RopeFlags(*rope), round_norm, stats, off64, x_words, quant
+    )
 
 
 @jit
@@ -842,97 +711,22 @@ def _qk_norm_rope_kernel(
         cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides, ROPE=ROPE
     )
 
-    qbase = b * q_strides[0] + s * q_strides[1]
-    qobase = b * qo_strides[0] + s * qo_strides[1]
-    kbase = b * k_strides[0] + s * k_strides[1]
-    kobase = b * ko_strides[0] + s * ko_strides[1]
+    # each tensor's offsets of the token, its input's and its output's, up front
+    q = _qk_tensor(q_ptr, q_strides, qo_ptr, qo_strides, qw_ptr, qb_ptr, qa_ptr, q_scale_ptr, b, s)
+    q = _out_at(q, b, s)
+    k = _qk_tensor(k_ptr, k_strides, ko_ptr, ko_strides, kw_ptr, kb_ptr, ka_ptr, k_scale_ptr, b, s)
+    k = _out_at(k, b, s)
     scbase = b * scale_strides[0] + s * scale_strides[2]
+    th = TokenHeads(tok, h_start, h_end, row, scbase, scale_strides)
+    FORM: tl.constexpr = _token_form(D, R2, TILE, ROPE, ROUND_NORM, STATS, OFF64, X_WORDS, QUANT)
     # Issue every load of Q and K before the first store: the compiler may not move a load
     # of K above a store to Q (they could alias), and one memory latency per program is
     # what the kernel can afford.
-    q = _load_tensor(
-        q_ptr,
-        qbase,
-        q_strides,
-        h_start,
-        h_end,
-        D=D,
-        R2=R2,
-        TILE=TILE,
-        INTERLEAVED=ROPE.interleaved,
-        OFF64=OFF64,
-        WORDS=X_WORDS,
-    )
+    qx = _load_tensor(q, th, FORM)
     if HAS_K:
-        k = _load_tensor(
-            k_ptr,
-            kbase,
-            k_strides,
-            h_start,
-            h_end,
-            D=D,
-            R2=R2,
-            TILE=TILE,
-            INTERLEAVED=ROPE.interleaved,
-            OFF64=OFF64,
-            WORDS=X_WORDS,
-        )
-    _norm_rope_tensor(
-        q,
-        tok,
-        h_start,
-        h_end,
-        o_ptr=qo_ptr,
-        obase=qobase,
-        o_strides=qo_strides,
-        w_ptr=qw_ptr,
-        b_ptr=qb_ptr,
-        a_ptr=qa_ptr,
-        args=NormArgs(q_alpha, q_eps, q_n),
-        stats_ptr=q_stats_ptr,
-        row=row,
-        sc_ptr=q_scale_ptr,
-        scbase=scbase,
-        sc_strides=scale_strides,
-        D=D,
-        R2=R2,
-        TILE=TILE,
-        NORM=Q_NORM,
-        ROPE=ROPE,
-        ROUND_NORM=ROUND_NORM,
-        ACT=q_ptr.dtype.element_ty,
-        STATS=STATS,
-        OFF64=OFF64,
-        X_WORDS=X_WORDS,
-        QUANT=QUANT,
-    )
+        kx = _load_tensor(k, th, FORM)
+    q_args = NormArgs(q_alpha, q_eps, q_n)
+    _norm_rope_tensor(qx, q, q_args, q_stats_ptr, th, NORM=Q_NORM, FORM=FORM)
     if HAS_K:
-        _norm_rope_tensor(
-            k,
-            tok,
-            h_start,
-            h_end,
-            o_ptr=ko_ptr,
-            obase=kobase,
-            o_strides=ko_strides,
-            w_ptr=kw_ptr,
-            b_ptr=kb_ptr,
-            a_ptr=ka_ptr,
-            args=NormArgs(k_alpha, k_eps, k_n),
-            stats_ptr=k_stats_ptr,
-            row=row,
-            sc_ptr=k_scale_ptr,
-            scbase=scbase,
-            sc_strides=scale_strides,
-            D=D,
-            R2=R2,
-            TILE=TILE,
-            NORM=K_NORM,
-            ROPE=ROPE,
-            ROUND_NORM=ROUND_NORM,
-            ACT=k_ptr.dtype.element_ty,
-            STATS=STATS,
-            OFF64=OFF64,
-            X_WORDS=X_WORDS,
-            QUANT=QUANT,
-        )
+        k_args = NormArgs(k_alpha, k_eps, k_n)
+        _norm_rope_tensor(kx, k, k_args, k_stats_ptr, th, NORM=K_NORM, FORM=FORM)
