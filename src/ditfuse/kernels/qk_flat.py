@@ -19,7 +19,9 @@ roundings); only the order of the fp32 sums differs (over the whole token instea
 head, then over heads). Offsets within a token are 32-bit, added to the token's 64-bit
 base. Tensors travel with their strides as tuples, norms and the rotation as
 :class:`~ditfuse.kernels.common.NormFlags` / :class:`~ditfuse.kernels.common.RopeFlags`,
-as in the per-token kernel.
+Q and K as :class:`~ditfuse.kernels.common.QKTensor`, as in the per-token kernel; the
+kernel's layout constexprs are one :class:`FlatForm` (``FORM``), the token's pieces and
+table row a :class:`FlatToken`, and piece 0 / 1 a constexpr index (``PIECE``).
 
 Two forms of the same arithmetic: the *channel form* above, and the *pair form*
 (``_pairs_program``, constexpr ``PAIRS``, which the launcher sets for 16-bit rows that are

@@ -22,7 +22,10 @@ width pass through the norm only.
 A tensor travels with its strides as one tuple (``q_strides`` = (b, s, h, d)); a norm's
 compile-time description is a :class:`~ditfuse.kernels.common.NormFlags`, the rotation's a
 :class:`~ditfuse.kernels.common.RopeFlags`, a norm's run-time scalars a
-:class:`~ditfuse.kernels.common.NormArgs`.
+:class:`~ditfuse.kernels.common.NormArgs`. Q and K reach the helpers as
+:class:`~ditfuse.kernels.common.QKTensor` (one code path for both), the kernel's other
+constexprs as one :class:`TokenForm` (``FORM``), the program's token and heads as a
+:class:`TokenHeads`.
 
 Floating-point contraction is switched off at launch (``enable_fp_fusion=False``) so the
 rotation rounds exactly as eager PyTorch does: round(round(a*c) - round(b*s)).
@@ -711,7 +714,8 @@ def _qk_norm_rope_kernel(
         cos_ptr, sin_ptr, pos_ptr, b, s, cos_strides, sin_strides, pos_strides, ROPE=ROPE
     )
 
-    # each tensor's offsets of the token, its input's and its output's, up front
+    # each tensor's token offsets, its input's and its output's, up front (placed elsewhere
+    # they change the sm_90 builds' scheduling)
     q = _qk_tensor(q_ptr, q_strides, qo_ptr, qo_strides, qw_ptr, qb_ptr, qa_ptr, q_scale_ptr, b, s)
     q = _out_at(q, b, s)
     k = _qk_tensor(k_ptr, k_strides, ko_ptr, ko_strides, kw_ptr, kb_ptr, ka_ptr, k_scale_ptr, b, s)
