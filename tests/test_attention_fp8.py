@@ -13,6 +13,8 @@ from ditfuse.ops import attention_fp8 as A
 from ditfuse.reference import attention_8bit_core, quantize_per_token, quantize_v_e4m3
 from ditfuse.tolerances import (
     ATTENTION_8BIT_COS_MIN,
+    ATTENTION_8BIT_E4M3_QK_COS_MIN,
+    ATTENTION_8BIT_E4M3_QK_REL_L2_MAX,
     ATTENTION_8BIT_REL_L2_MAX,
     ATTENTION_8BIT_VS_EMULATION,
 )
@@ -138,7 +140,8 @@ def test_e4m3_qk(poisoned):
     p = A.plan(q8, k8, v, q_scale=qs, k_scale=ks)
     emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale)
     assert metrics(out, emu)[1] <= KERNEL_VS_EMULATION
-    assert metrics(out, reference64(q, k, v))[0] >= 0.998
+    cos, rel = metrics(out, reference64(q, k, v))
+    assert cos >= ATTENTION_8BIT_E4M3_QK_COS_MIN and rel <= ATTENTION_8BIT_E4M3_QK_REL_L2_MAX
 
 
 def test_strided_inputs_and_scale(poisoned):
@@ -602,6 +605,36 @@ def test_gpu_kernel(shape, kind, poisoned):
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_8bit_qk(fmt, masked, poisoned):
+    """8-bit q / k (and a key mask) on the GPU: the answer of softmax attention within the
+    8-bit tolerances, whichever path runs (the emulation while the Triton kernel's sm_90
+    build is off)."""
+    q, k, v = inputs(1, 1000, 1000, 4, 128, "rmsnorm", device="cuda")
+    km = torch.rand(1, 1000, device="cuda") > 0.3 if masked else None
+    q8, k8, qs, ks = quantized(q, k, fmt)
+    out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, key_mask=km)
+    cos, rel = metrics(out, reference64(q, k, v, key_mask=km))
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the Triton 8-bit kernel's sm_90 build gives wrong outputs "
+    "(docs/design/attention_fp8.md); passing means it is fixed: turn it back on in "
+    "ops.attention_fp8._kernel_ok and patching.common.masked_8bit_ok",
+)
+def test_gpu_triton_8bit_kernel():
+    q, k, v = inputs(1, 300, 300, 2, 128, device="cuda")
+    q8, k8, qs, ks = quantized(q, k)
+    out = A.launch(A.plan(q8, k8, v, q_scale=qs, k_scale=ks))
+    cos, rel = metrics(out, reference64(q, k, v))
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
 def test_gpu_band():
     q, k, v = inputs(1, 3000, 3000, 4, 128, device="cuda")
     out = ditfuse.attention(q, k, v, precision="fp8", window=(300, 200))
@@ -617,4 +650,20 @@ def test_check_gates_small():
 
     g = Gates(echo=False)
     check_attention_fp8.check_gates(g, DEVICE, True)
+    check_attention_fp8.check_8bit_qk_gates(g, DEVICE, True)
     assert len(g.rows) == check_attention_fp8.planned(True) and g.ok, g.table()
+
+
+def test_8bit_qk_gates_fail_on_a_wrong_answer(monkeypatch):
+    """The 8-bit-input gates fail where the 8-bit path answers wrong (a stand-in that drops
+    the softmax's normalisation, as the Triton kernel's wrong sm_90 build did not divide
+    right): each row of the three."""
+    from ditfuse.tools import check_attention_fp8
+    from ditfuse.tools.check import Gates
+
+    real = A.run
+    monkeypatch.setattr(A, "run", lambda p: real(p) * 100.0)
+    g = Gates(echo=False)
+    check_attention_fp8.check_8bit_qk_gates(g, DEVICE, True)
+    assert len(g.rows) == len(check_attention_fp8.QK_8BIT)
+    assert all(r[2] == "FAIL" for r in g.rows), g.table()

@@ -95,6 +95,9 @@ ATTENTION_WINDOW0_REL = 1e-6
 #: this, relative L2 error at most that (docs/attention_fp8.md).
 ATTENTION_8BIT_COS_MIN = 0.999
 ATTENTION_8BIT_REL_L2_MAX = 0.05
+#: the same with e4m3 Q / K (``quantize="fp8"``: 3 fraction bits where int8 keeps ~7)
+ATTENTION_8BIT_E4M3_QK_COS_MIN = 0.998
+ATTENTION_8BIT_E4M3_QK_REL_L2_MAX = 0.07
 #: The 8-bit kernel against its PyTorch emulation (same operands; P rounded to e4m3 against
 #: the running rather than the final row max, other summation orders): relative L2 error.
 ATTENTION_8BIT_VS_EMULATION = 0.03

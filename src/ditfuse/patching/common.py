@@ -197,6 +197,14 @@ def kernel_8bit_ok(t: torch.Tensor) -> bool:
     return t.is_cuda and _sm90(t.device)
 
 
+def masked_8bit_ok(t: torch.Tensor) -> bool:
+    """A call with a mask may take the 8-bit path on ``t``'s device: only under Triton's
+    interpreter, where the Triton kernel that takes key masks runs. On a GPU that kernel's
+    sm_90 build is off (wrong outputs: docs/design/attention_fp8.md) and its emulation is
+    slower than the exact path, so a masked call runs exact there."""
+    return backend.INTERPRET and t.device.type == "cpu"
+
+
 def _mask_8bit_dtype(mask) -> bool:
     """A mask :func:`keeps_all` reads: boolean (True keeps a pair) or an additive bias."""
     return isinstance(mask, torch.Tensor) and (mask.dtype == torch.bool or mask.is_floating_point())
@@ -220,7 +228,8 @@ def use_8bit(
     mask's values: ``patch(attention="fp8")``, Q / K projections and V in one 16-bit dtype
     (the output's: fp32 models stay exact), a head_dim the kernel takes, a device it runs on,
     no context-parallel config the 16-bit call would pass (diffusers' dispatch does the
-    sequence exchange), and no mask or one :func:`keeps_all` reads."""
+    sequence exchange), and no mask -- or, where :func:`masked_8bit_ok`, one
+    :func:`keeps_all` reads."""
     return (
         getattr(proc, "_ditfuse_fp8", False)
         and parallel_config is None
@@ -228,7 +237,7 @@ def use_8bit(
         and query.dtype == value.dtype
         and head_dim in HEAD_DIMS_8BIT
         and kernel_8bit_ok(value)
-        and (mask is None or _mask_8bit_dtype(mask))
+        and (mask is None or (_mask_8bit_dtype(mask) and masked_8bit_ok(value)))
     )
 
 

@@ -43,8 +43,12 @@ def _shapes(small: bool):
     return out
 
 
+#: the 8-bit-input gates: q / k format, key mask
+QK_8BIT = [("int8", False), ("int8", True), ("fp8", True)]
+
+
 def planned(small: bool = False) -> int:
-    return len(_shapes(small)) * len(KINDS) + 2
+    return len(_shapes(small)) * len(KINDS) + 2 + len(QK_8BIT)
 
 
 def _operands(q, k):
@@ -136,4 +140,49 @@ def check_gates(g, device, small: bool):
             same,
             f"H={H} D={D} S={S} bf16: int8 Q/K and scales "
             f"{'equal' if same else 'DIFFER from'} quantize_per_token(16-bit output)",
+        )
+
+
+@torch.no_grad()
+def check_8bit_qk_gates(g, device, small: bool):
+    """``attention(q8, k8, v, precision="fp8", q_scale=, k_scale=)`` -- what the prologue's
+    8-bit Q / K take, with and without a key mask -- against float64 softmax attention of the
+    16-bit inputs on a subset of heads and rows; the row names the path that ran (the Triton
+    kernel, or its emulation where the kernel is off)."""
+    H, S, D = (2, S_SMALL, 128) if small else (8, 4096, 128)
+    for fmt, masked in QK_8BIT:
+        gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"{fmt} {masked}".encode()))
+        q, k, v = (
+            torch.randn(1, S, H, D, generator=gen, device=device).bfloat16() for _ in range(3)
+        )
+        km = torch.rand(1, S, generator=gen, device=device) > 0.3 if masked else None
+        q8, qs = quantize_per_token(q, fmt)
+        k8, ks = quantize_per_token(k, fmt)
+        out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, key_mask=km)
+        kernel = A._kernel_ok(A.plan(q8, k8, v, q_scale=qs, k_scale=ks, key_mask=km))
+        heads = torch.arange(min(REF_HEADS, H), device=device)
+        rows = torch.linspace(0, S - 1, min(REF_ROWS, S), device=device).long()
+        qd = q[:, rows][:, :, heads].double().transpose(1, 2)
+        kd, vd = (x[:, :, heads].double().transpose(1, 2) for x in (k, v))
+        sc = qd @ kd.transpose(-1, -2) / math.sqrt(D)
+        if km is not None:
+            sc = sc.masked_fill(~km[:, None, None, :], float("-inf"))
+        ref = (sc.softmax(-1) @ vd).transpose(1, 2)
+        cos, rel = tolerances.cos_rel(out[:, rows][:, :, heads], ref)
+        finite = bool(torch.isfinite(out).all())
+        cmin, rmax = (
+            (COS_MIN, REL_L2_MAX)
+            if fmt == "int8"
+            else (
+                tolerances.ATTENTION_8BIT_E4M3_QK_COS_MIN,
+                tolerances.ATTENTION_8BIT_E4M3_QK_REL_L2_MAX,
+            )
+        )
+        g.add(
+            "attention fp8 (8-bit q / k)",
+            f"{fmt}{' key mask' if masked else ''}",
+            finite and cos >= cmin and rel <= rmax,
+            f"H={H} S={S} D={D}, {'the Triton kernel' if kernel else 'the emulation'}: vs "
+            f"fp64 cos {cos:.5f} (>= {cmin}), rel L2 {rel:.4f} (<= {rmax})"
+            f"{'' if finite else '; NON-FINITE'}",
         )
