@@ -605,7 +605,11 @@ def test_vs_band_mask_sdpa(dtype, small_tiles):
     check(SWA(q, k, v, w), eager, v, dtype, "band mask sdpa")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+    ids=["fp32", "bf16"],
+)
 @torch.no_grad()
 def test_vs_same_attn_processor(dtype, small_tiles):
     """The whole SAMEAttention (differential, DynamicTanh q/k norm, partial rotate-half

@@ -289,6 +289,7 @@ def test_inductor_writes_joint_qk_rows_in_place(name):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compile_repeated_blocks_patched_wan():
     """diffusers' regional compilation of the patched (fused-forward) Wan blocks, fullgraph."""
     model = _wan()

@@ -247,7 +247,9 @@ def test_compile_traces_the_modules(name, spy):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize(
+    "layout", [pytest.param("contiguous", marks=pytest.mark.slow), "channels_last"]
+)
 def test_compile_keeps_the_4d_kernels_in_the_graph(layout):
     """FLUX's AutoencoderKL under torch.compile (fullgraph) keeps its GroupNorm pairs on the
     kernel: the graph calls ``ditfuse::group_norm_silu`` once a pair (no SiLU left, no module

@@ -96,7 +96,11 @@ def _run(model, extract, cached):
     return out, cache
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "dtype",
+    [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16],  # bf16: bitwise
+    ids=["fp32", "bf16"],
+)
 def test_model_patched(dtype, monkeypatch):
     """Both passes patched against unpatched: the output and the cache contents within a few
     roundings, the kernels launched, unpatch exact."""
