@@ -24,7 +24,7 @@ TOL = {dtype: tol._asdict() for dtype, tol in TWO_ROUNDINGS.items()}
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 #: randomized cases in the default tier; the rest of ``DITFUSE_FUZZ_N`` carry the ``slow`` mark
-FUZZ_FAST = int(os.environ.get("DITFUSE_FUZZ_FAST", "6"))
+FUZZ_FAST = int(os.environ.get("DITFUSE_FUZZ_FAST", "4"))
 
 
 def fuzz_cases(n: int):

@@ -117,7 +117,7 @@ def test_kernel_accuracy_and_emulation(case, poisoned):
     assert metrics(o4, emu)[1] <= KERNEL_VS_EMULATION
 
 
-@pytest.mark.parametrize("kind", ["randn", "rmsnorm"])
+@pytest.mark.parametrize("kind", ["randn", pytest.param("rmsnorm", marks=pytest.mark.slow)])
 def test_16bit_inputs_quantized_by_the_op(kind, poisoned):
     """16-bit q / k go through the prologue (no norm, no RoPE) and give the same output as
     the same call on the prologue's int8 + scales."""

@@ -226,7 +226,7 @@ def _key_padded(name, kw):
 
 
 _KEY_PADDED = [
-    pytest.param(n, marks=pytest.mark.slow if n in ("flux1", "flux2") else ())
+    pytest.param(n, marks=pytest.mark.slow if n != "qwen-image" else ())
     for n in ("hunyuan-video", "qwen-image", "flux1", "flux2")
 ]
 
