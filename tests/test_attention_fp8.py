@@ -624,7 +624,7 @@ def test_gpu_8bit_qk(fmt, masked, poisoned):
     strict=True,
     reason="the Triton 8-bit kernel's sm_90 build gives wrong outputs "
     "(docs/design/attention_fp8.md); passing means it is fixed: turn it back on in "
-    "ops.attention_fp8._kernel_ok and patching.common.masked_8bit_ok",
+    "ops.attention_fp8.triton_kernel_runs",
 )
 def test_gpu_triton_8bit_kernel():
     q, k, v = inputs(1, 300, 300, 2, 128, device="cuda")

@@ -227,12 +227,17 @@ def plan(
     return Plan(q4, k4, v4, qs, ks, float(scale), left, right, layout, km)
 
 
+def triton_kernel_runs(device: torch.device) -> bool:
+    """Whether :func:`run` launches the Triton kernel on ``device`` (the one place that
+    decides it): under Triton's interpreter on the CPU only. Its sm_90 build gives wrong
+    outputs (docs/design/attention_fp8.md, "The Triton kernel's sm_90 build"), so a GPU runs
+    the PyTorch emulation of the same scheme -- right, slow -- until a fixed build is
+    verified on one."""
+    return backend.INTERPRET and device.type == "cpu"
+
+
 def _kernel_ok(p: Plan) -> bool:
-    """Where :func:`run` launches the Triton kernel: under Triton's interpreter on the CPU
-    only. Its sm_90 build gives wrong outputs (docs/design/attention_fp8.md, "The Triton
-    kernel's sm_90 build"), so a GPU runs the PyTorch emulation of the same scheme -- right,
-    slow -- until a fixed build is verified on one."""
-    return backend.INTERPRET and p.q.device.type == "cpu"
+    return triton_kernel_runs(p.q.device)
 
 
 def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:

@@ -18,6 +18,7 @@ from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_ada
 from ditfuse.ops.attention import _sm90
 from ditfuse.ops.attention_api import attention as _attention
 from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
+from ditfuse.ops.attention_fp8 import triton_kernel_runs
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.runtime import backend, library
 
@@ -198,11 +199,11 @@ def kernel_8bit_ok(t: torch.Tensor) -> bool:
 
 
 def masked_8bit_ok(t: torch.Tensor) -> bool:
-    """A call with a mask may take the 8-bit path on ``t``'s device: only under Triton's
-    interpreter, where the Triton kernel that takes key masks runs. On a GPU that kernel's
-    sm_90 build is off (wrong outputs: docs/design/attention_fp8.md) and its emulation is
-    slower than the exact path, so a masked call runs exact there."""
-    return backend.INTERPRET and t.device.type == "cpu"
+    """A call with a mask may take the 8-bit path on ``t``'s device: where the Triton kernel
+    that takes key masks runs (:func:`~ditfuse.ops.attention_fp8.triton_kernel_runs`).
+    Elsewhere ``ditfuse.attention`` would emulate it in PyTorch, slower than the exact path,
+    so a masked call runs exact there."""
+    return triton_kernel_runs(t.device)
 
 
 def _mask_8bit_dtype(mask) -> bool:

@@ -535,7 +535,7 @@ def attention_fp8_methods():
     quantized beforehand by ``ditfuse.qk_norm_rope(q, k, quantize="int8")`` (what the
     patched model's fused prologue hands the attention), V still quantized in the call; on a
     GPU that call runs the PyTorch emulation while the Triton kernel's sm_90 build is off
-    (``ops.attention_fp8._kernel_ok``), so its row times the emulation."""
+    (``ops.attention_fp8.triton_kernel_runs``), so its row times the emulation."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

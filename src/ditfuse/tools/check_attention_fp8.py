@@ -66,6 +66,24 @@ def _operands(q, k):
     return API._quantize_qk(q, k, "bshd")
 
 
+def _subset(H: int, S: int, device):
+    """The heads and query rows the float64 reference evaluates (all keys)."""
+    heads = torch.linspace(0, H - 1, min(REF_HEADS, H), device=device).long()
+    rows = torch.linspace(0, S - 1, min(REF_ROWS, S), device=device).long()
+    return heads, rows
+
+
+def _reference64(q, k, v, heads, rows, key_mask=None):
+    """Softmax attention in float64 of ``rows`` of ``heads`` over every key (``key_mask``:
+    bool (B, S_kv), the keys kept), (B, rows, heads, D)."""
+    qd = q[:, rows][:, :, heads].double().transpose(1, 2)
+    kd, vd = (x[:, :, heads].double().transpose(1, 2) for x in (k, v))
+    sc = qd @ kd.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if key_mask is not None:
+        sc = sc.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    return (sc.softmax(-1) @ vd).transpose(1, 2)
+
+
 @torch.no_grad()
 def check_gates(g, device, small: bool):
     """Accuracy of ``attention(precision="fp8")`` (16-bit q / k / v in, the op quantizing
@@ -82,11 +100,8 @@ def check_gates(g, device, small: bool):
                 q = (F.rms_norm(q.float(), (D,)) * w).bfloat16()
                 k = (F.rms_norm(k.float(), (D,)) * w).bfloat16()
             out = ditfuse.attention(q, k, v, precision="fp8")
-            heads = torch.linspace(0, H - 1, min(REF_HEADS, H), device=device).long()
-            rows = torch.linspace(0, S - 1, min(REF_ROWS, S), device=device).long()
-            qd = q[:, rows][:, :, heads].double().transpose(1, 2)
-            kd, vd = (x[:, :, heads].double().transpose(1, 2) for x in (k, v))
-            ref = ((qd @ kd.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ vd).transpose(1, 2)
+            heads, rows = _subset(H, S, device)
+            ref = _reference64(q, k, v, heads, rows)
             sub = out[:, rows][:, :, heads]
             cos, rel = tolerances.cos_rel(sub, ref)
             q8, k8, q_scale, k_scale = _operands(q, k)
@@ -160,14 +175,8 @@ def check_8bit_qk_gates(g, device, small: bool):
         k8, ks = quantize_per_token(k, fmt)
         out = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks, key_mask=km)
         kernel = A._kernel_ok(A.plan(q8, k8, v, q_scale=qs, k_scale=ks, key_mask=km))
-        heads = torch.arange(min(REF_HEADS, H), device=device)
-        rows = torch.linspace(0, S - 1, min(REF_ROWS, S), device=device).long()
-        qd = q[:, rows][:, :, heads].double().transpose(1, 2)
-        kd, vd = (x[:, :, heads].double().transpose(1, 2) for x in (k, v))
-        sc = qd @ kd.transpose(-1, -2) / math.sqrt(D)
-        if km is not None:
-            sc = sc.masked_fill(~km[:, None, None, :], float("-inf"))
-        ref = (sc.softmax(-1) @ vd).transpose(1, 2)
+        heads, rows = _subset(H, S, device)
+        ref = _reference64(q, k, v, heads, rows, km)
         cos, rel = tolerances.cos_rel(out[:, rows][:, :, heads], ref)
         finite = bool(torch.isfinite(out).all())
         cmin, rmax = (
