@@ -587,6 +587,23 @@ def test_sm90_builds():
             assert r["loop_ex2"] > 0
 
 
+def test_early_unpack_scan():
+    """The build check that caught the stale row sum: an e4m3 unpack ahead of a loop's first
+    wgmma counts (the miscompiled build's loop head), one after it does not."""
+    from ditfuse.tools.inspect_attention_fp8 import early_unpacks
+
+    def sass(body):
+        lines = [
+            f"        /*{0x100 + 16 * i:04x}*/                   {s} ;" for i, s in enumerate(body)
+        ]
+        lines.append(f"        /*{0x100 + 16 * len(body):04x}*/                   @!P1 BRA 0x100 ;")
+        return "\n".join(lines)
+
+    unpack, gmma = "F2FP.F16.E4M3.UNPACK_B R155, R155", "IGMMA.64x128x32.S8.S8 R24, gdesc[UR4], R24"
+    assert early_unpacks(sass([unpack, "FADD R1, R1, R2", gmma])) == 1
+    assert early_unpacks(sass(["FADD R1, R1, R2", gmma, unpack])) == 0
+
+
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
 @pytest.mark.parametrize("kind", ["randn", "rmsnorm"])
 @pytest.mark.parametrize(
@@ -620,18 +637,32 @@ def test_gpu_8bit_qk(fmt, masked, poisoned):
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Triton 8-bit kernel's sm_90 build gives wrong outputs "
-    "(docs/design/attention_fp8.md); passing means it is fixed: turn it back on in "
-    "ops.attention_fp8.triton_kernel_runs",
-)
-def test_gpu_triton_8bit_kernel():
-    q, k, v = inputs(1, 300, 300, 2, 128, device="cuda")
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_triton_8bit_kernel(masked, poisoned):
+    """The Triton kernel's sm_90 build itself (the build whose row sum read stale e4m3 P
+    registers gave cosine ~0.6): the float64 answer and the emulation of the same scheme."""
+    assert A.triton_kernel_runs(torch.device("cuda"))
+    q, k, v = inputs(1, 1000, 1000, 2, 128, "rmsnorm", device="cuda")
+    km = torch.rand(1, 1000, device="cuda") > 0.3 if masked else None
+    q8, k8, qs, ks = quantized(q, k)
+    p = A.plan(q8, k8, v, q_scale=qs, k_scale=ks, key_mask=km)
+    out = A.launch(p)
+    cos, rel = metrics(out, reference64(q, k, v, key_mask=km))
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    emu = attention_8bit_core(p.q, p.k, p.v, p.q_scale, p.k_scale, scale=p.scale, key_mask=km)
+    assert metrics(out, emu)[1] <= KERNEL_VS_EMULATION
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")
+def test_gpu_equal_v_is_v():
+    """Equal rows of V come out as V: the row sum adds the same rounded P that multiplies V
+    (a sum of the unrounded P was off by up to 1.6 % here)."""
+    q, k, _ = inputs(1, 2048, 2048, 2, 128, device="cuda")
+    row = (torch.rand(1, 1, 2, 128, device="cuda") * 4 - 2).to(torch.bfloat16)
+    v = row.expand(1, 2048, 2, 128).contiguous()
     q8, k8, qs, ks = quantized(q, k)
     out = A.launch(A.plan(q8, k8, v, q_scale=qs, k_scale=ks))
-    cos, rel = metrics(out, reference64(q, k, v))
-    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    assert torch.equal(out, v), (out.float() - v.float()).abs().max()
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (H100 / H200)")

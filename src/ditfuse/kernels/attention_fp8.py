@@ -11,9 +11,10 @@ Operands (quantized by the prologue or by the op itself):
   operands K-major, and the reduction dimension of ``P @ V`` is the token.
 - P: the probabilities times 256 (``exp2`` of the log2-scaled score minus the row max plus 8),
   rounded to e4m3 -- the factor keeps the small probabilities out of e4m3's subnormals and
-  cancels against the row sum, which is summed from the same rounded values (converted back
-  to fp32): the output is a convex combination of V's quantized rows, never outside their
-  range (summed from the unrounded p, e4m3's rounding of P went uncancelled: up to +6 %).
+  cancels against the row sum, which the tensor core sums from the same rounded values (P
+  times a column of ones): the output is a convex combination of V's quantized rows, never
+  outside their range (summed from the unrounded p, e4m3's rounding of P went uncancelled:
+  up to +6 %).
 
 The int32 scores become fp32 without a conversion instruction (I2F runs at a quarter of the
 FP32 rate on Hopper): for |s| < 2^22 the bits of ``s + 0x4B400000`` read as fp32 are
@@ -201,6 +202,17 @@ def _scores(q, k, ks, QK_INT: tl.constexpr):
 
 
 @jit
+def _row_sum_e4m3(p8, BLOCK_N: tl.constexpr):
+    """The fp32 row sums of an e4m3 tile ``p8`` (BLOCK_M, BLOCK_N) as one dot with a
+    (BLOCK_N, 16) operand whose first column is 1 and the rest 0: the products are exact and
+    the tile's sum accumulates as P @ V's does (``max_num_imprecise_acc`` = the tile's keys),
+    so the same values make numerator and denominator."""
+    first = (tl.arange(0, 16) == 0)[None, :]
+    ones = tl.where(first, tl.full((BLOCK_N, 16), 1.0, tl.float32), 0.0).to(tl.float8e4nv)
+    return tl.sum(tl.dot(p8, ones, out_dtype=tl.float32, max_num_imprecise_acc=BLOCK_N), axis=1)
+
+
+@jit
 def _key_tile(
     start_n,
     ops,
@@ -261,9 +273,11 @@ def _key_tile(
         p = tl.math.exp2(t * c[:, None] - (m_new - 8.0)[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     p8 = _cast_e4m3(p)
-    # the row sum of the rounded P that multiplies V: the factor 256 and e4m3's rounding
-    # cancel in acc / l
-    l_i = l_i * alpha + tl.sum(p8.to(tl.float32), axis=1)
+    # the row sum of the rounded P that multiplies V, so that the factor 256 and e4m3's
+    # rounding cancel in acc / l; summed by the tensor core (P8 times a column of ones): an
+    # e4m3 P read back by CUDA 12.8's ptxas beside the register-operand wgmma gave stale
+    # values on sm_90 (docs/design/attention_fp8.md), and the dot is fewer instructions
+    l_i = l_i * alpha + _row_sum_e4m3(p8, BLOCK_N)
     if MASK:
         vt = tl.load(vt_ptrs, mask=(cols < S_pad)[None, :], other=0.0)
     else:

@@ -3,8 +3,7 @@ or the band kernel of :mod:`ditfuse.ops.attention` (the exact 16-bit path), or t
 tensor-core attention (``precision="fp8"``): the warp-specialized sm_90 kernel for 16-bit
 calls without a window or key mask (:func:`ditfuse.ops.attention_fp8.run_ws`), else q / k
 quantized here where they are 16-bit and the Triton kernel of
-:mod:`ditfuse.ops.attention_fp8` under Triton's interpreter, its PyTorch emulation on a GPU
-(the kernel's sm_90 build is wrong: docs/design/attention_fp8.md). Every
+:mod:`ditfuse.ops.attention_fp8` (or its PyTorch emulation where it cannot run). Every
 argument is checked before anything is quantized or launched.
 """
 
@@ -129,11 +128,10 @@ def attention(
         ``"fp8"``: 8-bit attention (head_dim 64 or 128): Q K^T in int8 (e4m3 for e4m3
         inputs) with per-token scales, fp32 online softmax, P and V in e4m3 (V with one
         scale per (batch, head, channel), quantized here), P V accumulated in fp32; output
-        in v's dtype. On sm_90 tensor cores for 16-bit calls without a window or key mask
-        (the warp-specialized kernel); every other call -- 8-bit q / k, a window, a key
-        mask -- runs the same quantization emulated in PyTorch
-        (:func:`ditfuse.reference.attention_8bit_core`, queries 1,024 at a time) on a GPU,
-        the Triton kernel under Triton's interpreter.
+        in v's dtype. On sm_90 tensor cores: the warp-specialized kernel for 16-bit calls
+        without a window or key mask, the Triton kernel for the others (8-bit q / k, a
+        window, a key mask); elsewhere the same quantization emulated in PyTorch
+        (:func:`ditfuse.reference.attention_8bit_core`).
     q_scale, k_scale : Tensor, optional
         float32 ``(B, H, S)``, positive and finite (one per batch, head and token; ``q = q_8bit
         * q_scale``; NaN for a token holding a NaN), any strides: required with 8-bit q / k,

@@ -21,7 +21,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ditfuse.ops.attention import parse_window
+from ditfuse.ops.attention import _sm90, parse_window
 from ditfuse.ops.attention_fp8_ws import quantize_v
 from ditfuse.reference import attention_8bit_core
 from ditfuse.runtime import backend, library
@@ -229,11 +229,11 @@ def plan(
 
 def triton_kernel_runs(device: torch.device) -> bool:
     """Whether :func:`run` launches the Triton kernel on ``device`` (the one place that
-    decides it): under Triton's interpreter on the CPU only. Its sm_90 build gives wrong
-    outputs (docs/design/attention_fp8.md, "The Triton kernel's sm_90 build"), so a GPU runs
-    the PyTorch emulation of the same scheme -- right, slow -- until a fixed build is
-    verified on one."""
-    return backend.INTERPRET and device.type == "cpu"
+    decides it): an sm_90 GPU, or Triton's interpreter on the CPU; elsewhere the PyTorch
+    emulation of the same scheme runs."""
+    if backend.INTERPRET:
+        return device.type == "cpu"
+    return device.type == "cuda" and _sm90(device)
 
 
 def _kernel_ok(p: Plan) -> bool:
@@ -310,8 +310,8 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def run(p: Plan) -> Tensor:
-    """The Triton kernel where it runs (:func:`_kernel_ok`: the interpreter on the CPU), else
-    the PyTorch emulation of the same quantization."""
+    """The Triton kernel where it runs (:func:`triton_kernel_runs`), else the PyTorch
+    emulation of the same quantization."""
     if _kernel_ok(p):
         return launch(p)
     km = None if p.key_mask is None else p.key_mask.view(torch.bool)

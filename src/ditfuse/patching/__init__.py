@@ -172,8 +172,8 @@ def patch(
             what += " (attention='fp8': no 8-bit path for this class, its attention stays 16-bit)"
         elif any(k.endswith(FP8_LABEL) for k in done):
             what += (
-                " (8-bit attention for calls with no mask; a call with a mask: exact on a "
-                "GPU, 8-bit under Triton's interpreter for a key-padding mask)"
+                " (8-bit attention for calls with no mask or a key-padding mask; another "
+                "mask that masks something: exact)"
             )
         report.lines.append(f"{name}: {cls}: {what}")
         if linear == LINEAR_FP8:

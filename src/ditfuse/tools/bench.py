@@ -533,9 +533,8 @@ def attention_fp8_methods():
     gets its own copy of k. ditfuse-fp8: ``ditfuse.attention(q, k, v, precision="fp8")`` from
     the 16-bit q / k / v, every quantization in the call. ditfuse-fp8-prologue: q / k
     quantized beforehand by ``ditfuse.qk_norm_rope(q, k, quantize="int8")`` (what the
-    patched model's fused prologue hands the attention), V still quantized in the call; on a
-    GPU that call runs the PyTorch emulation while the Triton kernel's sm_90 build is off
-    (``ops.attention_fp8.triton_kernel_runs``), so its row times the emulation."""
+    patched model's fused prologue hands the attention), V still quantized in the call (the
+    Triton kernel)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -4,10 +4,9 @@ tolerances, every attention call on an 8-bit kernel and on the one its call rout
 ``unpatch`` restoring the outputs bit for bit.
 
 The route (docs/patching.md, "8-bit attention"): on an sm_90 GPU an unmasked call hands the
-warp-specialized kernel 16-bit Q / K (``attention_fp8.run_ws``) and a masked one runs exact
-(the Triton kernel's sm_90 build is off); under Triton's interpreter every call takes the
-Triton kernel (``attention_fp8.run``), key-padded ones with their key mask. The gates count
-the launches of both entry points.
+warp-specialized kernel 16-bit Q / K (``attention_fp8.run_ws``) and a key-padded one the
+Triton kernel int8 Q / K with its key mask (``attention_fp8.run``); under Triton's interpreter
+every call takes the Triton kernel. The gates count the launches of both entry points.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from ditfuse.tolerances import ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX
 GATE = "patch fp8 (tiny model)"
 #: Wan I2V attends 512 prompt tokens: minutes through the interpreter, GPU only
 _GPU_ONLY = ("wan-i2v",)
-#: the key-padded attention calls of a tiny model (its padded prompt): exact on a GPU
-_MASKED = {"hunyuan-video": 2, "qwen-image": 1}
 
 
 def _cases(small: bool):
@@ -61,13 +58,13 @@ def _launches():
 
 
 def _route_ok(seen, calls: int, sm90: bool) -> bool:
-    """``calls`` launches; on sm_90 the warp-specialized kernel with 16-bit Q / K, elsewhere
-    the Triton kernel only."""
+    """``calls`` launches; on sm_90 the warp-specialized kernel with 16-bit Q / K for every
+    call but the key-padded ones (the Triton kernel); elsewhere the Triton kernel only."""
     if len(seen) != calls:
         return False
     if not sm90:
         return all(kind == "triton" for kind, _ in seen)
-    return all(kind == "ws" and flag for kind, flag in seen)
+    return all(flag for _, flag in seen)
 
 
 @torch.no_grad()
@@ -80,8 +77,6 @@ def check_gates(g, device, small: bool) -> None:
 
     sm90 = not backend.INTERPRET and device != "cpu" and _sm90(torch.device(device))
     for name, make, inputs, calls in _cases(small):
-        masked = _MASKED.get(name, 0) if sm90 else 0
-        calls -= masked
         model = to_dtype(make(), torch.bfloat16).to(device)
         kw = {
             k: (v.to(device) if isinstance(v, torch.Tensor) else v)
@@ -111,7 +106,6 @@ def check_gates(g, device, small: bool) -> None:
             f"vs unpatched: cos {cos:.5f} (>= {ATTENTION_8BIT_COS_MIN}), rel L2 {rel:.4f} "
             f"(<= {ATTENTION_8BIT_REL_L2_MAX}); {len(seen)}/{calls} 8-bit launches "
             f"({ws} warp-specialized, {len(seen) - ws} Triton)"
-            f"{f', {masked} masked calls exact' if masked else ''}"
             f"{'' if route else ', NOT the expected route'}"
             f"{'' if finite else '; NON-FINITE'}; unpatch "
             f"{'restores' if restored else 'DOES NOT restore'}",

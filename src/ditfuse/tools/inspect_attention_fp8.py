@@ -82,6 +82,19 @@ def _loop_bodies(sass: str):
     return [t for loop in _loops(sass) for t in loop]
 
 
+def early_unpacks(sass: str) -> int:
+    """e4m3 -> f16 unpacks (``F2FP.F16.E4M3.UNPACK_B``) placed in a loop before its first
+    wgmma: ahead of the trip's scores they can only read the previous trip's P, the stale
+    registers of the miscompiled row sum (docs/design/attention_fp8.md)."""
+    n = 0
+    for loop in _loops(sass):
+        for t in loop:
+            if "GMMA" in t:
+                break
+            n += "E4M3.UNPACK" in t
+    return n
+
+
 def _opcode(text: str) -> str:
     """``@P0 FFMA.FTZ R1, ...`` -> ``FFMA``."""
     words = text.split()
@@ -142,6 +155,7 @@ def build(spec: BuildSpec) -> dict:
         loop_i2f=count(r"I2F"),
         loop_ex2=count(r"MUFU\.EX2"),
         loop_local=count(r"(LDL|STL)"),
+        loop_early_unpacks=early_unpacks(sass),
         loop_instructions=len(loop),
         first_loop=loop_mix(sass),
     )
@@ -154,6 +168,8 @@ def build(spec: BuildSpec) -> dict:
         bad.append("no integer wgmma (IGMMA) in the key loop")
     if attention and not row["loop_qgmma"]:
         bad.append("no e4m3 wgmma (QGMMA) in the key loop")
+    if row["loop_early_unpacks"]:
+        bad.append(f"{row['loop_early_unpacks']} e4m3 unpacks before a key loop's first wgmma")
     if row["loop_i2f"]:
         bad.append(f"{row['loop_i2f']} I2F in the key loop (the scores convert without one)")
     row["violations"] = bad + ik.smem_violations(row["smem"])
