@@ -626,8 +626,7 @@ def test_gpu_kernel(shape, kind, poisoned):
 @pytest.mark.parametrize("masked", [False, True])
 def test_gpu_8bit_qk(fmt, masked, poisoned):
     """8-bit q / k (and a key mask) on the GPU: the answer of softmax attention within the
-    8-bit tolerances, whichever path runs (the emulation while the Triton kernel's sm_90
-    build is off)."""
+    8-bit tolerances (the Triton kernel)."""
     q, k, v = inputs(1, 1000, 1000, 4, 128, "rmsnorm", device="cuda")
     km = torch.rand(1, 1000, device="cuda") > 0.3 if masked else None
     q8, k8, qs, ks = quantized(q, k, fmt)
