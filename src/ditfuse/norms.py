@@ -183,6 +183,20 @@ def needs_grad(t) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
 
+def check_affine(p, name: str, n: int, x: torch.Tensor, x_name: str, n_text=None) -> None:
+    """A norm's weight or bias ``p`` as the kernels read it, or a TypeError / ValueError
+    naming ``name``: a floating-point tensor of ``n`` elements (``n_text``: how the message
+    names that count), on the device of the activations ``x`` (``x_name``), contiguous."""
+    if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor")
+    if p.numel() != n:
+        raise ValueError(f"{name} has {p.numel()} elements; expected {n_text or n}")
+    if p.device != x.device:
+        raise ValueError(f"{name} is on {p.device}, {x_name} is on {x.device}")
+    if not p.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (ditfuse makes no hidden copy)")
+
+
 # a norm as plain op arguments (torch.library schemas take tensors and scalars, not objects)
 
 

@@ -301,30 +301,13 @@ def group_norm_silu_chain(
     )
 
 
-def group_norm_silu_reference(
-    x,
-    num_groups,
-    weight=None,
-    bias=None,
-    eps=1e-6,
-    *,
-    silu=True,
-    round_after_norm=True,
-    compute_dtype=torch.float32,
-):
-    """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, no ``out``; does not
-    validate them). x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one
-    rounding to x's dtype at the end (and after the affine with ``round_after_norm``)."""
+def group_norm_silu_reference(x, num_groups, *args, compute_dtype=torch.float32, **kwargs):
+    """Pure-PyTorch :func:`ditfuse.group_norm_silu` (same arguments, those of
+    :func:`group_norm_silu_chain`; no ``out``; does not validate them): the chain's output.
+    x: (N, C, *spatial); statistics two-pass in ``compute_dtype``; one rounding to x's dtype
+    at the end (and after the affine with ``round_after_norm``)."""
     return group_norm_silu_chain(
-        x,
-        num_groups,
-        weight,
-        bias,
-        eps,
-        silu=silu,
-        round_after_norm=round_after_norm,
-        compute_dtype=compute_dtype,
-        record=False,
+        x, num_groups, *args, compute_dtype=compute_dtype, record=False, **kwargs
     ).out
 
 
@@ -378,31 +361,14 @@ def rms_norm_silu_channels_chain(
     return RoundedChain(y.to(act), steps, pre if (silu and record) else None, {})
 
 
-def rms_norm_silu_channels_reference(
-    x,
-    gamma=None,
-    bias=None,
-    eps=1e-12,
-    *,
-    scale=None,
-    silu=True,
-    round_after_norm=True,
-    compute_dtype=torch.float32,
-):
-    """Pure-PyTorch :func:`ditfuse.rms_norm_silu_channels`: diffusers' ``WanRMS_norm``
+def rms_norm_silu_channels_reference(x, *args, compute_dtype=torch.float32, **kwargs):
+    """Pure-PyTorch :func:`ditfuse.rms_norm_silu_channels` (the arguments of
+    :func:`rms_norm_silu_channels_chain`): diffusers' ``WanRMS_norm``
     (``F.normalize(x, dim=1) * sqrt(C) * gamma + bias``) then SiLU, in ``compute_dtype``.
     ``round_after_norm`` rounds to x's dtype after each step, as the eager chain in half
     precision does. Does not validate its arguments."""
     return rms_norm_silu_channels_chain(
-        x,
-        gamma,
-        bias,
-        eps,
-        scale=scale,
-        silu=silu,
-        round_after_norm=round_after_norm,
-        compute_dtype=compute_dtype,
-        record=False,
+        x, *args, compute_dtype=compute_dtype, record=False, **kwargs
     ).out
 
 

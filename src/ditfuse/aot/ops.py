@@ -21,6 +21,7 @@ so a package whose PTX has no ``mma`` / ``wgmma`` is refused.
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -293,10 +294,20 @@ def _gated_call(o, t: Dict) -> None:
         t["out"].copy_(out)
 
 
-def _tile_grid(c):
+def _tile_grid(o, c):
     """The tile kernel's grid: (rows of N per program, B) programs."""
     rows = int(c.kwargs["ROWS"])
     return ("N" if rows == 1 else f"cdiv(N, {rows})", "B", "1")
+
+
+#: An AdaLN export: the three ops launch one tile kernel on one grid; those with a norm
+#: name their specialization by width, dtype and norm
+_adaln_export = functools.partial(
+    OpExport,
+    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
+    grid=_tile_grid,
+    tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
+)
 
 
 _ADALN_OPTS = (
@@ -314,32 +325,26 @@ _ADALN_OPTS = (
     Opt("scale_chunk", int, 1, "temb chunk holding scale", range(6)),
 )
 
-ADALN_MODULATE = OpExport(
+ADALN_MODULATE = _adaln_export(
     op="adaln_modulate",
     summary="norm(x) * (1 + scale) + shift with fp32 (B, 1, D) chunk views of temb "
     "(default: Wan 14B, D = 5120, bf16, LayerNorm eps 1e-6)",
-    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS,
     tensors=_adaln_tensors,
     call=_adaln_call,
     writes={"out_ptr": "out"},
-    grid=lambda o, c: _tile_grid(c),
-    tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.adaln_modulate(x, temb[:, shift_chunk:+1], "
     "temb[:, scale_chunk:+1], norm=..., eps=...)",
 )
 
-GATED_RESIDUAL_ADALN = OpExport(
+GATED_RESIDUAL_ADALN = _adaln_export(
     op="gated_residual_adaln",
     summary="x_new = x + y * gate; out = norm(x_new) * (1 + scale) + shift, fp32 (B, 1, D) "
     "chunk views of temb (default: Wan 14B, D = 5120, bf16)",
-    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=_ADALN_OPTS + (Opt("gate_chunk", int, 2, "temb chunk holding gate", range(6)),),
     tensors=_gated_tensors,
     call=_gated_call,
     writes={"xnew_ptr": "x_new", "out_ptr": "out"},
-    grid=lambda o, c: _tile_grid(c),
-    tag=lambda o: f"d{o.dim}_{o.dtype}_{o.norm}",
     contract="bitwise equal to ditfuse.gated_residual_adaln(x, y, gate, shift, scale, ...) "
     "with gate / shift / scale the temb chunks",
 )
@@ -379,11 +384,10 @@ def _residual_call(o, t: Dict) -> None:
     )
 
 
-GATED_RESIDUAL = OpExport(
+GATED_RESIDUAL = _adaln_export(
     op="gated_residual",
     summary="x_new = x + y * gate in fp32, stored in x's dtype, gate an fp32 (B, 1, D) chunk "
     "view of temb (default: Wan 14B's FFN residual, D = 5120, bf16, c_gate_msa)",
-    kernel="ditfuse.ops.adaln:_adaln_tile_kernel",
     options=(
         Opt("dim", int, 5120, "model width D"),
         Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
@@ -392,7 +396,6 @@ GATED_RESIDUAL = OpExport(
     tensors=_residual_tensors,
     call=_residual_call,
     writes={"xnew_ptr": "x_new"},
-    grid=lambda o, c: _tile_grid(c),
     tag=lambda o: f"d{o.dim}_{o.dtype}",
     contract="bitwise equal to ditfuse.gated_residual(x, y, temb[:, gate_chunk:+1]), i.e. "
     "Wan's (x.float() + ff.float() * c_gate_msa).type_as(x)",

@@ -49,7 +49,7 @@ everything else follow from the manifest, so a package and its plugin cannot dis
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Tuple
 
 import tensorrt as trt
 import tensorrt.plugin as trtp
@@ -155,6 +155,8 @@ def register(package, namespace: str = "ditfuse", name: str = None, jit_impl: bo
     tup = ", ".join(ins) + ("," if len(ins) == 1 else "")
     out_t = "trtp.TensorDesc" if n_out == 1 else f"Tuple[{', '.join(['trtp.TensorDesc'] * n_out)}]"
     src = f"""
+from typing import List, Tuple, Union
+
 def describe({desc_args}) -> {out_t}:
     d = _describe(_pkg, ({tup}))
     return d[0] if {n_out} == 1 else d
@@ -170,16 +172,7 @@ def aot_impl({desc_args}, outputs: Tuple[trtp.TensorDesc], tactic: int
 def impl({tens_args}, outputs: Tuple[trtp.Tensor], stream: int) -> None:
     _jit(_pkg, ({tup}), outputs, stream)
 """
-    ns = dict(
-        trtp=trtp,
-        Tuple=Tuple,
-        List=List,
-        Union=Union,
-        _pkg=pkg,
-        _describe=_describe,
-        _aot=_aot,
-        _jit=_jit,
-    )
+    ns = dict(globals(), _pkg=pkg)  # the generated functions see this module's names
     exec(compile(src, f"<ditfuse.aot.trt_plugin {pid}>", "exec"), ns)
     trtp.register(pid)(ns["describe"])
     trtp.autotune(pid)(ns["autotune"])

@@ -47,26 +47,14 @@ def _residual(
 
 @jit
 def _rows_in(
-    x_ptr,
-    y_ptr,
-    gate_ptr,
-    xb,
-    yb,
-    gb,
-    d,
-    m,
-    stride_xd,
-    stride_yd,
-    stride_gd,
-    RESIDUAL: tl.constexpr,
-    HAS_GATE: tl.constexpr,
-    PER_OP: tl.constexpr,
-    ACT: tl.constexpr,
+    xin, yin, gin, d, m, RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, PER_OP: tl.constexpr
 ):
-    """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it)."""
-    x = _vec(x_ptr, xb, d, m, stride_xd, True)
-    y = _vec(y_ptr, yb, d, m, stride_yd, RESIDUAL)
-    g = _vec(gate_ptr, gb, d, m, stride_gd, RESIDUAL and HAS_GATE)
+    """x (or the new residual x + y * gate, rounded to x's dtype as the model stores it).
+    ``xin``, ``yin``, ``gin``: (pointer, row offsets, channel stride) of x, y and the gate."""
+    ACT: tl.constexpr = xin[0].dtype.element_ty
+    x = _vec(xin[0], xin[1], d, m, xin[2], True)
+    y = _vec(yin[0], yin[1], d, m, yin[2], RESIDUAL)
+    g = _vec(gin[0], gin[1], d, m, gin[2], RESIDUAL and HAS_GATE)
     return _residual(x, y, g, RESIDUAL, HAS_GATE, PER_OP, ACT)
 
 
@@ -177,21 +165,14 @@ def _adaln_kernel(
         d = c * BLOCK_D + dd
         m = d < D
         x = _rows_in(
-            x_ptr,
-            y_ptr,
-            gate_ptr,
-            xb,
-            yb,
-            gb,
+            (x_ptr, xb, x_strides[2]),
+            (y_ptr, yb, y_strides[2]),
+            (gate_ptr, gb, gate_strides[2]),
             d,
             m,
-            stride_xd=x_strides[2],
-            stride_yd=y_strides[2],
-            stride_gd=gate_strides[2],
             RESIDUAL=RESIDUAL,
             HAS_GATE=HAS_GATE,
             PER_OP=PER_OP,
-            ACT=ACT,
         )
         if RESIDUAL or not HAS_OUT:
             tl.store(xnew_ptr + nb + d * xnew_strides[2], _cast_out(x, ACT), mask=m)

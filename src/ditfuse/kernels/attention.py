@@ -489,17 +489,16 @@ def _swa_fwd_kernel(
     ACT: tl.constexpr = q_ptr.dtype.element_ty
     T: tl.constexpr = _tile_flags(D, R, ROPE, ACT, OFF64, PREC, BLOCK_N, DIFF, SPLIT_PV, K_NORM)
     D_PAD: tl.constexpr = _tile(D)
-    # programs start in grid order, axis 0 fastest
+    # programs start in grid order, axis 0 fastest. TOKEN_MAJOR: the programs running
+    # together hold every head of a few query tiles: with heads interleaved in each token's
+    # row (bshd), they read whole rows, not one head's 2*D-byte piece of each; the key/value
+    # tiles a tile shares with its neighbour are still read by programs only B*H apart.
+    # Else query tiles of one (batch, head) consecutive (bhsd: one head's rows contiguous).
+    # (Axis 0 read first either way: the order of the reads moves the sm_90 schedule.)
     if TOKEN_MAJOR:
-        # the programs running together hold every head of a few query tiles: with heads
-        # interleaved in each token's row (bshd), they read whole rows, not one head's
-        # 2*D-byte piece of each; the key/value tiles a tile shares with its neighbour are
-        # still read by programs only B*H apart
         bh = tl.program_id(0)
-        start_m = tl.program_id(1) * STEP_M
-    else:
-        # query tiles of one (batch, head) consecutive (bhsd: one head's rows contiguous)
-        start_m = tl.program_id(0) * STEP_M
+    start_m = tl.program_id(1 if TOKEN_MAJOR else 0) * STEP_M
+    if not TOKEN_MAJOR:
         bh = tl.program_id(1)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)

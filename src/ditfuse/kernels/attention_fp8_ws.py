@@ -48,12 +48,14 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+
+from ditfuse.kernels.attention_sm90 import _barrier_ring, _mbarriers
+from ditfuse.kernels.element import _ex2
 
 #: queries a consumer warpgroup owns; a program has two
 WG_M = gl.constexpr(64)
@@ -66,14 +68,6 @@ _MAGIC_F = gl.constexpr(12582912.0)
 _NEG = gl.constexpr(-1.0e30)
 _WG0 = gl.constexpr(0)
 _WG1 = gl.constexpr(1)
-
-
-@gluon.jit
-def _ex2(x):
-    """2^x: one ``ex2.approx.ftz.f32``."""
-    return gl.inline_asm_elementwise(
-        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1
-    )
 
 
 @gluon.jit
@@ -360,16 +354,10 @@ def _attention_8bit_ws_kernel(
         [STAGES, D, BLOCK_N],
         gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float8e4nv),
     )
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_bar = _mbarriers([1])
     mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
+    # a stage's slot is empty once both consumer warpgroups have read it
+    k_ready, v_ready, empty = _barrier_ring(STAGES, (1, 1, 2))
 
     qs_off = b.to(gl.int64) * stride_qsb + h.to(gl.int64) * stride_qsh
     kb_off = bh.to(gl.int64) * n_tiles

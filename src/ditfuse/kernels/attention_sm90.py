@@ -60,6 +60,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ditfuse.kernels.attention import _softmax_step
+
 BLOCK_M = 64
 BLOCK_N = 32
 NUM_WARPS = 4
@@ -97,14 +99,6 @@ _LAYOUTS = {
 
 
 @gluon.jit
-def _ex2(x):
-    """2^x as ``ditfuse.kernels.element._ex2``: one ``ex2.approx.ftz.f32``."""
-    return gl.inline_asm_elementwise(
-        "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1
-    )
-
-
-@gluon.jit
 def _copy3(descs, b, row, h, bars, bufs, NBYTES: gl.constexpr):
     """TMA of three boxes (batch b, tokens from ``row``, head h) of the descriptors ``descs``
     into the buffers ``bufs``, each arriving on its mbarrier of ``bars``; the expects first,
@@ -121,17 +115,6 @@ def _copy3(descs, b, row, h, bars, bufs, NBYTES: gl.constexpr):
     tma.async_copy_global_to_shared(d0, [b, row, h, 0], bar0, s0)
     tma.async_copy_global_to_shared(d1, [b, row, h, 0], bar1, s1)
     tma.async_copy_global_to_shared(d2, [b, row, h, 0], bar2, s2)
-
-
-@gluon.jit
-def _softmax_step(s, band, m_i, l_i, qk_scale):
-    """``ditfuse.kernels.attention._softmax_step``'s arithmetic, op for op."""
-    s = gl.where(band, s * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    alpha = _ex2(m_i - m_new)
-    p = _ex2(s - m_new[:, None])
-    l_new = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_new
 
 
 @gluon.jit
@@ -211,22 +194,36 @@ def _band_buffers(
 
 
 @gluon.jit
+def _mbarriers(shape: gl.constexpr):
+    """Uninitialized mbarriers of ``shape`` in shared memory."""
+    return gl.allocate_shared_memory(gl.int64, shape, mbarrier.MBarrierLayout())
+
+
+@gluon.jit
+def _barrier_ring(N: gl.constexpr, COUNTS: gl.constexpr):
+    """Three arrays of ``N`` mbarriers (a ring of N stages, three barriers a stage), stage by
+    stage initialized with the arrive counts ``COUNTS``, then fenced; also the barriers of
+    :mod:`ditfuse.kernels.attention_fp8_ws`."""
+    a = _mbarriers([N, 1])
+    b = _mbarriers([N, 1])
+    c = _mbarriers([N, 1])
+    for i in gl.static_range(N):
+        mbarrier.init(a.index(i), count=COUNTS[0])
+        mbarrier.init(b.index(i), count=COUNTS[1])
+        mbarrier.init(c.index(i), count=COUNTS[2])
+    fence_async_shared()
+    return a, b, c
+
+
+@gluon.jit
 def _band_barriers(TRIPS: gl.constexpr):
     """An mbarrier for each box of ``_band_buffers``, initialized and fenced (each completes
     once: phase 0)."""
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q2_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    k2_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [TRIPS, 1], mbarrier.MBarrierLayout())
+    q_bar = _mbarriers([1])
+    q2_bar = _mbarriers([1])
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q2_bar, count=1)
-    for i in gl.static_range(TRIPS):
-        mbarrier.init(k_bar.index(i), count=1)
-        mbarrier.init(k2_bar.index(i), count=1)
-        mbarrier.init(v_bar.index(i), count=1)
-    fence_async_shared()
-    return (q_bar, q2_bar), (k_bar, k2_bar, v_bar)
+    return (q_bar, q2_bar), _barrier_ring(TRIPS, (1, 1, 1))
 
 
 @gluon.jit

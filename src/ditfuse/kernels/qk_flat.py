@@ -263,6 +263,51 @@ def _finish_piece(x, stats, t, tk, PIECE: tl.constexpr, NORM: tl.constexpr, FORM
 
 
 @jit
+def _tiles_sum(x, SQUARES: tl.constexpr):
+    """The sum over a piece's fp32 tiles ``x`` (its channels: one tile, or the pair form's
+    (lo, hi)) of the values or (``SQUARES``) their squares, the tiles added lane by lane
+    before the reduction."""
+    v = x[0] * x[0] if SQUARES else x[0]
+    if len(x) == 2:
+        v += x[1] * x[1] if SQUARES else x[1]
+    return tl.sum(v, 0)
+
+
+@jit
+def _centered(x, live, mean):
+    """A piece's tiles ``x`` less the mean, zero at dead lanes."""
+    if len(x) == 2:
+        return tl.where(live, x[0] - mean, 0.0), tl.where(live, x[1] - mean, 0.0)
+    else:
+        return (tl.where(live, x[0] - mean, 0.0),)
+
+
+@jit
+def _token_stats(x0, x1, live, a_ptr, args, NORM: tl.constexpr, TWO: tl.constexpr):
+    """(mean, rstd, DyT's alpha) of the token, one statistic in fp32 over the tiles of piece 0
+    and (``TWO``) piece 1, ``live`` their liveness: both forms' sums in one order."""
+    l0, l1 = live
+    mean = 0.0
+    rstd = 1.0
+    alpha = _alpha(a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
+    if NORM.kind == LAYER:
+        tot = _tiles_sum(x0, False)
+        if TWO:
+            tot += _tiles_sum(x1, False)
+        mean = tot / args.n
+    if NORM.kind == RMS or NORM.kind == LAYER:
+        if NORM.kind == LAYER:
+            x0 = _centered(x0, l0, mean)
+            if TWO:
+                x1 = _centered(x1, l1, mean)
+        sq = _tiles_sum(x0, True)
+        if TWO:
+            sq += _tiles_sum(x1, True)
+        rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
+    return mean, rstd, alpha
+
+
+@jit
 def _flat_tensor(x, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
     """One statistic for the token (fp32) over ``x`` (:func:`_load_token`'s pieces), then
     each piece normalised, rotated, stored."""
@@ -274,26 +319,7 @@ def _flat_tensor(x, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
     f1 = x1
     if N1 > 0:
         f1 = x1.to(tl.float32)
-    mean = 0.0
-    rstd = 1.0
-    alpha = _alpha(t.a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
-    if NORM.kind == LAYER:
-        tot = tl.sum(f0, 0)
-        if N1 > 0:
-            tot += tl.sum(f1, 0)
-        mean = tot / args.n
-    if NORM.kind == RMS or NORM.kind == LAYER:
-        d0 = f0
-        d1 = f1
-        if NORM.kind == LAYER:
-            d0 = tl.where(l0, f0 - mean, 0.0)
-            if N1 > 0:
-                d1 = tl.where(l1, f1 - mean, 0.0)
-        sq = tl.sum(d0 * d0, 0)
-        if N1 > 0:
-            sq += tl.sum(d1 * d1, 0)
-        rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
-    stats = (mean, rstd, alpha)
+    stats = _token_stats((f0,), (f1,), (l0, l1), t.a_ptr, args, NORM=NORM, TWO=N1 > 0)
     _finish_piece(x0, stats, t, tk, PIECE=0, NORM=NORM, FORM=FORM)
     if N1 > 0:
         _finish_piece(x1, stats, t, tk, PIECE=1, NORM=NORM, FORM=FORM)
@@ -328,24 +354,16 @@ def _one_tensor(t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
 def _unpack_again(u, DT: tl.constexpr):
     """``_unpack`` written so that the compiler does not merge it with the statistics' one:
     the words stay packed, one register per two channels, until the normalisation."""
-    if _PTX and DT == tl.bfloat16:
+    if _PTX:
+        if DT == tl.bfloat16:
+            ASM: tl.constexpr = "shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, -65536;"
+        else:
+            ASM: tl.constexpr = (
+                "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $2;\n\tcvt.f32.f16 $0, l;"
+                "\n\tcvt.f32.f16 $1, h;\n\t}"
+            )
         return tl.inline_asm_elementwise(
-            "shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, -65536;",
-            "=r,=r,r",
-            [u],
-            dtype=(tl.float32, tl.float32),
-            is_pure=True,
-            pack=1,
-        )
-    elif _PTX:
-        return tl.inline_asm_elementwise(
-            "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $2;\n\tcvt.f32.f16 $0, l;"
-            "\n\tcvt.f32.f16 $1, h;\n\t}",
-            "=r,=r,r",
-            [u],
-            dtype=(tl.float32, tl.float32),
-            is_pure=True,
-            pack=1,
+            ASM, "=r,=r,r", [u], dtype=(tl.float32, tl.float32), is_pure=True, pack=1
         )
     else:
         return _unpack(u, DT)
@@ -505,26 +523,7 @@ def _pairs_tensor(u, t, args, tk, NORM: tl.constexpr, FORM: tl.constexpr):
     b1 = b0
     if P1 > 0:
         a1, b1 = _unpack(u1, ACT)
-    mean = 0.0
-    rstd = 1.0
-    alpha = _alpha(t.a_ptr, args.alpha, NORM.kind, NORM.alpha_ptr)
-    if NORM.kind == LAYER:
-        tot = tl.sum(a0 + b0, 0)
-        if P1 > 0:
-            tot += tl.sum(a1 + b1, 0)
-        mean = tot / args.n
-    if NORM.kind == RMS or NORM.kind == LAYER:
-        if NORM.kind == LAYER:
-            a0 = tl.where(l0, a0 - mean, 0.0)
-            b0 = tl.where(l0, b0 - mean, 0.0)
-            if P1 > 0:
-                a1 = tl.where(l1, a1 - mean, 0.0)
-                b1 = tl.where(l1, b1 - mean, 0.0)
-        sq = tl.sum(a0 * a0 + b0 * b0, 0)
-        if P1 > 0:
-            sq += tl.sum(a1 * a1 + b1 * b1, 0)
-        rstd = 1.0 / tl.sqrt(sq / args.n + args.eps)
-    stats = (mean, rstd, alpha)
+    stats = _token_stats((a0, b0), (a1, b1), (l0, l1), t.a_ptr, args, NORM=NORM, TWO=P1 > 0)
     _finish_pairs(u0, stats, t, tk, PIECE=0, NORM=NORM, FORM=FORM)
     if P1 > 0:
         _finish_pairs(u1, stats, t, tk, PIECE=1, NORM=NORM, FORM=FORM)

@@ -92,6 +92,19 @@ class TokenForm(NamedTuple):
     quant: int  # NO_QUANT, INT8 or FP8
 
 
+class HeadRows(NamedTuple):
+    """Where a piece's heads lie in one tensor (``rows`` of ``_load_pairs`` / ``_store_pairs``
+    / ``_load_pass``): the tensor, the element offset of the program's first head, the heads
+    ``hh`` ([NH, 1], counted from that head) and their mask, the head and channel strides."""
+
+    ptr: Any
+    base: Any
+    hh: Any
+    hmask: Any
+    stride_h: Any
+    stride_d: Any
+
+
 class TokenHeads(NamedTuple):
     """A program's token and heads as the per-token helpers read them (``th``)."""
 
@@ -125,9 +138,7 @@ def _load_words(ptr, i, m):
 
 @jit
 def _load_row_pairs(
-    ptr,
-    base,
-    stride_d,
+    rows,
     R2: tl.constexpr,
     HALF_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -135,8 +146,9 @@ def _load_row_pairs(
     WORDS: tl.constexpr,
 ):
     """``_load_pairs`` of one row shared by every head, as [1, HALF_PAD] tiles (interleaved
-    pairs or a half-width table: the word form's operands)."""
+    pairs or a half-width table: the word form's operands; ``rows``' heads unused)."""
     tl.static_assert(INTERLEAVED)
+    ptr, base, _, _, _, stride_d = rows
     i = tl.arange(0, HALF_PAD)[None, :]
     m = i < R2
     if INTERLEAVED and not DUP and WORDS:
@@ -153,13 +165,7 @@ def _load_row_pairs(
 
 @jit
 def _load_pairs(
-    ptr,
-    base,
-    hh,
-    hmask,
-    stride_h,
-    stride_d,
-    NH: tl.constexpr,
+    rows,
     R2: tl.constexpr,
     HALF_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr,
@@ -167,7 +173,8 @@ def _load_pairs(
     WORDS: tl.constexpr = False,
     ROW: tl.constexpr = False,
 ):
-    """Rotary channels of NH heads as (a, b) fp32 tiles of shape [NH, HALF_PAD].
+    """Rotary channels of the NH heads of ``rows`` (:class:`HeadRows`) as (a, b) fp32 tiles
+    of shape [NH, HALF_PAD].
 
     Every operand of the rotation (x, weights, bias, cos, sin) is loaded through this one
     function with pointers of the same [NH, ...] shape, so all of them land in the same
@@ -179,8 +186,10 @@ def _load_pairs(
     one row shared by every head (weights of a per-head norm, a table shared by the heads),
     loaded once as [1, HALF_PAD] tiles that the arithmetic broadcasts over the heads.
     """
+    ptr, base, hh, hmask, stride_h, stride_d = rows
+    NH: tl.constexpr = hh.shape[0]
     if ROW:
-        xa, xb = _load_row_pairs(ptr, base, stride_d, R2, HALF_PAD, INTERLEAVED, DUP, WORDS)
+        xa, xb = _load_row_pairs(rows, R2, HALF_PAD, INTERLEAVED, DUP, WORDS)
     elif INTERLEAVED and not DUP and WORDS:
         i = tl.arange(0, HALF_PAD)[None, :]
         xa, xb = _load_words(ptr + base + hh * stride_h, i, hmask & (i < R2))
@@ -208,23 +217,20 @@ def _load_pairs(
 
 @jit
 def _store_pairs(
-    ptr,
-    base,
-    hh,
-    hmask,
-    stride_h,
-    stride_d,
+    rows,
     ya,
     yb,
-    NH: tl.constexpr,
     R2: tl.constexpr,
     HALF_PAD: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     WORDS: tl.constexpr = False,
     VEC: tl.constexpr = 0,
 ):
-    """``VEC`` (the 8-bit store): offsets declared contiguous in runs of VEC only
-    (``_same_order``)."""
+    """Store the (a, b) tiles of the heads of ``rows`` (:class:`HeadRows`), the inverse of
+    ``_load_pairs``. ``VEC`` (the 8-bit store): offsets declared contiguous in runs of VEC
+    only (``_same_order``)."""
+    ptr, base, hh, hmask, stride_h, stride_d = rows
+    NH: tl.constexpr = hh.shape[0]
     if INTERLEAVED and WORDS:  # 16-bit: a pair a 32-bit word, rounded by one conversion
         i = tl.arange(0, HALF_PAD)[None, :]
         wp = (ptr + base + hh * stride_h).to(tl.pointer_type(tl.uint32)) + i
@@ -256,13 +262,7 @@ def _load_table(
     """A and b channel of each pair of one :class:`~ditfuse.kernels.common.Table` (cos or
     sin), fp32 [NH, HALF_PAD] tiles, for the program's heads from ``h_start``."""
     return _load_pairs(
-        t.ptr,
-        t.base + h_start * t.h,
-        hh,
-        hmask,
-        t.h,
-        t.w,
-        NH=hh.shape[0],
+        HeadRows(t.ptr, t.base + h_start * t.h, hh, hmask, t.h, t.w),
         R2=R2,
         HALF_PAD=HALF_PAD,
         INTERLEAVED=ROPE.interleaved,
@@ -345,15 +345,9 @@ def _quantize_store(oa, ob, yp, ma, mp, hh, hmask, t, th, FORM: tl.constexpr):
     stride_oh = t.o_strides[2]
     stride_od = t.o_strides[3]
     _store_pairs(
-        qo_ptr,
-        t.obase,
-        hh,
-        hmask,
-        stride_oh,
-        stride_od,
+        HeadRows(qo_ptr, t.obase, hh, hmask, stride_oh, stride_od),
         _quant_values(oa, inv, QUANT),
         _quant_values(ob, inv, QUANT),
-        NH=hh.shape[0],
         R2=R2,
         HALF_PAD=FORM.tile.half_pad,
         INTERLEAVED=FORM.rope.interleaved,
@@ -374,13 +368,7 @@ def _load_norm_pairs(ptr, base, hh, hmask, stride_h, NORM: tl.constexpr, FORM: t
     """A norm's weight or bias of the rotary channels as (a, b) fp32 tiles (``_load_pairs``;
     one row for every head with ``NORM.w_row``)."""
     return _load_pairs(
-        ptr,
-        base,
-        hh,
-        hmask,
-        stride_h,
-        1,
-        NH=hh.shape[0],
+        HeadRows(ptr, base, hh, hmask, stride_h, 1),
         R2=FORM.r2,
         HALF_PAD=FORM.tile.half_pad,
         INTERLEAVED=FORM.rope.interleaved,
@@ -398,7 +386,6 @@ def _finish_piece(
     (a, b) and its pass-through channels) with their statistics."""
     xa, xb, xp = x
     ACT: tl.constexpr = t.x_ptr.dtype.element_ty
-    NH: tl.constexpr = hh.shape[0]
     D: tl.constexpr = FORM.d
     R2: tl.constexpr = FORM.r2
     HALF_PAD: tl.constexpr = FORM.tile.half_pad
@@ -439,21 +426,8 @@ def _finish_piece(
     stride_oh = t.o_strides[2]
     stride_od = t.o_strides[3]
     if FORM.quant == NO_QUANT:
-        _store_pairs(
-            t.o_ptr,
-            t.obase,
-            hh,
-            hmask,
-            stride_oh,
-            stride_od,
-            oa,
-            ob,
-            NH=NH,
-            R2=R2,
-            HALF_PAD=HALF_PAD,
-            INTERLEAVED=ROPE.interleaved,
-            WORDS=FORM.x_words,
-        )
+        rows = HeadRows(t.o_ptr, t.obase, hh, hmask, stride_oh, stride_od)
+        _store_pairs(rows, oa, ob, R2, HALF_PAD, ROPE.interleaved, WORDS=FORM.x_words)
     yp = 0.0
     if P > 0:
         jp = tl.arange(0, FORM.tile.pass_pad)[None, :]
@@ -493,17 +467,10 @@ def _local_heads(h_start, h_end, FIRST: tl.constexpr, NH: tl.constexpr, OFF64: t
 
 
 @jit
-def _load_pass(
-    ptr,
-    base,
-    hh,
-    hmask,
-    stride_h,
-    stride_d,
-    R2: tl.constexpr,
-    P: tl.constexpr,
-    PASS_PAD: tl.constexpr,
-):
+def _load_pass(rows, R2: tl.constexpr, P: tl.constexpr, PASS_PAD: tl.constexpr):
+    """The pass-through channels (from 2 * R2) of the heads of ``rows`` (:class:`HeadRows`)
+    as an fp32 tile, and its mask."""
+    ptr, base, hh, hmask, stride_h, stride_d = rows
     jp = tl.arange(0, PASS_PAD)[None, :]
     mp = hmask & (jp < P)
     xp = tl.load(ptr + base + hh * stride_h + (2 * R2 + jp) * stride_d, mask=mp, other=0.0).to(
@@ -517,16 +484,9 @@ def _load_piece(t, xbase, hh, hmask, FORM: tl.constexpr):
     """The rotary pairs (a, b) and the pass-through channels of the heads ``hh`` of ``t``'s
     input, as fp32 tiles."""
     R2: tl.constexpr = FORM.r2
-    stride_xh = t.x_strides[2]
-    stride_xd = t.x_strides[3]
+    rows = HeadRows(t.x_ptr, xbase, hh, hmask, t.x_strides[2], t.x_strides[3])
     xa, xb = _load_pairs(
-        t.x_ptr,
-        xbase,
-        hh,
-        hmask,
-        stride_xh,
-        stride_xd,
-        NH=hh.shape[0],
+        rows,
         R2=R2,
         HALF_PAD=FORM.tile.half_pad,
         INTERLEAVED=FORM.rope.interleaved,
@@ -534,9 +494,7 @@ def _load_piece(t, xbase, hh, hmask, FORM: tl.constexpr):
         WORDS=FORM.x_words,
     )
     P: tl.constexpr = FORM.d - 2 * R2
-    xp, mp = _load_pass(
-        t.x_ptr, xbase, hh, hmask, stride_xh, stride_xd, R2=R2, P=P, PASS_PAD=FORM.tile.pass_pad
-    )
+    xp, mp = _load_pass(rows, R2=R2, P=P, PASS_PAD=FORM.tile.pass_pad)
     return xa, xb, xp
 
 

@@ -19,6 +19,7 @@ the table: docs/design/adaln.md.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,6 +34,7 @@ from ditfuse.kernels.adaln import (
     _adaln_tile_kernel,
     _residual_flat_kernel,
 )
+from ditfuse.norms import check_affine
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -196,16 +198,8 @@ def _mod_view(t, name: str, x3: torch.Tensor):
 
 
 def _affine(p, name: str, D: int, x: torch.Tensor):
-    if p is None:
-        return None
-    if not isinstance(p, torch.Tensor) or not p.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor")
-    if p.numel() != D:
-        raise ValueError(f"{name} has {p.numel()} elements; expected D = {D}")
-    if p.device != x.device:
-        raise ValueError(f"{name} is on {p.device}, x is on {x.device}")
-    if not p.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (ditfuse makes no hidden copy)")
+    if p is not None:
+        check_affine(p, name, D, x, "x", f"D = {D}")
     return p
 
 
@@ -434,9 +428,8 @@ def _run(
             x_new, o = _outputs(x, y, inplace, out, modulated)
             if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
                 return x_new, o
-    p = _plan(
-        x, y, gate, shift, scale, norm=norm, weight=weight, bias=bias, eps=eps, rounding=rounding
-    )
+    options = dict(norm=norm, weight=weight, bias=bias, eps=eps, rounding=rounding)
+    p = _plan(x, y, gate, shift, scale, **options)
     if out is not None:
         if (
             not isinstance(out, torch.Tensor)
@@ -458,18 +451,7 @@ def _run(
     else:
         from ditfuse.reference import adaln_reference
 
-        res = adaln_reference(
-            x,
-            shift,
-            scale,
-            norm=norm,
-            weight=weight,
-            bias=bias,
-            eps=eps,
-            rounding=rounding,
-            residual=y,
-            gate=gate,
-        )
+        res = adaln_reference(x, shift, scale, residual=y, gate=gate, **options)
         if y is not None:
             x_new.copy_(res[0])
             res = res[1]
@@ -611,23 +593,21 @@ def gated_residual_adaln(
         raise ValueError("y (the branch output) is required; use adaln_modulate without it")
     _no_grad_check(x, y, gate, shift, scale, weight, bias)
     if torch.compiler.is_compiling():
-        if inplace:
-            m = torch.ops.ditfuse.gated_residual_adaln_(
-                x,
-                y,
-                gate,
-                shift,
-                scale,
-                weight,
-                bias,
-                NORMS[norm],
-                float(eps),
-                rounding == "per_op",
-            )
-            return x, m
-        xn, m = torch.ops.ditfuse.adaln(
-            x, y, gate, shift, scale, weight, bias, NORMS[norm], float(eps), rounding == "per_op"
+        args = (
+            x,
+            y,
+            gate,
+            shift,
+            scale,
+            weight,
+            bias,
+            NORMS[norm],
+            float(eps),
+            rounding == "per_op",
         )
+        if inplace:
+            return x, torch.ops.ditfuse.gated_residual_adaln_(*args)
+        xn, m = torch.ops.ditfuse.adaln(*args)
         return xn, m
     return _run(
         x,
@@ -695,13 +675,11 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
 _NORM_NAMES = {v: k for k, v in NORMS.items()}
 
 
-def _op_options(norm: int, eps: float, per_op: bool) -> dict:
-    """:func:`_run`'s / :func:`_plan`'s options for the ops' ``norm``, ``eps``, ``per_op``."""
-    return dict(norm=_NORM_NAMES[norm], eps=eps, rounding="per_op" if per_op else "once")
+def _rounding(per_op: bool) -> str:
+    return "per_op" if per_op else "once"
 
 
-@library.op("ditfuse::adaln", mutates_args=())
-def _adaln_op(
+def _op_options(
     x: torch.Tensor,
     y: Optional[torch.Tensor],
     gate: Optional[torch.Tensor],
@@ -712,49 +690,63 @@ def _adaln_op(
     norm: int,
     eps: float,
     per_op: bool,
-) -> list[torch.Tensor]:
-    xn, o = _run(
-        x, y, gate, shift, scale, weight=weight, bias=bias, **_op_options(norm, eps, per_op)
-    )
+):
+    """The schema of the ``ditfuse::adaln`` and ``ditfuse::gated_residual_adaln_`` ops (its
+    annotations): their arguments as :func:`_run`'s / :func:`_plan`'s, the tensors x, y,
+    gate, shift, scale and the options by keyword."""
+    opts = dict(weight=weight, bias=bias, norm=_NORM_NAMES[norm], eps=eps)
+    return (x, y, gate, shift, scale), dict(opts, rounding=_rounding(per_op))
+
+
+def _adaln_op(name: str, returns, mutates_args=(), y=Optional[torch.Tensor]):
+    """``@_adaln_op(name, returns, ...)`` on ``fn(x, y, gate, shift, scale, **options)``:
+    the op ``ditfuse::<name>`` with the schema of :func:`_op_options` (``y`` of type
+    ``y``); its ``.register_fake`` takes a fake of the same form."""
+    sig = inspect.signature(_op_options, eval_str=True)
+    params = [q.replace(annotation=y) if q.name == "y" else q for q in sig.parameters.values()]
+    signature = sig.replace(parameters=params, return_annotation=returns)
+
+    def flat(fn):
+        def impl(*args):
+            tensors, options = _op_options(*args)
+            return fn(*tensors, **options)
+
+        impl.__signature__ = signature
+        impl.__name__, impl.__doc__ = fn.__name__, fn.__doc__
+        return impl
+
+    def wrap(fn):
+        registered = library.op(f"ditfuse::{name}", mutates_args=mutates_args)(flat(fn))
+        register_fake = registered.register_fake
+        registered.register_fake = lambda fake: register_fake(flat(fake))
+        return registered
+
+    return wrap
+
+
+@_adaln_op("adaln", list[torch.Tensor])
+def _modulate_op(x, y, gate, shift, scale, **options):
+    """[modulated] or, with y, [x_new, modulated]."""
+    xn, o = _run(x, y, gate, shift, scale, **options)
     return [o] if xn is None else [xn, o]
 
 
-@_adaln_op.register_fake
-def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
-    _plan(x, y, gate, shift, scale, weight=weight, bias=bias, **_op_options(norm, eps, per_op))
+@_modulate_op.register_fake
+def _(x, y, gate, shift, scale, **options):
+    _plan(x, y, gate, shift, scale, **options)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return [o] if y is None else [torch.empty_like(o), o]
 
 
-@library.op("ditfuse::gated_residual_adaln_", mutates_args=("x",))
-def _gated_inplace_op(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    gate: Optional[torch.Tensor],
-    shift: Optional[torch.Tensor],
-    scale: Optional[torch.Tensor],
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    norm: int,
-    eps: float,
-    per_op: bool,
-) -> torch.Tensor:
-    return _run(
-        x,
-        y,
-        gate,
-        shift,
-        scale,
-        weight=weight,
-        bias=bias,
-        inplace=True,
-        **_op_options(norm, eps, per_op),
-    )[1]
+@_adaln_op("gated_residual_adaln_", torch.Tensor, mutates_args=("x",), y=torch.Tensor)
+def _gated_inplace_op(x, y, gate, shift, scale, **options):
+    """x_new written into x; returns the modulated output."""
+    return _run(x, y, gate, shift, scale, inplace=True, **options)[1]
 
 
 @_gated_inplace_op.register_fake
-def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
-    _plan(x, y, gate, shift, scale, weight=weight, bias=bias, **_op_options(norm, eps, per_op))
+def _(x, y, gate, shift, scale, **options):
+    _plan(x, y, gate, shift, scale, **options)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -762,10 +754,10 @@ def _(x, y, gate, shift, scale, weight, bias, norm, eps, per_op):
 def _gated_residual_op(
     x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor], per_op: bool
 ) -> torch.Tensor:
-    return _run(x, y, gate, rounding="per_op" if per_op else "once", modulated=False)[0]
+    return _run(x, y, gate, rounding=_rounding(per_op), modulated=False)[0]
 
 
 @_gated_residual_op.register_fake
 def _(x, y, gate, per_op):
-    _plan(x, y, gate, rounding="per_op" if per_op else "once")
+    _plan(x, y, gate, rounding=_rounding(per_op))
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -1084,59 +1084,8 @@ def sliding_window_attention(
     ...         cos=freqs.cos(), sin=freqs.sin(), rotary_dim=32)  # (B, N, 24, 64)
     """
     _check_grad(q, k, v, q2, k2, lam, q_norm, k_norm, cos, sin)
-    if torch.compiler.is_compiling():
-        return _via_op(
-            q,
-            k,
-            v,
-            window,
-            q2=q2,
-            k2=k2,
-            lam=lam,
-            scale=scale,
-            layout=layout,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            cos=cos,
-            sin=sin,
-            rope_style=rope_style,
-            rotary_dim=rotary_dim,
-            precision=precision,
-        )
-    key = None
-    if fastpath.usable(q):
-        try:
-            key, slots = _fast_key(
-                q,
-                k,
-                v,
-                window,
-                q2,
-                k2,
-                lam,
-                scale,
-                layout,
-                q_norm,
-                k_norm,
-                cos,
-                sin,
-                rope_style,
-                rotary_dim,
-                precision,
-            )
-            replay = _CACHE.get(key)
-        except (AttributeError, TypeError, ValueError):  # the checks below explain
-            key = replay = None
-        if replay is not None:
-            out = _new_out(q.shape, q.dtype, q.device)  # q's shape in the caller's layout
-            scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
-            if replay(slots + (out,) + scratch):
-                return out
-    p = plan(
-        q,
-        k,
-        v,
-        window,
+    # the keyword arguments, as plan, _fast_key and _via_op take them
+    kw = dict(
         q2=q2,
         k2=k2,
         lam=lam,
@@ -1150,6 +1099,21 @@ def sliding_window_attention(
         rotary_dim=rotary_dim,
         precision=precision,
     )
+    if torch.compiler.is_compiling():
+        return _via_op(q, k, v, window, **kw)
+    key = None
+    if fastpath.usable(q):
+        try:
+            key, slots = _fast_key(q, k, v, window, **kw)
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError, ValueError):  # the checks below explain
+            key = replay = None
+        if replay is not None:
+            out = _new_out(q.shape, q.dtype, q.device)  # q's shape in the caller's layout
+            scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
+            if replay(slots + (out,) + scratch):
+                return out
+    p = plan(q, k, v, window, **kw)
     if key is None:  # (a key implies a device the kernel runs on: fastpath.usable)
         return run(p)
     scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
@@ -1177,6 +1141,7 @@ def _fast_key(
     k,
     v,
     window,
+    *,
     q2,
     k2,
     lam,

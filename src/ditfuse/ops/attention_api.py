@@ -60,14 +60,14 @@ def _quantize_qk(q, k, layout: str):
     return q8, k8, qs, ks
 
 
-def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
+def _check_before_quantizing(q, k, v, **opts) -> None:
     """Every argument the 8-bit call checks, before 16-bit q / k are quantized (no kernel
     runs on a call that then fails): :func:`ditfuse.ops.attention_fp8.plan` on zero-stride
     int8 / fp32 stand-ins of the quantized q / k and their scales (shapes, dtypes and
-    devices only, no memory)."""
+    devices only, no memory); ``opts``: the call's other arguments, as ``plan`` takes them."""
     if not (isinstance(k, Tensor) and k.dtype == q.dtype and q.dim() == 4 and k.dim() == 4):
         return  # _quantize_qk names the problem
-    q4, k4 = (q, k) if layout != "bhsd" else (q.transpose(1, 2), k.transpose(1, 2))
+    q4, k4 = (q, k) if opts["layout"] != "bhsd" else (q.transpose(1, 2), k.transpose(1, 2))
     (B, S_q, H, _), S_kv = q4.shape, k4.shape[1]
 
     def stand_in(x, dtype):
@@ -82,11 +82,8 @@ def _check_before_quantizing(q, k, v, window, scale, layout, key_mask) -> None:
         v,
         q_scale=scales(S_q),
         k_scale=scales(S_kv),
-        window=window,
-        scale=scale,
-        layout=layout,
-        key_mask=key_mask,
         check_scale_values=False,
+        **opts,
     )
 
 
@@ -197,6 +194,7 @@ def attention(
         return t(o).contiguous()
     if layout not in fp8.LAYOUTS:
         raise ValueError(f"layout must be one of {fp8.LAYOUTS}, got {layout!r}")
+    opts = dict(window=window, scale=scale, layout=layout, key_mask=key_mask)
     here = isinstance(q, Tensor) and q.dtype in fp8.ACT_DTYPES
     if here:
         if q_scale is not None or k_scale is not None:
@@ -204,7 +202,7 @@ def attention(
                 "q_scale / k_scale are for 8-bit q / k; 16-bit q and k are "
                 "quantized here (pass neither)"
             )
-        _check_before_quantizing(q, k, v, window, scale, layout, key_mask)
+        _check_before_quantizing(q, k, v, **opts)
         if _ws_ok(q, k, window, key_mask):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             if torch.compiler.is_compiling():
@@ -212,20 +210,9 @@ def attention(
             return fp8.run_ws(q, k, v, s, layout)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
-        return fp8._via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
+        return fp8._via_op(q, k, v, q_scale, k_scale, **opts)
     return fp8.run(
-        fp8.plan(
-            q,
-            k,
-            v,
-            q_scale=q_scale,
-            k_scale=k_scale,
-            window=window,
-            scale=scale,
-            layout=layout,
-            key_mask=key_mask,
-            check_scale_values=not here,
-        )
+        fp8.plan(q, k, v, q_scale=q_scale, k_scale=k_scale, check_scale_values=not here, **opts)
     )
 
 

@@ -54,6 +54,12 @@ class Plan:
     def band(self) -> bool:
         return self.left >= 0 or self.right >= 0
 
+    @property
+    def out_shape(self) -> tuple:
+        """The output's shape: q's in the caller's layout."""
+        B, S_q, H, D = self.q.shape
+        return (B, S_q, H, D) if self.layout == "bshd" else (B, H, S_q, D)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -87,6 +93,24 @@ def _heads(x, name: str, layout: str) -> Tensor:
     return x if layout == "bshd" else x.transpose(1, 2)
 
 
+def _check_tensor(
+    t, name, dtype, dims: str, shape: tuple, on: str, device, dtype_why="", shape_why=""
+):
+    """``t`` a tensor of ``dtype``, of ``shape`` (its ``dims`` named) and on ``device`` (that
+    of ``on``), checked in that order; ``dtype_why`` / ``shape_why``: what they mean."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}.dtype must be {dtype}{dtype_why}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(
+            f"{name} must have shape {dims} = {shape}{shape_why}, got {tuple(t.shape)}"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, {on} on {device}: all on one device")
+    return t
+
+
 def _check_scale(s, name: str, of: str, shape: tuple, device) -> Tensor:
     if s is None:
         raise ValueError(
@@ -94,18 +118,8 @@ def _check_scale(s, name: str, of: str, shape: tuple, device) -> Tensor:
             f"per-token scales, float32 of shape (B, H, S) = {shape}, as "
             f"ditfuse.qk_norm_rope(..., quantize=...) returns them"
         )
-    if not isinstance(s, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(s).__name__}")
-    if s.dtype != torch.float32:
-        raise TypeError(f"{name}.dtype must be torch.float32, got {s.dtype}")
-    if tuple(s.shape) != shape:
-        raise ValueError(
-            f"{name} must have shape (B, H, S) = {shape} (one scale per batch, "
-            f"head and token of {of}), got {tuple(s.shape)}"
-        )
-    if s.device != device:
-        raise ValueError(f"{name} is on {s.device}, {of} on {device}: all on one device")
-    return s
+    why = f" (one scale per batch, head and token of {of})"
+    return _check_tensor(s, name, torch.float32, "(B, H, S)", shape, of, device, shape_why=why)
 
 
 def _check_scale_values(s: Tensor, name: str) -> None:
@@ -138,16 +152,8 @@ def _capturing() -> bool:
 def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
     if m is None:
         return None
-    if not isinstance(m, Tensor):
-        raise TypeError(f"key_mask must be a torch.Tensor, got {type(m).__name__}")
-    if m.dtype != torch.bool:
-        raise TypeError(
-            f"key_mask.dtype must be torch.bool (True: the key is attended), got {m.dtype}"
-        )
-    if tuple(m.shape) != (B, S_kv):
-        raise ValueError(f"key_mask must have shape (B, S_kv) = {(B, S_kv)}, got {tuple(m.shape)}")
-    if m.device != device:
-        raise ValueError(f"key_mask is on {m.device}, q on {device}: all on one device")
+    why = " (True: the key is attended)"
+    m = _check_tensor(m, "key_mask", torch.bool, "(B, S_kv)", (B, S_kv), "q", device, dtype_why=why)
     return m.view(torch.uint8)
 
 
@@ -248,8 +254,7 @@ def launch(p: Plan, settings: Optional[Settings] = None) -> Tensor:
     S_kv = p.k.shape[1]
     st = settings or launch_settings(D, p.q.dtype, p.key_mask is not None)
     vt, vscale = quantize_v(p.v)
-    shape = (B, S_q, H, D) if p.layout == "bshd" else (B, H, S_q, D)
-    out = _new_out(shape, p.v.dtype, p.v.device)
+    out = _new_out(p.out_shape, p.v.dtype, p.v.device)
     o4 = out if p.layout == "bshd" else out.transpose(1, 2)
     left, right = _band_sides(p.left, p.right, S_kv)
     grid = (triton_cdiv(S_q, st.block_m) * B * H,)  # query tiles fastest (the kernel's note)
@@ -418,11 +423,9 @@ def attention_8bit_op(
 
 
 @attention_8bit_op.register_fake
-def _(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask):
-    p = _op_plan(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask)
-    B, S_q, H, D = p.q.shape
-    shape = (B, S_q, H, D) if layout == "bshd" else (B, H, S_q, D)
-    return torch.empty(shape, dtype=v.dtype, device=v.device)
+def _(*args):
+    p = _op_plan(*args)
+    return torch.empty(p.out_shape, dtype=p.v.dtype, device=p.v.device)
 
 
 def _via_op(q, k, v, q_scale, k_scale, window, scale, layout, key_mask=None):

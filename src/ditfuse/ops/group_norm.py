@@ -770,26 +770,13 @@ def _run(
     else:  # a device Triton cannot run on here: the fp32 reference
         from ditfuse.reference import group_norm_silu_reference, rms_norm_silu_channels_reference
 
+        flags = dict(silu=p.silu, round_after_norm=p.round_after_norm)
         if rms:
             r = rms_norm_silu_channels_reference(
-                p.x,
-                p.weight,
-                p.bias,
-                p.eps,
-                scale=p.scale,
-                silu=p.silu,
-                round_after_norm=p.round_after_norm,
+                p.x, p.weight, p.bias, p.eps, scale=p.scale, **flags
             )
         else:
-            r = group_norm_silu_reference(
-                p.x,
-                p.groups,
-                p.weight,
-                p.bias,
-                p.eps,
-                silu=p.silu,
-                round_after_norm=p.round_after_norm,
-            )
+            r = group_norm_silu_reference(p.x, p.groups, p.weight, p.bias, p.eps, **flags)
         out.copy_(r)
     return out
 

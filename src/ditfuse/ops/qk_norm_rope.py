@@ -32,6 +32,7 @@ from ditfuse.norms import (
     NO_NORM,
     RMS,
     NormSpec,
+    check_affine,
     flatten_norm,
     needs_grad,
     resolve_norm,
@@ -156,16 +157,8 @@ def _resolve_norm(norm, arg: str, x: torch.Tensor) -> Optional[_Norm]:
             f"num_heads * head_dim = {H * D} (across heads)"
         )
     for pname, p in (("weight", spec.weight), ("bias", spec.bias)):
-        if p is None:
-            continue
-        if not isinstance(p, torch.Tensor) or not p.is_floating_point():
-            raise TypeError(f"{arg}.{pname} must be a floating-point tensor")
-        if p.numel() != span:
-            raise ValueError(f"{arg}.{pname} has {p.numel()} elements; expected {span}")
-        if p.device != x.device:
-            raise ValueError(f"{arg}.{pname} is on {p.device}, q is on {x.device}")
-        if not p.is_contiguous():
-            raise ValueError(f"{arg}.{pname} must be contiguous (ditfuse makes no hidden copy)")
+        if p is not None:
+            check_affine(p, f"{arg}.{pname}", span, x, "q")
     alpha_t, alpha_v = None, 0.0
     if spec.kind == "dyt":
         a = spec.alpha
@@ -254,28 +247,31 @@ def _table_view(t: torch.Tensor, name: str, B: int, S: int, H: int, rows: Option
     return v, per_head
 
 
-def plan(
-    q,
-    k,
-    cos=None,
-    sin=None,
-    *,
-    q_norm=None,
-    k_norm=None,
-    num_heads=None,
-    rope_style="interleaved",
-    rotary_dim=None,
-    positions=None,
-    round_after_norm=True,
-    layout="bshd",
-    runtime_checks=True,
-    process_group=None,
-) -> Plan:
+class Options(NamedTuple):
+    """The keyword arguments of :func:`qk_norm_rope` that describe the computation, with
+    their public defaults: what :func:`call` takes, and :func:`plan` and :func:`op_args` as
+    ``**options``."""
+
+    q_norm: object = None
+    k_norm: object = None
+    num_heads: Optional[int] = None
+    rope_style: str = "interleaved"
+    rotary_dim: Optional[int] = None
+    positions: Optional[Tensor] = None
+    round_after_norm: bool = True
+    layout: str = "bshd"
+
+
+def plan(q, k, cos=None, sin=None, *, runtime_checks=True, process_group=None, **options) -> Plan:
     """Check every argument and describe the call; raises before anything runs.
+    ``options``: the fields of :class:`Options`.
 
     ``runtime_checks=False`` skips the checks that read data or addresses (positions range,
     q/k aliasing), for fake tensors during tracing.
     """
+    q_norm, k_norm, num_heads, rope_style, rotary_dim, positions, round_after_norm, layout = (
+        Options(**options)
+    )
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if rope_style not in ROPE_STYLES:
@@ -1048,23 +1044,21 @@ def _norm_key(n: Optional[NormSpec]):
     )
 
 
-def _slots(q, k, cos, sin, q_out, k_out, qs, ks, inplace):
+def _slots(q, k, cos, sin, o: Options, res, inplace):
+    """The tensors a recorded launch is replayed with: the inputs, the outputs ``res`` (a
+    :class:`QuantizedQK` with its scales, or (q_out, k_out)) and the tensors of the norms
+    of ``o`` (resolved)."""
+
     def tensors(n):
         if n is None:
             return None, None, None
         return n.weight, n.bias, n.alpha if isinstance(n.alpha, torch.Tensor) else None
 
-    # in place (in the key): the outputs are q's and k's slots
-    return (
-        q,
-        k,
-        cos,
-        sin,
-        None if inplace else q_out,
-        None if inplace else k_out,
-        *tensors(qs),
-        *tensors(ks),
-    )
+    if isinstance(res, QuantizedQK):
+        outs, scales = (res.q, res.k), (res.q_scale, res.k_scale)
+    else:  # in place (in the key): the outputs are q's and k's slots
+        outs, scales = ((None, None) if inplace else res), ()
+    return (q, k, cos, sin, *outs, *tensors(o.q_norm), *tensors(o.k_norm), *scales)
 
 
 def call(
@@ -1072,16 +1066,9 @@ def call(
     k,
     cos=None,
     sin=None,
+    o: Options = Options(),
     *,
-    q_norm=None,
-    k_norm=None,
-    num_heads=None,
-    rope_style="interleaved",
-    rotary_dim=None,
-    positions=None,
     inplace=False,
-    round_after_norm=True,
-    layout="bshd",
     out=None,
     process_group=None,
     quantize=None,
@@ -1093,24 +1080,25 @@ def call(
     process group always take the checked path."""
     _check_quantize(quantize, inplace, out, process_group)
     key = None
-    if positions is None and process_group is None and fastpath.usable(q):
+    if o.positions is None and process_group is None and fastpath.usable(q):
         try:
-            q_norm = resolve_norm(q_norm, "q_norm")
-            k_norm = resolve_norm(k_norm, "k_norm")
+            # the resolved norms go on to the plan (and their tensors into the slots)
+            qn, kn = resolve_norm(o.q_norm, "q_norm"), resolve_norm(o.k_norm, "k_norm")
+            o = Options(qn, kn, *o[2:])
             sig = fastpath.sig
             key = (
-                num_heads,
-                rope_style,
-                rotary_dim,
-                round_after_norm,
-                layout,
+                o.num_heads,
+                o.rope_style,
+                o.rotary_dim,
+                o.round_after_norm,
+                o.layout,
                 bool(inplace),
                 sig(q),
                 sig(k),
                 sig(cos),
                 sig(sin),
-                _norm_key(q_norm),
-                _norm_key(k_norm),
+                _norm_key(o.q_norm),
+                _norm_key(o.k_norm),
                 None if out is None else tuple(map(sig, out)),
                 quantize,
             )
@@ -1119,56 +1107,22 @@ def call(
             key = replay = None
         if replay is not None and not (k is not None and k.data_ptr() == q.data_ptr()):
             if quantize is not None:
-                res = _quant_outputs(q, k, quantize, num_heads, layout)
-                if replay(
-                    (
-                        *_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm, False),
-                        res.q_scale,
-                        res.k_scale,
-                    )
-                ):
-                    return res
+                res = _quant_outputs(q, k, quantize, o.num_heads, o.layout)
             else:
-                q_out, k_out = _outputs(q, k, inplace, out)
-                if replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)):
-                    return q_out, k_out
+                res = _outputs(q, k, inplace, out)
+            if replay(_slots(q, k, cos, sin, o, res, inplace)):
+                return res
     if out is not None:
         _check_out(out, q, k, inplace)
-    p = plan(
-        q,
-        k,
-        cos,
-        sin,
-        q_norm=q_norm,
-        k_norm=k_norm,
-        num_heads=num_heads,
-        rope_style=rope_style,
-        rotary_dim=rotary_dim,
-        positions=positions,
-        round_after_norm=round_after_norm,
-        layout=layout,
-        process_group=process_group,
-    )
-    if quantize is not None:
-        with fastpath.Recorder() as rec:
-            res = run_quantized(p, q, k, quantize)
-        if key is not None:
-            _CACHE.put(
-                key,
-                rec.replay(
-                    (
-                        *_slots(q, k, cos, sin, res.q, res.k, q_norm, k_norm, False),
-                        res.q_scale,
-                        res.k_scale,
-                    )
-                ),
-            )
-        return res
+    p = plan(q, k, cos, sin, process_group=process_group, **o._asdict())
     with fastpath.Recorder() as rec:
-        q_out, k_out = run(p, q, k, inplace, out)
+        if quantize is not None:
+            res = run_quantized(p, q, k, quantize)
+        else:
+            res = run(p, q, k, inplace, out)
     if key is not None:
-        _CACHE.put(key, rec.replay(_slots(q, k, cos, sin, q_out, k_out, q_norm, k_norm, inplace)))
-    return q_out, k_out
+        _CACHE.put(key, rec.replay(_slots(q, k, cos, sin, o, res, inplace)))
+    return res
 
 
 def _check_grad(*ts):
@@ -1352,59 +1306,18 @@ def qk_norm_rope(
             "process_group is supported in eager mode only (call qk_norm_rope "
             "outside the compiled region, or without process_group)"
         )
+    o = Options(
+        q_norm, k_norm, num_heads, rope_style, rotary_dim, positions, round_after_norm, layout
+    )
     if torch.compiler.is_compiling():
         if quantize is not None:
-            return qk_norm_rope_quant_via_op(
-                q,
-                k,
-                cos,
-                sin,
-                quantize=quantize,
-                q_norm=q_norm,
-                k_norm=k_norm,
-                num_heads=num_heads,
-                rope_style=rope_style,
-                rotary_dim=rotary_dim,
-                positions=positions,
-                round_after_norm=round_after_norm,
-                layout=layout,
-            )
+            return qk_norm_rope_quant_via_op(q, k, cos, sin, o, quantize)
         if out is not None:  # the mutating out= op: inductor writes the caller's views
             _check_out(out, q, k, inplace)
             out = tuple(out)
-        return qk_norm_rope_via_op(
-            q,
-            k,
-            cos,
-            sin,
-            q_norm=q_norm,
-            k_norm=k_norm,
-            num_heads=num_heads,
-            rope_style=rope_style,
-            rotary_dim=rotary_dim,
-            positions=positions,
-            inplace=inplace,
-            round_after_norm=round_after_norm,
-            layout=layout,
-            out=out,
-        )
+        return qk_norm_rope_via_op(q, k, cos, sin, o, inplace, out)
     return call(
-        q,
-        k,
-        cos,
-        sin,
-        q_norm=q_norm,
-        k_norm=k_norm,
-        num_heads=num_heads,
-        rope_style=rope_style,
-        rotary_dim=rotary_dim,
-        positions=positions,
-        inplace=inplace,
-        round_after_norm=round_after_norm,
-        layout=layout,
-        out=out,
-        process_group=process_group,
-        quantize=quantize,
+        q, k, cos, sin, o, inplace=inplace, out=out, process_group=process_group, quantize=quantize
     )
 
 
@@ -1475,9 +1388,9 @@ class OpArgs(NamedTuple):
     round_after_norm: bool
     layout: str
 
-    def call_kwargs(self) -> dict:
-        """The public call's keyword arguments (``q``, ``k``, ``cos``, ``sin`` aside)."""
-        return dict(
+    def options(self) -> Options:
+        """The public call's :class:`Options`."""
+        return Options(
             q_norm=unflatten_norm(*self[5:13]),
             k_norm=unflatten_norm(*self[13:21]),
             num_heads=self.num_heads or None,
@@ -1527,13 +1440,13 @@ def _op(name: str, returns, mutates_args=(), extra=()):
 
 def _fake_plan(a: OpArgs) -> Plan:
     """The plan of an op's arguments on fake tensors: bad input fails while tracing."""
-    return plan(a.q, a.k, a.cos, a.sin, runtime_checks=False, **a.call_kwargs())
+    return plan(a.q, a.k, a.cos, a.sin, runtime_checks=False, **a.options()._asdict())
 
 
 @_op("qk_norm_rope", List[Tensor])
 def qk_norm_rope_op(a: OpArgs) -> List[Tensor]:
     """The functional form: [q_out] or [q_out, k_out]."""
-    qo, ko = call(a.q, a.k, a.cos, a.sin, inplace=False, **a.call_kwargs())
+    qo, ko = call(a.q, a.k, a.cos, a.sin, a.options())
     return [qo] if ko is None else [qo, ko]
 
 
@@ -1549,7 +1462,7 @@ def _(a: OpArgs):
 @_op("qk_norm_rope_", None, mutates_args=("q", "k"))
 def qk_norm_rope_inplace_op(a: OpArgs) -> None:
     """The ``inplace=True`` form."""
-    call(a.q, a.k, a.cos, a.sin, inplace=True, **a.call_kwargs())
+    call(a.q, a.k, a.cos, a.sin, a.options(), inplace=True)
 
 
 @qk_norm_rope_inplace_op.register_fake
@@ -1567,7 +1480,7 @@ def qk_norm_rope_out_op(a: OpArgs, q_out: Tensor, k_out: Optional[Tensor]) -> No
     """The ``out=`` form: results written into the caller's buffers (the joint-attention
     processors' rows of the joint Q / K). A mutating op, so inductor writes the views of
     the joint buffer in place instead of a functional result plus a copy into the rows."""
-    call(a.q, a.k, a.cos, a.sin, inplace=False, out=(q_out, k_out), **a.call_kwargs())
+    call(a.q, a.k, a.cos, a.sin, a.options(), out=(q_out, k_out))
 
 
 @qk_norm_rope_out_op.register_fake
@@ -1580,7 +1493,7 @@ def _(a: OpArgs, q_out, k_out):
 def qk_norm_rope_quant_op(a: OpArgs, quantize: str) -> List[Tensor]:
     """The ``quantize=`` form: [q, q_scale] or [q, k, q_scale, k_scale] (8-bit values in
     the input's shape, (B, H, S) fp32 scales)."""
-    r = call(a.q, a.k, a.cos, a.sin, inplace=False, quantize=quantize, **a.call_kwargs())
+    r = call(a.q, a.k, a.cos, a.sin, a.options(), quantize=quantize)
     return [r.q, r.q_scale] if r.k is None else [r.q, r.k, r.q_scale, r.k_scale]
 
 
@@ -1595,39 +1508,30 @@ def _(a: OpArgs, quantize):
     return values + scales
 
 
-def op_args(
-    q,
-    k,
-    cos,
-    sin,
-    *,
-    q_norm,
-    k_norm,
-    num_heads,
-    rope_style,
-    rotary_dim,
-    positions,
-    round_after_norm,
-    layout,
-) -> OpArgs:
+def op_args(q, k, cos, sin, **options) -> OpArgs:
+    """The ops' leading arguments for a call with ``options`` (fields of :class:`Options`)."""
+    return _op_args(q, k, cos, sin, Options(**options))
+
+
+def _op_args(q, k, cos, sin, o: Options) -> OpArgs:
     return OpArgs(
         q,
         k,
         cos,
         sin,
-        positions,
-        *flatten_norm(q_norm, "q_norm"),
-        *flatten_norm(k_norm, "k_norm"),
-        int(num_heads or 0),
-        rope_style,
-        int(rotary_dim or 0),
-        bool(round_after_norm),
-        layout,
+        o.positions,
+        *flatten_norm(o.q_norm, "q_norm"),
+        *flatten_norm(o.k_norm, "k_norm"),
+        int(o.num_heads or 0),
+        o.rope_style,
+        int(o.rotary_dim or 0),
+        bool(o.round_after_norm),
+        o.layout,
     )
 
 
-def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):
-    args = op_args(q, k, cos, sin, **kw)
+def qk_norm_rope_via_op(q, k, cos, sin, o: Options, inplace: bool, out=None):
+    args = _op_args(q, k, cos, sin, o)
     if out is not None:
         torch.ops.ditfuse.qk_norm_rope_out(*args, out[0], out[1])
         return out[0], out[1]
@@ -1638,8 +1542,8 @@ def qk_norm_rope_via_op(q, k, cos, sin, *, inplace, out=None, **kw):
     return outs[0], (outs[1] if k is not None else None)
 
 
-def qk_norm_rope_quant_via_op(q, k, cos, sin, *, quantize, **kw) -> QuantizedQK:
-    outs = torch.ops.ditfuse.qk_norm_rope_quant(*op_args(q, k, cos, sin, **kw), quantize)
+def qk_norm_rope_quant_via_op(q, k, cos, sin, o: Options, quantize: str) -> QuantizedQK:
+    outs = torch.ops.ditfuse.qk_norm_rope_quant(*_op_args(q, k, cos, sin, o), quantize)
     if k is None:
         return QuantizedQK(outs[0], None, outs[1], None)
     return QuantizedQK(outs[0], outs[1], outs[2], outs[3])

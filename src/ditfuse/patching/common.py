@@ -72,6 +72,27 @@ class EightBitProcessor(Processor):
     _ditfuse_fp8 = False
 
 
+class FusedProcessor(EightBitProcessor):
+    """An :class:`EightBitProcessor` of a processor class that its attention modules call as
+    ``(attn, hidden_states, encoder_hidden_states, attention_mask, rotary table)``, in that
+    order (FLUX.1's, FLUX.2's double-stream, HunyuanVideo's, Wan's): :meth:`fused` where
+    :meth:`fused_ok` holds, else the model's processor on the same arguments (the class after
+    this one among the subclass's bases)."""
+
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        image_rotary_emb=None,
+    ):
+        args = (attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        if self.fused_ok(*args):
+            return self.fused(*args)
+        return super().__call__(*args)
+
+
 def set_processor(attn, new_proc) -> bool:
     """Replace ``attn``'s processor by ``new_proc`` (keeping the attention backend and the
     context-parallel config of the old one); False if it already is a ditfuse one -- unless

@@ -20,7 +20,7 @@ def joint_processor(base, get_qkv_projections, out):
     single-stream call)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    class DitfuseJointAttnProcessor(common.EightBitProcessor, base):
+    class DitfuseJointAttnProcessor(common.FusedProcessor, base):
         """A FLUX processor with the per-head QK-norm and the RoPE of each stream fused into
         one kernel; the text and image streams are written straight into their slices of the
         concatenated Q/K (no separate concat copy of Q and K).
@@ -35,27 +35,20 @@ def joint_processor(base, get_qkv_projections, out):
         (:func:`joint_attention`); else the 16-bit path.
         """
 
-        def __call__(
-            self,
-            attn,
-            hidden_states,
-            encoder_hidden_states=None,
-            attention_mask=None,
-            image_rotary_emb=None,
-        ):
+        def fused_ok(self, attn, hidden_states, encoder_hidden_states, attention_mask, rope):
+            joint = attn.added_kv_proj_dim is not None  # a text stream, which must be given
+            return (not joint or encoder_hidden_states is not None) and qk_ok(
+                attn, hidden_states, encoder_hidden_states, rope, joint
+            )
+
+        def fused(self, attn, hidden_states, encoder_hidden_states, attention_mask, rope):
             joint = attn.added_kv_proj_dim is not None and encoder_hidden_states is not None
-            if not qk_ok(attn, hidden_states, encoder_hidden_states, image_rotary_emb, joint) or (
-                attn.added_kv_proj_dim is not None and encoder_hidden_states is None
-            ):
-                return super().__call__(
-                    attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
-                )
             projections = get_qkv_projections(attn, hidden_states, encoder_hidden_states)
             hidden_states = joint_attention(
                 self,
                 attn,
                 *projections,
-                image_rotary_emb,
+                rope,
                 joint,
                 attention_mask,
                 dispatch_attention_fn,
@@ -266,15 +259,31 @@ def _chroma_norms():
     }
 
 
+def _flux_block_arguments(fused):
+    """A FLUX.1 block forward -- FluxTransformerBlock's and FluxSingleTransformerBlock's take
+    the same arguments -- as ``fused(self, hidden_states, encoder_hidden_states, temb,
+    attention_kwargs, **options)``, ``attention_kwargs`` the keywords the block passes its
+    attention module: the RoPE and the ``joint_attention_kwargs``."""
+
+    def forward(
+        self,
+        hidden_states,
+        encoder_hidden_states,
+        temb,
+        image_rotary_emb=None,
+        joint_attention_kwargs=None,
+        **options,
+    ):
+        attention_kwargs = dict(image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+        return fused(self, hidden_states, encoder_hidden_states, temb, attention_kwargs, **options)
+
+    forward.__name__, forward.__doc__ = fused.__name__, fused.__doc__
+    return forward
+
+
 @common.fused_if(common.double_block_ok)
-def _block_forward(
-    self,
-    hidden_states,
-    encoder_hidden_states,
-    temb,
-    image_rotary_emb=None,
-    joint_attention_kwargs=None,
-):
+@_flux_block_arguments
+def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_kwargs):
     """FluxTransformerBlock.forward with, per stream, ``x + gate * attn`` -> norm2 ->
     ``* (1 + scale) + shift`` as one kernel and ``x + gate * ff`` as another (the eager
     block's bf16 per-op rounding: ``rounding="per_op"``), where ``common.double_block_ok``
@@ -284,8 +293,7 @@ def _block_forward(
     attention_outputs = self.attn(
         hidden_states=norm_hidden_states,
         encoder_hidden_states=norm_encoder_hidden_states,
-        image_rotary_emb=image_rotary_emb,
-        **(joint_attention_kwargs or {}),
+        **attention_kwargs,
     )
     hidden_states, encoder_hidden_states = common.mlp_tails(
         self, hidden_states, encoder_hidden_states, *attention_outputs[:2], mods, c_mods, True
@@ -295,16 +303,8 @@ def _block_forward(
     return encoder_hidden_states, hidden_states
 
 
-def _single_block(
-    self,
-    hidden_states,
-    encoder_hidden_states,
-    temb,
-    image_rotary_emb=None,
-    joint_attention_kwargs=None,
-    *,
-    fuse_act,
-):
+@_flux_block_arguments
+def _single_block(self, hidden_states, encoder_hidden_states, temb, attention_kwargs, *, fuse_act):
     """FluxSingleTransformerBlock.forward as ``common.single_block`` (text rows first):
     ``residual + gate * proj_out(...)`` as one kernel (per-op rounding, as the block computes
     it in the activation dtype) and, with ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written
@@ -313,11 +313,7 @@ def _single_block(
     fails."""
 
     def attend(norm_hidden_states):
-        return self.attn(
-            hidden_states=norm_hidden_states,
-            image_rotary_emb=image_rotary_emb,
-            **(joint_attention_kwargs or {}),
-        )
+        return self.attn(hidden_states=norm_hidden_states, **attention_kwargs)
 
     T = encoder_hidden_states.shape[1]
     out = common.single_block(self, (encoder_hidden_states, hidden_states), temb, attend, fuse_act)

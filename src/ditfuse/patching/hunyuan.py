@@ -84,9 +84,7 @@ def _make_processor():
     from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_hunyuan_video as th
 
-    class DitfuseHunyuanVideoAttnProcessor(
-        common.EightBitProcessor, th.HunyuanVideoAttnProcessor2_0
-    ):
+    class DitfuseHunyuanVideoAttnProcessor(common.FusedProcessor, th.HunyuanVideoAttnProcessor2_0):
         """HunyuanVideoAttnProcessor2_0 with QK-norm + RoPE fused: image tokens are normalised
         and rotated by one kernel, text tokens normalised by one kernel -- into fresh Q / K in
         the single-stream blocks; in the dual-stream blocks each stream is written into its rows
@@ -105,31 +103,19 @@ def _make_processor():
         ``key_mask``; another mask 8-bit only where it masks nothing.
         """
 
-        def __call__(
-            self,
-            attn,
-            hidden_states,
-            encoder_hidden_states=None,
-            attention_mask=None,
-            image_rotary_emb=None,
-        ):
-            norms = (
-                attn.norm_q,
-                attn.norm_k,
-                getattr(attn, "norm_added_q", None),
-                getattr(attn, "norm_added_k", None),
+        def fused_ok(self, attn, hidden_states, encoder_hidden_states, attention_mask, rope):
+            norms = (attn.norm_q, attn.norm_k)
+            norms += (getattr(attn, "norm_added_q", None), getattr(attn, "norm_added_k", None))
+            return (
+                common.norms_ok(*norms)
+                and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
+                and common.rope_pair_ok(rope, hidden_states.shape[1])
             )
+
+        def fused(self, attn, hidden_states, encoder_hidden_states, attention_mask, rope):
             single = attn.add_q_proj is None and encoder_hidden_states is not None
             T = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
             n_img = hidden_states.shape[1]
-            if not (
-                common.norms_ok(*norms)
-                and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
-                and common.rope_pair_ok(image_rotary_emb, n_img)
-            ):
-                return super().__call__(
-                    attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
-                )
             if single:
                 hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
             operands = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v)
@@ -137,7 +123,7 @@ def _make_processor():
                 operands += _heads(
                     attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj
                 )
-            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            cos, sin = rope if rope is not None else (None, None)
             text = slice(n_img, n_img + T) if single else None
 
             def attend_16bit(query, key, value, *enc):
@@ -180,7 +166,7 @@ def _make_processor_15():
     from diffusers.models.transformers import transformer_hunyuan_video15 as th
 
     class DitfuseHunyuanVideo15AttnProcessor(
-        common.EightBitProcessor, th.HunyuanVideo15AttnProcessor2_0
+        common.FusedProcessor, th.HunyuanVideo15AttnProcessor2_0
     ):
         """HunyuanVideo15AttnProcessor2_0 with QK-norm + RoPE fused as in HunyuanVideo's
         dual-stream blocks: the image tokens' Q / K normalised and rotated by one kernel, the
@@ -201,30 +187,22 @@ def _make_processor_15():
         tokens'.
         """
 
-        def __call__(
-            self,
-            attn,
-            hidden_states,
-            encoder_hidden_states=None,
-            attention_mask=None,
-            image_rotary_emb=None,
-        ):
-            S = hidden_states.shape[1]
-            if not (
+        def fused_ok(self, attn, hidden_states, encoder_hidden_states, attention_mask, rope):
+            return (
                 encoder_hidden_states is not None
                 and attention_mask is not None
                 and common.norms_ok(attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
                 and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
-                and common.rope_pair_ok(image_rotary_emb, S)
-            ):
-                return super().__call__(
-                    attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
-                )
+                and common.rope_pair_ok(rope, hidden_states.shape[1])
+            )
+
+        def fused(self, attn, hidden_states, encoder_hidden_states, attention_mask, rope):
+            S = hidden_states.shape[1]
             operands = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v) + _heads(
                 attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj
             )
             B, T = hidden_states.shape[0], encoder_hidden_states.shape[1]
-            cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+            cos, sin = rope if rope is not None else (None, None)
             # the eager processor's joint mask: the token mask left-padded with True to the
             # joint length, a pair kept where both tokens are
             n = S + T

@@ -125,7 +125,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
 
         base = tw.WanAttnProcessor
 
-    class DitfuseWanAttnProcessor(common.EightBitProcessor, base):
+    class DitfuseWanAttnProcessor(common.FusedProcessor, base):
         """WanAttnProcessor (or a copy of it, or SkyReelsV2AttnProcessor) with QK-norm
         (across heads) + RoPE fused into one kernel, and the I2V ``norm_added_k`` through the
         same kernel.
@@ -149,30 +149,23 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         (``common.qk_8bit``); else the 16-bit path.
         """
 
-        def __call__(
-            self,
-            attn,
-            hidden_states,
-            encoder_hidden_states=None,
-            attention_mask=None,
-            rotary_emb=None,
-        ):
-            ok = (
+        def fused_ok(self, attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb):
+            return (
                 common.norms_ok(attn.norm_q, attn.norm_k)
                 and (attn.add_k_proj is None or common.norms_ok(attn.norm_added_k))
                 and not common.needs_grad(attn, hidden_states, encoder_hidden_states)
+                and (
+                    rotary_emb is None
+                    or (
+                        isinstance(rotary_emb, (tuple, list))
+                        and len(rotary_emb) == 2
+                        and rotary_emb[0].dim() == 4
+                        and rotary_emb[0].shape[2] == 1
+                    )
+                )
             )
-            if ok and rotary_emb is not None:
-                ok = (
-                    isinstance(rotary_emb, (tuple, list))
-                    and len(rotary_emb) == 2
-                    and rotary_emb[0].dim() == 4
-                    and rotary_emb[0].shape[2] == 1
-                )
-            if not ok:
-                return super().__call__(
-                    attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb
-                )
+
+        def fused(self, attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb):
             context, image = encoder_hidden_states, None
             if attn.add_k_proj is not None:  # I2V: the image tokens, then 512 text tokens
                 n = encoder_hidden_states.shape[1] - 512

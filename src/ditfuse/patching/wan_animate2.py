@@ -9,6 +9,7 @@ flex block-mask pass over the generation tokens and the rotated cached reference
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -120,6 +121,24 @@ def _rotate(x, cos, sin, H, quantize=None):
     return out if quantize else out[0]
 
 
+@dataclass
+class _SelfAttnArgs:
+    """What WanAnimate2AttnProcessor takes after (attn, hidden_states), by its names and with
+    its defaults (the module passes them by name)."""
+
+    rotary_emb: torch.Tensor
+    grid_sizes: torch.Tensor
+    kv_cache: object
+    kv_cache_mode: str
+    rope_stride: int = 1
+    reference_rotary_emb: torch.Tensor | None = None
+    reference_grid_sizes: torch.Tensor | None = None
+    reference_rope_stride: int = 1
+    attention_mask: object = None  # a flex BlockMask
+    origin_latent_frames: int | None = None
+    origin_latent_hw: int | None = None
+
+
 def _make_processors():
     from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
     from diffusers.models.transformers import transformer_wan_animate_2 as ta
@@ -151,80 +170,51 @@ def _make_processors():
         normalised 16-bit K); "cached" (a flex block mask) keeps the 16-bit path.
         """
 
-        def __call__(
-            self,
-            attn,
-            hidden_states,
-            rotary_emb,
-            grid_sizes,
-            kv_cache,
-            kv_cache_mode,
-            rope_stride=1,
-            reference_rotary_emb=None,
-            reference_grid_sizes=None,
-            reference_rope_stride=1,
-            attention_mask=None,
-            origin_latent_frames=None,
-            origin_latent_hw=None,
-        ):
-            args = (
-                attn,
-                hidden_states,
-                rotary_emb,
-                grid_sizes,
-                kv_cache,
-                kv_cache_mode,
-                rope_stride,
-                reference_rotary_emb,
-                reference_grid_sizes,
-                reference_rope_stride,
-                attention_mask,
-                origin_latent_frames,
-                origin_latent_hw,
-            )
+        def __call__(self, attn, hidden_states, *args, **kwargs):
+            a = _SelfAttnArgs(*args, **kwargs)
             H = attn.heads
             ok = (
-                kv_cache_mode in ("extract", "cached")
+                a.kv_cache_mode in ("extract", "cached")
                 and hidden_states.dim() == 3
                 and hidden_states.shape[-1] % H == 0
                 and common.norms_ok(attn.norm_q, attn.norm_k)
                 and not common.needs_grad(attn, hidden_states)
             )
-            grid = _grid_list(grid_sizes) if ok else None
+            grid = _grid_list(a.grid_sizes) if ok else None
             S = hidden_states.shape[1]
             D = hidden_states.shape[-1] // H if ok else 0
             ok = (
                 grid is not None
                 and len(grid) == hidden_states.shape[0]
-                and _tables_ok(rotary_emb, grid, rope_stride, S, D)
+                and _tables_ok(a.rotary_emb, grid, a.rope_stride, S, D)
             )
-            if ok and kv_cache_mode == "cached":
-                ref_grid = _grid_list(reference_grid_sizes)
-                key_ref = getattr(kv_cache, "key", None)
+            if ok and a.kv_cache_mode == "cached":
+                ref_grid = _grid_list(a.reference_grid_sizes)
+                key_ref = getattr(a.kv_cache, "key", None)
                 ok = (
                     ref_grid is not None
                     and isinstance(key_ref, torch.Tensor)
                     and key_ref.dim() == 4
                     and len(ref_grid) == key_ref.shape[0]
                     and _tables_ok(
-                        reference_rotary_emb,
+                        a.reference_rotary_emb,
                         ref_grid,
-                        reference_rope_stride,
+                        a.reference_rope_stride,
                         key_ref.shape[1],
                         key_ref.shape[-1],
                     )
                 )
             if not ok:
-                return super().__call__(*args)
+                return super().__call__(attn, hidden_states, *args, **kwargs)
 
             query, key, value = ta._get_qkv_projections(attn, hidden_states, None)
-            cos, sin = _rope_tables(rotary_emb, grid, rope_stride, S)
+            cos, sin = _rope_tables(a.rotary_emb, grid, a.rope_stride, S)
             value = value.unflatten(2, (H, -1))
-            if kv_cache_mode == "extract":
+            if a.kv_cache_mode == "extract":
                 # the cache holds the normalised K; the rotated K is that K rotated, so the
                 # two agree as the processor's do (one norm, then rope_apply)
                 key, _ = _qk(key, attn.norm_k, H)
-                kv_cache.store(key.unflatten(2, (H, -1)), value)
+                a.kv_cache.store(key.unflatten(2, (H, -1)), value)
                 if common.use_8bit(self, query, value, D, None, self._parallel_config):
                     quantize = common.qk_8bit()
                     q = qk_norm_rope(
@@ -262,9 +252,9 @@ def _make_processors():
                     attn, query, key, cos, sin, num_heads=H, rotary_dim=D
                 )
                 query, key = query.unflatten(2, (H, -1)), key.unflatten(2, (H, -1))
-                key_ref, value_ref = kv_cache.get()
+                key_ref, value_ref = a.kv_cache.get()
                 rcos, rsin = _rope_tables(
-                    reference_rotary_emb, ref_grid, reference_rope_stride, key_ref.shape[1]
+                    a.reference_rotary_emb, ref_grid, a.reference_rope_stride, key_ref.shape[1]
                 )
                 key_ref = _rotate(key_ref, rcos, rsin, H)
                 hidden_states = _packed_attention(
@@ -275,9 +265,9 @@ def _make_processors():
                     value_ref,
                     grid[0],
                     ref_grid[0],
-                    origin_latent_frames,
-                    origin_latent_hw,
-                    attention_mask,
+                    a.origin_latent_frames,
+                    a.origin_latent_hw,
+                    a.attention_mask,
                     self._parallel_config,
                     dispatch_attention_fn,
                     AttentionBackendName.FLEX,

@@ -36,7 +36,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -391,57 +391,42 @@ class E2EModel:
     in_all: bool = True  # run by ``--models all``; else only when named
 
 
+def _image_model(name, build, inputs, tiny_config, text_len: int = 8) -> E2EModel:
+    """An image transformer's entry: timestep ``t`` (not ``1000 t``), a 4 x 4 latent grid and
+    ``text_len`` prompt tokens in the CPU test."""
+    tiny_sizes = {"height": 4, "width": 4, "text_len": text_len}
+    return E2EModel(
+        name, build, inputs, time_scale=1.0, tiny_config=tiny_config, tiny_sizes=tiny_sizes
+    )
+
+
+_WAN14B_480P = E2EModel(
+    "wan14b-480p",
+    _wan14b,
+    _wan_inputs,
+    tiny_config=tiny.TINY_WAN,
+    tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6},
+)
+
 E2E_MODELS: dict[str, E2EModel] = {
     m.name: m
     for m in [
-        E2EModel(
-            "wan14b-480p",
-            _wan14b,
-            _wan_inputs,
-            time_scale=1000.0,
-            tiny_config=tiny.TINY_WAN,
-            tiny_sizes={"frames": 1, "h": 8, "w": 8, "text_len": 6},
-        ),
+        _WAN14B_480P,
         # 720x1280, 81 frames: latents 21 x 90 x 160, 75600 tokens a block's self-attention
-        E2EModel(
-            "wan14b-720p",
-            _wan14b,
-            _wan_inputs,
-            time_scale=1000.0,
+        replace(
+            _WAN14B_480P,
+            name="wan14b-720p",
             sizes={"frames": 21, "h": 90, "w": 160},
             in_all=False,
-            tiny_config=tiny.TINY_WAN,
             tiny_sizes={"frames": 1, "h": 8, "w": 6, "text_len": 6},
         ),
-        E2EModel(
-            "flux1-1024",
-            _flux1,
-            _flux1_inputs,
-            time_scale=1.0,
-            tiny_config=tiny.TINY_FLUX1,
-            tiny_sizes={"height": 4, "width": 4, "text_len": 8},
-        ),
-        E2EModel(
-            "flux2-1024",
-            _flux2,
-            _flux2_inputs,
-            time_scale=1.0,
-            tiny_config=tiny.TINY_FLUX2,
-            tiny_sizes={"height": 4, "width": 4, "text_len": 8},
-        ),
-        E2EModel(
-            "qwen-image-1328",
-            _qwen_image,
-            _qwen_image_inputs,
-            time_scale=1.0,
-            tiny_config=tiny.TINY_QWEN_IMAGE,
-            tiny_sizes={"height": 4, "width": 4, "text_len": 7},
-        ),
+        _image_model("flux1-1024", _flux1, _flux1_inputs, tiny.TINY_FLUX1),
+        _image_model("flux2-1024", _flux2, _flux2_inputs, tiny.TINY_FLUX2),
+        _image_model("qwen-image-1328", _qwen_image, _qwen_image_inputs, tiny.TINY_QWEN_IMAGE, 7),
         E2EModel(
             "hunyuan-video-544p",
             _hunyuan_video,
             _hunyuan_video_inputs,
-            time_scale=1000.0,
             tiny_config=tiny.TINY_HUNYUAN_VIDEO,
             tiny_sizes={"frames": 2, "h": 4, "w": 4, "text_len": 6, "prompt": 4},
         ),
@@ -565,6 +550,62 @@ def _row(spec, impl, dtype, **kw) -> dict:
     return r
 
 
+def _timed_rows(spec, dtype, blocks, shape):
+    """The row maker of one model's timed ways: ``row(impl, ms, peak_gib, **columns)``, with
+    the model's blocks and shape and the time per block (None where ``ms`` is)."""
+
+    def row(impl, ms, peak_gib, **columns):
+        per_block = None if ms is None else ms / max(blocks, 1)
+        return _row(
+            spec,
+            impl,
+            dtype,
+            blocks=blocks,
+            ms=ms,
+            ms_per_block=per_block,
+            peak_gib=peak_gib,
+            shape=shape,
+            **columns,
+        )
+
+    return row
+
+
+def _model_and_inputs(spec, layers, device, dtype, config, sizes):
+    """:func:`build_model` and its inputs (``spec.sizes`` unless ``sizes``), with the rows'
+    block count and shape column."""
+    model = build_model(spec, layers, device, dtype, **(config or {}))
+    kw = spec.inputs(device, dtype, cfg=model.config, **(spec.sizes if sizes is None else sizes))
+    blocks = sum(1 for m in model.modules() if type(m).__name__.endswith("TransformerBlock"))
+    lat, txt = kw[spec.latent_key], kw.get("encoder_hidden_states")
+    shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
+    return model, kw, blocks, shape
+
+
+def _interleaved(fns: dict, rounds: int, timer, mem=None, peak=None):
+    """``timer`` of each of ``fns`` in ``rounds`` rounds over all of them, so that the GPU's
+    clock (it drifts down as the chip heats over a run) weighs on each the same: per impl,
+    the times (ms), the host times (``timer.host_ms``) and, with ``mem`` (reset before each
+    call), ``peak(impl)`` after each call (else None)."""
+    times, hosts, peaks = ({impl: [] for impl in fns} for _ in range(3))
+    for _ in range(rounds):
+        for impl, fn in fns.items():
+            if mem:
+                mem.reset()
+            times[impl].append(timer(fn))
+            hosts[impl].append(getattr(timer, "host_ms", None))
+            peaks[impl].append(peak(impl) if mem else None)
+    return times, hosts, peaks
+
+
+def _spread(times, hosts) -> str:
+    """A row's rounds in its note: each round's ms, and its host ms where the timer gives it."""
+    out = "rounds " + "/".join(f"{t:.2f}" for t in times)
+    if all(h is not None for h in hosts):
+        out += ", host " + "/".join(f"{h:.2f}" for h in hosts)
+    return out
+
+
 def run_model(
     spec: E2EModel,
     device: str,
@@ -584,11 +625,8 @@ def run_model(
     ``emit(row)`` for each way. Returns (rows, quality, patch report)."""
     import ditfuse
 
-    model = build_model(spec, layers, device, dtype, **(config or {}))
-    kw = spec.inputs(device, dtype, cfg=model.config, **(spec.sizes if sizes is None else sizes))
-    blocks = sum(1 for m in model.modules() if type(m).__name__.endswith("TransformerBlock"))
-    lat, txt = kw[spec.latent_key], kw.get("encoder_hidden_states")
-    shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
+    model, kw, blocks, shape = _model_and_inputs(spec, layers, device, dtype, config, sizes)
+    row = _timed_rows(spec, dtype, blocks, shape)
     rows, quality = {}, {}
 
     def compiled(m):
@@ -609,42 +647,18 @@ def run_model(
         fns["patched eager"] = lambda: patched(**kw)
         if compile_backend:
             fns["patched compile"] = compiled(patched)
-        # Rounds over the four ways, so that the GPU's clock (it drifts down as the chip
-        # heats over a run) weighs on each the same; a row is the median of its rounds.
-        times = {impl: [] for impl in fns}
-        hosts = {impl: [] for impl in fns}
-        peaks = {impl: [] for impl in fns}
-        for _ in range(rounds):
-            for impl, fn in fns.items():
-                if mem:
-                    mem.reset()
-                times[impl].append(timer(fn))
-                hosts[impl].append(getattr(timer, "host_ms", None))
-                peaks[impl].append(mem.peak() if mem else None)
+        # a row is the median of its rounds
+        times, hosts, peaks = _interleaved(fns, rounds, timer, mem, lambda impl: mem.peak())
         for impl in fns:
             ms = statistics.median(times[impl])
             rows[impl] = ms
-            spread = "rounds " + "/".join(f"{t:.2f}" for t in times[impl])
-            if all(h is not None for h in hosts[impl]):
-                spread += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
+            spread = _spread(times[impl], hosts[impl])
             extra = (
                 dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
                 if impl == "patched eager"
                 else dict(note=spread)
             )
-            emit(
-                _row(
-                    spec,
-                    impl,
-                    dtype,
-                    blocks=blocks,
-                    ms=ms,
-                    ms_per_block=ms / max(blocks, 1),
-                    peak_gib=max(peaks[impl]) if mem else None,
-                    shape=shape,
-                    **extra,
-                )
-            )
+            emit(row(impl, ms, max(peaks[impl]) if mem else None, **extra))
         torch._dynamo.reset()
     return rows, quality, report
 
@@ -766,11 +780,8 @@ def run_model_fp8(
 
     patch_8bit = patch_8bit or patch_fp8
     progress = progress or (lambda line: None)
-    model = build_model(spec, layers, device, dtype, **(config or {}))
-    kw = spec.inputs(device, dtype, cfg=model.config, **(spec.sizes if sizes is None else sizes))
-    blocks = sum(1 for m in model.modules() if type(m).__name__.endswith("TransformerBlock"))
-    lat, txt = kw[spec.latent_key], kw.get("encoder_hidden_states")
-    shape = f"latents {tuple(lat.shape)}" + (f" + text {txt.shape[1]}" if txt is not None else "")
+    model, kw, blocks, shape = _model_and_inputs(spec, layers, device, dtype, config, sizes)
+    row = _timed_rows(spec, dtype, blocks, shape)
     way = " compile" if compile_backend else " eager"
     rows, quality, trajs, fns, weights = {}, {}, {}, {}, {}
     limit = torch._dynamo.config.cache_size_limit
@@ -797,17 +808,10 @@ def run_model_fp8(
                 trajs[impl] = trajectory(fn, kw, spec, steps)
                 quality[impl] = _compare(trajs[impl], ref)
                 fns[impl] = lambda fn=fn: fn(**kw)
-            times = {impl: [] for impl in fns}
-            hosts = {impl: [] for impl in fns}
-            peaks = {impl: [] for impl in fns}
-            for _ in range(rounds):  # interleaved: the clock's drift weighs on each the same
-                for impl, fn in fns.items():
-                    if mem:
-                        mem.reset()
-                    times[impl].append(timer(fn))
-                    hosts[impl].append(getattr(timer, "host_ms", None))
-                    # every way's copy stays resident: its own weights plus what a step adds
-                    peaks[impl].append(weights[impl] + mem.above() if mem else None)
+            # every way's copy stays resident: its own weights plus what a step adds
+            times, hosts, peaks = _interleaved(
+                fns, rounds, timer, mem, lambda impl: weights[impl] + mem.above()
+            )
             base = next(iter(fns))
             for impl in fns:
                 rows[impl] = statistics.median(times[impl])
@@ -815,11 +819,8 @@ def run_model_fp8(
                 ms = rows[impl]
                 note = (
                     f"{steps}-step trajectory vs unpatched eager "
-                    f"{str(dtype).replace('torch.', '')}; "
-                    f"rounds " + "/".join(f"{t:.2f}" for t in times[impl])
+                    f"{str(dtype).replace('torch.', '')}; {_spread(times[impl], hosts[impl])}"
                 )
-                if all(h is not None for h in hosts[impl]):
-                    note += ", host " + "/".join(f"{h:.2f}" for h in hosts[impl])
                 if mem:
                     note += (
                         f"; peak GiB = the model's weights on the GPU "
@@ -833,21 +834,8 @@ def run_model_fp8(
                     note += (
                         "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
                     )
-                emit(
-                    _row(
-                        spec,
-                        impl,
-                        dtype,
-                        blocks=blocks,
-                        ms=ms,
-                        ms_per_block=ms / max(blocks, 1),
-                        peak_gib=max(peaks[impl]) if mem else None,
-                        shape=shape,
-                        note=note,
-                        speedup=rows[base] / ms,
-                        **quality[impl],
-                    )
-                )
+                peak = max(peaks[impl]) if mem else None
+                emit(row(impl, ms, peak, note=note, speedup=rows[base] / ms, **quality[impl]))
     finally:
         torch._dynamo.config.cache_size_limit = limit
         torch._dynamo.reset()
@@ -949,20 +937,7 @@ def run_same(
                     if impl == "patched" and out is not None and outs["unpatched"] is not None
                     else {}
                 )
-                emit(
-                    _row(
-                        spec,
-                        impl,
-                        dtype,
-                        blocks=blocks,
-                        ms=ms,
-                        ms_per_block=None if ms is None else ms / max(blocks, 1),
-                        peak_gib=peak,
-                        shape=shape,
-                        note=note,
-                        **quality,
-                    )
-                )
+                emit(_timed_rows(spec, dtype, blocks, shape)(impl, ms, peak, note=note, **quality))
             results[(dtype, n)] = res
             outs = latents = out = None
             _free(device)
@@ -1121,6 +1096,9 @@ def run_e2e(
         t0 = time.time()
         kw = {"config": spec.tiny_config, "sizes": spec.tiny_sizes} if tiny else {}
         n_layers = layers[n] if isinstance(layers, dict) else layers
+        # a transformer's step run (run_model, run_model_fp8)
+        step = (spec, device, torch.bfloat16, n_layers, timer, emit)
+        options = dict(compile_backend=compile_backend, steps=steps, mem=mem, rounds=rounds, **kw)
         try:
             if fp8:
                 if spec.kind != "transformer":
@@ -1130,19 +1108,10 @@ def run_e2e(
                     continue
                 chosen = linear_fp8_ways(ways) if linear else None
                 _, _, reports = run_model_fp8(
-                    spec,
-                    device,
-                    torch.bfloat16,
-                    n_layers,
-                    timer,
-                    emit,
-                    compile_backend=compile_backend,
-                    steps=steps,
-                    mem=mem,
-                    rounds=rounds,
+                    *step,
                     ways=chosen,
                     progress=lambda line: print(line, file=out, flush=True),
-                    **kw,
+                    **options,
                 )
                 labels = (
                     [w[0] for w in chosen]
@@ -1154,19 +1123,7 @@ def run_e2e(
             elif spec.kind == "vae-decode":
                 run_same(spec, device, slow_timer, emit, mem=mem, **kw)
             else:
-                _, _, report = run_model(
-                    spec,
-                    device,
-                    torch.bfloat16,
-                    n_layers,
-                    timer,
-                    emit,
-                    compile_backend=compile_backend,
-                    steps=steps,
-                    mem=mem,
-                    rounds=rounds,
-                    **kw,
-                )
+                _, _, report = run_model(*step, **options)
                 print(f"  ditfuse.patch: {report}", file=out, flush=True)
         except Exception:  # noqa: BLE001 -- report it, keep the other models' rows
             failed += 1

@@ -168,13 +168,7 @@ SPECS: List[Spec] = [
     ),
     Spec(
         "wan1.3b",
-        model="Wan2.1 1.3B 480p",
-        H=12,
-        D=128,
-        S=21 * 30 * 52,
-        norm="rms",
-        span_all=True,
-        layout="flat",
+        **{**_WAN14B, "model": "Wan2.1 1.3B 480p", "H": 12, "S": 21 * 30 * 52},
         table_width=64,
     ),
     # FLUX.1 / FLUX.2: torch.nn.RMSNorm(D) per head, interleaved fp32 (S, D) table
@@ -691,20 +685,16 @@ def _parser() -> argparse.ArgumentParser:
         choices=SPEC_NAMES,
         help="inspect only these specializations",
     )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="exit with status 1 if any specialization spills, has a stack frame "
-        "or LDL/STL in its SASS",
-    )
-    p.add_argument(
-        "--no-s-variants",
-        action="store_true",
-        help="skip the second build of each specialization for a token count in "
+    switches = {
+        "--check": "exit with status 1 if any specialization spills, has a stack frame or "
+        "LDL/STL in its SASS",
+        "--no-s-variants": "skip the second build of each specialization for a token count in "
         "the other %%16 class",
-    )
-    p.add_argument("--list", action="store_true", help="list the specializations and exit")
-    p.add_argument("--quiet", action="store_true", help="print no table")
+        "--list": "list the specializations and exit",
+        "--quiet": "print no table",
+    }
+    for flag, what in switches.items():
+        p.add_argument(flag, action="store_true", help=what)
     return p
 
 
