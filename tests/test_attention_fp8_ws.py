@@ -80,8 +80,94 @@ def test_quantize_vt_nan_channel():
 
 def test_routing():
     q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16)
-    assert not API._ws_ok(q, q, None, None)  # CPU: the interpreter runs the Triton kernel
+    assert not API._ws_ok(q, q, None)  # CPU: the interpreter runs the Triton kernel
     assert WS.WsConfig.for_head_dim(128).stages >= 2
+
+
+def _reference64(q, k, v, key_mask):
+    """Softmax attention in float64, (B, S, H, D); a row with no key kept: zeros."""
+    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
+    s = (qd @ kd.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
+        ~key_mask[:, None, None, :], float("-inf")
+    )
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return (p @ vd).transpose(1, 2)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_key_mask_gathers_each_entry_kept_keys(layout, monkeypatch):
+    """With a key mask the warp-specialized route gives each batch entry its kept keys only
+    (gathered in order, one launch an entry, none for an entry that keeps no key, whose rows
+    are zeros): the kernel stood in for by exact attention of what it is handed."""
+    from ditfuse.ops import attention_fp8 as A
+
+    launched = []
+
+    def kernel(q8, q_scale, k4, v4, out4, scale, config=None):
+        launched.append(k4.shape[1])
+        q = q8.double() * q_scale.double().transpose(1, 2)[..., None]  # (B, S, H, 1)
+        qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k4, v4))
+        o = torch.softmax(qd @ kd.transpose(-1, -2) * scale, -1) @ vd
+        out4.copy_(o.transpose(1, 2))
+        return out4
+
+    monkeypatch.setattr(WS, "launch", kernel)
+    B, S_q, S_kv, H, D = 3, 40, 70, 2, 64
+    q, k, v = (torch.randn(B, s, H, D, dtype=torch.bfloat16) for s in (S_q, S_kv, S_kv))
+    km = torch.rand(B, S_kv) > 0.4
+    km[1] = True
+    km[2] = False
+    t = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bhsd" else (lambda x: x)
+    out = A.run_ws(t(q), t(k), t(v), 1 / math.sqrt(D), layout, km)
+    out = out.transpose(1, 2) if layout == "bhsd" else out
+    assert launched == [int(km[0].sum()), S_kv]
+    assert (out[2] == 0).all()
+    q8, qs = A.quantize_per_token(q)  # the queries the kernel gets, dequantized
+    ref = _reference64(q8.double() * qs.transpose(1, 2)[..., None].double(), k, v, km)
+    assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_key_mask_inside_a_graph_capture_takes_the_triton_kernel(monkeypatch):
+    """Inside a CUDA graph capture (no host read of the mask) a key-masked call runs the
+    Triton kernel with the mask instead: the gathered path is never entered."""
+    from ditfuse.ops import attention_fp8 as A
+
+    monkeypatch.setattr(A, "_capturing", lambda: True)
+    monkeypatch.setattr(WS, "launch", lambda *a, **k: pytest.fail("gathered path taken"))
+    q, k, v = (torch.randn(1, 50, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    km = torch.rand(1, 50) > 0.3
+    out = A.run_ws(q, k, v, 0.125, "bshd", km)
+    ref = _reference64(q, k, v, km)
+    o, r = out.double().flatten(), ref.flatten()
+    assert (o @ r / (o.norm() * r.norm())).item() >= COS_MIN
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_gpu_key_mask(layout):
+    """Key-padded calls on the warp-specialized route (two batch entries with different
+    padding, one keeping every key) and the same call replayed from a CUDA graph (the Triton
+    kernel there) against float64."""
+    B, S, H, D = 2, 1500, 3, 128
+    q, k, v = (torch.randn(B, S, H, D, device="cuda").bfloat16() for _ in range(3))
+    km = torch.ones(B, S, dtype=torch.bool, device="cuda")
+    km[0, 1200:] = False
+    t = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bhsd" else (lambda x: x)
+    ref = _reference64(q, k, v, km)
+    with torch.no_grad():
+        out = ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout, key_mask=km)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            graphed = ditfuse.attention(
+                t(q), t(k), t(v), precision="fp8", layout=layout, key_mask=km
+            )
+        g.replay()
+    for o in (out, graphed):
+        o = (o.transpose(1, 2) if layout == "bhsd" else o).double().flatten()
+        r = ref.flatten()
+        cos = (o @ r / (o.norm() * r.norm())).item()
+        rel = ((o - r).norm() / r.norm()).item()
+        assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
 
 
 _BUILD = r"""
@@ -156,7 +242,7 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     v = torch.randn(B, Skv, H, D, device="cuda").bfloat16()
     t = (lambda x: x.transpose(1, 2)) if layout == "bhsd" else (lambda x: x)
     with torch.no_grad():
-        assert API._ws_ok(q, k, None, None)
+        assert API._ws_ok(q, k, None)
         out = t(ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout))
     qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
     ref = (torch.softmax(qd @ kd.transpose(-1, -2) / math.sqrt(D), -1) @ vd).transpose(1, 2)

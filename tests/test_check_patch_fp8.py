@@ -13,7 +13,7 @@ from ditfuse.tools import check_patch_fp8 as P
     "seen,calls,sm90,ok",
     [
         ([("ws", True), ("ws", True)], 2, True, True),  # unmasked calls, 16-bit Q / K
-        ([("ws", True), ("triton", True)], 2, True, True),  # a key-padded call: Triton
+        ([("ws", True), ("triton", True)], 2, True, False),  # key-padded: the WS kernel too
         ([("ws", True), ("triton", False)], 2, True, False),  # unmasked call on Triton
         ([("ws", False)], 1, True, False),  # the WS kernel given 8-bit Q / K
         ([("ws", True)], 2, True, False),  # a call missing: the 16-bit path ran

@@ -96,12 +96,11 @@ def test_fp8_close_to_unpatched(name, make, inputs, calls, monkeypatch):
 
 
 def _gpu_route(monkeypatch):
-    """The sm_90 route on the CPU: ``common.qk_8bit`` as on a GPU (16-bit Q / K where no key
-    mask), the front door taking 16-bit
-    calls without a window or key mask to ``attention_fp8.run_ws``, which is replaced by
-    exact SDPA in V's dtype recording Q / K's dtypes -- so a patched model's output shows
-    whether the processors hand the warp-specialized kernel the right normalised, rotated
-    Q / K in the right layout."""
+    """The sm_90 route on the CPU: ``common.qk_8bit`` as on a GPU (16-bit Q / K), the front
+    door taking 16-bit calls without a window to ``attention_fp8.run_ws``, which is replaced
+    by exact SDPA (with the key mask, if any) in V's dtype recording Q / K's dtypes -- so a
+    patched model's output shows whether the processors hand the warp-specialized kernel the
+    right normalised, rotated Q / K in the right layout, and the right key mask."""
     from torch.nn import functional as F
 
     from ditfuse.ops import attention_api
@@ -109,18 +108,15 @@ def _gpu_route(monkeypatch):
 
     ws = []
 
-    def run_ws(q, k, v, scale, layout):
-        ws.append((q.dtype, k.dtype, tuple(q.shape), layout))
+    def run_ws(q, k, v, scale, layout, key_mask=None):
+        ws.append((q.dtype, k.dtype, tuple(q.shape), layout, key_mask is not None))
         t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
-        o = F.scaled_dot_product_attention(t(q), t(k), t(v), scale=scale)
+        m = None if key_mask is None else key_mask[:, None, None, :]
+        o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=m, scale=scale)
         return t(o).to(v.dtype).contiguous()
 
-    monkeypatch.setattr(
-        common, "qk_8bit", lambda key_mask=None: None if key_mask is None else "int8"
-    )
-    monkeypatch.setattr(
-        attention_api, "_ws_ok", lambda q, k, window, key_mask: window is None and key_mask is None
-    )
+    monkeypatch.setattr(common, "qk_8bit", lambda key_mask=None: None)
+    monkeypatch.setattr(attention_api, "_ws_ok", lambda q, k, window: window is None)
     monkeypatch.setattr(_attention_fp8, "run_ws", run_ws)
     return ws
 
@@ -136,10 +132,9 @@ def _gpu_route(monkeypatch):
 )
 @torch.no_grad()
 def test_fp8_gpu_route_hands_16bit_qk(name, make, inputs, calls, monkeypatch):
-    """On an sm_90 GPU a patched processor's unmasked 8-bit call hands the front door the
-    QK kernel's 16-bit Q / K (the warp-specialized kernel quantizes them itself), a call with
-    a key-padding mask the kernel's int8 Q / K and per-token scales (the Triton kernel). With
-    the warp-specialized kernel stood in for by exact SDPA, a model whose calls all go there
+    """On an sm_90 GPU a patched processor's 8-bit call hands the front door the QK kernel's
+    16-bit Q / K (the warp-specialized kernel quantizes them itself), a key-padded call with
+    its key mask. With the warp-specialized kernel stood in for by exact SDPA, the model
     computes bitwise what ``patch(attention=True)`` does."""
 
     model = to_dtype(make(), torch.bfloat16)
@@ -152,14 +147,9 @@ def test_fp8_gpu_route_hands_16bit_qk(name, make, inputs, calls, monkeypatch):
     per_token = _spy(monkeypatch)
     out = model(**kw)[0]
     monkeypatch.undo()
-    assert len(ws) + len(per_token) == calls, (ws, per_token)
-    assert all(q == k == torch.bfloat16 for q, k, _, _ in ws), ws
-    assert all(masked for _, masked in per_token), f"int8 Q / K without a key mask: {per_token}"
-    if per_token:
-        cos, rel = _accuracy(out, exact)
-        assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
-    else:
-        assert torch.equal(out, exact)
+    assert len(ws) == calls and not per_token, (ws, per_token)
+    assert all(q == k == torch.bfloat16 for q, k, *_ in ws), ws
+    assert torch.equal(out, exact), _accuracy(out, exact)
 
 
 #: the inputs given a second batch entry of their own (the rest repeated)

@@ -203,11 +203,11 @@ def attention(
                 "quantized here (pass neither)"
             )
         _check_before_quantizing(q, k, v, **opts)
-        if _ws_ok(q, k, window, key_mask):
+        if _ws_ok(q, k, window):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             if torch.compiler.is_compiling():
-                return fp8.attention_8bit_ws_op(q, k, v, s, layout)
-            return fp8.run_ws(q, k, v, s, layout)
+                return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask)
+            return fp8.run_ws(q, k, v, s, layout, key_mask)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     if torch.compiler.is_compiling():
         return fp8._via_op(q, k, v, q_scale, k_scale, **opts)
@@ -216,12 +216,12 @@ def attention(
     )
 
 
-def _ws_ok(q: Tensor, k: Tensor, window, key_mask) -> bool:
-    """The warp-specialized kernel takes a 16-bit call on sm_90 without a window or a key
-    mask (the Triton kernel takes those, and 8-bit q / k with per-token key scales)."""
+def _ws_ok(q: Tensor, k: Tensor, window) -> bool:
+    """The warp-specialized kernel takes a 16-bit call on sm_90 without a window, with or
+    without a key mask (the Triton kernel takes band windows, and 8-bit q / k with per-token
+    key scales)."""
     return (
         window is None
-        and key_mask is None
         and not backend.INTERPRET
         and q.is_cuda
         and isinstance(k, Tensor)

@@ -365,27 +365,57 @@ def _(x, layout):
     ]
 
 
-def run_ws(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:
+def run_ws(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str, key_mask: Optional[Tensor] = None
+) -> Tensor:
     """16-bit q / k / v (checked) -> the warp-specialized kernel's output in q's layout,
     contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
-    the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`)."""
+    the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`).
+
+    ``key_mask`` (bool (B, S_kv), checked): each batch entry attends only the keys it keeps,
+    gathered in order into a K / V of their own (softmax does not depend on which keys are
+    left out, so the kernel needs no mask, and K's mean and tile scales are of the kept keys);
+    an entry that keeps no key gets zeros. Finding the kept keys reads the mask on the host
+    (one synchronisation a call); inside a CUDA graph capture, where it cannot, the Triton
+    kernel takes the mask instead."""
     from ditfuse.ops import attention_fp8_ws as ws
 
+    if key_mask is not None and _capturing():
+        q8, qs = quantize_per_token(q, layout)
+        k8, ks = quantize_per_token(k, layout)
+        return run(
+            plan(q8, k8, v, q_scale=qs, k_scale=ks, scale=scale, layout=layout, key_mask=key_mask)
+        )
     q8, qs = quantize_per_token(q, layout)
     t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
     q4, k4, v4 = t(q8), t(k), t(v)
     out = _new_out(q.shape, v.dtype, v.device)
-    ws.launch(q4, qs, k4, v4, t(out), scale)
+    o4 = t(out)
+    if key_mask is None:
+        ws.launch(q4, qs, k4, v4, o4, scale)
+        return out
+    for b, kept in enumerate(key_mask.unbind(0)):
+        e = slice(b, b + 1)
+        idx = kept.nonzero().squeeze(1)
+        if idx.numel() == 0:
+            o4[e].zero_()
+        elif idx.numel() == kept.numel():
+            ws.launch(q4[e], qs[e], k4[e], v4[e], o4[e], scale)
+        else:
+            kb, vb = k4[e].index_select(1, idx), v4[e].index_select(1, idx)
+            ws.launch(q4[e], qs[e], kb, vb, o4[e], scale)
     return out
 
 
 @library.op("ditfuse::attention_8bit_ws")
-def attention_8bit_ws_op(q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str) -> Tensor:
-    return run_ws(q, k, v, scale, layout)
+def attention_8bit_ws_op(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str, key_mask: Optional[Tensor]
+) -> Tensor:
+    return run_ws(q, k, v, scale, layout, key_mask)
 
 
 @attention_8bit_ws_op.register_fake
-def _(q, k, v, scale, layout):
+def _(q, k, v, scale, layout, key_mask):
     return torch.empty(q.shape, dtype=v.dtype, device=v.device)
 
 

@@ -86,10 +86,10 @@ def patch(
         attention processors that ``qk_norm_rope`` installs (Wan 2.x and its variants,
         FLUX.1 / Chroma, FLUX.2, HunyuanVideo / FramePack / 1.5, Qwen-Image) on 8-bit
         attention: the QK-norm + RoPE kernel writes Q / K and
-        ``ditfuse.attention(..., precision="fp8")`` attends them -- on an sm_90 GPU without a
-        key mask 16-bit Q / K to the warp-specialized kernel, with a key-padding mask (or
-        under Triton's interpreter) int8 Q / K with per-token scales from the QK kernel
-        (``common.qk_8bit``) -- where the kernel takes the
+        ``ditfuse.attention(..., precision="fp8")`` attends them -- on an sm_90 GPU 16-bit
+        Q / K to the warp-specialized kernel (with a key-padding mask, the kept keys
+        gathered), under Triton's interpreter int8 Q / K with per-token scales from the QK
+        kernel (``common.qk_8bit``) -- where the kernel takes the
         call (no mask that masks anything, head_dim 64 / 128, a 16-bit model, no context
         parallelism, an sm_90 GPU or the CPU interpreter); elsewhere the exact 16-bit path
         (docs/patching.md, "8-bit attention"). Needs ``qk_norm_rope=True``.

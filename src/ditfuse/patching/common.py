@@ -395,14 +395,14 @@ def cat_quantized(parts) -> QuantizedQK:
 
 def qk_8bit(key_mask=None):
     """What a patched processor's QK-norm + RoPE kernel writes for its 8-bit attention call
-    (one that :func:`use_8bit` lets through): ``None``, 16-bit Q / K, where
-    ``ditfuse.attention(..., precision="fp8")`` takes them to the warp-specialized sm_90
-    kernel -- no key mask, a GPU (:func:`use_8bit` has checked it is an sm_90 one); that
-    kernel quantizes Q a token and K a 128-key tile after the mean key itself, and runs at
-    1.4x the per-token kernel (docs/design/attention_fp8.md) -- else ``"int8"``: Q / K with
-    per-token scales from the same kernel, for the kernel that takes a key mask (and the
-    one Triton's interpreter runs)."""
-    return None if key_mask is None and not backend.INTERPRET else "int8"
+    (one that :func:`use_8bit` lets through): ``None``, 16-bit Q / K, on a GPU
+    (:func:`use_8bit` has checked it is an sm_90 one), where
+    ``ditfuse.attention(..., precision="fp8")`` takes them to the warp-specialized kernel,
+    with or without a key-padding mask (the kept keys gathered); that kernel quantizes Q a
+    token and K a 128-key tile after the mean key itself (docs/design/attention_fp8.md) --
+    else ``"int8"``: Q / K with per-token scales from the same kernel, for the Triton kernel
+    that Triton's interpreter runs. ``key_mask`` does not change the answer."""
+    return None if not backend.INTERPRET else "int8"
 
 
 def attention_8bit(qk, value: torch.Tensor, k=None, k_scale=None, key_mask=None) -> torch.Tensor:

@@ -157,9 +157,9 @@ def joint_attention(
     """The FLUX processors' attention from the projections to the (B, S_total, H*D) output:
     :func:`joint_qk` and the model's dispatch (16 bits), or with ``patch(attention="fp8")``
     where the call allows it (``common.use_8bit`` / ``common.attend``) each stream
-    normalised and rotated by one kernel -- and, where ``common.qk_8bit`` says (a key mask),
-    quantized (int8, per-token scales) by it -- the streams concatenated text first (their
-    values and their scales), V as the processor
+    normalised and rotated by one kernel -- and, where ``common.qk_8bit`` says (Triton's
+    interpreter), quantized (int8, per-token scales) by it -- the streams concatenated text
+    first (their values and their scales), V as the processor
     concatenates it, and ``ditfuse.attention(..., precision="fp8")`` -- a key-padding
     ``mask`` (bool (B or 1, 1, 1, S_total), ``common.key_padding``) as its ``key_mask``."""
     enc = (encoder_query, encoder_key, encoder_value) if joint else ()

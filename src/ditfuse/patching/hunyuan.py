@@ -95,9 +95,9 @@ def _make_processor():
         RMSNorm/LayerNorm, or the RoPE is not a (cos, sin) pair of (S_image, D) tables.
 
         With ``patch(attention="fp8")``: each stream's (the single-stream blocks: each token
-        range's) Q / K from its kernel as ``common.qk_8bit`` says (with a key mask: int8 with
-        per-token scales), the streams concatenated image first, and the attention on
-        ``ditfuse.attention(..., precision="fp8")`` where the call allows it
+        range's) Q / K from its kernel as ``common.qk_8bit`` says (16-bit on a GPU, int8 with
+        per-token scales under the interpreter), the streams concatenated image first, and the
+        attention on ``ditfuse.attention(..., precision="fp8")`` where the call allows it
         (``common.use_8bit``, ``common.attend``): the model's joint mask, bool (B, 1, 1, N),
         is a key-padding mask -- the padded prompt tokens go to the kernel as its
         ``key_mask``; another mask 8-bit only where it masks nothing.

@@ -42,7 +42,7 @@ def _make_processor():
         RMSNorm, or the RoPE is not an (image, text) pair of complex (S, D/2) tables.
 
         With ``patch(attention="fp8")``: each stream's Q / K from its kernel as
-        ``common.qk_8bit`` says (with a key mask: int8 with per-token scales), concatenated
+        ``common.qk_8bit`` says (16-bit on a GPU, int8 under the interpreter), concatenated
         text first, and the attention on
         ``ditfuse.attention(..., precision="fp8")`` where the call allows it
         (``common.use_8bit``, ``common.attend``): the joint mask built from a boolean

@@ -57,7 +57,7 @@ def _operands(q, k):
     mean key, one scale a tile of keys, expanded to its tokens; the mean shifts every score
     of a query by one value, which softmax ignores) where the call routes there, else the
     per-token quantization the Triton kernel gets."""
-    if API._ws_ok(q, k, None, None):
+    if API._ws_ok(q, k, None):
         B, S, H, _ = k.shape
         k8, tiles = WS.quantize_k_blocks(k)
         k_scale = tiles.view(B, H, -1).repeat_interleave(WS.BLOCK_N, dim=-1)[..., :S]

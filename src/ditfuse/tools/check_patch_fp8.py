@@ -4,9 +4,10 @@ tolerances, every attention call on an 8-bit kernel and on the one its call rout
 ``unpatch`` restoring the outputs bit for bit.
 
 The route (docs/patching.md, "8-bit attention"): on an sm_90 GPU an unmasked call hands the
-warp-specialized kernel 16-bit Q / K (``attention_fp8.run_ws``) and a key-padded one the
-Triton kernel int8 Q / K with its key mask (``attention_fp8.run``); under Triton's interpreter
-every call takes the Triton kernel. The gates count the launches of both entry points.
+warp-specialized kernel 16-bit Q / K (``attention_fp8.run_ws``), a key-padded one with its
+key mask (the kept keys gathered); under Triton's interpreter every call takes the Triton
+kernel (``attention_fp8.run``), int8 Q / K with the key mask. The gates count the launches of
+both entry points.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ def _launches():
     seen = []
     run_ws, run = attention_fp8.run_ws, attention_fp8.run
 
-    def spy_ws(q, k, v, scale, layout):
+    def spy_ws(q, k, v, scale, layout, key_mask=None):
         seen.append(("ws", q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype))
-        return run_ws(q, k, v, scale, layout)
+        return run_ws(q, k, v, scale, layout, key_mask)
 
     def spy(p):
         seen.append(("triton", p.key_mask is not None))
@@ -59,12 +60,12 @@ def _launches():
 
 def _route_ok(seen, calls: int, sm90: bool) -> bool:
     """``calls`` launches; on sm_90 the warp-specialized kernel with 16-bit Q / K for every
-    call but the key-padded ones (the Triton kernel); elsewhere the Triton kernel only."""
+    call, key-padded ones included; elsewhere the Triton kernel only."""
     if len(seen) != calls:
         return False
     if not sm90:
         return all(kind == "triton" for kind, _ in seen)
-    return all(flag for _, flag in seen)
+    return all(kind == "ws" and flag for kind, flag in seen)
 
 
 @torch.no_grad()
