@@ -18,7 +18,7 @@ import functools
 import math
 import operator
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -140,27 +140,31 @@ def dot_precision(dtype, precision=None) -> str:
     return PRECISIONS[precision] if dtype == torch.float32 else "tf32"
 
 
-def plan(
-    q,
-    k,
-    v,
-    window,
-    *,
-    q2=None,
-    k2=None,
-    lam=1.0,
-    scale=None,
-    layout="bshd",
-    q_norm=None,
-    k_norm=None,
-    cos=None,
-    sin=None,
-    rope_style="half",
-    rotary_dim=None,
-    precision=None,
-) -> Plan:
+class Options(NamedTuple):
+    """The keyword arguments of :func:`sliding_window_attention` with their public defaults:
+    what :func:`plan` and :func:`op_args` take as ``**options``, and the replay key and the
+    op as one value (a NamedTuple: ``torch.compile`` traces the public function through it)."""
+
+    q2: Optional[Tensor] = None
+    k2: Optional[Tensor] = None
+    lam: object = 1.0
+    scale: Optional[float] = None
+    layout: str = "bshd"
+    q_norm: object = None
+    k_norm: object = None
+    cos: Optional[Tensor] = None
+    sin: Optional[Tensor] = None
+    rope_style: str = "half"
+    rotary_dim: Optional[int] = None
+    precision: Optional[str] = None
+
+
+def plan(q, k, v, window, **options) -> Plan:
     """Check every argument and describe the call; raises before anything runs. Reads no
-    tensor data (works on fake / meta tensors)."""
+    tensor data (works on fake / meta tensors). ``options``: the fields of :class:`Options`."""
+    q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin, rope_style, rotary_dim, precision = (
+        Options(**options)
+    )
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if rope_style not in ROPE_STYLES:
@@ -1084,27 +1088,15 @@ def sliding_window_attention(
     ...         cos=freqs.cos(), sin=freqs.sin(), rotary_dim=32)  # (B, N, 24, 64)
     """
     _check_grad(q, k, v, q2, k2, lam, q_norm, k_norm, cos, sin)
-    # the keyword arguments, as plan, _fast_key and _via_op take them
-    kw = dict(
-        q2=q2,
-        k2=k2,
-        lam=lam,
-        scale=scale,
-        layout=layout,
-        q_norm=q_norm,
-        k_norm=k_norm,
-        cos=cos,
-        sin=sin,
-        rope_style=rope_style,
-        rotary_dim=rotary_dim,
-        precision=precision,
+    o = Options(
+        q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin, rope_style, rotary_dim, precision
     )
     if torch.compiler.is_compiling():
-        return _via_op(q, k, v, window, **kw)
+        return _via_op(q, k, v, window, o)
     key = None
     if fastpath.usable(q):
         try:
-            key, slots = _fast_key(q, k, v, window, **kw)
+            key, slots = _fast_key(q, k, v, window, o)
             replay = _CACHE.get(key)
         except (AttributeError, TypeError, ValueError):  # the checks below explain
             key = replay = None
@@ -1113,7 +1105,7 @@ def sliding_window_attention(
             scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
             if replay(slots + (out,) + scratch):
                 return out
-    p = plan(q, k, v, window, **kw)
+    p = plan(q, k, v, window, **o._asdict())
     if key is None:  # (a key implies a device the kernel runs on: fastpath.usable)
         return run(p)
     scratch = _call_scratch(q, window, q2, layout, q_norm, k_norm, cos)
@@ -1136,30 +1128,12 @@ def _call_scratch(q, window, q2, layout, q_norm, k_norm, cos) -> tuple:
 _CACHE = fastpath.Cache()
 
 
-def _fast_key(
-    q,
-    k,
-    v,
-    window,
-    *,
-    q2,
-    k2,
-    lam,
-    scale,
-    layout,
-    q_norm,
-    k_norm,
-    cos,
-    sin,
-    rope_style,
-    rotary_dim,
-    precision,
-):
+def _fast_key(q, k, v, window, o: Options):
     """The signature of an eager call (every tensor's shape, strides, dtype, device and
     alignment; every scalar the launch takes, the norms' included; the launch table) and
     its tensors in replay-slot order. Raises TypeError / ValueError / AttributeError where
     an argument is not what the checks accept (they then run and say why)."""
-
+    q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin, rope_style, rotary_dim, precision = o
     sig = fastpath.sig
     qn = flatten_norm(q_norm, "q_norm")
     kn = flatten_norm(k_norm, "k_norm")
@@ -1209,24 +1183,11 @@ def _op_plan(q, k, v, q2, k2, lam_t, lam, left, right, scale, layout, *rest) -> 
     after ``layout`` each norm's eight fields (``flatten_norm``), then cos, sin,
     rope_style, rotary_dim (0: all of D) and precision."""
     cos, sin, rope_style, rotary_dim, precision = rest[16:]
-    return plan(
-        q,
-        k,
-        v,
-        (left, right),
-        q2=q2,
-        k2=k2,
-        lam=lam_t if lam_t is not None else lam,
-        scale=scale,
-        layout=layout,
-        q_norm=unflatten_norm(*rest[:8]),
-        k_norm=unflatten_norm(*rest[8:16]),
-        cos=cos,
-        sin=sin,
-        rope_style=rope_style,
-        rotary_dim=rotary_dim or None,
-        precision=precision,
-    )
+    lam = lam_t if lam_t is not None else lam
+    q_norm, k_norm = unflatten_norm(*rest[:8]), unflatten_norm(*rest[8:16])
+    r = rotary_dim or None
+    o = Options(q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin, rope_style, r, precision)
+    return plan(q, k, v, (left, right), **o._asdict())
 
 
 @library.op("ditfuse::sliding_window_attention", mutates_args=())
@@ -1310,28 +1271,16 @@ def _(*args):
     return torch.empty(shape, dtype=p.q.dtype, device=p.q.device)
 
 
-def op_args(
-    q,
-    k,
-    v,
-    window,
-    *,
-    q2=None,
-    k2=None,
-    lam=1.0,
-    scale=None,
-    layout="bshd",
-    q_norm=None,
-    k_norm=None,
-    cos=None,
-    sin=None,
-    rope_style="half",
-    rotary_dim=None,
-    precision=None,
-):
+def op_args(q, k, v, window, **options):
     """The arguments of ``torch.ops.ditfuse.sliding_window_attention`` for a public call
-    (``precision`` resolved here: the setting when the call is traced)."""
+    (``options``: the fields of :class:`Options`)."""
+    return _op_args(q, k, v, window, Options(**options))
 
+
+def _op_args(q, k, v, window, o: Options):
+    """:func:`op_args` of the call's :class:`Options` (``precision`` resolved here: the
+    setting when the call is traced)."""
+    q2, k2, lam, scale, layout, q_norm, k_norm, cos, sin, rope_style, rotary_dim, precision = o
     left, right = parse_window(window)
     lam_t = lam if isinstance(lam, Tensor) else None
     if lam_t is None and (isinstance(lam, bool) or not isinstance(lam, (int, float))):
@@ -1361,8 +1310,8 @@ def op_args(
     )
 
 
-def _via_op(q, k, v, window, **kw):
-    return torch.ops.ditfuse.sliding_window_attention(*op_args(q, k, v, window, **kw))
+def _via_op(q, k, v, window, o: Options):
+    return torch.ops.ditfuse.sliding_window_attention(*_op_args(q, k, v, window, o))
 
 
 def sliding_window_attention_reference(q, k, v, window, *, compute_dtype=torch.float32, **kwargs):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -157,23 +157,24 @@ def _check_key_mask(m, B: int, S_kv: int, device) -> Optional[Tensor]:
     return m.view(torch.uint8)
 
 
-def plan(
-    q,
-    k,
-    v,
-    *,
-    q_scale=None,
-    k_scale=None,
-    window=None,
-    scale=None,
-    layout="bshd",
-    key_mask=None,
-    check_scale_values=True,
-) -> Plan:
-    """Validate an 8-bit call whose q / k are already 8-bit (see
-    :func:`ditfuse.ops.attention_api.attention`).
-    ``check_scale_values``: the scales' values too (:func:`_check_scale_values`; off for the
-    scales :func:`quantize_per_token` wrote, which are NaN / inf for a token holding one)."""
+class Options(NamedTuple):
+    """The keywords of an 8-bit call (:func:`ditfuse.ops.attention_api.attention`'s, whose
+    signature spells them out for readers and tools), their defaults written once for
+    :func:`plan`. ``check_scale_values``: the scales' values too (:func:`_check_scale_values`;
+    off for the scales :func:`quantize_per_token` wrote, NaN / inf for a token holding one)."""
+
+    q_scale: Optional[Tensor] = None
+    k_scale: Optional[Tensor] = None
+    window: object = None
+    scale: Optional[float] = None
+    layout: str = "bshd"
+    key_mask: Optional[Tensor] = None
+    check_scale_values: bool = True
+
+
+def plan(q, k, v, **options) -> Plan:
+    """Validate an 8-bit call whose q / k are already 8-bit (``options``: :class:`Options`)."""
+    q_scale, k_scale, window, scale, layout, key_mask, check_scale_values = Options(**options)
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     q4, k4, v4 = _heads(q, "q", layout), _heads(k, "k", layout), _heads(v, "v", layout)

@@ -7,10 +7,11 @@ with steps run back to back as a pipeline's loop runs them (:func:`loop_timer`);
 20-step Euler trajectory patched vs unpatched (PSNR and max |diff| of the final latents,
 on the "patched eager" row). ``wan14b-720p`` runs only when named (``--models``).
 
-``--fp8`` (:func:`run_model_fp8`): the 8-bit attention rows of Wan 2.1 14B at 480p and 720p,
-HunyuanVideo and FLUX.2 -- unpatched, ``ditfuse.patch`` and ``ditfuse.patch(attention="fp8")``,
-each under ``torch.compile``: a step's time, the speed-up over unpatched + compile, and each
-one's 20-step trajectory against the unpatched eager one (``e2e-fp8-<gpu>-<date>.csv``).
+``--fp8`` (:func:`run_model` with ``fp8``): the 8-bit attention rows of Wan 2.1 14B at 480p
+and 720p, HunyuanVideo and FLUX.2 -- unpatched, ``ditfuse.patch`` and
+``ditfuse.patch(attention="fp8")``, each under ``torch.compile``: a step's time, the speed-up
+over unpatched + compile, and each one's 20-step trajectory against the unpatched eager one
+(``e2e-fp8-<gpu>-<date>.csv``).
 
 SAME-L (``AutoencoderSAME``, Stable Audio 3's autoencoder) at full size: ``decode`` of 1 and
 3 minutes of latents, unpatched (diffusers' dense (N, N) band mask) vs patched
@@ -619,48 +620,95 @@ def run_model(
     sizes=None,
     mem=None,
     rounds: int = 3,
+    fp8: bool = False,
+    patch_8bit=None,
+    ways=None,
+    progress=None,
 ):
-    """Time one step four ways (two without ``compile_backend``; an unpatched model and a
-    patched copy, timed in ``rounds`` interleaved rounds) and compare trajectories; calls
-    ``emit(row)`` for each way. Returns (rows, quality, patch report)."""
+    """Time one step of ``spec``'s model on copies of it, in ``rounds`` interleaved rounds,
+    and compare ``steps``-step trajectories against the unpatched eager one in ``dtype``
+    (PSNR and max |diff| of the final latents); calls ``emit(row)`` for each way.
+
+    Without ``fp8``, four ways (two without ``compile_backend``): an unpatched model and a
+    ``ditfuse.patch`` copy, each eager and under ``torch.compile``; the patched eager
+    trajectory is compared. Returns (rows {impl: ms}, quality, the patch report).
+
+    ``fp8``: three ways, each under ``torch.compile`` (``compile_backend``; eager where None):
+    unpatched (the baseline), ``ditfuse.patch`` (exact) and
+    ``ditfuse.patch(attention="fp8")`` (``patch_8bit``, default :func:`patch_fp8`), with the
+    speed-up over the baseline and each one's trajectory (the compiled callable). ``ways``:
+    (label, patch) pairs instead of the exact and 8-bit patches (:func:`linear_fp8_ways`).
+    ``mem`` (:class:`CudaMemory`): a row's peak GiB is its copy's weights on the device plus
+    a step's peak above the resting memory (the copies all stay resident). ``progress``:
+    called with a line as each way is ready. Returns (rows {impl: ms}, quality {impl:
+    {psnr, max_abs_diff}}, the patch reports)."""
     import ditfuse
 
+    if fp8:
+        ways = ways or [("patched", ditfuse.patch), ("patched fp8", patch_8bit or patch_fp8)]
+        modes = [" compile" if compile_backend else " eager"]
+    else:
+        ways = [("patched", ditfuse.patch)]
+        modes = [" eager", " compile"] if compile_backend else [" eager"]
+    progress = progress or (lambda line: None)
     model, kw, blocks, shape = _model_and_inputs(spec, layers, device, dtype, config, sizes)
     row = _timed_rows(spec, dtype, blocks, shape)
-    rows, quality = {}, {}
-
-    def compiled(m):
-        comp = torch.compile(m, backend=compile_backend)
-        comp(**kw)
-        return lambda: comp(**kw)
-
+    rows, quality, trajs, fns, weights = {}, {}, {}, {}, {}
+    limit = torch._dynamo.config.cache_size_limit
     torch._dynamo.reset()
-    with torch.no_grad():
-        ref_traj = trajectory(model, kw, spec, steps)
-        patched = copy.deepcopy(model)  # the same weights; both stay built for the interleaving
-        report = ditfuse.patch(patched)
-        traj = trajectory(patched, kw, spec, steps)
-        quality = _compare(traj, ref_traj)
-        fns = {"unpatched eager": lambda: model(**kw)}
-        if compile_backend:
-            fns["unpatched compile"] = compiled(model)
-        fns["patched eager"] = lambda: patched(**kw)
-        if compile_backend:
-            fns["patched compile"] = compiled(patched)
-        # a row is the median of its rounds
-        times, hosts, peaks = _interleaved(fns, rounds, timer, mem, lambda impl: mem.peak())
-        for impl in fns:
-            ms = statistics.median(times[impl])
-            rows[impl] = ms
-            spread = _spread(times[impl], hosts[impl])
-            extra = (
-                dict(note=f"{steps}-step trajectory vs unpatched; {spread}", **quality)
-                if impl == "patched eager"
-                else dict(note=spread)
-            )
-            emit(row(impl, ms, max(peaks[impl]) if mem else None, **extra))
+    # instances of one class share the forward's code: room for every instance's graph, so
+    # that none falls back to eager
+    torch._dynamo.config.cache_size_limit = max(limit, 64)
+    try:
+        with torch.no_grad():
+            ref = trajectory(model, kw, spec, steps)  # unpatched eager: the reference
+            copies = [(label, copy.deepcopy(model)) for label, _ in ways]
+            reports = tuple(fn(m) for (_, fn), (_, m) in zip(ways, copies))
+            for name, m in [("unpatched", model)] + copies:
+                for impl in (name + mode for mode in modes):
+                    weights[impl] = device_weights_gib(m, device)
+                    fn = m
+                    t0 = time.time()
+                    if impl.endswith(" compile"):
+                        fn = torch.compile(m, backend=compile_backend)
+                        fn(**kw)  # compiles
+                    progress(f"  {impl}: ready in {time.time() - t0:.0f} s")
+                    if fp8 or impl == "patched eager":
+                        trajs[impl] = trajectory(fn, kw, spec, steps)
+                        quality[impl] = _compare(trajs[impl], ref)
+                    fns[impl] = lambda fn=fn: fn(**kw)
+            # with fp8 every way's copy stays resident: its own weights plus what a step adds
+            peak_of = (lambda impl: weights[impl] + mem.above()) if fp8 else lambda impl: mem.peak()
+            times, hosts, peaks = _interleaved(fns, rounds, timer, mem, peak_of)
+            for impl in fns:  # a row is the median of its rounds
+                rows[impl] = statistics.median(times[impl])
+            for impl in fns:
+                note = _spread(times[impl], hosts[impl])
+                if impl in quality:
+                    what = f" eager {str(dtype).replace('torch.', '')}" if fp8 else ""
+                    note = f"{steps}-step trajectory vs unpatched{what}; {note}"
+                if fp8 and mem:
+                    note += (
+                        f"; peak GiB = the model's weights on the GPU "
+                        f"({weights[impl]:.3f}) + a step's peak above the resting memory"
+                    )
+                if (
+                    impl.startswith("patched fp8")
+                    and "patched" + modes[0] in trajs
+                    and torch.equal(trajs[impl], trajs["patched" + modes[0]])
+                ):
+                    note += (
+                        "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
+                    )
+                extra = dict(speedup=rows[next(iter(fns))] / rows[impl]) if fp8 else {}
+                peak = max(peaks[impl]) if mem else None
+                emit(row(impl, rows[impl], peak, note=note, **extra, **quality.get(impl, {})))
+    finally:
+        torch._dynamo.config.cache_size_limit = limit
         torch._dynamo.reset()
-    return rows, quality, report
+    if fp8:
+        return rows, quality, reports
+    return rows, quality["patched eager"], reports[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -746,100 +794,6 @@ def linear_fp8_ways(labels=None):
     if unknown or not labels:
         raise ValueError(f"ways: unknown {unknown}; known: {', '.join(w for w, _ in ways)}")
     return [w for w in ways if w[0] in labels]
-
-
-def run_model_fp8(
-    spec: E2EModel,
-    device: str,
-    dtype: torch.dtype,
-    layers: int,
-    timer,
-    emit,
-    compile_backend: str | None = "inductor",
-    steps: int = 20,
-    config=None,
-    sizes=None,
-    mem=None,
-    rounds: int = 2,
-    patch_8bit=None,
-    ways=None,
-    progress=None,
-):
-    """One step three ways, each under ``torch.compile`` (``compile_backend``; eager where
-    None): unpatched (the baseline), ``ditfuse.patch`` (exact) and
-    ``ditfuse.patch(attention="fp8")`` (``patch_8bit``, default :func:`patch_fp8`), on
-    copies of one model; time a step in ``rounds`` interleaved rounds, the speed-up over the
-    baseline, and a ``steps``-step trajectory of each (the compiled callable) against the
-    unpatched eager one in ``dtype``: PSNR and max |diff| of the final latents. ``ways``:
-    (label, patch) pairs instead of the exact and 8-bit patches (:func:`linear_fp8_ways`).
-    ``mem`` (:class:`CudaMemory`): a row's peak GiB is its copy's weights on the device plus
-    a step's peak above the resting memory (the copies all stay resident). ``progress``:
-    called with a line as each way is ready. Returns (rows {impl: ms}, quality {impl:
-    {psnr, max_abs_diff}}, the patch reports)."""
-    import ditfuse
-
-    patch_8bit = patch_8bit or patch_fp8
-    progress = progress or (lambda line: None)
-    model, kw, blocks, shape = _model_and_inputs(spec, layers, device, dtype, config, sizes)
-    row = _timed_rows(spec, dtype, blocks, shape)
-    way = " compile" if compile_backend else " eager"
-    rows, quality, trajs, fns, weights = {}, {}, {}, {}, {}
-    limit = torch._dynamo.config.cache_size_limit
-    torch._dynamo.reset()
-    # three instances of one class share the forward's code: room for every instance's
-    # graph, so that none falls back to eager
-    torch._dynamo.config.cache_size_limit = max(limit, 64)
-    try:
-        with torch.no_grad():
-            ref = trajectory(model, kw, spec, steps)  # unpatched eager: the reference
-            if ways is None:
-                ways = [("patched", ditfuse.patch), ("patched fp8", patch_8bit)]
-            copies = [(label, copy.deepcopy(model)) for label, _ in ways]
-            reports = tuple(fn(m) for (_, fn), (_, m) in zip(ways, copies))
-            for name, m in [("unpatched", model)] + copies:
-                impl = name + way
-                weights[impl] = device_weights_gib(m, device)
-                fn = m
-                t0 = time.time()
-                if compile_backend:
-                    fn = torch.compile(m, backend=compile_backend)
-                    fn(**kw)  # compiles
-                progress(f"  {impl}: ready in {time.time() - t0:.0f} s")
-                trajs[impl] = trajectory(fn, kw, spec, steps)
-                quality[impl] = _compare(trajs[impl], ref)
-                fns[impl] = lambda fn=fn: fn(**kw)
-            # every way's copy stays resident: its own weights plus what a step adds
-            times, hosts, peaks = _interleaved(
-                fns, rounds, timer, mem, lambda impl: weights[impl] + mem.above()
-            )
-            base = next(iter(fns))
-            for impl in fns:
-                rows[impl] = statistics.median(times[impl])
-            for impl in fns:
-                ms = rows[impl]
-                note = (
-                    f"{steps}-step trajectory vs unpatched eager "
-                    f"{str(dtype).replace('torch.', '')}; {_spread(times[impl], hosts[impl])}"
-                )
-                if mem:
-                    note += (
-                        f"; peak GiB = the model's weights on the GPU "
-                        f"({weights[impl]:.3f}) + a step's peak above the resting memory"
-                    )
-                if (
-                    impl.startswith("patched fp8")
-                    and "patched" + way in trajs
-                    and torch.equal(trajs[impl], trajs["patched" + way])
-                ):
-                    note += (
-                        "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
-                    )
-                peak = max(peaks[impl]) if mem else None
-                emit(row(impl, ms, peak, note=note, speedup=rows[base] / ms, **quality[impl]))
-    finally:
-        torch._dynamo.config.cache_size_limit = limit
-        torch._dynamo.reset()
-    return rows, quality, reports
 
 
 def _oom_note(err: BaseException) -> str:
@@ -1081,7 +1035,7 @@ def run_e2e(
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
     test's configs and sizes through the same builders. ``layers``: a count, or a count per
-    model name. ``fp8``: :func:`run_model_fp8`'s three ways instead of the four (transformers
+    model name. ``fp8``: :func:`run_model`'s three 8-bit ways instead of the four (transformers
     only). Returns the number of failures."""
     rows, failed = [], 0
 
@@ -1096,7 +1050,7 @@ def run_e2e(
         t0 = time.time()
         kw = {"config": spec.tiny_config, "sizes": spec.tiny_sizes} if tiny else {}
         n_layers = layers[n] if isinstance(layers, dict) else layers
-        # a transformer's step run (run_model, run_model_fp8)
+        # a transformer's step run (run_model)
         step = (spec, device, torch.bfloat16, n_layers, timer, emit)
         options = dict(compile_backend=compile_backend, steps=steps, mem=mem, rounds=rounds, **kw)
         try:
@@ -1107,8 +1061,9 @@ def run_e2e(
                     )
                     continue
                 chosen = linear_fp8_ways(ways) if linear else None
-                _, _, reports = run_model_fp8(
+                _, _, reports = run_model(
                     *step,
+                    fp8=True,
                     ways=chosen,
                     progress=lambda line: print(line, file=out, flush=True),
                     **options,

@@ -35,44 +35,24 @@ def to_dtype(model, dtype):
 # layer counts) and passed by ``ditfuse bench --e2e``'s CPU runs as overrides of the
 # real-size configs
 
-TINY_WAN = dict(
-    num_attention_heads=2,
-    attention_head_dim=12,
-    in_channels=4,
+
+def _tiny(head_dim, **fields):
+    """A tiny transformer's class arguments: two heads of ``head_dim`` and 4 input channels,
+    then the family's own ``fields`` (which may override those)."""
+    return {"num_attention_heads": 2, "attention_head_dim": head_dim, "in_channels": 4, **fields}
+
+
+TINY_WAN = _tiny(12, out_channels=4, text_dim=16, ffn_dim=32, rope_max_seq_len=32)
+TINY_FLUX1 = _tiny(16, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 4, 8))
+TINY_FLUX2 = _tiny(
+    16, joint_attention_dim=32, timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4)
+)
+TINY_QWEN_IMAGE = _tiny(
+    16, in_channels=16, out_channels=4, joint_attention_dim=16, axes_dims_rope=(8, 4, 4)
+)
+TINY_HUNYUAN_VIDEO = _tiny(
+    10,
     out_channels=4,
-    text_dim=16,
-    ffn_dim=32,
-    rope_max_seq_len=32,
-)
-TINY_FLUX1 = dict(
-    in_channels=4,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    pooled_projection_dim=32,
-    axes_dims_rope=(4, 4, 8),
-)
-TINY_FLUX2 = dict(
-    in_channels=4,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    timestep_guidance_channels=32,
-    axes_dims_rope=(4, 4, 4, 4),
-)
-TINY_QWEN_IMAGE = dict(
-    in_channels=16,
-    out_channels=4,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=16,
-    axes_dims_rope=(8, 4, 4),
-)
-TINY_HUNYUAN_VIDEO = dict(
-    in_channels=4,
-    out_channels=4,
-    num_attention_heads=2,
-    attention_head_dim=10,
     num_refiner_layers=1,
     patch_size=1,
     text_embed_dim=16,
@@ -147,18 +127,26 @@ def _flux(head_dim=16):
     )
 
 
-def _flux_inputs(dtype):
-    g = torch.Generator().manual_seed(2)
+def _flux_inputs(dtype, flux2=False):
+    """FLUX.1's inputs, or FLUX.2's (``flux2``: no pooled projection, batched ids of four
+    axes, guidance)."""
+    g = torch.Generator().manual_seed(3 if flux2 else 2)
     S, T = 16, 8
-    return dict(
+    kw = dict(
         hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
         encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
-        pooled_projections=torch.randn(1, 32, generator=g).to(dtype),
-        timestep=torch.tensor([0.5]).to(dtype),
-        img_ids=torch.randn(S, 3, generator=g),
-        txt_ids=torch.randn(T, 3, generator=g),
-        return_dict=False,
     )
+    if not flux2:
+        kw["pooled_projections"] = torch.randn(1, 32, generator=g).to(dtype)
+    kw["timestep"] = torch.tensor([0.5]).to(dtype)
+
+    def ids(n):  # FLUX.2's are batched
+        return torch.randn(1, n, 4, generator=g) if flux2 else torch.randn(n, 3, generator=g)
+
+    kw.update(img_ids=ids(S), txt_ids=ids(T))
+    if flux2:
+        kw["guidance"] = torch.tensor([3.5]).to(dtype)
+    return dict(kw, return_dict=False)
 
 
 def _flux2(head_dim=16):
@@ -167,20 +155,6 @@ def _flux2(head_dim=16):
     cfg = _at_head_dim(TINY_FLUX2, head_dim, "axes_dims_rope", lambda d: (d // 4,) * 4)
     return _randomize(
         Flux2Transformer2DModel(**cfg, patch_size=1, num_layers=1, num_single_layers=1)
-    )
-
-
-def _flux2_inputs(dtype):
-    g = torch.Generator().manual_seed(3)
-    S, T = 16, 8
-    return dict(
-        hidden_states=torch.randn(1, S, 4, generator=g).to(dtype),
-        encoder_hidden_states=torch.randn(1, T, 32, generator=g).to(dtype),
-        timestep=torch.tensor([0.5]).to(dtype),
-        img_ids=torch.randn(1, S, 4, generator=g),
-        txt_ids=torch.randn(1, T, 4, generator=g),
-        guidance=torch.tensor([3.5]).to(dtype),
-        return_dict=False,
     )
 
 
@@ -301,7 +275,7 @@ CASES = [
     (
         "flux2",
         _flux2,
-        _flux2_inputs,
+        lambda dt: _flux_inputs(dt, flux2=True),
         {
             "attention processors (QK-norm + RoPE)": 1,
             "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)": 1,
@@ -355,7 +329,7 @@ FP8_CASES = [
         6,
     ),
     ("flux1", lambda: _flux(head_dim=64), _flux_inputs, 3),
-    ("flux2", lambda: _flux2(head_dim=64), _flux2_inputs, 2),
+    ("flux2", lambda: _flux2(head_dim=64), lambda dt: _flux_inputs(dt, flux2=True), 2),
     ("hunyuan-video", lambda: _hunyuan(head_dim=64), _hunyuan_inputs, 2),
     ("qwen-image", lambda: _qwen(head_dim=64), _qwen_inputs, 1),
 ]
