@@ -336,12 +336,9 @@ def test_tile_settings_agree(monkeypatch, settings, D, mod):
 
         monkeypatch.setattr(adaln, "_adaln_tile_kernel", Spy())
         st = dataclasses.replace(adaln.launch_settings(D), rows=rows, num_warps=settings[1])
-        got = adaln._run(
-            x, y, gate, shift, scale, "layer", None, None, 1e-6, "once", False, None, settings=st
-        )
-        got_m = adaln._run(
-            x, None, None, shift, scale, "rms", w, None, 1e-6, "once", False, None, settings=st
-        )[1]
+        o = adaln.AdaLNOptions
+        got = adaln._run(x, y, gate, shift, scale, o("layer"), settings=st)
+        got_m = adaln._run(x, None, None, shift, scale, o("rms", w), settings=st)[1]
     assert grids == [(-(-S // rows), B)] * 2
     assert torch.equal(got[0], want[0])
     for a, b in ((got[1], want[1]), (got_m, want_m)):
@@ -552,22 +549,8 @@ def test_gated_residual_flat_kernel_is_the_tile_kernel(case, monkeypatch):
     assert torch.equal(out, want)
     tile = torch.full_like(x, float("nan"))
     launched.clear()
-    A._run(
-        x,
-        y,
-        gate,
-        None,
-        None,
-        None,
-        None,
-        None,
-        0.0,
-        per_op,
-        False,
-        tile,
-        modulated=False,
-        flat=False,
-    )
+    o = A._residual_options(per_op)
+    A._run(x, y, gate, None, None, o, out=tile, modulated=False, flat=False)
     assert not launched
     assert torch.equal(tile, out)
     x2 = x.clone()

@@ -175,7 +175,7 @@ def test_adaln_manifests(pkgs):
         ("out", "output"),
     ]
     assert m["bindings"]["shift_ptr"] == "temb" and m["bindings"]["scale_ptr"] == "temb + 5120"
-    assert m["bindings"]["shift_strides"][:2] == [6 * 5120, 0]  # (b, s) strides of a chunk
+    assert m["bindings"]["strides"]["shift"][:2] == [6 * 5120, 0]  # (b, s) strides of a chunk
     g = _manifest(pkgs["gated"])
     assert [(p["name"], p["kind"]) for p in g["parameters"]] == [
         ("x", "input"),

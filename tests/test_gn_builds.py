@@ -86,7 +86,7 @@ for label, op, shape, groups, dt, *layout in json.loads(sys.argv[1]):
         bars = [i for i, ln in enumerate(ins) if "BAR.SYNC" in ln]
         vec = [i for i, ln in enumerate(ins) if re.search(r"\bLDG\.E\.(64|128)\b", ln)]
         print("ROW " + json.dumps(dict(
-            label=label, kernel=k, path=kw.get("NCH", 1), silu=kw.get("SILU"),
+            label=label, kernel=k, path=kw.get("NCH", 1), silu=getattr(kw.get("FIN"), "silu", None),
             maxnreg=kw.get("maxnreg"), local_in_loops=local_in_loops(sass), even=kw.get("EVEN"),
             regs=pt["regs"], spills=pt["spill_stores"] + pt["spill_loads"], stack=pt["stack"],
             local=cu["ldl"] + cu["stl"] + cu["cubin_local"],

@@ -170,22 +170,24 @@ def _adaln_norm(x, norm, weight, bias, eps, cd):
     return y
 
 
+class AdaLNOptions(NamedTuple):
+    """The keyword arguments of :func:`ditfuse.adaln_modulate` that describe the
+    computation, with their public defaults: what :func:`adaln_reference` takes as
+    ``**options``, and ``ditfuse.ops.adaln``'s plan and launches as one value."""
+
+    norm: str | None = "layer"
+    weight: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    eps: float = 1e-6
+    rounding: str = "once"
+
+
 def adaln_reference(
-    x,
-    shift=None,
-    scale=None,
-    *,
-    norm="layer",
-    weight=None,
-    bias=None,
-    eps=1e-6,
-    rounding="once",
-    residual=None,
-    gate=None,
-    compute_dtype=torch.float32,
+    x, shift=None, scale=None, *, residual=None, gate=None, compute_dtype=torch.float32, **options
 ):
     """Reference of :func:`ditfuse.adaln_modulate` and, with ``residual`` given, of
     :func:`ditfuse.gated_residual_adaln` (returns ``(x_new, modulated)`` then).
+    ``options``: the fields of :class:`AdaLNOptions`.
 
     ``rounding="once"``: fp32 (here ``compute_dtype``) math, rounded to x's dtype at each
     stored result. ``"per_op"``: every elementwise step rounded to x's dtype, as a
@@ -194,6 +196,7 @@ def adaln_reference(
     Shapes as the op reads them: x (B, S, D) or (B, D); shift / scale / gate (D,), (1|B, D)
     (one row per batch entry, not per token), (1|B, 1, D) or (1|B, S, D).
     """
+    norm, weight, bias, eps, rounding = AdaLNOptions(**options)
     cd = compute_dtype
     act = x.dtype
     shape = x.shape
@@ -256,22 +259,38 @@ class RoundedChain(NamedTuple):
     stats: dict
 
 
+class GNOptions(NamedTuple):
+    """The arguments of :func:`ditfuse.group_norm_silu` after ``num_groups`` (``out``
+    aside), with their public defaults: what :func:`group_norm_silu_chain` takes."""
+
+    weight: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
+    eps: float = 1e-6
+    silu: bool = True
+    round_after_norm: bool = True
+
+
+class RMSOptions(NamedTuple):
+    """The arguments of :func:`ditfuse.rms_norm_silu_channels` after x (``out`` aside), with
+    their public defaults: what :func:`rms_norm_silu_channels_chain` takes."""
+
+    gamma: torch.Tensor | None = None
+    bias: torch.Tensor | float | None = None
+    eps: float = 1e-12
+    scale: float | None = None
+    silu: bool = True
+    round_after_norm: bool = True
+
+
 def group_norm_silu_chain(
-    x,
-    num_groups,
-    weight=None,
-    bias=None,
-    eps=1e-6,
-    *,
-    silu=True,
-    round_after_norm=True,
-    compute_dtype=torch.float64,
-    record=True,
+    x, num_groups, *args, compute_dtype=torch.float64, record=True, **kwargs
 ) -> RoundedChain:
     """:func:`group_norm_silu_reference` with its intermediate rounding exposed (see
     :class:`RoundedChain`): with ``round_after_norm`` and ``silu`` the normalised, affine
     value ``y`` is rounded to x's dtype before the SiLU (gain 1); without SiLU that rounding
-    is the output's own. ``record=False``: the output only (no steps, stats, silu_in)."""
+    is the output's own. ``args``, ``kwargs``: the fields of :class:`GNOptions`.
+    ``record=False``: the output only (no steps, stats, silu_in)."""
+    weight, bias, eps, silu, round_after_norm = GNOptions(*args, **kwargs)
     cd = compute_dtype
     N, C = x.shape[:2]
     xs = x.to(cd).reshape(N, num_groups, -1)
@@ -312,23 +331,15 @@ def group_norm_silu_reference(x, num_groups, *args, compute_dtype=torch.float32,
 
 
 def rms_norm_silu_channels_chain(
-    x,
-    gamma=None,
-    bias=None,
-    eps=1e-12,
-    *,
-    scale=None,
-    silu=True,
-    round_after_norm=True,
-    compute_dtype=torch.float64,
-    record=True,
+    x, *args, compute_dtype=torch.float64, record=True, **kwargs
 ) -> RoundedChain:
     """:func:`rms_norm_silu_channels_reference` with its intermediate roundings exposed (see
     :class:`RoundedChain`). With ``round_after_norm`` each step rounds: ``r1`` = normalize,
     ``r2 = r1 * scale``, ``r3 = r2 * gamma``, ``r4 = r3 + bias``; a change of ``r1`` reaches
     the last value times ``scale * |gamma|``, of ``r2`` times ``|gamma|``, of ``r3`` and
-    ``r4`` times 1. Without SiLU the last of them is the output's own rounding.
-    ``record=False``: the output only."""
+    ``r4`` times 1. Without SiLU the last of them is the output's own rounding. ``args``,
+    ``kwargs``: the fields of :class:`RMSOptions`. ``record=False``: the output only."""
+    gamma, bias, eps, scale, silu, round_after_norm = RMSOptions(*args, **kwargs)
     cd = compute_dtype
     act = x.dtype
     C = x.shape[1]

@@ -102,6 +102,11 @@ class OpExport:
         return ns
 
 
+def _choice(name: str, choices: Tuple[str, ...], help: str) -> Opt:
+    """A string option taking one of ``choices``, the first by default."""
+    return Opt(name, str, choices[0], help, choices)
+
+
 def _torch_dtype(name: str):
     import torch
 
@@ -214,20 +219,10 @@ QK_NORM_ROPE = OpExport(
         Opt("dtype", str, "bf16", "activation (and norm weight) dtype", _DTYPES),
         Opt("table_dtype", str, "fp32", "cos/sin table dtype", _DTYPES),
         Opt("eps", float, 1e-6, "RMSNorm epsilon"),
-        Opt(
-            "norm_span",
-            str,
-            "all",
-            "RMSNorm across all heads of a token (Wan) or per head",
-            ("all", "head"),
+        _choice(
+            "norm_span", ("all", "head"), "RMSNorm across all heads of a token (Wan) or per head"
         ),
-        Opt(
-            "rope",
-            str,
-            "interleaved",
-            "RoPE pairs (2i, 2i+1) or rotate-half",
-            ("interleaved", "half"),
-        ),
+        _choice("rope", ("interleaved", "half"), "RoPE pairs (2i, 2i+1) or rotate-half"),
     ),
     tensors=_qk_tensors,
     call=_qk_call,
@@ -314,13 +309,7 @@ _ADALN_OPTS = (
     Opt("dim", int, 5120, "model width D"),
     Opt("dtype", str, "bf16", "activation dtype", _DTYPES),
     Opt("eps", float, 1e-6, "norm epsilon"),
-    Opt(
-        "norm",
-        str,
-        "layer",
-        "LayerNorm without affine (Wan's FP32LayerNorm) or RMSNorm",
-        ("layer", "rms"),
-    ),
+    _choice("norm", ("layer", "rms"), "LayerNorm without affine (Wan's FP32LayerNorm) or RMSNorm"),
     Opt("shift_chunk", int, 0, "temb chunk holding shift", range(6)),
     Opt("scale_chunk", int, 1, "temb chunk holding scale", range(6)),
 )
@@ -366,22 +355,8 @@ def _residual_call(o, t: Dict) -> None:
     # the tile kernel, whose constexprs do not depend on N (the JIT's flat kernel on dense
     # rows specializes on whether N * D fills its blocks); the same bits (tests/test_adaln.py).
     # gated_residual(x, y, gate, out=x_new) with the flat kernel off
-    adaln._run(
-        t["x"],
-        t["y"],
-        gate,
-        None,
-        None,
-        None,
-        None,
-        None,
-        0.0,
-        "once",
-        False,
-        t["x_new"],
-        modulated=False,
-        flat=False,
-    )
+    o = adaln._residual_options("once")
+    adaln._run(t["x"], t["y"], gate, None, None, o, out=t["x_new"], modulated=False, flat=False)
 
 
 GATED_RESIDUAL = _adaln_export(

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import triton
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _rnd
 from ditfuse.runtime.backend import jit
 
-#: the norm the kernels apply (their ``NORM``); the values are the ``ditfuse::adaln`` ops'
+#: the norm the kernels apply (``AdaLNFlags.norm``); the values are the ``ditfuse::adaln`` ops'
 #: ``norm`` argument
 NO_NORM = tl.constexpr(0)
 LAYER_NORM = tl.constexpr(1)
@@ -58,26 +57,39 @@ def _rows_in(
     return _residual(x, y, g, RESIDUAL, HAS_GATE, PER_OP, ACT)
 
 
-class ModFlags(NamedTuple):
-    """The affine and modulation steps a kernel compiles (``_modulate_out``'s ``MOD``)."""
+class AdaLNFlags(NamedTuple):
+    """The steps an AdaLN kernel compiles (its ``FLAGS``)."""
 
+    norm: int  # NO_NORM, LAYER_NORM or RMS_NORM
     has_w: bool
-    has_b: bool
+    has_b: bool  # the norm's affine
+    residual: bool
+    has_gate: bool  # x + y [* gate] first
     has_shift: bool
     has_scale: bool
     per_op: bool  # every step rounded to x's dtype (a half-precision eager chain)
+    has_out: bool  # False: the gated residual alone (no norm, no modulated output)
 
 
-@triton.constexpr_function
-def _mod_flags(has_w, has_b, has_shift, has_scale, per_op):
-    return ModFlags(has_w, has_b, has_shift, has_scale, per_op)
+class RowStrides(NamedTuple):
+    """Each (B, S, D) operand's (b, s, d) element strides, a tuple (an AdaLN kernel's
+    ``strides``)."""
+
+    x: tuple
+    y: tuple
+    gate: tuple
+    shift: tuple
+    scale: tuple
+    xnew: tuple
+    out: tuple
 
 
 @jit
 def _modulate_out(n, m, d, affine, shift, scale, out, MOD: tl.constexpr, ACT: tl.constexpr):
     """The affine and the modulation of the normalized tile ``n`` in the eager chain's order
     and roundings (both kernels), stored to the output. ``affine``: the (w, b) pointers;
-    ``shift``, ``scale``, ``out``: (pointer, row offsets, channel stride). Each operand is
+    ``shift``, ``scale``, ``out``: (pointer, row offsets, channel stride); ``MOD``: the
+    kernel's :class:`AdaLNFlags`. Each operand is
     loaded where it is used: loading them all first costs the one-row kernel 8 registers a
     thread at Wan's shape, one resident program per SM."""
     w_ptr, b_ptr = affine
@@ -120,40 +132,26 @@ def _adaln_kernel(
     S,
     D,
     eps,
-    # each (B, S, D) tensor's (b, s, d) element strides, a tuple
-    x_strides,
-    y_strides,
-    gate_strides,
-    shift_strides,
-    scale_strides,
-    xnew_strides,
-    out_strides,
-    NORM: tl.constexpr,  # NO_NORM, LAYER_NORM or RMS_NORM
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    HAS_GATE: tl.constexpr,
-    HAS_SHIFT: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    PER_OP: tl.constexpr,  # round every step to x's dtype (a half-precision eager chain)
-    HAS_OUT: tl.constexpr,  # False: the gated residual alone (no norm, no modulated output)
+    strides,  # RowStrides
+    FLAGS: tl.constexpr,  # AdaLNFlags
     BLOCK_D: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
 ):
     """Rows longer than the tile kernel holds (D > 8192), one row a program, in NUM_CHUNKS
     chunks of BLOCK_D."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    MOD: tl.constexpr = _mod_flags(HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP)
+    RESIDUAL: tl.constexpr = FLAGS.residual
+    HAS_OUT: tl.constexpr = FLAGS.has_out
     row = tl.program_id(0).to(tl.int64)
     b = row // S
     s = row - b * S
-    xb = _row(x_strides, b, s)
-    yb = _row(y_strides, b, s)
-    gb = _row(gate_strides, b, s)
-    shift = (shift_ptr, _row(shift_strides, b, s), shift_strides[2])
-    scale = (scale_ptr, _row(scale_strides, b, s), scale_strides[2])
-    nb = _row(xnew_strides, b, s)
-    out = (out_ptr, _row(out_strides, b, s), out_strides[2])
+    xb = _row(strides.x, b, s)
+    yb = _row(strides.y, b, s)
+    gb = _row(strides.gate, b, s)
+    shift = (shift_ptr, _row(strides.shift, b, s), strides.shift[2])
+    scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
+    nb = _row(strides.xnew, b, s)
+    out = (out_ptr, _row(strides.out, b, s), strides.out[2])
     dd = tl.arange(0, BLOCK_D)
     # pass 1: the new residual stream stored on the way (without an output: all there is to
     # do) and the statistics by chunks (Chan's combination of count, mean, M2); pass 2
@@ -165,20 +163,20 @@ def _adaln_kernel(
         d = c * BLOCK_D + dd
         m = d < D
         x = _rows_in(
-            (x_ptr, xb, x_strides[2]),
-            (y_ptr, yb, y_strides[2]),
-            (gate_ptr, gb, gate_strides[2]),
+            (x_ptr, xb, strides.x[2]),
+            (y_ptr, yb, strides.y[2]),
+            (gate_ptr, gb, strides.gate[2]),
             d,
             m,
             RESIDUAL=RESIDUAL,
-            HAS_GATE=HAS_GATE,
-            PER_OP=PER_OP,
+            HAS_GATE=FLAGS.has_gate,
+            PER_OP=FLAGS.per_op,
         )
         if RESIDUAL or not HAS_OUT:
-            tl.store(xnew_ptr + nb + d * xnew_strides[2], _cast_out(x, ACT), mask=m)
+            tl.store(xnew_ptr + nb + d * strides.xnew[2], _cast_out(x, ACT), mask=m)
         if HAS_OUT:
             nc = tl.sum(m.to(tl.float32), 0)
-            if NORM == LAYER_NORM:
+            if FLAGS.norm == LAYER_NORM:
                 mc = tl.sum(x, 0) / nc
                 xc = tl.where(m, x - mc, 0.0)
                 m2c = tl.sum(xc * xc, 0)
@@ -196,16 +194,16 @@ def _adaln_kernel(
             d = c * BLOCK_D + dd
             m = d < D
             if RESIDUAL:
-                x = tl.load(xnew_ptr + nb + d * xnew_strides[2], mask=m, other=0.0).to(tl.float32)
+                x = tl.load(xnew_ptr + nb + d * strides.xnew[2], mask=m, other=0.0).to(tl.float32)
             else:
-                x = tl.load(x_ptr + xb + d * x_strides[2], mask=m, other=0.0).to(tl.float32)
-            if NORM == LAYER_NORM:
+                x = tl.load(x_ptr + xb + d * strides.x[2], mask=m, other=0.0).to(tl.float32)
+            if FLAGS.norm == LAYER_NORM:
                 n = (x - mean) * rstd
-            elif NORM == RMS_NORM:
+            elif FLAGS.norm == RMS_NORM:
                 n = x * rstd
             else:
                 n = x
-            _modulate_out(n, m, d, (w_ptr, b_ptr), shift, scale, out, MOD, ACT)
+            _modulate_out(n, m, d, (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
 
 
 @jit
@@ -222,23 +220,8 @@ def _adaln_tile_kernel(
     S,
     D,
     eps,
-    # each (B, S, D) tensor's (b, s, d) element strides, a tuple
-    x_strides,
-    y_strides,
-    gate_strides,
-    shift_strides,
-    scale_strides,
-    xnew_strides,
-    out_strides,
-    NORM: tl.constexpr,
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    HAS_GATE: tl.constexpr,
-    HAS_SHIFT: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    PER_OP: tl.constexpr,
-    HAS_OUT: tl.constexpr,
+    strides,  # RowStrides
+    FLAGS: tl.constexpr,  # AdaLNFlags
     ROWS: tl.constexpr,  # token rows per program, one [ROWS, D] tile
     BLOCK_A: tl.constexpr,
     BLOCK_B: tl.constexpr,  # D as two power-of-two pieces (B may be 0)
@@ -252,7 +235,9 @@ def _adaln_tile_kernel(
     summed in the kernel's own order, so the output is within one rounding of eager code
     (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    MOD: tl.constexpr = _mod_flags(HAS_W, HAS_B, HAS_SHIFT, HAS_SCALE, PER_OP)
+    RESIDUAL: tl.constexpr = FLAGS.residual
+    HAS_GATE: tl.constexpr = FLAGS.has_gate
+    PER_OP: tl.constexpr = FLAGS.per_op
     b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
     s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(
         tl.int64
@@ -260,32 +245,32 @@ def _adaln_tile_kernel(
     rm = s < S
     da = tl.arange(0, BLOCK_A)[None, :]
     ma = rm & (da < D)
-    xo = _row(x_strides, b, s)
-    yo = _row(y_strides, b, s)
+    xo = _row(strides.x, b, s)
+    yo = _row(strides.y, b, s)
     # per-row bases of the modulation rows: stride 0 along S unless per token (TI2V)
-    go = _row(gate_strides, b, s)
-    shift = (shift_ptr, _row(shift_strides, b, s), shift_strides[2])
-    scale = (scale_ptr, _row(scale_strides, b, s), scale_strides[2])
-    xa = _vec(x_ptr, xo, da, ma, x_strides[2], True)
+    go = _row(strides.gate, b, s)
+    shift = (shift_ptr, _row(strides.shift, b, s), strides.shift[2])
+    scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
+    xa = _vec(x_ptr, xo, da, ma, strides.x[2], True)
     if RESIDUAL:
-        ya = _vec(y_ptr, yo, da, ma, y_strides[2], True)
+        ya = _vec(y_ptr, yo, da, ma, strides.y[2], True)
     if BLOCK_B > 0:
         db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
         mb = rm & (db < D)
-        xb = _vec(x_ptr, xo, db, mb, x_strides[2], True)
+        xb = _vec(x_ptr, xo, db, mb, strides.x[2], True)
         if RESIDUAL:
-            yb = _vec(y_ptr, yo, db, mb, y_strides[2], True)
+            yb = _vec(y_ptr, yo, db, mb, strides.y[2], True)
     if RESIDUAL:
-        ga = _vec(gate_ptr, go, da, ma, gate_strides[2], HAS_GATE)
+        ga = _vec(gate_ptr, go, da, ma, strides.gate[2], HAS_GATE)
         xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
-        no = _row(xnew_strides, b, s)
-        tl.store(xnew_ptr + no + da * xnew_strides[2], _cast_out(xa, ACT), mask=ma)
+        no = _row(strides.xnew, b, s)
+        tl.store(xnew_ptr + no + da * strides.xnew[2], _cast_out(xa, ACT), mask=ma)
         if BLOCK_B > 0:
-            gbv = _vec(gate_ptr, go, db, mb, gate_strides[2], HAS_GATE)
+            gbv = _vec(gate_ptr, go, db, mb, strides.gate[2], HAS_GATE)
             xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
-            tl.store(xnew_ptr + no + db * xnew_strides[2], _cast_out(xb, ACT), mask=mb)
-    if HAS_OUT:
-        if NORM == LAYER_NORM:
+            tl.store(xnew_ptr + no + db * strides.xnew[2], _cast_out(xb, ACT), mask=mb)
+    if FLAGS.has_out:
+        if FLAGS.norm == LAYER_NORM:
             tot = tl.sum(xa, 1)
             if BLOCK_B > 0:
                 tot += tl.sum(xb, 1)
@@ -299,7 +284,7 @@ def _adaln_tile_kernel(
             na = ca * rstd
             if BLOCK_B > 0:
                 nb = cb * rstd
-        elif NORM == RMS_NORM:
+        elif FLAGS.norm == RMS_NORM:
             q = tl.sum(xa * xa, 1)
             if BLOCK_B > 0:
                 q += tl.sum(xb * xb, 1)
@@ -311,10 +296,10 @@ def _adaln_tile_kernel(
             na = xa
             if BLOCK_B > 0:
                 nb = xb
-        out = (out_ptr, _row(out_strides, b, s), out_strides[2])
-        _modulate_out(na, ma, da, (w_ptr, b_ptr), shift, scale, out, MOD, ACT)
+        out = (out_ptr, _row(strides.out, b, s), strides.out[2])
+        _modulate_out(na, ma, da, (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
         if BLOCK_B > 0:
-            _modulate_out(nb, mb, db, (w_ptr, b_ptr), shift, scale, out, MOD, ACT)
+            _modulate_out(nb, mb, db, (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
 
 
 @jit

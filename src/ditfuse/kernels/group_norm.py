@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import triton
 import triton.language as tl
 
 from ditfuse.kernels.element import _PTX, _cast_out, _ex2, _rnd
@@ -48,11 +47,6 @@ class FinishFlags(NamedTuple):
     has_b: bool  # a per-channel bias
     silu: bool
     round_norm: bool  # rounded to the activation dtype where the eager chain rounds
-
-
-@triton.constexpr_function
-def _finish_flags(has_w, has_b, silu, round_norm):
-    return FinishFlags(has_w, has_b, silu, round_norm)
 
 
 @jit
@@ -99,24 +93,15 @@ def _gn_fit_kernel(
     S,  # groups, channels per group, spatial positions
     count,  # cpg * S as a float
     eps,
-    stride_xn,
-    stride_xc,
-    stride_xs,
-    stride_yn,
-    stride_yc,
-    stride_ys,
-    stride_w,
-    stride_b,  # element stride of weight / bias along their channel axis
+    x_strides,  # x's and y's (n, c, s) element strides, tuples
+    y_strides,
+    wb_strides,  # weight's and bias's element strides along their channel axis
     BC: tl.constexpr,  # >= cpg (power of two)
     BS: tl.constexpr,  # >= S (power of two)
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
+    FIN: tl.constexpr,  # FinishFlags
 ):
     """One program per (n, group): the whole group is loaded once into registers."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    FIN: tl.constexpr = _finish_flags(HAS_W, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     n = pid // G
     g = pid - n * G
@@ -124,9 +109,9 @@ def _gn_fit_kernel(
     s = tl.arange(0, BS)[None, :].to(tl.int64)
     m = (c < cpg) & (s < S)
     ch = g * cpg + c
-    x = tl.load(x_ptr + n * stride_xn + ch * stride_xc + s * stride_xs, mask=m, other=0.0).to(
-        tl.float32
-    )
+    x = tl.load(
+        x_ptr + n * x_strides[0] + ch * x_strides[1] + s * x_strides[2], mask=m, other=0.0
+    ).to(tl.float32)
     # two passes over registers: the mean, then deviations from it; the deviations' own
     # sum corrects the mean (Chan, Golub & LeVeque's corrected two-pass algorithm)
     m1 = tl.sum(x) / count
@@ -137,10 +122,10 @@ def _gn_fit_kernel(
     var = tl.maximum(s2 - s1 * corr, 0.0) / count
     rstd = 1.0 / tl.sqrt_rn(var + eps)
     cm = c < cpg
-    w = _load_channels(w_ptr, ch, stride_w, cm, HAS_W, False, 1.0)
-    b = _load_channels(b_ptr, ch, stride_b, cm, HAS_B, False, 0.0)
+    w = _load_channels(w_ptr, ch, wb_strides[0], cm, FIN.has_w, False, 1.0)
+    b = _load_channels(b_ptr, ch, wb_strides[1], cm, FIN.has_b, False, 0.0)
     y = (d - corr) * (rstd * w)
-    _gn_finish(y_ptr, n * stride_yn + ch * stride_yc + s * stride_ys, m, y, b, FIN, ACT)
+    _gn_finish(y_ptr, n * y_strides[0] + ch * y_strides[1] + s * y_strides[2], m, y, b, FIN, ACT)
 
 
 @jit
@@ -178,9 +163,7 @@ def _gn_stats_kernel(
     T,  # tiles per group: cdiv(cpg, BC) * n_ts
     P,  # statistics programs per group
     NGP,  # N * G * P (row length of the partials)
-    stride_xn,
-    stride_xc,
-    stride_xs,
+    x_strides,  # x's (n, c, s) element strides, a tuple
     BC: tl.constexpr,
     BS: tl.constexpr,  # one tile: BC channels x BS positions
     TPP: tl.constexpr,  # tiles per program
@@ -200,11 +183,11 @@ def _gn_stats_kernel(
     k = pid - ng * P
     n = ng // G
     g = ng - n * G
-    base = n * stride_xn + g * cpg * stride_xc
+    base = n * x_strides[0] + g * cpg * x_strides[1]
     K = tl.load(x_ptr + base).to(tl.float32)
     ci = tl.arange(0, BC)[:, None]
     si = tl.arange(0, BS)[None, :]
-    inner = _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
+    inner = _tile_offsets(ci, si, x_strides[1], x_strides[2], OFF64)
     cnt = tl.zeros((), tl.float32)
     mean = tl.zeros((), tl.float32)
     m2 = tl.zeros((), tl.float32)
@@ -215,7 +198,7 @@ def _gn_stats_kernel(
         # the tile's corner in int64, offsets inside it in int32 (unless OFF64), bounds as
         # int32 scalars clamped to the tile first (S may pass 2^31): no 64-bit arithmetic
         # per element (the passes are issue-bound)
-        corner = base + (tc * BC) * stride_xc + (ts * BS) * stride_xs
+        corner = base + (tc * BC) * x_strides[1] + (ts * BS) * x_strides[2]
         # evict_last: the apply pass reads x again; what of it is still in L2 when the
         # statistics end should stay there over the apply pass's first (DRAM) tiles
         if EVEN:  # every tile whole, every program's tiles inside the group: no masks
@@ -285,28 +268,19 @@ def _gn_apply_kernel(
     P,
     NGP,
     eps,
-    stride_xn,
-    stride_xc,
-    stride_xs,
-    stride_yn,
-    stride_yc,
-    stride_ys,
-    stride_w,
-    stride_b,
+    x_strides,
+    y_strides,
+    wb_strides,  # as in _gn_fit_kernel
     BC: tl.constexpr,
     BS: tl.constexpr,
     P_PAD: tl.constexpr,  # >= P (power of two)
     OFF64: tl.constexpr,  # offsets inside a tile (x's or y's) need int64
     EVEN: tl.constexpr,  # BC | cpg and BS | S: no masks
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
+    FIN: tl.constexpr,
 ):
     """One tile per program: merge the group's P partials (statistics of x - K, K the
     group's first element), then normalise the tile."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    FIN: tl.constexpr = _finish_flags(HAS_W, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     ng = pid // T
     t = pid - ng * T
@@ -328,16 +302,16 @@ def _gn_apply_kernel(
     s0 = ts * BS
     x_ptrs = (
         x_ptr
-        + (n * stride_xn + c0 * stride_xc + s0 * stride_xs)
-        + _tile_offsets(ci, si, stride_xc, stride_xs, OFF64)
+        + (n * x_strides[0] + c0 * x_strides[1] + s0 * x_strides[2])
+        + _tile_offsets(ci, si, x_strides[1], x_strides[2], OFF64)
     )
     x = _load_f32(x_ptrs, m, EVEN, "evict_first")  # x's last read: leave L2 to unread tiles
-    w = _load_channels(w_ptr + c0 * stride_w, ci, stride_w, cm, HAS_W, EVEN, 1.0)
-    b = _load_channels(b_ptr + c0 * stride_b, ci, stride_b, cm, HAS_B, EVEN, 0.0)
+    w = _load_channels(w_ptr + c0 * wb_strides[0], ci, wb_strides[0], cm, FIN.has_w, EVEN, 1.0)
+    b = _load_channels(b_ptr + c0 * wb_strides[1], ci, wb_strides[1], cm, FIN.has_b, EVEN, 0.0)
     # rstd * w once per channel row, not per element (the kernel is issue-bound)
     y = (((x - K) - mhi) - corr) * (rstd * w)
-    y0p = y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys)
-    _gn_finish(y0p, _tile_offsets(ci, si, stride_yc, stride_ys, OFF64), m, y, b, FIN, ACT)
+    y0p = y_ptr + (n * y_strides[0] + c0 * y_strides[1] + s0 * y_strides[2])
+    _gn_finish(y0p, _tile_offsets(ci, si, y_strides[1], y_strides[2], OFF64), m, y, b, FIN, ACT)
 
 
 # Channels-last input (x's channel stride 1): a position's channels are one contiguous row,
@@ -387,8 +361,7 @@ def _gn_cl_stats_kernel(
     n_ts,  # position tiles: cdiv(S, BS)
     P,  # statistics programs per group (each TPP position tiles)
     NGP,  # N * G * P
-    stride_xn,
-    stride_xs,
+    x_strides,  # x's (n, c, s) element strides (c: 1), a tuple
     GB: tl.constexpr,  # groups a tile spans
     CPP: tl.constexpr,  # lanes a group takes: next_pow2(cpg)
     BS: tl.constexpr,  # positions a tile
@@ -411,11 +384,11 @@ def _gn_cl_stats_kernel(
     n = nk // P
     k = nk - n * P
     gl, ch, ok = _cl_lanes(G, cpg, gb, GB, CPP, POW2)
-    base = n * stride_xn + gb * GB * cpg
+    base = n * x_strides[0] + gb * GB * cpg
     # each lane's group's first element (gathered: a lane per group reads memory)
     Kl = tl.load(x_ptr + base + gl * cpg, mask=ok, other=0.0).to(tl.float32)
     si = tl.arange(0, BS)[:, None]
-    inner = _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64)
+    inner = _tile_offsets(ch[None, :], si, 1, x_strides[2], OFF64)
     mean = tl.zeros((BS, GB * CPP), tl.float32)
     m2 = tl.zeros((BS, GB * CPP), tl.float32)
     if EVEN:
@@ -424,7 +397,7 @@ def _gn_cl_stats_kernel(
         cnt = tl.zeros((BS, GB * CPP), tl.float32)
     for i in range(TPP):
         t = k * TPP + i
-        corner = base + (t * BS) * stride_xs
+        corner = base + (t * BS) * x_strides[2]
         # a slot valid at tile i was valid at every earlier tile (the valid rows of a
         # tile only shrink along the positions): its count is i + 1
         inv = tl.div_rn(1.0, (i + 1) * 1.0)
@@ -499,28 +472,20 @@ def _gn_cl_apply_kernel(
     S,
     n_gb,
     NG,
-    stride_xn,
-    stride_xs,
-    stride_yn,
-    stride_yc,
-    stride_ys,
-    stride_w,
-    stride_b,
+    x_strides,  # as in _gn_cl_stats_kernel
+    y_strides,
+    wb_strides,  # as in _gn_fit_kernel
     GB: tl.constexpr,
     CPP: tl.constexpr,
     BS: tl.constexpr,
     POW2: tl.constexpr,
     OFF64: tl.constexpr,  # offsets inside a tile (x's or y's) need int64
     EVEN: tl.constexpr,  # POW2, GB | G and BS | S: no masks
-    HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
+    FIN: tl.constexpr,
 ):
     """One tile of GB groups x BS positions a program, normalised with its groups' merged
     statistics (the arithmetic of ``_gn_apply_kernel``, per lane)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    FIN: tl.constexpr = _finish_flags(HAS_W, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     nt = pid // n_gb
     gb = pid - nt * n_gb
@@ -544,19 +509,19 @@ def _gn_cl_apply_kernel(
     s0 = ts * BS
     x = _load_f32(
         x_ptr
-        + (n * stride_xn + c0 + s0 * stride_xs)
-        + _tile_offsets(ch[None, :], si, 1, stride_xs, OFF64),
+        + (n * x_strides[0] + c0 + s0 * x_strides[2])
+        + _tile_offsets(ch[None, :], si, 1, x_strides[2], OFF64),
         m,
         EVEN,
         "evict_first",
     )
-    w = _load_channels(w_ptr + c0 * stride_w, ch, stride_w, cm, HAS_W, EVEN, 1.0)
-    b = _load_channels(b_ptr + c0 * stride_b, ch, stride_b, cm, HAS_B, EVEN, 0.0)
+    w = _load_channels(w_ptr + c0 * wb_strides[0], ch, wb_strides[0], cm, FIN.has_w, EVEN, 1.0)
+    b = _load_channels(b_ptr + c0 * wb_strides[1], ch, wb_strides[1], cm, FIN.has_b, EVEN, 0.0)
     y = (((x - K[None, :]) - mhi[None, :]) - corr[None, :]) * (rstd * w)[None, :]
-    if HAS_B:
+    if FIN.has_b:
         b = b[None, :]
-    y0p = y_ptr + (n * stride_yn + c0 * stride_yc + s0 * stride_ys)
-    yo = _tile_offsets(ch[None, :], si, stride_yc, stride_ys, OFF64)
+    y0p = y_ptr + (n * y_strides[0] + c0 * y_strides[1] + s0 * y_strides[2])
+    yo = _tile_offsets(ch[None, :], si, y_strides[1], y_strides[2], OFF64)
     _gn_finish(y0p, yo, m, y, b, FIN, ACT)
 
 
@@ -596,22 +561,14 @@ def _rms_ch_kernel(
     n_sb,  # spatial blocks per batch entry: cdiv(S, BS)
     eps,
     scale,
-    stride_xn,
-    stride_xc,
-    stride_xs,
-    stride_yn,
-    stride_yc,
-    stride_ys,
-    stride_g,
-    stride_b,
+    x_strides,  # x's and y's (n, c, s) element strides, tuples
+    y_strides,
+    wb_strides,  # gamma's and bias's element strides along their channel axis
     BC: tl.constexpr,  # channels per chunk (power of two); NCH == 1: the first piece
     BC1: tl.constexpr,  # NCH == 1: the second piece of the column (power of two, or 0)
     BS: tl.constexpr,  # positions per program (power of two)
     NCH: tl.constexpr,  # chunks: cdiv(C, BC); 1 = the column is held in registers
-    HAS_G: tl.constexpr,
-    HAS_B: tl.constexpr,
-    SILU: tl.constexpr,
-    ROUND_NORM: tl.constexpr,
+    FIN: tl.constexpr,  # FinishFlags (has_w: gamma)
     OFF64: tl.constexpr,  # NCH == 1: offsets inside the column block need int64
     EVEN: tl.constexpr,  # NCH == 1: BC + BC1 == C and BS | S: no masks
 ):
@@ -621,7 +578,6 @@ def _rms_ch_kernel(
     BC1): 96 channels as 64 + 32 rather than 128 with a quarter masked (the kernel is bound
     by instruction issue: masked lanes cost as much as real ones)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    FIN: tl.constexpr = _finish_flags(HAS_G, HAS_B, SILU, ROUND_NORM)
     pid = tl.program_id(0).to(tl.int64)
     n = pid // n_sb
     sb = pid - n * n_sb
@@ -630,14 +586,14 @@ def _rms_ch_kernel(
         # the pieces cover C exactly and BS divides S (EVEN): the kernel is issue-bound
         c0 = tl.arange(0, BC)[:, None]
         si = tl.arange(0, BS)[None, :]
-        x0p = x_ptr + (n * stride_xn + (sb * BS) * stride_xs)
-        y0p = y_ptr + (n * stride_yn + (sb * BS) * stride_ys)
-        xo = _tile_offsets(c0, si, stride_xc, stride_xs, OFF64)
-        yo = _tile_offsets(c0, si, stride_yc, stride_ys, OFF64)
+        x0p = x_ptr + (n * x_strides[0] + (sb * BS) * x_strides[2])
+        y0p = y_ptr + (n * y_strides[0] + (sb * BS) * y_strides[2])
+        xo = _tile_offsets(c0, si, x_strides[1], x_strides[2], OFF64)
+        yo = _tile_offsets(c0, si, y_strides[1], y_strides[2], OFF64)
         if BC1 > 0:
             c1 = BC + tl.arange(0, BC1)[:, None]
-            xo1 = _tile_offsets(c1, si, stride_xc, stride_xs, OFF64)
-            yo1 = _tile_offsets(c1, si, stride_yc, stride_ys, OFF64)
+            xo1 = _tile_offsets(c1, si, x_strides[1], x_strides[2], OFF64)
+            yo1 = _tile_offsets(c1, si, y_strides[1], y_strides[2], OFF64)
         if EVEN:
             cm = None
             m = None
@@ -652,11 +608,11 @@ def _rms_ch_kernel(
         # every load of the program ahead of the sum's barrier, gamma / bias first: a load
         # placed after a sum (or after a use of x) waits for it, and each such wait is one
         # more memory round trip a program
-        gm = _load_channels(g_ptr, c0, stride_g, cm, HAS_G, EVEN, 1.0)
-        b = _load_channels(b_ptr, c0, stride_b, cm, HAS_B, EVEN, 0.0)
+        gm = _load_channels(g_ptr, c0, wb_strides[0], cm, FIN.has_w, EVEN, 1.0)
+        b = _load_channels(b_ptr, c0, wb_strides[1], cm, FIN.has_b, EVEN, 0.0)
         if BC1 > 0:
-            gm1 = _load_channels(g_ptr, c1, stride_g, cm1, HAS_G, EVEN, 1.0)
-            b1 = _load_channels(b_ptr, c1, stride_b, cm1, HAS_B, EVEN, 0.0)
+            gm1 = _load_channels(g_ptr, c1, wb_strides[0], cm1, FIN.has_w, EVEN, 1.0)
+            b1 = _load_channels(b_ptr, c1, wb_strides[1], cm1, FIN.has_b, EVEN, 0.0)
         x = _load_f32(x0p + xo, m, EVEN, "")
         if BC1 > 0:
             x1 = _load_f32(x0p + xo1, m1, EVEN, "")
@@ -676,20 +632,20 @@ def _rms_ch_kernel(
         s = sb * BS + tl.arange(0, BS)[None, :].to(tl.int64)
         sm = s < S
         ci = tl.arange(0, BC)[:, None].to(tl.int64)
-        xb = n * stride_xn + s * stride_xs
-        yb = n * stride_yn + s * stride_ys
+        xb = n * x_strides[0] + s * x_strides[2]
+        yb = n * y_strides[0] + s * y_strides[2]
         ss = tl.zeros((1, BS), tl.float32)
         for k in range(NCH):
             c = k * BC + ci
             m = (c < C) & sm
-            x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + xb + c * x_strides[1], mask=m, other=0.0).to(tl.float32)
             ss += tl.sum(x * x, 0)[None, :]
         inv = 1.0 / tl.maximum(tl.sqrt_rn(ss), eps)
         for k in range(NCH):
             c = k * BC + ci
             cm = c < C
             m = cm & sm
-            x = tl.load(x_ptr + xb + c * stride_xc, mask=m, other=0.0).to(tl.float32)
-            gm = _load_channels(g_ptr, c, stride_g, cm, HAS_G, False, 1.0)
-            b = _load_channels(b_ptr, c, stride_b, cm, HAS_B, False, 0.0)
-            _rms_finish(x, inv, scale, (gm, b), (y_ptr, yb + c * stride_yc), m, FIN, ACT)
+            x = tl.load(x_ptr + xb + c * x_strides[1], mask=m, other=0.0).to(tl.float32)
+            gm = _load_channels(g_ptr, c, wb_strides[0], cm, FIN.has_w, False, 1.0)
+            b = _load_channels(b_ptr, c, wb_strides[1], cm, FIN.has_b, False, 0.0)
+            _rms_finish(x, inv, scale, (gm, b), (y_ptr, yb + c * y_strides[1]), m, FIN, ACT)

@@ -30,11 +30,14 @@ from ditfuse.kernels.adaln import (
     LAYER_NORM,
     NO_NORM,
     RMS_NORM,
+    AdaLNFlags,
+    RowStrides,
     _adaln_kernel,
     _adaln_tile_kernel,
     _residual_flat_kernel,
 )
 from ditfuse.norms import check_affine
+from ditfuse.reference import AdaLNOptions, adaln_reference
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,6 +47,8 @@ ROUNDINGS = ("once", "per_op")
 OFF64_AT = 2**31
 #: a CUDA grid's second and third axes hold at most 65535 programs
 GRID_Y_MAX = 65535
+#: the public functions' defaults (``norm``, ``eps``, ``rounding``), written once
+DEFAULTS = AdaLNOptions()
 
 
 # ---------------------------------------------------------------------------------------
@@ -219,20 +224,9 @@ class Plan:
     per_op: bool
 
 
-def _plan(
-    x,
-    y=None,
-    gate=None,
-    shift=None,
-    scale=None,
-    *,
-    norm=None,
-    weight=None,
-    bias=None,
-    eps=0.0,
-    rounding="once",
-) -> Plan:
-    """Check every argument of a call; raises before anything runs."""
+def _plan(x, y, gate, shift, scale, o: AdaLNOptions) -> Plan:
+    """Check every argument of a call (``o``: its options); raises before anything runs."""
+    norm, weight, bias, eps, rounding = o
     x3 = _rows_view(x, "x")
     if x.dtype not in ACT_DTYPES:
         raise TypeError(f"x.dtype must be float16, bfloat16 or float32, got {x.dtype}")
@@ -308,24 +302,22 @@ def _launch(p: Plan, xn3, o3, settings=None, flat=True):
         D,
         float(p.eps),
     )
+    rows = (x3, p.y3, p.g3, p.sh3, p.sc3, xn3, o3)
+    flags = AdaLNFlags(
+        norm=NORMS[p.norm],
+        has_w=p.weight is not None,
+        has_b=p.bias is not None,
+        residual=p.y3 is not None,
+        has_gate=p.g3 is not None,
+        has_shift=p.sh3 is not None,
+        has_scale=p.sc3 is not None,
+        per_op=p.per_op,
+        has_out=has_out,
+    )
     # the strides by keyword: a replayed launch substitutes the positional tensors only
     kw = dict(
-        x_strides=x3.stride(),
-        y_strides=strides(p.y3),
-        gate_strides=strides(p.g3),
-        shift_strides=strides(p.sh3),
-        scale_strides=strides(p.sc3),
-        xnew_strides=strides(xn3),
-        out_strides=o3.stride(),
-        NORM=NORMS[p.norm],
-        HAS_W=p.weight is not None,
-        HAS_B=p.bias is not None,
-        RESIDUAL=p.y3 is not None,
-        HAS_GATE=p.g3 is not None,
-        HAS_SHIFT=p.sh3 is not None,
-        HAS_SCALE=p.sc3 is not None,
-        PER_OP=p.per_op,
-        HAS_OUT=has_out,
+        strides=RowStrides(*(strides(t) for t in rows)),
+        FLAGS=flags,
         num_warps=st.num_warps,
         enable_fp_fusion=False,
     )
@@ -377,28 +369,21 @@ def _slots(x, y, gate, shift, scale, weight, bias, x_new, o):
     )
 
 
+def _residual_options(rounding: str) -> AdaLNOptions:
+    """The options of the gated residual alone (no norm)."""
+    return AdaLNOptions(norm=None, eps=0.0, rounding=rounding)
+
+
 def _run(
-    x,
-    y=None,
-    gate=None,
-    shift=None,
-    scale=None,
-    norm=None,
-    weight=None,
-    bias=None,
-    eps=0.0,
-    rounding="once",
-    inplace=False,
-    out=None,
-    modulated=True,
-    *,
-    settings=None,
-    flat=True,
+    x, y, gate, shift, scale, opts: AdaLNOptions, inplace=False, out=None, modulated=True, **launch
 ):
     """Validate, allocate, launch (or the reference off the GPU). Returns (x_new, out).
-    ``modulated=False``: the gated residual alone; ``out`` is then where x_new goes.
-    ``settings``, ``flat``: as in :func:`_launch`. A call whose signature was seen before
-    replays its launches (:mod:`ditfuse.runtime.fastpath`)."""
+    ``opts``: the call's options (:class:`AdaLNOptions`; :func:`_residual_options` for the
+    gated residual alone). ``modulated=False``: the gated residual alone; ``out`` is then
+    where x_new goes.
+    ``launch``: ``settings`` / ``flat`` for :func:`_launch`. A call whose signature was
+    seen before replays its launches (:mod:`ditfuse.runtime.fastpath`)."""
+    norm, weight, bias, eps, rounding = opts
     key = None
     if fastpath.usable(x):
         try:
@@ -410,8 +395,7 @@ def _run(
                 bool(inplace),
                 modulated,
                 out is x,
-                settings,
-                flat,
+                tuple(sorted(launch.items())),
                 sig(x),
                 sig(y),
                 sig(gate),
@@ -428,8 +412,7 @@ def _run(
             x_new, o = _outputs(x, y, inplace, out, modulated)
             if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
                 return x_new, o
-    options = dict(norm=norm, weight=weight, bias=bias, eps=eps, rounding=rounding)
-    p = _plan(x, y, gate, shift, scale, **options)
+    p = _plan(x, y, gate, shift, scale, opts)
     if out is not None:
         if (
             not isinstance(out, torch.Tensor)
@@ -445,13 +428,11 @@ def _run(
     xn3 = _rows_view(x_new, "x_new") if x_new is not None else None
     if backend.kernel_device_ok(p.x3):
         with fastpath.Recorder() as rec:
-            _launch(p, xn3, o3, settings, flat)
+            _launch(p, xn3, o3, **launch)
         if key is not None:
             _CACHE.put(key, rec.replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)))
     else:
-        from ditfuse.reference import adaln_reference
-
-        res = adaln_reference(x, shift, scale, residual=y, gate=gate, **options)
+        res = adaln_reference(x, shift, scale, residual=y, gate=gate, **opts._asdict())
         if y is not None:
             x_new.copy_(res[0])
             res = res[1]
@@ -473,11 +454,11 @@ def adaln_modulate(
     shift=None,
     scale=None,
     *,
-    norm="layer",
+    norm=DEFAULTS.norm,
     weight=None,
     bias=None,
-    eps=1e-6,
-    rounding="once",
+    eps=DEFAULTS.eps,
+    rounding=DEFAULTS.rounding,
     out=None,
 ):
     r"""Normalise each token and modulate it: ``y = norm(x) * (1 + scale) + shift``.
@@ -521,21 +502,10 @@ def adaln_modulate(
     ...     y = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
     """
     _no_grad_check(x, shift, scale, weight, bias)
+    o = AdaLNOptions(norm, weight, bias, eps, rounding)
     if torch.compiler.is_compiling():
-        return torch.ops.ditfuse.adaln(
-            x, None, None, shift, scale, weight, bias, NORMS[norm], float(eps), rounding == "per_op"
-        )[0]
-    return _run(
-        x,
-        shift=shift,
-        scale=scale,
-        norm=norm,
-        weight=weight,
-        bias=bias,
-        eps=eps,
-        rounding=rounding,
-        out=out,
-    )[1]
+        return torch.ops.ditfuse.adaln(x, None, None, shift, scale, *_op_tail(o))[0]
+    return _run(x, None, None, shift, scale, o, out=out)[1]
 
 
 def gated_residual_adaln(
@@ -545,11 +515,11 @@ def gated_residual_adaln(
     shift=None,
     scale=None,
     *,
-    norm="layer",
+    norm=DEFAULTS.norm,
     weight=None,
     bias=None,
-    eps=1e-6,
-    rounding="once",
+    eps=DEFAULTS.eps,
+    rounding=DEFAULTS.rounding,
     inplace=False,
 ):
     r"""The gated residual and the next norm + modulation, in one pass.
@@ -592,39 +562,17 @@ def gated_residual_adaln(
     if y is None:
         raise ValueError("y (the branch output) is required; use adaln_modulate without it")
     _no_grad_check(x, y, gate, shift, scale, weight, bias)
+    o = AdaLNOptions(norm, weight, bias, eps, rounding)
     if torch.compiler.is_compiling():
-        args = (
-            x,
-            y,
-            gate,
-            shift,
-            scale,
-            weight,
-            bias,
-            NORMS[norm],
-            float(eps),
-            rounding == "per_op",
-        )
+        args = (x, y, gate, shift, scale, *_op_tail(o))
         if inplace:
             return x, torch.ops.ditfuse.gated_residual_adaln_(*args)
         xn, m = torch.ops.ditfuse.adaln(*args)
         return xn, m
-    return _run(
-        x,
-        y,
-        gate,
-        shift,
-        scale,
-        norm=norm,
-        weight=weight,
-        bias=bias,
-        eps=eps,
-        rounding=rounding,
-        inplace=inplace,
-    )
+    return _run(x, y, gate, shift, scale, o, inplace=inplace)
 
 
-def gated_residual(x, y, gate=None, *, rounding="once", out=None):
+def gated_residual(x, y, gate=None, *, rounding=DEFAULTS.rounding, out=None):
     r"""The gated residual alone: ``x_new = x + y * gate``, stored in x's dtype.
 
     .. math:: x' = \mathrm{round}(x + y \odot \mathrm{gate})
@@ -666,7 +614,7 @@ def gated_residual(x, y, gate=None, *, rounding="once", out=None):
     _no_grad_check(x, y, gate)
     if torch.compiler.is_compiling():
         return torch.ops.ditfuse.gated_residual(x, y, gate, rounding == "per_op")
-    return _run(x, y, gate, rounding=rounding, out=out, modulated=False)[0]
+    return _run(x, y, gate, None, None, _residual_options(rounding), out=out, modulated=False)[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -693,13 +641,25 @@ def _op_options(
 ):
     """The schema of the ``ditfuse::adaln`` and ``ditfuse::gated_residual_adaln_`` ops (its
     annotations): their arguments as :func:`_run`'s / :func:`_plan`'s, the tensors x, y,
-    gate, shift, scale and the options by keyword."""
-    opts = dict(weight=weight, bias=bias, norm=_NORM_NAMES[norm], eps=eps)
-    return (x, y, gate, shift, scale), dict(opts, rounding=_rounding(per_op))
+    gate, shift, scale and the :class:`AdaLNOptions` (:func:`_op_tail`'s inverse)."""
+    return (
+        x,
+        y,
+        gate,
+        shift,
+        scale,
+        AdaLNOptions(_NORM_NAMES[norm], weight, bias, eps, _rounding(per_op)),
+    )
+
+
+def _op_tail(o: AdaLNOptions) -> tuple:
+    """The options ``o`` as the ops' arguments after the tensors (weight, bias, norm, eps,
+    per_op)."""
+    return o.weight, o.bias, NORMS[o.norm], float(o.eps), o.rounding == "per_op"
 
 
 def _adaln_op(name: str, returns, mutates_args=(), y=Optional[torch.Tensor]):
-    """``@_adaln_op(name, returns, ...)`` on ``fn(x, y, gate, shift, scale, **options)``:
+    """``@_adaln_op(name, returns, ...)`` on ``fn(x, y, gate, shift, scale, o)``:
     the op ``ditfuse::<name>`` with the schema of :func:`_op_options` (``y`` of type
     ``y``); its ``.register_fake`` takes a fake of the same form."""
     sig = inspect.signature(_op_options, eval_str=True)
@@ -708,8 +668,7 @@ def _adaln_op(name: str, returns, mutates_args=(), y=Optional[torch.Tensor]):
 
     def flat(fn):
         def impl(*args):
-            tensors, options = _op_options(*args)
-            return fn(*tensors, **options)
+            return fn(*_op_options(*args))
 
         impl.__signature__ = signature
         impl.__name__, impl.__doc__ = fn.__name__, fn.__doc__
@@ -725,28 +684,28 @@ def _adaln_op(name: str, returns, mutates_args=(), y=Optional[torch.Tensor]):
 
 
 @_adaln_op("adaln", list[torch.Tensor])
-def _modulate_op(x, y, gate, shift, scale, **options):
+def _modulate_op(x, y, gate, shift, scale, o):
     """[modulated] or, with y, [x_new, modulated]."""
-    xn, o = _run(x, y, gate, shift, scale, **options)
-    return [o] if xn is None else [xn, o]
+    xn, m = _run(x, y, gate, shift, scale, o)
+    return [m] if xn is None else [xn, m]
 
 
 @_modulate_op.register_fake
-def _(x, y, gate, shift, scale, **options):
-    _plan(x, y, gate, shift, scale, **options)
+def _(x, y, gate, shift, scale, o):
+    _plan(x, y, gate, shift, scale, o)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return [o] if y is None else [torch.empty_like(o), o]
 
 
 @_adaln_op("gated_residual_adaln_", torch.Tensor, mutates_args=("x",), y=torch.Tensor)
-def _gated_inplace_op(x, y, gate, shift, scale, **options):
+def _gated_inplace_op(x, y, gate, shift, scale, o):
     """x_new written into x; returns the modulated output."""
-    return _run(x, y, gate, shift, scale, inplace=True, **options)[1]
+    return _run(x, y, gate, shift, scale, o, inplace=True)[1]
 
 
 @_gated_inplace_op.register_fake
-def _(x, y, gate, shift, scale, **options):
-    _plan(x, y, gate, shift, scale, **options)
+def _(x, y, gate, shift, scale, o):
+    _plan(x, y, gate, shift, scale, o)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -754,10 +713,10 @@ def _(x, y, gate, shift, scale, **options):
 def _gated_residual_op(
     x: torch.Tensor, y: torch.Tensor, gate: Optional[torch.Tensor], per_op: bool
 ) -> torch.Tensor:
-    return _run(x, y, gate, rounding=_rounding(per_op), modulated=False)[0]
+    return _run(x, y, gate, None, None, _residual_options(_rounding(per_op)), modulated=False)[0]
 
 
 @_gated_residual_op.register_fake
 def _(x, y, gate, per_op):
-    _plan(x, y, gate, rounding=_rounding(per_op))
+    _plan(x, y, gate, None, None, _residual_options(_rounding(per_op)))
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)

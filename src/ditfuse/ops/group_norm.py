@@ -30,6 +30,7 @@ norm over channels reads ``x`` once (a column of ``C`` channels is held on chip)
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -38,6 +39,7 @@ import torch
 import triton
 
 from ditfuse.kernels.group_norm import (
+    FinishFlags,
     _gn_apply_kernel,
     _gn_cl_apply_kernel,
     _gn_cl_stats_kernel,
@@ -46,8 +48,17 @@ from ditfuse.kernels.group_norm import (
     _gn_stats_kernel,
     _rms_ch_kernel,
 )
+from ditfuse.reference import (
+    GNOptions,
+    RMSOptions,
+    group_norm_silu_reference,
+    rms_norm_silu_channels_reference,
+)
 from ditfuse.runtime import backend, fastpath, library
 
+#: the public functions' defaults, written once (the references take them too)
+GN_DEFAULTS = GNOptions()
+RMS_DEFAULTS = RMSOptions()
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 #: offsets inside a split-path tile (or a channel-RMS column block) are int32 below this;
@@ -519,28 +530,21 @@ def launch_group_norm(
     st = settings or gn_settings(N, G, cpg, S, c_inner=c_inner, **overrides)
     if N * C * S == 0:
         return st, ()
-    dummy = p.x
-    w = p.weight if p.weight is not None else dummy
-    b = p.bias if p.bias is not None else dummy
-    flags = dict(
-        HAS_W=p.weight is not None,
-        HAS_B=p.bias is not None,
-        SILU=p.silu,
-        ROUND_NORM=p.round_after_norm,
-    )
+    w, b = _affine(p)
+    io = _io(p, os_)
     launch = fastpath.launch
     if st.path == "fit":
         launch(
             _gn_fit_kernel,
             (N * G,),
-            (p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps, *p.xs, *os_, p.w_stride, p.b_stride),
-            dict(BC=st.BC, BS=st.BS, **flags, num_warps=st.num_warps),
+            (p.x, out, w, b, G, cpg, S, float(cpg * S), p.eps),
+            dict(io, BC=st.BC, BS=st.BS, num_warps=st.num_warps),
         )
         return st, ()
     NG = N * G
     scratch = _scratch(st, NG, p.x.device)
     if st.path == "split-cl":
-        _launch_cl(p, out, os_, st, scratch, w, b, flags)
+        _launch_cl(p, out, st, scratch, io)
         return st, scratch
     (part,) = scratch
     ngp = NG * st.P
@@ -549,8 +553,9 @@ def launch_group_norm(
     launch(
         _gn_stats_kernel,
         (ngp,),
-        (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, *p.xs),
+        (p.x, part, G, cpg, S, st.n_ts, st.T, st.P, ngp),
         dict(
+            x_strides=p.xs,
             BC=st.BC,
             BS=st.BS,
             TPP=st.TPP,
@@ -562,40 +567,32 @@ def launch_group_norm(
     launch(
         _gn_apply_kernel,
         (NG * st.T,),
-        (
-            p.x,
-            out,
-            w,
-            b,
-            part,
-            G,
-            cpg,
-            S,
-            st.n_ts,
-            st.T,
-            st.P,
-            ngp,
-            p.eps,
-            *p.xs,
-            *os_,
-            p.w_stride,
-            p.b_stride,
-        ),
+        (p.x, out, w, b, part, G, cpg, S, st.n_ts, st.T, st.P, ngp, p.eps),
         dict(
-            BC=st.BC,
-            BS=st.BS,
-            P_PAD=st.P_PAD,
-            OFF64=off64,
-            EVEN=even,
-            **flags,
-            num_warps=st.num_warps,
+            io, BC=st.BC, BS=st.BS, P_PAD=st.P_PAD, OFF64=off64, EVEN=even, num_warps=st.num_warps
         ),
     )
     return st, scratch
 
 
-def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
-    """The channels-last split path: statistics, merge, apply."""
+def _affine(p: Plan):
+    """The (weight, bias) tensors a launch takes: x where absent (not read)."""
+    return tuple(t if t is not None else p.x for t in (p.weight, p.bias))
+
+
+def _io(p: Plan, os_) -> dict:
+    """The keyword arguments every normalising kernel takes: the strides of x, y (``os_``)
+    and the affine, and the steps after the norm (``FinishFlags``)."""
+    return dict(
+        x_strides=p.xs,
+        y_strides=os_,
+        wb_strides=(p.w_stride, p.b_stride),
+        FIN=FinishFlags(p.weight is not None, p.bias is not None, p.silu, p.round_after_norm),
+    )
+
+
+def _launch_cl(p: Plan, out, st: GNSettings, scratch, io: dict) -> None:
+    """The channels-last split path: statistics, merge, apply (``io``: :func:`_io`)."""
     N, S, G = p.N, p.S, p.groups
     cpg = p.C // G
     part, stat = scratch
@@ -603,16 +600,17 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
     ngp = NG * st.P
     n_gb = triton.cdiv(G, st.GB)
 
-    off64 = max(_tile_span(st, p.xs), _tile_span(st, os_)) >= OFF32_LIMIT
+    off64 = max(_tile_span(st, p.xs), _tile_span(st, io["y_strides"])) >= OFF32_LIMIT
     pow2 = cpg == st.CPP
     even = pow2 and G % st.GB == 0 and S % st.BS == 0
-    xn, _, xs = p.xs
+    w, b = _affine(p)
     launch = fastpath.launch
     launch(
         _gn_cl_stats_kernel,
         (N * st.P * n_gb,),
-        (p.x, part, G, cpg, S, n_gb, st.n_ts, st.P, ngp, xn, xs),
+        (p.x, part, G, cpg, S, n_gb, st.n_ts, st.P, ngp),
         dict(
+            x_strides=p.xs,
             GB=st.GB,
             CPP=st.CPP,
             BS=st.BS,
@@ -632,15 +630,15 @@ def _launch_cl(p: Plan, out, os_, st: GNSettings, scratch, w, b, flags) -> None:
     launch(
         _gn_cl_apply_kernel,
         (N * st.n_ts * n_gb,),
-        (p.x, out, w, b, stat, G, cpg, S, n_gb, NG, xn, xs, *os_, p.w_stride, p.b_stride),
+        (p.x, out, w, b, stat, G, cpg, S, n_gb, NG),
         dict(
+            io,
             GB=st.GB,
             CPP=st.CPP,
             BS=st.BS,
             POW2=pow2,
             OFF64=off64,
             EVEN=even,
-            **flags,
             num_warps=st.num_warps,
         ),
     )
@@ -660,7 +658,6 @@ def launch_rms_channels(
     st = settings or rms_settings(C, S, itemsize=p.x.element_size(), **overrides)
     if N * C * S == 0:
         return st
-    dummy = p.x
     n_sb = triton.cdiv(S, st.BS)
     even = st.NCH == 1 and st.BC + st.BC1 == C and S % st.BS == 0
     # the cap only where it was measured and built: masked columns need far more registers
@@ -669,32 +666,15 @@ def launch_rms_channels(
     fastpath.launch(
         _rms_ch_kernel,
         (N * n_sb,),
-        (
-            p.x,
-            out,
-            p.weight if p.weight is not None else dummy,
-            p.bias if p.bias is not None else dummy,
-            C,
-            S,
-            n_sb,
-            p.eps,
-            p.scale,
-            *p.xs,
-            *os_,
-            p.w_stride,
-            p.b_stride,
-        ),
+        (p.x, out, *_affine(p), C, S, n_sb, p.eps, p.scale),
         dict(
+            _io(p, os_),
             BC=st.BC,
             BC1=st.BC1,
             BS=st.BS,
             NCH=st.NCH,
             OFF64=max(_col_span(st, p.xs), _col_span(st, os_)) >= OFF32_LIMIT,
             EVEN=even,
-            HAS_G=p.weight is not None,
-            HAS_B=p.bias is not None,
-            SILU=p.silu,
-            ROUND_NORM=p.round_after_norm,
             num_warps=st.num_warps,
             **cap,
             # no contraction: with bf16 operands LLVM narrows (t * gamma) rounded, + bias to
@@ -768,8 +748,6 @@ def _run(
             if replay is not None:
                 _CACHE.put(key, (replay, st, p.N * p.groups))
     else:  # a device Triton cannot run on here: the fp32 reference
-        from ditfuse.reference import group_norm_silu_reference, rms_norm_silu_channels_reference
-
         flags = dict(silu=p.silu, round_after_norm=p.round_after_norm)
         if rms:
             r = rms_norm_silu_channels_reference(
@@ -790,12 +768,14 @@ def _call(rms: bool, x, weight, bias, out, launch, **opts):
     y = _replayed(key, x, weight, bias, out) if key is not None else None
     if y is not None:
         return y
-    p = (
-        plan_rms_channels(x, gamma=weight, bias=bias, **opts)
-        if rms
-        else plan_group_norm(x, weight=weight, bias=bias, **opts)
-    )
-    return _run(p, out, rms=rms, launch_kw=launch, key=key)
+    return _run(_plan(rms, x, weight, bias, **opts), out, rms=rms, launch_kw=launch, key=key)
+
+
+def _plan(rms: bool, x, weight, bias, **opts) -> Plan:
+    """``plan_rms_channels`` (``weight``: gamma) or ``plan_group_norm`` of the arguments."""
+    if rms:
+        return plan_rms_channels(x, gamma=weight, bias=bias, **opts)
+    return plan_group_norm(x, weight=weight, bias=bias, **opts)
 
 
 # ---------------------------------------------------------------------------------------
@@ -812,10 +792,10 @@ def group_norm_silu(
     num_groups,
     weight=None,
     bias=None,
-    eps=1e-6,
+    eps=GN_DEFAULTS.eps,
     *,
-    silu=True,
-    round_after_norm=True,
+    silu=GN_DEFAULTS.silu,
+    round_after_norm=GN_DEFAULTS.round_after_norm,
     out=None,
     _launch=None,
 ):
@@ -916,29 +896,19 @@ def group_norm_silu(
                 x, num_groups, weight, bias, float(eps), silu, round_after_norm
             ),
         )
-    return _call(
-        False,
-        x,
-        weight,
-        bias,
-        out,
-        _launch,
-        num_groups=num_groups,
-        eps=eps,
-        silu=silu,
-        round_after_norm=round_after_norm,
-    )
+    opts = dict(num_groups=num_groups, eps=eps, silu=silu, round_after_norm=round_after_norm)
+    return _call(False, x, weight, bias, out, _launch, **opts)
 
 
 def rms_norm_silu_channels(
     x,
     gamma,
     bias=None,
-    eps=1e-12,
+    eps=RMS_DEFAULTS.eps,
     *,
     scale=None,
-    silu=True,
-    round_after_norm=True,
+    silu=RMS_DEFAULTS.silu,
+    round_after_norm=RMS_DEFAULTS.round_after_norm,
     out=None,
     _launch=None,
 ):
@@ -1025,25 +995,46 @@ def rms_norm_silu_channels(
                 round_after_norm,
             ),
         )
-    return _call(
-        True,
-        x,
-        gamma,
-        bias,
-        out,
-        _launch,
-        eps=eps,
-        scale=scale,
-        silu=silu,
-        round_after_norm=round_after_norm,
-    )
+    opts = dict(eps=eps, scale=scale, silu=silu, round_after_norm=round_after_norm)
+    return _call(True, x, gamma, bias, out, _launch, **opts)
 
 
 # ---------------------------------------------------------------------------------------
 # torch.library ops (torch.compile(fullgraph=True), CUDA graphs)
 
 
-@library.op("ditfuse::group_norm_silu", mutates_args=())
+def _norm_op(name: str, rms: bool):
+    """``@_norm_op(name, rms)`` on the annotated schema of the op ``ditfuse::<name>``,
+    ``fn(x, ..., weight or gamma, bias, ...) -> Tensor`` (the body is not run): the op, which
+    runs :func:`_call` (``rms``: the channel RMS norm) on the arguments by name, and its
+    fake, which checks them (:func:`_plan`) and allocates."""
+
+    def wrap(schema):
+        sig = inspect.signature(schema, eval_str=True)
+        names = list(sig.parameters)
+
+        def body(fake: bool):
+            def impl(*args):
+                opts = dict(zip(names, args))
+                x, bias = opts.pop("x"), opts.pop("bias")
+                weight = opts.pop("gamma" if rms else "weight")
+                if fake:
+                    _plan(rms, x, weight, bias, **opts)
+                    return _out_like(x)
+                return _call(rms, x, weight, bias, None, None, **opts)
+
+            impl.__signature__ = sig
+            impl.__name__, impl.__doc__ = schema.__name__, schema.__doc__
+            return impl
+
+        registered = library.op(f"ditfuse::{name}", mutates_args=())(body(False))
+        registered.register_fake(body(True))
+        return registered
+
+    return wrap
+
+
+@_norm_op("group_norm_silu", rms=False)
 def _group_norm_silu_op(
     x: torch.Tensor,
     num_groups: int,
@@ -1053,27 +1044,10 @@ def _group_norm_silu_op(
     silu: bool,
     round_after_norm: bool,
 ) -> torch.Tensor:
-    return _call(
-        False,
-        x,
-        weight,
-        bias,
-        None,
-        None,
-        num_groups=num_groups,
-        eps=eps,
-        silu=silu,
-        round_after_norm=round_after_norm,
-    )
+    """:func:`group_norm_silu` as an op."""
 
 
-@_group_norm_silu_op.register_fake
-def _(x, num_groups, weight, bias, eps, silu, round_after_norm):
-    plan_group_norm(x, num_groups, weight, bias, eps, silu=silu, round_after_norm=round_after_norm)
-    return _out_like(x)
-
-
-@library.op("ditfuse::rms_norm_silu_channels", mutates_args=())
+@_norm_op("rms_norm_silu_channels", rms=True)
 def _rms_norm_silu_channels_op(
     x: torch.Tensor,
     gamma: Optional[torch.Tensor],
@@ -1083,23 +1057,4 @@ def _rms_norm_silu_channels_op(
     silu: bool,
     round_after_norm: bool,
 ) -> torch.Tensor:
-    return _call(
-        True,
-        x,
-        gamma,
-        bias,
-        None,
-        None,
-        eps=eps,
-        scale=scale,
-        silu=silu,
-        round_after_norm=round_after_norm,
-    )
-
-
-@_rms_norm_silu_channels_op.register_fake
-def _(x, gamma, bias, eps, scale, silu, round_after_norm):
-    plan_rms_channels(
-        x, gamma, bias, eps, scale=scale, silu=silu, round_after_norm=round_after_norm
-    )
-    return _out_like(x)
+    """:func:`rms_norm_silu_channels` as an op."""

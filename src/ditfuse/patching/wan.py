@@ -149,6 +149,17 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         (``common.qk_8bit``); else the 16-bit path.
         """
 
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            encoder_hidden_states=None,
+            attention_mask=None,
+            rotary_emb=None,
+        ):  # the base's parameter names: a keyword caller of WanAttnProcessor is served too
+            args = (hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+            return common.FusedProcessor.__call__(self, attn, *args)
+
         def fused_ok(self, attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb):
             return (
                 common.norms_ok(attn.norm_q, attn.norm_k)
