@@ -28,8 +28,8 @@ TRANSFORMERS = [n for n in EVERY if e2e.E2E_MODELS[n].kind == "transformer"]
 
 # The slow runs below feed the tiny models fewer tokens than their registry sizes (through
 # the same input builders): the interpreter runs a QK-norm + RoPE program a token, so the
-# tokens set their cost; a non-square grid still tells rows from columns, and HunyuanVideo
-# keeps two frames and padded prompt tokens (its key-padding mask)
+# tokens set their cost; FLUX's and HunyuanVideo's grids stay non-square (rows and columns
+# told apart), HunyuanVideo keeps two frames and padded prompt tokens (its key-padding mask)
 FEWER_TOKENS = {
     "wan14b-480p": {"frames": 1, "h": 4, "w": 4, "text_len": 3},
     "flux1-1024": {"height": 2, "width": 3, "text_len": 3},
