@@ -175,8 +175,9 @@ FP32_BUILD_CASES = [
 @pytest.mark.slow
 @pytest.mark.skipif(bool(missing_tools()), reason="the Triton wheel lacks ptxas / cuobjdump")
 def test_sm90_build():
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    env.pop("TRITON_INTERPRET", None)
+    # "0", not unset: without a GPU an unset variable means the interpreter to ditfuse's
+    # ``jit``, and the Gluon kernel calls @jit helpers that must be compiled ones
+    env = dict(os.environ, PYTHONPATH=str(SRC), TRITON_INTERPRET="0")
     r = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(BUILD_CASES)],
         env=env,
@@ -210,8 +211,9 @@ def test_sm90_build_fp32():
     from shared memory, P @ V from registers against the transposed V), the same waits as the
     16-bit kernel and a pipeline ptxas keeps, TMA copies, 168 registers with no spills, and
     at SAME-L's 3 key tiles at most 113 KB of shared memory (2 programs an SM)."""
-    env = dict(os.environ, PYTHONPATH=str(SRC))
-    env.pop("TRITON_INTERPRET", None)
+    # "0", not unset: without a GPU an unset variable means the interpreter to ditfuse's
+    # ``jit``, and the Gluon kernel calls @jit helpers that must be compiled ones
+    env = dict(os.environ, PYTHONPATH=str(SRC), TRITON_INTERPRET="0")
     r = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(FP32_BUILD_CASES)],
         env=env,
