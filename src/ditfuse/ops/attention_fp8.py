@@ -381,13 +381,11 @@ def run_ws(
     kernel takes the mask instead."""
     from ditfuse.ops import attention_fp8_ws as ws
 
-    if key_mask is not None and _capturing():
-        q8, qs = quantize_per_token(q, layout)
-        k8, ks = quantize_per_token(k, layout)
-        return run(
-            plan(q8, k8, v, q_scale=qs, k_scale=ks, scale=scale, layout=layout, key_mask=key_mask)
-        )
     q8, qs = quantize_per_token(q, layout)
+    if key_mask is not None and _capturing():
+        k8, ks = quantize_per_token(k, layout)
+        opts = dict(scale=scale, layout=layout, key_mask=key_mask, check_scale_values=False)
+        return run(plan(q8, k8, v, q_scale=qs, k_scale=ks, **opts))
     t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
     q4, k4, v4 = t(q8), t(k), t(v)
     out = _new_out(q.shape, v.dtype, v.device)
