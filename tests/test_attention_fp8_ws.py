@@ -94,64 +94,103 @@ def _reference64(q, k, v, key_mask):
     return (p @ vd).transpose(1, 2)
 
 
+def _awkward_mask(B, S):
+    """A key mask with a random entry, one keeping every key, one keeping none, one keeping
+    a prefix (text padding) -- B of them, cycled."""
+    km = torch.rand(B, S) > 0.4
+    km[1 % B] = True
+    km[2 % B] = False
+    km[3 % B, : S // 3] = True
+    km[3 % B, S // 3 :] = False
+    return km
+
+
+def test_keys_from_mask():
+    """The device compaction: each entry's kept keys in order at the front, their count."""
+    km = _awkward_mask(4, 77)
+    keys = WS.Keys.from_mask(km)
+    assert keys.kept.dtype == torch.int32 and keys.count.dtype == torch.int32
+    assert keys.kept.shape == (4, 77) and keys.kept.is_contiguous()
+    for b in range(4):
+        idx = km[b].nonzero().squeeze(1)
+        assert keys.count[b] == idx.numel()
+        assert torch.equal(keys.kept[b, : idx.numel()].long(), idx)
+    assert WS.Keys.from_mask(None) == WS.Keys()
+
+
+@pytest.mark.parametrize("S,D", [(300, 64), (129, 128)])
+def test_quantizers_gather_the_kept_keys(S, D):
+    """Under a key mask the K and V quantizers give each entry what they give its kept keys
+    alone, bitwise (rows past them: V zeros, K not read)."""
+    B, H = 4, 2
+    k = (torch.randn(B, S, H, D) * 2 + torch.randn(D) * 5).to(torch.bfloat16)
+    v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(torch.bfloat16)
+    km = _awkward_mask(B, S)
+    keys = WS.Keys.from_mask(km)
+    k8, kb = WS.quantize_k_blocks(k, keys)
+    vt, vs = WS.quantize_v(v, a_order=True, keys=keys)
+    for b in range(B):
+        idx = km[b].nonzero().squeeze(1)
+        n = idx.numel()
+        if n == 0:
+            assert (vt[b].float() == 0).all()
+            continue
+        k8e, kbe = WS.quantize_k_blocks(k[b : b + 1, idx])
+        vte, vse = WS.quantize_v(v[b : b + 1, idx], a_order=True)
+        tiles = kbe.shape[1]
+        assert torch.equal(k8[b, :n], k8e[0])
+        assert torch.equal(kb.view(B, H, -1)[b, :, :tiles], kbe)
+        assert torch.equal(vs[b], vse[0])
+        S_pad = vte.shape[-1]
+        assert torch.equal(vt[b, ..., :S_pad].view(torch.uint8), vte[0].view(torch.uint8))
+        assert (vt[b, ..., S_pad:].float() == 0).all()
+
+
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_key_mask_gathers_each_entry_kept_keys(layout, monkeypatch):
-    """With a key mask the warp-specialized route gives each batch entry its kept keys only
-    (gathered in order, one launch an entry, none for an entry that keeps no key, whose rows
-    are zeros): the kernel stood in for by exact attention of what it is handed."""
+def test_key_mask_hands_the_kernel_each_entry_kept_keys(layout, monkeypatch):
+    """With a key mask the warp-specialized route makes one launch for the whole batch and
+    hands the kernel each entry's kept keys (no host read of the mask): the kernel stood in
+    for by exact attention of the keys it is told of; an entry keeping no key gets zeros."""
     from ditfuse.ops import attention_fp8 as A
 
     launched = []
 
-    def kernel(q8, q_scale, k4, v4, out4, scale, config=None):
-        launched.append(k4.shape[1])
-        q = q8.double() * q_scale.double().transpose(1, 2)[..., None]  # (B, S, H, 1)
-        qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k4, v4))
-        o = torch.softmax(qd @ kd.transpose(-1, -2) * scale, -1) @ vd
-        out4.copy_(o.transpose(1, 2))
+    def kernel(q8, q_scale, k4, v4, out4, scale, keys=WS.Keys(), config=None):
+        launched.append(keys)
+        q = q8.double() * q_scale.double().transpose(1, 2)[..., None]  # (B, S, H, D)
+        for b in range(q.shape[0]):
+            idx = keys.kept[b, : int(keys.count[b])].long()
+            if idx.numel() == 0:
+                out4[b].zero_()
+                continue
+            qd, kd, vd = (x.double().transpose(0, 1) for x in (q[b], k4[b, idx], v4[b, idx]))
+            o = torch.softmax(qd @ kd.transpose(-1, -2) * scale, -1) @ vd
+            out4[b].copy_(o.transpose(0, 1))
         return out4
 
     monkeypatch.setattr(WS, "launch", kernel)
-    B, S_q, S_kv, H, D = 3, 40, 70, 2, 64
+    B, S_q, S_kv, H, D = 4, 40, 70, 2, 64
     q, k, v = (torch.randn(B, s, H, D, dtype=torch.bfloat16) for s in (S_q, S_kv, S_kv))
-    km = torch.rand(B, S_kv) > 0.4
-    km[1] = True
-    km[2] = False
+    km = _awkward_mask(B, S_kv)
     t = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bhsd" else (lambda x: x)
     out = A.run_ws(t(q), t(k), t(v), 1 / math.sqrt(D), layout, km)
     out = out.transpose(1, 2) if layout == "bhsd" else out
-    assert launched == [int(km[0].sum()), S_kv]
+    assert len(launched) == 1 and torch.equal(launched[0].count, km.sum(1).int())
     assert (out[2] == 0).all()
     q8, qs = A.quantize_per_token(q)  # the queries the kernel gets, dequantized
     ref = _reference64(q8.double() * qs.transpose(1, 2)[..., None].double(), k, v, km)
     assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
 
 
-def test_key_mask_inside_a_graph_capture_takes_the_triton_kernel(monkeypatch):
-    """Inside a CUDA graph capture (no host read of the mask) a key-masked call runs the
-    Triton kernel with the mask instead: the gathered path is never entered."""
-    from ditfuse.ops import attention_fp8 as A
-
-    monkeypatch.setattr(A, "_capturing", lambda: True)
-    monkeypatch.setattr(WS, "launch", lambda *a, **k: pytest.fail("gathered path taken"))
-    q, k, v = (torch.randn(1, 50, 2, 64, dtype=torch.bfloat16) for _ in range(3))
-    km = torch.rand(1, 50) > 0.3
-    out = A.run_ws(q, k, v, 0.125, "bshd", km)
-    ref = _reference64(q, k, v, km)
-    o, r = out.double().flatten(), ref.flatten()
-    assert (o @ r / (o.norm() * r.norm())).item() >= COS_MIN
-
-
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_gpu_key_mask(layout):
-    """Key-padded calls on the warp-specialized route (two batch entries with different
-    padding, one keeping every key) and the same call replayed from a CUDA graph (the Triton
-    kernel there) against float64."""
-    B, S, H, D = 2, 1500, 3, 128
+    """Key-masked calls on the warp-specialized route (a random entry, one keeping every key,
+    one keeping none, a padded one) and the same call replayed from a CUDA graph against
+    float64; the entry keeping no key is zeros."""
+    B, S, H, D = 4, 1500, 3, 128
     q, k, v = (torch.randn(B, S, H, D, device="cuda").bfloat16() for _ in range(3))
-    km = torch.ones(B, S, dtype=torch.bool, device="cuda")
-    km[0, 1200:] = False
+    km = _awkward_mask(B, S).cuda()
     t = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bhsd" else (lambda x: x)
     ref = _reference64(q, k, v, km)
     with torch.no_grad():
@@ -163,8 +202,9 @@ def test_gpu_key_mask(layout):
             )
         g.replay()
     for o in (out, graphed):
-        o = (o.transpose(1, 2) if layout == "bhsd" else o).double().flatten()
-        r = ref.flatten()
+        o = (o.transpose(1, 2) if layout == "bhsd" else o).double()
+        assert (o[2] == 0).all()
+        o, r = o.flatten(), ref.flatten()
         cos = (o @ r / (o.norm() * r.norm())).item()
         rel = ((o - r).norm() / r.norm()).item()
         assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
@@ -177,11 +217,13 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-from ditfuse.aot.compile import run_cuobjdump, run_ptxas, specialize
+import subprocess, tempfile
+from ditfuse.aot.compile import run_cuobjdump, run_ptxas, specialize, tool_path
+from ditfuse.tools.inspect_attention_fp8 import key_loop_local
 from ditfuse.kernels.attention_fp8_ws import _attention_8bit_ws_kernel as kern
 from ditfuse.ops.attention_fp8_ws import WsConfig
 out = []
-for D in (64, 128):
+for D, varlen in ((64, False), (128, False), (128, True)):
     S, H = 4608, 4
     q = torch.empty(1, S, H, D, dtype=torch.int8, device="meta")
     vt = torch.empty(H * D, S, dtype=torch.float8_e4m3fn, device="meta")
@@ -193,19 +235,26 @@ for D in (64, 128):
     qs = torch.empty(1, H, S, device="meta")
     o = torch.empty(1, S, H, D, dtype=torch.bfloat16, device="meta")
     args = (qd, kd, vd, qs, torch.empty(H, 36, device="meta"), torch.empty(H, D, device="meta"),
-            o, S, S, H, 36, 0.1, *qs.stride(), o.stride(0), o.stride(1), o.stride(2))
+            o, torch.empty(1, dtype=torch.int32 if varlen else torch.float32, device="meta"),
+            S, S, H, 36, 0.1, *qs.stride(),
+            o.stride(0), o.stride(1), o.stride(2))
     cfg = WsConfig.for_head_dim(D)
-    kw = dict(D=D, BLOCK_N=128, STAGES=cfg.stages, QK_INT=True, num_warps=4, maxnreg=cfg.maxnreg)
+    kw = dict(D=D, BLOCK_N=128, STAGES=cfg.stages, QK_INT=True, num_warps=4,
+              maxnreg=cfg.maxnreg)
     t = GPUTarget("cuda", 90, 32)
     sig, cex, attrs, opts = specialize(kern, args, kw, t)
     ck = triton.compile(GluonASTSource(kern, sig, cex, attrs), target=t, options=opts.__dict__)
     ptx = ck.asm["ptx"]
     pt = run_ptxas(ptx, opts, ck.metadata.name)
     sass = run_cuobjdump(ck.asm["cubin"], ck.metadata.name)
-    out.append(dict(D=D, int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"]); f.flush()
+        sass_text = subprocess.run([tool_path("cuobjdump"), "--dump-sass", f.name],
+                                   capture_output=True, text=True, check=True).stdout
+    out.append(dict(D=D, varlen=varlen, int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
                     e4m3=bool(re.search(r"wgmma\.mma_async\S*\.f32\.e4m3\.e4m3", ptx)),
                     tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx,
-                    loop_local=sass["loop_local"],
+                    key_loop_local=key_loop_local(sass_text), spill=pt["spill_stores"],
                     serialized=[l for l in pt["ptxas_log"] if "C7514" in l or "C7515" in l]))
 print(json.dumps(out))
 """
@@ -213,9 +262,10 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_sm90_build():
-    """The kernel compiles for sm_90a (a child process without Triton's interpreter): int8
-    and e4m3 wgmma, the producer's TMA loads, register reallocation between the partitions,
-    no local memory inside its loops, no wgmma serialized by ptxas."""
+    """The kernel compiles for sm_90a (a child process without Triton's interpreter), with
+    and without a key mask's key counts: int8 and e4m3 wgmma, the producer's TMA loads,
+    register reallocation between the partitions, no local memory inside its key loops, no
+    wgmma serialized by ptxas."""
     import json
     import os
     import subprocess
@@ -230,7 +280,10 @@ def test_sm90_build():
     assert r.returncode == 0, r.stderr[-3000:]
     for row in json.loads(r.stdout.strip().splitlines()[-1]):
         assert row["int8"] and row["e4m3"] and row["tma"] and row["setmaxnreg"], row
-        assert row["loop_local"] == 0 and not row["serialized"], row
+        assert row["key_loop_local"] == 0 and not row["serialized"], str(row)
+        # a key mask's count is a loaded value: 16 bytes spilled in the tail tile, once a
+        # program (none without a mask)
+        assert row["spill"] <= (16 if row["varlen"] else 0), str(row)
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")

@@ -126,3 +126,21 @@ def test_local_in_loops_counts_only_local_memory_inside_backward_branches():
     assert local_in_loops(sass(inside)) == 1
     forward_only = ["STL [R1], R4", "@P0 BRA 0x30", "LDL R4, [R1]", "EXIT"]
     assert local_in_loops(sass(forward_only)) == 0
+    # an mbarrier wait's retry block after the end: entered by a forward branch, it returns
+    # unconditionally to the next instruction -- no loop around the code in between
+    stub = [
+        "@!P1 BRA 0x60",
+        "STL [R1], R4",
+        "LDL.LU R4, [R1]",
+        "EXIT",
+        "NOP",
+        "NOP",
+        "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R5",
+        "@!P1 BRA 0x60",
+        "BRA 0x10",
+    ]
+    assert local_in_loops(sass(stub)) == 0
+    # the same return, conditional: a loop
+    looping = list(stub)
+    looping[8] = "@P2 BRA 0x10"
+    assert local_in_loops(sass(looping)) == 2

@@ -189,15 +189,27 @@ _SASS_BRA = re.compile(r"\bBRA\s+(?:\S+\s+)?0x([0-9a-f]+)")
 
 def local_in_loops(sass: str) -> int:
     """LDL / STL instructions inside a loop of the SASS: between the target of a backward
-    branch and the branch (a branch to itself, the trap at a kernel's end, is no loop).
+    branch and the branch (a branch to itself, the trap at a kernel's end, is no loop; nor
+    is the unconditional return of an out-of-line block -- an mbarrier wait's retry, placed
+    after the kernel's end -- to the instruction after the branch that entered it).
     Local memory touched once a program outside every loop (a value kept across the loop)
     costs a few cycles a program; inside a loop it costs every trip."""
     ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
+    at = {addr: text for addr, text in ins}
     loops = []
     for addr, text in ins:
         m = _SASS_BRA.search(text)
-        if m and int(m.group(1), 16) < addr:
-            loops.append((int(m.group(1), 16), addr))
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        t = int(m.group(1), 16)
+        entry = _SASS_BRA.search(at.get(t - 16, ""))
+        if (
+            not text.lstrip().startswith("@")
+            and entry
+            and t < int(entry.group(1), 16) <= addr
+        ):
+            continue  # an out-of-line block's return
+        loops.append((t, addr))
     return sum(
         1
         for addr, text in ins

@@ -37,7 +37,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_e4m3
-from ditfuse.kernels.quantize_8bit import _head_block, key_position
+from ditfuse.kernels.quantize_8bit import _head_block, kept_tokens, key_position
 from ditfuse.runtime.backend import INTERPRET, jit
 
 _INTERP_LOOP = tl.constexpr(INTERPRET)
@@ -114,32 +114,38 @@ def _qk_quant_kernel(
 
 
 @jit
-def _v_block(v_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """This program's block of V (``v_strides``: (b, s, h, d)): (bh, its tokens, the channels,
-    the fp32 [BLOCK_S, D] tile, zero past S). Grid: (B * H, token blocks) -- B * H on axis 0,
+def _v_block(v_ptr, keys, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr, GATHER: tl.constexpr):
+    """This program's block of V (``v_strides``: (b, s, h, d); ``keys``:
+    :func:`ditfuse.kernels.quantize_8bit.kept_tokens`): (bh, its rows, the channels, the fp32
+    [BLOCK_S, D] tile, zero past the keys). Grid: (B * H, token blocks) -- B * H on axis 0,
     which has no 65,535 bound."""
     bh, pid_s, b, h, rows, d = _head_block(H, BLOCK_S, D, BH_AXIS=0)
+    tok, ok = kept_tokens(keys, b, rows, S, GATHER)
     base = b.to(tl.int64) * v_strides[0] + h.to(tl.int64) * v_strides[2]
     x = tl.load(
-        v_ptr + base + rows.to(tl.int64)[:, None] * v_strides[1] + d[None, :] * v_strides[3],
-        mask=(rows < S)[:, None],
+        v_ptr + base + tok.to(tl.int64)[:, None] * v_strides[1] + d[None, :] * v_strides[3],
+        mask=ok[:, None],
         other=0.0,
     ).to(tl.float32)
     return bh, rows, d, x
 
 
 @jit
-def _v_amax_kernel(v_ptr, amax_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """amax[b, h, d] = max over the tokens of |v[b, s, h, d]|, NaN if one is NaN: an atomic
+def _v_amax_kernel(
+    v_ptr, keys, amax_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr,
+    GATHER: tl.constexpr = False,
+):
+    """amax[b, h, d] = max over the keys of |v[b, s, h, d]|, NaN if one is NaN: an atomic
     max of one token block on the int32 bits of the (non-negative) fp32 amax, which order as
     the values do, with a positive NaN above +inf (Triton's float atomic max drops NaN)."""
-    bh, rows, d, x = _v_block(v_ptr, S, H, v_strides, D, BLOCK_S)
+    bh, rows, d, x = _v_block(v_ptr, keys, S, H, v_strides, D, BLOCK_S, GATHER)
     tl.atomic_max(amax_ptr + bh * D + d, _row_amax(x, 0).to(tl.int32, bitcast=True))
 
 
 @jit
 def _v_quant_kernel(
     v_ptr,
+    keys,
     amax_ptr,
     vt_ptr,
     vscale_ptr,
@@ -150,13 +156,16 @@ def _v_quant_kernel(
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     A_ORDER: tl.constexpr = False,
+    GATHER: tl.constexpr = False,
 ):
     """vt[b, h, d, s] = e4m3(v[b, s, h, d] * inv[b, h, d]), inv = 448 / amax, scale = amax /
     448 (both 1 where the channel is zero, NaN where it holds a NaN; one division a channel,
-    a multiply a value); tokens S..S_pad of the last block are written as zeros. ``amax``:
-    the int32 bits of :func:`_v_amax_kernel`. ``A_ORDER``: token s stored at
-    :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's order)."""
-    bh, rows, d, x = _v_block(v_ptr, S, H, v_strides, D, BLOCK_S)
+    a multiply a value); rows past the keys up to S_pad are written as zeros. ``amax``:
+    the int32 bits of :func:`_v_amax_kernel`. ``A_ORDER``: row s stored at
+    :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's order);
+    ``GATHER``: row s holds a key mask's kept key s (``keys``,
+    :func:`ditfuse.kernels.quantize_8bit.kept_tokens`)."""
+    bh, rows, d, x = _v_block(v_ptr, keys, S, H, v_strides, D, BLOCK_S, GATHER)
     amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
     scale, inv = _scale_inv(amax, 448.0)
     y = _cast_e4m3(x * inv[None, :])

@@ -71,16 +71,36 @@ _WG1 = gl.constexpr(1)
 
 
 @gluon.jit
-def _producer(descs, ring, bars, b, h, start_m, vt_row, n_tiles):
+def _key_count(keys):
+    """The keys a program walks, from ``keys = (S_kv, count, b)``: S_kv, or under a key mask
+    (``count`` an int32 pointer; a float one without) the kept keys of batch entry b,
+    compacted to the front. Each partition loads it itself: one value passed into the
+    partitions spilled in the consumers' key loop (16 bytes)."""
+    S_kv, count_ptr, b = keys
+    if count_ptr.dtype.element_ty == gl.int32:
+        return gl.load(count_ptr + b)
+    else:
+        return S_kv
+
+
+@gluon.jit
+def _tiles(S_kv, BLOCK_N: gl.constexpr):
+    # at least one: an entry without a key (a key mask keeping none) reads one tile, masked
+    return gl.maximum(gl.cdiv(S_kv, BLOCK_N), 1)
+
+
+@gluon.jit
+def _producer(descs, ring, bars, b, h, start_m, vt_row, keys):
     """The TMA warp: Q once, then each key tile's K and V^T into the ring. ``descs``: the Q,
     K and V^T descriptors; ``ring``: the Q, K, V shared buffers; ``bars``: the Q, K-ready,
-    V-ready and empty barriers."""
+    V-ready and empty barriers; ``keys``: :func:`_key_count`'s."""
     q_desc, k_desc, vt_desc = descs
     q_s, k_s, v_s = ring
     q_bar, k_ready, v_ready, empty = bars
     # a partition takes no constexpr arguments: the shapes of the ring carry them
     STAGES: gl.constexpr = k_s.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]
+    n_tiles = _tiles(_key_count(keys), BLOCK_N)
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, start_m, h, 0], q_bar, q_s.index(0))
     tma.async_copy_global_to_shared(q_desc, [b, start_m + WG_M, h, 0], q_bar, q_s.index(1))
@@ -230,14 +250,15 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     """Consumer warpgroup ``WG``: its 64 query rows against every key tile. ``ring``: the Q,
     K, V shared buffers; ``bars``: the Q, K-ready, V-ready and empty barriers; the q
     scales, key tile scales, V scales and output as (pointer, offset[, row stride]);
-    ``dims``: (S_q, S_kv, the program's first query, softmax scale * log2(e))."""
+    ``dims``: (S_q, :func:`_key_count`'s keys, the program's first query, softmax scale *
+    log2(e))."""
     q_s, k_s, v_s = ring
     q_bar, k_ready, v_ready, empty = bars
     qs_ptr, qs_off, stride_qss = q_scales
     kb_ptr, kb_off = kb_scales
     vs_ptr, vs_off = v_scales
     o_ptr, o_off, stride_os = out
-    S_q, S_kv, start_m, c_scale = dims
+    S_q, keys, start_m, c_scale = dims
     BLOCK_N: gl.constexpr = k_s.shape[2]
     D: gl.constexpr = k_s.shape[4]
     QK_INT: gl.constexpr = q_s.dtype == gl.int8
@@ -270,7 +291,8 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     alpha = gl.zeros([WG_M], gl.float32, ROW_S)
     p8 = gl.convert_layout(gl.zeros([WG_M, BLOCK_N], gl.float32, S_L).to(gl.float8e4nv), P_L)
     q_t = q_s.index(WG)._reinterpret(qk_dtype, [WG_M, D], KK_SL)
-    n_tiles = gl.cdiv(S_kv, BLOCK_N)
+    S_kv = _key_count(keys)
+    n_tiles = _tiles(S_kv, BLOCK_N)
     n_full = S_kv // BLOCK_N
 
     inits = (s_init, zero_o)
@@ -289,7 +311,9 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     m_i, alpha, o, l_i, p8 = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
-    inv_l = 1.0 / gl.convert_layout(l_i, ROW_O)
+    l_o = gl.convert_layout(l_i, ROW_O)
+    # a row without a key has l = 0: zeros, not 0 / 0 (a NaN row sum stays NaN)
+    inv_l = gl.where(l_o == 0.0, 0.0, 1.0 / l_o)
     out = o * inv_l[:, None] * vs[None, :]
     rows_o = start_m + WG * WG_M + gl.arange(0, WG_M, layout=ROW_O)
     d = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
@@ -320,6 +344,8 @@ def _attention_8bit_ws_kernel(
     o_ptr,  # q scales (B, H, S_q); key tile scales (B*H, tiles);
     # V scales (B*H, D); output (B, S_q, H, D), channels
     # contiguous
+    count_ptr,  # int32: a key mask's kept keys of each batch entry (B,), compacted to the
+    # front; a float pointer: every key
     S_q,
     S_kv,
     H,
@@ -343,7 +369,9 @@ def _attention_8bit_ws_kernel(
     start_m = (pid - bh * n_m) * BLOCK_M
     b = bh // H
     h = bh - b * H
-    n_tiles = gl.cdiv(S_kv, BLOCK_N)
+    # the key tile scales' rows cover every key (a key mask's kept keys are fewer)
+    kb_off = bh.to(gl.int64) * gl.cdiv(S_kv, BLOCK_N)
+    keys = (S_kv, count_ptr, b)
 
     qk_dtype: gl.constexpr = q_desc.dtype
     # the 4-D TMA boxes (1, rows, 1, D); the consumers read them as 2-D tiles
@@ -360,7 +388,6 @@ def _attention_8bit_ws_kernel(
     k_ready, v_ready, empty = _barrier_ring(STAGES, (1, 1, 2))
 
     qs_off = b.to(gl.int64) * stride_qsb + h.to(gl.int64) * stride_qsh
-    kb_off = bh.to(gl.int64) * n_tiles
     vs_off = bh.to(gl.int64) * D
     o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
     ring = (q_s, k_s, v_s)
@@ -372,14 +399,14 @@ def _attention_8bit_ws_kernel(
         (kb_ptr, kb_off),
         (vs_ptr, vs_off),
         (o_ptr, o_off, stride_os),
-        (S_q, S_kv, start_m, c_scale),
+        (S_q, keys, start_m, c_scale),
     )
     descs = (q_desc, k_desc, vt_desc)
     gl.warp_specialize(
         [
             (_consumer_0, (cargs,)),
             (_consumer_1, (cargs,)),
-            (_producer, (descs, ring, bars, b, h, start_m, bh * D, n_tiles)),
+            (_producer, (descs, ring, bars, b, h, start_m, bh * D, keys)),
         ],
         [4, 1],
         [240, 24],

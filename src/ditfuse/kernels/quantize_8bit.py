@@ -47,17 +47,34 @@ def _head_block(H, BLOCK: tl.constexpr, D: tl.constexpr, BH_AXIS: tl.constexpr):
 
 
 @jit
-def _k_tile(k_ptr, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's tile of K (grid: (token blocks, B * H); ``k_strides``: (b, s, h, d)):
-    its place (:func:`_head_block`), the token mask and the fp32 [BLOCK, D] tile, zero
-    past S."""
+def kept_tokens(keys, b, rows, S, GATHER: tl.constexpr):
+    """Which token each of ``rows`` reads, and which rows hold a key. ``GATHER``: the keys
+    ``keys = (kept, count)`` of a key mask, compacted -- row r of entry b is token
+    ``kept[b, r]`` ((B, S) int32) and rows from ``count[b]`` ((B,) int32) on hold none
+    (softmax does not depend on which keys are left out, nor on their order); else row r is
+    token r, rows from S on hold none."""
+    if GATHER:
+        ok = rows < tl.load(keys[1] + b)
+        tok = tl.load(keys[0] + b.to(tl.int64) * S + rows, mask=ok, other=0)
+    else:
+        ok = rows < S
+        tok = rows
+    return tok, ok
+
+
+@jit
+def _k_tile(k_ptr, keys, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr):
+    """This program's tile of K (grid: (token blocks, B * H); ``k_strides``: (b, s, h, d);
+    ``keys``: :func:`kept_tokens`): its place (:func:`_head_block`), the row mask and the fp32
+    [BLOCK, D] tile, zero past the keys."""
     bh, blk, b, h, rows, d = _head_block(H, BLOCK, D, BH_AXIS=1)
-    rm = (rows < S)[:, None]
+    tok, ok = kept_tokens(keys, b, rows, S, GATHER)
+    rm = ok[:, None]
     x = tl.load(
         k_ptr
         + b.to(tl.int64) * k_strides[0]
         + h.to(tl.int64) * k_strides[2]
-        + rows.to(tl.int64)[:, None] * k_strides[1]
+        + tok.to(tl.int64)[:, None] * k_strides[1]
         + d[None, :] * k_strides[3],
         mask=rm,
         other=0.0,
@@ -66,16 +83,24 @@ def _k_tile(k_ptr, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @jit
-def _k_mean_kernel(k_ptr, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """mean[b, h, d] += sum over this program's tokens of k[b, s, h, d] / S (fp32 atomics;
-    ``k_strides``: (b, s, h, d))."""
-    bh, pid_s, b, h, rows, d, rm, x = _k_tile(k_ptr, S, H, k_strides, D, BLOCK_S)
-    tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / S)
+def _k_mean_kernel(
+    k_ptr, keys, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: tl.constexpr,
+    GATHER: tl.constexpr,
+):
+    """mean[b, h, d] += sum over this program's keys of k[b, s, h, d] / the entry's key
+    count (S, or ``count[b]`` under a key mask; fp32 atomics; ``k_strides``: (b, s, h, d))."""
+    bh, pid_s, b, h, rows, d, rm, x = _k_tile(k_ptr, keys, S, H, k_strides, D, BLOCK_S, GATHER)
+    if GATHER:
+        n = tl.maximum(tl.load(keys[1] + b), 1)
+    else:
+        n = S
+    tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / n)
 
 
 @jit
 def _k_block_quant_kernel(
     k_ptr,
+    keys,
     mean_ptr,
     k8_ptr,
     kscale_ptr,
@@ -86,11 +111,13 @@ def _k_block_quant_kernel(
     k8_strides,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GATHER: tl.constexpr,
 ):
     """One tile of BLOCK_N keys of one (batch, head): int8 of ``k - mean`` with the tile's
-    scale; keys past S are not stored (TMA reads them as zeros). ``k_strides``: (b, s, h,
-    d); ``k8_strides``: (b, s, h), the channels contiguous."""
-    bh, pid_t, b, h, rows, d, rm, x = _k_tile(k_ptr, S, H, k_strides, D, BLOCK_N)
+    scale; rows past the keys are not stored (the attention masks them). ``k_strides``: (b,
+    s, h, d); ``k8_strides``: (b, s, h), the channels contiguous; ``keys``:
+    :func:`kept_tokens`."""
+    bh, pid_t, b, h, rows, d, rm, x = _k_tile(k_ptr, keys, S, H, k_strides, D, BLOCK_N, GATHER)
     x = tl.where(rm, x - tl.load(mean_ptr + bh * D + d)[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     amax = tl.where(tl.sum(tl.sum((x != x).to(tl.int32), axis=1), axis=0) > 0, float("nan"), amax)

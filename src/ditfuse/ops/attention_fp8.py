@@ -373,36 +373,18 @@ def run_ws(
     contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
     the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`).
 
-    ``key_mask`` (bool (B, S_kv), checked): each batch entry attends only the keys it keeps,
-    gathered in order into a K / V of their own (softmax does not depend on which keys are
-    left out, so the kernel needs no mask, and K's mean and tile scales are of the kept keys);
-    an entry that keeps no key gets zeros. Finding the kept keys reads the mask on the host
-    (one synchronisation a call); inside a CUDA graph capture, where it cannot, the Triton
-    kernel takes the mask instead."""
+    ``key_mask`` (bool (B, S_kv), checked): each batch entry attends only the keys it keeps.
+    They are compacted on the device (:class:`ditfuse.ops.attention_fp8_ws.Keys`: no host
+    synchronisation, so also inside a CUDA graph capture) and the quantizers read them
+    through that index, so K's mean and tile scales and V's scales are of the kept keys;
+    softmax does not depend on the keys left out, so the kernel needs no mask, only each
+    entry's key count. An entry that keeps no key gets zeros."""
     from ditfuse.ops import attention_fp8_ws as ws
 
     q8, qs = quantize_per_token(q, layout)
-    if key_mask is not None and _capturing():
-        k8, ks = quantize_per_token(k, layout)
-        opts = dict(scale=scale, layout=layout, key_mask=key_mask, check_scale_values=False)
-        return run(plan(q8, k8, v, q_scale=qs, k_scale=ks, **opts))
     t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
-    q4, k4, v4 = t(q8), t(k), t(v)
     out = _new_out(q.shape, v.dtype, v.device)
-    o4 = t(out)
-    if key_mask is None:
-        ws.launch(q4, qs, k4, v4, o4, scale)
-        return out
-    for b, kept in enumerate(key_mask.unbind(0)):
-        e = slice(b, b + 1)
-        idx = kept.nonzero().squeeze(1)
-        if idx.numel() == 0:
-            o4[e].zero_()
-        elif idx.numel() == kept.numel():
-            ws.launch(q4[e], qs[e], k4[e], v4[e], o4[e], scale)
-        else:
-            kb, vb = k4[e].index_select(1, idx), v4[e].index_select(1, idx)
-            ws.launch(q4[e], qs[e], kb, vb, o4[e], scale)
+    ws.launch(t(q8), qs, t(k), t(v), t(out), scale, ws.Keys.from_mask(key_mask))
     return out
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -46,23 +47,63 @@ class WsConfig:
         return WsConfig(stages=2)
 
 
-def quantize_k_blocks(k4: Tensor):
+@dataclass(frozen=True)
+class Keys:
+    """The keys a call attends: every key (``kept`` None), or a key mask's kept keys compacted
+    to the front of each batch entry -- row r of entry b is key ``kept[b, r]`` ((B, S_kv)
+    int32) and ``count[b]`` ((B,) int32) rows hold one. Softmax depends neither on the keys
+    left out nor on the keys' order, so the kernel walks ``count[b]`` rows as if they were
+    the whole sequence."""
+
+    kept: Optional[Tensor] = None
+    count: Optional[Tensor] = None
+
+    @staticmethod
+    def from_mask(key_mask: Optional[Tensor]) -> "Keys":
+        """The compaction of a bool (B, S_kv) key mask on its device, without reading it on
+        the host (so also inside a CUDA graph capture): kept key s goes to row
+        ``cumsum(mask)[s] - 1``; the rows past ``count`` are never read."""
+        if key_mask is None:
+            return Keys()
+        B, S = key_mask.shape
+        dev = key_mask.device
+        row = torch.cumsum(key_mask, dim=1, dtype=torch.int32) - 1
+        kept = torch.zeros(B, S + 1, dtype=torch.int32, device=dev)
+        tok = torch.arange(S, dtype=torch.int32, device=dev).expand(B, S)
+        # the keys left out all go to the spare column S
+        kept.scatter_(1, torch.where(key_mask, row, S).long(), tok)
+        return Keys(kept[:, :S].contiguous(), key_mask.sum(dim=1, dtype=torch.int32))
+
+    @property
+    def gather(self) -> bool:
+        return self.kept is not None
+
+    def args(self, dummy: Tensor) -> tuple:
+        """The kernels' ``keys`` argument (kept, count); ``dummy`` for both without a mask."""
+        return (self.kept, self.count) if self.gather else (dummy, dummy)
+
+
+def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
     """K (B, S, H, D) 16-bit -> (k8 int8 (B, S, H, D) contiguous, scales fp32 (B*H, tiles)):
-    ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s tokens."""
+    ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s keys. Under
+    a key mask (``keys``) row r is the entry's kept key r and the mean is over its kept keys;
+    rows past them are not written."""
     import triton
 
     from ditfuse.kernels.quantize_8bit import _k_block_quant_kernel, _k_mean_kernel
 
     B, S, H, D = k4.shape
     mean = torch.zeros(B, H, D, dtype=torch.float32, device=k4.device)
+    ka = keys.args(mean)
     _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](
-        k4, mean, S, H, k4.stride(), D=D, BLOCK_S=V_BLOCK
+        k4, ka, mean, S, H, k4.stride(), D=D, BLOCK_S=V_BLOCK, GATHER=keys.gather
     )
     tiles = triton.cdiv(S, BLOCK_N)
     k8 = torch.empty(B, S, H, D, dtype=torch.int8, device=k4.device)
     kb = torch.empty(B * H, tiles, dtype=torch.float32, device=k4.device)
     _k_block_quant_kernel[(tiles, B * H)](
         k4,
+        ka,
         mean,
         k8,
         kb,
@@ -73,17 +114,20 @@ def quantize_k_blocks(k4: Tensor):
         k8.stride()[:3],
         D=D,
         BLOCK_N=BLOCK_N,
+        GATHER=keys.gather,
         num_warps=8,
     )
     return k8, kb
 
 
-def quantize_v(v4: Tensor, a_order: bool = False):
+def quantize_v(v4: Tensor, a_order: bool = False, keys: Keys = Keys()):
     """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
     ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
     over the tokens (1 for a zero channel, NaN for a channel holding a NaN); tokens past S are
     zeros. ``a_order``: token s at column
-    :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's V)."""
+    :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's V).
+    Under a key mask (``keys``) token s is the entry's kept key s, the amax over its kept
+    keys, zeros past them."""
     from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
 
     B, S, H, D = v4.shape
@@ -93,9 +137,23 @@ def quantize_v(v4: Tensor, a_order: bool = False):
     vscale = torch.empty(B, H, D, dtype=torch.float32, device=v4.device)
     grid = (B * H, S_pad // V_BLOCK)
     st = v4.stride()
-    _v_amax_kernel[grid](v4, amax, S, H, st, D=D, BLOCK_S=V_BLOCK, num_warps=4)
+    ka, g = keys.args(amax), keys.gather
+    _v_amax_kernel[grid](v4, ka, amax, S, H, st, D=D, BLOCK_S=V_BLOCK, GATHER=g, num_warps=4)
     _v_quant_kernel[grid](
-        v4, amax, vt, vscale, S, S_pad, H, st, D=D, BLOCK_S=V_BLOCK, A_ORDER=a_order, num_warps=4
+        v4,
+        ka,
+        amax,
+        vt,
+        vscale,
+        S,
+        S_pad,
+        H,
+        st,
+        D=D,
+        BLOCK_S=V_BLOCK,
+        A_ORDER=a_order,
+        GATHER=g,
+        num_warps=4,
     )
     return vt, vscale
 
@@ -107,11 +165,13 @@ def launch(
     v4: Tensor,
     out4: Tensor,
     scale: float,
+    keys: Keys = Keys(),
     config: WsConfig | None = None,
 ) -> Tensor:
     """``out4`` (B, S_q, H, D view, channels contiguous) = 8-bit attention of int8 ``q8``
     (B, S_q, H, D, 16-byte aligned strides) with its per-token scales (B, H, S_q) over the
-    16-bit ``k4`` / ``v4`` (B, S_kv, H, D), quantized here."""
+    16-bit ``k4`` / ``v4`` (B, S_kv, H, D), quantized here; only the keys of ``keys`` (every
+    key, or a key mask's kept keys). A batch entry without a key gets zeros."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -121,8 +181,8 @@ def launch(
     B, S_q, H, D = q8.shape
     S_kv = k4.shape[1]
     cfg = config or WsConfig.for_head_dim(D)
-    k8, kb = quantize_k_blocks(k4)
-    vt, vs = quantize_v(v4, a_order=True)
+    k8, kb = quantize_k_blocks(k4, keys)
+    vt, vs = quantize_v(v4, a_order=True, keys=keys)
     vt = vt.view(-1, vt.shape[-1])  # (B*H*D, S_pad): V^T's TMA rows
     box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
     q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
@@ -143,6 +203,7 @@ def launch(
         kb,
         vs,
         out4,
+        keys.count if keys.gather else kb,
         S_q,
         S_kv,
         H,

@@ -77,6 +77,25 @@ def _loops(sass: str):
     return [[text for addr, text in ins if lo <= addr <= hi] for lo, hi in spans]
 
 
+def key_loop_local(sass: str) -> int:
+    """LDL / STL inside a key loop: a loop with tensor-core work (``GMMA``) and a
+    conditional back edge. Unconditional back edges are the warp-specialized kernels'
+    partition dispatch and mbarrier-wait retry returns, which span code run once a
+    program."""
+    from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
+
+    ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
+    n = 0
+    for addr, text in ins:
+        m = _SASS_BRA.search(text)
+        if not (m and int(m.group(1), 16) < addr and text.lstrip().startswith("@")):
+            continue
+        body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
+        if any("GMMA" in t for t in body):
+            n += sum(bool(re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", t)) for t in body)
+    return n
+
+
 def _loop_bodies(sass: str):
     """The SASS instructions inside loops."""
     return [t for loop in _loops(sass) for t in loop]
