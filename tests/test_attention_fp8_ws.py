@@ -305,3 +305,52 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     cos = (o @ r / (o.norm() * r.norm())).item()
     rel = ((o - r).norm() / r.norm()).item()
     assert torch.isfinite(out).all() and cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+_V_QUANT_BUILD = r"""
+import json, re, subprocess, tempfile
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from ditfuse.aot.compile import specialize, tool_path
+from ditfuse.kernels.attention_fp8 import _v_quant_kernel as kern
+B, S, H, D = 1, 4608, 48, 128
+v = torch.empty(B, S, H, D, dtype=torch.bfloat16, device="meta")
+amax = torch.empty(B, H, D, dtype=torch.int32, device="meta")
+vt = torch.empty(B, H, D, S, dtype=torch.float8_e4m3fn, device="meta")
+vs = torch.empty(B, H, D, device="meta")
+out = []
+for a_order in (True, False):
+    args = (v, (amax, amax), amax, vt, vs, S, S, H, v.stride())
+    kw = dict(D=D, BLOCK_S=64, A_ORDER=a_order, GATHER=False, num_warps=4)
+    t = GPUTarget("cuda", 90, 32)
+    sig, cex, attrs, opts = specialize(kern, args, kw, t)
+    ck = triton.compile(triton.compiler.ASTSource(kern, sig, cex, attrs), target=t,
+                        options=opts.__dict__)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"]); f.flush()
+        sass = subprocess.run([tool_path("cuobjdump"), "--dump-sass", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    out.append(dict(a_order=a_order, byte_stores=len(re.findall(r"STG\.E\.U8", sass)),
+                    vector_stores=len(re.findall(r"STG\.E\.128", sass))))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_v_quant_stores_are_vectorized():
+    """V's quantizer writes V^T in 16-byte stores in the warp-specialized kernel's key order
+    too (the order is permuted in registers; scattered byte stores made it the route's
+    slowest pass)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run(
+        [sys.executable, "-c", _V_QUANT_BUILD], capture_output=True, text=True, env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    for row in json.loads(r.stdout.strip().splitlines()[-1]):
+        assert row["byte_stores"] == 0 and row["vector_stores"] > 0, row

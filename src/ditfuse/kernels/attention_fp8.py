@@ -37,7 +37,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_e4m3
-from ditfuse.kernels.quantize_8bit import _head_block, kept_tokens, key_position
+from ditfuse.kernels.quantize_8bit import _head_block, kept_tokens
 from ditfuse.runtime.backend import INTERPRET, jit
 
 _INTERP_LOOP = tl.constexpr(INTERPRET)
@@ -168,12 +168,16 @@ def _v_quant_kernel(
     bh, rows, d, x = _v_block(v_ptr, keys, S, H, v_strides, D, BLOCK_S, GATHER)
     amax = tl.load(amax_ptr + bh * D + d).to(tl.float32, bitcast=True)
     scale, inv = _scale_inv(amax, 448.0)
-    y = _cast_e4m3(x * inv[None, :])
+    yt = tl.trans(_cast_e4m3(x * inv[None, :]))  # [D, BLOCK_S]
+    if A_ORDER:
+        # column p holds row perm[p] (key_position(perm[p]) = p), permuted in registers so
+        # that the store stays contiguous and vectorized (scattered byte stores made this
+        # the slowest of the route's passes: docs/design/attention_fp8.md)
+        yt = yt.reshape(D, BLOCK_S // 16, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(D, BLOCK_S)
     obase = bh.to(tl.int64) * D * S_pad
-    cols = key_position(rows) if A_ORDER else rows
     tl.store(
-        vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + cols[None, :],
-        tl.trans(y),
+        vt_ptr + obase + d[:, None].to(tl.int64) * S_pad + rows[None, :],
+        yt,
         mask=(rows < S_pad)[None, :],
     )
     if tl.program_id(1) == 0:
