@@ -251,7 +251,8 @@ for D, varlen in ((64, False), (128, False), (128, True)):
         f.write(ck.asm["cubin"]); f.flush()
         sass_text = subprocess.run([tool_path("cuobjdump"), "--dump-sass", f.name],
                                    capture_output=True, text=True, check=True).stdout
-    out.append(dict(D=D, varlen=varlen, int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
+    out.append(dict(D=D, varlen=varlen,
+                    int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
                     e4m3=bool(re.search(r"wgmma\.mma_async\S*\.f32\.e4m3\.e4m3", ptx)),
                     tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx,
                     key_loop_local=key_loop_local(sass_text), spill=pt["spill_stores"],
@@ -348,7 +349,10 @@ def test_v_quant_stores_are_vectorized():
 
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     r = subprocess.run(
-        [sys.executable, "-c", _V_QUANT_BUILD], capture_output=True, text=True, env=env,
+        [sys.executable, "-c", _V_QUANT_BUILD],
+        capture_output=True,
+        text=True,
+        env=env,
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-3000:]

@@ -203,11 +203,7 @@ def local_in_loops(sass: str) -> int:
             continue
         t = int(m.group(1), 16)
         entry = _SASS_BRA.search(at.get(t - 16, ""))
-        if (
-            not text.lstrip().startswith("@")
-            and entry
-            and t < int(entry.group(1), 16) <= addr
-        ):
+        if not text.lstrip().startswith("@") and entry and t < int(entry.group(1), 16) <= addr:
             continue  # an out-of-line block's return
         loops.append((t, addr))
     return sum(

@@ -114,7 +114,9 @@ def _qk_quant_kernel(
 
 
 @jit
-def _v_block(v_ptr, keys, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr, GATHER: tl.constexpr):
+def _v_block(
+    v_ptr, keys, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr, GATHER: tl.constexpr
+):
     """This program's block of V (``v_strides``: (b, s, h, d); ``keys``:
     :func:`ditfuse.kernels.quantize_8bit.kept_tokens`): (bh, its rows, the channels, the fp32
     [BLOCK_S, D] tile, zero past the keys). Grid: (B * H, token blocks) -- B * H on axis 0,
@@ -132,7 +134,14 @@ def _v_block(v_ptr, keys, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexp
 
 @jit
 def _v_amax_kernel(
-    v_ptr, keys, amax_ptr, S, H, v_strides, D: tl.constexpr, BLOCK_S: tl.constexpr,
+    v_ptr,
+    keys,
+    amax_ptr,
+    S,
+    H,
+    v_strides,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     GATHER: tl.constexpr = False,
 ):
     """amax[b, h, d] = max over the keys of |v[b, s, h, d]|, NaN if one is NaN: an atomic

@@ -63,7 +63,9 @@ def kept_tokens(keys, b, rows, S, GATHER: tl.constexpr):
 
 
 @jit
-def _k_tile(k_ptr, keys, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr):
+def _k_tile(
+    k_ptr, keys, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr, GATHER: tl.constexpr
+):
     """This program's tile of K (grid: (token blocks, B * H); ``k_strides``: (b, s, h, d);
     ``keys``: :func:`kept_tokens`): its place (:func:`_head_block`), the row mask and the fp32
     [BLOCK, D] tile, zero past the keys."""
@@ -84,7 +86,14 @@ def _k_tile(k_ptr, keys, S, H, k_strides, D: tl.constexpr, BLOCK: tl.constexpr, 
 
 @jit
 def _k_mean_kernel(
-    k_ptr, keys, mean_ptr, S, H, k_strides, D: tl.constexpr, BLOCK_S: tl.constexpr,
+    k_ptr,
+    keys,
+    mean_ptr,
+    S,
+    H,
+    k_strides,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     GATHER: tl.constexpr,
 ):
     """mean[b, h, d] += sum over this program's keys of k[b, s, h, d] / the entry's key
