@@ -152,6 +152,45 @@ def test_fp8_gpu_route_hands_16bit_qk(name, make, inputs, calls, monkeypatch):
     assert torch.equal(out, exact), _accuracy(out, exact)
 
 
+@pytest.mark.parametrize("name", ["wan-t2v", "qwen-image"])
+@torch.no_grad()
+def test_fp8_short_calls_take_the_16bit_path_on_a_gpu(name, monkeypatch):
+    """On a GPU a call of fewer keys than ``common.EIGHT_BIT_MIN_KEYS`` attends exactly (the
+    8-bit route measured slower than cuDNN there): the tiny models' calls, with the device
+    taken for a GPU, give bitwise what ``patch(attention=True)`` does and launch no 8-bit
+    kernel; with ``eight_bit_min_keys(0)`` every call is 8-bit again."""
+    from ditfuse.patching import common
+
+    _, make, inputs, calls = _FP8[name]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ditfuse.patch(model)
+    exact = model(**kw)[0]
+    ditfuse.unpatch(model)
+    ditfuse.patch(model, attention="fp8")
+    enough = common.enough_keys_8bit
+    monkeypatch.setattr(common, "enough_keys_8bit", lambda n, on_gpu: enough(n, True))
+    ws = _gpu_route(monkeypatch)
+    per_token = _spy(monkeypatch)
+    out = model(**kw)[0]
+    assert not ws and not per_token, (ws, per_token)
+    assert torch.equal(out, exact)
+    with common.eight_bit_min_keys(0):
+        model(**kw)
+    assert len(ws) == calls and not per_token, (ws, per_token)
+    assert common.min_keys_8bit() == common.EIGHT_BIT_MIN_KEYS
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4096"])
+def test_eight_bit_min_keys_rejects_bad_counts(bad):
+    from ditfuse.patching import common
+
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        with common.eight_bit_min_keys(bad):
+            pass
+    assert common.min_keys_8bit() == common.EIGHT_BIT_MIN_KEYS
+
+
 #: the inputs given a second batch entry of their own (the rest repeated)
 _FRESH = (
     "hidden_states",
@@ -397,6 +436,11 @@ def test_fp8_report_names_the_attention_run(monkeypatch):
     r = labels(to_dtype(_qwen(head_dim=64), torch.bfloat16))
     assert r.counts == {_FP8_LABEL: 1}, r.counts
     assert "key-padding mask" in str(r), str(r)
+    assert "on a GPU those of >= 12288 keys" in str(r), str(r)
+    from ditfuse.patching import common
+
+    with common.eight_bit_min_keys(4096):
+        assert "on a GPU those of >= 4096 keys" in str(labels(to_dtype(_qwen(64), torch.bfloat16)))
     r = labels(to_dtype(_qwen(head_dim=32), torch.bfloat16))
     assert r.counts == {
         "attention processors (QK-norm + RoPE, exact attention: head_dim 32, "

@@ -20,6 +20,7 @@ from ditfuse.patching.common import (
     HOOKED,  # noqa: F401 (re-exported: patch reports count under it)
     PatchReport,
     check_attention,
+    min_keys_8bit,
 )
 from ditfuse.patching.linear_fp8 import (
     DEFAULT_EXCLUDE,
@@ -172,8 +173,9 @@ def patch(
             what += " (attention='fp8': no 8-bit path for this class, its attention stays 16-bit)"
         elif any(k.endswith(FP8_LABEL) for k in done):
             what += (
-                " (8-bit attention for calls with no mask or a key-padding mask; another "
-                "mask that masks something: exact)"
+                " (8-bit attention for calls with no mask or a key-padding mask, on a GPU "
+                f"those of >= {min_keys_8bit()} keys; another mask that masks "
+                "something, or fewer keys: exact)"
             )
         report.lines.append(f"{name}: {cls}: {what}")
         if linear == LINEAR_FP8:

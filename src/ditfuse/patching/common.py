@@ -4,6 +4,7 @@ checks that send a call back to the model's own code."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 import weakref
@@ -405,14 +406,53 @@ def qk_8bit(key_mask=None):
     return None if not backend.INTERPRET else "int8"
 
 
+#: On a GPU, a call attending fewer keys runs the exact 16-bit path: below this the
+#: warp-specialized route (kernel + quantizers) measured slower than cuDNN's bf16 SDPA, at
+#: parity from here up (docs/design/attention_fp8.md, "Short sequences"). Overridden by
+#: :func:`eight_bit_min_keys`.
+EIGHT_BIT_MIN_KEYS = 12288
+_min_keys = [EIGHT_BIT_MIN_KEYS]
+
+
+@contextlib.contextmanager
+def eight_bit_min_keys(n: int):
+    """Within the block, patched processors attend calls of at least ``n`` keys in 8 bits on
+    a GPU (0: every call the kernel takes), instead of :data:`EIGHT_BIT_MIN_KEYS`. Read when
+    a processor runs (under ``torch.compile``: when it is traced)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be an int >= 0 (a key count), got {n!r}")
+    old = _min_keys[0]
+    _min_keys[0] = n
+    try:
+        yield
+    finally:
+        _min_keys[0] = old
+
+
+def min_keys_8bit() -> int:
+    """The fewest keys a GPU call needs for the 8-bit route now (:func:`enough_keys_8bit`)."""
+    return _min_keys[0]
+
+
+def enough_keys_8bit(n_keys: int, on_gpu: bool) -> bool:
+    """Whether a call of ``n_keys`` keys is worth the 8-bit route: on a GPU at least the
+    current minimum (:data:`EIGHT_BIT_MIN_KEYS`, :func:`eight_bit_min_keys`); under Triton's
+    interpreter (the CPU tests) always."""
+    return not on_gpu or n_keys >= _min_keys[0]
+
+
 def attention_8bit(qk, value: torch.Tensor, k=None, k_scale=None, key_mask=None) -> torch.Tensor:
     """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) Q / K -- ``qk`` a
     ``QuantizedQK`` (int8 with per-token scales) or a 16-bit (q, k) pair, as :func:`qk_8bit`
     chose -- and 16-bit V (``k`` / ``k_scale``: other keys for the same queries, in ``qk``'s
     form; ``k_scale`` None for 16-bit ones), ``key_mask`` (bool (B, S_kv),
-    :func:`key_padding`) the keys attended; (B, S, H, D) in V's dtype."""
+    :func:`key_padding`) the keys attended; (B, S, H, D) in V's dtype. A GPU call of fewer
+    keys than :func:`enough_keys_8bit` wants attends the 16-bit Q / K exactly instead (SDPA,
+    with the key mask as its mask)."""
     if not isinstance(qk, QuantizedQK):
         q, k = qk[0], qk[1] if k is None else k
+        if not enough_keys_8bit(k.shape[1], k.is_cuda):
+            return _attention(q, k, value, key_mask=key_mask)
         return _attention(q, k, value, precision=FP8, key_mask=key_mask)
     k, k_scale = (qk.k, qk.k_scale) if k is None else (k, k_scale)
     return _attention(
