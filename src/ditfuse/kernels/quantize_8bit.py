@@ -88,22 +88,25 @@ def _k_tile(
 def _k_mean_kernel(
     k_ptr,
     keys,
-    mean_ptr,
+    part_ptr,
     S,
     H,
+    n_blocks,
     k_strides,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     GATHER: tl.constexpr,
 ):
-    """mean[b, h, d] += sum over this program's keys of k[b, s, h, d] / the entry's key
-    count (S, or ``count[b]`` under a key mask; fp32 atomics; ``k_strides``: (b, s, h, d))."""
+    """part[b * H + h, block, d] = the sum over this program's keys of k[b, s, h, d] / the
+    entry's key count (S, or ``count[b]`` under a key mask; ``k_strides``: (b, s, h, d)).
+    The blocks' parts are summed by the caller in a fixed order: atomics would make the mean's
+    last bits, and through K's rounding the attention's, vary from run to run."""
     bh, pid_s, b, h, rows, d, rm, x = _k_tile(k_ptr, keys, S, H, k_strides, D, BLOCK_S, GATHER)
     if GATHER:
         n = tl.maximum(tl.load(keys[1] + b), 1)
     else:
         n = S
-    tl.atomic_add(mean_ptr + bh * D + d, tl.sum(x, axis=0) / n)
+    tl.store(part_ptr + (bh.to(tl.int64) * n_blocks + pid_s) * D + d, tl.sum(x, axis=0) / n)
 
 
 @jit

@@ -85,7 +85,8 @@ class Keys:
 
 def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
     """K (B, S, H, D) 16-bit -> (k8 int8 (B, S, H, D) contiguous, scales fp32 (B*H, tiles)):
-    ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s keys. Under
+    ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s keys (the
+    same bits every run: no atomics). Under
     a key mask (``keys``) row r is the entry's kept key r and the mean is over its kept keys;
     rows past them are not written."""
     import triton
@@ -93,11 +94,14 @@ def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
     from ditfuse.kernels.quantize_8bit import _k_block_quant_kernel, _k_mean_kernel
 
     B, S, H, D = k4.shape
-    mean = torch.zeros(B, H, D, dtype=torch.float32, device=k4.device)
-    ka = keys.args(mean)
-    _k_mean_kernel[(triton.cdiv(S, V_BLOCK), B * H)](
-        k4, ka, mean, S, H, k4.stride(), D=D, BLOCK_S=V_BLOCK, GATHER=keys.gather
+    n_blocks = triton.cdiv(S, V_BLOCK)
+    part = torch.empty(B * H, n_blocks, D, dtype=torch.float32, device=k4.device)
+    ka = keys.args(part)
+    _k_mean_kernel[(n_blocks, B * H)](
+        k4, ka, part, S, H, n_blocks, k4.stride(), D=D, BLOCK_S=V_BLOCK, GATHER=keys.gather
     )
+    # the blocks' parts in one fixed order (no atomics): the same bits every run
+    mean = part.sum(1).view(B, H, D)
     tiles = triton.cdiv(S, BLOCK_N)
     k8 = torch.empty(B, S, H, D, dtype=torch.int8, device=k4.device)
     kb = torch.empty(B * H, tiles, dtype=torch.float32, device=k4.device)
