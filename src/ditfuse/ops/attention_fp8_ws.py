@@ -86,9 +86,8 @@ class Keys:
 def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
     """K (B, S, H, D) 16-bit -> (k8 int8 (B, S, H, D) contiguous, scales fp32 (B*H, tiles)):
     ``k8 = rne((k - mean) * 127 / amax)`` a tile, mean over the (batch, head)'s keys (the
-    same bits every run: no atomics). Under
-    a key mask (``keys``) row r is the entry's kept key r and the mean is over its kept keys;
-    rows past them are not written."""
+    same bits every run: no atomics). Under a key mask (``keys``) row r is the entry's kept
+    key r and the mean is over its kept keys; rows past them are not written."""
     import triton
 
     from ditfuse.kernels.quantize_8bit import _k_block_quant_kernel, _k_mean_kernel
