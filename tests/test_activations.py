@@ -88,8 +88,11 @@ def test_swiglu(shape, dtype):
     s_eager = _share(f"swiglu {str(dtype)[6:]} vs eager F.silu(x1) * x2", y, _eager_swiglu(x))
     if dtype != torch.float32:
         assert s_ref >= 0.999 and s_eager >= 0.999, (s_ref, s_eager)
-    else:  # exp's last bit (torch CPU / libdevice vs the kernel's) reaches fp32 outputs
-        assert s_eager >= 0.9, s_eager
+    else:  # exp's last bit (torch CPU / libdevice vs the kernel's) reaches fp32 outputs:
+        # a few ulp (3 measured), and how many elements differ depends on the CPU's exp
+        # (of 17 outputs, 15 equal on one machine), so each element is bounded instead
+        e = _eager_swiglu(x)
+        assert ((y - e).abs() <= 4 * torch.finfo(dtype).eps * e.abs()).all(), s_eager
 
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])

@@ -23,6 +23,7 @@ def user_kernel(x_ptr):
 
 # a user's kernel defined after `import ditfuse` is what Triton makes of the environment
 assert type(user_kernel) is JITFunction, type(user_kernel)
+torch.manual_seed(0)
 with torch.no_grad():
     H, D, S = 4, 32, 16
     q, k = (torch.randn(1, S, H * D, dtype=torch.bfloat16) for _ in range(2))
@@ -30,7 +31,9 @@ with torch.no_grad():
     cos, sin = torch.randn(S, D), torch.randn(S, D)
     out = ditfuse.qk_norm_rope(q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H)
     ref = ditfuse.qk_norm_rope_reference(q, k, cos, sin, q_norm=norm, k_norm=norm, num_heads=H)
-    assert all(torch.equal(a, b) for a, b in zip(out, ref)), "qk_norm_rope != reference"
+    # a norm across heads is within one rounding of the reference (its sum order), not
+    # bitwise: about 1 random input in 400 puts a pair of outputs on the other side of a tie
+    assert all(torch.allclose(a, b, rtol=2**-7, atol=0) for a, b in zip(out, ref)), "qk != ref"
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
     shift = torch.randn(2, 1, 64, dtype=torch.bfloat16)
     scale = torch.randn(2, 1, 64, dtype=torch.bfloat16)
