@@ -152,7 +152,7 @@ def test_fp8_gpu_route_hands_16bit_qk(name, make, inputs, calls, monkeypatch):
     assert torch.equal(out, exact), _accuracy(out, exact)
 
 
-@pytest.mark.parametrize("name", ["wan-t2v", "qwen-image"])
+@pytest.mark.parametrize("name", ["qwen-image", pytest.param("wan-t2v", marks=pytest.mark.slow)])
 @torch.no_grad()
 def test_fp8_short_calls_take_the_16bit_path_on_a_gpu(name, monkeypatch):
     """On a GPU a call of fewer keys than ``common.EIGHT_BIT_MIN_KEYS`` attends exactly (the
