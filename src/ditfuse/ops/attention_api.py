@@ -1,7 +1,8 @@
 """``ditfuse.attention``: the one front door of attention. It routes a call to PyTorch's SDPA
 or the band kernel of :mod:`ditfuse.ops.attention` (the exact 16-bit path), or to 8-bit
 tensor-core attention (``precision="fp8"``): the warp-specialized sm_90 kernel for 16-bit
-calls without a window or key mask (:func:`ditfuse.ops.attention_fp8.run_ws`), else q / k
+calls without a window, key-masked ones included (:func:`ditfuse.ops.attention_fp8.run_ws`:
+the kept keys compacted on the device), else q / k
 quantized here where they are 16-bit and the Triton kernel of
 :mod:`ditfuse.ops.attention_fp8` (or its PyTorch emulation where it cannot run). Every
 argument is checked before anything is quantized or launched.
@@ -126,8 +127,9 @@ def attention(
         inputs) with per-token scales, fp32 online softmax, P and V in e4m3 (V with one
         scale per (batch, head, channel), quantized here), P V accumulated in fp32; output
         in v's dtype. On sm_90 tensor cores: the warp-specialized kernel for 16-bit calls
-        without a window or key mask, the Triton kernel for the others (8-bit q / k, a
-        window, a key mask); elsewhere the same quantization emulated in PyTorch
+        without a window (with a key mask, on each batch entry's kept keys, compacted on the
+        device), the Triton kernel for the others (8-bit q / k, a window); elsewhere the
+        same quantization emulated in PyTorch
         (:func:`ditfuse.reference.attention_8bit_core`).
     q_scale, k_scale : Tensor, optional
         float32 ``(B, H, S)``, positive and finite (one per batch, head and token; ``q = q_8bit

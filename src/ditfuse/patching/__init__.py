@@ -89,11 +89,14 @@ def patch(
         attention: the QK-norm + RoPE kernel writes Q / K and
         ``ditfuse.attention(..., precision="fp8")`` attends them -- on an sm_90 GPU 16-bit
         Q / K to the warp-specialized kernel (with a key-padding mask, the kept keys
-        gathered), under Triton's interpreter int8 Q / K with per-token scales from the QK
-        kernel (``common.qk_8bit``) -- where the kernel takes the
-        call (no mask that masks anything, head_dim 64 / 128, a 16-bit model, no context
-        parallelism, an sm_90 GPU or the CPU interpreter); elsewhere the exact 16-bit path
-        (docs/patching.md, "8-bit attention"). Needs ``qk_norm_rope=True``.
+        compacted on the device), under Triton's interpreter int8 Q / K with per-token
+        scales from the QK kernel (``common.qk_8bit``) -- where the kernel takes the
+        call (no mask that masks anything but padded keys, head_dim 64 / 128, a 16-bit
+        model, no context parallelism, an sm_90 GPU or the CPU interpreter) and, on a GPU,
+        the call attends at least ``common.EIGHT_BIT_MIN_KEYS`` keys (12,288: below that
+        cuDNN's bf16 attention measured faster; ``common.eight_bit_min_keys`` overrides);
+        elsewhere the exact 16-bit path (docs/patching.md, "8-bit attention"). Needs
+        ``qk_norm_rope=True``.
         ``activations``: the MLP activations
         as one kernel, written straight into the concat buffer the output projection reads
         (FLUX.2: every ``Flux2SwiGLU``, and in the single-stream processor, which

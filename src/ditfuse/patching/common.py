@@ -399,7 +399,7 @@ def qk_8bit(key_mask=None):
     (one that :func:`use_8bit` lets through): ``None``, 16-bit Q / K, on a GPU
     (:func:`use_8bit` has checked it is an sm_90 one), where
     ``ditfuse.attention(..., precision="fp8")`` takes them to the warp-specialized kernel,
-    with or without a key-padding mask (the kept keys gathered); that kernel quantizes Q a
+    with or without a key-padding mask (the kept keys compacted); that kernel quantizes Q a
     token and K a 128-key tile after the mean key itself (docs/design/attention_fp8.md) --
     else ``"int8"``: Q / K with per-token scales from the same kernel, for the Triton kernel
     that Triton's interpreter runs. ``key_mask`` does not change the answer."""
