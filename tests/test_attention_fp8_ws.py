@@ -84,6 +84,35 @@ def test_routing():
     assert WS.WsConfig.for_head_dim(128).stages >= 2
 
 
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_one_key_is_v(layout, monkeypatch):
+    """One key: every query gets V's row, bitwise, without a kernel (the warp-specialized
+    kernel returned wrong rows there on an H100); zeros for an entry whose mask drops the
+    key, NaN for a query with a NaN."""
+    B, S, H, D = 3, 77, 2, 64
+    q = torch.randn(B, S, H, D).bfloat16()
+    k, v = (torch.randn(B, 1, H, D).bfloat16() for _ in range(2))
+    q[1, 5, 1, 3] = float("nan")
+    km = torch.tensor([[True], [True], [False]])
+    t = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bhsd" else (lambda x: x)
+
+    def no_kernel(*a, **kw):
+        raise AssertionError("a kernel ran for one key")
+
+    monkeypatch.setattr(API.fp8, "run", no_kernel)
+    monkeypatch.setattr(API.fp8, "run_ws", no_kernel)
+    for mask in (None, km):
+        out = ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout, key_mask=mask)
+        assert out.dtype == v.dtype and out.is_contiguous()
+        out = out.transpose(1, 2) if layout == "bhsd" else out
+        want = v.expand(B, S, H, D).clone()
+        want[1, 5, 1] = float("nan")
+        if mask is not None:
+            want[2] = 0.0
+        assert torch.equal(out.isnan(), want.isnan())
+        assert torch.equal(out.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
 def _reference64(q, k, v, key_mask):
     """Softmax attention in float64, (B, S, H, D); a row with no key kept: zeros."""
     qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
@@ -221,7 +250,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 import subprocess, tempfile
 from ditfuse.aot.compile import run_cuobjdump, run_ptxas, specialize, tool_path
-from ditfuse.tools.inspect_attention_fp8 import key_loop_local
+from ditfuse.tools.inspect_attention_fp8 import key_loop_local, key_loop_opcodes
 from ditfuse.kernels.attention_fp8_ws import _attention_8bit_ws_kernel as kern
 from ditfuse.ops.attention_fp8_ws import WsConfig
 out = []
@@ -237,7 +266,8 @@ for D, varlen in ((64, False), (128, False), (128, True)):
     qs = torch.empty(1, H, S, device="meta")
     o = torch.empty(1, S, H, D, dtype=torch.bfloat16, device="meta")
     args = (qd, kd, vd, qs, torch.empty(H, 36, device="meta"), torch.empty(H, D, device="meta"),
-            o, torch.empty(1, dtype=torch.int32 if varlen else torch.float32, device="meta"),
+            o, torch.empty(8, 128, dtype=torch.float8_e4m3fn, device="meta"),
+            torch.empty(1, dtype=torch.int32 if varlen else torch.float32, device="meta"),
             S, S, H, 36, 0.1, *qs.stride(),
             o.stride(0), o.stride(1), o.stride(2))
     cfg = WsConfig.for_head_dim(D)
@@ -258,6 +288,7 @@ for D, varlen in ((64, False), (128, False), (128, True)):
                     e4m3=bool(re.search(r"wgmma\.mma_async\S*\.f32\.e4m3\.e4m3", ptx)),
                     tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx,
                     key_loop_local=key_loop_local(sass_text), spill=pt["spill_stores"],
+                    loop=key_loop_opcodes(sass_text),
                     serialized=[l for l in pt["ptxas_log"] if "C7514" in l or "C7515" in l]))
 print(json.dumps(out))
 """
@@ -268,7 +299,8 @@ def test_sm90_build():
     """The kernel compiles for sm_90a (a child process without Triton's interpreter), with
     and without a key mask's key counts: int8 and e4m3 wgmma, the producer's TMA loads,
     register reallocation between the partitions, no local memory inside its key loops, no
-    wgmma serialized by ptxas."""
+    wgmma serialized by ptxas, and the key loop's form (P used in its own trip, the row
+    sum on the tensor cores)."""
     import json
     import os
     import subprocess
@@ -284,6 +316,13 @@ def test_sm90_build():
     for row in json.loads(r.stdout.strip().splitlines()[-1]):
         assert row["int8"] and row["e4m3"] and row["tma"] and row["setmaxnreg"], row
         assert row["key_loop_local"] == 0 and not row["serialized"], str(row)
+        loop = row["loop"]
+        # P V and the row sum (P @ ones, 64 x 8) on the tensor cores, from P's registers:
+        # no e4m3 unpack, no byte moves rebuilding P across the back edge, and a trip of
+        # under 500 instructions (805 with P carried to the next trip)
+        assert loop.get("QGMMA.64x8x32.F32.E4M3.E4M3", 0) == 4, str(loop)
+        assert not any("UNPACK" in op or op.startswith("PRMT") for op in loop), str(loop)
+        assert sum(loop.values()) < 500, str(loop)
         # a key mask's count is a loaded value: 16 bytes spilled in the tail tile, once a
         # program (none without a mask)
         assert row["spill"] <= (16 if row["varlen"] else 0), str(row)
@@ -292,7 +331,14 @@ def test_sm90_build():
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize(
     "B,Sq,Skv,H,D,layout",
-    [(2, 1000, 1777, 3, 128, "bshd"), (1, 300, 300, 2, 64, "bhsd"), (3, 1, 129, 1, 64, "bshd")],
+    [
+        (2, 1000, 1777, 3, 128, "bshd"),
+        (1, 300, 300, 2, 64, "bhsd"),
+        (3, 1, 129, 1, 64, "bshd"),
+        (1, 130, 2, 2, 128, "bshd"),
+        (1, 256, 256, 2, 128, "bshd"),
+        (1, 700, 9000, 2, 64, "bshd"),
+    ],
 )
 def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     q = torch.randn(B, Sq, H, D, device="cuda").bfloat16()
@@ -308,6 +354,23 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     cos = (o @ r / (o.norm() * r.norm())).item()
     rel = ((o - r).norm() / r.norm()).item()
     assert torch.isfinite(out).all() and cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_equal_v_is_v(D):
+    """Equal rows of V come out as V on the warp-specialized route: the row sum adds the same
+    rounded P that multiplies V (both on the tensor cores), with a key mask too."""
+    B, S, H = 2, 3000, 3
+    q, k = (torch.randn(B, S, H, D, device="cuda").bfloat16() for _ in range(2))
+    row = (torch.rand(B, 1, H, D, device="cuda") * 4 - 2).bfloat16()
+    v = row.expand(B, S, H, D).contiguous()
+    km = torch.rand(B, S, device="cuda") > 0.4
+    with torch.no_grad():
+        assert API._ws_ok(q, k, None)
+        for mask in (None, km):
+            out = ditfuse.attention(q, k, v, precision="fp8", key_mask=mask)
+            assert torch.equal(out, v), (out.float() - v.float()).abs().max()
 
 
 _V_QUANT_BUILD = r"""

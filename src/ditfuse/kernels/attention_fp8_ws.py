@@ -7,12 +7,13 @@ A program owns 128 queries of one (batch, head) and walks every key tile of 128 
 - a **producer warp** copies Q (two 64-row boxes) once, then K and V^T tiles by TMA into a
   ring of ``STAGES`` shared-memory slots, each slot with a K and a V mbarrier; a slot is
   refilled once both consumers released it (an "empty" mbarrier of count 2);
-- two **consumer warpgroups**, 64 query rows each, issue a trip's ``S_j = Q K_j^T`` (int8,
-  int32 accumulation) and ``P_{j-1} V_{j-1}`` (e4m3, fp32) together, then run tile j's
-  softmax; the warp schedulers interleave one warpgroup's softmax with the other's
-  products (an explicit ping-pong through two mbarriers measured no faster: the design
-  note). On Hopper the exponentials (16 a clock an SM) take about as long as the 8-bit
-  products, so the kernel is as fast as that overlap.
+- two **consumer warpgroups**, 64 query rows each, run a trip per key tile: ``S_j = Q K_j^T``
+  (int8, int32 accumulation), tile j's softmax, then ``P_j V_j`` (e4m3, fp32) and the row
+  sum ``P_j @ ones`` as two wgmmas from the same registers; the warp schedulers interleave
+  one warpgroup's softmax with the other's products (an explicit ping-pong through two
+  mbarriers measured no faster: the design note). On Hopper the exponentials (16 a clock
+  an SM) take about as long as the 8-bit products, so the kernel is as fast as that
+  overlap.
 
 Operands:
 
@@ -31,9 +32,14 @@ The int32 scores become fp32 without a conversion instruction: the accumulator s
 ``0x4B400000``, whose bits read as fp32 are ``1.5 * 2^23``, and ``1.5 * 2^23 + s`` is exact
 for ``|s| < 2^22`` (an int8 dot over 128 channels is below 2^21).
 
-The row sum is summed from the rounded P (the e4m3 values read back): numerator and
-denominator then sum the same values, so equal values of V come out as themselves and the
-output stays inside V's range.
+The row sum is summed from the rounded P on the tensor cores (``P_j`` times an e4m3 tile of
+ones in shared memory, fp32 accumulation): numerator and denominator then sum the same
+values, so equal values of V come out as themselves and the output stays inside V's range.
+
+P is used in the trip that computes it and never crosses the loop's back edge: an e4m3
+tensor carried across it is held a byte a register and rebuilt into the wgmma operand every
+trip (two hundred byte moves a trip in the sm_90a build). The row sum on the tensor cores
+takes its conversions and adds off the issue slots the exponentials need.
 
 ``P @ V`` of each key tile accumulates into a fresh accumulator that is then added to the
 fp32 output in registers (``o * alpha + pv``, one FFMA an element): Hopper's fp8 tensor-core
@@ -48,6 +54,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -96,7 +103,7 @@ def _producer(descs, ring, bars, b, h, start_m, vt_row, keys):
     K and V^T descriptors; ``ring``: the Q, K, V shared buffers; ``bars``: the Q, K-ready,
     V-ready and empty barriers; ``keys``: :func:`_key_count`'s."""
     q_desc, k_desc, vt_desc = descs
-    q_s, k_s, v_s = ring
+    q_s, k_s, v_s, _ones = ring
     q_bar, k_ready, v_ready, empty = bars
     # a partition takes no constexpr arguments: the shapes of the ring carry them
     STAGES: gl.constexpr = k_s.shape[0]
@@ -152,61 +159,43 @@ def _to_e4m3x4(x):
 
 
 @gluon.jit
-def _from_e4m3x4(x):
-    """e4m3 -> fp32 (exact), four values a register: two ``cvt.rn.f16x2.e4m3x2`` and four
-    half-to-single conversions."""
-    return _x4(
-        x,
-        "{ .reg .b16 lo, hi, a, b, c, d; .reg .b32 h01, h23; mov.b32 {lo, hi}, $4; "
-        "cvt.rn.f16x2.e4m3x2 h01, lo; cvt.rn.f16x2.e4m3x2 h23, hi; "
-        "mov.b32 {a, b}, h01; mov.b32 {c, d}, h23; "
-        "cvt.f32.f16 $0, a; cvt.f32.f16 $1, b; cvt.f32.f16 $2, c; cvt.f32.f16 $3, d; }",
-        "=r,=r,=r,=r,r",
-        gl.float32,
-    )
-
-
-@gluon.jit
 def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
     """One key tile's probabilities (times 256, e4m3) and the row max / rescale factor.
     ``s``: the tile's raw scores (``1.5 * 2^23 + dot`` for int8 inputs, the dot for e4m3);
     ``g``: the row's scale in log2 units times the tile's key scale (> 0)."""
-    if MASKED:
-        s = gl.where(col_ok[None, :], s, float("-inf"))
     if QK_INT:
         base = _MAGIC_F
     else:
         base = 0.0
-    # g > 0: max_j((s - base) * g) = (max_j s - base) * g, one multiply a row
-    m_new = gl.maximum(m_i, (gl.max(s, 1) - base) * g)
+    s_max = s
+    if MASKED:
+        s_max = gl.where(col_ok[None, :], s, float("-inf"))
+    # g >= 0: max_j((s - base) * g) = (max_j s - base) * g, one multiply a row
+    m_new = gl.maximum(m_i, (gl.max(s_max, 1) - base) * g)
     # 256 * p = exp2((s - base) * g - m + 8) in one FFMA an element
     r = 8.0 - m_new - base * g
-    p = _ex2(s * g[:, None] + r[:, None])
+    x = s * g[:, None] + r[:, None]
+    if MASKED:
+        # masked after the FFMA: g underflows to 0 for tiny q and k scales, and -inf * 0 is NaN
+        x = gl.where(col_ok[None, :], x, float("-inf"))
+    p = _ex2(x)
     alpha = _ex2(m_i - m_new)
     return p, alpha, m_new
 
 
 @gluon.jit
-def _step(
-    j,
-    trip,
-    state,
-    WG: gl.constexpr,
-    SCORES: gl.constexpr,
-    PV: gl.constexpr,
-    MASKED: gl.constexpr,
-):
-    """Trip j of a consumer warpgroup: ``S_j = Q K_j^T``
-    (``SCORES``) and ``P_{j-1} V_{j-1}`` (``PV``) issued together, the
-    previous tile's output folded in, then tile j's softmax. ``trip``: what every trip
-    reads -- the Q tile, the K and V rings, ``bars`` (the ring's K-ready, V-ready and empty
-    barriers), ``inits`` (the scores' start and the zero accumulator of P V), the key tile
-    scales, the row constants and the key count; ``state``: (running max, the rescale of
-    the previous tile, output, row sums, P of the previous tile)."""
-    q_t, k_s, v_s, bars, inits, kb_ptr, kb_off, c, S_kv = trip
+def _step(j, trip, state, WG: gl.constexpr, MASKED: gl.constexpr):
+    """Trip j of a consumer warpgroup: ``S_j = Q K_j^T``, tile j's softmax, then ``P_j V_j``
+    and the row sum ``P_j @ ones`` issued together, the output and row sums rescaled and
+    folded in. ``trip``: what every trip reads -- the Q tile, the K, V and ones buffers,
+    ``bars`` (the ring's K-ready, V-ready and empty barriers), ``inits`` (the scores'
+    start, the zero accumulators of P V and of the row sum), the key tile scales, the row
+    constants and the key count; ``state``: (running max, output, row sums)."""
+    q_t, bufs, bars, inits, kb_ptr, kb_off, c, S_kv = trip
+    k_s, v_s, ones_s = bufs
     k_ready, v_ready, empty = bars
-    s_init, zero_o = inits
-    m_i, alpha, o, l_i, p8 = state
+    s_init, zero_o, zero_l = inits
+    m_i, o, l_i = state
     STAGES: gl.constexpr = k_s.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]
     D: gl.constexpr = k_s.shape[4]
@@ -215,45 +204,42 @@ def _step(
     S_L: gl.constexpr = s_init.type.layout
     O_L: gl.constexpr = zero_o.type.layout
     P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     slot = j % STAGES
-    prev = (j + STAGES - 1) % STAGES
-    if SCORES:
-        kb = gl.load(kb_ptr + kb_off + j)
-    if SCORES:
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        k_t = k_s.index(slot)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
-        s_tok = warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
-    if PV:
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-        pv_tok = warpgroup_mma(
-            p8, v_s.index(prev).permute((1, 0)), zero_o, use_acc=False, is_async=True
-        )
-    if PV:
-        pv = warpgroup_mma_wait(0, deps=[pv_tok])
-        mbarrier.arrive(empty.index(prev))
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None] + pv
-    if SCORES:
-        s = warpgroup_mma_wait(0, deps=[s_tok])
-        if QK_INT:
-            s = s.to(gl.float32, bitcast=True)
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
-        p, alpha, m_i = _softmax(s, c * kb, m_i, cols < S_kv - j * BLOCK_N, MASKED, QK_INT)
-        p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
-        # the row sum of the rounded P, so that it cancels against P V's
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, O_L)) + gl.convert_layout(
-            gl.sum(_from_e4m3x4(p8), 1), gl.SliceLayout(1, O_L)
-        )
-    return m_i, alpha, o, l_i, p8
+    phase = (j // STAGES) & 1
+    kb = gl.load(kb_ptr + kb_off + j)
+    mbarrier.wait(k_ready.index(slot), phase)
+    k_t = k_s.index(slot)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
+    s_tok = warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    if QK_INT:
+        s = s.to(gl.float32, bitcast=True)
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
+    p, alpha, m_i = _softmax(s, c * kb, m_i, cols < S_kv - j * BLOCK_N, MASKED, QK_INT)
+    p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
+    mbarrier.wait(v_ready.index(slot), phase)
+    pv_tok = warpgroup_mma(
+        p8, v_s.index(slot).permute((1, 0)), zero_o, use_acc=False, is_async=True
+    )
+    # the row sum of the rounded P, so that it cancels against P V's; every column of the
+    # [64, 8] product is the sum
+    ls_tok = warpgroup_mma(p8, ones_s.permute((1, 0)), zero_l, use_acc=False, is_async=True)
+    pv, ls = warpgroup_mma_wait(0, deps=[pv_tok, ls_tok])
+    mbarrier.arrive(empty.index(slot))
+    alpha_o = gl.convert_layout(alpha, ROW_O)
+    l_i = l_i * alpha_o + gl.convert_layout(gl.max(ls, 1), ROW_O)
+    o = o * alpha_o[:, None] + pv
+    return m_i, o, l_i
 
 
 @gluon.jit
 def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.constexpr):
     """Consumer warpgroup ``WG``: its 64 query rows against every key tile. ``ring``: the Q,
-    K, V shared buffers; ``bars``: the Q, K-ready, V-ready and empty barriers; the q
+    K, V and ones shared buffers; ``bars``: the Q, K-ready, V-ready and empty barriers; the q
     scales, key tile scales, V scales and output as (pointer, offset[, row stride]);
     ``dims``: (S_q, :func:`_key_count`'s keys, the program's first query, softmax scale *
     log2(e))."""
-    q_s, k_s, v_s = ring
+    q_s, k_s, v_s, ones_s = ring
     q_bar, k_ready, v_ready, empty = bars
     qs_ptr, qs_off, stride_qss = q_scales
     kb_ptr, kb_off = kb_scales
@@ -271,7 +257,10 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     O_L: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 32]
     )
-    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
+    # the row sum's accumulator: 8 columns, the narrowest wgmma
+    L_L: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32]
+    )
     ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
     ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     qk_dtype: gl.constexpr = q_s.dtype
@@ -289,27 +278,24 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     o = gl.zeros([WG_M, D], gl.float32, O_L)
     l_i = gl.zeros([WG_M], gl.float32, ROW_O)
     m_i = gl.full([WG_M], _NEG, gl.float32, ROW_S)
-    alpha = gl.zeros([WG_M], gl.float32, ROW_S)
-    p8 = gl.convert_layout(gl.zeros([WG_M, BLOCK_N], gl.float32, S_L).to(gl.float8e4nv), P_L)
+    zero_l = gl.zeros([WG_M, 8], gl.float32, L_L)
     q_t = q_s.index(WG)._reinterpret(qk_dtype, [WG_M, D], KK_SL)
     S_kv = _key_count(keys)
     n_tiles = _tiles(S_kv, BLOCK_N)
     n_full = S_kv // BLOCK_N
 
-    inits = (s_init, zero_o)
-    trip = (q_t, k_s, v_s, (k_ready, v_ready, empty), inits, kb_ptr, kb_off, c, S_kv)
-    state = (m_i, alpha, o, l_i, p8)
+    inits = (s_init, zero_o, zero_l)
+    trip = (q_t, (k_s, v_s, ones_s), (k_ready, v_ready, empty), inits, kb_ptr, kb_off, c, S_kv)
+    state = (m_i, o, l_i)
     mbarrier.wait(q_bar, 0)
-    # tile 0: scores only (masked: it may be the only, partial, tile)
-    state = _step(0, trip, state, WG=WG, SCORES=True, PV=False, MASKED=True)
+    # tile 0 masked: it may be the only, partial, tile
+    state = _step(0, trip, state, WG=WG, MASKED=True)
     for j in range(1, n_full):
-        state = _step(j, trip, state, WG=WG, SCORES=True, PV=True, MASKED=False)
+        state = _step(j, trip, state, WG=WG, MASKED=False)
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
-            state = _step(n_full, trip, state, WG=WG, SCORES=True, PV=True, MASKED=True)
-    # the last tile's P V
-    state = _step(n_tiles, trip, state, WG=WG, SCORES=False, PV=True, MASKED=False)
-    m_i, alpha, o, l_i, p8 = state
+            state = _step(n_full, trip, state, WG=WG, MASKED=True)
+    m_i, o, l_i = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
     l_o = gl.convert_layout(l_i, ROW_O)
@@ -345,6 +331,7 @@ def _attention_8bit_ws_kernel(
     o_ptr,  # q scales (B, H, S_q); key tile scales (B*H, tiles);
     # V scales (B*H, D); output (B, S_q, H, D), channels
     # contiguous
+    ones_ptr,  # e4m3 (8, BLOCK_N) of 1.0: the row sum's B operand
     count_ptr,  # int32: a key mask's kept keys of each batch entry (B,), compacted to the
     # front; a float pointer: every key
     S_q,
@@ -383,6 +370,19 @@ def _attention_8bit_ws_kernel(
         [STAGES, D, BLOCK_N],
         gl.NVMMASharedLayout.get_default_for([D, BLOCK_N], gl.float8e4nv),
     )
+    # the row sum's B operand: 8 rows of BLOCK_N ones, read K-major as V^T is. Loaded from
+    # memory: a tile of ones built in registers (a constant or a splat) and stored here was
+    # read back as other bytes by the wgmma (H100, Triton 3.6; the design note)
+    ONES_L: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
+    r1 = gl.arange(0, 8, layout=gl.SliceLayout(1, ONES_L))
+    c1 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ONES_L))
+    ones_s = gl.allocate_shared_memory(
+        gl.float8e4nv,
+        [8, BLOCK_N],
+        gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv),
+        gl.load(ones_ptr + r1[:, None] * BLOCK_N + c1[None, :]),
+    )
+    fence_async_shared()
     q_bar = _mbarriers([1])
     mbarrier.init(q_bar, count=1)
     # a stage's slot is empty once both consumer warpgroups have read it
@@ -391,7 +391,7 @@ def _attention_8bit_ws_kernel(
     qs_off = b.to(gl.int64) * stride_qsb + h.to(gl.int64) * stride_qsh
     vs_off = bh.to(gl.int64) * D
     o_off = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh
-    ring = (q_s, k_s, v_s)
+    ring = (q_s, k_s, v_s, ones_s)
     bars = (q_bar, k_ready, v_ready, empty)
     cargs = (
         ring,

@@ -169,7 +169,9 @@ def attention(
     in summation order and where the online softmax rescales. The row sum is the sum of the
     rounded P, so the output lies within the range of V's quantized values. NaN propagates as
     in softmax attention: a NaN in q / k makes its token's scale NaN (the rows attending it
-    NaN), one in V its channel's scale (that channel NaN).
+    NaN), one in V its channel's scale (that channel NaN). With 16-bit q / k and a single key,
+    the answer is V's row for every query (softmax over one key is 1), returned exactly
+    without a kernel.
     """
     _check_precision(precision)
     _check_grad(q, k, v, q_scale, k_scale)
@@ -205,6 +207,8 @@ def attention(
                 "quantized here (pass neither)"
             )
         _check_before_quantizing(q, k, v, **opts)
+        if k.shape[1 if layout == "bshd" else 2] == 1:
+            return _one_key(q, k, v, scale, layout, key_mask)
         if _ws_ok(q, k, window):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             if torch.compiler.is_compiling():
@@ -216,6 +220,19 @@ def attention(
     return fp8.run(
         fp8.plan(q, k, v, q_scale=q_scale, k_scale=k_scale, check_scale_values=not here, **opts)
     )
+
+
+def _one_key(q: Tensor, k: Tensor, v: Tensor, scale, layout: str, key_mask) -> Tensor:
+    """Attention over one key, exact: softmax is 1 (NaN for a NaN or infinite score), so
+    every query gets V's row; zeros for a batch entry whose mask drops the key. The 8-bit
+    kernels are not launched: the warp-specialized one returned wrong rows for one key on
+    an H100 (docs/design/attention_fp8.md)."""
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = (q.float() * k.float()).sum(-1, keepdim=True) * sc
+    o = (s - s + 1.0) * v.float()
+    if key_mask is not None:
+        o = torch.where(key_mask.view(-1, 1, 1, 1), o, 0.0)
+    return o.to(v.dtype).contiguous()
 
 
 def _ws_ok(q: Tensor, k: Tensor, window) -> bool:

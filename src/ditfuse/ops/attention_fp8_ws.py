@@ -161,6 +161,21 @@ def quantize_v(v4: Tensor, a_order: bool = False, keys: Keys = Keys()):
     return vt, vscale
 
 
+_ONES: dict = {}
+
+
+def _ones(device: torch.device) -> Tensor:
+    """The kernel's row-sum operand, an e4m3 (8, BLOCK_N) tile of 1.0, kept once a device.
+    Made inside a CUDA graph capture, it is the capture's own (its fill is a node of the
+    graph, not yet run) and is not kept."""
+    t = _ONES.get(device)
+    if t is None:
+        t = torch.ones(8, BLOCK_N, dtype=torch.float8_e4m3fn, device=device)
+        if not torch.cuda.is_current_stream_capturing():
+            _ONES[device] = t
+    return t
+
+
 def launch(
     q8: Tensor,
     q_scale: Tensor,
@@ -206,6 +221,7 @@ def launch(
         kb,
         vs,
         out4,
+        _ones(out4.device),
         keys.count if keys.gather else kb,
         S_q,
         S_kv,

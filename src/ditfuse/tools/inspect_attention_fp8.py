@@ -77,23 +77,44 @@ def _loops(sass: str):
     return [[text for addr, text in ins if lo <= addr <= hi] for lo, hi in spans]
 
 
-def key_loop_local(sass: str) -> int:
-    """LDL / STL inside a key loop: a loop with tensor-core work (``GMMA``) and a
+def key_loops(sass: str) -> list[list[str]]:
+    """The instructions of each key loop: a loop with tensor-core work (``GMMA``) and a
     conditional back edge. Unconditional back edges are the warp-specialized kernels'
     partition dispatch and mbarrier-wait retry returns, which span code run once a
     program."""
     from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
 
     ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
-    n = 0
+    loops = []
     for addr, text in ins:
         m = _SASS_BRA.search(text)
         if not (m and int(m.group(1), 16) < addr and text.lstrip().startswith("@")):
             continue
         body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
         if any("GMMA" in t for t in body):
-            n += sum(bool(re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", t)) for t in body)
-    return n
+            loops.append(body)
+    return loops
+
+
+def key_loop_local(sass: str) -> int:
+    """LDL / STL inside a key loop (:func:`key_loops`)."""
+    return sum(
+        bool(re.match(r"(?:@!?U?P\w+\s+)?(LDL|STL)\b", t)) for body in key_loops(sass) for t in body
+    )
+
+
+def key_loop_opcodes(sass: str) -> dict[str, int]:
+    """Opcode counts of the longest key loop (:func:`key_loops`), predicates and modifiers
+    kept (``QGMMA.64x8x32.F32.E4M3.E4M3``)."""
+    loops = key_loops(sass)
+    if not loops:
+        return {}
+    counts: dict[str, int] = {}
+    for t in max(loops, key=len):
+        words = t.split()
+        op = words[1] if words[0].startswith("@") else words[0]
+        counts[op] = counts.get(op, 0) + 1
+    return counts
 
 
 def _loop_bodies(sass: str):
