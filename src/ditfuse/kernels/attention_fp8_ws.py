@@ -33,8 +33,9 @@ The int32 scores become fp32 without a conversion instruction: the accumulator s
 for ``|s| < 2^22`` (an int8 dot over 128 channels is below 2^21).
 
 The row sum is summed from the rounded P on the tensor cores (``P_j`` times an e4m3 tile of
-ones in shared memory, fp32 accumulation): numerator and denominator then sum the same
-values, so equal values of V come out as themselves and the output stays inside V's range.
+ones in shared memory, accumulated as P V is): numerator and denominator sum the same
+values, so equal values of V come out as themselves (``test_gpu_equal_v_is_v``) and the
+output stays inside V's range.
 
 P is used in the trip that computes it and never crosses the loop's back edge: an e4m3
 tensor carried across it is held a byte a register and rebuilt into the wgmma operand every
