@@ -113,6 +113,16 @@ def test_one_key_is_v(layout, monkeypatch):
         assert torch.equal(out.nan_to_num(7.0), want.nan_to_num(7.0))
 
 
+def test_ones_operand(monkeypatch):
+    """The row sum's operand: an e4m3 (8, BLOCK_N) tile of 1.0, kept once a device (also
+    where torch has no CUDA: the capture check is for CUDA devices only)."""
+    monkeypatch.setattr(WS, "_ONES", {})
+    dev = torch.device("cpu")
+    t = WS._ones(dev)
+    assert t.dtype == torch.float8_e4m3fn and t.shape == (8, WS.BLOCK_N)
+    assert (t.float() == 1.0).all() and WS._ones(dev) is t
+
+
 def _reference64(q, k, v, key_mask):
     """Softmax attention in float64, (B, S, H, D); a row with no key kept: zeros."""
     qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))

@@ -171,7 +171,7 @@ def _ones(device: torch.device) -> Tensor:
     t = _ONES.get(device)
     if t is None:
         t = torch.ones(8, BLOCK_N, dtype=torch.float8_e4m3fn, device=device)
-        if not torch.cuda.is_current_stream_capturing():
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             _ONES[device] = t
     return t
 
