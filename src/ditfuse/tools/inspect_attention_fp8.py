@@ -63,16 +63,19 @@ def capture_launch(spec: BuildSpec):
     return calls[order.index(spec.kernel)]
 
 
-def _loops(sass: str):
+def _loops(sass: str, conditional: bool = False):
     """Each loop of the SASS (between a backward branch's target and the branch) as its list
-    of instructions, in program order."""
+    of instructions, in program order; ``conditional``: only loops whose back edge is a
+    predicated branch."""
     from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
 
     ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
     spans = [
         (int(m.group(1), 16), addr)
         for addr, text in ins
-        if (m := _SASS_BRA.search(text)) and int(m.group(1), 16) < addr
+        if (m := _SASS_BRA.search(text))
+        and int(m.group(1), 16) < addr
+        and (not conditional or text.lstrip().startswith("@"))
     ]
     return [[text for addr, text in ins if lo <= addr <= hi] for lo, hi in spans]
 
@@ -82,18 +85,7 @@ def key_loops(sass: str) -> list[list[str]]:
     conditional back edge. Unconditional back edges are the warp-specialized kernels'
     partition dispatch and mbarrier-wait retry returns, which span code run once a
     program."""
-    from ditfuse.aot.compile import _SASS_BRA, _SASS_INSTR
-
-    ins = [(int(a, 16), text) for a, text in _SASS_INSTR.findall(sass)]
-    loops = []
-    for addr, text in ins:
-        m = _SASS_BRA.search(text)
-        if not (m and int(m.group(1), 16) < addr and text.lstrip().startswith("@")):
-            continue
-        body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-        if any("GMMA" in t for t in body):
-            loops.append(body)
-    return loops
+    return [body for body in _loops(sass, conditional=True) if any("GMMA" in t for t in body)]
 
 
 def key_loop_local(sass: str) -> int:
