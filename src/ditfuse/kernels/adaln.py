@@ -11,6 +11,7 @@ from typing import NamedTuple
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _rnd
+from ditfuse.kernels.linear_fp8 import _row_scale, _store_e4m3
 from ditfuse.runtime.backend import jit
 
 #: the norm the kernels apply (``AdaLNFlags.norm``); the values are the ``ditfuse::adaln`` ops'
@@ -85,13 +86,13 @@ class RowStrides(NamedTuple):
 
 
 @jit
-def _modulate_out(n, m, d, affine, shift, scale, out, MOD: tl.constexpr, ACT: tl.constexpr):
+def _modulate(n, m, d, affine, shift, scale, MOD: tl.constexpr, ACT: tl.constexpr):
     """The affine and the modulation of the normalized tile ``n`` in the eager chain's order
-    and roundings (both kernels), stored to the output. ``affine``: the (w, b) pointers;
-    ``shift``, ``scale``, ``out``: (pointer, row offsets, channel stride); ``MOD``: the
-    kernel's :class:`AdaLNFlags`. Each operand is
-    loaded where it is used: loading them all first costs the one-row kernel 8 registers a
-    thread at Wan's shape, one resident program per SM."""
+    and roundings (every kernel), fp32 before the output's rounding. ``affine``: the (w, b)
+    pointers; ``shift``, ``scale``: (pointer, row offsets, channel stride); ``MOD``: the
+    kernel's :class:`AdaLNFlags`. Each operand is loaded where it is used: loading them all
+    first costs the one-row kernel 8 registers a thread at Wan's shape, one resident program
+    per SM."""
     w_ptr, b_ptr = affine
     if MOD.has_w:
         n = n * _vec(w_ptr, 0, d, m, 1, True)
@@ -108,6 +109,14 @@ def _modulate_out(n, m, d, affine, shift, scale, out, MOD: tl.constexpr, ACT: tl
             n = _rnd(n, ACT)
     if MOD.has_shift:
         n = n + _vec(shift[0], shift[1], d, m, shift[2], True)
+    return n
+
+
+@jit
+def _modulate_out(n, m, d, affine, shift, scale, out, MOD: tl.constexpr, ACT: tl.constexpr):
+    """:func:`_modulate` of ``n`` stored to the output ``out`` (pointer, row offsets,
+    channel stride) in its dtype."""
+    n = _modulate(n, m, d, affine, shift, scale, MOD, ACT)
     out_ptr, ob, stride_od = out
     tl.store(out_ptr + ob + d * stride_od, _cast_out(n, out_ptr.dtype.element_ty), mask=m)
 
@@ -207,6 +216,88 @@ def _adaln_kernel(
 
 
 @jit
+def _tile(
+    ins,  # the x, y, gate, shift, scale, w, b pointers
+    xnew_ptr,
+    S,
+    D,
+    eps,
+    strides,
+    FLAGS: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BATCH_X: tl.constexpr,
+):
+    """The tile kernels' loads, gated residual (stored to ``xnew_ptr``) and norm of ROWS rows:
+    returns the rows (b, s) and the normalized pieces with their masks and channels, ``(na,
+    ma, da)`` and ``(nb, mb, db)`` (placeholders when BLOCK_B is 0), for the modulation."""
+    x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr = ins
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    RESIDUAL: tl.constexpr = FLAGS.residual
+    HAS_GATE: tl.constexpr = FLAGS.has_gate
+    PER_OP: tl.constexpr = FLAGS.per_op
+    b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
+    s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(
+        tl.int64
+    )
+    rm = s < S
+    da = tl.arange(0, BLOCK_A)[None, :]
+    ma = rm & (da < D)
+    xo = _row(strides.x, b, s)
+    yo = _row(strides.y, b, s)
+    # per-row bases of the modulation rows: stride 0 along S unless per token (TI2V)
+    go = _row(strides.gate, b, s)
+    xa = _vec(x_ptr, xo, da, ma, strides.x[2], True)
+    if RESIDUAL:
+        ya = _vec(y_ptr, yo, da, ma, strides.y[2], True)
+    db = da
+    mb = ma
+    xb = xa
+    if BLOCK_B > 0:
+        db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
+        mb = rm & (db < D)
+        xb = _vec(x_ptr, xo, db, mb, strides.x[2], True)
+        if RESIDUAL:
+            yb = _vec(y_ptr, yo, db, mb, strides.y[2], True)
+    if RESIDUAL:
+        ga = _vec(gate_ptr, go, da, ma, strides.gate[2], HAS_GATE)
+        xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
+        no = _row(strides.xnew, b, s)
+        tl.store(xnew_ptr + no + da * strides.xnew[2], _cast_out(xa, ACT), mask=ma)
+        if BLOCK_B > 0:
+            gbv = _vec(gate_ptr, go, db, mb, strides.gate[2], HAS_GATE)
+            xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
+            tl.store(xnew_ptr + no + db * strides.xnew[2], _cast_out(xb, ACT), mask=mb)
+    na = xa
+    nb = xb
+    if FLAGS.has_out:
+        if FLAGS.norm == LAYER_NORM:
+            tot = tl.sum(xa, 1)
+            if BLOCK_B > 0:
+                tot += tl.sum(xb, 1)
+            mean = (tot / D)[:, None]
+            ca = tl.where(ma, xa - mean, 0.0)
+            q = tl.sum(ca * ca, 1)
+            if BLOCK_B > 0:
+                cb = tl.where(mb, xb - mean, 0.0)
+                q += tl.sum(cb * cb, 1)
+            rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
+            na = ca * rstd
+            if BLOCK_B > 0:
+                nb = cb * rstd
+        elif FLAGS.norm == RMS_NORM:
+            q = tl.sum(xa * xa, 1)
+            if BLOCK_B > 0:
+                q += tl.sum(xb * xb, 1)
+            rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
+            na = xa * rstd
+            if BLOCK_B > 0:
+                nb = xb * rstd
+    return b, s, (na, ma, da), (nb, mb, db)
+
+
+@jit
 def _adaln_tile_kernel(
     x_ptr,
     y_ptr,
@@ -235,71 +326,65 @@ def _adaln_tile_kernel(
     summed in the kernel's own order, so the output is within one rounding of eager code
     (x_new: bitwise)."""
     ACT: tl.constexpr = x_ptr.dtype.element_ty
-    RESIDUAL: tl.constexpr = FLAGS.residual
-    HAS_GATE: tl.constexpr = FLAGS.has_gate
-    PER_OP: tl.constexpr = FLAGS.per_op
-    b = tl.program_id(0 if BATCH_X else 1).to(tl.int64)
-    s = tl.program_id(1 if BATCH_X else 0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None].to(
-        tl.int64
-    )
-    rm = s < S
-    da = tl.arange(0, BLOCK_A)[None, :]
-    ma = rm & (da < D)
-    xo = _row(strides.x, b, s)
-    yo = _row(strides.y, b, s)
-    # per-row bases of the modulation rows: stride 0 along S unless per token (TI2V)
-    go = _row(strides.gate, b, s)
+    ins = (x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr)
+    b, s, pa, pb = _tile(ins, xnew_ptr, S, D, eps, strides, FLAGS, ROWS, BLOCK_A, BLOCK_B, BATCH_X)
+    if FLAGS.has_out:
+        shift = (shift_ptr, _row(strides.shift, b, s), strides.shift[2])
+        scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
+        out = (out_ptr, _row(strides.out, b, s), strides.out[2])
+        _modulate_out(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
+        if BLOCK_B > 0:
+            _modulate_out(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
+
+
+@jit
+def _adaln_fp8_tile_kernel(
+    x_ptr,
+    y_ptr,
+    gate_ptr,
+    shift_ptr,
+    scale_ptr,
+    w_ptr,
+    b_ptr,
+    xnew_ptr,
+    q_ptr,  # the modulated output in e4m3, rows of D (row stride D)
+    qscale_ptr,  # its fp32 scale a row (B * S,)
+    S,
+    D,
+    eps,
+    strides,  # RowStrides (``out``: q's)
+    FLAGS: tl.constexpr,  # AdaLNFlags (has_out)
+    ROWS: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BATCH_X: tl.constexpr = False,
+):
+    """:func:`_adaln_tile_kernel` whose modulated rows, rounded to x's dtype as the 16-bit
+    kernel stores them, are written in float8 e4m3 with one fp32 scale a row: the FP8
+    linear's input (:func:`ditfuse.kernels.linear_fp8._quantize_rows_kernel`'s arithmetic,
+    bitwise that kernel on the 16-bit output). The 16-bit output is never written."""
+    ACT: tl.constexpr = x_ptr.dtype.element_ty
+    ins = (x_ptr, y_ptr, gate_ptr, shift_ptr, scale_ptr, w_ptr, b_ptr)
+    b, s, pa, pb = _tile(ins, xnew_ptr, S, D, eps, strides, FLAGS, ROWS, BLOCK_A, BLOCK_B, BATCH_X)
     shift = (shift_ptr, _row(strides.shift, b, s), strides.shift[2])
     scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
-    xa = _vec(x_ptr, xo, da, ma, strides.x[2], True)
-    if RESIDUAL:
-        ya = _vec(y_ptr, yo, da, ma, strides.y[2], True)
+    va = _rnd(_modulate(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
+    va = tl.where(pa[1], va, 0.0)
+    amax = tl.max(tl.abs(va), 1)
+    nan = tl.max((va != va).to(tl.int32), 1)
+    vb = va
     if BLOCK_B > 0:
-        db = BLOCK_A + tl.arange(0, BLOCK_B)[None, :]
-        mb = rm & (db < D)
-        xb = _vec(x_ptr, xo, db, mb, strides.x[2], True)
-        if RESIDUAL:
-            yb = _vec(y_ptr, yo, db, mb, strides.y[2], True)
-    if RESIDUAL:
-        ga = _vec(gate_ptr, go, da, ma, strides.gate[2], HAS_GATE)
-        xa = _residual(xa, ya, ga, RESIDUAL, HAS_GATE, PER_OP, ACT)
-        no = _row(strides.xnew, b, s)
-        tl.store(xnew_ptr + no + da * strides.xnew[2], _cast_out(xa, ACT), mask=ma)
-        if BLOCK_B > 0:
-            gbv = _vec(gate_ptr, go, db, mb, strides.gate[2], HAS_GATE)
-            xb = _residual(xb, yb, gbv, RESIDUAL, HAS_GATE, PER_OP, ACT)
-            tl.store(xnew_ptr + no + db * strides.xnew[2], _cast_out(xb, ACT), mask=mb)
-    if FLAGS.has_out:
-        if FLAGS.norm == LAYER_NORM:
-            tot = tl.sum(xa, 1)
-            if BLOCK_B > 0:
-                tot += tl.sum(xb, 1)
-            mean = (tot / D)[:, None]
-            ca = tl.where(ma, xa - mean, 0.0)
-            q = tl.sum(ca * ca, 1)
-            if BLOCK_B > 0:
-                cb = tl.where(mb, xb - mean, 0.0)
-                q += tl.sum(cb * cb, 1)
-            rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
-            na = ca * rstd
-            if BLOCK_B > 0:
-                nb = cb * rstd
-        elif FLAGS.norm == RMS_NORM:
-            q = tl.sum(xa * xa, 1)
-            if BLOCK_B > 0:
-                q += tl.sum(xb * xb, 1)
-            rstd = (1.0 / tl.sqrt(q / D + eps))[:, None]
-            na = xa * rstd
-            if BLOCK_B > 0:
-                nb = xb * rstd
-        else:
-            na = xa
-            if BLOCK_B > 0:
-                nb = xb
-        out = (out_ptr, _row(strides.out, b, s), strides.out[2])
-        _modulate_out(na, ma, da, (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
-        if BLOCK_B > 0:
-            _modulate_out(nb, mb, db, (w_ptr, b_ptr), shift, scale, out, FLAGS, ACT)
+        vb = _rnd(_modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
+        vb = tl.where(pb[1], vb, 0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(vb), 1))
+        nan = tl.maximum(nan, tl.max((vb != vb).to(tl.int32), 1))
+    rows = b * S + s  # (ROWS, 1): q's rows and the scales' index
+    has_nan, inv, row_scale = _row_scale(amax[:, None], nan[:, None])
+    tl.store(qscale_ptr + rows, row_scale, mask=s < S)
+    qo = _row(strides.out, b, s)
+    _store_e4m3(q_ptr + qo + pa[2] * strides.out[2], va, inv, has_nan, pa[1])
+    if BLOCK_B > 0:
+        _store_e4m3(q_ptr + qo + pb[2] * strides.out[2], vb, inv, has_nan, pb[1])
 
 
 @jit

@@ -35,10 +35,29 @@ def _load_row(x_ptr, rows, cols, ok, stride_xm, GELU: tl.constexpr):
 
 
 @jit
+def _row_scale(amax, nan):
+    """A row's (has_nan, 448 / amax, amax / 448) from its fp32 ``amax`` and NaN count (any
+    shape): an all-zero row scales by 1, a row holding a NaN gets scale NaN (and zeros)."""
+    has_nan = nan > 0
+    amax = tl.where(has_nan, float("nan"), amax)
+    zero = amax == 0.0
+    e4m3_max = tl.full(amax.shape, E4M3_MAX, tl.float32)
+    inv = tl.where(zero, 1.0, tl.math.div_rn(e4m3_max, tl.where(zero, 1.0, amax)))
+    return has_nan, inv, tl.where(zero, 1.0, tl.math.div_rn(amax, e4m3_max))
+
+
+@jit
+def _store_e4m3(ptrs, x, inv, has_nan, ok):
+    """``x * inv`` (``inv``, ``has_nan``: broadcast along the rows) rounded to e4m3."""
+    y = tl.clamp(x * inv, -E4M3_MAX, E4M3_MAX)
+    y = tl.where(has_nan, 0.0, y)
+    tl.store(ptrs, _cast_e4m3(y), mask=ok)
+
+
+@jit
 def _store_q(q_ptr, x, inv, has_nan, rows, cols, ok, stride_qm):
-    y = tl.clamp(x * inv[:, None], -E4M3_MAX, E4M3_MAX)
-    y = tl.where(has_nan[:, None], 0.0, y)
-    tl.store(q_ptr + rows[:, None] * stride_qm + cols[None, :], _cast_e4m3(y), mask=ok)
+    ptrs = q_ptr + rows[:, None] * stride_qm + cols[None, :]
+    _store_e4m3(ptrs, x, inv[:, None], has_nan[:, None], ok)
 
 
 @jit
@@ -75,12 +94,8 @@ def _quantize_rows_kernel(
             x = _load_row(x_ptr, rows, cols, ok, stride_xm, GELU)
             amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
             nan = tl.maximum(nan, tl.max((x != x).to(tl.int32), axis=1))
-    has_nan = nan > 0
-    amax = tl.where(has_nan, float("nan"), amax)
-    zero = amax == 0.0
-    e4m3_max = tl.full(amax.shape, E4M3_MAX, tl.float32)
-    inv = tl.where(zero, 1.0, tl.math.div_rn(e4m3_max, tl.where(zero, 1.0, amax)))
-    tl.store(scale_ptr + rows, tl.where(zero, 1.0, tl.math.div_rn(amax, e4m3_max)), mask=row_ok)
+    has_nan, inv, row_scale = _row_scale(amax, nan)
+    tl.store(scale_ptr + rows, row_scale, mask=row_ok)
     if CHUNKS == 1:  # the row is still in registers
         _store_q(q_ptr, x, inv, has_nan, rows, cols, ok, stride_qm)
     else:

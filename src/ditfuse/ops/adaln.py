@@ -32,17 +32,21 @@ from ditfuse.kernels.adaln import (
     RMS_NORM,
     AdaLNFlags,
     RowStrides,
+    _adaln_fp8_tile_kernel,
     _adaln_kernel,
     _adaln_tile_kernel,
     _residual_flat_kernel,
 )
 from ditfuse.norms import check_affine
+from ditfuse.ops.linear_fp8 import FP8, Rows8, quantize_rows
 from ditfuse.reference import AdaLNOptions, adaln_reference
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 NORMS = {None: NO_NORM.value, "layer": LAYER_NORM.value, "rms": RMS_NORM.value}
 ROUNDINGS = ("once", "per_op")
+#: ``quantize=`` values: the modulated output as it is, or in e4m3 a token at a time
+QUANTIZE = (None, "fp8")
 #: offsets within a batch entry past which the flat residual kernel computes in int64
 OFF64_AT = 2**31
 #: a CUDA grid's second and third axes hold at most 65535 programs
@@ -263,13 +267,14 @@ def _plan(x, y, gate, shift, scale, o: AdaLNOptions) -> Plan:
     return Plan(x3, y3, g3, sh3, sc3, w, bb, norm, eps, rounding == "per_op")
 
 
-def _launch(p: Plan, xn3, o3, settings=None, flat=True):
+def _launch(p: Plan, xn3, o3, settings=None, flat=True, qscale=None):
     """Launch plan ``p``'s kernel: ``xn3`` the new residual stream (None without ``y``),
     ``o3`` the modulated output (None: the gated residual alone). ``settings``: an
     :class:`AdaLNSettings` instead of ``launch_settings(D)`` (tests of other settings).
     ``flat=False``: the gated residual alone on dense rows through the tile kernel too
     (the same bits; its constexprs do not depend on the token count, as an ahead-of-time
-    build needs)."""
+    build needs). ``qscale``: ``o3`` is e4m3 and ``qscale`` (B * S,) its scales (the tile
+    kernel's FP8 form; rows of up to 8192 channels)."""
     x3 = p.x3
     B, S, D = x3.shape
     if B * S == 0 or D == 0:
@@ -323,8 +328,11 @@ def _launch(p: Plan, xn3, o3, settings=None, flat=True):
     )
     if st.kernel == "tile":
         grid, batch_x = _batch_grid(triton.cdiv(S, st.rows), B)
+        kernel = _adaln_tile_kernel
+        if qscale is not None:
+            kernel, args = _adaln_fp8_tile_kernel, args[:9] + (qscale,) + args[9:]
         fastpath.launch(
-            _adaln_tile_kernel,
+            kernel,
             grid,
             args,
             dict(kw, ROWS=st.rows, BLOCK_A=st.block_a, BLOCK_B=st.block_b, BATCH_X=batch_x),
@@ -441,6 +449,51 @@ def _run(
     return x_new, o
 
 
+def _run_fp8(x, y, gate, shift, scale, opts: AdaLNOptions):
+    """:func:`_run` with the modulated output in e4m3 a token at a time: (x_new or None,
+    :class:`~ditfuse.ops.linear_fp8.Rows8`). One pass (the tile kernel's FP8 form) where the
+    16-bit one is the tile kernel; else (longer rows, the reference off the GPU) the 16-bit
+    output then :func:`~ditfuse.ops.linear_fp8.quantize_rows`: the same bits."""
+    p = _plan(x, y, gate, shift, scale, opts)
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"quantize='fp8' takes a float16 / bfloat16 x, got {x.dtype}")
+    B, S, D = p.x3.shape
+    if not backend.kernel_device_ok(p.x3) or launch_settings(D).kernel != "tile":
+        x_new, o = _run(x, y, gate, shift, scale, opts)
+        q, qs = quantize_rows(o)
+        return x_new, Rows8(q.view(x.shape), qs.view(x.shape[:-1]), x.dtype)
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    qs = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    x_new = _new(x) if y is not None else None
+    slots = _slots(x, y, gate, shift, scale, opts.weight, opts.bias, x_new, q) + (qs,)
+    key = None
+    if fastpath.usable(x):
+        sig = fastpath.sig
+        key = ("fp8", opts.norm, opts.eps, opts.rounding) + tuple(
+            sig(t) for t in (x, y, gate, shift, scale, opts.weight, opts.bias)
+        )
+        replay = _CACHE.get(key)
+        if replay is not None and replay(slots):
+            return x_new, Rows8(q, qs, x.dtype)
+    with fastpath.Recorder() as rec:
+        _launch(
+            p,
+            _rows_view(x_new, "x_new") if x_new is not None else None,
+            _rows_view(q, "q"),
+            qscale=qs,
+        )
+    if key is not None:
+        _CACHE.put(key, rec.replay(slots))
+    return x_new, Rows8(q, qs, x.dtype)
+
+
+def _check_quantize(quantize, inplace=False, out=None):
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be None or 'fp8', got {quantize!r}")
+    if quantize is not None and (inplace or out is not None):
+        raise ValueError("quantize='fp8' writes new tensors: inplace / out are not supported")
+
+
 def _no_grad_check(*ts):
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts):
         raise RuntimeError(
@@ -460,6 +513,7 @@ def adaln_modulate(
     eps=DEFAULTS.eps,
     rounding=DEFAULTS.rounding,
     out=None,
+    quantize=None,
 ):
     r"""Normalise each token and modulate it: ``y = norm(x) * (1 + scale) + shift``.
 
@@ -487,6 +541,11 @@ def adaln_modulate(
         activations and a bf16 temb); shift/scale must then be in x's dtype.
     out : Tensor, optional
         Where to write ``y`` (x's shape and dtype).
+    quantize : {None, "fp8"}
+        ``"fp8"``: return ``y`` as an FP8 linear's input instead, a
+        :class:`~ditfuse.ops.linear_fp8.Rows8` (``q``: e4m3 in x's shape, ``scale``: fp32,
+        one a token), bitwise ``quantize_rows`` of the 16-bit ``y``, which is never written
+        (16-bit x; rows of up to 8192 channels in one pass).
 
     Notes
     -----
@@ -502,7 +561,13 @@ def adaln_modulate(
     ...     y = ditfuse.adaln_modulate(x, shift, scale, norm="layer", eps=1e-6)
     """
     _no_grad_check(x, shift, scale, weight, bias)
+    _check_quantize(quantize, out=out)
     o = AdaLNOptions(norm, weight, bias, eps, rounding)
+    if quantize is not None:
+        if torch.compiler.is_compiling():
+            q, qs = torch.ops.ditfuse.adaln_fp8(x, None, None, shift, scale, *_op_tail(o))
+            return Rows8(q, qs, x.dtype)
+        return _run_fp8(x, None, None, shift, scale, o)[1]
     if torch.compiler.is_compiling():
         return torch.ops.ditfuse.adaln(x, None, None, shift, scale, *_op_tail(o))[0]
     return _run(x, None, None, shift, scale, o, out=out)[1]
@@ -521,6 +586,7 @@ def gated_residual_adaln(
     eps=DEFAULTS.eps,
     rounding=DEFAULTS.rounding,
     inplace=False,
+    quantize=None,
 ):
     r"""The gated residual and the next norm + modulation, in one pass.
 
@@ -542,8 +608,9 @@ def gated_residual_adaln(
         As ``shift`` in :func:`adaln_modulate`.
     inplace : bool
         Write ``x'`` into ``x``.
-    norm, weight, bias, eps, rounding
-        As in :func:`adaln_modulate`.
+    norm, weight, bias, eps, rounding, quantize
+        As in :func:`adaln_modulate` (``quantize="fp8"``: ``modulated`` is a
+        :class:`~ditfuse.ops.linear_fp8.Rows8`; not with ``inplace``).
 
     Returns
     -------
@@ -562,7 +629,13 @@ def gated_residual_adaln(
     if y is None:
         raise ValueError("y (the branch output) is required; use adaln_modulate without it")
     _no_grad_check(x, y, gate, shift, scale, weight, bias)
+    _check_quantize(quantize, inplace=inplace)
     o = AdaLNOptions(norm, weight, bias, eps, rounding)
+    if quantize is not None:
+        if torch.compiler.is_compiling():
+            xn, q, qs = torch.ops.ditfuse.adaln_fp8(x, y, gate, shift, scale, *_op_tail(o))
+            return xn, Rows8(q, qs, x.dtype)
+        return _run_fp8(x, y, gate, shift, scale, o)
     if torch.compiler.is_compiling():
         args = (x, y, gate, shift, scale, *_op_tail(o))
         if inplace:
@@ -695,6 +768,21 @@ def _(x, y, gate, shift, scale, o):
     _plan(x, y, gate, shift, scale, o)
     o = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return [o] if y is None else [torch.empty_like(o), o]
+
+
+@_adaln_op("adaln_fp8", list[torch.Tensor])
+def _modulate_fp8_op(x, y, gate, shift, scale, o):
+    """[q, scale] or, with y, [x_new, q, scale]: the modulated output in e4m3 a token."""
+    xn, r = _run_fp8(x, y, gate, shift, scale, o)
+    return [r.q, r.scale] if xn is None else [xn, r.q, r.scale]
+
+
+@_modulate_fp8_op.register_fake
+def _(x, y, gate, shift, scale, o):
+    _plan(x, y, gate, shift, scale, o)
+    q = torch.empty(x.shape, dtype=FP8, device=x.device)
+    qs = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    return [q, qs] if y is None else [torch.empty_like(x), q, qs]
 
 
 @_adaln_op("gated_residual_adaln_", torch.Tensor, mutates_args=("x",), y=torch.Tensor)

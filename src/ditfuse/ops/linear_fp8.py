@@ -18,7 +18,7 @@ Bytes model of :func:`quantize_rows`: read ``M K`` elements, write ``M K`` bytes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 import triton
@@ -78,6 +78,18 @@ def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
             f"{name}'s leading dimensions must flatten to one row stride (a view), "
             f"got shape {tuple(x.shape)}, strides {tuple(x.stride())}"
         ) from None
+
+
+class Rows8(NamedTuple):
+    """A 16-bit activation as an FP8 linear takes it, quantized a token at a time by the kernel
+    that produced it (``adaln_modulate(..., quantize="fp8")``): ``q`` e4m3 in the activation's
+    shape (..., K), contiguous; ``scale`` fp32 (...), one a token; ``dtype`` the activation's
+    (the linear's output dtype). The pair is what :func:`quantize_rows` makes of the 16-bit
+    activation, bitwise."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
 
 
 _CACHE = fastpath.Cache()
@@ -193,7 +205,7 @@ def fp8_gemm_ok(device: torch.device) -> bool:
 
 
 def linear_fp8(
-    x: torch.Tensor,
+    x: Union[torch.Tensor, Rows8],
     w_q: torch.Tensor,
     w_scale: torch.Tensor,
     bias: Optional[torch.Tensor] = None,
@@ -206,7 +218,8 @@ def linear_fp8(
 
     Parameters
     ----------
-    x : torch.Tensor, shape (..., K), float16 / bfloat16
+    x : torch.Tensor, shape (..., K), float16 / bfloat16, or :class:`Rows8`
+        a :class:`Rows8`: already quantized (by the kernel before), used as it is
     w_q : torch.Tensor, shape (N, K), float8_e4m3fn, row-major
     w_scale : torch.Tensor, shape (N,), float32
     bias : torch.Tensor, shape (N,), optional, x's dtype
@@ -227,8 +240,13 @@ def linear_fp8(
     N, K = w_q.shape
     if not w_q.is_contiguous():
         raise ValueError("w_q must be contiguous (N, K) (row-major)")
-    if x.dtype not in (torch.float16, torch.bfloat16):
+    rows8 = x if isinstance(x, Rows8) else None
+    if rows8 is not None:
+        _check_rows8(rows8, activation)
+        x = rows8.q
+    elif x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"x must be float16 or bfloat16 for the FP8 GEMM, got {x.dtype}")
+    out_dtype = x.dtype if rows8 is None else rows8.dtype
     if x.shape[-1] != K:
         raise ValueError(f"x's last dimension ({x.shape[-1]}) must equal w_q's in_features ({K})")
     if K % DIM_MULTIPLE or N % DIM_MULTIPLE:
@@ -245,9 +263,9 @@ def linear_fp8(
             f"w_scale must be float32 of shape ({N},), got "
             f"{getattr(w_scale, 'dtype', None)} {tuple(getattr(w_scale, 'shape', ()))}"
         )
-    if bias is not None and (bias.dtype != x.dtype or tuple(bias.shape) != (N,)):
+    if bias is not None and (bias.dtype != out_dtype or tuple(bias.shape) != (N,)):
         raise ValueError(
-            f"bias must be {x.dtype} of shape ({N},), got {bias.dtype} {tuple(bias.shape)}"
+            f"bias must be {out_dtype} of shape ({N},), got {bias.dtype} {tuple(bias.shape)}"
         )
     for name, t in (("w_q", w_q), ("w_scale", w_scale), ("bias", bias)):
         if t is not None and t.device != x.device:
@@ -259,17 +277,40 @@ def linear_fp8(
             else f"a {x.device.type} device"
         )
         raise RuntimeError(f"the FP8 GEMM needs an sm_89+ GPU or the CPU; {x.device} is {what}")
-    q, s = quantize_rows(x, activation=activation)
+    if rows8 is None:
+        q, s = quantize_rows(x, activation=activation)
+    else:
+        q, s = rows8.q.view(-1, K), rows8.scale.reshape(-1)
     y = torch._scaled_mm(
         q,
         w_q.t(),
         scale_a=s[:, None],
         scale_b=w_scale[None, :],
         bias=bias,
-        out_dtype=x.dtype,
+        out_dtype=out_dtype,
         use_fast_accum=True,
     )
     return y.view(*x.shape[:-1], N)
+
+
+def _check_rows8(r: Rows8, activation) -> None:
+    if activation is not None:
+        raise ValueError("activation applies to a 16-bit x; a Rows8 is already quantized")
+    if r.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"x.dtype (a Rows8's) must be float16 or bfloat16, got {r.dtype}")
+    if not isinstance(r.q, torch.Tensor) or r.q.dtype != FP8 or not r.q.is_contiguous():
+        raise TypeError("x.q (a Rows8's) must be a contiguous float8_e4m3fn tensor")
+    if (
+        not isinstance(r.scale, torch.Tensor)
+        or r.scale.dtype != torch.float32
+        or tuple(r.scale.shape) != tuple(r.q.shape[:-1])
+        or r.scale.device != r.q.device
+    ):
+        raise ValueError(
+            f"x.scale (a Rows8's) must be float32 of shape {tuple(r.q.shape[:-1])} on "
+            f"{r.q.device}, got {getattr(r.scale, 'dtype', None)} "
+            f"{tuple(getattr(r.scale, 'shape', ()))}"
+        )
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,160 @@
+"""AdaLN with an FP8 output (``adaln_modulate(..., quantize="fp8")``,
+``gated_residual_adaln(..., quantize="fp8")``): the e4m3 rows and scales bitwise
+``quantize_rows`` of the 16-bit output, the new residual stream bitwise the 16-bit call's, at
+model widths and awkward ones, per-token modulation, affine norms, rounding per op, zero and NaN
+rows, the long-row fallback; the FP8 linear on the result bitwise the linear on the 16-bit
+output; the op under torch.compile; bad arguments rejected by name."""
+
+import pytest
+import torch
+
+import ditfuse
+from ditfuse.ops.adaln import adaln_modulate, gated_residual_adaln
+from ditfuse.ops.linear_fp8 import Rows8, linear_fp8, quantize_rows, quantize_weight
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _same_rows8(r, ref16):
+    """``r`` (a Rows8) bitwise ``quantize_rows(ref16)``; the scales' NaN rows equal too."""
+    q, s = quantize_rows(ref16)
+    assert isinstance(r, Rows8) and r.dtype == ref16.dtype
+    assert r.q.dtype == torch.float8_e4m3fn and r.q.shape == ref16.shape and r.q.is_contiguous()
+    assert r.scale.dtype == torch.float32 and r.scale.shape == ref16.shape[:-1]
+    assert torch.equal(r.q.reshape(-1, q.shape[-1]).view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(r.scale.reshape(-1).nan_to_num(-1.0), s.nan_to_num(-1.0))
+
+
+def _poisoned_rows(B, S, D, dtype, g):
+    x = (torch.randn(B, S, D, generator=g) * 3 + 0.5).to(dtype).to(DEV)
+    return x
+
+
+@pytest.mark.parametrize("D", [5120, 3072, 6144, 200, 48, 9000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_modulate_fp8_bitwise(D, dtype):
+    g = torch.Generator().manual_seed(D)
+    B, S = 2, 5 if D > 8192 else 19
+    x = _poisoned_rows(B, S, D, dtype, g)
+    x[0, 3] = 1.25  # a constant row normalizes to zeros: with shift 0, an all-zero row
+    x[1, 2, D // 3] = float("nan")  # a NaN row: scale NaN, zeros
+    temb = torch.randn(B, 6, D, generator=g).to(DEV)
+    shift, scale = temb[:, 0], temb[:, 1]
+    shift[0] = 0.0
+    r = adaln_modulate(x, shift, scale, norm="layer", eps=1e-6, quantize="fp8")
+    _same_rows8(r, adaln_modulate(x, shift, scale, norm="layer", eps=1e-6))
+    assert (r.scale[0, 3] == 1.0).item() and torch.isnan(r.scale[1, 2]).item()
+
+
+@pytest.mark.parametrize(
+    "case", ["rms_affine", "per_token", "per_op", "two_d", "no_mod", "strided_x"]
+)
+def test_modulate_fp8_forms(case):
+    g = torch.Generator().manual_seed(len(case))
+    dtype, B, S, D = torch.bfloat16, 2, 13, 320
+    x = _poisoned_rows(B, S, D, dtype, g)
+    kw = dict(norm="layer", eps=1e-6)
+    shift = torch.randn(B, D, generator=g).to(DEV)
+    scale = torch.randn(B, D, generator=g).to(DEV)
+    if case == "rms_affine":
+        kw = dict(
+            norm="rms",
+            eps=1e-5,
+            weight=torch.randn(D, generator=g).to(dtype).to(DEV),
+            bias=torch.randn(D, generator=g).to(dtype).to(DEV),
+        )
+    elif case == "per_token":
+        shift = torch.randn(B, S, D, generator=g).to(DEV)
+        scale = torch.randn(B, S, D, generator=g).to(DEV)
+    elif case == "per_op":
+        shift, scale = shift.to(dtype), scale.to(dtype)
+        kw["rounding"] = "per_op"
+    elif case == "two_d":
+        x = x[:, 0]
+    elif case == "no_mod":
+        shift = scale = None
+    elif case == "strided_x":
+        x = _poisoned_rows(B, S, 2 * D, dtype, g)[..., ::2]
+    r = adaln_modulate(x, shift, scale, quantize="fp8", **kw)
+    _same_rows8(r, adaln_modulate(x, shift, scale, **kw))
+
+
+@pytest.mark.parametrize("D", [5120, 200])
+def test_gated_residual_adaln_fp8(D):
+    g = torch.Generator().manual_seed(D + 1)
+    dtype, B, S = torch.bfloat16, 2, 11
+    x = _poisoned_rows(B, S, D, dtype, g)
+    y = torch.randn(B, S, D, generator=g).to(DEV)
+    gate, shift, scale = (torch.randn(B, D, generator=g).to(DEV) for _ in range(3))
+    xn, r = gated_residual_adaln(x, y, gate, shift, scale, norm="layer", eps=1e-6, quantize="fp8")
+    xn16, m16 = gated_residual_adaln(x, y, gate, shift, scale, norm="layer", eps=1e-6)
+    assert torch.equal(xn, xn16)
+    _same_rows8(r, m16)
+    # a second call of the same signature (replayed launches) on other data
+    x2 = _poisoned_rows(B, S, D, dtype, g)
+    xn2, r2 = gated_residual_adaln(
+        x2, y, gate, shift, scale, norm="layer", eps=1e-6, quantize="fp8"
+    )
+    xn2_16, m2_16 = gated_residual_adaln(x2, y, gate, shift, scale, norm="layer", eps=1e-6)
+    assert torch.equal(xn2, xn2_16)
+    _same_rows8(r2, m2_16)
+
+
+def test_linear_on_rows8_is_the_linear_on_16_bits():
+    g = torch.Generator().manual_seed(3)
+    B, S, D, N = 2, 9, 256, 96
+    x = _poisoned_rows(B, S, D, torch.bfloat16, g)
+    shift, scale = (torch.randn(B, D, generator=g).to(DEV) for _ in range(2))
+    w = (torch.randn(N, D, generator=g) / 16).bfloat16().to(DEV)
+    bias = torch.randn(N, generator=g).bfloat16().to(DEV)
+    wq, ws = quantize_weight(w)
+    r = adaln_modulate(x, shift, scale, norm="layer", eps=1e-6, quantize="fp8")
+    y8 = linear_fp8(r, wq, ws, bias)
+    y16 = linear_fp8(adaln_modulate(x, shift, scale, norm="layer", eps=1e-6), wq, ws, bias)
+    assert y8.dtype == torch.bfloat16 and y8.shape == (B, S, N)
+    assert torch.equal(y8, y16)
+
+
+def test_fp8_op_under_compile():
+    g = torch.Generator().manual_seed(5)
+    B, S, D = 1, 7, 128
+    x = _poisoned_rows(B, S, D, torch.bfloat16, g)
+    y = torch.randn(B, S, D, generator=g).to(DEV)
+    gate, shift, scale = (torch.randn(B, D, generator=g).to(DEV) for _ in range(3))
+
+    def f(x, y):
+        xn, r = gated_residual_adaln(x, y, gate, shift, scale, norm="layer", quantize="fp8")
+        r2 = adaln_modulate(xn, shift, scale, norm="layer", quantize="fp8")
+        return xn, r.q, r.scale, r2.q, r2.scale
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x, y)
+    want = f(x, y)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(
+            a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+            b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b,
+        )
+
+
+def test_fp8_bad_arguments():
+    x = torch.randn(1, 4, 64).bfloat16().to(DEV)
+    s = torch.randn(1, 64).to(DEV)
+    with pytest.raises(ValueError, match="quantize must be None or 'fp8'"):
+        adaln_modulate(x, s, s, quantize="int8")
+    with pytest.raises(ValueError, match="inplace / out"):
+        adaln_modulate(x, s, s, quantize="fp8", out=torch.empty_like(x))
+    with pytest.raises(ValueError, match="inplace / out"):
+        gated_residual_adaln(x, x, s, s, s, quantize="fp8", inplace=True)
+    with pytest.raises(TypeError, match="float16 / bfloat16 x"):
+        adaln_modulate(x.float(), s, s, quantize="fp8")
+    r = adaln_modulate(x, s, s, quantize="fp8")
+    wq, ws = quantize_weight(torch.randn(32, 64).bfloat16().to(DEV))
+    with pytest.raises(ValueError, match="activation applies to a 16-bit x"):
+        linear_fp8(r, wq, ws, activation="gelu_tanh")
+    with pytest.raises(ValueError, match="x.scale"):
+        linear_fp8(Rows8(r.q, r.scale[:, :2], r.dtype), wq, ws)
+    with pytest.raises(TypeError, match="x.q"):
+        linear_fp8(Rows8(r.q.float(), r.scale, r.dtype), wq, ws)
+    assert ditfuse.adaln_modulate is adaln_modulate
