@@ -123,6 +123,64 @@ def test_linear_fp8_with_all_fusions():
         assert torch.equal(model(**kw)[0], ref)
 
 
+@pytest.mark.parametrize("attention", [True, "fp8"])
+def test_wan_blocks_hand_rows8(attention, monkeypatch):
+    """Wan's fused block forward writes the self-attention's and the FFN's inputs in e4m3 from
+    the AdaLN kernel (``quantize="fp8"``, taken by every block): the model's output bitwise
+    what it is when the FP8 linears quantize those inputs themselves."""
+    from ditfuse.patching import wan
+
+    _, make, inputs, _ = _CASES["wan-t2v"]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ditfuse.patch(model, attention=attention, linear="fp8")
+    quantized = []
+    real_mod, real_gra = wan.adaln_modulate, wan.gated_residual_adaln
+
+    def mod(*a, quantize=None, **k):
+        quantized.append(("norm1", quantize))
+        return real_mod(*a, quantize=quantize, **k)
+
+    def gra(*a, quantize=None, **k):
+        quantized.append(("norm", quantize))
+        return real_gra(*a, quantize=quantize, **k)
+
+    monkeypatch.setattr(wan, "adaln_modulate", mod)
+    monkeypatch.setattr(wan, "gated_residual_adaln", gra)
+    with torch.no_grad():
+        fused = model(**kw)[0]
+    n_blocks = len(model.blocks)
+    assert quantized.count(("norm1", "fp8")) == n_blocks, quantized
+    assert quantized.count(("norm", "fp8")) == n_blocks, quantized  # the FFN's input
+    monkeypatch.setattr(wan, "rows8_ok", lambda attn, x: False)
+    monkeypatch.setattr(wan, "ffn_takes_rows8", lambda ffn: False)
+    quantized.clear()
+    with torch.no_grad():
+        separate = model(**kw)[0]
+    assert ("norm1", "fp8") not in quantized and ("norm", "fp8") not in quantized
+    assert torch.equal(fused, separate)
+
+
+def test_rows8_not_handed_past_hooks():
+    """A forward pre-hook on the self-attention (it would see the e4m3 rows) or a block linear
+    in 16 bits keeps the 16-bit input."""
+    from ditfuse.patching import wan
+
+    _, make, inputs, _ = _CASES["wan-t2v"]
+    model = to_dtype(make(), torch.bfloat16)
+    ditfuse.patch(model, linear="fp8")
+    attn = model.blocks[0].attn1
+    x = torch.empty(1, 1, attn.to_qkv.in_features, dtype=torch.bfloat16)
+    assert wan.rows8_ok(attn, x)
+    assert not wan.rows8_ok(attn, x.float())
+    h = attn.register_forward_pre_hook(lambda m, a: None)
+    assert not wan.rows8_ok(attn, x)
+    h.remove()
+    model2 = to_dtype(make(), torch.bfloat16)
+    ditfuse.patch(model2, linear="fp8", linear_exclude=("*to_q*", "*norm*"))
+    assert not wan.rows8_ok(model2.blocks[0].attn1, x)
+
+
 def test_patch_twice_and_exclude():
     _, make, _, _ = _CASES["flux1"]
     model = to_dtype(make(), torch.bfloat16)

@@ -34,8 +34,14 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
-from ditfuse.ops.linear_fp8 import DIM_MULTIPLE, fp8_gemm_ok, linear_fp8, quantize_weight
-from ditfuse.patching.common import _PATCHED_FWD, PatchReport
+from ditfuse.ops.linear_fp8 import (
+    DIM_MULTIPLE,
+    Rows8,
+    fp8_gemm_ok,
+    linear_fp8,
+    quantize_weight,
+)
+from ditfuse.patching.common import _PATCHED_FWD, PatchReport, hooked
 
 LINEAR_FP8 = "fp8"
 #: Name patterns (fnmatch, relative to the model) of block linears kept in 16 bits.
@@ -79,7 +85,11 @@ def _why_not(module: torch.nn.Linear) -> Optional[str]:
     return None
 
 
-def _fp8_forward(self, x: torch.Tensor) -> torch.Tensor:
+def _fp8_forward(self, x) -> torch.Tensor:
+    if isinstance(x, Rows8):  # quantized by the kernel before (takes_rows8)
+        if x.dtype != self.weight.dtype:
+            raise TypeError(f"FP8 linear of a {self.weight.dtype} model got {x.dtype} input")
+        return linear_fp8(x, self._ditfuse_w8, self._ditfuse_w8_scale, self.bias)
     if torch.is_grad_enabled() and x.requires_grad:
         raise RuntimeError(
             "ditfuse FP8 linears are inference-only: call the model under "
@@ -225,6 +235,28 @@ def patch_linears(
             report.lines.append(
                 f"  {name}: GELU + the output projection's quantization in one pass"
             )
+
+
+def is_fp8(linear) -> bool:
+    """Whether ``linear`` is a patched FP8 linear whose forward takes a :class:`Rows8`."""
+    return (
+        isinstance(linear, torch.nn.Linear)
+        and "_ditfuse_w8" in linear._buffers
+        and linear.__dict__.get("forward") is not None
+        and not hooked(linear)
+        and not linear._forward_pre_hooks
+    )
+
+
+def ffn_takes_rows8(ffn) -> bool:
+    """Whether FeedForward ``ffn`` runs the GELU-fused FP8 forward, whose input goes to its FP8
+    input projection alone: the kernel before it may hand it a :class:`Rows8`."""
+    return (
+        ffn.__dict__.get(_FFN, False)
+        and not hooked(ffn)
+        and not ffn._forward_pre_hooks
+        and is_fp8(ffn.net[0].proj)
+    )
 
 
 def _match(name: str, patterns) -> str:

@@ -11,6 +11,7 @@ import torch
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.patching import common
+from ditfuse.patching.linear_fp8 import ffn_takes_rows8, is_fp8
 
 
 def _wan_cos(t):
@@ -126,6 +127,10 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         base = tw.WanAttnProcessor
 
     class DitfuseWanAttnProcessor(common.FusedProcessor, base):
+        #: its self-attention input reaches only the Q / K / V projections (here and in the
+        #: base processor): an FP8 model's block may hand it quantized (``rows8_ok``)
+        _rows8_input = not skyreels
+
         """WanAttnProcessor (or a copy of it, or SkyReelsV2AttnProcessor) with QK-norm
         (across heads) + RoPE fused into one kernel, and the I2V ``norm_added_k`` through the
         same kernel.
@@ -260,9 +265,27 @@ def _skyreels_block_forward(
     return _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask)
 
 
+def rows8_ok(attn, x) -> bool:
+    """Whether self-attention ``attn`` may take its input as the AdaLN kernel's e4m3 rows
+    (:class:`~ditfuse.ops.linear_fp8.Rows8`): its processor is ditfuse's Wan processor
+    (which hands the input to the Q / K / V projections alone), without a context-parallel
+    config or hooks, and every projection that reads it is an FP8 linear of x's dtype."""
+    proc = attn.processor
+    names = ("to_qkv",) if getattr(attn, "fused_projections", False) else ("to_q", "to_k", "to_v")
+    return (
+        getattr(proc, "_rows8_input", False)
+        and getattr(proc, "_parallel_config", None) is None
+        and not common.hooked(attn)
+        and not attn._forward_pre_hooks
+        and all(is_fp8(getattr(attn, n, None)) for n in names)
+        and getattr(attn, names[0]).weight.dtype == x.dtype
+    )
+
+
 def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask):
     """The block's arithmetic after its modulation ``mods`` (shift, scale, gate, and the
-    FFN's three), with the AdaLN kernels."""
+    FFN's three), with the AdaLN kernels; the self-attention's and the FFN's inputs in e4m3
+    where FP8 linears read them alone (``rows8_ok``, ``ffn_takes_rows8``)."""
     return wan_chain(
         hidden_states,
         mods,
@@ -272,18 +295,37 @@ def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attenti
         lambda n: self.attn1(n, None, attention_mask, rotary_emb),
         lambda n: self.attn2(n, encoder_hidden_states, None, None),
         self.ffn,
+        quantize=(
+            rows8_ok(self.attn1, hidden_states),
+            ffn_takes_rows8(self.ffn) and self.ffn.net[0].proj.weight.dtype == hidden_states.dtype,
+        ),
     )
 
 
-def wan_chain(hidden_states, mods, norm1, cross_norm, ffn_norm, self_attn, cross_attn, ffn):
+def wan_chain(
+    hidden_states,
+    mods,
+    norm1,
+    cross_norm,
+    ffn_norm,
+    self_attn,
+    cross_attn,
+    ffn,
+    quantize=(False, False),
+):
     """Wan's block arithmetic after its modulation ``mods`` (shift, scale, gate and the
     FFN's three; fp32), with the AdaLN kernels: ``norm1`` (affine-free) + modulate ->
     ``self_attn``; the gated residual + ``cross_norm`` (affine, or Identity) ->
     ``cross_attn``; the residual + ``ffn_norm`` (affine-free) + modulate -> ``ffn``; the
     FFN's gated residual. Shared by the blocks of the Wan family, whose norms are named
-    differently (Wan: norm1 / norm2 / norm3; Wan-Animate-2: norm1 / norm3 / norm2)."""
+    differently (Wan: norm1 / norm2 / norm3; Wan-Animate-2: norm1 / norm3 / norm2).
+    ``quantize``: (self-attention, FFN) -- hand that branch its input as e4m3 rows with a scale
+    a token (``quantize="fp8"``), for FP8 linears that read it alone."""
     shift, scale, gate, c_shift, c_scale, c_gate = mods
-    norm_hidden_states = adaln_modulate(hidden_states, shift, scale, norm="layer", eps=norm1.eps)
+    q_attn, q_ffn = ("fp8" if q else None for q in quantize)
+    norm_hidden_states = adaln_modulate(
+        hidden_states, shift, scale, norm="layer", eps=norm1.eps, quantize=q_attn
+    )
     attn_output = self_attn(norm_hidden_states)
     if isinstance(cross_norm, torch.nn.Identity):
         hidden_states = (hidden_states.float() + attn_output * gate).type_as(hidden_states)
@@ -300,7 +342,14 @@ def wan_chain(hidden_states, mods, norm1, cross_norm, ffn_norm, self_attn, cross
         )
     attn_output = cross_attn(norm_hidden_states)
     hidden_states, norm_hidden_states = gated_residual_adaln(
-        hidden_states, attn_output, None, c_shift, c_scale, norm="layer", eps=ffn_norm.eps
+        hidden_states,
+        attn_output,
+        None,
+        c_shift,
+        c_scale,
+        norm="layer",
+        eps=ffn_norm.eps,
+        quantize=q_ffn,
     )
     return gated_residual(hidden_states, ffn(norm_hidden_states), c_gate)
 
