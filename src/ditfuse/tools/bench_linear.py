@@ -12,6 +12,10 @@ each the CUDA-graph time of one call (L2 flushed before every replay):
   ceiling: it reads 2 and writes 1 byte an element);
 - at an FFN's output projection (``gelu`` shapes) ``bf16-gelu`` (the GELU as the model runs it
   plus the linear) against ``ditfuse-fp8-gelu`` (the GELU in the quantizing pass);
+- at a linear whose input is an AdaLN modulation's output (``adaln`` shapes: Wan's fused
+  Q / K / V and FFN input) ``bf16-adaln`` (ditfuse's 16-bit AdaLN kernel plus the linear)
+  against ``ditfuse-fp8-adaln`` (the AdaLN kernel writing the e4m3 rows and their scales,
+  ``quantize="fp8"``, plus the GEMM): the layer as the patched Wan block runs it;
 - ``torchao``: torchao's ``Float8DynamicActivationFloat8WeightConfig(PerRow())`` on an
   ``nn.Linear``, under ``torch.compile`` (the peer users have; a note where not installed).
 
@@ -40,6 +44,7 @@ class LinearShape:
     K: int  # in_features
     N: int  # out_features
     gelu: bool = False  # the FFN's output projection: its input is a tanh GELU's output
+    adaln: bool = False  # its input is an AdaLN modulation's output (LayerNorm, shift, scale)
 
     def small(self, M: int = 32) -> "LinearShape":
         return replace(self, M=min(M, self.M), K=min(self.K, 256), N=min(self.N, 128))
@@ -60,8 +65,11 @@ def _wan14b_linears(res: str, M: int) -> list:
             M,
             5120,
             3 * 5120,
+            adaln=True,
         ),
-        LinearShape(f"wan14b-{res}-ffn-in", f"Wan2.x 14B {res}: FFN in", M, 5120, 13824),
+        LinearShape(
+            f"wan14b-{res}-ffn-in", f"Wan2.x 14B {res}: FFN in", M, 5120, 13824, adaln=True
+        ),
         LinearShape(f"wan14b-{res}-ffn-out", f"Wan2.x 14B {res}: FFN out", M, 13824, 5120, True),
     ]
 
@@ -89,6 +97,8 @@ LINEAR_IMPLS = (
     "quantize",
     "bf16-gelu",
     "ditfuse-fp8-gelu",
+    "bf16-adaln",
+    "ditfuse-fp8-adaln",
     "torchao",
 )
 
@@ -208,6 +218,8 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                     base=us16,
                     note="GELU in the quantizing pass; against bf16-gelu",
                 )
+        if shape.adaln and ("bf16-adaln" in impls or "ditfuse-fp8-adaln" in impls):
+            _adaln_rows(x, w, b, wq, ws, impls, timer, row)
         if "torchao" in impls and device != "cpu":
             try:
                 lin = _torchao_linear(w, b)
@@ -220,3 +232,38 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 )
             except Exception as e:  # noqa: BLE001 -- a row saying why, the others still run
                 row("torchao", nan, note=f"unavailable: {type(e).__name__}: {str(e)[:120]}")
+
+
+def _adaln_rows(x, w, b, wq, ws, impls, timer, row):
+    """The ``bf16-adaln`` / ``ditfuse-fp8-adaln`` rows: Wan's norm + modulation of ``x`` (one
+    batch entry, fp32 shift and scale) before the linear."""
+    from ditfuse.ops.adaln import adaln_modulate
+    from ditfuse.ops.linear_fp8 import linear_fp8
+
+    g = torch.Generator(device="cpu").manual_seed(1)
+    shift, scale = (torch.randn(1, x.shape[1], generator=g).to(x.device) for _ in range(2))
+    x3 = x[None]
+
+    def mod(**kw):
+        return adaln_modulate(x3, shift, scale, norm="layer", eps=1e-6, **kw)
+
+    ref_a = F.linear(mod()[0].double(), w.double(), b.double())
+    us16 = timer(lambda: F.linear(mod(), w, b))
+    if "bf16-adaln" in impls:
+        row(
+            "bf16-adaln",
+            us16,
+            base=us16,
+            note="ditfuse AdaLN (16-bit output) + cuBLAS F.linear (x_bf16 of the "
+            "ditfuse-fp8-adaln row against this one)",
+        )
+    if "ditfuse-fp8-adaln" in impls:
+        row(
+            "ditfuse-fp8-adaln",
+            timer(lambda: linear_fp8(mod(quantize="fp8"), wq, ws, b)),
+            linear_fp8(mod(quantize="fp8"), wq, ws, b)[0],
+            against=ref_a,
+            base=us16,
+            note="AdaLN writes the e4m3 rows + scales (quantize='fp8'), then the GEMM; "
+            "against bf16-adaln",
+        )
