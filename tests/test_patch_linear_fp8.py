@@ -162,8 +162,8 @@ def test_wan_blocks_hand_rows8(attention, monkeypatch):
 
 
 def test_rows8_not_handed_past_hooks():
-    """A forward pre-hook on the self-attention (it would see the e4m3 rows) or a block linear
-    in 16 bits keeps the 16-bit input."""
+    """A hook on the self-attention or its projection (it would see the e4m3 rows) or a block
+    linear in 16 bits keeps the 16-bit input."""
     from ditfuse.patching import wan
 
     _, make, inputs, _ = _CASES["wan-t2v"]
@@ -173,9 +173,11 @@ def test_rows8_not_handed_past_hooks():
     x = torch.empty(1, 1, attn.to_qkv.in_features, dtype=torch.bfloat16)
     assert wan.rows8_ok(attn, x)
     assert not wan.rows8_ok(attn, x.float())
-    h = attn.register_forward_pre_hook(lambda m, a: None)
-    assert not wan.rows8_ok(attn, x)
-    h.remove()
+    for hook in (attn.register_forward_pre_hook, attn.to_qkv.register_forward_hook):
+        h = hook(lambda *a: None)
+        assert not wan.rows8_ok(attn, x)
+        h.remove()
+    assert wan.rows8_ok(attn, x)
     model2 = to_dtype(make(), torch.bfloat16)
     ditfuse.patch(model2, linear="fp8", linear_exclude=("*to_q*", "*norm*"))
     assert not wan.rows8_ok(model2.blocks[0].attn1, x)

@@ -237,26 +237,28 @@ def patch_linears(
             )
 
 
+def unhooked(module) -> bool:
+    """No hook sees ``module``'s input: none of torch's (pre- or post-forward) and none of
+    diffusers' or accelerate's (``common.hooked``). A hook would be handed a :class:`Rows8`
+    where it expects the 16-bit activation."""
+    return not (hooked(module) or module._forward_pre_hooks or module._forward_hooks)
+
+
 def is_fp8(linear) -> bool:
-    """Whether ``linear`` is a patched FP8 linear whose forward takes a :class:`Rows8`."""
+    """Whether ``linear`` is a patched FP8 linear whose forward takes a :class:`Rows8`, with
+    no hook on it."""
     return (
         isinstance(linear, torch.nn.Linear)
         and "_ditfuse_w8" in linear._buffers
         and linear.__dict__.get("forward") is not None
-        and not hooked(linear)
-        and not linear._forward_pre_hooks
+        and unhooked(linear)
     )
 
 
 def ffn_takes_rows8(ffn) -> bool:
     """Whether FeedForward ``ffn`` runs the GELU-fused FP8 forward, whose input goes to its FP8
     input projection alone: the kernel before it may hand it a :class:`Rows8`."""
-    return (
-        ffn.__dict__.get(_FFN, False)
-        and not hooked(ffn)
-        and not ffn._forward_pre_hooks
-        and is_fp8(ffn.net[0].proj)
-    )
+    return ffn.__dict__.get(_FFN, False) and unhooked(ffn) and is_fp8(ffn.net[0].proj)
 
 
 def _match(name: str, patterns) -> str:

@@ -11,7 +11,7 @@ import torch
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.patching import common
-from ditfuse.patching.linear_fp8 import ffn_takes_rows8, is_fp8
+from ditfuse.patching.linear_fp8 import ffn_takes_rows8, is_fp8, unhooked
 
 
 def _wan_cos(t):
@@ -275,8 +275,7 @@ def rows8_ok(attn, x) -> bool:
     return (
         getattr(proc, "_rows8_input", False)
         and getattr(proc, "_parallel_config", None) is None
-        and not common.hooked(attn)
-        and not attn._forward_pre_hooks
+        and unhooked(attn)
         and all(is_fp8(getattr(attn, n, None)) for n in names)
         and getattr(attn, names[0]).weight.dtype == x.dtype
     )
