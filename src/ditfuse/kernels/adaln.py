@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import triton.language as tl
 
-from ditfuse.kernels.element import _cast_out, _rnd
+from ditfuse.kernels.element import _cast_out, _rnd, _rnd_pairs
 from ditfuse.kernels.linear_fp8 import _row_scale, _store_e4m3
 from ditfuse.runtime.backend import jit
 
@@ -338,6 +338,14 @@ def _adaln_tile_kernel(
 
 
 @jit
+def _runs_of_8(d):
+    """The channels ``d``, seen by the compiler as runs of 8 contiguous ones: the e4m3 store
+    then takes the 16-bit loads' layout (8 elements a thread) instead of 16 bytes a thread,
+    which would move every row through shared memory to change layouts."""
+    return (d // 8) * 8 + d % 8
+
+
+@jit
 def _adaln_fp8_tile_kernel(
     x_ptr,
     y_ptr,
@@ -368,23 +376,27 @@ def _adaln_fp8_tile_kernel(
     b, s, pa, pb = _tile(ins, xnew_ptr, S, D, eps, strides, FLAGS, ROWS, BLOCK_A, BLOCK_B, BATCH_X)
     shift = (shift_ptr, _row(strides.shift, b, s), strides.shift[2])
     scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
-    va = _rnd(_modulate(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
+    va = _rnd_pairs(_modulate(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
     va = tl.where(pa[1], va, 0.0)
-    amax = tl.max(tl.abs(va), 1)
-    nan = tl.max((va != va).to(tl.int32), 1)
+    # |v| as int32 bits: one integer max a row finds the amax and any NaN (whose bits lie
+    # above +inf's), one cross-warp reduction a piece
+    top = tl.max(tl.abs(va).to(tl.int32, bitcast=True), 1)
     vb = va
     if BLOCK_B > 0:
-        vb = _rnd(_modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
+        vb = _rnd_pairs(
+            _modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT
+        )
         vb = tl.where(pb[1], vb, 0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(vb), 1))
-        nan = tl.maximum(nan, tl.max((vb != vb).to(tl.int32), 1))
+        top = tl.maximum(top, tl.max(tl.abs(vb).to(tl.int32, bitcast=True), 1))
+    nan = (top > 0x7F800000).to(tl.int32)
+    amax = tl.where(nan > 0, 0.0, top.to(tl.float32, bitcast=True))
     rows = b * S + s  # (ROWS, 1): q's rows and the scales' index
     has_nan, inv, row_scale = _row_scale(amax[:, None], nan[:, None])
     tl.store(qscale_ptr + rows, row_scale, mask=s < S)
     qo = _row(strides.out, b, s)
-    _store_e4m3(q_ptr + qo + pa[2] * strides.out[2], va, inv, has_nan, pa[1])
+    _store_e4m3(q_ptr + qo + _runs_of_8(pa[2]) * strides.out[2], va, inv, has_nan, pa[1])
     if BLOCK_B > 0:
-        _store_e4m3(q_ptr + qo + pb[2] * strides.out[2], vb, inv, has_nan, pb[1])
+        _store_e4m3(q_ptr + qo + _runs_of_8(pb[2]) * strides.out[2], vb, inv, has_nan, pb[1])
 
 
 @jit

@@ -321,7 +321,10 @@ def _consumer_1(cargs):
     _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG=1)
 
 
-@gluon.jit
+# S_kv not specialized: Triton compiles an integer argument equal to 1 as a constant, and that
+# build (the key loops folded away) gave NaN / wrong rows at one key (H100, Triton 3.6; the
+# design note); the general build is right there
+@gluon.jit(do_not_specialize=["S_kv"])
 def _attention_8bit_ws_kernel(
     q_desc,
     k_desc,
