@@ -224,9 +224,9 @@ def attention(
 
 def _one_key(q: Tensor, k: Tensor, v: Tensor, scale, layout: str, key_mask) -> Tensor:
     """Attention over one key, exact: softmax is 1 (NaN for a NaN or infinite score), so
-    every query gets V's row; zeros for a batch entry whose mask drops the key. The 8-bit
-    kernels are not launched: the warp-specialized one returned wrong rows for one key on
-    an H100 (docs/design/attention_fp8.md)."""
+    every query gets V's row; zeros for a batch entry whose mask drops the key. Exact where
+    the 8-bit kernel would round V to e4m3, and no launch (docs/design/attention_fp8.md, "One
+    key")."""
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     s = (q.float() * k.float()).sum(-1, keepdim=True) * sc
     o = (s - s + 1.0) * v.float()
