@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import triton.language as tl
 
-from ditfuse.kernels.element import _cast_out, _rnd, _rnd_pairs
+from ditfuse.kernels.element import _cast_out, _rnd
 from ditfuse.kernels.linear_fp8 import _row_scale, _store_e4m3
 from ditfuse.runtime.backend import jit
 
@@ -376,16 +376,14 @@ def _adaln_fp8_tile_kernel(
     b, s, pa, pb = _tile(ins, xnew_ptr, S, D, eps, strides, FLAGS, ROWS, BLOCK_A, BLOCK_B, BATCH_X)
     shift = (shift_ptr, _row(strides.shift, b, s), strides.shift[2])
     scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
-    va = _rnd_pairs(_modulate(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
+    va = _rnd(_modulate(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
     va = tl.where(pa[1], va, 0.0)
     # |v| as int32 bits: one integer max a row finds the amax and any NaN (whose bits lie
     # above +inf's), one cross-warp reduction a piece
     top = tl.max(tl.abs(va).to(tl.int32, bitcast=True), 1)
     vb = va
     if BLOCK_B > 0:
-        vb = _rnd_pairs(
-            _modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT
-        )
+        vb = _rnd(_modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
         vb = tl.where(pb[1], vb, 0.0)
         top = tl.maximum(top, tl.max(tl.abs(vb).to(tl.int32, bitcast=True), 1))
     nan = (top > 0x7F800000).to(tl.int32)

@@ -32,33 +32,6 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @jit
-def _rnd_pairs(x, DT: tl.constexpr):
-    """:func:`_rnd` (the same values) with two values an instruction on the GPU: one
-    ``cvt.rn.{bf16,f16}x2.f32`` a pair and two moves back to fp32, instead of a single-value
-    conversion each (a quarter-rate pipe) -- for kernels that round every element of a row
-    without storing it."""
-    if _PTX and (DT == tl.bfloat16 or DT == tl.float16):
-        if DT == tl.bfloat16:
-            asm: tl.constexpr = (
-                "{ .reg .b32 p; .reg .b16 lo, hi; cvt.rn.bf16x2.f32 p, $3, $2; "
-                "mov.b32 {lo, hi}, p; mov.b32 $0, {0, lo}; mov.b32 $1, {0, hi}; }"
-            )
-            return tl.inline_asm_elementwise(
-                asm, "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2
-            )
-        else:
-            asm: tl.constexpr = (
-                "{ .reg .b32 p; .reg .b16 lo, hi; cvt.rn.f16x2.f32 p, $3, $2; "
-                "mov.b32 {lo, hi}, p; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }"
-            )
-            return tl.inline_asm_elementwise(
-                asm, "=r,=r,r,r", [x], dtype=tl.float32, is_pure=True, pack=2
-            )
-    else:
-        return _rnd(x, DT)
-
-
-@jit
 def _cast_out(x, DT: tl.constexpr):
     """``x`` (fp32) cast to the output dtype ``DT``."""
     if _SOFT_BF16 and DT == tl.bfloat16:
