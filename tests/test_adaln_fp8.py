@@ -30,7 +30,9 @@ def _poisoned_rows(B, S, D, dtype, g):
     return x
 
 
-@pytest.mark.parametrize("D", [5120, 3072, 6144, 200, 48, 9000])
+@pytest.mark.parametrize(
+    "D", [5120, 200, 48, *(pytest.param(d, marks=pytest.mark.slow) for d in (3072, 6144, 9000))]
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_modulate_fp8_bitwise(D, dtype):
     g = torch.Generator().manual_seed(D)

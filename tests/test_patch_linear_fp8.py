@@ -123,7 +123,7 @@ def test_linear_fp8_with_all_fusions():
         assert torch.equal(model(**kw)[0], ref)
 
 
-@pytest.mark.parametrize("attention", [True, "fp8"])
+@pytest.mark.parametrize("attention", [pytest.param(True, marks=pytest.mark.slow), "fp8"])
 def test_wan_blocks_hand_rows8(attention, monkeypatch):
     """Wan's fused block forward writes the self-attention's and the FFN's inputs in e4m3 from
     the AdaLN kernel (``quantize="fp8"``, taken by every block): the model's output bitwise
