@@ -219,3 +219,21 @@ def test_fp8_kernel_sm90_build():
         assert row["spill"] == 0 and row["byte_stores"] == 0 and row["wide_stores"] > 0, row
         # the reductions' partials are 4-byte words; a row relayout moves 16-byte ones
         assert row["wide_shared"] == 0, row
+
+
+def test_fp8_repeat_call_replays_before_the_checks(monkeypatch):
+    """A second call of the same signature replays its launch without planning (validating)
+    again, as the 16-bit calls do; its results are still the kernel's on the new data."""
+    from ditfuse.ops import adaln as A
+
+    g = torch.Generator().manual_seed(9)
+    x1, x2 = (_poisoned_rows(1, 6, 96, torch.bfloat16, g) for _ in range(2))
+    shift, scale = (torch.randn(1, 96, generator=g).to(DEV) for _ in range(2))
+    adaln_modulate(x1, shift, scale, norm="layer", quantize="fp8")  # recorded
+    plans = []
+    real = A._plan
+    monkeypatch.setattr(A, "_plan", lambda *a: plans.append(1) or real(*a))
+    r = adaln_modulate(x2, shift, scale, norm="layer", quantize="fp8")
+    assert plans == []
+    monkeypatch.setattr(A, "_plan", real)
+    _same_rows8(r, adaln_modulate(x2, shift, scale, norm="layer"))

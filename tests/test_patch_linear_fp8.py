@@ -153,7 +153,7 @@ def test_wan_blocks_hand_rows8(attention, monkeypatch):
     assert quantized.count(("norm1", "fp8")) == n_blocks, quantized
     assert quantized.count(("norm", "fp8")) == n_blocks, quantized  # the FFN's input
     monkeypatch.setattr(wan, "rows8_ok", lambda attn, x: False)
-    monkeypatch.setattr(wan, "ffn_takes_rows8", lambda ffn: False)
+    monkeypatch.setattr(wan, "ffn_takes_rows8", lambda ffn, x: False)
     quantized.clear()
     with torch.no_grad():
         separate = model(**kw)[0]

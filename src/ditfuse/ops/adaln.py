@@ -453,38 +453,47 @@ def _run_fp8(x, y, gate, shift, scale, opts: AdaLNOptions):
     """:func:`_run` with the modulated output in e4m3 a token at a time: (x_new or None,
     :class:`~ditfuse.ops.linear_fp8.Rows8`). One pass (the tile kernel's FP8 form) where the
     16-bit one is the tile kernel; else (longer rows, the reference off the GPU) the 16-bit
-    output then :func:`~ditfuse.ops.linear_fp8.quantize_rows`: the same bits."""
+    output then :func:`~ditfuse.ops.linear_fp8.quantize_rows`: the same bits. A call whose
+    signature was seen before replays its launch before any check, as :func:`_run` does."""
+
+    def outputs():
+        q = torch.empty(x.shape, dtype=FP8, device=x.device)
+        qs = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+        x_new = _new(x) if y is not None else None
+        slots = _slots(x, y, gate, shift, scale, opts.weight, opts.bias, x_new, q) + (qs,)
+        return x_new, Rows8(q, qs, x.dtype), slots
+
+    key = None
+    if fastpath.usable(x):
+        try:
+            key = ("fp8", opts.norm, opts.eps, opts.rounding) + tuple(
+                fastpath.sig(t) for t in (x, y, gate, shift, scale, opts.weight, opts.bias)
+            )
+            replay = _CACHE.get(key)
+        except (AttributeError, TypeError):  # not tensors / unhashable: the checks explain
+            key = replay = None
+        if replay is not None:
+            x_new, r, slots = outputs()
+            if replay(slots):
+                return x_new, r
     p = _plan(x, y, gate, shift, scale, opts)
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"quantize='fp8' takes a float16 / bfloat16 x, got {x.dtype}")
-    B, S, D = p.x3.shape
-    if not backend.kernel_device_ok(p.x3) or launch_settings(D).kernel != "tile":
+    if not backend.kernel_device_ok(p.x3) or launch_settings(p.x3.shape[2]).kernel != "tile":
         x_new, o = _run(x, y, gate, shift, scale, opts)
         q, qs = quantize_rows(o)
         return x_new, Rows8(q.view(x.shape), qs.view(x.shape[:-1]), x.dtype)
-    q = torch.empty(x.shape, dtype=FP8, device=x.device)
-    qs = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    x_new = _new(x) if y is not None else None
-    slots = _slots(x, y, gate, shift, scale, opts.weight, opts.bias, x_new, q) + (qs,)
-    key = None
-    if fastpath.usable(x):
-        sig = fastpath.sig
-        key = ("fp8", opts.norm, opts.eps, opts.rounding) + tuple(
-            sig(t) for t in (x, y, gate, shift, scale, opts.weight, opts.bias)
-        )
-        replay = _CACHE.get(key)
-        if replay is not None and replay(slots):
-            return x_new, Rows8(q, qs, x.dtype)
+    x_new, r, slots = outputs()
     with fastpath.Recorder() as rec:
         _launch(
             p,
             _rows_view(x_new, "x_new") if x_new is not None else None,
-            _rows_view(q, "q"),
-            qscale=qs,
+            _rows_view(r.q, "q"),
+            qscale=r.scale,
         )
     if key is not None:
         _CACHE.put(key, rec.replay(slots))
-    return x_new, Rows8(q, qs, x.dtype)
+    return x_new, r
 
 
 def _check_quantize(quantize, inplace=False, out=None):

@@ -255,10 +255,16 @@ def is_fp8(linear) -> bool:
     )
 
 
-def ffn_takes_rows8(ffn) -> bool:
+def ffn_takes_rows8(ffn, x) -> bool:
     """Whether FeedForward ``ffn`` runs the GELU-fused FP8 forward, whose input goes to its FP8
-    input projection alone: the kernel before it may hand it a :class:`Rows8`."""
-    return ffn.__dict__.get(_FFN, False) and unhooked(ffn) and is_fp8(ffn.net[0].proj)
+    input projection (of ``x``'s dtype) alone: the kernel before it may hand it a
+    :class:`Rows8` instead of ``x``."""
+    return (
+        ffn.__dict__.get(_FFN, False)
+        and unhooked(ffn)
+        and is_fp8(ffn.net[0].proj)
+        and ffn.net[0].proj.weight.dtype == x.dtype
+    )
 
 
 def _match(name: str, patterns) -> str:

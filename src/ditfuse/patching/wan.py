@@ -296,7 +296,7 @@ def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attenti
         self.ffn,
         quantize=(
             rows8_ok(self.attn1, hidden_states),
-            ffn_takes_rows8(self.ffn) and self.ffn.net[0].proj.weight.dtype == hidden_states.dtype,
+            ffn_takes_rows8(self.ffn, hidden_states),
         ),
     )
 
