@@ -110,6 +110,7 @@ def _manifest(d):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_every_example_is_packaged(pkgs):
     import hashlib
 
@@ -124,6 +125,7 @@ def test_every_example_is_packaged(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_wan_qk_default_manifest(pkgs):
     """``ditfuse export qk_norm_rope -o DIR``: Wan 14B, packed QKV in place, N the extra."""
     m = _manifest(pkgs["qk"])
@@ -166,6 +168,7 @@ def test_wan_qk_default_manifest(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_adaln_manifests(pkgs):
     m = _manifest(pkgs["adaln"])
     assert [(p["name"], p["kind"]) for p in m["parameters"]] == [
@@ -190,6 +193,7 @@ def test_adaln_manifests(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_manifest_matches_ptx_entry(pkgs):
     for name, d in pkgs.items():
         m = _manifest(d)
@@ -208,6 +212,7 @@ def test_manifest_matches_ptx_entry(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_no_removed_parameter_is_read(pkgs):
     for name, d in pkgs.items():
         m = _manifest(d)
@@ -222,6 +227,7 @@ def test_no_removed_parameter_is_read(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_target_and_alignment_as_promised(pkgs):
     for name, d in pkgs.items():
         m = _manifest(d)
@@ -241,6 +247,7 @@ def test_target_and_alignment_as_promised(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_resources_come_from_ptxas(pkgs):
     """Re-assemble each kernel.ptx here with the wheel's ptxas -v (the package's flags) and
     read the cubin's resource usage with cuobjdump: both equal the manifest."""
@@ -278,6 +285,7 @@ def test_resources_come_from_ptxas(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_same_arithmetic_as_the_jit_build(pkgs):
     for name, d in pkgs.items():
         m = _manifest(d)
@@ -303,6 +311,7 @@ def test_same_arithmetic_as_the_jit_build(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_variant_options(pkgs):
     m = _manifest(pkgs["qk_variant"])
     p = {q["name"]: q for q in m["parameters"]}
@@ -349,6 +358,7 @@ int main(void)
 @needs_tools
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="no gcc")
 @pytest.mark.parametrize("name", ["adaln", "gated", "swa"])
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_c_header_pair(pkgs, name, tmp_path):
     d = pkgs[name]
     m = _manifest(d)
@@ -418,6 +428,7 @@ def test_c_header_pair(pkgs, name, tmp_path):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_loader_binds_in_runtime_order(pkgs):
     k = load(pkgs["qk"])
     B, N = 2, 77
@@ -471,6 +482,7 @@ def test_loader_binds_in_runtime_order(pkgs):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_loader_has_no_triton(pkgs):
     """loader.py runs with Triton unimportable (loaded on its own, as a runtime would)."""
     code = f"""
@@ -491,6 +503,7 @@ print("ok")
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_package_loader_needs_neither_triton_nor_ditfuse(pkgs):
     """The package's own ditfuse_aot_loader.py, imported from the package directory with
     Triton and ditfuse unimportable: binds, and without a GPU a launch says what is
@@ -525,6 +538,7 @@ print("ok")
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_package_says_what_each_file_is(pkgs):
     """README.txt and the manifest's file_roles: the loader to use, wrapper.py provenance
     only; the kernel name in whole words."""
@@ -628,6 +642,7 @@ def _stub_trt():
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_trt_plugin_registration(pkgs, monkeypatch):
     import inspect
     import typing
@@ -787,6 +802,7 @@ def test_refuses_tensor_core_op_without_mma():
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_attention_package_and_its_mma_refusal(pkgs):
     """SAME-L's differential attention in fp32: packaged for sm_80 (mma.sync, which Hopper
     runs) with the JIT call's 16-query one-warp tiles and its two pipeline stages (20 KB of
@@ -1084,6 +1100,7 @@ def _random_inputs(m, B, N, device, seed=0):
 
 
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_random_inputs_fit_the_manifests(pkgs):
     """The GPU tests' inputs are what the loader accepts (checked here on the CPU)."""
     for name, d in pkgs.items():
@@ -1152,6 +1169,7 @@ def _assert_matches_jit(m, got, want, what):
 @gpu
 @needs_tools
 @pytest.mark.parametrize("image", ["ptx", "auto"])
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_gpu_driver_launch_is_bitwise_the_jit(pkgs, image):
     """The package through cuModuleLoadData / cuLaunchKernel, with TensorRT's argument order,
     equals the Triton JIT call bitwise (both images: PTX JIT-compiled by the driver, as
@@ -1172,6 +1190,7 @@ def test_gpu_driver_launch_is_bitwise_the_jit(pkgs, image):
 
 @gpu
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_gpu_cuda_graph_replay(pkgs):
     """The driver launch captured in a CUDA graph and replayed 100 times on new inputs."""
     for name, d in pkgs.items():
@@ -1211,6 +1230,7 @@ def test_gpu_cuda_graph_replay(pkgs):
 
 @gpu
 @needs_tools
+@pytest.mark.slow  # builds every example package (the pkgs fixture)
 def test_gpu_launch_time_parity(pkgs):
     """Device time of the package (CUDA graph of 20 launches) vs the JIT kernel's."""
     rows = []

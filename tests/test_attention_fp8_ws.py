@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import ditfuse
 from ditfuse.ops import attention_api as API
@@ -31,8 +32,7 @@ def test_key_order_matches_the_a_operand_permutation():
 @pytest.mark.parametrize("S,D", [(300, 64), (129, 128), (64, 128)])
 def test_quantize_k_blocks(S, D):
     B, H = 2, 3
-    k = (torch.randn(B, S, H, D) * 2 + torch.randn(D) * 5).to(torch.bfloat16)
-    k8 = torch.full((B, S, H, D), 99, dtype=torch.int8)
+    k = (torch.randn(B, S, H, D) * 2 + torch.randn(D) * 5).to(DEVICE, torch.bfloat16)
     k8, kb = WS.quantize_k_blocks(k)
     tiles = -(-S // WS.BLOCK_N)
     assert k8.dtype == torch.int8 and kb.shape == (B * H, tiles)
@@ -49,7 +49,7 @@ def test_quantize_k_blocks(S, D):
 
 
 def test_quantize_k_blocks_nan_tile():
-    k = torch.randn(1, 200, 1, 64, dtype=torch.bfloat16)
+    k = torch.randn(1, 200, 1, 64, dtype=torch.bfloat16, device=DEVICE)
     k[0, 150, 0, 5] = float("nan")
     _, kb = WS.quantize_k_blocks(k)
     assert kb[0, 1].isnan() and kb[0, 0].isnan()  # the mean is NaN too: every tile
@@ -58,7 +58,7 @@ def test_quantize_k_blocks_nan_tile():
 @pytest.mark.parametrize("S,D", [(300, 64), (100, 128)])
 def test_quantize_vt(S, D):
     B, H = 1, 2
-    v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(torch.bfloat16)
+    v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(DEVICE, torch.bfloat16)
     vt, vs = WS.quantize_v(v, a_order=True)
     S_pad = -(-S // 64) * 64
     assert vt.shape == (B, H, D, S_pad) and vs.shape == (B, H, D)
@@ -72,7 +72,7 @@ def test_quantize_vt(S, D):
 
 
 def test_quantize_vt_nan_channel():
-    v = torch.randn(1, 70, 1, 64, dtype=torch.bfloat16)
+    v = torch.randn(1, 70, 1, 64, dtype=torch.bfloat16, device=DEVICE)
     v[0, 3, 0, 9] = float("nan")
     _, vs = WS.quantize_v(v, a_order=True)
     assert vs[0, 0, 9].isnan() and not vs[0, 0, :9].isnan().any()
@@ -136,7 +136,7 @@ def _reference64(q, k, v, key_mask):
 def _awkward_mask(B, S):
     """A key mask with a random entry, one keeping every key, one keeping none, one keeping
     a prefix (text padding) -- B of them, cycled."""
-    km = torch.rand(B, S) > 0.4
+    km = torch.rand(B, S, device=DEVICE) > 0.4
     km[1 % B] = True
     km[2 % B] = False
     km[3 % B, : S // 3] = True
@@ -162,8 +162,8 @@ def test_quantizers_gather_the_kept_keys(S, D):
     """Under a key mask the K and V quantizers give each entry what they give its kept keys
     alone, bitwise (rows past them: V zeros, K not read)."""
     B, H = 4, 2
-    k = (torch.randn(B, S, H, D) * 2 + torch.randn(D) * 5).to(torch.bfloat16)
-    v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(torch.bfloat16)
+    k = (torch.randn(B, S, H, D) * 2 + torch.randn(D) * 5).to(DEVICE, torch.bfloat16)
+    v = (torch.randn(B, S, H, D) * torch.linspace(0.1, 8, D)).to(DEVICE, torch.bfloat16)
     km = _awkward_mask(B, S)
     keys = WS.Keys.from_mask(km)
     k8, kb = WS.quantize_k_blocks(k, keys)
@@ -209,7 +209,9 @@ def test_key_mask_hands_the_kernel_each_entry_kept_keys(layout, monkeypatch):
 
     monkeypatch.setattr(WS, "launch", kernel)
     B, S_q, S_kv, H, D = 4, 40, 70, 2, 64
-    q, k, v = (torch.randn(B, s, H, D, dtype=torch.bfloat16) for s in (S_q, S_kv, S_kv))
+    q, k, v = (
+        torch.randn(B, s, H, D, dtype=torch.bfloat16, device=DEVICE) for s in (S_q, S_kv, S_kv)
+    )
     km = _awkward_mask(B, S_kv)
     t = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bhsd" else (lambda x: x)
     out = A.run_ws(t(q), t(k), t(v), 1 / math.sqrt(D), layout, km)

@@ -2,6 +2,7 @@
 contract, the shared-table == expanded-table bitwise gate, and the tolerance's rotary-pair
 magnitude (``_pair_magnitude``)."""
 
+import pytest
 import torch
 from conftest import DEVICE
 
@@ -39,6 +40,7 @@ def test_pair_scale_admits_a_rounding_of_the_pair_not_more():
     assert c._err(far.to(torch.bfloat16), ref, scale=m) > 1
 
 
+@pytest.mark.slow  # the gates of `ditfuse check`, which runs them too
 def test_qk_gates_small_shapes():
     g = c.Gates()
     c.qk_accuracy(g, DEVICE, True, [torch.bfloat16, torch.float32])

@@ -30,8 +30,9 @@ COS_MIN, REL_L2_MAX = ATTENTION_8BIT_COS_MIN, ATTENTION_8BIT_REL_L2_MAX
 _FP8_LABEL = "attention processors (QK-norm + RoPE, 8-bit attention)"
 _FP8 = {c[0]: c for c in FP8_CASES}
 _CASES = {c[0]: c for c in CASES}
-#: Wan I2V needs 512 prompt tokens for non-empty image keys: the slow tier
-_SLOW = ("wan-i2v",)
+#: Wan I2V needs 512 prompt tokens for non-empty image keys; FLUX.1 shares FLUX.2's 8-bit
+#: route and its exact patch is in the default tier (test_patch.py): the slow tier
+_SLOW = ("wan-i2v", "flux1")
 
 
 def _spy(monkeypatch):
