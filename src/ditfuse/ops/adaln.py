@@ -382,6 +382,19 @@ def _residual_options(rounding: str) -> AdaLNOptions:
     return AdaLNOptions(norm=None, eps=0.0, rounding=rounding)
 
 
+def _recorded(options: tuple, tensors: tuple):
+    """(key, the recorded launches' replay or None) of a call with ``options`` on ``tensors``
+    (the first one decides the fast path); (None, None) where :mod:`ditfuse.runtime.fastpath`
+    is off for it or an argument is not a tensor / not hashable (the checks then explain)."""
+    if not fastpath.usable(tensors[0]):
+        return None, None
+    try:
+        key = options + tuple(fastpath.sig(t) for t in tensors)
+        return key, _CACHE.get(key)
+    except (AttributeError, TypeError):
+        return None, None
+
+
 def _run(
     x, y, gate, shift, scale, opts: AdaLNOptions, inplace=False, out=None, modulated=True, **launch
 ):
@@ -392,34 +405,14 @@ def _run(
     ``launch``: ``settings`` / ``flat`` for :func:`_launch`. A call whose signature was
     seen before replays its launches (:mod:`ditfuse.runtime.fastpath`)."""
     norm, weight, bias, eps, rounding = opts
-    key = None
-    if fastpath.usable(x):
-        try:
-            sig = fastpath.sig
-            key = (
-                norm,
-                eps,
-                rounding,
-                bool(inplace),
-                modulated,
-                out is x,
-                tuple(sorted(launch.items())),
-                sig(x),
-                sig(y),
-                sig(gate),
-                sig(shift),
-                sig(scale),
-                sig(weight),
-                sig(bias),
-                sig(out),
-            )
-            replay = _CACHE.get(key)
-        except (AttributeError, TypeError):  # not tensors / unhashable: the checks explain
-            key = replay = None
-        if replay is not None:
-            x_new, o = _outputs(x, y, inplace, out, modulated)
-            if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
-                return x_new, o
+    key, replay = _recorded(
+        (norm, eps, rounding, bool(inplace), modulated, out is x, tuple(sorted(launch.items()))),
+        (x, y, gate, shift, scale, weight, bias, out),
+    )
+    if replay is not None:
+        x_new, o = _outputs(x, y, inplace, out, modulated)
+        if replay(_slots(x, y, gate, shift, scale, weight, bias, x_new, o)):
+            return x_new, o
     p = _plan(x, y, gate, shift, scale, opts)
     if out is not None:
         if (
@@ -463,19 +456,14 @@ def _run_fp8(x, y, gate, shift, scale, opts: AdaLNOptions):
         slots = _slots(x, y, gate, shift, scale, opts.weight, opts.bias, x_new, q) + (qs,)
         return x_new, Rows8(q, qs, x.dtype), slots
 
-    key = None
-    if fastpath.usable(x):
-        try:
-            key = ("fp8", opts.norm, opts.eps, opts.rounding) + tuple(
-                fastpath.sig(t) for t in (x, y, gate, shift, scale, opts.weight, opts.bias)
-            )
-            replay = _CACHE.get(key)
-        except (AttributeError, TypeError):  # not tensors / unhashable: the checks explain
-            key = replay = None
-        if replay is not None:
-            x_new, r, slots = outputs()
-            if replay(slots):
-                return x_new, r
+    key, replay = _recorded(
+        ("fp8", opts.norm, opts.eps, opts.rounding),
+        (x, y, gate, shift, scale, opts.weight, opts.bias),
+    )
+    if replay is not None:
+        x_new, r, slots = outputs()
+        if replay(slots):
+            return x_new, r
     p = _plan(x, y, gate, shift, scale, opts)
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"quantize='fp8' takes a float16 / bfloat16 x, got {x.dtype}")
