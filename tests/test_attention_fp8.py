@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import DEVICE
 
 import ditfuse
+from ditfuse.ops import attention_api as API
 from ditfuse.ops import attention_fp8 as A
 from ditfuse.reference import attention_8bit_core, quantize_per_token, quantize_v_e4m3
 from ditfuse.tolerances import (
@@ -120,16 +121,21 @@ def test_kernel_accuracy_and_emulation(case, poisoned):
 @pytest.mark.parametrize("kind", ["randn", pytest.param("rmsnorm", marks=pytest.mark.slow)])
 def test_16bit_inputs_quantized_by_the_op(kind, poisoned):
     """16-bit q / k go through the prologue (no norm, no RoPE) and give the same output as
-    the same call on the prologue's int8 + scales."""
+    the same call on the prologue's int8 + scales -- where one kernel takes both: on sm_90
+    the 16-bit call runs the warp-specialized kernel (K a 128-key tile after its mean,
+    ``test_attention_fp8_ws.py``), and both are checked against float64."""
     q, k, v = inputs(1, 160, 160, 2, 128, kind)
     out = ditfuse.attention(q, k, v, precision="fp8")
     qq = ditfuse.qk_norm_rope(q, k, quantize="int8")
     again = ditfuse.attention(
         qq.q, qq.k, v, precision="fp8", q_scale=qq.q_scale, k_scale=qq.k_scale
     )
-    assert torch.equal(out, again)
-    cos, rel = metrics(out, reference64(q, k, v))
-    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    ref = reference64(q, k, v)
+    if not API._ws_ok(q, k, None):
+        assert torch.equal(out, again)
+    for o in (out, again):
+        cos, rel = metrics(o, ref)
+        assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
 
 
 def test_e4m3_qk(poisoned):

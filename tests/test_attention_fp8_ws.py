@@ -329,12 +329,13 @@ def test_sm90_build():
         assert row["int8"] and row["e4m3"] and row["tma"] and row["setmaxnreg"], row
         assert row["key_loop_local"] == 0 and not row["serialized"], str(row)
         loop = row["loop"]
-        # P V and the row sum (P @ ones, 64 x 8) on the tensor cores, from P's registers:
-        # no e4m3 unpack, no byte moves rebuilding P across the back edge, and a trip of
-        # under 500 instructions (805 with P carried to the next trip)
-        assert loop.get("QGMMA.64x8x32.F32.E4M3.E4M3", 0) == 4, str(loop)
+        # the longest loop takes two key tiles a trip; P V and the row sum (P @ ones, 64 x 8)
+        # on the tensor cores, from P's registers: no e4m3 unpack, no byte moves rebuilding
+        # P across the back edge, and under 500 instructions a tile (805 a tile with P
+        # carried to the next trip)
+        assert loop.get("QGMMA.64x8x32.F32.E4M3.E4M3", 0) == 8, str(loop)
         assert not any("UNPACK" in op or op.startswith("PRMT") for op in loop), str(loop)
-        assert sum(loop.values()) < 500, str(loop)
+        assert sum(loop.values()) < 2 * 500, str(loop)
         # a key mask's count is a loaded value: 16 bytes spilled in the tail tile, once a
         # program (none without a mask)
         assert row["spill"] <= (16 if row["varlen"] else 0), str(row)
@@ -395,8 +396,10 @@ def test_gpu_one_key_kernel(D, H):
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("D", [64, 128])
 def test_gpu_equal_v_is_v(D):
-    """Equal rows of V come out as V on the warp-specialized route: the row sum adds the same
-    rounded P that multiplies V (both on the tensor cores), with a key mask too."""
+    """Equal rows of V come out as V on the warp-specialized route, with a key mask too: the
+    row sum adds the same rounded P that multiplies V (both on the tensor cores), so the two
+    differ only by the tensor cores' truncating accumulation (about 2^-13 of the sum a
+    k-step, 8 chained k-steps a trip of two key tiles): at most one bf16 rounding from V."""
     B, S, H = 2, 3000, 3
     q, k = (torch.randn(B, S, H, D, device="cuda").bfloat16() for _ in range(2))
     row = (torch.rand(B, 1, H, D, device="cuda") * 4 - 2).bfloat16()
@@ -406,7 +409,8 @@ def test_gpu_equal_v_is_v(D):
         assert API._ws_ok(q, k, None)
         for mask in (None, km):
             out = ditfuse.attention(q, k, v, precision="fp8", key_mask=mask)
-            assert torch.equal(out, v), (out.float() - v.float()).abs().max()
+            err = (out.float() - v.float()).abs()
+            assert (err <= v.float().abs() * 2.0**-7).all(), (err / v.float().abs()).max()
 
 
 _V_QUANT_BUILD = r"""

@@ -7,13 +7,16 @@ A program owns 128 queries of one (batch, head) and walks every key tile of 128 
 - a **producer warp** copies Q (two 64-row boxes) once, then K and V^T tiles by TMA into a
   ring of ``STAGES`` shared-memory slots, each slot with a K and a V mbarrier; a slot is
   refilled once both consumers released it (an "empty" mbarrier of count 2);
-- two **consumer warpgroups**, 64 query rows each, run a trip per key tile: ``S_j = Q K_j^T``
-  (int8, int32 accumulation), tile j's softmax, then ``P_j V_j`` (e4m3, fp32) and the row
-  sum ``P_j @ ones`` as two wgmmas from the same registers; the warp schedulers interleave
-  one warpgroup's softmax with the other's products (an explicit ping-pong through two
-  mbarriers measured no faster: the design note). On Hopper the exponentials (16 a clock
-  an SM) take about as long as the 8-bit products, so the kernel is as fast as that
-  overlap.
+- two **consumer warpgroups**, 64 query rows each, run a trip per two key tiles j, j + 1:
+  both ``S = Q K^T`` (int8, int32 accumulation) issued together, one running max over both,
+  then ``P_j V_j`` (e4m3, fp32) and the row sum ``P_j @ ones`` issued as wgmmas from P's
+  registers *before* tile j + 1's exponentials, whose products are chained onto the same
+  accumulators. On Hopper the exponentials (16 a clock an SM) take about as long as the
+  8-bit products: a trip of one tile leaves them mostly in sequence, a trip of two puts one
+  tile's products under the other's exponentials. The first tile (masked: it may be the
+  only, partial one), an odd one left and a partial last one take a trip of their own. The
+  warp schedulers also interleave one warpgroup's softmax with the other's products (an
+  explicit ping-pong through two mbarriers measured no faster: the design note).
 
 Operands:
 
@@ -34,17 +37,19 @@ for ``|s| < 2^22`` (an int8 dot over 128 channels is below 2^21).
 
 The row sum is summed from the rounded P on the tensor cores (``P_j`` times an e4m3 tile of
 ones in shared memory, accumulated as P V is): numerator and denominator sum the same
-values, so equal values of V come out as themselves (``test_gpu_equal_v_is_v``) and the
-output stays inside V's range.
+values, so equal values of V come out as themselves within the tensor cores' accumulation
+(``test_gpu_equal_v_is_v``: one bf16 rounding at most).
 
 P is used in the trip that computes it and never crosses the loop's back edge: an e4m3
 tensor carried across it is held a byte a register and rebuilt into the wgmma operand every
 trip (two hundred byte moves a trip in the sm_90a build). The row sum on the tensor cores
 takes its conversions and adds off the issue slots the exponentials need.
 
-``P @ V`` of each key tile accumulates into a fresh accumulator that is then added to the
-fp32 output in registers (``o * alpha + pv``, one FFMA an element): Hopper's fp8 tensor-core
-accumulation keeps about 14 bits, too few for tens of thousands of keys.
+``P @ V`` of each trip (two key tiles, 256 keys) accumulates into a fresh accumulator that
+is then added to the fp32 output in registers (``o * alpha + pv``, one FFMA an element):
+Hopper's fp8 tensor-core accumulation keeps about 14 bits, enough for the 8 chained k-steps
+of a trip, too few for tens of thousands of keys. (A fresh accumulator for each tile of the
+pair needs 64 more registers a thread and spills 1.9 KB in the sm_90a build.)
 
 Nothing stays in flight across a trip's back edge (ptxas serializes every wgmma of a kernel
 that leaves one there: C7514).
@@ -234,6 +239,67 @@ def _step(j, trip, state, WG: gl.constexpr, MASKED: gl.constexpr):
 
 
 @gluon.jit
+def _pair(j, trip, state, WG: gl.constexpr):
+    """Trips j and j + 1 (both full) as one: both tiles' scores, one running max, tile j's
+    P V issued before tile j + 1's exponentials, tile j + 1's P V chained onto it."""
+    q_t, bufs, bars, inits, kb_ptr, kb_off, c, S_kv = trip
+    k_s, v_s, ones_s = bufs
+    k_ready, v_ready, empty = bars
+    s_init, zero_o, zero_l = inits
+    m_i, o, l_i = state
+    STAGES: gl.constexpr = k_s.shape[0]
+    BLOCK_N: gl.constexpr = k_s.shape[2]
+    D: gl.constexpr = k_s.shape[4]
+    QK_INT: gl.constexpr = k_s.dtype == gl.int8
+    KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
+    O_L: gl.constexpr = zero_o.type.layout
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
+    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+    if QK_INT:
+        base = _MAGIC_F
+    else:
+        base = 0.0
+    sa = j % STAGES
+    pa = (j // STAGES) & 1
+    sb = (j + 1) % STAGES
+    pb = ((j + 1) // STAGES) & 1
+    ga = c * gl.load(kb_ptr + kb_off + j)
+    gb = c * gl.load(kb_ptr + kb_off + j + 1)
+    mbarrier.wait(k_ready.index(sa), pa)
+    ka = k_s.index(sa)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
+    ta = warpgroup_mma(q_t, ka.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
+    mbarrier.wait(k_ready.index(sb), pb)
+    kbt = k_s.index(sb)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
+    tb = warpgroup_mma(q_t, kbt.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
+    s_a = warpgroup_mma_wait(1, deps=[ta])
+    if QK_INT:
+        s_a = s_a.to(gl.float32, bitcast=True)
+    m_a = (gl.max(s_a, 1) - base) * ga
+    s_b = warpgroup_mma_wait(0, deps=[tb])
+    if QK_INT:
+        s_b = s_b.to(gl.float32, bitcast=True)
+    m_new = gl.maximum(gl.maximum(m_i, m_a), (gl.max(s_b, 1) - base) * gb)
+    alpha = _ex2(m_i - m_new)
+    p_a = _ex2(s_a * ga[:, None] + (8.0 - m_new - base * ga)[:, None])
+    p8a = _to_e4m3x4(gl.convert_layout(_a_order(p_a), P_L))
+    mbarrier.wait(v_ready.index(sa), pa)
+    pv = warpgroup_mma(p8a, v_s.index(sa).permute((1, 0)), zero_o, use_acc=False, is_async=True)
+    ls = warpgroup_mma(p8a, ones_s.permute((1, 0)), zero_l, use_acc=False, is_async=True)
+    p_b = _ex2(s_b * gb[:, None] + (8.0 - m_new - base * gb)[:, None])
+    p8b = _to_e4m3x4(gl.convert_layout(_a_order(p_b), P_L))
+    mbarrier.wait(v_ready.index(sb), pb)
+    pv = warpgroup_mma(p8b, v_s.index(sb).permute((1, 0)), pv, use_acc=True, is_async=True)
+    ls = warpgroup_mma(p8b, ones_s.permute((1, 0)), ls, use_acc=True, is_async=True)
+    pv, ls = warpgroup_mma_wait(0, deps=[pv, ls])
+    mbarrier.arrive(empty.index(sa))
+    mbarrier.arrive(empty.index(sb))
+    alpha_o = gl.convert_layout(alpha, ROW_O)
+    l_i = l_i * alpha_o + gl.convert_layout(gl.max(ls, 1), ROW_O)
+    o = o * alpha_o[:, None] + pv
+    return m_new, o, l_i
+
+
+@gluon.jit
 def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.constexpr):
     """Consumer warpgroup ``WG``: its 64 query rows against every key tile. ``ring``: the Q,
     K, V and ones shared buffers; ``bars``: the Q, K-ready, V-ready and empty barriers; the q
@@ -291,8 +357,11 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     mbarrier.wait(q_bar, 0)
     # tile 0 masked: it may be the only, partial, tile
     state = _step(0, trip, state, WG=WG, MASKED=True)
-    for j in range(1, n_full):
-        state = _step(j, trip, state, WG=WG, MASKED=False)
+    n_pairs = gl.maximum(n_full - 1, 0) // 2
+    for i in range(n_pairs):
+        state = _pair(1 + 2 * i, trip, state, WG=WG)
+    if 1 + 2 * n_pairs < n_full:
+        state = _step(1 + 2 * n_pairs, trip, state, WG=WG, MASKED=False)
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
             state = _step(n_full, trip, state, WG=WG, MASKED=True)

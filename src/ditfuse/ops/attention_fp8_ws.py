@@ -43,8 +43,9 @@ class WsConfig:
 
     @staticmethod
     def for_head_dim(D: int) -> "WsConfig":
-        # two stages: the fastest or within 1% at every measured shape (the design note)
-        return WsConfig(stages=2)
+        # four: the consumers take two key tiles a trip (two slots held), and the producer
+        # fills the next two meanwhile (the design note)
+        return WsConfig(stages=4)
 
 
 @dataclass(frozen=True)
