@@ -165,10 +165,10 @@ def _to_e4m3x4(x):
 
 
 @gluon.jit
-def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
-    """One key tile's probabilities (times 256, e4m3) and the row max / rescale factor.
-    ``s``: the tile's raw scores (``1.5 * 2^23 + dot`` for int8 inputs, the dot for e4m3);
-    ``g``: the row's scale in log2 units times the tile's key scale (> 0)."""
+def _tile_max(s, g, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
+    """A key tile's row max of the scaled scores. ``s``: the tile's raw scores (``1.5 * 2^23 +
+    dot`` for int8 inputs, the dot for e4m3); ``g``: the row's scale in log2 units times the
+    tile's key scale (> 0)."""
     if QK_INT:
         base = _MAGIC_F
     else:
@@ -177,125 +177,136 @@ def _softmax(s, g, m_i, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
     if MASKED:
         s_max = gl.where(col_ok[None, :], s, float("-inf"))
     # g >= 0: max_j((s - base) * g) = (max_j s - base) * g, one multiply a row
-    m_new = gl.maximum(m_i, (gl.max(s_max, 1) - base) * g)
+    return (gl.max(s_max, 1) - base) * g
+
+
+@gluon.jit
+def _probs(s, g, m_new, col_ok, MASKED: gl.constexpr, QK_INT: gl.constexpr):
+    """A key tile's probabilities times 256 (fp32) against the running max ``m_new``."""
+    if QK_INT:
+        base = _MAGIC_F
+    else:
+        base = 0.0
     # 256 * p = exp2((s - base) * g - m + 8) in one FFMA an element
     r = 8.0 - m_new - base * g
     x = s * g[:, None] + r[:, None]
     if MASKED:
         # masked after the FFMA: g underflows to 0 for tiny q and k scales, and -inf * 0 is NaN
         x = gl.where(col_ok[None, :], x, float("-inf"))
-    p = _ex2(x)
-    alpha = _ex2(m_i - m_new)
-    return p, alpha, m_new
+    return _ex2(x)
 
 
 @gluon.jit
-def _step(j, trip, state, WG: gl.constexpr, MASKED: gl.constexpr):
+def _issue_scores(slot, phase, trip):
+    """``S = Q K^T`` of the K tile in ring slot ``slot`` issued once it is ready (phase
+    ``phase``): the wgmma's token. ``trip``: see :func:`_step`."""
+    q_t, k_s, k_ready, s_init = trip[0], trip[1][0], trip[2][0], trip[3][0]
+    BLOCK_N: gl.constexpr = k_s.shape[2]
+    D: gl.constexpr = k_s.shape[4]
+    QK_INT: gl.constexpr = k_s.dtype == gl.int8
+    KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
+    mbarrier.wait(k_ready.index(slot), phase)
+    k_t = k_s.index(slot)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
+    return warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
+
+
+@gluon.jit
+def _as_f32(s, QK_INT: gl.constexpr):
+    """The int32 score accumulator read as fp32 (its start makes the bits the value)."""
+    if QK_INT:
+        s = s.to(gl.float32, bitcast=True)
+    return s
+
+
+@gluon.jit
+def _issue_pv(p, slot, phase, trip, acc, USE_ACC: gl.constexpr):
+    """``p`` (fp32, times 256) rounded to e4m3 in the wgmma A operand's registers, then
+    ``P V`` of the slot's V and the row sum ``P @ ones`` issued onto ``acc`` (P V, row sum;
+    their zero accumulators without ``USE_ACC``) once V is ready. The row sum is of the
+    rounded P, so that it cancels against P V's; every column of the [64, 8] product is
+    the sum."""
+    bufs, bars, inits = trip[1], trip[2], trip[3]
+    v_s, ones_s = bufs[1], bufs[2]
+    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=inits[1].type.layout, k_width=4)
+    p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
+    mbarrier.wait(bars[1].index(slot), phase)
+    pv = warpgroup_mma(p8, v_s.index(slot).permute((1, 0)), acc[0], use_acc=USE_ACC, is_async=True)
+    ls = warpgroup_mma(p8, ones_s.permute((1, 0)), acc[1], use_acc=USE_ACC, is_async=True)
+    return pv, ls
+
+
+@gluon.jit
+def _fold(o, l_i, alpha, pv, ls):
+    """The output and row sums rescaled by ``alpha`` and the trip's P V and row sum added."""
+    ROW_O: gl.constexpr = gl.SliceLayout(1, o.type.layout)
+    alpha_o = gl.convert_layout(alpha, ROW_O)
+    l_i = l_i * alpha_o + gl.convert_layout(gl.max(ls, 1), ROW_O)
+    o = o * alpha_o[:, None] + pv
+    return o, l_i
+
+
+@gluon.jit
+def _step(j, trip, state, MASKED: gl.constexpr):
     """Trip j of a consumer warpgroup: ``S_j = Q K_j^T``, tile j's softmax, then ``P_j V_j``
     and the row sum ``P_j @ ones`` issued together, the output and row sums rescaled and
     folded in. ``trip``: what every trip reads -- the Q tile, the K, V and ones buffers,
     ``bars`` (the ring's K-ready, V-ready and empty barriers), ``inits`` (the scores'
     start, the zero accumulators of P V and of the row sum), the key tile scales, the row
     constants and the key count; ``state``: (running max, output, row sums)."""
-    q_t, bufs, bars, inits, kb_ptr, kb_off, c, S_kv = trip
-    k_s, v_s, ones_s = bufs
-    k_ready, v_ready, empty = bars
-    s_init, zero_o, zero_l = inits
     m_i, o, l_i = state
+    k_s, empty, inits = trip[1][0], trip[2][2], trip[3]
+    kb_ptr, kb_off, c, S_kv = trip[4], trip[5], trip[6], trip[7]
     STAGES: gl.constexpr = k_s.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]
-    D: gl.constexpr = k_s.shape[4]
     QK_INT: gl.constexpr = k_s.dtype == gl.int8
-    KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
-    S_L: gl.constexpr = s_init.type.layout
-    O_L: gl.constexpr = zero_o.type.layout
-    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
     slot = j % STAGES
     phase = (j // STAGES) & 1
     kb = gl.load(kb_ptr + kb_off + j)
-    mbarrier.wait(k_ready.index(slot), phase)
-    k_t = k_s.index(slot)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
-    s_tok = warpgroup_mma(q_t, k_t.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[s_tok])
-    if QK_INT:
-        s = s.to(gl.float32, bitcast=True)
-    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_L))
-    p, alpha, m_i = _softmax(s, c * kb, m_i, cols < S_kv - j * BLOCK_N, MASKED, QK_INT)
-    p8 = _to_e4m3x4(gl.convert_layout(_a_order(p), P_L))
-    mbarrier.wait(v_ready.index(slot), phase)
-    pv_tok = warpgroup_mma(
-        p8, v_s.index(slot).permute((1, 0)), zero_o, use_acc=False, is_async=True
-    )
-    # the row sum of the rounded P, so that it cancels against P V's; every column of the
-    # [64, 8] product is the sum
-    ls_tok = warpgroup_mma(p8, ones_s.permute((1, 0)), zero_l, use_acc=False, is_async=True)
-    pv, ls = warpgroup_mma_wait(0, deps=[pv_tok, ls_tok])
+    tok = _issue_scores(slot, phase, trip)
+    s = _as_f32(warpgroup_mma_wait(0, deps=[tok]), QK_INT)
+    cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, inits[0].type.layout))
+    col_ok = cols < S_kv - j * BLOCK_N
+    g = c * kb
+    m_new = gl.maximum(m_i, _tile_max(s, g, col_ok, MASKED, QK_INT))
+    p = _probs(s, g, m_new, col_ok, MASKED, QK_INT)
+    alpha = _ex2(m_i - m_new)
+    pv, ls = _issue_pv(p, slot, phase, trip, (inits[1], inits[2]), USE_ACC=False)
+    pv, ls = warpgroup_mma_wait(0, deps=[pv, ls])
     mbarrier.arrive(empty.index(slot))
-    alpha_o = gl.convert_layout(alpha, ROW_O)
-    l_i = l_i * alpha_o + gl.convert_layout(gl.max(ls, 1), ROW_O)
-    o = o * alpha_o[:, None] + pv
-    return m_i, o, l_i
+    o, l_i = _fold(o, l_i, alpha, pv, ls)
+    return m_new, o, l_i
 
 
 @gluon.jit
-def _pair(j, trip, state, WG: gl.constexpr):
+def _pair(j, trip, state):
     """Trips j and j + 1 (both full) as one: both tiles' scores, one running max, tile j's
     P V issued before tile j + 1's exponentials, tile j + 1's P V chained onto it."""
-    q_t, bufs, bars, inits, kb_ptr, kb_off, c, S_kv = trip
-    k_s, v_s, ones_s = bufs
-    k_ready, v_ready, empty = bars
-    s_init, zero_o, zero_l = inits
     m_i, o, l_i = state
+    k_s, empty, inits = trip[1][0], trip[2][2], trip[3]
+    kb_ptr, kb_off, c = trip[4], trip[5], trip[6]
     STAGES: gl.constexpr = k_s.shape[0]
-    BLOCK_N: gl.constexpr = k_s.shape[2]
-    D: gl.constexpr = k_s.shape[4]
     QK_INT: gl.constexpr = k_s.dtype == gl.int8
-    KK_SL: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=D, element_bitwidth=8, rank=2)
-    O_L: gl.constexpr = zero_o.type.layout
-    P_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=4)
-    ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-    if QK_INT:
-        base = _MAGIC_F
-    else:
-        base = 0.0
     sa = j % STAGES
     pa = (j // STAGES) & 1
     sb = (j + 1) % STAGES
     pb = ((j + 1) // STAGES) & 1
     ga = c * gl.load(kb_ptr + kb_off + j)
     gb = c * gl.load(kb_ptr + kb_off + j + 1)
-    mbarrier.wait(k_ready.index(sa), pa)
-    ka = k_s.index(sa)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
-    ta = warpgroup_mma(q_t, ka.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
-    mbarrier.wait(k_ready.index(sb), pb)
-    kbt = k_s.index(sb)._reinterpret(k_s.dtype, [BLOCK_N, D], KK_SL)
-    tb = warpgroup_mma(q_t, kbt.permute((1, 0)), s_init, use_acc=QK_INT, is_async=True)
-    s_a = warpgroup_mma_wait(1, deps=[ta])
-    if QK_INT:
-        s_a = s_a.to(gl.float32, bitcast=True)
-    m_a = (gl.max(s_a, 1) - base) * ga
-    s_b = warpgroup_mma_wait(0, deps=[tb])
-    if QK_INT:
-        s_b = s_b.to(gl.float32, bitcast=True)
-    m_new = gl.maximum(gl.maximum(m_i, m_a), (gl.max(s_b, 1) - base) * gb)
+    ta = _issue_scores(sa, pa, trip)
+    tb = _issue_scores(sb, pb, trip)
+    s_a = _as_f32(warpgroup_mma_wait(1, deps=[ta]), QK_INT)
+    m_a = _tile_max(s_a, ga, None, False, QK_INT)
+    s_b = _as_f32(warpgroup_mma_wait(0, deps=[tb]), QK_INT)
+    m_new = gl.maximum(gl.maximum(m_i, m_a), _tile_max(s_b, gb, None, False, QK_INT))
     alpha = _ex2(m_i - m_new)
-    p_a = _ex2(s_a * ga[:, None] + (8.0 - m_new - base * ga)[:, None])
-    p8a = _to_e4m3x4(gl.convert_layout(_a_order(p_a), P_L))
-    mbarrier.wait(v_ready.index(sa), pa)
-    pv = warpgroup_mma(p8a, v_s.index(sa).permute((1, 0)), zero_o, use_acc=False, is_async=True)
-    ls = warpgroup_mma(p8a, ones_s.permute((1, 0)), zero_l, use_acc=False, is_async=True)
-    p_b = _ex2(s_b * gb[:, None] + (8.0 - m_new - base * gb)[:, None])
-    p8b = _to_e4m3x4(gl.convert_layout(_a_order(p_b), P_L))
-    mbarrier.wait(v_ready.index(sb), pb)
-    pv = warpgroup_mma(p8b, v_s.index(sb).permute((1, 0)), pv, use_acc=True, is_async=True)
-    ls = warpgroup_mma(p8b, ones_s.permute((1, 0)), ls, use_acc=True, is_async=True)
+    p_a = _probs(s_a, ga, m_new, None, False, QK_INT)
+    acc = _issue_pv(p_a, sa, pa, trip, (inits[1], inits[2]), USE_ACC=False)
+    p_b = _probs(s_b, gb, m_new, None, False, QK_INT)
+    pv, ls = _issue_pv(p_b, sb, pb, trip, acc, USE_ACC=True)
     pv, ls = warpgroup_mma_wait(0, deps=[pv, ls])
     mbarrier.arrive(empty.index(sa))
     mbarrier.arrive(empty.index(sb))
-    alpha_o = gl.convert_layout(alpha, ROW_O)
-    l_i = l_i * alpha_o + gl.convert_layout(gl.max(ls, 1), ROW_O)
-    o = o * alpha_o[:, None] + pv
+    o, l_i = _fold(o, l_i, alpha, pv, ls)
     return m_new, o, l_i
 
 
@@ -356,15 +367,15 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     state = (m_i, o, l_i)
     mbarrier.wait(q_bar, 0)
     # tile 0 masked: it may be the only, partial, tile
-    state = _step(0, trip, state, WG=WG, MASKED=True)
+    state = _step(0, trip, state, MASKED=True)
     n_pairs = gl.maximum(n_full - 1, 0) // 2
     for i in range(n_pairs):
-        state = _pair(1 + 2 * i, trip, state, WG=WG)
+        state = _pair(1 + 2 * i, trip, state)
     if 1 + 2 * n_pairs < n_full:
-        state = _step(1 + 2 * n_pairs, trip, state, WG=WG, MASKED=False)
+        state = _step(1 + 2 * n_pairs, trip, state, MASKED=False)
     if n_full > 0:
         if n_tiles > n_full:  # the partial last tile
-            state = _step(n_full, trip, state, WG=WG, MASKED=True)
+            state = _step(n_full, trip, state, MASKED=True)
     m_i, o, l_i = state
 
     vs = gl.load(vs_ptr + vs_off + gl.arange(0, D, layout=gl.SliceLayout(0, O_L)))
