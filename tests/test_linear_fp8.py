@@ -33,6 +33,7 @@ def test_quantize_rows_bitwise(K, dtype):
     x[2, K // 2] = float("nan")  # NaN row: scale NaN, zeros
     x[3, -1] = 6e4 if dtype == torch.float16 else 1e30  # one huge element dominates the amax
     x[4] = x[4] * 1e-30 if dtype != torch.float16 else x[4]  # tiny row (fp32 / bf16 range)
+    x[5, K // 3] = float("-inf")  # an infinite row: as a NaN row
     q, s = quantize_rows(x)
     rq, rs = quantize_rows_fp8_reference(x)
     assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
@@ -40,6 +41,7 @@ def test_quantize_rows_bitwise(K, dtype):
     assert torch.equal(_bits(q), _bits(rq))
     assert _same(s, rs)
     assert s[1].item() == 1.0 and torch.isnan(s[2]) and not q[2].float().any()
+    assert torch.isnan(s[5]) and not q[5].float().any()
     # dequantized rows are x within e4m3's relative rounding (2^-4) where finite
     ok = torch.isfinite(s)
     deq = q.float()[ok] * s[ok, None]
@@ -63,11 +65,18 @@ def test_quantize_rows_empty():
 
 def test_config_table():
     assert QuantRowsConfig.for_width(5120) == QuantRowsConfig(
-        rows=1, block_k=8192, chunks=1, num_warps=8
+        rows=1, pieces=(4096, 1024, 0), chunks=1, num_warps=8
     )
+    # Wan's FFN-out row: three pieces, 512 masked columns instead of 2,560
+    assert QuantRowsConfig.for_width(13824).pieces == (8192, 4096, 2048)
     assert QuantRowsConfig.for_width(64).rows == 16
+    for K in range(1, 16385, 37):  # one chunk: the pieces cover the row, powers of two
+        c = QuantRowsConfig.for_width(K)
+        p = [w for w in c.pieces if w]
+        assert c.chunks == 1 and sum(p) >= K and all(w & (w - 1) == 0 for w in p), (K, c)
+        assert sum(p) - K < max(p[-1], QuantRowsConfig.UNIT), (K, c)  # masked: under a piece
     big = QuantRowsConfig.for_width(20000)
-    assert big.chunks * big.block_k >= 20000 and big.chunks > 1
+    assert big.chunks * big.pieces[0] >= 20000 and big.chunks > 1
 
 
 @pytest.mark.parametrize("shape", [(2, 50, 256), (1, 16), (300, 128)])

@@ -549,14 +549,15 @@ def attention_8bit_core(
 
 def quantize_rows_fp8_reference(x2: torch.Tensor, activation=None):
     """(M, K) -> (e4m3 (M, K), fp32 (M,)): each row scaled by ``448 / amax`` and rounded to
-    nearest even; ``scale = amax / 448`` (an all-zero row: 1; a row with a NaN: NaN, and
-    zeros); ``activation="gelu_tanh"``: of :func:`gelu_reference` of the rows. The contract of
-    :func:`ditfuse.ops.linear_fp8.quantize_rows`, bitwise."""
+    nearest even; ``scale = amax / 448`` (an all-zero row: 1; a row with a NaN or an
+    infinity: NaN, and zeros); ``activation="gelu_tanh"``: of :func:`gelu_reference` of the
+    rows. The contract of :func:`ditfuse.ops.linear_fp8.quantize_rows`, bitwise."""
     if activation == "gelu_tanh":
         x2 = gelu_reference(x2, "tanh")
     xf = x2.float()
     amax = xf.abs().amax(dim=1)
-    amax = torch.where(torch.isnan(xf).any(dim=1), torch.full_like(amax, float("nan")), amax)
+    bad = ~torch.isfinite(xf).all(dim=1)
+    amax = torch.where(bad, torch.full_like(amax, float("nan")), amax)
     zero = amax == 0
     safe = torch.where(zero, torch.ones_like(amax), amax)
     e4m3_max = torch.full_like(amax, 448.0)  # tensor / tensor: `448.0 / t` is a reciprocal

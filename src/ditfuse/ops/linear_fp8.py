@@ -34,26 +34,43 @@ DIM_MULTIPLE = 16
 
 @dataclass(frozen=True)
 class QuantRowsConfig:
-    """Launch settings of :func:`quantize_rows`: ``rows`` a program, ``chunks`` loads of
-    ``block_k`` columns a row (one: the row is held in registers), ``num_warps``."""
+    """Launch settings of :func:`quantize_rows`: ``rows`` a program; ``pieces``, up to three
+    power-of-two widths (0: absent) that hold a row in registers end to end (``chunks`` 1),
+    or with ``chunks`` > 1 loads of ``pieces[0]`` columns a row; ``num_warps``."""
 
     rows: int
-    block_k: int
+    pieces: Tuple[int, int, int]
     chunks: int
     num_warps: int
+
+    #: the narrowest piece (columns): 8 warps of 32 threads load 8 bf16 a thread from 2048
+    #: columns, so a narrower piece repeats threads' work; 512 bounds the rounding of a wide
+    #: row while keeping that repeat small
+    UNIT = 512
 
     @staticmethod
     def for_width(K: int) -> "QuantRowsConfig":
         """A row up to 16,384 wide is held in registers (one read); rows are added until a
         program holds about 8,192 elements, 8 warps (32 or more elements a thread: 16-byte
-        loads of bf16)."""
+        loads of bf16). A row wider than half its power of two is split into pieces: the
+        largest power of two in it, the largest in the rest, and the rest rounded up (13,824
+        = 8,192 + 4,096 + 2,048; K 5,120 = 4,096 + 1,024), so the masked columns the GELU
+        still computes are under a quarter of the last piece."""
         width = triton.next_power_of_2(max(K, 1))
-        if width <= 16384:
-            rows = max(1, min(16, 8192 // width))
+        if width > 16384:
             return QuantRowsConfig(
-                rows=rows, block_k=width, chunks=1, num_warps=8 if rows * width >= 4096 else 4
+                rows=1, pieces=(8192, 0, 0), chunks=triton.cdiv(K, 8192), num_warps=8
             )
-        return QuantRowsConfig(rows=1, block_k=8192, chunks=triton.cdiv(K, 8192), num_warps=8)
+        rows = max(1, min(16, 8192 // width))
+        num_warps = 8 if rows * width >= 4096 else 4
+        if K <= QuantRowsConfig.UNIT:
+            return QuantRowsConfig(rows=rows, pieces=(width, 0, 0), chunks=1, num_warps=num_warps)
+        n = triton.cdiv(K, QuantRowsConfig.UNIT) * QuantRowsConfig.UNIT
+        w0 = 1 << (n.bit_length() - 1)
+        rest = n - w0
+        w1 = 1 << (rest.bit_length() - 1) if rest else 0
+        w2 = triton.next_power_of_2(rest - w1) if rest > w1 else 0
+        return QuantRowsConfig(rows=rows, pieces=(w0, w1, w2), chunks=1, num_warps=num_warps)
 
 
 def _rows_view(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -116,7 +133,7 @@ def _quantize(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, gelu: bool
         (x2, q, scale, M, K, x2.stride(0), q.stride(0)),
         dict(
             ROWS=cfg.rows,
-            BLOCK_K=cfg.block_k,
+            PIECES=cfg.pieces,
             CHUNKS=cfg.chunks,
             GELU=gelu,
             num_warps=cfg.num_warps,
@@ -159,7 +176,8 @@ def quantize_rows(
     ``amax = max |x[m, :]|`` (fp32); ``q[m, :] = e4m3_rne(x[m, :] * (448 / amax))``,
     ``scale[m] = amax / 448`` (both divisions correctly rounded), so ``q * scale`` is ``x``
     within e4m3's rounding (relative 2^-4). An all-zero row: zeros and scale 1. A row with
-    a NaN: scale NaN (the GEMM's row is NaN, as a 16-bit linear's).
+    a NaN or an infinity: zeros and scale NaN (the GEMM's row is NaN, where a 16-bit
+    linear's is not finite).
 
     Parameters
     ----------
