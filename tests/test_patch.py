@@ -45,8 +45,10 @@ def _spy_activations(monkeypatch):
     return seen
 
 
-#: variants of a model family already in the default tier (Wan T2V, SA3 DiT)
-_VARIANTS = ("wan-i2v", "wan-ti2v", "sa3-dit-inpaint")
+#: variants of a model family already in the default tier (Wan T2V, SA3 DiT), and FLUX.1
+#: (its processors patched and run in the default tier by tests/test_patch_hooks.py; the
+#: slowest model in the interpreter)
+_VARIANTS = ("wan-i2v", "wan-ti2v", "sa3-dit-inpaint", "flux1")
 
 
 @pytest.mark.skipif(

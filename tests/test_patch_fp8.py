@@ -342,8 +342,11 @@ def _call(name, model, kw, dtype):
 
 @pytest.mark.parametrize(
     "name",
-    [  # FLUX.1 / FLUX.2: seconds a forward in the interpreter
-        pytest.param(c[0], marks=pytest.mark.slow if c[0] in _SLOW + ("flux1", "flux2") else ())
+    [  # FLUX.1 / FLUX.2 / HunyuanVideo: tens of seconds in the interpreter
+        pytest.param(
+            c[0],
+            marks=pytest.mark.slow if c[0] in _SLOW + ("flux1", "flux2", "hunyuan-video") else (),
+        )
         for c in FP8_CASES
     ],
 )
