@@ -11,7 +11,7 @@ from typing import NamedTuple
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _rnd
-from ditfuse.kernels.linear_fp8 import _row_scale, _store_e4m3
+from ditfuse.kernels.linear_fp8 import _amax_nan, _max_nan, _row_amax, _row_scale, _store_e4m3
 from ditfuse.runtime.backend import jit
 
 #: the norm the kernels apply (``AdaLNFlags.norm``); the values are the ``ditfuse::adaln`` ops'
@@ -378,16 +378,14 @@ def _adaln_fp8_tile_kernel(
     scale = (scale_ptr, _row(strides.scale, b, s), strides.scale[2])
     va = _rnd(_modulate(pa[0], pa[1], pa[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
     va = tl.where(pa[1], va, 0.0)
-    # |v| as int32 bits: one integer max a row finds the amax and any NaN (whose bits lie
-    # above +inf's), one cross-warp reduction a piece
-    top = tl.max(tl.abs(va).to(tl.int32, bitcast=True), 1)
+    # one cross-warp reduction a piece
+    amax = _row_amax(va)
     vb = va
     if BLOCK_B > 0:
         vb = _rnd(_modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
         vb = tl.where(pb[1], vb, 0.0)
-        top = tl.maximum(top, tl.max(tl.abs(vb).to(tl.int32, bitcast=True), 1))
-    nan = (top > 0x7F800000).to(tl.int32)
-    amax = tl.where(nan > 0, 0.0, top.to(tl.float32, bitcast=True))
+        amax = _max_nan(amax, _row_amax(vb))
+    amax, nan = _amax_nan(amax)
     rows = b * S + s  # (ROWS, 1): q's rows and the scales' index
     has_nan, inv, row_scale = _row_scale(amax[:, None], nan[:, None])
     tl.store(qscale_ptr + rows, row_scale, mask=s < S)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from ditfuse.kernels.activations import _act_tanh
-from ditfuse.kernels.element import _cast_e4m3, _rnd
+from ditfuse.kernels.element import _PTX, _cast_e4m3, _rnd
 from ditfuse.runtime.backend import jit
 
 E4M3_MAX = tl.constexpr(448.0)
@@ -37,14 +37,27 @@ def _load_row(x_ptr, rows, cols, ok, stride_xm, GELU: tl.constexpr):
 
 @jit
 def _max_nan(a, b):
-    """max that propagates NaN (one ``FMNMX.NAN``): a row's amax is NaN if any element is."""
+    """max that keeps NaN (one ``FMNMX.NAN``)."""
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @jit
 def _row_amax(x):
-    """The rows' max |x| (fp32), NaN where a row holds a NaN."""
-    return tl.reduce(tl.abs(x), 1, _max_nan)
+    """The rows' max ``|x|`` (fp32 ``x``), NaN where a row holds a NaN. Under the interpreter,
+    where a reduction with a combine function runs element by element in Python, one integer
+    max of the bits (a NaN's lie above +inf's) gives the same values."""
+    if _PTX:
+        return tl.reduce(tl.abs(x), 1, _max_nan)
+    else:
+        top = tl.max(tl.abs(x).to(tl.int32, bitcast=True), 1)
+        return tl.where(top > 0x7F800000, float("nan"), top.to(tl.float32, bitcast=True))
+
+
+@jit
+def _amax_nan(amax):
+    """(amax with NaN as 0, NaN flag) of rows from :func:`_row_amax`."""
+    nan = (amax != amax).to(tl.int32)
+    return tl.where(nan > 0, 0.0, amax), nan
 
 
 @jit
@@ -122,7 +135,8 @@ def _quantize_rows_kernel(
         for c in range(CHUNKS):
             x0, c0, ok0 = _piece(x_ptr, rows, row_ok, c * W0, K, stride_xm, W0, GELU)
             amax = _max_nan(amax, _row_amax(x0))
-    has_nan, inv, row_scale = _row_scale(amax, (amax != amax).to(tl.int32))
+    amax, nan = _amax_nan(amax)
+    has_nan, inv, row_scale = _row_scale(amax, nan)
     tl.store(scale_ptr + rows, row_scale, mask=row_ok)
     if CHUNKS == 1:  # the row is still in registers
         _store_q(q_ptr, x0, inv, has_nan, rows, c0, ok0, stride_qm)
