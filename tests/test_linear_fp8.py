@@ -49,6 +49,24 @@ def test_quantize_rows_bitwise(K, dtype):
     assert ((deq - ref).abs() <= ref.abs() * 2.0**-4 + s[ok, None] * 2.0**-9).all()
 
 
+@pytest.mark.parametrize("K", [16, 80, 1000, 3072, 5120, 13824, 20000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_quantize_rows_gelu_bitwise(K, dtype):
+    """The GELU in the quantizing pass (the FFN-out input): bitwise the reference quantizer of
+    the reference GELU rounded to x's dtype, at widths held as one tile, as two or three
+    pieces (13,824 = 8,192 + 4,096 + 2,048 with 512 masked columns) and in chunks."""
+    M = 5 if K > 10000 else 21
+    g = torch.Generator().manual_seed(K)
+    x = (torch.randn(M, K, generator=g) * torch.rand(M, 1, generator=g) * 4).to(dtype).to(DEV)
+    x[1] = 0.0
+    x[2, K // 2] = float("nan")
+    x[3, K - 1] = 200.0  # the amax in the last piece's last column
+    q, s = quantize_rows(x, activation="gelu_tanh")
+    rq, rs = quantize_rows_fp8_reference(x, "gelu_tanh")
+    assert torch.equal(_bits(q), _bits(rq)) and _same(s, rs)
+    assert s[3].item() == pytest.approx(200.0 / 448.0) and torch.isnan(s[2])
+
+
 def test_quantize_rows_strided_and_batched():
     base = torch.randn(3, 40, 2 * 256, dtype=torch.bfloat16, device=DEV)
     x = base[..., 256:]  # row stride 512, unit column stride
@@ -64,14 +82,16 @@ def test_quantize_rows_empty():
 
 
 def test_config_table():
+    # without the GELU the pass is bound by its bytes: one power-of-two tile
     assert QuantRowsConfig.for_width(5120) == QuantRowsConfig(
-        rows=1, pieces=(4096, 1024, 0), chunks=1, num_warps=8
+        rows=1, pieces=(8192, 0, 0), chunks=1, num_warps=8
     )
-    # Wan's FFN-out row: three pieces, 512 masked columns instead of 2,560
-    assert QuantRowsConfig.for_width(13824).pieces == (8192, 4096, 2048)
+    # Wan's FFN-out row through the GELU: three pieces, 512 masked columns instead of 2,560
+    assert QuantRowsConfig.for_width(13824, gelu=True).pieces == (8192, 4096, 2048)
+    assert QuantRowsConfig.for_width(5120, gelu=True).pieces == (4096, 1024, 0)
     assert QuantRowsConfig.for_width(64).rows == 16
     for K in range(1, 16385, 37):  # one chunk: the pieces cover the row, powers of two
-        c = QuantRowsConfig.for_width(K)
+        c = QuantRowsConfig.for_width(K, gelu=True)
         p = [w for w in c.pieces if w]
         assert c.chunks == 1 and sum(p) >= K and all(w & (w - 1) == 0 for w in p), (K, c)
         assert sum(p) - K < max(p[-1], QuantRowsConfig.UNIT), (K, c)  # masked: under a piece

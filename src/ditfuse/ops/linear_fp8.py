@@ -49,13 +49,15 @@ class QuantRowsConfig:
     UNIT = 512
 
     @staticmethod
-    def for_width(K: int) -> "QuantRowsConfig":
+    def for_width(K: int, gelu: bool = False) -> "QuantRowsConfig":
         """A row up to 16,384 wide is held in registers (one read); rows are added until a
         program holds about 8,192 elements, 8 warps (32 or more elements a thread: 16-byte
-        loads of bf16). A row wider than half its power of two is split into pieces: the
-        largest power of two in it, the largest in the rest, and the rest rounded up (13,824
-        = 8,192 + 4,096 + 2,048; K 5,120 = 4,096 + 1,024), so the masked columns the GELU
-        still computes are under a quarter of the last piece."""
+        loads of bf16). With ``gelu`` (the pass is bound by its arithmetic, not its bytes) a
+        row wider than half its power of two is split into pieces: the largest power of two
+        in it, the largest in the rest, and the rest rounded up (13,824 = 8,192 + 4,096 +
+        2,048), so the masked columns the GELU still computes are under a quarter of the last
+        piece. Without it the pass runs at the copy rate and one power-of-two tile is faster
+        (docs/design/linear_fp8.md, "The GELU pass")."""
         width = triton.next_power_of_2(max(K, 1))
         if width > 16384:
             return QuantRowsConfig(
@@ -63,7 +65,7 @@ class QuantRowsConfig:
             )
         rows = max(1, min(16, 8192 // width))
         num_warps = 8 if rows * width >= 4096 else 4
-        if K <= QuantRowsConfig.UNIT:
+        if not gelu or K <= QuantRowsConfig.UNIT:
             return QuantRowsConfig(rows=rows, pieces=(width, 0, 0), chunks=1, num_warps=num_warps)
         n = triton.cdiv(K, QuantRowsConfig.UNIT) * QuantRowsConfig.UNIT
         w0 = 1 << (n.bit_length() - 1)
@@ -126,7 +128,7 @@ def _quantize(x2: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, gelu: bool
     M, K = x2.shape
     if M == 0:
         return
-    cfg = QuantRowsConfig.for_width(K)
+    cfg = QuantRowsConfig.for_width(K, gelu)
     fastpath.launch(
         _quantize_rows_kernel,
         (triton.cdiv(M, cfg.rows),),
