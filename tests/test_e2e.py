@@ -491,6 +491,10 @@ def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch, fewer_tokens):
     ways[-1] = (ways[-1][0], lambda m: ditfuse.patch(m))
     monkeypatch.setattr(e2e, "linear_fp8_ways", lambda labels=None: ways)
     out, path = io.StringIO(), tmp_path / "e2e.csv"
+    # a row of an earlier call (another model, the same day's file) stays ahead of this call's
+    earlier = dict.fromkeys(e2e.ROW_FIELDS, "")
+    earlier.update(model="wan14b-720p", impl="unpatched compile", ms="1122.79")
+    e2e.write_csv(str(path), [earlier])
     failed = e2e.run_e2e(
         ["wan14b-480p"],
         DEVICE,
@@ -510,6 +514,8 @@ def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch, fewer_tokens):
     assert failed == 0, log
     with open(path) as f:
         rows = list(csv.DictReader(f))
+    assert rows[0] == earlier
+    rows = rows[1:]
     assert [r["impl"] for r in rows] == ["unpatched eager"] + [w[0] + " eager" for w in ways]
     assert "patched linear-fp8 eager: ready in" in log
     assert "blocks.0.ffn.net.2: torch.bfloat16, exact" in log  # the patch report, printed

@@ -31,6 +31,7 @@ import copy
 import csv
 import gc
 import math
+import os
 import re
 import statistics
 import sys
@@ -1015,6 +1016,16 @@ def write_csv(path: str, rows, fields=ROW_FIELDS) -> None:
         w.writerows(rows)
 
 
+def read_rows(path: str, fields=ROW_FIELDS) -> list:
+    """The rows an earlier call wrote to ``path`` (a day's CSV of one GPU), kept ahead of a new
+    call's; none where the file is absent or has other columns."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        r = csv.DictReader(f)
+        return list(r) if r.fieldnames == list(fields) else []
+
+
 def run_e2e(
     names,
     device: str,
@@ -1036,13 +1047,15 @@ def run_e2e(
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
     test's configs and sizes through the same builders. ``layers``: a count, or a count per
     model name. ``fp8``: :func:`run_model`'s three 8-bit ways instead of the four (transformers
-    only). Returns the number of failures."""
+    only). Rows already in ``csv_path`` (an earlier call the same day) are kept ahead of this
+    call's. Returns the number of failures."""
     rows, failed = [], 0
+    earlier = read_rows(csv_path)
 
     def emit(r):
         rows.append(r)
         print(format_row(r), file=out, flush=True)
-        write_csv(csv_path, rows)
+        write_csv(csv_path, earlier + rows)
 
     print(HEADER, file=out, flush=True)
     for n in names:
@@ -1108,7 +1121,6 @@ def models_to_run(arg: str, default: list, prog: str, transformers_only: bool = 
 def main(args) -> int:
     """Called by ``ditfuse bench --e2e`` (``--fp8``: the 8-bit attention rows)."""
     import datetime as _dt
-    import os
 
     import triton
 
