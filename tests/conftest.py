@@ -121,3 +121,20 @@ def rope_tables(
         else:
             c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
     return c.to(dtype).to(device), s.to(dtype).to(device)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Of a parametrized test's cases that are not marked ``slow``, the default tier runs every
+    other one (the first, the third, ...) where there are two or more; the slow tier runs the
+    others, so CI runs every case. Runs before ``-m`` selects, on every xdist worker alike
+    (collection order is fixed)."""
+    groups: dict = {}
+    for item in items:
+        if getattr(item, "callspec", None) is None or item.get_closest_marker("slow"):
+            continue
+        groups.setdefault((str(item.path), item.originalname), []).append(item)
+    for cases in groups.values():
+        if len(cases) >= 2:
+            for c in cases[1::2]:
+                c.add_marker(pytest.mark.slow)
