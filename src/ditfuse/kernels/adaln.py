@@ -11,7 +11,7 @@ from typing import NamedTuple
 import triton.language as tl
 
 from ditfuse.kernels.element import _cast_out, _rnd
-from ditfuse.kernels.linear_fp8 import _amax_nan, _max_nan, _row_amax, _row_scale, _store_e4m3
+from ditfuse.kernels.linear_fp8 import _max_nan, _row_amax, _row_scale, _store_e4m3
 from ditfuse.runtime.backend import jit
 
 #: the norm the kernels apply (``AdaLNFlags.norm``); the values are the ``ditfuse::adaln`` ops'
@@ -385,9 +385,8 @@ def _adaln_fp8_tile_kernel(
         vb = _rnd(_modulate(pb[0], pb[1], pb[2], (w_ptr, b_ptr), shift, scale, FLAGS, ACT), ACT)
         vb = tl.where(pb[1], vb, 0.0)
         amax = _max_nan(amax, _row_amax(vb))
-    amax, nan = _amax_nan(amax)
     rows = b * S + s  # (ROWS, 1): q's rows and the scales' index
-    has_nan, inv, row_scale = _row_scale(amax[:, None], nan[:, None])
+    has_nan, inv, row_scale = _row_scale(amax[:, None])
     tl.store(qscale_ptr + rows, row_scale, mask=s < S)
     qo = _row(strides.out, b, s)
     _store_e4m3(q_ptr + qo + _runs_of_8(pa[2]) * strides.out[2], va, inv, has_nan, pa[1])

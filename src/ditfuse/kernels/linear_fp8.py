@@ -54,18 +54,11 @@ def _row_amax(x):
 
 
 @jit
-def _amax_nan(amax):
-    """(amax with NaN as 0, NaN flag) of rows from :func:`_row_amax`."""
-    nan = (amax != amax).to(tl.int32)
-    return tl.where(nan > 0, 0.0, amax), nan
-
-
-@jit
-def _row_scale(amax, nan):
-    """A row's (has_nan, 448 / amax, amax / 448) from its fp32 ``amax`` and NaN count (any
-    shape): an all-zero row scales by 1, a row holding a NaN or an infinity gets scale NaN
-    (and zeros)."""
-    has_nan = (nan > 0) | (amax == float("inf"))
+def _row_scale(amax):
+    """A row's (has_nan, 448 / amax, amax / 448) from its fp32 ``amax`` (:func:`_row_amax`:
+    NaN where the row holds a NaN; any shape): an all-zero row scales by 1, a row holding a
+    NaN or an infinity gets scale NaN (and zeros)."""
+    has_nan = (amax != amax) | (amax == float("inf"))
     amax = tl.where(has_nan, float("nan"), amax)
     zero = amax == 0.0
     e4m3_max = tl.full(amax.shape, E4M3_MAX, tl.float32)
@@ -135,8 +128,7 @@ def _quantize_rows_kernel(
         for c in range(CHUNKS):
             x0, c0, ok0 = _piece(x_ptr, rows, row_ok, c * W0, K, stride_xm, W0, GELU)
             amax = _max_nan(amax, _row_amax(x0))
-    amax, nan = _amax_nan(amax)
-    has_nan, inv, row_scale = _row_scale(amax, nan)
+    has_nan, inv, row_scale = _row_scale(amax)
     tl.store(scale_ptr + rows, row_scale, mask=row_ok)
     if CHUNKS == 1:  # the row is still in registers
         _store_q(q_ptr, x0, inv, has_nan, rows, c0, ok0, stride_qm)
