@@ -223,6 +223,70 @@ def test_key_mask_hands_the_kernel_each_entry_kept_keys(layout, monkeypatch):
     assert torch.allclose(out.double(), ref, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_int8_q_with_16bit_k_reaches_the_kernel_as_it_is(layout, aligned, monkeypatch):
+    """An int8 q with its scales and a 16-bit k go to the warp-specialized kernel with q's
+    values and scales unchanged (copied to a contiguous tensor only where q's strides are
+    not 16-byte multiples), k / v 16-bit for the route's own quantizers: the launch a 16-bit
+    q that quantizes to those values gets."""
+    from ditfuse.ops import attention_fp8 as A
+
+    launched = []
+
+    def kernel(q8, q_scale, k4, v4, out4, scale, keys=WS.Keys(), config=None):
+        launched.append((q8.clone(), q_scale.clone(), k4, v4, q8.stride(), scale))
+        return out4.fill_(0.5)
+
+    monkeypatch.setattr(WS, "launch", kernel)
+    monkeypatch.setattr(API, "_ws_ok", lambda q, k, window, q8=False: window is None)
+    B, S_q, S_kv, H, D = 2, 40, 70, 3, 64
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (
+        (torch.randn(B, s, H, D, generator=g) * 2).to(DEVICE, torch.bfloat16)
+        for s in (S_q, S_kv, S_kv)
+    )
+    q8, qs = A.quantize_per_token(q)
+    if not aligned:  # channels 1..64 of a 65-wide row: row strides of 65 bytes
+        wide = torch.randint(-127, 128, (B, S_q, H, D + 1), dtype=torch.int8, device=DEVICE)
+        wide[..., 1:] = q8
+        q8 = wide[..., 1:]
+    t = (lambda x: x.transpose(1, 2)) if layout == "bhsd" else (lambda x: x)
+    out = ditfuse.attention(t(q8), t(k), t(v), precision="fp8", q_scale=qs, layout=layout)
+    ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout)
+    assert (out == 0.5).all() and out.shape == t(q).shape
+    (a8, a_s, ak, av, a_st, a_sc), (b8, b_s, bk, bv, _, b_sc) = launched
+    assert torch.equal(a8, b8) and torch.equal(a_s, b_s) and a_sc == b_sc
+    assert ak.dtype == av.dtype == torch.bfloat16 and torch.equal(ak, bk) and torch.equal(av, bv)
+    assert a_st[3] == 1 and all(x % 16 == 0 for x in a_st[:3])
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_8bit_q_with_16bit_k_is_k_quantized_a_token(fmt):
+    """Off the warp-specialized kernel (here: the interpreter), an 8-bit q with a 16-bit k
+    is the call with k quantized a token in q's format, bitwise; bad companions refused."""
+    from ditfuse.reference import quantize_per_token
+
+    B, S_q, S_kv, H, D = 1, 33, 45, 2, 64
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (
+        torch.randn(B, s, H, D, generator=g).to(DEVICE, torch.bfloat16) for s in (S_q, S_kv, S_kv)
+    )
+    q8, qs = quantize_per_token(q, fmt)
+    k8, ks = quantize_per_token(k, fmt)
+    mixed = ditfuse.attention(q8, k, v, precision="fp8", q_scale=qs)
+    both = ditfuse.attention(q8, k8, v, precision="fp8", q_scale=qs, k_scale=ks)
+    assert torch.equal(mixed, both)
+    with pytest.raises(ValueError, match="q_scale is required"):
+        ditfuse.attention(q8, k, v, precision="fp8")
+    with pytest.raises(ValueError, match="k_scale is for an 8-bit k"):
+        ditfuse.attention(q8, k, v, precision="fp8", q_scale=qs, k_scale=ks)
+    with pytest.raises(ValueError, match="q_scale"):
+        ditfuse.attention(q8, k, v, precision="fp8", q_scale=qs[:, :, :-1])
+    with pytest.raises(ValueError, match="head_dim"):
+        ditfuse.attention(q8[..., :32], k[..., :32], v[..., :32], precision="fp8", q_scale=qs)
+
+
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 def test_gpu_key_mask(layout):
@@ -367,6 +431,29 @@ def test_gpu_kernel(B, Sq, Skv, H, D, layout):
     cos = (o @ r / (o.norm() * r.norm())).item()
     rel = ((o - r).norm() / r.norm()).item()
     assert torch.isfinite(out).all() and cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_gpu_int8_q_is_the_16bit_call(layout, masked):
+    """On the kernel: an int8 q (the QK-norm kernel's form: bitwise quantize_per_token) with a
+    16-bit k gives bitwise the 16-bit call on the q it quantizes, with or without a key mask."""
+    from ditfuse.ops.attention_fp8 import quantize_per_token
+
+    B, S_q, S_kv, H, D = 2, 1000, 1777, 3, 128
+    q = (torch.randn(B, S_q, H, D, device="cuda") * 3).bfloat16()
+    k = (torch.randn(B, S_kv, H, D, device="cuda") + 3 * torch.randn(D, device="cuda")).bfloat16()
+    v = torch.randn(B, S_kv, H, D, device="cuda").bfloat16()
+    km = (torch.rand(B, S_kv, device="cuda") < 0.7) if masked else None
+    t = (lambda x: x.transpose(1, 2)) if layout == "bhsd" else (lambda x: x)
+    q8, qs = quantize_per_token(q)
+    with torch.no_grad():
+        a = ditfuse.attention(t(q), t(k), t(v), precision="fp8", layout=layout, key_mask=km)
+        b = ditfuse.attention(
+            t(q8), t(k), t(v), precision="fp8", q_scale=qs, layout=layout, key_mask=km
+        )
+    assert torch.isfinite(a).all() and torch.equal(a, b)
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")

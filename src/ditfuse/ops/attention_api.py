@@ -1,8 +1,8 @@
 """``ditfuse.attention``: the one front door of attention. It routes a call to PyTorch's SDPA
 or the band kernel of :mod:`ditfuse.ops.attention` (the exact 16-bit path), or to 8-bit
 tensor-core attention (``precision="fp8"``): the warp-specialized sm_90 kernel for 16-bit
-calls without a window, key-masked ones included (:func:`ditfuse.ops.attention_fp8.run_ws`:
-the kept keys compacted on the device), else q / k
+calls (or int8 q with a 16-bit k) without a window, key-masked ones included
+(:func:`ditfuse.ops.attention_fp8.run_ws`: the kept keys compacted on the device), else q / k
 quantized here where they are 16-bit and the Triton kernel of
 :mod:`ditfuse.ops.attention_fp8` (or its PyTorch emulation where it cannot run). Every
 argument is checked before anything is quantized or launched.
@@ -119,7 +119,8 @@ def attention(
         ``(B, S, H, D)`` (``layout="bshd"``) or ``(B, H, S, D)`` (``"bhsd"``), any strides;
         q may have another sequence length than k / v. 16-bit (fp16 / bf16) -- or, with
         ``precision="fp8"``, q and k int8 / float8_e4m3fn as
-        ``ditfuse.qk_norm_rope(..., quantize=...)`` writes them, with their scales.
+        ``ditfuse.qk_norm_rope(..., quantize=...)`` writes them, with their scales, or such
+        an 8-bit q (with ``q_scale``) and a 16-bit k, which is quantized here.
     precision : {None, "fp8"}
         ``None``: the exact 16-bit path -- PyTorch's ``scaled_dot_product_attention`` (its
         best backend), or :func:`ditfuse.sliding_window_attention` with a ``window``.
@@ -127,8 +128,9 @@ def attention(
         inputs) with per-token scales, fp32 online softmax, P and V in e4m3 (V with one
         scale per (batch, head, channel), quantized here), P V accumulated in fp32; output
         in v's dtype. On sm_90 tensor cores: the warp-specialized kernel for 16-bit calls
-        without a window (with a key mask, on each batch entry's kept keys, compacted on the
-        device), the Triton kernel for the others (8-bit q / k, a window); elsewhere the
+        and int8 q with 16-bit k, without a window (with a key mask, on each batch entry's
+        kept keys, compacted on the device), the Triton kernel for the others (8-bit k, e4m3
+        q, a window); elsewhere the
         same quantization emulated in PyTorch
         (:func:`ditfuse.reference.attention_8bit_core`).
     q_scale, k_scale : Tensor, optional
@@ -139,7 +141,10 @@ def attention(
         scale is refused (ValueError) where that costs no device sync -- eager, CPU tensors;
         on a GPU, under torch.compile and in a CUDA-graph capture it is not checked (a zero
         scale still gives NaN-free output: masked scores are set to -inf after the scales
-        multiply).
+        multiply). ``q_scale`` alone, with an 8-bit q and a 16-bit k: k is quantized here
+        as the kernel that runs takes it (the warp-specialized kernel's tiles for an int8 q,
+        so the answer is bitwise that of the 16-bit call whose q quantizes to ``q``; else a
+        token, in q's format).
     window : int or (int, int), optional
         Only keys ``i - left <= j <= i + right`` (``-1``, or a side ``>= S_kv``: unbounded);
         needs as many queries as keys.
@@ -212,9 +217,22 @@ def attention(
         if _ws_ok(q, k, window):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
             if torch.compiler.is_compiling():
-                return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask)
+                return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask, None)
             return fp8.run_ws(q, k, v, s, layout, key_mask)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
+    elif _q8_k16(q, k):
+        if k_scale is not None:
+            raise ValueError(
+                "k_scale is for an 8-bit k; a 16-bit k is quantized here (pass q_scale alone)"
+            )
+        _check_q8_k16(q, k, v, q_scale, **opts)
+        if _ws_ok(q, k, window, q8=True):
+            s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+            if torch.compiler.is_compiling():
+                return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask, q_scale)
+            return fp8.run_ws(q, k, v, s, layout, key_mask, q_scale)
+        k, k_scale = _quantize_k_like(k, q.dtype, layout)
+        here = True  # q_scale's values checked above, k's scales written here
     if torch.compiler.is_compiling():
         return fp8._via_op(q, k, v, q_scale, k_scale, **opts)
     return fp8.run(
@@ -235,15 +253,55 @@ def _one_key(q: Tensor, k: Tensor, v: Tensor, scale, layout: str, key_mask) -> T
     return o.to(v.dtype).contiguous()
 
 
-def _ws_ok(q: Tensor, k: Tensor, window) -> bool:
+def _ws_ok(q: Tensor, k: Tensor, window, q8: bool = False) -> bool:
     """The warp-specialized kernel takes a 16-bit call on sm_90 without a window, with or
-    without a key mask (the Triton kernel takes band windows, and 8-bit q / k with per-token
-    key scales)."""
+    without a key mask, and (``q8``) one of int8 q with 16-bit k (the Triton kernel takes
+    band windows, 8-bit k with per-token key scales, and e4m3 q)."""
+    q_ok = q.dtype == torch.int8 if q8 else isinstance(k, Tensor) and k.dtype == q.dtype
+    return window is None and not backend.INTERPRET and q.is_cuda and q_ok and _sm90(q.device)
+
+
+def _q8_k16(q, k) -> bool:
+    """An 8-bit q (its scales given) with a 16-bit k, quantized here."""
     return (
-        window is None
-        and not backend.INTERPRET
-        and q.is_cuda
+        isinstance(q, Tensor)
         and isinstance(k, Tensor)
-        and k.dtype == q.dtype
-        and _sm90(q.device)
+        and q.dtype in fp8.QK_8BIT
+        and k.dtype in fp8.ACT_DTYPES
     )
+
+
+def _check_q8_k16(q, k, v, q_scale, **opts):
+    """Every argument of an 8-bit-q, 16-bit-k call, before k is quantized: the plan on a
+    zero-stride stand-in of k in q's dtype and of its scales, q_scale's values where that is
+    free (:func:`ditfuse.ops.attention_fp8.plan`)."""
+    if q_scale is None:
+        raise ValueError(
+            f"q_scale is required with an 8-bit q ({q.dtype}): the fp32 (B, H, S_q) scales "
+            "that ditfuse.qk_norm_rope(..., quantize=...) writes beside it"
+        )
+    if k.dim() != 4:
+        want = "(B, S, H, D)" if opts["layout"] == "bshd" else "(B, H, S, D)"
+        raise ValueError(f"k must be 4-D {want}, got {tuple(k.shape)}")
+    kv = 1 if opts["layout"] == "bshd" else 2
+    B, H = k.shape[0], k.shape[3 - kv]
+    ks = torch.empty((), dtype=torch.float32, device=k.device).expand(B, H, k.shape[kv])
+    k8 = torch.empty((), dtype=q.dtype, device=k.device).expand(k.shape)
+    p = fp8.plan(q, k8, v, q_scale=q_scale, k_scale=ks, check_scale_values=False, **opts)
+    fp8._check_scale_values(p.q_scale, "q_scale")
+
+
+def _quantize_k_like(k: Tensor, dtype: torch.dtype, layout: str):
+    """16-bit k in the 8-bit ``dtype`` of its q, one scale a (batch, head, token): int8 by
+    :func:`ditfuse.ops.attention_fp8.quantize_per_token`, e4m3 by the reference quantizer
+    (:func:`ditfuse.reference.quantize_per_token`, which the QK-norm kernel's e4m3 store
+    matches bitwise)."""
+    if dtype == torch.int8:
+        if torch.compiler.is_compiling():
+            k8, ks = fp8.quantize_per_token_op(k, layout)
+        else:
+            k8, ks = fp8.quantize_per_token(k, layout)
+        return k8, ks
+    from ditfuse.reference import quantize_per_token as quantize_reference
+
+    return quantize_reference(k, "fp8", layout=layout)

@@ -367,11 +367,21 @@ def _(x, layout):
 
 
 def run_ws(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str, key_mask: Optional[Tensor] = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    layout: str,
+    key_mask: Optional[Tensor] = None,
+    q_scale: Optional[Tensor] = None,
 ) -> Tensor:
     """16-bit q / k / v (checked) -> the warp-specialized kernel's output in q's layout,
     contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
-    the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`).
+    the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`). With ``q_scale``
+    (fp32 (B, H, S_q), checked), q is int8 already, quantized a token as
+    :func:`quantize_per_token` would (``ditfuse.qk_norm_rope(..., quantize="int8")`` writes
+    it so, bitwise), and goes to the kernel as it is -- through a contiguous copy only where
+    its strides are not the 16-byte multiples the kernel's TMA loads need.
 
     ``key_mask`` (bool (B, S_kv), checked): each batch entry attends only the keys it keeps.
     They are compacted on the device (:class:`ditfuse.ops.attention_fp8_ws.Keys`: no host
@@ -381,22 +391,39 @@ def run_ws(
     entry's key count. An entry that keeps no key gets zeros."""
     from ditfuse.ops import attention_fp8_ws as ws
 
-    q8, qs = quantize_per_token(q, layout)
     t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
+    if q_scale is None:
+        q8, qs = quantize_per_token(q, layout)
+    else:
+        q8, qs = (q if _tma_ok(t(q)) else t(t(q).contiguous())), q_scale
     out = _new_out(q.shape, v.dtype, v.device)
     ws.launch(t(q8), qs, t(k), t(v), t(out), scale, ws.Keys.from_mask(key_mask))
     return out
 
 
+def _tma_ok(x4: Tensor) -> bool:
+    """Whether an 8-bit (B, S, H, D) view can be a TMA descriptor's tensor as it is: channels
+    contiguous, every other stride and the base 16-byte aligned."""
+    return (
+        x4.stride(3) == 1 and all(s % 16 == 0 for s in x4.stride()[:3]) and x4.data_ptr() % 16 == 0
+    )
+
+
 @library.op("ditfuse::attention_8bit_ws")
 def attention_8bit_ws_op(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, layout: str, key_mask: Optional[Tensor]
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    layout: str,
+    key_mask: Optional[Tensor],
+    q_scale: Optional[Tensor],
 ) -> Tensor:
-    return run_ws(q, k, v, scale, layout, key_mask)
+    return run_ws(q, k, v, scale, layout, key_mask, q_scale)
 
 
 @attention_8bit_ws_op.register_fake
-def _(q, k, v, scale, layout, key_mask):
+def _(q, k, v, scale, layout, key_mask, q_scale):
     return torch.empty(q.shape, dtype=v.dtype, device=v.device)
 
 
