@@ -125,9 +125,10 @@ def test_linear_fp8_with_all_fusions():
 
 @pytest.mark.parametrize("attention", [pytest.param(True, marks=pytest.mark.slow), "fp8"])
 def test_wan_blocks_hand_rows8(attention, monkeypatch):
-    """Wan's fused block forward writes the self-attention's and the FFN's inputs in e4m3 from
-    the AdaLN kernel (``quantize="fp8"``, taken by every block): the model's output bitwise
-    what it is when the FP8 linears quantize those inputs themselves."""
+    """Wan's fused block forward writes the self-attention's, the cross-attention's and the
+    FFN's inputs in e4m3 from the AdaLN kernels (``quantize="fp8"``, taken by every block):
+    the model's output bitwise what it is when the FP8 linears quantize those inputs
+    themselves."""
     from ditfuse.patching import wan
 
     _, make, inputs, _ = _CASES["wan-t2v"]
@@ -151,8 +152,9 @@ def test_wan_blocks_hand_rows8(attention, monkeypatch):
         fused = model(**kw)[0]
     n_blocks = len(model.blocks)
     assert quantized.count(("norm1", "fp8")) == n_blocks, quantized
-    assert quantized.count(("norm", "fp8")) == n_blocks, quantized  # the FFN's input
-    monkeypatch.setattr(wan, "rows8_ok", lambda attn, x: False)
+    # the cross-attention's input (gated residual + norm2) and the FFN's
+    assert quantized.count(("norm", "fp8")) == 2 * n_blocks, quantized
+    monkeypatch.setattr(wan, "rows8_ok", lambda attn, x, cross=False: False)
     monkeypatch.setattr(wan, "ffn_takes_rows8", lambda ffn, x: False)
     quantized.clear()
     with torch.no_grad():
@@ -169,18 +171,25 @@ def test_rows8_not_handed_past_hooks():
     _, make, inputs, _ = _CASES["wan-t2v"]
     model = to_dtype(make(), torch.bfloat16)
     ditfuse.patch(model, linear="fp8")
-    attn = model.blocks[0].attn1
+    attn, cross = model.blocks[0].attn1, model.blocks[0].attn2
     x = torch.empty(1, 1, attn.to_qkv.in_features, dtype=torch.bfloat16)
-    assert wan.rows8_ok(attn, x)
+    assert wan.rows8_ok(attn, x) and wan.rows8_ok(cross, x, cross=True)
     assert not wan.rows8_ok(attn, x.float())
-    for hook in (attn.register_forward_pre_hook, attn.to_qkv.register_forward_hook):
+    assert not wan.rows8_ok(cross, x.float(), cross=True)
+    for a, hook, c in (
+        (attn, attn.register_forward_pre_hook, False),
+        (attn, attn.to_qkv.register_forward_hook, False),
+        (cross, cross.register_forward_pre_hook, True),
+        (cross, cross.to_q.register_forward_hook, True),
+    ):
         h = hook(lambda *a: None)
-        assert not wan.rows8_ok(attn, x)
+        assert not wan.rows8_ok(a, x, cross=c)
         h.remove()
-    assert wan.rows8_ok(attn, x)
+    assert wan.rows8_ok(attn, x) and wan.rows8_ok(cross, x, cross=True)
     model2 = to_dtype(make(), torch.bfloat16)
     ditfuse.patch(model2, linear="fp8", linear_exclude=("*to_q*", "*norm*"))
     assert not wan.rows8_ok(model2.blocks[0].attn1, x)
+    assert not wan.rows8_ok(model2.blocks[0].attn2, x, cross=True)
 
 
 def test_patch_twice_and_exclude():

@@ -274,13 +274,19 @@ def _skyreels_block_forward(
     return _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask)
 
 
-def rows8_ok(attn, x) -> bool:
-    """Whether self-attention ``attn`` may take its input as the AdaLN kernel's e4m3 rows
+def rows8_ok(attn, x, cross: bool = False) -> bool:
+    """Whether attention ``attn`` may take its input as the AdaLN kernel's e4m3 rows
     (:class:`~ditfuse.ops.linear_fp8.Rows8`): its processor is ditfuse's Wan processor
-    (which hands the input to the Q / K / V projections alone), without a context-parallel
-    config or hooks, and every projection that reads it is an FP8 linear of x's dtype."""
+    (which hands the input to the projections alone), without a context-parallel config or
+    hooks, and every projection that reads it is an FP8 linear of x's dtype -- Q / K / V for
+    self-attention, Q alone for cross-attention (``cross``: K / V read the text)."""
     proc = attn.processor
-    names = ("to_qkv",) if getattr(attn, "fused_projections", False) else ("to_q", "to_k", "to_v")
+    if cross:
+        names = ("to_q",)
+    elif getattr(attn, "fused_projections", False):
+        names = ("to_qkv",)
+    else:
+        names = ("to_q", "to_k", "to_v")
     return (
         getattr(proc, "_rows8_input", False)
         and getattr(proc, "_parallel_config", None) is None
@@ -292,8 +298,9 @@ def rows8_ok(attn, x) -> bool:
 
 def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attention_mask):
     """The block's arithmetic after its modulation ``mods`` (shift, scale, gate, and the
-    FFN's three), with the AdaLN kernels; the self-attention's and the FFN's inputs in e4m3
-    where FP8 linears read them alone (``rows8_ok``, ``ffn_takes_rows8``)."""
+    FFN's three), with the AdaLN kernels; the self-attention's, the cross-attention's and
+    the FFN's inputs in e4m3 where FP8 linears read them alone (``rows8_ok``,
+    ``ffn_takes_rows8``)."""
     return wan_chain(
         hidden_states,
         mods,
@@ -305,6 +312,7 @@ def _chain(self, hidden_states, encoder_hidden_states, mods, rotary_emb, attenti
         self.ffn,
         quantize=(
             rows8_ok(self.attn1, hidden_states),
+            rows8_ok(self.attn2, hidden_states, cross=True),
             ffn_takes_rows8(self.ffn, hidden_states),
         ),
     )
@@ -319,7 +327,7 @@ def wan_chain(
     self_attn,
     cross_attn,
     ffn,
-    quantize=(False, False),
+    quantize=(False, False, False),
 ):
     """Wan's block arithmetic after its modulation ``mods`` (shift, scale, gate and the
     FFN's three; fp32), with the AdaLN kernels: ``norm1`` (affine-free) + modulate ->
@@ -327,10 +335,12 @@ def wan_chain(
     ``cross_attn``; the residual + ``ffn_norm`` (affine-free) + modulate -> ``ffn``; the
     FFN's gated residual. Shared by the blocks of the Wan family, whose norms are named
     differently (Wan: norm1 / norm2 / norm3; Wan-Animate-2: norm1 / norm3 / norm2).
-    ``quantize``: (self-attention, FFN) -- hand that branch its input as e4m3 rows with a scale
-    a token (``quantize="fp8"``), for FP8 linears that read it alone."""
+    ``quantize``: (self-attention, cross-attention, FFN) -- hand that branch its input as
+    e4m3 rows with a scale a token (``quantize="fp8"``), for FP8 linears that read it alone
+    (the cross-attention's only where ``cross_norm`` is a norm: with Identity its input is
+    the residual stream itself)."""
     shift, scale, gate, c_shift, c_scale, c_gate = mods
-    q_attn, q_ffn = ("fp8" if q else None for q in quantize)
+    q_attn, q_cross, q_ffn = ("fp8" if q else None for q in quantize)
     norm_hidden_states = adaln_modulate(
         hidden_states, shift, scale, norm="layer", eps=norm1.eps, quantize=q_attn
     )
@@ -347,6 +357,7 @@ def wan_chain(
             weight=cross_norm.weight,
             bias=cross_norm.bias,
             eps=cross_norm.eps,
+            quantize=q_cross,
         )
     attn_output = cross_attn(norm_hidden_states)
     hidden_states, norm_hidden_states = gated_residual_adaln(
