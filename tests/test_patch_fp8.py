@@ -109,17 +109,15 @@ def _gpu_route(monkeypatch):
 
     ws = []
 
-    def run_ws(q, k, v, scale, layout, key_mask=None, q_scale=None):
+    def run_ws(q, k, v, scale, layout, key_mask=None):
         ws.append((q.dtype, k.dtype, tuple(q.shape), layout, key_mask is not None))
         t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
         m = None if key_mask is None else key_mask[:, None, None, :]
-        if q_scale is not None:  # int8 Q from the QK kernel: its values, in K's dtype
-            q = t((t(q).float() * q_scale[..., None]).to(k.dtype))
         o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=m, scale=scale)
         return t(o).to(v.dtype).contiguous()
 
     monkeypatch.setattr(common, "qk_8bit", lambda key_mask=None: None)
-    monkeypatch.setattr(attention_api, "_ws_ok", lambda q, k, window, q8=False: window is None)
+    monkeypatch.setattr(attention_api, "_ws_ok", lambda q, k, window: window is None)
     monkeypatch.setattr(_attention_fp8, "run_ws", run_ws)
     return ws
 
@@ -136,11 +134,9 @@ def _gpu_route(monkeypatch):
 @torch.no_grad()
 def test_fp8_gpu_route_hands_16bit_qk(name, make, inputs, calls, monkeypatch):
     """On an sm_90 GPU a patched processor's 8-bit call hands the front door the QK kernel's
-    16-bit K (the warp-specialized kernel quantizes it itself) and 16-bit Q -- or, for Wan,
-    Q in int8 with per-token scales from the same kernel (``common.qk_form_8bit``) -- a
-    key-padded call with its key mask. With the warp-specialized kernel stood in for by
-    exact SDPA (on Q's int8 values where it is int8), the model computes bitwise what
-    ``patch(attention=True)`` does, and within Q's int8 rounding for Wan."""
+    16-bit Q / K (the warp-specialized kernel quantizes them itself), a key-padded call with
+    its key mask. With the warp-specialized kernel stood in for by exact SDPA, the model
+    computes bitwise what ``patch(attention=True)`` does."""
 
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)
@@ -153,14 +149,8 @@ def test_fp8_gpu_route_hands_16bit_qk(name, make, inputs, calls, monkeypatch):
     out = model(**kw)[0]
     monkeypatch.undo()
     assert len(ws) == calls and not per_token, (ws, per_token)
-    q_int8 = name.startswith("wan")
-    want_q = torch.int8 if q_int8 else torch.bfloat16
-    assert all(q == want_q and k == torch.bfloat16 for q, k, *_ in ws), ws
-    if not q_int8:
-        assert torch.equal(out, exact), _accuracy(out, exact)
-    else:  # a wrong rotation, norm or layout of Q or K is far past this
-        cos, rel = _accuracy(out, exact)
-        assert cos > 0.9999 and rel < 0.01, (cos, rel)
+    assert all(q == k == torch.bfloat16 for q, k, *_ in ws), ws
+    assert torch.equal(out, exact), _accuracy(out, exact)
 
 
 @pytest.mark.parametrize("name", ["qwen-image", pytest.param("wan-t2v", marks=pytest.mark.slow)])
@@ -755,36 +745,3 @@ def test_fp8_wan_animate2(monkeypatch):
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
     ditfuse.unpatch(model)
     assert torch.equal(_run(model, extract, cached)[0], ref)
-
-
-@pytest.mark.parametrize("rotate", [True, False], ids=["self", "cross"])
-@torch.no_grad()
-def test_wan_q_int8_is_the_16bit_q_quantized(rotate):
-    """Wan's ``common.Q_INT8`` form (Q int8 from the QK kernel, K 16-bit, one kernel each) is
-    bitwise the 16-bit form with Q then quantized a token (``reference.quantize_per_token``,
-    what the warp-specialized route does to a 16-bit Q), K unchanged; rotated for self-
-    attention, K not rotated for cross-attention (other key count)."""
-    from ditfuse.patching import common
-    from ditfuse.patching.wan import norm_rope
-    from ditfuse.reference import quantize_per_token
-    from ditfuse.tools.tiny_models import FP8_CASES
-
-    model = to_dtype(FP8_CASES[0][1](), torch.bfloat16)
-    attn = model.blocks[0].attn1
-    H, C = attn.heads, attn.to_q.out_features
-    D = C // H
-    g = torch.Generator().manual_seed(5)
-    S, S_kv = 37, 37 if rotate else 23
-    query = torch.randn(2, S, C, generator=g).to(torch.bfloat16) * 3
-    key = torch.randn(2, S_kv, C, generator=g).to(torch.bfloat16)
-    rope = None
-    if rotate:
-        ang = torch.rand(1, S, 1, D // 2, generator=g, dtype=torch.float64) * 6.3
-        rope = tuple(f(ang).repeat_interleave(2, -1).float() for f in (torch.cos, torch.sin))
-    q16, k16 = norm_rope(attn, query, key, rope)
-    r = norm_rope(attn, query, key, rope, quantize=common.Q_INT8)
-    want_q, want_s = quantize_per_token(q16, "int8", num_heads=H)
-    assert r.k_scale is None and r.k.dtype == torch.bfloat16
-    assert torch.equal(r.k, k16)
-    assert r.q.dtype == torch.int8 and torch.equal(r.q, want_q.flatten(2))
-    assert torch.equal(r.q_scale, want_s)

@@ -406,25 +406,6 @@ def qk_8bit(key_mask=None):
     return None if not backend.INTERPRET else "int8"
 
 
-#: ``quantize`` of a processor's QK-norm + RoPE call (:func:`qk_form_8bit`) that writes Q in
-#: int8 with per-token scales and K in 16 bits
-Q_INT8 = "q-int8"
-
-
-def qk_form_8bit(*n_keys: int, on_gpu: bool, key_mask=None):
-    """What a processor's QK-norm + RoPE kernel writes for an 8-bit call of one Q over key
-    sets of ``n_keys`` keys each: :data:`Q_INT8` where every set takes the 8-bit route
-    (:func:`enough_keys_8bit`) -- the warp-specialized kernel takes that Q as it is (its own
-    quantizer would give the same bits from the 16-bit Q: the kernel's int8 store is
-    bitwise ``quantize_per_token`` of its 16-bit store) and quantizes K itself; under
-    Triton's interpreter the front door quantizes K a token, as the kernel's int8 K -- else
-    :func:`qk_8bit` (a short GPU call attends 16-bit Q / K exactly). A pass over Q fewer,
-    and Q written in 1 byte instead of 2."""
-    if all(enough_keys_8bit(n, on_gpu) for n in n_keys):
-        return Q_INT8
-    return qk_8bit(key_mask)
-
-
 #: On a GPU, a call attending fewer keys runs the exact 16-bit path: below this the
 #: warp-specialized route (kernel + quantizers) measured slower than cuDNN's bf16 SDPA, at
 #: parity from here up (docs/design/attention_fp8.md, "Short sequences"). Overridden by

@@ -65,15 +65,9 @@ def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
     """A Wan processor's ``norm_q`` / ``norm_k`` (across heads) of the (B, S, H*D)
     projections and, with ``rotary_emb`` (Wan's (cos, sin) pair), the rotation of both: one
     kernel for Q and K where they have one shape, else one each (K not rotated: cross-
-    attention). (query, key), or with ``quantize`` one ``QuantizedQK`` -- with
-    ``common.Q_INT8`` Q in int8 and K in 16 bits (``k_scale`` None), one kernel each."""
+    attention). (query, key), or with ``quantize`` one ``QuantizedQK``."""
     H = attn.heads
-    rotate_k = rotary_emb is not None and query.shape == key.shape
-    if quantize == common.Q_INT8:
-        q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize="int8")
-        k = _qk(key, attn.norm_k, H, *(rotary_emb if rotate_k else (None, None)))[0]
-        return QuantizedQK(q.q, k, q.q_scale, None)
-    if rotate_k:
+    if rotary_emb is not None and query.shape == key.shape:
         return _qk(query, attn.norm_q, H, *rotary_emb, k=key, k_norm=attn.norm_k, quantize=quantize)
     q = _qk(query, attn.norm_q, H, *(rotary_emb or (None, None)), quantize=quantize)
     k = _qk(key, attn.norm_k, H, quantize=quantize)
@@ -96,7 +90,7 @@ def attention_8bit_i2v(attn, qk, value, image=()):
     out = common.attention_8bit(qk, heads(value)).flatten(2, 3)
     if image:
         key_img, value_img = image
-        if quantized and qk.k_scale is not None:
+        if quantized:
             k_img = _heads8(_qk(key_img, attn.norm_added_k, H, quantize="int8"), H)
             k, k_scale = k_img.q, k_img.q_scale
         else:
@@ -155,10 +149,9 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
         With ``patch(attention="fp8")`` self-, cross- and I2V image attention run on
         ``ditfuse.attention(..., precision="fp8")`` where ``common.use_8bit`` holds (head_dim
         64 / 128, a 16-bit model, no context-parallel exchange in the call, a device the
-        kernel runs on) and the mask masks nothing (``common.attend``): Q from the same
-        kernel in int8 with per-token scales and K in 16 bits where every key set of the
-        call takes the 8-bit route (``common.qk_form_8bit``; a GPU call of too few keys gets
-        16-bit Q / K and attends them exactly); else the 16-bit path.
+        kernel runs on) and the mask masks nothing (``common.attend``), Q / K from the same
+        kernel in 16 bits or, under Triton's interpreter, int8 with per-token scales
+        (``common.qk_8bit``); else the 16-bit path.
         """
 
         def __call__(
@@ -214,9 +207,7 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
                 )
 
             def attend_8bit(query, key, value, *img):
-                n_keys = (key.shape[1],) + ((img[0].shape[1],) if img else ())
-                form = common.qk_form_8bit(*n_keys, on_gpu=key.is_cuda)
-                qk = norm_rope(attn, query, key, rotary_emb, quantize=form)
+                qk = norm_rope(attn, query, key, rotary_emb, quantize=common.qk_8bit())
                 return attention_8bit_i2v(attn, qk, value, img)
 
             hidden_states = common.attend(

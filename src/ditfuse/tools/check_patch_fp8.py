@@ -40,17 +40,15 @@ def planned(small: bool, have_diffusers: bool) -> int:
 
 @contextlib.contextmanager
 def _launches():
-    """Record each 8-bit attention launch while the block runs: ("ws", K 16-bit and Q
-    16-bit or int8 with its scales) for the warp-specialized kernel, ("triton", with a key
-    mask) for the Triton kernel (or its emulation); the module's entry points restored
-    after."""
+    """Record each 8-bit attention launch while the block runs: ("ws", Q / K 16-bit) for the
+    warp-specialized kernel, ("triton", with a key mask) for the Triton kernel (or its
+    emulation); the module's entry points restored after."""
     seen = []
     run_ws, run = attention_fp8.run_ws, attention_fp8.run
-    wide = (torch.float16, torch.bfloat16)
 
     def spy_ws(q, k, v, scale, layout, key_mask=None, q_scale=None):
-        q_ok = q.dtype == k.dtype if q_scale is None else q.dtype == torch.int8
-        seen.append(("ws", k.dtype in wide and q_ok))
+        wide = q.dtype in (torch.float16, torch.bfloat16) and k.dtype == q.dtype
+        seen.append(("ws", wide and q_scale is None))
         return run_ws(q, k, v, scale, layout, key_mask, q_scale)
 
     def spy(p):
@@ -65,9 +63,8 @@ def _launches():
 
 
 def _route_ok(seen, calls: int, sm90: bool) -> bool:
-    """``calls`` launches; on sm_90 the warp-specialized kernel with 16-bit K (Q 16-bit, or
-    int8 from the QK-norm + RoPE kernel) for every call, key-padded ones included; elsewhere
-    the Triton kernel only."""
+    """``calls`` launches; on sm_90 the warp-specialized kernel with 16-bit Q / K for every
+    call, key-padded ones included; elsewhere the Triton kernel only."""
     if len(seen) != calls:
         return False
     if not sm90:
