@@ -65,25 +65,58 @@ def _interpreted_stdlib():
 
 _INTERPRETED: dict = {}
 
+#: a thread's running interpreted launches: the ``triton.language`` modules each patched
+_LAUNCHES = threading.local()
+
 
 def _interpreted(f):
     hit = _INTERPRETED.get(f)
     if hit is None:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        hit = _INTERPRETED[f] = InterpretedFunction(f.fn)
+        hit = _INTERPRETED[f] = _kernel_class()(f.fn)
     return hit
 
 
 @functools.lru_cache(maxsize=None)
+def _lang_modules(fn) -> frozenset:
+    """The ``triton.language`` modules (``tl``, ``tl.core``) in ``fn``'s globals: what the
+    interpreter patches for it."""
+    import triton.language as tl
+
+    return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+
+
+@functools.lru_cache(maxsize=None)
 def _kernel_class():
-    """One subclass for every interpreted kernel of ditfuse's (built on first use)."""
-    from triton.runtime.interpreter import InterpretedFunction
+    """One subclass for every interpreted kernel and device function of ditfuse's, and of
+    Triton's library functions while they run (built on first use).
+
+    A launch patches ``triton.language``'s builtins for its grid (and restores them after).
+    Triton's interpreter patches them again at every device-function call -- an
+    ``inspect.getmembers`` over ``tl``, ``tl.tensor`` and ``tl.math`` each time, never
+    restored -- which was ~40% of the interpreted time of a whole-model test, one call of
+    each helper a program (docs/design/testing.md). A call whose modules the running launch
+    has patched already skips that; any other call patches as Triton does."""
+    from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
     class _Interpreted(InterpretedFunction):
         def run(self, *args, **kwargs):
+            stack = _LAUNCHES.__dict__.setdefault("stack", [])
             with _interpreted_stdlib():
-                return super().run(*args, **kwargs)
+                stack.append(_lang_modules(self.fn))
+                try:
+                    return super().run(*args, **kwargs)
+                finally:
+                    stack.pop()
+
+        def __call__(self, *args, **kwargs):
+            stack = getattr(_LAUNCHES, "stack", None)
+            if not stack or not _lang_modules(self.fn) <= stack[-1]:
+                return super().__call__(*args, **kwargs)
+            fn = self.rewrite()
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # as Triton's own device-function call reports it
+                raise InterpreterError(repr(e)) from e
 
     return _Interpreted
 
