@@ -95,7 +95,8 @@ def _kernel_class():
     ``inspect.getmembers`` over ``tl``, ``tl.tensor`` and ``tl.math`` each time, never
     restored -- which was ~40% of the interpreted time of a whole-model test, one call of
     each helper a program (docs/design/testing.md). A call whose modules the running launch
-    has patched already skips that; any other call patches as Triton does."""
+    has patched already (or an earlier call in it: Triton's patch stays) skips that; any
+    other call patches as Triton does."""
     from triton.runtime.interpreter import InterpretedFunction, InterpreterError
 
     class _Interpreted(InterpretedFunction):
@@ -110,7 +111,10 @@ def _kernel_class():
 
         def __call__(self, *args, **kwargs):
             stack = getattr(_LAUNCHES, "stack", None)
-            if not stack or not _lang_modules(self.fn) <= stack[-1]:
+            langs = _lang_modules(self.fn)
+            if not stack or not langs <= stack[-1]:
+                if stack:  # Triton's patch of these stays (it is never restored)
+                    stack[-1] = stack[-1] | langs
                 return super().__call__(*args, **kwargs)
             fn = self.rewrite()
             try:
