@@ -127,8 +127,9 @@ def rope_tables(
 def pytest_collection_modifyitems(config, items):
     """Of a parametrized test's cases that are not marked ``slow``, the default tier runs every
     other one (the first, the third, ...) where there are two or more; the slow tier runs the
-    others, so CI runs every case. Runs before ``-m`` selects, on every xdist worker alike
-    (collection order is fixed)."""
+    others; the cases of ``tests/heavy_tier.txt`` are marked ``heavy`` (and ``slow``), which
+    CI leaves out. Runs before ``-m`` selects, on every xdist worker alike (collection order
+    is fixed)."""
     groups: dict = {}
     for item in items:
         if getattr(item, "callspec", None) is None or item.get_closest_marker("slow"):
@@ -138,3 +139,16 @@ def pytest_collection_modifyitems(config, items):
         if len(cases) >= 2:
             for c in cases[1::2]:
                 c.add_marker(pytest.mark.slow)
+    # after the split above, so that the default tier's cases do not move
+    heavy = heavy_tier()
+    for item in items:
+        if item.nodeid.removeprefix("tests/") in heavy:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.heavy)
+
+
+def heavy_tier() -> set:
+    """The node ids of ``tests/heavy_tier.txt`` (relative to tests/)."""
+    path = os.path.join(os.path.dirname(__file__), "heavy_tier.txt")
+    with open(path) as f:
+        return {ln.strip() for ln in f if ln.strip() and not ln.startswith("#")}
