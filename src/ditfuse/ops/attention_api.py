@@ -294,8 +294,8 @@ def _check_q8_k16(q, k, v, q_scale, **opts):
 def _quantize_k_like(k: Tensor, dtype: torch.dtype, layout: str):
     """16-bit k in the 8-bit ``dtype`` of its q, one scale a (batch, head, token): int8 by
     :func:`ditfuse.ops.attention_fp8.quantize_per_token`, e4m3 by the reference quantizer
-    (:func:`ditfuse.reference.quantize_per_token`, which the QK-norm kernel's e4m3 store
-    matches bitwise)."""
+    (:func:`ditfuse.reference.quantize_per_token`: the scheme of
+    ``qk_norm_rope(..., quantize="fp8")``)."""
     if dtype == torch.int8:
         if torch.compiler.is_compiling():
             k8, ks = fp8.quantize_per_token_op(k, layout)

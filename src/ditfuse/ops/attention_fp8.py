@@ -379,8 +379,8 @@ def run_ws(
     contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
     the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`). With ``q_scale``
     (fp32 (B, H, S_q), checked), q is int8 already, quantized a token as
-    :func:`quantize_per_token` would (``ditfuse.qk_norm_rope(..., quantize="int8")`` writes
-    it so, bitwise), and goes to the kernel as it is -- through a contiguous copy only where
+    :func:`quantize_per_token` does (the form ``ditfuse.qk_norm_rope(..., quantize="int8")``
+    writes), and goes to the kernel as it is -- through a contiguous copy only where
     its strides are not the 16-byte multiples the kernel's TMA loads need.
 
     ``key_mask`` (bool (B, S_kv), checked): each batch entry attends only the keys it keeps.
