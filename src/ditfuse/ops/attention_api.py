@@ -54,11 +54,21 @@ def _quantize_qk(q, k, layout: str):
         )
     if q.device != k.device:
         raise ValueError(f"k is on {k.device}, q on {q.device}: all on one device")
-    if torch.compiler.is_compiling():
-        (q8, qs), (k8, ks) = (fp8.quantize_per_token_op(x, layout) for x in (q, k))
-    else:
-        (q8, qs), (k8, ks) = (fp8.quantize_per_token(x, layout) for x in (q, k))
+    (q8, qs), (k8, ks) = (_per_token_int8(x, layout) for x in (q, k))
     return q8, k8, qs, ks
+
+
+def _per_token_int8(x: Tensor, layout: str):
+    """:func:`ditfuse.ops.attention_fp8.quantize_per_token`, through its op while tracing."""
+    if torch.compiler.is_compiling():
+        return fp8.quantize_per_token_op(x, layout)
+    return fp8.quantize_per_token(x, layout)
+
+
+def _stand_in(shape, dtype, device) -> Tensor:
+    """A zero-stride tensor of ``shape`` (no memory): what ``plan`` checks, before the tensor
+    it stands for is made."""
+    return torch.empty((), dtype=dtype, device=device).expand(shape)
 
 
 def _check_before_quantizing(q, k, v, **opts) -> None:
@@ -70,19 +80,13 @@ def _check_before_quantizing(q, k, v, **opts) -> None:
         return  # _quantize_qk names the problem
     q4, k4 = (q, k) if opts["layout"] != "bhsd" else (q.transpose(1, 2), k.transpose(1, 2))
     (B, S_q, H, _), S_kv = q4.shape, k4.shape[1]
-
-    def stand_in(x, dtype):
-        return torch.empty((), dtype=dtype, device=x.device).expand(x.shape)
-
-    def scales(S):
-        return torch.empty((), dtype=torch.float32, device=q.device).expand(B, H, S)
-
+    f32 = torch.float32
     fp8.plan(
-        stand_in(q, torch.int8),
-        stand_in(k, torch.int8),
+        _stand_in(q.shape, torch.int8, q.device),
+        _stand_in(k.shape, torch.int8, k.device),
         v,
-        q_scale=scales(S_q),
-        k_scale=scales(S_kv),
+        q_scale=_stand_in((B, H, S_q), f32, q.device),
+        k_scale=_stand_in((B, H, S_kv), f32, q.device),
         check_scale_values=False,
         **opts,
     )
@@ -284,9 +288,8 @@ def _check_q8_k16(q, k, v, q_scale, **opts):
         want = "(B, S, H, D)" if opts["layout"] == "bshd" else "(B, H, S, D)"
         raise ValueError(f"k must be 4-D {want}, got {tuple(k.shape)}")
     kv = 1 if opts["layout"] == "bshd" else 2
-    B, H = k.shape[0], k.shape[3 - kv]
-    ks = torch.empty((), dtype=torch.float32, device=k.device).expand(B, H, k.shape[kv])
-    k8 = torch.empty((), dtype=q.dtype, device=k.device).expand(k.shape)
+    ks = _stand_in((k.shape[0], k.shape[3 - kv], k.shape[kv]), torch.float32, k.device)
+    k8 = _stand_in(k.shape, q.dtype, k.device)
     p = fp8.plan(q, k8, v, q_scale=q_scale, k_scale=ks, check_scale_values=False, **opts)
     fp8._check_scale_values(p.q_scale, "q_scale")
 
@@ -297,11 +300,7 @@ def _quantize_k_like(k: Tensor, dtype: torch.dtype, layout: str):
     (:func:`ditfuse.reference.quantize_per_token`: the scheme of
     ``qk_norm_rope(..., quantize="fp8")``)."""
     if dtype == torch.int8:
-        if torch.compiler.is_compiling():
-            k8, ks = fp8.quantize_per_token_op(k, layout)
-        else:
-            k8, ks = fp8.quantize_per_token(k, layout)
-        return k8, ks
+        return _per_token_int8(k, layout)
     from ditfuse.reference import quantize_per_token as quantize_reference
 
     return quantize_reference(k, "fp8", layout=layout)
