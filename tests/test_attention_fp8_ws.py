@@ -330,7 +330,8 @@ from ditfuse.tools.inspect_attention_fp8 import key_loop_local, key_loop_opcodes
 from ditfuse.kernels.attention_fp8_ws import _attention_8bit_ws_kernel as kern
 from ditfuse.ops.attention_fp8_ws import WsConfig
 out = []
-for D, varlen in ((64, False), (128, False), (128, True)):
+for D, varlen, rows8 in ((64, False, False), (128, False, False), (128, True, False),
+                         (128, False, True), (64, True, True)):
     S, H = 4608, 4
     q = torch.empty(1, S, H, D, dtype=torch.int8, device="meta")
     vt = torch.empty(H * D, S, dtype=torch.float8_e4m3fn, device="meta")
@@ -340,10 +341,12 @@ for D, varlen in ((64, False), (128, False), (128, True)):
     vd = TensorDescriptor(vt, list(vt.shape), list(vt.stride()), [D, 128],
                           gl.NVMMASharedLayout.get_default_for([D, 128], gl.float8e4nv))
     qs = torch.empty(1, H, S, device="meta")
-    o = torch.empty(1, S, H, D, dtype=torch.bfloat16, device="meta")
+    o = torch.empty(1, S, H, D, dtype=torch.float8_e4m3fn if rows8 else torch.bfloat16,
+                    device="meta")
     args = (qd, kd, vd, qs, torch.empty(H, 36, device="meta"), torch.empty(H, D, device="meta"),
             o, torch.empty(8, 128, dtype=torch.float8_e4m3fn, device="meta"),
             torch.empty(1, dtype=torch.int32 if varlen else torch.float32, device="meta"),
+            torch.empty(1, dtype=torch.int32, device="meta"), torch.empty(1, S, device="meta"),
             S, S, H, 36, 0.1, *qs.stride(),
             o.stride(0), o.stride(1), o.stride(2))
     cfg = WsConfig.for_head_dim(D)
@@ -359,7 +362,8 @@ for D, varlen in ((64, False), (128, False), (128, True)):
         f.write(ck.asm["cubin"]); f.flush()
         sass_text = subprocess.run([tool_path("cuobjdump"), "--dump-sass", f.name],
                                    capture_output=True, text=True, check=True).stdout
-    out.append(dict(D=D, varlen=varlen,
+    out.append(dict(D=D, varlen=varlen, rows8=rows8,
+                    div_rn=len(re.findall(r"div\.rn\.f32", ptx)),
                     int8=bool(re.search(r"wgmma\.mma_async\S*\.s32\.s8\.s8", ptx)),
                     e4m3=bool(re.search(r"wgmma\.mma_async\S*\.f32\.e4m3\.e4m3", ptx)),
                     tma="cp.async.bulk.tensor" in ptx, setmaxnreg="setmaxnreg" in ptx,
@@ -373,10 +377,10 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_sm90_build():
     """The kernel compiles for sm_90a (a child process without Triton's interpreter), with
-    and without a key mask's key counts: int8 and e4m3 wgmma, the producer's TMA loads,
-    register reallocation between the partitions, no local memory inside its key loops, no
-    wgmma serialized by ptxas, and the key loop's form (P used in its own trip, the row
-    sum on the tensor cores)."""
+    and without a key mask's key counts, with a 16-bit and an e4m3 output: int8 and e4m3
+    wgmma, the producer's TMA loads, register reallocation between the partitions, no local
+    memory inside its key loops, no wgmma serialized by ptxas, and the key loop's form (P
+    used in its own trip, the row sum on the tensor cores)."""
     import json
     import os
     import subprocess
@@ -401,8 +405,11 @@ def test_sm90_build():
         assert not any("UNPACK" in op or op.startswith("PRMT") for op in loop), str(loop)
         assert sum(loop.values()) < 2 * 500, str(loop)
         # a key mask's count is a loaded value: 16 bytes spilled in the tail tile, once a
-        # program (none without a mask)
-        assert row["spill"] <= (16 if row["varlen"] else 0), str(row)
+        # program (none without a mask); the e4m3 epilogue's registers as much, once
+        assert row["spill"] <= (16 if row["varlen"] or row["rows8"] else 0), str(row)
+        # the e4m3 epilogue's scale and its inverse: IEEE divisions (an approximate one
+        # would not be quantize_rows' scale)
+        assert row["div_rn"] == (4 if row["rows8"] else 0), str(row)
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
@@ -498,6 +505,53 @@ def test_gpu_equal_v_is_v(D):
             out = ditfuse.attention(q, k, v, precision="fp8", key_mask=mask)
             err = (out.float() - v.float()).abs()
             assert (err <= v.float().abs() * 2.0**-7).all(), (err / v.float().abs()).max()
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize(
+    "dtype,masked,q8,Sq,Skv,H,D",
+    [
+        (torch.bfloat16, False, False, 1000, 1777, 3, 128),
+        (torch.bfloat16, True, False, 300, 700, 2, 64),
+        (torch.float16, False, True, 129, 300, 2, 128),
+        (torch.bfloat16, True, True, 640, 1029, 4, 128),
+    ],
+)
+def test_gpu_quantize_out_is_the_16bit_output_quantized(dtype, masked, q8, Sq, Skv, H, D):
+    """``quantize_out="fp8"`` on the warp-specialized kernel (its epilogue writes e4m3 and the
+    scales): bitwise :func:`ditfuse.reference.attention_out_rows8` of the kernel's own 16-bit
+    output, every element, with and without a key mask, from 16-bit or int8 q, bf16 / fp16.
+    The outputs are poisoned first."""
+    from ditfuse.ops.attention_fp8 import quantize_per_token
+    from ditfuse.reference import attention_out_rows8
+
+    g = torch.Generator(device="cpu").manual_seed(Sq + Skv)
+    B = 2
+    q, k, v = (torch.randn(B, S, H, D, generator=g).to("cuda", dtype) for S in (Sq, Skv, Skv))
+    v[1] *= 7.0  # the two batch entries' bounds differ
+    key_mask = None
+    if masked:
+        key_mask = torch.rand(B, Skv, generator=g).to("cuda") < 0.6
+        key_mask[1, :] = False  # an entry without a key: zeros, scale 1
+        v[1] = 0.0
+    kw = dict(precision="fp8", key_mask=key_mask)
+    if q8:
+        q, qs = quantize_per_token(q, "bshd")
+        kw["q_scale"] = qs
+    with torch.no_grad():
+        o16 = ditfuse.attention(q, k, v, **kw)
+        torch.cuda.synchronize()
+        # poison the allocator's next blocks of the sizes the call takes
+        junk = [torch.full((B, Sq, H, D), 0x7E, dtype=torch.uint8, device="cuda")]
+        junk.append(torch.full((B, Sq), float("nan"), device="cuda"))
+        del junk
+        r = ditfuse.attention(q, k, v, quantize_out="fp8", **kw)
+    want_q, want_s = attention_out_rows8(o16, v, key_mask)
+    assert r.dtype == dtype and r.q.shape == (B, Sq, H * D) and r.scale.shape == (B, Sq)
+    assert torch.equal(r.q.view(torch.uint8), want_q.flatten(2).view(torch.uint8))
+    assert torch.equal(r.scale, want_s)
+    if masked:
+        assert (r.scale[1] == 1).all() and (r.q[1].float() == 0).all()
 
 
 _V_QUANT_BUILD = r"""

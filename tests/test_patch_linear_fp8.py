@@ -192,6 +192,64 @@ def test_rows8_not_handed_past_hooks():
     assert not wan.rows8_ok(model2.blocks[0].attn2, x, cross=True)
 
 
+def test_wan_attention_hands_rows8_to_output_projection(monkeypatch):
+    """With both 8-bit paths, Wan's attention writes its output as e4m3 rows for the FP8
+    output projection (``quantize_out="fp8"``: one scale a batch entry from V's bound), in
+    every self- and cross-attention call of the CPU run; the model stays as close to the
+    16-bit one as with the projection quantizing per token, and within a hair of it."""
+    from ditfuse.patching import wan
+
+    _, make, inputs, _ = _CASES["wan-t2v"]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    with torch.no_grad():
+        ref = model(**kw)[0]
+    ditfuse.patch(model, attention="fp8", linear="fp8")
+    kinds = []
+    real = wan.attention_8bit_i2v
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        kinds.append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(wan, "attention_8bit_i2v", spy)
+    with torch.no_grad():
+        handed = model(**kw)[0]
+    assert kinds == ["Rows8"] * (2 * len(model.blocks)), kinds
+    monkeypatch.setattr(wan, "out_rows8_ok", lambda attn, v: False)
+    kinds.clear()
+    with torch.no_grad():
+        per_token = model(**kw)[0]
+    assert kinds == ["Tensor"] * (2 * len(model.blocks)), kinds
+    cos_h, rel_h = _accuracy(handed, ref)
+    cos_t, rel_t = _accuracy(per_token, ref)
+    assert cos_h >= COS_MIN and rel_h <= REL_L2_MAX, (cos_h, rel_h)
+    assert rel_h <= rel_t * 1.25 + 0.005, (rel_h, rel_t)
+    cos, rel = _accuracy(handed, per_token)
+    assert cos >= 0.999 and rel <= 0.05, (cos, rel)
+
+
+def test_output_rows8_not_handed_past_hooks():
+    """A hook on the output projection (it would see the e4m3 rows), or the projection left
+    in 16 bits, keeps the 16-bit attention output."""
+    from ditfuse.patching import wan
+
+    _, make, _, _ = _CASES["wan-t2v"]
+    model = to_dtype(make(), torch.bfloat16)
+    ditfuse.patch(model, attention="fp8", linear="fp8")
+    attn = model.blocks[0].attn1
+    v = torch.empty(1, 1, attn.to_out[0].in_features, dtype=torch.bfloat16)
+    assert wan.out_rows8_ok(attn, v) and not wan.out_rows8_ok(attn, v.half())
+    h = attn.to_out[0].register_forward_pre_hook(lambda *a: None)
+    assert not wan.out_rows8_ok(attn, v)
+    h.remove()
+    assert wan.out_rows8_ok(attn, v)
+    model2 = to_dtype(make(), torch.bfloat16)
+    ditfuse.patch(model2, attention="fp8", linear="fp8", linear_exclude=("*to_out*",))
+    assert not wan.out_rows8_ok(model2.blocks[0].attn1, v)
+
+
 def test_patch_twice_and_exclude():
     _, make, _, _ = _CASES["flux1"]
     model = to_dtype(make(), torch.bfloat16)

@@ -568,6 +568,33 @@ def quantize_rows_fp8_reference(x2: torch.Tensor, activation=None):
     return q, scale
 
 
+def attention_out_rows8(o: torch.Tensor, v: torch.Tensor, key_mask=None):
+    """A 16-bit attention output ``o`` (B, S_q, H, D) as e4m3 rows for an FP8 linear, with
+    one scale a batch entry from the values ``v`` (B, S_kv, H, D) it attended (``key_mask``
+    (B, S_kv) bool: the keys kept): ``amax`` = the largest |v| of the entry's attended keys
+    over every head and channel, which bounds every output of softmax attention (a convex
+    combination of V's rows); ``q = e4m3_rne(o * (448 / amax))`` (saturating),
+    ``scale = amax / 448`` for each token (both divisions correctly rounded); amax 0: scale
+    1; a NaN or an infinity among those values: scale NaN and zeros. The contract of
+    ``ditfuse.attention(..., quantize_out="fp8")``, bitwise: (e4m3 (B, S_q, H, D),
+    fp32 (B, S_q))."""
+    a = v.abs()
+    if key_mask is not None:
+        a = torch.where(key_mask[:, :, None, None], a, torch.zeros_like(a))
+    amax = a.amax(dim=(1, 2, 3)).float()  # NaN propagates
+    bad = ~torch.isfinite(amax)
+    zero = amax == 0
+    one = torch.ones_like(amax)
+    safe = torch.where(zero | bad, one, amax)
+    e4m3_max = torch.full_like(amax, 448.0)  # tensor / tensor: a division, not a reciprocal
+    inv = torch.where(zero, one, e4m3_max / safe)
+    nan = torch.full_like(amax, float("nan"))
+    scale = torch.where(bad, nan, torch.where(zero, one, safe / e4m3_max))
+    y = (o.float() * inv[:, None, None, None]).clamp(-448.0, 448.0)
+    q = torch.where(bad[:, None, None, None], torch.zeros_like(y), y).to(torch.float8_e4m3fn)
+    return q, scale[:, None].expand(o.shape[:2]).contiguous()
+
+
 def linear_fp8_reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
     """The FP8 linear in fp64 from the quantized operands (activations a row, the weight an
     output channel): what :func:`ditfuse.ops.linear_fp8.linear_fp8` computes up to its fp32

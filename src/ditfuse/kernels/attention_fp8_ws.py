@@ -314,7 +314,11 @@ def _pair(j, trip, state):
 def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.constexpr):
     """Consumer warpgroup ``WG``: its 64 query rows against every key tile. ``ring``: the Q,
     K, V and ones shared buffers; ``bars``: the Q, K-ready, V-ready and empty barriers; the q
-    scales, key tile scales, V scales and output as (pointer, offset[, row stride]);
+    scales, key tile scales and V scales as (pointer, offset[, row stride]), the output as
+    (pointer, offset, row stride, ``ROUND_F16``, ``out8``): a 16-bit pointer, or an e4m3 one
+    with (the pointers to V's amax a batch entry, int32 bits (B,), and to the scales
+    (B, S_q), the batch entry, the head) -- the 16-bit output rounded to fp16
+    (``ROUND_F16``) or bf16 first;
     ``dims``: (S_q, :func:`_key_count`'s keys, the program's first query, softmax scale *
     log2(e))."""
     q_s, k_s, v_s, ones_s = ring
@@ -322,7 +326,7 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     qs_ptr, qs_off, stride_qss = q_scales
     kb_ptr, kb_off = kb_scales
     vs_ptr, vs_off = v_scales
-    o_ptr, o_off, stride_os = out
+    o_ptr, o_off, stride_os, ROUND_F16, out8 = out
     S_q, keys, start_m, c_scale = dims
     BLOCK_N: gl.constexpr = k_s.shape[2]
     D: gl.constexpr = k_s.shape[4]
@@ -386,7 +390,35 @@ def _consumer(ring, bars, q_scales, kb_scales, v_scales, out, dims, WG: gl.const
     rows_o = start_m + WG * WG_M + gl.arange(0, WG_M, layout=ROW_O)
     d = gl.arange(0, D, layout=gl.SliceLayout(0, O_L))
     ptrs = o_ptr + o_off + rows_o.to(gl.int64)[:, None] * stride_os + d[None, :]
-    gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows_o < S_q)[:, None])
+    if o_ptr.dtype.element_ty != gl.float8e4nv:
+        gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows_o < S_q)[:, None])
+    else:
+        # e4m3 rows of the 16-bit output, one scale a batch entry: amax is the largest |V|
+        # the entry attends, which bounds every output (the row sum is the sum of the rounded
+        # P, so a row is a convex combination of V's quantized values): e4m3(x * (448 /
+        # amax)), scale amax / 448 (both divisions correctly rounded, as quantize_rows);
+        # amax 0: scale 1; a NaN or an infinity in V: zeros and scale NaN. The head-0
+        # programs write their rows' scales. (Inline: the same code in a called function
+        # failed to build, Triton 3.6.)
+        amax_ptr, os_ptr, b, h = out8
+        if ROUND_F16:
+            x = out.to(gl.float16).to(gl.float32)
+        else:
+            x = out.to(gl.bfloat16).to(gl.float32)
+        bits = gl.load(amax_ptr + b + gl.zeros_like(rows_o))
+        bad = bits >= 0x7F800000  # the bits of a non-negative infinity or NaN
+        zero = bits == 0
+        one = gl.full([WG_M], 1.0, gl.float32, ROW_O)
+        e4m3_max = gl.full([WG_M], 448.0, gl.float32, ROW_O)
+        amax = gl.where(zero | bad, one, bits.to(gl.float32, bitcast=True))
+        inv = gl.where(zero, one, gl.where(bad, 0.0, gl.div_rn(e4m3_max, amax)))
+        scale = gl.where(bad, float("nan"), gl.where(zero, one, gl.div_rn(amax, e4m3_max)))
+        # no clamp: |x| <= amax within the accumulation's rounding, and the conversion
+        # saturates (cvt.rn.satfinite)
+        y = gl.where(bad[:, None], 0.0, x * inv[:, None])
+        ok = rows_o < S_q
+        gl.store(ptrs, y.to(gl.float8e4nv), mask=ok[:, None])
+        gl.store(os_ptr + b.to(gl.int64) * S_q + rows_o, scale, mask=ok & (h == 0))
 
 
 @gluon.jit
@@ -418,6 +450,9 @@ def _attention_8bit_ws_kernel(
     ones_ptr,  # e4m3 (8, BLOCK_N) of 1.0: the row sum's B operand
     count_ptr,  # int32: a key mask's kept keys of each batch entry (B,), compacted to the
     # front; a float pointer: every key
+    amax_ptr,
+    os_ptr,  # with ROUND: V's amax a batch entry (B,) as int32 bits; the e4m3 output's
+    # scales (B, S_q), contiguous
     S_q,
     S_kv,
     H,
@@ -433,6 +468,8 @@ def _attention_8bit_ws_kernel(
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     QK_INT: gl.constexpr,
+    ROUND_F16: gl.constexpr = False,  # an e4m3 o_ptr: rows quantized from the 16-bit output
+    # (_store_rows8), rounded to fp16 (else bf16)
 ):
     # one flat grid, query tiles fastest: the programs of one (batch, head) run together
     # and share its K / V in L2 (and B * H is not bound by the 65,535 of grid axis 1)
@@ -483,7 +520,7 @@ def _attention_8bit_ws_kernel(
         (qs_ptr, qs_off, stride_qss),
         (kb_ptr, kb_off),
         (vs_ptr, vs_off),
-        (o_ptr, o_off, stride_os),
+        (o_ptr, o_off, stride_os, ROUND_F16, (amax_ptr, os_ptr, b, h)),
         (S_q, keys, start_m, c_scale),
     )
     descs = (q_desc, k_desc, vt_desc)

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ditfuse.ops import attention_fp8 as fp8
 from ditfuse.ops.attention import _sm90, sliding_window_attention
+from ditfuse.ops.linear_fp8 import Rows8
 from ditfuse.runtime import backend
 
 #: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores
@@ -112,6 +113,7 @@ def attention(
     scale=None,
     layout="bshd",
     key_mask=None,
+    quantize_out=None,
 ):
     r"""Softmax attention of every query over the keys (or over a band of them).
 
@@ -160,11 +162,23 @@ def attention(
         diffusers' text-padding masks of HunyuanVideo and Qwen-Image drop padded tokens;
         SDPA's ``attn_mask`` of shape ``(B, 1, 1, S_kv)``). A query whose every key is
         dropped gets zeros (SDPA: NaN).
+    quantize_out : {None, "fp8"}
+        ``"fp8"`` (with ``precision="fp8"``, layout ``"bshd"``): the output as an FP8
+        linear takes it (an attention's output projection), a
+        :class:`~ditfuse.ops.linear_fp8.Rows8`: the 16-bit output quantized to e4m3 with
+        one scale a batch entry, ``amax / 448`` for every token, where ``amax`` is the
+        largest |V| the entry attends (over its heads and channels), which bounds every
+        output. On the warp-specialized kernel the quantization is its epilogue's (the
+        16-bit output is never stored); elsewhere a pass after it. Bitwise
+        :func:`ditfuse.reference.attention_out_rows8` of the 16-bit output the same route
+        gives without it.
 
     Returns
     -------
     Tensor
-        ``(B, S_q, H, D)`` or ``(B, H, S_q, D)`` (q's layout), contiguous, v's dtype.
+        ``(B, S_q, H, D)`` or ``(B, H, S_q, D)`` (q's layout), contiguous, v's dtype; with
+        ``quantize_out="fp8"`` a ``Rows8``: ``q`` e4m3 ``(B, S_q, H * D)``, contiguous,
+        ``scale`` fp32 ``(B, S_q)``, ``dtype`` v's.
 
     Notes
     -----
@@ -184,6 +198,14 @@ def attention(
     """
     _check_precision(precision)
     _check_grad(q, k, v, q_scale, k_scale)
+    if quantize_out is not None:
+        _check_quantize_out(quantize_out, precision, layout)
+        out = _attention_8bit(q, k, v, q_scale, k_scale, window, scale, layout, key_mask, True)
+        if isinstance(out, tuple):
+            o8, o_scale = out
+        else:
+            o8, o_scale = fp8.out_rows8(out, v, key_mask)
+        return Rows8(o8.flatten(2), o_scale, v.dtype)
     if precision is None:
         if q_scale is not None or k_scale is not None:
             raise ValueError("q_scale / k_scale go with precision='fp8' (8-bit q / k)")
@@ -207,6 +229,23 @@ def attention(
         return t(o).contiguous()
     if layout not in fp8.LAYOUTS:
         raise ValueError(f"layout must be one of {fp8.LAYOUTS}, got {layout!r}")
+    return _attention_8bit(q, k, v, q_scale, k_scale, window, scale, layout, key_mask)
+
+
+def _check_quantize_out(quantize_out, precision, layout) -> None:
+    if quantize_out != "fp8":
+        raise ValueError(f"quantize_out must be None or 'fp8', got {quantize_out!r}")
+    if precision != "fp8":
+        raise ValueError("quantize_out='fp8' goes with precision='fp8'")
+    if layout != "bshd":
+        raise ValueError(
+            f"quantize_out='fp8' needs layout='bshd' (a token's heads in one row), got {layout!r}"
+        )
+
+
+def _attention_8bit(q, k, v, q_scale, k_scale, window, scale, layout, key_mask, rows8=False):
+    """``precision="fp8"`` (layout checked): the output, or with ``rows8`` the pair
+    (e4m3, scales) where the warp-specialized kernel quantizes it, else the 16-bit output."""
     opts = dict(window=window, scale=scale, layout=layout, key_mask=key_mask)
     here = isinstance(q, Tensor) and q.dtype in fp8.ACT_DTYPES
     if here:
@@ -220,9 +259,7 @@ def attention(
             return _one_key(q, k, v, scale, layout, key_mask)
         if _ws_ok(q, k, window):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-            if torch.compiler.is_compiling():
-                return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask, None)
-            return fp8.run_ws(q, k, v, s, layout, key_mask)
+            return _ws(q, k, v, s, layout, key_mask, None, rows8)
         q, k, q_scale, k_scale = _quantize_qk(q, k, layout)
     elif _q8_k16(q, k):
         if k_scale is not None:
@@ -232,9 +269,7 @@ def attention(
         _check_q8_k16(q, k, v, q_scale, **opts)
         if _ws_ok(q, k, window, q8=True):
             s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-            if torch.compiler.is_compiling():
-                return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask, q_scale)
-            return fp8.run_ws(q, k, v, s, layout, key_mask, q_scale)
+            return _ws(q, k, v, s, layout, key_mask, q_scale, rows8)
         k, k_scale = _quantize_k_like(k, q.dtype, layout)
         here = True  # q_scale's values checked above, k's scales written here
     if torch.compiler.is_compiling():
@@ -242,6 +277,15 @@ def attention(
     return fp8.run(
         fp8.plan(q, k, v, q_scale=q_scale, k_scale=k_scale, check_scale_values=not here, **opts)
     )
+
+
+def _ws(q, k, v, s: float, layout: str, key_mask, q_scale, rows8: bool):
+    """The warp-specialized kernel (through its op while tracing)."""
+    if torch.compiler.is_compiling():
+        if rows8:
+            return fp8.attention_8bit_ws_rows8_op(q, k, v, s, key_mask, q_scale)
+        return fp8.attention_8bit_ws_op(q, k, v, s, layout, key_mask, q_scale)
+    return fp8.run_ws(q, k, v, s, layout, key_mask, q_scale, rows8=rows8)
 
 
 def _one_key(q: Tensor, k: Tensor, v: Tensor, scale, layout: str, key_mask) -> Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -374,7 +374,8 @@ def run_ws(
     layout: str,
     key_mask: Optional[Tensor] = None,
     q_scale: Optional[Tensor] = None,
-) -> Tensor:
+    rows8: bool = False,
+):
     """16-bit q / k / v (checked) -> the warp-specialized kernel's output in q's layout,
     contiguous: q int8 a token (:func:`quantize_per_token`), K int8 a 128-key tile after
     the mean key, V e4m3 a channel (:mod:`ditfuse.ops.attention_fp8_ws`). With ``q_scale``
@@ -388,7 +389,11 @@ def run_ws(
     synchronisation, so also inside a CUDA graph capture) and the quantizers read them
     through that index, so K's mean and tile scales and V's scales are of the kept keys;
     softmax does not depend on the keys left out, so the kernel needs no mask, only each
-    entry's key count. An entry that keeps no key gets zeros."""
+    entry's key count. An entry that keeps no key gets zeros.
+
+    ``rows8`` (layout "bshd"): (e4m3 (B, S_q, H, D), fp32 (B, S_q)) instead, the 16-bit
+    output quantized in the kernel's epilogue with one scale a batch entry, bitwise
+    :func:`ditfuse.reference.attention_out_rows8` of the 16-bit output."""
     from ditfuse.ops import attention_fp8_ws as ws
 
     t = (lambda x: x) if layout == "bshd" else (lambda x: x.transpose(1, 2))
@@ -396,8 +401,14 @@ def run_ws(
         q8, qs = quantize_per_token(q, layout)
     else:
         q8, qs = (q if _tma_ok(t(q)) else t(t(q).contiguous())), q_scale
+    keys = ws.Keys.from_mask(key_mask)
+    if rows8:
+        out = _new_out(q.shape, torch.float8_e4m3fn, v.device)
+        out_scale = torch.empty(q.shape[:2], dtype=torch.float32, device=v.device)
+        ws.launch(q8, qs, k, v, out, scale, keys, out_scale=out_scale)
+        return out, out_scale
     out = _new_out(q.shape, v.dtype, v.device)
-    ws.launch(t(q8), qs, t(k), t(v), t(out), scale, ws.Keys.from_mask(key_mask))
+    ws.launch(t(q8), qs, t(k), t(v), t(out), scale, keys)
     return out
 
 
@@ -425,6 +436,52 @@ def attention_8bit_ws_op(
 @attention_8bit_ws_op.register_fake
 def _(q, k, v, scale, layout, key_mask, q_scale):
     return torch.empty(q.shape, dtype=v.dtype, device=v.device)
+
+
+@library.op("ditfuse::attention_8bit_ws_rows8")
+def attention_8bit_ws_rows8_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    key_mask: Optional[Tensor],
+    q_scale: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """:func:`run_ws` with ``rows8`` (layout "bshd")."""
+    return run_ws(q, k, v, scale, "bshd", key_mask, q_scale, rows8=True)
+
+
+@attention_8bit_ws_rows8_op.register_fake
+def _(q, k, v, scale, key_mask, q_scale):
+    return (
+        torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=v.device),
+        torch.empty(q.shape[:2], dtype=torch.float32, device=v.device),
+    )
+
+
+@library.op("ditfuse::attention_out_rows8")
+def _out_rows8_op(o: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    from ditfuse.reference import attention_out_rows8
+
+    return attention_out_rows8(o, v, key_mask)
+
+
+@_out_rows8_op.register_fake
+def _(o, v, key_mask):
+    return (
+        torch.empty(o.shape, dtype=torch.float8_e4m3fn, device=o.device),
+        torch.empty(o.shape[:2], dtype=torch.float32, device=o.device),
+    )
+
+
+def out_rows8(o: Tensor, v: Tensor, key_mask: Optional[Tensor] = None):
+    """:func:`ditfuse.reference.attention_out_rows8` (through its op while tracing: its
+    divisions must stay IEEE ones, which a compiled graph's need not be)."""
+    if torch.compiler.is_compiling():
+        return _out_rows8_op(o, v, key_mask)
+    from ditfuse.reference import attention_out_rows8
+
+    return attention_out_rows8(o, v, key_mask)
 
 
 def _op_plan(q, k, v, q_scale, k_scale, left, right, scale, layout, key_mask) -> Plan:

@@ -124,14 +124,17 @@ def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
     return k8, kb
 
 
-def quantize_v(v4: Tensor, a_order: bool = False, keys: Keys = Keys()):
+def quantize_v(
+    v4: Tensor, a_order: bool = False, keys: Keys = Keys(), batch_amax: Optional[Tensor] = None
+):
     """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
     ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
     over the tokens (1 for a zero channel, NaN for a channel holding a NaN); tokens past S are
     zeros. ``a_order``: token s at column
     :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's V).
     Under a key mask (``keys``) token s is the entry's kept key s, the amax over its kept
-    keys, zeros past them."""
+    keys, zeros past them. ``batch_amax`` (int32 (B,), zeros): filled with the fp32 bits of
+    each batch entry's amax over its heads and channels (of the keys quantized)."""
     from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
 
     B, S, H, D = v4.shape
@@ -142,7 +145,19 @@ def quantize_v(v4: Tensor, a_order: bool = False, keys: Keys = Keys()):
     grid = (B * H, S_pad // V_BLOCK)
     st = v4.stride()
     ka, g = keys.args(amax), keys.gather
-    _v_amax_kernel[grid](v4, ka, amax, S, H, st, D=D, BLOCK_S=V_BLOCK, GATHER=g, num_warps=4)
+    _v_amax_kernel[grid](
+        v4,
+        ka,
+        amax,
+        S,
+        H,
+        st,
+        D=D,
+        BLOCK_S=V_BLOCK,
+        GATHER=g,
+        batch_amax_ptr=batch_amax,
+        num_warps=4,
+    )
     _v_quant_kernel[grid](
         v4,
         ka,
@@ -186,11 +201,17 @@ def launch(
     scale: float,
     keys: Keys = Keys(),
     config: WsConfig | None = None,
+    out_scale: Optional[Tensor] = None,
 ) -> Tensor:
     """``out4`` (B, S_q, H, D view, channels contiguous) = 8-bit attention of int8 ``q8``
     (B, S_q, H, D, 16-byte aligned strides) with its per-token scales (B, H, S_q) over the
     16-bit ``k4`` / ``v4`` (B, S_kv, H, D), quantized here; only the keys of ``keys`` (every
-    key, or a key mask's kept keys). A batch entry without a key gets zeros."""
+    key, or a key mask's kept keys). A batch entry without a key gets zeros.
+
+    With ``out_scale`` (fp32 (B, S_q), contiguous) ``out4`` is e4m3 and holds the 16-bit
+    output (v's dtype) quantized with one scale a batch entry, written to ``out_scale`` for
+    each of its tokens: the largest |V| the entry attends / 448, which bounds every output
+    (the kernel's ``_store_rows8``)."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -201,7 +222,9 @@ def launch(
     S_kv = k4.shape[1]
     cfg = config or WsConfig.for_head_dim(D)
     k8, kb = quantize_k_blocks(k4, keys)
-    vt, vs = quantize_v(v4, a_order=True, keys=keys)
+    rows8 = out_scale is not None
+    amax_b = torch.zeros(B, dtype=torch.int32, device=v4.device) if rows8 else None
+    vt, vs = quantize_v(v4, a_order=True, keys=keys, batch_amax=amax_b)
     vt = vt.view(-1, vt.shape[-1])  # (B*H*D, S_pad): V^T's TMA rows
     box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
     q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
@@ -224,6 +247,8 @@ def launch(
         out4,
         _ones(out4.device),
         keys.count if keys.gather else kb,
+        amax_b if rows8 else kb,
+        out_scale if rows8 else kb,
         S_q,
         S_kv,
         H,
@@ -237,6 +262,7 @@ def launch(
         BLOCK_N=BLOCK_N,
         STAGES=cfg.stages,
         QK_INT=True,
+        ROUND_F16=v4.dtype == torch.float16,
         num_warps=4,
         maxnreg=cfg.maxnreg,
     )

@@ -441,22 +441,31 @@ def enough_keys_8bit(n_keys: int, on_gpu: bool) -> bool:
     return not on_gpu or n_keys >= _min_keys[0]
 
 
-def attention_8bit(qk, value: torch.Tensor, k=None, k_scale=None, key_mask=None) -> torch.Tensor:
+def attention_8bit(qk, value: torch.Tensor, k=None, k_scale=None, key_mask=None, quantize_out=None):
     """``ditfuse.attention(..., precision="fp8")`` of (B, S, H, D) Q / K -- ``qk`` a
     ``QuantizedQK`` (int8 with per-token scales) or a 16-bit (q, k) pair, as :func:`qk_8bit`
     chose -- and 16-bit V (``k`` / ``k_scale``: other keys for the same queries, in ``qk``'s
     form; ``k_scale`` None for 16-bit ones), ``key_mask`` (bool (B, S_kv),
     :func:`key_padding`) the keys attended; (B, S, H, D) in V's dtype. A GPU call of fewer
     keys than :func:`enough_keys_8bit` wants attends the 16-bit Q / K exactly instead (SDPA,
-    with the key mask as its mask)."""
+    with the key mask as its mask). ``quantize_out="fp8"``: an 8-bit call's output as the
+    e4m3 rows of an FP8 output projection (a ``Rows8``, (B, S, H*D)); the exact call's
+    stays 16-bit."""
     if not isinstance(qk, QuantizedQK):
         q, k = qk[0], qk[1] if k is None else k
         if not enough_keys_8bit(k.shape[1], k.is_cuda):
             return _attention(q, k, value, key_mask=key_mask)
-        return _attention(q, k, value, precision=FP8, key_mask=key_mask)
+        return _attention(q, k, value, precision=FP8, key_mask=key_mask, quantize_out=quantize_out)
     k, k_scale = (qk.k, qk.k_scale) if k is None else (k, k_scale)
     return _attention(
-        qk.q, k, value, precision=FP8, q_scale=qk.q_scale, k_scale=k_scale, key_mask=key_mask
+        qk.q,
+        k,
+        value,
+        precision=FP8,
+        q_scale=qk.q_scale,
+        k_scale=k_scale,
+        key_mask=key_mask,
+        quantize_out=quantize_out,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
+from ditfuse.ops.linear_fp8 import Rows8
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.patching import common
 from ditfuse.patching.linear_fp8 import ffn_takes_rows8, is_fp8, unhooked
@@ -74,12 +75,21 @@ def norm_rope(attn, query, key, rotary_emb=None, quantize=None):
     return (q[0], k[0]) if quantize is None else QuantizedQK(q.q, k.q, q.q_scale, k.q_scale)
 
 
-def attention_8bit_i2v(attn, qk, value, image=()):
+def out_rows8_ok(attn, value) -> bool:
+    """Whether attention ``attn``'s output may reach its output projection as e4m3 rows
+    (``ditfuse.attention(..., quantize_out="fp8")``): that projection is an FP8 linear of
+    V's dtype (with no hook on it)."""
+    proj = attn.to_out[0]
+    return is_fp8(proj) and proj.weight.dtype == value.dtype
+
+
+def attention_8bit_i2v(attn, qk, value, image=(), quantize_out=None):
     """Wan's attention on 8 bits from (B, S, H*D) Q / K as :func:`norm_rope` wrote them for
     ``common.qk_8bit`` (a ``QuantizedQK``, or a 16-bit pair) and 16-bit V: the text (or
     self-attention) keys, plus with ``image`` (its key and value projections: I2V) the image
     keys -- ``norm_added_k`` by the kernel, in Q / K's form -- attended with the same Q.
-    (B, S, H*D) in V's dtype."""
+    (B, S, H*D) in V's dtype; without ``image``, ``quantize_out="fp8"`` asks for the
+    output as e4m3 rows (a ``Rows8``, where the call runs on 8 bits)."""
     H = attn.heads
 
     def heads(t):
@@ -87,6 +97,9 @@ def attention_8bit_i2v(attn, qk, value, image=()):
 
     quantized = isinstance(qk, QuantizedQK)
     qk = _heads8(qk, H) if quantized else tuple(map(heads, qk))
+    if quantize_out is not None and not image:
+        out = common.attention_8bit(qk, heads(value), quantize_out=quantize_out)
+        return out if isinstance(out, Rows8) else out.flatten(2, 3)
     out = common.attention_8bit(qk, heads(value)).flatten(2, 3)
     if image:
         key_img, value_img = image
@@ -206,9 +219,15 @@ def _make_processor(tw=None, base=None, skyreels: bool = False):
                     self, view, hidden_states, encoder_hidden_states, attention_mask
                 )
 
+            # the output projection may take the kernel's e4m3 rows where no mask can send
+            # the call through torch.cond (whose branches return one tensor)
+            rows8 = eight and attention_mask is None and not img and out_rows8_ok(attn, value)
+
             def attend_8bit(query, key, value, *img):
                 qk = norm_rope(attn, query, key, rotary_emb, quantize=common.qk_8bit())
-                return attention_8bit_i2v(attn, qk, value, img)
+                return attention_8bit_i2v(
+                    attn, qk, value, img, quantize_out="fp8" if rows8 else None
+                )
 
             hidden_states = common.attend(
                 eight, attention_mask, attend_8bit, attend_16bit, (query, key, value, *img)

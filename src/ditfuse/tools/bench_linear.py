@@ -16,6 +16,13 @@ each the CUDA-graph time of one call (L2 flushed before every replay):
   Q / K / V and FFN input) ``bf16-adaln`` (ditfuse's 16-bit AdaLN kernel plus the linear)
   against ``ditfuse-fp8-adaln`` (the AdaLN kernel writing the e4m3 rows and their scales,
   ``quantize="fp8"``, plus the GEMM): the layer as the patched Wan block runs it;
+- at an attention's output projection (``heads`` shapes: Wan's Q / K / V / O at its
+  self-attention's length) ``attention-16bit-out`` and ``attention-e4m3-out``: the 8-bit
+  self-attention whose output the projection reads, writing it in 16 bits or as e4m3 rows
+  with their scales (``quantize_out="fp8"``); and ``ditfuse-fp8-attn``: the projection's GEMM
+  on those rows plus what the e4m3 output adds to the attention (the difference of the two
+  attention rows where positive), against ``bf16`` -- the layer as the patched Wan block
+  runs it;
 - ``torchao``: torchao's ``Float8DynamicActivationFloat8WeightConfig(PerRow())`` on an
   ``nn.Linear``, under ``torch.compile`` (the peer users have; a note where not installed).
 
@@ -45,6 +52,7 @@ class LinearShape:
     N: int  # out_features
     gelu: bool = False  # the FFN's output projection: its input is a tanh GELU's output
     adaln: bool = False  # its input is an AdaLN modulation's output (LayerNorm, shift, scale)
+    heads: int = 0  # its input is a self-attention's output of this many heads (M tokens)
 
     def small(self, M: int = 32) -> "LinearShape":
         return replace(self, M=min(M, self.M), K=min(self.K, 256), N=min(self.N, 128))
@@ -58,7 +66,9 @@ def _wan14b_linears(res: str, M: int) -> list:
     """Wan2.x 14B's block linears at ``res`` (``M`` tokens): Q / K / V / O, the fused QKV,
     the FFN's input and output projections."""
     return [
-        LinearShape(f"wan14b-{res}-qkvo", f"Wan2.x 14B {res}: Q / K / V / O", M, 5120, 5120),
+        LinearShape(
+            f"wan14b-{res}-qkvo", f"Wan2.x 14B {res}: Q / K / V / O", M, 5120, 5120, heads=40
+        ),
         LinearShape(
             f"wan14b-{res}-qkv-fused",
             f"Wan2.x 14B {res}: Q K V fused (linear='fp8')",
@@ -99,8 +109,13 @@ LINEAR_IMPLS = (
     "ditfuse-fp8-gelu",
     "bf16-adaln",
     "ditfuse-fp8-adaln",
+    "attention-16bit-out",
+    "attention-e4m3-out",
+    "ditfuse-fp8-attn",
     "torchao",
 )
+#: the rows of an attention's output projection
+_ATTN_IMPLS = ("attention-16bit-out", "attention-e4m3-out", "ditfuse-fp8-attn")
 
 
 def _torchao_linear(w, b):
@@ -220,6 +235,8 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 )
         if shape.adaln and ("bf16-adaln" in impls or "ditfuse-fp8-adaln" in impls):
             _adaln_rows(x, w, b, wq, ws, impls, timer, row)
+        if shape.heads and device != "cpu" and any(i in impls for i in _ATTN_IMPLS):
+            _attention_rows(shape, dtype, wq, ws, b, w, base_us, impls, timer, emit, row)
         if "torchao" in impls and device != "cpu":
             try:
                 lin = _torchao_linear(w, b)
@@ -266,4 +283,60 @@ def _adaln_rows(x, w, b, wq, ws, impls, timer, row):
             base=us16,
             note="AdaLN writes the e4m3 rows + scales (quantize='fp8'), then the GEMM; "
             "against bf16-adaln",
+        )
+
+
+def _attention_rows(shape, dtype, wq, ws, b, w, base_us, impls, timer, emit, row):
+    """The ``attention-16bit-out`` / ``attention-e4m3-out`` / ``ditfuse-fp8-attn`` rows: one
+    batch entry's 8-bit self-attention of ``shape.M`` tokens (random Q / K / V), then the
+    output projection on its output."""
+    import ditfuse
+    from ditfuse.ops.linear_fp8 import linear_fp8
+
+    H = shape.heads
+    D = shape.K // H
+    g = torch.Generator(device="cpu").manual_seed(2)
+    q, k, v = (torch.randn(1, shape.M, H, D, generator=g).to(w.device, dtype) for _ in range(3))
+    flops = 4.0 * shape.M * shape.M * H * D
+    nan = float("nan")
+
+    def attn(**kw):
+        return ditfuse.attention(q, k, v, precision="fp8", **kw)
+
+    us = {}
+    for impl, kw, note in (
+        ("attention-16bit-out", {}, "8-bit self-attention, 16-bit output"),
+        (
+            "attention-e4m3-out",
+            dict(quantize_out="fp8"),
+            "8-bit self-attention, e4m3 rows + a scale a token (quantize_out='fp8')",
+        ),
+    ):
+        us[impl] = timer(lambda: attn(**kw))
+        if impl in impls:
+            emit(
+                "linear_fp8",
+                shape.name,
+                impl,
+                dtype,
+                us[impl],
+                nan,
+                nan,
+                tflops=tflops(flops, us[impl]),
+                x_bf16=nan,
+                cos=nan,
+                rel_l2=nan,
+                note=f"{note}: (1, {shape.M}, {H}, {D})",
+            )
+    if "ditfuse-fp8-attn" in impls:
+        rows8 = attn(quantize_out="fp8")
+        x = attn().flatten(2)
+        extra = max(0.0, us["attention-e4m3-out"] - us["attention-16bit-out"])
+        row(
+            "ditfuse-fp8-attn",
+            timer(lambda: linear_fp8(rows8, wq, ws, b)) + extra,
+            linear_fp8(rows8, wq, ws, b),
+            against=F.linear(x.double(), w.double(), b.double()),
+            note=f"GEMM on the attention's e4m3 rows + {extra:.1f} us the e4m3 output added to "
+            "the attention; accuracy against the fp64 linear of its 16-bit output",
         )
