@@ -116,3 +116,29 @@ def test_quantize_out_errors():
     with pytest.raises(ValueError, match="head_dim"):
         q48, k48, v48 = (t[..., :48] for t in (q, k, v))
         ditfuse.attention(q48, k48, v48, precision="fp8", quantize_out="fp8")
+
+
+def test_opcheck_out_rows8_op():
+    """The pass after the kernel, as an op (so a compiled graph keeps its IEEE divisions):
+    the op and its fake agree, with and without a key mask."""
+    op = torch.ops.ditfuse.attention_out_rows8.default
+    _, _, v = _qkv(2, 9, 33, 3, 64, torch.bfloat16, seed=5)
+    o = torch.randn(2, 9, 3, 64).bfloat16()
+    torch.library.opcheck(op, (o, v, None))
+    torch.library.opcheck(op, (o, v, torch.rand(2, 33) > 0.5))
+
+
+@pytest.mark.slow
+def test_quantize_out_under_compile():
+    """Under torch.compile the rows are bitwise the eager call's."""
+    q, k, v = _qkv(1, 40, 70, 2, 64, torch.bfloat16, seed=6)
+
+    def f(q, k, v):
+        r = ditfuse.attention(q, k, v, precision="fp8", quantize_out="fp8")
+        return r.q, r.scale
+
+    with torch.no_grad():
+        eager = f(q, k, v)
+        compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(eager[0].view(torch.uint8), compiled[0].view(torch.uint8))
+    assert torch.equal(eager[1], compiled[1])
