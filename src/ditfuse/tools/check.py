@@ -564,6 +564,7 @@ def main(argv=None) -> int:
     attention_gates(g, device, small)
     check_attention_fp8.check_gates(g, device, small)
     check_attention_fp8.check_8bit_qk_gates(g, device, small)
+    check_attention_fp8.check_out_rows8_gates(g, device, small)
     patch_gates(g, device)
     vae_patch_gates(g, device)
     patch_fp8_gates(g, device, small)

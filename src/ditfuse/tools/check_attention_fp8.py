@@ -47,8 +47,12 @@ def _shapes(small: bool):
 QK_8BIT = [("int8", False), ("int8", True), ("fp8", True)]
 
 
+#: the e4m3-output gates: key mask or not
+OUT_ROWS8 = (False, True)
+
+
 def planned(small: bool = False) -> int:
-    return len(_shapes(small)) * len(KINDS) + 2 + len(QK_8BIT)
+    return len(_shapes(small)) * len(KINDS) + 2 + len(QK_8BIT) + len(OUT_ROWS8)
 
 
 def _operands(q, k):
@@ -194,4 +198,38 @@ def check_8bit_qk_gates(g, device, small: bool):
             f"H={H} S={S} D={D}, {'the Triton kernel' if kernel else 'the emulation'}: vs "
             f"fp64 cos {cos:.5f} (>= {cmin}), rel L2 {rel:.4f} (<= {rmax})"
             f"{'' if finite else '; NON-FINITE'}",
+        )
+
+
+@torch.no_grad()
+def check_out_rows8_gates(g, device, small: bool):
+    """``attention(..., precision="fp8", quantize_out="fp8")`` at Wan-14B's self-attention
+    (a few tokens of two heads through the interpreter), with and without a key mask: the
+    e4m3 rows and scales bitwise :func:`ditfuse.reference.attention_out_rows8` of the same
+    call's 16-bit output, every element (on an sm_90 GPU the warp-specialized kernel's
+    epilogue)."""
+    from ditfuse.reference import attention_out_rows8
+
+    H, S, D = (2, S_SMALL, 128) if small else (40, 32760, 128)
+    for masked in OUT_ROWS8:
+        gen = torch.Generator(device=device).manual_seed(zlib.crc32(f"rows8 {masked}".encode()))
+        q, k, v = (
+            torch.randn(1, S, H, D, generator=gen, device=device).bfloat16() for _ in range(3)
+        )
+        km = torch.rand(1, S, generator=gen, device=device) > 0.3 if masked else None
+        o16 = ditfuse.attention(q, k, v, precision="fp8", key_mask=km)
+        r = ditfuse.attention(q, k, v, precision="fp8", key_mask=km, quantize_out="fp8")
+        want_q, want_s = attention_out_rows8(o16, v, km)
+        same = torch.equal(r.q.view(torch.uint8), want_q.flatten(2).view(torch.uint8))
+        same = same and torch.equal(r.scale, want_s)
+        deq = r.q.float() * r.scale[..., None]
+        rel = ((deq - o16.flatten(2).float()).norm() / o16.float().norm()).item()
+        route = "the warp-specialized kernel's epilogue" if API._ws_ok(q, k, None) else "a pass"
+        g.add(
+            "attention fp8 e4m3 out",
+            "key mask" if masked else "all keys",
+            same,
+            f"H={H} S={S} D={D} bf16, {route}: e4m3 rows and scales "
+            f"{'equal' if same else 'DIFFER from'} attention_out_rows8(16-bit output); "
+            f"dequantized vs the 16-bit output rel L2 {rel:.4f}",
         )
