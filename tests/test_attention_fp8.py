@@ -702,7 +702,27 @@ def test_check_gates_small():
     g = Gates(echo=False)
     check_attention_fp8.check_gates(g, DEVICE, True)
     check_attention_fp8.check_8bit_qk_gates(g, DEVICE, True)
+    check_attention_fp8.check_out_rows8_gates(g, DEVICE, True)
     assert len(g.rows) == check_attention_fp8.planned(True) and g.ok, g.table()
+
+
+def test_out_rows8_gates_fail_on_a_wrong_scale(monkeypatch):
+    """The e4m3-output gates fail where the rows are not the 16-bit output's quantization (a
+    stand-in whose scale is a token's own amax, the scheme the contract does not promise)."""
+    from ditfuse.ops.linear_fp8 import quantize_rows
+    from ditfuse.tools import check_attention_fp8
+    from ditfuse.tools.check import Gates
+
+    def per_token(o, v, key_mask=None):
+        q8, s = quantize_rows(o.flatten(2))
+        return q8.view(o.shape), s.view(o.shape[:2])
+
+    monkeypatch.setattr(A, "out_rows8", per_token)
+    monkeypatch.setattr(API, "_ws_ok", lambda *a, **k: False)
+    g = Gates(echo=False)
+    check_attention_fp8.check_out_rows8_gates(g, DEVICE, True)
+    assert len(g.rows) == len(check_attention_fp8.OUT_ROWS8)
+    assert all(r[2] == "FAIL" for r in g.rows), g.table()
 
 
 def test_8bit_qk_gates_fail_on_a_wrong_answer(monkeypatch):
