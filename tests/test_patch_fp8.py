@@ -106,15 +106,18 @@ def _gpu_route(monkeypatch):
 
     from ditfuse.ops import attention_api
     from ditfuse.patching import common
+    from ditfuse.reference import attention_out_rows8
 
     ws = []
 
-    def run_ws(q, k, v, scale, layout, key_mask=None):
-        ws.append((q.dtype, k.dtype, tuple(q.shape), layout, key_mask is not None))
+    def run_ws(q, k, v, scale, layout, key_mask=None, q_scale=None, rows8=False):
+        assert q_scale is None, "the processors hand the kernel 16-bit Q on a GPU"
+        ws.append((q.dtype, k.dtype, tuple(q.shape), layout, key_mask is not None, rows8))
         t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
         m = None if key_mask is None else key_mask[:, None, None, :]
         o = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=m, scale=scale)
-        return t(o).to(v.dtype).contiguous()
+        o = t(o).to(v.dtype).contiguous()
+        return attention_out_rows8(o, v, key_mask) if rows8 else o
 
     monkeypatch.setattr(common, "qk_8bit", lambda key_mask=None: None)
     monkeypatch.setattr(attention_api, "_ws_ok", lambda q, k, window: window is None)
@@ -745,3 +748,26 @@ def test_fp8_wan_animate2(monkeypatch):
     assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
     ditfuse.unpatch(model)
     assert torch.equal(_run(model, extract, cached)[0], ref)
+
+
+@torch.no_grad()
+def test_wan_gpu_route_hands_output_rows8_to_fp8_projection(monkeypatch):
+    """With both 8-bit paths on the sm_90 route, Wan's self- and cross-attention ask the
+    warp-specialized kernel for its e4m3 output (the stand-in: exact SDPA, then the
+    reference quantization) and the FP8 output projections take it; with ``linear`` in
+    16 bits they do not. The model stays close to the unpatched one."""
+    name, make, inputs, calls = next(c for c in FP8_CASES if c[0] == "wan-t2v")
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ref = model(**kw)[0]
+    ws = _gpu_route(monkeypatch)
+    ditfuse.patch(model, attention="fp8", linear="fp8")
+    out = model(**kw)[0]
+    assert len(ws) == calls and all(r[-1] for r in ws), ws
+    cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ref.float().flatten(), 0)
+    assert cos >= 0.995, cos
+    ditfuse.unpatch(model)
+    ws.clear()
+    ditfuse.patch(model, attention="fp8")
+    model(**kw)
+    assert len(ws) == calls and not any(r[-1] for r in ws), ws
