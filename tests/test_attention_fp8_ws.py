@@ -405,8 +405,9 @@ def test_sm90_build():
         assert not any("UNPACK" in op or op.startswith("PRMT") for op in loop), str(loop)
         assert sum(loop.values()) < 2 * 500, str(loop)
         # a key mask's count is a loaded value: 16 bytes spilled in the tail tile, once a
-        # program (none without a mask); the e4m3 epilogue's registers as much, once
-        assert row["spill"] <= (16 if row["varlen"] or row["rows8"] else 0), str(row)
+        # program (none without a mask); with the e4m3 epilogue's bound held through the key
+        # loop, 24 bytes around the tail (none inside the loop: key_loop_local above)
+        assert row["spill"] <= (24 if row["rows8"] else 16 if row["varlen"] else 0), str(row)
         # the e4m3 epilogue's scale and its inverse: IEEE divisions (an approximate one
         # would not be quantize_rows' scale)
         assert row["div_rn"] == (4 if row["rows8"] else 0), str(row)

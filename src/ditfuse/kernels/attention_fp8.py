@@ -143,18 +143,12 @@ def _v_amax_kernel(
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     GATHER: tl.constexpr = False,
-    batch_amax_ptr=None,
 ):
     """amax[b, h, d] = max over the keys of |v[b, s, h, d]|, NaN if one is NaN: an atomic
     max of one token block on the int32 bits of the (non-negative) fp32 amax, which order as
-    the values do, with a positive NaN above +inf (Triton's float atomic max drops NaN).
-    ``batch_amax_ptr`` (int32 (B,), zeros): also the max over the heads and channels of each
-    batch entry, the same way (the same bits every run: max is order-free)."""
+    the values do, with a positive NaN above +inf (Triton's float atomic max drops NaN)."""
     bh, rows, d, x = _v_block(v_ptr, keys, S, H, v_strides, D, BLOCK_S, GATHER)
-    bits = _row_amax(x, 0).to(tl.int32, bitcast=True)
-    tl.atomic_max(amax_ptr + bh * D + d, bits)
-    if batch_amax_ptr is not None:
-        tl.atomic_max(batch_amax_ptr + bh // H, tl.max(bits, 0))
+    tl.atomic_max(amax_ptr + bh * D + d, _row_amax(x, 0).to(tl.int32, bitcast=True))
 
 
 @jit

@@ -124,17 +124,17 @@ def quantize_k_blocks(k4: Tensor, keys: Keys = Keys()):
     return k8, kb
 
 
-def quantize_v(
-    v4: Tensor, a_order: bool = False, keys: Keys = Keys(), batch_amax: Optional[Tensor] = None
-):
+def quantize_v(v4: Tensor, a_order: bool = False, keys: Keys = Keys(), batch_amax: bool = False):
     """V (B, S, H, D) 16-bit -> (vt e4m3 (B, H, D, S_pad), scale fp32 (B, H, D)):
     ``vt[b, h, d, s] = e4m3(v[b, s, h, d] / scale[b, h, d])``, ``scale = amax / 448``
     over the tokens (1 for a zero channel, NaN for a channel holding a NaN); tokens past S are
     zeros. ``a_order``: token s at column
     :func:`ditfuse.kernels.quantize_8bit.key_position` (the warp-specialized kernel's V).
     Under a key mask (``keys``) token s is the entry's kept key s, the amax over its kept
-    keys, zeros past them. ``batch_amax`` (int32 (B,), zeros): filled with the fp32 bits of
-    each batch entry's amax over its heads and channels (of the keys quantized)."""
+    keys, zeros past them. ``batch_amax``: also each batch entry's amax over its heads and
+    channels (of the keys quantized) as fp32 bits, int32 (B,) -- a third value returned (one
+    small reduction of the channels' amax: a max over the int bits is the max of the values,
+    NaN above +inf)."""
     from ditfuse.kernels.attention_fp8 import _v_amax_kernel, _v_quant_kernel
 
     B, S, H, D = v4.shape
@@ -155,7 +155,6 @@ def quantize_v(
         D=D,
         BLOCK_S=V_BLOCK,
         GATHER=g,
-        batch_amax_ptr=batch_amax,
         num_warps=4,
     )
     _v_quant_kernel[grid](
@@ -174,6 +173,8 @@ def quantize_v(
         GATHER=g,
         num_warps=4,
     )
+    if batch_amax:
+        return vt, vscale, amax.view(B, -1).amax(1)
     return vt, vscale
 
 
@@ -223,8 +224,7 @@ def launch(
     cfg = config or WsConfig.for_head_dim(D)
     k8, kb = quantize_k_blocks(k4, keys)
     rows8 = out_scale is not None
-    amax_b = torch.zeros(B, dtype=torch.int32, device=v4.device) if rows8 else None
-    vt, vs = quantize_v(v4, a_order=True, keys=keys, batch_amax=amax_b)
+    vt, vs, *amax_b = quantize_v(v4, a_order=True, keys=keys, batch_amax=rows8)
     vt = vt.view(-1, vt.shape[-1])  # (B*H*D, S_pad): V^T's TMA rows
     box = gl.NVMMASharedLayout(swizzle_byte_width=min(128, D), element_bitwidth=8, rank=4)
     q_desc = TensorDescriptor(q8, list(q8.shape), list(q8.stride()), [1, 64, 1, D], box)
@@ -247,7 +247,7 @@ def launch(
         out4,
         _ones(out4.device),
         keys.count if keys.gather else kb,
-        amax_b if rows8 else kb,
+        amax_b[0] if rows8 else kb,
         out_scale if rows8 else kb,
         S_q,
         S_kv,
