@@ -337,12 +337,14 @@ def _attention_rows(shape, dtype, wq, ws, b, w, base_us, impls, timer, emit, row
         rows8 = attn(quantize_out="fp8")
         x = attn().flatten(2)
         extra = max(0.0, us["attention-e4m3-out"] - us["attention-16bit-out"])
+        # accuracy without the bias: the attention's output is ~0.03 rms over 1,024 random
+        # keys, the bias N(0, 1), which would hide the product's error
         row(
             "ditfuse-fp8-attn",
             timer(lambda: linear_fp8(rows8, wq, ws, b)) + extra,
-            linear_fp8(rows8, wq, ws, b),
-            against=F.linear(x.double(), w.double(), b.double()),
+            linear_fp8(rows8, wq, ws),
+            against=F.linear(x.double(), w.double()),
             note=f"GEMM on the attention's e4m3 rows + {extra:.1f} us the e4m3 output added to "
-            "the attention (0 where it saved time); accuracy against the fp64 linear of its "
-            "16-bit output",
+            "the attention (0 where it saved time); accuracy of the product (no bias) against "
+            "the fp64 product of its 16-bit output",
         )
