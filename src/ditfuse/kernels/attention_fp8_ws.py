@@ -455,7 +455,7 @@ def _attention_8bit_ws_kernel(
     count_ptr,  # int32: a key mask's kept keys of each batch entry (B,), compacted to the
     # front; a float pointer: every key
     amax_ptr,
-    os_ptr,  # with ROUND: V's amax a batch entry (B,) as int32 bits; the e4m3 output's
+    os_ptr,  # with an e4m3 output: V's amax a batch entry (B,) as int32 bits; the output's
     # scales (B, S_q), contiguous
     S_q,
     S_kv,
@@ -473,7 +473,7 @@ def _attention_8bit_ws_kernel(
     STAGES: gl.constexpr,
     QK_INT: gl.constexpr,
     ROUND_F16: gl.constexpr = False,  # an e4m3 o_ptr: rows quantized from the 16-bit output
-    # (_store_rows8), rounded to fp16 (else bf16)
+    # (the consumers' epilogue) rounded to fp16 (else bf16)
 ):
     # one flat grid, query tiles fastest: the programs of one (batch, head) run together
     # and share its K / V in L2 (and B * H is not bound by the 65,535 of grid axis 1)

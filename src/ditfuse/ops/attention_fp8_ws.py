@@ -145,18 +145,7 @@ def quantize_v(v4: Tensor, a_order: bool = False, keys: Keys = Keys(), batch_ama
     grid = (B * H, S_pad // V_BLOCK)
     st = v4.stride()
     ka, g = keys.args(amax), keys.gather
-    _v_amax_kernel[grid](
-        v4,
-        ka,
-        amax,
-        S,
-        H,
-        st,
-        D=D,
-        BLOCK_S=V_BLOCK,
-        GATHER=g,
-        num_warps=4,
-    )
+    _v_amax_kernel[grid](v4, ka, amax, S, H, st, D=D, BLOCK_S=V_BLOCK, GATHER=g, num_warps=4)
     _v_quant_kernel[grid](
         v4,
         ka,
@@ -212,7 +201,7 @@ def launch(
     With ``out_scale`` (fp32 (B, S_q), contiguous) ``out4`` is e4m3 and holds the 16-bit
     output (v's dtype) quantized with one scale a batch entry, written to ``out_scale`` for
     each of its tokens: the largest |V| the entry attends / 448, which bounds every output
-    (the kernel's ``_store_rows8``)."""
+    (the kernel's e4m3 epilogue)."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
