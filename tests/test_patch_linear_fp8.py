@@ -192,14 +192,16 @@ def test_rows8_not_handed_past_hooks():
     assert not wan.rows8_ok(model2.blocks[0].attn2, x, cross=True)
 
 
-def test_wan_attention_hands_rows8_to_output_projection(monkeypatch):
+@pytest.mark.parametrize("case", ["wan-t2v", "wan-i2v"])
+def test_wan_attention_hands_rows8_to_output_projection(case, monkeypatch):
     """With both 8-bit paths, Wan's attention writes its output as e4m3 rows for the FP8
     output projection (``quantize_out="fp8"``: one scale a batch entry from V's bound), in
-    every self- and cross-attention call of the CPU run; the model stays as close to the
-    16-bit one as with the projection quantizing per token, and within a hair of it."""
+    every self- and cross-attention call of the CPU run but I2V's cross-attention (two
+    attentions summed: 16 bits); the model stays as close to the 16-bit one as with the
+    projection quantizing per token, and within a hair of it."""
     from ditfuse.patching import wan
 
-    _, make, inputs, _ = _CASES["wan-t2v"]
+    _, make, inputs, _ = next(c for c in FP8_CASES if c[0] == case)
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)
     with torch.no_grad():
@@ -216,7 +218,8 @@ def test_wan_attention_hands_rows8_to_output_projection(monkeypatch):
     monkeypatch.setattr(wan, "attention_8bit_i2v", spy)
     with torch.no_grad():
         handed = model(**kw)[0]
-    assert kinds == ["Rows8"] * (2 * len(model.blocks)), kinds
+    cross = "Tensor" if case == "wan-i2v" else "Rows8"
+    assert kinds == ["Rows8", cross] * len(model.blocks), kinds
     monkeypatch.setattr(wan, "out_rows8_ok", lambda attn, v: False)
     kinds.clear()
     with torch.no_grad():
