@@ -555,17 +555,24 @@ def quantize_rows_fp8_reference(x2: torch.Tensor, activation=None):
     if activation == "gelu_tanh":
         x2 = gelu_reference(x2, "tanh")
     xf = x2.float()
-    amax = xf.abs().amax(dim=1)
-    bad = ~torch.isfinite(xf).all(dim=1)
-    amax = torch.where(bad, torch.full_like(amax, float("nan")), amax)
-    zero = amax == 0
-    safe = torch.where(zero, torch.ones_like(amax), amax)
+    return _e4m3_scaled(xf, xf.abs().amax(dim=1), ~torch.isfinite(xf).all(dim=1))
+
+
+def _e4m3_scaled(x: torch.Tensor, amax: torch.Tensor, bad: torch.Tensor):
+    """fp32 ``x`` as e4m3 with one scale for each index of ``amax`` (x's leading dims; ``bad``
+    beside it): ``q = e4m3_rne(x * (448 / amax))`` (saturating), ``scale = amax / 448``, both
+    divisions correctly rounded; amax 0: scale 1; ``bad`` (a NaN or an infinity): scale NaN
+    and zeros."""
+    one = torch.ones_like(amax)
+    zero = (amax == 0) & ~bad
+    safe = torch.where(zero | bad, one, amax)
     e4m3_max = torch.full_like(amax, 448.0)  # tensor / tensor: `448.0 / t` is a reciprocal
-    inv = torch.where(zero, torch.ones_like(amax), e4m3_max / safe)  # times 448, not div.rn
-    scale = torch.where(zero, torch.ones_like(amax), safe / e4m3_max)
-    y = (xf * inv[:, None]).clamp(-448.0, 448.0)
-    q = torch.where(torch.isnan(amax)[:, None], torch.zeros_like(y), y).to(torch.float8_e4m3fn)
-    return q, scale
+    inv = torch.where(zero, one, e4m3_max / safe)  # times 448, not div.rn
+    nan = torch.full_like(amax, float("nan"))
+    scale = torch.where(bad, nan, torch.where(zero, one, safe / e4m3_max))
+    each = amax.shape + (1,) * (x.dim() - amax.dim())
+    y = (x * inv.view(each)).clamp(-448.0, 448.0)
+    return torch.where(bad.view(each), torch.zeros_like(y), y).to(torch.float8_e4m3fn), scale
 
 
 def attention_out_rows8(o: torch.Tensor, v: torch.Tensor, key_mask=None):
@@ -582,16 +589,7 @@ def attention_out_rows8(o: torch.Tensor, v: torch.Tensor, key_mask=None):
     if key_mask is not None:
         a = torch.where(key_mask[:, :, None, None], a, torch.zeros_like(a))
     amax = a.amax(dim=(1, 2, 3)).float()  # NaN propagates
-    bad = ~torch.isfinite(amax)
-    zero = amax == 0
-    one = torch.ones_like(amax)
-    safe = torch.where(zero | bad, one, amax)
-    e4m3_max = torch.full_like(amax, 448.0)  # tensor / tensor: a division, not a reciprocal
-    inv = torch.where(zero, one, e4m3_max / safe)
-    nan = torch.full_like(amax, float("nan"))
-    scale = torch.where(bad, nan, torch.where(zero, one, safe / e4m3_max))
-    y = (o.float() * inv[:, None, None, None]).clamp(-448.0, 448.0)
-    q = torch.where(bad[:, None, None, None], torch.zeros_like(y), y).to(torch.float8_e4m3fn)
+    q, scale = _e4m3_scaled(o.float(), amax, ~torch.isfinite(amax))
     return q, scale[:, None].expand(o.shape[:2]).contiguous()
 
 
