@@ -487,9 +487,18 @@ def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch, fewer_tokens):
         "patched linear-fp8",
         "patched fp8 + linear-fp8",
         "torchao linear-fp8",
+        "patched fp8 + torchao linear-fp8",
     ]
-    ways[-1] = (ways[-1][0], lambda m: ditfuse.patch(m))
+    ways[-2] = (ways[-2][0], lambda m: ditfuse.patch(m))
+    ways[-1] = (ways[-1][0], lambda m: ditfuse.patch(m, attention="fp8"))
     monkeypatch.setattr(e2e, "linear_fp8_ways", lambda labels=None: ways)
+    profiled = []
+
+    def kernels(fn):  # a stand-in profile: the call runs, three kernels come back
+        fn()
+        profiled.append(fn)
+        return [("nvjet_tst_x", 1000.0), ("_attention_8bit_ws_kernel", 2000.0), ("triton_p", 5.0)]
+
     out, path = io.StringIO(), tmp_path / "e2e.csv"
     # a row of an earlier call (another model, the same day's file) stays ahead of this call's
     earlier = dict.fromkeys(e2e.ROW_FIELDS, "")
@@ -509,14 +518,18 @@ def test_run_e2e_linear_fp8_ways_tiny(tmp_path, monkeypatch, fewer_tokens):
         rounds=1,
         fp8=True,
         linear=True,
+        kernels=kernels,
     )
     log = out.getvalue()
     assert failed == 0, log
+    assert len(profiled) == 1 + len(ways)  # once a way, after its timing
+    split = "kernels of a call: attention 2.00, GEMM 1.00, other 0.01 ms (3.00)"
     with open(path) as f:
         rows = list(csv.DictReader(f))
     assert rows[0] == earlier
     rows = rows[1:]
     assert [r["impl"] for r in rows] == ["unpatched eager"] + [w[0] + " eager" for w in ways]
+    assert all(r["note"].endswith(split) for r in rows), [r["note"] for r in rows]
     assert "patched linear-fp8 eager: ready in" in log
     assert "blocks.0.ffn.net.2: torch.bfloat16, exact" in log  # the patch report, printed
 
@@ -533,3 +546,7 @@ def test_ways_select_and_reject(capsys):
     assert "--ways: unknown ['bf16']" in capsys.readouterr().err
     assert bench.main(argv) == 2  # --linear-fp8 missing
     assert "--ways goes with --fp8 --linear-fp8" in capsys.readouterr().err
+    assert bench.main(["--kernels"]) == 2  # a step's kernels: only with --e2e
+    assert "--kernels goes with --e2e" in capsys.readouterr().err
+    picked = e2e.linear_fp8_ways(["patched fp8 + torchao linear-fp8"])
+    assert [w[0] for w in picked] == ["patched fp8 + torchao linear-fp8"]

@@ -1110,7 +1110,14 @@ def main(argv=None) -> int:
         default=None,
         help="with --e2e --fp8 --linear-fp8: comma-separated labels of the ways to run "
         "after the unpatched baseline (default all: 'patched,patched fp8,patched "
-        "linear-fp8,patched fp8 + linear-fp8,torchao linear-fp8'); each is a compile",
+        "linear-fp8,patched fp8 + linear-fp8,torchao linear-fp8,patched fp8 + torchao "
+        "linear-fp8'); each is a compile",
+    )
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="with --e2e: after the timing rounds, profile one call of each transformer way "
+        "and end its note with the kernel time by class (attention, GEMM, other)",
     )
     ap.add_argument(
         "--models",
@@ -1136,6 +1143,9 @@ def main(argv=None) -> int:
         help="with --e2e: interleaved timing rounds (default 5; with --fp8 2)",
     )
     args = ap.parse_args(argv)
+    if args.kernels and not args.e2e:
+        print("ditfuse bench: --kernels goes with --e2e", file=sys.stderr)
+        return 2
     if args.e2e:
         if args.linear_sensitivity:
             from ditfuse.tools.linear_sensitivity import main as sensitivity_main

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ditfuse.tools import tiny_models as tiny
+from ditfuse.tools.kernel_profile import format_split, time_by_class
 from ditfuse.tools.tiny_models import to_dtype as as_loaded  # from_pretrained(torch_dtype=...)
 
 # ---------------------------------------------------------------------------------------
@@ -625,6 +626,7 @@ def run_model(
     patch_8bit=None,
     ways=None,
     progress=None,
+    kernels=None,
 ):
     """Time one step of ``spec``'s model on copies of it, in ``rounds`` interleaved rounds,
     and compare ``steps``-step trajectories against the unpatched eager one in ``dtype``
@@ -641,8 +643,10 @@ def run_model(
     (label, patch) pairs instead of the exact and 8-bit patches (:func:`linear_fp8_ways`).
     ``mem`` (:class:`CudaMemory`): a row's peak GiB is its copy's weights on the device plus
     a step's peak above the resting memory (the copies all stay resident). ``progress``:
-    called with a line as each way is ready. Returns (rows {impl: ms}, quality {impl:
-    {psnr, max_abs_diff}}, the patch reports)."""
+    called with a line as each way is ready. ``kernels``: a callable of ``fn`` giving (name,
+    us) of each kernel of one call (:func:`ditfuse.tools.kernel_profile.profiled_kernels`):
+    each row's note then ends with that call's kernel time by class, after the timing rounds.
+    Returns (rows {impl: ms}, quality {impl: {psnr, max_abs_diff}}, the patch reports)."""
     import ditfuse
 
     if fp8:
@@ -683,6 +687,7 @@ def run_model(
             times, hosts, peaks = _interleaved(fns, rounds, timer, mem, peak_of)
             for impl in fns:  # a row is the median of its rounds
                 rows[impl] = statistics.median(times[impl])
+            splits = {impl: time_by_class(kernels(fns[impl])) for impl in fns} if kernels else {}
             for impl in fns:
                 note = _spread(times[impl], hosts[impl])
                 if impl in quality:
@@ -701,6 +706,8 @@ def run_model(
                     note += (
                         "; WARNING: trajectory equal to the exact patch's (no 8-bit attention ran)"
                     )
+                if impl in splits:
+                    note += "; " + format_split(splits[impl])
                 extra = dict(speedup=rows[next(iter(fns))] / rows[impl]) if fp8 else {}
                 peak = max(peaks[impl]) if mem else None
                 emit(row(impl, rows[impl], peak, note=note, **extra, **quality.get(impl, {})))
@@ -756,9 +763,11 @@ def patch_fp8(model):
 
 def linear_fp8_ways(labels=None):
     """The ways of ``ditfuse bench --e2e --fp8 --linear-fp8``: (label, patch) after the
-    unpatched baseline -- the exact patch, 8-bit attention, FP8 linears, both, and torchao's
-    float8 dynamic per-row linears (the peer) on the model's block linears; ``labels``: only
-    those, in this order (a ValueError names an unknown one)."""
+    unpatched baseline -- the exact patch, 8-bit attention, FP8 linears, both, torchao's
+    float8 dynamic per-row linears (the peer) on the model's block linears, and ditfuse's 8-bit
+    attention with torchao's linears (what a user stacking the two runs: the linears' margin
+    where the attention is already fast); ``labels``: only those, in this order (a ValueError
+    names an unknown one)."""
     import ditfuse
 
     def torchao_linears(model):
@@ -782,12 +791,17 @@ def linear_fp8_ways(labels=None):
         )
         return "torchao float8 dynamic per-row block linears"
 
+    def attention_fp8_torchao_linears(model):
+        report = ditfuse.patch(model, attention="fp8")
+        return f"{report}; {torchao_linears(model)}"
+
     ways = [
         ("patched", ditfuse.patch),
         ("patched fp8", lambda m: ditfuse.patch(m, attention="fp8")),
         ("patched linear-fp8", lambda m: ditfuse.patch(m, linear="fp8")),
         ("patched fp8 + linear-fp8", lambda m: ditfuse.patch(m, attention="fp8", linear="fp8")),
         ("torchao linear-fp8", torchao_linears),
+        ("patched fp8 + torchao linear-fp8", attention_fp8_torchao_linears),
     ]
     if labels is None:
         return ways
@@ -1042,13 +1056,15 @@ def run_e2e(
     fp8: bool = False,
     linear: bool = False,
     ways=None,
+    kernels=None,
 ) -> int:
     """Every model in ``names`` in turn: rows printed (flushed) and the CSV rewritten as each
     row finishes; a model that fails is reported and the next one runs. ``tiny``: the CPU
     test's configs and sizes through the same builders. ``layers``: a count, or a count per
     model name. ``fp8``: :func:`run_model`'s three 8-bit ways instead of the four (transformers
-    only). Rows already in ``csv_path`` (an earlier call the same day) are kept ahead of this
-    call's. Returns the number of failures."""
+    only). ``kernels``: :func:`run_model`'s, for the transformers' step rows. Rows already in
+    ``csv_path`` (an earlier call the same day) are kept ahead of this call's. Returns the
+    number of failures."""
     rows, failed = [], 0
     earlier = read_rows(csv_path)
 
@@ -1065,7 +1081,14 @@ def run_e2e(
         n_layers = layers[n] if isinstance(layers, dict) else layers
         # a transformer's step run (run_model)
         step = (spec, device, torch.bfloat16, n_layers, timer, emit)
-        options = dict(compile_backend=compile_backend, steps=steps, mem=mem, rounds=rounds, **kw)
+        options = dict(
+            compile_backend=compile_backend,
+            steps=steps,
+            mem=mem,
+            rounds=rounds,
+            kernels=kernels,
+            **kw,
+        )
         try:
             if fp8:
                 if spec.kind != "transformer":
@@ -1123,6 +1146,8 @@ def main(args) -> int:
     import datetime as _dt
 
     import triton
+
+    from ditfuse.tools.kernel_profile import profiled_kernels
 
     fp8 = getattr(args, "fp8", False)
     linear = getattr(args, "linear_fp8", False)
@@ -1206,6 +1231,7 @@ def main(args) -> int:
         fp8=fp8,
         linear=linear,
         ways=ways,
+        kernels=profiled_kernels if getattr(args, "kernels", False) else None,
     )
     print(f"csv: {path} ({time.time() - t0:.0f} s)", flush=True)
     return 1 if failed else 0
