@@ -59,6 +59,8 @@ DITFUSE_ATTENTION = {
     "_attention_8bit_kernel",
     "_attention_8bit_ws_kernel",
 }
+#: ditfuse's GEMM (the FP8 linears' on sm_90)
+DITFUSE_GEMM = {"_gemm_fp8_rows_kernel"}
 
 
 @pytest.mark.parametrize("name", ATTENTION)
@@ -77,13 +79,17 @@ def test_other_kernels(name):
 
 
 def test_ditfuse_kernels_classes():
-    """ditfuse's attention kernels are attention; every other kernel of the package (the
-    attention's input quantizers, the row quantizer, AdaLN, GroupNorm, ...) is not."""
+    """ditfuse's attention kernels are attention, its FP8 GEMM a GEMM; every other kernel of
+    the package (the attention's input quantizers, the row quantizer, AdaLN, GroupNorm, ...)
+    is neither."""
     kernels = _ditfuse_kernels()
-    assert DITFUSE_ATTENTION <= set(kernels), sorted(kernels)
+    assert DITFUSE_ATTENTION | DITFUSE_GEMM <= set(kernels), sorted(kernels)
     assert {"_quantize_rows_kernel", "_qk_quant_kernel", "_adaln_fp8_tile_kernel"} <= set(kernels)
     got = {n: kp.kernel_class(n) for n in kernels}
-    want = {n: "attention" if n in DITFUSE_ATTENTION else "other" for n in kernels}
+    want = {
+        n: "attention" if n in DITFUSE_ATTENTION else "GEMM" if n in DITFUSE_GEMM else "other"
+        for n in kernels
+    }
     assert got == want
 
 

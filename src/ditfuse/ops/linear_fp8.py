@@ -3,8 +3,9 @@
 ``y = (q_x @ q_w^T) * (s_x[:, None] * s_w[None, :]) + bias`` in the activation's dtype, where
 ``q_x, s_x = quantize_rows(x)`` (one scale a token, from the token's amax) and ``q_w, s_w =
 quantize_weight(w)`` (one scale an output channel, once when a model is patched). The GEMM
-is cuBLASLt's row-wise scaled FP8 GEMM through ``torch._scaled_mm`` (fp32 accumulation
-with fast accumulation, the bias added in its epilogue); the quantization of the
+is :func:`ditfuse.ops.gemm_fp8.gemm_fp8_rows` (on sm_90 a persistent Triton kernel, elsewhere
+cuBLASLt's row-wise scaled FP8 GEMM through ``torch._scaled_mm``; fp32 accumulation with the
+tensor cores' FP8 accumulation, the bias added in the epilogue); the quantization of the
 activations is :func:`quantize_rows`, one read of ``x`` and a write of a byte an element.
 
 Layout: the Triton kernel is :mod:`ditfuse.kernels.linear_fp8`; this module holds the launch
@@ -24,6 +25,7 @@ import torch
 import triton
 
 from ditfuse.kernels.linear_fp8 import _quantize_rows_kernel
+from ditfuse.ops.gemm_fp8 import gemm_fp8_rows
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -301,15 +303,7 @@ def linear_fp8(
         q, s = quantize_rows(x, activation=activation)
     else:
         q, s = rows8.q.view(-1, K), rows8.scale.reshape(-1)
-    y = torch._scaled_mm(
-        q,
-        w_q.t(),
-        scale_a=s[:, None],
-        scale_b=w_scale[None, :],
-        bias=bias,
-        out_dtype=out_dtype,
-        use_fast_accum=True,
-    )
+    y = gemm_fp8_rows(q, s, w_q, w_scale, bias, out_dtype)
     return y.view(*x.shape[:-1], N)
 
 

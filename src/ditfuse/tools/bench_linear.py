@@ -6,8 +6,11 @@ each the CUDA-graph time of one call (L2 flushed before every replay):
 - ``bf16``: ``F.linear`` (cuBLAS) of the 16-bit activation, with bias;
 - ``ditfuse-fp8``: :func:`ditfuse.ops.linear_fp8.linear_fp8` from the same 16-bit activation
   (the per-token quantization included) and the patch-time e4m3 weight;
-- ``ditfuse-fp8-gemm``: its GEMM alone on operands quantized beforehand (what the layer
-  costs where the kernel before it writes the e4m3 activation);
+- ``ditfuse-fp8-gemm``: its GEMM alone (:func:`ditfuse.ops.gemm_fp8.gemm_fp8_rows`: the
+  persistent Triton kernel on sm_90) on operands quantized beforehand (what the layer costs
+  where the kernel before it writes the e4m3 activation);
+- ``cublaslt-fp8-gemm``: ``torch._scaled_mm`` with row-wise scales (cuBLASLt) on the same
+  operands, the GEMM torchao calls;
 - ``quantize``: :func:`~ditfuse.ops.linear_fp8.quantize_rows` alone (GB/s and % of the copy
   ceiling: it reads 2 and writes 1 byte an element);
 - at an FFN's output projection (``gelu`` shapes) ``bf16-gelu`` (the GELU as the model runs it
@@ -105,6 +108,7 @@ LINEAR_IMPLS = (
     "bf16",
     "ditfuse-fp8",
     "ditfuse-fp8-gemm",
+    "cublaslt-fp8-gemm",
     "quantize",
     "bf16-gelu",
     "ditfuse-fp8-gelu",
@@ -134,6 +138,7 @@ def _torchao_linear(w, b):
 def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """The rows of the module docstring for one shape; ``timer`` (us of a callable) defaults
     to the CUDA-graph timer."""
+    from ditfuse.ops.gemm_fp8 import gemm_fp8_rows, triton_route
     from ditfuse.ops.linear_fp8 import linear_fp8, quantize_rows, quantize_weight
 
     timer = timer or graph_or_eager_us
@@ -179,8 +184,16 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
             )
         q, s = quantize_rows(x)
         if "ditfuse-fp8-gemm" in impls:
+            route = "Triton persistent" if triton_route(q) else "torch._scaled_mm"
+            row(
+                "ditfuse-fp8-gemm",
+                timer(lambda: gemm_fp8_rows(q, s, wq, ws, b, dtype)),
+                gemm_fp8_rows(q, s, wq, ws, b, dtype),
+                note=f"GEMM alone ({route}), activation quantized beforehand",
+            )
+        if "cublaslt-fp8-gemm" in impls:
 
-            def gemm():
+            def lt():
                 return torch._scaled_mm(
                     q,
                     wq.t(),
@@ -192,10 +205,10 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 )
 
             row(
-                "ditfuse-fp8-gemm",
-                timer(gemm),
-                gemm(),
-                note="GEMM alone, activation quantized beforehand",
+                "cublaslt-fp8-gemm",
+                timer(lt),
+                lt(),
+                note="torch._scaled_mm row-wise (cuBLASLt), same operands",
             )
         if "quantize" in impls:
             us = timer(lambda: quantize_rows(x))

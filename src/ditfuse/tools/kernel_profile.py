@@ -8,7 +8,8 @@ GEMMs, and the quantizers, norms, activations and residuals around them.
 The classes are a table of name patterns, tried in order; a kernel no pattern matches is
 "other". The names are those of the profiler's CUDA kernel events: cuDNN's and FlashAttention's
 attention, ditfuse's attention kernels, cuBLAS / cuBLASLt GEMMs (``nvjet``, ``sm90_xmma``,
-CUTLASS), and Inductor's or Triton's kernels by their function names.
+CUTLASS) and ditfuse's FP8 GEMM (``_gemm_fp8_rows_kernel``), and Inductor's or Triton's
+kernels by their function names.
 """
 
 from __future__ import annotations

@@ -1,0 +1,205 @@
+"""The FP8 GEMM of :func:`ditfuse.ops.linear_fp8.linear_fp8`: e4m3 rows x e4m3 weight,
+row-wise scales.
+
+``gemm_fp8_rows(q, q_scale, w_q, w_scale, bias, out_dtype)`` =
+``round((q @ w_q^T) * q_scale[:, None] * w_scale[None, :] + bias)``, fp32 accumulation with
+the tensor cores' FP8 accumulation (cuBLASLt's fast-accumulation mode), one rounding to
+``out_dtype``.
+
+Route: on sm_90 the persistent Triton kernel of :mod:`ditfuse.kernels.gemm_fp8` (faster than
+cuBLASLt's row-wise FP8 GEMM at nine of ten DiT linear shapes on an H100,
+docs/design/linear_fp8.md); elsewhere -- sm_89, sm_100, the CPU (tests) --
+``torch._scaled_mm`` (cuBLASLt on a GPU). Both accumulate in the tensor cores' FP8
+accumulator and apply the scales and the bias in fp32 before the one rounding; their sums
+differ in order, so their outputs agree to the accumulator's precision, not bitwise. On a
+GPU both operands must start on a 16-byte boundary (TMA's and cuBLASLt's requirement): a
+clear error otherwise.
+
+Launch settings: :class:`GemmFp8Config` from :func:`gemm_config` -- one tile shape, the
+pipeline's depth by K (a fourth stage of 128-deep A / B tiles where K is short enough for
+the loads to run ahead; three at the FFN's K of 13,824, where a fourth measured slower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from ditfuse.kernels.gemm_fp8 import _gemm_fp8_rows_kernel
+from ditfuse.runtime import library
+
+FP8 = torch.float8_e4m3fn
+OUT_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class GemmFp8Config:
+    """Tile shape and pipeline of the persistent FP8 GEMM (one program an SM)."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 128
+    group_m: int = 8
+    num_stages: int = 4
+    num_warps: int = 8
+
+
+#: K up to which the fourth A / B stage pays (H100: K = 5,120 faster, K = 13,824 slower)
+FOUR_STAGES_MAX_K = 8192
+
+
+def gemm_config(M: int, N: int, K: int) -> GemmFp8Config:
+    """The launch settings for an (M, K) x (K, N) product: 128 x 256 x 128 tiles, 8 warps
+    (two consumer warpgroups of 64 rows), 4 stages up to K = 8,192, else 3; N up to 128 gets
+    128-wide tiles."""
+    return GemmFp8Config(
+        block_n=256 if N > 128 else 128,
+        num_stages=4 if K <= FOUR_STAGES_MAX_K else 3,
+    )
+
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":  # the interpreter: two programs, each walking several tiles
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def triton_route(q: torch.Tensor) -> bool:
+    """Whether :func:`gemm_fp8_rows` runs the Triton kernel: on an sm_90 GPU."""
+    return q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
+
+
+def launch_gemm_fp8_rows(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out: torch.Tensor,
+    *,
+    config: Optional[GemmFp8Config] = None,
+) -> torch.Tensor:
+    """The Triton kernel into ``out`` (M, N), operands already checked (:func:`gemm_fp8_rows`).
+    ``config``: launch settings other than :func:`gemm_config`'s (tests: small tiles)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = q.shape
+    N = w_q.shape[0]
+    cfg = config or gemm_config(M, N, K)
+    a = TensorDescriptor.from_tensor(q, [cfg.block_m, cfg.block_k])
+    b = TensorDescriptor.from_tensor(w_q, [cfg.block_n, cfg.block_k])
+    c = TensorDescriptor.from_tensor(out, [cfg.block_m, cfg.block_n // 2])
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    programs = min(_sms(q.device), tiles)
+    _gemm_fp8_rows_kernel[(programs,)](
+        a,
+        b,
+        c,
+        q_scale,
+        w_scale,
+        w_scale if bias is None else bias,  # not read without HAS_BIAS
+        M,
+        N,
+        K,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        PROGRAMS=programs,
+        num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def _gemm(q, q_scale, w_q, w_scale, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    M, N = q.shape[0], w_q.shape[0]
+    if M == 0 or not triton_route(q):
+        return torch._scaled_mm(
+            q,
+            w_q.t(),
+            scale_a=q_scale[:, None],
+            scale_b=w_scale[None, :],
+            bias=bias,
+            out_dtype=out_dtype,
+            use_fast_accum=True,
+        )
+    out = torch.empty((M, N), device=q.device, dtype=out_dtype)
+    # the kernel reads the scales and the bias at unit stride
+    bias = None if bias is None else bias.contiguous()
+    return launch_gemm_fp8_rows(q, q_scale.contiguous(), w_q, w_scale.contiguous(), bias, out)
+
+
+def gemm_fp8_rows(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(q @ w_q^T) * q_scale[:, None] * w_scale[None, :] + bias`` rounded to ``out_dtype``.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (M, K), float8_e4m3fn, contiguous
+    q_scale : torch.Tensor, shape (M,), float32
+    w_q : torch.Tensor, shape (N, K), float8_e4m3fn, contiguous; K and N multiples of 16
+    w_scale : torch.Tensor, shape (N,), float32
+    bias : torch.Tensor, shape (N,), ``out_dtype``, or None
+    out_dtype : torch.float16 or torch.bfloat16
+
+    Returns
+    -------
+    torch.Tensor, shape (M, N), ``out_dtype``. The caller
+    (:func:`ditfuse.ops.linear_fp8.linear_fp8`) validates the operands; this function checks
+    only what the kernel's memory access needs.
+    """
+    if q.dtype != FP8 or w_q.dtype != FP8 or q.dim() != 2 or w_q.dim() != 2:
+        raise TypeError(
+            f"q and w_q must be 2-D float8_e4m3fn, got {q.dtype} {tuple(q.shape)} and "
+            f"{w_q.dtype} {tuple(w_q.shape)}"
+        )
+    if q.shape[1] != w_q.shape[1] or not (q.is_contiguous() and w_q.is_contiguous()):
+        raise ValueError(
+            f"q (M, K) and w_q (N, K) must be contiguous with one K, got {tuple(q.shape)} "
+            f"and {tuple(w_q.shape)}"
+        )
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be float16 or bfloat16, got {out_dtype}")
+    if q.is_cuda and not torch.compiler.is_compiling():
+        # TMA and cuBLASLt both read the operands from 16-byte boundaries
+        for name, t in (("q", q), ("w_q", w_q)):
+            if t.data_ptr() % 16:
+                raise ValueError(
+                    f"{name} must start on a 16-byte boundary for the FP8 GEMM (a view at "
+                    f"an offset of {t.data_ptr() % 16} bytes); pass a fresh tensor"
+                )
+    if torch.compiler.is_compiling():
+        return torch.ops.ditfuse.gemm_fp8_rows(q, q_scale, w_q, w_scale, bias, out_dtype)
+    return _gemm(q, q_scale, w_q, w_scale, bias, out_dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.library op (used under torch.compile; eager calls launch directly)
+
+
+@library.op("ditfuse::gemm_fp8_rows", mutates_args=())
+def _gemm_fp8_rows_op(
+    q: torch.Tensor,
+    q_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    return _gemm(q, q_scale, w_q, w_scale, bias, out_dtype)
+
+
+@_gemm_fp8_rows_op.register_fake
+def _(q, q_scale, w_q, w_scale, bias, out_dtype):
+    return q.new_empty((q.shape[0], w_q.shape[0]), dtype=out_dtype)
