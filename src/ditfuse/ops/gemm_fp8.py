@@ -117,6 +117,13 @@ def launch_gemm_fp8_rows(
 
 
 def _gemm(q, q_scale, w_q, w_scale, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    if q.is_cuda:  # TMA and cuBLASLt both read the operands from 16-byte boundaries
+        for name, t in (("q", q), ("w_q", w_q)):
+            if t.data_ptr() % 16:
+                raise ValueError(
+                    f"{name} must start on a 16-byte boundary for the FP8 GEMM (a view at "
+                    f"an offset of {t.data_ptr() % 16} bytes); pass a fresh tensor"
+                )
     M, N = q.shape[0], w_q.shape[0]
     if M == 0 or not triton_route(q):
         return torch._scaled_mm(
@@ -171,14 +178,6 @@ def gemm_fp8_rows(
         )
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float16 or bfloat16, got {out_dtype}")
-    if q.is_cuda and not torch.compiler.is_compiling():
-        # TMA and cuBLASLt both read the operands from 16-byte boundaries
-        for name, t in (("q", q), ("w_q", w_q)):
-            if t.data_ptr() % 16:
-                raise ValueError(
-                    f"{name} must start on a 16-byte boundary for the FP8 GEMM (a view at "
-                    f"an offset of {t.data_ptr() % 16} bytes); pass a fresh tensor"
-                )
     if torch.compiler.is_compiling():
         return torch.ops.ditfuse.gemm_fp8_rows(q, q_scale, w_q, w_scale, bias, out_dtype)
     return _gemm(q, q_scale, w_q, w_scale, bias, out_dtype)
