@@ -4,9 +4,9 @@
 ``c[m, n] = round((sum_k a[m, k] * b[n, k]) * sa[m] * sb[n] + bias[n])``: ``a`` (M, K) and
 ``b`` (N, K) e4m3, row-major (a linear layer's activation rows and its weight as
 ``nn.Linear`` stores it); ``sa`` (M,) and ``sb`` (N,) fp32; ``bias`` (N,) in c's dtype; ``c``
-(M, N) bf16 / fp16. The products accumulate in fp32 on the tensor cores (wgmma's FP8
-accumulation, as cuBLASLt's fast-accumulation mode), the scales and the bias apply in fp32
-in that order, and the result is rounded once to c's dtype.
+(M, N) bf16 / fp16. The products accumulate in wgmma's FP8 accumulator (fewer bits than
+fp32, as cuBLASLt's fast-accumulation mode), the scales and the bias apply in fp32 in that
+order, and the result is rounded once to c's dtype.
 
 One program an SM walks the output tiles in steps of the grid, in groups of ``GROUP_M`` tile
 rows so that a group's A rows stay in L2 while its tiles sweep N. A, B and C move through

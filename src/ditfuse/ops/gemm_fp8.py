@@ -2,9 +2,9 @@
 row-wise scales.
 
 ``gemm_fp8_rows(q, q_scale, w_q, w_scale, bias, out_dtype)`` =
-``round((q @ w_q^T) * q_scale[:, None] * w_scale[None, :] + bias)``, fp32 accumulation with
-the tensor cores' FP8 accumulation (cuBLASLt's fast-accumulation mode), one rounding to
-``out_dtype``.
+``round((q @ w_q^T) * q_scale[:, None] * w_scale[None, :] + bias)``: the products summed in
+the tensor cores' FP8 accumulator (fewer bits than fp32; cuBLASLt's fast-accumulation mode),
+the scales and the bias applied in fp32, one rounding to ``out_dtype``.
 
 Route: on sm_90 the persistent Triton kernel of :mod:`ditfuse.kernels.gemm_fp8` (faster than
 cuBLASLt's row-wise FP8 GEMM at nine of ten DiT linear shapes on an H100,

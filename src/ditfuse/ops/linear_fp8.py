@@ -4,8 +4,8 @@
 ``q_x, s_x = quantize_rows(x)`` (one scale a token, from the token's amax) and ``q_w, s_w =
 quantize_weight(w)`` (one scale an output channel, once when a model is patched). The GEMM
 is :func:`ditfuse.ops.gemm_fp8.gemm_fp8_rows` (on sm_90 a persistent Triton kernel, elsewhere
-cuBLASLt's row-wise scaled FP8 GEMM through ``torch._scaled_mm``; fp32 accumulation with the
-tensor cores' FP8 accumulation, the bias added in the epilogue); the quantization of the
+cuBLASLt's row-wise scaled FP8 GEMM through ``torch._scaled_mm``; the tensor cores' FP8
+accumulator, the scales and the bias in fp32 in the epilogue); the quantization of the
 activations is :func:`quantize_rows`, one read of ``x`` and a write of a byte an element.
 
 Layout: the Triton kernel is :mod:`ditfuse.kernels.linear_fp8`; this module holds the launch
@@ -251,7 +251,7 @@ def linear_fp8(
     Returns
     -------
     torch.Tensor, shape (..., N), x's dtype. Within the FP8 scheme's error of the 16-bit
-    linear (relative L2 ~0.04 on random inputs; fp32 accumulation).
+    linear (relative L2 ~0.04 on random inputs; the FP8 accumulator of the GEMM).
     """
     if not isinstance(w_q, torch.Tensor) or w_q.dtype != FP8 or w_q.dim() != 2:
         raise TypeError(
