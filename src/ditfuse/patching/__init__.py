@@ -108,8 +108,9 @@ def patch(
         quantized here (the 16-bit weights move to the CPU until :func:`unpatch`), e4m3
         activations with a scale per token, quantized by one pass before each GEMM (an
         FFN's tanh GELU in that pass); a row-wise scaled FP8 GEMM with the bias in its
-        epilogue (ditfuse's persistent Triton kernel on sm_90, cuBLASLt's elsewhere). Needs a 16-bit model on an sm_89+ GPU (or the CPU: tests); elsewhere
-        the layers stay exact, the report says why. Combines with ``attention="fp8"``.
+        epilogue (ditfuse's persistent Triton kernel on sm_90, cuBLASLt's elsewhere).
+        Needs a 16-bit model on an sm_89+ GPU (or the CPU: tests); elsewhere the layers
+        stay exact, the report says why. Combines with ``attention="fp8"``.
     linear_exclude : tuple of str
         fnmatch patterns of block linears (names relative to the model) kept in 16 bits;
         the default keeps the modulation and embedding linears (``*norm*``, ``*img_mod*``,
