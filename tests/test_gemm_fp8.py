@@ -9,6 +9,7 @@ import torch
 
 from ditfuse.ops import gemm_fp8 as G
 from ditfuse.ops.linear_fp8 import quantize_rows
+from ditfuse.reference import gemm_fp8_rows_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 #: small tiles (one warpgroup's 64 rows): partial tiles, and on the CPU's two programs
@@ -24,12 +25,6 @@ def _operands(M, N, K, dtype, seed, device=DEV):
     q, s = quantize_rows(x.to(device))
     wq, ws = quantize_rows(w.to(device))
     return q, s, wq, ws, b.to(device)
-
-
-def _reference(q, s, wq, ws, b):
-    """The contract in fp64: products of the e4m3 values, scaled, plus the bias."""
-    y = (q.double() @ wq.double().t()) * s.double()[:, None] * ws.double()[None, :]
-    return y if b is None else y + b.double()
 
 
 def _check(y, r, dtype):
@@ -51,7 +46,7 @@ def test_kernel_against_fp64(M, N, K, dtype, bias):
     out = torch.full((M, N), float("nan"), dtype=dtype, device=DEV)  # poisoned
     G.launch_gemm_fp8_rows(q, s, wq, ws, b, out, config=SMALL)
     assert torch.isfinite(out).all()
-    _check(out, _reference(q, s, wq, ws, b), dtype)
+    _check(out, gemm_fp8_rows_reference(q, s, wq, ws, b), dtype)
 
 
 def test_kernel_production_tiles_on_the_interpreter():
@@ -63,7 +58,7 @@ def test_kernel_production_tiles_on_the_interpreter():
     assert (cfg.block_m, cfg.block_n, cfg.block_k) == (128, 256, 128)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device=DEV)
     G.launch_gemm_fp8_rows(q, s, wq, ws, b, out, config=cfg)
-    _check(out, _reference(q, s, wq, ws, b), torch.bfloat16)
+    _check(out, gemm_fp8_rows_reference(q, s, wq, ws, b), torch.bfloat16)
 
 
 def test_nan_scale_row():
@@ -92,7 +87,7 @@ def test_route_and_fallback_on_the_cpu():
     q, s, wq, ws, b = _operands(50, 48, 64, torch.bfloat16, seed=11)
     assert not G.triton_route(q)
     y = G.gemm_fp8_rows(q, s, wq, ws, b, torch.bfloat16)
-    _check(y, _reference(q, s, wq, ws, b), torch.bfloat16)
+    _check(y, gemm_fp8_rows_reference(q, s, wq, ws, b), torch.bfloat16)
     empty = G.gemm_fp8_rows(q[:0], s[:0], wq, ws, b, torch.bfloat16)
     assert empty.shape == (0, 48)
 
@@ -192,18 +187,6 @@ SM90 = pytest.mark.skipif(
 )
 
 
-def _lt(q, s, wq, ws, b):
-    return torch._scaled_mm(
-        q,
-        wq.t(),
-        scale_a=s[:, None],
-        scale_b=ws[None, :],
-        bias=b,
-        out_dtype=torch.bfloat16,
-        use_fast_accum=True,
-    )
-
-
 @SM90
 @pytest.mark.parametrize(
     "M,N,K",
@@ -227,11 +210,11 @@ def test_gpu_as_accurate_as_cublaslt(M, N, K):
     assert G.triton_route(q)
     y = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     G.launch_gemm_fp8_rows(q, s, wq, ws, b, y)
-    r = _reference(q, s, wq, ws, b)
+    r = gemm_fp8_rows_reference(q, s, wq, ws, b)
     mag = (q.double().abs() @ wq.double().abs().t()) * s.double()[:, None] * ws.double()[None, :]
     err = (y.double() - r).abs()
     assert (err <= r.abs() * 2.0**-7 + mag * 2.0**-7).all(), err.max().item()
-    err_lt = (_lt(q, s, wq, ws, b).double() - r).abs()
+    err_lt = (G.scaled_mm_rows(q, s, wq, ws, b, torch.bfloat16).double() - r).abs()
     assert err.norm() <= 1.05 * err_lt.norm() + 1e-12 * r.norm(), (err.norm(), err_lt.norm())
     assert err.max() <= 1.25 * err_lt.max() + 2.0**-7 * r.abs().max()
 

@@ -593,14 +593,18 @@ def attention_out_rows8(o: torch.Tensor, v: torch.Tensor, key_mask=None):
     return q, scale[:, None].expand(o.shape[:2]).contiguous()
 
 
+def gemm_fp8_rows_reference(q, q_scale, w_q, w_scale, bias=None) -> torch.Tensor:
+    """The FP8 GEMM's contract in fp64 (:func:`ditfuse.ops.gemm_fp8.gemm_fp8_rows`): the e4m3
+    products summed exactly, scaled by ``q_scale[:, None] * w_scale[None, :]``, plus the bias;
+    (M, N) float64, before the GEMM's accumulator precision and final rounding."""
+    y = (q.double() @ w_q.double().t()) * q_scale.double()[:, None] * w_scale.double()[None, :]
+    return y if bias is None else y + bias.double()
+
+
 def linear_fp8_reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
     """The FP8 linear in fp64 from the quantized operands (activations a row, the weight an
-    output channel): what :func:`ditfuse.ops.linear_fp8.linear_fp8` computes up to its fp32
-    accumulation and final rounding."""
-    x2 = x.reshape(-1, x.shape[-1])
-    qx, sx = quantize_rows_fp8_reference(x2)
+    output channel): what :func:`ditfuse.ops.linear_fp8.linear_fp8` computes up to its GEMM's
+    accumulator precision and final rounding."""
+    qx, sx = quantize_rows_fp8_reference(x.reshape(-1, x.shape[-1]))
     qw, sw = quantize_rows_fp8_reference(w)
-    y = (qx.double() * sx.double()[:, None]) @ (qw.double() * sw.double()[:, None]).t()
-    if bias is not None:
-        y = y + bias.double()
-    return y.view(*x.shape[:-1], w.shape[0])
+    return gemm_fp8_rows_reference(qx, sx, qw, sw, bias).view(*x.shape[:-1], w.shape[0])

@@ -29,6 +29,7 @@ import torch
 import triton
 
 from ditfuse.kernels.gemm_fp8 import _gemm_fp8_rows_kernel
+from ditfuse.ops.attention import _sm90
 from ditfuse.runtime import library
 
 FP8 = torch.float8_e4m3fn
@@ -68,8 +69,23 @@ def _sms(device: torch.device) -> int:
 
 
 def triton_route(q: torch.Tensor) -> bool:
-    """Whether :func:`gemm_fp8_rows` runs the Triton kernel: on an sm_90 GPU."""
-    return q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)
+    """Whether :func:`gemm_fp8_rows` runs the Triton kernel: on an sm_90 GPU (the capability
+    asked once a device, as the attention's route asks it)."""
+    return q.is_cuda and _sm90(q.device)
+
+
+def scaled_mm_rows(q, q_scale, w_q, w_scale, bias, out_dtype: torch.dtype) -> torch.Tensor:
+    """The same product through ``torch._scaled_mm`` with row-wise scales (cuBLASLt on a GPU,
+    fast accumulation): the route off sm_90, and the peer the benchmark and tests compare."""
+    return torch._scaled_mm(
+        q,
+        w_q.t(),
+        scale_a=q_scale[:, None],
+        scale_b=w_scale[None, :],
+        bias=bias,
+        out_dtype=out_dtype,
+        use_fast_accum=True,
+    )
 
 
 def launch_gemm_fp8_rows(
@@ -126,15 +142,7 @@ def _gemm(q, q_scale, w_q, w_scale, bias, out_dtype: torch.dtype) -> torch.Tenso
                 )
     M, N = q.shape[0], w_q.shape[0]
     if M == 0 or not triton_route(q):
-        return torch._scaled_mm(
-            q,
-            w_q.t(),
-            scale_a=q_scale[:, None],
-            scale_b=w_scale[None, :],
-            bias=bias,
-            out_dtype=out_dtype,
-            use_fast_accum=True,
-        )
+        return scaled_mm_rows(q, q_scale, w_q, w_scale, bias, out_dtype)
     out = torch.empty((M, N), device=q.device, dtype=out_dtype)
     # the kernel reads the scales and the bias at unit stride
     bias = None if bias is None else bias.contiguous()

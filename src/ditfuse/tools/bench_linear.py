@@ -138,7 +138,7 @@ def _torchao_linear(w, b):
 def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cuda", timer=None):
     """The rows of the module docstring for one shape; ``timer`` (us of a callable) defaults
     to the CUDA-graph timer."""
-    from ditfuse.ops.gemm_fp8 import gemm_fp8_rows, triton_route
+    from ditfuse.ops.gemm_fp8 import gemm_fp8_rows, scaled_mm_rows, triton_route
     from ditfuse.ops.linear_fp8 import linear_fp8, quantize_rows, quantize_weight
 
     timer = timer or graph_or_eager_us
@@ -192,22 +192,10 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 note=f"GEMM alone ({route}), activation quantized beforehand",
             )
         if "cublaslt-fp8-gemm" in impls:
-
-            def lt():
-                return torch._scaled_mm(
-                    q,
-                    wq.t(),
-                    scale_a=s[:, None],
-                    scale_b=ws[None, :],
-                    bias=b,
-                    out_dtype=dtype,
-                    use_fast_accum=True,
-                )
-
             row(
                 "cublaslt-fp8-gemm",
-                timer(lt),
-                lt(),
+                timer(lambda: scaled_mm_rows(q, s, wq, ws, b, dtype)),
+                scaled_mm_rows(q, s, wq, ws, b, dtype),
                 note="torch._scaled_mm row-wise (cuBLASLt), same operands",
             )
         if "quantize" in impls:
