@@ -127,21 +127,27 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ditfuse.aot.compile import run_ptxas, specialize, tool_path
 from ditfuse.kernels.gemm_fp8 import _gemm_fp8_rows_kernel as kern
 from ditfuse.ops.gemm_fp8 import gemm_config
+from ditfuse.kernels.gemm_fp8 import GemmEpilogue
 out = []
-for M, N, K in ((32760, 15360, 5120), (75600, 5120, 13824)):
-    cfg = gemm_config(M, N, K)
+# the plain epilogue at the widest Q/K/V shape; the gated residual at the FFN's output
+for M, N, K, fused in ((32760, 15360, 5120, False), (75600, 5120, 13824, True)):
+    cfg = gemm_config(M, N, K, fused)
     meta = dict(device="meta")
     a = torch.empty(M, K, dtype=torch.float8_e4m3fn, **meta)
     b = torch.empty(N, K, dtype=torch.float8_e4m3fn, **meta)
     c = torch.empty(M, N, dtype=torch.bfloat16, **meta)
+    res = (TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]),
+           torch.empty(1, N, **meta), M, (0, 1))
     args = (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
             TensorDescriptor.from_tensor(b, [cfg.block_n, cfg.block_k]),
             TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]),
             torch.empty(M, **meta), torch.empty(N, **meta),
-            torch.empty(N, dtype=torch.bfloat16, **meta), M, N, K)
-    kw = dict(HAS_BIAS=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            torch.empty(N, dtype=torch.bfloat16, **meta), res, M, N, K)
+    epi = GemmEpilogue(has_bias=True, residual=fused, has_gate=fused,
+                       per_op=False)
+    kw = dict(EPI=epi, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
               GROUP_M=cfg.group_m, PROGRAMS=132, num_stages=cfg.num_stages,
-              num_warps=cfg.num_warps)
+              num_warps=cfg.num_warps, enable_fp_fusion=False)
     t = GPUTarget("cuda", 90, 32)
     sig, cex, attrs, opts = specialize(kern, args, kw, t)
     ck = triton.compile(triton.compiler.ASTSource(kern, sig, cex, attrs), target=t,
@@ -151,7 +157,7 @@ for M, N, K in ((32760, 15360, 5120), (75600, 5120, 13824)):
         f.write(ck.asm["cubin"]); f.flush()
         sass = subprocess.run([tool_path("cuobjdump"), "--dump-sass", f.name],
                               capture_output=True, text=True, check=True).stdout
-    out.append(dict(M=M, N=N, K=K, stages=cfg.num_stages, regs=pt["regs"],
+    out.append(dict(M=M, N=N, K=K, fused=fused, stages=cfg.num_stages, regs=pt["regs"],
                     spill=pt["spill_stores"] + pt["spill_loads"], stack=pt["stack"],
                     smem=ck.metadata.shared, wgmma=len(re.findall(r"\bQGMMA\.", sass)),
                     tma=len(re.findall(r"\bUTMALDG\b", sass)),
@@ -229,3 +235,127 @@ def test_gpu_misaligned_operand_is_refused():
     shifted.copy_(q)
     with pytest.raises(ValueError, match="q must start on a 16-byte boundary"):
         G.gemm_fp8_rows(shifted, s, wq, ws, b, torch.bfloat16)
+
+
+def _residual_case(B, S, N, K, gate_kind, seed, device=DEV):
+    """Operands of a GEMM whose epilogue adds a gated residual (B, S, N): ``gate_kind``
+    None, "fp32" (Wan's modulation, a row a batch entry), "fp32-shared" (1, 1, N),
+    "per_op" (a 16-bit gate, FLUX's chain) or "token" (a row a token, Wan 2.2 TI2V)."""
+    q, s, wq, ws, b = _operands(B * S, N, K, torch.bfloat16, seed=seed, device=device)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = (torch.randn(B, S, N, generator=g) * 4).to(torch.bfloat16).to(device)
+    gate = {
+        None: None,
+        "fp32": torch.rand(B, 1, N, generator=g) * 2 - 0.5,
+        "fp32-shared": torch.rand(1, 1, N, generator=g),
+        "per_op": (torch.rand(B, 1, N, generator=g) * 2 - 0.5).to(torch.bfloat16),
+        "token": torch.rand(B, S, N, generator=g),
+    }[gate_kind]
+    gate = None if gate is None else gate.to(device)
+    return q, s, wq, ws, b, x, gate, gate_kind == "per_op"
+
+
+@pytest.mark.parametrize("gate_kind", [None, "fp32", "fp32-shared", "per_op"])
+@pytest.mark.parametrize("B,S", [(3, 70), (1, 64), (2, 129)])
+def test_residual_epilogue_is_gated_residual_bitwise(B, S, gate_kind):
+    """The epilogue's gated residual is, bit for bit, the GEMM's output handed to
+    ``ditfuse.gated_residual`` (the unfused chain): batch entries that start inside a tile,
+    partial tiles, fp32 and 16-bit gates."""
+    from ditfuse.ops.adaln import gated_residual
+
+    N, K = 48, 80
+    q, s, wq, ws, b, x, gate, per_op = _residual_case(B, S, N, K, gate_kind, seed=B * S)
+    y = torch.full((B * S, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    G.launch_gemm_fp8_rows(q, s, wq, ws, b, y, config=SMALL)
+    want = gated_residual(x, y.view(B, S, N), gate, rounding="per_op" if per_op else "once")
+    out = torch.full((B * S, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    x0 = x.clone()
+    G.launch_gemm_fp8_rows(q, s, wq, ws, b, out, residual=x, gate=gate, per_op=per_op, config=SMALL)
+    assert torch.equal(out.view(B, S, N), want)
+    assert torch.equal(x, x0)  # the residual stream is read, not written
+
+
+def test_residual_epilogue_production_tiles():
+    """The shipped tiles with the residual (3 stages, x's half-tiles through TMA): M, N and K
+    partial, a batch entry boundary inside a tile."""
+    from ditfuse.ops.adaln import gated_residual
+
+    B, S, N, K = 2, 131, 272, 144
+    q, s, wq, ws, b, x, gate, _ = _residual_case(B, S, N, K, "fp32", seed=9)
+    cfg = G.gemm_config(B * S, N, K, residual=True)
+    assert cfg.num_stages == 3
+    y = torch.empty((B * S, N), dtype=torch.bfloat16, device=DEV)
+    G.launch_gemm_fp8_rows(q, s, wq, ws, b, y, config=cfg)
+    out = torch.full((B * S, N), float("nan"), dtype=torch.bfloat16, device=DEV)
+    G.launch_gemm_fp8_rows(q, s, wq, ws, b, out, residual=x, gate=gate, config=cfg)
+    assert torch.equal(out.view(B, S, N), gated_residual(x, y.view(B, S, N), gate))
+
+
+@pytest.mark.parametrize("gate_kind", [None, "fp32", "per_op", "token"])
+def test_residual_route(gate_kind):
+    """``gemm_fp8_rows(..., residual=)`` on every route is the unfused chain's bits: fused in
+    the epilogue where it can be (sm_90, a gate a batch entry), ``ditfuse.gated_residual``
+    after the GEMM otherwise (a per-token gate, the CPU)."""
+    from ditfuse.ops.adaln import gated_residual
+
+    B, S, N, K = 2, 136, 64, 96
+    q, s, wq, ws, b, x, gate, per_op = _residual_case(B, S, N, K, gate_kind, seed=21)
+    y = G.gemm_fp8_rows(q, s, wq, ws, b, torch.bfloat16)
+    want = gated_residual(x, y.view(B, S, N), gate, rounding="per_op" if per_op else "once")
+    got = G.gemm_fp8_rows(q, s, wq, ws, b, torch.bfloat16, x, gate, per_op)
+    assert torch.equal(got.view(B, S, N), want)
+
+
+def test_bad_residual():
+    B, S, N, K = 2, 8, 32, 64
+    q, s, wq, ws, b, x, gate, _ = _residual_case(B, S, N, K, "fp32", seed=3)
+    bf = torch.bfloat16
+    with pytest.raises(ValueError, match="residual must be a \\(B, S, N\\) tensor"):
+        G.gemm_fp8_rows(q, s, wq, ws, b, bf, x.view(B * S, N), gate)
+    with pytest.raises(ValueError, match="expected \\(B, S, 32\\) with B \\* S = 16"):
+        G.gemm_fp8_rows(q, s, wq, ws, b, bf, x[:, :4], gate)
+    with pytest.raises(ValueError, match="residual must be torch.bfloat16"):
+        G.gemm_fp8_rows(q, s, wq, ws, b, bf, x.half(), gate)
+    with pytest.raises(ValueError, match="gate must be a floating-point \\(1\\|B, 1\\|S, N\\)"):
+        G.gemm_fp8_rows(q, s, wq, ws, b, bf, x, gate[:, :, :16])
+    with pytest.raises(ValueError, match="gate.dtype torch.float32 must equal it"):
+        G.gemm_fp8_rows(q, s, wq, ws, b, bf, x, gate, True)
+    with pytest.raises(ValueError, match="gate is given without a residual"):
+        G.gemm_fp8_rows(q, s, wq, ws, b, bf, None, gate)
+    out = torch.empty((B * S, N), dtype=bf, device=DEV)
+    with pytest.raises(ValueError, match="gate row a batch entry of >= 64 rows"):
+        G.launch_gemm_fp8_rows(q, s, wq, ws, b, out, residual=x, gate=gate, config=SMALL)
+
+
+def test_compiled_op_with_residual():
+    B, S, N, K = 2, 12, 32, 64
+    q, s, wq, ws, b, x, gate, _ = _residual_case(B, S, N, K, "fp32", seed=4)
+    eager = G.gemm_fp8_rows(q, s, wq, ws, b, torch.bfloat16, x, gate)
+    f = torch.compile(
+        lambda t, r: G.gemm_fp8_rows(t, s, wq, ws, b, torch.bfloat16, r, gate),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    assert torch.equal(f(q, x), eager)
+    torch.library.opcheck(
+        torch.ops.ditfuse.gemm_fp8_rows,
+        (q, s, wq, ws, b, torch.bfloat16, x, gate, False),
+        test_utils=("test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+
+
+@SM90
+@pytest.mark.parametrize("gate_kind", ["fp32", "per_op"])
+def test_gpu_residual_epilogue_bitwise(gate_kind):
+    """On the H100 at Wan-14B 480p's FFN output projection (two batch entries, the second
+    starting inside a tile): the fused epilogue is the GEMM then ``ditfuse.gated_residual``,
+    bit for bit."""
+    from ditfuse.ops.adaln import gated_residual
+
+    B, S, N, K = 2, 16380, 5120, 13824
+    q, s, wq, ws, b, x, gate, per_op = _residual_case(B, S, N, K, gate_kind, seed=7, device="cuda")
+    assert G._fusable(x, gate, K, N)
+    y = G.gemm_fp8_rows(q, s, wq, ws, b, torch.bfloat16)
+    want = gated_residual(x, y.view(B, S, N), gate, rounding="per_op" if per_op else "once")
+    got = G.gemm_fp8_rows(q, s, wq, ws, b, torch.bfloat16, x, gate, per_op)
+    assert torch.equal(got.view(B, S, N), want)
