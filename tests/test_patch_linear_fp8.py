@@ -163,6 +163,35 @@ def test_wan_blocks_hand_rows8(attention, monkeypatch):
     assert torch.equal(fused, separate)
 
 
+@pytest.mark.parametrize("case", ["wan-t2v", "flux1", "hunyuan-video"])
+def test_residual_handed_to_the_gemm(case, monkeypatch):
+    """With every fusion on, the FFNs' output projections (Wan, FLUX.1 and HunyuanVideo's
+    double-stream blocks) and the single-stream blocks' ``proj_out`` (FLUX.1, HunyuanVideo)
+    take the block's gated residual into their GEMM (``linear_fp8(..., residual=)``): the
+    model's output bitwise what it is with the residual added after the GEMM."""
+    _, make, inputs, _ = _CASES[case]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ditfuse.patch(model, linear="fp8")
+    calls = []
+    real = _linear_fp8.linear_fp8
+
+    def run(x, w_q, w_scale, bias=None, **k):
+        calls.append(k.get("residual") is not None)
+        return real(x, w_q, w_scale, bias, **k)
+
+    monkeypatch.setattr(_linear_fp8, "linear_fp8", run)
+    with torch.no_grad():
+        fused = model(**kw)[0]
+    assert any(calls), calls
+    monkeypatch.setattr(_linear_fp8, "_takes_residual", lambda linear, x: False)
+    calls.clear()
+    with torch.no_grad():
+        separate = model(**kw)[0]
+    assert not any(calls)
+    assert torch.equal(fused, separate)
+
+
 def test_rows8_not_handed_past_hooks():
     """A hook on the self-attention or its projection (it would see the e4m3 rows) or a block
     linear in 16 bits keeps the 16-bit input."""

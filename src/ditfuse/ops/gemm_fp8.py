@@ -229,7 +229,7 @@ def _gemm(
     )
 
 
-def _check_residual(residual, gate, per_op, M: int, N: int, out_dtype, device) -> None:
+def check_residual(residual, gate, per_op, M: int, N: int, out_dtype, device) -> None:
     """``residual`` (B, S, N) of ``out_dtype`` with B * S = M, unit stride in N; ``gate``
     (1|B, 1|S, N) floating point (``per_op``: of ``out_dtype``), on ``device``."""
     if not isinstance(residual, torch.Tensor) or residual.dim() != 3:
@@ -323,7 +323,7 @@ def gemm_fp8_rows(
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be float16 or bfloat16, got {out_dtype}")
     if residual is not None:
-        _check_residual(residual, gate, per_op, q.shape[0], w_q.shape[0], out_dtype, q.device)
+        check_residual(residual, gate, per_op, q.shape[0], w_q.shape[0], out_dtype, q.device)
     elif gate is not None:
         raise ValueError("gate is given without a residual")
     if torch.compiler.is_compiling():

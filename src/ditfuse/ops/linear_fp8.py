@@ -25,7 +25,7 @@ import torch
 import triton
 
 from ditfuse.kernels.linear_fp8 import _quantize_rows_kernel
-from ditfuse.ops.gemm_fp8 import gemm_fp8_rows
+from ditfuse.ops.gemm_fp8 import check_residual, gemm_fp8_rows
 from ditfuse.runtime import backend, fastpath, library
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -233,10 +233,16 @@ def linear_fp8(
     bias: Optional[torch.Tensor] = None,
     *,
     activation: Optional[str] = None,
+    residual: Optional[torch.Tensor] = None,
+    gate: Optional[torch.Tensor] = None,
+    rounding: str = "once",
 ) -> torch.Tensor:
     r"""``act(x) @ w^T + bias`` on FP8 tensor cores: ``act(x)`` quantized a token at a time
     (:func:`quantize_rows`, which applies ``activation`` in the same pass), the weight given
-    quantized (:func:`quantize_weight`).
+    quantized (:func:`quantize_weight`). With ``residual``, the block's gated residual after
+    it: ``ditfuse.gated_residual(residual, linear, gate, rounding=rounding)``, bit for bit; on
+    sm_90 in the GEMM's epilogue where the gate is a row a batch entry (one write of the
+    result instead of the linear's write and the residual pass's three tensors).
 
     Parameters
     ----------
@@ -247,11 +253,20 @@ def linear_fp8(
     bias : torch.Tensor, shape (N,), optional, x's dtype
     activation : None or "gelu_tanh"
         applied to ``x`` first (``ditfuse.gelu(x, "tanh")``, rounded to x's dtype)
+    residual : torch.Tensor, shape (B, S, N) or (B, N), optional
+        the residual stream (the output's shape and dtype) the result is added to
+    gate : torch.Tensor, optional
+        (N,), (1|B, N), (1|B, 1, N) or (1|B, S, N), as ``ditfuse.gated_residual`` takes it;
+        None: ``residual + linear``
+    rounding : "once" or "per_op"
+        as ``ditfuse.gated_residual``'s: fp32 math and one rounding (Wan), or the product
+        rounded first (a half-precision chain: FLUX, HunyuanVideo)
 
     Returns
     -------
     torch.Tensor, shape (..., N), x's dtype. Within the FP8 scheme's error of the 16-bit
-    linear (relative L2 ~0.04 on random inputs; the FP8 accumulator of the GEMM).
+    linear (relative L2 ~0.04 on random inputs; the FP8 accumulator of the GEMM); with
+    ``residual``, the new residual stream.
     """
     if not isinstance(w_q, torch.Tensor) or w_q.dtype != FP8 or w_q.dim() != 2:
         raise TypeError(
@@ -299,12 +314,43 @@ def linear_fp8(
             else f"a {x.device.type} device"
         )
         raise RuntimeError(f"the FP8 GEMM needs an sm_89+ GPU or the CPU; {x.device} is {what}")
+    res3 = gate3 = None
+    if residual is not None:
+        res3, gate3 = _residual_views(residual, gate, rounding, tuple(x.shape[:-1]) + (N,))
+        M = res3.shape[0] * res3.shape[1]
+        check_residual(res3, gate3, rounding == "per_op", M, N, out_dtype, x.device)
+    elif gate is not None:
+        raise ValueError("gate is given without a residual")
     if rows8 is None:
         q, s = quantize_rows(x, activation=activation)
     else:
         q, s = rows8.q.view(-1, K), rows8.scale.reshape(-1)
-    y = gemm_fp8_rows(q, s, w_q, w_scale, bias, out_dtype)
+    y = gemm_fp8_rows(q, s, w_q, w_scale, bias, out_dtype, res3, gate3, rounding == "per_op")
     return y.view(*x.shape[:-1], N)
+
+
+def _residual_views(residual, gate, rounding, shape):
+    """(B, S, N) views of ``residual`` (the linear's output ``shape``; (B, N) is (B, 1, N))
+    and ``gate`` ((N,), (1|B, N), (1|B, 1, N) or (1|B, S, N)), as the GEMM takes them."""
+    if rounding not in ("once", "per_op"):
+        raise ValueError(f"rounding must be 'once' or 'per_op', got {rounding!r}")
+    if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != shape:
+        raise ValueError(
+            f"residual must have the output's shape {shape}, got "
+            f"{tuple(getattr(residual, 'shape', ())) or type(residual).__name__}"
+        )
+    if residual.dim() not in (2, 3):
+        raise ValueError(f"residual must be (B, S, N) or (B, N), got shape {shape}")
+    res3 = residual if residual.dim() == 3 else residual[:, None]
+    if gate is None:
+        return res3, None
+    if not isinstance(gate, torch.Tensor) or gate.dim() not in (1, 2, 3):
+        raise ValueError(
+            f"gate must be (N,), (1|B, N), (1|B, 1, N) or (1|B, S, N), got "
+            f"{tuple(getattr(gate, 'shape', ())) or type(gate).__name__}"
+        )
+    gate3 = gate[None, None] if gate.dim() == 1 else gate[:, None] if gate.dim() == 2 else gate
+    return res3, gate3
 
 
 def _check_rows8(r: Rows8, activation) -> None:

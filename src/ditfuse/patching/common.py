@@ -15,7 +15,7 @@ import torch
 
 from ditfuse.norms import norm_readable
 from ditfuse.ops.activations import GELU_KINDS, gelu, supported
-from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
+from ditfuse.ops.adaln import adaln_modulate, gated_residual_adaln
 from ditfuse.ops.attention import _sm90
 from ditfuse.ops.attention_api import attention as _attention
 from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
@@ -559,10 +559,12 @@ def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm2
     ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
     shift_mlp`` -> ``ff`` -> ``x + gate_mlp * ff(...)``, as two AdaLN kernels around the FF
     (``rounding="per_op"``: every step rounded as the eager block rounds it)."""
+    from ditfuse.patching.linear_fp8 import ffn_residual  # it imports this module
+
     x, n = gated_residual_adaln(
         x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer", eps=norm2.eps, rounding="per_op"
     )
-    return gated_residual(x, ff(n), gate_mlp, rounding="per_op")
+    return ffn_residual(ff, n, x, gate_mlp, rounding="per_op")
 
 
 def mlp_tails(block, x, c, attn_out, c_attn_out, mods, c_mods, clip16: bool = False):
@@ -617,7 +619,9 @@ def single_block(block, streams, temb, attend: Callable, fuse_act: bool) -> torc
     if out is None:
         attn_output = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         out = torch.cat([attn_output, block.act_mlp(mlp_hidden_states)], dim=2)
-    return gated_residual(hidden_states, block.proj_out(out), gate, rounding="per_op")
+    from ditfuse.patching.linear_fp8 import linear_residual  # it imports this module
+
+    return linear_residual(block.proj_out, out, hidden_states, gate, rounding="per_op")
 
 
 def gelu_into_buffer(act, mlp, parts):

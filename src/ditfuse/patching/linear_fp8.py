@@ -34,6 +34,7 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
+from ditfuse.ops.adaln import gated_residual
 from ditfuse.ops.linear_fp8 import (
     DIM_MULTIPLE,
     Rows8,
@@ -108,6 +109,68 @@ def _ffn_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Te
     if h.stride(-1) != 1 or not _views_as_rows(h):
         h = h.contiguous()
     return linear_fp8(h, out._ditfuse_w8, out._ditfuse_w8_scale, out.bias, activation="gelu_tanh")
+
+
+def _takes_residual(linear, x) -> bool:
+    """Whether FP8 ``linear`` (unhooked) may add the residual stream ``x`` in its GEMM: x in
+    the layer's dtype, no autograd."""
+    return (
+        is_fp8(linear)
+        and isinstance(x, torch.Tensor)
+        and x.dtype == linear.weight.dtype
+        and not (torch.is_grad_enabled() and x.requires_grad)
+    )
+
+
+def _fp8_input(inp, dtype):
+    """``inp`` as ``linear_fp8`` takes it (a :class:`Rows8`, or 16-bit rows of one stride), or
+    None where the layer's own forward must see it."""
+    if isinstance(inp, Rows8):
+        return inp if inp.dtype == dtype else None
+    if not isinstance(inp, torch.Tensor) or inp.dtype != dtype:
+        return None
+    if torch.is_grad_enabled() and inp.requires_grad:
+        return None  # the layer's forward raises the inference-only error
+    return inp if inp.stride(-1) == 1 and _views_as_rows(inp) else inp.contiguous()
+
+
+def linear_residual(linear, inp, x, gate, rounding: str = "once") -> torch.Tensor:
+    """``ditfuse.gated_residual(x, linear(inp), gate, rounding=rounding)``, bit for bit; where
+    ``linear`` is an FP8 linear the residual goes to its GEMM (``linear_fp8(...,
+    residual=)``: in the epilogue on sm_90 where the gate is a row a batch entry)."""
+    if _takes_residual(linear, x):
+        i8 = _fp8_input(inp, x.dtype)
+        if i8 is not None:
+            w8, s8 = linear._ditfuse_w8, linear._ditfuse_w8_scale
+            return linear_fp8(i8, w8, s8, linear.bias, residual=x, gate=gate, rounding=rounding)
+    return gated_residual(x, linear(inp), gate, rounding=rounding)
+
+
+def ffn_residual(ffn, n, x, gate, rounding: str = "once") -> torch.Tensor:
+    """``ditfuse.gated_residual(x, ffn(n), gate, rounding=rounding)``, bit for bit; where
+    ``ffn`` runs the GELU-fused FP8 forward (unhooked) its output projection takes the
+    residual (:func:`linear_residual`)."""
+    if (
+        ffn.__dict__.get(_FFN, False)
+        and unhooked(ffn)
+        and _takes_residual(ffn.net[-1], x)
+        and ffn.net[0].proj.weight.dtype == x.dtype
+    ):
+        out = ffn.net[-1]
+        h = ffn.net[0].proj(n)  # x's dtype: the GELU-fused forward's first half
+        if h.stride(-1) != 1 or not _views_as_rows(h):
+            h = h.contiguous()
+        return linear_fp8(
+            h,
+            out._ditfuse_w8,
+            out._ditfuse_w8_scale,
+            out.bias,
+            activation="gelu_tanh",
+            residual=x,
+            gate=gate,
+            rounding=rounding,
+        )
+    return gated_residual(x, ffn(n), gate, rounding=rounding)
 
 
 def _fusable_ffn(m: torch.nn.Module) -> bool:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from ditfuse.ops.adaln import adaln_modulate, gated_residual, gated_residual_adaln
+from ditfuse.ops.adaln import adaln_modulate, gated_residual_adaln
 from ditfuse.ops.linear_fp8 import Rows8
 from ditfuse.ops.qk_norm_rope import QuantizedQK, qk_norm_rope
 from ditfuse.patching import common
-from ditfuse.patching.linear_fp8 import ffn_takes_rows8, is_fp8, unhooked
+from ditfuse.patching.linear_fp8 import ffn_residual, ffn_takes_rows8, is_fp8, unhooked
 
 
 def _wan_cos(t):
@@ -380,7 +380,7 @@ def wan_chain(
         eps=ffn_norm.eps,
         quantize=q_ffn,
     )
-    return gated_residual(hidden_states, ffn(norm_hidden_states), c_gate)
+    return ffn_residual(ffn, norm_hidden_states, hidden_states, c_gate)
 
 
 def chain_norms_ok(norm1, cross_norm, ffn_norm) -> bool:
