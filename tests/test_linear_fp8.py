@@ -161,6 +161,88 @@ def test_bad_inputs():
         linear_fp8(x, w40, s40)
 
 
+_GATES = {
+    "none": lambda B, S, N: None,
+    "batch fp32": lambda B, S, N: torch.rand(B, 1, N) * 2 - 0.5,  # Wan's modulation chunk
+    "shared fp32": lambda B, S, N: torch.rand(N),
+    "batch 2-D bf16": lambda B, S, N: (torch.rand(B, N) - 0.5).to(torch.bfloat16),  # FLUX
+    "token fp32": lambda B, S, N: torch.rand(B, S, N),  # Wan 2.2 TI2V
+}
+
+
+@pytest.mark.parametrize("gate", sorted(_GATES))
+@pytest.mark.parametrize("B,S", [(2, 150), (3, 5), (1, 1)])
+def test_linear_fp8_residual(B, S, gate):
+    """``linear_fp8(..., residual=, gate=)`` is bit for bit ``ditfuse.gated_residual`` of the
+    linear's output, whichever route takes it (the GEMM's epilogue on sm_90 where the gate is
+    a row a batch entry of a tile's rows or more; the residual kernel after the GEMM
+    otherwise), for the rounding the gate's chain has; the residual stream is left as it
+    was. (B, N) residuals are one token a batch entry."""
+    from ditfuse import gated_residual
+
+    K, N = 96, 256
+    per_op = "bf16" in gate
+    x = torch.randn(B, S, K, dtype=torch.bfloat16, device=DEV)
+    wq, ws = quantize_weight((torch.randn(N, K) / K**0.5).to(torch.bfloat16).to(DEV))
+    b = torch.randn(N, dtype=torch.bfloat16, device=DEV)
+    res = (torch.randn(B, S, N) * 3).to(torch.bfloat16).to(DEV)
+    g = _GATES[gate](B, S, N)
+    g = None if g is None else g.to(DEV)
+    if S == 1:  # (B, N) rows
+        x, res = x[:, 0], res[:, 0]
+        g = g[:, 0] if g is not None and g.dim() == 3 else g
+    rounding = "per_op" if per_op else "once"
+    want = gated_residual(res, linear_fp8(x, wq, ws, b), g, rounding=rounding)
+    res0 = res.clone()
+    got = linear_fp8(x, wq, ws, b, residual=res, gate=g, rounding=rounding)
+    assert got.shape == res.shape and torch.equal(got, want)
+    assert torch.equal(res, res0)
+
+
+def test_linear_fp8_residual_compiled():
+    x = torch.randn(2, 20, 128, dtype=torch.bfloat16, device=DEV)
+    wq, ws = quantize_weight(torch.randn(64, 128, dtype=torch.bfloat16, device=DEV) / 11)
+    res = torch.randn(2, 20, 64, dtype=torch.bfloat16, device=DEV)
+    g = torch.rand(2, 1, 64, device=DEV)
+    eager = linear_fp8(x, wq, ws, residual=res, gate=g)
+    f = torch.compile(
+        lambda t, r: linear_fp8(t, wq, ws, residual=r, gate=g), fullgraph=True, backend="aot_eager"
+    )
+    assert torch.equal(f(x, res), eager)
+
+
+def test_bad_residual(monkeypatch):
+    """Checked by name before the quantizer or the GEMM runs."""
+    from ditfuse.ops import linear_fp8 as ops
+
+    x = torch.randn(2, 4, 64, dtype=torch.bfloat16)
+    wq, ws = quantize_weight(torch.randn(32, 64, dtype=torch.bfloat16))
+    res = torch.randn(2, 4, 32, dtype=torch.bfloat16)
+    g = torch.rand(2, 1, 32)
+
+    def no_launch(*a, **k):
+        raise AssertionError("a kernel ran before the check")
+
+    monkeypatch.setattr(ops, "quantize_rows", no_launch)
+    monkeypatch.setattr(ops, "gemm_fp8_rows", no_launch)
+    with pytest.raises(ValueError, match=r"residual must have the output's shape \(2, 4, 32\)"):
+        linear_fp8(x, wq, ws, residual=res[:, :3], gate=g)
+    with pytest.raises(ValueError, match=r"residual must be \(B, S, N\) or \(B, N\)"):
+        linear_fp8(x[None], wq, ws, residual=res[None], gate=g)
+    with pytest.raises(ValueError, match="residual must be torch.bfloat16"):
+        linear_fp8(x, wq, ws, residual=res.float(), gate=g)
+    with pytest.raises(ValueError, match=r"gate must be a floating-point \(1\|B, 1\|S, N\)"):
+        linear_fp8(x, wq, ws, residual=res, gate=torch.rand(3, 1, 32))
+    with pytest.raises(ValueError, match=r"gate must be \(N,\), \(1\|B, N\)"):
+        linear_fp8(x, wq, ws, residual=res, gate=torch.rand(1, 2, 1, 32))
+    with pytest.raises(ValueError, match="gate.dtype torch.float32 must equal it"):
+        linear_fp8(x, wq, ws, residual=res, gate=g, rounding="per_op")
+    with pytest.raises(ValueError, match="rounding must be 'once' or 'per_op'"):
+        linear_fp8(x, wq, ws, residual=res, gate=g, rounding="twice")
+    with pytest.raises(ValueError, match="gate is given without a residual"):
+        linear_fp8(x, wq, ws, gate=g)
+
+
 def test_device_without_fp8_gemm(monkeypatch):
     from ditfuse.ops import linear_fp8 as ops
 
