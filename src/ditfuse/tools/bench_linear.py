@@ -14,7 +14,11 @@ each the CUDA-graph time of one call (L2 flushed before every replay):
 - ``quantize``: :func:`~ditfuse.ops.linear_fp8.quantize_rows` alone (GB/s and % of the copy
   ceiling: it reads 2 and writes 1 byte an element);
 - at an FFN's output projection (``gelu`` shapes) ``bf16-gelu`` (the GELU as the model runs it
-  plus the linear) against ``ditfuse-fp8-gelu`` (the GELU in the quantizing pass);
+  plus the linear) against ``ditfuse-fp8-gelu`` (the GELU in the quantizing pass); and the
+  block's gated residual after it (Wan's: one batch entry, an fp32 gate row):
+  ``ditfuse-fp8-gelu-residual-after`` (``ditfuse.gated_residual`` after the layer) against
+  ``ditfuse-fp8-gelu-residual`` (``linear_fp8(..., residual=, gate=)``: in the GEMM's
+  epilogue on sm_90), whose ``x_bf16`` is its speed-up over the form after;
 - at a linear whose input is an AdaLN modulation's output (``adaln`` shapes: Wan's fused
   Q / K / V and FFN input) ``bf16-adaln`` (ditfuse's 16-bit AdaLN kernel plus the linear)
   against ``ditfuse-fp8-adaln`` (the AdaLN kernel writing the e4m3 rows and their scales,
@@ -112,6 +116,8 @@ LINEAR_IMPLS = (
     "quantize",
     "bf16-gelu",
     "ditfuse-fp8-gelu",
+    "ditfuse-fp8-gelu-residual-after",
+    "ditfuse-fp8-gelu-residual",
     "bf16-adaln",
     "ditfuse-fp8-adaln",
     "attention-16bit-out",
@@ -236,6 +242,8 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                     base=us16,
                     note="GELU in the quantizing pass; against bf16-gelu",
                 )
+            if any(i.startswith("ditfuse-fp8-gelu-residual") for i in impls):
+                _residual_rows(x, wq, ws, b, ref_g, impls, timer, row)
         if shape.adaln and ("bf16-adaln" in impls or "ditfuse-fp8-adaln" in impls):
             _adaln_rows(x, w, b, wq, ws, impls, timer, row)
         if shape.heads and device != "cpu" and any(i in impls for i in _ATTN_IMPLS):
@@ -252,6 +260,49 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 )
             except Exception as e:  # noqa: BLE001 -- a row saying why, the others still run
                 row("torchao", nan, note=f"unavailable: {type(e).__name__}: {str(e)[:120]}")
+
+
+def _residual_rows(x, wq, ws, b, ref_g, impls, timer, row):
+    """The ``ditfuse-fp8-gelu-residual(-after)`` rows: the FFN output projection of ``x``
+    (GELU fused) and Wan's gated residual ``res + ffn * gate`` (one batch entry of M tokens,
+    an fp32 gate row), after the layer and in its GEMM."""
+    from ditfuse.ops.adaln import gated_residual
+    from ditfuse.ops.linear_fp8 import linear_fp8
+
+    M, N = x.shape[0], wq.shape[0]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    res = torch.randn(1, M, N, generator=g).to(x.device, x.dtype)
+    gate = (torch.rand(1, 1, N, generator=g) * 2 - 0.5).to(x.device)
+    ref = res.double() + ref_g.view(1, M, N) * gate.double()
+
+    def after():
+        y = linear_fp8(x, wq, ws, b, activation="gelu_tanh")
+        return gated_residual(res, y.view(1, M, N), gate)
+
+    def fused():
+        return linear_fp8(
+            x.view(1, M, -1), wq, ws, b, activation="gelu_tanh", residual=res, gate=gate
+        )
+
+    us_after = timer(after)
+    if "ditfuse-fp8-gelu-residual-after" in impls:
+        row(
+            "ditfuse-fp8-gelu-residual-after",
+            us_after,
+            after(),
+            against=ref,
+            base=us_after,
+            note="GELU-fused layer, then ditfuse.gated_residual (fp32 gate row)",
+        )
+    if "ditfuse-fp8-gelu-residual" in impls:
+        row(
+            "ditfuse-fp8-gelu-residual",
+            timer(fused),
+            fused(),
+            against=ref,
+            base=us_after,
+            note="the gated residual in the layer's GEMM; x_bf16: against the form after",
+        )
 
 
 def _adaln_rows(x, w, b, wq, ws, impls, timer, row):
