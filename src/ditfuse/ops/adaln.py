@@ -38,7 +38,7 @@ from ditfuse.kernels.adaln import (
     _residual_flat_kernel,
 )
 from ditfuse.norms import check_affine
-from ditfuse.ops.linear_fp8 import FP8, Rows8, quantize_rows
+from ditfuse.ops.quantize_rows import FP8, Rows8, quantize_rows
 from ditfuse.reference import AdaLNOptions, adaln_reference
 from ditfuse.runtime import backend, fastpath, library
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ditfuse.ops import attention_fp8 as fp8
 from ditfuse.ops.attention import _sm90, sliding_window_attention
-from ditfuse.ops.linear_fp8 import Rows8
+from ditfuse.ops.quantize_rows import Rows8
 from ditfuse.runtime import backend
 
 #: values of ``precision``: None the exact 16-bit path, "fp8" 8-bit tensor cores

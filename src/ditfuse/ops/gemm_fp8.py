@@ -29,6 +29,7 @@ import torch
 import triton
 
 from ditfuse.kernels.gemm_fp8 import GemmEpilogue, _gemm_fp8_rows_kernel
+from ditfuse.ops.adaln import gated_residual
 from ditfuse.ops.attention import _sm90
 from ditfuse.runtime import library
 
@@ -205,8 +206,6 @@ def _gemm(
         y = scaled_mm_rows(q, q_scale, w_q, w_scale, bias, out_dtype)
         if residual is None:
             return y
-        from ditfuse.ops.adaln import gated_residual  # the layer above: imported when used
-
         return gated_residual(
             residual,
             y.view(residual.shape),

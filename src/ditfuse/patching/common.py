@@ -15,7 +15,7 @@ import torch
 
 from ditfuse.norms import norm_readable
 from ditfuse.ops.activations import GELU_KINDS, gelu, supported
-from ditfuse.ops.adaln import adaln_modulate, gated_residual_adaln
+from ditfuse.ops.adaln import adaln_modulate
 from ditfuse.ops.attention import _sm90
 from ditfuse.ops.attention_api import attention as _attention
 from ditfuse.ops.attention_fp8 import HEAD_DIMS as HEAD_DIMS_8BIT
@@ -554,34 +554,8 @@ def per_op_modulate(x, shift, scale, norm, out=None):
     return adaln_modulate(x, shift, scale, norm="layer", eps=norm.eps, rounding="per_op", out=out)
 
 
-def per_op_mlp_tail(x, attn_out, gate_msa, shift_mlp, scale_mlp, gate_mlp, norm2, ff):
-    """The second half of a FLUX-style stream computing in the activation dtype:
-    ``x + gate_msa * attn_out`` -> ``norm2`` (affine-free LayerNorm) -> ``* (1 + scale_mlp) +
-    shift_mlp`` -> ``ff`` -> ``x + gate_mlp * ff(...)``, as two AdaLN kernels around the FF
-    (``rounding="per_op"``: every step rounded as the eager block rounds it)."""
-    from ditfuse.patching.linear_fp8 import ffn_residual  # it imports this module
-
-    x, n = gated_residual_adaln(
-        x, attn_out, gate_msa, shift_mlp, scale_mlp, norm="layer", eps=norm2.eps, rounding="per_op"
-    )
-    return ffn_residual(ff, n, x, gate_mlp, rounding="per_op")
-
-
-def mlp_tails(block, x, c, attn_out, c_attn_out, mods, c_mods, clip16: bool = False):
-    """Both streams' second halves in a FLUX-style double-stream block (FLUX.1, FLUX.2,
-    HunyuanVideo): :func:`per_op_mlp_tail` of the image stream ``x`` through ``norm2`` /
-    ``ff`` and of the text stream ``c`` through ``norm2_context`` / ``ff_context``, each with
-    its ``(gate_msa, shift_mlp, scale_mlp, gate_mlp)``; with ``clip16`` the text stream
-    clipped to float16's range in float16 (as FLUX's blocks do). Returns ``(x, c)``."""
-    x = per_op_mlp_tail(x, attn_out, *mods, block.norm2, block.ff)
-    c = per_op_mlp_tail(c, c_attn_out, *c_mods, block.norm2_context, block.ff_context)
-    if clip16 and c.dtype == torch.float16:
-        c = c.clip(-65504, 65504)
-    return x, c
-
-
 def double_block_ok(block, hidden_states, encoder_hidden_states, temb, *_, **__) -> bool:
-    """Whether :func:`mlp_tails` reproduces a FLUX-style double-stream block (FLUX.1,
+    """Whether ``streams.mlp_tails`` reproduces a FLUX-style double-stream block (FLUX.1,
     HunyuanVideo) called with these arguments: its norm2 / norm2_context the affine-free
     LayerNorms, both streams (B, S, C) in the dtype of norm1's AdaLN linear (per-op rounding
     needs the gates and modulations in that dtype too), no autograd."""
@@ -596,32 +570,11 @@ def double_block_ok(block, hidden_states, encoder_hidden_states, temb, *_, **__)
 
 
 def single_block_ok(block, hidden_states, encoder_hidden_states, temb, *_, **__) -> bool:
-    """Whether :func:`single_block` reproduces a FLUX-style single-stream block called with
+    """Whether ``streams.single_block`` reproduces a FLUX-style single-stream block called with
     these arguments: no autograd, both streams in the dtype of its AdaLN linear."""
     return not needs_grad(block, hidden_states, encoder_hidden_states, temb) and (
         hidden_states.dtype == encoder_hidden_states.dtype == block.norm.linear.weight.dtype
     )
-
-
-def single_block(block, streams, temb, attend: Callable, fuse_act: bool) -> torch.Tensor:
-    """A FLUX-style single-stream block (FLUX.1, HunyuanVideo) on the two ``streams`` joined
-    in the model's token order (:func:`join_tokens`): ``block.norm`` (norm + modulate, and the
-    gate), ``attend(normed)`` (the attention output, or its token parts in order) next to
-    ``act_mlp(proj_mlp(normed))`` -- with ``fuse_act`` the GELU written into the concat
-    buffer (:func:`gelu_into_buffer`) -- then ``x + gate * proj_out(...)`` as one kernel
-    (per-op rounding, as the blocks compute in the activation dtype). (B, N, C)."""
-    # the previous single block's output halves: joined as a view, not copied again
-    hidden_states = join_tokens(*streams)
-    norm_hidden_states, gate = block.norm(hidden_states, emb=temb)
-    mlp_hidden_states = block.proj_mlp(norm_hidden_states)
-    parts = _parts(attend(norm_hidden_states))
-    out = gelu_into_buffer(block.act_mlp, mlp_hidden_states, parts) if fuse_act else None
-    if out is None:
-        attn_output = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-        out = torch.cat([attn_output, block.act_mlp(mlp_hidden_states)], dim=2)
-    from ditfuse.patching.linear_fp8 import linear_residual  # it imports this module
-
-    return linear_residual(block.proj_out, out, hidden_states, gate, rounding="per_op")
 
 
 def gelu_into_buffer(act, mlp, parts):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ditfuse.ops.adaln import adaln_modulate
-from ditfuse.patching import common
+from ditfuse.patching import common, streams
 
 
 def joint_processor(base, get_qkv_projections, out):
@@ -295,7 +295,7 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_k
         encoder_hidden_states=norm_encoder_hidden_states,
         **attention_kwargs,
     )
-    hidden_states, encoder_hidden_states = common.mlp_tails(
+    hidden_states, encoder_hidden_states = streams.mlp_tails(
         self, hidden_states, encoder_hidden_states, *attention_outputs[:2], mods, c_mods, True
     )
     if len(attention_outputs) == 3:  # IP-adapter output, added as the block does
@@ -305,7 +305,7 @@ def _block_forward(self, hidden_states, encoder_hidden_states, temb, attention_k
 
 @_flux_block_arguments
 def _single_block(self, hidden_states, encoder_hidden_states, temb, attention_kwargs, *, fuse_act):
-    """FluxSingleTransformerBlock.forward as ``common.single_block`` (text rows first):
+    """FluxSingleTransformerBlock.forward as ``streams.single_block`` (text rows first):
     ``residual + gate * proj_out(...)`` as one kernel (per-op rounding, as the block computes
     it in the activation dtype) and, with ``fuse_act``, ``act_mlp`` (an ``nn.GELU``) written
     into the MLP half of the concat buffer (the same values as ``torch.cat([attn,
@@ -316,7 +316,7 @@ def _single_block(self, hidden_states, encoder_hidden_states, temb, attention_kw
         return self.attn(hidden_states=norm_hidden_states, **attention_kwargs)
 
     T = encoder_hidden_states.shape[1]
-    out = common.single_block(self, (encoder_hidden_states, hidden_states), temb, attend, fuse_act)
+    out = streams.single_block(self, (encoder_hidden_states, hidden_states), temb, attend, fuse_act)
     if out.dtype == torch.float16:
         out = out.clip(-65504, 65504)
     return out[:, :T], out[:, T:]

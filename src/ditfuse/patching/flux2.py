@@ -11,7 +11,7 @@ import torch
 
 from ditfuse.ops.activations import supported, swiglu
 from ditfuse.ops.adaln import gated_residual
-from ditfuse.patching import common
+from ditfuse.patching import common, streams
 from ditfuse.patching.flux import joint_processor, qk_ok
 
 _PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
@@ -191,7 +191,7 @@ def _block_forward(
     )
     mods = (gate_msa, shift_mlp, scale_mlp, gate_mlp)
     c_mods = (c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp)
-    hidden_states, encoder_hidden_states = common.mlp_tails(
+    hidden_states, encoder_hidden_states = streams.mlp_tails(
         self,
         hidden_states,
         encoder_hidden_states,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ditfuse.patching import common
+from ditfuse.patching import common, streams
 from ditfuse.patching.flux import _ada_zero_forward, zero_block_forwards
 
 
@@ -254,7 +254,7 @@ def _block_forward(
         attention_mask=attention_mask,
         image_rotary_emb=freqs_cis,
     )
-    return common.mlp_tails(
+    return streams.mlp_tails(
         self, hidden_states, encoder_hidden_states, attn_output, context_attn_output, mods, c_mods
     )
 
@@ -270,7 +270,7 @@ def _single_block(
     fuse_act,
     **kwargs,
 ):
-    """HunyuanVideoSingleTransformerBlock.forward as ``common.single_block`` (image rows
+    """HunyuanVideoSingleTransformerBlock.forward as ``streams.single_block`` (image rows
     first): ``gate * proj_out(...) + residual`` as one kernel (per-op rounding) and, with
     ``fuse_act``, the GELU and both concatenations as one buffer (``common.gelu_into_buffer``);
     the block's own forward where ``common.single_block_ok`` fails."""
@@ -284,7 +284,7 @@ def _single_block(
             image_rotary_emb=image_rotary_emb,
         )
 
-    out = common.single_block(self, (hidden_states, encoder_hidden_states), temb, attend, fuse_act)
+    out = streams.single_block(self, (hidden_states, encoder_hidden_states), temb, attend, fuse_act)
     return out[:, :-T, :], out[:, -T:, :]
 
 

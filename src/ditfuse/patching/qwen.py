@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ditfuse.patching import common
+from ditfuse.patching import common, streams
 
 
 def _real(f):
@@ -261,10 +261,10 @@ def _block_forward(
         image_rotary_emb=image_rotary_emb,
         **(joint_attention_kwargs or {}),
     )
-    hidden_states = common.per_op_mlp_tail(
+    hidden_states = streams.per_op_mlp_tail(
         hidden_states, img_attn_output, i_g1, i_sh2, i_sc2, i_g2, self.img_norm2, self.img_mlp
     )
-    encoder_hidden_states = common.per_op_mlp_tail(
+    encoder_hidden_states = streams.per_op_mlp_tail(
         encoder_hidden_states,
         txt_attn_output,
         t_g1,
