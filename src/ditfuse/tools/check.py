@@ -19,7 +19,7 @@ from ditfuse.norms import NormSpec
 from ditfuse.ops.qk_norm_rope import qk_norm_rope
 from ditfuse.runtime import backend
 from ditfuse.tolerances import PATCHED_MODEL, PATCHED_VAE, TWO_ROUNDINGS
-from ditfuse.tools import check_attention_fp8, check_patch_fp8
+from ditfuse.tools import check_attention_fp8, check_linear_fp8, check_patch_fp8
 from ditfuse.tools.check_attention import check_gates as attention_gates
 from ditfuse.tools.check_group_norm import check_gates as group_norm_gates
 from ditfuse.tools.shapes import QK_SHAPES
@@ -530,6 +530,7 @@ def planned_gates(small: bool, int64: bool) -> int:
     n += 2 * len(CASES) if have else 1  # bf16 and fp32 each, or one SKIP row
     n += 2 * len(VAE_CASES) if have else 1
     n += check_patch_fp8.planned(small, have)
+    n += check_linear_fp8.planned(small)
     return n + int(int64)
 
 
@@ -568,6 +569,7 @@ def main(argv=None) -> int:
     patch_gates(g, device)
     vae_patch_gates(g, device)
     patch_fp8_gates(g, device, small)
+    check_linear_fp8.check_gates(g, device, small)
     if int64:
         qk_int64_offsets(g, device)
     table = g.table()
