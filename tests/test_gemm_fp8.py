@@ -137,12 +137,12 @@ for M, N, K, fused in ((32760, 15360, 5120, False), (75600, 5120, 13824, True)):
     b = torch.empty(N, K, dtype=torch.float8_e4m3fn, **meta)
     c = torch.empty(M, N, dtype=torch.bfloat16, **meta)
     res = (TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]),
-           torch.empty(1, N, **meta), M, (0, 1))
+           torch.empty(1, N, **meta), M, 0, 1)
     args = (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k]),
             TensorDescriptor.from_tensor(b, [cfg.block_n, cfg.block_k]),
             TensorDescriptor.from_tensor(c, [cfg.block_m, cfg.block_n // 2]),
             torch.empty(M, **meta), torch.empty(N, **meta),
-            torch.empty(N, dtype=torch.bfloat16, **meta), res, M, N, K)
+            torch.empty(N, dtype=torch.bfloat16, **meta), *res, M, N, K)
     epi = GemmEpilogue(has_bias=True, residual=fused, has_gate=fused,
                        per_op=False)
     kw = dict(EPI=epi, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,

@@ -133,7 +133,11 @@ def _gemm_fp8_rows_kernel(
     sa_ptr,
     sb_ptr,
     bias_ptr,
-    res,  # (x's descriptor, gate, S, gate strides): read with EPI.residual alone
+    x_desc,  # the residual stream (M, N), half-tile boxes: read with EPI.residual alone
+    gate_ptr,  # the gate, a row a batch entry of S rows: read with EPI.has_gate alone
+    S,
+    stride_gate_b,
+    stride_gate_n,
     M,
     N,
     K,
@@ -145,6 +149,7 @@ def _gemm_fp8_rows_kernel(
     PROGRAMS: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    res = (x_desc, gate_ptr, S, (stride_gate_b, stride_gate_n))
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)

@@ -125,13 +125,14 @@ def launch_gemm_fp8_rows(
             f"the GEMM's epilogue takes a gate row a batch entry of >= {cfg.block_m} rows, got "
             f"gate {tuple(gate.shape)} for residual {tuple(residual.shape)}"
         )
+    # the residual's arguments; without one (or without a gate) placeholders not read
+    x, g, S, gstrides = c, w_scale, 1, (0, 0)
     if residual is not None:
         x = TensorDescriptor.from_tensor(residual.view(M, N), [cfg.block_m, cfg.block_n // 2])
-        g = gate[:, 0] if has_gate else out  # (1|B, N)
-        bstride = g.stride(0) if has_gate and g.shape[0] > 1 else 0
-        res = (x, g, residual.shape[1], (bstride, g.stride(1) if has_gate else 0))
-    else:  # not read
-        res = (c, out, 1, (0, 0))
+        S = residual.shape[1]
+    if has_gate:
+        g = gate[:, 0]  # (1|B, N)
+        gstrides = (g.stride(0) if g.shape[0] > 1 else 0, g.stride(1))
     _gemm_fp8_rows_kernel[(programs,)](
         a,
         b,
@@ -139,7 +140,10 @@ def launch_gemm_fp8_rows(
         q_scale,
         w_scale,
         w_scale if bias is None else bias,  # not read without a bias
-        res,
+        x,
+        g,
+        S,
+        *gstrides,
         M,
         N,
         K,
