@@ -163,12 +163,13 @@ def test_wan_blocks_hand_rows8(attention, monkeypatch):
     assert torch.equal(fused, separate)
 
 
-@pytest.mark.parametrize("case", ["wan-t2v", "flux1", "hunyuan-video"])
+@pytest.mark.parametrize("case", ["wan-t2v", "flux1", "flux2", "hunyuan-video"])
 def test_residual_handed_to_the_gemm(case, monkeypatch):
-    """With every fusion on, the FFNs' output projections (Wan, FLUX.1 and HunyuanVideo's
-    double-stream blocks) and the single-stream blocks' ``proj_out`` (FLUX.1, HunyuanVideo)
-    take the block's gated residual into their GEMM (``linear_fp8(..., residual=)``): the
-    model's output bitwise what it is with the residual added after the GEMM."""
+    """With every fusion on, the FFNs' output projections (Wan, FLUX.1, FLUX.2 and
+    HunyuanVideo's double-stream blocks) and the single-stream blocks' ``proj_out`` (FLUX.1,
+    HunyuanVideo) take the block's gated residual into their GEMM (``linear_fp8(...,
+    residual=)``): the model's output bitwise what it is with the residual added after the
+    GEMM."""
     _, make, inputs, _ = _CASES[case]
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)

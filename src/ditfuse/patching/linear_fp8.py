@@ -148,8 +148,8 @@ def linear_residual(linear, inp, x, gate, rounding: str = "once") -> torch.Tenso
 
 def ffn_residual(ffn, n, x, gate, rounding: str = "once") -> torch.Tensor:
     """``ditfuse.gated_residual(x, ffn(n), gate, rounding=rounding)``, bit for bit; where
-    ``ffn`` runs the GELU-fused FP8 forward (unhooked) its output projection takes the
-    residual (:func:`linear_residual`)."""
+    ``ffn`` runs the GELU-fused FP8 forward (unhooked), or is FLUX.2's SwiGLU FFN with an FP8
+    output projection, that projection takes the residual (:func:`linear_residual`)."""
     if (
         ffn.__dict__.get(_FFN, False)
         and unhooked(ffn)
@@ -170,7 +170,21 @@ def ffn_residual(ffn, n, x, gate, rounding: str = "once") -> torch.Tensor:
             gate=gate,
             rounding=rounding,
         )
+    if _swiglu_ffn(ffn) and _takes_residual(ffn.linear_out, x):
+        return linear_residual(ffn.linear_out, ffn.act_fn(ffn.linear_in(n)), x, gate, rounding)
     return gated_residual(x, ffn(n), gate, rounding=rounding)
+
+
+def _swiglu_ffn(m: torch.nn.Module) -> bool:
+    """diffusers' ``Flux2FeedForward`` (``linear_out(act_fn(linear_in(x)))``: FLUX.2's SwiGLU
+    FFN), unhooked, its forward the class's: its output projection may be called apart."""
+    cls = type(m)
+    return (
+        cls.__name__ == "Flux2FeedForward"
+        and cls.__module__.startswith("diffusers.")
+        and "forward" not in m.__dict__
+        and unhooked(m)
+    )
 
 
 def _fusable_ffn(m: torch.nn.Module) -> bool:
