@@ -163,34 +163,95 @@ def test_wan_blocks_hand_rows8(attention, monkeypatch):
     assert torch.equal(fused, separate)
 
 
-@pytest.mark.parametrize("case", ["wan-t2v", "flux1", "flux2", "hunyuan-video"])
+# the linears whose output feeds only the block's gated residual (fnmatch on module names)
+_TAKE_RESIDUAL = {
+    "wan-t2v": ("blocks.*.ffn.net.2",),
+    "flux1": (
+        "transformer_blocks.*.ff.net.2",
+        "transformer_blocks.*.ff_context.net.2",
+        "single_transformer_blocks.*.proj_out",
+    ),
+    "flux2": (
+        "transformer_blocks.*.ff.linear_out",
+        "transformer_blocks.*.ff_context.linear_out",
+        "single_transformer_blocks.*.attn.to_out",
+    ),
+    "hunyuan-video": (
+        "transformer_blocks.*.ff.net.2",
+        "transformer_blocks.*.ff_context.net.2",
+        "single_transformer_blocks.*.proj_out",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TAKE_RESIDUAL))
 def test_residual_handed_to_the_gemm(case, monkeypatch):
     """With every fusion on, the FFNs' output projections (Wan, FLUX.1, FLUX.2 and
-    HunyuanVideo's double-stream blocks) and the single-stream blocks' ``proj_out`` (FLUX.1,
-    HunyuanVideo) take the block's gated residual into their GEMM (``linear_fp8(...,
-    residual=)``): the model's output bitwise what it is with the residual added after the
-    GEMM."""
+    HunyuanVideo's double-stream blocks) and the single-stream blocks' output projections
+    (FLUX.1 and HunyuanVideo's ``proj_out``, FLUX.2's ``attn.to_out`` inside its processor)
+    take the block's gated residual into their GEMM (``linear_fp8(..., residual=)``), every one
+    of them and no other: the model's output bitwise what it is with the residual added after
+    the GEMM."""
+    import fnmatch
+
     _, make, inputs, _ = _CASES[case]
     model = to_dtype(make(), torch.bfloat16)
     kw = inputs(torch.bfloat16)
     ditfuse.patch(model, linear="fp8")
-    calls = []
+    names = {
+        id(m._buffers["_ditfuse_w8"]): n
+        for n, m in model.named_modules()
+        if "_ditfuse_w8" in m._buffers
+    }
+    took = set()
     real = _linear_fp8.linear_fp8
 
     def run(x, w_q, w_scale, bias=None, **k):
-        calls.append(k.get("residual") is not None)
+        if k.get("residual") is not None:
+            took.add(names[id(w_q)])
         return real(x, w_q, w_scale, bias, **k)
 
     monkeypatch.setattr(_linear_fp8, "linear_fp8", run)
     with torch.no_grad():
         fused = model(**kw)[0]
-    assert any(calls), calls
+    want = {n for n in names.values() if any(fnmatch.fnmatch(n, p) for p in _TAKE_RESIDUAL[case])}
+    assert want and all(any(fnmatch.fnmatch(n, p) for n in want) for p in _TAKE_RESIDUAL[case])
+    assert took == want, (took, want)
     monkeypatch.setattr(_linear_fp8, "_takes_residual", lambda linear, x: False)
-    calls.clear()
+    took.clear()
     with torch.no_grad():
         separate = model(**kw)[0]
-    assert not any(calls)
+    assert not took
     assert torch.equal(fused, separate)
+
+
+def test_flux2_single_block_residual_not_handed_past_a_hook(monkeypatch):
+    """A forward hook on a FLUX.2 single-stream block's attention sees the attention's output,
+    not the new stream: that block adds its residual after the call; the model's output is the
+    same bits either way."""
+    _, make, inputs, _ = _CASES["flux2"]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    ditfuse.patch(model, linear="fp8")
+    with torch.no_grad():
+        plain = model(**kw)[0]
+    attn = model.single_transformer_blocks[0].attn
+    seen = []
+    handle = attn.register_forward_hook(lambda mod, args, kwargs_out: seen.append(kwargs_out))
+    residuals = []
+    real = _linear_fp8.linear_fp8
+
+    def run(x, w_q, w_scale, bias=None, **k):
+        residuals.append(w_q is attn.to_out._ditfuse_w8 and k.get("residual") is not None)
+        return real(x, w_q, w_scale, bias, **k)
+
+    monkeypatch.setattr(_linear_fp8, "linear_fp8", run)
+    with torch.no_grad():
+        hooked = model(**kw)[0]
+    handle.remove()
+    assert len(seen) == 1 and seen[0].shape[-1] == attn.to_out.out_features
+    assert not any(residuals)
+    assert torch.equal(hooked, plain)
 
 
 def test_rows8_not_handed_past_hooks():

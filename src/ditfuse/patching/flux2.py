@@ -13,6 +13,7 @@ from ditfuse.ops.activations import supported, swiglu
 from ditfuse.ops.adaln import gated_residual
 from ditfuse.patching import common, streams
 from ditfuse.patching.flux import joint_processor, qk_ok
+from ditfuse.patching.linear_fp8 import linear_residual, unhooked
 
 _PARALLEL_ACT_LABEL = "single-stream processors (QK-norm + RoPE, SwiGLU into the concat buffer)"
 
@@ -65,15 +66,38 @@ def _make_processors(fuse_act: bool = True):
         or the kernel cannot take the input. With ``patch(attention="fp8")`` the attention
         on 8 bits where the call allows it (``common.use_8bit``, ``common.attend``; a
         key-padding mask the kernel's ``key_mask``), Q / K from the kernel as
-        ``common.qk_8bit`` says."""
+        ``common.qk_8bit`` says.
+
+        ``residual_gate=(x, gate)`` (from ditfuse's single-stream block forward) returns
+        ``ditfuse.gated_residual(x, out, gate, rounding="per_op")`` of the processor's output
+        ``out`` instead, bit for bit: an FP8 ``to_out`` takes it into its GEMM
+        (``linear_fp8.linear_residual``)."""
+
+        takes_residual_gate = True
 
         def __init__(self, fuse_act: bool = fuse_act):  # default: patch(activations=...)
             super().__init__()
             self._fuse_act = fuse_act
 
-        def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
+        def __call__(
+            self,
+            attn,
+            hidden_states,
+            attention_mask=None,
+            image_rotary_emb=None,
+            residual_gate=None,
+        ):
+            def project(buffer):
+                if residual_gate is None:
+                    return attn.to_out(buffer)
+                return linear_residual(attn.to_out, buffer, *residual_gate, rounding="per_op")
+
             if not qk_ok(attn, hidden_states, None, image_rotary_emb, False):
-                return super().__call__(attn, hidden_states, attention_mask, image_rotary_emb)
+                out = super().__call__(attn, hidden_states, attention_mask, image_rotary_emb)
+                if residual_gate is None:
+                    return out
+                x, gate = residual_gate
+                return gated_residual(x, out, gate, rounding="per_op")
             hidden_states = attn.to_qkv_mlp_proj(hidden_states)
             qkv_dim = 3 * attn.inner_dim
             mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
@@ -112,14 +136,13 @@ def _make_processors(fuse_act: bool = True):
                 and _is_swiglu(attn.mlp_act_fn)
                 and common.cat_fusable(hidden_states, mlp_hidden_states, "swiglu")
             ):
-                return attn.to_out(
+                return project(
                     common.cat_activation(
                         hidden_states, mlp_hidden_states, swiglu, mlp_hidden_states.shape[-1] // 2
                     )
                 )
             mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
-            hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
-            return attn.to_out(hidden_states)
+            return project(torch.cat([hidden_states, mlp_hidden_states], dim=-1))
 
     return {
         t2.Flux2AttnProcessor: joint_processor(
@@ -204,6 +227,17 @@ def _block_forward(
     return encoder_hidden_states, hidden_states
 
 
+def _takes_residual_gate(attn, kwargs) -> bool:
+    """Whether the single-stream block may hand its gated residual to ``attn``'s processor:
+    ditfuse's, and no hook on ``attn`` (a forward hook would see the new stream, not the
+    attention's output)."""
+    return (
+        getattr(attn.processor, "takes_residual_gate", False)
+        and "residual_gate" not in kwargs
+        and unhooked(attn)
+    )
+
+
 def _single_block_forward(
     self,
     hidden_states,
@@ -238,12 +272,20 @@ def _single_block_forward(
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     mod_shift, mod_scale, mod_gate = Flux2Modulation.split(temb_mod, 1)[0]
     norm_hidden_states = common.per_op_modulate(hidden_states, mod_shift, mod_scale, self.norm)
-    attn_output = self.attn(
-        hidden_states=norm_hidden_states,
-        image_rotary_emb=image_rotary_emb,
-        **(joint_attention_kwargs or {}),
-    )
-    hidden_states = gated_residual(hidden_states, attn_output, mod_gate, rounding="per_op")
+    kwargs = dict(joint_attention_kwargs or {})
+    if _takes_residual_gate(self.attn, kwargs):
+        # the processor returns x + gate * its output (in to_out's GEMM where that is FP8)
+        hidden_states = self.attn(
+            hidden_states=norm_hidden_states,
+            image_rotary_emb=image_rotary_emb,
+            residual_gate=(hidden_states, mod_gate),
+            **kwargs,
+        )
+    else:
+        attn_output = self.attn(
+            hidden_states=norm_hidden_states, image_rotary_emb=image_rotary_emb, **kwargs
+        )
+        hidden_states = gated_residual(hidden_states, attn_output, mod_gate, rounding="per_op")
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
     if split_hidden_states:
