@@ -504,3 +504,26 @@ def test_attention_input_families():
     assert pair.max() > 3 * pair.min() and abs(q.pow(2).mean().item() - 1) < 1
     with pytest.raises(ValueError, match="family"):
         attention_inputs("rmsnorm", B, S, H, D)
+
+
+def test_linear_fp8_residual_rows_asked_alone():
+    """``--impls ditfuse-fp8-gelu-residual-after,ditfuse-fp8-gelu-residual`` at a GELU shape
+    gives both rows without the GELU rows being asked for too."""
+    from ditfuse.tools.bench_linear import LINEAR_SHAPES, bench_linear_fp8
+
+    rows = []
+
+    def emit(op, shape, impl, dtype, us, gbps, pct, **extra):
+        rows.append(impl)
+
+    impls = {"ditfuse-fp8-gelu-residual-after", "ditfuse-fp8-gelu-residual"}
+    bench_linear_fp8(
+        LINEAR_SHAPES["wan14b-480p-ffn-out"].small(4),
+        torch.bfloat16,
+        4000.0,
+        emit,
+        impls,
+        device="cpu",
+        timer=lambda fn: (fn(), 10.0)[1],
+    )
+    assert sorted(rows) == sorted(impls), rows

@@ -222,7 +222,7 @@ def bench_linear_fp8(shape: LinearShape, dtype, ceiling, emit, impls, device="cu
                 note="per-token e4m3 quantization alone",
             )
         q = s = None
-        if shape.gelu and ("bf16-gelu" in impls or "ditfuse-fp8-gelu" in impls):
+        if shape.gelu and any(i.startswith(("bf16-gelu", "ditfuse-fp8-gelu")) for i in impls):
             ref_g = F.linear(F.gelu(x.double(), approximate="tanh"), w.double(), b.double())
             us16 = timer(lambda: F.linear(F.gelu(x, approximate="tanh"), w, b))
             if "bf16-gelu" in impls:
