@@ -170,7 +170,7 @@ def ffn_residual(ffn, n, x, gate, rounding: str = "once") -> torch.Tensor:
             gate=gate,
             rounding=rounding,
         )
-    if _swiglu_ffn(ffn) and _takes_residual(ffn.linear_out, x):
+    if _swiglu_ffn(ffn):  # linear_residual decides whether linear_out's GEMM takes it
         return linear_residual(ffn.linear_out, ffn.act_fn(ffn.linear_in(n)), x, gate, rounding)
     return gated_residual(x, ffn(n), gate, rounding=rounding)
 

@@ -19,7 +19,7 @@ import torch
 
 from ditfuse.ops import gemm_fp8 as G
 from ditfuse.ops.adaln import gated_residual
-from ditfuse.ops.quantize_rows import quantize_rows
+from ditfuse.ops.quantize_rows import quantize_rows, quantize_weight
 from ditfuse.reference import gemm_fp8_rows_reference
 from ditfuse.runtime import backend
 
@@ -47,7 +47,7 @@ def _operands(B, S, K, N, device, seed):
     res = (torch.randn(B, S, N, generator=g) * 4).bfloat16().to(device)
     gate = (torch.rand(B, 1, N, generator=g) * 2 - 0.5).to(device)
     q, s = quantize_rows(x.to(device))
-    wq, ws = quantize_rows(w.to(device))
+    wq, ws = quantize_weight(w.to(device))
     return q, s, wq, ws, b, res, gate
 
 
