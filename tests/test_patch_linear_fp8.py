@@ -181,14 +181,16 @@ _TAKE_RESIDUAL = {
         "transformer_blocks.*.ff_context.net.2",
         "single_transformer_blocks.*.proj_out",
     ),
+    "qwen-image": ("transformer_blocks.*.img_mlp.net.2", "transformer_blocks.*.txt_mlp.net.2"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(_TAKE_RESIDUAL))
 def test_residual_handed_to_the_gemm(case, monkeypatch):
     """With every fusion on, the FFNs' output projections (Wan, FLUX.1, FLUX.2 and
-    HunyuanVideo's double-stream blocks) and the single-stream blocks' output projections
-    (FLUX.1 and HunyuanVideo's ``proj_out``, FLUX.2's ``attn.to_out`` inside its processor)
+    HunyuanVideo's double-stream blocks, both streams of Qwen-Image's) and the single-stream
+    blocks' output projections (FLUX.1 and HunyuanVideo's ``proj_out``, FLUX.2's
+    ``attn.to_out`` inside its processor)
     take the block's gated residual into their GEMM (``linear_fp8(..., residual=)``), every one
     of them and no other: the model's output bitwise what it is with the residual added after
     the GEMM."""
