@@ -396,3 +396,124 @@ def test_device_without_fp8(monkeypatch):
     assert not rep.counts.get(_linear_fp8.LABEL)
     assert "has no FP8 tensor cores (sm_89 or newer)" in str(rep)
     assert all(m.weight.numel() for m in _block_linears(model).values())
+
+
+class _LoraLike(torch.nn.Module):
+    """An adapter wrapper shaped as peft's LoRA layer (``base_layer``, ``lora_A`` /
+    ``lora_B`` module dicts of a rank's width, ``merge`` / ``unmerge`` into the base weight),
+    for machines without peft: ditfuse's rule is about the structure."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 16):
+        super().__init__()
+        self.base_layer = base
+        mk = dict(bias=False, dtype=base.weight.dtype, device=base.weight.device)
+        self.lora_A = torch.nn.ModuleDict(
+            {"default": torch.nn.Linear(base.in_features, rank, **mk)}
+        )
+        self.lora_B = torch.nn.ModuleDict(
+            {"default": torch.nn.Linear(rank, base.out_features, **mk)}
+        )
+        self.merged = False
+
+    def delta(self):
+        return self.lora_B["default"].weight @ self.lora_A["default"].weight
+
+    def merge(self):
+        self.base_layer.weight.data += self.delta()
+        self.merged = True
+
+    def unmerge(self):
+        self.base_layer.weight.data -= self.delta()
+        self.merged = False
+
+    def forward(self, x):
+        y = self.base_layer(x)
+        if not self.merged:
+            y = y + self.lora_B["default"](self.lora_A["default"](x))
+        return y
+
+
+def test_adapter_layers_stay_16_bit():
+    """A LoRA-wrapped block linear: its base layer runs in FP8, the adapter's own linears
+    (a rank's width, which FP8 would quantize again for nothing) stay 16-bit and bitwise
+    untouched, the wrapper's output is the FP8 base plus the adapter's 16-bit term, a merge
+    into the FP8 weight raises a clear error (it would add to the emptied weight), and unpatch
+    gives the merge back."""
+    _, make, inputs, _ = _CASES["wan-t2v"]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    attn = model.blocks[0].attn1
+    for p in ("to_q", "to_v"):
+        setattr(attn, p, _LoraLike(getattr(attn, p)))
+    for m in model.modules():
+        if isinstance(m, _LoraLike):
+            for d in (m.lora_A, m.lora_B):
+                torch.nn.init.normal_(d["default"].weight, std=0.05)
+    lora = {n: p.clone() for n, p in model.named_parameters() if ".lora_" in n}
+    with torch.no_grad():
+        ref = model(**kw)[0]
+    rep = ditfuse.patch(model, linear="fp8")
+    text = str(rep)
+    for p in ("to_q", "to_v"):
+        assert f"  blocks.0.attn1.{p}.base_layer: fp8 " in text, text
+        for ab in ("lora_A", "lora_B"):
+            assert (
+                f"  blocks.0.attn1.{p}.{ab}.default: torch.bfloat16 (an adapter's own layer, "
+                f"of blocks.0.attn1.{p})" in text
+            ), text
+    for n, p in model.named_parameters():
+        if ".lora_" in n:
+            assert torch.equal(p, lora[n]), n
+    assert not any(".lora_" in n for n, _ in model.named_buffers())
+    x = torch.randn(2, 9, attn.to_q.base_layer.in_features, dtype=torch.bfloat16)
+    q = attn.to_q
+    with torch.no_grad():
+        want = q.base_layer(x) + q.lora_B["default"](q.lora_A["default"](x))
+        assert torch.equal(q(x), want)
+        out = model(**kw)[0]
+    cos, rel = _accuracy(out, ref)
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    for method in (q.merge, q.unmerge):
+        with pytest.raises(RuntimeError, match="fuse the adapter \\(fuse_lora\\) before patching"):
+            method()
+    ditfuse.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(**kw)[0], ref)
+    w = q.base_layer.weight.clone()
+    q.merge()
+    assert torch.equal(q.base_layer.weight, w + q.delta())
+
+
+def test_peft_lora_fp8():
+    """diffusers' own LoRA (peft's layers, rank 16): the adapter's linears stay 16-bit, the
+    model stays close to its unpatched self with the adapter, ``fuse_lora`` after the patch
+    raises instead of dropping the adapter, and after unpatch it fuses as unpatched."""
+    peft = pytest.importorskip("peft")
+    _, make, inputs, _ = _CASES["wan-t2v"]
+    model = to_dtype(make(), torch.bfloat16)
+    kw = inputs(torch.bfloat16)
+    targets = ["to_q", "to_k", "to_v", "to_out.0", "net.2"]
+    model.add_adapter(peft.LoraConfig(r=16, lora_alpha=16, target_modules=targets))
+    for n, p in model.named_parameters():
+        if ".lora_" in n:
+            torch.nn.init.normal_(p, std=0.05)
+    model = model.to(torch.bfloat16)
+    with torch.no_grad():
+        ref = model(**kw)[0]
+    text = str(ditfuse.patch(model, linear="fp8"))
+    assert "  blocks.0.attn1.to_q.base_layer: fp8 " in text, text
+    assert "  blocks.0.attn1.to_q.lora_A.default: torch.bfloat16 (an adapter's own" in text, text
+    assert not any(".lora_" in n for n, _ in model.named_buffers())
+    with torch.no_grad():
+        out = model(**kw)[0]
+    cos, rel = _accuracy(out, ref)
+    assert cos >= COS_MIN and rel <= REL_L2_MAX, (cos, rel)
+    with pytest.raises(RuntimeError, match="before patching"):
+        model.fuse_lora()
+    ditfuse.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(model(**kw)[0], ref)
+    model.fuse_lora()
+    with torch.no_grad():
+        fused = model(**kw)[0]
+    assert _accuracy(fused, ref)[0] > 0.9999

@@ -21,6 +21,14 @@ output projection's quantization applies the GELU in the same pass
 (``linear_fp8(h, ..., activation="gelu_tanh")``), so the activation is never written in 16
 bits; bitwise the layers' own FP8 forwards one after the other.
 
+A block linear wrapped by an adapter (peft's LoRA layers, as diffusers' ``load_lora_weights``
+installs them: a module holding ``base_layer`` and the adapter's own linears) gets FP8 on its
+``base_layer`` alone; the adapter's linears (``lora_A`` / ``lora_B``: a rank's width, where
+FP8 saves nothing and would quantize the input again) stay 16-bit and add their term in the
+wrapper's forward as before. Merging the adapter into the FP8 weight afterwards
+(``fuse_lora``) cannot work and raises; fused before the patch, the merged weight is what is
+quantized.
+
 The 16-bit weight leaves the GPU: it is kept on the CPU (bitwise) for :func:`unpatch_linears`,
 and the module's ``weight`` becomes an empty tensor of the same dtype and device, so code
 that reads a patched layer's weight fails loudly instead of reading stale values.
@@ -61,6 +69,7 @@ _FUSES = {
 }
 FFN_LABEL = "FFNs (GELU fused into the FP8 quantization)"
 _FFN = "_ditfuse_fp8_ffn"
+_MERGE_GUARD = "_ditfuse_fp8_merge_guard"
 
 
 def check_linear(linear) -> None:
@@ -259,6 +268,39 @@ def _fuse_qkv(model: torch.nn.Module, exclude) -> dict:
     return replaced
 
 
+def _adapter_layers(model: torch.nn.Module) -> dict:
+    """{name of an adapter's own module: name of the wrapper holding it} for every adapter
+    wrapper in ``model`` (a module with a ``base_layer`` module: peft's tuner layers); the
+    base layer and what it holds are not the adapter's."""
+    owned = {}
+    for name, m in model.named_modules():
+        base = getattr(m, "base_layer", None)
+        if not isinstance(base, torch.nn.Module):
+            continue
+        kept = {id(b) for b in base.modules()}
+        for sub_name, sub in m.named_modules(prefix=name):
+            if sub is not m and id(sub) not in kept:
+                owned[sub_name] = name
+    return owned
+
+
+def _refuse_merge(self, *args, **kwargs):
+    raise RuntimeError(
+        "this adapter's base layer runs in FP8 (ditfuse.patch(..., linear='fp8')), which an "
+        "adapter cannot be merged into or out of: fuse the adapter (fuse_lora) before "
+        "patching, or ditfuse.unpatch first"
+    )
+
+
+def _guard_merges(wrapper: torch.nn.Module) -> None:
+    """An adapter wrapper over an FP8 base layer: its merge and unmerge raise (they would
+    add to or subtract from the emptied 16-bit weight)."""
+    for method in ("merge", "unmerge"):
+        if callable(getattr(wrapper, method, None)):
+            setattr(wrapper, method, types.MethodType(_refuse_merge, wrapper))
+    wrapper.__dict__[_MERGE_GUARD] = True
+
+
 def _offload(m: torch.nn.Linear) -> None:
     """The 16-bit weight to the CPU (bitwise, for unpatch); an empty one in its place."""
     w = m.weight.data
@@ -273,6 +315,8 @@ def patch_linears(
     docstring); one report line a layer with its precision, counted under :data:`LABEL`."""
     exclude = tuple(exclude)
     replaced = _fuse_qkv(model, exclude)
+    adapters = _adapter_layers(model)
+    modules = dict(model.named_modules())
     for name, m in model.named_modules():
         if name in replaced:
             if _W16 not in m.__dict__:
@@ -283,6 +327,11 @@ def patch_linears(
             continue
         if _W16 in m.__dict__:
             continue  # already FP8
+        if name in adapters:
+            report.lines.append(
+                f"  {name}: {m.weight.dtype} (an adapter's own layer, of {adapters[name]})"
+            )
+            continue
         if any(fnmatch.fnmatchcase(name, p) for p in exclude):
             report.lines.append(f"  {name}: {m.weight.dtype} (excluded: {_match(name, exclude)})")
             continue
@@ -301,6 +350,13 @@ def patch_linears(
         _offload(m)
         m.forward = types.MethodType(_fp8_forward, m)
         m.__dict__[_PATCHED_FWD] = True
+        child, path = m, name  # every adapter wrapper over it, nested ones too
+        while path.endswith(".base_layer"):
+            path = path.rpartition(".")[0]
+            if getattr(modules.get(path), "base_layer", None) is not child:
+                break
+            child = modules[path]
+            _guard_merges(child)
         report.add(LABEL)
         report.lines.append(f"  {name}: fp8 (e4m3 x e4m3, per-token x per-channel scales)")
     for name, m in model.named_modules():
@@ -353,6 +409,9 @@ def unpatch_linears(model: torch.nn.Module) -> int:
     returns how many."""
     n = 0
     for m in model.modules():
+        if m.__dict__.pop(_MERGE_GUARD, False):
+            m.__dict__.pop("merge", None)
+            m.__dict__.pop("unmerge", None)
         if m.__dict__.pop(_FFN, False):
             m.__dict__.pop("forward", None)
             m.__dict__.pop(_PATCHED_FWD, None)
