@@ -316,7 +316,6 @@ def patch_linears(
     exclude = tuple(exclude)
     replaced = _fuse_qkv(model, exclude)
     adapters = _adapter_layers(model)
-    modules = dict(model.named_modules())
     for name, m in model.named_modules():
         if name in replaced:
             if _W16 not in m.__dict__:
@@ -350,15 +349,14 @@ def patch_linears(
         _offload(m)
         m.forward = types.MethodType(_fp8_forward, m)
         m.__dict__[_PATCHED_FWD] = True
-        child, path = m, name  # every adapter wrapper over it, nested ones too
-        while path.endswith(".base_layer"):
-            path = path.rpartition(".")[0]
-            if getattr(modules.get(path), "base_layer", None) is not child:
-                break
-            child = modules[path]
-            _guard_merges(child)
         report.add(LABEL)
         report.lines.append(f"  {name}: fp8 (e4m3 x e4m3, per-token x per-channel scales)")
+    for m in model.modules():  # every adapter wrapper over an FP8 layer, nested ones too
+        base = getattr(m, "base_layer", None)
+        while isinstance(getattr(base, "base_layer", None), torch.nn.Module):
+            base = base.base_layer
+        if isinstance(base, torch.nn.Linear) and "_ditfuse_w8" in base._buffers:
+            _guard_merges(m)
     for name, m in model.named_modules():
         if _in_blocks(name) and _fusable_ffn(m):
             m.forward = types.MethodType(_ffn_forward, m)
